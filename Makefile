@@ -1,0 +1,36 @@
+# ftkit: LLM fine-tuning in C and CUDA.
+#
+#   make                 build libft.a and the tools into bin/
+#   make CUDA=0          CPU-only build (needs no CUDA toolkit)
+#   make test            install what the tests need, build, run every test tier
+#   make test-unit       C unit tests only (no Python)
+#   make test-conformance  the Hugging Face conformance suite (pytest)
+#   make install PREFIX=/usr/local DESTDIR=
+#   make deps            install the system packages the build needs (Debian/Ubuntu)
+#
+# The fragments in mk/ hold the toolchain detection, the build rules and the tests.
+
+.DEFAULT_GOAL := all
+
+include mk/config.mk
+include mk/build.mk
+include mk/test.mk
+
+.PHONY: all deps clean install help
+
+all: $(TOOLS)
+
+deps:
+	scripts/install-deps.sh
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/ftkit
+	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 $(LIBFT) $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 $(PUBLIC_HEADERS) $(DESTDIR)$(PREFIX)/include/ftkit/
+
+clean:
+	rm -rf build bin
+
+help:
+	@sed -n '3,11p' Makefile

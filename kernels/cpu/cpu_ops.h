@@ -1,0 +1,65 @@
+/* The CPU reference implementations of kernels/ops.h, on raw fp32 buffers.
+ * Same math, same argument order and the same accumulate-into-gradients convention
+ * as the dispatching ops; see ops.h for the definitions. fp32 storage; sums that
+ * decide accuracy (norms, softmax denominators) are done in higher precision where
+ * noted in each file. */
+#ifndef FT_CPU_OPS_H
+#define FT_CPU_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../ops.h"
+
+void ft_cpu_linear_forward(float *y, const float *x, const float *w, const float *b, int N,
+                           int in, int out, float alpha, int accumulate);
+void ft_cpu_linear_backward(float *dx, float *dw, float *db, const float *dy,
+                            const float *x, const float *w, int N, int in, int out,
+                            float alpha);
+
+void ft_cpu_embedding_forward(float *out, const int32_t *ids, const float *table, int N,
+                              int V, int C);
+void ft_cpu_embedding_backward(float *dtable, const float *dout, const int32_t *ids, int N,
+                               int V, int C);
+
+void ft_cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N,
+                            int C, float eps);
+void ft_cpu_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x,
+                             const float *w, const float *rstd, int N, int C);
+
+void ft_cpu_rope_forward(float *x, const int32_t *pos, const float *inv_freq, int N,
+                         int heads, int D);
+void ft_cpu_rope_backward(float *dx, const int32_t *pos, const float *inv_freq, int N,
+                          int heads, int D);
+
+void ft_cpu_attention_forward(float *out, float *lse, const float *q, const float *k,
+                              const float *v, const int32_t *seg, int B, int T, int Hq,
+                              int Hkv, int D, float scale, int window);
+void ft_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout,
+                               const float *q, const float *k, const float *v,
+                               const float *out, const float *lse, const int32_t *seg,
+                               int B, int T, int Hq, int Hkv, int D, float scale,
+                               int window);
+
+void ft_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+void ft_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                            const float *up, size_t n);
+
+double ft_cpu_cross_entropy(float *dlogits, const float *logits, const int32_t *targets,
+                            int N, int V, float grad_scale);
+
+void ft_cpu_add(float *y, const float *x, size_t n);
+void ft_cpu_copy(float *y, const float *x, size_t n);
+void ft_cpu_zero(float *y, size_t n);
+double ft_cpu_sumsq(const float *x, size_t n);
+void ft_cpu_scale(float *x, float s, size_t n);
+
+void ft_cpu_dropout_forward(float *out, const float *x, size_t n, float p, uint64_t seed,
+                            uint64_t offset);
+void ft_cpu_dropout_backward(float *dx, const float *dout, size_t n, float p,
+                             uint64_t seed, uint64_t offset);
+
+void ft_cpu_adamw_step(float *param, const float *grad, float *m, float *v, size_t n,
+                       ft_adamw_hparams hp, int step, float grad_scale);
+
+#endif

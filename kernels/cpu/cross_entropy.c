@@ -1,0 +1,85 @@
+/* Cross-entropy over a vocabulary, fp32 CPU reference.
+ *
+ * logits [N,V], targets [N] int32 (-100 = ignored row, else in [0, V)).
+ * For a counted row n with target t, m = max_j logits[n,j]:
+ *   S       = sum_j exp(logits[n,j] - m)                  (the terms in fp32, S in double)
+ *   lse     = m + log S
+ *   loss_n  = lse - logits[n,t] = -log softmax(logits[n])[t]
+ *   p_j     = exp(logits[n,j] - m) / S
+ * Returns sum over counted rows of loss_n, in double (0 when no row counts).
+ * When dlogits != NULL, writes (overwrites)
+ *   dlogits[n,j] = grad_scale * (p_j - [j == t])   for counted rows,
+ *   dlogits[n,j] = 0                               for ignored rows.
+ * Subtracting the row max keeps every exp in (0, 1]: no overflow for any finite logits.
+ *
+ * In place: dlogits may equal logits. Each row reads logits[n,t] first, then the first
+ * pass stores e_j = exp(logits[n,j] - m) over element j (read, then write of the same
+ * element) and the second pass turns e_j into the gradient, so no logit is read after it
+ * was overwritten. Without dlogits the row is only read.
+ *
+ * Parallelism: over rows. For a loss that is bitwise the same whatever the thread
+ * count (a resumed run must reproduce its losses), the rows are cut into CE_BLOCKS
+ * fixed contiguous ranges, each summed in order; the range sums are added in order. */
+#include <math.h>
+
+#include "cpu_ops.h"
+
+#define CE_BLOCKS 256
+#define CE_IGNORE (-100)
+
+/* -log softmax(row)[t]; with d != NULL also writes scale * (softmax - onehot(t)) to d
+ * (d may equal row). */
+static double ce_row(float *d, const float *row, int t, int V, float scale)
+{
+    float xt = row[t];
+    float m = row[0];
+    for (int j = 1; j < V; j++)
+        m = row[j] > m ? row[j] : m;
+    double S = 0.0;
+    if (d) {
+        for (int j = 0; j < V; j++) {
+            float e = expf(row[j] - m);
+            d[j] = e;
+            S += e;
+        }
+        float k = (float)(scale / S);
+        for (int j = 0; j < V; j++)
+            d[j] *= k;
+        d[t] -= scale;
+    } else {
+        for (int j = 0; j < V; j++)
+            S += expf(row[j] - m);
+    }
+    return ((double)m - (double)xt) + log(S);
+}
+
+double ft_cpu_cross_entropy(float *dlogits, const float *logits, const int32_t *targets,
+                            int N, int V, float grad_scale)
+{
+    if (N <= 0 || V <= 0)
+        return 0.0;
+    int nblocks = N < CE_BLOCKS ? N : CE_BLOCKS;
+    double partial[CE_BLOCKS];
+#pragma omp parallel for schedule(static) if ((long)N * V >= 16384)
+    for (int b = 0; b < nblocks; b++) {
+        int n0 = (int)((long)N * b / nblocks), n1 = (int)((long)N * (b + 1) / nblocks);
+        double acc = 0.0;
+        for (int n = n0; n < n1; n++) {
+            const float *row = logits + (size_t)n * V;
+            float *d = dlogits ? dlogits + (size_t)n * V : NULL;
+            int t = targets[n];
+            if (t == CE_IGNORE) {
+                if (d)
+                    for (int j = 0; j < V; j++)
+                        d[j] = 0.0f;
+                continue;
+            }
+            acc += ce_row(d, row, t, V, grad_scale);
+        }
+        partial[b] = acc;
+    }
+    double loss = 0.0;
+    for (int b = 0; b < nblocks; b++)
+        loss += partial[b];
+    return loss;
+}

@@ -1,0 +1,67 @@
+/* Device memory helpers (see device_memory.h): thin, non-aborting wrappers over the
+ * CUDA runtime. A failed call's error is cleared from the runtime (cudaGetLastError)
+ * so that a later CUDA_CHECK(cudaGetLastError()) after a kernel launch does not report
+ * a stale out-of-memory from here. */
+#include <stdio.h>
+#include <stdlib.h>
+
+extern "C" {
+#include "ft_error.h"
+}
+
+#include "cuda_check.h"
+#include "device_memory.h"
+
+extern "C" int ft_cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+extern "C" void *ft_cuda_malloc(size_t bytes)
+{
+    void *p = NULL;
+    if (bytes == 0)
+        return NULL;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+extern "C" void ft_cuda_free(void *p)
+{
+    if (p && cudaFree(p) != cudaSuccess)
+        (void)cudaGetLastError();
+}
+
+static int copy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
+                const char *what, ft_err *err)
+{
+    if (bytes == 0)
+        return 0;
+    if (!dst || !src)
+        return ft_fail(err, "%s of %zu bytes: NULL %s pointer", what, bytes,
+                       dst ? "source" : "destination");
+    CUDA_TRY(cudaMemcpy(dst, src, bytes, kind), err);
+    return 0;
+}
+
+extern "C" int ft_cuda_memcpy_h2d(void *dst_device, const void *src_host, size_t bytes,
+                                  ft_err *err)
+{
+    return copy(dst_device, src_host, bytes, cudaMemcpyHostToDevice, "host-to-device copy",
+                err);
+}
+
+extern "C" int ft_cuda_memcpy_d2h(void *dst_host, const void *src_device, size_t bytes,
+                                  ft_err *err)
+{
+    return copy(dst_host, src_device, bytes, cudaMemcpyDeviceToHost, "device-to-host copy",
+                err);
+}

@@ -1,0 +1,39 @@
+/* Device memory helpers of the CUDA backend: device count, allocation and host<->device
+ * copies, with C linkage so lib/ and tools/ (C11) can call them.
+ *
+ * Exists only in CUDA builds (FT_HAVE_CUDA); callers guard their use with it. None of
+ * these aborts: a machine without a GPU or driver is an answer, not a crash. */
+#ifndef FT_DEVICE_MEMORY_H
+#define FT_DEVICE_MEMORY_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct ft_err;
+
+/* Number of CUDA devices the runtime sees; 0 when there is no device or no driver. */
+int ft_cuda_device_count(void);
+
+/* Device buffer of `bytes` bytes on the current device (uninitialised). NULL when out
+ * of device memory, when there is no device, or when bytes == 0; callers turn that into
+ * an ft_err naming what they were allocating, as with ft_alloc. */
+void *ft_cuda_malloc(size_t bytes);
+
+/* Frees a buffer from ft_cuda_malloc; NULL is a no-op. */
+void ft_cuda_free(void *p);
+
+/* Synchronous copies of `bytes` bytes (0 is a no-op). Return 0, or -1 with err (may be
+ * NULL) naming the CUDA error. */
+int ft_cuda_memcpy_h2d(void *dst_device, const void *src_host, size_t bytes,
+                       struct ft_err *err);
+int ft_cuda_memcpy_d2h(void *dst_host, const void *src_device, size_t bytes,
+                       struct ft_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,149 @@
+/* The ops interface: every numeric operation the model needs, forward and backward,
+ * declared once. The device of the tensors picks the implementation: kernels/cpu/ is
+ * the fp32 reference (OpenMP, BLAS), kernels/cuda/ the GPU twin. Model code never loops
+ * over tensor data itself.
+ *
+ * An ft_tensor is a typed view of a contiguous buffer; the shape of each operand is
+ * given by the op's integer arguments, and the dispatcher checks that every view holds
+ * exactly the elements the op will touch. Row-major throughout. N is the number of
+ * token rows (batch x sequence).
+ *
+ * Gradient convention (as in llm.c): backward ops ACCUMULATE into their gradient
+ * outputs (dx += ..., dw += ...). Callers zero gradient buffers when a new
+ * accumulation starts. A gradient output that is not wanted may be passed as
+ * ft_none(). */
+#ifndef FT_OPS_H
+#define FT_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum ft_device { FT_DEV_CPU = 0, FT_DEV_CUDA = 1 } ft_device;
+
+typedef enum ft_dtype { FT_F32 = 0, FT_BF16, FT_F16, FT_I32 } ft_dtype;
+
+typedef struct ft_tensor {
+    void *data;
+    size_t numel;
+    ft_dtype dtype;
+    ft_device device;
+} ft_tensor;
+
+/* View constructors. */
+static inline ft_tensor ft_f32(float *p, size_t numel)
+{
+    ft_tensor t = {p, numel, FT_F32, FT_DEV_CPU};
+    return t;
+}
+static inline ft_tensor ft_i32(int32_t *p, size_t numel)
+{
+    ft_tensor t = {p, numel, FT_I32, FT_DEV_CPU};
+    return t;
+}
+static inline ft_tensor ft_none(void)
+{
+    ft_tensor t = {NULL, 0, FT_F32, FT_DEV_CPU};
+    return t;
+}
+/* A view of elements [offset, offset + numel) of t. */
+ft_tensor ft_slice(ft_tensor t, size_t offset, size_t numel);
+
+/* ---- linear: y[N,out] = alpha * x[N,in] @ w[out,in]^T + b[out] ---------------------
+ * accumulate = 0 overwrites y, 1 adds to it (LoRA adds its low-rank path onto the base
+ * output). b may be ft_none(); it is added unscaled.
+ * backward: dx[N,in] += alpha * dy @ w; dw[out,in] += alpha * dy^T @ x;
+ *           db[out] += sum_n dy. Any of dx, dw, db may be ft_none(). */
+void ft_linear_forward(ft_tensor y, ft_tensor x, ft_tensor w, ft_tensor b, int N, int in,
+                       int out, float alpha, int accumulate);
+void ft_linear_backward(ft_tensor dx, ft_tensor dw, ft_tensor db, ft_tensor dy,
+                        ft_tensor x, ft_tensor w, int N, int in, int out, float alpha);
+
+/* ---- embedding: out[n,:] = table[ids[n],:], table [V,C] -----------------------------
+ * ids must be in [0, V) (validated by the data layer). backward: dtable[ids[n]] += dout[n]. */
+void ft_embedding_forward(ft_tensor out, ft_tensor ids, ft_tensor table, int N, int V,
+                          int C);
+void ft_embedding_backward(ft_tensor dtable, ft_tensor dout, ft_tensor ids, int N, int V,
+                           int C);
+
+/* ---- RMSNorm: rstd[n] = 1/sqrt(mean(x[n]^2) + eps); out = x * rstd[n] * w ------------
+ * rstd [N] is saved for backward. backward: dx += ..., dw += sum_n dout * x * rstd. */
+void ft_rmsnorm_forward(ft_tensor out, ft_tensor rstd, ft_tensor x, ft_tensor w, int N,
+                        int C, float eps);
+void ft_rmsnorm_backward(ft_tensor dx, ft_tensor dw, ft_tensor dout, ft_tensor x,
+                         ft_tensor w, ft_tensor rstd, int N, int C);
+
+/* ---- RoPE, HF rotate-half convention, in place -------------------------------------
+ * x [N, heads, D]; pos [N] (int32 positions); inv_freq [D/2].
+ * angle = pos[n] * inv_freq[i] (fp32 product, as HF); c = cos, s = sin, i < D/2:
+ *   y[i] = x[i] c - x[i+D/2] s;   y[i+D/2] = x[i+D/2] c + x[i] s.
+ * backward (in place on the gradient): the transpose rotation (angle -> -angle). */
+void ft_rope_forward(ft_tensor x, ft_tensor pos, ft_tensor inv_freq, int N, int heads,
+                     int D);
+void ft_rope_backward(ft_tensor dx, ft_tensor pos, ft_tensor inv_freq, int N, int heads,
+                      int D);
+
+/* ---- causal grouped-query attention -----------------------------------------------
+ * q [B,T,Hq,D], k and v [B,T,Hkv,D] (Hq % Hkv == 0; query head h reads kv head
+ * h / (Hq/Hkv)), out [B,T,Hq,D], lse [B,Hq,T] (log-sum-exp of each softmax row, saved
+ * for backward, which recomputes the probabilities).
+ * Token i of a row attends to token j when j <= i, seg[b,j] == seg[b,i] (packed
+ * sequences stay apart; seg may be ft_none() for one sequence a row) and, when
+ * window > 0, i - j < window (sliding-window attention). scale is usually 1/sqrt(D).
+ * backward: dq, dk, dv += ... (dk, dv summed over the query heads sharing a kv head). */
+void ft_attention_forward(ft_tensor out, ft_tensor lse, ft_tensor q, ft_tensor k,
+                          ft_tensor v, ft_tensor seg, int B, int T, int Hq, int Hkv, int D,
+                          float scale, int window);
+void ft_attention_backward(ft_tensor dq, ft_tensor dk, ft_tensor dv, ft_tensor dout,
+                           ft_tensor q, ft_tensor k, ft_tensor v, ft_tensor out,
+                           ft_tensor lse, ft_tensor seg, int B, int T, int Hq, int Hkv,
+                           int D, float scale, int window);
+
+/* ---- SwiGLU: out = silu(gate) * up, silu(g) = g / (1 + exp(-g)); all [n] -------------
+ * backward: dgate += dout * up * silu'(gate); dup += dout * silu(gate). */
+void ft_swiglu_forward(ft_tensor out, ft_tensor gate, ft_tensor up, size_t n);
+void ft_swiglu_backward(ft_tensor dgate, ft_tensor dup, ft_tensor dout, ft_tensor gate,
+                        ft_tensor up, size_t n);
+
+/* ---- cross-entropy over logits [N,V] with targets [N] (-100 = not counted) ----------
+ * Returns sum over counted rows of -log softmax(logits[n])[targets[n]] (a double, so
+ * the caller can average over any number of rows: HF divides by the count of counted
+ * tokens). When dlogits is not ft_none(), also writes (overwrites)
+ *   dlogits[n] = grad_scale * (softmax(logits[n]) - onehot(targets[n]))
+ * for counted rows and 0 for the others; grad_scale is d(loss)/d(sum), e.g. 1/count.
+ * dlogits may alias logits (computed in place). Targets must be -100 or in [0, V). */
+double ft_cross_entropy(ft_tensor dlogits, ft_tensor logits, ft_tensor targets, int N,
+                        int V, float grad_scale);
+
+/* ---- elementwise ------------------------------------------------------------------ */
+/* y += x */
+void ft_add(ft_tensor y, ft_tensor x, size_t n);
+/* y = x */
+void ft_copy(ft_tensor y, ft_tensor x, size_t n);
+/* y = 0 */
+void ft_zero(ft_tensor y, size_t n);
+/* sum of x^2 in double: for global gradient norms. */
+double ft_sumsq(ft_tensor x, size_t n);
+/* x *= s */
+void ft_scale(ft_tensor x, float s, size_t n);
+
+/* ---- dropout: out = x * keep / (1 - p), keep decided by a counter-based RNG ----------
+ * keep(i) is a pure function of (seed, offset + i), so backward and a gradient-
+ * checkpoint recompute regenerate the same mask without storing it.
+ * backward: dx += dout * keep / (1 - p). p == 0 copies (forward) / adds (backward). */
+void ft_dropout_forward(ft_tensor out, ft_tensor x, size_t n, float p, uint64_t seed,
+                        uint64_t offset);
+void ft_dropout_backward(ft_tensor dx, ft_tensor dout, size_t n, float p, uint64_t seed,
+                         uint64_t offset);
+
+/* ---- AdamW (torch.optim.AdamW semantics), over one flat range ------------------------
+ * g = grad * grad_scale (gradient clipping folds into grad_scale);
+ * param *= 1 - lr * weight_decay; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+ * param -= lr / (1 - b1^step) * m / (sqrt(v) / sqrt(1 - b2^step) + eps).
+ * step counts from 1. */
+typedef struct ft_adamw_hparams {
+    float lr, beta1, beta2, eps, weight_decay;
+} ft_adamw_hparams;
+void ft_adamw_step(ft_tensor param, ft_tensor grad, ft_tensor m, ft_tensor v, size_t n,
+                   ft_adamw_hparams hp, int step, float grad_scale);
+
+#endif

@@ -1,0 +1,35 @@
+/* The tracked allocator: every large buffer of a run (weights, gradients, optimizer
+ * state, activations, workspace) is allocated through one ft_mem context, which counts
+ * the bytes live and the peak per category. The memory planner predicts the same
+ * categories; `make memory-check` and the logs show both.
+ *
+ * Buffers are 64-byte aligned and zero-filled. ft_alloc returns NULL when the system
+ * is out of memory; callers turn that into an ft_err naming what they were allocating. */
+#ifndef FT_ALLOC_H
+#define FT_ALLOC_H
+
+#include <stddef.h>
+
+typedef enum ft_mem_cat {
+    FT_MEM_WEIGHTS = 0,
+    FT_MEM_GRADS,
+    FT_MEM_OPTIM,
+    FT_MEM_ACTIVATIONS,
+    FT_MEM_WORKSPACE,
+    FT_MEM_NCAT
+} ft_mem_cat;
+
+typedef struct ft_mem {
+    size_t live[FT_MEM_NCAT];
+    size_t peak[FT_MEM_NCAT];
+    size_t live_total, peak_total;
+} ft_mem;
+
+/* Zero-filled, 64-byte aligned; NULL on out-of-memory (or bytes == 0). */
+void *ft_alloc(ft_mem *mem, ft_mem_cat cat, size_t bytes);
+/* Frees a buffer from ft_alloc (NULL is a no-op) and updates the counters. */
+void ft_free(ft_mem *mem, void *p);
+
+const char *ft_mem_cat_name(ft_mem_cat cat);
+
+#endif

@@ -1,0 +1,466 @@
+/* ft_model: parameter layout, weight loading, activation buffers, accessors.
+ * Forward and backward are in model_pass.c; PEFT adapters in adapter.c. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_internal.h"
+#include "rng.h"
+#include "safetensors.h"
+
+/* A parameter before the buffers exist: where its data and grad pointers go. */
+typedef struct param_slot {
+    float **data, **grad;
+} param_slot;
+
+typedef struct layout {
+    ft_model *m;
+    param_slot *slots;
+    size_t n, cap;
+} layout;
+
+static int add_param(layout *lo, int unit, bool trainable, bool is_lora, float **data,
+                     float **grad, int ndim, int64_t d0, int64_t d1, const char *fmt, ...)
+    __attribute__((format(printf, 10, 11)));
+
+static int add_param(layout *lo, int unit, bool trainable, bool is_lora, float **data,
+                     float **grad, int ndim, int64_t d0, int64_t d1, const char *fmt, ...)
+{
+    ft_model *m = lo->m;
+    if (lo->n == lo->cap) {
+        size_t cap = lo->cap ? 2 * lo->cap : 64;
+        ft_param *p = realloc(m->params, cap * sizeof *p);
+        param_slot *s = realloc(lo->slots, cap * sizeof *s);
+        if (p)
+            m->params = p;
+        if (s)
+            lo->slots = s;
+        if (!p || !s)
+            return -1;
+        lo->cap = cap;
+    }
+    ft_param *p = &m->params[lo->n];
+    memset(p, 0, sizeof *p);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->name, sizeof p->name, fmt, ap);
+    va_end(ap);
+    p->ndim = ndim;
+    p->shape[0] = d0;
+    p->shape[1] = ndim > 1 ? d1 : 0;
+    p->numel = (size_t)d0 * (size_t)(ndim > 1 ? d1 : 1);
+    p->unit = unit;
+    p->is_lora = is_lora;
+    /* grad != NULL marks trainable until the buffers are assigned */
+    p->grad = trainable ? (float *)1 : NULL;
+    lo->slots[lo->n].data = data;
+    lo->slots[lo->n].grad = grad;
+    lo->n++;
+    return 0;
+}
+
+/* Lists every parameter in unit order (see model.h). */
+static int build_layout(layout *lo)
+{
+    ft_model *m = lo->m;
+    const ft_model_config *c = &m->cfg;
+    bool full = m->opt.mode == FT_TRAIN_FULL;
+    bool lora = m->opt.mode == FT_TRAIN_LORA;
+    int L = c->num_layers, C = c->hidden_size, V = c->vocab_size;
+    int rc = 0;
+
+    rc |= add_param(lo, 0, full, false, &m->embed, &m->g_embed, 2, V, C,
+                    "model.embed_tokens.weight");
+    for (int l = 0; l < L; l++) {
+        layer_weights *w = &m->layers[l];
+        rc |= add_param(lo, l + 1, full, false, &w->ln1, &w->g_ln1, 1, C, 0,
+                        "model.layers.%d.input_layernorm.weight", l);
+        for (int p = 0; p < FT_NPROJ; p++) {
+            int in, out;
+            proj_dims(c, (ft_proj)p, &in, &out);
+            if (p == FT_PROJ_GATE)
+                rc |= add_param(lo, l + 1, full, false, &w->ln2, &w->g_ln2, 1, C, 0,
+                                "model.layers.%d.post_attention_layernorm.weight", l);
+            rc |= add_param(lo, l + 1, full, false, &w->w[p], &w->gw[p], 2, out, in,
+                            "model.layers.%d.%s.weight", l, ft_proj_path((ft_proj)p));
+            if (proj_has_bias(c, (ft_proj)p))
+                rc |= add_param(lo, l + 1, full, false, &w->b[p], &w->gb[p], 1, out, 0,
+                                "model.layers.%d.%s.bias", l, ft_proj_path((ft_proj)p));
+        }
+        if (lora) {
+            int r = m->opt.lora.r;
+            for (int p = 0; p < FT_NPROJ; p++) {
+                if (!(m->opt.lora.targets & (1u << p)))
+                    continue;
+                int in, out;
+                proj_dims(c, (ft_proj)p, &in, &out);
+                rc |= add_param(lo, l + 1, true, true, &w->lora_a[p], &w->g_lora_a[p], 2, r, in,
+                                "base_model.model.model.layers.%d.%s.lora_A.weight", l,
+                                ft_proj_path((ft_proj)p));
+                rc |= add_param(lo, l + 1, true, true, &w->lora_b[p], &w->g_lora_b[p], 2, out, r,
+                                "base_model.model.model.layers.%d.%s.lora_B.weight", l,
+                                ft_proj_path((ft_proj)p));
+            }
+        }
+    }
+    rc |= add_param(lo, L + 1, full, false, &m->norm_f, &m->g_norm_f, 1, C, 0,
+                    "model.norm.weight");
+    if (!c->tie_word_embeddings)
+        rc |= add_param(lo, L + 1, full, false, &m->lm_head, &m->g_lm_head, 2, V, C,
+                        "lm_head.weight");
+    return rc;
+}
+
+/* Allocates the flat buffers and points every parameter into them. */
+static int assign_buffers(layout *lo, ft_err *err)
+{
+    ft_model *m = lo->m;
+    int L = m->cfg.num_layers;
+    m->n_params = lo->n;
+    m->n_train = m->n_frozen = 0;
+    for (size_t i = 0; i < lo->n; i++) {
+        if (m->params[i].grad)
+            m->n_train += m->params[i].numel;
+        else
+            m->n_frozen += m->params[i].numel;
+    }
+    m->unit_begin = calloc((size_t)L + 3, sizeof *m->unit_begin);
+    if (!m->unit_begin)
+        return ft_fail(err, "out of memory");
+    if (m->n_train) {
+        m->train_data = ft_alloc(&m->mem, FT_MEM_WEIGHTS, m->n_train * sizeof(float));
+        m->train_grad = ft_alloc(&m->mem, FT_MEM_GRADS, m->n_train * sizeof(float));
+        if (!m->train_data || !m->train_grad)
+            return ft_fail(err, "out of memory allocating %zu trainable parameters",
+                           m->n_train);
+    }
+    if (m->n_frozen) {
+        m->frozen_data = ft_alloc(&m->mem, FT_MEM_WEIGHTS, m->n_frozen * sizeof(float));
+        if (!m->frozen_data)
+            return ft_fail(err, "out of memory allocating %zu frozen parameters (%.1f GiB)",
+                           m->n_frozen, m->n_frozen * 4.0 / (1 << 30));
+    }
+    size_t to = 0, fo = 0;
+    int unit = 0;
+    for (size_t i = 0; i < lo->n; i++) {
+        ft_param *p = &m->params[i];
+        while (unit < p->unit)
+            m->unit_begin[++unit] = to;
+        if (p->grad) {
+            p->data = m->train_data + to;
+            p->grad = m->train_grad + to;
+            to += p->numel;
+        } else {
+            p->data = m->frozen_data + fo;
+            fo += p->numel;
+        }
+        *lo->slots[i].data = p->data;
+        *lo->slots[i].grad = p->grad;
+    }
+    while (unit < L + 2)
+        m->unit_begin[++unit] = to;
+    if (m->cfg.tie_word_embeddings) {
+        m->lm_head = m->embed;
+        m->g_lm_head = m->g_embed;
+    }
+    return 0;
+}
+
+/* PEFT's default LoRA init: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming-uniform with
+ * a = sqrt(5)), B = 0 (already zero from the allocator). */
+static void init_lora(ft_model *m)
+{
+    for (size_t i = 0; i < m->n_params; i++) {
+        ft_param *p = &m->params[i];
+        if (!p->is_lora || !strstr(p->name, "lora_A"))
+            continue;
+        float bound = 1.0f / sqrtf((float)p->shape[1]);
+        uint64_t seed = ft_mix64(m->opt.seed ^ ft_mix64(i + 1));
+        for (size_t j = 0; j < p->numel; j++)
+            p->data[j] = (2.0f * ft_uniform(seed, j) - 1.0f) * bound;
+    }
+}
+
+static bool ignorable_tensor(const ft_model *m, const char *name)
+{
+    size_t n = strlen(name);
+    const char *suffix = "rotary_emb.inv_freq";
+    if (n >= strlen(suffix) && strcmp(name + n - strlen(suffix), suffix) == 0)
+        return true;
+    return m->cfg.tie_word_embeddings && strcmp(name, "lm_head.weight") == 0;
+}
+
+static int load_weights(ft_model *m, const char *dir, ft_err *err)
+{
+    ft_checkpoint *ck;
+    if (ft_ckpt_open(&ck, dir, "model", err))
+        return -1;
+    int rc = 0;
+    for (size_t i = 0; i < m->n_params && rc == 0; i++) {
+        ft_param *p = &m->params[i];
+        if (p->is_lora)
+            continue;
+        const ft_st_tensor *t = ft_ckpt_find(ck, p->name);
+        if (!t) {
+            rc = ft_fail(err, "%s: tensor '%s' is missing from the checkpoint", dir, p->name);
+            break;
+        }
+        bool shape_ok = t->ndim == p->ndim && t->shape[0] == p->shape[0] &&
+                        (p->ndim < 2 || t->shape[1] == p->shape[1]);
+        if (!shape_ok) {
+            rc = ft_fail(err, "%s: tensor '%s' has shape [%lld%s%lld] but config.json implies "
+                              "[%lld%s%lld]",
+                         t->file, p->name, (long long)t->shape[0], t->ndim > 1 ? ", " : "",
+                         t->ndim > 1 ? (long long)t->shape[1] : 0LL, (long long)p->shape[0],
+                         p->ndim > 1 ? ", " : "", p->ndim > 1 ? (long long)p->shape[1] : 0LL);
+            break;
+        }
+        rc = ft_st_to_f32(t, p->data, p->numel, err);
+    }
+    for (size_t i = 0; i < ft_ckpt_count(ck) && rc == 0; i++) {
+        const ft_st_tensor *t = ft_ckpt_at(ck, i);
+        if (!ft_model_find_param(m, t->name) && !ignorable_tensor(m, t->name))
+            rc = ft_fail(err, "%s: unexpected tensor '%s': not part of a %s model as "
+                              "config.json describes it",
+                         t->file, t->name, m->cfg.model_type);
+    }
+    ft_ckpt_close(ck);
+    return rc;
+}
+
+int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, ft_err *err)
+{
+    *out = NULL;
+    ft_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return ft_fail(err, "out of memory");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (ft_model_config_load(&m->cfg, path, err)) {
+        free(m);
+        return -1;
+    }
+    m->opt = *opt;
+    if (opt->mode == FT_TRAIN_LORA) {
+        if (opt->lora.r <= 0 || !opt->lora.targets) {
+            free(m);
+            return ft_fail(err, "LoRA needs r > 0 and at least one target module");
+        }
+        if (opt->lora.dropout < 0 || opt->lora.dropout >= 1) {
+            free(m);
+            return ft_fail(err, "LoRA dropout must be in [0, 1)");
+        }
+        m->lora_scaling = ft_lora_scaling(&opt->lora);
+    }
+    m->layers = calloc((size_t)m->cfg.num_layers, sizeof *m->layers);
+    m->acts = calloc((size_t)m->cfg.num_layers, sizeof *m->acts);
+    m->inv_freq = malloc((size_t)m->cfg.head_dim / 2 * sizeof(float));
+    layout lo = {m, NULL, 0, 0};
+    int rc = -1;
+    if (!m->layers || !m->acts || !m->inv_freq || build_layout(&lo)) {
+        ft_fail(err, "out of memory");
+        goto done;
+    }
+    if (assign_buffers(&lo, err))
+        goto done;
+    ft_rope_inv_freq(&m->cfg, m->inv_freq);
+    if (load_weights(m, dir, err))
+        goto done;
+    if (opt->mode == FT_TRAIN_LORA)
+        init_lora(m);
+    rc = 0;
+done:
+    free(lo.slots);
+    if (rc) {
+        ft_model_free(m);
+        return -1;
+    }
+    *out = m;
+    return 0;
+}
+
+static void free_activations(ft_model *m)
+{
+    float **scratch[] = {&m->final_in, &m->lnf,   &m->rstdf, &m->logits, &m->d_h,
+                         &m->d_ln,     &m->d_att, &m->d_q,   &m->d_k,    &m->d_v,
+                         &m->d_act,    &m->d_gate, &m->d_up, &m->d_lora_h, &m->x_drop};
+    for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++) {
+        ft_free(&m->mem, *scratch[i]);
+        *scratch[i] = NULL;
+    }
+    int32_t **ints[] = {&m->ids, &m->targets, &m->pos, &m->seg};
+    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) {
+        ft_free(&m->mem, *ints[i]);
+        *ints[i] = NULL;
+    }
+    /* Layer activations: either one set per layer or one shared scratch set; free each
+     * distinct pointer once. */
+    int L = m->cfg.num_layers;
+    for (int l = 0; l < L; l++) {
+        layer_acts *a = &m->acts[l];
+        ft_free(&m->mem, a->in);
+        bool shared = l > 0 && a->ln1 == m->acts[0].ln1;
+        if (!shared) {
+            float *bufs[] = {a->ln1, a->rstd1, a->q,   a->k,   a->v,  a->att, a->lse,
+                             a->mid, a->ln2,   a->rstd2, a->gate, a->up, a->act};
+            for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+                ft_free(&m->mem, bufs[i]);
+            for (int p = 0; p < FT_NPROJ; p++)
+                ft_free(&m->mem, a->lora_h[p]);
+        }
+    }
+    memset(m->acts, 0, (size_t)L * sizeof *m->acts);
+    m->max_rows = 0;
+}
+
+/* One set of per-layer activation buffers for N rows. */
+static int alloc_layer_set(ft_model *m, layer_acts *a, size_t N)
+{
+    const ft_model_config *c = &m->cfg;
+    size_t C = c->hidden_size, I = c->intermediate_size;
+    size_t QD = (size_t)c->num_heads * c->head_dim, KD = (size_t)c->num_kv_heads * c->head_dim;
+    struct {
+        float **p;
+        size_t n;
+    } bufs[] = {{&a->ln1, N * C},  {&a->rstd1, N},   {&a->q, N * QD},     {&a->k, N * KD},
+                {&a->v, N * KD},   {&a->att, N * QD}, {&a->lse, N * c->num_heads},
+                {&a->mid, N * C},  {&a->ln2, N * C},  {&a->rstd2, N},      {&a->gate, N * I},
+                {&a->up, N * I},   {&a->act, N * I}};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        if (!(*bufs[i].p = ft_alloc(&m->mem, FT_MEM_ACTIVATIONS, bufs[i].n * sizeof(float))))
+            return -1;
+    if (m->opt.mode == FT_TRAIN_LORA)
+        for (int p = 0; p < FT_NPROJ; p++)
+            if (m->opt.lora.targets & (1u << p))
+                if (!(a->lora_h[p] = ft_alloc(&m->mem, FT_MEM_ACTIVATIONS,
+                                              N * (size_t)m->opt.lora.r * sizeof(float))))
+                    return -1;
+    return 0;
+}
+
+int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
+{
+    size_t N = (size_t)B * (size_t)T;
+    m->B = B;
+    m->T = T;
+    if (N <= m->max_rows)
+        return 0;
+    free_activations(m);
+    const ft_model_config *c = &m->cfg;
+    int L = c->num_layers;
+    size_t C = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
+    size_t QD = (size_t)c->num_heads * c->head_dim, KD = (size_t)c->num_kv_heads * c->head_dim;
+    bool train = m->opt.mode != FT_TRAIN_NONE;
+    /* Without training only one layer's activations live at a time; with gradient
+     * checkpointing likewise, plus every layer's input. */
+    bool shared = !train || m->opt.grad_ckpt;
+    for (int l = 0; l < L; l++) {
+        layer_acts *a = &m->acts[l];
+        if (!(a->in = ft_alloc(&m->mem, FT_MEM_ACTIVATIONS, N * C * sizeof(float))))
+            goto oom;
+        if (shared && l > 0) {
+            float *in = a->in;
+            *a = m->acts[0];
+            a->in = in;
+        } else if (alloc_layer_set(m, a, N)) {
+            goto oom;
+        }
+    }
+    struct {
+        float **p;
+        size_t n;
+        bool need;
+        ft_mem_cat cat;
+    } bufs[] = {
+        {&m->final_in, N * C, true, FT_MEM_ACTIVATIONS},
+        {&m->lnf, N * C, true, FT_MEM_ACTIVATIONS},
+        {&m->rstdf, N, true, FT_MEM_ACTIVATIONS},
+        {&m->logits, N * V, true, FT_MEM_ACTIVATIONS},
+        {&m->d_h, N * C, train, FT_MEM_WORKSPACE},
+        {&m->d_ln, N * C, train, FT_MEM_WORKSPACE},
+        {&m->d_att, N * QD, train, FT_MEM_WORKSPACE},
+        {&m->d_q, N * QD, train, FT_MEM_WORKSPACE},
+        {&m->d_k, N * KD, train, FT_MEM_WORKSPACE},
+        {&m->d_v, N * KD, train, FT_MEM_WORKSPACE},
+        {&m->d_act, N * I, train, FT_MEM_WORKSPACE},
+        {&m->d_gate, N * I, train, FT_MEM_WORKSPACE},
+        {&m->d_up, N * I, train, FT_MEM_WORKSPACE},
+        {&m->d_lora_h, N * (size_t)(m->opt.lora.r > 0 ? m->opt.lora.r : 1),
+         m->opt.mode == FT_TRAIN_LORA, FT_MEM_WORKSPACE},
+        {&m->x_drop, N * (C > I ? (C > QD ? C : QD) : (I > QD ? I : QD)),
+         m->opt.mode == FT_TRAIN_LORA && m->opt.lora.dropout > 0, FT_MEM_WORKSPACE},
+    };
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        if (bufs[i].need && !(*bufs[i].p = ft_alloc(&m->mem, bufs[i].cat,
+                                                    bufs[i].n * sizeof(float))))
+            goto oom;
+    int32_t **ints[] = {&m->ids, &m->targets, &m->pos, &m->seg};
+    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++)
+        if (!(*ints[i] = ft_alloc(&m->mem, FT_MEM_ACTIVATIONS, N * sizeof(int32_t))))
+            goto oom;
+    m->max_rows = N;
+    return 0;
+oom:
+    free_activations(m);
+    return ft_fail(err, "out of memory allocating activations for %d x %d tokens", B, T);
+}
+
+void ft_model_free(ft_model *m)
+{
+    if (!m)
+        return;
+    if (m->acts)
+        free_activations(m);
+    ft_free(&m->mem, m->train_data);
+    ft_free(&m->mem, m->train_grad);
+    ft_free(&m->mem, m->frozen_data);
+    free(m->params);
+    free(m->unit_begin);
+    free(m->layers);
+    free(m->acts);
+    free(m->inv_freq);
+    free(m);
+}
+
+const ft_model_config *ft_model_cfg(const ft_model *m) { return &m->cfg; }
+ft_mem *ft_model_mem(ft_model *m) { return &m->mem; }
+size_t ft_model_param_count(const ft_model *m) { return m->n_params; }
+ft_param *ft_model_param(ft_model *m, size_t i) { return i < m->n_params ? &m->params[i] : NULL; }
+
+ft_param *ft_model_find_param(ft_model *m, const char *name)
+{
+    for (size_t i = 0; i < m->n_params; i++)
+        if (strcmp(m->params[i].name, name) == 0)
+            return &m->params[i];
+    return NULL;
+}
+
+float *ft_model_trainable(ft_model *m, size_t *n)
+{
+    *n = m->n_train;
+    return m->train_data;
+}
+
+float *ft_model_grads(ft_model *m, size_t *n)
+{
+    *n = m->n_train;
+    return m->train_grad;
+}
+
+int ft_model_n_units(const ft_model *m) { return m->cfg.num_layers + 2; }
+
+void ft_model_unit_range(const ft_model *m, int unit, size_t *begin, size_t *end)
+{
+    *begin = m->unit_begin[unit];
+    *end = m->unit_begin[unit + 1];
+}
+
+void ft_model_zero_grad(ft_model *m)
+{
+    if (m->n_train)
+        ft_zero(ft_f32(m->train_grad, m->n_train), m->n_train);
+}
+
+const float *ft_model_logits(const ft_model *m) { return m->logits_valid ? m->logits : NULL; }

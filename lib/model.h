@@ -1,0 +1,125 @@
+/* A Llama-family causal LM (llama, mistral, qwen2) with explicit forward and backward.
+ *
+ * This is the library API the tools build on:
+ *
+ *     ft_model_load(&m, dir, &opt, &err);          config.json + safetensors -> fp32 model
+ *     ft_model_load_adapter(m, adapter_dir, &err); optional: PEFT LoRA weights
+ *     ft_model_zero_grad(m);
+ *     for each micro-batch:
+ *         ft_model_forward(m, &batch, &loss_sum, &n_tokens, &err);
+ *         ft_model_backward(m, 1.0f / tokens_in_whole_batch, &err);
+ *     then an optimizer step over ft_model_trainable(m) (see optim.h / train_step.h).
+ *
+ * Block (HF LlamaDecoderLayer):  h += o(attn(rope(q,k), v)(rmsnorm1(h)));
+ *                                h += down(silu(gate(x)) * up(x)), x = rmsnorm2(h).
+ * A linear layer is y = x W^T + b, plus with LoRA: y += scaling * (dropout(x) A^T) B^T.
+ *
+ * Parameters live in two flat fp32 buffers, trainable and frozen, laid out unit by unit
+ * (unit 0: embeddings; units 1..L: the layers; unit L+1: final norm and lm_head), so a
+ * DDP bucket, a ZeRO shard or an FSDP unit is a contiguous range of the trainable
+ * buffer, and the optimizer runs over one range. Gradients mirror the trainable buffer.
+ *
+ * Activations: forward keeps what backward needs for every layer; with gradient
+ * checkpointing it keeps only each layer's input and recomputes the layer in backward
+ * (same ops, same dropout masks: gradients are bitwise identical). */
+#ifndef FT_MODEL_H
+#define FT_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "alloc.h"
+#include "ft_error.h"
+#include "hf_config.h"
+#include "lora.h"
+
+typedef enum ft_train_mode {
+    FT_TRAIN_NONE = 0, /* inference / evaluation: nothing trainable, no activations kept */
+    FT_TRAIN_LORA,     /* base frozen, LoRA A and B trainable */
+    FT_TRAIN_FULL      /* every weight trainable */
+} ft_train_mode;
+
+typedef struct ft_model_options {
+    ft_train_mode mode;
+    ft_lora_config lora; /* used when mode == FT_TRAIN_LORA */
+    bool grad_ckpt;
+    uint64_t seed; /* LoRA init and dropout masks */
+} ft_model_options;
+
+/* One named parameter: a view into the flat buffers. */
+typedef struct ft_param {
+    char name[160];   /* HF state-dict name, or the PEFT adapter key for LoRA weights */
+    int ndim;
+    int64_t shape[2];
+    size_t numel;
+    float *data;      /* fp32 */
+    float *grad;      /* NULL when frozen */
+    int unit;         /* 0 embeddings, 1..L layers, L+1 final norm / lm_head */
+    bool is_lora;
+} ft_param;
+
+/* A micro-batch of B rows of T tokens. labels NULL means labels = input_ids; -100 is not
+ * counted. position_ids NULL means 0..T-1 in every row; otherwise a position 0 after the
+ * start of a row begins a new packed sequence (attention does not cross it). The loss
+ * follows transformers' causal LM: logits at t predict labels at t+1. */
+typedef struct ft_batch {
+    int B, T;
+    const int32_t *input_ids;
+    const int32_t *labels;
+    const int32_t *position_ids;
+} ft_batch;
+
+typedef struct ft_model ft_model;
+
+/* Tokens of the batch whose (shifted) label counts: the loss denominator. */
+long ft_batch_counted_tokens(const ft_batch *b);
+
+/* Loads config.json and the weights (model.safetensors or a sharded index; F32, F16 or
+ * BF16, converted to fp32) from dir. In LoRA mode, creates A with PEFT's default init
+ * (kaiming-uniform, bound 1/sqrt(in), seeded) and B = 0. Errors name the file, key or
+ * tensor. */
+int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, ft_err *err);
+void ft_model_free(ft_model *m);
+
+/* Replaces the LoRA weights with those of a PEFT adapter dir (adapter_model.safetensors).
+ * The adapter's config must match the model's LoRA options (r, targets); every expected
+ * key must be present with the right shape. */
+int ft_model_load_adapter(ft_model *m, const char *adapter_dir, ft_err *err);
+
+const ft_model_config *ft_model_cfg(const ft_model *m);
+ft_mem *ft_model_mem(ft_model *m);
+
+size_t ft_model_param_count(const ft_model *m);
+ft_param *ft_model_param(ft_model *m, size_t i);
+/* NULL if absent. */
+ft_param *ft_model_find_param(ft_model *m, const char *name);
+
+/* The flat trainable buffer, its gradient, and its length (0 in FT_TRAIN_NONE). */
+float *ft_model_trainable(ft_model *m, size_t *n);
+float *ft_model_grads(ft_model *m, size_t *n);
+/* [begin, end) of a unit in the trainable buffer; units 0..L+1. */
+void ft_model_unit_range(const ft_model *m, int unit, size_t *begin, size_t *end);
+int ft_model_n_units(const ft_model *m);
+
+void ft_model_zero_grad(ft_model *m);
+
+/* Runs the forward pass; *loss_sum gets the summed token losses and *n_tokens the
+ * number of counted tokens (either may be NULL). Logits stay available until the next
+ * forward or backward. Validates token ids (error names the row and column). */
+int ft_model_forward(ft_model *m, const ft_batch *batch, double *loss_sum, long *n_tokens,
+                     ft_err *err);
+
+/* Logits [B, T, V] of the last forward. */
+const float *ft_model_logits(const ft_model *m);
+
+/* Accumulates into the gradients d(grad_scale * loss_sum)/d(params) for the last
+ * forward; grad_scale is usually 1 / (counted tokens of the whole accumulated batch).
+ * Overwrites the logits. */
+int ft_model_backward(ft_model *m, float grad_scale, ft_err *err);
+
+/* Saves the LoRA weights as a PEFT adapter (adapter_config.json +
+ * adapter_model.safetensors) into dir, created if needed. */
+int ft_model_save_adapter(ft_model *m, const char *dir, const char *base_model, ft_err *err);
+
+#endif

@@ -1,0 +1,102 @@
+/* The inside of ft_model, shared by model.c (layout, loading), model_pass.c (forward,
+ * backward) and adapter.c (PEFT adapters). Not a public header. */
+#ifndef FT_MODEL_INTERNAL_H
+#define FT_MODEL_INTERNAL_H
+
+#include "model.h"
+#include "ops.h"
+
+/* Weights of one decoder layer: views into the flat buffers; grads NULL when frozen. */
+typedef struct layer_weights {
+    float *ln1, *ln2;
+    float *w[FT_NPROJ], *b[FT_NPROJ];   /* b NULL when the projection has no bias */
+    float *lora_a[FT_NPROJ], *lora_b[FT_NPROJ]; /* NULL when not a LoRA target */
+    float *g_ln1, *g_ln2;
+    float *gw[FT_NPROJ], *gb[FT_NPROJ];
+    float *g_lora_a[FT_NPROJ], *g_lora_b[FT_NPROJ];
+} layer_weights;
+
+/* What backward needs from one layer's forward. With gradient checkpointing every layer
+ * points at the same scratch set and only `in` (the layer input) is kept per layer. */
+typedef struct layer_acts {
+    float *in;            /* [N, C] residual stream entering the layer */
+    float *ln1;           /* [N, C] */
+    float *rstd1;         /* [N] */
+    float *q, *k, *v;     /* [N, Hq*D], [N, Hkv*D] x2, after RoPE */
+    float *att;           /* [N, Hq*D] attention output before o_proj */
+    float *lse;           /* [B, Hq, T] */
+    float *mid;           /* [N, C] residual after attention */
+    float *ln2;           /* [N, C] */
+    float *rstd2;         /* [N] */
+    float *gate, *up;     /* [N, I] */
+    float *act;           /* [N, I] silu(gate) * up */
+    float *lora_h[FT_NPROJ]; /* [N, r] dropout(x) A^T of each LoRA target */
+} layer_acts;
+
+struct ft_model {
+    ft_model_config cfg;
+    ft_model_options opt;
+    float lora_scaling;
+    ft_mem mem;
+
+    /* parameters */
+    ft_param *params;
+    size_t n_params;
+    float *train_data, *train_grad, *frozen_data;
+    size_t n_train, n_frozen;
+    size_t *unit_begin; /* [L+3]: unit u spans [unit_begin[u], unit_begin[u+1]) */
+    float *embed, *g_embed;
+    float *norm_f, *g_norm_f;
+    float *lm_head, *g_lm_head; /* = embed when tied */
+    layer_weights *layers;
+    float *inv_freq; /* [D/2] */
+
+    /* activations, sized for max_rows tokens (B x T) */
+    int B, T;
+    size_t max_rows;
+    layer_acts *acts;     /* [L] */
+    float *final_in;      /* [N, C] output of the last layer */
+    float *lnf, *rstdf;   /* [N, C], [N] */
+    float *logits;        /* [N, V] */
+    int32_t *ids, *targets, *pos, *seg; /* [N] */
+    bool has_seg;
+    bool logits_valid, can_backward;
+    uint64_t dropout_seed; /* of the last forward (a fresh one each forward) */
+    uint64_t n_forward;
+
+    /* backward scratch */
+    float *d_h, *d_ln;           /* [N, C] */
+    float *d_att, *d_q, *d_k, *d_v; /* [N, Hq*D], [N, Hkv*D] */
+    float *d_act, *d_gate, *d_up;   /* [N, I] */
+    float *d_lora_h;             /* [N, r] */
+    float *x_drop;               /* [N, max(C, I, Hq*D)]: dropout(x) for LoRA */
+};
+
+/* Shape of projection p: in and out features. */
+static inline void proj_dims(const ft_model_config *c, ft_proj p, int *in, int *out)
+{
+    int q = c->num_heads * c->head_dim, kv = c->num_kv_heads * c->head_dim;
+    switch (p) {
+    case FT_PROJ_Q: *in = c->hidden_size; *out = q; break;
+    case FT_PROJ_K:
+    case FT_PROJ_V: *in = c->hidden_size; *out = kv; break;
+    case FT_PROJ_O: *in = q; *out = c->hidden_size; break;
+    case FT_PROJ_GATE:
+    case FT_PROJ_UP: *in = c->hidden_size; *out = c->intermediate_size; break;
+    default: *in = c->intermediate_size; *out = c->hidden_size; break;
+    }
+}
+
+static inline int proj_has_bias(const ft_model_config *c, ft_proj p)
+{
+    if (p == FT_PROJ_Q || p == FT_PROJ_K || p == FT_PROJ_V)
+        return c->qkv_bias;
+    if (p == FT_PROJ_O)
+        return c->o_bias;
+    return c->mlp_bias;
+}
+
+/* (Re)allocates activation and scratch buffers for B x T tokens. */
+int model_reserve_activations(ft_model *m, int B, int T, ft_err *err);
+
+#endif

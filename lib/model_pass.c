@@ -1,0 +1,288 @@
+/* Forward and backward of ft_model (see model.h for the block math).
+ *
+ * Buffers are [N, features] row-major with N = B x T token rows. Every step is an op
+ * from kernels/ops.h; this file only decides the order and which buffers flow where.
+ * Backward follows llm.c's convention: gradient buffers are zeroed, then ops accumulate
+ * into them; d_h carries the gradient of the residual stream from the top layer down. */
+#include <math.h>
+#include <string.h>
+
+#include "model_internal.h"
+#include "rng.h"
+
+#define T_(p, n) ft_f32((float *)(p), (size_t)(n))
+#define OPT_(p, n) ((p) ? T_(p, n) : ft_none())
+
+/* Validates the token ids and fills ids, targets (labels shifted left by one),
+ * positions and packed-sequence ids. */
+static int prepare_batch(ft_model *m, const ft_batch *b, long *n_tokens, ft_err *err)
+{
+    int V = m->cfg.vocab_size, B = b->B, T = b->T;
+    long counted = 0;
+    m->has_seg = false;
+    for (int r = 0; r < B; r++) {
+        for (int t = 0; t < T; t++) {
+            size_t i = (size_t)r * T + t;
+            int32_t id = b->input_ids[i];
+            if (id < 0 || id >= V)
+                return ft_fail(err, "input_ids[%d][%d] = %d is outside the vocabulary [0, %d)",
+                               r, t, id, V);
+            int32_t lab = b->labels ? b->labels[i] : id;
+            if (lab != -100 && (lab < 0 || lab >= V))
+                return ft_fail(err, "labels[%d][%d] = %d is neither -100 nor in [0, %d)", r, t,
+                               lab, V);
+            int32_t pos = b->position_ids ? b->position_ids[i] : t;
+            if (pos < 0)
+                return ft_fail(err, "position_ids[%d][%d] = %d is negative", r, t, pos);
+            m->ids[i] = id;
+            m->pos[i] = pos;
+            m->seg[i] = t == 0 ? 0 : m->seg[i - 1] + (pos == 0);
+            if (m->seg[i])
+                m->has_seg = true;
+            if (t > 0) {
+                m->targets[i - 1] = lab;
+                counted += lab != -100;
+            }
+        }
+        m->targets[(size_t)r * T + T - 1] = -100;
+    }
+    if (n_tokens)
+        *n_tokens = counted;
+    return 0;
+}
+
+/* dropout(x) for LoRA pair p of layer l: the mask is a pure function of the forward's
+ * seed, the layer and the projection, so backward regenerates it. */
+static uint64_t lora_dropout_seed(const ft_model *m, int l, ft_proj p)
+{
+    return ft_mix64(m->dropout_seed ^ ((uint64_t)l * FT_NPROJ + (uint64_t)p + 1));
+}
+
+static const float *lora_input(ft_model *m, int l, ft_proj p, const float *x, size_t n)
+{
+    float pd = m->opt.lora.dropout;
+    if (pd <= 0)
+        return x;
+    ft_dropout_forward(T_(m->x_drop, n), T_(x, n), n, pd, lora_dropout_seed(m, l, p), 0);
+    return m->x_drop;
+}
+
+/* y = x W^T + b, plus the LoRA path scaling * (dropout(x) A^T) B^T. */
+static void proj_forward(ft_model *m, int l, ft_proj p, const float *x, float *y)
+{
+    const layer_weights *w = &m->layers[l];
+    layer_acts *a = &m->acts[l];
+    int N = m->B * m->T, in, out;
+    proj_dims(&m->cfg, p, &in, &out);
+    ft_linear_forward(T_(y, (size_t)N * out), T_(x, (size_t)N * in),
+                      T_(w->w[p], (size_t)out * in), OPT_(w->b[p], out), N, in, out, 1.0f, 0);
+    if (!w->lora_a[p])
+        return;
+    int r = m->opt.lora.r;
+    const float *xd = lora_input(m, l, p, x, (size_t)N * in);
+    ft_linear_forward(T_(a->lora_h[p], (size_t)N * r), T_(xd, (size_t)N * in),
+                      T_(w->lora_a[p], (size_t)r * in), ft_none(), N, in, r, 1.0f, 0);
+    ft_linear_forward(T_(y, (size_t)N * out), T_(a->lora_h[p], (size_t)N * r),
+                      T_(w->lora_b[p], (size_t)out * r), ft_none(), N, r, out, m->lora_scaling,
+                      1);
+}
+
+/* dx += dy W (+ the LoRA path); dW, db, dA, dB accumulate where trainable. */
+static void proj_backward(ft_model *m, int l, ft_proj p, const float *x, const float *dy,
+                          float *dx)
+{
+    const layer_weights *w = &m->layers[l];
+    const layer_acts *a = &m->acts[l];
+    int N = m->B * m->T, in, out;
+    proj_dims(&m->cfg, p, &in, &out);
+    size_t nx = (size_t)N * in, ny = (size_t)N * out;
+    ft_linear_backward(T_(dx, nx), OPT_(w->gw[p], (size_t)out * in), OPT_(w->gb[p], out),
+                       T_(dy, ny), T_(x, nx), T_(w->w[p], (size_t)out * in), N, in, out, 1.0f);
+    if (!w->lora_a[p])
+        return;
+    int r = m->opt.lora.r;
+    float s = m->lora_scaling;
+    size_t nh = (size_t)N * r;
+    /* y_lora = s * h B^T with h = xd A^T: dB += s dy^T h; dh = s dy B; dA += dh^T xd;
+     * dxd = dh A, and dx += dropout'(dxd). */
+    ft_linear_backward(ft_none(), T_(w->g_lora_b[p], (size_t)out * r), ft_none(), T_(dy, ny),
+                       T_(a->lora_h[p], nh), T_(w->lora_b[p], (size_t)out * r), N, r, out, s);
+    ft_zero(T_(m->d_lora_h, nh), nh);
+    ft_linear_backward(T_(m->d_lora_h, nh), ft_none(), ft_none(), T_(dy, ny),
+                       T_(a->lora_h[p], nh), T_(w->lora_b[p], (size_t)out * r), N, r, out, s);
+    float pd = m->opt.lora.dropout;
+    const float *xd = lora_input(m, l, p, x, nx);
+    ft_linear_backward(ft_none(), T_(w->g_lora_a[p], (size_t)r * in), ft_none(),
+                       T_(m->d_lora_h, nh), T_(xd, nx), T_(w->lora_a[p], (size_t)r * in), N, in,
+                       r, 1.0f);
+    if (pd <= 0) {
+        ft_linear_backward(T_(dx, nx), ft_none(), ft_none(), T_(m->d_lora_h, nh), T_(x, nx),
+                           T_(w->lora_a[p], (size_t)r * in), N, in, r, 1.0f);
+        return;
+    }
+    ft_zero(T_(m->x_drop, nx), nx);
+    ft_linear_backward(T_(m->x_drop, nx), ft_none(), ft_none(), T_(m->d_lora_h, nh),
+                       T_(x, nx), T_(w->lora_a[p], (size_t)r * in), N, in, r, 1.0f);
+    ft_dropout_backward(T_(dx, nx), T_(m->x_drop, nx), nx, pd, lora_dropout_seed(m, l, p), 0);
+}
+
+/* One decoder layer: in -> out (out may be NULL when only the saved activations are
+ * wanted, as in a gradient-checkpoint recompute). */
+static void layer_forward(ft_model *m, int l, const float *in, float *out)
+{
+    const ft_model_config *c = &m->cfg;
+    const layer_weights *w = &m->layers[l];
+    layer_acts *a = &m->acts[l];
+    int B = m->B, T = m->T, N = B * T, C = c->hidden_size, I = c->intermediate_size;
+    int Hq = c->num_heads, Hkv = c->num_kv_heads, D = c->head_dim;
+    size_t nC = (size_t)N * C, nQ = (size_t)N * Hq * D, nK = (size_t)N * Hkv * D,
+           nI = (size_t)N * I;
+    ft_tensor pos = ft_i32(m->pos, N), inv = T_(m->inv_freq, D / 2);
+
+    ft_rmsnorm_forward(T_(a->ln1, nC), T_(a->rstd1, N), T_(in, nC), T_(w->ln1, C), N, C,
+                       c->rms_norm_eps);
+    proj_forward(m, l, FT_PROJ_Q, a->ln1, a->q);
+    proj_forward(m, l, FT_PROJ_K, a->ln1, a->k);
+    proj_forward(m, l, FT_PROJ_V, a->ln1, a->v);
+    ft_rope_forward(T_(a->q, nQ), pos, inv, N, Hq, D);
+    ft_rope_forward(T_(a->k, nK), pos, inv, N, Hkv, D);
+    ft_attention_forward(T_(a->att, nQ), T_(a->lse, (size_t)N * Hq), T_(a->q, nQ),
+                         T_(a->k, nK), T_(a->v, nK), m->has_seg ? ft_i32(m->seg, N) : ft_none(),
+                         B, T, Hq, Hkv, D, 1.0f / sqrtf((float)D), c->sliding_window);
+    proj_forward(m, l, FT_PROJ_O, a->att, a->mid);
+    ft_add(T_(a->mid, nC), T_(in, nC), nC);
+    ft_rmsnorm_forward(T_(a->ln2, nC), T_(a->rstd2, N), T_(a->mid, nC), T_(w->ln2, C), N, C,
+                       c->rms_norm_eps);
+    proj_forward(m, l, FT_PROJ_GATE, a->ln2, a->gate);
+    proj_forward(m, l, FT_PROJ_UP, a->ln2, a->up);
+    ft_swiglu_forward(T_(a->act, nI), T_(a->gate, nI), T_(a->up, nI), nI);
+    if (!out)
+        return;
+    proj_forward(m, l, FT_PROJ_DOWN, a->act, out);
+    ft_add(T_(out, nC), T_(a->mid, nC), nC);
+}
+
+/* On entry m->d_h is the gradient of the layer's output; on exit that of its input. */
+static void layer_backward(ft_model *m, int l)
+{
+    const ft_model_config *c = &m->cfg;
+    const layer_weights *w = &m->layers[l];
+    const layer_acts *a = &m->acts[l];
+    int B = m->B, T = m->T, N = B * T, C = c->hidden_size, I = c->intermediate_size;
+    int Hq = c->num_heads, Hkv = c->num_kv_heads, D = c->head_dim;
+    size_t nC = (size_t)N * C, nQ = (size_t)N * Hq * D, nK = (size_t)N * Hkv * D,
+           nI = (size_t)N * I;
+    ft_tensor pos = ft_i32(m->pos, N), inv = T_(m->inv_freq, D / 2);
+
+    /* MLP: out = mid + down(silu(gate(ln2)) * up(ln2)) */
+    ft_zero(T_(m->d_act, nI), nI);
+    proj_backward(m, l, FT_PROJ_DOWN, a->act, m->d_h, m->d_act);
+    ft_zero(T_(m->d_gate, nI), nI);
+    ft_zero(T_(m->d_up, nI), nI);
+    ft_swiglu_backward(T_(m->d_gate, nI), T_(m->d_up, nI), T_(m->d_act, nI), T_(a->gate, nI),
+                       T_(a->up, nI), nI);
+    ft_zero(T_(m->d_ln, nC), nC);
+    proj_backward(m, l, FT_PROJ_GATE, a->ln2, m->d_gate, m->d_ln);
+    proj_backward(m, l, FT_PROJ_UP, a->ln2, m->d_up, m->d_ln);
+    /* the residual passes d_h through; the norm adds its part */
+    ft_rmsnorm_backward(T_(m->d_h, nC), OPT_(w->g_ln2, C), T_(m->d_ln, nC), T_(a->mid, nC),
+                        T_(w->ln2, C), T_(a->rstd2, N), N, C);
+
+    /* attention: mid = in + o(attn(rope(q(ln1)), rope(k(ln1)), v(ln1))) */
+    ft_zero(T_(m->d_att, nQ), nQ);
+    proj_backward(m, l, FT_PROJ_O, a->att, m->d_h, m->d_att);
+    ft_zero(T_(m->d_q, nQ), nQ);
+    ft_zero(T_(m->d_k, nK), nK);
+    ft_zero(T_(m->d_v, nK), nK);
+    ft_attention_backward(T_(m->d_q, nQ), T_(m->d_k, nK), T_(m->d_v, nK), T_(m->d_att, nQ),
+                          T_(a->q, nQ), T_(a->k, nK), T_(a->v, nK), T_(a->att, nQ),
+                          T_(a->lse, (size_t)N * Hq),
+                          m->has_seg ? ft_i32(m->seg, N) : ft_none(), B, T, Hq, Hkv, D,
+                          1.0f / sqrtf((float)D), c->sliding_window);
+    ft_rope_backward(T_(m->d_q, nQ), pos, inv, N, Hq, D);
+    ft_rope_backward(T_(m->d_k, nK), pos, inv, N, Hkv, D);
+    ft_zero(T_(m->d_ln, nC), nC);
+    proj_backward(m, l, FT_PROJ_Q, a->ln1, m->d_q, m->d_ln);
+    proj_backward(m, l, FT_PROJ_K, a->ln1, m->d_k, m->d_ln);
+    proj_backward(m, l, FT_PROJ_V, a->ln1, m->d_v, m->d_ln);
+    ft_rmsnorm_backward(T_(m->d_h, nC), OPT_(w->g_ln1, C), T_(m->d_ln, nC), T_(a->in, nC),
+                        T_(w->ln1, C), T_(a->rstd1, N), N, C);
+}
+
+int ft_model_forward(ft_model *m, const ft_batch *b, double *loss_sum, long *n_tokens,
+                     ft_err *err)
+{
+    const ft_model_config *c = &m->cfg;
+    if (b->B <= 0 || b->T <= 0)
+        return ft_fail(err, "empty batch (%d rows of %d tokens)", b->B, b->T);
+    m->logits_valid = m->can_backward = false;
+    if (model_reserve_activations(m, b->B, b->T, err))
+        return -1;
+    long counted = 0;
+    if (prepare_batch(m, b, &counted, err))
+        return -1;
+    int L = c->num_layers, N = b->B * b->T, C = c->hidden_size, V = c->vocab_size;
+    size_t nC = (size_t)N * C, nV = (size_t)N * V;
+    m->dropout_seed = ft_mix64(m->opt.seed ^ ft_mix64(++m->n_forward));
+
+    ft_embedding_forward(T_(m->acts[0].in, nC), ft_i32(m->ids, N), T_(m->embed, (size_t)V * C),
+                         N, V, C);
+    for (int l = 0; l < L; l++)
+        layer_forward(m, l, m->acts[l].in, l + 1 < L ? m->acts[l + 1].in : m->final_in);
+    ft_rmsnorm_forward(T_(m->lnf, nC), T_(m->rstdf, N), T_(m->final_in, nC),
+                       T_(m->norm_f, C), N, C, c->rms_norm_eps);
+    ft_linear_forward(T_(m->logits, nV), T_(m->lnf, nC), T_(m->lm_head, (size_t)V * C),
+                      ft_none(), N, C, V, 1.0f, 0);
+    double loss = ft_cross_entropy(ft_none(), T_(m->logits, nV), ft_i32(m->targets, N), N, V,
+                                   0.0f);
+    if (loss_sum)
+        *loss_sum = loss;
+    if (n_tokens)
+        *n_tokens = counted;
+    m->logits_valid = true;
+    m->can_backward = m->opt.mode != FT_TRAIN_NONE;
+    return 0;
+}
+
+int ft_model_backward(ft_model *m, float grad_scale, ft_err *err)
+{
+    if (!m->can_backward)
+        return ft_fail(err, m->opt.mode == FT_TRAIN_NONE
+                                ? "backward on a model loaded without trainable parameters"
+                                : "backward without a preceding forward");
+    const ft_model_config *c = &m->cfg;
+    int L = c->num_layers, N = m->B * m->T, C = c->hidden_size, V = c->vocab_size;
+    size_t nC = (size_t)N * C, nV = (size_t)N * V;
+
+    /* dlogits overwrite the logits in place */
+    ft_cross_entropy(T_(m->logits, nV), T_(m->logits, nV), ft_i32(m->targets, N), N, V,
+                     grad_scale);
+    m->logits_valid = m->can_backward = false;
+    ft_zero(T_(m->d_ln, nC), nC);
+    ft_linear_backward(T_(m->d_ln, nC), OPT_(m->g_lm_head, (size_t)V * C), ft_none(),
+                       T_(m->logits, nV), T_(m->lnf, nC), T_(m->lm_head, (size_t)V * C), N, C,
+                       V, 1.0f);
+    ft_zero(T_(m->d_h, nC), nC);
+    ft_rmsnorm_backward(T_(m->d_h, nC), OPT_(m->g_norm_f, C), T_(m->d_ln, nC),
+                        T_(m->final_in, nC), T_(m->norm_f, C), T_(m->rstdf, N), N, C);
+    for (int l = L - 1; l >= 0; l--) {
+        /* The shared scratch still holds the last layer's activations from forward. */
+        if (m->opt.grad_ckpt && l < L - 1)
+            layer_forward(m, l, m->acts[l].in, NULL);
+        layer_backward(m, l);
+    }
+    if (m->g_embed)
+        ft_embedding_backward(T_(m->g_embed, (size_t)V * C), T_(m->d_h, nC), ft_i32(m->ids, N),
+                              N, V, C);
+    return 0;
+}
+
+long ft_batch_counted_tokens(const ft_batch *b)
+{
+    long n = 0;
+    const int32_t *labels = b->labels ? b->labels : b->input_ids;
+    for (int r = 0; r < b->B; r++)
+        for (int t = 1; t < b->T; t++)
+            n += labels[(size_t)r * b->T + t] != -100;
+    return n;
+}

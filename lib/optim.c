@@ -1,0 +1,38 @@
+#include "optim.h"
+
+#include <string.h>
+
+int ft_optimizer_init(ft_optimizer *o, ft_mem *mem, size_t n, ft_adamw_hparams hp,
+                      ft_err *err)
+{
+    memset(o, 0, sizeof *o);
+    o->n = n;
+    o->hp = hp;
+    o->mem = mem;
+    if (n == 0)
+        return ft_fail(err, "the optimizer has no trainable parameters");
+    o->m = ft_alloc(mem, FT_MEM_OPTIM, n * sizeof(float));
+    o->v = ft_alloc(mem, FT_MEM_OPTIM, n * sizeof(float));
+    if (!o->m || !o->v) {
+        ft_optimizer_free(o);
+        return ft_fail(err, "out of memory allocating AdamW state for %zu parameters", n);
+    }
+    return 0;
+}
+
+void ft_optimizer_free(ft_optimizer *o)
+{
+    ft_free(o->mem, o->m);
+    ft_free(o->mem, o->v);
+    o->m = o->v = NULL;
+}
+
+void ft_optimizer_step(ft_optimizer *o, float *params, const float *grads, float lr,
+                       float grad_scale)
+{
+    ft_adamw_hparams hp = o->hp;
+    hp.lr = lr;
+    o->step++;
+    ft_adamw_step(ft_f32(params, o->n), ft_f32((float *)grads, o->n), ft_f32(o->m, o->n),
+                  ft_f32(o->v, o->n), o->n, hp, o->step, grad_scale);
+}

@@ -1,0 +1,37 @@
+# Test tiers.
+#   test-unit         C unit tests (tests/unit/test_*.c), no Python; each binary prints
+#                     "N passed, N failed", and the runner adds them up.
+#   test-conformance  pytest against Hugging Face transformers + PEFT (tests/conformance),
+#                     in a virtualenv made by scripts/setup-python.sh.
+#   test              deps + build + every tier.
+
+UNIT_SRCS := $(wildcard tests/unit/test_*.c)
+UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=build/tests/unit/%)
+CONFORM_HARNESS := build/tests/ft-conform
+VENV ?= .venv
+
+.PHONY: test test-unit test-conformance unit-bins
+
+build/tests/unit/%: tests/unit/%.c tests/unit/check.h $(LIBFT)
+	@mkdir -p $(dir $@)
+	$(CC) $(FT_CFLAGS) $(CFLAGS) -Itests/unit $< $(LIBFT) $(FT_LDFLAGS) $(LDLIBS) -o $@
+
+$(CONFORM_HARNESS): tests/conformance/harness.c $(LIBFT)
+	@mkdir -p $(dir $@)
+	$(CC) $(FT_CFLAGS) $(CFLAGS) $< $(LIBFT) $(FT_LDFLAGS) $(LDLIBS) -o $@
+
+unit-bins: $(UNIT_BINS)
+
+test-unit: $(UNIT_BINS) $(TOOLS)
+	tests/run-unit.sh $(UNIT_BINS)
+
+test-conformance: $(CONFORM_HARNESS)
+	scripts/setup-python.sh $(VENV)
+	FT_CONFORM=$(abspath $(CONFORM_HARNESS)) OMP_NUM_THREADS=2 \
+	  $(VENV)/bin/python -m pytest -q tests/conformance
+
+test:
+	scripts/install-deps.sh
+	$(MAKE) all
+	$(MAKE) test-unit
+	$(MAKE) test-conformance

@@ -1,0 +1,584 @@
+/* Tests of the CPU reference RoPE and causal GQA attention (kernels/cpu/rope.c,
+ * kernels/cpu/attention.c).
+ *
+ * References and tolerances (CHECK_CLOSE is |a - b| <= tol * max(1, |b|)):
+ * - RoPE forward: a double reference that takes the same fp32 angle
+ *   (float)pos * inv_freq[i] and rotates in double; 1e-6 (the op only adds fp32
+ *   rounding of cos/sin and of two products).
+ * - RoPE backward: central finite differences of L = sum(rope(x) * r) on the double
+ *   reference (L is linear in x, so the difference quotient is exact up to rounding);
+ *   1e-6. Plus backward(forward(x)) == x, pair norms preserved, pos 0 the identity
+ *   (bitwise).
+ * - Attention forward: a naive double reference (explicit T x T scores, mask, softmax
+ *   with max subtraction); out and lse to 1e-5.
+ * - Attention backward: central finite differences of L = sum(out * r) computed on the
+ *   double reference (step 1e-5, truncation error ~1e-10), so the tolerance only has to
+ *   cover the fp32 op's own rounding: 1e-4.
+ * - Packed sequences (seg ids, positions restarting per segment) equal running each
+ *   segment alone, forward and backward, to 1e-6. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "cpu/cpu_ops.h"
+
+/* ---- helpers ------------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+/* uniform in [-1, 1) */
+static float frand(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static float *rand_buf(size_t n, float amp)
+{
+    float *p = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        p[i] = amp * frand();
+    }
+    return p;
+}
+
+static float *copy_buf(const float *x, size_t n)
+{
+    float *p = malloc(n * sizeof(float));
+    memcpy(p, x, n * sizeof(float));
+    return p;
+}
+
+static double *to_double(const float *x, size_t n)
+{
+    double *p = malloc(n * sizeof(double));
+    for (size_t i = 0; i < n; i++) {
+        p[i] = x[i];
+    }
+    return p;
+}
+
+/* inv_freq[i] = theta^(-2i/D), rounded to fp32 as HF stores it. */
+static void make_inv_freq(float *inv_freq, int D, double theta)
+{
+    for (int i = 0; i < D / 2; i++) {
+        inv_freq[i] = (float)(1.0 / pow(theta, (double)(2 * i) / D));
+    }
+}
+
+/* ---- RoPE reference ------------------------------------------------------------ */
+
+/* y = rope(x) in double, from the same fp32 angle the op uses. */
+static void rope_ref(double *y, const double *x, const int32_t *pos, const float *inv_freq,
+                     int N, int heads, int D)
+{
+    const int h = D / 2;
+    for (int n = 0; n < N; n++) {
+        for (int hd = 0; hd < heads; hd++) {
+            const double *xr = x + ((size_t)n * heads + hd) * D;
+            double *yr = y + ((size_t)n * heads + hd) * D;
+            for (int i = 0; i < h; i++) {
+                const float a = (float)pos[n] * inv_freq[i];
+                const double c = cos((double)a), s = sin((double)a);
+                yr[i] = xr[i] * c - xr[i + h] * s;
+                yr[i + h] = xr[i + h] * c + xr[i] * s;
+            }
+        }
+    }
+}
+
+/* Shapes for the RoPE tests: D = 300 exercises more than one cos/sin chunk. */
+static const int rope_D[] = {8, 6, 128, 300};
+static const int32_t rope_pos[] = {0, 1, 2, 7, 31, 1000, 4095, 100000};
+#define ROPE_N ((int)(sizeof(rope_pos) / sizeof(rope_pos[0])))
+#define ROPE_HEADS 3
+
+static void test_rope_forward(void)
+{
+    for (size_t c = 0; c < sizeof(rope_D) / sizeof(rope_D[0]); c++) {
+        for (int th = 0; th < 2; th++) {
+            const int D = rope_D[c];
+            const size_t n = (size_t)ROPE_N * ROPE_HEADS * D;
+            float inv_freq[150];
+            make_inv_freq(inv_freq, D, th ? 500000.0 : 10000.0);
+            float *x = rand_buf(n, 2.0f);
+            double *xd = to_double(x, n);
+            double *yd = malloc(n * sizeof(double));
+            rope_ref(yd, xd, rope_pos, inv_freq, ROPE_N, ROPE_HEADS, D);
+            ft_cpu_rope_forward(x, rope_pos, inv_freq, ROPE_N, ROPE_HEADS, D);
+            for (size_t i = 0; i < n; i++) {
+                CHECK_CLOSE(x[i], yd[i], 1e-6);
+            }
+            free(x);
+            free(xd);
+            free(yd);
+        }
+    }
+}
+
+static void test_rope_backward_fd(void)
+{
+    for (size_t c = 0; c < sizeof(rope_D) / sizeof(rope_D[0]); c++) {
+        const int D = rope_D[c];
+        const size_t n = (size_t)ROPE_N * ROPE_HEADS * D;
+        float inv_freq[150];
+        make_inv_freq(inv_freq, D, 10000.0);
+        float *x = rand_buf(n, 1.0f);
+        float *r = rand_buf(n, 1.0f);
+        double *xd = to_double(x, n);
+        double *yd = malloc(n * sizeof(double));
+
+        /* analytic: dL/dx = rope_backward(r) */
+        float *g = copy_buf(r, n);
+        ft_cpu_rope_backward(g, rope_pos, inv_freq, ROPE_N, ROPE_HEADS, D);
+
+        const double step = 1e-3;
+        for (size_t e = 0; e < n; e++) {
+            double lp = 0.0, lm = 0.0;
+            const double x0 = xd[e];
+            xd[e] = x0 + step;
+            rope_ref(yd, xd, rope_pos, inv_freq, ROPE_N, ROPE_HEADS, D);
+            for (size_t i = 0; i < n; i++) {
+                lp += yd[i] * r[i];
+            }
+            xd[e] = x0 - step;
+            rope_ref(yd, xd, rope_pos, inv_freq, ROPE_N, ROPE_HEADS, D);
+            for (size_t i = 0; i < n; i++) {
+                lm += yd[i] * r[i];
+            }
+            xd[e] = x0;
+            CHECK_CLOSE(g[e], (lp - lm) / (2.0 * step), 1e-6);
+        }
+
+        /* backward undoes forward (the rotation is orthogonal) */
+        float *y = copy_buf(x, n);
+        ft_cpu_rope_forward(y, rope_pos, inv_freq, ROPE_N, ROPE_HEADS, D);
+        ft_cpu_rope_backward(y, rope_pos, inv_freq, ROPE_N, ROPE_HEADS, D);
+        for (size_t i = 0; i < n; i++) {
+            CHECK_CLOSE(y[i], x[i], 1e-6);
+        }
+        free(x);
+        free(r);
+        free(xd);
+        free(yd);
+        free(g);
+        free(y);
+    }
+}
+
+static void test_rope_norm_and_identity(void)
+{
+    const int D = 64, h = D / 2;
+    const size_t n = (size_t)ROPE_N * ROPE_HEADS * D;
+    float inv_freq[32];
+    make_inv_freq(inv_freq, D, 10000.0);
+    float *x = rand_buf(n, 3.0f);
+    float *y = copy_buf(x, n);
+    ft_cpu_rope_forward(y, rope_pos, inv_freq, ROPE_N, ROPE_HEADS, D);
+    for (int row = 0; row < ROPE_N * ROPE_HEADS; row++) {
+        const float *xr = x + (size_t)row * D, *yr = y + (size_t)row * D;
+        for (int i = 0; i < h; i++) {
+            const double nx = (double)xr[i] * xr[i] + (double)xr[i + h] * xr[i + h];
+            const double ny = (double)yr[i] * yr[i] + (double)yr[i + h] * yr[i + h];
+            CHECK_CLOSE(ny / fmax(nx, 1e-30), 1.0, 1e-5);
+        }
+    }
+
+    /* position 0 is the identity, bitwise, forward and backward */
+    int32_t zeros[ROPE_N] = {0};
+    memcpy(y, x, n * sizeof(float));
+    ft_cpu_rope_forward(y, zeros, inv_freq, ROPE_N, ROPE_HEADS, D);
+    CHECK(memcmp(x, y, n * sizeof(float)) == 0);
+    ft_cpu_rope_backward(y, zeros, inv_freq, ROPE_N, ROPE_HEADS, D);
+    CHECK(memcmp(x, y, n * sizeof(float)) == 0);
+    free(x);
+    free(y);
+}
+
+/* ---- attention reference ------------------------------------------------------- */
+
+typedef struct att_case {
+    const char *name;
+    int B, T, Hq, Hkv, D, window;
+    float scale; /* 0: 1/sqrt(D) */
+    float amp;   /* input amplitude */
+    int segmented;
+} att_case;
+
+static int allowed(const int32_t *seg, int b, int T, int i, int j, int window)
+{
+    if (j > i) {
+        return 0;
+    }
+    if (window > 0 && i - j >= window) {
+        return 0;
+    }
+    if (seg && seg[b * T + j] != seg[b * T + i]) {
+        return 0;
+    }
+    return 1;
+}
+
+/* Naive attention in double: explicit T x T scores per (b, h). */
+static void att_ref(double *out, double *lse, const double *q, const double *k,
+                    const double *v, const int32_t *seg, int B, int T, int Hq, int Hkv,
+                    int D, double scale, int window)
+{
+    const int G = Hq / Hkv;
+    double *S = malloc((size_t)T * T * sizeof(double));
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < Hq; h++) {
+            const int g = h / G;
+            for (int i = 0; i < T; i++) {
+                const double *qi = q + (((size_t)b * T + i) * Hq + h) * D;
+                for (int j = 0; j < T; j++) {
+                    const double *kj = k + (((size_t)b * T + j) * Hkv + g) * D;
+                    double s = 0.0;
+                    for (int d = 0; d < D; d++) {
+                        s += qi[d] * kj[d];
+                    }
+                    S[(size_t)i * T + j] = allowed(seg, b, T, i, j, window) ? scale * s
+                                                                            : -INFINITY;
+                }
+            }
+            for (int i = 0; i < T; i++) {
+                double *Si = S + (size_t)i * T;
+                double m = -INFINITY, sum = 0.0;
+                for (int j = 0; j < T; j++) {
+                    m = fmax(m, Si[j]);
+                }
+                for (int j = 0; j < T; j++) {
+                    Si[j] = exp(Si[j] - m);
+                    sum += Si[j];
+                }
+                double *oi = out + (((size_t)b * T + i) * Hq + h) * D;
+                for (int d = 0; d < D; d++) {
+                    oi[d] = 0.0;
+                }
+                for (int j = 0; j < T; j++) {
+                    const double *vj = v + (((size_t)b * T + j) * Hkv + g) * D;
+                    for (int d = 0; d < D; d++) {
+                        oi[d] += Si[j] / sum * vj[d];
+                    }
+                }
+                if (lse) {
+                    lse[((size_t)b * Hq + h) * T + i] = m + log(sum);
+                }
+            }
+        }
+    }
+    free(S);
+}
+
+/* Segment ids [0,0,0,1,1,2,2,2,2,3,...] (row b shifted by b so rows differ). */
+static int32_t *make_seg(int B, int T)
+{
+    static const int lens[] = {3, 2, 4, 1, 5, 7};
+    int32_t *seg = malloc((size_t)B * T * sizeof(int32_t));
+    for (int b = 0; b < B; b++) {
+        int id = 0, left = lens[b % 6];
+        for (int t = 0; t < T; t++) {
+            if (left == 0) {
+                id++;
+                left = lens[(id + b) % 6];
+            }
+            seg[b * T + t] = id;
+            left--;
+        }
+    }
+    return seg;
+}
+
+static float case_scale(const att_case *c)
+{
+    return c->scale != 0.0f ? c->scale : (float)(1.0 / sqrt((double)c->D));
+}
+
+static void run_forward_case(const att_case *c)
+{
+    const size_t nq = (size_t)c->B * c->T * c->Hq * c->D;
+    const size_t nk = (size_t)c->B * c->T * c->Hkv * c->D;
+    const size_t nl = (size_t)c->B * c->Hq * c->T;
+    const float scale = case_scale(c);
+    float *q = rand_buf(nq, c->amp), *k = rand_buf(nk, c->amp), *v = rand_buf(nk, 1.0f);
+    int32_t *seg = c->segmented ? make_seg(c->B, c->T) : NULL;
+    float *out = malloc(nq * sizeof(float)), *lse = malloc(nl * sizeof(float));
+    double *qd = to_double(q, nq), *kd = to_double(k, nk), *vd = to_double(v, nk);
+    double *outd = malloc(nq * sizeof(double)), *lsed = malloc(nl * sizeof(double));
+
+    ft_cpu_attention_forward(out, lse, q, k, v, seg, c->B, c->T, c->Hq, c->Hkv, c->D,
+                             scale, c->window);
+    att_ref(outd, lsed, qd, kd, vd, seg, c->B, c->T, c->Hq, c->Hkv, c->D, scale,
+            c->window);
+    int before = check_current_failed;
+    check_current_failed = 0;
+    for (size_t i = 0; i < nq; i++) {
+        CHECK_CLOSE(out[i], outd[i], 1e-5);
+    }
+    for (size_t i = 0; i < nl; i++) {
+        CHECK_CLOSE(lse[i], lsed[i], 1e-5);
+    }
+    if (check_current_failed) {
+        fprintf(stderr, "  (forward case %s)\n", c->name);
+    }
+    check_current_failed |= before;
+    free(q);
+    free(k);
+    free(v);
+    free(seg);
+    free(out);
+    free(lse);
+    free(qd);
+    free(kd);
+    free(vd);
+    free(outd);
+    free(lsed);
+}
+
+static const att_case fwd_cases[] = {
+    {"mha", 2, 9, 3, 3, 8, 0, 0.0f, 1.0f, 0},
+    {"gqa", 2, 8, 6, 2, 8, 0, 0.0f, 1.0f, 0},
+    {"mqa", 1, 10, 4, 1, 16, 0, 0.0f, 1.0f, 0},
+    {"odd", 3, 7, 3, 1, 6, 0, 0.0f, 1.0f, 0},
+    {"t1", 2, 1, 2, 1, 4, 0, 0.0f, 1.0f, 0},
+    {"segments", 2, 12, 4, 2, 8, 0, 0.0f, 1.0f, 1},
+    {"window", 2, 11, 4, 2, 8, 3, 0.0f, 1.0f, 0},
+    {"window1", 1, 6, 2, 2, 4, 1, 0.0f, 1.0f, 0},
+    {"segments_window", 2, 13, 6, 2, 6, 4, 0.0f, 1.0f, 1},
+    {"large_logits", 2, 9, 4, 2, 8, 0, 2.0f, 3.0f, 0},
+    /* more than one 64-key block: exercises the running-max rescale */
+    {"long", 1, 200, 2, 1, 6, 0, 0.0f, 2.0f, 0},
+    {"long_window", 1, 200, 2, 1, 6, 90, 0.0f, 2.0f, 0},
+    {"long_segments", 2, 150, 2, 2, 5, 0, 0.0f, 2.0f, 1},
+    {"long_large_logits", 1, 160, 2, 1, 8, 0, 1.0f, 2.5f, 0},
+};
+
+static void test_attention_forward(void)
+{
+    for (size_t i = 0; i < sizeof(fwd_cases) / sizeof(fwd_cases[0]); i++) {
+        run_forward_case(&fwd_cases[i]);
+    }
+}
+
+/* ---- attention backward ---------------------------------------------------------- */
+
+static double ref_loss(const double *q, const double *k, const double *v,
+                       const int32_t *seg, const double *r, double *outd,
+                       const att_case *c)
+{
+    const size_t nq = (size_t)c->B * c->T * c->Hq * c->D;
+    att_ref(outd, NULL, q, k, v, seg, c->B, c->T, c->Hq, c->Hkv, c->D, case_scale(c),
+            c->window);
+    double L = 0.0;
+    for (size_t i = 0; i < nq; i++) {
+        L += outd[i] * r[i];
+    }
+    return L;
+}
+
+static void fd_check(float *grad, double *x, size_t n, const double *qd,
+                     const double *kd, const double *vd, const int32_t *seg,
+                     const double *rd, double *outd, const att_case *c)
+{
+    const double step = 1e-5;
+    for (size_t e = 0; e < n; e++) {
+        const double x0 = x[e];
+        x[e] = x0 + step;
+        const double lp = ref_loss(qd, kd, vd, seg, rd, outd, c);
+        x[e] = x0 - step;
+        const double lm = ref_loss(qd, kd, vd, seg, rd, outd, c);
+        x[e] = x0;
+        CHECK_CLOSE(grad[e], (lp - lm) / (2.0 * step), 1e-4);
+    }
+}
+
+static void run_backward_case(const att_case *c)
+{
+    const size_t nq = (size_t)c->B * c->T * c->Hq * c->D;
+    const size_t nk = (size_t)c->B * c->T * c->Hkv * c->D;
+    const size_t nl = (size_t)c->B * c->Hq * c->T;
+    const float scale = case_scale(c);
+    float *q = rand_buf(nq, c->amp), *k = rand_buf(nk, c->amp), *v = rand_buf(nk, 1.0f);
+    float *r = rand_buf(nq, 1.0f); /* dL/dout */
+    int32_t *seg = c->segmented ? make_seg(c->B, c->T) : NULL;
+    float *out = malloc(nq * sizeof(float)), *lse = malloc(nl * sizeof(float));
+    float *dq = calloc(nq, sizeof(float)), *dk = calloc(nk, sizeof(float));
+    float *dv = calloc(nk, sizeof(float));
+    double *qd = to_double(q, nq), *kd = to_double(k, nk), *vd = to_double(v, nk);
+    double *rd = to_double(r, nq), *outd = malloc(nq * sizeof(double));
+
+    ft_cpu_attention_forward(out, lse, q, k, v, seg, c->B, c->T, c->Hq, c->Hkv, c->D,
+                             scale, c->window);
+    ft_cpu_attention_backward(dq, dk, dv, r, q, k, v, out, lse, seg, c->B, c->T, c->Hq,
+                              c->Hkv, c->D, scale, c->window);
+
+    int before = check_current_failed;
+    check_current_failed = 0;
+    fd_check(dq, qd, nq, qd, kd, vd, seg, rd, outd, c);
+    fd_check(dk, kd, nk, qd, kd, vd, seg, rd, outd, c);
+    fd_check(dv, vd, nk, qd, kd, vd, seg, rd, outd, c);
+
+    /* Accumulate: non-zero initial gradients are added to, not overwritten. */
+    float *dq2 = rand_buf(nq, 1.0f), *dk2 = rand_buf(nk, 1.0f), *dv2 = rand_buf(nk, 1.0f);
+    float *dq0 = copy_buf(dq2, nq), *dk0 = copy_buf(dk2, nk), *dv0 = copy_buf(dv2, nk);
+    ft_cpu_attention_backward(dq2, dk2, dv2, r, q, k, v, out, lse, seg, c->B, c->T, c->Hq,
+                              c->Hkv, c->D, scale, c->window);
+    for (size_t i = 0; i < nq; i++) {
+        CHECK_CLOSE(dq2[i], (double)dq0[i] + dq[i], 1e-6);
+    }
+    for (size_t i = 0; i < nk; i++) {
+        CHECK_CLOSE(dk2[i], (double)dk0[i] + dk[i], 1e-6);
+        CHECK_CLOSE(dv2[i], (double)dv0[i] + dv[i], 1e-6);
+    }
+
+    /* Unwanted gradients may be NULL; the others are unchanged. */
+    memset(dk2, 0, nk * sizeof(float));
+    ft_cpu_attention_backward(NULL, dk2, NULL, r, q, k, v, out, lse, seg, c->B, c->T,
+                              c->Hq, c->Hkv, c->D, scale, c->window);
+    CHECK(memcmp(dk2, dk, nk * sizeof(float)) == 0);
+    memset(dq2, 0, nq * sizeof(float));
+    memset(dv2, 0, nk * sizeof(float));
+    ft_cpu_attention_backward(dq2, NULL, dv2, r, q, k, v, out, lse, seg, c->B, c->T,
+                              c->Hq, c->Hkv, c->D, scale, c->window);
+    CHECK(memcmp(dq2, dq, nq * sizeof(float)) == 0);
+    CHECK(memcmp(dv2, dv, nk * sizeof(float)) == 0);
+
+    if (check_current_failed) {
+        fprintf(stderr, "  (backward case %s)\n", c->name);
+    }
+    check_current_failed |= before;
+    free(q);
+    free(k);
+    free(v);
+    free(r);
+    free(seg);
+    free(out);
+    free(lse);
+    free(dq);
+    free(dk);
+    free(dv);
+    free(qd);
+    free(kd);
+    free(vd);
+    free(rd);
+    free(outd);
+    free(dq2);
+    free(dk2);
+    free(dv2);
+    free(dq0);
+    free(dk0);
+    free(dv0);
+}
+
+static const att_case bwd_cases[] = {
+    {"mha", 1, 6, 2, 2, 4, 0, 0.0f, 1.0f, 0},
+    {"gqa", 2, 7, 6, 2, 4, 0, 0.0f, 1.0f, 0},
+    {"mqa", 1, 8, 3, 1, 6, 0, 0.0f, 1.0f, 0},
+    {"segments", 2, 9, 4, 2, 4, 0, 0.0f, 1.0f, 1},
+    {"window", 2, 8, 4, 2, 4, 3, 0.0f, 1.0f, 0},
+    {"gqa_segments_window", 2, 11, 6, 2, 6, 4, 0.0f, 1.0f, 1},
+    {"large_logits", 1, 7, 2, 1, 4, 0, 1.0f, 2.0f, 0},
+    {"long_segments_window", 1, 70, 2, 1, 3, 40, 0.0f, 1.5f, 1},
+};
+
+static void test_attention_backward(void)
+{
+    for (size_t i = 0; i < sizeof(bwd_cases) / sizeof(bwd_cases[0]); i++) {
+        run_backward_case(&bwd_cases[i]);
+    }
+}
+
+/* ---- packed sequences == separate sequences ------------------------------------ */
+
+/* One row holding segments [0,0,0,1,1,1,1,2,2,2,...] with positions restarting at 0 in
+ * each, RoPE applied to q and k, then attention (forward and backward) with seg ids,
+ * against each segment run alone (seg NULL, positions 0..len-1). */
+static void check_packed_vs_separate(int window)
+{
+    enum { T = 23, Hq = 4, Hkv = 2, D = 8 };
+    static const int lens[] = {3, 4, 3, 1, 7, 5};
+    const size_t nq = (size_t)T * Hq * D, nk = (size_t)T * Hkv * D;
+    const float scale = (float)(1.0 / sqrt((double)D));
+    float inv_freq[D / 2];
+    make_inv_freq(inv_freq, D, 10000.0);
+
+    int32_t seg[T], pos[T], start[6];
+    for (int s = 0, t = 0; s < 6; s++) {
+        start[s] = t;
+        for (int p = 0; p < lens[s]; p++, t++) {
+            seg[t] = s;
+            pos[t] = p;
+        }
+    }
+    float *q = rand_buf(nq, 1.5f), *k = rand_buf(nk, 1.5f), *v = rand_buf(nk, 1.0f);
+    float *r = rand_buf(nq, 1.0f);
+    float *qp = copy_buf(q, nq), *kp = copy_buf(k, nk);
+    ft_cpu_rope_forward(qp, pos, inv_freq, T, Hq, D);
+    ft_cpu_rope_forward(kp, pos, inv_freq, T, Hkv, D);
+    float out[T * Hq * D], lse[Hq * T];
+    float dq[T * Hq * D] = {0}, dk[T * Hkv * D] = {0}, dv[T * Hkv * D] = {0};
+    ft_cpu_attention_forward(out, lse, qp, kp, v, seg, 1, T, Hq, Hkv, D, scale, window);
+    ft_cpu_attention_backward(dq, dk, dv, r, qp, kp, v, out, lse, seg, 1, T, Hq, Hkv, D,
+                              scale, window);
+
+    for (int s = 0; s < 6; s++) {
+        const int L = lens[s], t0 = start[s];
+        int32_t ps[T];
+        for (int p = 0; p < L; p++) {
+            ps[p] = p;
+        }
+        float *qs = copy_buf(q + (size_t)t0 * Hq * D, (size_t)L * Hq * D);
+        float *ks = copy_buf(k + (size_t)t0 * Hkv * D, (size_t)L * Hkv * D);
+        const float *vs = v + (size_t)t0 * Hkv * D;
+        const float *rs = r + (size_t)t0 * Hq * D;
+        ft_cpu_rope_forward(qs, ps, inv_freq, L, Hq, D);
+        ft_cpu_rope_forward(ks, ps, inv_freq, L, Hkv, D);
+        float os[T * Hq * D], ls[Hq * T];
+        float dqs[T * Hq * D] = {0}, dks[T * Hkv * D] = {0}, dvs[T * Hkv * D] = {0};
+        ft_cpu_attention_forward(os, ls, qs, ks, vs, NULL, 1, L, Hq, Hkv, D, scale,
+                                 window);
+        ft_cpu_attention_backward(dqs, dks, dvs, rs, qs, ks, vs, os, ls, NULL, 1, L, Hq,
+                                  Hkv, D, scale, window);
+        for (int i = 0; i < L * Hq * D; i++) {
+            CHECK_CLOSE(out[t0 * Hq * D + i], os[i], 1e-6);
+            CHECK_CLOSE(dq[t0 * Hq * D + i], dqs[i], 1e-6);
+        }
+        for (int i = 0; i < L * Hkv * D; i++) {
+            CHECK_CLOSE(dk[t0 * Hkv * D + i], dks[i], 1e-6);
+            CHECK_CLOSE(dv[t0 * Hkv * D + i], dvs[i], 1e-6);
+        }
+        for (int h = 0; h < Hq; h++) {
+            for (int p = 0; p < L; p++) {
+                CHECK_CLOSE(lse[h * T + t0 + p], ls[h * L + p], 1e-6);
+            }
+        }
+        free(qs);
+        free(ks);
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(r);
+    free(qp);
+    free(kp);
+}
+
+static void test_packed_equals_separate(void)
+{
+    check_packed_vs_separate(0);
+    check_packed_vs_separate(3);
+}
+
+int main(void)
+{
+    RUN(test_rope_forward);
+    RUN(test_rope_backward_fd);
+    RUN(test_rope_norm_and_identity);
+    RUN(test_attention_forward);
+    RUN(test_attention_backward);
+    RUN(test_packed_equals_separate);
+    return check_summary("attention_rope");
+}

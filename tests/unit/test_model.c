@@ -1,0 +1,390 @@
+/* The model end to end on a tiny random Llama written by the test itself: gradients
+ * against central finite differences (full and LoRA), gradient checkpointing bitwise
+ * identical (also with LoRA dropout), gradient accumulation equal to one pass, packed
+ * rows equal to separate rows, adapter save/load round trip, and the errors a user can
+ * cause (bad token id, missing or mis-shaped tensor, unexpected tensor). The comparison
+ * with transformers + PEFT is in tests/conformance. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "fsutil.h"
+#include "model.h"
+#include "rng.h"
+#include "safetensors.h"
+
+enum { V = 32, C = 16, I = 24, L = 2, HQ = 4, HKV = 2, D = 4 };
+
+static char root[256];
+
+/* Writes config.json and model.safetensors of a tiny llama into dir. `skip` omits a
+ * tensor, `extra` adds one, `bad_shape` gives a tensor the wrong shape. */
+static void write_model(const char *dir, int qkv_bias, const char *skip, const char *extra,
+                        const char *bad_shape)
+{
+    ft_err err;
+    CHECK(ft_mkdir_p(dir, &err) == 0);
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    fprintf(f,
+            "{\"model_type\": \"%s\", \"vocab_size\": %d, \"hidden_size\": %d, "
+            "\"intermediate_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d, "
+            "\"num_key_value_heads\": %d, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, "
+            "\"hidden_act\": \"silu\", \"max_position_embeddings\": 64, "
+            "\"tie_word_embeddings\": false}",
+            qkv_bias ? "qwen2" : "llama", V, C, I, L, HQ, HKV);
+    fclose(f);
+
+    static float store[64][V * C > I * C ? V * C : I * C];
+    int n = 0;
+    ft_st_writer *w = ft_st_writer_new();
+    char names[64][96];
+    int64_t shapes[64][2];
+    int ndims[64];
+#define ADD(nd, d0, d1, ...)                                                            \
+    do {                                                                                \
+        snprintf(names[n], sizeof names[n], __VA_ARGS__);                               \
+        ndims[n] = nd;                                                                  \
+        shapes[n][0] = d0;                                                              \
+        shapes[n][1] = d1;                                                              \
+        n++;                                                                            \
+    } while (0)
+    ADD(2, V, C, "model.embed_tokens.weight");
+    for (int l = 0; l < L; l++) {
+        ADD(1, C, 0, "model.layers.%d.input_layernorm.weight", l);
+        ADD(2, HQ * D, C, "model.layers.%d.self_attn.q_proj.weight", l);
+        ADD(2, HKV * D, C, "model.layers.%d.self_attn.k_proj.weight", l);
+        ADD(2, HKV * D, C, "model.layers.%d.self_attn.v_proj.weight", l);
+        if (qkv_bias) {
+            ADD(1, HQ * D, 0, "model.layers.%d.self_attn.q_proj.bias", l);
+            ADD(1, HKV * D, 0, "model.layers.%d.self_attn.k_proj.bias", l);
+            ADD(1, HKV * D, 0, "model.layers.%d.self_attn.v_proj.bias", l);
+        }
+        ADD(2, C, HQ * D, "model.layers.%d.self_attn.o_proj.weight", l);
+        ADD(1, C, 0, "model.layers.%d.post_attention_layernorm.weight", l);
+        ADD(2, I, C, "model.layers.%d.mlp.gate_proj.weight", l);
+        ADD(2, I, C, "model.layers.%d.mlp.up_proj.weight", l);
+        ADD(2, C, I, "model.layers.%d.mlp.down_proj.weight", l);
+    }
+    ADD(1, C, 0, "model.norm.weight");
+    ADD(2, V, C, "lm_head.weight");
+    if (extra)
+        ADD(1, C, 0, "%s", extra);
+    for (int i = 0; i < n; i++) {
+        size_t numel = (size_t)shapes[i][0] * (ndims[i] > 1 ? shapes[i][1] : 1);
+        int is_norm = ndims[i] == 1 && !strstr(names[i], "bias");
+        for (size_t j = 0; j < numel; j++)
+            store[i][j] = is_norm ? 1.0f + 0.2f * (ft_uniform(7 + i, j) - 0.5f)
+                                  : 0.6f * (ft_uniform(7 + i, j) - 0.5f);
+        if (skip && strcmp(names[i], skip) == 0)
+            continue;
+        int64_t shape[2] = {shapes[i][0], shapes[i][1]};
+        if (bad_shape && strcmp(names[i], bad_shape) == 0)
+            shape[0] -= 1;
+        CHECK(ft_st_writer_add(w, names[i], FT_ST_F32, ndims[i], shape, store[i], &err) == 0);
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    CHECK(ft_st_writer_save(w, path, &err) == 0);
+    ft_st_writer_free(w);
+}
+
+static ft_model *load(const char *dir, ft_train_mode mode, int ckpt, float dropout)
+{
+    ft_model_options opt = {.mode = mode, .grad_ckpt = ckpt, .seed = 99};
+    opt.lora = (ft_lora_config){.r = 2, .alpha = 4, .dropout = dropout,
+                                .targets = FT_LORA_ALL_LINEAR};
+    ft_model *m = NULL;
+    ft_err err;
+    if (ft_model_load(&m, dir, &opt, &err))
+        fprintf(stderr, "  load: %s\n", err.msg);
+    if (m && mode == FT_TRAIN_LORA) {
+        /* B starts at zero, which would make every A gradient zero: randomise it. */
+        for (size_t i = 0; i < ft_model_param_count(m); i++) {
+            ft_param *p = ft_model_param(m, i);
+            if (strstr(p->name, "lora_B"))
+                for (size_t j = 0; j < p->numel; j++)
+                    p->data[j] = 0.5f * (ft_uniform(31 + i, j) - 0.5f);
+        }
+    }
+    return m;
+}
+
+enum { B = 2, T = 6 };
+static int32_t ids[B * T] = {1, 5, 9, 3, 30, 2, 7, 7, 0, 31, 12, 4};
+static int32_t labels[B * T] = {1, 5, -100, 3, 30, 2, 7, 7, 0, 31, -100, 4};
+
+static double mean_loss(ft_model *m, const ft_batch *b)
+{
+    double sum;
+    long n;
+    ft_err err;
+    CHECK(ft_model_forward(m, b, &sum, &n, &err) == 0);
+    return sum / (double)n;
+}
+
+/* Analytic gradient of the mean loss against central differences, for a few entries of
+ * every trainable parameter. fp32 forward, step 1e-2: truncation error ~h^2 and rounding
+ * ~1e-7 * loss / h, so 3% relative (plus 2e-4 absolute) separates a right gradient from a
+ * wrong one, which is off by O(1). */
+static void check_fd(ft_model *m)
+{
+    ft_batch b = {B, T, ids, labels, NULL};
+    ft_err err;
+    ft_model_zero_grad(m);
+    double sum;
+    long n;
+    CHECK(ft_model_forward(m, &b, &sum, &n, &err) == 0);
+    CHECK(ft_model_backward(m, (float)(1.0 / n), &err) == 0);
+    int checked = 0, bad = 0;
+    for (size_t i = 0; i < ft_model_param_count(m); i++) {
+        ft_param *p = ft_model_param(m, i);
+        if (!p->grad)
+            continue;
+        for (int s = 0; s < 3; s++) {
+            size_t j = (size_t)(ft_uniform(5, i * 3 + s) * p->numel);
+            float keep = p->data[j], h = 1e-2f;
+            p->data[j] = keep + h;
+            double up = mean_loss(m, &b);
+            p->data[j] = keep - h;
+            double down = mean_loss(m, &b);
+            p->data[j] = keep;
+            double fd = (up - down) / (2 * h), an = p->grad[j];
+            checked++;
+            if (fabs(fd - an) > 3e-2 * fabs(fd) + 2e-4) {
+                bad++;
+                fprintf(stderr, "  %s[%zu]: analytic %.6g, finite difference %.6g\n", p->name,
+                        j, an, fd);
+            }
+        }
+    }
+    CHECK(checked > 0);
+    CHECK(bad == 0);
+}
+
+static void test_full_gradients(void)
+{
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/full", root);
+    write_model(dir, 0, NULL, NULL, NULL);
+    ft_model *m = load(dir, FT_TRAIN_FULL, 0, 0);
+    CHECK(m != NULL);
+    if (m)
+        check_fd(m);
+    ft_model_free(m);
+}
+
+static void test_qwen2_bias_gradients(void)
+{
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/qwen2", root);
+    write_model(dir, 1, NULL, NULL, NULL);
+    ft_model *m = load(dir, FT_TRAIN_FULL, 0, 0);
+    CHECK(m != NULL);
+    if (m) {
+        CHECK(ft_model_find_param(m, "model.layers.1.self_attn.k_proj.bias") != NULL);
+        check_fd(m);
+    }
+    ft_model_free(m);
+}
+
+static void test_lora_gradients(void)
+{
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/full", root);
+    ft_model *m = load(dir, FT_TRAIN_LORA, 0, 0);
+    CHECK(m != NULL);
+    if (m) {
+        size_t n;
+        ft_model_trainable(m, &n);
+        CHECK(n == (size_t)L * 2 * ((C + HQ * D) + 2 * (C + HKV * D) + (HQ * D + C) +
+                                    2 * (C + I) + (I + C)));
+        check_fd(m);
+    }
+    ft_model_free(m);
+}
+
+/* All gradients of one forward/backward, copied out. */
+static float *grads_of(ft_model *m, const ft_batch *b, int n_micro, size_t *n)
+{
+    ft_err err;
+    long total = 0;
+    for (int i = 0; i < n_micro; i++)
+        total += ft_batch_counted_tokens(&b[i]);
+    ft_model_zero_grad(m);
+    for (int i = 0; i < n_micro; i++) {
+        CHECK(ft_model_forward(m, &b[i], NULL, NULL, &err) == 0);
+        CHECK(ft_model_backward(m, (float)(1.0 / total), &err) == 0);
+    }
+    float *g = ft_model_grads(m, n);
+    float *copy = malloc(*n * sizeof(float));
+    memcpy(copy, g, *n * sizeof(float));
+    return copy;
+}
+
+static void check_ckpt_identical(ft_train_mode mode, float dropout)
+{
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/full", root);
+    ft_batch b = {B, T, ids, labels, NULL};
+    ft_model *plain = load(dir, mode, 0, dropout), *ckpt = load(dir, mode, 1, dropout);
+    size_t n1, n2;
+    float *g1 = grads_of(plain, &b, 1, &n1), *g2 = grads_of(ckpt, &b, 1, &n2);
+    CHECK(n1 == n2 && n1 > 0);
+    CHECK(memcmp(g1, g2, n1 * sizeof(float)) == 0);
+    double norm = 0;
+    for (size_t i = 0; i < n1; i++)
+        norm += (double)g1[i] * g1[i];
+    CHECK(norm > 0);
+    free(g1);
+    free(g2);
+    ft_model_free(plain);
+    ft_model_free(ckpt);
+}
+
+static void test_ckpt_full(void) { check_ckpt_identical(FT_TRAIN_FULL, 0); }
+static void test_ckpt_lora_dropout(void) { check_ckpt_identical(FT_TRAIN_LORA, 0.3f); }
+
+static void test_grad_accumulation(void)
+{
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/full", root);
+    ft_model *m = load(dir, FT_TRAIN_FULL, 0, 0);
+    ft_batch whole = {B, T, ids, labels, NULL};
+    ft_batch halves[2] = {{1, T, ids, labels, NULL}, {1, T, ids + T, labels + T, NULL}};
+    size_t n1, n2;
+    float *g1 = grads_of(m, &whole, 1, &n1), *g2 = grads_of(m, halves, 2, &n2);
+    double diff = 0, ref = 0;
+    for (size_t i = 0; i < n1; i++) {
+        diff += ((double)g1[i] - g2[i]) * ((double)g1[i] - g2[i]);
+        ref += (double)g1[i] * g1[i];
+    }
+    CHECK(sqrt(diff / ref) < 1e-6);
+    free(g1);
+    free(g2);
+    ft_model_free(m);
+}
+
+/* Two sequences packed into one row (positions restart) give the logits of the two
+ * sequences run as separate rows. */
+static void test_packed_rows(void)
+{
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/full", root);
+    ft_model *m = load(dir, FT_TRAIN_NONE, 0, 0);
+    ft_err err;
+    int32_t packed_ids[T] = {1, 5, 9, 3, 30, 2}, pos[T] = {0, 1, 2, 0, 1, 2};
+    int32_t sep_ids[2 * 3] = {1, 5, 9, 3, 30, 2};
+    ft_batch packed = {1, T, packed_ids, NULL, pos}, sep = {2, 3, sep_ids, NULL, NULL};
+    CHECK(ft_model_forward(m, &packed, NULL, NULL, &err) == 0);
+    float *a = malloc((size_t)T * V * sizeof(float));
+    memcpy(a, ft_model_logits(m), (size_t)T * V * sizeof(float));
+    CHECK(ft_model_forward(m, &sep, NULL, NULL, &err) == 0);
+    const float *bl = ft_model_logits(m);
+    double diff = 0;
+    for (int i = 0; i < T * V; i++)
+        diff = fmax(diff, fabs(a[i] - bl[i]));
+    CHECK(diff < 1e-5);
+    free(a);
+    ft_model_free(m);
+}
+
+static void test_adapter_round_trip(void)
+{
+    char dir[300], adir[300];
+    snprintf(dir, sizeof dir, "%s/full", root);
+    snprintf(adir, sizeof adir, "%s/adapter", root);
+    ft_err err;
+    ft_model *a = load(dir, FT_TRAIN_LORA, 0, 0), *b = load(dir, FT_TRAIN_LORA, 0, 0);
+    /* b starts from other LoRA weights */
+    size_t n;
+    float *wb = ft_model_trainable(b, &n);
+    for (size_t i = 0; i < n; i++)
+        wb[i] += 1.0f;
+    CHECK(ft_model_save_adapter(a, adir, "tiny", &err) == 0);
+    CHECK(ft_model_load_adapter(b, adir, &err) == 0);
+    size_t na;
+    float *wa = ft_model_trainable(a, &na);
+    CHECK(na == n && memcmp(wa, wb, n * sizeof(float)) == 0);
+    ft_lora_config cfg;
+    CHECK(ft_lora_config_load(&cfg, adir, &err) == 0);
+    CHECK(cfg.r == 2 && cfg.alpha == 4 && cfg.targets == FT_LORA_ALL_LINEAR);
+    ft_model_free(a);
+    ft_model_free(b);
+}
+
+static void expect_load_error(const char *dir, const char *needle)
+{
+    ft_model_options opt = {.mode = FT_TRAIN_FULL};
+    ft_model *m = NULL;
+    ft_err err = {{0}};
+    CHECK(ft_model_load(&m, dir, &opt, &err) != 0);
+    CHECK(m == NULL);
+    if (!strstr(err.msg, needle)) {
+        fprintf(stderr, "  message '%s' lacks '%s'\n", err.msg, needle);
+        CHECK(0);
+    }
+}
+
+static void test_load_errors(void)
+{
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/missing", root);
+    write_model(dir, 0, "model.layers.1.mlp.up_proj.weight", NULL, NULL);
+    expect_load_error(dir, "model.layers.1.mlp.up_proj.weight");
+    snprintf(dir, sizeof dir, "%s/extra", root);
+    write_model(dir, 0, NULL, "model.layers.0.self_attn.q_norm.weight", NULL);
+    expect_load_error(dir, "model.layers.0.self_attn.q_norm.weight");
+    snprintf(dir, sizeof dir, "%s/shape", root);
+    write_model(dir, 0, NULL, NULL, "model.layers.0.self_attn.k_proj.weight");
+    expect_load_error(dir, "model.layers.0.self_attn.k_proj.weight");
+    snprintf(dir, sizeof dir, "%s/nothing", root);
+    ft_err err;
+    CHECK(ft_mkdir_p(dir, &err) == 0);
+    expect_load_error(dir, "config.json");
+}
+
+static void test_bad_tokens(void)
+{
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/full", root);
+    ft_model *m = load(dir, FT_TRAIN_FULL, 0, 0);
+    ft_err err = {{0}};
+    int32_t bad_ids[3] = {1, V, 2}, bad_labels[3] = {1, 2, -5};
+    ft_batch b1 = {1, 3, bad_ids, NULL, NULL};
+    CHECK(ft_model_forward(m, &b1, NULL, NULL, &err) != 0);
+    CHECK(strstr(err.msg, "input_ids[0][1]") != NULL);
+    int32_t ok_ids[3] = {1, 2, 3};
+    ft_batch b2 = {1, 3, ok_ids, bad_labels, NULL};
+    CHECK(ft_model_forward(m, &b2, NULL, NULL, &err) != 0);
+    CHECK(strstr(err.msg, "labels[0][2]") != NULL);
+    CHECK(ft_model_backward(m, 1.0f, &err) != 0);
+    ft_model_free(m);
+}
+
+int main(void)
+{
+    snprintf(root, sizeof root, "/tmp/ft-test-model-XXXXXX");
+    if (!mkdtemp(root)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    RUN(test_full_gradients);
+    RUN(test_qwen2_bias_gradients);
+    RUN(test_lora_gradients);
+    RUN(test_ckpt_full);
+    RUN(test_ckpt_lora_dropout);
+    RUN(test_grad_accumulation);
+    RUN(test_packed_rows);
+    RUN(test_adapter_round_trip);
+    RUN(test_load_errors);
+    RUN(test_bad_tokens);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", root);
+    return check_summary("model");
+}
