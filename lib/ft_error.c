@@ -17,13 +17,15 @@ int ft_fail(ft_err *err, const char *fmt, ...)
 int ft_fail_prefix(ft_err *err, const char *fmt, ...)
 {
     if (err) {
-        char prefix[512], old[sizeof err->msg];
+        char old[sizeof err->msg];
+        memcpy(old, err->msg, sizeof old);
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(prefix, sizeof prefix, fmt, ap);
+        int n = vsnprintf(err->msg, sizeof err->msg, fmt, ap);
         va_end(ap);
-        memcpy(old, err->msg, sizeof old);
-        snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
+        size_t used = n < 0 ? 0 : (size_t)n;
+        if (used < sizeof err->msg)
+            snprintf(err->msg + used, sizeof err->msg - used, ": %s", old);
     }
     return -1;
 }

@@ -11,6 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct ft_err {
     char msg[1024];
 } ft_err;
@@ -31,5 +35,9 @@ int ft_fail_prefix(ft_err *err, const char *fmt, ...) __attribute__((format(prin
             abort();                                                                \
         }                                                                           \
     } while (0)
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -186,7 +186,8 @@ static int drv_load(drv_api *api, const char *cuda_lib, ft_gpu_probe *p)
 
     /* Function pointers from dlsym: POSIX guarantees the conversion. */
     const char *missing = NULL;
-#define DRV_NEED(field, sym) api->field = (__typeof__(api->field))drv_sym(api->lib, sym, &missing)
+#define DRV_NEED(field, sym) \
+    api->field = (__typeof__(api->field))drv_sym(api->lib, sym, &missing)
 #define DRV_WANT(field, sym) api->field = (__typeof__(api->field))drv_sym(api->lib, sym, NULL)
     DRV_NEED(init, "cuInit");
     DRV_NEED(driver_get_version, "cuDriverGetVersion");
@@ -329,8 +330,8 @@ static void probe_nccl(ft_gpu_probe *p, const char *nccl_lib)
     if (!get_version)
         snprintf(p->nccl_reason, sizeof p->nccl_reason, "%s has no ncclGetVersion", nccl_lib);
     else if (rc != 0 || code <= 0)
-        snprintf(p->nccl_reason, sizeof p->nccl_reason, "ncclGetVersion failed (ncclResult %d)",
-                 rc);
+        snprintf(p->nccl_reason, sizeof p->nccl_reason,
+                 "ncclGetVersion failed (ncclResult %d)", rc);
     else
         p->nccl_version = code;
     dlclose(lib);
@@ -441,11 +442,13 @@ void ft_gpu_probe_print(const ft_gpu_probe *p, FILE *out)
     if (p->driver_version)
         fprintf(out, "CUDA driver: %s (%s)\n",
                 ft_gpu_driver_version_str(p->driver_version, buf, sizeof buf), p->driver_path);
+    else if (p->driver_path[0])
+        fprintf(out, "CUDA driver: version unknown (%s)\n", p->driver_path);
     else
         fprintf(out, "CUDA driver: not found\n");
     if (p->nccl_version)
-        fprintf(out, "NCCL: %s (%s)\n", ft_gpu_nccl_version_str(p->nccl_version, buf, sizeof buf),
-                p->nccl_path);
+        fprintf(out, "NCCL: %s (%s)\n",
+                ft_gpu_nccl_version_str(p->nccl_version, buf, sizeof buf), p->nccl_path);
     else
         fprintf(out, "NCCL: not found (%s)\n", p->nccl_reason);
     fprintf(out, "CPU backend:\n");
@@ -527,8 +530,9 @@ json_t *ft_gpu_probe_json(const ft_gpu_probe *p)
     bad |= json_object_set_new(o, "driver_path", jstr(p->driver_path));
     bad |= json_object_set_new(
         o, "nccl_version",
-        p->nccl_version ? json_string(ft_gpu_nccl_version_str(p->nccl_version, buf, sizeof buf))
-                        : json_null());
+        p->nccl_version
+            ? json_string(ft_gpu_nccl_version_str(p->nccl_version, buf, sizeof buf))
+            : json_null());
     bad |= json_object_set_new(o, "nccl_reason", p->nccl_version ? json_null()
                                                                  : jstr(p->nccl_reason));
     bad |= json_object_set_new(o, "nccl_path", jstr(p->nccl_path));

@@ -67,11 +67,22 @@ static const float *lora_input(ft_model *m, int l, ft_proj p, const float *x, si
     return m->x_drop;
 }
 
+/* h = dropout(x) A^T of LoRA pair p: the part of the LoRA path backward needs. */
+static void lora_h_forward(ft_model *m, int l, ft_proj p, const float *x)
+{
+    const layer_weights *w = &m->layers[l];
+    layer_acts *a = &m->acts[l];
+    int N = m->B * m->T, in, out, r = m->opt.lora.r;
+    proj_dims(&m->cfg, p, &in, &out);
+    const float *xd = lora_input(m, l, p, x, (size_t)N * in);
+    ft_linear_forward(T_(a->lora_h[p], (size_t)N * r), T_(xd, (size_t)N * in),
+                      T_(w->lora_a[p], (size_t)r * in), ft_none(), N, in, r, 1.0f, 0);
+}
+
 /* y = x W^T + b, plus the LoRA path scaling * (dropout(x) A^T) B^T. */
 static void proj_forward(ft_model *m, int l, ft_proj p, const float *x, float *y)
 {
     const layer_weights *w = &m->layers[l];
-    layer_acts *a = &m->acts[l];
     int N = m->B * m->T, in, out;
     proj_dims(&m->cfg, p, &in, &out);
     ft_linear_forward(T_(y, (size_t)N * out), T_(x, (size_t)N * in),
@@ -79,10 +90,8 @@ static void proj_forward(ft_model *m, int l, ft_proj p, const float *x, float *y
     if (!w->lora_a[p])
         return;
     int r = m->opt.lora.r;
-    const float *xd = lora_input(m, l, p, x, (size_t)N * in);
-    ft_linear_forward(T_(a->lora_h[p], (size_t)N * r), T_(xd, (size_t)N * in),
-                      T_(w->lora_a[p], (size_t)r * in), ft_none(), N, in, r, 1.0f, 0);
-    ft_linear_forward(T_(y, (size_t)N * out), T_(a->lora_h[p], (size_t)N * r),
+    lora_h_forward(m, l, p, x);
+    ft_linear_forward(T_(y, (size_t)N * out), T_(m->acts[l].lora_h[p], (size_t)N * r),
                       T_(w->lora_b[p], (size_t)out * r), ft_none(), N, r, out, m->lora_scaling,
                       1);
 }
@@ -126,8 +135,8 @@ static void proj_backward(ft_model *m, int l, ft_proj p, const float *x, const f
     ft_dropout_backward(T_(dx, nx), T_(m->x_drop, nx), nx, pd, lora_dropout_seed(m, l, p), 0);
 }
 
-/* One decoder layer: in -> out (out may be NULL when only the saved activations are
- * wanted, as in a gradient-checkpoint recompute). */
+/* One decoder layer: in -> out. out NULL recomputes only what backward needs (a
+ * gradient-checkpoint recompute): everything but the down projection's base GEMM. */
 static void layer_forward(ft_model *m, int l, const float *in, float *out)
 {
     const ft_model_config *c = &m->cfg;
@@ -156,8 +165,11 @@ static void layer_forward(ft_model *m, int l, const float *in, float *out)
     proj_forward(m, l, FT_PROJ_GATE, a->ln2, a->gate);
     proj_forward(m, l, FT_PROJ_UP, a->ln2, a->up);
     ft_swiglu_forward(T_(a->act, nI), T_(a->gate, nI), T_(a->up, nI), nI);
-    if (!out)
+    if (!out) {
+        if (w->lora_a[FT_PROJ_DOWN])
+            lora_h_forward(m, l, FT_PROJ_DOWN, a->act);
         return;
+    }
     proj_forward(m, l, FT_PROJ_DOWN, a->act, out);
     ft_add(T_(out, nC), T_(a->mid, nC), nC);
 }

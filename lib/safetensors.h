@@ -72,7 +72,10 @@ int ft_st_to_f32(const ft_st_tensor *t, float *dst, size_t n, ft_err *err);
 /* ---- checkpoints: a directory with model.safetensors, or with
  * model.safetensors.index.json and its shards. `basename` is "model" for models,
  * "adapter_model" for PEFT adapters. Every shard named by the index is opened and
- * validated; a weight_map entry missing from its shard is an error. */
+ * validated; a weight_map entry missing from its shard is an error. The single file
+ * wins when both exist. With an index, the checkpoint's tensors are the weight_map's
+ * entries (shard by shard, in file order); a shard name must be a plain file name
+ * (no '/' or ".."); metadata.total_size is not checked. */
 typedef struct ft_checkpoint ft_checkpoint;
 int ft_ckpt_open(ft_checkpoint **out, const char *dir, const char *basename, ft_err *err);
 void ft_ckpt_close(ft_checkpoint *c);
@@ -94,7 +97,10 @@ int ft_st_writer_metadata(ft_st_writer *w, const char *key, const char *value,
                           ft_err *err);
 int ft_st_writer_save(const ft_st_writer *w, const char *path, ft_err *err);
 /* Saves into dir as <basename>.safetensors, or, when the data exceed max_shard_bytes,
- * as <basename>-0000i-of-0000n.safetensors plus <basename>.safetensors.index.json. */
+ * as <basename>-0000i-of-0000n.safetensors plus <basename>.safetensors.index.json.
+ * Greedy split in insertion order; a tensor larger than max_shard_bytes (> 0) gets a
+ * shard of its own; metadata goes into every shard. Files of an earlier save in the
+ * other layout (the plain file, the index, shards of another count) are removed. */
 int ft_st_writer_save_sharded(const ft_st_writer *w, const char *dir, const char *basename,
                               size_t max_shard_bytes, ft_err *err);
 

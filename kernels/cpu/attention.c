@@ -44,7 +44,11 @@
  * Hand-written loops instead of BLAS: the causal / segment / window mask makes the
  * score tiles ragged, and BLAS must not be called from inside the OpenMP regions. The
  * inner loops run over D, contiguous, and vectorize (omp simd for the dot products,
- * whose reduction order the compiler may not change on its own). */
+ * whose reduction order the compiler may not change on its own). Keys (forward, dq)
+ * or queries (dk, dv) are taken four at a time: one pass over D computes four dot
+ * products (four accumulators hide the add latency) or adds four scaled rows into
+ * one output row. With seg ids, a group of four with no token of the row's segment
+ * is skipped, so packed short sequences cost little outside their own segment. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -61,20 +65,6 @@ static inline float att_dot(const float *a, const float *b, int D)
         s += a[d] * b[d];
     }
     return s;
-}
-
-/* Two independent dot products in one pass: two accumulators hide the add latency. */
-static inline void att_dot2(const float *a1, const float *b1, const float *a2,
-                            const float *b2, int D, float *r1, float *r2)
-{
-    float s1 = 0.0f, s2 = 0.0f;
-#pragma omp simd reduction(+ : s1, s2)
-    for (int d = 0; d < D; d++) {
-        s1 += a1[d] * b1[d];
-        s2 += a2[d] * b2[d];
-    }
-    *r1 = s1;
-    *r2 = s2;
 }
 
 /* r[c] = a . b[c * stride], c < 4: one query against four keys. */
@@ -117,6 +107,48 @@ static inline void att_axpy4(float *y, const float *a, const float *x, size_t st
     }
 }
 
+/* r[c] = a . b[c * stride] for c < n <= 4. */
+static inline void att_dot_n(const float *a, const float *b, size_t stride, int D, int n,
+                             float *r)
+{
+    if (n == 4) {
+        att_dot4(a, b, stride, D, r);
+        return;
+    }
+    for (int c = 0; c < n; c++) {
+        r[c] = att_dot(a, b + (size_t)c * stride, D);
+    }
+}
+
+/* y += sum_c a[c] * x[c * stride] for c < n <= 4. */
+static inline void att_axpy_n(float *y, const float *a, const float *x, size_t stride,
+                              int D, int n)
+{
+    if (n == 4) {
+        att_axpy4(y, a, x, stride, D);
+        return;
+    }
+    for (int c = 0; c < n; c++) {
+        att_axpy(y, a[c], x + (size_t)c * stride, D);
+    }
+}
+
+/* Whether any of tokens t0 .. t0+n-1 is in segment id (always, without seg ids):
+ * blocks with none are skipped, so packed rows of short sequences cost little more
+ * than integer compares outside their own segment. */
+static inline int att_any_in_seg(const int32_t *sb, int t0, int n, int32_t id)
+{
+    if (!sb) {
+        return 1;
+    }
+    for (int c = 0; c < n; c++) {
+        if (sb[t0 + c] == id) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* First key token query i may see (the causal upper bound is i itself). */
 static inline int att_first_key(int i, int window)
 {
@@ -156,15 +188,15 @@ void ft_cpu_attention_forward(float *out, float *lse, const float *q, const floa
                 float s[ATT_JB];
                 for (int j0 = att_first_key(i, window); j0 <= i; j0 += ATT_JB) {
                     const int jn = i + 1 - j0 < ATT_JB ? i + 1 - j0 : ATT_JB;
-                    int jj = 0;
-                    for (; jj + 4 <= jn; jj += 4) {
-                        att_dot4(qi, kb + (size_t)(j0 + jj) * kstride, kstride, D, s + jj);
-                    }
-                    for (; jj < jn; jj++) {
-                        s[jj] = att_dot(qi, kb + (size_t)(j0 + jj) * kstride, D);
+                    for (int jj = 0; jj < jn; jj += 4) {
+                        const int n = jn - jj < 4 ? jn - jj : 4;
+                        const float *kj = kb + (size_t)(j0 + jj) * kstride;
+                        if (att_any_in_seg(sb, j0 + jj, n, si)) {
+                            att_dot_n(qi, kj, kstride, D, n, s + jj);
+                        }
                     }
                     float bm = -INFINITY;
-                    for (jj = 0; jj < jn; jj++) {
+                    for (int jj = 0; jj < jn; jj++) {
                         s[jj] = (sb && sb[j0 + jj] != si) ? -INFINITY : scale * s[jj];
                         bm = s[jj] > bm ? s[jj] : bm;
                     }
@@ -181,15 +213,16 @@ void ft_cpu_attention_forward(float *out, float *lse, const float *q, const floa
                         }
                         m = bm;
                     }
-                    for (jj = 0; jj < jn; jj++) {
+                    for (int jj = 0; jj < jn; jj++) {
                         s[jj] = expf(s[jj] - m); /* masked: exp(-inf) = 0 */
                         l += s[jj];
                     }
-                    for (jj = 0; jj + 4 <= jn; jj += 4) {
-                        att_axpy4(oi, s + jj, vb + (size_t)(j0 + jj) * kstride, kstride, D);
-                    }
-                    for (; jj < jn; jj++) {
-                        att_axpy(oi, s[jj], vb + (size_t)(j0 + jj) * kstride, D);
+                    for (int jj = 0; jj < jn; jj += 4) {
+                        const int n = jn - jj < 4 ? jn - jj : 4;
+                        const float *vj = vb + (size_t)(j0 + jj) * kstride;
+                        if (att_any_in_seg(sb, j0 + jj, n, si)) {
+                            att_axpy_n(oi, s + jj, vj, kstride, D, n);
+                        }
                     }
                 }
                 /* l >= 1: the maximum's own term is exp(0). */
@@ -230,7 +263,7 @@ void ft_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dou
         }
     }
 
-    /* Rows: dq_i += scale sum_j dS_ij k_j. */
+    /* Rows: dq_i += scale sum_j dS_ij k_j, four keys j at a time. */
     if (dq) {
 #pragma omp parallel for collapse(3) schedule(dynamic, 16)
         for (int b = 0; b < B; b++) {
@@ -248,22 +281,29 @@ void ft_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dou
                     const float lse_i = lse[li];
                     const float dlt_i = dlt ? dlt[li] : att_dot(doi, out + off, D);
 
-                    for (int j = att_first_key(i, window); j <= i; j++) {
-                        if (sb && sb[j] != si) {
+                    for (int j0 = att_first_key(i, window); j0 <= i; j0 += 4) {
+                        const int n = i + 1 - j0 < 4 ? i + 1 - j0 : 4;
+                        if (!att_any_in_seg(sb, j0, n, si)) {
                             continue;
                         }
-                        const float *kj = kb + (size_t)j * kstride;
-                        float sc, dp;
-                        att_dot2(qi, kj, doi, vb + (size_t)j * kstride, D, &sc, &dp);
-                        const float p = expf(scale * sc - lse_i);
-                        att_axpy(dqi, scale * p * (dp - dlt_i), kj, D);
+                        float sc[4], dp[4], ds[4];
+                        att_dot_n(qi, kb + (size_t)j0 * kstride, kstride, D, n, sc);
+                        att_dot_n(doi, vb + (size_t)j0 * kstride, kstride, D, n, dp);
+                        for (int c = 0; c < n; c++) {
+                            const float p = (sb && sb[j0 + c] != si)
+                                                ? 0.0f
+                                                : expf(scale * sc[c] - lse_i);
+                            ds[c] = scale * p * (dp[c] - dlt_i);
+                        }
+                        att_axpy_n(dqi, ds, kb + (size_t)j0 * kstride, kstride, D, n);
                     }
                 }
             }
         }
     }
 
-    /* Columns: dk_j, dv_j over the group's query heads and the rows i that see j. */
+    /* Columns: dk_j, dv_j over the group's query heads and the rows i that see j,
+     * four rows i at a time. */
     if (dk || dv) {
 #pragma omp parallel for collapse(3) schedule(dynamic, 16)
         for (int b = 0; b < B; b++) {
@@ -272,8 +312,6 @@ void ft_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dou
                     const size_t koff = ((size_t)b * T + j) * kstride + (size_t)g * D;
                     const float *kj = k + koff;
                     const float *vj = v + koff;
-                    float *dkj = dk ? dk + koff : NULL;
-                    float *dvj = dv ? dv + koff : NULL;
                     const int32_t *sb = seg ? seg + (size_t)b * T : NULL;
                     const int32_t sj = sb ? sb[j] : 0;
                     const int ilast = att_last_query(j, T, window);
@@ -281,24 +319,33 @@ void ft_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dou
                     for (int h = g * G; h < (g + 1) * G; h++) {
                         const float *lse_bh = lse + ((size_t)b * Hq + h) * T;
                         const float *dlt_bh = dlt ? dlt + ((size_t)b * Hq + h) * T : NULL;
-                        for (int i = j; i <= ilast; i++) {
-                            if (sb && sb[i] != sj) {
+                        for (int i0 = j; i0 <= ilast; i0 += 4) {
+                            const int n = ilast + 1 - i0 < 4 ? ilast + 1 - i0 : 4;
+                            if (!att_any_in_seg(sb, i0, n, sj)) {
                                 continue;
                             }
                             const size_t off =
-                                ((size_t)b * T + i) * qstride + (size_t)h * D;
-                            const float *qi = q + off;
-                            const float *doi = dout + off;
-                            float sc, dp;
-                            att_dot2(qi, kj, doi, vj, D, &sc, &dp);
-                            const float p = expf(scale * sc - lse_bh[i]);
-                            if (dvj) {
-                                att_axpy(dvj, p, doi, D);
-                            }
-                            if (dkj) {
+                                ((size_t)b * T + i0) * qstride + (size_t)h * D;
+                            float sc[4], dp[4], p[4], ds[4];
+                            att_dot_n(kj, q + off, qstride, D, n, sc);
+                            att_dot_n(vj, dout + off, qstride, D, n, dp);
+                            for (int c = 0; c < n; c++) {
+                                const int i = i0 + c;
+                                if (sb && sb[i] != sj) {
+                                    p[c] = ds[c] = 0.0f;
+                                    continue;
+                                }
+                                const size_t oc = off + (size_t)c * qstride;
                                 const float dlt_i =
-                                    dlt_bh ? dlt_bh[i] : att_dot(doi, out + off, D);
-                                att_axpy(dkj, scale * p * (dp - dlt_i), qi, D);
+                                    dlt_bh ? dlt_bh[i] : att_dot(dout + oc, out + oc, D);
+                                p[c] = expf(scale * sc[c] - lse_bh[i]);
+                                ds[c] = scale * p[c] * (dp[c] - dlt_i);
+                            }
+                            if (dv) {
+                                att_axpy_n(dv + koff, p, dout + off, qstride, D, n);
+                            }
+                            if (dk) {
+                                att_axpy_n(dk + koff, ds, q + off, qstride, D, n);
                             }
                         }
                     }

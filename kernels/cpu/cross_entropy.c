@@ -33,6 +33,7 @@ static double ce_row(float *d, const float *row, int t, int V, float scale)
 {
     float xt = row[t];
     float m = row[0];
+#pragma omp simd reduction(max : m)
     for (int j = 1; j < V; j++)
         m = row[j] > m ? row[j] : m;
     double S = 0.0;
@@ -43,6 +44,7 @@ static double ce_row(float *d, const float *row, int t, int V, float scale)
             S += e;
         }
         float k = (float)(scale / S);
+#pragma omp simd
         for (int j = 0; j < V; j++)
             d[j] *= k;
         d[t] -= scale;

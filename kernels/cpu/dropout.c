@@ -16,10 +16,13 @@
  *   key      = mix(seed + 0x9e3779b97f4a7c15)        (decorrelates nearby seeds)
  *   bits(c)  = mix(key + (c + 1) * 0x9e3779b97f4a7c15), c = offset + i
  *   u(c)     = (bits(c) >> 40) * 2^-24               (uniform on the 2^24 floats
- *                                                      k/2^24 in [0, 1), exact in fp32)
- *   keep(c)  = u(c) >= p
+ *                                                      j/2^24 in [0, 1), exact in fp32)
+ *   keep(c)  = u(c) >= p,  tested as the equivalent (bits(c) >> 40) >= ceil(p 2^24)
  * This is splitmix64's stream for state `key`, read at position c: a bijective mix of a
- * Weyl sequence, which passes BigCrush as a generator. P(keep) = 1 - ceil(p 2^24)/2^24. */
+ * Weyl sequence, which passes BigCrush as a generator. P(keep) = 1 - ceil(p 2^24)/2^24.
+ * The mask multiplies (out = x * (keep ? k : 0), as torch's input * mask): no branch on
+ * the random bit in the loop, and a dropped non-finite x gives NaN, as in torch. */
+#include <math.h>
 #include <string.h>
 
 #include "cpu_ops.h"
@@ -41,6 +44,12 @@ static inline float keep_scale(float p)
     return 1.0f / (float)(1.0 - (double)p);
 }
 
+/* ceil(p 2^24) for 0 < p < 1: p * 2^24 is exact in fp32. */
+static inline uint64_t keep_threshold(float p)
+{
+    return (uint64_t)ceilf(p * 16777216.0f);
+}
+
 void ft_cpu_dropout_forward(float *out, const float *x, size_t n, float p, uint64_t seed,
                             uint64_t offset)
 {
@@ -55,12 +64,12 @@ void ft_cpu_dropout_forward(float *out, const float *x, size_t n, float p, uint6
         return;
     }
     float k = keep_scale(p);
-    uint64_t key = mix64(seed + GOLDEN);
+    uint64_t key = mix64(seed + GOLDEN), thr = keep_threshold(p);
 #pragma omp parallel for schedule(static) if (len >= 32768)
     for (long i = 0; i < len; i++) {
         uint64_t c = offset + (uint64_t)i;
-        float u = (float)(mix64(key + (c + 1) * GOLDEN) >> 40) * 0x1.0p-24f;
-        out[i] = u >= p ? x[i] * k : 0.0f;
+        float mask = (mix64(key + (c + 1) * GOLDEN) >> 40) >= thr ? k : 0.0f;
+        out[i] = x[i] * mask;
     }
 }
 
@@ -77,12 +86,11 @@ void ft_cpu_dropout_backward(float *dx, const float *dout, size_t n, float p,
     if (p >= 1.0f)
         return;
     float k = keep_scale(p);
-    uint64_t key = mix64(seed + GOLDEN);
+    uint64_t key = mix64(seed + GOLDEN), thr = keep_threshold(p);
 #pragma omp parallel for schedule(static) if (len >= 32768)
     for (long i = 0; i < len; i++) {
         uint64_t c = offset + (uint64_t)i;
-        float u = (float)(mix64(key + (c + 1) * GOLDEN) >> 40) * 0x1.0p-24f;
-        if (u >= p)
-            dx[i] += dout[i] * k;
+        float mask = (mix64(key + (c + 1) * GOLDEN) >> 40) >= thr ? k : 0.0f;
+        dx[i] += dout[i] * mask;
     }
 }

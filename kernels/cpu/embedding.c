@@ -42,6 +42,7 @@ void ft_cpu_embedding_backward(float *dtable, const float *dout, const int32_t *
         for (int n = 0; n < N; n++) {
             float *dst = dtable + (size_t)ids[n] * C + c0;
             const float *src = dout + (size_t)n * C + c0;
+#pragma omp simd
             for (int j = 0; j < len; j++)
                 dst[j] += src[j];
         }

@@ -35,9 +35,11 @@ void ft_cpu_linear_forward(float *y, const float *x, const float *w, const float
         for (int n = 0; n < N; n++) {
             float *yn = y + (size_t)n * out;
             if (accumulate)
+#pragma omp simd
                 for (int o = 0; o < out; o++)
                     yn[o] += b[o];
             else
+#pragma omp simd
                 for (int o = 0; o < out; o++)
                     yn[o] = b[o];
         }
@@ -75,6 +77,7 @@ void ft_cpu_linear_backward(float *dx, float *dw, float *db, const float *dy,
             double acc[DB_BLOCK] = {0};
             for (int n = 0; n < N; n++) {
                 const float *dyn = dy + (size_t)n * out + o0;
+#pragma omp simd
                 for (int j = 0; j < len; j++)
                     acc[j] += dyn[j];
             }

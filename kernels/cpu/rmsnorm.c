@@ -40,11 +40,13 @@ void ft_cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float
         const float *xn = x + (size_t)n * C;
         float *on = out + (size_t)n * C;
         double ss = 0.0;
+#pragma omp simd reduction(+ : ss)
         for (int c = 0; c < C; c++)
             ss += (double)xn[c] * xn[c];
         float ms = (float)(ss / C);
         float r = 1.0f / sqrtf(ms + eps);
         rstd[n] = r;
+#pragma omp simd
         for (int c = 0; c < C; c++)
             on[c] = (xn[c] * r) * w[c];
     }
@@ -63,10 +65,12 @@ void ft_cpu_rmsnorm_backward(float *dx, float *dw, const float *dout, const floa
             float *dxn = dx + (size_t)n * C;
             float r = rstd[n];
             double dot = 0.0;
+#pragma omp simd reduction(+ : dot)
             for (int c = 0; c < C; c++)
                 dot += (double)(w[c] * gn[c]) * xn[c];
             /* k = r^2 * mean(w dout x): the coefficient of x in the bracket. */
             float k = (float)((double)r * r * (dot / C));
+#pragma omp simd
             for (int c = 0; c < C; c++)
                 dxn[c] += r * (w[c] * gn[c] - xn[c] * k);
         }
@@ -82,6 +86,7 @@ void ft_cpu_rmsnorm_backward(float *dx, float *dw, const float *dout, const floa
                 const float *xn = x + (size_t)n * C + c0;
                 const float *gn = dout + (size_t)n * C + c0;
                 float r = rstd[n];
+#pragma omp simd
                 for (int j = 0; j < len; j++)
                     acc[j] += (double)(gn[j] * (xn[j] * r));
             }

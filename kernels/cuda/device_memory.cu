@@ -5,9 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-extern "C" {
 #include "ft_error.h"
-}
 
 #include "cuda_check.h"
 #include "device_memory.h"

@@ -10,10 +10,14 @@
  *   1e-6. Plus backward(forward(x)) == x, pair norms preserved, pos 0 the identity
  *   (bitwise).
  * - Attention forward: a naive double reference (explicit T x T scores, mask, softmax
- *   with max subtraction); out and lse to 1e-5.
+ *   with max subtraction); out and lse to 1e-5. Cases: MHA, GQA, MQA, odd sizes, T = 1,
+ *   contiguous and interleaved segment ids, sliding windows, large logits, and T > 64
+ *   (more than one block of the op's online softmax).
  * - Attention backward: central finite differences of L = sum(out * r) computed on the
  *   double reference (step 1e-5, truncation error ~1e-10), so the tolerance only has to
- *   cover the fp32 op's own rounding: 1e-4.
+ *   cover the fp32 op's own rounding: 1e-4. Every element of dq, dk, dv is checked.
+ *   Accumulation into non-zero gradients to 1e-6; NULL for unwanted gradients leaves
+ *   the others bitwise unchanged.
  * - Packed sequences (seg ids, positions restarting per segment) equal running each
  *   segment alone, forward and backward, to 1e-6. */
 #include <stdint.h>
@@ -205,7 +209,7 @@ typedef struct att_case {
     int B, T, Hq, Hkv, D, window;
     float scale; /* 0: 1/sqrt(D) */
     float amp;   /* input amplitude */
-    int segmented;
+    int segmented; /* 0: seg NULL; 1, 2: make_seg kind */
 } att_case;
 
 static int allowed(const int32_t *seg, int b, int T, int i, int j, int window)
@@ -273,12 +277,19 @@ static void att_ref(double *out, double *lse, const double *q, const double *k,
     free(S);
 }
 
-/* Segment ids [0,0,0,1,1,2,2,2,2,3,...] (row b shifted by b so rows differ). */
-static int32_t *make_seg(int B, int T)
+/* kind 1: contiguous segment ids [0,0,0,1,1,2,2,2,2,3,...] (the lengths of row b
+ * start b places further along the list, so rows differ); kind 2: interleaved ids
+ * (t / 2) % 3, which ops.h's definition (same id) still has to honour. */
+static int32_t *make_seg(int B, int T, int kind)
 {
     static const int lens[] = {3, 2, 4, 1, 5, 7};
     int32_t *seg = malloc((size_t)B * T * sizeof(int32_t));
-    for (int b = 0; b < B; b++) {
+    for (int b = 0; b < B && kind == 2; b++) {
+        for (int t = 0; t < T; t++) {
+            seg[b * T + t] = (t / 2 + b) % 3;
+        }
+    }
+    for (int b = 0; b < B && kind == 1; b++) {
         int id = 0, left = lens[b % 6];
         for (int t = 0; t < T; t++) {
             if (left == 0) {
@@ -304,7 +315,7 @@ static void run_forward_case(const att_case *c)
     const size_t nl = (size_t)c->B * c->Hq * c->T;
     const float scale = case_scale(c);
     float *q = rand_buf(nq, c->amp), *k = rand_buf(nk, c->amp), *v = rand_buf(nk, 1.0f);
-    int32_t *seg = c->segmented ? make_seg(c->B, c->T) : NULL;
+    int32_t *seg = c->segmented ? make_seg(c->B, c->T, c->segmented) : NULL;
     float *out = malloc(nq * sizeof(float)), *lse = malloc(nl * sizeof(float));
     double *qd = to_double(q, nq), *kd = to_double(k, nk), *vd = to_double(v, nk);
     double *outd = malloc(nq * sizeof(double)), *lsed = malloc(nl * sizeof(double));
@@ -353,6 +364,8 @@ static const att_case fwd_cases[] = {
     {"long", 1, 200, 2, 1, 6, 0, 0.0f, 2.0f, 0},
     {"long_window", 1, 200, 2, 1, 6, 90, 0.0f, 2.0f, 0},
     {"long_segments", 2, 150, 2, 2, 5, 0, 0.0f, 2.0f, 1},
+    {"interleaved_segments", 2, 90, 4, 2, 6, 0, 0.0f, 1.5f, 2},
+    {"interleaved_segments_window", 2, 90, 4, 1, 6, 20, 0.0f, 1.5f, 2},
     {"long_large_logits", 1, 160, 2, 1, 8, 0, 1.0f, 2.5f, 0},
 };
 
@@ -403,7 +416,7 @@ static void run_backward_case(const att_case *c)
     const float scale = case_scale(c);
     float *q = rand_buf(nq, c->amp), *k = rand_buf(nk, c->amp), *v = rand_buf(nk, 1.0f);
     float *r = rand_buf(nq, 1.0f); /* dL/dout */
-    int32_t *seg = c->segmented ? make_seg(c->B, c->T) : NULL;
+    int32_t *seg = c->segmented ? make_seg(c->B, c->T, c->segmented) : NULL;
     float *out = malloc(nq * sizeof(float)), *lse = malloc(nl * sizeof(float));
     float *dq = calloc(nq, sizeof(float)), *dk = calloc(nk, sizeof(float));
     float *dv = calloc(nk, sizeof(float));
@@ -482,6 +495,7 @@ static const att_case bwd_cases[] = {
     {"gqa_segments_window", 2, 11, 6, 2, 6, 4, 0.0f, 1.0f, 1},
     {"large_logits", 1, 7, 2, 1, 4, 0, 1.0f, 2.0f, 0},
     {"long_segments_window", 1, 70, 2, 1, 3, 40, 0.0f, 1.5f, 1},
+    {"interleaved_segments", 1, 17, 4, 2, 4, 0, 0.0f, 1.0f, 2},
 };
 
 static void test_attention_backward(void)

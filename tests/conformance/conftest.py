@@ -1,0 +1,117 @@
+"""pytest fixtures for the ftkit conformance suite (ftkit's C harness vs HF + PEFT).
+
+Run:  FT_CONFORM=$PWD/build/tests/ft-conform OMP_NUM_THREADS=2 \
+          .venv/bin/python -m pytest -q tests/conformance
+
+Models and adapters are built once per session (lazily, on first use) under pytest's
+tmp_path_factory and shared by every test module.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+import ftref  # noqa: E402
+
+torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "2") or 2)))
+
+
+class Store:
+    """Lazily built model dirs and adapter dirs, shared by the whole session."""
+
+    def __init__(self, root):
+        self.root = Path(root)
+        self._models = {}
+        self._adapters = {}
+
+    def model(self, name):
+        if name not in self._models:
+            self._models[name] = ftref.build_model_dir(ftref.SHAPES[name], self.root / name)
+        return self._models[name]
+
+    def adapter(self, model_name, variant):
+        key = (model_name, variant)
+        if key not in self._adapters:
+            kw = dict(LORA_VARIANTS[variant])
+            literal = kw.pop("_literal_target_modules", None)
+            d = ftref.build_adapter(self.model(model_name),
+                                    self.root / f"adapter-{model_name}-{variant}",
+                                    seed=len(self._adapters), **kw)
+            if literal is not None:
+                import json
+
+                p = d / "adapter_config.json"
+                c = json.loads(p.read_text())
+                c["target_modules"] = literal
+                p.write_text(json.dumps(c, indent=2))
+            self._adapters[key] = d
+        return self._adapters[key]
+
+
+# LoRA adapter variants (peft LoraConfig keyword arguments; r=4, lora_alpha=8 unless set).
+LORA_VARIANTS = {
+    "qv": dict(target_modules=["q_proj", "v_proj"]),
+    "all7": dict(target_modules=list(ftref.SEVEN)),
+    # peft resolves "all-linear" to the list of linear layers (lm_head excluded) when it
+    # saves; "all-linear-literal" leaves the string itself in adapter_config.json.
+    "all-linear": dict(target_modules="all-linear"),
+    "all-linear-literal": dict(target_modules="all-linear", _literal_target_modules="all-linear"),
+    "rslora": dict(target_modules=["q_proj", "v_proj", "o_proj", "up_proj"], use_rslora=True),
+    "o_down": dict(target_modules=["o_proj", "down_proj"]),
+    # a regex string: peft matches it with re.fullmatch against the module path
+    "regex": dict(target_modules=r".*\.(q_proj|up_proj)"),
+    # per-module overrides: honour or reject
+    "patterns": dict(target_modules=["q_proj", "v_proj", "down_proj"],
+                     rank_pattern={"v_proj": 2}, alpha_pattern={"q_proj": 16}),
+    "dora": dict(target_modules=["q_proj", "v_proj"], use_dora=True),
+}
+
+
+@pytest.fixture(scope="session")
+def store(tmp_path_factory):
+    return Store(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def harness_exe():
+    exe, err = ftref.harness_path()
+    if err:
+        pytest.fail(err, pytrace=False)
+    return exe
+
+
+@pytest.fixture(scope="session")
+def ft(harness_exe, tmp_path_factory):
+    """ft(spec, tag) -> ftref.Output: runs the C harness; fails the test on a non-zero exit
+    (with its stderr)."""
+    runs = tmp_path_factory.mktemp("runs")
+    counter = [0]
+
+    def run(spec, tag):
+        counter[0] += 1
+        tag = f"{counter[0]:03d}-{tag}"
+        try:
+            return ftref.run_harness(harness_exe, spec, runs, tag)
+        except ftref.HarnessError as e:
+            pytest.fail(str(e), pytrace=False)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def ft_raw(harness_exe, tmp_path_factory):
+    """ft_raw(spec, tag) -> (CompletedProcess, out_path): for tests that expect failure."""
+    runs = tmp_path_factory.mktemp("raw-runs")
+    counter = [0]
+
+    def run(spec, tag):
+        counter[0] += 1
+        return ftref.run_harness_raw(harness_exe, spec, runs, f"{counter[0]:03d}-{tag}")
+
+    return run

@@ -1,0 +1,502 @@
+"""Reference side of the ftkit conformance suite.
+
+Everything here is plain Hugging Face transformers + PEFT + torch (float32, eager
+attention): tiny random models written with save_pretrained, the forward/backward that
+the C harness must reproduce, the AdamW + scheduler + clipping loop, and the glue that
+writes a spec JSON, runs the harness (env FT_CONFORM) and reads its safetensors output.
+"""
+
+import json
+import math
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+import transformers
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+transformers.logging.set_verbosity_error()
+
+# Tolerances from the spec (relative, ||a - b|| / ||b||). Do not loosen.
+TOL_LOGITS = 1e-5
+TOL_GRAD = 1e-4
+TOL_WEIGHT = 1e-5
+TOL_LOSSES = 1e-5
+TOL_SELF = 1e-6  # ours vs ours (grad_accum 2 vs 1)
+
+HARNESS_TIMEOUT_S = 120
+
+SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+# --------------------------------------------------------------------------------------
+# model shapes
+
+
+@dataclass
+class Shape:
+    name: str
+    arch: str  # llama | mistral | qwen2
+    cfg: dict
+    T: int = 12
+    save_dtype: torch.dtype = torch.float32
+    max_shard_size: str = None  # e.g. "20KB" -> sharded checkpoint with an index
+    config_patch: dict = field(default_factory=dict)  # keys written into config.json after saving
+    note: str = ""
+    seed: int = 0
+
+
+_BASE = dict(
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    initializer_range=0.1,
+    rms_norm_eps=1e-5,
+    hidden_act="silu",
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=None,
+)
+
+
+def _cfg(**kw):
+    c = dict(_BASE)
+    c.update(kw)
+    return c
+
+
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8,
+}
+
+SHAPES = {
+    s.name: s
+    for s in [
+        Shape("llama_gqa", "llama", _cfg()),
+        Shape(
+            "llama_mqa_odd",
+            "llama",
+            _cfg(hidden_size=24, intermediate_size=40, num_attention_heads=3,
+                 num_key_value_heads=1, vocab_size=80, rms_norm_eps=1e-6),
+            note="3 heads, 1 kv head, head_dim 8",
+        ),
+        Shape(
+            "tied",
+            "llama",
+            _cfg(vocab_size=64, hidden_size=32, intermediate_size=48, num_attention_heads=4,
+                 num_key_value_heads=1, tie_word_embeddings=True, rope_theta=100000.0),
+            note="SmolLM-like: tied embeddings, no lm_head.weight in the checkpoint",
+        ),
+        Shape(
+            "qwen2",
+            "qwen2",
+            _cfg(vocab_size=112, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                 use_sliding_window=False),
+            # as Qwen2 checkpoints on the Hub carry it: a window size with the window off
+            config_patch={"sliding_window": 4, "use_sliding_window": False,
+                          "max_window_layers": 1},
+            note="q/k/v bias, o without, GQA, sliding_window present but disabled",
+        ),
+        Shape(
+            "llama3_rope",
+            "llama",
+            _cfg(max_position_embeddings=32, rope_scaling=dict(LLAMA3_ROPE), rope_theta=10000.0),
+            T=16,
+        ),
+        Shape("mistral_sw", "mistral", _cfg(sliding_window=4), T=12,
+              note="sliding_window 4 < T 12"),
+        Shape("head_dim16", "llama", _cfg(head_dim=16), note="head_dim 16 != 32/4"),
+        Shape("llama_bias", "llama", _cfg(attention_bias=True, mlp_bias=True)),
+        Shape("bf16_ckpt", "llama", _cfg(), save_dtype=torch.bfloat16),
+        Shape("fp16_ckpt", "llama", _cfg(vocab_size=72), save_dtype=torch.float16),
+        Shape("sharded", "llama", _cfg(), max_shard_size="20KB"),
+    ]
+}
+for _i, _s in enumerate(SHAPES.values()):
+    _s.seed = 10 * _i
+
+_ARCH = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "mistral": (MistralConfig, MistralForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+}
+
+
+def make_config(shape, **override):
+    cls, _ = _ARCH[shape.arch]
+    kw = dict(shape.cfg)
+    kw.update(override)
+    return cls(**kw)
+
+
+def randomize_(model, seed):
+    """Random values everywhere, so that no parameter is trivially 0 or 1: norm weights
+    1 + 0.2 N(0,1), biases 0.1 N(0,1); linears and embeddings keep HF's N(0, 0.1) init."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+
+
+def build_model_dir(shape, out_dir, seed=None):
+    """Creates a tiny random model with transformers and writes it with save_pretrained."""
+    out_dir = Path(out_dir)
+    seed = shape.seed if seed is None else seed
+    torch.manual_seed(seed)
+    config = make_config(shape)
+    _, mcls = _ARCH[shape.arch]
+    model = mcls(config).float()
+    randomize_(model, seed + 1)
+    if shape.save_dtype != torch.float32:
+        model = model.to(shape.save_dtype)
+    kw = {}
+    if shape.max_shard_size:
+        kw["max_shard_size"] = shape.max_shard_size
+    model.save_pretrained(out_dir, safe_serialization=True, **kw)
+    if shape.config_patch:
+        cp = out_dir / "config.json"
+        c = json.loads(cp.read_text())
+        c.update(shape.config_patch)
+        cp.write_text(json.dumps(c, indent=2))
+    return out_dir
+
+
+def load_hf(model_dir):
+    """HF's own reading of a checkpoint dir, in float32 with eager attention."""
+    m = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), torch_dtype=torch.float32, attn_implementation="eager"
+    )
+    m = m.float()
+    m.eval()  # no dropout anywhere (grads still flow)
+    assert m.config._attn_implementation == "eager"
+    return m
+
+
+# --------------------------------------------------------------------------------------
+# inputs
+
+
+def make_batch(vocab, B, T, seed, n_ignore=3):
+    """input_ids [B, T] and labels with a few -100 entries (including a row's first and
+    last positions and a few random ones)."""
+    g = torch.Generator().manual_seed(1000 + seed)
+    ids = torch.randint(0, vocab, (B, T), generator=g)
+    labels = ids.clone()
+    labels[0, 0] = -100
+    labels[0, 1] = -100
+    labels[B - 1, T - 1] = -100
+    for _ in range(n_ignore):
+        b = int(torch.randint(0, B, (1,), generator=g))
+        t = int(torch.randint(0, T, (1,), generator=g))
+        labels[b, t] = -100
+    return ids, labels
+
+
+# --------------------------------------------------------------------------------------
+# reference computations
+
+
+def hf_forward(model, ids, labels=None, position_ids=None):
+    with torch.no_grad():
+        out = model(input_ids=ids, labels=labels, position_ids=position_ids)
+    return out.logits.detach().float(), (out.loss.detach().float() if labels is not None else None)
+
+
+def trainable(model):
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def peft_key(name):
+    """PEFT in-memory parameter name -> adapter_model.safetensors key."""
+    return (name.replace(".lora_A.default.", ".lora_A.")
+            .replace(".lora_B.default.", ".lora_B.")
+            .replace(".lora_magnitude_vector.default.weight", ".lora_magnitude_vector"))
+
+
+def hf_grads(model, ids, labels, position_ids=None, key=lambda n: n):
+    """logits, loss and d loss / d p for every trainable parameter (HF names)."""
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, labels=labels, position_ids=position_ids)
+    out.loss.backward()
+    grads = {}
+    for n, p in trainable(model):
+        assert p.grad is not None, n
+        grads[key(n)] = p.grad.detach().clone()
+    model.zero_grad(set_to_none=True)
+    return out.logits.detach(), out.loss.detach(), grads
+
+
+def full_mode_model(model_dir):
+    m = load_hf(model_dir)
+    for p in m.parameters():
+        p.requires_grad_(True)
+    return m
+
+
+def lora_mode_model(model_dir, adapter_dir):
+    from peft import PeftModel
+
+    base = load_hf(model_dir)
+    m = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=True)
+    m.eval()
+    names = [n for n, _ in trainable(m)]
+    assert names and all((".lora_" in n) for n in names), names
+    return m
+
+
+def build_adapter(model_dir, out_dir, target_modules, r=4, lora_alpha=8, use_rslora=False,
+                  seed=0, **extra):
+    """A PEFT LoRA adapter made by peft itself, with random A and B (B would be zero)."""
+    from peft import LoraConfig, get_peft_model
+
+    base = load_hf(model_dir)
+    cfg = LoraConfig(
+        r=r,
+        lora_alpha=lora_alpha,
+        target_modules=target_modules,
+        lora_dropout=0.0,
+        use_rslora=use_rslora,
+        bias="none",
+        task_type="CAUSAL_LM",
+        **extra,
+    )
+    pm = get_peft_model(base, cfg)
+    g = torch.Generator().manual_seed(500 + seed)
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if ".lora_A." in n or ".lora_B." in n:
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+            elif ".lora_magnitude_vector." in n:
+                p.mul_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # peft's save_pretrained makes a model card from a Jinja template unless README.md
+    # exists; a minimal card keeps Jinja2 out of the requirements.
+    (out_dir / "README.md").write_text("---\nlibrary_name: peft\n---\n")
+    pm.save_pretrained(str(out_dir), safe_serialization=True)
+    return out_dir
+
+
+def reference_train(model, ids, labels, train, key=lambda n: n, dtype=torch.float32):
+    """S steps of torch AdamW (one param group, weight decay on all), the transformers
+    scheduler, clip_grad_norm_ before each step. Returns losses [S], pre-clip norms [S],
+    weights {name: tensor} after S steps, and the first forward's logits/loss."""
+    from transformers import (
+        get_constant_schedule_with_warmup,
+        get_cosine_schedule_with_warmup,
+        get_linear_schedule_with_warmup,
+    )
+
+    if dtype != torch.float32:
+        model = model.to(dtype)
+    ids = torch.as_tensor(ids)
+    labels = torch.as_tensor(labels)
+    named = trainable(model)
+    params = [p for _, p in named]
+    opt = torch.optim.AdamW(
+        params,
+        lr=train["lr"],
+        betas=tuple(train["betas"]),
+        eps=train["eps"],
+        weight_decay=train["weight_decay"],
+    )
+    W, S = train["warmup_steps"], train["steps"]
+    sched = {
+        "cosine": lambda: get_cosine_schedule_with_warmup(opt, W, S),
+        "linear": lambda: get_linear_schedule_with_warmup(opt, W, S),
+        "constant": lambda: get_constant_schedule_with_warmup(opt, W),
+    }[train["scheduler"]]()
+    losses, norms, lrs = [], [], []
+    first = None
+    for _ in range(train["steps"]):
+        opt.zero_grad(set_to_none=True)
+        out = model(input_ids=ids, labels=labels)
+        if first is None:
+            first = (out.logits.detach().clone(), out.loss.detach().clone())
+        losses.append(out.loss.item())
+        out.loss.backward()
+        mgn = train["max_grad_norm"]
+        if mgn > 0:
+            norms.append(float(torch.nn.utils.clip_grad_norm_(params, mgn)))
+        else:
+            norms.append(float(torch.norm(torch.stack([p.grad.norm() for p in params]))))
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    weights = {key(n): p.detach().clone() for n, p in named}
+    return dict(losses=torch.tensor(losses, dtype=torch.float64), norms=norms, lrs=lrs,
+                weights=weights, logits=first[0], loss=first[1])
+
+
+# --------------------------------------------------------------------------------------
+# comparison
+
+
+def rel_err(a, b):
+    a = torch.as_tensor(a).detach().double()
+    b = torch.as_tensor(b).detach().double()
+    nb = torch.linalg.vector_norm(b).item()
+    nd = torch.linalg.vector_norm(a - b).item()
+    if nb == 0.0:
+        return 0.0 if nd == 0.0 else math.inf
+    return nd / nb
+
+
+def describe(a, b):
+    a = torch.as_tensor(a).detach().double()
+    b = torch.as_tensor(b).detach().double()
+    d = (a - b).abs()
+    if d.numel() == 0:
+        return "empty"
+    i = int(torch.argmax(d))
+    idx = tuple(int(x) for x in torch.unravel_index(torch.tensor(i), d.shape)) if d.dim() else ()
+    return (f"rel_err={rel_err(a, b):.3e} max_abs={d.max().item():.3e} at {idx} "
+            f"(ours {a.flatten()[i].item():.7g}, ref {b.flatten()[i].item():.7g}), "
+            f"||ref||={torch.linalg.vector_norm(b).item():.4g}")
+
+
+def check_close(what, ours, ref, tol):
+    """Returns an error line, or None."""
+    ours = torch.as_tensor(ours)
+    ref = torch.as_tensor(ref)
+    if tuple(ours.shape) != tuple(ref.shape):
+        return f"{what}: shape {tuple(ours.shape)} != reference {tuple(ref.shape)}"
+    if not torch.isfinite(ours).all():
+        return f"{what}: non-finite values in our output"
+    e = rel_err(ours, ref)
+    if not e <= tol:
+        return f"{what}: {describe(ours, ref)} > tol {tol:g}"
+    return None
+
+
+def assert_close(what, ours, ref, tol):
+    msg = check_close(what, ours, ref, tol)
+    assert msg is None, msg
+
+
+def assert_tensor_dict_close(prefix, out, ref, tol):
+    """out: harness output; ref: {name: tensor}. Every reference tensor must be present as
+    prefix + name, no extra prefix.* tensors, each within tol. Reports all failures."""
+    have = {k[len(prefix):] for k in out if k.startswith(prefix)}
+    want = set(ref)
+    errors = []
+    missing = sorted(want - have)
+    extra = sorted(have - want)
+    if missing:
+        errors.append(f"missing {prefix}* tensors: {missing}")
+    if extra:
+        errors.append(f"unexpected {prefix}* tensors: {extra}")
+    worst = (0.0, None)
+    for n in sorted(want & have):
+        m = check_close(prefix + n, out[prefix + n], ref[n], tol)
+        if m:
+            errors.append(m)
+        else:
+            worst = max(worst, (rel_err(out[prefix + n], ref[n]), n), key=lambda x: x[0])
+    assert not errors, "\n".join(errors)
+    return worst
+
+
+# --------------------------------------------------------------------------------------
+# the harness
+
+
+class HarnessError(AssertionError):
+    pass
+
+
+class Output(dict):
+    """The harness's output tensors, plus the file they came from and its stderr."""
+
+    def __init__(self, tensors, path, stderr):
+        super().__init__(tensors)
+        self.path = Path(path)
+        self.stderr = stderr
+
+
+def harness_path():
+    p = os.environ.get("FT_CONFORM")
+    if not p:
+        return None, ("FT_CONFORM is not set: it must point at the C conformance harness "
+                      "(build it with `make build/tests/ft-conform`, then run e.g. "
+                      "FT_CONFORM=$PWD/build/tests/ft-conform OMP_NUM_THREADS=2 "
+                      "python -m pytest tests/conformance)")
+    if not (os.path.isfile(p) and os.access(p, os.X_OK)):
+        return None, f"FT_CONFORM={p!r} is not an executable file"
+    return p, None
+
+
+def _jsonable(v):
+    if isinstance(v, torch.Tensor):
+        return v.tolist()
+    if isinstance(v, Path):
+        return str(v)
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    return v
+
+
+def write_spec(spec, path):
+    Path(path).write_text(json.dumps(_jsonable(spec), indent=1))
+
+
+def run_harness_raw(exe, spec, work_dir, tag):
+    """Runs the harness; returns (CompletedProcess, out_path)."""
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = work_dir / f"{tag}.spec.json"
+    out_path = work_dir / f"{tag}.out.safetensors"
+    if out_path.exists():
+        out_path.unlink()
+    write_spec(spec, spec_path)
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "2")
+    try:
+        cp = subprocess.run([exe, str(spec_path), str(out_path)], capture_output=True,
+                            text=True, timeout=HARNESS_TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired as e:
+        raise HarnessError(f"ft-conform timed out after {HARNESS_TIMEOUT_S}s on {spec_path}\n"
+                           f"stderr:\n{e.stderr}")
+    return cp, out_path
+
+
+def run_harness(exe, spec, work_dir, tag):
+    cp, out_path = run_harness_raw(exe, spec, work_dir, tag)
+    if cp.returncode != 0:
+        raise HarnessError(
+            f"ft-conform exited {cp.returncode} on {work_dir / (tag + '.spec.json')}\n"
+            f"--- stderr ---\n{cp.stderr[-6000:]}\n--- stdout ---\n{cp.stdout[-2000:]}")
+    if not out_path.is_file():
+        raise HarnessError(f"ft-conform exited 0 but wrote no {out_path}\nstderr:\n{cp.stderr}")
+    return Output(load_file(str(out_path)), out_path, cp.stderr)
+
+
+def copy_model_dir(src, dst):
+    shutil.copytree(src, dst)
+    return Path(dst)

@@ -1,0 +1,84 @@
+"""Test 4: training. S AdamW steps on one batch (warmup + schedule + gradient clipping,
+weight decay on every trainable parameter) vs torch.optim.AdamW +
+transformers.get_<kind>_schedule_with_warmup + torch.nn.utils.clip_grad_norm_: every
+trainable weight after the steps (1e-5 per tensor) and the loss before each step (1e-5)."""
+
+import pytest
+
+import ftref
+
+B = 2
+
+
+def _train(lr, scheduler="cosine", max_grad_norm=3.0, steps=5, warmup=2):
+    return dict(steps=steps, lr=lr, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01,
+                warmup_steps=warmup, scheduler=scheduler, max_grad_norm=max_grad_norm)
+
+
+# max_grad_norm 3.0 / 2.5: pre-clip norms of these models are ~2.5-4.5, so some steps clip
+# and (mostly) the last ones do not; test_reference asserts at least one step clips.
+RUNS = [
+    dict(id="full-cosine", model="llama_gqa", adapter=None, train=_train(1e-3)),
+    dict(id="full-cosine-tied", model="tied", adapter=None, train=_train(1e-3)),
+    dict(id="full-cosine-qwen2", model="qwen2", adapter=None, train=_train(1e-3)),
+    dict(id="full-linear", model="llama_gqa", adapter=None, train=_train(1e-3, "linear")),
+    dict(id="lora-cosine", model="llama_gqa", adapter="all7", train=_train(1e-2, max_grad_norm=2.5)),
+    dict(id="lora-linear-rslora", model="llama_gqa", adapter="rslora",
+         train=_train(1e-2, "linear", max_grad_norm=2.5)),
+    dict(id="lora-constant-noclip", model="llama_gqa", adapter="qv",
+         train=_train(1e-2, "constant", max_grad_norm=0.0)),
+]
+
+
+def make_train_inputs(store, run):
+    shape = ftref.SHAPES[run["model"]]
+    model_dir = store.model(run["model"])
+    adapter_dir = store.adapter(run["model"], run["adapter"]) if run["adapter"] else None
+    vocab = ftref.make_config(shape).vocab_size
+    ids, labels = ftref.make_batch(vocab, B, shape.T, shape.seed + 2)
+    return model_dir, adapter_dir, ids, labels, run["train"]
+
+
+class Case:
+    pass
+
+
+@pytest.fixture(scope="module", params=RUNS, ids=[r["id"] for r in RUNS])
+def case(request, store, ft):
+    run = request.param
+    c = Case()
+    c.run = run
+    model_dir, adapter_dir, c.ids, c.labels, c.train = make_train_inputs(store, run)
+    if adapter_dir is None:
+        m = ftref.full_mode_model(model_dir)
+        spec = dict(model_dir=model_dir, mode="full")
+    else:
+        m = ftref.lora_mode_model(model_dir, adapter_dir)
+        spec = dict(model_dir=model_dir, adapter_dir=adapter_dir, mode="lora")
+    c.ref = ftref.reference_train(m, c.ids, c.labels, c.train, key=ftref.peft_key)
+    spec.update(input_ids=c.ids, labels=c.labels, train=c.train)
+    c.out = ft(spec, f"train-{run['id']}")
+    return c
+
+
+def test_train_clipping_triggers(case):
+    mgn = case.train["max_grad_norm"]
+    if mgn > 0:
+        assert max(case.ref["norms"]) > mgn, f"clipping never triggers: {case.ref['norms']}"
+
+
+def test_train_first_forward(case):
+    ftref.assert_close("logits (before training)", case.out["logits"], case.ref["logits"],
+                       ftref.TOL_LOGITS)
+    ftref.assert_close("loss (before training)", case.out["loss"], case.ref["loss"],
+                       ftref.TOL_LOGITS)
+
+
+def test_train_losses(case):
+    assert "losses" in case.out, "no 'losses' tensor in the output"
+    ftref.assert_close(f"losses (ref {[round(x, 6) for x in case.ref['losses'].tolist()]})",
+                       case.out["losses"], case.ref["losses"], ftref.TOL_LOSSES)
+
+
+def test_train_weights(case):
+    ftref.assert_tensor_dict_close("weight.", case.out, case.ref["weights"], ftref.TOL_WEIGHT)

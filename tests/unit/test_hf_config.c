@@ -1,0 +1,552 @@
+/* Tests for lib/hf_config.c: real-model config.json files (TinyLlama, Llama 3.1 with llama3
+ * rope scaling, Qwen2.5, SmolLM, Mistral, Mistral-Nemo's explicit head_dim) are written to a
+ * temporary directory and loaded; RoPE inverse frequencies are compared with torch; every
+ * rejected input checks that the message names the file and the key. */
+#include "hf_config.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+
+/* |a - b| <= rel * |b|: CHECK_CLOSE is absolute below 1, too loose for 1e-7 frequencies. */
+#define CHECK_REL(a, b, rel)                                                         \
+    do {                                                                             \
+        double ra_ = (a), rb_ = (b);                                                 \
+        if (!(fabs(ra_ - rb_) <= (rel) * fabs(rb_))) {                               \
+            fprintf(stderr, "  %s:%d: CHECK_REL failed: %s = %.9g, %s = %.9g\n",     \
+                    __FILE__, __LINE__, #a, ra_, #b, rb_);                           \
+            check_current_failed = 1;                                                \
+        }                                                                            \
+    } while (0)
+
+static char tmp_dir[64];
+static char cfg_path[128];
+
+/* Writes json to <tmp_dir>/config.json and returns that path. */
+static const char *write_config(const char *json)
+{
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", tmp_dir);
+    FILE *f = fopen(cfg_path, "w");
+    if (!f) {
+        perror(cfg_path);
+        exit(2);
+    }
+    fputs(json, f);
+    fclose(f);
+    return cfg_path;
+}
+
+static int load(const char *json, ft_model_config *cfg, ft_err *err)
+{
+    return ft_model_config_load(cfg, write_config(json), err);
+}
+
+/* Loading must fail with a message naming the file and containing `key`. */
+#define EXPECT_ERROR(json, key)                                                      \
+    do {                                                                             \
+        ft_model_config c_;                                                          \
+        ft_err e_ = {{0}};                                                           \
+        CHECK(load(json, &c_, &e_) == -1);                                           \
+        CHECK(strstr(e_.msg, cfg_path) != NULL);                                     \
+        CHECK(strstr(e_.msg, key) != NULL);                                          \
+        if (strstr(e_.msg, key) == NULL)                                             \
+            fprintf(stderr, "  message was: %s\n", e_.msg);                          \
+    } while (0)
+
+/* TinyLlama/TinyLlama-1.1B-Chat-v1.0 */
+static const char *TINYLLAMA =
+    "{\n"
+    "  \"architectures\": [\"LlamaForCausalLM\"],\n"
+    "  \"attention_bias\": false,\n"
+    "  \"bos_token_id\": 1,\n"
+    "  \"eos_token_id\": 2,\n"
+    "  \"hidden_act\": \"silu\",\n"
+    "  \"hidden_size\": 2048,\n"
+    "  \"initializer_range\": 0.02,\n"
+    "  \"intermediate_size\": 5632,\n"
+    "  \"max_position_embeddings\": 2048,\n"
+    "  \"model_type\": \"llama\",\n"
+    "  \"num_attention_heads\": 32,\n"
+    "  \"num_hidden_layers\": 22,\n"
+    "  \"num_key_value_heads\": 4,\n"
+    "  \"pretraining_tp\": 1,\n"
+    "  \"rms_norm_eps\": 1e-05,\n"
+    "  \"rope_scaling\": null,\n"
+    "  \"rope_theta\": 10000.0,\n"
+    "  \"tie_word_embeddings\": false,\n"
+    "  \"torch_dtype\": \"bfloat16\",\n"
+    "  \"transformers_version\": \"4.35.0\",\n"
+    "  \"use_cache\": true,\n"
+    "  \"vocab_size\": 32000\n"
+    "}\n";
+
+/* The fields every llama-shaped error case shares. */
+#define REQ                                                                          \
+    "\"vocab_size\": 1000, \"hidden_size\": 256, \"intermediate_size\": 512, "      \
+    "\"num_hidden_layers\": 2, \"num_attention_heads\": 8"
+
+/* meta-llama/Llama-3.1-8B; the rope dict is spliced in so the same model can be written
+ * the transformers-4 way (rope_scaling) and the transformers-5 way (rope_parameters). */
+#define LLAMA31(rope)                                                                \
+    "{\"architectures\": [\"LlamaForCausalLM\"], \"attention_bias\": false,"        \
+    " \"attention_dropout\": 0.0, \"bos_token_id\": 128000,"                         \
+    " \"eos_token_id\": [128001, 128008, 128009], \"hidden_act\": \"silu\","         \
+    " \"hidden_size\": 4096, \"intermediate_size\": 14336,"                          \
+    " \"max_position_embeddings\": 131072, \"mlp_bias\": false,"                     \
+    " \"model_type\": \"llama\", \"num_attention_heads\": 32,"                       \
+    " \"num_hidden_layers\": 32, \"num_key_value_heads\": 8, \"pretraining_tp\": 1," \
+    " \"rms_norm_eps\": 1e-05, " rope ", \"tie_word_embeddings\": false,"           \
+    " \"torch_dtype\": \"bfloat16\", \"use_cache\": true, \"vocab_size\": 128256}"
+
+static void test_tinyllama(void)
+{
+    ft_model_config c;
+    ft_err e = {{0}};
+    CHECK(load(TINYLLAMA, &c, &e) == 0);
+    CHECK(strcmp(c.model_type, "llama") == 0);
+    CHECK(c.vocab_size == 32000 && c.hidden_size == 2048 && c.intermediate_size == 5632);
+    CHECK(c.num_layers == 22 && c.num_heads == 32 && c.num_kv_heads == 4);
+    CHECK(c.head_dim == 64);
+    CHECK(c.max_position_embeddings == 2048);
+    CHECK(c.rms_norm_eps == 1e-5f);
+    CHECK(c.rope_theta == 10000.0 && c.rope_kind == FT_ROPE_DEFAULT);
+    CHECK(!c.tie_word_embeddings && !c.qkv_bias && !c.o_bias && !c.mlp_bias);
+    CHECK(c.sliding_window == 0);
+    CHECK(c.bos_token_id == 1 && c.n_eos == 1 && c.eos_token_ids[0] == 2);
+    CHECK(c.pad_token_id == -1);
+    CHECK(strcmp(c.torch_dtype, "bfloat16") == 0);
+
+    /* transformers' _compute_default_rope_parameters on torch 1.13 (tests' reference
+     * script: the same tensor ops), theta 10000, d 64, at i = 0, 1, 5, 17, 31. */
+    float inv[32];
+    ft_rope_inv_freq(&c, inv);
+    CHECK(inv[0] == 1.0f);
+    CHECK_REL(inv[1], 0.7498942017555237, 1e-6);
+    CHECK_REL(inv[5], 0.23713736236095428, 1e-6);
+    CHECK_REL(inv[17], 0.007498942315578461, 1e-6);
+    CHECK_REL(inv[31], 0.0001333521504420787, 1e-6);
+}
+
+/* torch 1.13 run of transformers' _compute_llama3_parameters (the function transcribed
+ * op for op): theta 500000, d 128, factor 8, low 1, high 4, original 8192. Indices 29..34
+ * are the blended band (wavelength between 2048 and 8192); from 35 on, divided by 8. */
+static const struct {
+    int i;
+    double v;
+} LLAMA31_INV[] = {
+    {0, 1.0},
+    {1, 0.8146172165870667},
+    {20, 0.016560440883040428},
+    {28, 0.0032114461064338684},
+    {29, 0.0021665706299245358},
+    {30, 0.0013718936825171113},
+    {31, 0.0008567514596506953},
+    {32, 0.0005248460220173001},
+    {33, 0.0003126936499029398},
+    {34, 0.0001785077911335975},
+    {35, 9.556212171446532e-05},
+    {50, 4.411534519022098e-06},
+    {63, 3.068925877869333e-07},
+};
+
+static void check_llama31_inv_freq(const ft_model_config *c)
+{
+    float inv[64];
+    ft_rope_inv_freq(c, inv);
+    for (size_t k = 0; k < sizeof LLAMA31_INV / sizeof LLAMA31_INV[0]; k++)
+        CHECK_REL(inv[LLAMA31_INV[k].i], LLAMA31_INV[k].v, 1e-6);
+}
+
+static void test_llama31(void)
+{
+    ft_model_config c;
+    ft_err e = {{0}};
+    CHECK(load(LLAMA31("\"rope_scaling\": {\"factor\": 8.0, \"low_freq_factor\": 1.0,"
+                       " \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192,"
+                       " \"rope_type\": \"llama3\"}, \"rope_theta\": 500000.0"),
+               &c, &e) == 0);
+    CHECK(c.num_heads == 32 && c.num_kv_heads == 8 && c.head_dim == 128);
+    CHECK(c.max_position_embeddings == 131072 && c.vocab_size == 128256);
+    CHECK(c.rope_kind == FT_ROPE_LLAMA3 && c.rope_theta == 500000.0);
+    CHECK(c.rope_factor == 8.0f && c.rope_low_freq_factor == 1.0f);
+    CHECK(c.rope_high_freq_factor == 4.0f && c.rope_original_max_position == 8192);
+    CHECK(c.bos_token_id == 128000 && c.n_eos == 3);
+    CHECK(c.eos_token_ids[0] == 128001 && c.eos_token_ids[1] == 128008 &&
+          c.eos_token_ids[2] == 128009);
+    check_llama31_inv_freq(&c);
+
+    /* The legacy "type" key, and integers where floats are usual. */
+    CHECK(load(LLAMA31("\"rope_scaling\": {\"factor\": 8, \"low_freq_factor\": 1,"
+                       " \"high_freq_factor\": 4, \"original_max_position_embeddings\": 8192,"
+                       " \"type\": \"llama3\"}, \"rope_theta\": 500000"),
+               &c, &e) == 0);
+    check_llama31_inv_freq(&c);
+
+    /* transformers 5: rope_parameters carries the theta, which wins over a top-level one. */
+    CHECK(load(LLAMA31("\"rope_parameters\": {\"factor\": 8.0, \"low_freq_factor\": 1.0,"
+                       " \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192,"
+                       " \"rope_type\": \"llama3\", \"rope_theta\": 500000.0},"
+                       " \"rope_theta\": 10000.0"),
+               &c, &e) == 0);
+    CHECK(c.rope_kind == FT_ROPE_LLAMA3 && c.rope_theta == 500000.0);
+    check_llama31_inv_freq(&c);
+}
+
+static void test_linear_rope(void)
+{
+    ft_model_config c;
+    ft_err e = {{0}};
+    CHECK(load("{\"model_type\": \"llama\", \"vocab_size\": 32000, \"hidden_size\": 1024,"
+               " \"intermediate_size\": 2048, \"num_hidden_layers\": 2,"
+               " \"num_attention_heads\": 8, \"rope_scaling\": {\"type\": \"linear\","
+               " \"factor\": 4.0}}",
+               &c, &e) == 0);
+    CHECK(c.rope_kind == FT_ROPE_LINEAR && c.rope_factor == 4.0f && c.head_dim == 128);
+    /* torch 1.13: default inv_freq (theta 10000, d 128) / 4.0, at i = 0, 7, 63. */
+    float inv[64];
+    ft_rope_inv_freq(&c, inv);
+    CHECK(inv[0] == 0.25f);
+    CHECK_REL(inv[7], 0.09129353612661362, 1e-6);
+    CHECK_REL(inv[63], 2.8869548259535804e-05, 1e-6);
+}
+
+/* Qwen/Qwen2.5-0.5B */
+static void test_qwen2(void)
+{
+    ft_model_config c;
+    ft_err e = {{0}};
+    CHECK(load("{\"architectures\": [\"Qwen2ForCausalLM\"], \"attention_dropout\": 0.0,"
+               " \"bos_token_id\": 151643, \"eos_token_id\": 151643, \"hidden_act\": \"silu\","
+               " \"hidden_size\": 896, \"initializer_range\": 0.02, \"intermediate_size\": 4864,"
+               " \"max_position_embeddings\": 32768, \"max_window_layers\": 24,"
+               " \"model_type\": \"qwen2\", \"num_attention_heads\": 14,"
+               " \"num_hidden_layers\": 24, \"num_key_value_heads\": 2, \"rms_norm_eps\": 1e-06,"
+               " \"rope_theta\": 1000000.0, \"sliding_window\": 32768,"
+               " \"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\","
+               " \"use_cache\": true, \"use_sliding_window\": false, \"vocab_size\": 151936}",
+               &c, &e) == 0);
+    CHECK(strcmp(c.model_type, "qwen2") == 0);
+    CHECK(c.num_heads == 14 && c.num_kv_heads == 2 && c.head_dim == 64);
+    CHECK(c.qkv_bias && !c.o_bias && !c.mlp_bias);
+    CHECK(c.tie_word_embeddings);
+    CHECK(c.sliding_window == 0);
+    CHECK(c.rms_norm_eps == 1e-6f && c.rope_theta == 1e6);
+    /* torch 1.13, theta 1e6, d 64, at i = 1, 10, 31. */
+    float inv[32];
+    ft_rope_inv_freq(&c, inv);
+    CHECK_REL(inv[1], 0.6493816375732422, 1e-6);
+    CHECK_REL(inv[10], 0.01333521492779255, 1e-6);
+    CHECK_REL(inv[31], 1.5399265294036013e-06, 1e-6);
+
+    /* transformers 5 writes layer_types; all full attention is fine. */
+    CHECK(load("{\"model_type\": \"qwen2\", " REQ ", \"num_key_value_heads\": 2,"
+               " \"layer_types\": [\"full_attention\", \"full_attention\"]}",
+               &c, &e) == 0);
+    CHECK(c.max_position_embeddings == 32768);
+}
+
+/* HuggingFaceTB/SmolLM-135M */
+static void test_smollm(void)
+{
+    ft_model_config c;
+    ft_err e = {{0}};
+    CHECK(load("{\"architectures\": [\"LlamaForCausalLM\"], \"attention_bias\": false,"
+               " \"attention_dropout\": 0.0, \"bos_token_id\": 0, \"eos_token_id\": 0,"
+               " \"hidden_act\": \"silu\", \"hidden_size\": 576, \"initializer_range\": 0.02,"
+               " \"intermediate_size\": 1536, \"max_position_embeddings\": 2048,"
+               " \"model_type\": \"llama\", \"num_attention_heads\": 9,"
+               " \"num_hidden_layers\": 30, \"num_key_value_heads\": 3, \"pretraining_tp\": 1,"
+               " \"rms_norm_eps\": 1e-05, \"rope_scaling\": null, \"rope_theta\": 10000.0,"
+               " \"tie_word_embeddings\": true, \"torch_dtype\": \"float32\","
+               " \"use_cache\": true, \"vocab_size\": 49152}",
+               &c, &e) == 0);
+    CHECK(c.head_dim == 64 && c.num_heads == 9 && c.num_kv_heads == 3);
+    CHECK(c.tie_word_embeddings);
+    CHECK(c.bos_token_id == 0 && c.n_eos == 1 && c.eos_token_ids[0] == 0);
+    CHECK(strcmp(c.torch_dtype, "float32") == 0);
+}
+
+/* mistralai/Mistral-7B-v0.1, then the same with the window switched off / left out. */
+#define MISTRAL(extra)                                                               \
+    "{\"architectures\": [\"MistralForCausalLM\"], \"bos_token_id\": 1,"            \
+    " \"eos_token_id\": 2, \"hidden_act\": \"silu\", \"hidden_size\": 4096,"         \
+    " \"initializer_range\": 0.02, \"intermediate_size\": 14336,"                    \
+    " \"max_position_embeddings\": 32768, \"model_type\": \"mistral\","              \
+    " \"num_attention_heads\": 32, \"num_hidden_layers\": 32, \"rms_norm_eps\": 1e-05," \
+    " \"rope_theta\": 10000.0, \"tie_word_embeddings\": false,"                      \
+    " \"torch_dtype\": \"bfloat16\", \"use_cache\": true, \"vocab_size\": 32000" extra "}"
+
+static void test_mistral(void)
+{
+    ft_model_config c;
+    ft_err e = {{0}};
+    CHECK(load(MISTRAL(", \"num_key_value_heads\": 8, \"sliding_window\": 4096"), &c, &e) == 0);
+    CHECK(strcmp(c.model_type, "mistral") == 0);
+    CHECK(c.sliding_window == 4096 && c.num_kv_heads == 8 && c.head_dim == 128);
+    CHECK(!c.qkv_bias && !c.o_bias && !c.mlp_bias);
+
+    CHECK(load(MISTRAL(", \"num_key_value_heads\": 8, \"sliding_window\": null"), &c, &e) == 0);
+    CHECK(c.sliding_window == 0);
+
+    /* MistralConfig defaults when absent: 8 kv heads, a 4096 window, 4096 * 32 positions.
+     * An explicit null kv count means num_attention_heads. */
+    CHECK(load("{\"model_type\": \"mistral\", " REQ "}", &c, &e) == 0);
+    CHECK(c.num_kv_heads == 8 && c.sliding_window == 4096);
+    CHECK(c.max_position_embeddings == 131072);
+    CHECK(load("{\"model_type\": \"mistral\", " REQ ", \"num_key_value_heads\": null}", &c, &e) ==
+          0);
+    CHECK(c.num_kv_heads == 8);
+    CHECK(load("{\"model_type\": \"mistral\", \"vocab_size\": 1000, \"hidden_size\": 256,"
+               " \"intermediate_size\": 512, \"num_hidden_layers\": 2,"
+               " \"num_attention_heads\": 4, \"num_key_value_heads\": null}",
+               &c, &e) == 0);
+    CHECK(c.num_kv_heads == 4);
+}
+
+/* mistralai/Mistral-Nemo-Base-2407: head_dim 128 although hidden / heads = 160. */
+static void test_explicit_head_dim(void)
+{
+    ft_model_config c;
+    ft_err e = {{0}};
+    CHECK(load("{\"architectures\": [\"MistralForCausalLM\"], \"attention_dropout\": 0.0,"
+               " \"bos_token_id\": 1, \"eos_token_id\": 2, \"head_dim\": 128,"
+               " \"hidden_act\": \"silu\", \"hidden_size\": 5120, \"initializer_range\": 0.02,"
+               " \"intermediate_size\": 14336, \"max_position_embeddings\": 1024000,"
+               " \"model_type\": \"mistral\", \"num_attention_heads\": 32,"
+               " \"num_hidden_layers\": 40, \"num_key_value_heads\": 8, \"rms_norm_eps\": 1e-05,"
+               " \"rope_theta\": 1000000.0, \"sliding_window\": null,"
+               " \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\","
+               " \"use_cache\": true, \"vocab_size\": 131072}",
+               &c, &e) == 0);
+    CHECK(c.head_dim == 128 && c.hidden_size == 5120 && c.num_heads == 32);
+    CHECK(c.sliding_window == 0 && c.max_position_embeddings == 1024000);
+
+    /* head_dim may be explicit even when hidden_size does not divide by heads. */
+    CHECK(load("{\"model_type\": \"llama\", \"vocab_size\": 1000, \"hidden_size\": 250,"
+               " \"intermediate_size\": 512, \"num_hidden_layers\": 2,"
+               " \"num_attention_heads\": 8, \"head_dim\": 32}",
+               &c, &e) == 0);
+    CHECK(c.head_dim == 32);
+}
+
+static void test_llama_defaults_and_bias(void)
+{
+    ft_model_config c;
+    ft_err e = {{0}};
+    CHECK(load("{\"model_type\": \"llama\", " REQ "}", &c, &e) == 0);
+    CHECK(c.num_kv_heads == 8 && c.head_dim == 32);
+    CHECK(c.max_position_embeddings == 2048 && c.rms_norm_eps == 1e-6f);
+    CHECK(c.rope_theta == 10000.0 && c.rope_kind == FT_ROPE_DEFAULT);
+    CHECK(!c.tie_word_embeddings && c.sliding_window == 0);
+    CHECK(c.bos_token_id == -1 && c.n_eos == 0 && c.pad_token_id == -1);
+    CHECK(c.torch_dtype[0] == '\0');
+
+    CHECK(load("{\"model_type\": \"llama\", " REQ ", \"attention_bias\": true,"
+               " \"mlp_bias\": true, \"hidden_act\": \"swish\", \"dtype\": \"float16\","
+               " \"bos_token_id\": null, \"eos_token_id\": null, \"pad_token_id\": 0,"
+               " \"partial_rotary_factor\": 1.0, \"attn_logit_softcapping\": null,"
+               " \"rope_scaling\": {\"rope_type\": \"default\"}}",
+               &c, &e) == 0);
+    CHECK(c.qkv_bias && c.o_bias && c.mlp_bias);
+    CHECK(strcmp(c.torch_dtype, "float16") == 0);
+    CHECK(c.bos_token_id == -1 && c.n_eos == 0 && c.pad_token_id == 0);
+    CHECK(c.rope_kind == FT_ROPE_DEFAULT);
+}
+
+static void test_file_errors(void)
+{
+    ft_model_config c;
+    ft_err e = {{0}};
+    char missing[160];
+    snprintf(missing, sizeof missing, "%s/no-such-config.json", tmp_dir);
+    CHECK(ft_model_config_load(&c, missing, &e) == -1);
+    CHECK(strstr(e.msg, missing) != NULL && strstr(e.msg, "cannot open") != NULL);
+
+    /* The message names the file and the line of the error: file:3:col. */
+    CHECK(load("{\n  \"model_type\": \"llama\",\n  \"vocab_size\": 32000,,\n}\n", &c, &e) == -1);
+    char where[160];
+    snprintf(where, sizeof where, "%s:3:", cfg_path);
+    CHECK(strstr(e.msg, where) != NULL);
+
+    CHECK(load("", &c, &e) == -1);
+    CHECK(strstr(e.msg, cfg_path) != NULL);
+    EXPECT_ERROR("[1, 2]", "top level");
+    EXPECT_ERROR("{\"model_type\": \"llama\", \"model_type\": \"llama\", " REQ "}", "duplicate");
+
+    /* err may be NULL. */
+    CHECK(ft_model_config_load(&c, missing, NULL) == -1);
+}
+
+static void test_key_errors(void)
+{
+    EXPECT_ERROR("{\"model_type\": \"llama\", \"vocab_size\": 1000, \"hidden_size\": 256,"
+                 " \"num_hidden_layers\": 2, \"num_attention_heads\": 8}",
+                 "intermediate_size");
+    EXPECT_ERROR("{\"model_type\": \"llama\", \"vocab_size\": 1000, \"hidden_size\": \"big\","
+                 " \"intermediate_size\": 512, \"num_hidden_layers\": 2,"
+                 " \"num_attention_heads\": 8}",
+                 "hidden_size");
+    EXPECT_ERROR("{\"model_type\": \"llama\", \"vocab_size\": 1000, \"hidden_size\": 256,"
+                 " \"intermediate_size\": 512, \"num_hidden_layers\": 2.0,"
+                 " \"num_attention_heads\": 8}",
+                 "num_hidden_layers");
+    EXPECT_ERROR("{\"model_type\": \"llama\", \"vocab_size\": 0, \"hidden_size\": 256,"
+                 " \"intermediate_size\": 512, \"num_hidden_layers\": 2,"
+                 " \"num_attention_heads\": 8}",
+                 "vocab_size");
+    EXPECT_ERROR("{\"model_type\": \"llama\", \"vocab_size\": 99999999999, \"hidden_size\": 256,"
+                 " \"intermediate_size\": 512, \"num_hidden_layers\": 2,"
+                 " \"num_attention_heads\": 8}",
+                 "vocab_size");
+    EXPECT_ERROR("{" REQ "}", "model_type");
+    EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ "}", "model_type");
+    EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ "}", "qwen3");
+    EXPECT_ERROR("{\"model_type\": \"gemma\", " REQ "}", "gemma");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"hidden_act\": \"gelu\"}", "hidden_act");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"num_key_value_heads\": 3}",
+                 "num_key_value_heads");
+    /* Qwen2Config's default of 32 kv heads when the key is absent does not divide 14. */
+    EXPECT_ERROR("{\"model_type\": \"qwen2\", \"vocab_size\": 1000, \"hidden_size\": 896,"
+                 " \"intermediate_size\": 512, \"num_hidden_layers\": 2,"
+                 " \"num_attention_heads\": 14}",
+                 "num_key_value_heads");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"head_dim\": 31}", "head_dim");
+    EXPECT_ERROR("{\"model_type\": \"llama\", \"vocab_size\": 1000, \"hidden_size\": 250,"
+                 " \"intermediate_size\": 512, \"num_hidden_layers\": 2,"
+                 " \"num_attention_heads\": 8}",
+                 "head_dim");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"tie_word_embeddings\": 1}",
+                 "tie_word_embeddings");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"rms_norm_eps\": -1e-5}", "rms_norm_eps");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"rope_theta\": \"1e4\"}", "rope_theta");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"eos_token_id\": [1, 2000]}",
+                 "eos_token_id");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"eos_token_id\": [1,2,3,4,5,6,7,8,9]}",
+                 "eos_token_id");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"bos_token_id\": \"<s>\"}",
+                 "bos_token_id");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"torch_dtype\": \"int8\"}",
+                 "torch_dtype");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ","
+                 " \"architectures\": [\"LlamaForSequenceClassification\"]}",
+                 "architectures");
+}
+
+static void test_math_errors(void)
+{
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"rope_scaling\": {\"rope_type\": \"yarn\","
+                 " \"factor\": 4.0, \"original_max_position_embeddings\": 4096}}",
+                 "rope_scaling type 'yarn' is not supported");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"rope_scaling\": {\"type\": \"dynamic\","
+                 " \"factor\": 2.0}}",
+                 "rope_scaling type 'dynamic' is not supported");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"rope_parameters\": {\"rope_type\":"
+                 " \"longrope\", \"rope_theta\": 10000.0}}",
+                 "rope_parameters type 'longrope' is not supported");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"rope_scaling\": {\"rope_type\":"
+                 " \"llama3\", \"factor\": 8.0, \"high_freq_factor\": 4.0,"
+                 " \"original_max_position_embeddings\": 8192}}",
+                 "low_freq_factor");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"rope_scaling\": {\"rope_type\":"
+                 " \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0,"
+                 " \"high_freq_factor\": 4.0}}",
+                 "original_max_position_embeddings");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"rope_scaling\": {\"rope_type\":"
+                 " \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 4.0,"
+                 " \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}}",
+                 "high_freq_factor");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"rope_scaling\": {\"rope_type\":"
+                 " \"linear\"}}",
+                 "factor");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"rope_scaling\": \"linear\"}",
+                 "rope_scaling");
+    EXPECT_ERROR("{\"model_type\": \"qwen2\", " REQ ", \"num_key_value_heads\": 2,"
+                 " \"use_sliding_window\": true, \"sliding_window\": 4096}",
+                 "use_sliding_window");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"attention_dropout\": 0.1}",
+                 "attention_dropout");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"partial_rotary_factor\": 0.5}",
+                 "partial_rotary_factor");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"rope_parameters\": {\"rope_type\":"
+                 " \"default\", \"partial_rotary_factor\": 0.5}}",
+                 "partial_rotary_factor");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"final_logit_softcapping\": 30.0}",
+                 "final_logit_softcapping");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"attention_multiplier\": 0.0078125}",
+                 "attention_multiplier");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"quantization_config\": {\"bits\": 4}}",
+                 "quantization_config");
+    EXPECT_ERROR("{\"model_type\": \"mistral\", " REQ ", \"attention_bias\": true}",
+                 "attention_bias");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ","
+                 " \"layer_types\": [\"full_attention\", \"sliding_attention\"]}",
+                 "layer_types");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"rope_parameters\": {\"full_attention\":"
+                 " {\"rope_type\": \"default\"}, \"sliding_attention\": {\"rope_type\":"
+                 " \"default\"}}}",
+                 "rope_parameters");
+}
+
+/* Random byte edits of a valid config: every outcome is a config or an error that names the
+ * file; nothing crashes or leaks (run under valgrind / ASan). Deterministic LCG. */
+static void test_fuzz(void)
+{
+    static const char alphabet[] = "{}[],:\"\\ -.0123456789eEtruefalsnl\n";
+    const size_t n = strlen(TINYLLAMA);
+    char *buf = malloc(n + 1);
+    CHECK(buf != NULL);
+    if (!buf)
+        return;
+    unsigned long long rng = 0x9E3779B97F4A7C15ull;
+    int accepted = 0;
+    for (int iter = 0; iter < 3000; iter++) {
+        memcpy(buf, TINYLLAMA, n + 1);
+        int edits = 1 + iter % 3;
+        for (int k = 0; k < edits; k++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            size_t pos = (size_t)(rng >> 33) % n;
+            char ch = alphabet[(rng >> 17) % (sizeof alphabet - 1)];
+            if (iter % 7 == 0)
+                buf[pos] = '\0'; /* truncation */
+            else
+                buf[pos] = ch;
+        }
+        ft_model_config c;
+        ft_err e = {{0}};
+        int rc = load(buf, &c, &e);
+        CHECK(rc == 0 || (rc == -1 && strstr(e.msg, cfg_path) != NULL));
+        if (rc == 0) {
+            accepted++;
+            CHECK(c.head_dim > 0 && c.head_dim % 2 == 0);
+            CHECK(c.num_heads % c.num_kv_heads == 0);
+        }
+    }
+    CHECK(accepted > 0 && accepted < 3000);
+    free(buf);
+}
+
+int main(void)
+{
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/ft_hf_config_XXXXXX");
+    if (!mkdtemp(tmp_dir)) {
+        perror("mkdtemp");
+        return 2;
+    }
+    RUN(test_tinyllama);
+    RUN(test_llama31);
+    RUN(test_linear_rope);
+    RUN(test_qwen2);
+    RUN(test_smollm);
+    RUN(test_mistral);
+    RUN(test_explicit_head_dim);
+    RUN(test_llama_defaults_and_bias);
+    RUN(test_file_errors);
+    RUN(test_key_errors);
+    RUN(test_math_errors);
+    RUN(test_fuzz);
+    unlink(cfg_path);
+    rmdir(tmp_dir);
+    return check_summary("hf_config");
+}

@@ -1,0 +1,930 @@
+/* Unit tests of the CPU reference ops (kernels/cpu/): each forward against a plain
+ * double-precision loop written here, each backward against central finite differences
+ * of that double-precision forward, on seeded random inputs.
+ *
+ * Backward checks use a random projection L = sum(out * r): dL/dout = r, so one scalar
+ * loss checks every output's gradient at once. The finite differences are taken in
+ * double on the double reference (h = 1e-5 on O(1) inputs: truncation ~h^2 = 1e-10,
+ * cancellation ~1e-16 |L| / h < 1e-9), so they are exact at fp32 resolution and the
+ * tolerances below only budget for the fp32 op's own rounding.
+ *
+ * Tolerances, per element: |got - ref| <= rtol * |ref| + atol, with atol = rtol times
+ * the largest |ref| of the array where outputs come out of sums whose terms can cancel
+ * (dot products, gradients): fp32 accumulations of K terms of O(1) are good to about
+ * sqrt(K) * 6e-8 of the term size, far inside 1e-5 for the sizes used here.
+ *   forward ops              rtol 1e-5   (products only: pure relative, atol ~ 0)
+ *   backward ops vs FD       rtol 1e-5, atol 1e-5 * max|ref|
+ *   cross-entropy loss       1e-6 relative (double sum of per-row double log terms)
+ *   sumsq                    1e-12 relative (double accumulation)
+ *   adamw, 5 steps           rtol 1e-6, atol 1e-6 * max|ref| (m crosses zero)
+ *   copy/add/zero/scale, embedding forward, dropout masks: bitwise.
+ * Set FT_TEST_VERBOSE=1 to print, for each comparison, the worst error as a fraction of
+ * its allowance. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "cpu/cpu_ops.h"
+
+/* ---- helpers ------------------------------------------------------------------------ */
+
+static uint64_t rng_state;
+
+static void rng_seed(uint64_t s)
+{
+    rng_state = s;
+}
+
+/* splitmix64: uniform double in [0, 1). */
+static double urand(void)
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    return (double)(z >> 11) * 0x1.0p-53;
+}
+
+static void fill(float *a, size_t n, double lo, double hi)
+{
+    for (size_t i = 0; i < n; i++)
+        a[i] = (float)(lo + (hi - lo) * urand());
+}
+
+static float *fnew(size_t n)
+{
+    float *p = calloc(n ? n : 1, sizeof(float));
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+static double *dnew(size_t n)
+{
+    double *p = calloc(n ? n : 1, sizeof(double));
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+static double *to_d(const float *a, size_t n)
+{
+    double *d = dnew(n);
+    for (size_t i = 0; i < n; i++)
+        d[i] = a[i];
+    return d;
+}
+
+static float *fdup(const float *a, size_t n)
+{
+    float *p = fnew(n);
+    memcpy(p, a, n * sizeof(float));
+    return p;
+}
+
+static double maxabs(const double *a, size_t n)
+{
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++)
+        m = fmax(m, fabs(a[i]));
+    return m;
+}
+
+static int verbose;
+
+/* |got[i] - ref[i]| <= rtol |ref[i]| + atol for all i; reports the first failure. */
+static int close_arr(const char *what, const float *got, const double *ref, size_t n,
+                     double rtol, double atol)
+{
+    double worst = 0.0;
+    int ok = 1;
+    for (size_t i = 0; i < n; i++) {
+        double err = fabs((double)got[i] - ref[i]);
+        double allow = rtol * fabs(ref[i]) + atol;
+        double ratio = allow > 0 ? err / allow : (err > 0 ? INFINITY : 0.0);
+        if (!(ratio <= 1.0)) {
+            if (ok)
+                fprintf(stderr, "  %s[%zu]: got %.9g, want %.9g (err %.3g, allowed %.3g)\n",
+                        what, i, got[i], ref[i], err, allow);
+            ok = 0;
+        }
+        if (ratio > worst || isnan(ratio))
+            worst = ratio;
+    }
+    if (verbose)
+        fprintf(stderr, "    %-28s worst err / allowed = %.3g\n", what, worst);
+    return ok;
+}
+
+/* Normwise-floored comparison: atol = rtol * max|ref|. */
+static int close_norm(const char *what, const float *got, const double *ref, size_t n,
+                      double rtol)
+{
+    return close_arr(what, got, ref, n, rtol, rtol * maxabs(ref, n));
+}
+
+/* Expected value of a gradient buffer that started as g0 and received `calls`
+ * accumulations of grad. */
+static double *accum(const float *g0, const double *grad, size_t n, int calls)
+{
+    double *e = dnew(n);
+    for (size_t i = 0; i < n; i++)
+        e[i] = (double)g0[i] + calls * grad[i];
+    return e;
+}
+
+static int bitwise_eq(const float *a, const float *b, size_t n)
+{
+    return memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+/* Central differences of a double loss with respect to each element of param (which
+ * the loss reads through ctx). */
+typedef double (*loss_fn)(const void *ctx);
+#define FD_H 1e-5
+
+static void fd_grad(loss_fn f, const void *ctx, double *param, size_t n, double *grad)
+{
+    for (size_t i = 0; i < n; i++) {
+        double save = param[i];
+        param[i] = save + FD_H;
+        double lp = f(ctx);
+        param[i] = save - FD_H;
+        double lm = f(ctx);
+        param[i] = save;
+        grad[i] = (lp - lm) / (2 * FD_H);
+    }
+}
+
+/* ---- linear ------------------------------------------------------------------------- */
+
+typedef struct {
+    int N, in, out;
+    double alpha;
+    double *x, *w, *b, *r; /* b may be NULL */
+} lin_ctx;
+
+static void lin_ref(double *y, const lin_ctx *c)
+{
+    for (int n = 0; n < c->N; n++)
+        for (int o = 0; o < c->out; o++) {
+            double s = 0.0;
+            for (int k = 0; k < c->in; k++)
+                s += c->x[(size_t)n * c->in + k] * c->w[(size_t)o * c->in + k];
+            y[(size_t)n * c->out + o] = c->alpha * s + (c->b ? c->b[o] : 0.0);
+        }
+}
+
+static double lin_loss(const void *vc)
+{
+    const lin_ctx *c = vc;
+    size_t ny = (size_t)c->N * c->out;
+    double *y = dnew(ny);
+    lin_ref(y, c);
+    double L = 0.0;
+    for (size_t i = 0; i < ny; i++)
+        L += y[i] * c->r[i];
+    free(y);
+    return L;
+}
+
+static void test_linear_forward(void)
+{
+    const int N = 67, in = 150, out = 93;
+    const float alpha = 0.75f;
+    rng_seed(1);
+    float *x = fnew((size_t)N * in), *w = fnew((size_t)out * in), *b = fnew(out);
+    float *y0 = fnew((size_t)N * out), *y = fnew((size_t)N * out);
+    fill(x, (size_t)N * in, -1, 1);
+    fill(w, (size_t)out * in, -1, 1);
+    fill(b, out, -1, 1);
+    fill(y0, (size_t)N * out, -1, 1);
+    lin_ctx c = {N, in, out, alpha, to_d(x, (size_t)N * in), to_d(w, (size_t)out * in),
+                 NULL, NULL};
+    double *bd = to_d(b, out);
+    double *ref = dnew((size_t)N * out);
+    size_t ny = (size_t)N * out;
+    for (int with_b = 0; with_b <= 1; with_b++)
+        for (int acc = 0; acc <= 1; acc++) {
+            c.b = with_b ? bd : NULL;
+            lin_ref(ref, &c);
+            if (acc)
+                for (size_t i = 0; i < ny; i++)
+                    ref[i] += y0[i];
+            /* Overwrite mode must not read y: start from NaN. */
+            for (size_t i = 0; i < ny; i++)
+                y[i] = acc ? y0[i] : NAN;
+            ft_cpu_linear_forward(y, x, w, with_b ? b : NULL, N, in, out, alpha, acc);
+            char what[64];
+            snprintf(what, sizeof what, "linear y (bias %d, acc %d)", with_b, acc);
+            CHECK(close_norm(what, y, ref, ny, 1e-5));
+        }
+    /* A big enough GEMM for OpenBLAS to use its threads. */
+    {
+        const int N2 = 256, in2 = 512, out2 = 384;
+        float *x2 = fnew((size_t)N2 * in2), *w2 = fnew((size_t)out2 * in2);
+        float *b2 = fnew(out2), *y2 = fnew((size_t)N2 * out2);
+        fill(x2, (size_t)N2 * in2, -1, 1);
+        fill(w2, (size_t)out2 * in2, -1, 1);
+        fill(b2, out2, -1, 1);
+        lin_ctx c2 = {N2, in2, out2, 1.0, to_d(x2, (size_t)N2 * in2),
+                      to_d(w2, (size_t)out2 * in2), to_d(b2, out2), NULL};
+        double *ref2 = dnew((size_t)N2 * out2);
+        lin_ref(ref2, &c2);
+        ft_cpu_linear_forward(y2, x2, w2, b2, N2, in2, out2, 1.0f, 0);
+        CHECK(close_norm("linear y (256x512x384)", y2, ref2, (size_t)N2 * out2, 1e-5));
+        free(x2), free(w2), free(b2), free(y2), free(ref2);
+        free(c2.x), free(c2.w), free(c2.b);
+    }
+    /* in == 0: an empty product; y is the bias (overwrite) or keeps its value + bias. */
+    {
+        float yb[3] = {NAN, NAN, NAN}, bb[3] = {1, 2, 3};
+        ft_cpu_linear_forward(yb, x, w, bb, 1, 0, 3, 1.0f, 0);
+        CHECK(yb[0] == 1 && yb[1] == 2 && yb[2] == 3);
+        float yz[2] = {NAN, NAN};
+        ft_cpu_linear_forward(yz, x, w, NULL, 1, 0, 2, 1.0f, 0);
+        CHECK(yz[0] == 0 && yz[1] == 0);
+    }
+    free(x), free(w), free(b), free(y0), free(y), free(ref), free(bd);
+    free(c.x), free(c.w);
+}
+
+static void test_linear_backward(void)
+{
+    /* out = 130: three column blocks of the db reduction, the last one partial. */
+    const int N = 6, in = 11, out = 130;
+    const float alpha = 1.5f;
+    const size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
+    rng_seed(2);
+    float *x = fnew(nx), *w = fnew(nw), *b = fnew(out), *r = fnew(ny);
+    fill(x, nx, -1, 1);
+    fill(w, nw, -1, 1);
+    fill(b, out, -1, 1);
+    fill(r, ny, -1, 1);
+    lin_ctx c = {N, in, out, alpha, to_d(x, nx), to_d(w, nw), to_d(b, out), to_d(r, ny)};
+    double *gx = dnew(nx), *gw = dnew(nw), *gb = dnew(out);
+    fd_grad(lin_loss, &c, c.x, nx, gx);
+    fd_grad(lin_loss, &c, c.w, nw, gw);
+    fd_grad(lin_loss, &c, c.b, out, gb);
+
+    /* Accumulation: two calls onto non-zero buffers add twice. */
+    float *dx0 = fnew(nx), *dw0 = fnew(nw), *db0 = fnew(out);
+    fill(dx0, nx, -1, 1);
+    fill(dw0, nw, -1, 1);
+    fill(db0, out, -1, 1);
+    float *dx = fdup(dx0, nx), *dw = fdup(dw0, nw), *db = fdup(db0, out);
+    ft_cpu_linear_backward(dx, dw, db, r, x, w, N, in, out, alpha);
+    ft_cpu_linear_backward(dx, dw, db, r, x, w, N, in, out, alpha);
+    double *ex = accum(dx0, gx, nx, 2), *ew = accum(dw0, gw, nw, 2), *eb = accum(db0, gb, out, 2);
+    CHECK(close_norm("linear dx (accumulated)", dx, ex, nx, 1e-5));
+    CHECK(close_norm("linear dw (accumulated)", dw, ew, nw, 1e-5));
+    CHECK(close_norm("linear db (accumulated)", db, eb, out, 1e-5));
+
+    /* NULL outputs are skipped; x is not needed without dw, w not without dx. */
+    float *zx = fnew(nx), *zw = fnew(nw), *zb = fnew(out);
+    ft_cpu_linear_backward(zx, NULL, NULL, r, NULL, w, N, in, out, alpha);
+    ft_cpu_linear_backward(NULL, zw, NULL, r, x, NULL, N, in, out, alpha);
+    ft_cpu_linear_backward(NULL, NULL, zb, r, NULL, NULL, N, in, out, alpha);
+    CHECK(close_norm("linear dx (alone)", zx, gx, nx, 1e-5));
+    CHECK(close_norm("linear dw (alone)", zw, gw, nw, 1e-5));
+    CHECK(close_norm("linear db (alone)", zb, gb, out, 1e-5));
+
+    free(x), free(w), free(b), free(r), free(c.x), free(c.w), free(c.b), free(c.r);
+    free(gx), free(gw), free(gb), free(dx0), free(dw0), free(db0), free(dx), free(dw);
+    free(db), free(ex), free(ew), free(eb), free(zx), free(zw), free(zb);
+}
+
+/* Large backward (threaded BLAS and the parallel db path) against the analytic
+ * double-precision products. */
+static void test_linear_backward_large(void)
+{
+    const int N = 300, in = 256, out = 320;
+    const float alpha = 0.5f;
+    const size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
+    rng_seed(3);
+    float *x = fnew(nx), *w = fnew(nw), *dy = fnew(ny);
+    fill(x, nx, -1, 1);
+    fill(w, nw, -1, 1);
+    fill(dy, ny, -1, 1);
+    double *ex = dnew(nx), *ew = dnew(nw), *eb = dnew(out);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < out; o++) {
+            double g = dy[(size_t)n * out + o];
+            eb[o] += g;
+            for (int k = 0; k < in; k++) {
+                ex[(size_t)n * in + k] += alpha * g * w[(size_t)o * in + k];
+                ew[(size_t)o * in + k] += alpha * g * x[(size_t)n * in + k];
+            }
+        }
+    float *dx = fnew(nx), *dw = fnew(nw), *db = fnew(out);
+    ft_cpu_linear_backward(dx, dw, db, dy, x, w, N, in, out, alpha);
+    CHECK(close_norm("linear dx (large)", dx, ex, nx, 1e-5));
+    CHECK(close_norm("linear dw (large)", dw, ew, nw, 1e-5));
+    CHECK(close_norm("linear db (large)", db, eb, out, 1e-5));
+    free(x), free(w), free(dy), free(ex), free(ew), free(eb), free(dx), free(dw), free(db);
+}
+
+/* ---- embedding ---------------------------------------------------------------------- */
+
+typedef struct {
+    int N, C;
+    const int32_t *ids;
+    double *table, *r;
+} emb_ctx;
+
+static double emb_loss(const void *vc)
+{
+    const emb_ctx *c = vc;
+    double L = 0.0;
+    for (int n = 0; n < c->N; n++)
+        for (int j = 0; j < c->C; j++)
+            L += c->table[(size_t)c->ids[n] * c->C + j] * c->r[(size_t)n * c->C + j];
+    return L;
+}
+
+static void test_embedding(void)
+{
+    /* Small case against finite differences; ids repeat (N > V). */
+    {
+        const int N = 20, V = 7, C = 70;
+        rng_seed(4);
+        int32_t ids[20];
+        for (int n = 0; n < N; n++)
+            ids[n] = (int32_t)(urand() * V);
+        ids[3] = ids[4] = ids[11] = 5;
+        float *table = fnew((size_t)V * C), *out = fnew((size_t)N * C);
+        float *r = fnew((size_t)N * C);
+        fill(table, (size_t)V * C, -1, 1);
+        fill(r, (size_t)N * C, -1, 1);
+        ft_cpu_embedding_forward(out, ids, table, N, V, C);
+        int ok = 1;
+        for (int n = 0; n < N; n++)
+            ok &= bitwise_eq(out + (size_t)n * C, table + (size_t)ids[n] * C, C);
+        CHECK(ok);
+        emb_ctx c = {N, C, ids, to_d(table, (size_t)V * C), to_d(r, (size_t)N * C)};
+        double *g = dnew((size_t)V * C);
+        fd_grad(emb_loss, &c, c.table, (size_t)V * C, g);
+        float *d0 = fnew((size_t)V * C);
+        fill(d0, (size_t)V * C, -1, 1);
+        float *d = fdup(d0, (size_t)V * C);
+        ft_cpu_embedding_backward(d, r, ids, N, V, C);
+        ft_cpu_embedding_backward(d, r, ids, N, V, C);
+        double *e = accum(d0, g, (size_t)V * C, 2);
+        CHECK(close_norm("embedding dtable (FD)", d, e, (size_t)V * C, 1e-5));
+        free(table), free(out), free(r), free(c.table), free(c.r), free(g), free(d0);
+        free(d), free(e);
+    }
+    /* Large case (parallel column blocks) with many duplicate ids, against a double
+     * scatter-add. */
+    {
+        const int N = 512, V = 9, C = 300;
+        rng_seed(5);
+        int32_t *ids = malloc(N * sizeof(int32_t));
+        for (int n = 0; n < N; n++)
+            ids[n] = (int32_t)(urand() * V);
+        float *dout = fnew((size_t)N * C), *d = fnew((size_t)V * C);
+        fill(dout, (size_t)N * C, -1, 1);
+        double *e = dnew((size_t)V * C);
+        for (int n = 0; n < N; n++)
+            for (int j = 0; j < C; j++)
+                e[(size_t)ids[n] * C + j] += dout[(size_t)n * C + j];
+        ft_cpu_embedding_backward(d, dout, ids, N, V, C);
+        CHECK(close_norm("embedding dtable (dup ids)", d, e, (size_t)V * C, 1e-5));
+        /* Deterministic: a second run from zero gives the same bits. */
+        float *d2 = fnew((size_t)V * C);
+        ft_cpu_embedding_backward(d2, dout, ids, N, V, C);
+        CHECK(bitwise_eq(d, d2, (size_t)V * C));
+        free(ids), free(dout), free(d), free(d2), free(e);
+    }
+}
+
+/* ---- RMSNorm ------------------------------------------------------------------------ */
+
+typedef struct {
+    int N, C;
+    double eps;
+    double *x, *w, *r;
+} rms_ctx;
+
+static void rms_ref(double *out, double *rstd, const rms_ctx *c)
+{
+    for (int n = 0; n < c->N; n++) {
+        const double *xn = c->x + (size_t)n * c->C;
+        double ss = 0.0;
+        for (int j = 0; j < c->C; j++)
+            ss += xn[j] * xn[j];
+        double rs = 1.0 / sqrt(ss / c->C + c->eps);
+        if (rstd)
+            rstd[n] = rs;
+        for (int j = 0; j < c->C; j++)
+            out[(size_t)n * c->C + j] = xn[j] * rs * c->w[j];
+    }
+}
+
+static double rms_loss(const void *vc)
+{
+    const rms_ctx *c = vc;
+    size_t n = (size_t)c->N * c->C;
+    double *out = dnew(n);
+    rms_ref(out, NULL, c);
+    double L = 0.0;
+    for (size_t i = 0; i < n; i++)
+        L += out[i] * c->r[i];
+    free(out);
+    return L;
+}
+
+static void test_rmsnorm_forward(void)
+{
+    /* Rows of ordinary scale, a large-scale row and a tiny row where eps matters. */
+    const int N = 40, C = 300;
+    const float eps = 1e-5f;
+    const size_t nx = (size_t)N * C;
+    rng_seed(6);
+    float *x = fnew(nx), *w = fnew(C), *out = fnew(nx), *rstd = fnew(N);
+    fill(x, nx, -2, 2);
+    fill(w, C, 0.5, 1.5);
+    for (int j = 0; j < C; j++) {
+        x[1 * C + j] *= 1000.0f;
+        x[2 * C + j] *= 1e-3f;
+    }
+    rms_ctx c = {N, C, eps, to_d(x, nx), to_d(w, C), NULL};
+    double *ref = dnew(nx), *rref = dnew(N);
+    rms_ref(ref, rref, &c);
+    ft_cpu_rmsnorm_forward(out, rstd, x, w, N, C, eps);
+    CHECK(close_arr("rmsnorm out", out, ref, nx, 1e-5, 0.0));
+    CHECK(close_arr("rmsnorm rstd", rstd, rref, N, 1e-5, 0.0));
+    free(x), free(w), free(out), free(rstd), free(c.x), free(c.w), free(ref), free(rref);
+}
+
+static void test_rmsnorm_backward(void)
+{
+    /* C = 150: three dw column blocks, the last one partial. */
+    const int N = 5, C = 150;
+    const float eps = 1e-5f;
+    const size_t nx = (size_t)N * C;
+    rng_seed(7);
+    float *x = fnew(nx), *w = fnew(C), *r = fnew(nx), *out = fnew(nx), *rstd = fnew(N);
+    fill(x, nx, -2, 2);
+    fill(w, C, 0.5, 1.5);
+    fill(r, nx, -1, 1);
+    ft_cpu_rmsnorm_forward(out, rstd, x, w, N, C, eps);
+    rms_ctx c = {N, C, eps, to_d(x, nx), to_d(w, C), to_d(r, nx)};
+    double *gx = dnew(nx), *gw = dnew(C);
+    fd_grad(rms_loss, &c, c.x, nx, gx);
+    fd_grad(rms_loss, &c, c.w, C, gw);
+
+    float *dx0 = fnew(nx), *dw0 = fnew(C);
+    fill(dx0, nx, -1, 1);
+    fill(dw0, C, -1, 1);
+    float *dx = fdup(dx0, nx), *dw = fdup(dw0, C);
+    ft_cpu_rmsnorm_backward(dx, dw, r, x, w, rstd, N, C);
+    ft_cpu_rmsnorm_backward(dx, dw, r, x, w, rstd, N, C);
+    double *ex = accum(dx0, gx, nx, 2), *ew = accum(dw0, gw, C, 2);
+    CHECK(close_norm("rmsnorm dx (accumulated)", dx, ex, nx, 1e-5));
+    CHECK(close_norm("rmsnorm dw (accumulated)", dw, ew, C, 1e-5));
+
+    float *zx = fnew(nx), *zw = fnew(C);
+    ft_cpu_rmsnorm_backward(zx, NULL, r, x, w, rstd, N, C);
+    ft_cpu_rmsnorm_backward(NULL, zw, r, x, w, rstd, N, C);
+    CHECK(close_norm("rmsnorm dx (alone)", zx, gx, nx, 1e-5));
+    CHECK(close_norm("rmsnorm dw (alone)", zw, gw, C, 1e-5));
+
+    free(x), free(w), free(r), free(out), free(rstd), free(c.x), free(c.w), free(c.r);
+    free(gx), free(gw), free(dx0), free(dw0), free(dx), free(dw), free(ex), free(ew);
+    free(zx), free(zw);
+}
+
+/* Large backward (parallel rows and column blocks) against the closed form in double. */
+static void test_rmsnorm_backward_large(void)
+{
+    const int N = 64, C = 1000;
+    const float eps = 1e-6f;
+    const size_t nx = (size_t)N * C;
+    rng_seed(8);
+    float *x = fnew(nx), *w = fnew(C), *dout = fnew(nx), *out = fnew(nx), *rstd = fnew(N);
+    fill(x, nx, -2, 2);
+    fill(w, C, -1.5, 1.5);
+    fill(dout, nx, -1, 1);
+    ft_cpu_rmsnorm_forward(out, rstd, x, w, N, C, eps);
+    double *ex = dnew(nx), *ew = dnew(C);
+    for (int n = 0; n < N; n++) {
+        const float *xn = x + (size_t)n * C, *gn = dout + (size_t)n * C;
+        double ss = 0.0, dot = 0.0;
+        for (int j = 0; j < C; j++) {
+            ss += (double)xn[j] * xn[j];
+            dot += (double)w[j] * gn[j] * xn[j];
+        }
+        double rs = 1.0 / sqrt(ss / C + eps);
+        for (int j = 0; j < C; j++) {
+            ex[(size_t)n * C + j] = rs * ((double)w[j] * gn[j] - xn[j] * rs * rs * dot / C);
+            ew[j] += (double)gn[j] * xn[j] * rs;
+        }
+    }
+    float *dx = fnew(nx), *dw = fnew(C);
+    ft_cpu_rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
+    CHECK(close_norm("rmsnorm dx (large)", dx, ex, nx, 1e-5));
+    CHECK(close_norm("rmsnorm dw (large)", dw, ew, C, 1e-5));
+    free(x), free(w), free(dout), free(out), free(rstd), free(ex), free(ew), free(dx), free(dw);
+}
+
+/* ---- SwiGLU ------------------------------------------------------------------------- */
+
+typedef struct {
+    size_t n;
+    double *g, *u, *r;
+} swi_ctx;
+
+static double silu_d(double g)
+{
+    return g / (1.0 + exp(-g));
+}
+
+static double swi_loss(const void *vc)
+{
+    const swi_ctx *c = vc;
+    double L = 0.0;
+    for (size_t i = 0; i < c->n; i++)
+        L += silu_d(c->g[i]) * c->u[i] * c->r[i];
+    return L;
+}
+
+static void test_swiglu_forward(void)
+{
+    const size_t n = 100003;
+    rng_seed(9);
+    float *g = fnew(n), *u = fnew(n), *out = fnew(n);
+    fill(g, n, -12, 12);
+    fill(u, n, -2, 2);
+    /* Saturated gates: exp(-g) overflows for g < -88; no NaN, silu -> 0 or g. */
+    g[0] = -1000.0f, g[1] = -100.0f, g[2] = 100.0f, g[3] = 0.0f, g[4] = -88.5f;
+    double *ref = dnew(n);
+    for (size_t i = 0; i < n; i++)
+        ref[i] = silu_d(g[i]) * u[i];
+    ft_cpu_swiglu_forward(out, g, u, n);
+    CHECK(close_arr("swiglu out", out, ref, n, 1e-5, 1e-30));
+    free(g), free(u), free(out), free(ref);
+}
+
+static void test_swiglu_backward(void)
+{
+    const size_t n = 600;
+    rng_seed(10);
+    float *g = fnew(n), *u = fnew(n), *r = fnew(n);
+    fill(g, n, -8, 8);
+    fill(u, n, -2, 2);
+    fill(r, n, -1, 1);
+    swi_ctx c = {n, to_d(g, n), to_d(u, n), to_d(r, n)};
+    double *gg = dnew(n), *gu = dnew(n);
+    fd_grad(swi_loss, &c, c.g, n, gg);
+    fd_grad(swi_loss, &c, c.u, n, gu);
+    float *dg0 = fnew(n), *du0 = fnew(n);
+    fill(dg0, n, -1, 1);
+    fill(du0, n, -1, 1);
+    float *dg = fdup(dg0, n), *du = fdup(du0, n);
+    ft_cpu_swiglu_backward(dg, du, r, g, u, n);
+    ft_cpu_swiglu_backward(dg, du, r, g, u, n);
+    double *eg = accum(dg0, gg, n, 2), *eu = accum(du0, gu, n, 2);
+    CHECK(close_norm("swiglu dgate (accumulated)", dg, eg, n, 1e-5));
+    CHECK(close_norm("swiglu dup (accumulated)", du, eu, n, 1e-5));
+    float *zg = fnew(n), *zu = fnew(n);
+    ft_cpu_swiglu_backward(zg, NULL, r, g, u, n);
+    ft_cpu_swiglu_backward(NULL, zu, r, g, u, n);
+    CHECK(close_norm("swiglu dgate (alone)", zg, gg, n, 1e-5));
+    CHECK(close_norm("swiglu dup (alone)", zu, gu, n, 1e-5));
+
+    /* Saturated gates give finite gradients: silu'(-inf) = 0, silu'(+inf) = 1. */
+    float sg[3] = {-1000.0f, -100.0f, 100.0f}, su[3] = {1, 1, 1}, sd[3] = {1, 1, 1};
+    float sdg[3] = {0, 0, 0}, sdu[3] = {0, 0, 0};
+    ft_cpu_swiglu_backward(sdg, sdu, sd, sg, su, 3);
+    CHECK(sdg[0] == 0.0f && sdg[1] == 0.0f && sdg[2] == 1.0f);
+    CHECK(sdu[0] == 0.0f && sdu[1] == 0.0f && sdu[2] == 100.0f);
+
+    free(g), free(u), free(r), free(c.g), free(c.u), free(c.r), free(gg), free(gu);
+    free(dg0), free(du0), free(dg), free(du), free(eg), free(eu), free(zg), free(zu);
+}
+
+/* ---- cross-entropy ------------------------------------------------------------------ */
+
+/* Sum of -log softmax[t] over counted rows; with d != NULL also
+ * d = scale * (softmax - onehot) (0 for ignored rows). */
+static double ce_ref(double *d, const double *logits, const int32_t *t, int N, int V,
+                     double scale)
+{
+    double L = 0.0;
+    for (int n = 0; n < N; n++) {
+        const double *row = logits + (size_t)n * V;
+        double *dr = d ? d + (size_t)n * V : NULL;
+        if (t[n] == -100) {
+            if (dr)
+                for (int j = 0; j < V; j++)
+                    dr[j] = 0.0;
+            continue;
+        }
+        double m = row[0];
+        for (int j = 1; j < V; j++)
+            m = fmax(m, row[j]);
+        double S = 0.0;
+        for (int j = 0; j < V; j++)
+            S += exp(row[j] - m);
+        L += m + log(S) - row[t[n]];
+        if (dr)
+            for (int j = 0; j < V; j++)
+                dr[j] = scale * (exp(row[j] - m) / S - (j == t[n]));
+    }
+    return L;
+}
+
+typedef struct {
+    int N, V;
+    const int32_t *t;
+    double *logits;
+} ce_ctx;
+
+static double ce_loss(const void *vc)
+{
+    const ce_ctx *c = vc;
+    return ce_ref(NULL, c->logits, c->t, c->N, c->V, 1.0);
+}
+
+static void test_cross_entropy(void)
+{
+    /* N = 300 > 256 row blocks, so blocks hold one or two rows; parallel path. */
+    const int N = 300, V = 257;
+    const size_t nl = (size_t)N * V;
+    rng_seed(11);
+    float *logits = fnew(nl), *d = fnew(nl);
+    fill(logits, nl, -4, 4);
+    int32_t *t = malloc(N * sizeof(int32_t));
+    int count = 0;
+    for (int n = 0; n < N; n++) {
+        t[n] = n % 5 == 3 ? -100 : (int32_t)(urand() * V);
+        count += t[n] != -100;
+    }
+    t[0] = 0, t[1] = V - 1;
+    const float scale = 1.0f / count;
+    double *ld = to_d(logits, nl), *ed = dnew(nl);
+    double lref = ce_ref(ed, ld, t, N, V, scale);
+
+    for (size_t i = 0; i < nl; i++)
+        d[i] = 123.0f; /* ignored rows must be overwritten with 0 */
+    double loss = ft_cpu_cross_entropy(d, logits, t, N, V, scale);
+    CHECK_CLOSE(loss / lref, 1.0, 1e-6);
+    CHECK(close_norm("ce dlogits", d, ed, nl, 1e-5));
+    int zero_ok = 1;
+    for (int n = 0; n < N; n++)
+        if (t[n] == -100)
+            for (int j = 0; j < V; j++)
+                zero_ok &= d[(size_t)n * V + j] == 0.0f;
+    CHECK(zero_ok);
+
+    /* Without dlogits: the same loss, bit for bit. */
+    double loss2 = ft_cpu_cross_entropy(NULL, logits, t, N, V, scale);
+    CHECK(loss2 == loss);
+
+    /* In place: dlogits aliasing logits gives the same bits as out of place. */
+    float *inplace = fdup(logits, nl);
+    double loss3 = ft_cpu_cross_entropy(inplace, inplace, t, N, V, scale);
+    CHECK(loss3 == loss);
+    CHECK(bitwise_eq(inplace, d, nl));
+
+    /* All rows ignored: loss 0, gradient 0. */
+    int32_t *none = malloc(N * sizeof(int32_t));
+    for (int n = 0; n < N; n++)
+        none[n] = -100;
+    for (size_t i = 0; i < nl; i++)
+        d[i] = 123.0f;
+    double loss0 = ft_cpu_cross_entropy(d, logits, none, N, V, 1.0f);
+    CHECK(loss0 == 0.0);
+    int all_zero = 1;
+    for (size_t i = 0; i < nl; i++)
+        all_zero &= d[i] == 0.0f;
+    CHECK(all_zero);
+
+    /* Wide logits (spread of hundreds): max subtraction keeps it finite and exact. */
+    for (size_t i = 0; i < nl; i++)
+        logits[i] *= 60.0f;
+    free(ld);
+    ld = to_d(logits, nl);
+    lref = ce_ref(ed, ld, t, N, V, scale);
+    loss = ft_cpu_cross_entropy(d, logits, t, N, V, scale);
+    CHECK(isfinite(loss));
+    CHECK_CLOSE(loss / lref, 1.0, 1e-6);
+    CHECK(close_norm("ce dlogits (wide)", d, ed, nl, 1e-5));
+
+    free(logits), free(d), free(t), free(ld), free(ed), free(inplace), free(none);
+}
+
+static void test_cross_entropy_fd(void)
+{
+    /* dlogits = grad_scale * d(sum loss)/d(logits), against finite differences. */
+    const int N = 6, V = 50;
+    const size_t nl = (size_t)N * V;
+    const float scale = 0.25f;
+    rng_seed(12);
+    float *logits = fnew(nl), *d = fnew(nl);
+    fill(logits, nl, -3, 3);
+    int32_t t[6] = {3, -100, 49, 0, 17, -100};
+    ce_ctx c = {N, V, t, to_d(logits, nl)};
+    double *g = dnew(nl);
+    fd_grad(ce_loss, &c, c.logits, nl, g);
+    for (size_t i = 0; i < nl; i++)
+        g[i] *= scale;
+    ft_cpu_cross_entropy(d, logits, t, N, V, scale);
+    CHECK(close_norm("ce dlogits (FD)", d, g, nl, 1e-5));
+    free(logits), free(d), free(c.logits), free(g);
+}
+
+/* ---- elementwise -------------------------------------------------------------------- */
+
+static void test_elementwise(void)
+{
+    const size_t sizes[2] = {1001, 200003}; /* serial and parallel paths */
+    rng_seed(13);
+    for (int s = 0; s < 2; s++) {
+        size_t n = sizes[s];
+        float *x = fnew(n), *y0 = fnew(n), *y = fnew(n), *e = fnew(n);
+        fill(x, n, -3, 3);
+        fill(y0, n, -3, 3);
+
+        memcpy(y, y0, n * sizeof(float));
+        ft_cpu_add(y, x, n);
+        for (size_t i = 0; i < n; i++)
+            e[i] = y0[i] + x[i];
+        CHECK(bitwise_eq(y, e, n));
+
+        memcpy(y, y0, n * sizeof(float));
+        ft_cpu_copy(y, x, n);
+        CHECK(bitwise_eq(y, x, n));
+
+        memcpy(y, y0, n * sizeof(float));
+        ft_cpu_zero(y, n);
+        int zero = 1;
+        for (size_t i = 0; i < n; i++)
+            zero &= y[i] == 0.0f;
+        CHECK(zero);
+
+        memcpy(y, y0, n * sizeof(float));
+        ft_cpu_scale(y, 0.37f, n);
+        for (size_t i = 0; i < n; i++)
+            e[i] = y0[i] * 0.37f;
+        CHECK(bitwise_eq(y, e, n));
+
+        double ref = 0.0;
+        for (size_t i = 0; i < n; i++)
+            ref += (double)x[i] * x[i];
+        double got = ft_cpu_sumsq(x, n);
+        CHECK_CLOSE(got / ref, 1.0, 1e-12);
+        CHECK(ft_cpu_sumsq(x, n) == got); /* deterministic */
+        free(x), free(y0), free(y), free(e);
+    }
+    CHECK(ft_cpu_sumsq(NULL, 0) == 0.0);
+    float one = 3.0f;
+    CHECK(ft_cpu_sumsq(&one, 1) == 9.0);
+}
+
+/* ---- dropout ------------------------------------------------------------------------ */
+
+static void test_dropout(void)
+{
+    const size_t n = 1u << 20;
+    const uint64_t seed = 1234, offset = 77;
+    rng_seed(14);
+    float *x = fnew(n), *out = fnew(n), *out2 = fnew(n);
+    fill(x, n, 0.5, 2); /* no zeros: out == 0 means dropped */
+
+    /* p = 0: forward is a copy, backward an add. */
+    ft_cpu_dropout_forward(out, x, n, 0.0f, seed, offset);
+    CHECK(bitwise_eq(out, x, n));
+    float *dx = fnew(n), *e = fnew(n);
+    fill(dx, n, -1, 1);
+    for (size_t i = 0; i < n; i++)
+        e[i] = dx[i] + x[i];
+    ft_cpu_dropout_backward(dx, x, n, 0.0f, seed, offset);
+    CHECK(bitwise_eq(dx, e, n));
+
+    const float ps[3] = {0.1f, 0.5f, 0.9f};
+    for (int k = 0; k < 3; k++) {
+        float p = ps[k];
+        float kscale = 1.0f / (float)(1.0 - (double)p);
+        ft_cpu_dropout_forward(out, x, n, p, seed, offset);
+        /* Kept elements are exactly x * 1/(1-p); the kept fraction is 1 - p within
+         * 6 standard deviations of a binomial(n, 1 - p). */
+        size_t kept = 0;
+        int vals_ok = 1;
+        for (size_t i = 0; i < n; i++) {
+            if (out[i] != 0.0f) {
+                kept++;
+                vals_ok &= out[i] == x[i] * kscale;
+            }
+        }
+        CHECK(vals_ok);
+        double frac = (double)kept / n, sd = sqrt(p * (1.0 - p) / n);
+        CHECK(fabs(frac - (1.0 - p)) < 6 * sd);
+        if (verbose)
+            fprintf(stderr, "    dropout p=%.1f kept %.5f (sd %.2g)\n", p, frac, sd);
+
+        /* Same mask on a repeated call. */
+        ft_cpu_dropout_forward(out2, x, n, p, seed, offset);
+        CHECK(bitwise_eq(out, out2, n));
+
+        /* Pure function of offset + i: a piece at offset + 1000 is a slice of the whole. */
+        ft_cpu_dropout_forward(out2, x + 1000, 5000, p, seed, offset + 1000);
+        CHECK(bitwise_eq(out + 1000, out2, 5000));
+
+        /* Backward uses forward's mask: dx0 + dout * keep / (1 - p). */
+        float *dout = fnew(n), *dx0 = fnew(n);
+        fill(dout, n, -1, 1);
+        fill(dx0, n, -1, 1);
+        memcpy(dx, dx0, n * sizeof(float));
+        ft_cpu_dropout_backward(dx, dout, n, p, seed, offset);
+        int bw_ok = 1;
+        for (size_t i = 0; i < n; i++) {
+            float want = out[i] != 0.0f ? dx0[i] + dout[i] * kscale : dx0[i];
+            bw_ok &= dx[i] == want;
+        }
+        CHECK(bw_ok);
+        free(dout), free(dx0);
+
+        /* Another seed gives an independent mask: agreement ~ p^2 + (1-p)^2. */
+        ft_cpu_dropout_forward(out2, x, n, p, seed + 1, offset);
+        size_t agree = 0;
+        for (size_t i = 0; i < n; i++)
+            agree += (out[i] != 0.0f) == (out2[i] != 0.0f);
+        double q = p * p + (1.0 - p) * (1.0 - p);
+        CHECK(fabs((double)agree / n - q) < 6 * sqrt(q * (1 - q) / n));
+    }
+
+    /* p = 1 drops everything. */
+    ft_cpu_dropout_forward(out, x, 1000, 1.0f, seed, offset);
+    int zero = 1;
+    for (size_t i = 0; i < 1000; i++)
+        zero &= out[i] == 0.0f;
+    CHECK(zero);
+    free(x), free(out), free(out2), free(dx), free(e);
+}
+
+/* ---- AdamW -------------------------------------------------------------------------- */
+
+static void test_adamw(void)
+{
+    const size_t sizes[2] = {1000, 50000}; /* serial and parallel paths */
+    const ft_adamw_hparams hp = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f};
+    const float grad_scale = 0.5f;
+    const int steps = 5;
+    rng_seed(15);
+    for (int s = 0; s < 2; s++) {
+        size_t n = sizes[s];
+        float *p = fnew(n), *g = fnew(n), *m = fnew(n), *v = fnew(n);
+        fill(p, n, -1, 1);
+        double *pd = to_d(p, n), *md = dnew(n), *vd = dnew(n);
+        for (int step = 1; step <= steps; step++) {
+            fill(g, n, -2, 2);
+            for (size_t i = 0; i < n; i += 7)
+                g[i] *= 1e-8f; /* where eps matters in the denominator */
+            ft_cpu_adamw_step(p, g, m, v, n, hp, step, grad_scale);
+            /* torch.optim.AdamW, in double. */
+            double b1 = hp.beta1, b2 = hp.beta2, lr = hp.lr;
+            double bc1 = 1.0 - pow(b1, step), bc2 = 1.0 - pow(b2, step);
+            for (size_t i = 0; i < n; i++) {
+                double gi = (double)g[i] * grad_scale;
+                pd[i] *= 1.0 - lr * hp.weight_decay;
+                md[i] = b1 * md[i] + (1.0 - b1) * gi;
+                vd[i] = b2 * vd[i] + (1.0 - b2) * gi * gi;
+                double denom = sqrt(vd[i]) / sqrt(bc2) + hp.eps;
+                pd[i] -= lr / bc1 * md[i] / denom;
+            }
+        }
+        CHECK(close_norm("adamw param", p, pd, n, 1e-6));
+        CHECK(close_norm("adamw m", m, md, n, 1e-6));
+        CHECK(close_norm("adamw v", v, vd, n, 1e-6));
+        free(p), free(g), free(m), free(v), free(pd), free(md), free(vd);
+    }
+}
+
+int main(void)
+{
+    const char *vb = getenv("FT_TEST_VERBOSE");
+    verbose = vb && *vb && strcmp(vb, "0") != 0;
+    RUN(test_linear_forward);
+    RUN(test_linear_backward);
+    RUN(test_linear_backward_large);
+    RUN(test_embedding);
+    RUN(test_rmsnorm_forward);
+    RUN(test_rmsnorm_backward);
+    RUN(test_rmsnorm_backward_large);
+    RUN(test_swiglu_forward);
+    RUN(test_swiglu_backward);
+    RUN(test_cross_entropy);
+    RUN(test_cross_entropy_fd);
+    RUN(test_elementwise);
+    RUN(test_dropout);
+    RUN(test_adamw);
+    return check_summary("ops_cpu");
+}
