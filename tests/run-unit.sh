@@ -10,7 +10,7 @@ for bin in "$@"; do
   if [ $rc -ne 0 ] && [ -z "$line" ]; then
     echo "$bin: crashed (exit $rc)"; failed=$((failed + 1)); status=1; continue
   fi
-  p=$(printf '%s' "$line" | sed -E 's/.* ?([0-9]+) passed.*/\1/')
+  p=$(printf "%s" "$line" | sed -E "s/(^|.*[^0-9])([0-9]+) passed.*/\\2/")
   f=$(printf '%s' "$line" | sed -E 's/.*passed, ([0-9]+) failed.*/\1/')
   passed=$((passed + p)); failed=$((failed + f))
   [ $rc -eq 0 ] || status=1

@@ -19,16 +19,24 @@ def _samples(vocab, seed):
 
 
 def _pack(samples):
+    """Each row packed by transformers' own DataCollatorWithFlattening."""
+    import warnings
+
+    from transformers import DataCollatorWithFlattening
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        collate = DataCollatorWithFlattening(return_tensors="pt")
     ids, pos, labels = [], [], []
     for row in samples:
-        r_ids = torch.cat(row)
-        r_pos = torch.cat([torch.arange(len(s)) for s in row])
-        r_lab = torch.cat([torch.cat([torch.tensor([-100]), s[1:]]) for s in row])
-        assert len(r_ids) == T
-        ids.append(r_ids)
-        pos.append(r_pos)
-        labels.append(r_lab)
-    return torch.stack(ids), torch.stack(pos), torch.stack(labels)
+        b = collate([{"input_ids": s.tolist()} for s in row])
+        assert b["input_ids"].shape == (1, T)
+        ids.append(b["input_ids"][0])
+        pos.append(b["position_ids"][0])
+        labels.append(b["labels"][0])
+    ids, pos, labels = torch.stack(ids), torch.stack(pos), torch.stack(labels)
+    assert int((labels == -100).sum()) == sum(len(r) for r in LAYOUT)
+    return ids, pos, labels
 
 
 def _reference(model, samples):

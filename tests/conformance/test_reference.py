@@ -120,3 +120,20 @@ def test_training_reference_is_well_conditioned(store):
         assert ftref.rel_err(a["losses"], b["losses"]) < 1e-6
         if train["max_grad_norm"] > 0:
             assert max(a["norms"]) > train["max_grad_norm"], (run["id"], a["norms"])
+
+
+def test_packing_reference_is_not_trivial(store):
+    """Without the packing semantics (plain causal attention over the whole row) the
+    logits differ from the samples-alone reference: the packed test can fail."""
+    from test_packing import _pack, _reference, _samples
+
+    shape = ftref.SHAPES["llama_gqa"]
+    samples = _samples(ftref.make_config(shape).vocab_size, shape.seed)
+    ids, pos, labels = _pack(samples)
+    assert pos[0].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3]
+    assert labels[0, 5].item() == -100 and labels[0, 6].item() == ids[0, 6].item()
+    m = ftref.full_mode_model(store.model("llama_gqa"))
+    ref_logits, _, _ = _reference(m, samples)
+    plain, _ = ftref.hf_forward(m, ids)
+    assert ftref.rel_err(plain[:, 5:], ref_logits[:, 5:]) > 1e-3
+    assert ftref.rel_err(plain[:, :5], ref_logits[:, :5]) < 1e-5
