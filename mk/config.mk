@@ -20,7 +20,7 @@ endif
 
 OPT ?= -O2
 CFLAGS ?= $(OPT) -g
-FT_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -march=x86-64-v2 \
+FT_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -fno-math-errno -march=x86-64-v2 \
              -Ilib -Ikernels $(DEP_CFLAGS)
 LDLIBS := $(DEP_LIBS) -lm -ldl -lpthread
 LDFLAGS ?=
@@ -45,5 +45,5 @@ ifeq ($(CUDA),1)
   NVCC_FLAGS := -O2 -std=c++17 -Xcompiler -Wall,-Werror -Ilib -Ikernels \
                 $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a))
   FT_CFLAGS += -DFT_HAVE_CUDA -I$(CUDA_HOME)/include
-  LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++
+  LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++
 endif

@@ -34,14 +34,15 @@ void ft_cpu_linear_forward(float *y, const float *x, const float *w, const float
 #pragma omp parallel for schedule(static) if ((long)N * out >= 65536)
         for (int n = 0; n < N; n++) {
             float *yn = y + (size_t)n * out;
-            if (accumulate)
+            if (accumulate) {
 #pragma omp simd
                 for (int o = 0; o < out; o++)
                     yn[o] += b[o];
-            else
+            } else {
 #pragma omp simd
                 for (int o = 0; o < out; o++)
                     yn[o] = b[o];
+            }
         }
         beta = 1.0f;
     }

@@ -64,6 +64,9 @@ LORA_VARIANTS = {
     "all-linear-literal": dict(target_modules="all-linear", _literal_target_modules="all-linear"),
     "rslora": dict(target_modules=["q_proj", "v_proj", "o_proj", "up_proj"], use_rslora=True),
     "o_down": dict(target_modules=["o_proj", "down_proj"]),
+    # six of seven: for training runs (see test_train.py on k_proj)
+    "no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                 "down_proj"]),
     # a regex string: peft matches it with re.fullmatch against the module path
     "regex": dict(target_modules=r".*\.(q_proj|up_proj)"),
     # per-module overrides: honour or reject

@@ -115,8 +115,10 @@ def test_training_reference_is_well_conditioned(store):
                  else ftref.lora_mode_model(model_dir, adapter_dir))
             res[dt] = ftref.reference_train(m, ids, labels, train, key=ftref.peft_key, dtype=dt)
         a, b = res[torch.float32], res[torch.float64]
-        for n in a["weights"]:
-            assert ftref.rel_err(a["weights"][n], b["weights"][n]) < 1e-6, (run["id"], n)
+        worst = max((ftref.rel_err(a["weights"][n], b["weights"][n]), n) for n in a["weights"])
+        print(f"{run['id']}: float32 vs float64 worst weight {worst[0]:.2e} ({worst[1]}), "
+              f"norms {[round(x, 3) for x in a['norms']]}")
+        assert worst[0] < 1e-6, (run["id"], worst)
         assert ftref.rel_err(a["losses"], b["losses"]) < 1e-6
         if train["max_grad_norm"] > 0:
             assert max(a["norms"]) > train["max_grad_norm"], (run["id"], a["norms"])
