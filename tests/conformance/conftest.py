@@ -7,8 +7,10 @@ Models and adapters are built once per session (lazily, on first use) under pyte
 tmp_path_factory and shared by every test module.
 """
 
+import json
 import os
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -35,17 +37,18 @@ class Store:
             self._models[name] = ftref.build_model_dir(ftref.SHAPES[name], self.root / name)
         return self._models[name]
 
-    def adapter(self, model_name, variant):
-        key = (model_name, variant)
+    def adapter(self, model_name, variant, seed=None):
+        """seed: of the random A/B values; default derived from the names."""
+        if seed is None:
+            seed = zlib.crc32(f"{model_name}/{variant}".encode())
+        key = (model_name, variant, seed)
         if key not in self._adapters:
             kw = dict(LORA_VARIANTS[variant])
             literal = kw.pop("_literal_target_modules", None)
             d = ftref.build_adapter(self.model(model_name),
-                                    self.root / f"adapter-{model_name}-{variant}",
-                                    seed=len(self._adapters), **kw)
+                                    self.root / f"adapter-{model_name}-{variant}-{seed}",
+                                    seed=seed, **kw)
             if literal is not None:
-                import json
-
                 p = d / "adapter_config.json"
                 c = json.loads(p.read_text())
                 c["target_modules"] = literal
@@ -74,6 +77,13 @@ LORA_VARIANTS = {
                      rank_pattern={"v_proj": 2}, alpha_pattern={"q_proj": 16}),
     "dora": dict(target_modules=["q_proj", "v_proj"], use_dora=True),
 }
+
+
+@pytest.fixture(autouse=True)
+def _record_context(request):
+    ftref.CONTEXT[0] = request.node.nodeid.split("::", 1)[-1]
+    yield
+    ftref.CONTEXT[0] = ""
 
 
 @pytest.fixture(scope="session")
@@ -118,3 +128,19 @@ def ft_raw(harness_exe, tmp_path_factory):
         return ftref.run_harness_raw(harness_exe, spec, runs, f"{counter[0]:03d}-{tag}")
 
     return run
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How close to its tolerance each kind of comparison came (worst rel_err / tol)."""
+    if not ftref.RECORD:
+        return
+    worst = {}
+    for what, err, tol in ftref.RECORD:
+        kind = "tol %g" % tol
+        if kind not in worst or err / tol > worst[kind][0]:
+            worst[kind] = (err / tol, err, what)
+    tr = terminalreporter
+    tr.section("conformance headroom (worst rel_err per tolerance)")
+    tr.write_line(f"{len(ftref.RECORD)} tensor comparisons")
+    for kind, (ratio, err, what) in sorted(worst.items()):
+        tr.write_line(f"{kind}: worst {err:.2e} ({ratio:.1%} of tol) in {what}")

@@ -124,6 +124,13 @@ SHAPES = {
             _cfg(max_position_embeddings=32, rope_scaling=dict(LLAMA3_ROPE), rope_theta=10000.0),
             T=16,
         ),
+        Shape(
+            "rope_linear",
+            "llama",
+            _cfg(rope_scaling={"type": "linear", "factor": 2.0}),
+            # the legacy spelling ("type", not "rope_type") as older checkpoints have it
+            config_patch={"rope_scaling": {"type": "linear", "factor": 2.0}},
+        ),
         Shape("mistral_sw", "mistral", _cfg(sliding_window=4), T=12,
               note="sliding_window 4 < T 12"),
         Shape("head_dim16", "llama", _cfg(head_dim=16), note="head_dim 16 != 32/4"),
@@ -133,8 +140,13 @@ SHAPES = {
         Shape("sharded", "llama", _cfg(), max_shard_size="20KB"),
     ]
 }
-for _i, _s in enumerate(SHAPES.values()):
-    _s.seed = 10 * _i
+
+# fixed per-shape seeds (weights, and the base of each test's input seed)
+_SEEDS = {"llama_gqa": 0, "llama_mqa_odd": 10, "tied": 20, "qwen2": 30, "llama3_rope": 40,
+          "mistral_sw": 50, "head_dim16": 60, "llama_bias": 70, "bf16_ckpt": 80,
+          "fp16_ckpt": 90, "sharded": 100, "rope_linear": 110}
+for _name, _s in SHAPES.items():
+    _s.seed = _SEEDS[_name]
 
 _ARCH = {
     "llama": (LlamaConfig, LlamaForCausalLM),
@@ -379,6 +391,11 @@ def describe(a, b):
             f"||ref||={torch.linalg.vector_norm(b).item():.4g}")
 
 
+# (what, rel_err, tol) of every comparison made, for the headroom summary at the end
+RECORD = []
+CONTEXT = [""]  # the running test's name (set by an autouse fixture in conftest.py)
+
+
 def check_close(what, ours, ref, tol):
     """Returns an error line, or None."""
     ours = torch.as_tensor(ours)
@@ -388,6 +405,7 @@ def check_close(what, ours, ref, tol):
     if not torch.isfinite(ours).all():
         return f"{what}: non-finite values in our output"
     e = rel_err(ours, ref)
+    RECORD.append((f"{CONTEXT[0]}: {what}", e, tol))
     if not e <= tol:
         return f"{what}: {describe(ours, ref)} > tol {tol:g}"
     return None
