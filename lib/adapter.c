@@ -16,11 +16,18 @@ int ft_model_load_adapter(ft_model *m, const char *dir, ft_err *err)
     if (ft_lora_config_load(&cfg, dir, err))
         return -1;
     const ft_lora_config *want = &m->opt.lora;
-    if (cfg.r != want->r || cfg.targets != want->targets || cfg.rslora != want->rslora ||
+    bool same_layers = true;
+    for (int l = 0; l < m->cfg.num_layers; l++) {
+        unsigned mask;
+        if (ft_lora_layer_mask(&cfg, l, &mask, err))
+            return ft_fail_prefix(err, "%s/adapter_config.json", dir);
+        same_layers &= mask == m->lora_mask[l];
+    }
+    if (cfg.r != want->r || !same_layers || cfg.rslora != want->rslora ||
         fabsf(cfg.alpha - want->alpha) > 0)
         return ft_fail(err,
-                       "%s/adapter_config.json: r=%d, lora_alpha=%g, use_rslora=%d or "
-                       "target_modules differ from the model's LoRA settings (r=%d, alpha=%g, "
+                       "%s/adapter_config.json: r=%d, lora_alpha=%g, use_rslora=%d or the "
+                       "target modules differ from the model's LoRA settings (r=%d, alpha=%g, "
                        "rslora=%d)",
                        dir, cfg.r, cfg.alpha, cfg.rslora, want->r, want->alpha, want->rslora);
     ft_checkpoint *ck;

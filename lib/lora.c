@@ -1,7 +1,9 @@
 /* LoRA configuration and PEFT's adapter_config.json (see lora.h). */
 #include "lora.h"
 
+#define PCRE2_CODE_UNIT_WIDTH 8
 #include <jansson.h>
+#include <pcre2.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -132,23 +134,56 @@ int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
         ft_fail(err, "%s: key 'bias' must be \"none\"", path);
         goto out;
     }
-    static const char *const unsupported[] = {"use_dora",        "fan_in_fan_out",
+    static const char *const unsupported[] = {"use_dora",      "fan_in_fan_out",
                                               "modules_to_save", "rank_pattern",
-                                              "alpha_pattern",   "layers_to_transform",
-                                              "layer_replication"};
+                                              "alpha_pattern", "layer_replication"};
     for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++)
         if (reject_if_set(root, path, unsupported[i], err))
             goto out;
+    v = json_object_get(root, "layers_to_transform");
+    if (json_is_integer(v)) {
+        c->n_layers = 1;
+        c->layers[0] = (int)json_integer_value(v);
+    } else if (json_is_array(v)) {
+        size_t i;
+        json_t *item;
+        json_array_foreach(v, i, item)
+        {
+            if (!json_is_integer(item) || i >= FT_LORA_MAX_LAYER_LIST) {
+                ft_fail(err, "%s: key 'layers_to_transform' must be a list of at most %d "
+                             "layer indices",
+                        path, FT_LORA_MAX_LAYER_LIST);
+                goto out;
+            }
+            c->layers[c->n_layers++] = (int)json_integer_value(item);
+        }
+    } else if (v && !json_is_null(v)) {
+        ft_fail(err, "%s: key 'layers_to_transform' must be an integer or a list", path);
+        goto out;
+    }
+    v = json_object_get(root, "layers_pattern");
+    if (v && !json_is_null(v) &&
+        !(json_is_string(v) && strcmp(json_string_value(v), "layers") == 0)) {
+        ft_fail(err, "%s: key 'layers_pattern': only \"layers\" (model.layers.N) is supported",
+                path);
+        goto out;
+    }
     v = json_object_get(root, "target_modules");
     if (json_is_string(v)) {
-        if (strcmp(json_string_value(v), "all-linear") != 0) {
-            ft_fail(err,
-                    "%s: key 'target_modules': regular expressions are not supported; give a "
-                    "list of module names or \"all-linear\"",
-                    path);
+        const char *t = json_string_value(v);
+        if (strcmp(t, "all-linear") == 0) {
+            c->targets = FT_LORA_ALL_LINEAR;
+        } else if (strlen(t) >= sizeof c->target_regex) {
+            ft_fail(err, "%s: key 'target_modules': regular expression too long", path);
             goto out;
+        } else {
+            strcpy(c->target_regex, t);
+            unsigned mask;
+            if (ft_lora_layer_mask(c, 0, &mask, err)) {
+                ft_fail_prefix(err, "%s: key 'target_modules'", path);
+                goto out;
+            }
         }
-        c->targets = FT_LORA_ALL_LINEAR;
     } else if (json_is_array(v) && json_array_size(v) > 0) {
         size_t i;
         json_t *item;
@@ -187,7 +222,18 @@ int ft_lora_config_save(const ft_lora_config *c, const char *dir, const char *ba
     json_object_set_new(root, "r", json_integer(c->r));
     json_object_set_new(root, "lora_alpha", json_real(c->alpha));
     json_object_set_new(root, "lora_dropout", json_real(c->dropout));
-    json_object_set_new(root, "target_modules", targets);
+    if (c->target_regex[0]) {
+        json_decref(targets);
+        json_object_set_new(root, "target_modules", json_string(c->target_regex));
+    } else {
+        json_object_set_new(root, "target_modules", targets);
+    }
+    if (c->n_layers > 0) {
+        json_t *layers = json_array();
+        for (int i = 0; i < c->n_layers; i++)
+            json_array_append_new(layers, json_integer(c->layers[i]));
+        json_object_set_new(root, "layers_to_transform", layers);
+    }
     json_object_set_new(root, "bias", json_string("none"));
     json_object_set_new(root, "use_rslora", json_boolean(c->rslora));
     json_object_set_new(root, "use_dora", json_false());
@@ -203,5 +249,50 @@ int ft_lora_config_save(const ft_lora_config *c, const char *dir, const char *ba
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     int rc = ft_write_file_atomic(path, text, strlen(text), err);
     free(text);
+    return rc;
+}
+
+/* re.fullmatch(regex, name) with PCRE2, whose syntax is Python's for what adapters use. */
+static int regex_fullmatch(pcre2_code *re, const char *name)
+{
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    int rc = pcre2_match(re, (PCRE2_SPTR)name, strlen(name), 0, 0, md, NULL);
+    pcre2_match_data_free(md);
+    return rc >= 0;
+}
+
+int ft_lora_layer_mask(const ft_lora_config *c, int layer, unsigned *mask, ft_err *err)
+{
+    *mask = 0;
+    if (!c->target_regex[0]) {
+        bool in_list = c->n_layers == 0;
+        for (int i = 0; i < c->n_layers; i++)
+            in_list |= c->layers[i] == layer;
+        *mask = in_list ? c->targets : 0;
+        return 0;
+    }
+    int code;
+    PCRE2_SIZE where;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)c->target_regex, PCRE2_ZERO_TERMINATED,
+                                   PCRE2_ANCHORED | PCRE2_ENDANCHORED, &code, &where, NULL);
+    if (!re) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(code, msg, sizeof msg);
+        return ft_fail(err, "regular expression '%s': %s at offset %zu", c->target_regex,
+                       (char *)msg, (size_t)where);
+    }
+    int rc = 0;
+    static const char *const unsupported[] = {"lm_head", "model.embed_tokens"};
+    for (size_t i = 0; i < 2; i++)
+        if (regex_fullmatch(re, unsupported[i]))
+            rc = ft_fail(err, "regular expression '%s' selects %s; LoRA on it is not supported",
+                         c->target_regex, unsupported[i]);
+    for (int p = 0; p < FT_NPROJ && rc == 0; p++) {
+        char name[96];
+        snprintf(name, sizeof name, "model.layers.%d.%s", layer, proj_paths[p]);
+        if (regex_fullmatch(re, name))
+            *mask |= 1u << p;
+    }
+    pcre2_code_free(re);
     return rc;
 }

@@ -28,13 +28,28 @@ const char *ft_proj_path(ft_proj p);
 
 #define FT_LORA_ALL_LINEAR ((1u << FT_NPROJ) - 1)
 
+#define FT_LORA_MAX_LAYER_LIST 256
+
 typedef struct ft_lora_config {
     int r;
     float alpha;
     float dropout;
     bool rslora;
-    unsigned targets; /* bitmask of 1u << ft_proj */
+    /* Which linear layers carry LoRA, as PEFT decides it: either target_regex (PEFT's
+     * string form, re.fullmatch against the module path "model.layers.N.self_attn.q_proj")
+     * or the module names in `targets` (bitmask of 1u << ft_proj), restricted to the
+     * layer indices in `layers` when n_layers > 0 (layers_to_transform; PEFT ignores it
+     * with a regex). Use ft_lora_layer_mask for the answer of one layer. */
+    unsigned targets;
+    char target_regex[256];
+    int n_layers;
+    int layers[FT_LORA_MAX_LAYER_LIST];
 } ft_lora_config;
+
+/* The projections of decoder layer `layer` that carry a LoRA pair (bitmask). Errors: a
+ * regex that does not compile, or one that selects lm_head or the embeddings (LoRA on
+ * those is not implemented). */
+int ft_lora_layer_mask(const ft_lora_config *c, int layer, unsigned *mask, ft_err *err);
 
 /* alpha / r, or alpha / sqrt(r) with rsLoRA. */
 float ft_lora_scaling(const ft_lora_config *c);
@@ -45,8 +60,9 @@ int ft_lora_targets_parse(const char *list, unsigned *targets, ft_err *err);
 
 /* Reads <dir>/adapter_config.json. Rejects what this LoRA does not implement, naming the
  * key: peft_type other than LORA, use_dora, bias other than "none", fan_in_fan_out,
- * modules_to_save, non-empty rank_pattern / alpha_pattern, layers_to_transform, and
- * target_modules that are not among the seven projections (or "all-linear"). */
+ * modules_to_save, non-empty rank_pattern / alpha_pattern, layer_replication, a
+ * layers_pattern other than "layers", and target_modules naming modules other than the
+ * seven projections. target_modules may be a list, "all-linear" or a regex string. */
 int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err);
 
 /* Writes <dir>/adapter_config.json in PEFT's format (atomic: temp file + rename). */

@@ -92,7 +92,7 @@ static int build_layout(layout *lo)
         if (lora) {
             int r = m->opt.lora.r;
             for (int p = 0; p < FT_NPROJ; p++) {
-                if (!(m->opt.lora.targets & (1u << p)))
+                if (!(m->lora_mask[l] & (1u << p)))
                     continue;
                 int in, out;
                 proj_dims(c, (ft_proj)p, &in, &out);
@@ -230,6 +230,29 @@ static int load_weights(ft_model *m, const char *dir, ft_err *err)
     return rc;
 }
 
+/* Which projections of which layers carry LoRA; checks the options. */
+static int setup_lora(ft_model *m, ft_err *err)
+{
+    const ft_lora_config *lc = &m->opt.lora;
+    if (lc->r <= 0)
+        return ft_fail(err, "LoRA needs r > 0 (got %d)", lc->r);
+    if (lc->dropout < 0 || lc->dropout >= 1)
+        return ft_fail(err, "LoRA dropout must be in [0, 1) (got %g)", lc->dropout);
+    for (int i = 0; i < lc->n_layers; i++)
+        if (lc->layers[i] < 0 || lc->layers[i] >= m->cfg.num_layers)
+            return ft_fail(err, "LoRA layers_to_transform names layer %d; the model has %d",
+                           lc->layers[i], m->cfg.num_layers);
+    for (int l = 0; l < m->cfg.num_layers; l++) {
+        if (ft_lora_layer_mask(lc, l, &m->lora_mask[l], err))
+            return -1;
+        m->lora_union |= m->lora_mask[l];
+    }
+    if (!m->lora_union)
+        return ft_fail(err, "the LoRA target modules select no linear layer of this model");
+    m->lora_scaling = ft_lora_scaling(lc);
+    return 0;
+}
+
 int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, ft_err *err)
 {
     *out = NULL;
@@ -243,16 +266,15 @@ int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, 
         return -1;
     }
     m->opt = *opt;
-    if (opt->mode == FT_TRAIN_LORA) {
-        if (opt->lora.r <= 0 || !opt->lora.targets) {
-            free(m);
-            return ft_fail(err, "LoRA needs r > 0 and at least one target module");
-        }
-        if (opt->lora.dropout < 0 || opt->lora.dropout >= 1) {
-            free(m);
-            return ft_fail(err, "LoRA dropout must be in [0, 1)");
-        }
-        m->lora_scaling = ft_lora_scaling(&opt->lora);
+    m->lora_mask = calloc((size_t)m->cfg.num_layers, sizeof *m->lora_mask);
+    if (!m->lora_mask) {
+        free(m);
+        return ft_fail(err, "out of memory");
+    }
+    if (opt->mode == FT_TRAIN_LORA && setup_lora(m, err)) {
+        free(m->lora_mask);
+        free(m);
+        return -1;
     }
     m->layers = calloc((size_t)m->cfg.num_layers, sizeof *m->layers);
     m->acts = calloc((size_t)m->cfg.num_layers, sizeof *m->acts);
@@ -333,7 +355,7 @@ static int alloc_layer_set(ft_model *m, layer_acts *a, size_t N)
             return -1;
     if (m->opt.mode == FT_TRAIN_LORA)
         for (int p = 0; p < FT_NPROJ; p++)
-            if (m->opt.lora.targets & (1u << p))
+            if (m->lora_union & (1u << p))
                 if (!(a->lora_h[p] = ft_alloc(&m->mem, FT_MEM_ACTIVATIONS,
                                               N * (size_t)m->opt.lora.r * sizeof(float))))
                     return -1;
@@ -421,6 +443,7 @@ void ft_model_free(ft_model *m)
     free(m->layers);
     free(m->acts);
     free(m->inv_freq);
+    free(m->lora_mask);
     free(m);
 }
 

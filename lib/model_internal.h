@@ -37,6 +37,8 @@ struct ft_model {
     ft_model_config cfg;
     ft_model_options opt;
     float lora_scaling;
+    unsigned *lora_mask;  /* [L]: projections of each layer with a LoRA pair */
+    unsigned lora_union;  /* OR of lora_mask */
     ft_mem mem;
 
     /* parameters */

@@ -72,6 +72,10 @@ LORA_VARIANTS = {
                                  "down_proj"]),
     # a regex string: peft matches it with re.fullmatch against the module path
     "regex": dict(target_modules=r".*\.(q_proj|up_proj)"),
+    # a regex that picks different projections in different layers
+    "regex_layers": dict(target_modules=r"model\.layers\.1\.self_attn\.[qv]_proj|model\.layers\.0\.mlp\.down_proj"),
+    # a module list restricted to some layers
+    "layers_to_transform": dict(target_modules=["q_proj", "v_proj", "down_proj"], layers_to_transform=[1]),
     # per-module overrides: honour or reject
     "patterns": dict(target_modules=["q_proj", "v_proj", "down_proj"],
                      rank_pattern={"v_proj": 2}, alpha_pattern={"q_proj": 16}),

@@ -17,6 +17,8 @@ CASES = [
     ("llama_gqa", "rslora"),
     ("llama_gqa", "o_down"),
     ("llama_gqa", "regex"),
+    ("llama_gqa", "regex_layers"),
+    ("llama_gqa", "layers_to_transform"),
     ("qwen2", "all7"),
     ("llama_mqa_odd", "all7"),
     ("head_dim16", "all7"),
