@@ -8,7 +8,7 @@ LIBFT := build/libft.a
 TOOL_NAMES := gpu-info ft-quantize ft-lora-init ft-train ft-eval ft-merge
 TOOLS := $(TOOL_NAMES:%=bin/%)
 
-PUBLIC_HEADERS := $(wildcard lib/*.h) kernels/ops.h
+PUBLIC_HEADERS := $(filter-out %_internal.h,$(wildcard lib/*.h)) kernels/ops.h
 
 # Rebuild everything when the flags change (CUDA=0 vs CUDA=1, OPT=...).
 BUILD_FLAGS := build/.flags

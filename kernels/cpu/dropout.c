@@ -50,6 +50,12 @@ static inline uint64_t keep_threshold(float p)
     return (uint64_t)ceilf(p * 16777216.0f);
 }
 
+/* k if counter c is kept, else 0 */
+static inline float keep_factor(uint64_t key, uint64_t c, uint64_t thr, float k)
+{
+    return (mix64(key + (c + 1) * GOLDEN) >> 40) >= thr ? k : 0.0f;
+}
+
 void ft_cpu_dropout_forward(float *out, const float *x, size_t n, float p, uint64_t seed,
                             uint64_t offset)
 {
@@ -66,11 +72,8 @@ void ft_cpu_dropout_forward(float *out, const float *x, size_t n, float p, uint6
     float k = keep_scale(p);
     uint64_t key = mix64(seed + GOLDEN), thr = keep_threshold(p);
 #pragma omp parallel for schedule(static) if (len >= 32768)
-    for (long i = 0; i < len; i++) {
-        uint64_t c = offset + (uint64_t)i;
-        float mask = (mix64(key + (c + 1) * GOLDEN) >> 40) >= thr ? k : 0.0f;
-        out[i] = x[i] * mask;
-    }
+    for (long i = 0; i < len; i++)
+        out[i] = x[i] * keep_factor(key, offset + (uint64_t)i, thr, k);
 }
 
 void ft_cpu_dropout_backward(float *dx, const float *dout, size_t n, float p,
@@ -88,9 +91,6 @@ void ft_cpu_dropout_backward(float *dx, const float *dout, size_t n, float p,
     float k = keep_scale(p);
     uint64_t key = mix64(seed + GOLDEN), thr = keep_threshold(p);
 #pragma omp parallel for schedule(static) if (len >= 32768)
-    for (long i = 0; i < len; i++) {
-        uint64_t c = offset + (uint64_t)i;
-        float mask = (mix64(key + (c + 1) * GOLDEN) >> 40) >= thr ? k : 0.0f;
-        dx[i] += dout[i] * mask;
-    }
+    for (long i = 0; i < len; i++)
+        dx[i] += dout[i] * keep_factor(key, offset + (uint64_t)i, thr, k);
 }
