@@ -10,12 +10,12 @@ CC := gcc
 PKG_CONFIG ?= pkg-config
 
 # Library dependencies found through pkg-config (Debian: libjansson-dev, libyaml-dev,
-# libopenblas-dev, libpcre2-dev).
-DEP_PKGS := jansson yaml-0.1 openblas libpcre2-8
+# libopenblas-dev, libpcre2-dev, libutf8proc-dev).
+DEP_PKGS := jansson yaml-0.1 openblas libpcre2-8 libutf8proc
 DEP_CFLAGS := $(shell $(PKG_CONFIG) --cflags $(DEP_PKGS) 2>/dev/null)
 DEP_LIBS := $(shell $(PKG_CONFIG) --libs $(DEP_PKGS) 2>/dev/null)
 ifeq ($(strip $(DEP_LIBS)),)
-  DEP_LIBS := -ljansson -lyaml -lopenblas -lpcre2-8
+  DEP_LIBS := -ljansson -lyaml -lopenblas -lpcre2-8 -lutf8proc
 endif
 
 OPT ?= -O2

@@ -10,7 +10,9 @@ UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=build/tests/unit/%)
 CONFORM_HARNESS := build/tests/ft-conform
 VENV ?= .venv
 
-.PHONY: test test-unit test-conformance unit-bins
+BENCH_TRAIN := build/tests/bench-train
+
+.PHONY: test test-unit test-conformance unit-bins bench-cpu
 
 build/tests/unit/%: tests/unit/%.c tests/unit/check.h $(LIBFT)
 	@mkdir -p $(dir $@)
@@ -19,6 +21,15 @@ build/tests/unit/%: tests/unit/%.c tests/unit/check.h $(LIBFT)
 $(CONFORM_HARNESS): tests/conformance/harness.c $(LIBFT)
 	@mkdir -p $(dir $@)
 	$(CC) $(FT_CFLAGS) $(CFLAGS) $< $(LIBFT) $(FT_LDFLAGS) $(LDLIBS) -o $@
+
+$(BENCH_TRAIN): tests/bench/bench_train.c $(LIBFT)
+	@mkdir -p $(dir $@)
+	$(CC) $(FT_CFLAGS) $(CFLAGS) $< $(LIBFT) $(FT_LDFLAGS) $(LDLIBS) -o $@
+
+# CPU training throughput, ours vs transformers + PEFT in the same run.
+bench-cpu: $(BENCH_TRAIN)
+	scripts/setup-python.sh $(VENV)
+	$(VENV)/bin/python tests/bench/bench_cpu_train.py $(BENCH_TRAIN)
 
 unit-bins: $(UNIT_BINS)
 

@@ -5,7 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential pkg-config
-  libjansson-dev libyaml-dev libopenblas-dev libpcre2-dev
+  libjansson-dev libyaml-dev libopenblas-dev libpcre2-dev libutf8proc-dev
   # conformance suite: Debian's CPU torch, used from a virtualenv (scripts/setup-python.sh)
   python3 python3-venv python3-pip python3-torch python3-numpy
 )
