@@ -105,6 +105,31 @@ int ft_chat_render(ft_chat_template tmpl, const ft_tokenizer *tok, const json_t 
  * none or it is not recognised (then the config must name one). */
 int ft_chat_template_detect(const ft_tokenizer *tok, ft_chat_template *t, ft_err *err);
 
+/* The core of ft_chat_render, with what a tokenizer would give passed in: source is the
+ * template's Jinja text (NULL: the newest variant of the family: Qwen2.5's default system
+ * message, Llama 3.1's system header), bos / eos the token strings (NULL when absent; an
+ * error for a template that writes them). ft_chat_render_n renders only the first count
+ * messages (the prefixes that place assistant labels). */
+int ft_chat_render_with(ft_chat_template tmpl, const char *source, const char *bos,
+                        const char *eos, const json_t *messages, bool add_generation_prompt,
+                        char **out, ft_err *err);
+int ft_chat_render_n(ft_chat_template tmpl, const char *source, const char *bos,
+                     const char *eos, const json_t *messages, size_t count,
+                     bool add_generation_prompt, char **out, ft_err *err);
+/* ft_chat_template_detect on a Jinja source (NULL: error). */
+int ft_chat_template_detect_source(const char *source, ft_chat_template *t, ft_err *err);
+/* "chatml", "llama3", ... ("auto" for FT_TMPL_AUTO). */
+const char *ft_chat_template_name(ft_chat_template t);
+const char *ft_data_format_name(ft_data_format f);
+
+/* The Alpaca prompt (Stanford Alpaca's, with or without an input when input is NULL or
+ * empty), ending with "### Response:\n". *out is malloc'ed. */
+int ft_alpaca_prompt(const char *instruction, const char *input, char **out, ft_err *err);
+
+/* Fisher-Yates shuffle of idx[0..n) keyed by (seed, stream), counter-based (ft_mix64): the
+ * same arguments give the same order on every machine and run. */
+void ft_shuffle_indices(size_t *idx, size_t n, uint64_t seed, uint64_t stream);
+
 /* ---- batches --------------------------------------------------------------------
  * Each epoch the samples are shuffled by (seed, epoch) (when shuffle), then rank r of
  * world takes every world-th sample starting at r (disjoint shards; the tail that would

@@ -8,6 +8,9 @@
 UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=build/tests/unit/%)
 CONFORM_HARNESS := build/tests/ft-conform
+DATA_HARNESS := build/tests/ft-data
+TOKENIZE_HARNESS := build/tests/ft-tokenize
+HARNESSES := $(CONFORM_HARNESS) $(DATA_HARNESS) $(TOKENIZE_HARNESS)
 VENV ?= .venv
 
 BENCH_TRAIN := build/tests/bench-train
@@ -18,11 +21,12 @@ build/tests/unit/%: tests/unit/%.c tests/unit/check.h $(LIBFT)
 	@mkdir -p $(dir $@)
 	$(CC) $(FT_CFLAGS) $(CFLAGS) -Itests/unit $< $(LIBFT) $(FT_LDFLAGS) $(LDLIBS) -o $@
 
+# The conformance harnesses: small CLIs over the library that the pytest suite drives.
 $(CONFORM_HARNESS): tests/conformance/harness.c $(LIBFT)
-	@mkdir -p $(dir $@)
-	$(CC) $(FT_CFLAGS) $(CFLAGS) $< $(LIBFT) $(FT_LDFLAGS) $(LDLIBS) -o $@
-
+$(DATA_HARNESS): tests/conformance/data_harness.c $(LIBFT)
+$(TOKENIZE_HARNESS): tests/conformance/tokenize.c $(LIBFT)
 $(BENCH_TRAIN): tests/bench/bench_train.c $(LIBFT)
+$(HARNESSES) $(BENCH_TRAIN):
 	@mkdir -p $(dir $@)
 	$(CC) $(FT_CFLAGS) $(CFLAGS) $< $(LIBFT) $(FT_LDFLAGS) $(LDLIBS) -o $@
 
@@ -36,9 +40,10 @@ unit-bins: $(UNIT_BINS)
 test-unit: $(UNIT_BINS) $(TOOLS)
 	tests/run-unit.sh $(UNIT_BINS)
 
-test-conformance: $(CONFORM_HARNESS)
+test-conformance: $(HARNESSES)
 	scripts/setup-python.sh $(VENV)
-	FT_CONFORM=$(abspath $(CONFORM_HARNESS)) OMP_NUM_THREADS=2 \
+	FT_CONFORM=$(abspath $(CONFORM_HARNESS)) FT_DATA=$(abspath $(DATA_HARNESS)) \
+	  FT_TOKENIZE=$(abspath $(TOKENIZE_HARNESS)) OMP_NUM_THREADS=2 \
 	  $(VENV)/bin/python -m pytest -q tests/conformance
 
 test:

@@ -1,0 +1,192 @@
+"""Data pipeline: ids and labels from ftkit's dataset loader (lib/data.c, through
+`ft-data load`) against a Python reference that follows data.h's rules with transformers:
+
+  prompt_completion  ids = tok(prompt + completion).input_ids + [eos] (unless already
+                     last); labels -100 on the first len(tok(prompt).input_ids) tokens, as
+                     TRL's SFTTrainer completion-only loss makes them.
+  text               ids = tok(text).input_ids + [eos] (unless already last); all counted.
+  chat               ids = tok(apply_chat_template(messages, tokenize=False),
+                     add_special_tokens=False); assistant turn k counts
+                     [len(ids(render(messages[:k], add_generation_prompt=True))),
+                      len(ids(render(messages[:k+1])))).
+Every sample is truncated to max_seq_len; samples left with no counted label (at position
+>= 1) are dropped.
+
+The tokenizer is a tiny byte-level BPE trained offline with `tokenizers`, with the Qwen /
+Llama 3 special tokens added so the templates tokenize as they do for the real models.
+
+Run:  FT_DATA=$PWD/build/tests/ft-data .venv/bin/python -m pytest -q \
+          tests/conformance/test_data_pipeline.py
+"""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+FT_DATA = os.environ.get("FT_DATA")
+pytestmark = pytest.mark.skipif(not FT_DATA, reason="FT_DATA (the ft-data harness) not set")
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>",
+            "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+
+CORPUS = [
+    "Hello, who are you? I am a small model trained for tests.",
+    "The quick brown fox jumps over the lazy dog. 0123456789",
+    "Ünïcödé ✓ 日本語 🙂 Réponse: «ok» and more text to merge.",
+    "user assistant system You are a helpful assistant.",
+] * 20
+
+# (family, template fixture, bos, eos, prepend bos in the post-processor)
+FAMILIES = {
+    "qwen": ("qwen2.5.jinja", None, "<|im_end|>", False),
+    "llama3": ("llama3.1.jinja", "<|begin_of_text|>", "<|eot_id|>", True),
+}
+
+
+def _build(family, root):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    fixture, bos, eos, add_bos = FAMILIES[family]
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tk.train_from_iterator(CORPUS, trainer)
+    if add_bos:
+        tk.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+            special_tokens=[(bos, tk.token_to_id(bos))])
+    else:
+        tk.post_processor = processors.ByteLevel(trim_offsets=False)
+    # model_max_length: left unset, transformers writes 1e30 as an integer, which
+    # lib/tokenizer.c rejects ("too big integer"); see the report.
+    kw = {"eos_token": eos, "model_max_length": 4096}
+    if bos:
+        kw["bos_token"] = bos
+    hf = PreTrainedTokenizerFast(tokenizer_object=tk, **kw)
+    hf.chat_template = (HERE / "templates" / fixture).read_text()
+    d = root / family
+    hf.save_pretrained(d)
+    return hf, d
+
+
+@pytest.fixture(scope="module")
+def toks(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data_tok")
+    return {f: _build(f, root) for f in FAMILIES}
+
+
+def _counted(labels):
+    return any(x != -100 for x in labels[1:])
+
+
+def _finish(samples, max_len):
+    out = []
+    for ids, labels in samples:
+        ids, labels = ids[:max_len] if max_len else ids, labels[:max_len] if max_len else labels
+        if _counted(labels):
+            out.append((ids, labels))
+    return out
+
+
+def _ref_pc(hf, prompt, completion, train_on_all):
+    ids = hf(prompt + completion).input_ids
+    if not ids or ids[-1] != hf.eos_token_id:
+        ids = ids + [hf.eos_token_id]
+    labels = list(ids)
+    if not train_on_all:
+        n = len(hf(prompt).input_ids)
+        labels[:n] = [-100] * min(n, len(labels))
+    return ids, labels
+
+
+def _ref_chat(hf, msgs, train_on_all):
+    def enc(k, agp):
+        text = hf.apply_chat_template(msgs[:k], tokenize=False, add_generation_prompt=agp)
+        return hf(text, add_special_tokens=False).input_ids
+
+    ids = enc(len(msgs), False)
+    if train_on_all:
+        return ids, list(ids)
+    labels = [-100] * len(ids)
+    for k, m in enumerate(msgs):
+        if m["role"] != "assistant":
+            continue
+        a, b = enc(k, True), enc(k + 1, False)
+        assert ids[:len(a)] == a and ids[:len(b)] == b
+        labels[len(a):len(b)] = ids[len(a):len(b)]
+    return ids, labels
+
+
+def _ours(d, data_path, *args):
+    out = subprocess.run([FT_DATA, "load", str(d), str(data_path), *args],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return [(r["input_ids"], r["labels"]) for r in map(json.loads, out.stdout.splitlines())]
+
+
+PC = [
+    {"prompt": "Hello, who are you?", "completion": " I am a small model."},
+    {"prompt": "Ünïcödé ✓ ", "completion": "日本語 🙂"},
+    {"prompt": "", "completion": "The quick brown fox"},
+    {"prompt": "fox", "completion": "<|im_end|>"},
+]
+
+CHATS = [
+    [{"role": "user", "content": "Hello, who are you?"},
+     {"role": "assistant", "content": "I am a small model."}],
+    [{"role": "system", "content": "You are terse."},
+     {"role": "user", "content": "Ünïcödé ✓"},
+     {"role": "assistant", "content": "ok 🙂"},
+     {"role": "user", "content": "more"},
+     {"role": "assistant", "content": "The quick brown fox jumps over the lazy dog."}],
+]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("train_on_all", [False, True])
+@pytest.mark.parametrize("max_len", [0, 12])
+def test_prompt_completion(toks, tmp_path, family, train_on_all, max_len):
+    hf, d = toks[family]
+    p = tmp_path / "pc.jsonl"
+    p.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in PC))
+    args = (["--train-on-all"] if train_on_all else []) + \
+        (["--max-seq-len", str(max_len)] if max_len else [])
+    want = _finish([_ref_pc(hf, r["prompt"], r["completion"], train_on_all) for r in PC],
+                   max_len)
+    assert want and _ours(d, p, *args) == want
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("train_on_all", [False, True])
+def test_chat(toks, tmp_path, family, train_on_all):
+    hf, d = toks[family]
+    p = tmp_path / "chat.jsonl"
+    p.write_text("".join(json.dumps({"messages": m}, ensure_ascii=False) + "\n"
+                         for m in CHATS))
+    args = ["--train-on-all"] if train_on_all else []
+    want = _finish([_ref_chat(hf, m, train_on_all) for m in CHATS], 0)
+    got = _ours(d, p, *args)
+    assert len(want) == len(CHATS) and got == want
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_text(toks, tmp_path, family):
+    hf, d = toks[family]
+    texts = ["Hello, who are you?", "Ünïcödé ✓ 日本語 🙂", "ends with eos<|im_end|>"]
+    p = tmp_path / "text.jsonl"
+    p.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts))
+    want = []
+    for t in texts:
+        ids = hf(t).input_ids
+        if ids[-1] != hf.eos_token_id:
+            ids = ids + [hf.eos_token_id]
+        want.append((ids, list(ids)))
+    assert _ours(d, p) == want
