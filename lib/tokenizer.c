@@ -30,7 +30,10 @@ void ft_ids_free(ft_ids *v)
     memset(v, 0, sizeof *v);
 }
 
-static json_t *load_json(const char *path, bool optional, ft_err *err)
+/* int_as_real: transformers writes model_max_length = 1e30 as an integer literal into
+ * tokenizer_config.json, beyond jansson's 64-bit integers; the config files are read with
+ * integers as reals (no id is read from them), tokenizer.json with exact integers. */
+static json_t *load_json(const char *path, bool optional, bool int_as_real, ft_err *err)
 {
     struct stat st;
     if (stat(path, &st) != 0) {
@@ -39,7 +42,7 @@ static json_t *load_json(const char *path, bool optional, ft_err *err)
         return NULL;
     }
     json_error_t je;
-    json_t *j = json_load_file(path, JSON_DECODE_ANY, &je);
+    json_t *j = json_load_file(path, JSON_DECODE_ANY | (int_as_real ? JSON_DECODE_INT_AS_REAL : 0), &je);
     if (!j)
         ft_fail(err, "%s:%d: invalid JSON: %s", path, je.line, je.text);
     return j;
@@ -148,11 +151,11 @@ static int read_configs(ft_tokenizer *t, const char *dir, ft_err *err)
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
     ft_err e2;
     e2.msg[0] = 0;
-    json_t *cfg = load_json(path, true, &e2);
+    json_t *cfg = load_json(path, true, true, &e2);
     if (!cfg && e2.msg[0])
         return ft_fail(err, "%s", e2.msg);
     snprintf(path, sizeof path, "%s/special_tokens_map.json", dir);
-    json_t *stm = load_json(path, true, &e2);
+    json_t *stm = load_json(path, true, true, &e2);
     if (!stm && e2.msg[0]) {
         json_decref(cfg);
         return ft_fail(err, "%s", e2.msg);
@@ -217,7 +220,7 @@ int ft_tokenizer_load(ft_tokenizer **out, const char *path, ft_err *err)
         else
             snprintf(dir, sizeof dir, ".");
     }
-    json_t *j = load_json(file, false, err);
+    json_t *j = load_json(file, false, false, err);
     if (!j)
         return -1;
     ft_tokenizer *t = calloc(1, sizeof *t);

@@ -15,7 +15,7 @@ VENV ?= .venv
 
 BENCH_TRAIN := build/tests/bench-train
 
-.PHONY: test test-unit test-conformance unit-bins bench-cpu
+.PHONY: test test-unit test-conformance unit-bins bench-cpu config-reference
 
 build/tests/unit/%: tests/unit/%.c tests/unit/check.h $(LIBFT)
 	@mkdir -p $(dir $@)
@@ -38,7 +38,12 @@ bench-cpu: $(BENCH_TRAIN)
 unit-bins: $(UNIT_BINS)
 
 test-unit: $(UNIT_BINS) $(TOOLS)
+	bin/ft-train --config-reference | diff -u configs/README.md - \
+	  || { echo "configs/README.md is stale: make config-reference"; exit 1; }
 	tests/run-unit.sh $(UNIT_BINS)
+
+config-reference: bin/ft-train
+	bin/ft-train --config-reference > configs/README.md
 
 test-conformance: $(HARNESSES)
 	scripts/setup-python.sh $(VENV)

@@ -98,6 +98,18 @@ def test_string_merges_same_ids(exe, toks, texts, name):
     _compare(toks.hf(name), texts, got_pairs, got_strs, f"{name}: pair merges vs string merges")
 
 
+@pytest.mark.parametrize("name", ["llama2", "llama3"])
+def test_long_document(exe, toks, corpora, name):
+    """One ~250 KB string: without a pre-tokenizer (Llama 2) the whole text is a single
+    BPE word, which a quadratic merge loop would make slow."""
+    text = " ".join(corpora[1]) + "\n\n" + "\n".join(corpora[0][:1000])
+    hf = toks.hf(name)
+    want = hf.encode(text).ids
+    got = _ft(tokref.ft_encode, exe, toks.dir(name), [text])[0]
+    if got != want:
+        _compare(hf, [text[:200] + "..."], [want], [got], f"{name} long document")
+
+
 def test_tokenizer_file_path_accepted(exe, toks):
     """TOKENIZER_PATH may be the directory or tokenizer.json itself."""
     d = toks.dir("llama3")
@@ -531,11 +543,11 @@ def test_component_variant(exe, toks, variant_texts, tmp_path, variant):
     d = tmp_path / variant
     d.mkdir()
     hf.save(str(d / "tokenizer.json"))
-    _check_variant(exe, d, variant_texts, needle)
+    print(f"[{variant}: {_check_variant(exe, d, variant_texts, needle)}]", end=" ")
 
 
 @pytest.mark.parametrize("variant", list(_MODEL_VARIANTS))
 def test_model_option_variant(exe, toks, variant_texts, tmp_path, variant):
     base, opts, needle = _MODEL_VARIANTS[variant]
     d = _mutated(toks, tmp_path, base, lambda j: j["model"].update(opts))
-    _check_variant(exe, d, variant_texts, needle)
+    print(f"[{variant}: {_check_variant(exe, d, variant_texts, needle)}]", end=" ")

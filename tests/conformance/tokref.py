@@ -212,6 +212,11 @@ HELD_OUT = [
     "<unk>", "<0x41>", "hello <mask> world", "[TOOL]  call", "x[TOOL]y", "CUSTOM CUSTOMx",
     "a CUSTOM b", "hello world hello  world", "<tool_call>\n{\"a\": 1}\n</tool_call>",
     "▁already▁spm", "▁", "Ġ", "\u0120x",
+    # combining marks newer than tokenizers' Unicode normalization tables (U+0898..089F
+    # Unicode 14, U+1DF6 Unicode 10, U+07FD Unicode 11): NFC must not reorder them
+    "\u0899\u0898", "a\u0301\u0898\u0328\u0898", "a\u0301\u1df6", "x\u0301\u07fd",
+    # U+180E MONGOLIAN VOWEL SEPARATOR: not White_Space since Unicode 6.3 (\s)
+    "a\u180e'd", "x  \u180ey",
 ]
 
 
@@ -569,7 +574,8 @@ def describe_mismatch(hf, text, want, got):
     def toks(ids):
         return [hf.id_to_token(x) if isinstance(x, int) else x for x in ids]
     lo = max(0, i - 3)
-    return (f"  input {text!r}\n"
+    shown = repr(text) if text.isascii() else f"{text!r} = {ascii(text)}"
+    return (f"  input {shown}\n"
             f"    expected ids {want}\n"
             f"    got ids      {got}\n"
             f"    first difference at index {i}: expected tokens[{lo}:] {toks(want[lo:i + 4])}"
