@@ -67,6 +67,9 @@ int tk_utf8_encode(uint32_t cp, char out[4]);
  * subpart). */
 int tk_utf8_lossy_append(const unsigned char *s, size_t len, tk_buf *b);
 bool tk_is_whitespace(uint32_t cp);  /* Rust char::is_whitespace */
+/* Code points whose normalization tokenizers' older Unicode tables treat differently
+ * (tok_unicode_compat.c, generated): normalizers pass them through as starters. */
+bool tk_unicode_opaque(uint32_t cp);
 bool tk_is_word_char(uint32_t cp);   /* Unicode word character, as single_word checks */
 
 /* ---- growable byte buffer and piece list ---- */

@@ -187,6 +187,19 @@ void tk_normalizer_free(tk_normalizer *n)
     memset(n, 0, sizeof *n);
 }
 
+/* Appends the utf8proc normalization (opts) of text[0..len) to out. */
+static int normalize_run(const char *text, size_t len, int opts, tk_buf *out, ft_err *err)
+{
+    utf8proc_uint8_t *res = NULL;
+    utf8proc_ssize_t r =
+        utf8proc_map((const utf8proc_uint8_t *)text, (utf8proc_ssize_t)len, &res, opts);
+    if (r < 0)
+        return ft_fail(err, "normalizer: %s", utf8proc_errmsg(r));
+    int rc = tk_buf_append(out, res, (size_t)r);
+    free(res);
+    return rc ? ft_fail(err, "normalizer: out of memory") : 0;
+}
+
 /* Applies n to cur (result in cur), tmp as scratch. */
 static int apply(const tk_normalizer *n, tk_buf *cur, tk_buf *tmp, pcre2_match_data *md,
                  ft_err *err)
@@ -212,15 +225,25 @@ static int apply(const tk_normalizer *n, tk_buf *cur, tk_buf *tmp, pcre2_match_d
                                                                      : UTF8PROC_DECOMPOSE;
         if (n->type == TK_NORM_NFKC || n->type == TK_NORM_NFKD)
             opts |= UTF8PROC_COMPAT;
-        utf8proc_uint8_t *res = NULL;
-        utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)cur->data,
-                                          (utf8proc_ssize_t)cur->n, &res, opts);
-        if (r < 0)
-            return ft_fail(err, "normalizer: %s", utf8proc_errmsg(r));
-        int rc = tk_buf_append(tmp, res, (size_t)r);
-        free(res);
-        if (rc)
-            return ft_fail(err, "normalizer: out of memory");
+        /* Runs between "opaque" code points are normalized; those pass through as
+         * starters, which is how tokenizers' older Unicode tables see them. */
+        size_t run = 0;
+        for (size_t i = 0; i <= cur->n;) {
+            uint32_t cp = 0;
+            int k = i < cur->n ? tk_utf8_next(cur->data + i, &cp) : 0;
+            if (i < cur->n && !tk_unicode_opaque(cp)) {
+                i += (size_t)k;
+                continue;
+            }
+            if (i > run && normalize_run(cur->data + run, i - run, opts, tmp, err))
+                return -1;
+            if (i == cur->n)
+                break;
+            if (tk_buf_append(tmp, cur->data + i, (size_t)k))
+                return ft_fail(err, "normalizer: out of memory");
+            i += (size_t)k;
+            run = i;
+        }
         break;
     }
     case TK_NORM_LOWERCASE:

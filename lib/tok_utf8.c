@@ -9,8 +9,10 @@
 
 int tk_buf_reserve(tk_buf *b, size_t extra)
 {
-    if (b->n + extra + 1 <= b->cap)
+    if (b->n + extra + 1 <= b->cap) {
+        b->data[b->n] = '\0';
         return 0;
+    }
     size_t nc = b->cap ? b->cap : 256;
     while (nc < b->n + extra + 1)
         nc *= 2;
@@ -19,6 +21,7 @@ int tk_buf_reserve(tk_buf *b, size_t extra)
         return -1;
     b->data = d;
     b->cap = nc;
+    b->data[b->n] = '\0'; /* the contents stay a C string, also when nothing is appended */
     return 0;
 }
 

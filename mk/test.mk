@@ -15,7 +15,7 @@ VENV ?= .venv
 
 BENCH_TRAIN := build/tests/bench-train
 
-.PHONY: test test-unit test-conformance unit-bins bench-cpu config-reference
+.PHONY: test test-unit test-conformance unit-bins bench-cpu bench-tokenizer config-reference
 
 build/tests/unit/%: tests/unit/%.c tests/unit/check.h $(LIBFT)
 	@mkdir -p $(dir $@)
@@ -34,6 +34,11 @@ $(HARNESSES) $(BENCH_TRAIN):
 bench-cpu: $(BENCH_TRAIN)
 	scripts/setup-python.sh $(VENV)
 	$(VENV)/bin/python tests/bench/bench_cpu_train.py $(BENCH_TRAIN)
+
+# Tokenizer throughput and ids, ours vs Hugging Face tokenizers, on ~8 MB of text.
+bench-tokenizer: $(TOKENIZE_HARNESS)
+	scripts/setup-python.sh $(VENV)
+	FT_TOKENIZE=$(abspath $(TOKENIZE_HARNESS)) $(VENV)/bin/python tests/bench/bench_tokenizer.py
 
 unit-bins: $(UNIT_BINS)
 

@@ -440,11 +440,13 @@ def test_encode_fuzz(exe, toks, name):
 
 # ---------------------------------------------------------------------------------------
 # component variants: honoured exactly, or rejected with an error naming them
+# (a Strip decoder with right=1 and a BPE continuing_subword_prefix are left out:
+# tokenizers itself panics on them with these vocabularies)
 
 
 def _variants():
-    from tokenizers import Regex, decoders, normalizers, pre_tokenizers, processors
-    P, N, D, PP = pre_tokenizers, normalizers, decoders, processors
+    from tokenizers import Regex, normalizers, pre_tokenizers, processors
+    P, N, PP = pre_tokenizers, normalizers, processors
     split = lambda b, inv=False: P.Split(Regex(tokref.LLAMA3_PATTERN), behavior=b, invert=inv)  # noqa: E731
     bl = P.ByteLevel(add_prefix_space=False, use_regex=False)
     v = {
