@@ -50,10 +50,11 @@ test-unit: $(UNIT_BINS) $(TOOLS)
 config-reference: bin/ft-train
 	bin/ft-train --config-reference > configs/README.md
 
-test-conformance: $(HARNESSES)
+test-conformance: $(HARNESSES) $(TOOLS)
 	scripts/setup-python.sh $(VENV)
 	FT_CONFORM=$(abspath $(CONFORM_HARNESS)) FT_DATA=$(abspath $(DATA_HARNESS)) \
-	  FT_TOKENIZE=$(abspath $(TOKENIZE_HARNESS)) OMP_NUM_THREADS=2 \
+	  FT_TOKENIZE=$(abspath $(TOKENIZE_HARNESS)) FT_TRAIN=$(abspath bin/ft-train) \
+	  OMP_NUM_THREADS=2 \
 	  $(VENV)/bin/python -m pytest -q tests/conformance
 
 test:

@@ -65,9 +65,9 @@ def _build(family, root):
             special_tokens=[(bos, tk.token_to_id(bos))])
     else:
         tk.post_processor = processors.ByteLevel(trim_offsets=False)
-    # model_max_length: left unset, transformers writes 1e30 as an integer, which
-    # lib/tokenizer.c rejects ("too big integer"); see the report.
-    kw = {"eos_token": eos, "model_max_length": 4096}
+    # model_max_length left unset: transformers then writes 1e30 as an integer literal into
+    # tokenizer_config.json, which the C tokenizer must read.
+    kw = {"eos_token": eos}
     if bos:
         kw["bos_token"] = bos
     hf = PreTrainedTokenizerFast(tokenizer_object=tk, **kw)
@@ -190,3 +190,64 @@ def test_text(toks, tmp_path, family):
             ids = ids + [hf.eos_token_id]
         want.append((ids, list(ids)))
     assert _ours(d, p) == want
+
+
+FT_TRAIN = os.environ.get("FT_TRAIN")
+
+
+ROW = 256
+
+
+def _dump(tmp_path, d, records, *settings):
+    """ft-train --dump-data - with the records piped in on stdin (data.train_path: -)."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"model:\n  name: {d}\n  max_seq_len: {ROW}\n"
+                   "train:\n  batch_size: 2\ndata:\n  train_path: \"-\"\n  shuffle: false\n")
+    args = [FT_TRAIN, "--config", str(cfg), "--dump-data", "-"]
+    for s in settings:
+        args += ["--set", s]
+    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    out = subprocess.run(args, input=data, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+@pytest.mark.skipif(not FT_TRAIN, reason="FT_TRAIN (bin/ft-train) not set")
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_dump_data_padded(toks, tmp_path, family):
+    """Rows as the model sees them: batches of 2 right-padded with pad (= eos here) and
+    labels -100, in file order when shuffling is off."""
+    hf, d = toks[family]
+    want = _finish([_ref_pc(hf, r["prompt"], r["completion"], False) for r in PC], ROW)
+    rows = _dump(tmp_path, d, PC)
+    assert len(rows) == len(want)
+    for b in range(0, len(want), 2):
+        width = max(len(ids) for ids, _ in want[b:b + 2])
+        for (ids, labels), row in zip(want[b:b + 2], rows[b:b + 2]):
+            pad = width - len(ids)
+            assert row["input_ids"] == ids + [hf.eos_token_id] * pad
+            assert row["labels"] == labels + [-100] * pad
+            assert "position_ids" not in row
+
+
+@pytest.mark.skipif(not FT_TRAIN, reason="FT_TRAIN (bin/ft-train) not set")
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_dump_data_packed(toks, tmp_path, family):
+    """Packed rows: samples laid end to end, positions restarting at 0 for each sample, the
+    first label of each sample -100 (DataCollatorWithFlattening), no sample split."""
+    hf, d = toks[family]
+    chats = [{"messages": m} for m in CHATS] * 3
+    want = _finish([_ref_chat(hf, m["messages"], False) for m in chats], ROW)
+    rows = _dump(tmp_path, d, chats, "data.packing=true", "data.format=chat")
+    got_ids, got_labels = [], []
+    for row in rows:
+        assert len(row["input_ids"]) == ROW and len(row["labels"]) == ROW
+        starts = [i for i, p in enumerate(row["position_ids"]) if p == 0]
+        for a, b in zip(starts, starts[1:] + [ROW]):
+            assert row["position_ids"][a:b] == list(range(b - a))
+            got_ids.append(row["input_ids"][a:b])
+            got_labels.append(row["labels"][a:b])
+    samples = [(i, l) for i, l in zip(got_ids, got_labels) if any(x != -100 for x in l)]
+    assert len(samples) == len(want)
+    for (ids, labels), (gi, gl) in zip(want, samples):
+        assert gi == ids and gl == [-100] + labels[1:]
