@@ -140,7 +140,9 @@ static int cmd_load(int argc, char **argv)
         }
     }
     ft_tokenizer *tok = NULL;
-    if (strcmp(argv[2], "-") && ft_tokenizer_load(&tok, argv[2], &err))
+    /* the tokens format runs without a tokenizer, as ft-train does */
+    if (strcmp(argv[2], "-") && o.format != FT_DATA_TOKENS &&
+        ft_tokenizer_load(&tok, argv[2], &err))
         return die(err.msg);
     ft_dataset ds;
     if (ft_dataset_load(&ds, argv[3], tok, &o, &err)) {

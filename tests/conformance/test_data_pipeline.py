@@ -251,3 +251,46 @@ def test_dump_data_packed(toks, tmp_path, family):
     assert len(samples) == len(want)
     for (ids, labels), (gi, gl) in zip(want, samples):
         assert gi == ids and gl == [-100] + labels[1:]
+
+
+def _alpaca_prompt(instruction, inp):
+    """The Stanford Alpaca prompt format."""
+    if inp:
+        return ("Below is an instruction that describes a task, paired with an input that "
+                "provides further context. Write a response that appropriately completes the "
+                f"request.\n\n### Instruction:\n{instruction}\n\n### Input:\n{inp}\n\n"
+                "### Response:\n")
+    return ("Below is an instruction that describes a task. Write a response that "
+            f"appropriately completes the request.\n\n### Instruction:\n{instruction}\n\n"
+            "### Response:\n")
+
+
+ALPACA = [
+    {"instruction": "Say hello.", "input": "", "output": "Hello, who are you?"},
+    {"instruction": "Translate", "input": "Ünïcödé ✓", "output": "日本語 🙂"},
+    {"instruction": "Count", "output": "0123456789"},
+]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("train_on_all", [False, True])
+def test_alpaca(toks, tmp_path, family, train_on_all):
+    hf, d = toks[family]
+    p = tmp_path / "alpaca.jsonl"
+    p.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ALPACA))
+    want = _finish([_ref_pc(hf, _alpaca_prompt(r["instruction"], r.get("input", "")),
+                            r["output"], train_on_all) for r in ALPACA], 0)
+    args = ["--train-on-all"] if train_on_all else []
+    assert len(want) == len(ALPACA) and _ours(d, p, *args) == want
+
+
+def test_tokens_format_needs_no_tokenizer(tmp_path):
+    """Pre-tokenized records pass through as given (labels default to the ids), with no
+    tokenizer in the directory at all."""
+    recs = [{"input_ids": [5, 6, 7]}, {"input_ids": [1, 2, 3, 4], "labels": [-100, -100, 3, 4]}]
+    p = tmp_path / "tokens.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    empty = tmp_path / "no_tokenizer"
+    empty.mkdir()
+    got = _ours(empty, p, "--format", "tokens")
+    assert got == [([5, 6, 7], [5, 6, 7]), ([1, 2, 3, 4], [-100, -100, 3, 4])]
