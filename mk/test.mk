@@ -17,7 +17,7 @@ BENCH_TRAIN := build/tests/bench-train
 
 .PHONY: test test-unit test-conformance unit-bins bench-cpu bench-tokenizer config-reference
 
-build/tests/unit/%: tests/unit/%.c tests/unit/check.h $(LIBFT)
+build/tests/unit/%: tests/unit/%.c tests/unit/check.h tests/unit/tiny_model.h $(LIBFT)
 	@mkdir -p $(dir $@)
 	$(CC) $(FT_CFLAGS) $(CFLAGS) -Itests/unit $< $(LIBFT) $(FT_LDFLAGS) $(LDLIBS) -o $@
 

@@ -11,86 +11,13 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "tiny_model.h"
 #include "fsutil.h"
 #include "model.h"
 #include "rng.h"
 #include "safetensors.h"
 
-enum { V = 32, C = 16, I = 24, L = 2, HQ = 4, HKV = 2, D = 4 };
-
 static char root[256];
-
-/* Writes config.json and model.safetensors of a tiny llama into dir. `skip` omits a
- * tensor, `extra` adds one, `bad_shape` gives a tensor the wrong shape. */
-static void write_model(const char *dir, int qkv_bias, const char *skip, const char *extra,
-                        const char *bad_shape)
-{
-    ft_err err;
-    CHECK(ft_mkdir_p(dir, &err) == 0);
-    char path[512];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "w");
-    fprintf(f,
-            "{\"model_type\": \"%s\", \"vocab_size\": %d, \"hidden_size\": %d, "
-            "\"intermediate_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d, "
-            "\"num_key_value_heads\": %d, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, "
-            "\"hidden_act\": \"silu\", \"max_position_embeddings\": 64, "
-            "\"tie_word_embeddings\": false}",
-            qkv_bias ? "qwen2" : "llama", V, C, I, L, HQ, HKV);
-    fclose(f);
-
-    static float store[64][V * C > I * C ? V * C : I * C];
-    int n = 0;
-    ft_st_writer *w = ft_st_writer_new();
-    char names[64][96];
-    int64_t shapes[64][2];
-    int ndims[64];
-#define ADD(nd, d0, d1, ...)                                                            \
-    do {                                                                                \
-        snprintf(names[n], sizeof names[n], __VA_ARGS__);                               \
-        ndims[n] = nd;                                                                  \
-        shapes[n][0] = d0;                                                              \
-        shapes[n][1] = d1;                                                              \
-        n++;                                                                            \
-    } while (0)
-    ADD(2, V, C, "model.embed_tokens.weight");
-    for (int l = 0; l < L; l++) {
-        ADD(1, C, 0, "model.layers.%d.input_layernorm.weight", l);
-        ADD(2, HQ * D, C, "model.layers.%d.self_attn.q_proj.weight", l);
-        ADD(2, HKV * D, C, "model.layers.%d.self_attn.k_proj.weight", l);
-        ADD(2, HKV * D, C, "model.layers.%d.self_attn.v_proj.weight", l);
-        if (qkv_bias) {
-            ADD(1, HQ * D, 0, "model.layers.%d.self_attn.q_proj.bias", l);
-            ADD(1, HKV * D, 0, "model.layers.%d.self_attn.k_proj.bias", l);
-            ADD(1, HKV * D, 0, "model.layers.%d.self_attn.v_proj.bias", l);
-        }
-        ADD(2, C, HQ * D, "model.layers.%d.self_attn.o_proj.weight", l);
-        ADD(1, C, 0, "model.layers.%d.post_attention_layernorm.weight", l);
-        ADD(2, I, C, "model.layers.%d.mlp.gate_proj.weight", l);
-        ADD(2, I, C, "model.layers.%d.mlp.up_proj.weight", l);
-        ADD(2, C, I, "model.layers.%d.mlp.down_proj.weight", l);
-    }
-    ADD(1, C, 0, "model.norm.weight");
-    ADD(2, V, C, "lm_head.weight");
-    if (extra)
-        ADD(1, C, 0, "%s", extra);
-    for (int i = 0; i < n; i++) {
-        size_t numel = (size_t)shapes[i][0] * (ndims[i] > 1 ? shapes[i][1] : 1);
-        int is_norm = ndims[i] == 1 && !strstr(names[i], "bias");
-        for (size_t j = 0; j < numel; j++)
-            store[i][j] = is_norm ? 1.0f + 0.2f * (ft_uniform(7 + i, j) - 0.5f)
-                                  : 0.6f * (ft_uniform(7 + i, j) - 0.5f);
-        if (skip && strcmp(names[i], skip) == 0)
-            continue;
-        int64_t shape[2] = {shapes[i][0], shapes[i][1]};
-        if (bad_shape && strcmp(names[i], bad_shape) == 0)
-            shape[0] -= 1;
-        CHECK(ft_st_writer_add(w, names[i], FT_ST_F32, ndims[i], shape, store[i], &err) == 0);
-    }
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    CHECK(ft_st_writer_save(w, path, &err) == 0);
-    ft_st_writer_free(w);
-}
 
 static ft_model *load(const char *dir, ft_train_mode mode, int ckpt, float dropout)
 {
