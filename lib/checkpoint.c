@@ -55,8 +55,11 @@ static int fsync_dir(const char *dir, ft_err *err)
     return 0;
 }
 
-static int save_weights(const char *dir, ft_model *m, const char *base_model, ft_err *err)
+int ft_checkpoint_save_weights(const char *dir, ft_model *m, const char *base_model,
+                               ft_err *err)
 {
+    if (ft_mkdir_p(dir, err))
+        return -1;
     bool lora = false;
     for (size_t i = 0; i < ft_model_param_count(m); i++)
         lora |= ft_model_param(m, i)->is_lora;
@@ -115,9 +118,11 @@ static int save_state(const char *dir, const ft_train_state *st, ft_err *err)
     if (!root)
         return ft_fail(err, "out of memory");
     /* the seed as a decimal string: JSON integers are not guaranteed 64-bit unsigned */
-    char seed[32];
-    snprintf(seed, sizeof seed, "%llu", (unsigned long long)st->seed);
-    json_object_set_new(root, "seed", json_string(seed));
+    char num[32];
+    snprintf(num, sizeof num, "%llu", (unsigned long long)st->seed);
+    json_object_set_new(root, "seed", json_string(num));
+    snprintf(num, sizeof num, "%llu", (unsigned long long)st->rng_counter);
+    json_object_set_new(root, "rng_counter", json_string(num));
     char *text = json_dumps(root, JSON_INDENT(2));
     json_decref(root);
     if (!text)
@@ -179,7 +184,7 @@ int ft_checkpoint_save(const char *run_dir, ft_model *m, const ft_optimizer *o,
     snprintf(tmp, sizeof tmp, "%s.tmp", final);
     if (ft_mkdir_p(run_dir, err) || remove_tree(tmp) != 0 || ft_mkdir_p(tmp, err))
         return ft_fail_prefix(err, "checkpoint %s", final);
-    if (save_weights(tmp, m, base_model, err) || save_optimizer(tmp, o, err) ||
+    if (ft_checkpoint_save_weights(tmp, m, base_model, err) || save_optimizer(tmp, o, err) ||
         save_state(tmp, st, err) || fsync_dir(tmp, err)) {
         remove_tree(tmp);
         return -1;
@@ -233,14 +238,15 @@ static int load_state(const char *dir, ft_train_state *st, ft_err *err)
     if (!root)
         return ft_fail(err, "%s:%d: %s", path, je.line, je.text);
     memset(st, 0, sizeof *st);
-    const char *format = NULL, *seed = NULL;
+    const char *format = NULL, *seed = NULL, *counter = NULL;
     json_int_t version = 0, step = 0;
     int epoch = 0, batch = 0, world = 0;
     const char *dev = NULL, *dtype = NULL, *mode = NULL, *quant = NULL, *strategy = NULL;
     int rc = json_unpack_ex(root, &je, 0,
-                            "{s:s, s:I, s:I, s:i, s:i, s:s, s:{s:s, s:s, s:s, s:s, s:s, s:i}}",
+                            "{s:s, s:I, s:I, s:i, s:i, s:s, s:s, s:{s:s, s:s, s:s, s:s, s:s, s:i}}",
                             "format", &format, "version", &version, "global_step", &step,
-                            "epoch", &epoch, "batch_in_epoch", &batch, "seed", &seed, "stamp",
+                            "epoch", &epoch, "batch_in_epoch", &batch, "seed", &seed,
+                            "rng_counter", &counter, "stamp",
                             "device", &dev, "dtype", &dtype, "mode", &mode, "quant", &quant,
                             "strategy", &strategy, "world_size", &world);
     if (rc == 0 && (strcmp(format, "ftkit-trainer-state") != 0 || version != STATE_VERSION))
@@ -252,6 +258,7 @@ static int load_state(const char *dir, ft_train_state *st, ft_err *err)
         st->epoch = epoch;
         st->batch_in_epoch = batch;
         st->seed = strtoull(seed, NULL, 10);
+        st->rng_counter = strtoull(counter, NULL, 10);
         snprintf(st->stamp.device, sizeof st->stamp.device, "%s", dev);
         snprintf(st->stamp.dtype, sizeof st->stamp.dtype, "%s", dtype);
         snprintf(st->stamp.mode, sizeof st->stamp.mode, "%s", mode);

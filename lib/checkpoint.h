@@ -8,7 +8,8 @@
  *                                                     (flat fp32, the trainable buffer's
  *                                                     layout) + metadata step
  *   trainer_state.json   {"format": "ftkit-trainer-state", "version": 1, "global_step",
- *                         "epoch", "batch_in_epoch", "seed", "stamp": {device, dtype, mode,
+ *                         "epoch", "batch_in_epoch", "seed", "rng_counter" (decimal
+ *                         strings), "stamp": {device, dtype, mode,
  *                         quant, strategy, world_size}}
  * Everything is written into checkpoint-<step>.tmp, each file fsync'ed, then the directory
  * is renamed into place and the run dir fsync'ed: a run killed at any moment leaves the
@@ -38,6 +39,7 @@ typedef struct ft_train_state {
     int epoch;          /* epoch in progress */
     int batch_in_epoch; /* batches of that epoch consumed */
     uint64_t seed;
+    uint64_t rng_counter; /* ft_model_rng_counter at the save */
     ft_ckpt_stamp stamp;
 } ft_train_state;
 
@@ -46,6 +48,11 @@ typedef struct ft_train_state {
 int ft_checkpoint_save(const char *run_dir, ft_model *m, const ft_optimizer *o,
                        const ft_train_state *st, const char *base_model, int save_total_limit,
                        char *out, size_t out_len, ft_err *err);
+
+/* Writes the trainable weights into dir (created): a PEFT adapter in LoRA mode, else
+ * model.safetensors with HF names. */
+int ft_checkpoint_save_weights(const char *dir, ft_model *m, const char *base_model,
+                               ft_err *err);
 
 /* The newest checkpoint-N of run_dir into path: 1 if found, 0 if none, -1 on error. */
 int ft_checkpoint_latest(const char *run_dir, char *path, size_t path_len, ft_err *err);

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -58,4 +59,34 @@ int ft_mkdir_p(const char *path, ft_err *err)
     if (mkdir(buf, 0755) != 0 && errno != EEXIST)
         return ft_fail(err, "%s: mkdir: %s", buf, strerror(errno));
     return 0;
+}
+
+int ft_copy_file(const char *src, const char *dst, ft_err *err)
+{
+    FILE *f = fopen(src, "rb");
+    if (!f)
+        return ft_fail(err, "%s: %s", src, strerror(errno));
+    char *data = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n == cap) {
+            cap = cap ? 2 * cap : 1 << 16;
+            char *grown = realloc(data, cap);
+            if (!grown) {
+                free(data);
+                fclose(f);
+                return ft_fail(err, "%s: out of memory", src);
+            }
+            data = grown;
+        }
+        size_t got = fread(data + n, 1, cap - n, f);
+        n += got;
+        if (got == 0)
+            break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    int rc = bad ? ft_fail(err, "%s: read error", src) : ft_write_file_atomic(dst, data, n, err);
+    free(data);
+    return rc;
 }

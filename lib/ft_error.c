@@ -23,9 +23,16 @@ int ft_fail_prefix(ft_err *err, const char *fmt, ...)
         va_start(ap, fmt);
         int n = vsnprintf(err->msg, sizeof err->msg, fmt, ap);
         va_end(ap);
+        /* append ": old", truncating at the buffer's end */
         size_t used = n < 0 ? 0 : (size_t)n;
-        if (used < sizeof err->msg)
-            snprintf(err->msg + used, sizeof err->msg - used, ": %s", old);
+        const char sep[] = ": ";
+        size_t cap = sizeof err->msg - 1;
+        for (size_t i = 0; i < 2 && used < cap; i++)
+            err->msg[used++] = sep[i];
+        for (size_t i = 0; old[i] && used < cap; i++)
+            err->msg[used++] = old[i];
+        if (used <= cap)
+            err->msg[used] = '\0';
     }
     return -1;
 }

@@ -487,3 +487,6 @@ void ft_model_zero_grad(ft_model *m)
 }
 
 const float *ft_model_logits(const ft_model *m) { return m->logits_valid ? m->logits : NULL; }
+
+uint64_t ft_model_rng_counter(const ft_model *m) { return m->n_forward; }
+void ft_model_set_rng_counter(ft_model *m, uint64_t counter) { m->n_forward = counter; }

@@ -118,6 +118,11 @@ const float *ft_model_logits(const ft_model *m);
  * Overwrites the logits. */
 int ft_model_backward(ft_model *m, float grad_scale, ft_err *err);
 
+/* The position of the model's random stream (dropout masks): a counter of forward
+ * passes. A checkpoint saves it so a resumed run draws the masks it would have drawn. */
+uint64_t ft_model_rng_counter(const ft_model *m);
+void ft_model_set_rng_counter(ft_model *m, uint64_t counter);
+
 /* Saves the LoRA weights as a PEFT adapter (adapter_config.json +
  * adapter_model.safetensors) into dir, created if needed. */
 int ft_model_save_adapter(ft_model *m, const char *dir, const char *base_model, ft_err *err);

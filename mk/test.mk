@@ -10,7 +10,8 @@ UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=build/tests/unit/%)
 CONFORM_HARNESS := build/tests/ft-conform
 DATA_HARNESS := build/tests/ft-data
 TOKENIZE_HARNESS := build/tests/ft-tokenize
-HARNESSES := $(CONFORM_HARNESS) $(DATA_HARNESS) $(TOKENIZE_HARNESS)
+TB_HARNESS := build/tests/ft-tb
+HARNESSES := $(CONFORM_HARNESS) $(DATA_HARNESS) $(TOKENIZE_HARNESS) $(TB_HARNESS)
 VENV ?= .venv
 
 BENCH_TRAIN := build/tests/bench-train
@@ -25,6 +26,7 @@ build/tests/unit/%: tests/unit/%.c tests/unit/check.h tests/unit/tiny_model.h $(
 $(CONFORM_HARNESS): tests/conformance/harness.c $(LIBFT)
 $(DATA_HARNESS): tests/conformance/data_harness.c $(LIBFT)
 $(TOKENIZE_HARNESS): tests/conformance/tokenize.c $(LIBFT)
+$(TB_HARNESS): tests/conformance/tb_harness.c $(LIBFT)
 $(BENCH_TRAIN): tests/bench/bench_train.c $(LIBFT)
 $(HARNESSES) $(BENCH_TRAIN):
 	@mkdir -p $(dir $@)
@@ -54,6 +56,8 @@ test-conformance: $(HARNESSES) $(TOOLS)
 	scripts/setup-python.sh $(VENV)
 	FT_CONFORM=$(abspath $(CONFORM_HARNESS)) FT_DATA=$(abspath $(DATA_HARNESS)) \
 	  FT_TOKENIZE=$(abspath $(TOKENIZE_HARNESS)) FT_TRAIN=$(abspath bin/ft-train) \
+	  FT_LORA_INIT=$(abspath bin/ft-lora-init) FT_MERGE=$(abspath bin/ft-merge) \
+	  FT_EVAL=$(abspath bin/ft-eval) FT_TB=$(abspath $(TB_HARNESS)) \
 	  OMP_NUM_THREADS=2 \
 	  $(VENV)/bin/python -m pytest -q tests/conformance
 

@@ -9,7 +9,7 @@ set -euo pipefail
 
 VENV=${1:-.venv}
 PY=/usr/bin/python3
-PINS=(transformers==4.46.3 accelerate==0.34.2 safetensors pytest psutil pyyaml tqdm packaging jinja2)
+PINS=(transformers==4.46.3 accelerate==0.34.2 safetensors pytest psutil pyyaml tqdm packaging jinja2 tensorboard~=2.17.0 rouge_score==0.1.2)
 NODEPS=(peft==0.13.2)
 STAMP="$VENV/.ftkit-pins"
 WANT="${PINS[*]} ${NODEPS[*]}"

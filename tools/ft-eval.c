@@ -1,24 +1,305 @@
-/* ft-eval: evaluate a model (with an optional adapter) on a data set.
- *
- * A placeholder until the tool is written: --help describes what it will do, any
- * other invocation says it is not implemented and exits 2. */
+/* ft-eval: evaluate a model (with an optional LoRA adapter) on a JSONL data set: loss,
+ * perplexity and counted tokens, and with --generate greedy generation scored by ROUGE-L
+ * and exact match. The logic lives in lib/evaluate.c, lib/generate.c, lib/rouge.c and
+ * lib/eval_records.c. */
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "data.h"
+#include "evaluate.h"
+#include "lora.h"
+#include "model.h"
+#include "tokenizer.h"
 
 static const char usage[] =
-    "usage: ft-eval [options] MODEL_DIR [ADAPTER_DIR] DATA.jsonl\n"
+    "usage: ft-eval --model DIR [--adapter DIR] --data FILE|- [options]\n"
     "\n"
-    "Will run a model, with an optional LoRA adapter, over a JSONL data set and print the\n"
-    "loss, the perplexity and generation metrics as one JSON object on stdout.\n"
-    "Not implemented yet.\n";
+    "Runs the model (with a PEFT LoRA adapter when given) forward over a JSONL data set,\n"
+    "prepared exactly as for training, and prints the loss (mean cross-entropy over all\n"
+    "counted tokens), the perplexity (exp(loss)), the counted tokens and the samples. With\n"
+    "--generate it also decodes greedily from each record's prompt and scores the\n"
+    "prediction against the reference completion (ROUGE-L F1 as rouge_score computes it,\n"
+    "and exact match after stripping whitespace).\n"
+    "\n"
+    "  --model DIR            Hugging Face model dir (config.json, safetensors, tokenizer)\n"
+    "  --adapter DIR          PEFT LoRA adapter dir (adapter_config.json + weights)\n"
+    "  --tokenizer DIR        tokenizer dir or tokenizer.json (default: the model dir)\n"
+    "  --data FILE|-          JSONL records (- reads standard input)\n"
+    "  --format F             auto|text|prompt_completion|alpaca|chat|tokens (data.format)\n"
+    "  --template T           auto|chatml|llama3|llama2|mistral|plain|alpaca\n"
+    "                         (data.chat_template)\n"
+    "  --max-seq-len N        truncate samples to N tokens (model.max_seq_len, default 2048)\n"
+    "  --train-on-all         count prompt / user tokens too (data.train_on_all)\n"
+    "  --no-add-eos           text format: do not append EOS (data.add_eos=false)\n"
+    "  --skip-bad-lines       skip and count malformed lines (data.skip_bad_lines)\n"
+    "  --batch-size B         samples per forward (default 4; the loss does not depend on it)\n"
+    "  --generate             greedy generation on prompt/reference records\n"
+    "                         (prompt_completion, alpaca, chat: the last assistant turn)\n"
+    "  --max-new-tokens N     generation stops at EOS or after N tokens (default 64)\n"
+    "  --predictions FILE     with --generate: one JSON line per sample {\"prompt\",\n"
+    "                         \"reference\",\"prediction\",\"rougeL\",...}\n"
+    "  --json                 print one JSON object: {\"loss\",\"perplexity\",\"tokens\",\n"
+    "                         \"samples\"} (+ \"rougeL\",\"exact_match\",\"generated\")\n"
+    "  -h, --help             this text\n"
+    "\n"
+    "Results go to stdout, progress to stderr. Exit status: 0 done, 1 error, 2 usage.\n";
+
+static int fail(const char *msg)
+{
+    fprintf(stderr, "ft-eval: error: %s\n", msg);
+    return 1;
+}
+
+static int usage_error(const char *fmt, const char *arg)
+{
+    fputs("ft-eval: error: ", stderr);
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n%s", usage);
+    return 2;
+}
+
+static bool parse_int(const char *s, int lo, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > INT_MAX)
+        return false;
+    *out = (int)v;
+    return true;
+}
+
+typedef struct args {
+    const char *model, *adapter, *tokenizer, *data, *predictions;
+    bool json, generate;
+    int batch_size, max_new_tokens;
+    ft_data_options data_opt;
+} args;
+
+static int parse_args(int argc, char **argv, args *a)
+{
+    *a = (args){.batch_size = 4, .max_new_tokens = 64,
+                .data_opt = {.max_seq_len = 2048, .add_eos = true}};
+    ft_err err;
+    bool max_new_set = false;
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i];
+        bool has = i + 1 < argc;
+        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
+            fputs(usage, stdout);
+            return 0;
+        } else if (!strcmp(o, "--json")) {
+            a->json = true;
+        } else if (!strcmp(o, "--generate")) {
+            a->generate = true;
+        } else if (!strcmp(o, "--train-on-all")) {
+            a->data_opt.train_on_all = true;
+        } else if (!strcmp(o, "--no-add-eos")) {
+            a->data_opt.add_eos = false;
+        } else if (!strcmp(o, "--skip-bad-lines")) {
+            a->data_opt.skip_bad_lines = true;
+        } else if (!has) {
+            return usage_error(o[0] == '-' ? "unknown option or missing value: '%s'"
+                                           : "unexpected argument '%s'", o);
+        } else if (!strcmp(o, "--model")) {
+            a->model = argv[++i];
+        } else if (!strcmp(o, "--adapter")) {
+            a->adapter = argv[++i];
+        } else if (!strcmp(o, "--tokenizer")) {
+            a->tokenizer = argv[++i];
+        } else if (!strcmp(o, "--data")) {
+            a->data = argv[++i];
+        } else if (!strcmp(o, "--predictions")) {
+            a->predictions = argv[++i];
+        } else if (!strcmp(o, "--format")) {
+            if (ft_data_format_parse(argv[++i], &a->data_opt.format, &err))
+                return usage_error("--format: %s", err.msg);
+        } else if (!strcmp(o, "--template")) {
+            if (ft_chat_template_parse(argv[++i], &a->data_opt.chat_template, &err))
+                return usage_error("--template: %s", err.msg);
+        } else if (!strcmp(o, "--max-seq-len")) {
+            if (!parse_int(argv[++i], 1, &a->data_opt.max_seq_len))
+                return usage_error("--max-seq-len: '%s' is not an integer >= 1", argv[i]);
+        } else if (!strcmp(o, "--batch-size")) {
+            if (!parse_int(argv[++i], 1, &a->batch_size))
+                return usage_error("--batch-size: '%s' is not an integer >= 1", argv[i]);
+        } else if (!strcmp(o, "--max-new-tokens")) {
+            if (!parse_int(argv[++i], 1, &a->max_new_tokens))
+                return usage_error("--max-new-tokens: '%s' is not an integer >= 1", argv[i]);
+            max_new_set = true;
+        } else {
+            return usage_error(o[0] == '-' ? "unknown option '%s'" : "unexpected argument '%s'",
+                               o);
+        }
+    }
+    if (!a->model)
+        return usage_error("%s is required", "--model DIR");
+    if (!a->data)
+        return usage_error("%s is required", "--data FILE|-");
+    if (!a->generate && (a->predictions || max_new_set))
+        return usage_error("%s need --generate", "--predictions and --max-new-tokens");
+    return -1; /* go on */
+}
+
+/* A JSON number; non-finite values (a perplexity that overflows) become null, as JSON
+ * has no infinity. */
+static json_t *num(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+
+static int print_result(const args *a, const ft_eval_loss *l, const ft_eval_gen *g)
+{
+    if (!a->json) {
+        printf("samples     %zu\ntokens      %ld\nloss        %.6f\nperplexity  %.4f\n",
+               l->samples, l->tokens, l->loss, l->perplexity);
+        if (a->generate)
+            printf("generated   %zu\nrougeL      %.4f\nexact_match %.4f\n", g->generated,
+                   g->rouge_l, g->exact_match);
+        return 0;
+    }
+    json_t *o = json_object();
+    int bad = !o || json_object_set_new(o, "loss", num(l->loss)) ||
+              json_object_set_new(o, "perplexity", num(l->perplexity)) ||
+              json_object_set_new(o, "tokens", json_integer(l->tokens)) ||
+              json_object_set_new(o, "samples", json_integer((json_int_t)l->samples));
+    if (!bad && a->generate)
+        bad = json_object_set_new(o, "rougeL", num(g->rouge_l)) ||
+              json_object_set_new(o, "exact_match", num(g->exact_match)) ||
+              json_object_set_new(o, "generated", json_integer((json_int_t)g->generated));
+    char *s = bad ? NULL : json_dumps(o, JSON_INDENT(2));
+    json_decref(o);
+    if (!s)
+        return fail("out of memory building the JSON output");
+    printf("%s\n", s);
+    free(s);
+    return 0;
+}
+
+/* An error about the data: a spooled standard input shows as "<stdin>", not as the
+ * temporary file's path. */
+static int fail_data(const args *a, const char *data_path, ft_err *err)
+{
+    if (strcmp(a->data, data_path) != 0)
+        ft_err_replace(err, data_path, "<stdin>");
+    return fail(err->msg);
+}
+
+static int run(const args *a, const char *data_path)
+{
+    ft_err err;
+    ft_model_options mo = {.mode = FT_TRAIN_NONE};
+    ft_model *m = NULL;
+    ft_tokenizer *tok = NULL;
+    ft_dataset ds = {0};
+    ft_eval_records recs = {0};
+    FILE *pred = NULL;
+    int rc = 1;
+
+    if (a->adapter) {
+        if (ft_lora_config_load(&mo.lora, a->adapter, &err)) {
+            fail(err.msg);
+            goto out;
+        }
+        mo.mode = FT_TRAIN_LORA;
+        mo.lora.dropout = 0.0f; /* evaluation: no dropout */
+    }
+    /* The tokens format needs no tokenizer (as in training); every other one does. */
+    if (a->data_opt.format != FT_DATA_TOKENS || a->generate) {
+        if (ft_tokenizer_load(&tok, a->tokenizer ? a->tokenizer : a->model, &err)) {
+            ft_fail_prefix(&err, "tokenizer");
+            fail(err.msg);
+            goto out;
+        }
+    }
+    if (ft_dataset_load(&ds, data_path, tok, &a->data_opt, &err)) {
+        fail_data(a, data_path, &err);
+        goto out;
+    }
+    fprintf(stderr, "ft-eval: data: %s: %zu samples (%zu bad lines skipped, %zu without a "
+                    "counted token dropped)\n",
+            a->data, ds.n, ds.skipped_lines, ds.dropped_empty);
+    if (a->generate &&
+        ft_eval_records_load(&recs, data_path, tok, &a->data_opt, &ds, &err)) {
+        fail_data(a, data_path, &err);
+        goto out;
+    }
+    if (ft_model_load(&m, a->model, &mo, &err) ||
+        (a->adapter && ft_model_load_adapter(m, a->adapter, &err))) {
+        fail(err.msg);
+        goto out;
+    }
+    int32_t pad = tok ? ft_tokenizer_pad_id(tok) : -1;
+    if (pad < 0)
+        pad = ft_model_cfg(m)->pad_token_id;
+    if (pad < 0)
+        pad = tok && ft_tokenizer_eos_id(tok) >= 0 ? ft_tokenizer_eos_id(tok) : 0;
+
+    ft_eval_loss loss;
+    ft_eval_gen gen = {0};
+    if (ft_eval_loss_run(m, &ds, a->batch_size, pad, stderr, &loss, &err)) {
+        fail(err.msg);
+        goto out;
+    }
+    if (a->generate) {
+        if (a->predictions && !(pred = fopen(a->predictions, "w"))) {
+            fprintf(stderr, "ft-eval: error: %s: cannot open for writing: %s\n",
+                    a->predictions, strerror(errno));
+            goto out;
+        }
+        ft_gen_options go = {.max_new_tokens = a->max_new_tokens};
+        ft_gen_eos_ids(ft_model_cfg(m), tok, &go);
+        if (ft_eval_generate_run(m, tok, &recs, &go, pred, stderr, &gen, &err)) {
+            fail_data(a, data_path, &err);
+            goto out;
+        }
+        if (pred) {
+            FILE *f = pred;
+            pred = NULL;
+            if (fclose(f) != 0) {
+                fprintf(stderr, "ft-eval: error: %s: writing failed\n", a->predictions);
+                goto out;
+            }
+        }
+    }
+    rc = print_result(a, &loss, &gen);
+out:
+    if (pred)
+        fclose(pred);
+    ft_eval_records_free(&recs);
+    ft_dataset_free(&ds);
+    ft_model_free(m);
+    ft_tokenizer_free(tok);
+    return rc;
+}
 
 int main(int argc, char **argv)
 {
-    if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
-        fputs(usage, stdout);
-        return 0;
+    args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc >= 0)
+        return rc;
+    /* With --generate the records are read twice (loss, then prompts): standard input is
+     * copied into a temporary file first. */
+    char *spool = NULL;
+    const char *data_path = a.data;
+    if (a.generate && strcmp(a.data, "-") == 0) {
+        ft_err err;
+        if (ft_eval_spool_stdin(&spool, &err))
+            return fail(err.msg);
+        data_path = spool;
     }
-    fprintf(stderr,
-            "ft-eval: error: not implemented yet (see the project's open issues)\n");
-    return 2;
+    rc = run(&a, data_path);
+    if (spool) {
+        unlink(spool);
+        free(spool);
+    }
+    if (fflush(stdout) != 0) {
+        perror("ft-eval: error: writing the output");
+        rc = 1;
+    }
+    return rc;
 }

@@ -1,24 +1,109 @@
 /* ft-merge: merge a LoRA adapter into its base model.
  *
- * A placeholder until the tool is written: --help describes what it will do, any
- * other invocation says it is not implemented and exits 2. */
+ * Thin main: parses the options, calls ft_merge (lib/merge.c) and prints the output dir
+ * on stdout. */
+#include "merge.h"
+
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const char usage[] =
-    "usage: ft-merge [options] MODEL_DIR ADAPTER_DIR OUT_DIR\n"
+    "usage: ft-merge --model DIR --adapter DIR --out DIR [options]\n"
     "\n"
-    "Will fold a PEFT LoRA adapter into its base model (W += scale * B A for each adapted\n"
-    "layer, dequantizing a quantized base first) and write a plain Hugging Face\n"
-    "checkpoint that loads without PEFT. Not implemented yet.\n";
+    "Folds a PEFT LoRA adapter into its base model (W += scaling * B @ A for every adapted\n"
+    "layer, in fp32) and writes a plain Hugging Face checkpoint that loads without PEFT:\n"
+    "safetensors (sharded with an index when over the shard size), config.json, and the\n"
+    "base's tokenizer and generation files. The output appears atomically: it is written\n"
+    "to a temporary dir next to --out and renamed at the end. Prints the output dir.\n"
+    "Quantized base models are not supported yet.\n"
+    "\n"
+    "  --model DIR               base model dir (config.json + safetensors)\n"
+    "  --adapter DIR             PEFT adapter dir (adapter_config.json +\n"
+    "                            adapter_model.safetensors)\n"
+    "  --out DIR                 output dir; must not exist unless --force\n"
+    "  --dtype bf16|f16|f32      dtype of every written tensor (default: the base's\n"
+    "                            torch_dtype in config.json, f32 when absent)\n"
+    "  --max-shard-size BYTES    largest shard (default 5000000000, as transformers)\n"
+    "  --force                   replace an existing --out\n"
+    "  --help                    print this help\n";
+
+static int usage_error(const char *fmt, const char *arg)
+{
+    fputs("ft-merge: error: ", stderr);
+    fprintf(stderr, fmt, arg);
+    fputs("\n", stderr);
+    fputs(usage, stderr);
+    return 2;
+}
 
 int main(int argc, char **argv)
 {
-    if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
-        fputs(usage, stdout);
-        return 0;
+    ft_merge_options o = {0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(usage, stdout);
+            return 0;
+        }
+        if (strcmp(a, "--force") == 0) {
+            o.force = true;
+            continue;
+        }
+        static const char *const with_value[] = {"--model", "--adapter", "--out", "--dtype",
+                                                 "--max-shard-size"};
+        const char *opt = NULL, *val = NULL;
+        for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
+            size_t n = strlen(with_value[k]);
+            if (strcmp(a, with_value[k]) == 0) {
+                if (i + 1 >= argc)
+                    return usage_error("option '%s' needs a value", a);
+                opt = with_value[k];
+                val = argv[++i];
+            } else if (strncmp(a, with_value[k], n) == 0 && a[n] == '=') {
+                opt = with_value[k];
+                val = a + n + 1;
+            }
+        }
+        if (!opt)
+            return usage_error(a[0] == '-' ? "unknown option '%s'" : "unexpected argument '%s'",
+                               a);
+        if (strcmp(opt, "--model") == 0) {
+            o.model_dir = val;
+        } else if (strcmp(opt, "--adapter") == 0) {
+            o.adapter_dir = val;
+        } else if (strcmp(opt, "--out") == 0) {
+            o.out_dir = val;
+        } else if (strcmp(opt, "--dtype") == 0) {
+            if (strcmp(val, "bf16") && strcmp(val, "f16") && strcmp(val, "f32"))
+                return usage_error("--dtype: '%s' is not bf16, f16 or f32", val);
+            o.dtype = val;
+        } else if (strcmp(opt, "--max-shard-size") == 0) {
+            char *end;
+            errno = 0;
+            unsigned long long v = strtoull(val, &end, 10);
+            if (errno || end == val || *end || val[0] == '-' || v == 0)
+                return usage_error("--max-shard-size: '%s' is not a positive number of bytes",
+                                   val);
+            o.max_shard_bytes = (size_t)v;
+        }
     }
-    fprintf(stderr,
-            "ft-merge: error: not implemented yet (see the project's open issues)\n");
-    return 2;
+    if (!o.model_dir)
+        return usage_error("%s", "--model is required");
+    if (!o.adapter_dir)
+        return usage_error("%s", "--adapter is required");
+    if (!o.out_dir || !o.out_dir[0])
+        return usage_error("%s", "--out is required");
+    ft_err err;
+    if (ft_merge(&o, &err)) {
+        fprintf(stderr, "ft-merge: error: %s\n", err.msg);
+        return 1;
+    }
+    printf("%s\n", o.out_dir);
+    if (fflush(stdout) != 0) {
+        perror("ft-merge: error: writing the output");
+        return 1;
+    }
+    return 0;
 }

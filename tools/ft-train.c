@@ -1,24 +1,26 @@
-/* ft-train: fine-tune a model (LoRA, QLoRA or full) from a YAML run config.
- *
- * Today it reads and validates the config and runs the data pipeline: --print-config
- * shows the resolved config, --dump-data writes the samples exactly as the model will
- * see them. The training loop itself lands with the workflow issue. */
+/* ft-train: fine-tune a model (LoRA or full) from a YAML run config; prints the output
+ * dir on stdout. --print-config shows the resolved config, --dump-data writes the
+ * samples exactly as the model will see them. The loop is lib/trainer.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "config.h"
 #include "data_setup.h"
+#include "trainer.h"
 
 static const char usage[] =
-    "usage: ft-train --config FILE.yaml [--set key=value ...] [--dump-data FILE|-]\n"
-    "                [--print-config]\n"
+    "usage: ft-train --config FILE.yaml [--set key=value ...] [--resume auto|DIR]\n"
+    "                [--dump-data FILE|-] [--print-config]\n"
     "\n"
-    "Trains a LoRA adapter, a QLoRA adapter or the full model as the YAML run config\n"
-    "describes (keys: configs/README.md), with --set overrides applied in order.\n"
+    "Trains a LoRA adapter or the full model as the YAML run config describes (keys:\n"
+    "configs/README.md), with --set overrides applied in order, and prints the output dir\n"
+    "(train.output_dir/final) on stdout. The run dir gets config.yaml, TensorBoard event\n"
+    "files and checkpoint-N/ dirs. SIGINT or SIGTERM saves a checkpoint and exits 130.\n"
     "\n"
     "  --config FILE       the run config (YAML)\n"
     "  --set key=value     override one key, e.g. --set train.batch_size=4\n"
+    "  --resume auto|DIR   continue from the newest checkpoint of the run dir, or DIR\n"
     "  --dump-data FILE|-  write the training rows as the model sees them, one\n"
     "                      {\"input_ids\",\"labels\"(,\"position_ids\")} JSON object a line,\n"
     "                      after templates, truncation, shuffling and packing; then exit\n"
@@ -26,8 +28,7 @@ static const char usage[] =
     "  --config-reference  print the reference of every config key (Markdown) and exit\n"
     "  -h, --help          this text\n"
     "\n"
-    "The training loop is not implemented yet: without --dump-data or --print-config\n"
-    "ft-train validates the config and exits 2.\n";
+    "Not yet: qlora (4-bit base), GPUs, several ranks.\n";
 
 static int fail(const char *msg)
 {
@@ -89,7 +90,7 @@ static int dump_data(const ft_config *cfg, const char *out_path)
 
 int main(int argc, char **argv)
 {
-    const char *config_path = NULL, *dump = NULL;
+    const char *config_path = NULL, *dump = NULL, *resume = NULL;
     bool print_config = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -97,6 +98,8 @@ int main(int argc, char **argv)
             return 0;
         } else if (!strcmp(argv[i], "--config") && i + 1 < argc) {
             config_path = argv[++i];
+        } else if (!strcmp(argv[i], "--resume") && i + 1 < argc) {
+            resume = argv[++i];
         } else if (!strcmp(argv[i], "--dump-data") && i + 1 < argc) {
             dump = argv[++i];
         } else if (!strcmp(argv[i], "--config-reference")) {
@@ -135,10 +138,15 @@ int main(int argc, char **argv)
     } else if (dump) {
         rc = dump_data(cfg, dump);
     } else {
-        fprintf(stderr, "ft-train: error: %s is valid, but the training loop is not "
-                        "implemented yet (use --dump-data or --print-config)\n",
-                config_path);
-        rc = 2;
+        ft_trainer_options to = {.resume = resume, .log = stderr};
+        ft_train_outcome outcome;
+        char out[4096];
+        if (ft_train_run(cfg, &to, &outcome, out, sizeof out, &err)) {
+            rc = fail(err.msg);
+        } else {
+            printf("%s\n", out);
+            rc = outcome == FT_TRAIN_INTERRUPTED ? 130 : 0;
+        }
     }
 done:
     ft_config_free(cfg);

@@ -14,6 +14,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import load_file
 
@@ -385,7 +386,7 @@ def describe(a, b):
     if d.numel() == 0:
         return "empty"
     i = int(torch.argmax(d))
-    idx = tuple(int(x) for x in torch.unravel_index(torch.tensor(i), d.shape)) if d.dim() else ()
+    idx = tuple(int(x) for x in np.unravel_index(int(i), tuple(d.shape))) if d.dim() else ()
     return (f"rel_err={rel_err(a, b):.3e} max_abs={d.max().item():.3e} at {idx} "
             f"(ours {a.flatten()[i].item():.7g}, ref {b.flatten()[i].item():.7g}), "
             f"||ref||={torch.linalg.vector_norm(b).item():.4g}")

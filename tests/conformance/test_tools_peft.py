@@ -1,0 +1,372 @@
+"""ft-lora-init and ft-merge against PEFT and transformers.
+
+ft-lora-init: the adapter loads with peft.PeftModel.from_pretrained with every key used
+(no missing or unexpected keys), has PEFT's default init (|A| <= 1/sqrt(in), B == 0), the
+requested target modules and r / alpha / dropout / rsLoRA, and leaves the model's logits
+equal to the base's.
+
+ft-merge: for adapters made by peft itself (random A and B), the merged checkpoint loads
+with AutoModelForCausalLM and matches PeftModel(base, adapter):
+  - f32 output: logits rel err <= 1e-5 (TOL_LOGITS) and weights vs peft's
+    merge_and_unload() <= 1e-5 (TOL_WEIGHT);
+  - bf16 / f16 output: every weight equals peft's fp32 merge rounded to that dtype, except
+    where the two fp32 merges (different GEMM summation order, ~1e-7 relative) straddle a
+    rounding boundary: those (at most 0.1% of a tensor) may be one unit in the last place
+    off. Logits are then compared with a loose tolerance: rounding every weight to bf16
+    (unit roundoff 2^-9 ~ 2e-3) perturbs the logits of these 2-layer models by a few
+    1e-3, so 2e-2 bf16 / 5e-3 f16 (2^-11) separate "rounded" from "wrong".
+Tied and untied models, all-linear and subsets, rsLoRA, qwen2 biases, a bf16 base (the
+default dtype follows config.json), and a sharded output.
+
+Run:  FT_LORA_INIT=$PWD/bin/ft-lora-init FT_MERGE=$PWD/bin/ft-merge \\
+          .venv/bin/python -m pytest -q tests/conformance/test_tools_peft.py
+"""
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import ftref
+
+TOOL_TIMEOUT_S = 120
+
+
+def _tool(var, name):
+    exe = os.environ.get(var)
+    if not exe:
+        pytest.fail(f"environment variable {var} is not set: it must be the path of "
+                    f"bin/{name} (e.g. {var}=$PWD/bin/{name})", pytrace=False)
+    if not os.access(exe, os.X_OK):
+        pytest.fail(f"{var}={exe} is not an executable file", pytrace=False)
+    return exe
+
+
+@pytest.fixture(scope="session")
+def lora_init_exe():
+    return _tool("FT_LORA_INIT", "ft-lora-init")
+
+
+@pytest.fixture(scope="session")
+def merge_exe():
+    return _tool("FT_MERGE", "ft-merge")
+
+
+def run_tool(args, expect_rc=0):
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "2")
+    cp = subprocess.run([str(a) for a in args], capture_output=True, text=True,
+                        timeout=TOOL_TIMEOUT_S, env=env)
+    if expect_rc is not None and cp.returncode != expect_rc:
+        pytest.fail(f"{' '.join(map(str, args))}: exit {cp.returncode} (expected {expect_rc})"
+                    f"\nstdout: {cp.stdout}\nstderr: {cp.stderr}", pytrace=False)
+    return cp
+
+
+def logits_of(model, vocab, seed=0):
+    ids, _ = ftref.make_batch(vocab, 2, 12, seed)
+    return ftref.hf_forward(model, ids)[0]
+
+
+def load_peft(model_dir, adapter_dir):
+    from peft import PeftModel
+
+    base = ftref.load_hf(model_dir)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pm = PeftModel.from_pretrained(base, str(adapter_dir))
+    pm.eval()
+    return pm, [str(w.message) for w in caught]
+
+
+def lora_state(pm):
+    """{adapter file key: tensor} of the LoRA weights peft holds in memory."""
+    return {ftref.peft_key(n): p.detach().clone() for n, p in pm.named_parameters()
+            if ".lora_" in n}
+
+
+# --------------------------------------------------------------------------------------
+# ft-lora-init
+
+
+INIT_CASES = [
+    # (model, --target, expected module names, r, alpha, rslora)
+    ("llama_gqa", "q_proj,v_proj,down_proj", ["q_proj", "v_proj", "down_proj"], 8, 16, True),
+    ("tied", "all-linear", ftref.SEVEN, 4, 8, False),
+    ("qwen2", "k_proj,gate_proj", ["k_proj", "gate_proj"], 2, 3.5, False),
+]
+
+
+@pytest.mark.parametrize("model_name,target,modules,r,alpha,rslora", INIT_CASES,
+                         ids=[c[0] + "-" + c[1] for c in INIT_CASES])
+def test_lora_init_adapter_loads_in_peft(store, lora_init_exe, tmp_path, model_name, target,
+                                         modules, r, alpha, rslora):
+    model_dir = store.model(model_name)
+    out = tmp_path / "adapter"
+    args = [lora_init_exe, "--model", model_dir, "--out", out, "--r", r, "--alpha", alpha,
+            "--dropout", 0.1, "--target", target, "--seed", 7]
+    if rslora:
+        args.append("--rslora")
+    cp = run_tool(args)
+    assert cp.stdout.strip() == str(out)
+
+    cfg = json.loads((out / "adapter_config.json").read_text())
+    assert cfg["peft_type"] == "LORA" and cfg["task_type"] == "CAUSAL_LM"
+    assert cfg["r"] == r and cfg["lora_alpha"] == alpha and cfg["use_rslora"] == rslora
+    assert math.isclose(cfg["lora_dropout"], 0.1, rel_tol=1e-6)
+    assert sorted(cfg["target_modules"]) == sorted(modules)
+    assert cfg["base_model_name_or_path"] == str(model_dir)
+
+    tensors = load_file(str(out / "adapter_model.safetensors"))
+    n_layers = ftref.SHAPES[model_name].cfg["num_hidden_layers"]
+    assert len(tensors) == 2 * len(modules) * n_layers
+    for k, t in tensors.items():
+        assert t.dtype == torch.float32, k
+        assert any(f".{m}.lora_" in k for m in modules), k
+        if ".lora_A." in k:
+            assert t.shape[0] == r, k
+            bound = 1.0 / math.sqrt(t.shape[1])
+            amax = t.abs().max().item()
+            # kaiming-uniform with a = sqrt(5): U(-1/sqrt(in), 1/sqrt(in))
+            assert amax <= bound, f"{k}: max |A| {amax} > 1/sqrt(in) = {bound}"
+            assert amax > 0.5 * bound, f"{k}: max |A| {amax} is too small for U(-b, b)"
+            assert abs(t.mean().item()) < 0.25 * bound, k
+        else:
+            assert ".lora_B." in k and t.shape[1] == r, k
+            assert torch.count_nonzero(t) == 0, f"{k}: B must start at zero"
+
+    pm, caught = load_peft(model_dir, out)
+    bad = [w for w in caught if "missing" in w.lower() or "unexpected" in w.lower()]
+    assert not bad, bad
+    mem = lora_state(pm)
+    assert set(mem) == set(tensors), (sorted(set(mem) ^ set(tensors)))[:6]
+    for k, t in tensors.items():
+        assert torch.equal(mem[k], t), f"{k}: peft holds other values than the file"
+    lc = pm.peft_config["default"]
+    assert lc.r == r and lc.lora_alpha == alpha and lc.use_rslora == rslora
+    assert set(lc.target_modules) == set(modules)
+
+    # B = 0: the adapted model is the base model
+    base = ftref.load_hf(model_dir)
+    vocab = ftref.SHAPES[model_name].cfg["vocab_size"]
+    assert torch.equal(logits_of(pm, vocab), logits_of(base, vocab))
+
+
+def test_lora_init_seed(store, lora_init_exe, tmp_path):
+    model_dir = store.model("llama_gqa")
+    outs = []
+    for i, seed in enumerate([1, 1, 2]):
+        out = tmp_path / f"a{i}"
+        run_tool([lora_init_exe, "--model", model_dir, "--out", out, "--seed", seed,
+                  "--target", "q_proj"])
+        outs.append(load_file(str(out / "adapter_model.safetensors")))
+    k = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+    assert torch.equal(outs[0][k], outs[1][k])
+    assert not torch.equal(outs[0][k], outs[2][k])
+
+
+def test_lora_init_usage_errors(store, lora_init_exe, tmp_path):
+    cp = run_tool([lora_init_exe, "--help"])
+    assert cp.stdout.startswith("usage: ft-lora-init")
+    cp = run_tool([lora_init_exe, "--out", tmp_path / "x"], expect_rc=2)
+    assert "ft-lora-init: error:" in cp.stderr and "--model" in cp.stderr
+    cp = run_tool([lora_init_exe, "--model", store.model("llama_gqa"), "--out", tmp_path / "x",
+                   "--target", "qq_proj"], expect_rc=2)
+    assert "qq_proj" in cp.stderr
+    cp = run_tool([lora_init_exe, "--model", tmp_path / "nothing", "--out", tmp_path / "x"],
+                  expect_rc=1)
+    assert cp.stderr.startswith("ft-lora-init: error:") and "config.json" in cp.stderr
+
+
+# --------------------------------------------------------------------------------------
+# ft-merge
+
+
+def _spacing(x, dtype):
+    """The distance from |x| to the next representable value of dtype (one ulp)."""
+    mant = {torch.bfloat16: 7, torch.float16: 10}[dtype]
+    tiny = {torch.bfloat16: 2.0 ** -133, torch.float16: 2.0 ** -24}[dtype]
+    e = torch.floor(torch.log2(x.abs().double().clamp_min(1e-300)))
+    return torch.clamp(torch.pow(2.0, e - mant), min=tiny)
+
+
+def check_rounded(name, ours, ref32, dtype):
+    """ours (dtype) == ref32 rounded to dtype, up to one ulp on <= 0.1% of the values."""
+    assert ours.dtype == dtype, f"{name}: dtype {ours.dtype}, expected {dtype}"
+    want = ref32.to(dtype)
+    diff = (ours.double() - want.double()).abs()
+    off = int(torch.count_nonzero(diff))
+    assert off <= max(1, ours.numel() // 1000), f"{name}: {off} of {ours.numel()} values differ"
+    assert bool((diff <= _spacing(ref32, dtype) * 1.0001).all()), \
+        f"{name}: a value is more than one ulp from the rounded fp32 merge"
+
+
+MERGE_CASES = [
+    # (model, adapter variant, --dtype or None)
+    ("llama_gqa", "all-linear", "f32"),
+    ("llama_gqa", "qv", "f32"),
+    ("llama_gqa", "all-linear-literal", "f32"),
+    ("tied", "all7", "f32"),
+    ("tied", "rslora", "f32"),
+    ("qwen2", "rslora", "f32"),
+    ("llama_bias", "o_down", "f32"),
+    ("llama_gqa", "all7", "bf16"),
+    ("tied", "qv", "bf16"),
+    ("llama_gqa", "rslora", "f16"),
+    ("bf16_ckpt", "qv", None),  # default: config.json's torch_dtype (bfloat16)
+    ("llama_gqa", "qv", None),  # saved in float32: float32
+]
+
+_DT = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+_TORCH_NAME = {torch.float32: "float32", torch.bfloat16: "bfloat16",
+               torch.float16: "float16"}
+_LOGIT_TOL = {torch.float32: ftref.TOL_LOGITS, torch.bfloat16: 2e-2, torch.float16: 5e-3}
+
+
+@pytest.mark.parametrize("model_name,variant,dtype", MERGE_CASES,
+                         ids=[f"{m}-{v}-{d or 'default'}" for m, v, d in MERGE_CASES])
+def test_merge_matches_peft(store, merge_exe, tmp_path, model_name, variant, dtype):
+    model_dir = store.model(model_name)
+    adapter = store.adapter(model_name, variant)
+    out = tmp_path / "merged"
+    args = [merge_exe, "--model", model_dir, "--adapter", adapter, "--out", out]
+    if dtype:
+        args += ["--dtype", dtype]
+    cp = run_tool(args)
+    assert cp.stdout.strip() == str(out)
+
+    shape = ftref.SHAPES[model_name]
+    if dtype:
+        want_dt = _DT[dtype]
+    else:
+        want_dt = shape.save_dtype
+    cfg = json.loads((out / "config.json").read_text())
+    base_cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    assert cfg["torch_dtype"] == _TORCH_NAME[want_dt]
+    assert {k: v for k, v in cfg.items() if k != "torch_dtype"} == \
+        {k: v for k, v in base_cfg.items() if k != "torch_dtype"}
+    if (Path(model_dir) / "generation_config.json").exists():
+        assert (out / "generation_config.json").read_bytes() == \
+            (Path(model_dir) / "generation_config.json").read_bytes()
+    assert not [p.name for p in tmp_path.iterdir() if p.name != "merged"], \
+        "temporary files left next to --out"
+
+    ours = load_file(str(out / "model.safetensors"))
+    pm, _ = load_peft(model_dir, adapter)
+    vocab = shape.cfg["vocab_size"]
+    ref_logits = logits_of(pm, vocab)
+    ref_state = {k: v.detach().clone() for k, v in pm.merge_and_unload().state_dict().items()}
+    tied = shape.cfg.get("tie_word_embeddings", False)
+    if tied:
+        ref_state.pop("lm_head.weight", None)
+    assert set(ours) == set(ref_state), sorted(set(ours) ^ set(ref_state))
+    assert ("lm_head.weight" in ours) == (not tied)
+    for k, ref in ref_state.items():
+        ref = ref.float()
+        if want_dt == torch.float32:
+            assert ours[k].dtype == torch.float32, k
+            ftref.assert_close(f"merged {k}", ours[k], ref, ftref.TOL_WEIGHT)
+        else:
+            check_rounded(k, ours[k], ref, want_dt)
+
+    merged = ftref.load_hf(out)
+    ftref.assert_close("merged logits", logits_of(merged, vocab), ref_logits,
+                       _LOGIT_TOL[want_dt])
+
+
+def test_merge_sharded_output(store, merge_exe, tmp_path):
+    model_dir = store.model("sharded")  # a sharded base, too
+    adapter = store.adapter("sharded", "all7")
+    out = tmp_path / "merged"
+    run_tool([merge_exe, "--model", model_dir, "--adapter", adapter, "--out", out,
+              "--max-shard-size", 20000])
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 2, shards
+    assert not (out / "model.safetensors").exists()
+    n = len(shards)
+    assert shards == [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+    total = 0
+    for s in shards:
+        assert (out / s).stat().st_size <= 20000 + 4096  # data <= limit, plus the header
+        for k, t in load_file(str(out / s)).items():
+            assert index["weight_map"][k] == s
+            total += t.numel() * t.element_size()
+    assert index["metadata"]["total_size"] == total
+
+    pm, _ = load_peft(model_dir, adapter)
+    vocab = ftref.SHAPES["sharded"].cfg["vocab_size"]
+    ftref.assert_close("sharded merged logits", logits_of(ftref.load_hf(out), vocab),
+                       logits_of(pm, vocab), ftref.TOL_LOGITS)
+
+
+def test_lora_init_then_merge_is_the_base(store, lora_init_exe, merge_exe, tmp_path):
+    """B = 0: merging a fresh adapter gives the base weights back, bit for bit."""
+    model_dir = store.model("tied")
+    run_tool([lora_init_exe, "--model", model_dir, "--out", tmp_path / "a", "--r", 4])
+    run_tool([merge_exe, "--model", model_dir, "--adapter", tmp_path / "a", "--out",
+              tmp_path / "m"])
+    ours = load_file(str(tmp_path / "m" / "model.safetensors"))
+    base = load_file(str(Path(model_dir) / "model.safetensors"))
+    assert set(ours) == set(base)
+    for k in base:
+        assert torch.equal(ours[k], base[k]), k
+
+
+def test_merge_copies_tokenizer_files(store, merge_exe, tmp_path):
+    model_dir = ftref.copy_model_dir(store.model("llama_gqa"), tmp_path / "base")
+    files = {
+        "tokenizer.json": '{"version": "1.0"}\n',
+        "tokenizer_config.json": '{"model_max_length": 64}\n',
+        "special_tokens_map.json": '{"bos_token": "<s>"}\n',
+        "tokenizer.model": "\x00sentencepiece-bytes",
+    }
+    for name, text in files.items():
+        (model_dir / name).write_text(text)
+    out = tmp_path / "merged"
+    run_tool([merge_exe, "--model", model_dir, "--adapter", store.adapter("llama_gqa", "qv"),
+              "--out", out])
+    for name, text in files.items():
+        assert (out / name).read_text() == text, name
+    assert (out / "generation_config.json").read_bytes() == \
+        (model_dir / "generation_config.json").read_bytes()
+
+
+def test_merge_errors(store, merge_exe, tmp_path):
+    model_dir = store.model("llama_gqa")
+    adapter = store.adapter("llama_gqa", "qv")
+    cp = run_tool([merge_exe, "--help"])
+    assert cp.stdout.startswith("usage: ft-merge")
+    cp = run_tool([merge_exe, "--model", model_dir, "--out", tmp_path / "o"], expect_rc=2)
+    assert "ft-merge: error:" in cp.stderr and "--adapter" in cp.stderr
+    cp = run_tool([merge_exe, "--model", model_dir, "--adapter", adapter, "--out",
+                   tmp_path / "o", "--dtype", "fp8"], expect_rc=2)
+    assert "fp8" in cp.stderr
+
+    # missing adapter; adapter of another model (shapes differ); a DoRA adapter
+    out = tmp_path / "o"
+    for bad, needle in [(tmp_path / "none", "none"),
+                        (store.adapter("llama_mqa_odd", "qv"), "shape"),
+                        (store.adapter("llama_gqa", "dora"), "use_dora")]:
+        cp = run_tool([merge_exe, "--model", model_dir, "--adapter", bad, "--out", out],
+                      expect_rc=1)
+        assert cp.stderr.startswith("ft-merge: error:") and needle in cp.stderr, cp.stderr
+        assert not out.exists()
+        assert list(tmp_path.iterdir()) == [], "files left behind next to --out"
+
+    # an existing --out: error, untouched; --force replaces it
+    out.mkdir()
+    (out / "keep").write_text("x")
+    cp = run_tool([merge_exe, "--model", model_dir, "--adapter", adapter, "--out", out],
+                  expect_rc=1)
+    assert "already exists" in cp.stderr and (out / "keep").exists()
+    run_tool([merge_exe, "--model", model_dir, "--adapter", adapter, "--out", out, "--force"])
+    assert not (out / "keep").exists() and (out / "model.safetensors").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]
