@@ -75,6 +75,7 @@ typedef struct trainer {
     ft_tb_writer *tb;
     ft_lr_schedule sched;
     ft_train_state state;
+    long last_eval_step; /* -1: none yet */
     int accum, n_batches;
     owned_batch *micro;
 } trainer;
@@ -172,8 +173,9 @@ static int log_scalar(trainer *t, const char *tag, double v, ft_err *err)
 
 static int run_eval(trainer *t, ft_err *err)
 {
-    if (!t->eval_loader)
+    if (!t->eval_loader || t->last_eval_step == t->state.global_step)
         return 0;
+    t->last_eval_step = t->state.global_step;
     double loss = 0;
     long tokens = 0;
     if (evaluate(t, &loss, &tokens, err))
@@ -381,7 +383,7 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
 int ft_train_run(const ft_config *cfg, const ft_trainer_options *o, ft_train_outcome *outcome,
                  char *out, size_t out_len, ft_err *err)
 {
-    trainer t = {.cfg = cfg, .log = o->log ? o->log : stderr};
+    trainer t = {.cfg = cfg, .log = o->log ? o->log : stderr, .last_eval_step = -1};
     stop_requested = 0;
     struct sigaction sa = {0}, old_int, old_term;
     sa.sa_handler = on_signal;

@@ -1,0 +1,190 @@
+"""ft-train end to end on a tiny Llama made by transformers, with a tokenizer trained by
+`tokenizers` beside it:
+
+- the loss printed on stderr falls, and TensorBoard's own reader finds the same values at
+  the same steps (train/loss, learning rate, grad norm, tokens/s, memory, eval/loss,
+  eval/perplexity) and the resolved config as text;
+- the final adapter loads in PEFT with every key matched; a full run's final dir loads in
+  transformers;
+- resuming from a checkpoint gives bitwise the adapter and losses of the uninterrupted
+  run; SIGTERM saves a checkpoint and exits 130; a checkpoint of another mode is refused;
+- a bad config fails before any work, naming the key.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+FT_TRAIN = os.environ.get("FT_TRAIN")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    assert FT_TRAIN, "FT_TRAIN must be the path of bin/ft-train"
+    d = tmp_path_factory.mktemp("train_tool")
+    rows = [{"prompt": f"Q: colour of item {i}?", "completion": f" {['red', 'green', 'blue'][i % 3]}"}
+            for i in range(60)]
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.train_from_iterator([r["prompt"] + r["completion"] for r in rows],
+                           trainers.BpeTrainer(vocab_size=280, special_tokens=["<|endoftext|>"],
+                                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                               show_progress=False))
+    hf = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=tk.get_vocab_size(), hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=64, eos_token_id=hf.eos_token_id)
+    LlamaForCausalLM(cfg).save_pretrained(d / "model")
+    hf.save_pretrained(d / "model")
+    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:50]))
+    (d / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[50:]))
+    return d
+
+
+def write_config(d, name, **train):
+    t = dict(batch_size=4, grad_accum=2, max_steps=6, learning_rate=1e-2, warmup_steps=1,
+             logging_steps=1, eval_strategy="steps", eval_steps=3, save_steps=3,
+             output_dir=str(d / name))
+    t.update(train)
+    text = (f"model:\n  name: {d / 'model'}\n  max_seq_len: 32\n"
+            "tuning:\n  mode: lora\n  lora:\n    r: 4\n    alpha: 8\n    dropout: 0.1\n"
+            "train:\n" + "".join(f"  {k}: {v}\n" for k, v in t.items()) +
+            f"data:\n  train_path: {d / 'train.jsonl'}\n  eval_path: {d / 'eval.jsonl'}\n")
+    p = d / f"{name}.yaml"
+    p.write_text(text)
+    return p
+
+
+def train(cfg, *args, check=True):
+    out = subprocess.run([FT_TRAIN, "--config", str(cfg), *args], capture_output=True,
+                         text=True)
+    if check:
+        assert out.returncode == 0, out.stderr
+    return out
+
+
+def printed_losses(stderr):
+    return {int(m.group(1)): float(m.group(2))
+            for m in re.finditer(r"^step (\d+)/\d+ \| loss ([0-9.]+)", stderr, re.M)}
+
+
+def tb_scalars(run_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def test_trains_and_logs(workdir):
+    out = train(write_config(workdir, "run_a"))
+    final = Path(out.stdout.strip())
+    assert final == workdir / "run_a" / "final"
+    losses = printed_losses(out.stderr)
+    assert sorted(losses) == [1, 2, 3, 4, 5, 6]
+    assert losses[6] < losses[1]
+    acc = tb_scalars(workdir / "run_a")
+    tags = set(acc.Tags()["scalars"])
+    for tag in ["train/loss", "train/learning_rate", "train/grad_norm",
+                "train/tokens_per_second", "eval/loss", "eval/perplexity",
+                "memory/weights_peak_bytes"]:
+        assert tag in tags, tag
+    tb = {e.step: e.value for e in acc.Scalars("train/loss")}
+    assert sorted(tb) == sorted(losses)
+    for step, v in losses.items():
+        assert abs(tb[step] - v) <= 5e-5, (step, tb[step], v)
+    assert [e.step for e in acc.Scalars("eval/loss")] == [3, 6]
+    assert "config" in " ".join(acc.Tags()["tensors"])
+    assert (workdir / "run_a" / "config.yaml").read_text().startswith("model:")
+
+
+def test_final_adapter_loads_in_peft(workdir):
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import LlamaForCausalLM
+    final = workdir / "run_a" / "final"
+    base = LlamaForCausalLM.from_pretrained(workdir / "model")
+    m = PeftModel.from_pretrained(base, final)
+    ours = load_file(final / "adapter_model.safetensors")
+    sd = {k.replace(".default", ""): v for k, v in m.state_dict().items() if "lora_" in k}
+    assert set(ours) == set(sd)
+    for k, v in ours.items():
+        assert torch.equal(v, sd[k]), k
+
+
+def test_resume_is_bitwise(workdir):
+    """Run B stops after checkpoint-3 (copied from A) and resumes: same losses after, same
+    final adapter, bit for bit (dropout masks included)."""
+    b = workdir / "run_b"
+    b.mkdir()
+    shutil.copytree(workdir / "run_a" / "checkpoint-3", b / "checkpoint-3")
+    out = train(write_config(workdir, "run_b"), "--resume", "auto")
+    assert "resumed from" in out.stderr
+    got = printed_losses(out.stderr)
+    assert sorted(got) == [4, 5, 6]
+    acc = tb_scalars(workdir / "run_a")
+    want = {e.step: e.value for e in acc.Scalars("train/loss")}
+    for step, v in got.items():
+        assert abs(want[step] - v) <= 5e-5, (step, want[step], v)
+    a = (workdir / "run_a" / "final" / "adapter_model.safetensors").read_bytes()
+    assert (b / "final" / "adapter_model.safetensors").read_bytes() == a
+
+
+def test_sigterm_saves_and_exits_130(workdir):
+    cfg = write_config(workdir, "run_sig", max_steps=100000, save_steps=100000, eval_strategy="no")
+    p = subprocess.Popen([FT_TRAIN, "--config", str(cfg)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    seen = ""
+    while time.time() < deadline:
+        line = p.stderr.readline()
+        seen += line
+        if re.match(r"step 5/", line):
+            break
+    p.send_signal(signal.SIGTERM)
+    stdout, stderr = p.communicate(timeout=60)
+    assert p.returncode == 130, seen + stderr
+    ckpt = Path(stdout.strip())
+    assert ckpt.parent == workdir / "run_sig" and ckpt.name.startswith("checkpoint-")
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    assert state["format"] == "ftkit-trainer-state" and state["global_step"] >= 5
+
+
+def test_resume_refuses_other_mode(workdir):
+    c = workdir / "run_c"
+    c.mkdir()
+    shutil.copytree(workdir / "run_a" / "checkpoint-3", c / "checkpoint-3")
+    out = train(write_config(workdir, "run_c"), "--resume", "auto", "--set", "tuning.mode=full",
+                check=False)
+    assert out.returncode == 1 and "refusing to resume" in out.stderr and "mode" in out.stderr
+
+
+def test_full_mode_final_loads_in_transformers(workdir):
+    from transformers import LlamaForCausalLM
+    out = train(write_config(workdir, "run_full", max_steps=2, save_steps=10), "--set",
+                "tuning.mode=full")
+    final = Path(out.stdout.strip())
+    m = LlamaForCausalLM.from_pretrained(final)
+    base = LlamaForCausalLM.from_pretrained(workdir / "model")
+    w0 = base.model.layers[0].mlp.up_proj.weight
+    assert not torch.equal(m.model.layers[0].mlp.up_proj.weight, w0)
+
+
+def test_bad_config_fails_before_work(workdir):
+    cfg = write_config(workdir, "run_bad", learnig_rate=1)
+    out = train(cfg, check=False)
+    assert out.returncode == 1
+    assert "did you mean 'train.learning_rate'" in out.stderr
+    assert not (workdir / "run_bad").exists()
