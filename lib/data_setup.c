@@ -2,6 +2,8 @@
 
 #include <string.h>
 
+#include "model_path.h"
+
 int ft_run_data_load(ft_run_data *d, const ft_config *c, FILE *log, ft_err *err)
 {
     memset(d, 0, sizeof *d);
@@ -17,8 +19,12 @@ int ft_run_data_load(ft_run_data *d, const ft_config *c, FILE *log, ft_err *err)
         ft_chat_template_parse(ft_config_str(c, "data.chat_template"), &o.chat_template, err))
         return ft_fail_prefix(err, "config");
     if (o.format != FT_DATA_TOKENS) {
-        const char *tp = ft_config_has(c, "model.tokenizer") ? ft_config_str(c, "model.tokenizer")
-                                                             : ft_config_str(c, "model.name");
+        char dir[4096];
+        const char *tp = dir;
+        if (ft_config_has(c, "model.tokenizer"))
+            tp = ft_config_str(c, "model.tokenizer");
+        else if (ft_resolve_model_dir(ft_config_str(c, "model.name"), dir, sizeof dir, err))
+            return -1;
         if (ft_tokenizer_load(&d->tok, tp, err))
             return ft_fail_prefix(err, "tokenizer");
     }

@@ -12,6 +12,7 @@
 #include "data_setup.h"
 #include "fsutil.h"
 #include "model.h"
+#include "model_path.h"
 #include "optim.h"
 #include "schedule.h"
 #include "tb_writer.h"
@@ -67,7 +68,8 @@ static int own(owned_batch *o, const ft_batch *b, ft_err *err)
 typedef struct trainer {
     const ft_config *cfg;
     FILE *log;
-    const char *out_dir, *model_dir;
+    const char *out_dir;
+    char model_dir[4096];
     ft_model *m;
     ft_optimizer opt;
     ft_run_data data;
@@ -316,7 +318,9 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
     const ft_config *c = t->cfg;
     if (!ft_config_has(c, "model.name"))
         return ft_fail(err, "config: key 'model.name' is required (a Hugging Face model dir)");
-    t->model_dir = ft_config_str(c, "model.name");
+    if (ft_resolve_model_dir(ft_config_str(c, "model.name"), t->model_dir, sizeof t->model_dir,
+                             err))
+        return -1;
     t->out_dir = ft_config_str(c, "train.output_dir");
     if (ft_run_data_load(&t->data, c, t->log, err))
         return -1;

@@ -15,6 +15,7 @@
 #include "evaluate.h"
 #include "lora.h"
 #include "model.h"
+#include "model_path.h"
 #include "tokenizer.h"
 
 static const char usage[] =
@@ -282,6 +283,11 @@ int main(int argc, char **argv)
     int rc = parse_args(argc, argv, &a);
     if (rc >= 0)
         return rc;
+    char model_dir[4096];
+    ft_err resolve_err;
+    if (ft_resolve_model_dir(a.model, model_dir, sizeof model_dir, &resolve_err))
+        return fail(resolve_err.msg);
+    a.model = model_dir;
     /* With --generate the records are read twice (loss, then prompts): standard input is
      * copied into a temporary file first. */
     char *spool = NULL;

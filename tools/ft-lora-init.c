@@ -3,6 +3,7 @@
  * Thin main: parses the options, calls ft_lora_init_adapter (lib/lora_init.c) and
  * prints the adapter dir on stdout. */
 #include "lora_init.h"
+#include "model_path.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -126,7 +127,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "ft-lora-init: error: --target: %s\n", err.msg);
         return 2;
     }
-    if (ft_lora_init_adapter(model, out, &c, (uint64_t)seed, &err)) {
+    char model_dir[4096];
+    if (ft_resolve_model_dir(model, model_dir, sizeof model_dir, &err) ||
+        ft_lora_init_adapter(model_dir, out, &c, (uint64_t)seed, &err)) {
         fprintf(stderr, "ft-lora-init: error: %s\n", err.msg);
         return 1;
     }

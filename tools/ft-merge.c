@@ -3,6 +3,7 @@
  * Thin main: parses the options, calls ft_merge (lib/merge.c) and prints the output dir
  * on stdout. */
 #include "merge.h"
+#include "model_path.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -96,6 +97,12 @@ int main(int argc, char **argv)
     if (!o.out_dir || !o.out_dir[0])
         return usage_error("%s", "--out is required");
     ft_err err;
+    char model_dir[4096];
+    if (ft_resolve_model_dir(o.model_dir, model_dir, sizeof model_dir, &err)) {
+        fprintf(stderr, "ft-merge: error: %s\n", err.msg);
+        return 1;
+    }
+    o.model_dir = model_dir;
     if (ft_merge(&o, &err)) {
         fprintf(stderr, "ft-merge: error: %s\n", err.msg);
         return 1;
