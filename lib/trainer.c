@@ -78,9 +78,12 @@ typedef struct trainer {
     ft_lr_schedule sched;
     ft_train_state state;
     long last_eval_step; /* -1: none yet */
+    bool tty;            /* log is a terminal: keep a progress bar on its last line */
     int accum, n_batches;
     owned_batch *micro;
 } trainer;
+
+static void begin_line(trainer *t);
 
 static int setup_model(trainer *t, ft_err *err)
 {
@@ -182,6 +185,7 @@ static int run_eval(trainer *t, ft_err *err)
     long tokens = 0;
     if (evaluate(t, &loss, &tokens, err))
         return -1;
+    begin_line(t);
     fprintf(t->log, "eval step %ld | loss %.4f | perplexity %.3f | %ld tokens\n",
             t->state.global_step, loss, exp(loss), tokens);
     return log_scalar(t, "eval/loss", loss, err) ||
@@ -194,8 +198,10 @@ static int save_checkpoint(trainer *t, char *out, size_t out_len, ft_err *err)
     int rc = ft_checkpoint_save(t->out_dir, t->m, &t->opt, &t->state, t->model_dir,
                                 (int)ft_config_int(t->cfg, "train.save_total_limit"), out,
                                 out_len, err);
-    if (rc == 0)
+    if (rc == 0) {
+        begin_line(t);
         fprintf(t->log, "saved %s\n", out);
+    }
     return rc;
 }
 
@@ -215,11 +221,34 @@ static int next_micro_batches(trainer *t, ft_err *err)
     return 0;
 }
 
+/* On a terminal: "[#####-----] step 10/100 | loss 2.3456 | 1234 tok/s | eta 12s", redrawn
+ * in place after every step. */
+static void draw_progress(trainer *t, double loss, double tok_per_s, double eta)
+{
+    long step = t->state.global_step, total = t->sched.total_steps;
+    char bar[21];
+    int filled = (int)(20.0 * (double)step / (double)total);
+    for (int i = 0; i < 20; i++)
+        bar[i] = i < filled ? '#' : '-';
+    bar[20] = '\0';
+    fprintf(t->log, "\r\033[K[%s] step %ld/%ld | loss %.4f | %.0f tok/s | eta %.0fs", bar, step,
+            total, loss, tok_per_s, eta);
+    fflush(t->log);
+}
+
+/* Starts a full log line: on a terminal, clears the progress bar first. */
+static void begin_line(trainer *t)
+{
+    if (t->tty)
+        fputs("\r\033[K", t->log);
+}
+
 static int log_step(trainer *t, const ft_step_stats *st, double tok_per_s, double elapsed,
                     long first_step, ft_err *err)
 {
     long step = t->state.global_step, total = t->sched.total_steps;
     double eta = (double)(total - step) * elapsed / (double)(step - first_step);
+    begin_line(t);
     fprintf(t->log, "step %ld/%ld | loss %.4f | lr %.3e | grad_norm %.4f | %.0f tok/s | eta %.0fs\n",
             step, total, st->loss, st->lr, st->grad_norm, tok_per_s, eta);
     const ft_mem *mem = ft_model_mem(t->m);
@@ -289,17 +318,23 @@ static int train_loop(trainer *t, ft_train_outcome *outcome, char *out, size_t o
             return ft_fail_prefix(err, "step %ld", t->state.global_step + 1);
         t->state.global_step++;
         long step = t->state.global_step;
+        double tnow = now();
+        double rate = window_tokens / (tnow - window_t);
         if (step % log_every == 0 || step == 1 || step == t->sched.total_steps) {
-            double tnow = now();
-            if (log_step(t, &st, window_tokens / (tnow - window_t), tnow - t0, first_step, err))
+            if (log_step(t, &st, rate, tnow - t0, first_step, err))
                 return -1;
             window_t = tnow;
             window_tokens = 0;
         }
+        if (t->tty)
+            draw_progress(t, st.loss, rate,
+                          (double)(t->sched.total_steps - step) * (tnow - t0) /
+                              (double)(step - first_step));
         if ((eval_every && step % eval_every == 0) || (eval_epochs && t->state.epoch != epoch_before))
             if (run_eval(t, err))
                 return -1;
         if (stop_requested) {
+            begin_line(t);
             fprintf(t->log, "interrupted: saving a checkpoint at step %ld\n", step);
             *outcome = FT_TRAIN_INTERRUPTED;
             return save_checkpoint(t, out, out_len, err);
@@ -307,6 +342,7 @@ static int train_loop(trainer *t, ft_train_outcome *outcome, char *out, size_t o
         if (step % save_every == 0 && save_checkpoint(t, out, out_len, err))
             return -1;
     }
+    begin_line(t);
     if (run_eval(t, err))
         return -1;
     *outcome = FT_TRAIN_DONE;
@@ -388,6 +424,7 @@ int ft_train_run(const ft_config *cfg, const ft_trainer_options *o, ft_train_out
                  char *out, size_t out_len, ft_err *err)
 {
     trainer t = {.cfg = cfg, .log = o->log ? o->log : stderr, .last_eval_step = -1};
+    t.tty = isatty(fileno(t.log));
     stop_requested = 0;
     struct sigaction sa = {0}, old_int, old_term;
     sa.sa_handler = on_signal;
