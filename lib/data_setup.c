@@ -4,6 +4,18 @@
 
 #include "model_path.h"
 
+int ft_run_data_options(const ft_config *c, ft_data_options *o, ft_err *err)
+{
+    *o = (ft_data_options){.max_seq_len = (int)ft_config_int(c, "model.max_seq_len"),
+                           .train_on_all = ft_config_bool(c, "data.train_on_all"),
+                           .add_eos = ft_config_bool(c, "data.add_eos"),
+                           .skip_bad_lines = ft_config_bool(c, "data.skip_bad_lines")};
+    if (ft_data_format_parse(ft_config_str(c, "data.format"), &o->format, err) ||
+        ft_chat_template_parse(ft_config_str(c, "data.chat_template"), &o->chat_template, err))
+        return ft_fail_prefix(err, "config");
+    return 0;
+}
+
 int ft_run_data_load(ft_run_data *d, const ft_config *c, FILE *log, ft_err *err)
 {
     memset(d, 0, sizeof *d);
@@ -11,13 +23,9 @@ int ft_run_data_load(ft_run_data *d, const ft_config *c, FILE *log, ft_err *err)
         return ft_fail(err, "config: key 'model.name' is required (a Hugging Face model dir)");
     if (!ft_config_has(c, "data.train_path"))
         return ft_fail(err, "config: key 'data.train_path' is required (a JSONL file or -)");
-    ft_data_options o = {.max_seq_len = (int)ft_config_int(c, "model.max_seq_len"),
-                         .train_on_all = ft_config_bool(c, "data.train_on_all"),
-                         .add_eos = ft_config_bool(c, "data.add_eos"),
-                         .skip_bad_lines = ft_config_bool(c, "data.skip_bad_lines")};
-    if (ft_data_format_parse(ft_config_str(c, "data.format"), &o.format, err) ||
-        ft_chat_template_parse(ft_config_str(c, "data.chat_template"), &o.chat_template, err))
-        return ft_fail_prefix(err, "config");
+    ft_data_options o;
+    if (ft_run_data_options(c, &o, err))
+        return -1;
     if (o.format != FT_DATA_TOKENS) {
         char dir[4096];
         const char *tp = dir;

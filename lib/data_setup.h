@@ -19,6 +19,9 @@ typedef struct ft_run_data {
 int ft_run_data_load(ft_run_data *d, const ft_config *c, FILE *log, ft_err *err);
 void ft_run_data_free(ft_run_data *d);
 
+/* The data options the config describes (model.max_seq_len, data.*). */
+int ft_run_data_options(const ft_config *c, ft_data_options *o, ft_err *err);
+
 /* Loader options from the config: train.batch_size ("auto" reads as 1 here),
  * model.max_seq_len, data.packing, data.shuffle, train.seed; rank and world given. */
 ft_loader_options ft_run_loader_options(const ft_config *c, const ft_run_data *d, int rank,

@@ -490,3 +490,4 @@ const float *ft_model_logits(const ft_model *m) { return m->logits_valid ? m->lo
 
 uint64_t ft_model_rng_counter(const ft_model *m) { return m->n_forward; }
 void ft_model_set_rng_counter(ft_model *m, uint64_t counter) { m->n_forward = counter; }
+void ft_model_set_training(ft_model *m, bool training) { m->eval_mode = !training; }

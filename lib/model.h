@@ -118,6 +118,10 @@ const float *ft_model_logits(const ft_model *m);
  * Overwrites the logits. */
 int ft_model_backward(ft_model *m, float grad_scale, ft_err *err);
 
+/* Training mode (the default for a trainable model) applies LoRA dropout; evaluation
+ * mode (false) does not, as torch's model.eval(). */
+void ft_model_set_training(ft_model *m, bool training);
+
 /* The position of the model's random stream (dropout masks): a counter of forward
  * passes. A checkpoint saves it so a resumed run draws the masks it would have drawn. */
 uint64_t ft_model_rng_counter(const ft_model *m);

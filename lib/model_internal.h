@@ -63,6 +63,7 @@ struct ft_model {
     int32_t *ids, *targets, *pos, *seg; /* [N] */
     bool has_seg;
     bool logits_valid, can_backward;
+    bool eval_mode;       /* ft_model_set_training(m, false): no dropout */
     uint64_t dropout_seed; /* of the last forward (a fresh one each forward) */
     uint64_t n_forward;
 

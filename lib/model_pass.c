@@ -61,7 +61,7 @@ static uint64_t lora_dropout_seed(const ft_model *m, int l, ft_proj p)
 static const float *lora_input(ft_model *m, int l, ft_proj p, const float *x, size_t n)
 {
     float pd = m->opt.lora.dropout;
-    if (pd <= 0)
+    if (pd <= 0 || m->eval_mode)
         return x;
     ft_dropout_forward(T_(m->x_drop, n), T_(x, n), n, pd, lora_dropout_seed(m, l, p), 0);
     return m->x_drop;
@@ -119,7 +119,7 @@ static void proj_backward(ft_model *m, int l, ft_proj p, const float *x, const f
     ft_zero(T_(m->d_lora_h, nh), nh);
     ft_linear_backward(T_(m->d_lora_h, nh), ft_none(), ft_none(), T_(dy, ny),
                        T_(a->lora_h[p], nh), T_(w->lora_b[p], (size_t)out * r), N, r, out, s);
-    float pd = m->opt.lora.dropout;
+    float pd = m->eval_mode ? 0.0f : m->opt.lora.dropout;
     const float *xd = lora_input(m, l, p, x, nx);
     ft_linear_backward(ft_none(), T_(w->g_lora_a[p], (size_t)r * in), ft_none(),
                        T_(m->d_lora_h, nh), T_(xd, nx), T_(w->lora_a[p], (size_t)r * in), N, in,

@@ -10,6 +10,7 @@
 
 #include "checkpoint.h"
 #include "data_setup.h"
+#include "evaluate.h"
 #include "fsutil.h"
 #include "model.h"
 #include "model_path.h"
@@ -81,6 +82,8 @@ typedef struct trainer {
     bool tty;            /* log is a terminal: keep a progress bar on its last line */
     int accum, n_batches;
     owned_batch *micro;
+    ft_eval_records gen_records; /* predict_with_generate: prompts and references */
+    ft_gen_options gen;
 } trainer;
 
 static void begin_line(trainer *t);
@@ -150,8 +153,7 @@ static void stamp_of(const trainer *t, ft_ckpt_stamp *s)
     s->world_size = 1;
 }
 
-/* Mean loss over the eval set (forward only). */
-static int evaluate(trainer *t, double *loss, long *tokens, ft_err *err)
+static int evaluate_batches(trainer *t, double *loss, long *tokens, ft_err *err)
 {
     double sum = 0;
     long count = 0;
@@ -171,6 +173,15 @@ static int evaluate(trainer *t, double *loss, long *tokens, ft_err *err)
     return 0;
 }
 
+/* Mean loss over the eval set (forward only, no dropout). */
+static int evaluate(trainer *t, double *loss, long *tokens, ft_err *err)
+{
+    ft_model_set_training(t->m, false);
+    int rc = evaluate_batches(t, loss, tokens, err);
+    ft_model_set_training(t->m, true);
+    return rc;
+}
+
 static int log_scalar(trainer *t, const char *tag, double v, ft_err *err)
 {
     return ft_tb_scalar(t->tb, tag, t->state.global_step, v, err);
@@ -188,8 +199,23 @@ static int run_eval(trainer *t, ft_err *err)
     begin_line(t);
     fprintf(t->log, "eval step %ld | loss %.4f | perplexity %.3f | %ld tokens\n",
             t->state.global_step, loss, exp(loss), tokens);
-    return log_scalar(t, "eval/loss", loss, err) ||
-           log_scalar(t, "eval/perplexity", exp(loss), err) || ft_tb_flush(t->tb, err);
+    if (log_scalar(t, "eval/loss", loss, err) || log_scalar(t, "eval/perplexity", exp(loss), err))
+        return -1;
+    if (t->gen_records.n) {
+        ft_eval_gen g;
+        ft_model_set_training(t->m, false);
+        int rc = ft_eval_generate_run(t->m, t->data.tok, &t->gen_records, &t->gen, NULL, NULL,
+                                      &g, err);
+        ft_model_set_training(t->m, true);
+        if (rc)
+            return ft_fail_prefix(err, "evaluation generation");
+        fprintf(t->log, "eval step %ld | rougeL %.4f | exact_match %.4f | %zu generated\n",
+                t->state.global_step, g.rouge_l, g.exact_match, g.generated);
+        if (log_scalar(t, "eval/rougeL", g.rouge_l, err) ||
+            log_scalar(t, "eval/exact_match", g.exact_match, err))
+            return -1;
+    }
+    return ft_tb_flush(t->tb, err);
 }
 
 static int save_checkpoint(trainer *t, char *out, size_t out_len, ft_err *err)
@@ -372,11 +398,26 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
         if (ft_loader_new(&t->eval_loader, &t->data.eval, &lo, err))
             return -1;
     }
+    if (ft_config_int(c, "train.generation_num_beams") != 1)
+        return ft_fail(err, "config: train.generation_num_beams = %ld: only greedy decoding "
+                            "(1) is implemented",
+                       ft_config_int(c, "train.generation_num_beams"));
+    if (ft_config_bool(c, "train.predict_with_generate") && t->data.eval.n) {
+        ft_data_options dopt;
+        const char *path = ft_config_has(c, "data.eval_path") ? ft_config_str(c, "data.eval_path")
+                                                              : ft_config_str(c, "data.train_path");
+        if (ft_run_data_options(c, &dopt, err) ||
+            ft_eval_records_load(&t->gen_records, path, t->data.tok, &dopt, &t->data.eval, err))
+            return ft_fail_prefix(err, "predict_with_generate");
+        t->gen.max_new_tokens = (int)ft_config_int(c, "train.generation_max_new_tokens");
+    }
     t->micro = calloc((size_t)t->accum, sizeof *t->micro);
     if (!t->micro)
         return ft_fail(err, "out of memory");
     if (setup_model(t, err) || setup_schedule(t, err))
         return -1;
+    if (t->gen_records.n)
+        ft_gen_eos_ids(ft_model_cfg(t->m), t->data.tok, &t->gen);
     stamp_of(t, &t->state.stamp);
     t->state.seed = (uint64_t)ft_config_int(c, "train.seed");
     if (o->resume) {
@@ -447,6 +488,7 @@ int ft_train_run(const ft_config *cfg, const ft_trainer_options *o, ft_train_out
     ft_loader_free(t.eval_loader);
     ft_optimizer_free(&t.opt);
     ft_model_free(t.m);
+    ft_eval_records_free(&t.gen_records);
     ft_run_data_free(&t.data);
     return rc;
 }

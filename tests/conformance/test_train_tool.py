@@ -188,3 +188,21 @@ def test_bad_config_fails_before_work(workdir):
     assert out.returncode == 1
     assert "did you mean 'train.learning_rate'" in out.stderr
     assert not (workdir / "run_bad").exists()
+
+
+def test_predict_with_generate_logs_rouge(workdir):
+    out = train(write_config(workdir, "run_gen", max_steps=3, eval_steps=3,
+                             predict_with_generate="true", generation_max_new_tokens=4))
+    assert re.search(r"^eval step 3 \| rougeL [0-9.]+ \| exact_match [0-9.]+ \| 10 generated",
+                     out.stderr, re.M), out.stderr
+    acc = tb_scalars(workdir / "run_gen")
+    assert [e.step for e in acc.Scalars("eval/rougeL")] == [3]
+    assert [e.step for e in acc.Scalars("eval/exact_match")] == [3]
+
+
+def test_eval_has_no_dropout(workdir):
+    """Evaluation runs without LoRA dropout: two evaluations of the same weights agree."""
+    out = train(write_config(workdir, "run_nodrop", max_steps=2, eval_steps=1,
+                             learning_rate=0.0, warmup_steps=0))
+    evals = re.findall(r"^eval step \d+ \| loss ([0-9.]+)", out.stderr, re.M)
+    assert len(evals) == 2 and evals[0] == evals[1], out.stderr
