@@ -1,0 +1,417 @@
+/* The memory planner (lib/memplan.h). The point: its cpu-fp32 row EQUALS what the
+ * tracked allocator measures (peak per category after ft_model_load, one forward and
+ * backward of batch_size x max_seq_len tokens and ft_optimizer_init) for LoRA and full
+ * fine-tuning, with and without gradient checkpointing, over several batch sizes,
+ * sequence lengths, LoRA targets and dropout, with and without biases and tied
+ * embeddings. Then the
+ * predicted GPU rows against the ZeRO paper's formulas, parameter counts of real
+ * models (Llama-3.1-70B, Qwen2.5-14B) against their published sizes, and the errors. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "tiny_model.h"
+#include "config.h"
+#include "memplan.h"
+#include "model.h"
+#include "optim.h"
+
+static char root[256], llama_dir[300], qwen_dir[300], tied_dir[300];
+
+static ft_config *make_config(const char *const *sets)
+{
+    ft_config *c = ft_config_new();
+    ft_err err;
+    for (int i = 0; sets[i]; i++)
+        if (ft_config_set(c, sets[i], NULL, &err)) {
+            fprintf(stderr, "  --set %s: %s\n", sets[i], err.msg);
+            CHECK(0);
+        }
+    return c;
+}
+
+/* What lib/trainer.c does with the config, then one forward/backward of B x T tokens. */
+static int measure(const ft_config *cfg, const char *dir, ft_mem *out, size_t *n_train)
+{
+    ft_err err;
+    ft_model_options mo = {.grad_ckpt = ft_config_bool(cfg, "train.gradient_checkpointing"),
+                           .seed = 5};
+    if (!strcmp(ft_config_str(cfg, "tuning.mode"), "full")) {
+        mo.mode = FT_TRAIN_FULL;
+    } else {
+        mo.mode = FT_TRAIN_LORA;
+        mo.lora = (ft_lora_config){.r = (int)ft_config_int(cfg, "tuning.lora.r"),
+                                   .alpha = (float)ft_config_float(cfg, "tuning.lora.alpha"),
+                                   .dropout = (float)ft_config_float(cfg, "tuning.lora.dropout")};
+        if (ft_lora_targets_parse(ft_config_str(cfg, "tuning.lora.target_modules"),
+                                  &mo.lora.targets, &err))
+            return -1;
+    }
+    ft_model *m;
+    if (ft_model_load(&m, dir, &mo, &err)) {
+        fprintf(stderr, "  load: %s\n", err.msg);
+        return -1;
+    }
+    int bsz = (int)ft_config_int(cfg, "train.batch_size");
+    int len = (int)ft_config_int(cfg, "model.max_seq_len");
+    int32_t *ids = malloc((size_t)bsz * (size_t)len * sizeof *ids);
+    for (int i = 0; i < bsz * len; i++)
+        ids[i] = (int32_t)((i * 7 + 3) % V);
+    ft_batch b = {.B = bsz, .T = len, .input_ids = ids};
+    double loss;
+    long n;
+    int rc = -1;
+    ft_optimizer opt = {0};
+    ft_model_zero_grad(m);
+    if (ft_model_forward(m, &b, &loss, &n, &err) || ft_model_backward(m, 1.0f / (float)n, &err)) {
+        fprintf(stderr, "  pass: %s\n", err.msg);
+        goto done;
+    }
+    ft_model_trainable(m, n_train);
+    ft_adamw_hparams hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+    if (ft_optimizer_init(&opt, ft_model_mem(m), *n_train, hp, &err)) {
+        fprintf(stderr, "  optimizer: %s\n", err.msg);
+        goto done;
+    }
+    *out = *ft_model_mem(m);
+    rc = 0;
+done:
+    ft_optimizer_free(&opt);
+    free(ids);
+    ft_model_free(m);
+    return rc;
+}
+
+static int n_compared;
+
+/* Planned cpu-fp32 == measured, every category and the total. */
+static void compare(const char *dir, const char *const *sets)
+{
+    ft_config *cfg = make_config(sets);
+    ft_memplan_result r;
+    ft_err err;
+    char model_set[400];
+    snprintf(model_set, sizeof model_set, "model.name=%s", dir);
+    CHECK(ft_config_set(cfg, model_set, NULL, &err) == 0);
+    int rc = ft_memplan_config(cfg, 1, &r, &err);
+    if (rc)
+        fprintf(stderr, "  plan: %s\n", err.msg);
+    CHECK(rc == 0);
+    ft_mem mem = {0};
+    size_t n_train = 0;
+    int mrc = measure(cfg, dir, &mem, &n_train);
+    CHECK(mrc == 0);
+    if (rc == 0 && mrc == 0) {
+        bool same = true;
+        for (int c = 0; c < FT_MEM_NCAT; c++)
+            same &= r.rows[FT_PLAN_CPU].bytes[c] == mem.peak[c];
+        same &= r.rows[FT_PLAN_CPU].total == mem.peak_total;
+        same &= r.n_trainable == n_train;
+        if (!same) {
+            fprintf(stderr, "  config:");
+            for (int i = 0; sets[i]; i++)
+                fprintf(stderr, " %s", sets[i]);
+            fprintf(stderr, "\n");
+            for (int c = 0; c < FT_MEM_NCAT; c++)
+                fprintf(stderr, "    %-11s planned %zu measured %zu\n",
+                        ft_mem_cat_name((ft_mem_cat)c), r.rows[FT_PLAN_CPU].bytes[c],
+                        mem.peak[c]);
+            fprintf(stderr, "    total       planned %zu measured %zu\n",
+                    r.rows[FT_PLAN_CPU].total, mem.peak_total);
+        }
+        CHECK(same);
+        CHECK(!r.rows[FT_PLAN_CPU].predicted);
+        n_compared++;
+    }
+    ft_config_free(cfg);
+}
+
+static void sweep(const char *dir, const char *mode, const char *targets, const char *dropout)
+{
+    static const char *batches[] = {"train.batch_size=1", "train.batch_size=2",
+                                    "train.batch_size=3", "train.batch_size=5"};
+    static const char *lens[] = {"model.max_seq_len=7", "model.max_seq_len=16"};
+    static const char *ckpts[] = {"train.gradient_checkpointing=false",
+                                  "train.gradient_checkpointing=true"};
+    char m[64], t[128], d[64];
+    snprintf(m, sizeof m, "tuning.mode=%s", mode);
+    snprintf(t, sizeof t, "tuning.lora.target_modules=%s", targets);
+    snprintf(d, sizeof d, "tuning.lora.dropout=%s", dropout);
+    for (int ci = 0; ci < 2; ci++)
+        for (int bi = 0; bi < 4; bi++)
+            for (int li = 0; li < 2; li++) {
+                const char *sets[] = {m, t, d, "tuning.lora.r=3", batches[bi], lens[li],
+                                      ckpts[ci], NULL};
+                compare(dir, sets);
+            }
+}
+
+static void test_cpu_lora_equals_measured(void)
+{
+    sweep(llama_dir, "lora", "all-linear", "0.05");
+    sweep(llama_dir, "lora", "all-linear", "0");
+    sweep(llama_dir, "lora", "q_proj,v_proj", "0.1");
+    sweep(llama_dir, "lora", "down_proj", "0");
+}
+
+static void test_cpu_full_equals_measured(void) { sweep(llama_dir, "full", "all-linear", "0"); }
+
+/* tie_word_embeddings: lm_head is the embedding (the file's lm_head.weight is ignored) */
+static void make_tied(void)
+{
+    write_model(tied_dir, 0, NULL, NULL, NULL);
+    char path[400];
+    snprintf(path, sizeof path, "%s/config.json", tied_dir);
+    FILE *f = fopen(path, "r+");
+    char buf[2048] = {0};
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    char *t = strstr(buf, "\"tie_word_embeddings\": false");
+    CHECK(t != NULL);
+    if (t) {
+        memcpy(t, "\"tie_word_embeddings\": true ", 28);
+        rewind(f);
+        fwrite(buf, 1, n, f);
+    }
+    fclose(f);
+    ft_model_config mc;
+    ft_err err;
+    CHECK(ft_model_config_load(&mc, path, &err) == 0 && mc.tie_word_embeddings);
+}
+
+static void test_cpu_bias_and_tied_equal_measured(void)
+{
+    sweep(tied_dir, "lora", "all-linear", "0.05");
+    sweep(tied_dir, "full", "all-linear", "0");
+    sweep(qwen_dir, "lora", "k_proj,o_proj,up_proj", "0.05");
+    sweep(qwen_dir, "full", "all-linear", "0.05");
+}
+
+/* The GPU rows follow the table in memplan.h. */
+static void test_gpu_formulas(void)
+{
+    const char *sets[] = {"tuning.mode=full", "train.batch_size=2", "model.max_seq_len=8",
+                          "train.bf16=true", "dist.strategy=zero", "dist.zero_stage=2", NULL};
+    ft_config *cfg = make_config(sets);
+    ft_model_config mc;
+    ft_err err;
+    char path[400];
+    snprintf(path, sizeof path, "%s/config.json", llama_dir);
+    CHECK(ft_model_config_load(&mc, path, &err) == 0);
+    ft_memplan_result one, four;
+    CHECK(ft_memplan(cfg, &mc, 1, &one, &err) == 0);
+    CHECK(ft_memplan(cfg, &mc, 4, &four, &err) == 0);
+    size_t P = one.n_trainable;
+    CHECK(one.n_frozen == 0 && P > 0);
+    const ft_memplan_row *g1 = &one.rows[FT_PLAN_GPU_1];
+    /* mixed precision, one GPU: 2 + 2 + 12 bytes per parameter */
+    CHECK(g1->bytes[FT_MEM_WEIGHTS] == 2 * P);
+    CHECK(g1->bytes[FT_MEM_GRADS] == 2 * P);
+    CHECK(g1->bytes[FT_MEM_OPTIM] == 12 * P);
+    CHECK(g1->predicted && g1->world_size == 1);
+    /* at N = 1 every strategy holds the same states */
+    for (int i = FT_PLAN_GPU_DDP; i <= FT_PLAN_GPU_ZERO3; i++) {
+        CHECK(one.rows[i].bytes[FT_MEM_WEIGHTS] + one.rows[i].bytes[FT_MEM_GRADS] +
+                  one.rows[i].bytes[FT_MEM_OPTIM] ==
+              16 * P);
+        CHECK(one.rows[i].bytes[FT_MEM_ACTIVATIONS] == g1->bytes[FT_MEM_ACTIVATIONS]);
+    }
+    CHECK(one.rows[FT_PLAN_GPU_FSDP].bytes[FT_MEM_WEIGHTS] == 4 * P);
+    /* N = 4: each tensor's shard is ceil(n / 4) */
+    const ft_memplan_row *d = &four.rows[FT_PLAN_GPU_DDP], *z1 = &four.rows[FT_PLAN_GPU_ZERO1],
+                         *z2 = &four.rows[FT_PLAN_GPU_ZERO2], *z3 = &four.rows[FT_PLAN_GPU_ZERO3],
+                         *fs = &four.rows[FT_PLAN_GPU_FSDP];
+    CHECK(d->bytes[FT_MEM_OPTIM] == 12 * P && d->world_size == 4);
+    CHECK(z1->bytes[FT_MEM_WEIGHTS] == 2 * P && z1->bytes[FT_MEM_GRADS] == 2 * P);
+    CHECK(z1->bytes[FT_MEM_OPTIM] >= 12 * P / 4 && z1->bytes[FT_MEM_OPTIM] < 12 * P / 4 + 12 * 64);
+    CHECK(z2->bytes[FT_MEM_WEIGHTS] == 2 * P);
+    CHECK(z2->bytes[FT_MEM_GRADS] == z1->bytes[FT_MEM_OPTIM] / 6);
+    CHECK(z3->bytes[FT_MEM_WEIGHTS] == z2->bytes[FT_MEM_GRADS]);
+    CHECK(z3->bytes[FT_MEM_OPTIM] == z1->bytes[FT_MEM_OPTIM]);
+    CHECK(fs->bytes[FT_MEM_WEIGHTS] >= 4 * P / 4 && fs->bytes[FT_MEM_WEIGHTS] < 4 * P / 4 + 4 * 4);
+    CHECK(fs->bytes[FT_MEM_OPTIM] == 2 * fs->bytes[FT_MEM_GRADS]);
+    CHECK(z2->bytes[FT_MEM_WORKSPACE] > d->bytes[FT_MEM_WORKSPACE]);
+    CHECK(z3->bytes[FT_MEM_WORKSPACE] > z2->bytes[FT_MEM_WORKSPACE]);
+    /* the persistent states shrink stage by stage (on a model this tiny the transient
+     * gathered units of ZeRO-3 can outweigh the saving, so totals are not compared) */
+#define STATES(row) ((row)->bytes[FT_MEM_WEIGHTS] + (row)->bytes[FT_MEM_GRADS] + \
+                     (row)->bytes[FT_MEM_OPTIM])
+    CHECK(STATES(z3) < STATES(z2) && STATES(z2) < STATES(z1) && STATES(z1) < STATES(d));
+    CHECK(STATES(fs) == STATES(z3));
+#undef STATES
+    /* bf16 activations are about half the fp32 ones */
+    CHECK(g1->bytes[FT_MEM_ACTIVATIONS] < one.rows[FT_PLAN_CPU].bytes[FT_MEM_ACTIVATIONS]);
+    CHECK(four.selected == FT_PLAN_GPU_ZERO2);
+    ft_config_free(cfg);
+
+    /* fp32 on the GPU: no master copy, 4 + 4 + 8 */
+    const char *sets32[] = {"tuning.mode=full", "train.bf16=false", "train.fp16=false", NULL};
+    cfg = make_config(sets32);
+    CHECK(ft_memplan(cfg, &mc, 1, &one, &err) == 0);
+    CHECK(one.rows[FT_PLAN_GPU_1].bytes[FT_MEM_OPTIM] == 8 * one.n_trainable);
+    CHECK(one.rows[FT_PLAN_GPU_1].bytes[FT_MEM_WEIGHTS] == 4 * one.n_trainable);
+    CHECK(one.selected == FT_PLAN_GPU_1);
+    ft_config_free(cfg);
+}
+
+/* A config.json of a real model, without its weights. */
+static void write_config(const char *dir, const char *json)
+{
+    ft_err err;
+    CHECK(ft_mkdir_p(dir, &err) == 0);
+    char path[400];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    fputs(json, f);
+    fclose(f);
+}
+
+static void test_real_model_sizes(void)
+{
+    char d70[300], d14[300];
+    snprintf(d70, sizeof d70, "%s/llama70b", root);
+    snprintf(d14, sizeof d14, "%s/qwen14b", root);
+    write_config(d70, "{\"model_type\": \"llama\", \"vocab_size\": 128256, \"hidden_size\": 8192,"
+                      " \"intermediate_size\": 28672, \"num_hidden_layers\": 80,"
+                      " \"num_attention_heads\": 64, \"num_key_value_heads\": 8,"
+                      " \"rms_norm_eps\": 1e-5, \"rope_theta\": 500000.0,"
+                      " \"hidden_act\": \"silu\", \"max_position_embeddings\": 131072,"
+                      " \"tie_word_embeddings\": false}");
+    write_config(d14, "{\"model_type\": \"qwen2\", \"vocab_size\": 152064, \"hidden_size\": 5120,"
+                      " \"intermediate_size\": 13824, \"num_hidden_layers\": 48,"
+                      " \"num_attention_heads\": 40, \"num_key_value_heads\": 8,"
+                      " \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000.0,"
+                      " \"hidden_act\": \"silu\", \"max_position_embeddings\": 32768,"
+                      " \"tie_word_embeddings\": false}");
+    ft_err err;
+    ft_memplan_result r;
+    char name[400];
+    /* full: every parameter trainable; the published sizes */
+    snprintf(name, sizeof name, "model.name=%s", d70);
+    const char *full70[] = {"tuning.mode=full", name, NULL};
+    ft_config *cfg = make_config(full70);
+    CHECK(ft_memplan_config(cfg, 1, &r, &err) == 0);
+    CHECK(r.n_trainable == 70553706496ull && r.n_frozen == 0);
+    ft_config_free(cfg);
+    snprintf(name, sizeof name, "model.name=%s", d14);
+    const char *full14[] = {"tuning.mode=full", name, NULL};
+    cfg = make_config(full14);
+    CHECK(ft_memplan_config(cfg, 1, &r, &err) == 0);
+    CHECK(r.n_trainable == 14770033664ull);
+    ft_config_free(cfg);
+
+    /* QLoRA r=32 all-linear on 70B, 4 ranks, ZeRO-3: LoRA = r * (in + out) per
+     * projection; the NF4 base ~0.516 bytes per linear weight */
+    snprintf(name, sizeof name, "model.name=%s", d70);
+    const char *q70[] = {"tuning.mode=qlora", "tuning.lora.r=32", "tuning.lora.alpha=64",
+                         "train.batch_size=16", "model.max_seq_len=4096",
+                         "train.gradient_checkpointing=true", "dist.strategy=zero",
+                         "dist.zero_stage=3", name, NULL};
+    cfg = make_config(q70);
+    CHECK(ft_memplan_config(cfg, 4, &r, &err) == 0);
+    size_t per_layer = 32ull * ((8192 + 8192) + 2 * (8192 + 1024) + (8192 + 8192) +
+                                2 * (8192 + 28672) + (28672 + 8192));
+    CHECK(r.n_trainable == 80 * per_layer);
+    CHECK(r.n_trainable + r.n_frozen == 70553706496ull + r.n_trainable);
+    size_t linear = 70553706496ull - 2ull * 128256 * 8192 - 8192ull * (2 * 80 + 1);
+    CHECK(r.n_quantized == linear);
+    const ft_memplan_row *g1 = &r.rows[FT_PLAN_GPU_1];
+    double nf4 = (double)(g1->bytes[FT_MEM_WEIGHTS] - 2 * r.n_trainable -
+                          2 * (r.n_frozen - r.n_quantized)) /
+                 (double)linear;
+    CHECK(nf4 > 0.515 && nf4 < 0.517);
+    CHECK(r.selected == FT_PLAN_GPU_ZERO3);
+    CHECK(r.note[0] != 0); /* the CPU engine has no 4-bit base */
+    CHECK(r.rows[FT_PLAN_GPU_ZERO3].bytes[FT_MEM_WEIGHTS] < g1->bytes[FT_MEM_WEIGHTS] / 4 + 4096);
+    char *buf;
+    size_t len;
+    FILE *f = open_memstream(&buf, &len);
+    ft_memplan_print(&r, f);
+    fclose(f);
+    CHECK(strstr(buf, "cpu-fp32") && strstr(buf, "gpu-zero3*") && strstr(buf, "predicted"));
+    CHECK(strstr(buf, "note: qlora"));
+    if (getenv("MEMPLAN_SHOW"))
+        fputs(buf, stderr);
+    free(buf);
+    ft_config_free(cfg);
+}
+
+static void test_batch_auto(void)
+{
+    const char *a[] = {"train.batch_size=auto", NULL}, *one[] = {"train.batch_size=1", NULL};
+    ft_config *ca = make_config(a), *c1 = make_config(one);
+    ft_model_config mc;
+    ft_err err;
+    char path[400];
+    snprintf(path, sizeof path, "%s/config.json", llama_dir);
+    CHECK(ft_model_config_load(&mc, path, &err) == 0);
+    ft_memplan_result ra, r1;
+    CHECK(ft_memplan(ca, &mc, 2, &ra, &err) == 0);
+    CHECK(ft_memplan(c1, &mc, 2, &r1, &err) == 0);
+    CHECK(ra.batch_auto && !r1.batch_auto && ra.batch_size == 1);
+    CHECK(ra.rows[FT_PLAN_CPU].total == r1.rows[FT_PLAN_CPU].total);
+    CHECK(ra.selected == FT_PLAN_GPU_DDP); /* strategy auto at 2 ranks */
+    ft_config_free(ca);
+    ft_config_free(c1);
+}
+
+static void test_errors(void)
+{
+    ft_model_config mc;
+    ft_err err;
+    char path[400];
+    snprintf(path, sizeof path, "%s/config.json", llama_dir);
+    CHECK(ft_model_config_load(&mc, path, &err) == 0);
+    ft_memplan_result r;
+    const char *bad[] = {"tuning.lora.target_modules=q_proj,qq_proj", NULL};
+    ft_config *c = make_config(bad);
+    CHECK(ft_memplan(c, &mc, 1, &r, &err) != 0);
+    CHECK(strstr(err.msg, "tuning.lora.target_modules") != NULL);
+    ft_config_free(c);
+    const char *ok[] = {NULL};
+    c = make_config(ok);
+    CHECK(ft_memplan(c, &mc, 0, &r, &err) != 0);
+    CHECK(strstr(err.msg, "world size") != NULL);
+    /* no model.name */
+    CHECK(ft_memplan_config(c, 1, &r, &err) != 0);
+    CHECK(strstr(err.msg, "model.name") != NULL);
+    ft_config_free(c);
+    char name[400];
+    snprintf(name, sizeof name, "model.name=%s/absent", root);
+    const char *absent[] = {name, NULL};
+    c = make_config(absent);
+    CHECK(ft_memplan_config(c, 1, &r, &err) != 0);
+    ft_config_free(c);
+}
+
+int main(void)
+{
+    snprintf(root, sizeof root, "/tmp/ft_memplan_XXXXXX");
+    if (!mkdtemp(root)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    snprintf(llama_dir, sizeof llama_dir, "%s/llama", root);
+    snprintf(qwen_dir, sizeof qwen_dir, "%s/qwen", root);
+    write_model(llama_dir, 0, NULL, NULL, NULL);
+    write_model(qwen_dir, 1, NULL, NULL, NULL);
+    snprintf(tied_dir, sizeof tied_dir, "%s/tied", root);
+    make_tied();
+
+    RUN(test_cpu_lora_equals_measured);
+    RUN(test_cpu_full_equals_measured);
+    RUN(test_cpu_bias_and_tied_equal_measured);
+    RUN(test_gpu_formulas);
+    RUN(test_real_model_sizes);
+    RUN(test_batch_auto);
+    RUN(test_errors);
+    printf("memplan: cpu-fp32 plan == allocator peak in %d configurations\n", n_compared);
+
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", root);
+    return check_summary("memplan");
+}
