@@ -7,6 +7,9 @@
 #   make test-conformance  the Hugging Face conformance suite (pytest)
 #   make install PREFIX=/usr/local DESTDIR=
 #   make deps            install the system packages the build needs (Debian/Ubuntu)
+#   make train [CONFIG=configs/x.yaml] [TRAIN_BATCH_SIZE=1 ...]   train (default: the demo)
+#   make eval | merge | lora-init | memory-check | gpu-info | tb | train-tb
+#   make bench-cpu | bench-tokenizer   figures next to the Hugging Face baseline
 #
 # The fragments in mk/ hold the toolchain detection, the build rules and the tests.
 
@@ -15,6 +18,7 @@
 include mk/config.mk
 include mk/build.mk
 include mk/test.mk
+include mk/workflow.mk
 
 .PHONY: all deps clean install help
 
@@ -33,4 +37,4 @@ clean:
 	rm -rf build bin
 
 help:
-	@sed -n '3,11p' Makefile
+	@sed -n '3,14p' Makefile

@@ -62,7 +62,7 @@ test-conformance: $(HARNESSES) $(TOOLS)
 	  $(VENV)/bin/python -m pytest -q tests/conformance
 
 test:
-	scripts/install-deps.sh
+	scripts/install-deps.sh test
 	$(MAKE) all
 	$(MAKE) test-unit
 	$(MAKE) test-conformance

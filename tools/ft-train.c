@@ -1,30 +1,45 @@
 /* ft-train: fine-tune a model (LoRA or full) from a YAML run config; prints the output
- * dir on stdout. --print-config shows the resolved config, --dump-data writes the
- * samples exactly as the model will see them. The loop is lib/trainer.c. */
+ * dir on stdout. --print-config shows the resolved config, --get prints one value,
+ * --dump-data writes the samples exactly as the model will see them. --set-var takes
+ * the Make-style variables of `make train SECTION_KEY=value`. The loop is
+ * lib/trainer.c. */
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "config.h"
 #include "data_setup.h"
+#include "memplan.h"
 #include "trainer.h"
 
 static const char usage[] =
-    "usage: ft-train --config FILE.yaml [--set key=value ...] [--resume auto|DIR]\n"
-    "                [--dump-data FILE|-] [--print-config]\n"
+    "usage: ft-train --config FILE.yaml [--set-var NAME=value ...] [--set key=value ...]\n"
+    "                [--resume auto|DIR] [--dump-data FILE|-] [--print-config] [--get KEY]\n"
     "\n"
     "Trains a LoRA adapter or the full model as the YAML run config describes (keys:\n"
-    "configs/README.md), with --set overrides applied in order, and prints the output dir\n"
-    "(train.output_dir/final) on stdout. The run dir gets config.yaml, TensorBoard event\n"
-    "files and checkpoint-N/ dirs. SIGINT or SIGTERM saves a checkpoint and exits 130.\n"
+    "configs/README.md), with the --set-var and then the --set overrides applied after\n"
+    "the file, each in order, and prints the output dir (train.output_dir/final) on\n"
+    "stdout. The run dir gets config.yaml, TensorBoard event files and checkpoint-N/\n"
+    "dirs. SIGINT or SIGTERM saves a checkpoint and exits 130.\n"
     "\n"
     "  --config FILE       the run config (YAML)\n"
     "  --set key=value     override one key, e.g. --set train.batch_size=4\n"
+    "  --set-var NAME=value  override the key a Make-style variable names, as in\n"
+    "                      `make train NAME=value`: TRAIN_BATCH_SIZE=4 is\n"
+    "                      train.batch_size=4, TUNING_LORA_R=8 is tuning.lora.r=8; a NAME\n"
+    "                      that matches no key is an error\n"
     "  --resume auto|DIR   continue from the newest checkpoint of the run dir, or DIR\n"
     "  --dump-data FILE|-  write the training rows as the model sees them, one\n"
     "                      {\"input_ids\",\"labels\"(,\"position_ids\")} JSON object a line,\n"
     "                      after templates, truncation, shuffling and packing; then exit\n"
     "  --print-config      print the resolved config (YAML) on stdout and exit\n"
+    "  --plan [N]          print the planned memory per category (weights, gradients,\n"
+    "                      optimizer, activations, workspace) for this config on N ranks\n"
+    "                      (default 1) and exit: exact for the CPU engine, predicted for\n"
+    "                      the GPU strategies\n"
+    "  --get KEY           print the resolved value of KEY (e.g. model.name) and exit;\n"
+    "                      repeatable, one value a line; an unset required key is an error\n"
     "  --config-reference  print the reference of every config key (Markdown) and exit\n"
     "  -h, --help          this text\n"
     "\n"
@@ -62,6 +77,125 @@ static void print_reference(void)
     }
 }
 
+/* The Make-style variable of a key: train.batch_size -> TRAIN_BATCH_SIZE. */
+static void var_of_key(const char *key, char *out, size_t n)
+{
+    size_t i = 0;
+    for (; key[i] && i + 1 < n; i++)
+        out[i] = key[i] == '.' ? '_' : (char)toupper((unsigned char)key[i]);
+    out[i] = '\0';
+}
+
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t lb = strlen(b), row[128];
+    if (lb >= 128)
+        return (size_t)-1;
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
+    for (size_t i = 1; a[i - 1]; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j], best = diag + (a[i - 1] != b[j - 1]);
+            if (row[j] + 1 < best)
+                best = row[j] + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+/* --set-var NAME=value: the key NAME stands for, then ft_config_set. */
+static int set_var(ft_config *cfg, const char *arg)
+{
+    const char *eq = strchr(arg, '=');
+    char name[128];
+    if (!eq || eq == arg || (size_t)(eq - arg) >= sizeof name) {
+        fprintf(stderr, "ft-train: error: --set-var '%s': expected NAME=value, e.g. "
+                        "TRAIN_BATCH_SIZE=4\n", arg);
+        return 1;
+    }
+    memcpy(name, arg, (size_t)(eq - arg));
+    name[eq - arg] = '\0';
+    const char *key = ft_config_key_for_var(name);
+    if (!key) {
+        char best[128] = "", var[128];
+        size_t best_d = (size_t)-1;
+        for (const ft_cfg_key *k = ft_config_schema(); k->name; k++) {
+            var_of_key(k->name, var, sizeof var);
+            size_t d = edit_distance(name, var);
+            if (d < best_d) {
+                best_d = d;
+                snprintf(best, sizeof best, "%s", var);
+            }
+        }
+        size_t limit = strlen(name) / 3 > 2 ? strlen(name) / 3 : 2;
+        if (best_d <= limit)
+            fprintf(stderr, "ft-train: error: variable %s names no config key (did you mean "
+                            "%s?)\n", name, best);
+        else
+            fprintf(stderr, "ft-train: error: variable %s names no config key (SECTION_KEY "
+                            "of a key in configs/README.md, e.g. TRAIN_BATCH_SIZE for "
+                            "train.batch_size)\n", name);
+        return 1;
+    }
+    char assignment[4200];
+    snprintf(assignment, sizeof assignment, "%s=%s", key, eq + 1);
+    ft_err err;
+    if (ft_config_set(cfg, assignment, stderr, &err)) {
+        const char *msg = strncmp(err.msg, "--set: ", 7) == 0 ? err.msg + 7 : err.msg;
+        fprintf(stderr, "ft-train: error: --set-var %s (%s): %s\n", name, key, msg);
+        return 1;
+    }
+    return 0;
+}
+
+/* --get KEY: one resolved value, as YAML would spell it ("" for an empty string). */
+static int get_value(const ft_config *cfg, const char *key)
+{
+    const ft_cfg_key *k = ft_config_schema();
+    while (k->name && strcmp(k->name, key) != 0)
+        k++;
+    if (!k->name) {
+        fprintf(stderr, "ft-train: error: --get '%s': unknown key (see configs/README.md)\n",
+                key);
+        return 1;
+    }
+    if (!ft_config_has(cfg, key)) {
+        if (!k->dflt) {
+            fprintf(stderr, "ft-train: error: --get '%s': the key is required and not set\n",
+                    key);
+            return 1;
+        }
+        printf("\n");
+        return 0;
+    }
+    if (ft_config_is_auto(cfg, key)) {
+        printf("auto\n");
+        return 0;
+    }
+    switch (k->type) {
+    case FT_CFG_INT:
+        printf("%ld\n", ft_config_int(cfg, key));
+        break;
+    case FT_CFG_FLOAT:
+        printf("%.15g\n", ft_config_float(cfg, key));
+        break;
+    case FT_CFG_BOOL:
+        printf("%s\n", ft_config_bool(cfg, key) ? "true" : "false");
+        break;
+    default: {
+        const char *v = ft_config_str(cfg, key);
+        printf("%s\n", v ? v : "");
+    }
+    }
+    return 0;
+}
+
 static int dump_data(const ft_config *cfg, const char *out_path)
 {
     ft_err err;
@@ -92,6 +226,14 @@ int main(int argc, char **argv)
 {
     const char *config_path = NULL, *dump = NULL, *resume = NULL;
     bool print_config = false;
+    int plan_world = 0; /* --plan: > 0 */
+    /* the --set, --set-var and --get arguments, in order (fewer than argc of each) */
+    const char **sets = calloc((size_t)argc, sizeof *sets);
+    const char **vars = calloc((size_t)argc, sizeof *vars);
+    const char **gets = calloc((size_t)argc, sizeof *gets);
+    int n_sets = 0, n_vars = 0, n_gets = 0;
+    if (!sets || !vars || !gets)
+        return fail("out of memory");
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             fputs(usage, stdout);
@@ -107,8 +249,16 @@ int main(int argc, char **argv)
             return 0;
         } else if (!strcmp(argv[i], "--print-config")) {
             print_config = true;
+        } else if (!strcmp(argv[i], "--plan")) {
+            plan_world = 1;
+            if (i + 1 < argc && argv[i + 1][0] >= '1' && argv[i + 1][0] <= '9')
+                plan_world = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--get") && i + 1 < argc) {
+            gets[n_gets++] = argv[++i]; /* printed after the overrides, below */
         } else if (!strcmp(argv[i], "--set") && i + 1 < argc) {
-            i++; /* applied after the file, below */
+            sets[n_sets++] = argv[++i]; /* applied after the file, below */
+        } else if (!strcmp(argv[i], "--set-var") && i + 1 < argc) {
+            vars[n_vars++] = argv[++i];
         } else {
             fprintf(stderr, "ft-train: error: unknown or incomplete option '%s'\n%s", argv[i],
                     usage);
@@ -128,12 +278,25 @@ int main(int argc, char **argv)
         rc = fail(err.msg);
         goto done;
     }
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--set") && ft_config_set(cfg, argv[++i], stderr, &err)) {
+    /* the --set-var overrides, then the --set ones, each in command-line order */
+    for (int i = 0; i < n_vars; i++)
+        if ((rc = set_var(cfg, vars[i])) != 0)
+            goto done;
+    for (int i = 0; i < n_sets; i++)
+        if (ft_config_set(cfg, sets[i], stderr, &err)) {
             rc = fail(err.msg);
             goto done;
         }
-    if (print_config) {
+    if (n_gets) {
+        for (int i = 0; i < n_gets && rc == 0; i++)
+            rc = get_value(cfg, gets[i]);
+    } else if (plan_world > 0) {
+        ft_memplan_result plan;
+        if (ft_memplan_config(cfg, plan_world, &plan, &err))
+            rc = fail(err.msg);
+        else
+            ft_memplan_print(&plan, stdout);
+    } else if (print_config) {
         rc = ft_config_write_yaml(cfg, stdout, &err) ? fail(err.msg) : 0;
     } else if (dump) {
         rc = dump_data(cfg, dump);
@@ -150,5 +313,8 @@ int main(int argc, char **argv)
     }
 done:
     ft_config_free(cfg);
+    free(sets);
+    free(vars);
+    free(gets);
     return rc;
 }

@@ -1,0 +1,169 @@
+# Workflow targets: the tools chained on one run config.
+#
+#   make train [CONFIG=configs/x.yaml] [SECTION_KEY=value ...]
+#   make eval | merge | lora-init  [CONFIG=...] [MODEL=dir] [ADAPTER=dir|none] [DATA=file] [OUT=dir]
+#   make tb | train-tb             [RUN_DIR=dir] [TB_PORT=6006]
+#   make gpu-info
+#
+# Every variable given on the command line whose name is all capitals with an underscore
+# (SECTION_KEY, e.g. TRAIN_BATCH_SIZE=4, TUNING_LORA_R=8, MODEL_MAX_SEQ_LEN=1024) and is not
+# one of the Make-level knobs below goes to ft-train as `--set-var NAME=value`, which maps
+# it onto its config key (train.batch_size, ...); a name that matches no key fails there,
+# naming it. The other targets read the resolved config the same way (ft-train --get KEY),
+# so an override applies to the whole chain.
+#
+# With the embedded default config (configs/default.yaml: a tiny model and a toy task in
+# demo/, seconds to minutes on a CPU), `make train` also evaluates the base before and the
+# adapter after training, merges the adapter into train.output_dir/merged and prints a
+# before/after summary; BEFORE_AFTER=1 does that for any config, BEFORE_AFTER=0 never.
+
+DEFAULT_CONFIG := configs/default.yaml
+CONFIG ?= $(DEFAULT_CONFIG)
+TB_PORT ?= 6006
+BEFORE_AFTER ?= $(if $(filter $(DEFAULT_CONFIG) ./$(DEFAULT_CONFIG),$(CONFIG)),1,0)
+
+# Make-level knobs: never config overrides.
+FT_MAKE_KNOBS := CONFIG CUDA CUDA_HOME CUDA_ARCHS CC NVCC NVCC_FLAGS PKG_CONFIG PREFIX DESTDIR \
+                 NUM_GPUS NUM_NODES HOSTFILE ZERO_STAGE OPT CFLAGS LDFLAGS LDLIBS VENV \
+                 DEEPSPEED_CONFIG RUN_DIR ADAPTER OUT DATA MODEL TB_PORT BEFORE_AFTER \
+                 OMP_NUM_THREADS MAKEFLAGS MAKEOVERRIDES MFLAGS SHELL
+FT_LOWER := a b c d e f g h i j k l m n o p q r s t u v w x y z
+ft_is_var = $(and $(findstring _,$(1)),$(if $(strip $(foreach c,$(FT_LOWER),$(findstring $(c),$(1)))),,1))
+ft_quote = '$(subst ','\'',$(1))'
+FT_VAR_NAMES = $(sort $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(if $(filter $(FT_MAKE_KNOBS),$(v)),,$(if $(call ft_is_var,$(v)),$(v))))))
+FT_SET_VARS = $(foreach v,$(FT_VAR_NAMES),--set-var $(call ft_quote,$(v)=$($(v))))
+
+# ft-train on the config with the overrides; in a recipe, $(call ft_get,KEY) is the
+# resolved value of KEY (after a line that checked the config: errors show there).
+FT_CFG = bin/ft-train --config $(call ft_quote,$(CONFIG)) $(FT_SET_VARS)
+ft_get = $$($(FT_CFG) --get $(1) 2>/dev/null)
+
+# Shell snippet: reads the config into shell variables (stops on a bad config or override).
+# model, data (eval_path, else train_path), run (output_dir), adapter (ADAPTER, else
+# run/final when it exists; ADAPTER=none: no adapter), and the ft-eval options.
+define FT_READ_CONFIG
+set -e; show() { echo "$$*" >&2; "$$@"; }; \
+$(FT_CFG) --print-config > /dev/null; \
+model=$(call ft_quote,$(MODEL)); [ -n "$$model" ] || model=$(call ft_get,model.name); \
+run=$(call ft_get,train.output_dir); \
+data=$(call ft_quote,$(DATA)); [ -n "$$data" ] || data=$(call ft_get,data.eval_path); \
+[ -n "$$data" ] || data=$(call ft_get,data.train_path); \
+adapter=$(call ft_quote,$(ADAPTER)); \
+if [ -z "$$adapter" ] && [ -d "$$run/final" ]; then adapter="$$run/final"; fi; \
+[ "$$adapter" != none ] || adapter=; \
+evalopts="--max-seq-len $(call ft_get,model.max_seq_len) --format $(call ft_get,data.format) \
+  --template $(call ft_get,data.chat_template)"; \
+[ "$(call ft_get,data.train_on_all)" = false ] || evalopts="$$evalopts --train-on-all"; \
+[ "$(call ft_get,data.add_eos)" = true ] || evalopts="$$evalopts --no-add-eos"; \
+tok=$(call ft_get,model.tokenizer); [ -z "$$tok" ] || evalopts="$$evalopts --tokenizer $$tok"; \
+maxnew="--max-new-tokens $(call ft_get,train.generation_max_new_tokens)"; \
+[ "$(call ft_get,train.predict_with_generate)" = true ] && gen="--generate $$maxnew" || gen=
+endef
+
+# Prints "name  loss  perplexity  exact_match  rougeL" from an ft-eval --json file.
+define FT_SUMMARY_ROW
+awk -v name=$(1) -F'[:,]' '{gsub(/[" ]/, "", $$1); gsub(/ /, "", $$2); v[$$1] = $$2} \
+  END {printf "  %-8s %8.4f %11.3f", name, v["loss"], v["perplexity"]; \
+       if ("exact_match" in v) printf " %12.3f %8.3f", v["exact_match"], v["rougeL"]; \
+       printf "\n"}' $(2)
+endef
+
+.PHONY: train eval merge lora-init gpu-info memory-check tb train-tb
+
+# The build needs the C libraries installed: checked once per build dir.
+DEPS_STAMP := build/.deps-build
+$(DEPS_STAMP): scripts/install-deps.sh
+	scripts/install-deps.sh build
+	@mkdir -p $(dir $@) && touch $@
+$(LIB_OBJS) $(TOOLS:bin/%=build/tools/%.o): | $(DEPS_STAMP)
+
+train: $(TOOLS)
+ifeq ($(BEFORE_AFTER),1)
+	@$(FT_READ_CONFIG); \
+	gen="--generate $$maxnew"; \
+	mkdir -p "$$run"; \
+	echo "== before: the base model $$model on $$data" >&2; \
+	bin/ft-eval --model "$$model" --data "$$data" $$evalopts $$gen --json \
+	  --predictions "$$run/predictions-before.jsonl" > "$$run/eval-before.json" 2> "$$run/eval-before.log" \
+	  || { cat "$$run/eval-before.log" >&2; exit 1; }; \
+	echo "== training: $(CONFIG) -> $$run" >&2; \
+	adapter=$$($(FT_CFG)); \
+	echo "== after: $$model + $$adapter" >&2; \
+	mode=$(call ft_get,tuning.mode); \
+	if [ "$$mode" = full ]; then set -- --model "$$adapter"; else set -- --model "$$model" --adapter "$$adapter"; fi; \
+	bin/ft-eval "$$@" --data "$$data" $$evalopts $$gen --json \
+	  --predictions "$$run/predictions-after.jsonl" > "$$run/eval-after.json" 2> "$$run/eval-after.log" \
+	  || { cat "$$run/eval-after.log" >&2; exit 1; }; \
+	if [ "$$mode" != full ]; then \
+	  echo "== merging: $$model + $$adapter -> $$run/merged" >&2; \
+	  bin/ft-merge --model "$$model" --adapter "$$adapter" --out "$$run/merged" --force > /dev/null; \
+	fi; \
+	echo; \
+	echo "Before and after fine-tuning ($$data):"; \
+	printf "  %-8s %8s %11s %12s %8s\n" "" loss perplexity exact_match rougeL; \
+	$(call FT_SUMMARY_ROW,before,"$$run/eval-before.json"); \
+	$(call FT_SUMMARY_ROW,after,"$$run/eval-after.json"); \
+	echo; \
+	echo "adapter:     $$adapter"; \
+	[ ! -d "$$run/merged" ] || echo "merged:      $$run/merged"; \
+	echo "predictions: $$run/predictions-before.jsonl, $$run/predictions-after.jsonl (logs: eval-*.log)"; \
+	echo "TensorBoard: $$run (make tb)"
+else
+	$(FT_CFG)
+endif
+
+eval: $(TOOLS)
+	@$(FT_READ_CONFIG); \
+	show bin/ft-eval --model "$$model" $${adapter:+--adapter "$$adapter"} --data "$$data" $$evalopts $$gen
+
+merge: $(TOOLS)
+	@$(FT_READ_CONFIG); \
+	[ -n "$$adapter" ] || { echo "make merge: no adapter: $$run/final does not exist (make train first, or ADAPTER=dir)" >&2; exit 1; }; \
+	out=$(call ft_quote,$(OUT)); [ -n "$$out" ] || out="$$run/merged"; \
+	show bin/ft-merge --model "$$model" --adapter "$$adapter" --out "$$out" --force
+
+lora-init: $(TOOLS)
+	@$(FT_READ_CONFIG); \
+	out=$(call ft_quote,$(OUT)); [ -n "$$out" ] || out="$$run/lora-init"; \
+	rs=; [ "$(call ft_get,tuning.lora.rslora)" = false ] || rs=--rslora; \
+	show bin/ft-lora-init --model "$$model" --out "$$out" --r $(call ft_get,tuning.lora.r) \
+	  --alpha $(call ft_get,tuning.lora.alpha) --dropout $(call ft_get,tuning.lora.dropout) \
+	  --target $(call ft_get,tuning.lora.target_modules) --seed $(call ft_get,train.seed) $$rs
+
+gpu-info: bin/gpu-info
+	bin/gpu-info
+
+# Planned memory per category for CONFIG on NUM_GPUS ranks, then the devices' live usage.
+memory-check: bin/ft-train bin/gpu-info
+	$(FT_CFG) --plan $(or $(NUM_GPUS),1)
+	@bin/gpu-info
+
+# TensorBoard on the run dir (RUN_DIR, else train.output_dir), from PATH or the venv.
+FT_TENSORBOARD = $(firstword $(shell command -v tensorboard 2>/dev/null) $(wildcard $(VENV)/bin/tensorboard))
+define FT_TB_HINT
+echo "tensorboard is not installed: pip install tensorboard (or scripts/setup-python.sh .venv, \
+which puts one in .venv/bin); then make tb. The event files are in $$dir." >&2
+endef
+define FT_RUN_DIR
+set -e; dir=$(call ft_quote,$(RUN_DIR)); \
+[ -n "$$dir" ] || { $(FT_CFG) --print-config > /dev/null; dir=$(call ft_get,train.output_dir); }
+endef
+
+tb: bin/ft-train
+	@$(FT_RUN_DIR); \
+	if [ -z "$(FT_TENSORBOARD)" ]; then $(FT_TB_HINT); exit 0; fi; \
+	mkdir -p "$$dir"; \
+	echo "TensorBoard on $$dir: http://localhost:$(TB_PORT)/" >&2; \
+	exec $(FT_TENSORBOARD) --logdir "$$dir" --port $(TB_PORT)
+
+train-tb: $(TOOLS)
+	@$(FT_RUN_DIR); \
+	if [ -z "$(FT_TENSORBOARD)" ]; then $(FT_TB_HINT); else \
+	  mkdir -p "$$dir"; \
+	  $(FT_TENSORBOARD) --logdir "$$dir" --port $(TB_PORT) > "$$dir/tensorboard.log" 2>&1 & \
+	  echo $$! > "$$dir/tensorboard.pid"; \
+	  echo "TensorBoard on $$dir: http://localhost:$(TB_PORT)/ (pid $$!; log $$dir/tensorboard.log)" >&2; \
+	fi
+	@$(MAKE) --no-print-directory train
+	@$(FT_RUN_DIR); [ ! -f "$$dir/tensorboard.pid" ] || \
+	  echo "TensorBoard is still running on http://localhost:$(TB_PORT)/ (stop it: kill $$(cat "$$dir/tensorboard.pid"))"

@@ -1,0 +1,153 @@
+"""The make workflow (mk/workflow.mk) and ft-train's --set-var / --get.
+
+`make train SECTION_KEY=value` passes each such command-line variable to ft-train as
+--set-var, which maps it onto its config key; an unknown one fails naming it. The default
+job (configs/default.yaml on demo/) is run shortened: base eval, training, eval with the
+adapter, merge, summary, TensorBoard events.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+FT_TRAIN = os.environ.get("FT_TRAIN") or str(REPO / "bin" / "ft-train")
+DEFAULT = REPO / "configs" / "default.yaml"
+
+
+def _cuda_of_build():
+    """CUDA=<the value the tools were built with>, so make does not rebuild them."""
+    try:
+        return ["CUDA=" + (REPO / "build" / ".flags").read_text().split()[-1]]
+    except (OSError, IndexError):
+        return []
+
+
+def make(*args, env=None, timeout=300):
+    e = dict(os.environ)
+    e.pop("MAKEFLAGS", None)
+    e.pop("MAKELEVEL", None)
+    e.setdefault("OMP_NUM_THREADS", "2")
+    if env:
+        e.update(env)
+    return subprocess.run(["make", "--no-print-directory", "-C", str(REPO), *_cuda_of_build(),
+                           *args], capture_output=True, text=True, env=e, timeout=timeout)
+
+
+def ft_train(*args):
+    return subprocess.run([FT_TRAIN, *args], capture_output=True, text=True, timeout=60)
+
+
+def get(config, key, *extra):
+    r = ft_train("--config", str(config), *extra, "--get", key)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.rstrip("\n")
+
+
+@pytest.fixture
+def config(tmp_path):
+    p = tmp_path / "run.yaml"
+    p.write_text("model:\n  name: some/model\ndata:\n  train_path: train.jsonl\n")
+    return p
+
+
+@pytest.mark.parametrize("var,key,value,want", [
+    ("TRAIN_BATCH_SIZE", "train.batch_size", "1", "1"),
+    ("MODEL_MAX_SEQ_LEN", "model.max_seq_len", "1024", "1024"),
+    ("TRAIN_LEARNING_RATE", "train.learning_rate", "1e-4", "0.0001"),
+    ("TRAIN_GRADIENT_CHECKPOINTING", "train.gradient_checkpointing", "true", "true"),
+    ("TUNING_LORA_R", "tuning.lora.r", "8", "8"),
+    ("TUNING_LORA_TARGET_MODULES", "tuning.lora.target_modules", "q_proj,v_proj",
+     "q_proj,v_proj"),
+    ("TRAIN_GRAD_ACCUM", "train.grad_accum", "auto", "auto"),
+    ("DATA_EVAL_PATH", "data.eval_path", "e v.jsonl", "e v.jsonl"),
+    ("DIST_ZERO_STAGE", "dist.zero_stage", "2", "2"),
+])
+def test_set_var_maps_onto_the_key(config, var, key, value, want):
+    assert get(config, key, "--set-var", f"{var}={value}") == want
+
+
+def test_set_applies_after_set_var(config):
+    # whatever the order on the command line: file, then --set-var, then --set
+    assert get(config, "train.batch_size", "--set", "train.batch_size=5",
+               "--set-var", "TRAIN_BATCH_SIZE=3") == "5"
+    assert get(config, "train.batch_size", "--set-var", "TRAIN_BATCH_SIZE=3",
+               "--set-var", "TRAIN_BATCH_SIZE=4") == "4"
+
+
+def test_set_var_errors(config):
+    r = ft_train("--config", str(config), "--set-var", "TRAIN_NOPE=1", "--print-config")
+    assert r.returncode == 1 and "TRAIN_NOPE" in r.stderr and r.stdout == ""
+    r = ft_train("--config", str(config), "--set-var", "TRAIN_BATCH_SIZ=1", "--print-config")
+    assert r.returncode == 1 and "did you mean TRAIN_BATCH_SIZE" in r.stderr
+    r = ft_train("--config", str(config), "--set-var", "TRAIN_BATCH_SIZE=x", "--print-config")
+    assert r.returncode == 1 and "TRAIN_BATCH_SIZE" in r.stderr and "train.batch_size" in r.stderr
+    r = ft_train("--config", str(config), "--set-var", "novalue", "--print-config")
+    assert r.returncode == 1 and "NAME=value" in r.stderr
+
+
+def test_get(config):
+    assert get(config, "model.name") == "some/model"
+    assert get(config, "data.eval_path") == ""  # default ""
+    assert get(config, "tuning.mode") == "lora"
+    r = ft_train("--config", str(config), "--get", "train.nope")
+    assert r.returncode == 1 and "train.nope" in r.stderr
+    cfg = config.parent / "empty.yaml"
+    cfg.write_text("train:\n  epochs: 2\n")
+    r = ft_train("--config", str(cfg), "--get", "model.name")
+    assert r.returncode == 1 and "model.name" in r.stderr and "required" in r.stderr
+
+
+def test_make_train_unknown_variable_fails_naming_it():
+    r = make("train", "TRAIN_NOPE=1")
+    assert r.returncode != 0
+    assert "TRAIN_NOPE" in r.stderr
+    assert "Before and after" not in r.stdout
+
+
+def test_make_knobs_are_not_config_variables(tmp_path):
+    # RUN_DIR and TB_PORT are make's own; PATH without tensorboard: tb prints the hint, exit 0
+    env = {"PATH": "/usr/bin:/bin"}
+    if shutil.which("tensorboard", path=env["PATH"]):
+        pytest.skip("tensorboard on the system PATH")
+    r = make("tb", f"RUN_DIR={tmp_path}", "TB_PORT=6123", "VENV=/nonexistent", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "pip install tensorboard" in r.stderr
+
+
+def test_make_lora_init(tmp_path):
+    out = tmp_path / "init"
+    r = make("lora-init", f"OUT={out}", "TUNING_LORA_R=4", "TUNING_LORA_TARGET_MODULES=q_proj,v_proj")
+    assert r.returncode == 0, r.stderr
+    c = json.loads((out / "adapter_config.json").read_text())
+    assert c["r"] == 4 and sorted(c["target_modules"]) == ["q_proj", "v_proj"]
+    assert (out / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.skipif(not DEFAULT.is_file(), reason="no configs/default.yaml")
+def test_make_train_default_job_shortened(tmp_path):
+    run = tmp_path / "run"
+    r = make("train", "TRAIN_MAX_STEPS=4", f"TRAIN_OUTPUT_DIR={run}", "TRAIN_EVAL_STEPS=1000",
+             "TRAIN_PREDICT_WITH_GENERATE=false", "TRAIN_GENERATION_MAX_NEW_TOKENS=3",
+             timeout=240)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert "Before and after fine-tuning" in r.stdout
+    assert (run / "final" / "adapter_model.safetensors").is_file()
+    assert (run / "final" / "adapter_config.json").is_file()
+    assert (run / "merged" / "config.json").is_file()
+    assert list((run / "merged").glob("*.safetensors"))
+    assert list(run.glob("events.out.tfevents.*"))
+    for name in ("eval-before.json", "eval-after.json"):
+        e = json.loads((run / name).read_text())
+        assert e["samples"] > 0 and e["loss"] > 0 and "exact_match" in e and "rougeL" in e
+    # the overrides reached the run: the resolved config in the run dir says so
+    saved = (run / "config.yaml").read_text()
+    assert "max_steps: 4" in saved and str(run) in saved
+    # eval uses the trained adapter from the run dir by default
+    r = make("eval", f"TRAIN_OUTPUT_DIR={run}", "TRAIN_PREDICT_WITH_GENERATE=false")
+    assert r.returncode == 0, r.stderr
+    assert str(run / "final") in r.stderr
