@@ -237,6 +237,48 @@ const char *ft_config_key_for_var(const char *var)
     return NULL;
 }
 
+/* The Make-style variable of a key: train.batch_size -> TRAIN_BATCH_SIZE. */
+static void var_of_key(const char *key, char *out, size_t n)
+{
+    size_t i = 0;
+    for (; key[i] && i + 1 < n; i++)
+        out[i] = key[i] == '.' ? '_' : (char)toupper((unsigned char)key[i]);
+    out[i] = '\0';
+}
+
+int ft_config_set_var(ft_config *c, const char *assignment, FILE *notes, ft_err *err)
+{
+    const char *eq = strchr(assignment, '=');
+    char name[128];
+    if (!eq || eq == assignment || (size_t)(eq - assignment) >= sizeof name)
+        return ft_fail(err, "--set-var '%s': expected NAME=value, e.g. TRAIN_BATCH_SIZE=4",
+                       assignment);
+    memcpy(name, assignment, (size_t)(eq - assignment));
+    name[eq - assignment] = '\0';
+    const char *key = ft_config_key_for_var(name);
+    if (!key) {
+        char best[128] = "", var[128];
+        size_t best_d = (size_t)-1;
+        for (const ft_cfg_key *k = ft_config_schema(); k->name; k++) {
+            var_of_key(k->name, var, sizeof var);
+            size_t d = levenshtein(name, var);
+            if (d < best_d) {
+                best_d = d;
+                snprintf(best, sizeof best, "%s", var);
+            }
+        }
+        size_t limit = strlen(name) / 3 > 2 ? strlen(name) / 3 : 2;
+        if (best_d <= limit)
+            return ft_fail(err, "variable %s names no config key (did you mean %s?)", name, best);
+        return ft_fail(err, "variable %s names no config key (SECTION_KEY of a key in "
+                            "configs/README.md, e.g. TRAIN_BATCH_SIZE for train.batch_size)",
+                       name);
+    }
+    char where[160];
+    snprintf(where, sizeof where, "--set-var %s (%s)", name, key);
+    return set_key(c, key, eq + 1, where, notes, err);
+}
+
 /* ---- YAML --------------------------------------------------------------------- */
 
 /* A nested mapping walked with libyaml's event parser; the dotted key of the current

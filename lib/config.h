@@ -50,6 +50,10 @@ int ft_config_load_yaml(ft_config *c, const char *path, FILE *notes, ft_err *err
 /* Applies "key=value" (a --set argument). */
 int ft_config_set(ft_config *c, const char *assignment, FILE *notes, ft_err *err);
 
+/* Applies "NAME=value" where NAME is a Make-style variable (TRAIN_BATCH_SIZE=4). A NAME
+ * that stands for no key is an error suggesting the nearest variable. */
+int ft_config_set_var(ft_config *c, const char *assignment, FILE *notes, ft_err *err);
+
 /* The key a Make variable stands for: TRAIN_BATCH_SIZE -> "train.batch_size",
  * TUNING_LORA_R -> "tuning.lora.r". NULL when none matches. */
 const char *ft_config_key_for_var(const char *var);

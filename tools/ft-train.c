@@ -77,81 +77,11 @@ static void print_reference(void)
     }
 }
 
-/* The Make-style variable of a key: train.batch_size -> TRAIN_BATCH_SIZE. */
-static void var_of_key(const char *key, char *out, size_t n)
-{
-    size_t i = 0;
-    for (; key[i] && i + 1 < n; i++)
-        out[i] = key[i] == '.' ? '_' : (char)toupper((unsigned char)key[i]);
-    out[i] = '\0';
-}
-
-static size_t edit_distance(const char *a, const char *b)
-{
-    size_t lb = strlen(b), row[128];
-    if (lb >= 128)
-        return (size_t)-1;
-    for (size_t j = 0; j <= lb; j++)
-        row[j] = j;
-    for (size_t i = 1; a[i - 1]; i++) {
-        size_t diag = row[0];
-        row[0] = i;
-        for (size_t j = 1; j <= lb; j++) {
-            size_t up = row[j], best = diag + (a[i - 1] != b[j - 1]);
-            if (row[j] + 1 < best)
-                best = row[j] + 1;
-            if (row[j - 1] + 1 < best)
-                best = row[j - 1] + 1;
-            row[j] = best;
-            diag = up;
-        }
-    }
-    return row[lb];
-}
-
-/* --set-var NAME=value: the key NAME stands for, then ft_config_set. */
+/* --set-var NAME=value (lib/config.c maps NAME onto its key). */
 static int set_var(ft_config *cfg, const char *arg)
 {
-    const char *eq = strchr(arg, '=');
-    char name[128];
-    if (!eq || eq == arg || (size_t)(eq - arg) >= sizeof name) {
-        fprintf(stderr, "ft-train: error: --set-var '%s': expected NAME=value, e.g. "
-                        "TRAIN_BATCH_SIZE=4\n", arg);
-        return 1;
-    }
-    memcpy(name, arg, (size_t)(eq - arg));
-    name[eq - arg] = '\0';
-    const char *key = ft_config_key_for_var(name);
-    if (!key) {
-        char best[128] = "", var[128];
-        size_t best_d = (size_t)-1;
-        for (const ft_cfg_key *k = ft_config_schema(); k->name; k++) {
-            var_of_key(k->name, var, sizeof var);
-            size_t d = edit_distance(name, var);
-            if (d < best_d) {
-                best_d = d;
-                snprintf(best, sizeof best, "%s", var);
-            }
-        }
-        size_t limit = strlen(name) / 3 > 2 ? strlen(name) / 3 : 2;
-        if (best_d <= limit)
-            fprintf(stderr, "ft-train: error: variable %s names no config key (did you mean "
-                            "%s?)\n", name, best);
-        else
-            fprintf(stderr, "ft-train: error: variable %s names no config key (SECTION_KEY "
-                            "of a key in configs/README.md, e.g. TRAIN_BATCH_SIZE for "
-                            "train.batch_size)\n", name);
-        return 1;
-    }
-    char assignment[4200];
-    snprintf(assignment, sizeof assignment, "%s=%s", key, eq + 1);
     ft_err err;
-    if (ft_config_set(cfg, assignment, stderr, &err)) {
-        const char *msg = strncmp(err.msg, "--set: ", 7) == 0 ? err.msg + 7 : err.msg;
-        fprintf(stderr, "ft-train: error: --set-var %s (%s): %s\n", name, key, msg);
-        return 1;
-    }
-    return 0;
+    return ft_config_set_var(cfg, arg, stderr, &err) ? fail(err.msg) : 0;
 }
 
 /* --get KEY: one resolved value, as YAML would spell it ("" for an empty string). */
