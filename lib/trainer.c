@@ -235,7 +235,8 @@ static int save_checkpoint(trainer *t, char *out, size_t out_len, ft_err *err)
 static int next_micro_batches(trainer *t, ft_err *err)
 {
     for (int i = 0; i < t->accum; i++) {
-        if (t->state.batch_in_epoch >= t->n_batches) {
+        /* with packing and shuffling, an epoch's batch count depends on the epoch */
+        if (t->state.batch_in_epoch >= ft_loader_n_batches(t->train_loader, t->state.epoch)) {
             t->state.epoch++;
             t->state.batch_in_epoch = 0;
         }
