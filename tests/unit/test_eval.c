@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "tiny_model.h"
 #include "data.h"
 #include "eval_records.h"
 #include "evaluate.h"
@@ -22,7 +23,7 @@
 #include "safetensors.h"
 #include "tokenizer.h"
 
-enum { V = 32, C = 16, I = 24, L = 2, HQ = 4, HKV = 2, D = 4, EOS = 1 };
+enum { EOS = 1 };
 
 static char root[256], model_dir[300];
 
@@ -42,61 +43,12 @@ static void write_text(const char *path, const char *text)
  * tokenizer with the same vocabulary size: <s> 0, </s> 1, the letters a..z 2..27, "Ġ"
  * (the byte-level space) 28, and three merges: "a b" -> "ab" 29, "Ġ a" -> "Ġa" 30,
  * "ab c" -> "abc" 31. */
-static void write_model(const char *dir)
+static void write_model_and_tokenizer(const char *dir)
 {
-    ft_err err;
-    CHECK(ft_mkdir_p(dir, &err) == 0);
-    char path[512];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "w");
-    fprintf(f,
-            "{\"model_type\": \"llama\", \"vocab_size\": %d, \"hidden_size\": %d, "
-            "\"intermediate_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d, "
-            "\"num_key_value_heads\": %d, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, "
-            "\"hidden_act\": \"silu\", \"max_position_embeddings\": 64, "
-            "\"tie_word_embeddings\": false, \"bos_token_id\": 0, \"eos_token_id\": %d}",
-            V, C, I, L, HQ, HKV, EOS);
-    fclose(f);
-
-    static float store[32][V * C > I * C ? V * C : I * C];
-    char names[32][96];
-    int64_t shapes[32][2];
-    int ndims[32], n = 0;
-#define ADD(nd, d0, d1, ...)                                                            \
-    do {                                                                                \
-        snprintf(names[n], sizeof names[n], __VA_ARGS__);                               \
-        ndims[n] = nd;                                                                  \
-        shapes[n][0] = d0;                                                              \
-        shapes[n][1] = d1;                                                              \
-        n++;                                                                            \
-    } while (0)
-    ADD(2, V, C, "model.embed_tokens.weight");
-    for (int l = 0; l < L; l++) {
-        ADD(1, C, 0, "model.layers.%d.input_layernorm.weight", l);
-        ADD(2, HQ * D, C, "model.layers.%d.self_attn.q_proj.weight", l);
-        ADD(2, HKV * D, C, "model.layers.%d.self_attn.k_proj.weight", l);
-        ADD(2, HKV * D, C, "model.layers.%d.self_attn.v_proj.weight", l);
-        ADD(2, C, HQ * D, "model.layers.%d.self_attn.o_proj.weight", l);
-        ADD(1, C, 0, "model.layers.%d.post_attention_layernorm.weight", l);
-        ADD(2, I, C, "model.layers.%d.mlp.gate_proj.weight", l);
-        ADD(2, I, C, "model.layers.%d.mlp.up_proj.weight", l);
-        ADD(2, C, I, "model.layers.%d.mlp.down_proj.weight", l);
-    }
-    ADD(1, C, 0, "model.norm.weight");
-    ADD(2, V, C, "lm_head.weight");
-#undef ADD
-    ft_st_writer *w = ft_st_writer_new();
-    for (int i = 0; i < n; i++) {
-        size_t numel = (size_t)shapes[i][0] * (ndims[i] > 1 ? shapes[i][1] : 1);
-        for (size_t j = 0; j < numel; j++)
-            store[i][j] = ndims[i] == 1 ? 1.0f + 0.2f * (ft_uniform(17 + i, j) - 0.5f)
-                                        : 1.2f * (ft_uniform(17 + i, j) - 0.5f);
-        CHECK(ft_st_writer_add(w, names[i], FT_ST_F32, ndims[i], shapes[i], store[i], &err) ==
-              0);
-    }
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    CHECK(ft_st_writer_save(w, path, &err) == 0);
-    ft_st_writer_free(w);
+    char path[512], cfg[96];
+    snprintf(cfg, sizeof cfg, ", \"bos_token_id\": 0, \"eos_token_id\": %d", EOS);
+    tiny_model_opts o = {.extra_cfg = cfg, .seed = 17, .scale = 1.2f};
+    write_tiny_model(dir, &o);
 
     char vocab[1024] = "\"<s>\": 0, \"</s>\": 1";
     for (int c = 0; c < 26; c++) {
@@ -442,7 +394,7 @@ int main(void)
         return 1;
     }
     snprintf(model_dir, sizeof model_dir, "%s/model", root);
-    write_model(model_dir);
+    write_model_and_tokenizer(model_dir);
     RUN(test_rouge_l);
     RUN(test_exact_match);
     RUN(test_generate_max_new_tokens);

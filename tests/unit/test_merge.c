@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "tiny_model.h"
 #include "fsutil.h"
 #include "lora_init.h"
 #include "merge.h"
@@ -23,73 +24,21 @@
 #include "rng.h"
 #include "safetensors.h"
 
-enum { V = 32, C = 16, I = 24, L = 2, HQ = 4, HKV = 2, D = 4 };
 
 static char root[256];
 
-/* Writes config.json and model.safetensors of a tiny llama into dir. torch_dtype NULL
- * leaves the key out; `extra_cfg` is spliced into config.json (", \"key\": value"). */
-static void write_model(const char *dir, int tied, const char *torch_dtype,
-                        const char *extra_cfg)
+/* A tiny llama (tests/unit/tiny_model.h); torch_dtype NULL leaves the key out;
+ * `extra_cfg` is spliced into config.json (", \"key\": value"). */
+static void write_model_with(const char *dir, int tied, const char *torch_dtype,
+                             const char *extra_cfg)
 {
-    ft_err err;
-    CHECK(ft_mkdir_p(dir, &err) == 0);
-    char path[512], dtype_kv[64] = "";
+    char cfg[256] = "";
     if (torch_dtype)
-        snprintf(dtype_kv, sizeof dtype_kv, ", \"torch_dtype\": \"%s\"", torch_dtype);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "w");
-    fprintf(f,
-            "{\"model_type\": \"llama\", \"vocab_size\": %d, \"hidden_size\": %d, "
-            "\"intermediate_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d, "
-            "\"num_key_value_heads\": %d, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, "
-            "\"hidden_act\": \"silu\", \"max_position_embeddings\": 64, "
-            "\"tie_word_embeddings\": %s%s%s}",
-            V, C, I, L, HQ, HKV, tied ? "true" : "false", dtype_kv, extra_cfg ? extra_cfg : "");
-    fclose(f);
-
-    static float store[64][V * C > I * C ? V * C : I * C];
-    int n = 0;
-    char names[64][96];
-    int64_t shapes[64][2];
-    int ndims[64];
-#define ADD(nd, d0, d1, ...)                                                            \
-    do {                                                                                \
-        snprintf(names[n], sizeof names[n], __VA_ARGS__);                               \
-        ndims[n] = nd;                                                                  \
-        shapes[n][0] = d0;                                                              \
-        shapes[n][1] = d1;                                                              \
-        n++;                                                                            \
-    } while (0)
-    ADD(2, V, C, "model.embed_tokens.weight");
-    for (int l = 0; l < L; l++) {
-        ADD(1, C, 0, "model.layers.%d.input_layernorm.weight", l);
-        ADD(2, HQ * D, C, "model.layers.%d.self_attn.q_proj.weight", l);
-        ADD(2, HKV * D, C, "model.layers.%d.self_attn.k_proj.weight", l);
-        ADD(2, HKV * D, C, "model.layers.%d.self_attn.v_proj.weight", l);
-        ADD(2, C, HQ * D, "model.layers.%d.self_attn.o_proj.weight", l);
-        ADD(1, C, 0, "model.layers.%d.post_attention_layernorm.weight", l);
-        ADD(2, I, C, "model.layers.%d.mlp.gate_proj.weight", l);
-        ADD(2, I, C, "model.layers.%d.mlp.up_proj.weight", l);
-        ADD(2, C, I, "model.layers.%d.mlp.down_proj.weight", l);
-    }
-    ADD(1, C, 0, "model.norm.weight");
-    if (!tied)
-        ADD(2, V, C, "lm_head.weight");
-#undef ADD
-    ft_st_writer *w = ft_st_writer_new();
-    for (int i = 0; i < n; i++) {
-        size_t numel = (size_t)shapes[i][0] * (ndims[i] > 1 ? shapes[i][1] : 1);
-        int is_norm = ndims[i] == 1;
-        for (size_t j = 0; j < numel; j++)
-            store[i][j] = is_norm ? 1.0f + 0.2f * (ft_uniform(7 + i, j) - 0.5f)
-                                  : 0.6f * (ft_uniform(7 + i, j) - 0.5f);
-        CHECK(ft_st_writer_add(w, names[i], FT_ST_F32, ndims[i], shapes[i], store[i], &err) ==
-              0);
-    }
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    CHECK(ft_st_writer_save(w, path, &err) == 0);
-    ft_st_writer_free(w);
+        snprintf(cfg, sizeof cfg, ", \"torch_dtype\": \"%s\"", torch_dtype);
+    if (extra_cfg)
+        strncat(cfg, extra_cfg, sizeof cfg - strlen(cfg) - 1);
+    tiny_model_opts o = {.tied = tied, .extra_cfg = cfg};
+    write_tiny_model(dir, &o);
 }
 
 /* An adapter for model_dir with random A and B (B would be zero after init). */
@@ -204,7 +153,7 @@ static void merge_case(const char *tag, int tied, int r, float alpha, int rslora
     snprintf(model, sizeof model, "%s/%s-model", root, tag);
     snprintf(adapter, sizeof adapter, "%s/%s-adapter", root, tag);
     snprintf(out, sizeof out, "%s/%s-merged", root, tag);
-    write_model(model, tied, NULL, NULL);
+    write_model_with(model, tied, NULL, NULL);
     ft_lora_config c = {.r = r, .alpha = alpha, .rslora = rslora, .targets = targets};
     write_adapter(model, adapter, &c);
     ft_err err;
@@ -282,7 +231,7 @@ static void test_dtypes(void)
     snprintf(model, sizeof model, "%s/dt-model", root);
     snprintf(adapter, sizeof adapter, "%s/dt-adapter", root);
     snprintf(out32, sizeof out32, "%s/dt-f32", root);
-    write_model(model, 0, "bfloat16", NULL);
+    write_model_with(model, 0, "bfloat16", NULL);
     ft_lora_config c = {.r = 2, .alpha = 16, .targets = FT_LORA_ALL_LINEAR};
     write_adapter(model, adapter, &c);
     ft_err err;
@@ -452,7 +401,7 @@ static void test_errors(void)
 
     char qmodel[300];
     snprintf(qmodel, sizeof qmodel, "%s/quant-model", root);
-    write_model(qmodel, 0, NULL, ", \"quantization_config\": {\"load_in_4bit\": true}");
+    write_model_with(qmodel, 0, NULL, ", \"quantization_config\": {\"load_in_4bit\": true}");
     expect_merge_error(qmodel, adapter, out, 0, "quantization_config");
 
     /* a failure after the weights were written: tokenizer.json is a directory */

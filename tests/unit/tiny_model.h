@@ -12,11 +12,25 @@
 
 enum { V = 32, C = 16, I = 24, L = 2, HQ = 4, HKV = 2, D = 4 };
 
-/* Writes config.json and model.safetensors of a tiny llama into dir. `skip` omits a
- * tensor, `extra` adds one, `bad_shape` gives a tensor the wrong shape. */
-static void write_model(const char *dir, int qkv_bias, const char *skip, const char *extra,
-                        const char *bad_shape)
+typedef struct tiny_model_opts {
+    int qkv_bias;          /* qwen2: q, k, v biases */
+    int tied;              /* tie_word_embeddings: no lm_head.weight */
+    const char *skip;      /* a tensor left out */
+    const char *extra;     /* a tensor [C] added */
+    const char *bad_shape; /* a tensor written one row short */
+    const char *extra_cfg; /* spliced into config.json: ", \"key\": value" */
+    uint64_t seed;         /* weight stream (0: 7) */
+    float scale;           /* weights uniform in [-scale/2, scale/2) (0: 0.6) */
+} tiny_model_opts;
+
+/* Writes config.json and model.safetensors of a tiny llama into dir, with seeded random
+ * weights (norms near 1). */
+static void write_tiny_model(const char *dir, const tiny_model_opts *o)
 {
+    int qkv_bias = o->qkv_bias;
+    const char *skip = o->skip, *extra = o->extra, *bad_shape = o->bad_shape;
+    uint64_t seed = o->seed ? o->seed : 7;
+    float scale = o->scale > 0 ? o->scale : 0.6f;
     ft_err err;
     CHECK(ft_mkdir_p(dir, &err) == 0);
     char path[512];
@@ -27,8 +41,9 @@ static void write_model(const char *dir, int qkv_bias, const char *skip, const c
             "\"intermediate_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d, "
             "\"num_key_value_heads\": %d, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, "
             "\"hidden_act\": \"silu\", \"max_position_embeddings\": 64, "
-            "\"tie_word_embeddings\": false}",
-            qkv_bias ? "qwen2" : "llama", V, C, I, L, HQ, HKV);
+            "\"tie_word_embeddings\": %s%s}",
+            qkv_bias ? "qwen2" : "llama", V, C, I, L, HQ, HKV, o->tied ? "true" : "false",
+            o->extra_cfg ? o->extra_cfg : "");
     fclose(f);
 
     static float store[64][V * C > I * C ? V * C : I * C];
@@ -63,15 +78,17 @@ static void write_model(const char *dir, int qkv_bias, const char *skip, const c
         ADD(2, C, I, "model.layers.%d.mlp.down_proj.weight", l);
     }
     ADD(1, C, 0, "model.norm.weight");
-    ADD(2, V, C, "lm_head.weight");
+    if (!o->tied)
+        ADD(2, V, C, "lm_head.weight");
     if (extra)
         ADD(1, C, 0, "%s", extra);
+#undef ADD
     for (int i = 0; i < n; i++) {
         size_t numel = (size_t)shapes[i][0] * (ndims[i] > 1 ? shapes[i][1] : 1);
         int is_norm = ndims[i] == 1 && !strstr(names[i], "bias");
         for (size_t j = 0; j < numel; j++)
-            store[i][j] = is_norm ? 1.0f + 0.2f * (ft_uniform(7 + i, j) - 0.5f)
-                                  : 0.6f * (ft_uniform(7 + i, j) - 0.5f);
+            store[i][j] = is_norm ? 1.0f + 0.2f * (ft_uniform(seed + i, j) - 0.5f)
+                                  : scale * (ft_uniform(seed + i, j) - 0.5f);
         if (skip && strcmp(names[i], skip) == 0)
             continue;
         int64_t shape[2] = {shapes[i][0], shapes[i][1]};
@@ -82,6 +99,17 @@ static void write_model(const char *dir, int qkv_bias, const char *skip, const c
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     CHECK(ft_st_writer_save(w, path, &err) == 0);
     ft_st_writer_free(w);
+}
+
+/* The common case: `skip` omits a tensor, `extra` adds one, `bad_shape` gives a tensor
+ * the wrong shape (all may be NULL). */
+__attribute__((unused)) static void write_model(const char *dir, int qkv_bias,
+                                                const char *skip, const char *extra,
+                                                const char *bad_shape)
+{
+    tiny_model_opts o = {.qkv_bias = qkv_bias, .skip = skip, .extra = extra,
+                         .bad_shape = bad_shape};
+    write_tiny_model(dir, &o);
 }
 
 #endif
