@@ -26,6 +26,16 @@ LDLIBS := $(DEP_LIBS) -lm -ldl -lpthread
 LDFLAGS ?=
 FT_LDFLAGS := -fopenmp
 
+# MPI: Open MPI through its compiler wrapper (mpicc --showme); MPI=0 builds without it,
+# and then every run is a single process.
+ifeq ($(origin MPI), undefined)
+  MPI := $(if $(shell command -v mpicc 2>/dev/null),1,0)
+endif
+ifeq ($(MPI),1)
+  FT_CFLAGS += -DFT_HAVE_MPI $(shell mpicc --showme:compile)
+  LDLIBS += $(shell mpicc --showme:link)
+endif
+
 CUDA_HOME ?= /usr/local/cuda
 ifeq ($(origin CUDA), undefined)
   ifneq ($(wildcard $(CUDA_HOME)/bin/nvcc),)

@@ -15,6 +15,7 @@ SET=${1:-build}
 BUILD=(
   build-essential pkg-config
   libjansson-dev libyaml-dev libopenblas-dev libpcre2-dev libutf8proc-dev
+  libopenmpi-dev openmpi-bin
 )
 # conformance suite: Debian's CPU torch, used from a virtualenv (scripts/setup-python.sh)
 TEST=(python3 python3-venv python3-pip python3-torch python3-numpy)

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "data.h"
+#include "dist.h"
 #include "evaluate.h"
 #include "lora.h"
 #include "model.h"
@@ -27,6 +28,10 @@ static const char usage[] =
     "--generate it also decodes greedily from each record's prompt and scores the\n"
     "prediction against the reference completion (ROUGE-L F1 as rouge_score computes it,\n"
     "and exact match after stripping whitespace).\n"
+    "\n"
+    "Under mpirun (or srun) the ranks share the data (rank r takes every n-th sample) and\n"
+    "the metrics are summed across them: the result equals one process over all of it.\n"
+    "Rank 0 prints; --data must then be a file, and --predictions writes FILE.rank<r>.\n"
     "\n"
     "  --model DIR            Hugging Face model dir (config.json, safetensors, tokenizer)\n"
     "  --adapter DIR          PEFT LoRA adapter dir (adapter_config.json + weights)\n"
@@ -189,9 +194,58 @@ static int fail_data(const args *a, const char *data_path, ft_err *err)
     return fail(err->msg);
 }
 
-static int run(const args *a, const char *data_path)
+/* Rank r of n keeps every n-th sample starting at r: a view sharing the samples' buffers
+ * (free only .samples). */
+static int shard_dataset(const ft_dataset *ds, int rank, int n, ft_dataset *view)
+{
+    *view = (ft_dataset){0};
+    view->samples = malloc((ds->n / (size_t)n + 1) * sizeof *view->samples);
+    if (!view->samples)
+        return -1;
+    for (size_t i = (size_t)rank; i < ds->n; i += (size_t)n)
+        view->samples[view->n++] = ds->samples[i];
+    return 0;
+}
+
+static int shard_records(const ft_eval_records *rs, int rank, int n, ft_eval_records *view)
+{
+    *view = (ft_eval_records){0};
+    view->r = malloc((rs->n / (size_t)n + 1) * sizeof *view->r);
+    if (!view->r)
+        return -1;
+    for (size_t i = (size_t)rank; i < rs->n; i += (size_t)n)
+        view->r[view->n++] = rs->r[i];
+    return 0;
+}
+
+/* Sums each rank's loss (and generation) figures over the ranks and recomputes the
+ * means: the result of one process over the whole data set. */
+static int reduce_metrics(ft_comm *comm, ft_eval_loss *l, ft_eval_gen *g, ft_err *err)
+{
+    double v[7] = {l->loss_sum, (double)l->tokens, (double)l->samples, (double)g->generated,
+                   g->rouge_l * (double)g->generated, g->exact_match * (double)g->generated,
+                   (double)g->new_tokens};
+    if (ft_comm_allreduce_sum(comm, v, 7, err))
+        return -1;
+    l->loss_sum = v[0];
+    l->tokens = (long)v[1];
+    l->samples = (size_t)v[2];
+    l->loss = l->tokens ? l->loss_sum / (double)l->tokens : NAN;
+    l->perplexity = exp(l->loss);
+    g->generated = (size_t)v[3];
+    g->rouge_l = g->generated ? v[4] / (double)g->generated : 0;
+    g->exact_match = g->generated ? v[5] / (double)g->generated : 0;
+    g->new_tokens = (long)v[6];
+    return 0;
+}
+
+static int run(const args *a, const char *data_path, ft_comm *comm)
 {
     ft_err err;
+    int rank = ft_comm_rank(comm), world = ft_comm_size(comm);
+    FILE *progress = rank == 0 ? stderr : NULL;
+    ft_dataset shard = {0};
+    ft_eval_records rec_shard = {0};
     ft_model_options mo = {.mode = FT_TRAIN_NONE};
     ft_model *m = NULL;
     ft_tokenizer *tok = NULL;
@@ -220,9 +274,11 @@ static int run(const args *a, const char *data_path)
         fail_data(a, data_path, &err);
         goto out;
     }
-    fprintf(stderr, "ft-eval: data: %s: %zu samples (%zu bad lines skipped, %zu without a "
-                    "counted token dropped)\n",
-            a->data, ds.n, ds.skipped_lines, ds.dropped_empty);
+    if (rank == 0)
+        fprintf(stderr, "ft-eval: data: %s: %zu samples (%zu bad lines skipped, %zu without a "
+                        "counted token dropped)%s\n",
+                a->data, ds.n, ds.skipped_lines, ds.dropped_empty,
+                world > 1 ? ", shared across the ranks" : "");
     if (a->generate &&
         ft_eval_records_load(&recs, data_path, tok, &a->data_opt, &ds, &err)) {
         fail_data(a, data_path, &err);
@@ -239,21 +295,33 @@ static int run(const args *a, const char *data_path)
     if (pad < 0)
         pad = tok && ft_tokenizer_eos_id(tok) >= 0 ? ft_tokenizer_eos_id(tok) : 0;
 
-    ft_eval_loss loss;
+    if (shard_dataset(&ds, rank, world, &shard) ||
+        (a->generate && shard_records(&recs, rank, world, &rec_shard))) {
+        fail("out of memory");
+        goto out;
+    }
+    ft_eval_loss loss = {0};
     ft_eval_gen gen = {0};
-    if (ft_eval_loss_run(m, &ds, a->batch_size, pad, stderr, &loss, &err)) {
+    /* a rank may get no sample when there are more ranks than samples */
+    if (shard.n && ft_eval_loss_run(m, &shard, a->batch_size, pad, progress, &loss, &err)) {
         fail(err.msg);
         goto out;
     }
     if (a->generate) {
-        if (a->predictions && !(pred = fopen(a->predictions, "w"))) {
-            fprintf(stderr, "ft-eval: error: %s: cannot open for writing: %s\n",
-                    a->predictions, strerror(errno));
+        /* under several ranks each writes its share to PATH.rank<r> */
+        char pred_path[4200];
+        if (a->predictions)
+            snprintf(pred_path, sizeof pred_path, world > 1 ? "%s.rank%d" : "%s",
+                     a->predictions, rank);
+        if (a->predictions && !(pred = fopen(pred_path, "w"))) {
+            fprintf(stderr, "ft-eval: error: %s: cannot open for writing: %s\n", pred_path,
+                    strerror(errno));
             goto out;
         }
         ft_gen_options go = {.max_new_tokens = a->max_new_tokens};
         ft_gen_eos_ids(ft_model_cfg(m), tok, &go);
-        if (ft_eval_generate_run(m, tok, &recs, &go, pred, stderr, &gen, &err)) {
+        if (rec_shard.n &&
+            ft_eval_generate_run(m, tok, &rec_shard, &go, pred, progress, &gen, &err)) {
             fail_data(a, data_path, &err);
             goto out;
         }
@@ -266,8 +334,18 @@ static int run(const args *a, const char *data_path)
             }
         }
     }
-    rc = print_result(a, &loss, &gen);
+    if (reduce_metrics(comm, &loss, &gen, &err)) {
+        fail(err.msg);
+        goto out;
+    }
+    if (loss.tokens == 0) {
+        fail("the data have no counted token");
+        goto out;
+    }
+    rc = rank == 0 ? print_result(a, &loss, &gen) : 0;
 out:
+    free(shard.samples);
+    free(rec_shard.r);
     if (pred)
         fclose(pred);
     ft_eval_records_free(&recs);
@@ -298,7 +376,16 @@ int main(int argc, char **argv)
             return fail(err.msg);
         data_path = spool;
     }
-    rc = run(&a, data_path);
+    ft_comm *comm = NULL;
+    ft_err cerr;
+    if (ft_comm_init(&comm, &cerr)) {
+        rc = fail(cerr.msg);
+    } else if (ft_comm_size(comm) > 1 && strcmp(a.data, "-") == 0) {
+        rc = fail("--data -: under several ranks only rank 0 sees standard input; give a file");
+    } else {
+        rc = run(&a, data_path, comm);
+    }
+    ft_comm_finalize(comm);
     if (spool) {
         unlink(spool);
         free(spool);
