@@ -36,7 +36,7 @@ EXPECTED = {
         "train.eval_accumulation_steps": 8,
     },
     "multi_gpu_config.yaml": {
-        "model.name": "google/gemma-3-27b-it",
+        "model.name": "Qwen/Qwen2.5-32B-Instruct",
         "model.max_seq_len": 2048,
         "tuning.mode": "qlora",
         "tuning.backend": "bnb",
@@ -66,7 +66,7 @@ EXPECTED = {
         "tuning.mode": "lora",  # not set by the file: the default
     },
     "a100_pair.yaml": {
-        "model.name": "google/gemma-3-27b-it",
+        "model.name": "Qwen/Qwen2.5-32B-Instruct",
         "model.max_seq_len": 2048,
         "train.batch_size": 8,
         "train.grad_accum": 4,
