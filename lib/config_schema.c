@@ -34,6 +34,9 @@ static const ft_cfg_key schema[] = {
      NULL},
     {"tuning.lora.rslora", FT_CFG_BOOL, "false", NULL, false, NONE, "rank-stabilised scaling",
      NULL},
+    {"tuning.lora.init_adapter", FT_CFG_STRING, "", NULL, false, NONE,
+     "PEFT adapter dir to start from (e.g. made by ft-lora-init); r, alpha and targets must match",
+     NULL},
 
     /* train */
     {"train.batch_size", FT_CFG_INT, "1", NULL, true, 1, "samples (or packed rows) per device per micro-batch", NULL},

@@ -112,6 +112,9 @@ static int setup_model(trainer *t, ft_err *err)
     }
     if (ft_model_load(&t->m, t->model_dir, &mo, err))
         return ft_fail_prefix(err, "model.name '%s'", t->model_dir);
+    if (mo.mode == FT_TRAIN_LORA && ft_config_has(c, "tuning.lora.init_adapter") &&
+        ft_model_load_adapter(t->m, ft_config_str(c, "tuning.lora.init_adapter"), err))
+        return ft_fail_prefix(err, "config: key 'tuning.lora.init_adapter'");
     size_t n;
     ft_model_trainable(t->m, &n);
     ft_adamw_hparams hp = {.lr = (float)ft_config_float(c, "train.learning_rate"),

@@ -206,3 +206,71 @@ def test_eval_has_no_dropout(workdir):
                              learning_rate=0.0, warmup_steps=0))
     evals = re.findall(r"^eval step \d+ \| loss ([0-9.]+)", out.stderr, re.M)
     assert len(evals) == 2 and evals[0] == evals[1], out.stderr
+
+
+FT_LORA_INIT = os.environ.get("FT_LORA_INIT")
+FT_EVAL = os.environ.get("FT_EVAL")
+FT_MERGE = os.environ.get("FT_MERGE")
+
+
+def tool(args, stdin=None):
+    out = subprocess.run(args, input=stdin, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+def test_user_chain_lora_init_train_eval_merge_with_stdin(workdir):
+    """lora-init -> train (starting from that adapter, data piped in) -> eval (data piped
+    in) -> merge, as a user chains the tools; the merged model loads in transformers."""
+    from transformers import LlamaForCausalLM
+    assert FT_LORA_INIT and FT_EVAL and FT_MERGE, "FT_LORA_INIT, FT_EVAL and FT_MERGE must be set"
+    init = workdir / "chain_init"
+    tool([FT_LORA_INIT, "--model", str(workdir / "model"), "--out", str(init), "--r", "4",
+          "--alpha", "8", "--dropout", "0.1", "--target", "all-linear", "--seed", "3"])
+    cfg = write_config(workdir, "chain", max_steps=8, eval_strategy="no")
+    train_data = (workdir / "train.jsonl").read_text()
+    out = tool([FT_TRAIN, "--config", str(cfg), "--set", f"tuning.lora.init_adapter={init}",
+                "--set", "data.train_path=-", "--set", "data.eval_path="], stdin=train_data)
+    final = Path(out.stdout.strip())
+    eval_data = (workdir / "eval.jsonl").read_text()
+    before = json.loads(tool([FT_EVAL, "--model", str(workdir / "model"), "--adapter", str(init),
+                              "--data", "-", "--json"], stdin=eval_data).stdout)
+    after = json.loads(tool([FT_EVAL, "--model", str(workdir / "model"), "--adapter", str(final),
+                             "--data", "-", "--json"], stdin=eval_data).stdout)
+    assert after["loss"] < before["loss"] and after["tokens"] == before["tokens"] > 0
+    merged = workdir / "chain_merged"
+    tool([FT_MERGE, "--model", str(workdir / "model"), "--adapter", str(final), "--out",
+          str(merged), "--dtype", "f32"])
+    merged_eval = json.loads(tool([FT_EVAL, "--model", str(merged), "--data", "-", "--json"],
+                                  stdin=eval_data).stdout)
+    assert abs(merged_eval["loss"] - after["loss"]) <= 1e-5 * after["loss"]
+    LlamaForCausalLM.from_pretrained(merged)
+
+
+def test_resume_after_kill_9_gives_equal_losses(workdir):
+    """A run killed with SIGKILL right after a checkpoint resumes with --resume auto and
+    ends with the losses and the adapter of the uninterrupted run, bit for bit."""
+    ref = train(write_config(workdir, "k9_ref", max_steps=40, save_steps=2, eval_strategy="no"))
+    cfg = write_config(workdir, "k9", max_steps=40, save_steps=2, eval_strategy="no")
+    p = subprocess.Popen([FT_TRAIN, "--config", str(cfg)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    seen = ""
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        line = p.stderr.readline()
+        seen += line
+        if "checkpoint-4" in line or not line:
+            break
+    p.kill()
+    p.wait()
+    assert "checkpoint-4" in seen, seen
+    out = train(cfg, "--resume", "auto")
+    assert "resumed from" in out.stderr
+    want = printed_losses(ref.stderr)
+    got = printed_losses(out.stderr)
+    assert got and all(got[s] == want[s] for s in got), (got, want)
+    acc_ref = {e.step: e.value for e in tb_scalars(workdir / "k9_ref").Scalars("train/loss")}
+    for s, v in got.items():
+        assert abs(acc_ref[s] - v) <= 5e-5
+    assert (workdir / "k9" / "final" / "adapter_model.safetensors").read_bytes() == \
+        (workdir / "k9_ref" / "final" / "adapter_model.safetensors").read_bytes()
