@@ -2,6 +2,7 @@
  *
  * Thin main: parses the options, calls ft_lora_init_adapter (lib/lora_init.c) and
  * prints the adapter dir on stdout. */
+#include "cli.h"
 #include "lora_init.h"
 #include "model_path.h"
 
@@ -78,18 +79,10 @@ int main(int argc, char **argv)
         static const char *const with_value[] = {"--model", "--out",    "--r",   "--alpha",
                                                  "--dropout", "--target", "--seed"};
         const char *opt = NULL, *val = NULL;
-        for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
-            size_t n = strlen(with_value[k]);
-            if (strcmp(a, with_value[k]) == 0) {
-                if (i + 1 >= argc)
-                    return usage_error("option '%s' needs a value", a);
-                opt = with_value[k];
-                val = argv[++i];
-            } else if (strncmp(a, with_value[k], n) == 0 && a[n] == '=') {
-                opt = with_value[k];
-                val = a + n + 1;
-            }
-        }
+        int found = ft_cli_value_option(argc, argv, &i, with_value,
+                                        sizeof with_value / sizeof with_value[0], &opt, &val);
+        if (found < 0)
+            return usage_error("option '%s' needs a value", a);
         if (!opt)
             return usage_error(a[0] == '-' ? "unknown option '%s'" : "unexpected argument '%s'",
                                a);

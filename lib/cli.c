@@ -1,0 +1,25 @@
+#include "cli.h"
+
+#include <string.h>
+
+int ft_cli_value_option(int argc, char **argv, int *i, const char *const *names, size_t n,
+                        const char **opt, const char **val)
+{
+    const char *a = argv[*i];
+    for (size_t k = 0; k < n; k++) {
+        size_t len = strlen(names[k]);
+        if (strcmp(a, names[k]) == 0) {
+            if (*i + 1 >= argc)
+                return -1;
+            *opt = names[k];
+            *val = argv[++*i];
+            return 1;
+        }
+        if (strncmp(a, names[k], len) == 0 && a[len] == '=') {
+            *opt = names[k];
+            *val = a + len + 1;
+            return 1;
+        }
+    }
+    return 0;
+}

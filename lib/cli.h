@@ -1,0 +1,14 @@
+/* Command-line helpers shared by the tools' thin mains. */
+#ifndef FT_CLI_H
+#define FT_CLI_H
+
+#include <stddef.h>
+
+/* Matches argv[*i] against the options in names[0..n) that take a value, written as
+ * "--opt value" or "--opt=value". Returns 1 with *opt (the matched name) and *val set
+ * (advancing *i past a separate value), 0 when argv[*i] is none of them, and -1 when the
+ * value of a matched option is missing. */
+int ft_cli_value_option(int argc, char **argv, int *i, const char *const *names, size_t n,
+                        const char **opt, const char **val);
+
+#endif
