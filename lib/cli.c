@@ -1,5 +1,6 @@
 #include "cli.h"
 
+#include <stdio.h>
 #include <string.h>
 
 int ft_cli_value_option(int argc, char **argv, int *i, const char *const *names, size_t n,
@@ -22,4 +23,12 @@ int ft_cli_value_option(int argc, char **argv, int *i, const char *const *names,
         }
     }
     return 0;
+}
+
+int ft_cli_usage_error(const char *tool, const char *usage, const char *fmt, const char *arg)
+{
+    fprintf(stderr, "%s: error: ", tool);
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n%s", usage);
+    return 2;
 }

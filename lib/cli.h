@@ -11,4 +11,8 @@
 int ft_cli_value_option(int argc, char **argv, int *i, const char *const *names, size_t n,
                         const char **opt, const char **val);
 
+/* Prints "<tool>: error: " + fmt (with one %s argument) + a newline and the usage text to
+ * stderr; returns 2, the exit code of a usage error. */
+int ft_cli_usage_error(const char *tool, const char *usage, const char *fmt, const char *arg);
+
 #endif

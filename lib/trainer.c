@@ -74,7 +74,8 @@ typedef struct trainer {
     ft_model *m;
     ft_optimizer opt;
     ft_run_data data;
-    ft_loader *train_loader, *eval_loader;
+    ft_loader *train_loader;
+    int eval_batch_size;
     ft_tb_writer *tb;
     ft_lr_schedule sched;
     ft_train_state state;
@@ -156,33 +157,17 @@ static void stamp_of(const trainer *t, ft_ckpt_stamp *s)
     s->world_size = 1;
 }
 
-static int evaluate_batches(trainer *t, double *loss, long *tokens, ft_err *err)
-{
-    double sum = 0;
-    long count = 0;
-    int nb = ft_loader_n_batches(t->eval_loader, 0);
-    for (int i = 0; i < nb; i++) {
-        ft_batch b;
-        double s;
-        long n;
-        if (ft_loader_batch(t->eval_loader, 0, i, &b, err) ||
-            ft_model_forward(t->m, &b, &s, &n, err))
-            return ft_fail_prefix(err, "evaluation batch %d", i);
-        sum += s;
-        count += n;
-    }
-    *loss = count ? sum / (double)count : NAN;
-    *tokens = count;
-    return 0;
-}
-
-/* Mean loss over the eval set (forward only, no dropout). */
+/* Mean loss over the eval set: ft-eval's loss run (forward only), without dropout. */
 static int evaluate(trainer *t, double *loss, long *tokens, ft_err *err)
 {
+    ft_eval_loss r = {0};
     ft_model_set_training(t->m, false);
-    int rc = evaluate_batches(t, loss, tokens, err);
+    int rc = ft_eval_loss_run(t->m, &t->data.eval, t->eval_batch_size, t->data.pad_id, NULL, &r,
+                              err);
     ft_model_set_training(t->m, true);
-    return rc;
+    *loss = r.loss;
+    *tokens = r.tokens;
+    return rc ? ft_fail_prefix(err, "evaluation") : 0;
 }
 
 static int log_scalar(trainer *t, const char *tag, double v, ft_err *err)
@@ -192,7 +177,7 @@ static int log_scalar(trainer *t, const char *tag, double v, ft_err *err)
 
 static int run_eval(trainer *t, ft_err *err)
 {
-    if (!t->eval_loader || t->last_eval_step == t->state.global_step)
+    if (!t->data.eval.n || t->last_eval_step == t->state.global_step)
         return 0;
     t->last_eval_step = t->state.global_step;
     double loss = 0;
@@ -397,11 +382,7 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
     if (ft_loader_new(&t->train_loader, &t->data.train, &lo, err))
         return -1;
     t->n_batches = ft_loader_n_batches(t->train_loader, 0);
-    if (t->data.eval.n) {
-        lo.shuffle = false;
-        if (ft_loader_new(&t->eval_loader, &t->data.eval, &lo, err))
-            return -1;
-    }
+    t->eval_batch_size = lo.batch_size;
     if (ft_config_int(c, "train.generation_num_beams") != 1)
         return ft_fail(err, "config: train.generation_num_beams = %ld: only greedy decoding "
                             "(1) is implemented",
@@ -489,7 +470,6 @@ int ft_train_run(const ft_config *cfg, const ft_trainer_options *o, ft_train_out
     }
     free(t.micro);
     ft_loader_free(t.train_loader);
-    ft_loader_free(t.eval_loader);
     ft_optimizer_free(&t.opt);
     ft_model_free(t.m);
     ft_eval_records_free(&t.gen_records);

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "data.h"
 #include "dist.h"
 #include "evaluate.h"
@@ -64,10 +65,7 @@ static int fail(const char *msg)
 
 static int usage_error(const char *fmt, const char *arg)
 {
-    fputs("ft-eval: error: ", stderr);
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n%s", usage);
-    return 2;
+    return ft_cli_usage_error("ft-eval", usage, fmt, arg);
 }
 
 static bool parse_int(const char *s, int lo, int *out)

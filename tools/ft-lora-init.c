@@ -32,11 +32,7 @@ static const char usage[] =
 
 static int usage_error(const char *fmt, const char *arg)
 {
-    fputs("ft-lora-init: error: ", stderr);
-    fprintf(stderr, fmt, arg);
-    fputs("\n", stderr);
-    fputs(usage, stderr);
-    return 2;
+    return ft_cli_usage_error("ft-lora-init", usage, fmt, arg);
 }
 
 static int parse_long(const char *s, long min, long max, long *out)

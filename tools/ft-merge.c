@@ -33,11 +33,7 @@ static const char usage[] =
 
 static int usage_error(const char *fmt, const char *arg)
 {
-    fputs("ft-merge: error: ", stderr);
-    fprintf(stderr, fmt, arg);
-    fputs("\n", stderr);
-    fputs(usage, stderr);
-    return 2;
+    return ft_cli_usage_error("ft-merge", usage, fmt, arg);
 }
 
 int main(int argc, char **argv)
