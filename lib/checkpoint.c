@@ -4,7 +4,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,35 +24,6 @@ static int join(char *out, size_t n, const char *dir, const char *name, ft_err *
     return 0;
 }
 
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
-/* rm -r; a missing path is fine. */
-static int remove_tree(const char *path)
-{
-    struct stat st;
-    if (lstat(path, &st) != 0)
-        return errno == ENOENT ? 0 : -1;
-    return nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-static int fsync_dir(const char *dir, ft_err *err)
-{
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd < 0 || fsync(fd) != 0) {
-        int e = errno;
-        if (fd >= 0)
-            close(fd);
-        return ft_fail(err, "%s: fsync: %s", dir, strerror(e));
-    }
-    close(fd);
-    return 0;
-}
 
 int ft_checkpoint_save_weights(const char *dir, ft_model *m, const char *base_model,
                                ft_err *err)
@@ -182,20 +152,20 @@ int ft_checkpoint_save(const char *run_dir, ft_model *m, const ft_optimizer *o,
     char final[4096], tmp[4200];
     snprintf(final, sizeof final, "%s/checkpoint-%ld", run_dir, st->global_step);
     snprintf(tmp, sizeof tmp, "%s.tmp", final);
-    if (ft_mkdir_p(run_dir, err) || remove_tree(tmp) != 0 || ft_mkdir_p(tmp, err))
+    if (ft_mkdir_p(run_dir, err) || ft_remove_tree(tmp) != 0 || ft_mkdir_p(tmp, err))
         return ft_fail_prefix(err, "checkpoint %s", final);
     if (ft_checkpoint_save_weights(tmp, m, base_model, err) || save_optimizer(tmp, o, err) ||
-        save_state(tmp, st, err) || fsync_dir(tmp, err)) {
-        remove_tree(tmp);
+        save_state(tmp, st, err) || ft_fsync_dir(tmp, err)) {
+        ft_remove_tree(tmp);
         return -1;
     }
     /* A checkpoint of the same step (a re-run) is replaced as a whole. */
-    if (remove_tree(final) != 0 || rename(tmp, final) != 0) {
+    if (ft_remove_tree(final) != 0 || rename(tmp, final) != 0) {
         int e = errno;
-        remove_tree(tmp);
+        ft_remove_tree(tmp);
         return ft_fail(err, "%s: rename: %s", final, strerror(e));
     }
-    if (fsync_dir(run_dir, err))
+    if (ft_fsync_dir(run_dir, err))
         return -1;
     if (out)
         snprintf(out, out_len, "%s", final);
@@ -205,7 +175,7 @@ int ft_checkpoint_save(const char *run_dir, ft_model *m, const ft_optimizer *o,
         for (size_t i = 0; i + (size_t)save_total_limit < n; i++) {
             char old[4096];
             snprintf(old, sizeof old, "%s/checkpoint-%ld", run_dir, steps[i]);
-            remove_tree(old);
+            ft_remove_tree(old);
         }
         free(steps);
     }

@@ -15,7 +15,6 @@
 #include "merge.h"
 
 #include <errno.h>
-#include <ftw.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdint.h>
@@ -123,53 +122,6 @@ static void narrow_in_place(float *data, size_t n, ft_st_dtype dt)
 
 /* ---- files ------------------------------------------------------------------------- */
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
-/* rm -rf path (does not follow symbolic links). */
-static int remove_tree(const char *path)
-{
-    return nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-static int copy_file(const char *src, const char *dst, ft_err *err)
-{
-    FILE *f = fopen(src, "rb");
-    if (!f)
-        return ft_fail(err, "%s: %s", src, strerror(errno));
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    int rc = 0;
-    for (;;) {
-        if (n == cap) {
-            cap = cap ? 2 * cap : 1 << 16;
-            char *nb = realloc(buf, cap);
-            if (!nb) {
-                rc = ft_fail(err, "%s: out of memory", src);
-                break;
-            }
-            buf = nb;
-        }
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0) {
-            if (ferror(f))
-                rc = ft_fail(err, "%s: read error", src);
-            break;
-        }
-    }
-    fclose(f);
-    if (rc == 0)
-        rc = ft_write_file_atomic(dst, buf, n, err);
-    free(buf);
-    return rc;
-}
-
 /* The files of a model dir besides weights and config that a merged checkpoint keeps. */
 static const char *const passthrough_files[] = {
     "tokenizer.json",    "tokenizer_config.json", "special_tokens_map.json",
@@ -177,7 +129,7 @@ static const char *const passthrough_files[] = {
     "vocab.json",        "merges.txt",             "chat_template.jinja",
 };
 
-static int copy_passthrough(const char *model_dir, const char *dst_dir, ft_err *err)
+int ft_copy_passthrough_files(const char *model_dir, const char *dst_dir, ft_err *err)
 {
     for (size_t i = 0; i < sizeof passthrough_files / sizeof passthrough_files[0]; i++) {
         char src[4400], dst[4400];
@@ -186,7 +138,7 @@ static int copy_passthrough(const char *model_dir, const char *dst_dir, ft_err *
         struct stat st;
         if (stat(src, &st) != 0)
             continue;
-        if (copy_file(src, dst, err))
+        if (ft_copy_file(src, dst, err))
             return -1;
     }
     return 0;
@@ -300,7 +252,7 @@ static int publish(const char *tmp, const char *out, bool force, ft_err *err)
                            out, tmp, strerror(e), aside);
         return ft_fail(err, "%s: cannot rename %s to it: %s", out, tmp, strerror(e));
     }
-    if (remove_tree(aside) != 0)
+    if (ft_remove_tree(aside) != 0)
         fprintf(stderr, "ft-merge: warning: could not remove the old output %s\n", aside);
     return 0;
 }
@@ -387,10 +339,10 @@ int ft_merge(const ft_merge_options *o, ft_err *err)
         rc = write_config(cfg_json, tmp, dt.torch, err);
     json_decref(cfg_json);
     if (rc == 0)
-        rc = copy_passthrough(o->model_dir, tmp, err);
+        rc = ft_copy_passthrough_files(o->model_dir, tmp, err);
     if (rc == 0)
         rc = publish(tmp, out, o->force, err);
     if (rc)
-        remove_tree(tmp);
+        ft_remove_tree(tmp);
     return rc;
 }

@@ -41,4 +41,8 @@ int ft_merge_lora_weights(ft_model *m, float scaling, ft_err *err);
  * existing out_dir without force, I/O; each names the file, key or tensor. */
 int ft_merge(const ft_merge_options *o, ft_err *err);
 
+/* Copies the files of a model dir that a derived checkpoint keeps beside its weights
+ * and config (tokenizer files, generation_config.json, ...), those present. */
+int ft_copy_passthrough_files(const char *model_dir, const char *dst_dir, ft_err *err);
+
 #endif

@@ -12,6 +12,7 @@
 #include "data_setup.h"
 #include "evaluate.h"
 #include "fsutil.h"
+#include "merge.h"
 #include "model.h"
 #include "model_path.h"
 #include "optim.h"
@@ -290,16 +291,11 @@ static int save_final(trainer *t, char *out, size_t out_len, ft_err *err)
         return -1;
     if (strcmp(ft_config_str(t->cfg, "tuning.mode"), "full") == 0) {
         /* a full model dir loads in transformers: config and tokenizer files beside it */
-        static const char *const files[] = {"config.json", "tokenizer.json",
-                                            "tokenizer_config.json", "special_tokens_map.json",
-                                            "generation_config.json"};
-        for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
-            char src[4300], dst[4300];
-            snprintf(src, sizeof src, "%s/%s", t->model_dir, files[i]);
-            snprintf(dst, sizeof dst, "%s/%s", dir, files[i]);
-            if (access(src, R_OK) == 0 && ft_copy_file(src, dst, err))
-                return -1;
-        }
+        char src[4300], dst[4300];
+        snprintf(src, sizeof src, "%s/config.json", t->model_dir);
+        snprintf(dst, sizeof dst, "%s/config.json", dir);
+        if (ft_copy_file(src, dst, err) || ft_copy_passthrough_files(t->model_dir, dir, err))
+            return -1;
     }
     snprintf(out, out_len, "%s", dir);
     return 0;
