@@ -8,7 +8,7 @@
 #include "model_internal.h"
 #include "safetensors.h"
 
-int ft_model_load_adapter(ft_model *m, const char *dir, ft_err *err)
+int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
 {
     if (m->opt.mode != FT_TRAIN_LORA)
         return ft_fail(err, "%s: loading a LoRA adapter needs a model loaded in LoRA mode", dir);
@@ -36,7 +36,7 @@ int ft_model_load_adapter(ft_model *m, const char *dir, ft_err *err)
     int rc = 0;
     for (size_t i = 0; i < m->n_params && rc == 0; i++) {
         ft_param *p = &m->params[i];
-        if (!p->is_lora)
+        if (!p->is_lora || (unit >= 0 && p->unit != unit))
             continue;
         const ft_st_tensor *t = ft_ckpt_find(ck, p->name);
         if (!t) {
@@ -48,7 +48,7 @@ int ft_model_load_adapter(ft_model *m, const char *dir, ft_err *err)
             rc = ft_st_to_f32(t, p->data, p->numel, err);
         }
     }
-    for (size_t i = 0; i < ft_ckpt_count(ck) && rc == 0; i++) {
+    for (size_t i = 0; i < ft_ckpt_count(ck) && rc == 0 && unit < 0; i++) {
         const ft_st_tensor *t = ft_ckpt_at(ck, i);
         ft_param *p = ft_model_find_param(m, t->name);
         if (!p || !p->is_lora)
@@ -56,6 +56,11 @@ int ft_model_load_adapter(ft_model *m, const char *dir, ft_err *err)
     }
     ft_ckpt_close(ck);
     return rc;
+}
+
+int ft_model_load_adapter(ft_model *m, const char *dir, ft_err *err)
+{
+    return model_read_adapter(m, dir, -1, err);
 }
 
 int ft_model_save_adapter(ft_model *m, const char *dir, const char *base_model, ft_err *err)

@@ -44,7 +44,7 @@ int ft_checkpoint_save_weights(const char *dir, ft_model *m, const char *base_mo
     int rc = ft_st_writer_metadata(w, "format", "pt", err);
     for (size_t i = 0; i < ft_model_param_count(m) && rc == 0; i++) {
         const ft_param *p = ft_model_param(m, i);
-        if (p->grad)
+        if (p->trainable)
             rc = ft_st_writer_add(w, p->name, FT_ST_F32, p->ndim, p->shape, p->data, err);
     }
     if (rc == 0)
@@ -243,16 +243,15 @@ static int load_state(const char *dir, ft_train_state *st, ft_err *err)
 static int check_stamp(const char *dir, const ft_ckpt_stamp *have, const ft_ckpt_stamp *want,
                        ft_err *err)
 {
-    const char *names[] = {"device", "dtype", "mode", "quant", "strategy"};
-    const char *h[] = {have->device, have->dtype, have->mode, have->quant, have->strategy};
-    const char *w[] = {want->device, want->dtype, want->mode, want->quant, want->strategy};
-    for (int i = 0; i < 5; i++)
+    /* The strategy and world size may differ: every strategy saves the gathered,
+     * public format. */
+    const char *names[] = {"device", "dtype", "mode", "quant"};
+    const char *h[] = {have->device, have->dtype, have->mode, have->quant};
+    const char *w[] = {want->device, want->dtype, want->mode, want->quant};
+    for (int i = 0; i < 4; i++)
         if (strcmp(h[i], w[i]) != 0)
             return ft_fail(err, "%s was made with %s '%s', this run uses '%s': refusing to resume",
                            dir, names[i], h[i], w[i]);
-    if (have->world_size != want->world_size)
-        return ft_fail(err, "%s was made with %d ranks, this run has %d: refusing to resume", dir,
-                       have->world_size, want->world_size);
     return 0;
 }
 
@@ -264,7 +263,7 @@ static int load_full_weights(const char *dir, ft_model *m, ft_err *err)
     int rc = 0;
     for (size_t i = 0; i < ft_model_param_count(m) && rc == 0; i++) {
         ft_param *p = ft_model_param(m, i);
-        if (!p->grad)
+        if (!p->trainable)
             continue;
         const ft_st_tensor *t = ft_ckpt_find(ck, p->name);
         if (!t)

@@ -24,7 +24,8 @@
 #include "model.h"
 #include "optim.h"
 
-/* What a checkpoint was made with; resuming under a different stamp is refused. */
+/* What a checkpoint was made with; resuming under a different device, dtype, mode or
+ * quantization is refused (strategy and world size may change). */
 typedef struct ft_ckpt_stamp {
     char device[16];   /* "cpu", "cuda" */
     char dtype[16];    /* compute dtype: "fp32", "bf16" */

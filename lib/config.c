@@ -13,6 +13,7 @@
 struct ft_config {
     size_t n;
     char **value; /* NULL = unset (no default) */
+    bool *given;  /* set by the user (not a default): ft_config_is_explicit */
 };
 
 static size_t schema_len(void)
@@ -39,7 +40,10 @@ ft_config *ft_config_new(void)
         return NULL;
     c->n = schema_len();
     c->value = calloc(c->n, sizeof *c->value);
-    if (!c->value) {
+    c->given = calloc(c->n, sizeof *c->given);
+    if (!c->value || !c->given) {
+        free(c->value);
+        free(c->given);
         free(c);
         return NULL;
     }
@@ -56,11 +60,11 @@ void ft_config_free(ft_config *c)
     for (size_t i = 0; i < c->n; i++)
         free(c->value[i]);
     free(c->value);
+    free(c->given);
     free(c);
 }
 
-/* Edit distance, for "did you mean". */
-static size_t levenshtein(const char *a, const char *b)
+size_t ft_edit_distance(const char *a, const char *b)
 {
     size_t la = strlen(a), lb = strlen(b);
     size_t *row = malloc((lb + 1) * sizeof *row);
@@ -93,7 +97,7 @@ static int unknown_key(const char *where, const char *key, ft_err *err)
     const char *best = NULL;
     size_t best_d = (size_t)-1;
     for (int i = 0; s[i].name; i++) {
-        size_t d = levenshtein(key, s[i].name);
+        size_t d = ft_edit_distance(key, s[i].name);
         if (d < best_d) {
             best_d = d;
             best = s[i].name;
@@ -152,6 +156,9 @@ static int set_value(ft_config *c, int i, const char *text, const char *where, f
             if (!isnan(k->min) && v < k->min)
                 return ft_fail(err, "%s: key '%s' must be >= %g, got %ld", where, k->name, k->min,
                                v);
+            if (!isnan(k->max) && v > k->max)
+                return ft_fail(err, "%s: key '%s' must be <= %g, got %ld", where, k->name, k->max,
+                               v);
             snprintf(canon, sizeof canon, "%ld", v);
             store = canon;
             break;
@@ -165,6 +172,9 @@ static int set_value(ft_config *c, int i, const char *text, const char *where, f
                                k->allow_auto ? " or auto" : "", text);
             if (!isnan(k->min) && v < k->min)
                 return ft_fail(err, "%s: key '%s' must be >= %g, got %g", where, k->name, k->min,
+                               v);
+            if (!isnan(k->max) && v > k->max)
+                return ft_fail(err, "%s: key '%s' must be <= %g, got %g", where, k->name, k->max,
                                v);
             snprintf(canon, sizeof canon, "%.17g", v);
             store = canon;
@@ -192,6 +202,7 @@ static int set_value(ft_config *c, int i, const char *text, const char *where, f
         return ft_fail(err, "out of memory");
     free(c->value[i]);
     c->value[i] = copy;
+    c->given[i] = true;
     return 0;
 }
 
@@ -221,6 +232,12 @@ int ft_config_set(ft_config *c, const char *assignment, FILE *notes, ft_err *err
     memcpy(key, assignment, n);
     key[n] = '\0';
     return set_key(c, key, eq + 1, "--set", notes, err);
+}
+
+int ft_config_set_key(ft_config *c, const char *key, const char *value, const char *where,
+                      FILE *notes, ft_err *err)
+{
+    return set_key(c, key, value, where, notes, err);
 }
 
 const char *ft_config_key_for_var(const char *var)
@@ -261,7 +278,7 @@ int ft_config_set_var(ft_config *c, const char *assignment, FILE *notes, ft_err 
         size_t best_d = (size_t)-1;
         for (const ft_cfg_key *k = ft_config_schema(); k->name; k++) {
             var_of_key(k->name, var, sizeof var);
-            size_t d = levenshtein(name, var);
+            size_t d = ft_edit_distance(name, var);
             if (d < best_d) {
                 best_d = d;
                 snprintf(best, sizeof best, "%s", var);
@@ -389,6 +406,7 @@ static int read_mapping(yaml_walk *w, yaml_parser_t *p, ft_err *err)
                 const char *d = ft_config_schema()[i].dflt;
                 free(w->c->value[i]);
                 w->c->value[i] = d ? strdup(d) : NULL;
+                w->c->given[i] = false;
             } else {
                 rc = set_key(w->c, key, (const char *)v.data.scalar.value, where, w->notes, err);
             }
@@ -464,6 +482,12 @@ bool ft_config_has(const ft_config *c, const char *key)
 {
     int i = key_index(key);
     return i >= 0 && c->value[i] && c->value[i][0];
+}
+
+bool ft_config_is_explicit(const ft_config *c, const char *key)
+{
+    int i = key_index(key);
+    return i >= 0 && c->given[i];
 }
 
 bool ft_config_is_auto(const ft_config *c, const char *key)

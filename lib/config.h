@@ -30,6 +30,7 @@ typedef struct ft_cfg_key {
     const char *choices; /* FT_CFG_ENUM: "lora|qlora|full" */
     bool allow_auto;     /* "auto" is accepted */
     double min;          /* numeric lower bound (inclusive); NAN = none */
+    double max;          /* numeric upper bound (inclusive); NAN = none */
     const char *doc;     /* one line for the config reference */
     const char *moot;    /* non-NULL: accepted but without effect, and why */
 } ft_cfg_key;
@@ -50,6 +51,11 @@ int ft_config_load_yaml(ft_config *c, const char *path, FILE *notes, ft_err *err
 /* Applies "key=value" (a --set argument). */
 int ft_config_set(ft_config *c, const char *assignment, FILE *notes, ft_err *err);
 
+/* Sets one key from text, validated as the YAML and --set paths do; `where` names the
+ * source in error messages and notices ("ds.json: zero_optimization.stage"). */
+int ft_config_set_key(ft_config *c, const char *key, const char *value, const char *where,
+                      FILE *notes, ft_err *err);
+
 /* Applies "NAME=value" where NAME is a Make-style variable (TRAIN_BATCH_SIZE=4). A NAME
  * that stands for no key is an error suggesting the nearest variable. */
 int ft_config_set_var(ft_config *c, const char *assignment, FILE *notes, ft_err *err);
@@ -63,10 +69,17 @@ const char *ft_config_key_for_var(const char *var);
  * NULL; ft_config_has tells. */
 bool ft_config_has(const ft_config *c, const char *key);
 bool ft_config_is_auto(const ft_config *c, const char *key);
+/* True when the key was given a value (a config file, --set, --set-var or
+ * ft_config_set_key), false while it holds its schema default or was reset by a YAML
+ * null. Lets a second source (a DeepSpeed JSON) tell a user's choice from a default. */
+bool ft_config_is_explicit(const ft_config *c, const char *key);
 long ft_config_int(const ft_config *c, const char *key);
 double ft_config_float(const ft_config *c, const char *key);
 bool ft_config_bool(const ft_config *c, const char *key);
 const char *ft_config_str(const ft_config *c, const char *key); /* strings and enums */
+
+/* Levenshtein edit distance between a and b, for "did you mean" hints. */
+size_t ft_edit_distance(const char *a, const char *b);
 
 /* Writes the resolved config as YAML (every key, defaults included), sections in schema
  * order: the run dir keeps it. */

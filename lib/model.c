@@ -10,15 +10,9 @@
 #include "rng.h"
 #include "safetensors.h"
 
-/* A parameter before the buffers exist: where its data and grad pointers go. */
-typedef struct param_slot {
-    float **data, **grad;
-} param_slot;
-
 typedef struct layout {
     ft_model *m;
-    param_slot *slots;
-    size_t n, cap;
+    size_t cap;
 } layout;
 
 static int add_param(layout *lo, int unit, bool trainable, bool is_lora, float **data,
@@ -29,19 +23,22 @@ static int add_param(layout *lo, int unit, bool trainable, bool is_lora, float *
                      float **grad, int ndim, int64_t d0, int64_t d1, const char *fmt, ...)
 {
     ft_model *m = lo->m;
-    if (lo->n == lo->cap) {
+    if (m->n_params == lo->cap) {
         size_t cap = lo->cap ? 2 * lo->cap : 64;
         ft_param *p = realloc(m->params, cap * sizeof *p);
-        param_slot *s = realloc(lo->slots, cap * sizeof *s);
         if (p)
             m->params = p;
-        if (s)
-            lo->slots = s;
-        if (!p || !s)
+        float ***sd = realloc(m->slot_data, cap * sizeof *sd);
+        if (sd)
+            m->slot_data = sd;
+        float ***sg = realloc(m->slot_grad, cap * sizeof *sg);
+        if (sg)
+            m->slot_grad = sg;
+        if (!p || !sd || !sg)
             return -1;
         lo->cap = cap;
     }
-    ft_param *p = &m->params[lo->n];
+    ft_param *p = &m->params[m->n_params];
     memset(p, 0, sizeof *p);
     va_list ap;
     va_start(ap, fmt);
@@ -53,11 +50,10 @@ static int add_param(layout *lo, int unit, bool trainable, bool is_lora, float *
     p->numel = (size_t)d0 * (size_t)(ndim > 1 ? d1 : 1);
     p->unit = unit;
     p->is_lora = is_lora;
-    /* grad != NULL marks trainable until the buffers are assigned */
-    p->grad = trainable ? (float *)1 : NULL;
-    lo->slots[lo->n].data = data;
-    lo->slots[lo->n].grad = grad;
-    lo->n++;
+    p->trainable = trainable;
+    m->slot_data[m->n_params] = data;
+    m->slot_grad[m->n_params] = grad;
+    m->n_params++;
     return 0;
 }
 
@@ -113,22 +109,34 @@ static int build_layout(layout *lo)
     return rc;
 }
 
-/* Allocates the flat buffers and points every parameter into them. */
-static int assign_buffers(layout *lo, ft_err *err)
+/* Lays the parameters out in the flat buffers (offsets and unit ranges); allocates and
+ * binds the buffers unless the model is unbound. */
+static int assign_buffers(ft_model *m, ft_err *err)
 {
-    ft_model *m = lo->m;
     int L = m->cfg.num_layers;
-    m->n_params = lo->n;
-    m->n_train = m->n_frozen = 0;
-    for (size_t i = 0; i < lo->n; i++) {
-        if (m->params[i].grad)
-            m->n_train += m->params[i].numel;
-        else
-            m->n_frozen += m->params[i].numel;
-    }
     m->unit_begin = calloc((size_t)L + 3, sizeof *m->unit_begin);
-    if (!m->unit_begin)
+    m->frozen_begin = calloc((size_t)L + 3, sizeof *m->frozen_begin);
+    if (!m->unit_begin || !m->frozen_begin)
         return ft_fail(err, "out of memory");
+    size_t to = 0, fo = 0;
+    int unit = 0;
+    for (size_t i = 0; i < m->n_params; i++) {
+        ft_param *p = &m->params[i];
+        while (unit < p->unit) {
+            m->unit_begin[++unit] = to;
+            m->frozen_begin[unit] = fo;
+        }
+        p->offset = p->trainable ? to : fo;
+        *(p->trainable ? &to : &fo) += p->numel;
+    }
+    while (unit < L + 2) {
+        m->unit_begin[++unit] = to;
+        m->frozen_begin[unit] = fo;
+    }
+    m->n_train = to;
+    m->n_frozen = fo;
+    if (m->opt.unbound)
+        return 0;
     if (m->n_train) {
         m->train_data = ft_alloc(&m->mem, FT_MEM_WEIGHTS, m->n_train * sizeof(float));
         m->train_grad = ft_alloc(&m->mem, FT_MEM_GRADS, m->n_train * sizeof(float));
@@ -142,40 +150,54 @@ static int assign_buffers(layout *lo, ft_err *err)
             return ft_fail(err, "out of memory allocating %zu frozen parameters (%.1f GiB)",
                            m->n_frozen, m->n_frozen * 4.0 / (1 << 30));
     }
-    size_t to = 0, fo = 0;
-    int unit = 0;
-    for (size_t i = 0; i < lo->n; i++) {
+    m->owns_buffers = true;
+    ft_model_bind_all(m, m->train_data, m->train_grad, m->frozen_data);
+    return 0;
+}
+
+void ft_model_bind_unit(ft_model *m, int unit, float *train, float *grad, float *frozen)
+{
+    size_t tb = m->unit_begin[unit], fb = m->frozen_begin[unit];
+    for (size_t i = 0; i < m->n_params; i++) {
         ft_param *p = &m->params[i];
-        while (unit < p->unit)
-            m->unit_begin[++unit] = to;
-        if (p->grad) {
-            p->data = m->train_data + to;
-            p->grad = m->train_grad + to;
-            to += p->numel;
+        if (p->unit != unit)
+            continue;
+        if (p->trainable) {
+            p->data = train ? train + (p->offset - tb) : NULL;
+            p->grad = grad ? grad + (p->offset - tb) : NULL;
         } else {
-            p->data = m->frozen_data + fo;
-            fo += p->numel;
+            p->data = frozen ? frozen + (p->offset - fb) : NULL;
+            p->grad = NULL;
         }
-        *lo->slots[i].data = p->data;
-        *lo->slots[i].grad = p->grad;
+        *m->slot_data[i] = p->data;
+        *m->slot_grad[i] = p->grad;
     }
-    while (unit < L + 2)
-        m->unit_begin[++unit] = to;
-    if (m->cfg.tie_word_embeddings) {
+    if (unit == 0 && m->cfg.tie_word_embeddings) {
         m->lm_head = m->embed;
         m->g_lm_head = m->g_embed;
     }
-    return 0;
+}
+
+void ft_model_bind_all(ft_model *m, float *train, float *grad, float *frozen)
+{
+    for (int u = 0; u < ft_model_n_units(m); u++)
+        ft_model_bind_unit(m, u, train ? train + m->unit_begin[u] : NULL,
+                           grad ? grad + m->unit_begin[u] : NULL,
+                           frozen ? frozen + m->frozen_begin[u] : NULL);
 }
 
 /* PEFT's default LoRA init: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming-uniform with
  * a = sqrt(5)), B = 0 (already zero from the allocator). */
-static void init_lora(ft_model *m)
+static void init_lora(ft_model *m, int unit)
 {
     for (size_t i = 0; i < m->n_params; i++) {
         ft_param *p = &m->params[i];
-        if (!p->is_lora || !strstr(p->name, "lora_A"))
+        if (!p->is_lora || (unit >= 0 && p->unit != unit))
             continue;
+        if (!strstr(p->name, "lora_A")) {
+            memset(p->data, 0, p->numel * sizeof(float));
+            continue;
+        }
         float bound = 1.0f / sqrtf((float)p->shape[1]);
         uint64_t seed = ft_mix64(m->opt.seed ^ ft_mix64(i + 1));
         for (size_t j = 0; j < p->numel; j++)
@@ -192,7 +214,7 @@ static bool ignorable_tensor(const ft_model *m, const char *name)
     return m->cfg.tie_word_embeddings && strcmp(name, "lm_head.weight") == 0;
 }
 
-static int load_weights(ft_model *m, const char *dir, ft_err *err)
+int model_read_weights(ft_model *m, const char *dir, int unit, ft_err *err)
 {
     ft_checkpoint *ck;
     if (ft_ckpt_open(&ck, dir, "model", err))
@@ -200,7 +222,7 @@ static int load_weights(ft_model *m, const char *dir, ft_err *err)
     int rc = 0;
     for (size_t i = 0; i < m->n_params && rc == 0; i++) {
         ft_param *p = &m->params[i];
-        if (p->is_lora)
+        if (p->is_lora || (unit >= 0 && p->unit != unit))
             continue;
         const ft_st_tensor *t = ft_ckpt_find(ck, p->name);
         if (!t) {
@@ -217,9 +239,10 @@ static int load_weights(ft_model *m, const char *dir, ft_err *err)
                          p->ndim > 1 ? ", " : "", p->ndim > 1 ? (long long)p->shape[1] : 0LL);
             break;
         }
-        rc = ft_st_to_f32(t, p->data, p->numel, err);
+        if (p->data)
+            rc = ft_st_to_f32(t, p->data, p->numel, err);
     }
-    for (size_t i = 0; i < ft_ckpt_count(ck) && rc == 0; i++) {
+    for (size_t i = 0; i < ft_ckpt_count(ck) && rc == 0 && unit < 0; i++) {
         const ft_st_tensor *t = ft_ckpt_at(ck, i);
         if (!ft_model_find_param(m, t->name) && !ignorable_tensor(m, t->name))
             rc = ft_fail(err, "%s: unexpected tensor '%s': not part of a %s model as "
@@ -266,6 +289,9 @@ int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, 
         return -1;
     }
     m->opt = *opt;
+    snprintf(m->dir, sizeof m->dir, "%s", dir);
+    m->stage_first = 0;
+    m->stage_last = m->cfg.num_layers + 1;
     m->lora_mask = calloc((size_t)m->cfg.num_layers, sizeof *m->lora_mask);
     if (!m->lora_mask) {
         free(m);
@@ -279,22 +305,23 @@ int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, 
     m->layers = calloc((size_t)m->cfg.num_layers, sizeof *m->layers);
     m->acts = calloc((size_t)m->cfg.num_layers, sizeof *m->acts);
     m->inv_freq = malloc((size_t)m->cfg.head_dim / 2 * sizeof(float));
-    layout lo = {m, NULL, 0, 0};
+    layout lo = {m, 0};
     int rc = -1;
     if (!m->layers || !m->acts || !m->inv_freq || build_layout(&lo)) {
         ft_fail(err, "out of memory");
         goto done;
     }
-    if (assign_buffers(&lo, err))
+    if (assign_buffers(m, err))
         goto done;
     ft_rope_inv_freq(&m->cfg, m->inv_freq);
-    if (load_weights(m, dir, err))
-        goto done;
-    if (opt->mode == FT_TRAIN_LORA)
-        init_lora(m);
+    if (!opt->unbound) {
+        if (model_read_weights(m, dir, -1, err))
+            goto done;
+        if (opt->mode == FT_TRAIN_LORA)
+            init_lora(m, -1);
+    }
     rc = 0;
 done:
-    free(lo.slots);
     if (rc) {
         ft_model_free(m);
         return -1;
@@ -317,21 +344,23 @@ static void free_activations(ft_model *m)
         ft_free(&m->mem, *ints[i]);
         *ints[i] = NULL;
     }
-    /* Layer activations: either one set per layer or one shared scratch set; free each
-     * distinct pointer once. */
+    /* Layer activations: either one set per layer or one shared scratch set (and none
+     * outside a pipeline stage); free each distinct pointer once. */
     int L = m->cfg.num_layers;
+    float *first_set = NULL;
     for (int l = 0; l < L; l++) {
         layer_acts *a = &m->acts[l];
         ft_free(&m->mem, a->in);
-        bool shared = l > 0 && a->ln1 == m->acts[0].ln1;
-        if (!shared) {
-            float *bufs[] = {a->ln1, a->rstd1, a->q,   a->k,   a->v,  a->att, a->lse,
-                             a->mid, a->ln2,   a->rstd2, a->gate, a->up, a->act};
-            for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
-                ft_free(&m->mem, bufs[i]);
-            for (int p = 0; p < FT_NPROJ; p++)
-                ft_free(&m->mem, a->lora_h[p]);
-        }
+        if (!a->ln1 || a->ln1 == first_set)
+            continue;
+        if (!first_set)
+            first_set = a->ln1;
+        float *bufs[] = {a->ln1, a->rstd1, a->q,   a->k,   a->v,  a->att, a->lse,
+                         a->mid, a->ln2,   a->rstd2, a->gate, a->up, a->act};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+            ft_free(&m->mem, bufs[i]);
+        for (int p = 0; p < FT_NPROJ; p++)
+            ft_free(&m->mem, a->lora_h[p]);
     }
     memset(m->acts, 0, (size_t)L * sizeof *m->acts);
     m->max_rows = 0;
@@ -378,16 +407,25 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
     /* Without training only one layer's activations live at a time; with gradient
      * checkpointing likewise, plus every layer's input. */
     bool shared = !train || m->opt.grad_ckpt;
-    for (int l = 0; l < L; l++) {
+    /* a pipeline stage computes layers [l0, l1) and sends the input of layer l1 */
+    int l0 = m->stage_first > 0 ? m->stage_first - 1 : 0;
+    int l1 = m->stage_last < L + 1 ? m->stage_last : L;
+    bool head = m->stage_last == L + 1;
+    int set = -1; /* the layer whose set the others share */
+    for (int l = l0; l < L && l <= l1; l++) {
         layer_acts *a = &m->acts[l];
         if (!(a->in = ft_alloc(&m->mem, FT_MEM_ACTIVATIONS, N * C * sizeof(float))))
             goto oom;
-        if (shared && l > 0) {
+        if (l == l1)
+            continue;
+        if (shared && set >= 0) {
             float *in = a->in;
-            *a = m->acts[0];
+            *a = m->acts[set];
             a->in = in;
         } else if (alloc_layer_set(m, a, N)) {
             goto oom;
+        } else {
+            set = l;
         }
     }
     struct {
@@ -396,10 +434,10 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
         bool need;
         ft_mem_cat cat;
     } bufs[] = {
-        {&m->final_in, N * C, true, FT_MEM_ACTIVATIONS},
-        {&m->lnf, N * C, true, FT_MEM_ACTIVATIONS},
-        {&m->rstdf, N, true, FT_MEM_ACTIVATIONS},
-        {&m->logits, N * V, true, FT_MEM_ACTIVATIONS},
+        {&m->final_in, N * C, l1 == L, FT_MEM_ACTIVATIONS},
+        {&m->lnf, N * C, head, FT_MEM_ACTIVATIONS},
+        {&m->rstdf, N, head, FT_MEM_ACTIVATIONS},
+        {&m->logits, N * V, head, FT_MEM_ACTIVATIONS},
         {&m->d_h, N * C, train, FT_MEM_WORKSPACE},
         {&m->d_ln, N * C, train, FT_MEM_WORKSPACE},
         {&m->d_att, N * QD, train, FT_MEM_WORKSPACE},
@@ -435,11 +473,16 @@ void ft_model_free(ft_model *m)
         return;
     if (m->acts)
         free_activations(m);
-    ft_free(&m->mem, m->train_data);
-    ft_free(&m->mem, m->train_grad);
-    ft_free(&m->mem, m->frozen_data);
+    if (m->owns_buffers) {
+        ft_free(&m->mem, m->train_data);
+        ft_free(&m->mem, m->train_grad);
+        ft_free(&m->mem, m->frozen_data);
+    }
     free(m->params);
+    free(m->slot_data);
+    free(m->slot_grad);
     free(m->unit_begin);
+    free(m->frozen_begin);
     free(m->layers);
     free(m->acts);
     free(m->inv_freq);
@@ -482,8 +525,48 @@ void ft_model_unit_range(const ft_model *m, int unit, size_t *begin, size_t *end
 
 void ft_model_zero_grad(ft_model *m)
 {
-    if (m->n_train)
+    if (m->n_train && m->train_grad)
         ft_zero(ft_f32(m->train_grad, m->n_train), m->n_train);
+}
+
+void ft_model_unit_frozen_range(const ft_model *m, int unit, size_t *begin, size_t *end)
+{
+    *begin = m->frozen_begin[unit];
+    *end = m->frozen_begin[unit + 1];
+}
+
+size_t ft_model_frozen_count(const ft_model *m) { return m->n_frozen; }
+
+float *ft_model_frozen(ft_model *m, size_t *n)
+{
+    *n = m->n_frozen;
+    return m->frozen_data;
+}
+
+void ft_model_set_hooks(ft_model *m, const ft_model_hooks *h)
+{
+    if (h)
+        m->hooks = *h;
+    else
+        memset(&m->hooks, 0, sizeof m->hooks);
+}
+
+void ft_model_set_stage(ft_model *m, int first_unit, int last_unit)
+{
+    m->stage_first = first_unit;
+    m->stage_last = last_unit;
+}
+
+int ft_model_init_unit(ft_model *m, int unit, const char *adapter_dir, ft_err *err)
+{
+    if (model_read_weights(m, m->dir, unit, err))
+        return -1;
+    if (m->opt.mode == FT_TRAIN_LORA) {
+        init_lora(m, unit);
+        if (adapter_dir && model_read_adapter(m, adapter_dir, unit, err))
+            return -1;
+    }
+    return 0;
 }
 
 const float *ft_model_logits(const ft_model *m) { return m->logits_valid ? m->logits : NULL; }

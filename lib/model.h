@@ -45,6 +45,11 @@ typedef struct ft_model_options {
     ft_lora_config lora; /* used when mode == FT_TRAIN_LORA */
     bool grad_ckpt;
     uint64_t seed; /* LoRA init and dropout masks */
+    /* Layout only: no flat parameter buffers are allocated and no weight is read. A
+     * distributed strategy (lib/dist_*.c) binds each unit's storage with
+     * ft_model_bind_unit and fills it with ft_model_init_unit (ZeRO-3 / FSDP shards,
+     * pipeline stages). */
+    bool unbound;
 } ft_model_options;
 
 /* One named parameter: a view into the flat buffers. */
@@ -54,7 +59,9 @@ typedef struct ft_param {
     int64_t shape[2];
     size_t numel;
     float *data;      /* fp32 */
-    float *grad;      /* NULL when frozen */
+    float *grad;      /* NULL when frozen (or, with a strategy, while unbound) */
+    bool trainable;
+    size_t offset;    /* in the flat trainable or frozen buffer */
     int unit;         /* 0 embeddings, 1..L layers, L+1 final norm / lm_head */
     bool is_lora;
 } ft_param;
@@ -126,6 +133,50 @@ void ft_model_set_training(ft_model *m, bool training);
  * passes. A checkpoint saves it so a resumed run draws the masks it would have drawn. */
 uint64_t ft_model_rng_counter(const ft_model *m);
 void ft_model_set_rng_counter(ft_model *m, uint64_t counter);
+
+/* ---- Seams for distributed strategies (lib/dist_*.c) ----
+ *
+ * Unit hooks: the model calls acquire before it reads a unit's parameters and release
+ * after, in forward and in backward (where release with grads_final says the unit's
+ * gradients of this micro-batch are complete: a DDP bucket can go, a ZeRO-2/3 shard can
+ * be reduce-scattered). With tied embeddings the head also acquires unit 0 (its weight
+ * is the embedding). Pipeline hooks: a model that computes only units [first, last]
+ * (ft_model_set_stage) receives the residual stream entering unit first and sends the
+ * one leaving unit last in forward, and the reverse for its gradient in backward. */
+typedef enum ft_unit_phase { FT_UNIT_FORWARD = 0, FT_UNIT_BACKWARD } ft_unit_phase;
+
+typedef struct ft_model_hooks {
+    void *ctx;
+    int (*acquire)(void *ctx, int unit, ft_unit_phase phase, ft_err *err);
+    int (*release)(void *ctx, int unit, ft_unit_phase phase, bool grads_final, ft_err *err);
+    /* pipeline: [n] floats (n = B x T x hidden) */
+    int (*recv_hidden)(void *ctx, float *h, size_t n, ft_err *err);
+    int (*send_hidden)(void *ctx, const float *h, size_t n, ft_err *err);
+    int (*recv_grad)(void *ctx, float *dh, size_t n, ft_err *err);
+    int (*send_grad)(void *ctx, const float *dh, size_t n, ft_err *err);
+} ft_model_hooks;
+
+/* NULL removes them. Any hook may be NULL. */
+void ft_model_set_hooks(ft_model *m, const ft_model_hooks *h);
+
+/* Pipeline stage: forward and backward compute units first..last only (default: all).
+ * A stage without the last unit computes no loss (loss_sum 0, tokens still counted). */
+void ft_model_set_stage(ft_model *m, int first_unit, int last_unit);
+
+/* [begin, end) of a unit in the frozen buffer, and the buffer's length. */
+void ft_model_unit_frozen_range(const ft_model *m, int unit, size_t *begin, size_t *end);
+size_t ft_model_frozen_count(const ft_model *m);
+float *ft_model_frozen(ft_model *m, size_t *n);
+
+/* Points unit's parameters into storage for exactly that unit: train (and grad, may be
+ * NULL when no gradient is needed) hold its trainable range, frozen its frozen range,
+ * each starting at the unit's first element. Binding unit 0 also moves a tied lm_head. */
+void ft_model_bind_unit(ft_model *m, int unit, float *train, float *grad, float *frozen);
+/* Binds every unit to whole-model buffers (n_train, n_train, n_frozen elements). */
+void ft_model_bind_all(ft_model *m, float *train, float *grad, float *frozen);
+/* Fills the bound storage of unit: base weights from the model dir, LoRA A with its
+ * seeded init (B = 0), and, when adapter_dir is not NULL, the adapter's LoRA weights. */
+int ft_model_init_unit(ft_model *m, int unit, const char *adapter_dir, ft_err *err);
 
 /* Saves the LoRA weights as a PEFT adapter (adapter_config.json +
  * adapter_model.safetensors) into dir, created if needed. */

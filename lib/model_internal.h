@@ -44,9 +44,15 @@ struct ft_model {
     /* parameters */
     ft_param *params;
     size_t n_params;
-    float *train_data, *train_grad, *frozen_data;
+    float ***slot_data, ***slot_grad; /* [n_params]: where each param's pointers live */
+    float *train_data, *train_grad, *frozen_data; /* whole-model buffers, NULL if unbound */
+    bool owns_buffers;
     size_t n_train, n_frozen;
     size_t *unit_begin; /* [L+3]: unit u spans [unit_begin[u], unit_begin[u+1]) */
+    size_t *frozen_begin; /* [L+3]: the same in the frozen buffer */
+    char dir[4096];     /* the model dir (ft_model_init_unit reads it) */
+    ft_model_hooks hooks;
+    int stage_first, stage_last; /* units this model computes (pipeline stage) */
     float *embed, *g_embed;
     float *norm_f, *g_norm_f;
     float *lm_head, *g_lm_head; /* = embed when tied */
@@ -98,6 +104,12 @@ static inline int proj_has_bias(const ft_model_config *c, ft_proj p)
         return c->o_bias;
     return c->mlp_bias;
 }
+
+/* Reads the base weights of unit (-1: every unit) from dir into the bound storage. */
+int model_read_weights(ft_model *m, const char *dir, int unit, ft_err *err);
+/* Reads the LoRA weights of unit (-1: every unit) of the adapter in dir (checked against
+ * the model's LoRA options). */
+int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err);
 
 /* (Re)allocates activation and scratch buffers for B x T tokens. */
 int model_reserve_activations(ft_model *m, int B, int T, ft_err *err);

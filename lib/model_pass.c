@@ -221,6 +221,44 @@ static void layer_backward(ft_model *m, int l)
                         T_(w->ln1, C), T_(a->rstd1, N), N, C);
 }
 
+static int acquire(ft_model *m, int unit, ft_unit_phase ph, ft_err *err)
+{
+    return m->hooks.acquire ? m->hooks.acquire(m->hooks.ctx, unit, ph, err) : 0;
+}
+
+static int release(ft_model *m, int unit, ft_unit_phase ph, bool grads_final, ft_err *err)
+{
+    return m->hooks.release ? m->hooks.release(m->hooks.ctx, unit, ph, grads_final, err) : 0;
+}
+
+/* The head (final norm, lm_head) reads unit L+1 and, when tied, the embedding of unit 0. */
+static int acquire_head(ft_model *m, ft_unit_phase ph, ft_err *err)
+{
+    int L = m->cfg.num_layers;
+    if (acquire(m, L + 1, ph, err))
+        return -1;
+    return m->cfg.tie_word_embeddings ? acquire(m, 0, ph, err) : 0;
+}
+
+static int release_head(ft_model *m, ft_unit_phase ph, ft_err *err)
+{
+    int L = m->cfg.num_layers;
+    bool bwd = ph == FT_UNIT_BACKWARD;
+    /* a tied embedding's gradient is final only after the embedding's own backward */
+    bool embed_trains = m->opt.mode == FT_TRAIN_FULL;
+    if (m->cfg.tie_word_embeddings && release(m, 0, ph, bwd && !embed_trains, err))
+        return -1;
+    return release(m, L + 1, ph, bwd, err);
+}
+
+/* Layers this model computes: [*l0, *l1) (units l0+1 .. l1). */
+static void stage_layers(const ft_model *m, int *l0, int *l1)
+{
+    int L = m->cfg.num_layers;
+    *l0 = m->stage_first > 0 ? m->stage_first - 1 : 0;
+    *l1 = m->stage_last < L + 1 ? m->stage_last : L;
+}
+
 int ft_model_forward(ft_model *m, const ft_batch *b, double *loss_sum, long *n_tokens,
                      ft_err *err)
 {
@@ -236,22 +274,47 @@ int ft_model_forward(ft_model *m, const ft_batch *b, double *loss_sum, long *n_t
     int L = c->num_layers, N = b->B * b->T, C = c->hidden_size, V = c->vocab_size;
     size_t nC = (size_t)N * C, nV = (size_t)N * V;
     m->dropout_seed = ft_mix64(m->opt.seed ^ ft_mix64(++m->n_forward));
+    int l0, l1;
+    stage_layers(m, &l0, &l1);
 
-    ft_embedding_forward(T_(m->acts[0].in, nC), ft_i32(m->ids, N), T_(m->embed, (size_t)V * C),
-                         N, V, C);
-    for (int l = 0; l < L; l++)
+    if (m->stage_first == 0) {
+        if (acquire(m, 0, FT_UNIT_FORWARD, err))
+            return -1;
+        ft_embedding_forward(T_(m->acts[0].in, nC), ft_i32(m->ids, N),
+                             T_(m->embed, (size_t)V * C), N, V, C);
+        if (release(m, 0, FT_UNIT_FORWARD, false, err))
+            return -1;
+    } else if (m->hooks.recv_hidden(m->hooks.ctx, l0 < L ? m->acts[l0].in : m->final_in, nC,
+                                    err)) {
+        return -1; /* (a stage of only the head receives the last layer's output) */
+    }
+    for (int l = l0; l < l1; l++) {
+        if (acquire(m, l + 1, FT_UNIT_FORWARD, err))
+            return -1;
         layer_forward(m, l, m->acts[l].in, l + 1 < L ? m->acts[l + 1].in : m->final_in);
-    ft_rmsnorm_forward(T_(m->lnf, nC), T_(m->rstdf, N), T_(m->final_in, nC),
-                       T_(m->norm_f, C), N, C, c->rms_norm_eps);
-    ft_linear_forward(T_(m->logits, nV), T_(m->lnf, nC), T_(m->lm_head, (size_t)V * C),
-                      ft_none(), N, C, V, 1.0f, 0);
-    double loss = ft_cross_entropy(ft_none(), T_(m->logits, nV), ft_i32(m->targets, N), N, V,
-                                   0.0f);
+        if (release(m, l + 1, FT_UNIT_FORWARD, false, err))
+            return -1;
+    }
+    double loss = 0;
+    if (m->stage_last <= L) {
+        if (m->hooks.send_hidden(m->hooks.ctx, l1 < L ? m->acts[l1].in : m->final_in, nC, err))
+            return -1;
+    } else {
+        if (acquire_head(m, FT_UNIT_FORWARD, err))
+            return -1;
+        ft_rmsnorm_forward(T_(m->lnf, nC), T_(m->rstdf, N), T_(m->final_in, nC),
+                           T_(m->norm_f, C), N, C, c->rms_norm_eps);
+        ft_linear_forward(T_(m->logits, nV), T_(m->lnf, nC), T_(m->lm_head, (size_t)V * C),
+                          ft_none(), N, C, V, 1.0f, 0);
+        if (release_head(m, FT_UNIT_FORWARD, err))
+            return -1;
+        loss = ft_cross_entropy(ft_none(), T_(m->logits, nV), ft_i32(m->targets, N), N, V, 0.0f);
+        m->logits_valid = true;
+    }
     if (loss_sum)
         *loss_sum = loss;
     if (n_tokens)
         *n_tokens = counted;
-    m->logits_valid = true;
     m->can_backward = m->opt.mode != FT_TRAIN_NONE;
     return 0;
 }
@@ -265,27 +328,50 @@ int ft_model_backward(ft_model *m, float grad_scale, ft_err *err)
     const ft_model_config *c = &m->cfg;
     int L = c->num_layers, N = m->B * m->T, C = c->hidden_size, V = c->vocab_size;
     size_t nC = (size_t)N * C, nV = (size_t)N * V;
-
-    /* dlogits overwrite the logits in place */
-    ft_cross_entropy(T_(m->logits, nV), T_(m->logits, nV), ft_i32(m->targets, N), N, V,
-                     grad_scale);
+    int l0, l1;
+    stage_layers(m, &l0, &l1);
     m->logits_valid = m->can_backward = false;
-    ft_zero(T_(m->d_ln, nC), nC);
-    ft_linear_backward(T_(m->d_ln, nC), OPT_(m->g_lm_head, (size_t)V * C), ft_none(),
-                       T_(m->logits, nV), T_(m->lnf, nC), T_(m->lm_head, (size_t)V * C), N, C,
-                       V, 1.0f);
-    ft_zero(T_(m->d_h, nC), nC);
-    ft_rmsnorm_backward(T_(m->d_h, nC), OPT_(m->g_norm_f, C), T_(m->d_ln, nC),
-                        T_(m->final_in, nC), T_(m->norm_f, C), T_(m->rstdf, N), N, C);
-    for (int l = L - 1; l >= 0; l--) {
-        /* The shared scratch still holds the last layer's activations from forward. */
-        if (m->opt.grad_ckpt && l < L - 1)
+
+    if (m->stage_last <= L) {
+        if (m->hooks.recv_grad(m->hooks.ctx, m->d_h, nC, err))
+            return -1;
+    } else {
+        /* dlogits overwrite the logits in place */
+        ft_cross_entropy(T_(m->logits, nV), T_(m->logits, nV), ft_i32(m->targets, N), N, V,
+                         grad_scale);
+        if (acquire_head(m, FT_UNIT_BACKWARD, err))
+            return -1;
+        ft_zero(T_(m->d_ln, nC), nC);
+        ft_linear_backward(T_(m->d_ln, nC), OPT_(m->g_lm_head, (size_t)V * C), ft_none(),
+                           T_(m->logits, nV), T_(m->lnf, nC), T_(m->lm_head, (size_t)V * C), N,
+                           C, V, 1.0f);
+        ft_zero(T_(m->d_h, nC), nC);
+        ft_rmsnorm_backward(T_(m->d_h, nC), OPT_(m->g_norm_f, C), T_(m->d_ln, nC),
+                            T_(m->final_in, nC), T_(m->norm_f, C), T_(m->rstdf, N), N, C);
+        if (release_head(m, FT_UNIT_BACKWARD, err))
+            return -1;
+    }
+    for (int l = l1 - 1; l >= l0; l--) {
+        if (acquire(m, l + 1, FT_UNIT_BACKWARD, err))
+            return -1;
+        /* The shared scratch still holds the stage's last layer's activations. */
+        if (m->opt.grad_ckpt && l < l1 - 1)
             layer_forward(m, l, m->acts[l].in, NULL);
         layer_backward(m, l);
+        if (release(m, l + 1, FT_UNIT_BACKWARD, true, err))
+            return -1;
     }
-    if (m->g_embed)
+    if (m->stage_first > 0)
+        return m->hooks.send_grad(m->hooks.ctx, m->d_h, nC, err);
+    /* (the embedding's gradient pointer is bound by the acquire under ZeRO-2/3) */
+    if (m->opt.mode == FT_TRAIN_FULL) {
+        if (acquire(m, 0, FT_UNIT_BACKWARD, err))
+            return -1;
         ft_embedding_backward(T_(m->g_embed, (size_t)V * C), T_(m->d_h, nC), ft_i32(m->ids, N),
                               N, V, C);
+        if (release(m, 0, FT_UNIT_BACKWARD, true, err))
+            return -1;
+    }
     return 0;
 }
 

@@ -10,6 +10,7 @@
 
 #include "checkpoint.h"
 #include "data_setup.h"
+#include "dist_engine.h"
 #include "evaluate.h"
 #include "fsutil.h"
 #include "merge.h"
@@ -70,10 +71,13 @@ static int own(owned_batch *o, const ft_batch *b, ft_err *err)
 typedef struct trainer {
     const ft_config *cfg;
     FILE *log;
+    FILE *quiet;         /* ranks other than 0 log here (/dev/null) */
     const char *out_dir;
     char model_dir[4096];
-    ft_model *m;
-    ft_optimizer opt;
+    ft_comm *comm, *own_comm; /* own_comm: made here when the caller gave none */
+    int rank, world;
+    ft_engine *eng;
+    ft_model *m;         /* the engine's */
     ft_run_data data;
     ft_loader *train_loader;
     int eval_batch_size;
@@ -86,11 +90,55 @@ typedef struct trainer {
     owned_batch *micro;
     ft_eval_records gen_records; /* predict_with_generate: prompts and references */
     ft_gen_options gen;
+    FILE *metrics;       /* metrics.jsonl (rank 0) */
+    double t_start, last_loss, last_eval_loss, last_rate, comm_bytes;
+    long steps_done, tokens_done;
+    bool have_eval;
 } trainer;
 
 static void begin_line(trainer *t);
 
-static int setup_model(trainer *t, ft_err *err)
+/* dist.strategy (and dist.zero_stage for "zero") as the engine's options. */
+static int dist_options(const ft_config *c, int world, ft_dist_options *o, ft_err *err)
+{
+    const char *s = ft_config_str(c, "dist.strategy");
+    memset(o, 0, sizeof *o);
+    if (strcmp(s, "auto") == 0)
+        s = world > 1 ? "ddp" : "none";
+    if (strcmp(s, "zero") == 0) {
+        static const char *const stages[] = {"ddp", "zero1", "zero2", "zero3"};
+        long stage = ft_config_int(c, "dist.zero_stage");
+        if (stage < 0 || stage > 3)
+            return ft_fail(err, "config: dist.zero_stage = %ld: stages are 0-3", stage);
+        s = stages[stage];
+    }
+    static const struct {
+        const char *name;
+        ft_strategy s;
+    } names[] = {{"none", FT_STRATEGY_NONE},   {"ddp", FT_STRATEGY_DDP},
+                 {"zero1", FT_STRATEGY_ZERO1}, {"zero2", FT_STRATEGY_ZERO2},
+                 {"zero3", FT_STRATEGY_ZERO3}, {"fsdp", FT_STRATEGY_FSDP},
+                 {"model_parallel", FT_STRATEGY_PIPELINE}};
+    bool found = false;
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (strcmp(s, names[i].name) == 0) {
+            o->strategy = names[i].s;
+            found = true;
+        }
+    if (!found)
+        return ft_fail(err, "config: dist.strategy '%s' is not a strategy", s);
+    o->offload_optimizer = strcmp(ft_config_str(c, "dist.offload_optimizer"), "cpu") == 0;
+    o->bucket_bytes = (size_t)ft_config_int(c, "train.ddp_bucket_cap_mb") << 20;
+    o->overlap_comm = ft_config_bool(c, "dist.overlap_comm");
+    o->prefetch = ft_config_bool(c, "dist.prefetch");
+    if (o->strategy == FT_STRATEGY_PIPELINE && ft_config_int(c, "dist.pipeline_micro_batches") > 1)
+        return ft_fail(err, "config: dist.pipeline_micro_batches = %ld: only the naive pipeline "
+                            "(1) is implemented so far",
+                       ft_config_int(c, "dist.pipeline_micro_batches"));
+    return 0;
+}
+
+static int setup_model(trainer *t, const ft_dist_options *dopt, ft_err *err)
 {
     const ft_config *c = t->cfg;
     const char *mode = ft_config_str(c, "tuning.mode");
@@ -112,19 +160,20 @@ static int setup_model(trainer *t, ft_err *err)
                             "implemented yet (use lora or full)",
                        mode);
     }
-    if (ft_model_load(&t->m, t->model_dir, &mo, err))
-        return ft_fail_prefix(err, "model.name '%s'", t->model_dir);
-    if (mo.mode == FT_TRAIN_LORA && ft_config_has(c, "tuning.lora.init_adapter") &&
-        ft_model_load_adapter(t->m, ft_config_str(c, "tuning.lora.init_adapter"), err))
-        return ft_fail_prefix(err, "config: key 'tuning.lora.init_adapter'");
-    size_t n;
-    ft_model_trainable(t->m, &n);
+    const char *adapter = mo.mode == FT_TRAIN_LORA && ft_config_has(c, "tuning.lora.init_adapter")
+                              ? ft_config_str(c, "tuning.lora.init_adapter")
+                              : NULL;
     ft_adamw_hparams hp = {.lr = (float)ft_config_float(c, "train.learning_rate"),
                            .beta1 = (float)ft_config_float(c, "train.adam_beta1"),
                            .beta2 = (float)ft_config_float(c, "train.adam_beta2"),
                            .eps = (float)ft_config_float(c, "train.adam_epsilon"),
                            .weight_decay = (float)ft_config_float(c, "train.weight_decay")};
-    return ft_optimizer_init(&t->opt, ft_model_mem(t->m), n, hp, err);
+    if (ft_engine_new(&t->eng, t->comm, t->model_dir, &mo, adapter, hp, dopt, err))
+        return ft_fail_prefix(err, adapter ? "model.name '%s' with tuning.lora.init_adapter"
+                                           : "model.name '%s'",
+                              t->model_dir);
+    t->m = ft_engine_model(t->eng);
+    return 0;
 }
 
 static int setup_schedule(trainer *t, ft_err *err)
@@ -154,8 +203,9 @@ static void stamp_of(const trainer *t, ft_ckpt_stamp *s)
     snprintf(s->dtype, sizeof s->dtype, "fp32");
     snprintf(s->mode, sizeof s->mode, "%s", ft_config_str(t->cfg, "tuning.mode"));
     snprintf(s->quant, sizeof s->quant, "none");
-    snprintf(s->strategy, sizeof s->strategy, "none");
-    s->world_size = 1;
+    snprintf(s->strategy, sizeof s->strategy, "%s",
+             ft_strategy_name(ft_engine_strategy(t->eng)));
+    s->world_size = t->world;
 }
 
 /* Mean loss over the eval set: ft-eval's loss run (forward only), without dropout. */
@@ -166,14 +216,22 @@ static int evaluate(trainer *t, double *loss, long *tokens, ft_err *err)
     int rc = ft_eval_loss_run(t->m, &t->data.eval, t->eval_batch_size, t->data.pad_id, NULL, &r,
                               err);
     ft_model_set_training(t->m, true);
-    *loss = r.loss;
+    if (rc)
+        return ft_fail_prefix(err, "evaluation");
+    /* every rank evaluated the whole set in step (zero3 and the pipeline need all of them
+     * in each forward); the pipeline's loss is on its last stage */
+    double v = r.loss;
+    if (t->world > 1 &&
+        ft_comm_broadcast(t->comm, &v, 1, FT_COMM_F64, ft_engine_loss_rank(t->eng), err))
+        return -1;
+    *loss = v;
     *tokens = r.tokens;
-    return rc ? ft_fail_prefix(err, "evaluation") : 0;
+    return 0;
 }
 
 static int log_scalar(trainer *t, const char *tag, double v, ft_err *err)
 {
-    return ft_tb_scalar(t->tb, tag, t->state.global_step, v, err);
+    return t->tb ? ft_tb_scalar(t->tb, tag, t->state.global_step, v, err) : 0;
 }
 
 static int run_eval(trainer *t, ft_err *err)
@@ -188,6 +246,13 @@ static int run_eval(trainer *t, ft_err *err)
     begin_line(t);
     fprintf(t->log, "eval step %ld | loss %.4f | perplexity %.3f | %ld tokens\n",
             t->state.global_step, loss, exp(loss), tokens);
+    t->last_eval_loss = loss;
+    t->have_eval = true;
+    if (t->metrics) {
+        fprintf(t->metrics, "{\"step\": %ld, \"eval_loss\": %.6g, \"elapsed_s\": %.3f}\n",
+                t->state.global_step, loss, now() - t->t_start);
+        fflush(t->metrics);
+    }
     if (log_scalar(t, "eval/loss", loss, err) || log_scalar(t, "eval/perplexity", exp(loss), err))
         return -1;
     if (t->gen_records.n) {
@@ -204,15 +269,15 @@ static int run_eval(trainer *t, ft_err *err)
             log_scalar(t, "eval/exact_match", g.exact_match, err))
             return -1;
     }
-    return ft_tb_flush(t->tb, err);
+    return t->tb ? ft_tb_flush(t->tb, err) : 0;
 }
 
 static int save_checkpoint(trainer *t, char *out, size_t out_len, ft_err *err)
 {
     t->state.rng_counter = ft_model_rng_counter(t->m);
-    int rc = ft_checkpoint_save(t->out_dir, t->m, &t->opt, &t->state, t->model_dir,
-                                (int)ft_config_int(t->cfg, "train.save_total_limit"), out,
-                                out_len, err);
+    int rc = ft_engine_save_checkpoint(t->eng, t->out_dir, &t->state, t->model_dir,
+                                       (int)ft_config_int(t->cfg, "train.save_total_limit"), out,
+                                       out_len, err);
     if (rc == 0) {
         begin_line(t);
         fprintf(t->log, "saved %s\n", out);
@@ -259,27 +324,147 @@ static void begin_line(trainer *t)
         fputs("\r\033[K", t->log);
 }
 
+/* Per-rank figures of this rank: tokens/s, the peak bytes of each memory category of
+ * the device (the process's memory on CPU ranks) and the peak of the host memory an
+ * offloaded optimizer holds. */
+enum { RANK_RATE = 0, RANK_HOST = 1, RANK_MEM = 2, RANK_NVAL = 2 + FT_MEM_NCAT };
+
+static void rank_values(trainer *t, double rate, double *v)
+{
+    const ft_mem *mem = ft_engine_mem(t->eng), *host = ft_engine_host_mem(t->eng);
+    v[RANK_RATE] = rate;
+    v[RANK_HOST] = (double)host->peak_total;
+    for (int c = 0; c < FT_MEM_NCAT; c++)
+        v[RANK_MEM + c] = (double)mem->peak[c];
+}
+
+/* Every rank's values on every rank: [world][RANK_NVAL] (collective). */
+static int gather_rank_values(trainer *t, double rate, double *all, ft_err *err)
+{
+    memset(all, 0, (size_t)t->world * RANK_NVAL * sizeof *all);
+    rank_values(t, rate, all + (size_t)t->rank * RANK_NVAL);
+    return t->world > 1 ? ft_comm_allreduce(t->comm, all, (size_t)t->world * RANK_NVAL,
+                                            FT_COMM_F64, FT_COMM_SUM, err)
+                        : 0;
+}
+
 static int log_step(trainer *t, const ft_step_stats *st, double tok_per_s, double elapsed,
                     long first_step, ft_err *err)
 {
     long step = t->state.global_step, total = t->sched.total_steps;
     double eta = (double)(total - step) * elapsed / (double)(step - first_step);
+    /* tok_per_s is this rank's; the run's is the sum over data-parallel ranks */
+    double *all = malloc((size_t)t->world * RANK_NVAL * sizeof *all);
+    if (!all)
+        return ft_fail(err, "out of memory");
+    if (gather_rank_values(t, tok_per_s, all, err)) {
+        free(all);
+        return -1;
+    }
+    double global_rate = 0;
+    for (int r = 0; r < ft_engine_data_world(t->eng); r++)
+        global_rate += all[(size_t)r * RANK_NVAL + RANK_RATE];
+    t->last_rate = global_rate;
     begin_line(t);
     fprintf(t->log, "step %ld/%ld | loss %.4f | lr %.3e | grad_norm %.4f | %.0f tok/s | eta %.0fs\n",
-            step, total, st->loss, st->lr, st->grad_norm, tok_per_s, eta);
-    const ft_mem *mem = ft_model_mem(t->m);
+            step, total, st->loss, st->lr, st->grad_norm, global_rate, eta);
+    int rc = 0;
     if (log_scalar(t, "train/loss", st->loss, err) ||
         log_scalar(t, "train/learning_rate", st->lr, err) ||
         log_scalar(t, "train/grad_norm", st->grad_norm, err) ||
-        log_scalar(t, "train/tokens_per_second", tok_per_s, err))
-        return -1;
-    for (int c = 0; c < FT_MEM_NCAT; c++) {
+        log_scalar(t, "train/tokens_per_second", global_rate, err))
+        rc = -1;
+    for (int c = 0; c < FT_MEM_NCAT && rc == 0; c++) {
         char tag[64];
         snprintf(tag, sizeof tag, "memory/%s_peak_bytes", ft_mem_cat_name((ft_mem_cat)c));
-        if (log_scalar(t, tag, (double)mem->peak[c], err))
-            return -1;
+        rc = log_scalar(t, tag, all[(size_t)t->rank * RANK_NVAL + RANK_MEM + c], err);
     }
-    return ft_tb_flush(t->tb, err);
+    /* per rank, in distributed runs */
+    for (int r = 0; t->world > 1 && r < t->world && rc == 0; r++) {
+        char tag[96];
+        snprintf(tag, sizeof tag, "rank%d/tokens_per_second", r);
+        rc = log_scalar(t, tag, all[(size_t)r * RANK_NVAL + RANK_RATE], err);
+        for (int c = 0; c < FT_MEM_NCAT && rc == 0; c++) {
+            snprintf(tag, sizeof tag, "rank%d/memory/%s_peak_bytes", r,
+                     ft_mem_cat_name((ft_mem_cat)c));
+            rc = log_scalar(t, tag, all[(size_t)r * RANK_NVAL + RANK_MEM + c], err);
+        }
+        if (rc == 0 && ft_engine_host_mem(t->eng)->peak_total) {
+            snprintf(tag, sizeof tag, "rank%d/memory/host_offload_peak_bytes", r);
+            rc = log_scalar(t, tag, all[(size_t)r * RANK_NVAL + RANK_HOST], err);
+        }
+    }
+    if (t->world > 1 && rc == 0)
+        rc = log_scalar(t, "dist/comm_bytes_per_step", ft_engine_step_comm_bytes(t->eng), err);
+    free(all);
+    if (rc == 0 && t->metrics) {
+        fprintf(t->metrics,
+                "{\"step\": %ld, \"epoch\": %d, \"loss\": %.6g, \"learning_rate\": %.6g, "
+                "\"grad_norm\": %.6g, \"tokens_per_second\": %.6g, \"elapsed_s\": %.3f}\n",
+                step, t->state.epoch, st->loss, st->lr, st->grad_norm, global_rate,
+                now() - t->t_start);
+        fflush(t->metrics);
+    }
+    return rc ? -1 : t->tb ? ft_tb_flush(t->tb, err) : 0;
+}
+
+/* run_summary.json (rank 0 writes; every rank takes part in the memory gather). */
+static int write_summary(trainer *t, ft_err *err)
+{
+    double *all = malloc((size_t)t->world * RANK_NVAL * sizeof *all);
+    if (!all)
+        return ft_fail(err, "out of memory");
+    int rc = gather_rank_values(t, 0, all, err);
+    if (rc || t->rank != 0) {
+        free(all);
+        return rc;
+    }
+    double wall = now() - t->t_start;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) {
+        free(all);
+        return ft_fail(err, "out of memory");
+    }
+    fprintf(f, "{\"strategy\": \"%s\", \"world_size\": %d, \"mode\": \"%s\", \"device\": \"cpu\", ",
+            ft_strategy_name(ft_engine_strategy(t->eng)), t->world,
+            ft_config_str(t->cfg, "tuning.mode"));
+    fprintf(f, "\"steps\": %ld, \"wall_time_s\": %.3f, \"steps_per_second\": %.6g, ",
+            t->steps_done, wall, wall > 0 ? t->steps_done / wall : 0.0);
+    fprintf(f, "\"tokens_per_second\": %.6g, \"final_train_loss\": %.6g, ",
+            wall > 0 ? (double)t->tokens_done * ft_engine_data_world(t->eng) / wall : 0.0,
+            t->last_loss);
+    if (t->have_eval)
+        fprintf(f, "\"final_eval_loss\": %.6g, ", t->last_eval_loss);
+    else
+        fprintf(f, "\"final_eval_loss\": null, ");
+    fprintf(f, "\"comm_bytes_per_step\": %.6g, \"peak_memory_bytes\": [",
+            t->steps_done ? t->comm_bytes / t->steps_done : 0.0);
+    for (int r = 0; r < t->world; r++) {
+        double sum = 0;
+        for (int c = 0; c < FT_MEM_NCAT; c++)
+            sum += all[(size_t)r * RANK_NVAL + RANK_MEM + c];
+        fprintf(f, "%s%.0f", r ? ", " : "", sum);
+    }
+    fprintf(f, "], \"peak_memory_by_category\": {");
+    for (int c = 0; c < FT_MEM_NCAT; c++) {
+        fprintf(f, "%s\"%s\": [", c ? ", " : "", ft_mem_cat_name((ft_mem_cat)c));
+        for (int r = 0; r < t->world; r++)
+            fprintf(f, "%s%.0f", r ? ", " : "", all[(size_t)r * RANK_NVAL + RANK_MEM + c]);
+        fprintf(f, "]");
+    }
+    fprintf(f, "}, \"host_offload_bytes\": [");
+    for (int r = 0; r < t->world; r++)
+        fprintf(f, "%s%.0f", r ? ", " : "", all[(size_t)r * RANK_NVAL + RANK_HOST]);
+    fprintf(f, "]}\n");
+    fclose(f);
+    free(all);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/run_summary.json", t->out_dir);
+    rc = ft_write_file_atomic(path, text, len, err);
+    free(text);
+    return rc;
 }
 
 static int save_final(trainer *t, char *out, size_t out_len, ft_err *err)
@@ -287,9 +472,9 @@ static int save_final(trainer *t, char *out, size_t out_len, ft_err *err)
     char dir[4096];
     if ((size_t)snprintf(dir, sizeof dir, "%s/final", t->out_dir) >= sizeof dir)
         return ft_fail(err, "%s: path too long", t->out_dir);
-    if (ft_checkpoint_save_weights(dir, t->m, t->model_dir, err))
+    if (ft_engine_save_weights(t->eng, dir, t->model_dir, err))
         return -1;
-    if (strcmp(ft_config_str(t->cfg, "tuning.mode"), "full") == 0) {
+    if (t->rank == 0 && strcmp(ft_config_str(t->cfg, "tuning.mode"), "full") == 0) {
         /* a full model dir loads in transformers: config and tokenizer files beside it */
         char src[4300], dst[4300];
         snprintf(src, sizeof src, "%s/config.json", t->model_dir);
@@ -325,9 +510,21 @@ static int train_loop(trainer *t, ft_train_outcome *outcome, char *out, size_t o
             window_tokens += (long)mb[i].B * mb[i].T;
         }
         ft_step_stats st;
-        if (ft_train_step(t->m, &t->opt, &t->sched, mb, t->accum, max_norm, &st, err))
+        if (ft_engine_step(t->eng, &t->sched, mb, t->accum, max_norm, &st, err))
             return ft_fail_prefix(err, "step %ld", t->state.global_step + 1);
         t->state.global_step++;
+        t->steps_done++;
+        t->last_loss = st.loss;
+        t->comm_bytes += ft_engine_step_comm_bytes(t->eng);
+        for (int i = 0; i < t->accum; i++)
+            t->tokens_done += (long)mb[i].B * mb[i].T;
+        /* a signal reaches the ranks at different moments: stop when any has one */
+        if (t->world > 1) {
+            int64_t stop = stop_requested;
+            if (ft_comm_allreduce(t->comm, &stop, 1, FT_COMM_I64, FT_COMM_MAX, err))
+                return -1;
+            stop_requested = (sig_atomic_t)stop;
+        }
         long step = t->state.global_step;
         double tnow = now();
         double rate = window_tokens / (tnow - window_t);
@@ -369,12 +566,19 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
                              err))
         return -1;
     t->out_dir = ft_config_str(c, "train.output_dir");
+    ft_dist_options dopt;
+    if (dist_options(c, t->world, &dopt, err))
+        return -1;
+    ft_comm_set_timeout(t->comm, ft_config_float(c, "dist.timeout_s"));
     if (ft_run_data_load(&t->data, c, t->log, err))
         return -1;
     t->accum = ft_config_is_auto(c, "train.grad_accum") ? 1 : (int)ft_config_int(c, "train.grad_accum");
     if (t->accum > 64)
         return ft_fail(err, "config: train.grad_accum %d is above the supported 64", t->accum);
-    ft_loader_options lo = ft_run_loader_options(c, &t->data, 0, 1);
+    /* data-parallel ranks read disjoint shards; pipeline stages all read the same batches */
+    bool pipeline = dopt.strategy == FT_STRATEGY_PIPELINE;
+    ft_loader_options lo = ft_run_loader_options(c, &t->data, pipeline ? 0 : t->rank,
+                                                 pipeline ? 1 : t->world);
     if (ft_loader_new(&t->train_loader, &t->data.train, &lo, err))
         return -1;
     t->n_batches = ft_loader_n_batches(t->train_loader, 0);
@@ -383,6 +587,9 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
         return ft_fail(err, "config: train.generation_num_beams = %ld: only greedy decoding "
                             "(1) is implemented",
                        ft_config_int(c, "train.generation_num_beams"));
+    if (pipeline && ft_config_bool(c, "train.predict_with_generate"))
+        return ft_fail(err, "config: train.predict_with_generate does not work with dist.strategy "
+                            "model_parallel yet (evaluate the saved adapter with ft-eval)");
     if (ft_config_bool(c, "train.predict_with_generate") && t->data.eval.n) {
         ft_data_options dopt;
         const char *path = ft_config_has(c, "data.eval_path") ? ft_config_str(c, "data.eval_path")
@@ -395,7 +602,7 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
     t->micro = calloc((size_t)t->accum, sizeof *t->micro);
     if (!t->micro)
         return ft_fail(err, "out of memory");
-    if (setup_model(t, err) || setup_schedule(t, err))
+    if (setup_model(t, &dopt, err) || setup_schedule(t, err))
         return -1;
     if (t->gen_records.n)
         ft_gen_eos_ids(ft_model_cfg(t->m), t->data.tok, &t->gen);
@@ -412,15 +619,25 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
             return -1;
         if (found) {
             ft_ckpt_stamp want = t->state.stamp;
-            if (ft_checkpoint_load(path, t->m, &t->opt, &t->state, &want, err))
+            if (ft_engine_load_checkpoint(t->eng, path, &t->state, &want, err))
                 return -1;
             ft_model_set_rng_counter(t->m, t->state.rng_counter);
-            fprintf(t->log, "resumed from %s at step %ld\n", path, t->state.global_step);
+            fprintf(t->log, "resumed from %s at step %ld (saved by %s on %d rank%s)\n", path,
+                    t->state.global_step, t->state.stamp.strategy, t->state.stamp.world_size,
+                    t->state.stamp.world_size == 1 ? "" : "s");
+            stamp_of(t, &t->state.stamp);
         }
     }
+    t->t_start = now();
+    if (t->rank != 0)
+        return 0; /* rank 0 writes the run dir */
     if (ft_mkdir_p(t->out_dir, err))
         return -1;
     char path[4200];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", t->out_dir);
+    /* a resumed run appends to the curve it continues */
+    if (!(t->metrics = fopen(path, o->resume ? "a" : "w")))
+        return ft_fail(err, "%s: cannot write", path);
     snprintf(path, sizeof path, "%s/config.yaml", t->out_dir);
     FILE *f = fopen(path, "w");
     if (!f)
@@ -445,7 +662,23 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
 int ft_train_run(const ft_config *cfg, const ft_trainer_options *o, ft_train_outcome *outcome,
                  char *out, size_t out_len, ft_err *err)
 {
-    trainer t = {.cfg = cfg, .log = o->log ? o->log : stderr, .last_eval_step = -1};
+    trainer t = {.cfg = cfg, .log = o->log ? o->log : stderr, .last_eval_step = -1,
+                 .comm = o->comm};
+    if (!t.comm && ft_comm_init(&t.own_comm, err))
+        return -1;
+    if (!t.comm)
+        t.comm = t.own_comm;
+    t.rank = ft_comm_rank(t.comm);
+    t.world = ft_comm_size(t.comm);
+    if (t.rank != 0) {
+        if (!(t.quiet = fopen("/dev/null", "w"))) {
+            ft_comm_finalize(t.own_comm);
+            return ft_fail(err, "/dev/null: cannot open");
+        }
+        t.log = t.quiet;
+    } else if (t.world > 1) {
+        fprintf(t.log, "ft-train: %d ranks (%s)\n", t.world, ft_comm_backend(t.comm));
+    }
     t.tty = isatty(fileno(t.log));
     stop_requested = 0;
     struct sigaction sa = {0}, old_int, old_term;
@@ -455,6 +688,8 @@ int ft_train_run(const ft_config *cfg, const ft_trainer_options *o, ft_train_out
     int rc = setup(&t, o, err);
     if (rc == 0)
         rc = train_loop(&t, outcome, out, out_len, err);
+    if (rc == 0)
+        rc = write_summary(&t, err);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     if (t.tb)
@@ -466,9 +701,13 @@ int ft_train_run(const ft_config *cfg, const ft_trainer_options *o, ft_train_out
     }
     free(t.micro);
     ft_loader_free(t.train_loader);
-    ft_optimizer_free(&t.opt);
-    ft_model_free(t.m);
+    ft_engine_free(t.eng);
+    if (t.metrics)
+        fclose(t.metrics);
+    if (t.quiet)
+        fclose(t.quiet);
     ft_eval_records_free(&t.gen_records);
     ft_run_data_free(&t.data);
+    ft_comm_finalize(t.own_comm);
     return rc;
 }

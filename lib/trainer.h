@@ -2,9 +2,19 @@
  * max_steps of gradient-accumulated AdamW steps; logging to stderr and TensorBoard;
  * evaluation; atomic checkpoints with resume; SIGINT/SIGTERM save a checkpoint and stop.
  *
+ * Under mpirun / srun every rank runs it; dist.strategy picks how they share the work
+ * (lib/dist_engine.h) and rank 0 writes the outputs.
+ *
  * Run dir (train.output_dir): config.yaml (the resolved config), events.out.tfevents.*,
  * checkpoint-N/ (see checkpoint.h), final/ (the trained adapter in PEFT format, or the
- * full model's weights, config and tokenizer files). */
+ * full model's weights, config and tokenizer files), metrics.jsonl (one JSON object per
+ * logged step: step, epoch, loss, learning_rate, grad_norm, tokens_per_second,
+ * elapsed_s; and per evaluation: step, eval_loss, elapsed_s) and run_summary.json
+ * (strategy, world_size, mode, device, steps, wall_time_s, steps_per_second,
+ * tokens_per_second, final_train_loss, final_eval_loss, comm_bytes_per_step,
+ * peak_memory_bytes per rank, peak_memory_by_category per rank, host_offload_bytes per
+ * rank): what `make compare`
+ * reads. */
 #ifndef FT_TRAINER_H
 #define FT_TRAINER_H
 
@@ -12,11 +22,13 @@
 #include <stdio.h>
 
 #include "config.h"
+#include "dist.h"
 #include "ft_error.h"
 
 typedef struct ft_trainer_options {
     const char *resume; /* NULL: fresh run; "auto": newest checkpoint if any; else a dir */
-    FILE *log;          /* progress and logs (stderr) */
+    FILE *log;          /* progress and logs (stderr); only rank 0 logs */
+    ft_comm *comm;      /* the run's ranks (NULL: one process) */
 } ft_trainer_options;
 
 typedef enum ft_train_outcome {

@@ -1,12 +1,16 @@
 # Test tiers.
 #   test-unit         C unit tests (tests/unit/test_*.c), no Python; each binary prints
 #                     "N passed, N failed", and the runner adds them up.
+#   test-dist         the communication interface (lib/dist.h) under real MPI ranks
+#                     (tests/dist, driven by tests/run-dist.sh); needs MPI in the build.
 #   test-conformance  pytest against Hugging Face transformers + PEFT (tests/conformance),
 #                     in a virtualenv made by scripts/setup-python.sh.
 #   test              deps + build + every tier.
 
 UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=build/tests/unit/%)
+DIST_SRCS := $(wildcard tests/dist/test_*.c)
+DIST_BINS := $(DIST_SRCS:tests/dist/%.c=build/tests/dist/%)
 CONFORM_HARNESS := build/tests/ft-conform
 DATA_HARNESS := build/tests/ft-data
 TOKENIZE_HARNESS := build/tests/ft-tokenize
@@ -16,9 +20,13 @@ VENV ?= .venv
 
 BENCH_TRAIN := build/tests/bench-train
 
-.PHONY: test test-unit test-conformance unit-bins bench-cpu bench-tokenizer config-reference
+.PHONY: test test-unit test-dist test-conformance unit-bins bench-cpu bench-tokenizer config-reference
 
 build/tests/unit/%: tests/unit/%.c tests/unit/check.h tests/unit/tiny_model.h $(LIBFT)
+	@mkdir -p $(dir $@)
+	$(CC) $(FT_CFLAGS) $(CFLAGS) -Itests/unit $< $(LIBFT) $(FT_LDFLAGS) $(LDLIBS) -o $@
+
+build/tests/dist/%: tests/dist/%.c tests/unit/check.h $(LIBFT)
 	@mkdir -p $(dir $@)
 	$(CC) $(FT_CFLAGS) $(CFLAGS) -Itests/unit $< $(LIBFT) $(FT_LDFLAGS) $(LDLIBS) -o $@
 
@@ -49,6 +57,14 @@ test-unit: $(UNIT_BINS) $(TOOLS)
 	  || { echo "configs/README.md is stale: make config-reference"; exit 1; }
 	tests/run-unit.sh $(UNIT_BINS)
 
+ifeq ($(MPI),1)
+test-dist: $(DIST_BINS)
+	tests/run-dist.sh build/tests/dist
+else
+test-dist:
+	@echo "dist: 0 passed, 0 failed (no MPI in this build)"
+endif
+
 config-reference: bin/ft-train
 	bin/ft-train --config-reference > configs/README.md
 
@@ -65,4 +81,5 @@ test:
 	scripts/install-deps.sh test
 	$(MAKE) all
 	$(MAKE) test-unit
+	$(MAKE) test-dist
 	$(MAKE) test-conformance

@@ -9,6 +9,8 @@
 #include <string.h>
 
 #include "config.h"
+#include "dist.h"
+#include "ds_config.h"
 #include "data_setup.h"
 #include "memplan.h"
 #include "trainer.h"
@@ -152,6 +154,53 @@ static int dump_data(const ft_config *cfg, const char *out_path)
     return rc;
 }
 
+/* Whether a launcher made this process a rank other than 0 (its notices would repeat
+ * rank 0's). */
+static bool secondary_rank(void)
+{
+    static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK",
+                                        "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
+        if (getenv(vars[i]))
+            return atoi(getenv(vars[i])) != 0;
+    return false;
+}
+
+/* Trains on the ranks of this run. An error on any rank stops every rank (a rank left
+ * alone would wait in its next collective until the timeout). */
+static int train(ft_config *cfg, const char *resume)
+{
+    ft_err err;
+    ft_comm *comm;
+    if (ft_comm_init(&comm, &err))
+        return fail(err.msg);
+    int rc = 0;
+    if (ft_dist_resolve_batch(cfg, ft_comm_size(comm), &err)) {
+        rc = -1;
+    } else {
+        ft_trainer_options to = {.resume = resume, .log = stderr, .comm = comm};
+        ft_train_outcome outcome;
+        char out[4096];
+        rc = ft_train_run(cfg, &to, &outcome, out, sizeof out, &err);
+        if (rc == 0) {
+            if (ft_comm_rank(comm) == 0)
+                printf("%s\n", out);
+            rc = outcome == FT_TRAIN_INTERRUPTED ? 130 : 0;
+        }
+    }
+    if (rc < 0) {
+        if (ft_comm_size(comm) > 1) {
+            char msg[sizeof err.msg + 64];
+            snprintf(msg, sizeof msg, "ft-train: error: rank %d: %s", ft_comm_rank(comm), err.msg);
+            ft_comm_abort(comm, 1, msg);
+        }
+        rc = fail(err.msg);
+    }
+    fflush(stdout);
+    ft_comm_finalize(comm);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     const char *config_path = NULL, *dump = NULL, *resume = NULL;
@@ -217,6 +266,13 @@ int main(int argc, char **argv)
             rc = fail(err.msg);
             goto done;
         }
+    /* a DeepSpeed-style JSON goes on top of the file and the overrides */
+    if (ft_config_has(cfg, "dist.deepspeed_config") &&
+        ft_config_apply_deepspeed(cfg, ft_config_str(cfg, "dist.deepspeed_config"),
+                                  secondary_rank() ? NULL : stderr, &err)) {
+        rc = fail(err.msg);
+        goto done;
+    }
     if (n_gets) {
         for (int i = 0; i < n_gets && rc == 0; i++)
             rc = get_value(cfg, gets[i]);
@@ -231,15 +287,7 @@ int main(int argc, char **argv)
     } else if (dump) {
         rc = dump_data(cfg, dump);
     } else {
-        ft_trainer_options to = {.resume = resume, .log = stderr};
-        ft_train_outcome outcome;
-        char out[4096];
-        if (ft_train_run(cfg, &to, &outcome, out, sizeof out, &err)) {
-            rc = fail(err.msg);
-        } else {
-            printf("%s\n", out);
-            rc = outcome == FT_TRAIN_INTERRUPTED ? 130 : 0;
-        }
+        rc = train(cfg, resume);
     }
 done:
     ft_config_free(cfg);

@@ -10,7 +10,7 @@
 #include <string.h>
 
 static const char usage[] =
-    "usage: gpu-info [--json] [--help]\n"
+    "usage: gpu-info [--json | --count] [--help]\n"
     "\n"
     "Reports the GPUs (memory, compute capability, multiprocessors, peer access), the\n"
     "CUDA driver and NCCL versions, and the CPU backend (OpenMP threads, BLAS, CPU model).\n"
@@ -18,14 +18,18 @@ static const char usage[] =
     "installed; it then reports 0 GPUs and why. Exits 0 whenever the probe ran.\n"
     "\n"
     "  --json    print one JSON object instead of text\n"
+    "  --count   print only the number of visible GPUs (0 when none; CUDA_VISIBLE_DEVICES\n"
+    "            applies), for scripts: make's distributed targets start that many ranks\n"
     "  --help    print this help\n";
 
 int main(int argc, char **argv)
 {
-    int json = 0;
+    int json = 0, count = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0) {
             json = 1;
+        } else if (strcmp(argv[i], "--count") == 0) {
+            count = 1;
         } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(usage, stdout);
             return 0;
@@ -36,6 +40,11 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    if (json && count) {
+        fprintf(stderr, "gpu-info: error: --json and --count exclude each other\n");
+        fputs(usage, stderr);
+        return 2;
+    }
 
     ft_gpu_probe *p = malloc(sizeof *p);
     if (!p) {
@@ -44,7 +53,9 @@ int main(int argc, char **argv)
     }
     ft_gpu_probe_run(p);
     int rc = 0;
-    if (json) {
+    if (count) {
+        printf("%d\n", p->num_gpus);
+    } else if (json) {
         json_t *o = ft_gpu_probe_json(p);
         char *s = o ? json_dumps(o, JSON_INDENT(2)) : NULL;
         if (s)

@@ -1,0 +1,391 @@
+/* ft_engine: setup, the optimizer step and gathered checkpoints for every strategy
+ * (dist_engine.h). The strategy-specific parts are dist_dp.c and dist_pipeline.c. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist_engine_internal.h"
+
+const char *ft_strategy_name(ft_strategy s)
+{
+    static const char *const names[] = {"none", "ddp",  "zero1",         "zero2",
+                                        "zero3", "fsdp", "model_parallel"};
+    return (unsigned)s < sizeof names / sizeof *names ? names[s] : "?";
+}
+
+static bool is_pipeline(const ft_engine *e) { return e->o.strategy == FT_STRATEGY_PIPELINE; }
+
+ft_model *ft_engine_model(ft_engine *e) { return e->m; }
+ft_strategy ft_engine_strategy(const ft_engine *e) { return e->o.strategy; }
+ft_mem *ft_engine_mem(ft_engine *e) { return e->mem; }
+const ft_mem *ft_engine_host_mem(const ft_engine *e) { return &e->host; }
+int ft_engine_data_world(const ft_engine *e) { return is_pipeline(e) ? 1 : e->world; }
+int ft_engine_loss_rank(const ft_engine *e) { return e->loss_rank; }
+int ft_engine_opt_step(const ft_engine *e) { return e->opt.step; }
+double ft_engine_step_comm_bytes(const ft_engine *e) { return e->step_bytes; }
+
+/* The parameters this rank's optimizer updates (and where an offloaded master comes from). */
+static float *owned_params(ft_engine *e)
+{
+    return is_pipeline(e) ? e->train : dp_owned_params(e);
+}
+
+static float *owned_grad(ft_engine *e) { return is_pipeline(e) ? e->grad : dp_owned_grad(e); }
+
+static void bind(ft_engine *e)
+{
+    if (is_pipeline(e))
+        pipe_bind(e);
+    else
+        dp_bind(e);
+}
+
+int ft_engine_new(ft_engine **out, ft_comm *comm, const char *model_dir,
+                  const ft_model_options *mo, const char *adapter_dir, ft_adamw_hparams hp,
+                  const ft_dist_options *o, ft_err *err)
+{
+    *out = NULL;
+    int world = ft_comm_size(comm);
+    if (o->strategy == FT_STRATEGY_NONE && world > 1)
+        return ft_fail(err, "dist.strategy none with %d ranks: each would train alone (use ddp, "
+                            "zero1-3, fsdp or model_parallel)",
+                       world);
+    if (o->offload_optimizer && (o->strategy == FT_STRATEGY_PIPELINE))
+        return ft_fail(err, "dist.offload_optimizer cpu works with ddp, zero1-3 and fsdp, not "
+                            "with model_parallel");
+    if (mo->mode == FT_TRAIN_NONE)
+        return ft_fail(err, "the engine trains: a model without trainable parameters");
+    ft_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return ft_fail(err, "out of memory");
+    e->comm = comm;
+    e->rank = ft_comm_rank(comm);
+    e->world = world;
+    e->o = *o;
+    ft_model_options unbound = *mo;
+    unbound.unbound = true;
+    if (ft_model_load(&e->m, model_dir, &unbound, err)) {
+        free(e);
+        return -1;
+    }
+    e->mem = ft_model_mem(e->m);
+    e->n_units = ft_model_n_units(e->m);
+    ft_model_trainable(e->m, &e->n_train);
+    e->n_frozen = ft_model_frozen_count(e->m);
+    e->ub = calloc((size_t)e->n_units + 1, sizeof *e->ub);
+    e->fb = calloc((size_t)e->n_units + 1, sizeof *e->fb);
+    if (!e->ub || !e->fb) {
+        ft_engine_free(e);
+        return ft_fail(err, "out of memory");
+    }
+    for (int u = 0; u < e->n_units; u++) {
+        ft_model_unit_range(e->m, u, &e->ub[u], &e->ub[u + 1]);
+        ft_model_unit_frozen_range(e->m, u, &e->fb[u], &e->fb[u + 1]);
+    }
+    int rc = is_pipeline(e) ? pipe_setup(e, adapter_dir, err) : dp_setup(e, adapter_dir, err);
+    size_t n = e->opt_end - e->opt_begin;
+    ft_mem *opt_mem = o->offload_optimizer ? &e->host : e->mem;
+    /* a pipeline stage may hold only frozen weights (the head under LoRA) */
+    if (rc == 0 && n == 0 && !is_pipeline(e))
+        rc = ft_fail(err, "rank %d (%s) has no trainable parameter to update: use fewer ranks",
+                     e->rank, ft_strategy_name(o->strategy));
+    if (rc == 0 && n > 0)
+        rc = ft_optimizer_init(&e->opt, opt_mem, n, hp, err);
+    e->opt.hp = hp;
+    if (rc == 0 && n > 0 && o->offload_optimizer) {
+        e->host_master = ft_alloc(&e->host, FT_MEM_OPTIM, n * sizeof(float));
+        e->host_grad = ft_alloc(&e->host, FT_MEM_GRADS, n * sizeof(float));
+        if (!e->host_master || !e->host_grad)
+            rc = ft_fail(err, "out of memory allocating the offloaded optimizer");
+        else
+            memcpy(e->host_master, owned_params(e), n * sizeof(float));
+    }
+    if (rc) {
+        ft_engine_free(e);
+        return -1;
+    }
+    *out = e;
+    return 0;
+}
+
+void ft_engine_free(ft_engine *e)
+{
+    if (!e)
+        return;
+    ft_optimizer_free(&e->opt);
+    ft_free(&e->host, e->host_master);
+    ft_free(&e->host, e->host_grad);
+    if (e->m) {
+        dp_free(e);
+        pipe_free(e);
+        ft_free(e->mem, e->train);
+        ft_free(e->mem, e->grad);
+        ft_free(e->mem, e->frozen);
+        ft_model_free(e->m);
+    }
+    free(e->ub);
+    free(e->fb);
+    free(e->own);
+    free(e->fshard);
+    free(e);
+}
+
+/* ---- the step ---- */
+
+static void begin_step(ft_engine *e)
+{
+    if (is_pipeline(e)) {
+        if (e->grad)
+            memset(e->grad, 0, (e->opt_end - e->opt_begin) * sizeof(float));
+        if (e->tied_grad)
+            memset(e->tied_grad, 0, (e->ub[1] - e->ub[0]) * sizeof(float));
+    } else {
+        dp_begin_step(e);
+    }
+}
+
+static int update(ft_engine *e, float lr, float coef, ft_err *err)
+{
+    size_t n = e->opt_end - e->opt_begin;
+    float *params = owned_params(e), *grad = owned_grad(e);
+    if (n == 0) {
+        e->opt.step++; /* a stage without trainables keeps the step count with the others */
+    } else if (e->o.offload_optimizer) {
+        /* ZeRO-Offload: gradient to the host, AdamW there on the fp32 master, back */
+        memcpy(e->host_grad, grad, n * sizeof(float));
+        ft_optimizer_step(&e->opt, e->host_master, e->host_grad, lr, coef);
+        memcpy(params, e->host_master, n * sizeof(float));
+    } else {
+        ft_optimizer_step(&e->opt, params, grad, lr, coef);
+    }
+    switch (e->o.strategy) {
+    case FT_STRATEGY_ZERO1:
+    case FT_STRATEGY_ZERO2: {
+        /* every rank gets the updated shards of the others */
+        size_t *counts = malloc((size_t)e->world * sizeof *counts);
+        if (!counts)
+            return ft_fail(err, "out of memory");
+        for (int r = 0; r < e->world; r++)
+            counts[r] = e->own[r + 1] - e->own[r];
+        int rc = ft_comm_allgather_v(e->comm, e->train + e->own[e->rank], e->train, counts,
+                                     FT_COMM_F32, err);
+        free(counts);
+        return rc;
+    }
+    case FT_STRATEGY_ZERO3:
+    case FT_STRATEGY_FSDP:
+        dp_invalidate(e); /* gathered windows hold the old values */
+        return 0;
+    case FT_STRATEGY_PIPELINE:
+        return pipe_after_update(e, err);
+    default:
+        return 0;
+    }
+}
+
+int ft_engine_step(ft_engine *e, const ft_lr_schedule *sched, const ft_batch *micro,
+                   int n_micro, double max_grad_norm, ft_step_stats *st, ft_err *err)
+{
+    double bytes0 = ft_comm_bytes_sent(e->comm);
+    /* the loss is normalised by the counted tokens of the whole global batch */
+    double tokens = 0;
+    for (int i = 0; i < n_micro; i++)
+        tokens += (double)ft_batch_counted_tokens(&micro[i]);
+    if (ft_engine_data_world(e) > 1 &&
+        ft_comm_allreduce(e->comm, &tokens, 1, FT_COMM_F64, FT_COMM_SUM, err))
+        return -1;
+    if (tokens == 0)
+        return ft_fail(err, "the batch has no token with a label (all labels are -100)");
+    begin_step(e);
+    double loss = 0;
+    for (int i = 0; i < n_micro; i++) {
+        double sum;
+        if (!is_pipeline(e))
+            dp_begin_micro(e, i == n_micro - 1);
+        if (ft_model_forward(e->m, &micro[i], &sum, NULL, err) ||
+            ft_model_backward(e->m, (float)(1.0 / tokens), err))
+            return ft_fail_prefix(err, "micro-batch %d", i);
+        loss += sum;
+    }
+    if (is_pipeline(e) ? pipe_finish_grads(e, err) : dp_finish_grads(e, err))
+        return -1;
+    size_t n = e->opt_end - e->opt_begin;
+    /* the global norm: ddp ranks each hold the whole reduced gradient; shards and stages
+     * sum their parts */
+    double sq[2] = {n ? ft_sumsq(ft_f32(owned_grad(e), n), n) : 0.0, loss};
+    bool partial = e->o.strategy != FT_STRATEGY_DDP && e->o.strategy != FT_STRATEGY_NONE;
+    if (e->world > 1) {
+        if (!partial)
+            sq[0] /= e->world; /* the same value on every rank: the sum gives it back */
+        if (ft_comm_allreduce(e->comm, sq, 2, FT_COMM_F64, FT_COMM_SUM, err))
+            return -1;
+    }
+    double norm = sqrt(sq[0]);
+    float coef = ft_clip_coef(norm, max_grad_norm);
+    float lr = (float)ft_lr_at(sched, e->opt.step);
+    if (update(e, lr, coef, err))
+        return -1;
+    st->loss = sq[1] / tokens;
+    st->tokens = (long)tokens;
+    st->grad_norm = norm;
+    st->clip_coef = coef;
+    st->lr = lr;
+    e->step_bytes = ft_comm_bytes_sent(e->comm) - bytes0;
+    return 0;
+}
+
+/* ---- gathered checkpoints ---- */
+
+/* Rank 0 gets every rank's owned slice of a trainable-sized array into full (rank r sends
+ * [own[r], own[r + 1]) from mine). */
+static int gather_owned(ft_engine *e, const float *mine, float *full, ft_err *err)
+{
+    enum { TAG = 77 };
+    if (e->rank != 0) {
+        size_t n = e->own[e->rank + 1] - e->own[e->rank];
+        return n ? ft_comm_send(e->comm, mine, n, FT_COMM_F32, 0, TAG, err) : 0;
+    }
+    if (full != mine)
+        memcpy(full, mine, (e->own[1] - e->own[0]) * sizeof(float));
+    for (int r = 1; r < e->world; r++) {
+        size_t n = e->own[r + 1] - e->own[r];
+        if (n && ft_comm_recv(e->comm, full + e->own[r], n, FT_COMM_F32, r, TAG, err))
+            return -1;
+    }
+    return 0;
+}
+
+/* Whole-buffer views of the trainable weights and moments on rank 0 (borrowed when this
+ * rank already holds them whole, else allocated in scratch). */
+typedef struct gathered {
+    ft_mem scratch;
+    float *params, *m, *v;
+    bool own_params, own_moments;
+} gathered;
+
+static void gathered_free(gathered *g)
+{
+    if (g->own_params)
+        ft_free(&g->scratch, g->params);
+    if (g->own_moments) {
+        ft_free(&g->scratch, g->m);
+        ft_free(&g->scratch, g->v);
+    }
+}
+
+static int alloc_whole(gathered *g, size_t n, bool params, bool moments, ft_err *err)
+{
+    size_t b = n * sizeof(float);
+    if (params && !(g->params = ft_alloc(&g->scratch, FT_MEM_WEIGHTS, b)))
+        return ft_fail(err, "out of memory gathering %zu parameters", n);
+    g->own_params = params;
+    if (moments && (!(g->m = ft_alloc(&g->scratch, FT_MEM_OPTIM, b)) ||
+                    !(g->v = ft_alloc(&g->scratch, FT_MEM_OPTIM, b))))
+        return ft_fail(err, "out of memory gathering the optimizer state");
+    g->own_moments = moments;
+    return 0;
+}
+
+/* The whole trainable buffer, and with moments the AdamW state, on rank 0. */
+static int gather_all(ft_engine *e, gathered *g, bool moments, ft_err *err)
+{
+    memset(g, 0, sizeof *g);
+    /* ddp (and zero1/2 for the weights) hold whole replicas */
+    bool whole_params = e->train && !is_pipeline(e);
+    bool whole_moments = e->opt_begin == 0 && e->opt_end == e->n_train;
+    if (e->rank == 0 && alloc_whole(g, e->n_train, !whole_params, moments && !whole_moments, err))
+        return -1;
+    if (whole_params)
+        g->params = e->train;
+    else if (gather_owned(e, owned_params(e), g->params, err))
+        return -1;
+    if (!moments)
+        return 0;
+    if (whole_moments) {
+        g->m = e->opt.m;
+        g->v = e->opt.v;
+        return 0;
+    }
+    return gather_owned(e, e->opt.m, g->m, err) || gather_owned(e, e->opt.v, g->v, err) ? -1 : 0;
+}
+
+/* rank 0's rc to every rank */
+static int agree(ft_engine *e, int rc, const char *what, ft_err *err)
+{
+    if (e->world == 1)
+        return rc;
+    int64_t v = rc;
+    ft_err berr;
+    if (ft_comm_broadcast(e->comm, &v, 1, FT_COMM_I64, 0, &berr))
+        return ft_fail(err, "%s", berr.msg);
+    if (v != 0 && e->rank != 0)
+        return ft_fail(err, "rank 0 failed to %s (its error is in rank 0's log)", what);
+    return rc;
+}
+
+int ft_engine_save_checkpoint(ft_engine *e, const char *run_dir, const ft_train_state *st,
+                              const char *base_model, int save_total_limit, char *out,
+                              size_t out_len, ft_err *err)
+{
+    gathered g;
+    int rc = gather_all(e, &g, true, err);
+    if (rc == 0 && e->rank == 0) {
+        ft_optimizer whole = e->opt;
+        whole.n = e->n_train;
+        whole.m = g.m;
+        whole.v = g.v;
+        ft_model_bind_all(e->m, g.params, NULL, NULL);
+        rc = ft_checkpoint_save(run_dir, e->m, &whole, st, base_model, save_total_limit, out,
+                                out_len, err);
+        bind(e);
+    }
+    gathered_free(&g);
+    return agree(e, rc, "save the checkpoint", err);
+}
+
+int ft_engine_save_weights(ft_engine *e, const char *dir, const char *base_model, ft_err *err)
+{
+    gathered g;
+    int rc = gather_all(e, &g, false, err);
+    if (rc == 0 && e->rank == 0) {
+        ft_model_bind_all(e->m, g.params, NULL, NULL);
+        rc = ft_checkpoint_save_weights(dir, e->m, base_model, err);
+        bind(e);
+    }
+    gathered_free(&g);
+    return agree(e, rc, "save the weights", err);
+}
+
+int ft_engine_load_checkpoint(ft_engine *e, const char *path, ft_train_state *st,
+                              const ft_ckpt_stamp *expect, ft_err *err)
+{
+    gathered g = {0};
+    int rc = alloc_whole(&g, e->n_train, true, true, err);
+    if (rc == 0) {
+        ft_optimizer whole = e->opt;
+        whole.n = e->n_train;
+        whole.m = g.m;
+        whole.v = g.v;
+        ft_model_bind_all(e->m, g.params, NULL, NULL);
+        rc = ft_checkpoint_load(path, e->m, &whole, st, expect, err);
+        e->opt.step = whole.step;
+    }
+    if (rc == 0 && e->opt_end > e->opt_begin) {
+        size_t b = e->opt_begin, n = e->opt_end - b;
+        memcpy(e->opt.m, g.m + b, n * sizeof(float));
+        memcpy(e->opt.v, g.v + b, n * sizeof(float));
+        if (e->train && !is_pipeline(e))
+            memcpy(e->train, g.params, e->n_train * sizeof(float));
+        else
+            memcpy(owned_params(e), g.params + b, n * sizeof(float));
+        if (e->tied_train)
+            memcpy(e->tied_train, g.params, (e->ub[1] - e->ub[0]) * sizeof(float));
+        if (e->host_master)
+            memcpy(e->host_master, owned_params(e), n * sizeof(float));
+    }
+    bind(e);
+    if (!is_pipeline(e))
+        dp_invalidate(e);
+    gathered_free(&g);
+    return rc;
+}

@@ -1,0 +1,112 @@
+/* The inside of ft_engine, shared by dist_engine.c (setup, the step, checkpoints),
+ * dist_dp.c (DDP and ZeRO hooks) and dist_pipeline.c (layer-split stages). */
+#ifndef FT_DIST_ENGINE_INTERNAL_H
+#define FT_DIST_ENGINE_INTERNAL_H
+
+#include "dist_engine.h"
+#include "optim.h"
+
+/* zero3 / fsdp: a gathered unit (its trainable and frozen parameters). */
+typedef struct param_window {
+    int unit;           /* -1: empty */
+    int refs;           /* acquired and not yet released */
+    long last_use;
+    float *train, *frozen;
+    ft_comm_req *req_t, *req_f; /* the gather in flight (NULL when done) */
+    size_t *counts_t, *counts_f; /* [world]: kept alive while the gather runs */
+} param_window;
+
+/* zero2 / zero3: a unit's gradient before it is reduce-scattered into the shard. */
+typedef struct grad_window {
+    float *grad;        /* the unit's gradient (model binds it) */
+    float *land;        /* reduce-scatter result, added into the shard gradient */
+    float *dst;         /* where land goes in shard_grad */
+    size_t n;           /* elements of land */
+    ft_comm_req *req;
+    size_t *counts;     /* [world] */
+} grad_window;
+
+/* ddp / zero1: consecutive units whose gradients travel together. */
+typedef struct bucket {
+    size_t begin, end;  /* range of the flat trainable buffer */
+    int units_left;     /* units with trainables still in backward this micro-batch */
+    int units;          /* units with trainables */
+    ft_comm_req *req;
+    size_t *counts;     /* [world] (zero1) */
+} bucket;
+
+struct ft_engine {
+    ft_comm *comm;
+    int rank, world;
+    ft_dist_options o;
+    ft_model *m;
+    ft_mem *mem;  /* the model's allocator: this rank's device memory */
+    ft_mem host;  /* offloaded optimizer */
+    int n_units;
+    size_t n_train, n_frozen;
+    size_t *ub, *fb; /* [n_units + 1]: unit ranges in the trainable / frozen buffers */
+
+    /* who updates what: rank r owns [own[r], own[r + 1]) of the trainable buffer (ddp:
+     * rank 0 owns all for the purpose of gathering) */
+    size_t *own;
+    size_t opt_begin, opt_end; /* the range this rank's optimizer updates */
+    size_t *fshard; /* zero3: [world + 1] ranges of the frozen buffer */
+
+    /* storage */
+    float *train, *grad, *frozen; /* whole (ddp, zero1, zero2) or the stage's (pipeline) */
+    float *shard_train, *shard_frozen; /* zero3 */
+    float *shard_grad;                 /* zero1/2/3: this rank's summed gradient */
+    ft_optimizer opt;                  /* over [own[rank], own[rank + 1]) */
+    float *host_master, *host_grad;    /* offload: the shard on the host */
+
+    /* zero3 windows */
+    param_window *pw;
+    int n_pw;
+    long use_clock;
+    size_t max_unit_train, max_unit_frozen;
+    /* zero2/3 gradient windows (a ring) */
+    grad_window gw[2];
+    int next_gw;
+    int *unit_gw; /* [n_units]: the window bound to a unit in backward, -1 none */
+    /* ddp / zero1 */
+    bucket *buckets;
+    int n_buckets;
+    int *unit_bucket; /* [n_units] */
+    bool sync;        /* this micro-batch reduces gradients */
+
+    /* pipeline */
+    int stage_first, stage_last; /* this rank's units */
+    int *stage_of_unit;
+    float *tied_train, *tied_grad, *tied_frozen; /* last stage's copy of a tied embedding */
+    int loss_rank;
+
+    double step_bytes;
+};
+
+/* dist_dp.c */
+int dp_setup(ft_engine *e, const char *adapter_dir, ft_err *err);
+void dp_bind(ft_engine *e);
+void dp_invalidate(ft_engine *e);
+int dp_finish_grads(ft_engine *e, ft_err *err);
+void dp_begin_step(ft_engine *e);
+void dp_begin_micro(ft_engine *e, bool last);
+/* The gradient and parameters of this rank's owned range. */
+float *dp_owned_grad(ft_engine *e);
+float *dp_owned_params(ft_engine *e);
+void dp_free(ft_engine *e);
+
+/* dist_pipeline.c */
+int pipe_setup(ft_engine *e, const char *adapter_dir, ft_err *err);
+void pipe_bind(ft_engine *e);
+int pipe_finish_grads(ft_engine *e, ft_err *err);
+int pipe_after_update(ft_engine *e, ft_err *err);
+void pipe_free(ft_engine *e);
+
+/* Whether a rank's ranges [a, b) and [c, d) overlap, and the overlap's length. */
+static inline size_t overlap_len(size_t a, size_t b, size_t c, size_t d)
+{
+    size_t lo = a > c ? a : c, hi = b < d ? b : d;
+    return hi > lo ? hi - lo : 0;
+}
+
+#endif

@@ -1,0 +1,318 @@
+"""Distributed ft-train on real Open MPI ranks (CPU): every strategy gives the model one
+process would.
+
+- DDP with N ranks of micro-batch b equals one process of batch N*b (losses of every
+  step and the weights after them, within fp32 summation-order tolerance), with and
+  without gradient checkpointing and gradient accumulation, LoRA and full fine-tuning;
+- zero1, zero2, zero3, fsdp and CPU-offloaded optimizers equal it too, tied embeddings
+  included; model_parallel (layers split across ranks) equals one process with the same
+  batch;
+- per-rank memory: sharded categories shrink as 1/N (run_summary.json);
+- a checkpoint saved under one strategy / world size resumes under another with the
+  losses of the uninterrupted run;
+- a rank that hangs makes every rank stop with the timeout message; a killed rank stops
+  the run instead of leaving the others waiting.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+FT_TRAIN = os.environ.get("FT_TRAIN")
+MPIRUN = shutil.which("mpirun")
+
+
+def mpi_cmd(np_, *cmd):
+    assert MPIRUN, "mpirun not found: scripts/install-deps.sh installs openmpi-bin"
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return [MPIRUN, *root, "--oversubscribe", "--bind-to", "none", "-np", str(np_), *cmd]
+
+
+def make_model(d, name, tied=False, layers=2):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(1)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=64, tie_word_embeddings=tied)
+    LlamaForCausalLM(cfg).save_pretrained(d / name, safe_serialization=True)
+    return d / name
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    assert FT_TRAIN, "FT_TRAIN must be the path of bin/ft-train"
+    d = tmp_path_factory.mktemp("dist_train")
+    make_model(d, "model")
+    make_model(d, "tied", tied=True)
+    make_model(d, "deep", layers=4)
+    g = torch.Generator().manual_seed(3)
+    rows = []
+    for i in range(48):
+        n = 6 + int(torch.randint(0, 10, (1,), generator=g))
+        ids = torch.randint(1, 64, (n,), generator=g).tolist()
+        labels = [-100] * (n // 3) + ids[n // 3:]
+        rows.append({"input_ids": ids, "labels": labels})
+    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+def write_config(d, name, model="model", mode="lora", **over):
+    cfg = {
+        "model.name": str(d / model), "model.max_seq_len": 32,
+        "tuning.mode": mode, "tuning.lora.r": 4, "tuning.lora.alpha": 8,
+        "tuning.lora.dropout": 0.0,
+        "train.batch_size": 4, "train.grad_accum": 1, "train.max_steps": 5,
+        "train.learning_rate": 1e-2, "train.warmup_steps": 1, "train.logging_steps": 1,
+        "train.save_steps": 1000, "train.output_dir": str(d / "runs" / name),
+        "data.train_path": str(d / "train.jsonl"), "data.format": "tokens",
+    }
+    cfg.update({k.replace("__", "."): v for k, v in over.items()})
+    sections = {}
+    for k, v in cfg.items():
+        sec, key = k.split(".", 1)
+        sections.setdefault(sec, []).append((key, v))
+    text = ""
+    for sec, items in sections.items():
+        text += f"{sec}:\n"
+        nested = {}
+        for key, v in items:
+            if "." in key:
+                a, b = key.split(".", 1)
+                nested.setdefault(a, []).append((b, v))
+            else:
+                text += f"  {key}: {v}\n"
+        for a, kv in nested.items():
+            text += f"  {a}:\n" + "".join(f"    {b}: {v}\n" for b, v in kv)
+    p = d / f"{name}.yaml"
+    p.write_text(text)
+    return p
+
+
+def run(cfg, np_=1, *args, check=True, env=None, timeout=300):
+    cmd = [FT_TRAIN, "--config", str(cfg), *args]
+    if np_ > 1:
+        cmd = mpi_cmd(np_, *cmd)
+    e = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    out = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=timeout)
+    if check:
+        assert out.returncode == 0, out.stderr[-4000:]
+    return out
+
+
+def losses(run_dir):
+    rows = [json.loads(l) for l in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def weights(run_dir):
+    final = Path(run_dir) / "final"
+    f = final / "adapter_model.safetensors"
+    return load_file(str(f if f.exists() else final / "model.safetensors"))
+
+
+def assert_same_run(a, b, loss_rtol=2e-5, w_atol=2e-4):
+    la, lb = losses(a), losses(b)
+    assert la.keys() == lb.keys() and la
+    for s in la:
+        assert abs(la[s] - lb[s]) <= loss_rtol * abs(la[s]) + 1e-7, (s, la[s], lb[s])
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys() and wa
+    worst = max((wa[k] - wb[k]).abs().max().item() for k in wa)
+    assert worst <= w_atol, worst
+
+
+@pytest.fixture(scope="module")
+def single(work):
+    """One process, batch 8 (the reference of the 2-rank runs of micro-batch 4)."""
+    runs = {}
+    for key, over in {
+        "lora": {},
+        "lora_ckpt_accum": {"train.gradient_checkpointing": "true", "train.grad_accum": 2,
+                            "train.batch_size": 4},
+        "full": {"mode": "full"},
+        "tied_full": {"mode": "full", "model": "tied"},
+        "tied_lora": {"model": "tied"},
+    }.items():
+        over = dict(over)
+        mode = over.pop("mode", "lora")
+        model = over.pop("model", "model")
+        o = {"train.batch_size": 8}
+        if key == "lora_ckpt_accum":
+            o = {"train.batch_size": 8, "train.grad_accum": 2,
+                 "train.gradient_checkpointing": "true"}
+        cfg = write_config(work, f"single_{key}", model=model, mode=mode,
+                           **{k.replace(".", "__"): v for k, v in o.items()})
+        run(cfg)
+        runs[key] = work / "runs" / f"single_{key}"
+    return runs
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "zero3", "fsdp"])
+def test_data_parallel_equals_one_process(work, single, strategy):
+    cfg = write_config(work, f"np2_{strategy}", dist__strategy=strategy)
+    run(cfg, 2)
+    assert_same_run(single["lora"], work / "runs" / f"np2_{strategy}")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero2", "zero3"])
+def test_checkpointing_and_accumulation(work, single, strategy):
+    cfg = write_config(work, f"np2_ca_{strategy}", dist__strategy=strategy,
+                       train__gradient_checkpointing="true", train__grad_accum=2)
+    run(cfg, 2)
+    assert_same_run(single["lora_ckpt_accum"], work / "runs" / f"np2_ca_{strategy}")
+
+
+def test_four_ranks(work, single):
+    for strategy in ["ddp", "zero3"]:
+        cfg = write_config(work, f"np4_{strategy}", dist__strategy=strategy,
+                           train__batch_size=2)
+        run(cfg, 4)
+        assert_same_run(single["lora"], work / "runs" / f"np4_{strategy}")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "zero3"])
+def test_full_fine_tuning(work, single, strategy):
+    cfg = write_config(work, f"np2_full_{strategy}", mode="full", dist__strategy=strategy)
+    run(cfg, 2)
+    assert_same_run(single["full"], work / "runs" / f"np2_full_{strategy}", w_atol=5e-4)
+
+
+@pytest.mark.parametrize("strategy", ["zero2", "zero3"])
+def test_tied_embeddings(work, single, strategy):
+    for mode, key in [("full", "tied_full"), ("lora", "tied_lora")]:
+        cfg = write_config(work, f"np2_tied_{mode}_{strategy}", model="tied", mode=mode,
+                           dist__strategy=strategy)
+        run(cfg, 2)
+        assert_same_run(single[key], work / "runs" / f"np2_tied_{mode}_{strategy}",
+                        w_atol=5e-4)
+
+
+@pytest.mark.parametrize("strategy", ["zero2", "zero3"])
+def test_offload_optimizer(work, single, strategy):
+    cfg = write_config(work, f"np2_off_{strategy}", dist__strategy=strategy,
+                       dist__offload_optimizer="cpu")
+    run(cfg, 2)
+    assert_same_run(single["lora"], work / "runs" / f"np2_off_{strategy}")
+    s = json.loads((work / "runs" / f"np2_off_{strategy}" / "run_summary.json").read_text())
+    # the AdamW state lives in host memory, none of it in the device's optimizer category
+    assert s["peak_memory_by_category"]["optimizer"] == [0, 0]
+    assert min(s["host_offload_bytes"]) > 0
+
+
+def test_model_parallel_equals_one_process(work):
+    for mode, model, np_ in [("lora", "model", 2), ("full", "model", 2), ("full", "tied", 2),
+                             ("lora", "deep", 4), ("full", "deep", 3)]:
+        ref = write_config(work, f"mp_ref_{mode}_{model}", model=model, mode=mode)
+        run(ref)
+        cfg = write_config(work, f"mp_{mode}_{model}_{np_}", model=model, mode=mode,
+                           dist__strategy="model_parallel",
+                           train__gradient_checkpointing="true" if np_ == 4 else "false")
+        run(cfg, np_)
+        assert_same_run(work / "runs" / f"mp_ref_{mode}_{model}",
+                        work / "runs" / f"mp_{mode}_{model}_{np_}", w_atol=5e-4)
+
+
+def test_memory_shrinks_with_sharding(work):
+    peaks = {}
+    for strategy, np_ in [("ddp", 2), ("zero1", 2), ("zero2", 2), ("zero3", 2), ("zero3", 4)]:
+        name = f"mem_{strategy}_{np_}"
+        cfg = write_config(work, name, mode="full", dist__strategy=strategy,
+                           train__batch_size=8 // np_, train__max_steps=1)
+        run(cfg, np_)
+        s = json.loads((work / "runs" / name / "run_summary.json").read_text())
+        assert s["world_size"] == np_ and s["strategy"] == strategy
+        peaks[strategy, np_] = {k: v[0] for k, v in s["peak_memory_by_category"].items()}
+    ddp = peaks["ddp", 2]
+    z1, z2, z3, z34 = peaks["zero1", 2], peaks["zero2", 2], peaks["zero3", 2], peaks["zero3", 4]
+    # optimizer state: 1/N from zero1 on
+    for p in (z1, z2, z3):
+        assert abs(p["optimizer"] - ddp["optimizer"] / 2) <= 0.01 * ddp["optimizer"]
+    assert abs(z34["optimizer"] - ddp["optimizer"] / 4) <= 0.01 * ddp["optimizer"]
+    # gradients: whole under ddp and zero1 (+ the shard), 1/N from zero2 on
+    assert z1["gradients"] >= ddp["gradients"]
+    assert abs(z2["gradients"] - ddp["gradients"] / 2) <= 0.01 * ddp["gradients"]
+    # weights: whole until zero3, then 1/N
+    assert z2["weights"] == ddp["weights"]
+    assert abs(z3["weights"] - ddp["weights"] / 2) <= 0.01 * ddp["weights"]
+    assert abs(z34["weights"] - ddp["weights"] / 4) <= 0.01 * ddp["weights"]
+
+
+def test_resume_under_another_strategy(work):
+    full = write_config(work, "resume_full", train__max_steps=6, train__batch_size=8)
+    run(full)
+    ref = losses(work / "runs" / "resume_full")
+    # checkpoint-3 of 2 zero2 ranks (global batch 8) continues on 4 ddp ranks, and
+    # checkpoint-3 of 4 zero3 ranks in one process
+    for saver, np_s, b_s, loader, np_l, b_l in [("zero2", 2, 4, "ddp", 4, 2),
+                                                 ("zero3", 4, 2, "none", 1, 8)]:
+        save = write_config(work, f"resume_{saver}", dist__strategy=saver, train__max_steps=6,
+                            train__save_steps=3, train__batch_size=b_s)
+        run(save, np_s)
+        ck = work / "runs" / f"resume_{saver}" / "checkpoint-3"
+        assert (ck / "trainer_state.json").exists()
+        cont = write_config(work, f"resume_{saver}_on_{loader}", dist__strategy=loader,
+                            train__max_steps=6, train__save_steps=3, train__batch_size=b_l)
+        out = run(cont, np_l, "--resume", str(ck))
+        assert f"saved by {saver} on {np_s} ranks" in out.stderr
+        got = losses(work / "runs" / f"resume_{saver}_on_{loader}")
+        assert sorted(got) == [4, 5, 6]
+        for s in got:
+            assert abs(got[s] - ref[s]) <= 2e-5 * abs(ref[s]), (saver, loader, s, got[s], ref[s])
+        assert_same_run(work / "runs" / "resume_full", work / "runs" / f"resume_{saver}",
+                        w_atol=2e-4)
+
+
+def _rank_pids(parent_pid):
+    """pid of each rank's ft-train under mpirun, by OMPI_COMM_WORLD_RANK."""
+    pids = {}
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            if "ft-train" not in (p / "cmdline").read_bytes().decode(errors="ignore"):
+                continue
+            env = (p / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for kv in env:
+            if kv.startswith(b"OMPI_COMM_WORLD_RANK="):
+                pids[int(kv.split(b"=")[1])] = int(p.name)
+    return pids
+
+
+@pytest.mark.parametrize("how", ["hang", "kill"])
+def test_a_lost_rank_stops_the_run(work, how):
+    cfg = write_config(work, f"lost_{how}", dist__strategy="ddp", train__max_steps=100000,
+                       train__batch_size=2, dist__timeout_s=3)
+    e = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.Popen(mpi_cmd(2, FT_TRAIN, "--config", str(cfg)), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=e)
+    try:
+        deadline = time.time() + 60
+        pids = {}
+        while time.time() < deadline and len(pids) < 2:
+            time.sleep(0.5)
+            pids = _rank_pids(p.pid)
+        assert len(pids) == 2, "ranks did not start"
+        time.sleep(2)  # let them train
+        os.kill(pids[1], signal.SIGSTOP if how == "hang" else signal.SIGKILL)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        if how == "hang":
+            try:
+                os.kill(pids.get(1, 0) or 0, signal.SIGKILL)
+            except (OSError, TypeError):
+                pass
+    assert p.returncode != 0
+    if how == "hang":
+        assert "did not complete within" in err and "rank 0" in err, err[-3000:]
