@@ -4,12 +4,18 @@
 #   make CUDA=0          CPU-only build (needs no CUDA toolkit)
 #   make test            install what the tests need, build, run every test tier
 #   make test-unit       C unit tests only (no Python)
+#   make test-dist       the communication layer on real MPI ranks (np 1-4, hang/kill)
 #   make test-conformance  the Hugging Face conformance suite (pytest)
 #   make install PREFIX=/usr/local DESTDIR=
 #   make deps            install the system packages the build needs (Debian/Ubuntu)
 #   make train [CONFIG=configs/x.yaml] [TRAIN_BATCH_SIZE=1 ...]   train (default: the demo)
 #   make eval | merge | lora-init | memory-check | gpu-info | tb | train-tb
+#   make train-distributed | train-zero ZERO_STAGE=1|2|3 | train-fsdp | train-model-parallel
+#        | train-deepspeed DEEPSPEED_CONFIG=deepspeed_like/zero2.json   [NUM_GPUS=N HOSTFILE=f]
+#        (each with a -tb variant)
+#   make compare RUNS="runs/a runs/b"   table and loss-curve plot of finished runs
 #   make bench-cpu | bench-tokenizer   figures next to the Hugging Face baseline
+#   make bench-dist      per-strategy step time, communication and a 1..64 GPU projection
 #
 # The fragments in mk/ hold the toolchain detection, the build rules and the tests.
 

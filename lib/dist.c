@@ -847,14 +847,14 @@ int ft_comm_irecv(ft_comm *c, void *buf, size_t n, ft_comm_dtype dt, int peer, i
 int ft_comm_allreduce(ft_comm *c, void *buf, size_t n, ft_comm_dtype dt, ft_comm_op op,
                       ft_err *err)
 {
-    ft_comm_req *r;
+    ft_comm_req *r = NULL;
     return ft_comm_iallreduce(c, buf, n, dt, op, &r, err) ? -1 : ft_comm_wait(c, r, err);
 }
 
 int ft_comm_reduce_scatter_v(ft_comm *c, const void *send, void *recv, const size_t *counts,
                              ft_comm_dtype dt, ft_comm_op op, ft_err *err)
 {
-    ft_comm_req *r;
+    ft_comm_req *r = NULL;
     return ft_comm_ireduce_scatter_v(c, send, recv, counts, dt, op, &r, err)
                ? -1
                : ft_comm_wait(c, r, err);
@@ -863,28 +863,28 @@ int ft_comm_reduce_scatter_v(ft_comm *c, const void *send, void *recv, const siz
 int ft_comm_allgather_v(ft_comm *c, const void *send, void *recv, const size_t *counts,
                         ft_comm_dtype dt, ft_err *err)
 {
-    ft_comm_req *r;
+    ft_comm_req *r = NULL;
     return ft_comm_iallgather_v(c, send, recv, counts, dt, &r, err) ? -1
                                                                      : ft_comm_wait(c, r, err);
 }
 
 int ft_comm_broadcast(ft_comm *c, void *buf, size_t n, ft_comm_dtype dt, int root, ft_err *err)
 {
-    ft_comm_req *r;
+    ft_comm_req *r = NULL;
     return ft_comm_ibroadcast(c, buf, n, dt, root, &r, err) ? -1 : ft_comm_wait(c, r, err);
 }
 
 int ft_comm_send(ft_comm *c, const void *buf, size_t n, ft_comm_dtype dt, int peer, int tag,
                  ft_err *err)
 {
-    ft_comm_req *r;
+    ft_comm_req *r = NULL;
     return ft_comm_isend(c, buf, n, dt, peer, tag, &r, err) ? -1 : ft_comm_wait(c, r, err);
 }
 
 int ft_comm_recv(ft_comm *c, void *buf, size_t n, ft_comm_dtype dt, int peer, int tag,
                  ft_err *err)
 {
-    ft_comm_req *r;
+    ft_comm_req *r = NULL;
     return ft_comm_irecv(c, buf, n, dt, peer, tag, &r, err) ? -1 : ft_comm_wait(c, r, err);
 }
 

@@ -23,6 +23,7 @@ int ft_engine_data_world(const ft_engine *e) { return is_pipeline(e) ? 1 : e->wo
 int ft_engine_loss_rank(const ft_engine *e) { return e->loss_rank; }
 int ft_engine_opt_step(const ft_engine *e) { return e->opt.step; }
 double ft_engine_step_comm_bytes(const ft_engine *e) { return e->step_bytes; }
+double ft_engine_rank_loss(const ft_engine *e) { return e->rank_loss; }
 
 /* The parameters this rank's optimizer updates (and where an offloaded master comes from). */
 static float *owned_params(ft_engine *e)
@@ -83,6 +84,8 @@ int ft_engine_new(ft_engine **out, ft_comm *comm, const char *model_dir,
         ft_model_unit_frozen_range(e->m, u, &e->fb[u], &e->fb[u + 1]);
     }
     int rc = is_pipeline(e) ? pipe_setup(e, adapter_dir, err) : dp_setup(e, adapter_dir, err);
+    if (rc == 0 && is_pipeline(e) && o->pipeline_chunks > 1)
+        rc = ft_model_set_activation_slots(e->m, o->pipeline_chunks, err);
     size_t n = e->opt_end - e->opt_begin;
     ft_mem *opt_mem = o->offload_optimizer ? &e->host : e->mem;
     /* a pipeline stage may hold only frozen weights (the head under LoRA) */
@@ -183,6 +186,34 @@ static int update(ft_engine *e, float lr, float coef, ft_err *err)
     }
 }
 
+/* GPipe on one micro-batch: its rows in up to pipeline_chunks chunks, every chunk's
+ * forward (each in its own activation slot), then their backwards in reverse order. */
+static int gpipe(ft_engine *e, const ft_batch *b, double tokens, double *loss, ft_err *err)
+{
+    int k = e->o.pipeline_chunks < b->B ? e->o.pipeline_chunks : b->B;
+    int rows = (b->B + k - 1) / k;
+    k = (b->B + rows - 1) / rows;
+    *loss = 0;
+    for (int c = 0; c < k; c++) {
+        size_t off = (size_t)c * rows * b->T;
+        ft_batch chunk = {c + 1 < k ? rows : b->B - c * rows, b->T, b->input_ids + off,
+                          b->labels ? b->labels + off : NULL,
+                          b->position_ids ? b->position_ids + off : NULL};
+        double sum;
+        ft_model_use_activation_slot(e->m, c);
+        if (ft_model_forward(e->m, &chunk, &sum, NULL, err))
+            return ft_fail_prefix(err, "chunk %d forward", c);
+        *loss += sum;
+    }
+    for (int c = k - 1; c >= 0; c--) {
+        ft_model_use_activation_slot(e->m, c);
+        if (ft_model_backward(e->m, (float)(1.0 / tokens), err))
+            return ft_fail_prefix(err, "chunk %d backward", c);
+    }
+    ft_model_use_activation_slot(e->m, 0);
+    return 0;
+}
+
 int ft_engine_step(ft_engine *e, const ft_lr_schedule *sched, const ft_batch *micro,
                    int n_micro, double max_grad_norm, ft_step_stats *st, ft_err *err)
 {
@@ -191,6 +222,7 @@ int ft_engine_step(ft_engine *e, const ft_lr_schedule *sched, const ft_batch *mi
     double tokens = 0;
     for (int i = 0; i < n_micro; i++)
         tokens += (double)ft_batch_counted_tokens(&micro[i]);
+    double rank_tokens = tokens;
     if (ft_engine_data_world(e) > 1 &&
         ft_comm_allreduce(e->comm, &tokens, 1, FT_COMM_F64, FT_COMM_SUM, err))
         return -1;
@@ -200,6 +232,12 @@ int ft_engine_step(ft_engine *e, const ft_lr_schedule *sched, const ft_batch *mi
     double loss = 0;
     for (int i = 0; i < n_micro; i++) {
         double sum;
+        if (is_pipeline(e) && e->o.pipeline_chunks > 1) {
+            if (gpipe(e, &micro[i], tokens, &sum, err))
+                return ft_fail_prefix(err, "micro-batch %d", i);
+            loss += sum;
+            continue;
+        }
         if (!is_pipeline(e))
             dp_begin_micro(e, i == n_micro - 1);
         if (ft_model_forward(e->m, &micro[i], &sum, NULL, err) ||
@@ -209,6 +247,7 @@ int ft_engine_step(ft_engine *e, const ft_lr_schedule *sched, const ft_batch *mi
     }
     if (is_pipeline(e) ? pipe_finish_grads(e, err) : dp_finish_grads(e, err))
         return -1;
+    e->rank_loss = is_pipeline(e) ? NAN : rank_tokens > 0 ? loss / rank_tokens : 0.0;
     size_t n = e->opt_end - e->opt_begin;
     /* the global norm: ddp ranks each hold the whole reduced gradient; shards and stages
      * sum their parts */

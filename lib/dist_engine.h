@@ -20,7 +20,11 @@
  *            on the shard itself. fsdp is the same engine under FSDP's name.
  *   model_parallel  the units split into contiguous stages, one per rank, balanced by
  *            parameter count; the residual stream goes forward rank to rank, its gradient
- *            back; every rank sees the same batches.
+ *            back; every rank sees the same batches. With pipeline_chunks k > 1 each
+ *            micro-batch is split into k chunks of rows (GPipe): stage s computes chunk j
+ *            while stage s+1 computes chunk j-1, all forwards before all backwards, so the
+ *            bubble shrinks from (S-1)/S of the time to (S-1)/(k+S-1), for k slots of
+ *            activations.
  *
  *   offload_optimizer (data-parallel strategies): the AdamW state and the fp32 master of
  *   the shard live in host memory (a separate allocator context, ft_engine_host_mem) and
@@ -70,6 +74,8 @@ typedef struct ft_dist_options {
     size_t bucket_bytes;   /* ddp / zero1 gradient buckets */
     bool overlap_comm;     /* false: wait for every collective right away */
     bool prefetch;         /* zero3 / fsdp: gather the next unit ahead */
+    int pipeline_chunks;   /* model_parallel: micro-batch split into this many chunks whose
+                            * forwards all run before their backwards (GPipe); 1 = naive */
 } ft_dist_options;
 
 typedef struct ft_engine ft_engine;
@@ -114,6 +120,10 @@ int ft_engine_save_weights(ft_engine *e, const char *dir, const char *base_model
 /* Collective. Every rank reads the checkpoint at path and keeps its part. */
 int ft_engine_load_checkpoint(ft_engine *e, const char *path, ft_train_state *st,
                               const ft_ckpt_stamp *expect, ft_err *err);
+
+/* This rank's mean token loss over its own micro-batches of the last step (data-parallel
+ * ranks; NAN on pipeline stages, whose loss is the last stage's). */
+double ft_engine_rank_loss(const ft_engine *e);
 
 /* Bytes this rank sent into collectives during the last ft_engine_step. */
 double ft_engine_step_comm_bytes(const ft_engine *e);

@@ -81,6 +81,7 @@ struct ft_engine {
     int loss_rank;
 
     double step_bytes;
+    double rank_loss;
 };
 
 /* dist_dp.c */

@@ -471,8 +471,15 @@ void ft_model_free(ft_model *m)
 {
     if (!m)
         return;
+    for (int i = 1; i < m->n_slots; i++) {
+        ft_model_use_activation_slot(m, i);
+        free_activations(m);
+        free(m->acts);
+    }
+    ft_model_use_activation_slot(m, 0);
     if (m->acts)
         free_activations(m);
+    free(m->slots);
     if (m->owns_buffers) {
         ft_free(&m->mem, m->train_data);
         ft_free(&m->mem, m->train_grad);
@@ -541,6 +548,60 @@ float *ft_model_frozen(ft_model *m, size_t *n)
 {
     *n = m->n_frozen;
     return m->frozen_data;
+}
+
+static void save_slot(const ft_model *m, act_slot *s)
+{
+    *s = (act_slot){m->B,        m->T,      m->max_rows,  m->acts,         m->final_in,
+                    m->lnf,      m->rstdf,  m->logits,    m->ids,          m->targets,
+                    m->pos,      m->seg,    m->has_seg,   m->logits_valid, m->can_backward,
+                    m->dropout_seed};
+}
+
+static void load_slot(ft_model *m, const act_slot *s)
+{
+    m->B = s->B;
+    m->T = s->T;
+    m->max_rows = s->max_rows;
+    m->acts = s->acts;
+    m->final_in = s->final_in;
+    m->lnf = s->lnf;
+    m->rstdf = s->rstdf;
+    m->logits = s->logits;
+    m->ids = s->ids;
+    m->targets = s->targets;
+    m->pos = s->pos;
+    m->seg = s->seg;
+    m->has_seg = s->has_seg;
+    m->logits_valid = s->logits_valid;
+    m->can_backward = s->can_backward;
+    m->dropout_seed = s->dropout_seed;
+}
+
+int ft_model_set_activation_slots(ft_model *m, int k, ft_err *err)
+{
+    if (k < 1 || m->n_slots > 1)
+        return ft_fail(err, "activation slots: %d requested (set once, at least 1)", k);
+    if (k == 1)
+        return 0;
+    m->slots = calloc((size_t)k, sizeof *m->slots);
+    if (!m->slots)
+        return ft_fail(err, "out of memory");
+    for (int i = 1; i < k; i++)
+        if (!(m->slots[i].acts = calloc((size_t)m->cfg.num_layers, sizeof(layer_acts))))
+            return ft_fail(err, "out of memory");
+    m->n_slots = k;
+    m->cur_slot = 0;
+    return 0;
+}
+
+void ft_model_use_activation_slot(ft_model *m, int slot)
+{
+    if (slot == m->cur_slot || slot < 0 || slot >= m->n_slots)
+        return;
+    save_slot(m, &m->slots[m->cur_slot]);
+    load_slot(m, &m->slots[slot]);
+    m->cur_slot = slot;
 }
 
 void ft_model_set_hooks(ft_model *m, const ft_model_hooks *h)

@@ -163,6 +163,12 @@ void ft_model_set_hooks(ft_model *m, const ft_model_hooks *h);
  * A stage without the last unit computes no loss (loss_sum 0, tokens still counted). */
 void ft_model_set_stage(ft_model *m, int first_unit, int last_unit);
 
+/* GPipe: k activation slots, each holding one forward's activations until its backward,
+ * so a pipeline stage can run the forwards of k micro-batches before their backwards.
+ * Forward and backward use the current slot (0 by default). */
+int ft_model_set_activation_slots(ft_model *m, int k, ft_err *err);
+void ft_model_use_activation_slot(ft_model *m, int slot);
+
 /* [begin, end) of a unit in the frozen buffer, and the buffer's length. */
 void ft_model_unit_frozen_range(const ft_model *m, int unit, size_t *begin, size_t *end);
 size_t ft_model_frozen_count(const ft_model *m);

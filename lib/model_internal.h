@@ -33,6 +33,18 @@ typedef struct layer_acts {
     float *lora_h[FT_NPROJ]; /* [N, r] dropout(x) A^T of each LoRA target */
 } layer_acts;
 
+/* The activations of one forward (a GPipe activation slot; see ft_model_use_activation_slot):
+ * the fields of ft_model from B to dropout_seed, saved while another slot is current. */
+typedef struct act_slot {
+    int B, T;
+    size_t max_rows;
+    layer_acts *acts;
+    float *final_in, *lnf, *rstdf, *logits;
+    int32_t *ids, *targets, *pos, *seg;
+    bool has_seg, logits_valid, can_backward;
+    uint64_t dropout_seed;
+} act_slot;
+
 struct ft_model {
     ft_model_config cfg;
     ft_model_options opt;
@@ -72,6 +84,8 @@ struct ft_model {
     bool eval_mode;       /* ft_model_set_training(m, false): no dropout */
     uint64_t dropout_seed; /* of the last forward (a fresh one each forward) */
     uint64_t n_forward;
+    act_slot *slots;      /* [n_slots]: the saved state of every slot (cur's is stale) */
+    int n_slots, cur_slot;
 
     /* backward scratch */
     float *d_h, *d_ln;           /* [N, C] */

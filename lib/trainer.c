@@ -131,10 +131,7 @@ static int dist_options(const ft_config *c, int world, ft_dist_options *o, ft_er
     o->bucket_bytes = (size_t)ft_config_int(c, "train.ddp_bucket_cap_mb") << 20;
     o->overlap_comm = ft_config_bool(c, "dist.overlap_comm");
     o->prefetch = ft_config_bool(c, "dist.prefetch");
-    if (o->strategy == FT_STRATEGY_PIPELINE && ft_config_int(c, "dist.pipeline_micro_batches") > 1)
-        return ft_fail(err, "config: dist.pipeline_micro_batches = %ld: only the naive pipeline "
-                            "(1) is implemented so far",
-                       ft_config_int(c, "dist.pipeline_micro_batches"));
+    o->pipeline_chunks = (int)ft_config_int(c, "dist.pipeline_micro_batches");
     return 0;
 }
 
@@ -326,13 +323,14 @@ static void begin_line(trainer *t)
 
 /* Per-rank figures of this rank: tokens/s, the peak bytes of each memory category of
  * the device (the process's memory on CPU ranks) and the peak of the host memory an
- * offloaded optimizer holds. */
-enum { RANK_RATE = 0, RANK_HOST = 1, RANK_MEM = 2, RANK_NVAL = 2 + FT_MEM_NCAT };
+ * offloaded optimizer holds; and its own loss of the last step. */
+enum { RANK_RATE = 0, RANK_LOSS, RANK_HOST, RANK_MEM, RANK_NVAL = RANK_MEM + FT_MEM_NCAT };
 
 static void rank_values(trainer *t, double rate, double *v)
 {
     const ft_mem *mem = ft_engine_mem(t->eng), *host = ft_engine_host_mem(t->eng);
     v[RANK_RATE] = rate;
+    v[RANK_LOSS] = ft_engine_rank_loss(t->eng);
     v[RANK_HOST] = (double)host->peak_total;
     for (int c = 0; c < FT_MEM_NCAT; c++)
         v[RANK_MEM + c] = (double)mem->peak[c];
@@ -384,6 +382,11 @@ static int log_step(trainer *t, const ft_step_stats *st, double tok_per_s, doubl
         char tag[96];
         snprintf(tag, sizeof tag, "rank%d/tokens_per_second", r);
         rc = log_scalar(t, tag, all[(size_t)r * RANK_NVAL + RANK_RATE], err);
+        double loss = all[(size_t)r * RANK_NVAL + RANK_LOSS];
+        if (rc == 0 && !isnan(loss)) {
+            snprintf(tag, sizeof tag, "rank%d/loss", r);
+            rc = log_scalar(t, tag, loss, err);
+        }
         for (int c = 0; c < FT_MEM_NCAT && rc == 0; c++) {
             snprintf(tag, sizeof tag, "rank%d/memory/%s_peak_bytes", r,
                      ft_mem_cat_name((ft_mem_cat)c));

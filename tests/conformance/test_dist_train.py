@@ -208,16 +208,44 @@ def test_offload_optimizer(work, single, strategy):
 
 
 def test_model_parallel_equals_one_process(work):
-    for mode, model, np_ in [("lora", "model", 2), ("full", "model", 2), ("full", "tied", 2),
-                             ("lora", "deep", 4), ("full", "deep", 3)]:
-        ref = write_config(work, f"mp_ref_{mode}_{model}", model=model, mode=mode)
-        run(ref)
-        cfg = write_config(work, f"mp_{mode}_{model}_{np_}", model=model, mode=mode,
-                           dist__strategy="model_parallel",
+    for mode, model, np_, chunks in [("lora", "model", 2, 1), ("full", "model", 2, 1),
+                                     ("full", "tied", 2, 2), ("lora", "deep", 4, 4),
+                                     ("full", "deep", 3, 3)]:
+        ref = f"mp_ref_{mode}_{model}"
+        if not (work / "runs" / ref).exists():
+            run(write_config(work, ref, model=model, mode=mode))
+        name = f"mp_{mode}_{model}_{np_}_{chunks}"
+        cfg = write_config(work, name, model=model, mode=mode, dist__strategy="model_parallel",
+                           dist__pipeline_micro_batches=chunks,
                            train__gradient_checkpointing="true" if np_ == 4 else "false")
         run(cfg, np_)
-        assert_same_run(work / "runs" / f"mp_ref_{mode}_{model}",
-                        work / "runs" / f"mp_{mode}_{model}_{np_}", w_atol=5e-4)
+        assert_same_run(work / "runs" / ref, work / "runs" / name, w_atol=5e-4)
+
+
+def test_tensorboard_per_rank(work):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    cfg = write_config(work, "tb_ddp", dist__strategy="zero2", train__max_steps=3)
+    run(cfg, 2)
+    d = work / "runs" / "tb_ddp"
+    assert len(list(d.glob("events.out.tfevents.*"))) == 1  # rank 0 writes
+    acc = EventAccumulator(str(d), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    for tag in ["train/loss", "train/tokens_per_second", "dist/comm_bytes_per_step",
+                "rank0/loss", "rank1/loss", "rank0/tokens_per_second", "rank1/tokens_per_second",
+                "rank0/memory/weights_peak_bytes", "rank1/memory/optimizer_peak_bytes"]:
+        assert tag in tags, (tag, sorted(tags))
+    loss = {e.step: e.value for e in acc.Scalars("train/loss")}
+    assert loss == pytest.approx(losses(d), rel=1e-5)
+    r0 = {e.step: e.value for e in acc.Scalars("rank0/loss")}
+    r1 = {e.step: e.value for e in acc.Scalars("rank1/loss")}
+    for s in loss:  # the global loss lies between the ranks' own (token-weighted mean)
+        assert min(r0[s], r1[s]) - 1e-5 <= loss[s] <= max(r0[s], r1[s]) + 1e-5
+    rates = [acc.Scalars(f"rank{r}/tokens_per_second")[-1].value for r in (0, 1)]
+    assert acc.Scalars("train/tokens_per_second")[-1].value == pytest.approx(sum(rates), rel=1e-5)
+    summary = json.loads((d / "run_summary.json").read_text())
+    assert acc.Scalars("rank1/memory/optimizer_peak_bytes")[-1].value == \
+        summary["peak_memory_by_category"]["optimizer"][1]
 
 
 def test_memory_shrinks_with_sharding(work):
@@ -316,3 +344,46 @@ def test_a_lost_rank_stops_the_run(work, how):
     assert p.returncode != 0
     if how == "hang":
         assert "did not complete within" in err and "rank 0" in err, err[-3000:]
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make(*args):
+    e = dict(os.environ, OMP_NUM_THREADS="1")
+    e.pop("MAKEFLAGS", None)
+    e.pop("MAKELEVEL", None)
+    flags = REPO / "build" / ".flags"
+    cuda = ["CUDA=" + flags.read_text().split()[-1]] if flags.exists() else []
+    return subprocess.run(["make", "--no-print-directory", "-C", str(REPO), *cuda, *args],
+                          capture_output=True, text=True, env=e, timeout=600)
+
+
+def test_make_targets_train_on_ranks(work, single):
+    """The make targets launch real ranks: train-distributed and train-deepspeed with
+    deepspeed_like/zero2.json ('auto' batch keys, stage 2) give the one-process run;
+    a HOSTFILE naming this host twice works as a two-node launch would."""
+    hostfile = work / "hosts"
+    hostfile.write_text("localhost slots=2\n")
+    for target, extra, name in [
+            ("train-distributed", [], "mk_ddp"),
+            ("train-deepspeed", ["DEEPSPEED_CONFIG=deepspeed_like/zero2.json"], "mk_ds"),
+            ("train-zero", ["ZERO_STAGE=3", f"HOSTFILE={hostfile}"], "mk_z3")]:
+        cfg = write_config(work, name)
+        out = make(target, f"CONFIG={cfg}", "NUM_GPUS=2", *extra)
+        assert out.returncode == 0, out.stderr[-3000:]
+        s = json.loads((work / "runs" / name / "run_summary.json").read_text())
+        assert s["world_size"] == 2
+        assert s["strategy"] == {"mk_ddp": "ddp", "mk_ds": "zero2", "mk_z3": "zero3"}[name]
+        assert_same_run(single["lora"], work / "runs" / name)
+    # the global batch rule of the JSON: train_batch_size 16 with micro 4 on 2 ranks
+    ds = work / "ds16.json"
+    ds.write_text(json.dumps({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4,
+                              "zero_optimization": {"stage": 1}}))
+    cfg = write_config(work, "ds16", dist__deepspeed_config=ds, train__max_steps=1)
+    cfg.write_text(cfg.read_text().replace("  batch_size: 4\n", "").replace("  grad_accum: 1\n", ""))
+    out = run(cfg, 2)
+    assert "  grad_accum: 2" in (work / "runs" / "ds16" / "config.yaml").read_text()
+    bad = write_config(work, "ds_bad", dist__deepspeed_config=ds, train__grad_accum=3)
+    out = run(bad, 2, check=False)
+    assert out.returncode != 0 and "train_batch_size 16" in out.stderr, out.stderr[-2000:]
