@@ -13,6 +13,23 @@ typedef struct alloc_header {
 
 enum { HEADER_BYTES = 64 };
 
+void ft_mem_account(ft_mem *mem, ft_mem_cat cat, size_t bytes, bool add)
+{
+    if (!mem)
+        return;
+    if (!add) {
+        mem->live[cat] -= bytes;
+        mem->live_total -= bytes;
+        return;
+    }
+    mem->live[cat] += bytes;
+    mem->live_total += bytes;
+    if (mem->live[cat] > mem->peak[cat])
+        mem->peak[cat] = mem->live[cat];
+    if (mem->live_total > mem->peak_total)
+        mem->peak_total = mem->live_total;
+}
+
 void *ft_alloc(ft_mem *mem, ft_mem_cat cat, size_t bytes)
 {
     if (bytes == 0 || bytes > SIZE_MAX - 2 * HEADER_BYTES)
@@ -25,14 +42,7 @@ void *ft_alloc(ft_mem *mem, ft_mem_cat cat, size_t bytes)
     alloc_header *h = (alloc_header *)base;
     h->bytes = bytes;
     h->cat = (int)cat;
-    if (mem) {
-        mem->live[cat] += bytes;
-        mem->live_total += bytes;
-        if (mem->live[cat] > mem->peak[cat])
-            mem->peak[cat] = mem->live[cat];
-        if (mem->live_total > mem->peak_total)
-            mem->peak_total = mem->live_total;
-    }
+    ft_mem_account(mem, cat, bytes, true);
     return base + HEADER_BYTES;
 }
 
@@ -42,10 +52,7 @@ void ft_free(ft_mem *mem, void *p)
         return;
     unsigned char *base = (unsigned char *)p - HEADER_BYTES;
     alloc_header *h = (alloc_header *)base;
-    if (mem) {
-        mem->live[h->cat] -= h->bytes;
-        mem->live_total -= h->bytes;
-    }
+    ft_mem_account(mem, (ft_mem_cat)h->cat, h->bytes, false);
     free(base);
 }
 

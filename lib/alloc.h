@@ -8,6 +8,7 @@
 #ifndef FT_ALLOC_H
 #define FT_ALLOC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 typedef enum ft_mem_cat {
@@ -29,6 +30,10 @@ typedef struct ft_mem {
 void *ft_alloc(ft_mem *mem, ft_mem_cat cat, size_t bytes);
 /* Frees a buffer from ft_alloc (NULL is a no-op) and updates the counters. */
 void ft_free(ft_mem *mem, void *p);
+
+/* Counts (add) or uncounts bytes held by a buffer allocated elsewhere (e.g. a quantized
+ * weight's arrays). */
+void ft_mem_account(ft_mem *mem, ft_mem_cat cat, size_t bytes, bool add);
 
 const char *ft_mem_cat_name(ft_mem_cat cat);
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "model_internal.h"
+#include "quant_io.h"
 #include "rng.h"
 #include "safetensors.h"
 
@@ -57,6 +58,23 @@ static int add_param(layout *lo, int unit, bool trainable, bool is_lora, float *
     return 0;
 }
 
+/* Whether the base keeps layer l's projection p in 4 or 8 bits: a quantized base, and p's
+ * module path matches no entry of the skip list. */
+static bool quantized_weight(const ft_model *m, int l, ft_proj p)
+{
+    if (m->quant.type == FT_QUANT_NONE)
+        return false;
+    char path[160];
+    snprintf(path, sizeof path, "model.layers.%d.%s", l, ft_proj_path(p));
+    char skip[512];
+    snprintf(skip, sizeof skip, "%s", m->quant_skip);
+    for (char *save = NULL, *tok = strtok_r(skip, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save))
+        if (*tok && strstr(path, tok))
+            return false;
+    return true;
+}
+
 /* Lists every parameter in unit order (see model.h). */
 static int build_layout(layout *lo)
 {
@@ -81,6 +99,8 @@ static int build_layout(layout *lo)
                                 "model.layers.%d.post_attention_layernorm.weight", l);
             rc |= add_param(lo, l + 1, full, false, &w->w[p], &w->gw[p], 2, out, in,
                             "model.layers.%d.%s.weight", l, ft_proj_path((ft_proj)p));
+            if (rc == 0)
+                m->params[m->n_params - 1].quantized = quantized_weight(m, l, (ft_proj)p);
             if (proj_has_bias(c, (ft_proj)p))
                 rc |= add_param(lo, l + 1, full, false, &w->b[p], &w->gb[p], 1, out, 0,
                                 "model.layers.%d.%s.bias", l, ft_proj_path((ft_proj)p));
@@ -118,13 +138,22 @@ static int assign_buffers(ft_model *m, ft_err *err)
     m->frozen_begin = calloc((size_t)L + 3, sizeof *m->frozen_begin);
     if (!m->unit_begin || !m->frozen_begin)
         return ft_fail(err, "out of memory");
-    size_t to = 0, fo = 0;
+    size_t to = 0, fo = 0, qo = 0;
     int unit = 0;
     for (size_t i = 0; i < m->n_params; i++) {
         ft_param *p = &m->params[i];
         while (unit < p->unit) {
             m->unit_begin[++unit] = to;
             m->frozen_begin[unit] = fo;
+            qo = 0;
+        }
+        if (p->quantized) {
+            /* not in the flat buffers: a place in the dequantization window */
+            p->offset = qo;
+            qo += p->numel;
+            if (qo > m->qwin_n)
+                m->qwin_n = qo;
+            continue;
         }
         p->offset = p->trainable ? to : fo;
         *(p->trainable ? &to : &fo) += p->numel;
@@ -135,6 +164,13 @@ static int assign_buffers(ft_model *m, ft_err *err)
     }
     m->n_train = to;
     m->n_frozen = fo;
+    m->qwin_unit = -1;
+    if (m->qwin_n) {
+        m->qt = calloc(m->n_params, sizeof *m->qt);
+        m->qwin = ft_alloc(&m->mem, FT_MEM_WORKSPACE, m->qwin_n * sizeof(float));
+        if (!m->qt || !m->qwin)
+            return ft_fail(err, "out of memory allocating the dequantization window");
+    }
     if (m->opt.unbound)
         return 0;
     if (m->n_train) {
@@ -160,7 +196,7 @@ void ft_model_bind_unit(ft_model *m, int unit, float *train, float *grad, float 
     size_t tb = m->unit_begin[unit], fb = m->frozen_begin[unit];
     for (size_t i = 0; i < m->n_params; i++) {
         ft_param *p = &m->params[i];
-        if (p->unit != unit)
+        if (p->unit != unit || p->quantized)
             continue;
         if (p->trainable) {
             p->data = train ? train + (p->offset - tb) : NULL;
@@ -205,8 +241,62 @@ static void init_lora(ft_model *m, int unit)
     }
 }
 
-static bool ignorable_tensor(const ft_model *m, const char *name)
+/* A tensor of a quantized weight's state (prefix.weight.absmax, .quant_map, .SCB, ...). */
+static bool quant_state_tensor(ft_model *m, const char *name)
 {
+    static const char *const suffixes[] = {
+        ".weight.absmax",      ".weight.quant_map", ".weight.nested_absmax",
+        ".weight.nested_quant_map", ".weight.quant_state.bitsandbytes__nf4",
+        ".weight.quant_state.bitsandbytes__fp4", ".SCB", ".weight.SCB", ".weight_format"};
+    size_t n = strlen(name);
+    for (size_t i = 0; i < sizeof suffixes / sizeof *suffixes; i++) {
+        size_t k = strlen(suffixes[i]);
+        if (n <= k || strcmp(name + n - k, suffixes[i]) != 0)
+            continue;
+        char w[200];
+        snprintf(w, sizeof w, "%.*s.weight", (int)(n - k), name);
+        ft_param *p = ft_model_find_param(m, w);
+        return p && p->quantized;
+    }
+    return false;
+}
+
+/* Fills quantized param i from the checkpoint: read as it is, or quantized from the
+ * dense tensor t. */
+static int read_quantized(ft_model *m, ft_checkpoint *ck, size_t i, const ft_st_tensor *t,
+                          ft_err *err)
+{
+    ft_param *p = &m->params[i];
+    ft_qtensor *q = &m->qt[i];
+    if (q->type != FT_QUANT_NONE) {
+        ft_mem_account(&m->mem, FT_MEM_WEIGHTS, ft_qtensor_bytes(q), false);
+        ft_qtensor_free(q);
+    }
+    int rc;
+    if (m->quant_from_ckpt) {
+        char prefix[160];
+        snprintf(prefix, sizeof prefix, "%.*s", (int)(strlen(p->name) - strlen(".weight")),
+                 p->name);
+        rc = ft_qtensor_read(ck, prefix, p->shape[0], p->shape[1], q, err);
+    } else {
+        float *dense = malloc(p->numel * sizeof *dense);
+        if (!dense)
+            return ft_fail(err, "out of memory quantizing '%s'", p->name);
+        rc = ft_st_to_f32(t, dense, p->numel, err);
+        if (rc == 0 && ft_quantize(dense, p->shape[0], p->shape[1], &m->quant, q, err))
+            rc = ft_fail_prefix(err, "%s: quantizing '%s'", t->file, p->name);
+        free(dense);
+    }
+    if (rc == 0)
+        ft_mem_account(&m->mem, FT_MEM_WEIGHTS, ft_qtensor_bytes(q), true);
+    m->qwin_unit = -1;
+    return rc;
+}
+
+static bool ignorable_tensor(ft_model *m, const char *name)
+{
+    if (quant_state_tensor(m, name))
+        return true;
     size_t n = strlen(name);
     const char *suffix = "rotary_emb.inv_freq";
     if (n >= strlen(suffix) && strcmp(name + n - strlen(suffix), suffix) == 0)
@@ -228,6 +318,10 @@ int model_read_weights(ft_model *m, const char *dir, int unit, ft_err *err)
         if (!t) {
             rc = ft_fail(err, "%s: tensor '%s' is missing from the checkpoint", dir, p->name);
             break;
+        }
+        if (p->quantized) {
+            rc = read_quantized(m, ck, i, t, err);
+            continue;
         }
         bool shape_ok = t->ndim == p->ndim && t->shape[0] == p->shape[0] &&
                         (p->ndim < 2 || t->shape[1] == p->shape[1]);
@@ -290,6 +384,26 @@ int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, 
     }
     m->opt = *opt;
     snprintf(m->dir, sizeof m->dir, "%s", dir);
+    ft_quant_config qc;
+    if (ft_quant_config_read(path, &qc, err)) {
+        free(m);
+        return -1;
+    }
+    if (qc.present) {
+        m->quant = qc.opt;
+        m->quant_from_ckpt = true;
+        snprintf(m->quant_skip, sizeof m->quant_skip, "%s", qc.skip);
+    } else {
+        m->quant = opt->quant;
+        snprintf(m->quant_skip, sizeof m->quant_skip, "%s", opt->quant_skip ? opt->quant_skip : "");
+    }
+    if (m->quant.type != FT_QUANT_NONE && opt->mode == FT_TRAIN_FULL) {
+        ft_fail(err, "%s: a %s-quantized base cannot be trained in full mode (train LoRA "
+                     "adapters on it: tuning.mode qlora)",
+                dir, ft_quant_name(m->quant.type));
+        free(m);
+        return -1;
+    }
     m->stage_first = 0;
     m->stage_last = m->cfg.num_layers + 1;
     m->lora_mask = calloc((size_t)m->cfg.num_layers, sizeof *m->lora_mask);
@@ -485,6 +599,10 @@ void ft_model_free(ft_model *m)
         ft_free(&m->mem, m->train_grad);
         ft_free(&m->mem, m->frozen_data);
     }
+    for (size_t i = 0; m->qt && i < m->n_params; i++)
+        ft_qtensor_free(&m->qt[i]);
+    free(m->qt);
+    ft_free(&m->mem, m->qwin);
     free(m->params);
     free(m->slot_data);
     free(m->slot_grad);
@@ -602,6 +720,24 @@ void ft_model_use_activation_slot(ft_model *m, int slot)
     save_slot(m, &m->slots[m->cur_slot]);
     load_slot(m, &m->slots[slot]);
     m->cur_slot = slot;
+}
+
+ft_quant_options ft_model_quant(const ft_model *m) { return m->quant; }
+
+void ft_model_materialize(ft_model *m, int unit)
+{
+    if (!m->qt || unit == m->qwin_unit || unit < 1 || unit > m->cfg.num_layers)
+        return;
+    for (size_t i = 0; i < m->n_params; i++) {
+        ft_param *p = &m->params[i];
+        if (p->unit != unit || !p->quantized)
+            continue;
+        p->data = m->qwin + p->offset;
+        *m->slot_data[i] = p->data;
+        if (m->qt[i].type != FT_QUANT_NONE)
+            ft_dequantize(&m->qt[i], p->data);
+    }
+    m->qwin_unit = unit;
 }
 
 void ft_model_set_hooks(ft_model *m, const ft_model_hooks *h)

@@ -33,6 +33,7 @@
 #include "ft_error.h"
 #include "hf_config.h"
 #include "lora.h"
+#include "quant.h"
 
 typedef enum ft_train_mode {
     FT_TRAIN_NONE = 0, /* inference / evaluation: nothing trainable, no activations kept */
@@ -50,6 +51,12 @@ typedef struct ft_model_options {
      * ft_model_bind_unit and fills it with ft_model_init_unit (ZeRO-3 / FSDP shards,
      * pipeline stages). */
     bool unbound;
+    /* QLoRA: quantize the layers' linear weights on load (type FT_QUANT_NONE: keep them
+     * dense). A checkpoint that is already quantized (config.json quantization_config,
+     * as ft-quantize or transformers + bitsandbytes write it) is read as it is,
+     * whatever this says. Not with FT_TRAIN_FULL. */
+    ft_quant_options quant;
+    const char *quant_skip; /* module-name substrings left dense (NULL: none) */
 } ft_model_options;
 
 /* One named parameter: a view into the flat buffers. */
@@ -61,7 +68,9 @@ typedef struct ft_param {
     float *data;      /* fp32 */
     float *grad;      /* NULL when frozen (or, with a strategy, while unbound) */
     bool trainable;
-    size_t offset;    /* in the flat trainable or frozen buffer */
+    bool quantized;   /* a frozen linear weight held in 4 or 8 bits (QLoRA): data points
+                       * into the dequantization window while its layer is in use */
+    size_t offset;    /* in the flat trainable or frozen buffer (quantized: the window) */
     int unit;         /* 0 embeddings, 1..L layers, L+1 final norm / lm_head */
     bool is_lora;
 } ft_param;
@@ -183,6 +192,13 @@ void ft_model_bind_all(ft_model *m, float *train, float *grad, float *frozen);
 /* Fills the bound storage of unit: base weights from the model dir, LoRA A with its
  * seeded init (B = 0), and, when adapter_dir is not NULL, the adapter's LoRA weights. */
 int ft_model_init_unit(ft_model *m, int unit, const char *adapter_dir, ft_err *err);
+
+/* The quantization of the base in force (type FT_QUANT_NONE when the base is dense). */
+ft_quant_options ft_model_quant(const ft_model *m);
+/* Dequantizes the quantized weights of unit (a layer) into the model's window and points
+ * their params at it (valid until another unit is materialized); a no-op for units
+ * without quantized weights. */
+void ft_model_materialize(ft_model *m, int unit);
 
 /* Saves the LoRA weights as a PEFT adapter (adapter_config.json +
  * adapter_model.safetensors) into dir, created if needed. */

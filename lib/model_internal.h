@@ -64,6 +64,14 @@ struct ft_model {
     size_t *frozen_begin; /* [L+3]: the same in the frozen buffer */
     char dir[4096];     /* the model dir (ft_model_init_unit reads it) */
     ft_model_hooks hooks;
+    /* QLoRA: quantized layer weights and the window one layer is dequantized into */
+    ft_quant_options quant;      /* in force; type NONE: a dense base */
+    bool quant_from_ckpt;        /* the checkpoint holds them quantized */
+    char quant_skip[512];
+    ft_qtensor *qt;              /* [n_params]: type NONE where not quantized */
+    float *qwin;                 /* [qwin_n] */
+    size_t qwin_n;
+    int qwin_unit;               /* the unit the window holds, -1 none */
     int stage_first, stage_last; /* units this model computes (pipeline stage) */
     float *embed, *g_embed;
     float *norm_f, *g_norm_f;

@@ -806,6 +806,8 @@ struct ft_st_writer {
     size_t n, cap;
     json_t *names; /* the names added so far, as keys of a JSON object (a hash set) */
     json_t *meta;  /* key -> string */
+    void **kept;   /* buffers handed over by ft_st_writer_keep */
+    size_t n_kept;
 };
 
 ft_st_writer *ft_st_writer_new(void)
@@ -829,9 +831,22 @@ void ft_st_writer_free(ft_st_writer *w)
     for (size_t i = 0; i < w->n; i++)
         free(w->e[i].name);
     free(w->e);
+    for (size_t i = 0; i < w->n_kept; i++)
+        free(w->kept[i]);
+    free(w->kept);
     json_decref(w->names);
     json_decref(w->meta);
     free(w);
+}
+
+int ft_st_writer_keep(ft_st_writer *w, void *buf)
+{
+    void **k = realloc(w->kept, (w->n_kept + 1) * sizeof *k);
+    if (!k)
+        return -1;
+    w->kept = k;
+    w->kept[w->n_kept++] = buf;
+    return 0;
 }
 
 int ft_st_writer_add(ft_st_writer *w, const char *name, ft_st_dtype dtype, int ndim,

@@ -93,6 +93,9 @@ ft_st_writer *ft_st_writer_new(void);
 void ft_st_writer_free(ft_st_writer *w);
 int ft_st_writer_add(ft_st_writer *w, const char *name, ft_st_dtype dtype, int ndim,
                      const int64_t *shape, const void *data, ft_err *err);
+/* Hands buf (malloc'd) to the writer, which frees it with itself: for data that must
+ * live until the save (on failure buf stays the caller's). */
+int ft_st_writer_keep(ft_st_writer *w, void *buf);
 int ft_st_writer_metadata(ft_st_writer *w, const char *key, const char *value,
                           ft_err *err);
 int ft_st_writer_save(const ft_st_writer *w, const char *path, ft_err *err);

@@ -143,7 +143,20 @@ static int setup_model(trainer *t, const ft_dist_options *dopt, ft_err *err)
                            .seed = (uint64_t)ft_config_int(c, "train.seed")};
     if (strcmp(mode, "full") == 0) {
         mo.mode = FT_TRAIN_FULL;
-    } else if (strcmp(mode, "lora") == 0) {
+    } else {
+        /* qlora: LoRA on a base quantized on load (a checkpoint quantized already, by
+         * ft-quantize or bitsandbytes, is read as it is in either LoRA mode) */
+        if (strcmp(mode, "qlora") == 0) {
+            if (ft_quant_parse(ft_config_str(c, "tuning.quant.type"), &mo.quant.type, err))
+                return ft_fail_prefix(err, "config: key 'tuning.quant.type'");
+            mo.quant.blocksize = (int)ft_config_int(c, "tuning.quant.blocksize");
+            if (mo.quant.blocksize & (mo.quant.blocksize - 1))
+                return ft_fail(err, "config: key 'tuning.quant.blocksize': %d is not a power "
+                                    "of two (32, 64, ..., 4096)",
+                               mo.quant.blocksize);
+            mo.quant.double_quant = ft_config_bool(c, "tuning.quant.double_quant");
+            mo.quant_skip = ft_config_str(c, "tuning.quant.skip_modules");
+        }
         mo.mode = FT_TRAIN_LORA;
         mo.lora = (ft_lora_config){.r = (int)ft_config_int(c, "tuning.lora.r"),
                                    .alpha = (float)ft_config_float(c, "tuning.lora.alpha"),
@@ -152,10 +165,6 @@ static int setup_model(trainer *t, const ft_dist_options *dopt, ft_err *err)
         if (ft_lora_targets_parse(ft_config_str(c, "tuning.lora.target_modules"),
                                   &mo.lora.targets, err))
             return ft_fail_prefix(err, "config: key 'tuning.lora.target_modules'");
-    } else {
-        return ft_fail(err, "config: tuning.mode '%s' needs 4-bit quantization, which is not "
-                            "implemented yet (use lora or full)",
-                       mode);
     }
     const char *adapter = mo.mode == FT_TRAIN_LORA && ft_config_has(c, "tuning.lora.init_adapter")
                               ? ft_config_str(c, "tuning.lora.init_adapter")
@@ -199,7 +208,7 @@ static void stamp_of(const trainer *t, ft_ckpt_stamp *s)
     snprintf(s->device, sizeof s->device, "cpu");
     snprintf(s->dtype, sizeof s->dtype, "fp32");
     snprintf(s->mode, sizeof s->mode, "%s", ft_config_str(t->cfg, "tuning.mode"));
-    snprintf(s->quant, sizeof s->quant, "none");
+    snprintf(s->quant, sizeof s->quant, "%s", ft_quant_name(ft_model_quant(t->m).type));
     snprintf(s->strategy, sizeof s->strategy, "%s",
              ft_strategy_name(ft_engine_strategy(t->eng)));
     s->world_size = t->world;

@@ -1,0 +1,345 @@
+/* Weight quantization in bitsandbytes' formats (see quant.h for the layout).
+ *
+ * The arithmetic follows bitsandbytes' CUDA kernels step for step, so that the same
+ * input gives the same bytes:
+ *   - a block's scale is the reciprocal inv = 1.0f / absmax, and the normalised value
+ *     x * inv (fp32) picks the code (kQuantizeBlockwise);
+ *   - NF4 and FP4 codes come from decision trees whose thresholds are the midpoints
+ *     between neighbouring code values, compared with a strict '>' (dQuantizeNF4,
+ *     dQuantizeFP4): a tie goes to the lower code;
+ *   - the 8-bit absmax codes of double quantization come from a 7-step binary search
+ *     over the dynamic map with a midpoint check at the end (dQuantize);
+ *   - an all-zero block has absmax 0, inv = inf and 0 * inf = NaN, which every
+ *     comparison rejects: its codes are 0 (NF4: -1.0 x 0 = 0 on dequantization);
+ *   - an odd element count is padded with the code of 0.0 at the block's scale (the
+ *     kernel loads 0 into the missing slot). */
+#include "quant.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const float nf4_code[16] = {
+    -1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
+    -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
+    0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f,
+    0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f};
+
+/* bitsandbytes' FP4 (1 sign, 2 exponent, 1 mantissa bit, bias 3): these values divided
+ * by their largest, 12, in fp32. */
+static const float fp4_raw[16] = {0.0f,  0.0625f,  8.0f,  12.0f,  4.0f,  6.0f,  2.0f,  3.0f,
+                                  -0.0f, -0.0625f, -8.0f, -12.0f, -4.0f, -6.0f, -2.0f, -3.0f};
+
+const char *ft_quant_name(ft_quant_type t)
+{
+    switch (t) {
+    case FT_QUANT_NF4:
+        return "nf4";
+    case FT_QUANT_FP4:
+        return "fp4";
+    case FT_QUANT_INT8:
+        return "int8";
+    default:
+        return "none";
+    }
+}
+
+int ft_quant_parse(const char *s, ft_quant_type *t, ft_err *err)
+{
+    static const ft_quant_type all[] = {FT_QUANT_NONE, FT_QUANT_NF4, FT_QUANT_FP4,
+                                        FT_QUANT_INT8};
+    for (size_t i = 0; s && i < sizeof all / sizeof *all; i++)
+        if (strcmp(s, ft_quant_name(all[i])) == 0) {
+            *t = all[i];
+            return 0;
+        }
+    return ft_fail(err, "unknown quantization type '%s' (nf4, fp4, int8 or none)", s ? s : "");
+}
+
+const float *ft_quant_code(ft_quant_type t)
+{
+    static float fp4_code[16];
+    if (t == FT_QUANT_NF4)
+        return nf4_code;
+    if (t != FT_QUANT_FP4)
+        return NULL;
+    if (fp4_code[3] == 0.0f) /* filled once; the values never change */
+        for (int i = 0; i < 16; i++)
+            fp4_code[i] = fp4_raw[i] / 12.0f;
+    return fp4_code;
+}
+
+/* dQuantizeNF4: the code of the nearest NF4 value to x in [-1, 1]. */
+static uint8_t nf4_index(float x)
+{
+    if (x > 0.03979014977812767f) {
+        if (x > 0.3893125355243683f) {
+            if (x > 0.6427869200706482f)
+                return x > 0.8614784181118011f ? 15 : 14;
+            return x > 0.5016634166240692f ? 13 : 12;
+        }
+        if (x > 0.2035212516784668f)
+            return x > 0.2920137718319893f ? 11 : 10;
+        return x > 0.1202552504837513f ? 9 : 8;
+    }
+    if (x > -0.33967943489551544f) {
+        if (x > -0.13791173323988914f)
+            return x > -0.045525018125772476f ? 7 : 6;
+        return x > -0.23460740596055984f ? 5 : 4;
+    }
+    if (x > -0.6106329262256622f)
+        return x > -0.4599952697753906f ? 3 : 2;
+    return x > -0.8480964004993439f ? 1 : 0;
+}
+
+/* dQuantizeFP4: sign bit 8, then the magnitude's code (thresholds = midpoints / 12). */
+static uint8_t fp4_index(float x)
+{
+    uint8_t sign = x < 0 ? 8 : 0;
+    x = fabsf(x);
+    if (x > 0.29166667f) {
+        if (x > 0.583333f)
+            return (uint8_t)((x > 0.8333333f ? 3 : 2) + sign);
+        return (uint8_t)((x > 0.4166667f ? 5 : 4) + sign);
+    }
+    if (x > 0.0859375f)
+        return (uint8_t)((x > 0.20833333f ? 7 : 6) + sign);
+    return (uint8_t)((x > 0.00260417f ? 1 : 0) + sign);
+}
+
+/* torch.linspace(start, end, steps) in fp32 as torch computes it element by element:
+ * the first half counts up from start, the second half down from end. */
+static float linspace_at(float start, float end, int steps, int idx)
+{
+    float step = (end - start) / (float)(steps - 1);
+    if (idx < steps / 2)
+        return start + step * (float)idx;
+    return end - step * (float)(steps - idx - 1);
+}
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* create_dynamic_map(signed=True, max_exponent_bits=7, total_bits=8): for each
+ * exponent i = 0..6, the 2^i means of neighbouring points of linspace(0.1, 1, 2^i + 1),
+ * times 10^(i-6), with both signs; then 0 and 1; sorted. */
+void ft_quant_dynamic_map(float map[256])
+{
+    int n = 0;
+    for (int i = 0; i < 7; i++) {
+        int items = (1 << i) + 1;
+        float scale = (float)pow(10.0, i - 6);
+        for (int k = 0; k + 1 < items; k++) {
+            float mean = (linspace_at(0.1f, 1.0f, items, k) +
+                          linspace_at(0.1f, 1.0f, items, k + 1)) / 2.0f;
+            map[n++] = scale * mean;
+            map[n++] = -scale * mean;
+        }
+    }
+    map[n++] = 0.0f;
+    map[n++] = 1.0f;
+    qsort(map, (size_t)n, sizeof *map, cmp_float);
+}
+
+/* dQuantize<0>: the 8-bit code of x in [-1, 1] under a sorted 256-value map. */
+static uint8_t dynamic_index(const float *code, float x)
+{
+    int pivot = 127, upper_pivot = 255, lower_pivot = 0;
+    float lower = -1.0f, upper = 1.0f, val = code[pivot];
+    for (int i = 64; i > 0; i >>= 1) {
+        if (x > val) {
+            lower_pivot = pivot;
+            lower = val;
+            pivot += i;
+        } else {
+            upper_pivot = pivot;
+            upper = val;
+            pivot -= i;
+        }
+        val = code[pivot];
+    }
+    if (upper_pivot == 255)
+        upper = code[upper_pivot];
+    if (lower_pivot == 0)
+        lower = code[lower_pivot];
+    if (x > val)
+        return (uint8_t)(x > (upper + val) * 0.5f ? upper_pivot : pivot);
+    return (uint8_t)(x < (lower + val) * 0.5f ? lower_pivot : pivot);
+}
+
+static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+
+/* Double quantization of the block absmax (see quant.h): q->absmax gives way to its
+ * 8-bit codes, the nested absmax, the map and the offset. */
+static int quantize_absmax(ft_qtensor *q)
+{
+    enum { NESTED_BLOCK = 256 };
+    size_t nb = q->n_blocks, n2 = ceil_div(nb, NESTED_BLOCK);
+    q->absmax_q = malloc(nb);
+    q->nested_absmax = malloc(n2 * sizeof *q->nested_absmax);
+    q->nested_map = malloc(256 * sizeof *q->nested_map);
+    if (!q->absmax_q || !q->nested_absmax || !q->nested_map)
+        return -1;
+    double sum = 0;
+    for (size_t i = 0; i < nb; i++)
+        sum += q->absmax[i];
+    float offset = (float)(sum / (double)nb);
+    float *map = q->nested_map;
+    ft_quant_dynamic_map(map);
+    for (size_t j = 0; j < n2; j++) {
+        size_t b0 = j * NESTED_BLOCK, b1 = b0 + NESTED_BLOCK < nb ? b0 + NESTED_BLOCK : nb;
+        float amax = 0.0f;
+        for (size_t i = b0; i < b1; i++)
+            amax = fmaxf(amax, fabsf(q->absmax[i] - offset));
+        float inv = 1.0f / amax;
+        q->nested_absmax[j] = amax;
+        for (size_t i = b0; i < b1; i++)
+            q->absmax_q[i] = dynamic_index(map, (q->absmax[i] - offset) * inv);
+    }
+    free(q->absmax);
+    q->absmax = NULL;
+    q->nested = true;
+    q->nested_offset = offset;
+    q->nested_blocksize = NESTED_BLOCK;
+    return 0;
+}
+
+static int quantize_4bit(const float *w, size_t n, const ft_quant_options *o, ft_qtensor *q)
+{
+    size_t bs = (size_t)o->blocksize;
+    q->blocksize = o->blocksize;
+    q->n_blocks = ceil_div(n, bs);
+    q->packed = calloc(ceil_div(n, 2), 1);
+    q->absmax = malloc(q->n_blocks * sizeof *q->absmax);
+    if (!q->packed || !q->absmax)
+        return -1;
+    uint8_t (*index)(float) = q->type == FT_QUANT_NF4 ? nf4_index : fp4_index;
+    for (size_t b = 0; b < q->n_blocks; b++) {
+        size_t i0 = b * bs, i1 = i0 + bs < n ? i0 + bs : n;
+        float amax = 0.0f;
+        for (size_t i = i0; i < i1; i++)
+            amax = fmaxf(amax, fabsf(w[i]));
+        q->absmax[b] = amax;
+        float inv = 1.0f / amax;
+        for (size_t i = i0; i < i1; i++)
+            q->packed[i / 2] |= (uint8_t)(index(w[i] * inv) << (i % 2 ? 0 : 4));
+        if (i1 == n && n % 2)
+            q->packed[n / 2] |= index(0.0f * inv);
+    }
+    return o->double_quant ? quantize_absmax(q) : 0;
+}
+
+static int quantize_int8(const float *w, int64_t rows, int64_t cols, ft_qtensor *q)
+{
+    q->q = malloc((size_t)(rows * cols));
+    q->scb = malloc((size_t)rows * sizeof *q->scb);
+    if (!q->q || !q->scb)
+        return -1;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = w + r * cols;
+        float amax = 0.0f;
+        for (int64_t c = 0; c < cols; c++)
+            amax = fmaxf(amax, fabsf(row[c]));
+        q->scb[r] = amax;
+        float scale = 127.0f / amax; /* int8_vectorwise_quant: round half to even */
+        for (int64_t c = 0; c < cols; c++)
+            q->q[r * cols + c] = amax > 0 ? (int8_t)rintf(row[c] * scale) : 0;
+    }
+    return 0;
+}
+
+int ft_quantize(const float *w, int64_t rows, int64_t cols, const ft_quant_options *o,
+                ft_qtensor *out, ft_err *err)
+{
+    memset(out, 0, sizeof *out);
+    if (rows <= 0 || cols <= 0)
+        return ft_fail(err, "cannot quantize a [%lld, %lld] tensor", (long long)rows,
+                       (long long)cols);
+    if (o->type == FT_QUANT_NF4 || o->type == FT_QUANT_FP4) {
+        int bs = o->blocksize;
+        if (bs < 32 || bs > 4096 || (bs & (bs - 1)))
+            return ft_fail(err, "blocksize %d: it must be a power of two in [32, 4096]", bs);
+    } else if (o->type != FT_QUANT_INT8) {
+        return ft_fail(err, "quantization type '%s' is not a quantized format",
+                       ft_quant_name(o->type));
+    }
+    size_t n = (size_t)rows * (size_t)cols;
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(w[i]))
+            return ft_fail(err, "element [%zu, %zu] is %s; only finite weights can be quantized",
+                           i / (size_t)cols, i % (size_t)cols, isnan(w[i]) ? "NaN" : "inf");
+    out->type = o->type;
+    out->rows = rows;
+    out->cols = cols;
+    int rc = o->type == FT_QUANT_INT8 ? quantize_int8(w, rows, cols, out)
+                                      : quantize_4bit(w, n, o, out);
+    if (rc) {
+        ft_qtensor_free(out);
+        return ft_fail(err, "out of memory quantizing a [%lld, %lld] tensor", (long long)rows,
+                       (long long)cols);
+    }
+    return 0;
+}
+
+void ft_dequantize(const ft_qtensor *q, float *out)
+{
+    size_t n = (size_t)q->rows * (size_t)q->cols;
+    if (q->type == FT_QUANT_INT8) {
+        /* int8_vectorwise_dequant: (q * scb) * (1/127 as fp32) */
+        for (size_t i = 0; i < n; i++)
+            out[i] = ((float)q->q[i] * q->scb[i / (size_t)q->cols]) * 7.874015718698502e-3f;
+        return;
+    }
+    const float *code = ft_quant_code(q->type);
+    size_t bs = (size_t)q->blocksize;
+    for (size_t b = 0; b < q->n_blocks; b++) {
+        float amax = ft_qtensor_absmax(q, b);
+        size_t i1 = (b + 1) * bs < n ? (b + 1) * bs : n;
+        for (size_t i = b * bs; i < i1; i++) {
+            uint8_t byte = q->packed[i / 2];
+            out[i] = code[i % 2 ? byte & 0x0f : byte >> 4] * amax;
+        }
+    }
+}
+
+float ft_qtensor_absmax(const ft_qtensor *q, size_t b)
+{
+    if (!q->nested)
+        return q->absmax[b];
+    /* dequantize_blockwise, then + offset, in fp32 */
+    return q->nested_map[q->absmax_q[b]] * q->nested_absmax[b / (size_t)q->nested_blocksize] +
+           q->nested_offset;
+}
+
+size_t ft_qtensor_bytes(const ft_qtensor *q)
+{
+    size_t n = (size_t)q->rows * (size_t)q->cols;
+    switch (q->type) {
+    case FT_QUANT_INT8:
+        return n + (size_t)q->rows * sizeof(float);
+    case FT_QUANT_NF4:
+    case FT_QUANT_FP4:
+        if (q->nested)
+            return ceil_div(n, 2) + q->n_blocks +
+                   ceil_div(q->n_blocks, (size_t)q->nested_blocksize) * sizeof(float) +
+                   256 * sizeof(float);
+        return ceil_div(n, 2) + q->n_blocks * sizeof(float);
+    default:
+        return 0;
+    }
+}
+
+void ft_qtensor_free(ft_qtensor *q)
+{
+    free(q->packed);
+    free(q->absmax);
+    free(q->absmax_q);
+    free(q->nested_absmax);
+    free(q->nested_map);
+    free(q->q);
+    free(q->scb);
+    memset(q, 0, sizeof *q);
+}
