@@ -9,7 +9,10 @@
  * The output: every non-LoRA parameter of the model in the chosen dtype (the model's
  * parameter list has no lm_head.weight when embeddings are tied, which is what
  * transformers writes too), sharded like save_pretrained when over the shard limit;
- * config.json with its dtype key updated; tokenizer / generation files copied. All of it
+ * config.json with its dtype key updated; tokenizer / generation files copied. A
+ * quantized base (bitsandbytes 4/8-bit, e.g. from ft-quantize) is dequantized first and
+ * the output is dense 16-bit (bf16, or f16 when that is the base's compute dtype) with
+ * no quantization_config. All of it
  * goes into "<out>.tmp-<pid>-<n>" in the same parent dir and is renamed to <out> at the
  * end; on any error the temporary dir is removed. */
 #include "merge.h"
@@ -157,13 +160,6 @@ static int load_base_config(json_t **out, const char *model_dir, ft_err *err)
         json_decref(root);
         return ft_fail(err, "%s: not a JSON object", path);
     }
-    json_t *q = json_object_get(root, "quantization_config");
-    if (q && !json_is_null(q)) {
-        json_decref(root);
-        return ft_fail(err, "%s: quantization_config: merging into a quantized base model is "
-                            "not supported yet (merge into the unquantized model)",
-                       path);
-    }
     *out = root;
     return 0;
 }
@@ -287,6 +283,16 @@ int ft_merge(const ft_merge_options *o, ft_err *err)
     if (o->dtype) {
         if (parse_dtype(o->dtype, &dt))
             rc = ft_fail(err, "unknown dtype '%s' (expected bf16, f16 or f32)", o->dtype);
+    } else if (json_object_get(cfg_json, "quantization_config")) {
+        /* a quantized base: 16-bit out, the compute dtype when it is one */
+        json_t *v = json_object_get(json_object_get(cfg_json, "quantization_config"),
+                                    "bnb_4bit_compute_dtype");
+        if (!json_is_string(v) || strcmp(json_string_value(v), "float16") != 0)
+            v = json_string("bfloat16");
+        else
+            json_incref(v);
+        parse_dtype(json_string_value(v), &dt);
+        json_decref(v);
     } else {
         json_t *v = json_object_get(cfg_json, "torch_dtype");
         if (!json_is_string(v))
@@ -309,6 +315,9 @@ int ft_merge(const ft_merge_options *o, ft_err *err)
     }
     if (rc == 0 && ft_model_load_adapter(m, o->adapter_dir, err))
         rc = -1;
+    if (rc == 0 && ft_model_dequantize_base(m, err))
+        rc = -1;
+    json_object_del(cfg_json, "quantization_config"); /* the output is dense */
     if (rc == 0 && ft_merge_lora_weights(m, ft_lora_scaling(&lc), err))
         rc = ft_fail_prefix(err, "%s", o->adapter_dir);
     if (rc) {

@@ -601,7 +601,10 @@ void ft_model_free(ft_model *m)
     }
     for (size_t i = 0; m->qt && i < m->n_params; i++)
         ft_qtensor_free(&m->qt[i]);
+    for (size_t i = 0; m->qdense && i < m->n_params; i++)
+        ft_free(&m->mem, m->qdense[i]);
     free(m->qt);
+    free(m->qdense);
     ft_free(&m->mem, m->qwin);
     free(m->params);
     free(m->slot_data);
@@ -738,6 +741,29 @@ void ft_model_materialize(ft_model *m, int unit)
             ft_dequantize(&m->qt[i], p->data);
     }
     m->qwin_unit = unit;
+}
+
+int ft_model_dequantize_base(ft_model *m, ft_err *err)
+{
+    for (size_t i = 0; m->qt && i < m->n_params; i++) {
+        ft_param *p = &m->params[i];
+        if (!p->quantized)
+            continue;
+        if (!m->qdense && !(m->qdense = calloc(m->n_params, sizeof *m->qdense)))
+            return ft_fail(err, "out of memory dequantizing the base");
+        float *d = ft_alloc(&m->mem, FT_MEM_WEIGHTS, p->numel * sizeof *d);
+        if (!d)
+            return ft_fail(err, "out of memory dequantizing '%s'", p->name);
+        ft_dequantize(&m->qt[i], d);
+        ft_mem_account(&m->mem, FT_MEM_WEIGHTS, ft_qtensor_bytes(&m->qt[i]), false);
+        ft_qtensor_free(&m->qt[i]);
+        m->qdense[i] = d;
+        p->data = d;
+        *m->slot_data[i] = d;
+        p->quantized = false;
+    }
+    m->qwin_unit = -1;
+    return 0;
 }
 
 void ft_model_set_hooks(ft_model *m, const ft_model_hooks *h)

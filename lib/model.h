@@ -199,6 +199,10 @@ ft_quant_options ft_model_quant(const ft_model *m);
  * their params at it (valid until another unit is materialized); a no-op for units
  * without quantized weights. */
 void ft_model_materialize(ft_model *m, int unit);
+/* Replaces every quantized weight by its dequantized fp32 copy for good (ft-merge: the
+ * whole base dense, so the adapter can be added to it). The quantization stays readable
+ * through ft_model_quant. */
+int ft_model_dequantize_base(ft_model *m, ft_err *err);
 
 /* Saves the LoRA weights as a PEFT adapter (adapter_config.json +
  * adapter_model.safetensors) into dir, created if needed. */

@@ -72,6 +72,7 @@ struct ft_model {
     float *qwin;                 /* [qwin_n] */
     size_t qwin_n;
     int qwin_unit;               /* the unit the window holds, -1 none */
+    float **qdense;              /* [n_params]: ft_model_dequantize_base's buffers */
     int stage_first, stage_last; /* units this model computes (pipeline stage) */
     float *embed, *g_embed;
     float *norm_f, *g_norm_f;
