@@ -37,20 +37,19 @@ typedef struct planner {
     /* per unit (0..L+1): trainable parameters, frozen bytes at GPU precision, and the
      * FSDP flat-parameter numbers */
     size_t *unit_train, *unit_frozen_bytes;
+    /* a quantized base (qlora, or a checkpoint quantized already): the format, the
+     * modules left dense, and per unit the elements of its quantized weights (the
+     * dequantization window holds one unit's) */
+    ft_quant_options quant;
+    const char *quant_skip;
+    size_t *unit_quantized;
 } planner;
 
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
-/* bitsandbytes NF4 with double quantization: 4 bits per weight, an 8-bit absmax per
- * block of 64, an fp32 scale per 256 absmax blocks. */
-static size_t nf4_bytes(size_t n)
-{
-    size_t blocks = ceil_div(n, 64);
-    return ceil_div(n, 2) + blocks + 4 * ceil_div(blocks, 256);
-}
-
 /* One parameter tensor, as build_layout lists it. */
-static void add_tensor(planner *p, int unit, size_t numel, bool trainable, bool linear)
+static void add_tensor(planner *p, int unit, size_t numel, bool trainable, bool quant,
+                       int64_t rows, int64_t cols)
 {
     ft_memplan_result *r = p->r;
     ft_memplan_row *row = r->rows;
@@ -71,13 +70,15 @@ static void add_tensor(planner *p, int unit, size_t numel, bool trainable, bool 
         }
         /* FSDP: per unit, below */
     } else {
-        bool quant = p->mode == MODE_QLORA && linear;
-        size_t fb = quant ? nf4_bytes(numel) : h * numel;
+        size_t qb = quant ? ft_quant_size(&p->quant, rows, cols) : 0;
+        size_t fb = quant ? qb : h * numel;
         r->n_frozen += numel;
-        if (quant)
+        if (quant) {
             r->n_quantized += numel;
+            p->unit_quantized[unit] += numel;
+        }
         p->unit_frozen_bytes[unit] += fb;
-        row[FT_PLAN_CPU].bytes[FT_MEM_WEIGHTS] += 4 * numel;
+        row[FT_PLAN_CPU].bytes[FT_MEM_WEIGHTS] += quant ? qb : 4 * numel;
         for (int i = FT_PLAN_GPU_1; i <= FT_PLAN_GPU_ZERO3; i++)
             row[i].bytes[FT_MEM_WEIGHTS] += i == FT_PLAN_GPU_ZERO3 ? ceil_div(fb, N) : fb;
     }
@@ -89,11 +90,11 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora)
     const ft_model_config *c = p->mc;
     bool full = p->mode == MODE_FULL;
     size_t L = (size_t)c->num_layers, C = (size_t)c->hidden_size, V = (size_t)c->vocab_size;
-    add_tensor(p, 0, V * C, full, false);
+    add_tensor(p, 0, V * C, full, false, 0, 0);
     for (size_t l = 0; l < L; l++) {
         int unit = (int)l + 1;
-        add_tensor(p, unit, C, full, false); /* input_layernorm */
-        add_tensor(p, unit, C, full, false); /* post_attention_layernorm */
+        add_tensor(p, unit, C, full, false, 0, 0); /* input_layernorm */
+        add_tensor(p, unit, C, full, false, 0, 0); /* post_attention_layernorm */
         for (int j = 0; j < FT_NPROJ; j++) {
             int q = c->num_heads * c->head_dim, kv = c->num_kv_heads * c->head_dim;
             int in, out;
@@ -107,18 +108,21 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora)
             case FT_PROJ_UP: in = c->hidden_size; out = c->intermediate_size; bias = c->mlp_bias; break;
             default: in = c->intermediate_size; out = c->hidden_size; bias = c->mlp_bias; break;
             }
-            add_tensor(p, unit, (size_t)out * (size_t)in, full, true);
+            char path[160];
+            snprintf(path, sizeof path, "model.layers.%zu.%s", l, ft_proj_path((ft_proj)j));
+            bool quant = p->quant.type != FT_QUANT_NONE && !ft_quant_skipped(p->quant_skip, path);
+            add_tensor(p, unit, (size_t)out * (size_t)in, full, quant, out, in);
             if (bias)
-                add_tensor(p, unit, (size_t)out, full, false);
+                add_tensor(p, unit, (size_t)out, full, false, 0, 0);
             if (!full && (lora_mask[l] & (1u << j))) {
-                add_tensor(p, unit, (size_t)r_lora * (size_t)in, true, false);  /* A */
-                add_tensor(p, unit, (size_t)out * (size_t)r_lora, true, false); /* B */
+                add_tensor(p, unit, (size_t)r_lora * (size_t)in, true, false, 0, 0);  /* A */
+                add_tensor(p, unit, (size_t)out * (size_t)r_lora, true, false, 0, 0); /* B */
             }
         }
     }
-    add_tensor(p, (int)L + 1, C, full, false); /* model.norm */
+    add_tensor(p, (int)L + 1, C, full, false, 0, 0); /* model.norm */
     if (!c->tie_word_embeddings)
-        add_tensor(p, (int)L + 1, V * C, full, false);
+        add_tensor(p, (int)L + 1, V * C, full, false, 0, 0);
 }
 
 /* Mirrors model_reserve_activations / alloc_layer_set for N rows while training.
@@ -181,8 +185,10 @@ static ft_plan_row_id selected_row(const ft_config *cfg, int world_size)
     return FT_PLAN_GPU_DDP;
 }
 
-int ft_memplan(const ft_config *cfg, const ft_model_config *mc, int world_size,
-               ft_memplan_result *out, ft_err *err)
+/* base_q: the checkpoint's own quantization_config (NULL or not present: a dense
+ * checkpoint, quantized on load when tuning.mode is qlora). */
+static int plan(const ft_config *cfg, const ft_model_config *mc, const ft_quant_config *base_q,
+                int world_size, ft_memplan_result *out, ft_err *err)
 {
     memset(out, 0, sizeof *out);
     if (world_size < 1)
@@ -204,10 +210,21 @@ int ft_memplan(const ft_config *cfg, const ft_model_config *mc, int world_size,
     int pmode = !strcmp(mode, "full") ? MODE_FULL : !strcmp(mode, "qlora") ? MODE_QLORA
                                                                              : MODE_LORA;
     bool lora = pmode != MODE_FULL;
-    if (pmode == MODE_QLORA)
-        snprintf(r->note, sizeof r->note,
-                 "qlora: the CPU engine has no 4-bit base yet (ft-train refuses it); the "
-                 "cpu-fp32 row is LoRA on an fp32 base");
+    ft_quant_options quant = {FT_QUANT_NONE, 64, false};
+    const char *quant_skip = "";
+    if (base_q && base_q->present) {
+        quant = base_q->opt;
+        quant_skip = base_q->skip;
+    } else if (pmode == MODE_QLORA) {
+        if (ft_quant_parse(ft_config_str(cfg, "tuning.quant.type"), &quant.type, err))
+            return ft_fail_prefix(err, "config: key 'tuning.quant.type'");
+        quant.blocksize = (int)ft_config_int(cfg, "tuning.quant.blocksize");
+        quant.double_quant = ft_config_bool(cfg, "tuning.quant.double_quant");
+        quant_skip = ft_config_str(cfg, "tuning.quant.skip_modules");
+    }
+    if (quant.type != FT_QUANT_NONE)
+        snprintf(r->quant, sizeof r->quant, "%s%s", ft_quant_name(quant.type),
+                 quant.double_quant && quant.type != FT_QUANT_INT8 ? "+dq" : "");
 
     /* LoRA as the trainer sets it up (lib/trainer.c setup_model, lib/model.c setup_lora) */
     ft_lora_config lc = {0};
@@ -244,7 +261,7 @@ int ft_memplan(const ft_config *cfg, const ft_model_config *mc, int world_size,
     }
 
     size_t n_units = (size_t)mc->num_layers + 2;
-    size_t *unit_buf = calloc(2 * n_units, sizeof *unit_buf);
+    size_t *unit_buf = calloc(3 * n_units, sizeof *unit_buf);
     if (!unit_buf) {
         free(mask);
         return ft_fail(err, "out of memory");
@@ -256,7 +273,10 @@ int ft_memplan(const ft_config *cfg, const ft_model_config *mc, int world_size,
                  .N = (size_t)world_size,
                  .r = r,
                  .unit_train = unit_buf,
-                 .unit_frozen_bytes = unit_buf + n_units};
+                 .unit_frozen_bytes = unit_buf + n_units,
+                 .quant = quant,
+                 .quant_skip = quant_skip,
+                 .unit_quantized = unit_buf + 2 * n_units};
 
     static const char *names[FT_PLAN_NROWS] = {"cpu-fp32",  "gpu-1",     "gpu-ddp",  "gpu-zero1",
                                                "gpu-zero2", "gpu-zero3", "gpu-fsdp"};
@@ -293,6 +313,13 @@ int ft_memplan(const ft_config *cfg, const ft_model_config *mc, int world_size,
         r->rows[i].bytes[FT_MEM_ACTIVATIONS] = act_bytes(&act, eh);
         r->rows[i].bytes[FT_MEM_WORKSPACE] = act_bytes(&ws, eh);
     }
+    /* a quantized base: one unit's weights dequantized at a time (model.c's window) */
+    size_t max_unit_q = 0;
+    for (size_t u = 0; u < n_units; u++)
+        if (p.unit_quantized[u] > max_unit_q)
+            max_unit_q = p.unit_quantized[u];
+    for (int i = 0; i < FT_PLAN_NROWS; i++)
+        r->rows[i].bytes[FT_MEM_WORKSPACE] += (i == FT_PLAN_CPU ? 4 : h) * max_unit_q;
     r->rows[FT_PLAN_GPU_ZERO2].bytes[FT_MEM_WORKSPACE] += max_unit_g;
     r->rows[FT_PLAN_GPU_ZERO3].bytes[FT_MEM_WORKSPACE] += max_unit_pg;
     r->rows[FT_PLAN_GPU_FSDP].bytes[FT_MEM_WORKSPACE] += max_unit_pg;
@@ -320,17 +347,29 @@ int ft_memplan_config(const ft_config *cfg, int world_size, ft_memplan_result *o
     ft_model_config mc;
     if (ft_model_config_load(&mc, path, err))
         return -1;
-    return ft_memplan(cfg, &mc, world_size, out, err);
+    ft_quant_config qc;
+    if (ft_quant_config_read(path, &qc, err))
+        return -1;
+    return plan(cfg, &mc, &qc, world_size, out, err);
+}
+
+int ft_memplan(const ft_config *cfg, const ft_model_config *mc, int world_size,
+               ft_memplan_result *out, ft_err *err)
+{
+    return plan(cfg, mc, NULL, world_size, out, err);
 }
 
 static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
 
 void ft_memplan_print(const ft_memplan_result *r, FILE *out)
 {
+    char base[64] = "";
+    if (r->quant[0])
+        snprintf(base, sizeof base, " (%zu in %s)", r->n_quantized, r->quant);
     fprintf(out,
-            "memory plan: %s, %s %d layers, %zu trainable + %zu frozen parameters, "
+            "memory plan: %s, %s %d layers, %zu trainable + %zu frozen%s parameters, "
             "%d x %d tokens per rank%s, gradient checkpointing %s\n",
-            r->mode, r->model_type, r->num_layers, r->n_trainable, r->n_frozen, r->batch_size,
+            r->mode, r->model_type, r->num_layers, r->n_trainable, r->n_frozen, base, r->batch_size,
             r->seq_len, r->batch_auto ? " (batch_size auto: planned for 1)" : "",
             r->grad_ckpt ? "on" : "off");
     fprintf(out, "%-11s %5s %11s %11s %11s %11s %11s %11s  %s\n", "strategy", "ranks",

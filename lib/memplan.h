@@ -63,6 +63,7 @@
 #include "config.h"
 #include "ft_error.h"
 #include "hf_config.h"
+#include "quant_io.h"
 
 typedef enum ft_plan_row_id {
     FT_PLAN_CPU = 0, /* exact: the CPU fp32 engine of today */
@@ -95,7 +96,8 @@ typedef struct ft_memplan_result {
     bool half;             /* train.bf16 or train.fp16: GPU rows at 2 bytes */
     int world_size;
     size_t n_trainable, n_frozen; /* parameters, as the CPU engine lays them out */
-    size_t n_quantized;    /* of n_frozen: linear weights a qlora base keeps in NF4 */
+    size_t n_quantized;    /* of n_frozen: linear weights a quantized base keeps in 4/8 bits */
+    char quant[16];        /* that base's format ("nf4+dq", "fp4", "int8"), "" when dense */
 
     ft_memplan_row rows[FT_PLAN_NROWS];
     ft_plan_row_id selected; /* the row dist.strategy / dist.zero_stage pick on a GPU */

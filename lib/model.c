@@ -62,17 +62,9 @@ static int add_param(layout *lo, int unit, bool trainable, bool is_lora, float *
  * module path matches no entry of the skip list. */
 static bool quantized_weight(const ft_model *m, int l, ft_proj p)
 {
-    if (m->quant.type == FT_QUANT_NONE)
-        return false;
     char path[160];
     snprintf(path, sizeof path, "model.layers.%d.%s", l, ft_proj_path(p));
-    char skip[512];
-    snprintf(skip, sizeof skip, "%s", m->quant_skip);
-    for (char *save = NULL, *tok = strtok_r(skip, ",", &save); tok;
-         tok = strtok_r(NULL, ",", &save))
-        if (*tok && strstr(path, tok))
-            return false;
-    return true;
+    return m->quant.type != FT_QUANT_NONE && !ft_quant_skipped(m->quant_skip, path);
 }
 
 /* Lists every parameter in unit order (see model.h). */

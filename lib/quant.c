@@ -314,6 +314,28 @@ float ft_qtensor_absmax(const ft_qtensor *q, size_t b)
            q->nested_offset;
 }
 
+bool ft_quant_skipped(const char *skip, const char *path)
+{
+    for (const char *s = skip; s && *s;) {
+        const char *end = strchr(s, ',');
+        size_t len = end ? (size_t)(end - s) : strlen(s);
+        if (len && memmem(path, strlen(path), s, len))
+            return true;
+        s = end ? end + 1 : NULL;
+    }
+    return false;
+}
+
+size_t ft_quant_size(const ft_quant_options *o, int64_t rows, int64_t cols)
+{
+    ft_qtensor q = {.type = o->type, .rows = rows, .cols = cols, .blocksize = o->blocksize,
+                    .nested = o->double_quant && o->type != FT_QUANT_INT8,
+                    .nested_blocksize = 256};
+    if (o->type == FT_QUANT_NF4 || o->type == FT_QUANT_FP4)
+        q.n_blocks = ceil_div((size_t)(rows * cols), (size_t)o->blocksize);
+    return ft_qtensor_bytes(&q);
+}
+
 size_t ft_qtensor_bytes(const ft_qtensor *q)
 {
     size_t n = (size_t)q->rows * (size_t)q->cols;

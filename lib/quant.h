@@ -74,5 +74,11 @@ float ft_qtensor_absmax(const ft_qtensor *q, size_t b);
 /* Bytes the quantized form holds (packed codes, absmax or their codes, nested state). */
 size_t ft_qtensor_bytes(const ft_qtensor *q);
 void ft_qtensor_free(ft_qtensor *q);
+/* What ft_qtensor_bytes will say for a [rows, cols] weight quantized with o. */
+size_t ft_quant_size(const ft_quant_options *o, int64_t rows, int64_t cols);
+
+/* Whether module path (e.g. "model.layers.3.mlp.down_proj") contains one of the
+ * comma-separated parts of skip ("lm_head,mlp.down_proj"): such a module stays dense. */
+bool ft_quant_skipped(const char *skip, const char *path);
 
 #endif

@@ -49,6 +49,13 @@ static int measure(const ft_config *cfg, const char *dir, ft_mem *out, size_t *n
                                   &mo.lora.targets, &err))
             return -1;
     }
+    if (!strcmp(ft_config_str(cfg, "tuning.mode"), "qlora")) {
+        if (ft_quant_parse(ft_config_str(cfg, "tuning.quant.type"), &mo.quant.type, &err))
+            return -1;
+        mo.quant.blocksize = (int)ft_config_int(cfg, "tuning.quant.blocksize");
+        mo.quant.double_quant = ft_config_bool(cfg, "tuning.quant.double_quant");
+        mo.quant_skip = ft_config_str(cfg, "tuning.quant.skip_modules");
+    }
     ft_model *m;
     if (ft_model_load(&m, dir, &mo, &err)) {
         fprintf(stderr, "  load: %s\n", err.msg);
@@ -154,6 +161,34 @@ static void test_cpu_lora_equals_measured(void)
     sweep(llama_dir, "lora", "all-linear", "0");
     sweep(llama_dir, "lora", "q_proj,v_proj", "0.1");
     sweep(llama_dir, "lora", "down_proj", "0");
+}
+
+/* QLoRA: the quantized weights (packed codes, absmax or its codes and nested state) in
+ * the weights category, one layer's dequantization window in the workspace. */
+static void test_cpu_qlora_equals_measured(void)
+{
+    const char *quants[][4] = {
+        {"tuning.quant.type=nf4", "tuning.quant.blocksize=64", "tuning.quant.double_quant=true",
+         "tuning.quant.skip_modules=lm_head"},
+        {"tuning.quant.type=fp4", "tuning.quant.blocksize=32", "tuning.quant.double_quant=false",
+         "tuning.quant.skip_modules=lm_head"},
+        {"tuning.quant.type=int8", "tuning.quant.blocksize=64", "tuning.quant.double_quant=true",
+         "tuning.quant.skip_modules=down_proj,layers.1.self_attn"},
+    };
+    static const char *batches[] = {"train.batch_size=1", "train.batch_size=3"};
+    static const char *ckpts[] = {"train.gradient_checkpointing=false",
+                                  "train.gradient_checkpointing=true"};
+    for (int q = 0; q < 3; q++)
+        for (int bi = 0; bi < 2; bi++)
+            for (int ci = 0; ci < 2; ci++) {
+                const char *sets[] = {"tuning.mode=qlora", "tuning.lora.r=3",
+                                      "tuning.lora.target_modules=all-linear",
+                                      "tuning.lora.dropout=0.05", batches[bi],
+                                      "model.max_seq_len=9", ckpts[ci], quants[q][0],
+                                      quants[q][1], quants[q][2], quants[q][3], NULL};
+                compare(llama_dir, sets);
+                compare(qwen_dir, sets);
+            }
 }
 
 static void test_cpu_full_equals_measured(void) { sweep(llama_dir, "full", "all-linear", "0"); }
@@ -323,7 +358,7 @@ static void test_real_model_sizes(void)
                  (double)linear;
     CHECK(nf4 > 0.515 && nf4 < 0.517);
     CHECK(r.selected == FT_PLAN_GPU_ZERO3);
-    CHECK(r.note[0] != 0); /* the CPU engine has no 4-bit base */
+    CHECK(strcmp(r.quant, "nf4+dq") == 0);
     CHECK(r.rows[FT_PLAN_GPU_ZERO3].bytes[FT_MEM_WEIGHTS] < g1->bytes[FT_MEM_WEIGHTS] / 4 + 4096);
     char *buf;
     size_t len;
@@ -331,7 +366,7 @@ static void test_real_model_sizes(void)
     ft_memplan_print(&r, f);
     fclose(f);
     CHECK(strstr(buf, "cpu-fp32") && strstr(buf, "gpu-zero3*") && strstr(buf, "predicted"));
-    CHECK(strstr(buf, "note: qlora"));
+    CHECK(strstr(buf, "in nf4+dq)"));
     if (getenv("MEMPLAN_SHOW"))
         fputs(buf, stderr);
     free(buf);
@@ -402,6 +437,7 @@ int main(void)
 
     RUN(test_cpu_lora_equals_measured);
     RUN(test_cpu_full_equals_measured);
+    RUN(test_cpu_qlora_equals_measured);
     RUN(test_cpu_bias_and_tied_equal_measured);
     RUN(test_gpu_formulas);
     RUN(test_real_model_sizes);
