@@ -75,6 +75,7 @@ static void add_tensor(planner *p, int unit, size_t numel, bool trainable, bool 
         r->n_frozen += numel;
         if (quant) {
             r->n_quantized += numel;
+            r->quant_bytes += qb;
             p->unit_quantized[unit] += numel;
         }
         p->unit_frozen_bytes[unit] += fb;
@@ -390,4 +391,35 @@ void ft_memplan_print(const ft_memplan_result *r, FILE *out)
             "workspaces; * = the row dist.strategy selects.\n");
     if (r->note[0])
         fprintf(out, "note: %s\n", r->note);
+}
+
+int ft_memplan_compare_modes(ft_config *cfg, int world_size, FILE *out, ft_err *err)
+{
+    char mode[16];
+    snprintf(mode, sizeof mode, "%s", ft_config_str(cfg, "tuning.mode"));
+    static const char *const modes[] = {"full", "lora", "qlora"};
+    ft_memplan_result r[3];
+    int rc = 0;
+    for (int i = 0; i < 3 && rc == 0; i++)
+        rc = ft_config_set_key(cfg, "tuning.mode", modes[i], "memory plan", NULL, err) ||
+             ft_memplan_config(cfg, world_size, &r[i], err);
+    if (ft_config_set_key(cfg, "tuning.mode", mode, "memory plan", NULL, err) || rc)
+        return -1;
+    const ft_memplan_row *sel = &r[0].rows[r[0].selected];
+    fprintf(out, "by tuning mode (this model, batch and strategy; MiB per rank):\n");
+    fprintf(out, "%-6s %12s %12s %12s %12s  %s\n", "mode", "trainable", "base", "cpu-fp32",
+            sel->name, "quantized base");
+    for (int i = 0; i < 3; i++) {
+        char q[64] = "-";
+        if (r[i].n_quantized)
+            snprintf(q, sizeof q, "%s, %.3f B/param", r[i].quant,
+                     (double)r[i].quant_bytes / (double)r[i].n_quantized);
+        fprintf(out, "%-6s %12zu %12zu %12.1f %12.1f  %s%s\n", modes[i], r[i].n_trainable,
+                r[i].n_frozen, mib(r[i].rows[FT_PLAN_CPU].total),
+                mib(r[i].rows[r[i].selected].total), q,
+                !strcmp(modes[i], "full") && r[i].n_quantized
+                    ? " (full mode cannot train a quantized checkpoint)"
+                    : "");
+    }
+    return 0;
 }

@@ -97,6 +97,7 @@ typedef struct ft_memplan_result {
     int world_size;
     size_t n_trainable, n_frozen; /* parameters, as the CPU engine lays them out */
     size_t n_quantized;    /* of n_frozen: linear weights a quantized base keeps in 4/8 bits */
+    size_t quant_bytes;    /* what those weights take quantized (codes and state) */
     char quant[16];        /* that base's format ("nf4+dq", "fp4", "int8"), "" when dense */
 
     ft_memplan_row rows[FT_PLAN_NROWS];
@@ -117,5 +118,10 @@ int ft_memplan_config(const ft_config *cfg, int world_size, ft_memplan_result *o
 /* A table: one row per strategy, MiB per category and in total; predicted rows are
  * marked, the row the config selects is starred. */
 void ft_memplan_print(const ft_memplan_result *r, FILE *out);
+
+/* Prints the plan of cfg's model for each tuning mode (full, lora, qlora) side by side:
+ * trainable and base parameters, the cpu-fp32 and selected rows' totals per rank, and
+ * the quantized base's bytes per parameter. cfg's tuning.mode is restored. */
+int ft_memplan_compare_modes(ft_config *cfg, int world_size, FILE *out, ft_err *err);
 
 #endif

@@ -282,6 +282,8 @@ int main(int argc, char **argv)
             rc = fail(err.msg);
         else
             ft_memplan_print(&plan, stdout);
+        if (rc == 0 && ft_memplan_compare_modes(cfg, plan_world, stdout, &err))
+            rc = fail(err.msg);
     } else if (print_config) {
         rc = ft_config_write_yaml(cfg, stdout, &err) ? fail(err.msg) : 0;
     } else if (dump) {

@@ -191,6 +191,30 @@ static void test_cpu_qlora_equals_measured(void)
             }
 }
 
+/* The by-mode table: all three modes, the quantized base at about half a byte per weight,
+ * and the config's own mode left as it was. */
+static void test_compare_modes(void)
+{
+    char name[400];
+    snprintf(name, sizeof name, "model.name=%s", llama_dir);
+    const char *sets[] = {name, "tuning.mode=lora", NULL};
+    ft_config *cfg = make_config(sets);
+    char *buf;
+    size_t len;
+    FILE *f = open_memstream(&buf, &len);
+    ft_err err;
+    CHECK(ft_memplan_compare_modes(cfg, 2, f, &err) == 0);
+    fclose(f);
+    CHECK(strstr(buf, "\nfull ") && strstr(buf, "\nlora ") && strstr(buf, "\nqlora "));
+    const char *q = strstr(buf, "nf4+dq, ");
+    CHECK(q != NULL);
+    if (q)
+        CHECK(atof(q + strlen("nf4+dq, ")) > 0.5); /* tiny tensors: the 1 KiB map weighs in */
+    CHECK(strcmp(ft_config_str(cfg, "tuning.mode"), "lora") == 0);
+    free(buf);
+    ft_config_free(cfg);
+}
+
 static void test_cpu_full_equals_measured(void) { sweep(llama_dir, "full", "all-linear", "0"); }
 
 /* tie_word_embeddings: lm_head is the embedding (the file's lm_head.weight is ignored) */
@@ -438,6 +462,7 @@ int main(void)
     RUN(test_cpu_lora_equals_measured);
     RUN(test_cpu_full_equals_measured);
     RUN(test_cpu_qlora_equals_measured);
+    RUN(test_compare_modes);
     RUN(test_cpu_bias_and_tied_equal_measured);
     RUN(test_gpu_formulas);
     RUN(test_real_model_sizes);
