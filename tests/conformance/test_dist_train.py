@@ -387,3 +387,20 @@ def test_make_targets_train_on_ranks(work, single):
     bad = write_config(work, "ds_bad", dist__deepspeed_config=ds, train__grad_accum=3)
     out = run(bad, 2, check=False)
     assert out.returncode != 0 and "train_batch_size 16" in out.stderr, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("strategy,np_", [("ddp", 2), ("zero2", 2), ("zero3", 2),
+                                          ("model_parallel", 2)])
+def test_qlora_under_strategies(work, strategy, np_):
+    """QLoRA: every rank keeps the whole quantized base (a replica: 0.5 byte/param); only
+    the LoRA weights, their gradients and AdamW state are sharded or staged."""
+    ref = "qlora_single"
+    if not (work / "runs" / ref).exists():
+        run(write_config(work, ref, mode="qlora", train__batch_size=8))
+    b = 8 if strategy == "model_parallel" else 8 // np_
+    name = f"qlora_{strategy}_{np_}"
+    run(write_config(work, name, mode="qlora", dist__strategy=strategy, train__batch_size=b),
+        np_)
+    assert_same_run(work / "runs" / ref, work / "runs" / name)
+    state = (work / "runs" / name / "final" / "adapter_config.json")
+    assert state.exists()
