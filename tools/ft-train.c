@@ -38,14 +38,17 @@ static const char usage[] =
     "  --print-config      print the resolved config (YAML) on stdout and exit\n"
     "  --plan [N]          print the planned memory per category (weights, gradients,\n"
     "                      optimizer, activations, workspace) for this config on N ranks\n"
-    "                      (default 1) and exit: exact for the CPU engine, predicted for\n"
-    "                      the GPU strategies\n"
+    "                      (default 1), then full vs lora vs qlora for the same model,\n"
+    "                      and exit: exact for the CPU engine, predicted for the GPU\n"
+    "                      strategies\n"
     "  --get KEY           print the resolved value of KEY (e.g. model.name) and exit;\n"
     "                      repeatable, one value a line; an unset required key is an error\n"
     "  --config-reference  print the reference of every config key (Markdown) and exit\n"
     "  -h, --help          this text\n"
     "\n"
-    "Not yet: qlora (4-bit base), GPUs, several ranks.\n";
+    "tuning.mode qlora trains LoRA on a base quantized on load (tuning.quant.*), or on a\n"
+    "checkpoint quantized already (ft-quantize, or transformers + bitsandbytes); several\n"
+    "ranks: start it with mpirun or srun (dist.strategy). Not yet: GPUs.\n";
 
 static int fail(const char *msg)
 {
