@@ -9,10 +9,11 @@
  *     dQuantizeFP4): a tie goes to the lower code;
  *   - the 8-bit absmax codes of double quantization come from a 7-step binary search
  *     over the dynamic map with a midpoint check at the end (dQuantize);
- *   - an all-zero block has absmax 0, inv = inf and 0 * inf = NaN, which every
- *     comparison rejects: its codes are 0 (NF4: -1.0 x 0 = 0 on dequantization);
- *   - an odd element count is padded with the code of 0.0 at the block's scale (the
- *     kernel loads 0 into the missing slot). */
+ *   - the scale of an all-zero block is taken from absmax clamped to 1e-38, as the
+ *     reference backend of bitsandbytes 0.50 does (older CUDA kernels divided by 0 and
+ *     wrote code 0 there): its elements get the code of 0.0, so they dequantize to
+ *     exactly 0 even when the absmax is double-quantized; the absmax stored is 0;
+ *   - an odd element count is padded with the code of 0.0. */
 #include "quant.h"
 
 #include <math.h>
@@ -26,9 +27,10 @@ static const float nf4_code[16] = {
     0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f};
 
 /* bitsandbytes' FP4 (1 sign, 2 exponent, 1 mantissa bit, bias 3): these values divided
- * by their largest, 12, in fp32. */
-static const float fp4_raw[16] = {0.0f,  0.0625f,  8.0f,  12.0f,  4.0f,  6.0f,  2.0f,  3.0f,
-                                  -0.0f, -0.0625f, -8.0f, -12.0f, -4.0f, -6.0f, -2.0f, -3.0f};
+ * by their largest, 12, in fp32. Code 8 ("-0") is +0.0 in its table (get_4bit_type
+ * writes the integer -0), and so in the quant_map of every checkpoint. */
+static const float fp4_raw[16] = {0.0f, 0.0625f,  8.0f,  12.0f,  4.0f,  6.0f,  2.0f,  3.0f,
+                                  0.0f, -0.0625f, -8.0f, -12.0f, -4.0f, -6.0f, -2.0f, -3.0f};
 
 const char *ft_quant_name(ft_quant_type t)
 {
@@ -107,42 +109,60 @@ static uint8_t fp4_index(float x)
     return (uint8_t)((x > 0.00260417f ? 1 : 0) + sign);
 }
 
-/* torch.linspace(start, end, steps) in fp32 as torch computes it element by element:
- * the first half counts up from start, the second half down from end. */
-static float linspace_at(float start, float end, int steps, int idx)
-{
-    float step = (end - start) / (float)(steps - 1);
-    if (idx < steps / 2)
-        return start + step * (float)idx;
-    return end - step * (float)(steps - idx - 1);
-}
+/* bitsandbytes' create_dynamic_map(signed=True, max_exponent_bits=7, total_bits=8): for
+ * each exponent i = 0..6, the 2^i means of neighbouring points of
+ * torch.linspace(0.1, 1, 2^i + 1) in fp32, times 10^(i-6), with both signs; then 0 and 1;
+ * sorted. A table, not the formula: the values depend on how torch's fp32 linspace rounds
+ * (vectorized or not, fused multiply-add or not), and these are the ones bitsandbytes
+ * computes with torch's CPU kernel (tests/conformance/test_bnb_reference.py runs its
+ * create_dynamic_map and compares). A checkpoint carries its own copy of the map
+ * (nested_quant_map), which is what reading uses. */
+static const float dynamic_map[256] = {
+    -0.992968738f, -0.978906214f, -0.96484375f, -0.950781226f, -0.936718702f, -0.922656238f,
+    -0.908593774f, -0.89453125f, -0.880468726f, -0.866406202f, -0.852343738f, -0.838281214f,
+    -0.82421875f, -0.810156226f, -0.796093702f, -0.782031238f, -0.767968774f, -0.75390625f,
+    -0.739843786f, -0.725781262f, -0.711718798f, -0.697656274f, -0.68359375f, -0.669531286f,
+    -0.655468762f, -0.641406238f, -0.627343774f, -0.61328125f, -0.599218726f, -0.585156262f,
+    -0.571093798f, -0.557031274f, -0.54296875f, -0.528906226f, -0.514843762f, -0.500781238f,
+    -0.486718774f, -0.47265625f, -0.458593726f, -0.444531262f, -0.430468738f, -0.416406214f,
+    -0.40234375f, -0.388281226f, -0.374218762f, -0.360156238f, -0.346093714f, -0.33203125f,
+    -0.317968726f, -0.303906262f, -0.289843738f, -0.275781274f, -0.26171875f, -0.247656256f,
+    -0.233593762f, -0.219531253f, -0.205468744f, -0.19140625f, -0.177343741f, -0.163281247f,
+    -0.149218753f, -0.135156244f, -0.12109375f, -0.107031256f, -0.0985937491f, -0.0957812443f,
+    -0.0929687545f, -0.0901562497f, -0.0873437524f, -0.0845312476f, -0.0817187428f, -0.078906253f,
+    -0.0760937482f, -0.0732812509f, -0.0704687461f, -0.0676562563f, -0.0648437515f, -0.0620312467f,
+    -0.0592187531f, -0.0564062484f, -0.053593751f, -0.05078125f, -0.047968749f, -0.0451562516f,
+    -0.0423437469f, -0.0395312496f, -0.0367187522f, -0.0339062475f, -0.0310937501f, -0.0282812472f,
+    -0.0254687499f, -0.0226562507f, -0.0198437497f, -0.0170312505f, -0.0142187504f, -0.0114062503f,
+    -0.00971874967f, -0.00915624946f, -0.00859375019f, -0.00803124998f, -0.00746874977f, -0.00690625003f,
+    -0.00634374982f, -0.00578125007f, -0.00521875033f, -0.00465624966f, -0.00409374991f, -0.00353124971f,
+    -0.00296874996f, -0.00240624999f, -0.00184375001f, -0.00128124992f, -0.000943750085f, -0.000831249985f,
+    -0.00071875006f, -0.000606250076f, -0.000493750034f, -0.000381250022f, -0.000268750038f, -0.000156250011f,
+    -8.87499991e-05f, -6.62500024e-05f, -4.37499984e-05f, -2.12499981e-05f, -7.7499999e-06f, -3.25000019e-06f,
+    -5.50000038e-07f, 0.0f, 5.50000038e-07f, 3.25000019e-06f, 7.7499999e-06f, 2.12499981e-05f,
+    4.37499984e-05f, 6.62500024e-05f, 8.87499991e-05f, 0.000156250011f, 0.000268750038f, 0.000381250022f,
+    0.000493750034f, 0.000606250076f, 0.00071875006f, 0.000831249985f, 0.000943750085f, 0.00128124992f,
+    0.00184375001f, 0.00240624999f, 0.00296874996f, 0.00353124971f, 0.00409374991f, 0.00465624966f,
+    0.00521875033f, 0.00578125007f, 0.00634374982f, 0.00690625003f, 0.00746874977f, 0.00803124998f,
+    0.00859375019f, 0.00915624946f, 0.00971874967f, 0.0114062503f, 0.0142187504f, 0.0170312505f,
+    0.0198437497f, 0.0226562507f, 0.0254687499f, 0.0282812472f, 0.0310937501f, 0.0339062475f,
+    0.0367187522f, 0.0395312496f, 0.0423437469f, 0.0451562516f, 0.047968749f, 0.05078125f,
+    0.053593751f, 0.0564062484f, 0.0592187531f, 0.0620312467f, 0.0648437515f, 0.0676562563f,
+    0.0704687461f, 0.0732812509f, 0.0760937482f, 0.078906253f, 0.0817187428f, 0.0845312476f,
+    0.0873437524f, 0.0901562497f, 0.0929687545f, 0.0957812443f, 0.0985937491f, 0.107031256f,
+    0.12109375f, 0.135156244f, 0.149218753f, 0.163281247f, 0.177343741f, 0.19140625f,
+    0.205468744f, 0.219531253f, 0.233593762f, 0.247656256f, 0.26171875f, 0.275781274f,
+    0.289843738f, 0.303906262f, 0.317968726f, 0.33203125f, 0.346093714f, 0.360156238f,
+    0.374218762f, 0.388281226f, 0.40234375f, 0.416406214f, 0.430468738f, 0.444531262f,
+    0.458593726f, 0.47265625f, 0.486718774f, 0.500781238f, 0.514843762f, 0.528906226f,
+    0.54296875f, 0.557031274f, 0.571093798f, 0.585156262f, 0.599218726f, 0.61328125f,
+    0.627343774f, 0.641406238f, 0.655468762f, 0.669531286f, 0.68359375f, 0.697656274f,
+    0.711718798f, 0.725781262f, 0.739843786f, 0.75390625f, 0.767968774f, 0.782031238f,
+    0.796093702f, 0.810156226f, 0.82421875f, 0.838281214f, 0.852343738f, 0.866406202f,
+    0.880468726f, 0.89453125f, 0.908593774f, 0.922656238f, 0.936718702f, 0.950781226f,
+    0.96484375f, 0.978906214f, 0.992968738f, 1.0f};
 
-static int cmp_float(const void *a, const void *b)
-{
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
-/* create_dynamic_map(signed=True, max_exponent_bits=7, total_bits=8): for each
- * exponent i = 0..6, the 2^i means of neighbouring points of linspace(0.1, 1, 2^i + 1),
- * times 10^(i-6), with both signs; then 0 and 1; sorted. */
-void ft_quant_dynamic_map(float map[256])
-{
-    int n = 0;
-    for (int i = 0; i < 7; i++) {
-        int items = (1 << i) + 1;
-        float scale = (float)pow(10.0, i - 6);
-        for (int k = 0; k + 1 < items; k++) {
-            float mean = (linspace_at(0.1f, 1.0f, items, k) +
-                          linspace_at(0.1f, 1.0f, items, k + 1)) / 2.0f;
-            map[n++] = scale * mean;
-            map[n++] = -scale * mean;
-        }
-    }
-    map[n++] = 0.0f;
-    map[n++] = 1.0f;
-    qsort(map, (size_t)n, sizeof *map, cmp_float);
-}
+void ft_quant_dynamic_map(float map[256]) { memcpy(map, dynamic_map, sizeof dynamic_map); }
 
 /* dQuantize<0>: the 8-bit code of x in [-1, 1] under a sorted 256-value map. */
 static uint8_t dynamic_index(const float *code, float x)
@@ -223,11 +243,11 @@ static int quantize_4bit(const float *w, size_t n, const ft_quant_options *o, ft
         for (size_t i = i0; i < i1; i++)
             amax = fmaxf(amax, fabsf(w[i]));
         q->absmax[b] = amax;
-        float inv = 1.0f / amax;
+        float inv = 1.0f / fmaxf(amax, 1e-38f);
         for (size_t i = i0; i < i1; i++)
             q->packed[i / 2] |= (uint8_t)(index(w[i] * inv) << (i % 2 ? 0 : 4));
         if (i1 == n && n % 2)
-            q->packed[n / 2] |= index(0.0f * inv);
+            q->packed[n / 2] |= index(0.0f);
     }
     return o->double_quant ? quantize_absmax(q) : 0;
 }

@@ -11,8 +11,12 @@ VENV=${1:-.venv}
 PY=/usr/bin/python3
 PINS=(transformers==4.46.3 accelerate==0.34.2 safetensors pytest psutil pyyaml tqdm packaging jinja2 tensorboard~=2.17.0 rouge_score==0.1.2)
 NODEPS=(peft==0.13.2)
+# bitsandbytes is not installed (it needs torch >= 2.4): its wheel is downloaded into
+# $VENV/wheels, and tests/conformance/test_bnb_reference.py runs its reference code
+# from there.
+WHEELS=(bitsandbytes==0.50.2)
 STAMP="$VENV/.ftkit-pins"
-WANT="${PINS[*]} ${NODEPS[*]}"
+WANT="${PINS[*]} ${NODEPS[*]} wheels: ${WHEELS[*]}"
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
   exit 0
@@ -22,6 +26,7 @@ rm -rf "$VENV"
 PIP=("$VENV/bin/pip" install -q --disable-pip-version-check)
 "${PIP[@]}" "${PINS[@]}"
 "${PIP[@]}" --no-deps "${NODEPS[@]}"
+"$VENV/bin/pip" download -q --disable-pip-version-check --no-deps -d "$VENV/wheels" "${WHEELS[@]}"
 # The torch in use must be Debian's, not one pip brought in.
 "$VENV/bin/python" - <<'PYEOF'
 import sys, torch

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "model.h"
+#include "quant_io.h"
 #include "optim.h"
 #include "safetensors.h"
 #include "schedule.h"
@@ -274,6 +275,106 @@ done:
     return rc;
 }
 
+/* {"quantize": [{"rows", "cols", "values": [...], "type", "blocksize", "double_quant"}]}:
+ * each tensor quantized as it is (no model), written as q<i>.packed / absmax / absmax_q /
+ * nested_absmax / nested_map / nested_offset (4-bit), q<i>.q / scb (int8) and
+ * q<i>.dequant, for the comparison with bitsandbytes' own code. */
+static int run_quantize(json_t *list, const char *out_path, ft_err *err)
+{
+    ft_st_writer *w = ft_st_writer_new();
+    size_t n = json_array_size(list);
+    ft_qtensor *qs = calloc(n ? n : 1, sizeof *qs);
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        json_t *e = json_array_get(list, i), *vals = json_object_get(e, "values");
+        int64_t rows = json_integer_value(json_object_get(e, "rows"));
+        int64_t cols = json_integer_value(json_object_get(e, "cols"));
+        json_t *bs = json_object_get(e, "blocksize");
+        ft_quant_options o = {.blocksize = json_is_integer(bs) ? (int)json_integer_value(bs) : 64,
+                              .double_quant = json_is_true(json_object_get(e, "double_quant"))};
+        const char *t = json_string_value(json_object_get(e, "type"));
+        if (ft_quant_parse(t ? t : "nf4", &o.type, err))
+            return -1;
+        size_t numel = (size_t)(rows * cols);
+        if (rows < 1 || cols < 1 || json_array_size(vals) != numel)
+            return ft_fail(err, "quantize[%zu]: values must hold rows x cols numbers", i);
+        float *x = malloc(numel * sizeof *x), *d = NULL;
+        for (size_t j = 0; j < numel; j++)
+            x[j] = (float)json_number_value(json_array_get(vals, j));
+        rc = ft_quantize(x, rows, cols, &o, &qs[i], err);
+        if (rc == 0) {
+            d = malloc(numel * sizeof *d);
+            ft_dequantize(&qs[i], d);
+            ft_st_writer_keep(w, d);
+        }
+        free(x);
+        const ft_qtensor *q = &qs[i];
+        char name[64];
+#define ADD(suffix, dt, len, data)                                                       \
+    do {                                                                                 \
+        int64_t shape_[1] = {(int64_t)(len)};                                            \
+        snprintf(name, sizeof name, "q%zu.%s", i, suffix);                              \
+        rc = rc ? rc : ft_st_writer_add(w, name, dt, 1, shape_, data, err);              \
+    } while (0)
+        if (rc == 0)
+            ADD("dequant", FT_ST_F32, numel, d);
+        if (rc == 0 && q->type == FT_QUANT_INT8) {
+            ADD("q", FT_ST_I8, numel, q->q);
+            ADD("scb", FT_ST_F32, rows, q->scb);
+        } else if (rc == 0) {
+            ADD("packed", FT_ST_U8, (numel + 1) / 2, q->packed);
+            if (q->nested) {
+                ADD("absmax_q", FT_ST_U8, q->n_blocks, q->absmax_q);
+                ADD("nested_absmax", FT_ST_F32, (q->n_blocks + 255) / 256, q->nested_absmax);
+                ADD("nested_map", FT_ST_F32, 256, q->nested_map);
+                ADD("nested_offset", FT_ST_F32, 1, &q->nested_offset);
+            } else {
+                ADD("absmax", FT_ST_F32, q->n_blocks, q->absmax);
+            }
+        }
+#undef ADD
+    }
+    if (rc == 0)
+        rc = ft_st_writer_save(w, out_path, err);
+    ft_st_writer_free(w);
+    for (size_t i = 0; i < n; i++)
+        ft_qtensor_free(&qs[i]);
+    free(qs);
+    return rc;
+}
+
+/* {"dequantize": {"dir", "prefix", "rows", "cols"}}: reads prefix's quantized weight
+ * from the checkpoint in dir (bitsandbytes' layout) and writes it dequantized as
+ * "dequant" [rows * cols]. */
+static int run_dequantize(json_t *d, const char *out_path, ft_err *err)
+{
+    const char *dir = json_string_value(json_object_get(d, "dir"));
+    const char *prefix = json_string_value(json_object_get(d, "prefix"));
+    int64_t rows = json_integer_value(json_object_get(d, "rows"));
+    int64_t cols = json_integer_value(json_object_get(d, "cols"));
+    if (!dir || !prefix || rows < 1 || cols < 1)
+        return ft_fail(err, "dequantize: needs dir, prefix, rows and cols");
+    ft_checkpoint *ck;
+    if (ft_ckpt_open(&ck, dir, "model", err))
+        return -1;
+    ft_qtensor q;
+    int rc = ft_qtensor_read(ck, prefix, rows, cols, &q, err);
+    ft_ckpt_close(ck);
+    if (rc)
+        return -1;
+    size_t n = (size_t)(rows * cols);
+    float *out = malloc(n * sizeof *out);
+    ft_dequantize(&q, out);
+    ft_st_writer *w = ft_st_writer_new();
+    int64_t shape[1] = {(int64_t)n};
+    rc = ft_st_writer_add(w, "dequant", FT_ST_F32, 1, shape, out, err) ||
+         ft_st_writer_save(w, out_path, err);
+    ft_st_writer_free(w);
+    ft_qtensor_free(&q);
+    free(out);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 3) {
@@ -281,6 +382,16 @@ int main(int argc, char **argv)
         return 2;
     }
     ft_err err = {{0}};
+    json_t *root = json_load_file(argv[1], 0, NULL);
+    json_t *quant = json_object_get(root, "quantize"), *deq = json_object_get(root, "dequantize");
+    if (quant || deq) {
+        int qrc = quant ? run_quantize(quant, argv[2], &err) : run_dequantize(deq, argv[2], &err);
+        if (qrc)
+            fprintf(stderr, "ft-conform: error: %s\n", err.msg);
+        json_decref(root);
+        return qrc ? 1 : 0;
+    }
+    json_decref(root);
     spec s;
     int rc = parse_spec(&s, argv[1], &err);
     if (rc == 0)
