@@ -120,3 +120,85 @@ int ft_fsync_dir(const char *dir, ft_err *err)
     close(fd);
     return 0;
 }
+
+bool ft_same_path(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+           sa.st_ino == sb.st_ino;
+}
+
+int ft_out_dir_check(const char *path, bool force, const char *const *inputs, size_t n,
+                     char *out, size_t size, ft_err *err)
+{
+    if (!path || !path[0])
+        return ft_fail(err, "the output dir is empty");
+    size_t len = strlen(path);
+    while (len > 1 && path[len - 1] == '/')
+        len--;
+    /* room for the ".tmp-<pid>-<k>.old" suffixes of the temporary names */
+    if (len + 64 >= size)
+        return ft_fail(err, "%s: path too long", path);
+    snprintf(out, size, "%.*s", (int)len, path);
+    struct stat st;
+    if (lstat(out, &st) != 0)
+        return 0;
+    if (!force)
+        return ft_fail(err, "%s: already exists (use --force to replace it)", out);
+    for (size_t i = 0; i < n; i++)
+        if (inputs[i] && ft_same_path(out, inputs[i]))
+            return ft_fail(err, "%s: the output dir must not be an input dir (%s)", out,
+                           inputs[i]);
+    return 0;
+}
+
+int ft_make_temp_dir(const char *out, char *tmp, size_t size, ft_err *err)
+{
+    char parent[4096];
+    if ((size_t)snprintf(parent, sizeof parent, "%s", out) >= sizeof parent)
+        return ft_fail(err, "%s: path too long", out);
+    char *slash = strrchr(parent, '/');
+    if (slash && slash != parent) {
+        *slash = '\0';
+        if (ft_mkdir_p(parent, err))
+            return -1;
+    }
+    for (int k = 0; k < 1000; k++) {
+        if ((size_t)snprintf(tmp, size, "%s.tmp-%ld-%d", out, (long)getpid(), k) >= size)
+            return ft_fail(err, "%s: path too long", out);
+        if (mkdir(tmp, 0777) == 0)
+            return 0;
+        if (errno != EEXIST)
+            return ft_fail(err, "%s: cannot create: %s", tmp, strerror(errno));
+    }
+    return ft_fail(err, "%s: cannot create a temporary dir next to it", out);
+}
+
+int ft_publish_dir(const char *tmp, const char *out, bool force, const char *tool,
+                   ft_err *err)
+{
+    struct stat st;
+    if (lstat(out, &st) != 0) {
+        if (rename(tmp, out) != 0)
+            return ft_fail(err, "%s: cannot rename %s to it: %s", out, tmp, strerror(errno));
+        return 0;
+    }
+    if (!force)
+        return ft_fail(err, "%s: already exists (use --force to replace it)", out);
+    char aside[4400];
+    if ((size_t)snprintf(aside, sizeof aside, "%s.old", tmp) >= sizeof aside)
+        return ft_fail(err, "%s: path too long", tmp);
+    if (rename(out, aside) != 0)
+        return ft_fail(err, "%s: cannot move the existing output aside: %s", out,
+                       strerror(errno));
+    if (rename(tmp, out) != 0) {
+        int e = errno;
+        if (rename(aside, out) != 0)
+            return ft_fail(err, "%s: cannot rename %s to it (%s); the old output is now %s",
+                           out, tmp, strerror(e), aside);
+        return ft_fail(err, "%s: cannot rename %s to it: %s", out, tmp, strerror(e));
+    }
+    if (ft_remove_tree(aside) != 0)
+        fprintf(stderr, "%s: warning: could not remove the old output %s\n", tool, aside);
+    return 0;
+}

@@ -25,7 +25,8 @@
  *     layer_types with an entry the model cannot run (sliding layers in llama/qwen2, mixed
  *     layers in mistral); per-layer-type rope_parameters; attention_bias/mlp_bias = true for
  *     mistral and qwen2 (their modeling code has no such switch: the checkpoint would not
- *     match the model); quantization_config (quantized weights).
+ *     match the model); quantization_config other than bitsandbytes' (lib/quant_io.c
+ *     reads that one: the weights stay quantized in the checkpoint).
  *   rejected when present (keys of other families, which the Llama code would silently
  *     drop although the checkpoint was trained with them): attn_logit_softcapping,
  *     final_logit_softcapping, query_pre_attn_scalar (Gemma 2), attention_multiplier
@@ -70,8 +71,9 @@ static const model_defaults MODEL_DEFAULTS[] = {
     {"qwen2", 32768, 32, 0},
 };
 
-/* Keys of other families that must be absent, neutral, or null. */
-typedef enum foreign_rule { MUST_BE_NULL, MUST_BE_ONE, MUST_BE_FALSE } foreign_rule;
+/* Keys of other families that must be absent, neutral, or null (quantization_config:
+ * or bitsandbytes'). */
+typedef enum foreign_rule { MUST_BE_NULL, MUST_BE_ONE, MUST_BE_FALSE, MUST_BE_BNB } foreign_rule;
 
 static const struct {
     const char *key;
@@ -84,7 +86,7 @@ static const struct {
     {"scale_depth", MUST_BE_NULL},
     {"num_experts", MUST_BE_NULL},
     {"num_local_experts", MUST_BE_NULL},
-    {"quantization_config", MUST_BE_NULL},
+    {"quantization_config", MUST_BE_BNB},
     {"partial_rotary_factor", MUST_BE_ONE},
     {"embedding_multiplier", MUST_BE_ONE},
     {"residual_multiplier", MUST_BE_ONE},
@@ -251,6 +253,14 @@ static int check_foreign_keys(const char *path, const json_t *root, ft_err *err)
                 return ft_fail(err, "%s: '%s' must be false (or absent): not supported", path,
                                key);
             break;
+        case MUST_BE_BNB: {
+            const char *method = json_string_value(json_object_get(v, "quant_method"));
+            if (!method || strcmp(method, "bitsandbytes") != 0)
+                return ft_fail(err, "%s: '%s': quant_method '%s' is not supported (only "
+                               "bitsandbytes 4-bit and 8-bit checkpoints are)",
+                               path, key, method ? method : "(missing)");
+            break;
+        }
         }
     }
     return 0;

@@ -17,7 +17,6 @@
  * end; on any error the temporary dir is removed. */
 #include "merge.h"
 
-#include <errno.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdint.h>
@@ -25,7 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include "fsutil.h"
 #include "lora.h"
@@ -203,75 +201,15 @@ static int write_weights(ft_model *m, const char *dir, ft_st_dtype dt, size_t ma
     return rc;
 }
 
-/* Whether a and b name the same existing file system object. */
-static bool same_path(const char *a, const char *b)
-{
-    struct stat sa, sb;
-    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
-           sa.st_ino == sb.st_ino;
-}
-
-/* Creates "<out>.tmp-<pid>-<k>" (same parent as out, so the final rename is atomic). */
-static int make_temp_dir(const char *out, char *tmp, size_t size, ft_err *err)
-{
-    for (int k = 0; k < 1000; k++) {
-        snprintf(tmp, size, "%s.tmp-%ld-%d", out, (long)getpid(), k);
-        if (mkdir(tmp, 0777) == 0)
-            return 0;
-        if (errno != EEXIST)
-            return ft_fail(err, "%s: cannot create: %s", tmp, strerror(errno));
-    }
-    return ft_fail(err, "%s: cannot create a temporary dir next to it", out);
-}
-
-/* Moves the finished tmp dir to out; with force, an existing out is replaced (moved
- * aside first, removed after the new one is in place). */
-static int publish(const char *tmp, const char *out, bool force, ft_err *err)
-{
-    struct stat st;
-    if (lstat(out, &st) != 0) {
-        if (rename(tmp, out) != 0)
-            return ft_fail(err, "%s: cannot rename %s to it: %s", out, tmp, strerror(errno));
-        return 0;
-    }
-    if (!force)
-        return ft_fail(err, "%s: already exists (use --force to replace it)", out);
-    char aside[4300];
-    snprintf(aside, sizeof aside, "%s.old", tmp);
-    if (rename(out, aside) != 0)
-        return ft_fail(err, "%s: cannot move the existing output aside: %s", out,
-                       strerror(errno));
-    if (rename(tmp, out) != 0) {
-        int e = errno;
-        if (rename(aside, out) != 0)
-            return ft_fail(err, "%s: cannot rename %s to it (%s); the old output is now %s",
-                           out, tmp, strerror(e), aside);
-        return ft_fail(err, "%s: cannot rename %s to it: %s", out, tmp, strerror(e));
-    }
-    if (ft_remove_tree(aside) != 0)
-        fprintf(stderr, "ft-merge: warning: could not remove the old output %s\n", aside);
-    return 0;
-}
-
 int ft_merge(const ft_merge_options *o, ft_err *err)
 {
     if (!o->model_dir || !o->adapter_dir || !o->out_dir || !o->out_dir[0])
         return ft_fail(err, "merge needs a model dir, an adapter dir and an output dir");
     char out[4096];
-    size_t n = strlen(o->out_dir);
-    while (n > 1 && o->out_dir[n - 1] == '/')
-        n--;
-    if (n >= sizeof out - 64)
-        return ft_fail(err, "%s: path too long", o->out_dir);
-    snprintf(out, sizeof out, "%.*s", (int)n, o->out_dir);
-
+    const char *inputs[] = {o->model_dir, o->adapter_dir};
+    if (ft_out_dir_check(o->out_dir, o->force, inputs, 2, out, sizeof out, err))
+        return -1;
     struct stat st;
-    if (lstat(out, &st) == 0) {
-        if (!o->force)
-            return ft_fail(err, "%s: already exists (use --force to replace it)", out);
-        if (same_path(out, o->model_dir) || same_path(out, o->adapter_dir))
-            return ft_fail(err, "%s: the output dir must not be the model or adapter dir", out);
-    }
     if (stat(o->adapter_dir, &st) != 0 || !S_ISDIR(st.st_mode))
         return ft_fail(err, "%s: adapter dir not found", o->adapter_dir);
 
@@ -326,17 +264,8 @@ int ft_merge(const ft_merge_options *o, ft_err *err)
         return -1;
     }
 
-    char parent[4096];
-    snprintf(parent, sizeof parent, "%s", out);
-    char *slash = strrchr(parent, '/');
-    if (slash && slash != parent) {
-        *slash = '\0';
-        rc = ft_mkdir_p(parent, err);
-    }
     char tmp[4200];
-    if (rc == 0)
-        rc = make_temp_dir(out, tmp, sizeof tmp, err);
-    if (rc) {
+    if (ft_make_temp_dir(out, tmp, sizeof tmp, err)) {
         ft_model_free(m);
         json_decref(cfg_json);
         return -1;
@@ -350,7 +279,7 @@ int ft_merge(const ft_merge_options *o, ft_err *err)
     if (rc == 0)
         rc = ft_copy_passthrough_files(o->model_dir, tmp, err);
     if (rc == 0)
-        rc = publish(tmp, out, o->force, err);
+        rc = ft_publish_dir(tmp, out, o->force, "ft-merge", err);
     if (rc)
         ft_remove_tree(tmp);
     return rc;

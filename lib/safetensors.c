@@ -799,6 +799,7 @@ typedef struct st_entry {
     int64_t shape[FT_ST_MAX_DIMS];
     const void *data; /* the caller's */
     size_t nbytes;
+    bool glued;       /* goes into the shard of the entry before it (ft_st_writer_group) */
 } st_entry;
 
 struct ft_st_writer {
@@ -907,6 +908,22 @@ int ft_st_writer_metadata(ft_st_writer *w, const char *key, const char *value, f
     if (json_object_set_new(w->meta, key, s) != 0)
         return ft_fail(err, "metadata '%s': the key is not valid UTF-8", key);
     return 0;
+}
+
+size_t ft_st_writer_count(const ft_st_writer *w) { return w->n; }
+
+size_t ft_st_writer_bytes(const ft_st_writer *w)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < w->n; i++)
+        total += w->e[i].nbytes;
+    return total;
+}
+
+void ft_st_writer_group(ft_st_writer *w, size_t first)
+{
+    for (size_t i = first + 1; i < w->n; i++)
+        w->e[i].glued = true;
 }
 
 typedef struct st_chunk {
@@ -1123,14 +1140,17 @@ static int remove_stale(const char *dir, const char *basename, unsigned long kee
 }
 
 /* Greedy split in insertion order: a shard takes tensors while they fit in max bytes;
- * a tensor larger than max gets a shard of its own. Shard indices never decrease, so
- * shard s is the range [first[s], first[s + 1]). Returns the shard count. */
+ * a tensor larger than max gets a shard of its own. A group (an entry and the glued
+ * entries after it) is placed as one tensor of their summed size. Shard indices never
+ * decrease, so shard s is the range [first[s], first[s + 1]). Returns the shard count. */
 static size_t plan_shards(const ft_st_writer *w, size_t max, size_t *first)
 {
     size_t ns = 0, used = 0;
     bool open = false;
-    for (size_t i = 0; i < w->n; i++) {
+    for (size_t i = 0, next; i < w->n; i = next) {
         size_t b = w->e[i].nbytes;
+        for (next = i + 1; next < w->n && w->e[next].glued; next++)
+            b += w->e[next].nbytes;
         if (b > max) {
             first[ns++] = i;
             open = false;

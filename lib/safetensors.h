@@ -98,12 +98,20 @@ int ft_st_writer_add(ft_st_writer *w, const char *name, ft_st_dtype dtype, int n
 int ft_st_writer_keep(ft_st_writer *w, void *buf);
 int ft_st_writer_metadata(ft_st_writer *w, const char *key, const char *value,
                           ft_err *err);
+/* How many tensors have been added, and their data bytes (headers not counted). */
+size_t ft_st_writer_count(const ft_st_writer *w);
+size_t ft_st_writer_bytes(const ft_st_writer *w);
+/* Keeps the tensors added from index first on (first < count) together: a sharded save
+ * puts them into one shard, as loaders that read a quantized weight's parts (the packed
+ * data, absmax, quant_state, ...) from one shard need. */
+void ft_st_writer_group(ft_st_writer *w, size_t first);
 int ft_st_writer_save(const ft_st_writer *w, const char *path, ft_err *err);
 /* Saves into dir as <basename>.safetensors, or, when the data exceed max_shard_bytes,
  * as <basename>-0000i-of-0000n.safetensors plus <basename>.safetensors.index.json.
- * Greedy split in insertion order; a tensor larger than max_shard_bytes (> 0) gets a
- * shard of its own; metadata goes into every shard. Files of an earlier save in the
- * other layout (the plain file, the index, shards of another count) are removed. */
+ * Greedy split in insertion order, a group (ft_st_writer_group) counting as one tensor;
+ * a tensor or group larger than max_shard_bytes (> 0) gets a shard of its own; metadata
+ * goes into every shard. Files of an earlier save in the other layout (the plain file,
+ * the index, shards of another count) are removed. */
 int ft_st_writer_save_sharded(const ft_st_writer *w, const char *dir, const char *basename,
                               size_t max_shard_bytes, ft_err *err);
 

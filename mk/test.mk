@@ -74,6 +74,7 @@ test-conformance: $(HARNESSES) $(TOOLS)
 	  FT_TOKENIZE=$(abspath $(TOKENIZE_HARNESS)) FT_TRAIN=$(abspath bin/ft-train) \
 	  FT_LORA_INIT=$(abspath bin/ft-lora-init) FT_MERGE=$(abspath bin/ft-merge) \
 	  FT_EVAL=$(abspath bin/ft-eval) FT_TB=$(abspath $(TB_HARNESS)) \
+	  FT_QUANTIZE=$(abspath bin/ft-quantize) FT_BNB_WHEELS=$(abspath $(VENV))/wheels \
 	  OMP_NUM_THREADS=2 \
 	  $(VENV)/bin/python -m pytest -q tests/conformance
 

@@ -36,7 +36,12 @@ TOL_LOGITS = 1e-5
 TOL_GRAD = 1e-4
 TOL_WEIGHT = 1e-5
 TOL_LOSSES = 1e-5
-TOL_SELF = 1e-6  # ours vs ours (grad_accum 2 vs 1)
+# ours vs ours (grad_accum 2 vs 1): not from the spec. Splitting the batch changes the
+# order of every fp32 sum over tokens in the gradient GEMMs (two partial sums added vs
+# one), so the two agree to fp32 reduction-order error, which depends on the BLAS kernel:
+# 1.4e-7 on one machine's OpenBLAS, 1.2e-6 on an AMD EPYC's. The spec's 1e-5 bound for
+# fp32 results.
+TOL_SELF = 1e-5
 
 HARNESS_TIMEOUT_S = 120
 

@@ -6,14 +6,16 @@
  * SPEC: {"model_dir", "adapter_dir"?, "mode": "eval"|"full"|"lora",
  *        "input_ids": [[...]], "labels"?: [[...]], "position_ids"?: [[...]],
  *        "grad_ckpt"?: bool, "grad_accum"?: k, "seed"?: n,
- *        "quant"?: {"type": "nf4"|"fp4"|"int8", "blocksize", "double_quant"},
+ *        "quant"?: {"type": "nf4"|"fp4"|"int8", "blocksize"?: 64, "double_quant"?: bool,
+ *                   "skip"?: "lm_head,..."},
  *        "train"?: {"steps", "lr", "betas", "eps", "weight_decay", "warmup_steps",
  *                   "scheduler", "max_grad_norm"}}
  * OUT: "logits" [B,T,V] and "loss" [] of the first forward; without "train" in full or
  * LoRA mode "grad.<name>" for every trainable parameter; with "train" "losses" [steps]
- * and "weight.<name>" after the last step; with a quantized base (quantized on load, or a
- * quantized checkpoint) "dequant.<name>" of every quantized weight. Names are HF
- * state-dict names, or PEFT adapter keys for LoRA weights. */
+ * and "weight.<name>" after the last step. Names are HF state-dict names, or PEFT
+ * adapter keys for LoRA weights. With a quantized base ("quant": quantized on load, or a
+ * checkpoint quantized already) also "dequant.<name>": every quantized weight as the
+ * model dequantizes it. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +38,7 @@ typedef struct spec {
     uint64_t seed;
     json_t *train;
     ft_quant_options quant;
+    const char *quant_skip;
 } spec;
 
 static int read_matrix(json_t *root, const char *key, int *B, int *T, int32_t **out,
@@ -114,12 +117,12 @@ static int parse_spec(spec *s, const char *path, ft_err *err)
     s->train = json_object_get(s->root, "train");
     json_t *q = json_object_get(s->root, "quant");
     if (q) {
-        json_t *t = json_object_get(q, "type");
-        if (ft_quant_parse(json_is_string(t) ? json_string_value(t) : "nf4", &s->quant.type, err))
+        json_t *bs = json_object_get(q, "blocksize"), *dq = json_object_get(q, "double_quant");
+        if (ft_quant_parse(json_string_value(json_object_get(q, "type")), &s->quant.type, err))
             return ft_fail_prefix(err, "%s: quant.type", path);
-        v = json_object_get(q, "blocksize");
-        s->quant.blocksize = json_is_integer(v) ? (int)json_integer_value(v) : 64;
-        s->quant.double_quant = !json_is_false(json_object_get(q, "double_quant"));
+        s->quant.blocksize = json_is_integer(bs) ? (int)json_integer_value(bs) : 64;
+        s->quant.double_quant = dq ? json_is_true(dq) : true;
+        s->quant_skip = json_string_value(json_object_get(q, "skip"));
     }
     return 0;
 }
@@ -164,7 +167,7 @@ static int add_params(ft_st_writer *w, ft_model *m, keep *k, const char *prefix,
 static int run(const spec *s, const char *out_path, ft_err *err)
 {
     ft_model_options opt = {.mode = s->mode, .grad_ckpt = s->grad_ckpt, .seed = s->seed,
-                            .quant = s->quant};
+                            .quant = s->quant, .quant_skip = s->quant_skip};
     if (s->mode == FT_TRAIN_LORA && ft_lora_config_load(&opt.lora, s->adapter_dir, err))
         return -1;
     ft_model *m;
@@ -189,6 +192,20 @@ static int run(const spec *s, const char *out_path, ft_err *err)
     }
     if (s->mode == FT_TRAIN_LORA && ft_model_load_adapter(m, s->adapter_dir, err))
         goto done;
+
+    for (int unit = 1; unit <= c->num_layers; unit++) {
+        ft_model_materialize(m, unit);
+        for (size_t i = 0; i < ft_model_param_count(m); i++) {
+            ft_param *p = ft_model_param(m, i);
+            if (p->unit != unit || !p->quantized)
+                continue;
+            char name[256];
+            snprintf(name, sizeof name, "dequant.%s", p->name);
+            if (ft_st_writer_add(w, name, FT_ST_F32, p->ndim, p->shape,
+                                 kept_copy(&k, p->data, p->numel), err))
+                goto done;
+        }
+    }
 
     double loss_sum;
     long n_tok;
@@ -249,20 +266,6 @@ static int run(const spec *s, const char *out_path, ft_err *err)
                 goto done;
         if (add_params(w, m, &k, "grad.", true, err))
             goto done;
-    }
-    /* the dequantized base, layer by layer */
-    for (int u = 1; u <= c->num_layers; u++) {
-        ft_model_materialize(m, u);
-        for (size_t i = 0; i < ft_model_param_count(m); i++) {
-            ft_param *p = ft_model_param(m, i);
-            if (p->unit != u || !p->quantized)
-                continue;
-            char name[256];
-            snprintf(name, sizeof name, "dequant.%s", p->name);
-            if (ft_st_writer_add(w, name, FT_ST_F32, p->ndim, p->shape,
-                                 kept_copy(&k, p->data, p->numel), err))
-                goto done;
-        }
     }
     rc = ft_st_writer_save(w, out_path, err);
 done:

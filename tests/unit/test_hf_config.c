@@ -353,6 +353,11 @@ static void test_llama_defaults_and_bias(void)
     CHECK(strcmp(c.torch_dtype, "float16") == 0);
     CHECK(c.bos_token_id == -1 && c.n_eos == 0 && c.pad_token_id == 0);
     CHECK(c.rope_kind == FT_ROPE_DEFAULT);
+
+    /* a bitsandbytes checkpoint: the quantized weights are quant_io's business */
+    CHECK(load("{\"model_type\": \"llama\", " REQ ", \"quantization_config\": "
+               "{\"quant_method\": \"bitsandbytes\", \"load_in_4bit\": true}}",
+               &c, &e) == 0);
 }
 
 static void test_file_errors(void)
@@ -478,6 +483,9 @@ static void test_math_errors(void)
                  "attention_multiplier");
     EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"quantization_config\": {\"bits\": 4}}",
                  "quantization_config");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"quantization_config\": "
+                 "{\"quant_method\": \"gptq\", \"bits\": 4}}",
+                 "'gptq' is not supported");
     EXPECT_ERROR("{\"model_type\": \"mistral\", " REQ ", \"attention_bias\": true}",
                  "attention_bias");
     EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ","

@@ -686,6 +686,52 @@ static void test_sharded(void)
         free(data[i]);
 }
 
+static void test_sharded_groups(void)
+{
+    /* Sizes 40, 40 | 40, 40, 40 (a group of 120, over the limit) | 40, 20 (a group of
+     * 60) | 40. With max 100: {t0, t1} {g1} {g2, t7}; without the groups the split
+     * would be {t0, t1} {t2, t3} {t4, t5} {t6, t7}. */
+    enum { NT = 8 };
+    static const char *const names[NT] = {"a", "b", "g1.w", "g1.s", "g1.t", "g2.w", "g2.s", "z"};
+    static const int64_t elems[NT] = {10, 10, 10, 10, 10, 10, 5, 10};
+    unsigned char *data[NT];
+    size_t bytes[NT];
+    ft_err err = {{0}};
+    ft_st_writer *w = ft_st_writer_new();
+    for (int i = 0; i < NT; i++) {
+        bytes[i] = (size_t)elems[i] * 4;
+        data[i] = malloc(bytes[i]);
+        fill_bytes(data[i], bytes[i], 300u + (unsigned)i);
+        CHECK(ft_st_writer_add(w, names[i], FT_ST_F32, 1, &elems[i], data[i], &err) == 0);
+        if (i == 4)
+            ft_st_writer_group(w, 2);
+        if (i == 6)
+            ft_st_writer_group(w, 5);
+    }
+    CHECK(ft_st_writer_count(w) == NT);
+    CHECK(ft_st_writer_bytes(w) == 7 * 40 + 20);
+    char dir[256], p[512];
+    make_dir(dir, sizeof dir, "sharded_groups");
+    CHECK(ft_st_writer_save_sharded(w, dir, "model", 100, &err) == 0);
+    static const int shard_of[NT] = {1, 1, 2, 2, 2, 3, 3, 3};
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    json_error_t je;
+    json_t *idx = json_load_file(p, 0, &je);
+    CHECK(idx != NULL);
+    json_t *wm = json_object_get(idx, "weight_map");
+    for (int i = 0; i < NT; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "model-%05d-of-00003.safetensors", shard_of[i]);
+        const char *got = json_string_value(json_object_get(wm, names[i]));
+        CHECK(got && strcmp(got, want) == 0);
+    }
+    json_decref(idx);
+    check_ckpt(dir, names, data, bytes, NT);
+    ft_st_writer_free(w);
+    for (int i = 0; i < NT; i++)
+        free(data[i]);
+}
+
 static void write_text(const char *dir, const char *name, const char *text)
 {
     char p[512];
@@ -972,6 +1018,7 @@ int main(void)
     RUN(test_fuzz);
     RUN(test_writer_errors);
     RUN(test_sharded);
+    RUN(test_sharded_groups);
     RUN(test_ckpt_errors);
     RUN(test_ckpt_many);
     RUN(test_bf16);
