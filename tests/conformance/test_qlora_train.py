@@ -106,3 +106,51 @@ def test_bad_quant_config_fails_before_work(workdir, sets, want):
     out = train(write_config(workdir, name), *args, check=False)
     assert out.returncode != 0 and want in out.stderr, out.stderr
     assert not (workdir / name / "final").exists()
+
+
+def _tool(env, *args):
+    import os
+    import subprocess
+    out = subprocess.run([os.environ[env], *map(str, args)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def chain(workdir, runs):
+    """The user's QLoRA chain: ft-quantize -> ft-train (on the quantized dir) -> ft-eval
+    and ft-merge on the quantized base."""
+    q = workdir / "model-nf4"
+    _tool("FT_QUANTIZE", "--model", workdir / "model", "--out", q)
+    cfg = write_config(workdir, "q_prequant")
+    cfg.write_text(cfg.read_text().replace(str(workdir / "model"), str(q)))
+    trained = train(cfg, "--set", "tuning.mode=qlora")
+    return dict(q=q, trained=trained, adapter=workdir / "q_prequant" / "final")
+
+
+def test_training_on_ft_quantize_output_equals_quantizing_on_load(chain, runs):
+    """The same NF4 base either way: the same losses, bit for bit, and the same adapter."""
+    assert printed_losses(chain["trained"].stderr) == printed_losses(runs["qlora"].stderr)
+
+
+def test_eval_and_merge_on_the_quantized_base(workdir, chain):
+    """ft-eval of quantized base + adapter equals ft-eval of the merged dense model (fp32
+    merge); the default merge is bf16 without quantization_config and loads in
+    transformers."""
+    from transformers import LlamaForCausalLM
+    data = workdir / "eval.jsonl"
+    ev = json.loads(_tool("FT_EVAL", "--model", chain["q"], "--adapter", chain["adapter"],
+                          "--data", data, "--max-seq-len", 32, "--json").stdout)
+    merged = workdir / "q_merged_f32"
+    _tool("FT_MERGE", "--model", chain["q"], "--adapter", chain["adapter"], "--out", merged,
+          "--dtype", "f32")
+    ev_m = json.loads(_tool("FT_EVAL", "--model", merged, "--data", data, "--max-seq-len", 32,
+                            "--json").stdout)
+    assert ev["tokens"] == ev_m["tokens"] > 0
+    assert abs(ev["loss"] - ev_m["loss"]) <= 1e-5 * abs(ev_m["loss"]), (ev, ev_m)
+    bf = workdir / "q_merged"
+    _tool("FT_MERGE", "--model", chain["q"], "--adapter", chain["adapter"], "--out", bf)
+    cfg = json.loads((bf / "config.json").read_text())
+    assert "quantization_config" not in cfg and cfg["torch_dtype"] == "bfloat16"
+    m = LlamaForCausalLM.from_pretrained(bf, torch_dtype="auto")
+    assert m.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
