@@ -46,7 +46,8 @@ static const char usage[] =
     "  --plan [N]          print the planned memory per category (weights, gradients,\n"
     "                      optimizer, activations, workspace) for this config on N ranks\n"
     "                      (default 1) and exit: exact for the CPU engine (cpu-* rows),\n"
-    "                      predicted for the GPU strategies\n"
+    "                      predicted for the GPU strategies; batch_size auto is resolved\n"
+    "                      for N ranks on this machine (planned for 1 when nothing fits)\n"
     "  --measure           --plan for the ranks of this launch (mpirun -np N ft-train ...\n"
     "                      --measure), with what they measure beside it: load the model\n"
     "                      and data, run exactly one training step (forward, backward,\n"
@@ -411,12 +412,19 @@ int main(int argc, char **argv)
     } else if (measure) {
         rc = train(cfg, NULL, true);
     } else if (plan_world > 0) {
+        /* an auto batch that cannot be resolved here (nothing fits this machine) still
+         * gets its plan, for a micro-batch of 1 */
         ft_memplan_result plan;
-        if (ft_resolve_batch(cfg, NULL, plan_world, stderr, NULL, &err) ||
-            ft_memplan_config(cfg, plan_world, &plan, &err))
+        if (ft_memory_budget_check(cfg, &err)) {
             rc = fail(err.msg);
-        else
-            ft_memplan_print(&plan, stdout);
+        } else {
+            if (ft_resolve_batch(cfg, NULL, plan_world, stderr, NULL, &err))
+                fprintf(stderr, "note: %s\n", err.msg);
+            if (ft_memplan_config(cfg, plan_world, &plan, &err))
+                rc = fail(err.msg);
+            else
+                ft_memplan_print(&plan, stdout);
+        }
     } else if (print_config) {
         rc = print_resolved(cfg);
     } else if (dump) {

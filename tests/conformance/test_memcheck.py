@@ -349,6 +349,10 @@ def test_auto_batch_nothing_fits(work):
     assert "train.memory_budget = 64KiB" in out.stderr
     assert "gradient_checkpointing" in out.stderr and "max_seq_len" in out.stderr
     assert not (work / "runs" / "ab_none").exists()
+    # --plan still shows the plan, for a micro-batch of 1, with the reason as a note
+    out = run(cfg, 1, "--plan")
+    assert "note: train.batch_size auto: even a micro-batch of 1" in out.stderr
+    assert "1 x 32 tokens per rank (batch_size auto: planned for 1)" in out.stdout
     bad = write_config(work, "ab_bad", train__memory_budget="lots")
     out = run(bad, 1, check=False)
     assert out.returncode != 0 and "train.memory_budget" in out.stderr and "lots" in out.stderr
