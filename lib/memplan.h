@@ -10,11 +10,12 @@
  *              batch_size x max_seq_len tokens per micro-batch. cpu-fp32 is one process
  *              (dist.strategy none; tests/unit/test_memplan.c checks it against
  *              ft_model_load + forward + backward + ft_optimizer_init); cpu-ddp,
- *              cpu-zero1..3 and cpu-fsdp are the strategies of lib/dist_dp.c at world
- *              size N, per rank (ft_memplan_cpu_rank; the row shows the rank with the
- *              largest total, as shards of a buffer of n elements are n*(r+1)/N - n*r/N
- *              long); `ft-train --plan --measure` and tests/conformance/test_memcheck.py
- *              check them on real ranks. Bytes are the requested sizes the tracked
+ *              cpu-zero1..3 and cpu-fsdp are the strategies of lib/dist_dp.c and cpu-mp
+ *              the stages of lib/dist_pipeline.c at world size N, per rank
+ *              (ft_memplan_cpu_rank; the row shows the rank with the largest total, as
+ *              shards of a buffer of n elements are n*(r+1)/N - n*r/N long);
+ *              `ft-train --measure` and tests/conformance/test_memcheck.py check them on
+ *              real ranks. Bytes are the requested sizes the tracked
  *              allocator counts (its 64-byte headers and alignment are not).
  *
  *   gpu-*      PREDICTIONS for backends that do not exist yet (CUDA, NCCL, ZeRO, FSDP),
