@@ -53,9 +53,19 @@ static const ft_cfg_key schema[] = {
 
     /* train */
     {"train.batch_size", FT_CFG_INT, "1", NULL, true, 1, NONE,
-     "samples (or packed rows) per device per micro-batch", NULL},
+     "samples (or packed rows) per device per micro-batch; auto: the largest (up to 1024 and "
+     "the training file's records per rank) whose planned per-rank peak (ft-train --plan) "
+     "fits train.memory_budget, dividing global_batch_size / world size when that is set",
+     NULL},
     {"train.grad_accum", FT_CFG_INT, "1", NULL, true, 1, NONE,
-     "micro-batches per optimizer step", NULL},
+     "micro-batches per optimizer step; auto: global_batch_size / (batch_size x world size) "
+     "when that is set, else 1",
+     NULL},
+    {"train.memory_budget", FT_CFG_STRING, "auto", NULL, true, NONE, NONE,
+     "memory per rank that batch_size auto may plan for: a size (512MiB, 6GiB, 8GB; a bare "
+     "number is bytes); auto: a GPU's free memory x 0.9, on CPU ranks MemAvailable x 0.8 / "
+     "ranks on the node",
+     NULL},
     {"train.global_batch_size", FT_CFG_INT, "auto", NULL, true, 1, NONE,
      "samples per optimizer step over all ranks = batch_size x grad_accum x world size; "
      "checked when set",

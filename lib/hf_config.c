@@ -612,6 +612,8 @@ int ft_model_config_load(ft_model_config *cfg, const char *path, ft_err *err)
     else
         rc = parse_config(path, root, cfg, err);
     json_decref(root);
+    if (rc == 0)
+        rc = ft_quant_config_read(path, &cfg->quant, err);
     return rc;
 }
 

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 
 #include "ft_error.h"
+#include "quant_io.h"
 
 typedef enum ft_rope_kind {
     FT_ROPE_DEFAULT = 0,
@@ -43,6 +44,9 @@ typedef struct ft_model_config {
     int n_eos;
     int pad_token_id; /* -1 if absent */
     char torch_dtype[16]; /* "float32", "bfloat16", "float16" or "" */
+    /* "quantization_config": the checkpoint holds bitsandbytes 4/8-bit weights
+     * (present = false for a dense checkpoint) */
+    ft_quant_config quant;
 } ft_model_config;
 
 /* Reads and validates path (a config.json). */

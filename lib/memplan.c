@@ -1,14 +1,17 @@
-/* The memory planner (see memplan.h for the formulas). The cpu-fp32 row mirrors
- * lib/model.c buffer by buffer: build_layout (parameters), assign_buffers (weights,
- * gradients), model_reserve_activations / alloc_layer_set (activations, backward
- * scratch) and lib/optim.c (AdamW m and v). A change there must be mirrored here; the
- * unit test fails otherwise. */
+/* The memory planner (see memplan.h for the formulas). The cpu rows mirror lib/model.c
+ * buffer by buffer: build_layout (parameters), assign_buffers (weights, gradients),
+ * model_reserve_activations / alloc_layer_set (activations, backward scratch),
+ * lib/optim.c (AdamW m and v), and the strategies' buffers of lib/dist_dp.c (dp_setup)
+ * and lib/dist_engine.c (offload). A change there must be mirrored here; the unit test
+ * (cpu-fp32) and tests/conformance/test_memcheck.py (every cpu row on real ranks) fail
+ * otherwise. */
 #include "memplan.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ds_config.h"
 #include "lora.h"
 #include "model_path.h"
 
@@ -34,15 +37,15 @@ typedef struct planner {
     size_t k;       /* GPU optimizer bytes per trainable parameter */
     size_t N;       /* world size */
     ft_memplan_result *r;
-    /* per unit (0..L+1): trainable parameters, frozen bytes at GPU precision, and the
-     * FSDP flat-parameter numbers */
-    size_t *unit_train, *unit_frozen_bytes;
+    /* per unit (0..L+1): trainable parameters, frozen bytes at GPU precision, frozen
+     * parameters in the flat frozen buffer (dense ones) */
+    size_t *unit_train, *unit_frozen_bytes, *unit_frozen;
     /* a quantized base (qlora, or a checkpoint quantized already): the format, the
-     * modules left dense, and per unit the elements of its quantized weights (the
-     * dequantization window holds one unit's) */
+     * modules left dense, and per unit its quantized weights' elements (the
+     * dequantization window holds one unit's) and bytes */
     ft_quant_options quant;
     const char *quant_skip;
-    size_t *unit_quantized;
+    size_t *unit_quantized, *unit_quant_bytes;
 } planner;
 
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
@@ -57,9 +60,6 @@ static void add_tensor(planner *p, int unit, size_t numel, bool trainable, bool 
     if (trainable) {
         r->n_trainable += numel;
         p->unit_train[unit] += numel;
-        row[FT_PLAN_CPU].bytes[FT_MEM_WEIGHTS] += 4 * numel;
-        row[FT_PLAN_CPU].bytes[FT_MEM_GRADS] += 4 * numel;
-        row[FT_PLAN_CPU].bytes[FT_MEM_OPTIM] += 8 * numel;
         for (int i = FT_PLAN_GPU_1; i <= FT_PLAN_GPU_ZERO3; i++) {
             bool shard_w = i == FT_PLAN_GPU_ZERO3;
             bool shard_g = i >= FT_PLAN_GPU_ZERO2;
@@ -79,7 +79,10 @@ static void add_tensor(planner *p, int unit, size_t numel, bool trainable, bool 
             p->unit_quantized[unit] += numel;
         }
         p->unit_frozen_bytes[unit] += fb;
-        row[FT_PLAN_CPU].bytes[FT_MEM_WEIGHTS] += quant ? qb : 4 * numel;
+        if (quant)
+            p->unit_quant_bytes[unit] += qb;
+        else
+            p->unit_frozen[unit] += numel;
         for (int i = FT_PLAN_GPU_1; i <= FT_PLAN_GPU_ZERO3; i++)
             row[i].bytes[FT_MEM_WEIGHTS] += i == FT_PLAN_GPU_ZERO3 ? ceil_div(fb, N) : fb;
     }
@@ -126,16 +129,29 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora)
         add_tensor(p, (int)L + 1, V * C, full, false, 0, 0);
 }
 
-/* Mirrors model_reserve_activations / alloc_layer_set for N rows while training.
- * *act: the activations category, *ws: the workspace category. */
-static void count_activations(const ft_model_config *c, size_t N, bool grad_ckpt, bool lora,
-                              int r_lora, unsigned lora_union, bool lora_dropout,
-                              act_counts *act, act_counts *ws)
+/* The activations of a tuning run: LoRA rank, targets and dropout. */
+typedef struct act_spec {
+    bool grad_ckpt, lora, lora_dropout;
+    int r_lora;
+    unsigned lora_union;
+} act_spec;
+
+/* A pipeline stage of units [first, last] (0 embeddings, 1..L layers, L+1 head); the
+ * whole model is [0, L+1]. */
+typedef struct stage_span {
+    int first, last;
+} stage_span;
+
+/* Mirrors model_reserve_activations / alloc_layer_set for N rows while training, on the
+ * stage span. *act: the activations category, *ws: the workspace category. */
+static void count_activations(const ft_model_config *c, size_t N, const act_spec *sp,
+                              stage_span span, act_counts *act, act_counts *ws)
 {
-    size_t L = (size_t)c->num_layers, C = (size_t)c->hidden_size;
+    size_t C = (size_t)c->hidden_size;
     size_t I = (size_t)c->intermediate_size, V = (size_t)c->vocab_size;
     size_t QD = (size_t)c->num_heads * (size_t)c->head_dim;
     size_t KD = (size_t)c->num_kv_heads * (size_t)c->head_dim;
+    int L = c->num_layers;
     memset(act, 0, sizeof *act);
     memset(ws, 0, sizeof *ws);
 
@@ -144,40 +160,195 @@ static void count_activations(const ft_model_config *c, size_t N, bool grad_ckpt
     act_counts set = {0};
     set.tensor = N * C * 3 + N * QD * 2 + N * KD * 2 + N * I * 3;
     set.stat = N * 2 + N * (size_t)c->num_heads;
-    if (lora)
+    if (sp->lora)
         for (int j = 0; j < FT_NPROJ; j++)
-            if (lora_union & (1u << j))
-                set.tensor += N * (size_t)r_lora;
-    size_t n_sets = grad_ckpt ? 1 : L;
-    act->tensor = L * N * C /* every layer's input */ + n_sets * set.tensor;
+            if (sp->lora_union & (1u << j))
+                set.tensor += N * (size_t)sp->r_lora;
+    /* the stage keeps the input of layers l0..l1 and a set for each but l1 (whose input
+     * it sends on); the whole model: every layer's input and set */
+    int l0 = span.first > 0 ? span.first - 1 : 0;
+    int l1 = span.last < L + 1 ? span.last : L;
+    bool head = span.last == L + 1;
+    size_t n_in = 0, n_set_layers = 0;
+    for (int l = l0; l < L && l <= l1; l++) {
+        n_in++;
+        n_set_layers += l != l1;
+    }
+    size_t n_sets = sp->grad_ckpt && n_set_layers ? 1 : n_set_layers;
+    act->tensor = n_in * N * C + n_sets * set.tensor;
     act->stat = n_sets * set.stat;
-    act->tensor += 2 * N * C; /* final_in, lnf */
-    act->stat += N;           /* rstdf */
-    act->logits = N * V;
+    if (l1 == L)
+        act->tensor += N * C; /* final_in */
+    if (head) {
+        act->tensor += N * C; /* lnf */
+        act->stat += N;       /* rstdf */
+        act->logits = N * V;
+    }
     act->ints = 4 * N; /* ids, targets, pos, seg */
 
     ws->tensor = 2 * N * C + 2 * N * QD + 2 * N * KD + 3 * N * I; /* d_h d_ln d_att d_q d_k
                                                                      d_v d_act d_gate d_up */
-    if (lora) {
-        ws->tensor += N * (size_t)r_lora; /* d_lora_h */
-        if (lora_dropout) {
+    if (sp->lora) {
+        ws->tensor += N * (size_t)sp->r_lora; /* d_lora_h */
+        if (sp->lora_dropout) {
             size_t w = C > I ? (C > QD ? C : QD) : (I > QD ? I : QD);
             ws->tensor += N * w; /* x_drop */
         }
     }
 }
 
+/* model_parallel as lib/dist_pipeline.c splits it: contiguous stages balanced by
+ * parameter count (split_stages), each rank's trainable and frozen range, a copy of a
+ * tied embedding on the last stage, the optimizer over the stage's trainables; the
+ * activations of the stage, in one activation slot per GPipe chunk
+ * (dist.pipeline_micro_batches > 1; lib/dist_engine.c gpipe) with the backward scratch
+ * shared (the largest chunk's). Fills r->pipe_bytes, or leaves r->pipe_stages 0 when the
+ * engine refuses the world size (more ranks than units). */
+static void plan_pipeline(ft_memplan_result *r, const planner *p, const act_spec *sp, int chunks)
+{
+    const ft_model_config *mc = p->mc;
+    int W = r->world_size, U = mc->num_layers + 2;
+    if (W > U || W > FT_PLAN_MAX_STAGES)
+        return;
+    int first[FT_PLAN_MAX_STAGES + 1];
+    double total = 0, run = 0;
+    for (int u = 0; u < U; u++)
+        total += (double)(p->unit_train[u] + p->unit_frozen[u]);
+    first[0] = 0;
+    int s = 1;
+    for (int u = 0; u < U && s < W; u++) {
+        run += (double)(p->unit_train[u] + p->unit_frozen[u]);
+        bool full = run >= total * s / W;
+        bool must = U - (u + 1) == W - s;
+        if (u + 1 > first[s - 1] && (full || must))
+            first[s++] = u + 1;
+    }
+    first[W] = U;
+    /* GPipe chunks of the micro-batch's rows: k chunks of `rows` rows, the last smaller */
+    int B = r->batch_size, k = chunks > 1 ? (chunks < B ? chunks : B) : 1;
+    int rows = (B + k - 1) / k;
+    k = (B + rows - 1) / rows;
+    size_t T = (size_t)r->seq_len;
+    for (int rank = 0; rank < W; rank++) {
+        stage_span span = {first[rank], first[rank + 1] - 1};
+        size_t nt = 0, nf = 0, qb = 0, qwin = 0;
+        for (int u = span.first; u <= span.last; u++) {
+            nt += p->unit_train[u];
+            nf += p->unit_frozen[u];
+            qb += p->unit_quant_bytes[u];
+            if (p->unit_quantized[u] > qwin)
+                qwin = p->unit_quantized[u];
+        }
+        size_t *b = r->pipe_bytes[rank];
+        b[FT_MEM_WEIGHTS] = 4 * (nt + nf) + qb;
+        b[FT_MEM_GRADS] = 4 * nt;
+        b[FT_MEM_OPTIM] = 8 * nt;
+        if (mc->tie_word_embeddings && W > 1 && rank == W - 1 && span.first > 0) {
+            b[FT_MEM_WEIGHTS] += 4 * (p->unit_train[0] + p->unit_frozen[0]);
+            b[FT_MEM_GRADS] += 4 * p->unit_train[0];
+        }
+        b[FT_MEM_ACTIVATIONS] = b[FT_MEM_WORKSPACE] = 0;
+        for (int c = 0; c < k; c++) {
+            size_t n = (size_t)(c + 1 < k ? rows : B - c * rows) * T;
+            act_counts act, ws;
+            count_activations(mc, n, sp, span, &act, &ws);
+            b[FT_MEM_ACTIVATIONS] += act_bytes(&act, 4);
+            if (act_bytes(&ws, 4) > b[FT_MEM_WORKSPACE])
+                b[FT_MEM_WORKSPACE] = act_bytes(&ws, 4);
+        }
+        b[FT_MEM_WORKSPACE] += 4 * qwin;
+    }
+    r->pipe_stages = W;
+}
+
+/* The cpu row of what dist.strategy (and dist.zero_stage) pick, as lib/trainer.c maps
+ * them onto the engine's strategies; -1 for model_parallel on more ranks than units. */
+static int selected_cpu_row(const ft_config *cfg, int world_size, bool pipe_ok)
+{
+    const char *s = ft_config_str(cfg, "dist.strategy");
+    if (!strcmp(s, "auto"))
+        return world_size > 1 ? FT_PLAN_CPU_DDP : FT_PLAN_CPU;
+    if (!strcmp(s, "zero")) {
+        long st = ft_config_int(cfg, "dist.zero_stage");
+        return st >= 3 ? FT_PLAN_CPU_ZERO3 : st == 2 ? FT_PLAN_CPU_ZERO2
+                                           : st == 1 ? FT_PLAN_CPU_ZERO1
+                                                     : FT_PLAN_CPU_DDP;
+    }
+    int row = ft_memplan_cpu_row_of(s);
+    return row == FT_PLAN_CPU_MP && !pipe_ok ? -1 : row;
+}
+
+int ft_memplan_cpu_row_of(const char *strategy)
+{
+    static const char *const names[] = {"none",  "ddp",  "zero1",         "zero2",
+                                        "zero3", "fsdp", "model_parallel"};
+    for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
+        if (!strcmp(strategy, names[i]))
+            return FT_PLAN_CPU + i;
+    return -1;
+}
+
+/* Rank r's part of n elements split over W ranks as lib/dist_dp.c balances them:
+ * [n*r/W, n*(r+1)/W). */
+static size_t shard_of(size_t n, int W, int r)
+{
+    unsigned __int128 a = (unsigned __int128)n * (unsigned)r / (unsigned)W;
+    unsigned __int128 b = (unsigned __int128)n * (unsigned)(r + 1) / (unsigned)W;
+    return (size_t)(b - a);
+}
+
+size_t ft_memplan_cpu_rank(const ft_memplan_result *r, ft_plan_row_id row, int rank,
+                           size_t bytes[FT_MEM_NCAT], size_t *host)
+{
+    int W = row == FT_PLAN_CPU ? 1 : row == FT_PLAN_CPU_MP ? r->pipe_stages : r->world_size;
+    if (row < FT_PLAN_CPU || row > FT_PLAN_CPU_MP || rank < 0 || rank >= W)
+        return 0;
+    if (row == FT_PLAN_CPU_MP) {
+        size_t total = 0;
+        for (int c = 0; c < FT_MEM_NCAT; c++)
+            total += bytes[c] = r->pipe_bytes[rank][c];
+        if (host)
+            *host = 0; /* the engine refuses offload with model_parallel */
+        return total;
+    }
+    /* a quantized base lives outside the flat frozen buffer, whole on every rank, with
+     * one unit's dequantization window */
+    size_t Pt = r->n_trainable, Pf = r->n_frozen - r->n_quantized;
+    size_t st = shard_of(Pt, W, rank), sf = shard_of(Pf, W, rank);
+    size_t U = r->max_unit_trainable, F = r->max_unit_frozen;
+    bool zero = row >= FT_PLAN_CPU_ZERO1, z3 = row >= FT_PLAN_CPU_ZERO3;
+    bool windows = row == FT_PLAN_CPU_ZERO2 || z3; /* no whole gradient: unit windows */
+    size_t own = zero ? st : Pt;                   /* what this rank's optimizer updates */
+    bytes[FT_MEM_WEIGHTS] = 4 * (z3 ? st + sf : Pt + Pf) + r->quant_bytes;
+    bytes[FT_MEM_GRADS] = 4 * ((windows ? 0 : Pt) + (zero ? st : 0));
+    bytes[FT_MEM_OPTIM] = r->offload ? 0 : 8 * own;
+    bytes[FT_MEM_ACTIVATIONS] = r->cpu_activations;
+    bytes[FT_MEM_WORKSPACE] = r->cpu_workspace + 4 * r->max_unit_quantized;
+    if (windows) /* two gradient windows, each with its reduce-scatter landing buffer */
+        bytes[FT_MEM_WORKSPACE] += 4 * 4 * U;
+    if (z3) /* parameter windows: the unit computing, the next one, a tied embedding */
+        bytes[FT_MEM_WORKSPACE] += 4 * (size_t)(2 + (r->tied ? 1 : 0)) * (U + F);
+    if (host) /* offload: AdamW m and v, the fp32 master and the gradient of the shard */
+        *host = r->offload ? 16 * own : 0;
+    size_t total = 0;
+    for (int c = 0; c < FT_MEM_NCAT; c++)
+        total += bytes[c];
+    return total;
+}
+
+/* The gpu row of dist.strategy (zero1-zero3 or zero with dist.zero_stage); model_parallel
+ * has no prediction of its own: gpu-1, the whole model, bounds each stage. */
 static ft_plan_row_id selected_row(const ft_config *cfg, int world_size)
 {
     const char *s = ft_config_str(cfg, "dist.strategy");
-    if (!strcmp(s, "none"))
+    if (!strcmp(s, "none") || !strcmp(s, "model_parallel"))
         return FT_PLAN_GPU_1;
     if (!strcmp(s, "auto"))
         return world_size > 1 ? FT_PLAN_GPU_DDP : FT_PLAN_GPU_1;
     if (!strcmp(s, "fsdp"))
         return FT_PLAN_GPU_FSDP;
-    if (!strcmp(s, "zero")) {
-        long st = ft_config_int(cfg, "dist.zero_stage");
+    if (!strncmp(s, "zero", 4)) {
+        int st = ft_dist_zero_stage(cfg);
         return st >= 3   ? FT_PLAN_GPU_ZERO3
                : st == 2 ? FT_PLAN_GPU_ZERO2
                : st == 1 ? FT_PLAN_GPU_ZERO1
@@ -186,10 +357,19 @@ static ft_plan_row_id selected_row(const ft_config *cfg, int world_size)
     return FT_PLAN_GPU_DDP;
 }
 
-/* base_q: the checkpoint's own quantization_config (NULL or not present: a dense
- * checkpoint, quantized on load when tuning.mode is qlora). */
-static int plan(const ft_config *cfg, const ft_model_config *mc, const ft_quant_config *base_q,
-                int world_size, ft_memplan_result *out, ft_err *err)
+int ft_memplan(const ft_config *cfg, const ft_model_config *mc, int world_size,
+               ft_memplan_result *out, ft_err *err)
+{
+    bool batch_auto = ft_config_is_auto(cfg, "train.batch_size");
+    int rc = ft_memplan_batch(cfg, mc, world_size,
+                              batch_auto ? 1 : (int)ft_config_int(cfg, "train.batch_size"), out,
+                              err);
+    out->batch_auto = batch_auto;
+    return rc;
+}
+
+int ft_memplan_batch(const ft_config *cfg, const ft_model_config *mc, int world_size,
+                     int batch_size, ft_memplan_result *out, ft_err *err)
 {
     memset(out, 0, sizeof *out);
     if (world_size < 1)
@@ -200,8 +380,7 @@ static int plan(const ft_config *cfg, const ft_model_config *mc, const ft_quant_
     snprintf(r->model_type, sizeof r->model_type, "%s", mc->model_type);
     r->num_layers = mc->num_layers;
     r->world_size = world_size;
-    r->batch_auto = ft_config_is_auto(cfg, "train.batch_size");
-    r->batch_size = r->batch_auto ? 1 : (int)ft_config_int(cfg, "train.batch_size");
+    r->batch_size = batch_size;
     r->seq_len = (int)ft_config_int(cfg, "model.max_seq_len");
     r->grad_ckpt = ft_config_bool(cfg, "train.gradient_checkpointing");
     r->half = ft_config_bool(cfg, "train.bf16") || ft_config_bool(cfg, "train.fp16");
@@ -213,9 +392,9 @@ static int plan(const ft_config *cfg, const ft_model_config *mc, const ft_quant_
     bool lora = pmode != MODE_FULL;
     ft_quant_options quant = {FT_QUANT_NONE, 64, false};
     const char *quant_skip = "";
-    if (base_q && base_q->present) {
-        quant = base_q->opt;
-        quant_skip = base_q->skip;
+    if (mc->quant.present) { /* the checkpoint's own quantization_config */
+        quant = mc->quant.opt;
+        quant_skip = mc->quant.skip;
     } else if (pmode == MODE_QLORA) {
         if (ft_quant_parse(ft_config_str(cfg, "tuning.quant.type"), &quant.type, err))
             return ft_fail_prefix(err, "config: key 'tuning.quant.type'");
@@ -262,7 +441,7 @@ static int plan(const ft_config *cfg, const ft_model_config *mc, const ft_quant_
     }
 
     size_t n_units = (size_t)mc->num_layers + 2;
-    size_t *unit_buf = calloc(3 * n_units, sizeof *unit_buf);
+    size_t *unit_buf = calloc(5 * n_units, sizeof *unit_buf);
     if (!unit_buf) {
         free(mask);
         return ft_fail(err, "out of memory");
@@ -275,18 +454,30 @@ static int plan(const ft_config *cfg, const ft_model_config *mc, const ft_quant_
                  .r = r,
                  .unit_train = unit_buf,
                  .unit_frozen_bytes = unit_buf + n_units,
+                 .unit_frozen = unit_buf + 2 * n_units,
                  .quant = quant,
                  .quant_skip = quant_skip,
-                 .unit_quantized = unit_buf + 2 * n_units};
+                 .unit_quantized = unit_buf + 3 * n_units,
+                 .unit_quant_bytes = unit_buf + 4 * n_units};
 
-    static const char *names[FT_PLAN_NROWS] = {"cpu-fp32",  "gpu-1",     "gpu-ddp",  "gpu-zero1",
-                                               "gpu-zero2", "gpu-zero3", "gpu-fsdp"};
+    static const char *names[FT_PLAN_NROWS] = {
+        "cpu-fp32",  "cpu-ddp",   "cpu-zero1", "cpu-zero2", "cpu-zero3",
+        "cpu-fsdp",  "cpu-mp",    "gpu-1",     "gpu-ddp",   "gpu-zero1",
+        "gpu-zero2", "gpu-zero3", "gpu-fsdp"};
     for (int i = 0; i < FT_PLAN_NROWS; i++) {
         r->rows[i].name = names[i];
-        r->rows[i].predicted = i != FT_PLAN_CPU;
+        r->rows[i].predicted = i >= FT_PLAN_GPU_1;
         r->rows[i].world_size = i == FT_PLAN_CPU || i == FT_PLAN_GPU_1 ? 1 : world_size;
     }
     count_params(&p, mask, lc.r);
+    r->tied = mc->tie_word_embeddings;
+    r->offload = !strcmp(ft_config_str(cfg, "dist.offload_optimizer"), "cpu");
+    for (size_t u = 0; u < n_units; u++) {
+        if (p.unit_train[u] > r->max_unit_trainable)
+            r->max_unit_trainable = p.unit_train[u];
+        if (p.unit_frozen[u] > r->max_unit_frozen)
+            r->max_unit_frozen = p.unit_frozen[u];
+    }
 
     /* FSDP: per unit flat parameters, each padded to a multiple of N */
     size_t N = p.N, h = p.h;
@@ -307,30 +498,48 @@ static int plan(const ft_config *cfg, const ft_model_config *mc, const ft_quant_
 
     /* activations and backward scratch */
     act_counts act, ws;
-    count_activations(mc, (size_t)r->batch_size * (size_t)r->seq_len, r->grad_ckpt, lora, lc.r,
-                      lora_union, lora && lc.dropout > 0, &act, &ws);
-    for (int i = 0; i < FT_PLAN_NROWS; i++) {
-        size_t eh = i == FT_PLAN_CPU ? 4 : h;
-        r->rows[i].bytes[FT_MEM_ACTIVATIONS] = act_bytes(&act, eh);
-        r->rows[i].bytes[FT_MEM_WORKSPACE] = act_bytes(&ws, eh);
+    act_spec sp = {.grad_ckpt = r->grad_ckpt, .lora = lora, .lora_dropout = lora && lc.dropout > 0,
+                   .r_lora = lc.r, .lora_union = lora_union};
+    count_activations(mc, (size_t)r->batch_size * (size_t)r->seq_len, &sp,
+                      (stage_span){0, mc->num_layers + 1}, &act, &ws);
+    for (int i = FT_PLAN_GPU_1; i < FT_PLAN_NROWS; i++) {
+        r->rows[i].bytes[FT_MEM_ACTIVATIONS] = act_bytes(&act, h);
+        r->rows[i].bytes[FT_MEM_WORKSPACE] = act_bytes(&ws, h);
     }
     /* a quantized base: one unit's weights dequantized at a time (model.c's window) */
-    size_t max_unit_q = 0;
     for (size_t u = 0; u < n_units; u++)
-        if (p.unit_quantized[u] > max_unit_q)
-            max_unit_q = p.unit_quantized[u];
-    for (int i = 0; i < FT_PLAN_NROWS; i++)
-        r->rows[i].bytes[FT_MEM_WORKSPACE] += (i == FT_PLAN_CPU ? 4 : h) * max_unit_q;
+        if (p.unit_quantized[u] > r->max_unit_quantized)
+            r->max_unit_quantized = p.unit_quantized[u];
+    for (int i = FT_PLAN_GPU_1; i < FT_PLAN_NROWS; i++)
+        r->rows[i].bytes[FT_MEM_WORKSPACE] += h * r->max_unit_quantized;
+    r->cpu_activations = act_bytes(&act, 4);
+    r->cpu_workspace = act_bytes(&ws, 4);
+    plan_pipeline(r, &p, &sp, (int)ft_config_int(cfg, "dist.pipeline_micro_batches"));
     r->rows[FT_PLAN_GPU_ZERO2].bytes[FT_MEM_WORKSPACE] += max_unit_g;
     r->rows[FT_PLAN_GPU_ZERO3].bytes[FT_MEM_WORKSPACE] += max_unit_pg;
     r->rows[FT_PLAN_GPU_FSDP].bytes[FT_MEM_WORKSPACE] += max_unit_pg;
 
-    for (int i = 0; i < FT_PLAN_NROWS; i++) {
+    for (int i = FT_PLAN_GPU_1; i < FT_PLAN_NROWS; i++) {
         r->rows[i].total = 0;
         for (int c = 0; c < FT_MEM_NCAT; c++)
             r->rows[i].total += r->rows[i].bytes[c];
     }
+    /* the cpu rows: the rank with the largest total (the first of equals) */
+    for (int i = FT_PLAN_CPU; i <= FT_PLAN_CPU_MP; i++) {
+        ft_memplan_row *w = &r->rows[i];
+        for (int rank = 0; rank < (i == FT_PLAN_CPU_MP ? r->pipe_stages : w->world_size); rank++) {
+            size_t b[FT_MEM_NCAT], host;
+            size_t total = ft_memplan_cpu_rank(r, (ft_plan_row_id)i, rank, b, &host);
+            if (rank == 0 || total > w->total) {
+                memcpy(w->bytes, b, sizeof b);
+                w->total = total;
+                w->host = host;
+                w->rank = rank;
+            }
+        }
+    }
     r->selected = selected_row(cfg, world_size);
+    r->selected_cpu = selected_cpu_row(cfg, world_size, r->pipe_stages > 0);
     free(unit_buf);
     free(mask);
     return 0;
@@ -348,21 +557,28 @@ int ft_memplan_config(const ft_config *cfg, int world_size, ft_memplan_result *o
     ft_model_config mc;
     if (ft_model_config_load(&mc, path, err))
         return -1;
-    ft_quant_config qc;
-    if (ft_quant_config_read(path, &qc, err))
-        return -1;
-    return plan(cfg, &mc, &qc, world_size, out, err);
-}
-
-int ft_memplan(const ft_config *cfg, const ft_model_config *mc, int world_size,
-               ft_memplan_result *out, ft_err *err)
-{
-    return plan(cfg, mc, NULL, world_size, out, err);
+    return ft_memplan(cfg, &mc, world_size, out, err);
 }
 
 static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
 
-void ft_memplan_print(const ft_memplan_result *r, FILE *out)
+/* cpu-fp32 always; the other cpu rows at several ranks or when selected. */
+static bool row_shown(const ft_memplan_result *r, int i)
+{
+    if (i == FT_PLAN_CPU_MP && !r->pipe_stages)
+        return false;
+    return i == FT_PLAN_CPU || i >= FT_PLAN_GPU_1 || r->world_size > 1 || i == r->selected_cpu;
+}
+
+static void print_row(const ft_memplan_row *w, const char *name, const char *kind, FILE *out)
+{
+    fprintf(out, "%-11s %5d", name, w->world_size);
+    for (int c = 0; c < FT_MEM_NCAT; c++)
+        fprintf(out, " %11.1f", mib(w->bytes[c]));
+    fprintf(out, " %11.1f  %s\n", mib(w->total), kind);
+}
+
+void ft_memplan_print_with(const ft_memplan_result *r, const ft_memplan_row *extra, FILE *out)
 {
     char base[64] = "";
     if (r->quant[0])
@@ -375,22 +591,49 @@ void ft_memplan_print(const ft_memplan_result *r, FILE *out)
             r->grad_ckpt ? "on" : "off");
     fprintf(out, "%-11s %5s %11s %11s %11s %11s %11s %11s  %s\n", "strategy", "ranks",
             "weights", "gradients", "optimizer", "activations", "workspace", "total", "MiB/rank");
+    size_t host = 0;
     for (int i = 0; i < FT_PLAN_NROWS; i++) {
         const ft_memplan_row *w = &r->rows[i];
-        char name[16];
-        snprintf(name, sizeof name, "%s%s", w->name, i == (int)r->selected ? "*" : "");
-        fprintf(out, "%-11s %5d", name, w->world_size);
-        for (int c = 0; c < FT_MEM_NCAT; c++)
-            fprintf(out, " %11.1f", mib(w->bytes[c]));
-        fprintf(out, " %11.1f  %s\n", mib(w->total),
-                w->predicted ? (r->half ? "predicted, 16-bit" : "predicted, fp32") : "exact");
+        if (!row_shown(r, i))
+            continue;
+        bool sel = i == (int)r->selected || i == r->selected_cpu;
+        char name[16], kind[40];
+        snprintf(name, sizeof name, "%s%s", w->name, sel ? "*" : "");
+        if (w->predicted)
+            snprintf(kind, sizeof kind, "predicted, %s", r->half ? "16-bit" : "fp32");
+        else if (w->world_size > 1)
+            snprintf(kind, sizeof kind, "exact, largest rank (%d)", w->rank);
+        else
+            snprintf(kind, sizeof kind, "exact");
+        print_row(w, name, kind, out);
+        if (i == r->selected_cpu)
+            host = w->host;
+        if (extra && i == (r->selected_cpu >= 0 ? r->selected_cpu : FT_PLAN_CPU))
+            print_row(extra, extra->name, "measured, largest rank, one step", out);
     }
     fprintf(out,
-            "cpu-fp32 is the engine of today (what the allocator measures); gpu-* are "
-            "predictions for backends not built yet, without CUDA context and library "
-            "workspaces; * = the row dist.strategy selects.\n");
+            "cpu-* are the engine of today (fp32 on CPU ranks: what the allocator measures); "
+            "gpu-* are predictions for backends not built yet, without CUDA context and "
+            "library workspaces; * = the rows dist.strategy selects.\n");
+    if (r->offload && host)
+        fprintf(out, "dist.offload_optimizer cpu: the optimizer state is in host memory, "
+                     "%.1f MiB per rank on top of the table (cpu rows)\n",
+                mib(host));
+    if (row_shown(r, FT_PLAN_CPU_MP))
+        fprintf(out, "cpu-mp = model_parallel: %d stages split by parameter count%s.\n",
+                r->pipe_stages,
+                r->pipe_stages > 1 ? ", the largest shown" : "");
+    if (r->selected_cpu < 0)
+        fprintf(out, "model_parallel on %d ranks: more ranks than units (embeddings, %d layers, "
+                     "head), which the engine refuses\n",
+                r->world_size, r->num_layers);
     if (r->note[0])
         fprintf(out, "note: %s\n", r->note);
+}
+
+void ft_memplan_print(const ft_memplan_result *r, FILE *out)
+{
+    ft_memplan_print_with(r, NULL, out);
 }
 
 int ft_memplan_compare_modes(ft_config *cfg, int world_size, FILE *out, ft_err *err)

@@ -376,11 +376,7 @@ int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, 
     }
     m->opt = *opt;
     snprintf(m->dir, sizeof m->dir, "%s", dir);
-    ft_quant_config qc;
-    if (ft_quant_config_read(path, &qc, err)) {
-        free(m);
-        return -1;
-    }
+    const ft_quant_config qc = m->cfg.quant;
     if (qc.present) {
         m->quant = qc.opt;
         m->quant_from_ckpt = true;
@@ -534,6 +530,9 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
             set = l;
         }
     }
+    /* the backward scratch (freed above with the slot's activations) is shared by the
+     * slots: never smaller than another slot's rows */
+    size_t NS = N > m->scratch_rows ? N : m->scratch_rows;
     struct {
         float **p;
         size_t n;
@@ -544,18 +543,18 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
         {&m->lnf, N * C, head, FT_MEM_ACTIVATIONS},
         {&m->rstdf, N, head, FT_MEM_ACTIVATIONS},
         {&m->logits, N * V, head, FT_MEM_ACTIVATIONS},
-        {&m->d_h, N * C, train, FT_MEM_WORKSPACE},
-        {&m->d_ln, N * C, train, FT_MEM_WORKSPACE},
-        {&m->d_att, N * QD, train, FT_MEM_WORKSPACE},
-        {&m->d_q, N * QD, train, FT_MEM_WORKSPACE},
-        {&m->d_k, N * KD, train, FT_MEM_WORKSPACE},
-        {&m->d_v, N * KD, train, FT_MEM_WORKSPACE},
-        {&m->d_act, N * I, train, FT_MEM_WORKSPACE},
-        {&m->d_gate, N * I, train, FT_MEM_WORKSPACE},
-        {&m->d_up, N * I, train, FT_MEM_WORKSPACE},
-        {&m->d_lora_h, N * (size_t)(m->opt.lora.r > 0 ? m->opt.lora.r : 1),
+        {&m->d_h, NS * C, train, FT_MEM_WORKSPACE},
+        {&m->d_ln, NS * C, train, FT_MEM_WORKSPACE},
+        {&m->d_att, NS * QD, train, FT_MEM_WORKSPACE},
+        {&m->d_q, NS * QD, train, FT_MEM_WORKSPACE},
+        {&m->d_k, NS * KD, train, FT_MEM_WORKSPACE},
+        {&m->d_v, NS * KD, train, FT_MEM_WORKSPACE},
+        {&m->d_act, NS * I, train, FT_MEM_WORKSPACE},
+        {&m->d_gate, NS * I, train, FT_MEM_WORKSPACE},
+        {&m->d_up, NS * I, train, FT_MEM_WORKSPACE},
+        {&m->d_lora_h, NS * (size_t)(m->opt.lora.r > 0 ? m->opt.lora.r : 1),
          m->opt.mode == FT_TRAIN_LORA, FT_MEM_WORKSPACE},
-        {&m->x_drop, N * (C > I ? (C > QD ? C : QD) : (I > QD ? I : QD)),
+        {&m->x_drop, NS * (C > I ? (C > QD ? C : QD) : (I > QD ? I : QD)),
          m->opt.mode == FT_TRAIN_LORA && m->opt.lora.dropout > 0, FT_MEM_WORKSPACE},
     };
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
@@ -567,6 +566,7 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
         if (!(*ints[i] = ft_alloc(&m->mem, FT_MEM_ACTIVATIONS, N * sizeof(int32_t))))
             goto oom;
     m->max_rows = N;
+    m->scratch_rows = NS;
     return 0;
 oom:
     free_activations(m);

@@ -96,7 +96,9 @@ struct ft_model {
     act_slot *slots;      /* [n_slots]: the saved state of every slot (cur's is stale) */
     int n_slots, cur_slot;
 
-    /* backward scratch */
+    /* backward scratch, shared by every activation slot: sized for scratch_rows, the most
+     * rows any slot has reserved (a smaller slot must not shrink it under a larger one) */
+    size_t scratch_rows;
     float *d_h, *d_ln;           /* [N, C] */
     float *d_att, *d_q, *d_k, *d_v; /* [N, Hq*D], [N, Hkv*D] */
     float *d_act, *d_gate, *d_up;   /* [N, I] */

@@ -83,6 +83,8 @@ typedef struct trainer {
     int eval_batch_size;
     ft_tb_writer *tb;
     ft_lr_schedule sched;
+    bool measuring;      /* ft_trainer_options.measure: one step, no outputs */
+    int batch_size;      /* rows per micro-batch */
     ft_train_state state;
     long last_eval_step; /* -1: none yet */
     bool tty;            /* log is a terminal: keep a progress bar on its last line */
@@ -442,6 +444,10 @@ static int write_summary(trainer *t, ft_err *err)
     fprintf(f, "{\"strategy\": \"%s\", \"world_size\": %d, \"mode\": \"%s\", \"device\": \"cpu\", ",
             ft_strategy_name(ft_engine_strategy(t->eng)), t->world,
             ft_config_str(t->cfg, "tuning.mode"));
+    /* the resolved batch (train.batch_size / grad_accum auto are numbers by now) */
+    fprintf(f, "\"batch_size\": %d, \"grad_accum\": %d, \"global_batch_size\": %ld, ",
+            t->batch_size, t->accum,
+            (long)t->batch_size * t->accum * ft_engine_data_world(t->eng));
     fprintf(f, "\"steps\": %ld, \"wall_time_s\": %.3f, \"steps_per_second\": %.6g, ",
             t->steps_done, wall, wall > 0 ? t->steps_done / wall : 0.0);
     fprintf(f, "\"tokens_per_second\": %.6g, \"final_train_loss\": %.6g, ",
@@ -496,6 +502,89 @@ static int save_final(trainer *t, char *out, size_t out_len, ft_err *err)
     }
     snprintf(out, out_len, "%s", dir);
     return 0;
+}
+
+/* Pads a micro-batch to B rows of T tokens: pad_id with label -100 (not counted), the
+ * positions of a packed row continuing its last sequence, a new row's from 0. */
+static int pad_micro(owned_batch *o, int B, int T, int32_t pad_id, ft_err *err)
+{
+    const ft_batch *b = &o->b;
+    if (b->B > B || b->T > T)
+        return ft_fail(err, "memory check: a micro-batch of %d x %d tokens is larger than "
+                            "train.batch_size x model.max_seq_len = %d x %d",
+                       b->B, b->T, B, T);
+    size_t n = (size_t)B * (size_t)T;
+    int32_t *ids = malloc(n * sizeof *ids), *labels = malloc(n * sizeof *labels);
+    int32_t *pos = b->position_ids ? malloc(n * sizeof *pos) : NULL;
+    if (!ids || !labels || (b->position_ids && !pos)) {
+        free(ids);
+        free(labels);
+        free(pos);
+        return ft_fail(err, "out of memory");
+    }
+    for (int r = 0; r < B; r++)
+        for (int c = 0; c < T; c++) {
+            size_t i = (size_t)r * T + c, j = (size_t)r * b->T + c;
+            bool in = r < b->B && c < b->T;
+            ids[i] = in ? b->input_ids[j] : pad_id;
+            labels[i] = in ? b->labels[j] : -100;
+            if (pos)
+                pos[i] = in ? b->position_ids[j]
+                         : r < b->B ? b->position_ids[(size_t)r * b->T + b->T - 1] + (c - b->T + 1)
+                                    : c;
+        }
+    free(o->ids);
+    free(o->labels);
+    free(o->pos);
+    o->ids = ids;
+    o->labels = labels;
+    o->pos = pos;
+    o->cap = n;
+    o->b = (ft_batch){B, T, ids, labels, pos};
+    return 0;
+}
+
+/* The memory check: one optimizer step on micro-batches padded to the plan's batch_size
+ * x max_seq_len, then every rank's allocator peaks to rank 0's m. */
+static int measure_step(trainer *t, ft_mem_measured *m, ft_err *err)
+{
+    if (t->rank == 0 && m->world != t->world)
+        return ft_fail(err, "memory check: measuring %d ranks with room for %d", t->world,
+                       m->world);
+    int T = (int)ft_config_int(t->cfg, "model.max_seq_len");
+    if (next_micro_batches(t, err))
+        return -1;
+    ft_batch mb[64];
+    for (int i = 0; i < t->accum; i++) {
+        if (pad_micro(&t->micro[i], t->batch_size, T, t->data.pad_id, err))
+            return -1;
+        mb[i] = t->micro[i].b;
+    }
+    ft_step_stats st;
+    if (ft_engine_step(t->eng, &t->sched, mb, t->accum,
+                       ft_config_float(t->cfg, "train.max_grad_norm"), &st, err))
+        return ft_fail_prefix(err, "memory check step");
+    double *all = malloc((size_t)t->world * RANK_NVAL * sizeof *all);
+    if (!all)
+        return ft_fail(err, "out of memory");
+    int rc = gather_rank_values(t, 0, all, err);
+    if (rc == 0 && t->rank == 0) {
+        snprintf(m->strategy, sizeof m->strategy, "%s",
+                 ft_strategy_name(ft_engine_strategy(t->eng)));
+        m->batch_size = t->batch_size;
+        m->seq_len = T;
+        m->grad_accum = t->accum;
+        for (int r = 0; r < t->world; r++) {
+            const double *v = all + (size_t)r * RANK_NVAL;
+            m->host[r] = (size_t)v[RANK_HOST];
+            for (int c = 0; c < FT_MEM_NCAT; c++)
+                m->peak[(size_t)r * FT_MEM_NCAT + c] = (size_t)v[RANK_MEM + c];
+        }
+        fprintf(t->log, "memory check: one step of %s on %d rank%s, loss %.4f\n", m->strategy,
+                t->world, t->world == 1 ? "" : "s", st.loss);
+    }
+    free(all);
+    return rc;
 }
 
 static int train_loop(trainer *t, ft_train_outcome *outcome, char *out, size_t out_len,
@@ -595,6 +684,7 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
         return -1;
     t->n_batches = ft_loader_n_batches(t->train_loader, 0);
     t->eval_batch_size = lo.batch_size;
+    t->batch_size = lo.batch_size;
     if (ft_config_int(c, "train.generation_num_beams") != 1)
         return ft_fail(err, "config: train.generation_num_beams = %ld: only greedy decoding "
                             "(1) is implemented",
@@ -641,8 +731,8 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
         }
     }
     t->t_start = now();
-    if (t->rank != 0)
-        return 0; /* rank 0 writes the run dir */
+    if (t->rank != 0 || t->measuring)
+        return 0; /* rank 0 writes the run dir; a memory check writes nothing */
     if (ft_mkdir_p(t->out_dir, err))
         return -1;
     char path[4200];
@@ -675,7 +765,7 @@ int ft_train_run(const ft_config *cfg, const ft_trainer_options *o, ft_train_out
                  char *out, size_t out_len, ft_err *err)
 {
     trainer t = {.cfg = cfg, .log = o->log ? o->log : stderr, .last_eval_step = -1,
-                 .comm = o->comm};
+                 .comm = o->comm, .measuring = o->measure != NULL};
     if (!t.comm && ft_comm_init(&t.own_comm, err))
         return -1;
     if (!t.comm)
@@ -698,10 +788,16 @@ int ft_train_run(const ft_config *cfg, const ft_trainer_options *o, ft_train_out
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
     int rc = setup(&t, o, err);
-    if (rc == 0)
+    if (rc == 0 && t.measuring) {
+        rc = measure_step(&t, o->measure, err);
+        *outcome = FT_TRAIN_DONE;
+        if (out_len)
+            out[0] = '\0';
+    } else if (rc == 0) {
         rc = train_loop(&t, outcome, out, out_len, err);
-    if (rc == 0)
-        rc = write_summary(&t, err);
+        if (rc == 0)
+            rc = write_summary(&t, err);
+    }
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     if (t.tb)

@@ -3,7 +3,7 @@
 #   make train [CONFIG=configs/x.yaml] [SECTION_KEY=value ...] [RESUME=auto|dir]
 #   make eval | merge | lora-init  [CONFIG=...] [MODEL=dir] [ADAPTER=dir|none] [DATA=file] [OUT=dir]
 #   make tb | train-tb             [RUN_DIR=dir] [TB_PORT=6006]
-#   make gpu-info
+#   make gpu-info | memory-check [NUM_GPUS=n]
 #   make train-distributed | train-zero [ZERO_STAGE=2] | train-deepspeed [DEEPSPEED_CONFIG=...]
 #        | train-fsdp | train-model-parallel     [NUM_GPUS=n] [HOSTFILE=file] [MPIRUN=...]
 #   make <any train target>-tb     TensorBoard in the background, then that training
@@ -45,12 +45,17 @@ FT_SET_VARS = $(foreach v,$(FT_VAR_NAMES),--set-var $(call ft_quote,$(v)=$($(v))
 FT_CFG = bin/ft-train --config $(call ft_quote,$(CONFIG)) $(FT_SET_VARS)
 ft_get = $$($(FT_CFG) --get $(1) 2>/dev/null)
 
+# Checks the config, the overrides and a target's strategy (errors show here, once) by
+# reading one key: unlike --print-config it leaves the auto batch size alone, which is
+# planned for the ranks of the launch from the model's config.json.
+FT_CFG_CHECK = $(FT_CFG)$(if $(FT_DIST_SET), $(FT_DIST_SET)) --get train.output_dir > /dev/null
+
 # Shell snippet: reads the config into shell variables (stops on a bad config or override).
 # model, data (eval_path, else train_path), run (output_dir), adapter (ADAPTER, else
 # run/final when it exists; ADAPTER=none: no adapter), and the ft-eval options.
 define FT_READ_CONFIG
 set -e; show() { echo "$$*" >&2; "$$@"; }; \
-$(FT_CFG) --print-config > /dev/null; \
+$(FT_CFG_CHECK); \
 model=$(call ft_quote,$(MODEL)); [ -n "$$model" ] || model=$(call ft_get,model.name); \
 run=$(call ft_get,train.output_dir); \
 data=$(call ft_quote,$(DATA)); [ -n "$$data" ] || data=$(call ft_get,data.eval_path); \
@@ -142,7 +147,7 @@ $(if $(FT_SRUN),run inside a Slurm job,install Open MPI (openmpi-bin; scripts/in
 or name the launcher: MPIRUN=..." >&2; exit 1; }; \
 $(if $(HOSTFILE),$(if $(FT_SRUN),echo "make $@: HOSTFILE is not used under srun: Slurm places the ranks on the job's nodes" >&2;,\
 [ -f $(call ft_quote,$(HOSTFILE)) ] || { echo "make $@: HOSTFILE=$(HOSTFILE): no such file" >&2; exit 1; };)) \
-$(FT_DIST_CHECK) $(FT_CFG) $(FT_DIST_SET) --print-config > /dev/null
+$(FT_DIST_CHECK) $(FT_CFG_CHECK)
 endef
 FT_LAUNCH_CHECK = $(if $(FT_LAUNCH),$(FT_LAUNCH_CHECK_SH))
 
@@ -214,9 +219,17 @@ lora-init: $(TOOLS)
 gpu-info: bin/gpu-info
 	bin/gpu-info
 
-# Planned memory per category for CONFIG on NUM_GPUS ranks, then the devices' live usage.
+# The memory plan of CONFIG per category with the peaks of one measured training step
+# beside it (ft-train --measure: every rank measures its own allocator, rank 0 prints;
+# nothing is written to the run dir), then the devices' live usage. Ranks: NUM_GPUS, else
+# one per visible GPU, else one CPU process; several start through the launcher of the
+# train targets (mpirun / srun, HOSTFILE, MPIRUN). dist.strategy is the config's
+# (DIST_STRATEGY=zero3 sets it).
+memory-check: FT_NP = $(or $(NUM_GPUS),$(FT_GPU_COUNT),1)
+memory-check: FT_LAUNCH = $(if $(filter-out 1,$(FT_NP)),$(FT_LAUNCHER))
 memory-check: bin/ft-train bin/gpu-info
-	$(FT_CFG) --plan $(or $(NUM_GPUS),1)
+	@$(or $(FT_LAUNCH_CHECK),$(FT_CFG_CHECK))
+	$(if $(FT_LAUNCH),$(FT_LAUNCH) )$(FT_CFG) --measure
 	@bin/gpu-info
 
 # TensorBoard on the run dir (RUN_DIR, else train.output_dir), from PATH or the venv.
@@ -227,7 +240,7 @@ which puts one in .venv/bin); then make tb. The event files are in $$dir." >&2
 endef
 define FT_RUN_DIR
 set -e; dir=$(call ft_quote,$(RUN_DIR)); \
-[ -n "$$dir" ] || { $(FT_CFG) --print-config > /dev/null; dir=$(call ft_get,train.output_dir); }
+[ -n "$$dir" ] || { $(FT_CFG_CHECK); dir=$(call ft_get,train.output_dir); }
 endef
 
 tb: bin/ft-train

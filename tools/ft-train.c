@@ -1,23 +1,28 @@
 /* ft-train: fine-tune a model (LoRA or full) from a YAML run config; prints the output
  * dir on stdout. --print-config shows the resolved config, --get prints one value,
- * --dump-data writes the samples exactly as the model will see them. --set-var takes
- * the Make-style variables of `make train SECTION_KEY=value`. The loop is
- * lib/trainer.c. */
+ * --dump-data writes the samples exactly as the model will see them, --plan prints the
+ * memory plan and --measure the peaks of one real step beside it. --set-var takes the
+ * Make-style variables of `make train SECTION_KEY=value`. The loop is lib/trainer.c,
+ * the auto batch size lib/auto_batch.c. */
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "auto_batch.h"
 #include "config.h"
 #include "dist.h"
 #include "ds_config.h"
 #include "data_setup.h"
+#include "memcheck.h"
 #include "memplan.h"
+#include "model_path.h"
 #include "trainer.h"
 
 static const char usage[] =
     "usage: ft-train --config FILE.yaml [--set-var NAME=value ...] [--set key=value ...]\n"
     "                [--resume auto|DIR] [--dump-data FILE|-] [--print-config] [--get KEY]\n"
+    "                [--plan [N]] [--measure]\n"
     "\n"
     "Trains a LoRA adapter or the full model as the YAML run config describes (keys:\n"
     "configs/README.md), with the --set-var and then the --set overrides applied after\n"
@@ -35,16 +40,30 @@ static const char usage[] =
     "  --dump-data FILE|-  write the training rows as the model sees them, one\n"
     "                      {\"input_ids\",\"labels\"(,\"position_ids\")} JSON object a line,\n"
     "                      after templates, truncation, shuffling and packing; then exit\n"
-    "  --print-config      print the resolved config (YAML) on stdout and exit\n"
+    "  --print-config      print the resolved config (YAML) on stdout and exit; batch_size\n"
+    "                      and grad_accum auto are resolved for this process (or the ranks\n"
+    "                      of the launch it runs in) when the model's config.json is here\n"
     "  --plan [N]          print the planned memory per category (weights, gradients,\n"
     "                      optimizer, activations, workspace) for this config on N ranks\n"
     "                      (default 1), then full vs lora vs qlora for the same model,\n"
-    "                      and exit: exact for the CPU engine, predicted for the GPU\n"
-    "                      strategies\n"
-    "  --get KEY           print the resolved value of KEY (e.g. model.name) and exit;\n"
+    "                      and exit: exact for the CPU engine (cpu-* rows), predicted for\n"
+    "                      the GPU strategies; batch_size auto is resolved for N ranks on\n"
+    "                      this machine (planned for 1 when nothing fits)\n"
+    "  --measure           --plan for the ranks of this launch (mpirun -np N ft-train ...\n"
+    "                      --measure), with what they measure beside it: load the model\n"
+    "                      and data, run exactly one training step (forward, backward,\n"
+    "                      optimizer; micro-batches padded to batch_size x\n"
+    "                      model.max_seq_len), write nothing to the run dir, and print per\n"
+    "                      rank and category the planned, measured and difference bytes\n"
+    "  --get KEY           print the value of KEY (e.g. model.name) and exit, auto as auto;\n"
     "                      repeatable, one value a line; an unset required key is an error\n"
     "  --config-reference  print the reference of every config key (Markdown) and exit\n"
     "  -h, --help          this text\n"
+    "\n"
+    "train.batch_size auto picks the largest micro-batch whose planned per-rank peak fits\n"
+    "train.memory_budget (auto: the host's available memory x 0.8 / ranks on the node),\n"
+    "train.grad_accum auto the accumulation that reaches train.global_batch_size; ft-train\n"
+    "prints the chosen values on stderr (configs/README.md).\n"
     "\n"
     "tuning.mode qlora trains LoRA on a base quantized on load (tuning.quant.*), or on a\n"
     "checkpoint quantized already (ft-quantize, or transformers + bitsandbytes); several\n"
@@ -169,28 +188,127 @@ static bool secondary_rank(void)
     return false;
 }
 
-/* Trains on the ranks of this run. An error on any rank stops every rank (a rank left
- * alone would wait in its next collective until the timeout). */
-static int train(ft_config *cfg, const char *resume)
+/* The ranks of the launch this process runs in (1 without a launcher). */
+static int launch_world(void)
+{
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
+        if (getenv(vars[i]) && atoi(getenv(vars[i])) > 0)
+            return atoi(getenv(vars[i]));
+    if (getenv("SLURM_PROCID") && getenv("SLURM_NTASKS") && atoi(getenv("SLURM_NTASKS")) > 0)
+        return atoi(getenv("SLURM_NTASKS"));
+    return 1;
+}
+
+/* --print-config: the auto batch values resolved for the launch's ranks (the line that
+ * explains them as a YAML comment on top), or left auto with a note when the model's
+ * config.json is not here to plan with. */
+static int print_resolved(ft_config *cfg)
+{
+    ft_err err;
+    bool autos = ft_config_is_auto(cfg, "train.batch_size") ||
+                 ft_config_is_auto(cfg, "train.grad_accum");
+    char dir[4096];
+    if (ft_memory_budget_check(cfg, &err))
+        return fail(err.msg);
+    if (autos && ft_config_is_auto(cfg, "train.batch_size") &&
+        (!ft_config_has(cfg, "model.name") ||
+         ft_resolve_model_dir(ft_config_str(cfg, "model.name"), dir, sizeof dir, &err))) {
+        if (!secondary_rank())
+            fprintf(stderr, "note: train.batch_size auto stays auto here: it is planned from "
+                            "the model's config.json, which is not available (model.name)\n");
+    } else if (autos) {
+        char *line = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&line, &len);
+        if (!f)
+            return fail("out of memory");
+        int rc = ft_resolve_batch(cfg, NULL, launch_world(), f, NULL, &err);
+        fclose(f);
+        if (rc) {
+            free(line);
+            return fail(err.msg);
+        }
+        printf("# %s", line);
+        free(line);
+    }
+    return ft_config_write_yaml(cfg, stdout, &err) ? fail(err.msg) : 0;
+}
+
+/* --measure on rank 0: the plan of this config at the launch's world size with the
+ * measured peaks beside it. */
+static int measured_plan(const ft_config *cfg, const ft_mem_measured *m, ft_err *err)
+{
+    ft_memplan_result plan;
+    if (ft_memplan_config(cfg, m->world, &plan, err))
+        return -1;
+    ft_memcheck_print(&plan, m, stdout);
+    return 0;
+}
+
+/* Whether the plan fits the memory of every rank (the measurement would run out of it
+ * otherwise; collective): *fits, and when it does not, rank 0 prints the plan and why. */
+static int plan_fits(const ft_config *cfg, ft_comm *comm, bool *fits, ft_err *err)
+{
+    int world = ft_comm_size(comm);
+    ft_memplan_result plan;
+    ft_mem_budget avail;
+    if (ft_memplan_config(cfg, world, &plan, err) ||
+        ft_memory_available(FT_MEM_DEVICE_CPU, ft_comm_local_rank(comm), world, &avail, err))
+        return -1;
+    int row = plan.selected_cpu >= 0 ? plan.selected_cpu : FT_PLAN_CPU;
+    size_t need = plan.rows[row].total + plan.rows[row].host;
+    int64_t short_of = need > avail.bytes; /* any rank short of memory: none measures */
+    if (world > 1 && ft_comm_allreduce(comm, &short_of, 1, FT_COMM_I64, FT_COMM_MAX, err))
+        return -1;
+    *fits = !short_of;
+    if (!*fits && ft_comm_rank(comm) == 0) {
+        ft_memplan_print(&plan, stdout);
+        printf("\nnot measured: %s needs %.1f MiB per rank, more than a rank has (here %.1f MiB: "
+               "%s)\n",
+               plan.rows[row].name, (double)need / 1048576.0, (double)avail.bytes / 1048576.0,
+               avail.source);
+    }
+    return 0;
+}
+
+/* Trains on the ranks of this run (with measure: one step for --measure). An error on
+ * any rank stops every rank (a rank left alone would wait in its next collective until
+ * the timeout). */
+static int train(ft_config *cfg, const char *resume, bool measure)
 {
     ft_err err;
     ft_comm *comm;
     if (ft_comm_init(&comm, &err))
         return fail(err.msg);
     int rc = 0;
-    if (ft_dist_resolve_batch(cfg, ft_comm_size(comm), &err)) {
+    bool root = ft_comm_rank(comm) == 0, fits = true;
+    ft_mem_measured m = {0};
+    if (ft_resolve_batch(cfg, comm, 0, root ? stderr : NULL, NULL, &err) ||
+        (measure && plan_fits(cfg, comm, &fits, &err))) {
         rc = -1;
+    } else if (measure && !fits) {
+        rc = 0;
+    } else if (measure) {
+        ft_trainer_options to = {.log = stderr, .comm = comm, .measure = &m};
+        ft_train_outcome outcome;
+        char out[16];
+        if (ft_mem_measured_init(&m, ft_comm_size(comm), &err) ||
+            ft_train_run(cfg, &to, &outcome, out, sizeof out, &err) ||
+            (root && measured_plan(cfg, &m, &err)))
+            rc = -1;
     } else {
         ft_trainer_options to = {.resume = resume, .log = stderr, .comm = comm};
         ft_train_outcome outcome;
         char out[4096];
         rc = ft_train_run(cfg, &to, &outcome, out, sizeof out, &err);
         if (rc == 0) {
-            if (ft_comm_rank(comm) == 0)
+            if (root)
                 printf("%s\n", out);
             rc = outcome == FT_TRAIN_INTERRUPTED ? 130 : 0;
         }
     }
+    ft_mem_measured_free(&m);
     if (rc < 0) {
         if (ft_comm_size(comm) > 1) {
             char msg[sizeof err.msg + 64];
@@ -207,7 +325,7 @@ static int train(ft_config *cfg, const char *resume)
 int main(int argc, char **argv)
 {
     const char *config_path = NULL, *dump = NULL, *resume = NULL;
-    bool print_config = false;
+    bool print_config = false, measure = false;
     int plan_world = 0; /* --plan: > 0 */
     /* the --set, --set-var and --get arguments, in order (fewer than argc of each) */
     const char **sets = calloc((size_t)argc, sizeof *sets);
@@ -235,6 +353,8 @@ int main(int argc, char **argv)
             plan_world = 1;
             if (i + 1 < argc && argv[i + 1][0] >= '1' && argv[i + 1][0] <= '9')
                 plan_world = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--measure")) {
+            measure = true;
         } else if (!strcmp(argv[i], "--get") && i + 1 < argc) {
             gets[n_gets++] = argv[++i]; /* printed after the overrides, below */
         } else if (!strcmp(argv[i], "--set") && i + 1 < argc) {
@@ -249,6 +369,19 @@ int main(int argc, char **argv)
     }
     if (!config_path) {
         fprintf(stderr, "ft-train: error: --config is required\n%s", usage);
+        return 2;
+    }
+    if (measure && resume) {
+        fprintf(stderr, "ft-train: error: --measure runs one step from the start; it does not "
+                        "take --resume\n");
+        return 2;
+    }
+    if (measure && plan_world > 1 && plan_world != launch_world()) {
+        fprintf(stderr,
+                "ft-train: error: --plan %d --measure: the measurement runs on the ranks of the "
+                "launch (%d here); start %d of them: mpirun -np %d ft-train ... --plan "
+                "--measure (make memory-check NUM_GPUS=%d)\n",
+                plan_world, launch_world(), plan_world, plan_world, plan_world);
         return 2;
     }
     ft_err err;
@@ -279,20 +412,30 @@ int main(int argc, char **argv)
     if (n_gets) {
         for (int i = 0; i < n_gets && rc == 0; i++)
             rc = get_value(cfg, gets[i]);
+    } else if (measure) {
+        rc = train(cfg, NULL, true);
     } else if (plan_world > 0) {
+        /* an auto batch that cannot be resolved here (nothing fits this machine) still
+         * gets its plan, for a micro-batch of 1 */
         ft_memplan_result plan;
-        if (ft_memplan_config(cfg, plan_world, &plan, &err))
+        if (ft_memory_budget_check(cfg, &err)) {
             rc = fail(err.msg);
-        else
-            ft_memplan_print(&plan, stdout);
-        if (rc == 0 && ft_memplan_compare_modes(cfg, plan_world, stdout, &err))
-            rc = fail(err.msg);
+        } else {
+            if (ft_resolve_batch(cfg, NULL, plan_world, stderr, NULL, &err))
+                fprintf(stderr, "note: %s\n", err.msg);
+            if (ft_memplan_config(cfg, plan_world, &plan, &err))
+                rc = fail(err.msg);
+            else
+                ft_memplan_print(&plan, stdout);
+            if (rc == 0 && ft_memplan_compare_modes(cfg, plan_world, stdout, &err))
+                rc = fail(err.msg);
+        }
     } else if (print_config) {
-        rc = ft_config_write_yaml(cfg, stdout, &err) ? fail(err.msg) : 0;
+        rc = print_resolved(cfg);
     } else if (dump) {
         rc = dump_data(cfg, dump);
     } else {
-        rc = train(cfg, resume);
+        rc = train(cfg, resume, false);
     }
 done:
     ft_config_free(cfg);
