@@ -157,12 +157,8 @@ static int assign_buffers(ft_model *m, ft_err *err)
     m->n_train = to;
     m->n_frozen = fo;
     m->qwin_unit = -1;
-    if (m->qwin_n) {
-        m->qt = calloc(m->n_params, sizeof *m->qt);
-        m->qwin = ft_alloc(&m->mem, FT_MEM_WORKSPACE, m->qwin_n * sizeof(float));
-        if (!m->qt || !m->qwin)
-            return ft_fail(err, "out of memory allocating the dequantization window");
-    }
+    if (m->qwin_n && !(m->qt = calloc(m->n_params, sizeof *m->qt)))
+        return ft_fail(err, "out of memory");
     if (m->opt.unbound)
         return 0;
     if (m->n_train) {
@@ -719,10 +715,30 @@ void ft_model_use_activation_slot(ft_model *m, int slot)
 
 ft_quant_options ft_model_quant(const ft_model *m) { return m->quant; }
 
-void ft_model_materialize(ft_model *m, int unit)
+/* The window, sized for the largest quantized layer this model computes (a pipeline
+ * stage only its own), allocated on first use. */
+static int alloc_window(ft_model *m)
+{
+    size_t n = 0;
+    for (int u = m->stage_first > 1 ? m->stage_first : 1;
+         u <= m->stage_last && u <= m->cfg.num_layers; u++) {
+        size_t in_unit = 0;
+        for (size_t i = 0; i < m->n_params; i++)
+            if (m->params[i].unit == u && m->params[i].quantized)
+                in_unit += m->params[i].numel;
+        if (in_unit > n)
+            n = in_unit;
+    }
+    m->qwin = n ? ft_alloc(&m->mem, FT_MEM_WORKSPACE, n * sizeof(float)) : NULL;
+    return n && !m->qwin ? -1 : 0;
+}
+
+int ft_model_materialize(ft_model *m, int unit, ft_err *err)
 {
     if (!m->qt || unit == m->qwin_unit || unit < 1 || unit > m->cfg.num_layers)
-        return;
+        return 0;
+    if (!m->qwin && alloc_window(m))
+        return ft_fail(err, "out of memory allocating the dequantization window");
     for (size_t i = 0; i < m->n_params; i++) {
         ft_param *p = &m->params[i];
         if (p->unit != unit || !p->quantized)
@@ -733,6 +749,7 @@ void ft_model_materialize(ft_model *m, int unit)
             ft_dequantize(&m->qt[i], p->data);
     }
     m->qwin_unit = unit;
+    return 0;
 }
 
 int ft_model_dequantize_base(ft_model *m, ft_err *err)

@@ -197,8 +197,9 @@ int ft_model_init_unit(ft_model *m, int unit, const char *adapter_dir, ft_err *e
 ft_quant_options ft_model_quant(const ft_model *m);
 /* Dequantizes the quantized weights of unit (a layer) into the model's window and points
  * their params at it (valid until another unit is materialized); a no-op for units
- * without quantized weights. */
-void ft_model_materialize(ft_model *m, int unit);
+ * without quantized weights. The window (one layer's quantized weights in fp32, the
+ * workspace category) is allocated on first use: -1 when that fails. */
+int ft_model_materialize(ft_model *m, int unit, ft_err *err);
 /* Replaces every quantized weight by its dequantized fp32 copy for good (ft-merge: the
  * whole base dense, so the adapter can be added to it). The quantization stays readable
  * through ft_model_quant. */

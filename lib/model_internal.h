@@ -69,8 +69,8 @@ struct ft_model {
     bool quant_from_ckpt;        /* the checkpoint holds them quantized */
     char quant_skip[512];
     ft_qtensor *qt;              /* [n_params]: type NONE where not quantized */
-    float *qwin;                 /* [qwin_n] */
-    size_t qwin_n;
+    float *qwin;                 /* one unit's quantized weights, allocated on first use */
+    size_t qwin_n;               /* the most quantized elements in one unit (0: none) */
     int qwin_unit;               /* the unit the window holds, -1 none */
     float **qdense;              /* [n_params]: ft_model_dequantize_base's buffers */
     int stage_first, stage_last; /* units this model computes (pipeline stage) */

@@ -223,7 +223,8 @@ static void layer_backward(ft_model *m, int l)
 
 static int acquire(ft_model *m, int unit, ft_unit_phase ph, ft_err *err)
 {
-    ft_model_materialize(m, unit); /* a quantized base: this layer's weights, dequantized */
+    if (ft_model_materialize(m, unit, err)) /* a quantized base: this layer, dequantized */
+        return -1;
     return m->hooks.acquire ? m->hooks.acquire(m->hooks.ctx, unit, ph, err) : 0;
 }
 

@@ -194,7 +194,8 @@ static int run(const spec *s, const char *out_path, ft_err *err)
         goto done;
 
     for (int unit = 1; unit <= c->num_layers; unit++) {
-        ft_model_materialize(m, unit);
+        if (ft_model_materialize(m, unit, err))
+            goto done;
         for (size_t i = 0; i < ft_model_param_count(m); i++) {
             ft_param *p = ft_model_param(m, i);
             if (p->unit != unit || !p->quantized)

@@ -226,6 +226,26 @@ def test_measure_model_parallel(work):
         assert all(0 < r["measured"]["weights"] < total for r in ranks.values())
 
 
+@pytest.mark.parametrize("strategy,np_", [("none", 1), ("zero3", 2), ("fsdp", 2), ("ddp", 2),
+                                          ("model_parallel", 2)])
+def test_measure_qlora(work, strategy, np_):
+    """A quantized base (NF4 + double quantization on load) in every strategy: the packed
+    weights and their state whole on every rank, one layer's dequantization window in
+    the workspace; measured == planned, and the base's weights far below LoRA's fp32."""
+    name = f"m_qlora_{strategy}_{np_}"
+    over = {} if strategy == "none" else {"dist__strategy": strategy}
+    cfg = write_config(work, name, mode="qlora", **over)
+    out = run(cfg, np_, "--measure")
+    ranks = assert_exact(out.stdout, np_)
+    lora = parse_measure(run(write_config(work, name + "_lora", mode="lora", **over), np_,
+                             "--measure").stdout)[0]
+    # (a model_parallel stage of the head alone has no quantized layer)
+    for r in range(np_):
+        assert ranks[r]["measured"]["weights"] <= lora[r]["measured"]["weights"]
+    assert sum(ranks[r]["measured"]["weights"] for r in range(np_)) < \
+        sum(lora[r]["measured"]["weights"] for r in range(np_))
+
+
 def test_uneven_gpipe_chunks_train_as_one_process(work):
     ref = write_config(work, "mp_ref5", mode="full", train__batch_size=5, train__max_steps=3)
     run(ref)
