@@ -1,6 +1,9 @@
 #include "cli.h"
 
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int ft_cli_value_option(int argc, char **argv, int *i, const char *const *names, size_t n,
@@ -31,4 +34,15 @@ int ft_cli_usage_error(const char *tool, const char *usage, const char *fmt, con
     fprintf(stderr, fmt, arg);
     fprintf(stderr, "\n%s", usage);
     return 2;
+}
+
+int ft_cli_parse_bytes(const char *val, size_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(val, &end, 10);
+    if (errno || end == val || *end || val[0] == '-' || v == 0 || v > SIZE_MAX)
+        return -1;
+    *out = (size_t)v;
+    return 0;
 }

@@ -47,6 +47,8 @@
  * contract; transformers would fill bos 1 / eos 2 for llama and mistral). */
 #include "hf_config.h"
 
+#include "fsutil.h"
+
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -662,4 +664,22 @@ void ft_rope_inv_freq(const ft_model_config *cfg, float *inv_freq)
         }
         inv_freq[i] = inv;
     }
+}
+
+int ft_write_model_config(json_t *cfg, const char *dir, const char *torch_dtype, ft_err *err)
+{
+    if (torch_dtype) {
+        if (json_object_get(cfg, "dtype"))
+            json_object_set_new(cfg, "dtype", json_string(torch_dtype));
+        if (json_object_get(cfg, "torch_dtype") || !json_object_get(cfg, "dtype"))
+            json_object_set_new(cfg, "torch_dtype", json_string(torch_dtype));
+    }
+    char *text = json_dumps(cfg, JSON_INDENT(2));
+    if (!text)
+        return ft_fail(err, "%s: out of memory writing config.json", dir);
+    char path[4400];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    int rc = ft_write_file_atomic(path, text, strlen(text), err);
+    free(text);
+    return rc;
 }

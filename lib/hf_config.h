@@ -5,6 +5,7 @@
 #ifndef FT_HF_CONFIG_H
 #define FT_HF_CONFIG_H
 
+#include <jansson.h>
 #include <stdbool.h>
 
 #include "ft_error.h"
@@ -55,5 +56,10 @@ int ft_model_config_load(ft_model_config *cfg, const char *path, ft_err *err);
 /* The RoPE inverse frequencies, [head_dim/2], as transformers computes them in fp32,
  * with the configured scaling applied. */
 void ft_rope_inv_freq(const ft_model_config *cfg, float *inv_freq);
+
+/* Writes cfg (a config.json's object) as dir/config.json, atomically, indented; with
+ * torch_dtype (not NULL) its dtype key set first: "torch_dtype", and "dtype" too where
+ * the model uses transformers 5's name. */
+int ft_write_model_config(json_t *cfg, const char *dir, const char *torch_dtype, ft_err *err);
 
 #endif

@@ -162,24 +162,6 @@ static int load_base_config(json_t **out, const char *model_dir, ft_err *err)
     return 0;
 }
 
-/* config.json with the dtype key set: "torch_dtype", and "dtype" too where the base uses
- * transformers 5's name. */
-static int write_config(json_t *cfg, const char *dir, const char *torch_dtype, ft_err *err)
-{
-    if (json_object_get(cfg, "dtype"))
-        json_object_set_new(cfg, "dtype", json_string(torch_dtype));
-    if (json_object_get(cfg, "torch_dtype") || !json_object_get(cfg, "dtype"))
-        json_object_set_new(cfg, "torch_dtype", json_string(torch_dtype));
-    char *text = json_dumps(cfg, JSON_INDENT(2));
-    if (!text)
-        return ft_fail(err, "%s: out of memory writing config.json", dir);
-    char path[4400];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    int rc = ft_write_file_atomic(path, text, strlen(text), err);
-    free(text);
-    return rc;
-}
-
 static int write_weights(ft_model *m, const char *dir, ft_st_dtype dt, size_t max_shard,
                          ft_err *err)
 {
@@ -274,7 +256,7 @@ int ft_merge(const ft_merge_options *o, ft_err *err)
     rc = write_weights(m, tmp, dt.st, max_shard, err);
     ft_model_free(m);
     if (rc == 0)
-        rc = write_config(cfg_json, tmp, dt.torch, err);
+        rc = ft_write_model_config(cfg_json, tmp, dt.torch, err);
     json_decref(cfg_json);
     if (rc == 0)
         rc = ft_copy_passthrough_files(o->model_dir, tmp, err);

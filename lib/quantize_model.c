@@ -276,20 +276,7 @@ static int write_config(json_t *cfg, json_t *qc, const char *converted_to, const
 {
     if (json_object_set_new(cfg, "quantization_config", qc))
         return ft_fail(err, "%s: out of memory writing config.json", dir);
-    if (converted_to) {
-        if (json_object_get(cfg, "dtype"))
-            json_object_set_new(cfg, "dtype", json_string(converted_to));
-        if (json_object_get(cfg, "torch_dtype") || !json_object_get(cfg, "dtype"))
-            json_object_set_new(cfg, "torch_dtype", json_string(converted_to));
-    }
-    char *text = json_dumps(cfg, JSON_INDENT(2));
-    if (!text)
-        return ft_fail(err, "%s: out of memory writing config.json", dir);
-    char path[4400];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    int rc = ft_write_file_atomic(path, text, strlen(text), err);
-    free(text);
-    return rc;
+    return ft_write_model_config(cfg, dir, converted_to, err);
 }
 
 /* ---- the two passes ---------------------------------------------------------------- */

@@ -6,7 +6,6 @@
 #include "merge.h"
 #include "model_path.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,13 +72,9 @@ int main(int argc, char **argv)
                 return usage_error("--dtype: '%s' is not bf16, f16 or f32", val);
             o.dtype = val;
         } else if (strcmp(opt, "--max-shard-size") == 0) {
-            char *end;
-            errno = 0;
-            unsigned long long v = strtoull(val, &end, 10);
-            if (errno || end == val || *end || val[0] == '-' || v == 0)
+            if (ft_cli_parse_bytes(val, &o.max_shard_bytes))
                 return usage_error("--max-shard-size: '%s' is not a positive number of bytes",
                                    val);
-            o.max_shard_bytes = (size_t)v;
         }
     }
     if (!o.model_dir)

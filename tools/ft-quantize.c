@@ -193,13 +193,9 @@ int main(int argc, char **argv)
                 return usage_error("--dtype: '%s' is not keep, bf16, f16 or f32", val);
             o.dtype = val;
         } else if (strcmp(opt, "--max-shard-size") == 0) {
-            char *end;
-            errno = 0;
-            unsigned long long s = strtoull(val, &end, 10);
-            if (errno || end == val || *end || val[0] == '-' || s == 0)
+            if (ft_cli_parse_bytes(val, &o.max_shard_bytes))
                 return usage_error("--max-shard-size: '%s' is not a positive number of bytes",
                                    val);
-            o.max_shard_bytes = (size_t)s;
         }
     }
     if (n_pos > 0 && (o.model_dir || o.out_dir))
