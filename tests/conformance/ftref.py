@@ -524,3 +524,35 @@ def run_harness(exe, spec, work_dir, tag):
 def copy_model_dir(src, dst):
     shutil.copytree(src, dst)
     return Path(dst)
+
+
+# ---- the tools (bin/ft-*) as the tests run them
+
+TOOL_TIMEOUT_S = 120
+
+
+def tool_exe(var, name):
+    """The path in environment variable var (set by make test-conformance) of bin/name;
+    fails the test with how to set it when it is missing."""
+    import pytest
+    exe = os.environ.get(var)
+    if not exe:
+        pytest.fail(f"environment variable {var} is not set: it must be the path of "
+                    f"bin/{name} (e.g. {var}=$PWD/bin/{name})", pytrace=False)
+    if not os.access(exe, os.X_OK):
+        pytest.fail(f"{var}={exe} is not an executable file", pytrace=False)
+    return exe
+
+
+def run_tool(args, expect_rc=0):
+    """Runs a tool; fails the test (with its output) on another exit code than expect_rc
+    (None: any)."""
+    import pytest
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "2")
+    cp = subprocess.run([str(a) for a in args], capture_output=True, text=True,
+                        timeout=TOOL_TIMEOUT_S, env=env)
+    if expect_rc is not None and cp.returncode != expect_rc:
+        pytest.fail(f"{' '.join(map(str, args))}: exit {cp.returncode} (expected {expect_rc})"
+                    f"\nstdout: {cp.stdout}\nstderr: {cp.stderr}", pytrace=False)
+    return cp

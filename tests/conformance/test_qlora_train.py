@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import ftref
+
 from test_train_tool import printed_losses, tb_scalars, train, workdir, write_config  # noqa: F401
 
 
@@ -108,12 +110,9 @@ def test_bad_quant_config_fails_before_work(workdir, sets, want):
     assert not (workdir / name / "final").exists()
 
 
-def _tool(env, *args):
-    import os
-    import subprocess
-    out = subprocess.run([os.environ[env], *map(str, args)], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    return out
+def _tool(var, *args):
+    name = {"FT_QUANTIZE": "ft-quantize", "FT_EVAL": "ft-eval", "FT_MERGE": "ft-merge"}[var]
+    return ftref.run_tool([ftref.tool_exe(var, name), *args])
 
 
 @pytest.fixture(scope="module")

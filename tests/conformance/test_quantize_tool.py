@@ -46,7 +46,6 @@ from safetensors.torch import load_file, save_file
 
 import ftref
 
-TOOL_TIMEOUT_S = 120
 
 NF4 = [-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
        -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
@@ -66,14 +65,7 @@ ODD = ftref.Shape("odd", "llama",
                              num_key_value_heads=1, head_dim=8, vocab_size=50), seed=5)
 
 
-def _tool(var, name):
-    exe = os.environ.get(var)
-    if not exe:
-        pytest.fail(f"environment variable {var} is not set: it must be the path of "
-                    f"bin/{name} (e.g. {var}=$PWD/bin/{name})", pytrace=False)
-    if not os.access(exe, os.X_OK):
-        pytest.fail(f"{var}={exe} is not an executable file", pytrace=False)
-    return exe
+_tool = ftref.tool_exe
 
 
 @pytest.fixture(scope="session")
@@ -86,15 +78,7 @@ def eval_exe():
     return _tool("FT_EVAL", "ft-eval")
 
 
-def run_tool(args, expect_rc=0):
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "2")
-    cp = subprocess.run([str(a) for a in args], capture_output=True, text=True,
-                        timeout=TOOL_TIMEOUT_S, env=env)
-    if expect_rc is not None and cp.returncode != expect_rc:
-        pytest.fail(f"{' '.join(map(str, args))}: exit {cp.returncode} (expected {expect_rc})"
-                    f"\nstdout: {cp.stdout}\nstderr: {cp.stderr}", pytrace=False)
-    return cp
+run_tool = ftref.run_tool
 
 
 @pytest.fixture(scope="module")

@@ -36,17 +36,9 @@ from safetensors.torch import load_file
 
 import ftref
 
-TOOL_TIMEOUT_S = 120
 
 
-def _tool(var, name):
-    exe = os.environ.get(var)
-    if not exe:
-        pytest.fail(f"environment variable {var} is not set: it must be the path of "
-                    f"bin/{name} (e.g. {var}=$PWD/bin/{name})", pytrace=False)
-    if not os.access(exe, os.X_OK):
-        pytest.fail(f"{var}={exe} is not an executable file", pytrace=False)
-    return exe
+_tool = ftref.tool_exe
 
 
 @pytest.fixture(scope="session")
@@ -59,15 +51,7 @@ def merge_exe():
     return _tool("FT_MERGE", "ft-merge")
 
 
-def run_tool(args, expect_rc=0):
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "2")
-    cp = subprocess.run([str(a) for a in args], capture_output=True, text=True,
-                        timeout=TOOL_TIMEOUT_S, env=env)
-    if expect_rc is not None and cp.returncode != expect_rc:
-        pytest.fail(f"{' '.join(map(str, args))}: exit {cp.returncode} (expected {expect_rc})"
-                    f"\nstdout: {cp.stdout}\nstderr: {cp.stderr}", pytrace=False)
-    return cp
+run_tool = ftref.run_tool
 
 
 def logits_of(model, vocab, seed=0):
