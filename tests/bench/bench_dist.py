@@ -338,12 +338,15 @@ def main():
     cfg = out / "bench.yaml"
     write_config(cfg, (out / "model").resolve(), (out / "train.jsonl").resolve(), a)
 
+    # the runs whose times count first, the oversubscribed ones (more load) last
     measured = []
     for mode in ("lora", "full"):
         measured.append(run_one(a, cfg, out / "runs", "none", mode, 1))
-        for np_ in worlds:
+    for np_ in sorted(worlds, key=lambda n: (oversubscribed(n), n)):
+        for mode in ("lora", "full"):
             for label in STRATEGIES:
                 measured.append(run_one(a, cfg, out / "runs", label, mode, np_))
+    measured.sort(key=lambda m: (m["mode"] != "lora", m["world"]))  # stable: strategy order
     proj_measured = project_measured(measured)
     proj_7b = project_7b()
 
