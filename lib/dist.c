@@ -37,7 +37,7 @@ struct ft_comm {
     double timeout;
     size_t chunk;  /* most elements in one MPI call */
     unsigned long seq_coll, seq_p2p;
-    double bytes_sent;
+    ft_comm_stats stats; /* bytes, wait time and calls (dist.h) */
 #ifdef FT_HAVE_MPI
     MPI_Op byte_sum; /* see mpi_op */
 #endif
@@ -355,7 +355,27 @@ void ft_comm_set_timeout(ft_comm *c, double seconds)
 }
 
 double ft_comm_timeout(const ft_comm *c) { return c->timeout; }
-double ft_comm_bytes_sent(const ft_comm *c) { return c->bytes_sent; }
+double ft_comm_bytes_sent(const ft_comm *c) { return c->stats.bytes_sent; }
+
+void ft_comm_stats_get(const ft_comm *c, ft_comm_stats *out) { *out = c->stats; }
+
+void ft_comm_stats_diff(const ft_comm_stats *now, const ft_comm_stats *before,
+                        ft_comm_stats *out)
+{
+    ft_comm_stats d;
+    d.bytes_sent = now->bytes_sent - before->bytes_sent;
+    d.wait_s = now->wait_s - before->wait_s;
+    for (int k = 0; k < FT_COMM_NKINDS; k++)
+        d.calls[k] = now->calls[k] - before->calls[k];
+    *out = d;
+}
+
+const char *ft_comm_kind_name(ft_comm_kind k)
+{
+    static const char *const names[] = {"allreduce", "reduce_scatter", "allgather", "broadcast",
+                                        "send",      "recv",           "barrier"};
+    return (unsigned)k < FT_COMM_NKINDS ? names[k] : "?";
+}
 
 /* ---- requests ----------------------------------------------------------------------- */
 
@@ -496,6 +516,7 @@ int ft_comm_wait(ft_comm *c, ft_comm_req *r, ft_err *err)
     }
     if (r->avg_buf)
         divide(r->avg_buf, r->avg_n, r->avg_dt, c->size);
+    c->stats.wait_s += now_s() - start;
     if (c->debug)
         fprintf(stderr, "ft: rank %d: done %s #%lu n=%zu in %.3f ms\n", c->rank, r->coll, r->seq,
                 r->n, 1e3 * (now_s() - r->t0));
@@ -630,7 +651,8 @@ int ft_comm_iallreduce(ft_comm *c, void *buf, size_t n, ft_comm_dtype dt, ft_com
 #endif
     }
     /* single: the sum, max and average over one rank are the buffer itself */
-    c->bytes_sent += 2.0 * (c->size - 1) / c->size * (double)(n * es);
+    c->stats.bytes_sent += 2.0 * (c->size - 1) / c->size * (double)(n * es);
+    c->stats.calls[FT_COMM_KIND_ALLREDUCE]++;
     *req = r;
     return 0;
 }
@@ -681,7 +703,8 @@ int ft_comm_ireduce_scatter_v(ft_comm *c, const void *send, void *recv, const si
     } else if (!c->mpi && copy_bytes(recv, (const char *)send + off * es, mine * es, err)) {
         return start_fail(r, err);
     }
-    c->bytes_sent += (double)(c->size - 1) / c->size * (double)(total * es);
+    c->stats.bytes_sent += (double)(c->size - 1) / c->size * (double)(total * es);
+    c->stats.calls[FT_COMM_KIND_REDUCE_SCATTER]++;
     *req = r;
     return 0;
 }
@@ -726,7 +749,8 @@ int ft_comm_iallgather_v(ft_comm *c, const void *send, void *recv, const size_t 
     } else if (!c->mpi && copy_bytes(block, send, mine * es, err)) {
         return start_fail(r, err);
     }
-    c->bytes_sent += (double)(c->size - 1) / c->size * (double)(total * es);
+    c->stats.bytes_sent += (double)(c->size - 1) / c->size * (double)(total * es);
+    c->stats.calls[FT_COMM_KIND_ALLGATHER]++;
     *req = r;
     return 0;
 }
@@ -769,7 +793,8 @@ int ft_comm_ibroadcast(ft_comm *c, void *buf, size_t n, ft_comm_dtype dt, int ro
     }
     /* a ring (pipelined chain) broadcast forwards all n through every rank; alone, no one */
     if (c->size > 1)
-        c->bytes_sent += (double)(n * es);
+        c->stats.bytes_sent += (double)(n * es);
+    c->stats.calls[FT_COMM_KIND_BROADCAST]++;
     *req = r;
     return 0;
 }
@@ -824,7 +849,8 @@ static int p2p(ft_comm *c, bool is_send, void *buf, size_t n, ft_comm_dtype dt, 
 #endif
     }
     if (is_send)
-        c->bytes_sent += (double)(n * es);
+        c->stats.bytes_sent += (double)(n * es);
+    c->stats.calls[is_send ? FT_COMM_KIND_SEND : FT_COMM_KIND_RECV]++;
     *req = r;
     return 0;
 }
@@ -903,6 +929,7 @@ int ft_comm_barrier(ft_comm *c, ft_err *err)
         r->nmpi = 1;
     }
 #endif
+    c->stats.calls[FT_COMM_KIND_BARRIER]++;
     return ft_comm_wait(c, r, err);
 }
 

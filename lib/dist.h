@@ -76,6 +76,41 @@ double ft_comm_timeout(const ft_comm *c);
  * times the element size, and N = 1 sends nothing). */
 double ft_comm_bytes_sent(const ft_comm *c);
 
+/* What this process's communication has cost so far, for profiles (a step's figures are
+ * the difference of two snapshots, ft_comm_stats_diff):
+ *   bytes_sent  as ft_comm_bytes_sent;
+ *   wait_s      seconds spent in ft_comm_wait (and so in the blocking forms): the
+ *               communication that compute did not hide, plus time waiting for a slower
+ *               rank to reach the collective (MPI's nonblocking collectives progress
+ *               inside the wait, so on CPU ranks nearly all of their time shows here);
+ *   calls       requests started, by kind. A ring's latency is paid per hop: 2(N-1) hops
+ *               per allreduce, N-1 per reduce-scatter, allgather or broadcast, one per
+ *               send. A single process counts its calls too. */
+typedef enum ft_comm_kind {
+    FT_COMM_KIND_ALLREDUCE = 0,
+    FT_COMM_KIND_REDUCE_SCATTER,
+    FT_COMM_KIND_ALLGATHER,
+    FT_COMM_KIND_BROADCAST,
+    FT_COMM_KIND_SEND,
+    FT_COMM_KIND_RECV,
+    FT_COMM_KIND_BARRIER,
+    FT_COMM_NKINDS
+} ft_comm_kind;
+
+typedef struct ft_comm_stats {
+    double bytes_sent;
+    double wait_s;
+    long calls[FT_COMM_NKINDS];
+} ft_comm_stats;
+
+/* The counters since ft_comm_init. */
+void ft_comm_stats_get(const ft_comm *c, ft_comm_stats *out);
+/* out = now - before, field by field (out may be either argument). */
+void ft_comm_stats_diff(const ft_comm_stats *now, const ft_comm_stats *before,
+                        ft_comm_stats *out);
+/* "allreduce", "reduce_scatter", "allgather", "broadcast", "send", "recv", "barrier". */
+const char *ft_comm_kind_name(ft_comm_kind k);
+
 /* ---- asynchronous collectives: start, then ft_comm_wait before touching the buffers.
  * *req is set (never NULL on success); every request must be waited exactly once.
  * All ranks start the same collectives in the same order. */

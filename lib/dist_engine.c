@@ -1,10 +1,13 @@
 /* ft_engine: setup, the optimizer step and gathered checkpoints for every strategy
  * (dist_engine.h). The strategy-specific parts are dist_dp.c and dist_pipeline.c. */
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "dist_engine_internal.h"
+#include "fsutil.h"
 
 const char *ft_strategy_name(ft_strategy s)
 {
@@ -22,8 +25,57 @@ const ft_mem *ft_engine_host_mem(const ft_engine *e) { return &e->host; }
 int ft_engine_data_world(const ft_engine *e) { return is_pipeline(e) ? 1 : e->world; }
 int ft_engine_loss_rank(const ft_engine *e) { return e->loss_rank; }
 int ft_engine_opt_step(const ft_engine *e) { return e->opt.step; }
-double ft_engine_step_comm_bytes(const ft_engine *e) { return e->step_bytes; }
+double ft_engine_step_comm_bytes(const ft_engine *e) { return e->step_comm.bytes_sent; }
 double ft_engine_rank_loss(const ft_engine *e) { return e->rank_loss; }
+
+double ft_engine_step_profile(const ft_engine *e, ft_comm_stats *comm)
+{
+    if (comm)
+        *comm = e->step_comm;
+    return e->step_s;
+}
+
+/* ---- the per-step profile ---- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* FT_DIST_PROFILE=dir: dir/rank-R.jsonl, appended to (dist_engine.h). */
+static int open_profile(ft_engine *e, ft_err *err)
+{
+    const char *dir = getenv("FT_DIST_PROFILE");
+    if (!dir || !*dir)
+        return 0;
+    char path[4200];
+    if ((size_t)snprintf(path, sizeof path, "%s/rank-%d.jsonl", dir, e->rank) >= sizeof path)
+        return ft_fail(err, "FT_DIST_PROFILE=%s: path too long", dir);
+    if (ft_mkdir_p(dir, err))
+        return ft_fail_prefix(err, "FT_DIST_PROFILE");
+    e->profile = fopen(path, "a");
+    if (!e->profile)
+        return ft_fail(err, "FT_DIST_PROFILE: cannot open %s: %s", path, strerror(errno));
+    return 0;
+}
+
+static void write_profile(ft_engine *e, int n_micro, long tokens)
+{
+    const ft_comm_stats *c = &e->step_comm;
+    fprintf(e->profile,
+            "{\"step\": %d, \"rank\": %d, \"world\": %d, \"strategy\": \"%s\", "
+            "\"micro_batches\": %d, \"tokens\": %ld, \"step_s\": %.9f, \"comm_wait_s\": %.9f, "
+            "\"comm_bytes\": %.17g, \"calls\": {",
+            e->opt.step, e->rank, e->world, ft_strategy_name(e->o.strategy), n_micro, tokens,
+            e->step_s, c->wait_s, c->bytes_sent);
+    for (int k = 0; k < FT_COMM_NKINDS; k++)
+        fprintf(e->profile, "%s\"%s\": %ld", k ? ", " : "", ft_comm_kind_name((ft_comm_kind)k),
+                c->calls[k]);
+    fprintf(e->profile, "}}\n");
+    fflush(e->profile);
+}
 
 /* The parameters this rank's optimizer updates (and where an offloaded master comes from). */
 static float *owned_params(ft_engine *e)
@@ -103,6 +155,8 @@ int ft_engine_new(ft_engine **out, ft_comm *comm, const char *model_dir,
         else
             memcpy(e->host_master, owned_params(e), n * sizeof(float));
     }
+    if (rc == 0)
+        rc = open_profile(e, err);
     if (rc) {
         ft_engine_free(e);
         return -1;
@@ -130,6 +184,8 @@ void ft_engine_free(ft_engine *e)
     free(e->fb);
     free(e->own);
     free(e->fshard);
+    if (e->profile)
+        fclose(e->profile);
     free(e);
 }
 
@@ -217,7 +273,9 @@ static int gpipe(ft_engine *e, const ft_batch *b, double tokens, double *loss, f
 int ft_engine_step(ft_engine *e, const ft_lr_schedule *sched, const ft_batch *micro,
                    int n_micro, double max_grad_norm, ft_step_stats *st, ft_err *err)
 {
-    double bytes0 = ft_comm_bytes_sent(e->comm);
+    double t0 = now_s();
+    ft_comm_stats comm0;
+    ft_comm_stats_get(e->comm, &comm0);
     /* the loss is normalised by the counted tokens of the whole global batch */
     double tokens = 0;
     for (int i = 0; i < n_micro; i++)
@@ -269,7 +327,16 @@ int ft_engine_step(ft_engine *e, const ft_lr_schedule *sched, const ft_batch *mi
     st->grad_norm = norm;
     st->clip_coef = coef;
     st->lr = lr;
-    e->step_bytes = ft_comm_bytes_sent(e->comm) - bytes0;
+    ft_comm_stats comm1;
+    ft_comm_stats_get(e->comm, &comm1);
+    ft_comm_stats_diff(&comm1, &comm0, &e->step_comm);
+    e->step_s = now_s() - t0;
+    if (e->profile) {
+        long in_tokens = 0;
+        for (int i = 0; i < n_micro; i++)
+            in_tokens += (long)micro[i].B * micro[i].T;
+        write_profile(e, n_micro, in_tokens);
+    }
     return 0;
 }
 

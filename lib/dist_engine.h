@@ -39,7 +39,14 @@
  * Checkpoints are gathered to rank 0 and written in the public format (PEFT adapter or HF
  * weights + AdamW moments of the whole buffer), so a run resumes under another strategy
  * or world size. Rank 0 holds the whole trainable buffer (and its moments) while saving,
- * every rank while loading (as DeepSpeed's stage3_gather_16bit_weights_on_model_save). */
+ * every rank while loading (as DeepSpeed's stage3_gather_16bit_weights_on_model_save).
+ *
+ * Profile: with FT_DIST_PROFILE=dir in the environment every rank appends one JSON line
+ * per step to dir/rank-R.jsonl (dir is created), ft_engine_step_profile's figures:
+ *   {"step": optimizer step, "rank": R, "world": N, "strategy": name, "micro_batches": n,
+ *    "tokens": this rank's input tokens, "step_s": wall time of the step, "comm_wait_s":
+ *    time blocked in communication, "comm_bytes": bytes sent, "calls": {kind: count}}
+ * (make bench-dist reads them; on a cluster they show where a step's time goes). */
 #ifndef FT_DIST_ENGINE_H
 #define FT_DIST_ENGINE_H
 
@@ -127,5 +134,12 @@ double ft_engine_rank_loss(const ft_engine *e);
 
 /* Bytes this rank sent into collectives during the last ft_engine_step. */
 double ft_engine_step_comm_bytes(const ft_engine *e);
+
+/* The last ft_engine_step on this rank: returns its wall time in seconds; *comm (NULL:
+ * not wanted) gets the growth of the communication counters during it (dist.h
+ * ft_comm_stats: bytes sent, seconds blocked in waits, calls by kind). The step time less
+ * comm->wait_s is this rank's compute (with the update and the copies around the
+ * collectives) that was not spent waiting for communication. */
+double ft_engine_step_profile(const ft_engine *e, ft_comm_stats *comm);
 
 #endif

@@ -3,6 +3,8 @@
 #ifndef FT_DIST_ENGINE_INTERNAL_H
 #define FT_DIST_ENGINE_INTERNAL_H
 
+#include <stdio.h>
+
 #include "dist_engine.h"
 #include "optim.h"
 
@@ -80,7 +82,10 @@ struct ft_engine {
     float *tied_train, *tied_grad, *tied_frozen; /* last stage's copy of a tied embedding */
     int loss_rank;
 
-    double step_bytes;
+    /* the last step's profile (ft_engine_step_profile), and its FT_DIST_PROFILE file */
+    double step_s;
+    ft_comm_stats step_comm;
+    FILE *profile;
     double rank_loss;
 };
 

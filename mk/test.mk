@@ -20,7 +20,8 @@ VENV ?= .venv
 
 BENCH_TRAIN := build/tests/bench-train
 
-.PHONY: test test-unit test-dist test-conformance unit-bins bench-cpu bench-tokenizer config-reference
+.PHONY: test test-unit test-dist test-conformance unit-bins bench-cpu bench-tokenizer bench-dist \
+        config-reference
 
 build/tests/unit/%: tests/unit/%.c tests/unit/check.h tests/unit/tiny_model.h $(LIBFT)
 	@mkdir -p $(dir $@)
@@ -44,6 +45,18 @@ $(HARNESSES) $(BENCH_TRAIN):
 bench-cpu: $(BENCH_TRAIN)
 	scripts/setup-python.sh $(VENV)
 	$(VENV)/bin/python tests/bench/bench_cpu_train.py $(BENCH_TRAIN)
+
+# Distributed training on CPU ranks, per strategy: step time, compute vs communication,
+# bytes per step and rank; then a scaling model (tests/bench/scaling_model.py) projecting
+# 1..64 GPUs. Tables on stdout; results.json, measured.tsv, projection.tsv in runs/bench-dist.
+ifeq ($(MPI),1)
+bench-dist: $(TOOLS)
+	scripts/setup-python.sh $(VENV)
+	$(VENV)/bin/python tests/bench/bench_dist.py --ft-train bin/ft-train --out runs/bench-dist
+else
+bench-dist:
+	@echo "make bench-dist: this build has no MPI (scripts/install-deps.sh build installs Open MPI)" >&2; exit 1
+endif
 
 # Tokenizer throughput and ids, ours vs Hugging Face tokenizers, on ~8 MB of text.
 bench-tokenizer: $(TOKENIZE_HARNESS)

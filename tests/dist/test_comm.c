@@ -495,6 +495,62 @@ static void test_bytes_sent(void)
     free(counts);
 }
 
+/* ft_comm_stats_get counts the calls by kind, the bytes as ft_comm_bytes_sent and the
+ * time spent in waits; ft_comm_stats_diff gives one stretch of them (dist.h). */
+static void test_stats(void)
+{
+    ft_err err;
+    float *buf = calloc(4000, sizeof *buf);
+    size_t *counts = calloc((size_t)size, sizeof *counts);
+    for (int r = 0; r < size; r++)
+        counts[r] = 10;
+    ft_comm_stats a, b, d;
+    ft_comm_stats_get(comm, &a);
+    double bytes0 = ft_comm_bytes_sent(comm);
+    expect_ok("allreduce", ft_comm_allreduce(comm, buf, 100, FT_COMM_F32, FT_COMM_SUM, &err),
+              &err);
+    ft_comm_req *r1, *r2;
+    expect_ok("iallreduce", ft_comm_iallreduce(comm, buf + 100, 100, FT_COMM_F32, FT_COMM_MAX,
+                                               &r1, &err), &err);
+    expect_ok("ireduce_scatter_v", ft_comm_ireduce_scatter_v(comm, buf + 1000, buf + 3000, counts,
+                                                             FT_COMM_F32, FT_COMM_SUM, &r2, &err),
+              &err);
+    expect_ok("wait", ft_comm_wait(comm, r2, &err), &err);
+    expect_ok("wait", ft_comm_wait(comm, r1, &err), &err);
+    expect_ok("allgather_v", ft_comm_allgather_v(comm, buf + 3000, buf + 1000, counts, FT_COMM_F32,
+                                                 &err), &err);
+    expect_ok("broadcast", ft_comm_broadcast(comm, buf, 10, FT_COMM_F32, 0, &err), &err);
+    expect_ok("barrier", ft_comm_barrier(comm, &err), &err);
+    if (!single) {
+        int right = (rank + 1) % size, left = (rank + size - 1) % size;
+        ft_comm_req *rr, *rs;
+        expect_ok("irecv", ft_comm_irecv(comm, buf, 30, FT_COMM_F32, left, 5, &rr, &err), &err);
+        expect_ok("isend", ft_comm_isend(comm, buf + 500, 30, FT_COMM_F32, right, 5, &rs, &err),
+                  &err);
+        expect_ok("wait", ft_comm_wait(comm, rs, &err), &err);
+        expect_ok("wait", ft_comm_wait(comm, rr, &err), &err);
+    }
+    ft_comm_stats_get(comm, &b);
+    ft_comm_stats_diff(&b, &a, &d);
+    CHECK(d.calls[FT_COMM_KIND_ALLREDUCE] == 2);
+    CHECK(d.calls[FT_COMM_KIND_REDUCE_SCATTER] == 1);
+    CHECK(d.calls[FT_COMM_KIND_ALLGATHER] == 1);
+    CHECK(d.calls[FT_COMM_KIND_BROADCAST] == 1);
+    CHECK(d.calls[FT_COMM_KIND_BARRIER] == 1);
+    CHECK(d.calls[FT_COMM_KIND_SEND] == (single ? 0 : 1));
+    CHECK(d.calls[FT_COMM_KIND_RECV] == (single ? 0 : 1));
+    CHECK_CLOSE(d.bytes_sent, ft_comm_bytes_sent(comm) - bytes0, 1e-12);
+    CHECK_CLOSE(b.bytes_sent, ft_comm_bytes_sent(comm), 1e-12);
+    CHECK(d.wait_s >= 0 && d.wait_s <= b.wait_s && d.wait_s < 60);
+    ft_comm_stats_diff(&b, &b, &d); /* in place: all zero */
+    CHECK(d.bytes_sent == 0 && d.wait_s == 0 && d.calls[FT_COMM_KIND_ALLREDUCE] == 0);
+    CHECK(strcmp(ft_comm_kind_name(FT_COMM_KIND_REDUCE_SCATTER), "reduce_scatter") == 0);
+    CHECK(strcmp(ft_comm_kind_name(FT_COMM_KIND_BARRIER), "barrier") == 0);
+    CHECK(strcmp(ft_comm_kind_name(FT_COMM_NKINDS), "?") == 0);
+    free(buf);
+    free(counts);
+}
+
 /* Calls that every rank makes alike and that fail before any communication. */
 static void test_errors(void)
 {
@@ -625,6 +681,7 @@ int main(void)
     TEST(test_send_recv_ring);
     TEST(test_async_overlap);
     TEST(test_bytes_sent);
+    TEST(test_stats);
     TEST(test_errors);
     TEST(test_barrier);
     TEST(test_single);
