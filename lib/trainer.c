@@ -410,6 +410,13 @@ static int log_step(trainer *t, const ft_step_stats *st, double tok_per_s, doubl
     }
     if (t->world > 1 && rc == 0)
         rc = log_scalar(t, "dist/comm_bytes_per_step", ft_engine_step_comm_bytes(t->eng), err);
+    if (t->world > 1 && rc == 0) {
+        /* rank 0's last step: wall time, and the part of it blocked in communication */
+        ft_comm_stats cs;
+        double step_s = ft_engine_step_profile(t->eng, &cs);
+        rc = log_scalar(t, "dist/step_seconds", step_s, err) ||
+             log_scalar(t, "dist/comm_wait_seconds", cs.wait_s, err);
+    }
     free(all);
     if (rc == 0 && t->metrics) {
         fprintf(t->metrics,

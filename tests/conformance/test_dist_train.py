@@ -246,6 +246,10 @@ def test_tensorboard_per_rank(work):
     summary = json.loads((d / "run_summary.json").read_text())
     assert acc.Scalars("rank1/memory/optimizer_peak_bytes")[-1].value == \
         summary["peak_memory_by_category"]["optimizer"][1]
+    # where rank 0's step time goes: the blocked part is a part of it
+    step = acc.Scalars("dist/step_seconds")[-1].value
+    wait = acc.Scalars("dist/comm_wait_seconds")[-1].value
+    assert 0 < step and 0 <= wait <= step
 
 
 def test_memory_shrinks_with_sharding(work):
