@@ -648,17 +648,18 @@ int ft_memplan_compare_modes(ft_config *cfg, int world_size, FILE *out, ft_err *
              ft_memplan_config(cfg, world_size, &r[i], err);
     if (ft_config_set_key(cfg, "tuning.mode", mode, "memory plan", NULL, err) || rc)
         return -1;
-    const ft_memplan_row *sel = &r[0].rows[r[0].selected];
+    int cpu0 = r[0].selected_cpu >= 0 ? r[0].selected_cpu : FT_PLAN_CPU;
     fprintf(out, "by tuning mode (this model, batch and strategy; MiB per rank):\n");
-    fprintf(out, "%-6s %12s %12s %12s %12s  %s\n", "mode", "trainable", "base", "cpu-fp32",
-            sel->name, "quantized base");
+    fprintf(out, "%-6s %12s %12s %12s %12s  %s\n", "mode", "trainable", "base",
+            r[0].rows[cpu0].name, r[0].rows[r[0].selected].name, "quantized base");
     for (int i = 0; i < 3; i++) {
         char q[64] = "-";
         if (r[i].n_quantized)
             snprintf(q, sizeof q, "%s, %.3f B/param", r[i].quant,
                      (double)r[i].quant_bytes / (double)r[i].n_quantized);
+        int cpu = r[i].selected_cpu >= 0 ? r[i].selected_cpu : FT_PLAN_CPU;
         fprintf(out, "%-6s %12zu %12zu %12.1f %12.1f  %s%s\n", modes[i], r[i].n_trainable,
-                r[i].n_frozen, mib(r[i].rows[FT_PLAN_CPU].total),
+                r[i].n_frozen, mib(r[i].rows[cpu].total),
                 mib(r[i].rows[r[i].selected].total), q,
                 !strcmp(modes[i], "full") && r[i].n_quantized
                     ? " (full mode cannot train a quantized checkpoint)"

@@ -197,7 +197,7 @@ int ft_memplan_config(const ft_config *cfg, int world_size, ft_memplan_result *o
 void ft_memplan_print(const ft_memplan_result *r, FILE *out);
 
 /* Prints the plan of cfg's model for each tuning mode (full, lora, qlora) side by side:
- * trainable and base parameters, the cpu-fp32 and selected rows' totals per rank, and
+ * trainable and base parameters, the selected cpu and gpu rows' totals per rank, and
  * the quantized base's bytes per parameter. cfg's tuning.mode is restored. */
 int ft_memplan_compare_modes(ft_config *cfg, int world_size, FILE *out, ft_err *err);
 

@@ -237,13 +237,14 @@ static int print_resolved(ft_config *cfg)
 
 /* --measure on rank 0: the plan of this config at the launch's world size with the
  * measured peaks beside it. */
-static int measured_plan(const ft_config *cfg, const ft_mem_measured *m, ft_err *err)
+static int measured_plan(ft_config *cfg, const ft_mem_measured *m, ft_err *err)
 {
     ft_memplan_result plan;
     if (ft_memplan_config(cfg, m->world, &plan, err))
         return -1;
     ft_memcheck_print(&plan, m, stdout);
-    return 0;
+    printf("\n");
+    return ft_memplan_compare_modes(cfg, m->world, stdout, err);
 }
 
 /* Whether the plan fits the memory of every rank (the measurement would run out of it

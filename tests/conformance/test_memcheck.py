@@ -291,6 +291,12 @@ def test_make_memory_check(work):
     assert "planned = cpu-fsdp (exact)" in out.stdout
     assert "-np 2" in out.stdout and "--measure" in out.stdout
     assert "CPU backend" in out.stdout  # gpu-info
+    # full vs lora vs qlora for the same model, the quantized base at its bytes per weight
+    table = out.stdout.split("by tuning mode")[1]
+    rows = {l.split()[0]: l.split() for l in table.splitlines()[2:5]}
+    assert set(rows) == {"full", "lora", "qlora"} and "cpu-fsdp" in table.splitlines()[1]
+    assert float(rows["qlora"][3]) < float(rows["lora"][3]) < float(rows["full"][3])
+    assert "nf4+dq" in " ".join(rows["qlora"]) and rows["lora"][-1] == "-"
     out = make("memory-check", f"CONFIG={cfg}")
     assert out.returncode == 0, out.stderr[-3000:]
     assert_exact(out.stdout, 1)
