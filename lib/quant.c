@@ -27,10 +27,13 @@ static const float nf4_code[16] = {
     0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f};
 
 /* bitsandbytes' FP4 (1 sign, 2 exponent, 1 mantissa bit, bias 3): these values divided
- * by their largest, 12, in fp32. Code 8 ("-0") is +0.0 in its table (get_4bit_type
+ * by their largest, 12, in fp32 (constant expressions: the compiler rounds each quotient
+ * to fp32 as torch's division does). Code 8 ("-0") is +0.0 in its table (get_4bit_type
  * writes the integer -0), and so in the quant_map of every checkpoint. */
-static const float fp4_raw[16] = {0.0f, 0.0625f,  8.0f,  12.0f,  4.0f,  6.0f,  2.0f,  3.0f,
-                                  0.0f, -0.0625f, -8.0f, -12.0f, -4.0f, -6.0f, -2.0f, -3.0f};
+static const float fp4_code[16] = {
+    0.0f,          0.0625f / 12.0f,  8.0f / 12.0f,  12.0f / 12.0f, 4.0f / 12.0f,  6.0f / 12.0f,
+    2.0f / 12.0f,  3.0f / 12.0f,     0.0f,          -0.0625f / 12.0f, -8.0f / 12.0f,
+    -12.0f / 12.0f, -4.0f / 12.0f,   -6.0f / 12.0f, -2.0f / 12.0f, -3.0f / 12.0f};
 
 const char *ft_quant_name(ft_quant_type t)
 {
@@ -60,15 +63,7 @@ int ft_quant_parse(const char *s, ft_quant_type *t, ft_err *err)
 
 const float *ft_quant_code(ft_quant_type t)
 {
-    static float fp4_code[16];
-    if (t == FT_QUANT_NF4)
-        return nf4_code;
-    if (t != FT_QUANT_FP4)
-        return NULL;
-    if (fp4_code[3] == 0.0f) /* filled once; the values never change */
-        for (int i = 0; i < 16; i++)
-            fp4_code[i] = fp4_raw[i] / 12.0f;
-    return fp4_code;
+    return t == FT_QUANT_NF4 ? nf4_code : t == FT_QUANT_FP4 ? fp4_code : NULL;
 }
 
 /* dQuantizeNF4: the code of the nearest NF4 value to x in [-1, 1]. */
