@@ -15,7 +15,9 @@ ft_tensor ft_slice(ft_tensor t, size_t offset, size_t numel)
                 offset + numel, t.numel);
         abort();
     }
-    size_t esize = t.dtype == FT_F32 || t.dtype == FT_I32 ? 4 : 2;
+    size_t esize = t.dtype == FT_F32 || t.dtype == FT_I32 ? 4
+                   : t.dtype == FT_U8 || t.dtype == FT_I8 ? 1
+                                                          : 2;
     t.data = (char *)t.data + offset * esize;
     t.numel = numel;
     return t;
@@ -267,4 +269,44 @@ void ft_adamw_step(ft_tensor param, ft_tensor grad, ft_tensor m, ft_tensor v, si
     need(op, "m", m, n, FT_F32);
     need(op, "v", v, n, FT_F32);
     ft_cpu_adamw_step(F(param), F(grad), F(m), F(v), n, hp, step, grad_scale);
+}
+
+void ft_dequant_4bit(ft_tensor out, ft_tensor packed, ft_tensor absmax, ft_tensor code,
+                     size_t n, int blocksize)
+{
+    const char *op = "dequant_4bit";
+    if (blocksize < 1) {
+        fprintf(stderr, "%s: blocksize %d\n", op, blocksize);
+        abort();
+    }
+    need(op, "out", out, n, FT_F32);
+    need(op, "packed", packed, (n + 1) / 2, FT_U8);
+    need(op, "absmax", absmax, (n + (size_t)blocksize - 1) / (size_t)blocksize, FT_F32);
+    need(op, "code", code, 16, FT_F32);
+    ft_cpu_dequant_4bit(F(out), packed.data, F(absmax), F(code), n, (size_t)blocksize);
+}
+
+void ft_dequant_8bit_blockwise(ft_tensor out, ft_tensor q, ft_tensor absmax, ft_tensor map,
+                               size_t n, int blocksize, float offset)
+{
+    const char *op = "dequant_8bit_blockwise";
+    if (blocksize < 1) {
+        fprintf(stderr, "%s: blocksize %d\n", op, blocksize);
+        abort();
+    }
+    need(op, "out", out, n, FT_F32);
+    need(op, "q", q, n, FT_U8);
+    need(op, "absmax", absmax, (n + (size_t)blocksize - 1) / (size_t)blocksize, FT_F32);
+    need(op, "map", map, 256, FT_F32);
+    ft_cpu_dequant_8bit_blockwise(F(out), q.data, F(absmax), F(map), n, (size_t)blocksize,
+                                  offset);
+}
+
+void ft_dequant_int8_rows(ft_tensor out, ft_tensor q, ft_tensor scb, int rows, int cols)
+{
+    const char *op = "dequant_int8_rows";
+    need(op, "out", out, SZ(rows, cols), FT_F32);
+    need(op, "q", q, SZ(rows, cols), FT_I8);
+    need(op, "scb", scb, (size_t)rows, FT_F32);
+    ft_cpu_dequant_int8_rows(F(out), q.data, F(scb), rows, cols);
 }

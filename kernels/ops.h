@@ -20,7 +20,7 @@
 
 typedef enum ft_device { FT_DEV_CPU = 0, FT_DEV_CUDA = 1 } ft_device;
 
-typedef enum ft_dtype { FT_F32 = 0, FT_BF16, FT_F16, FT_I32 } ft_dtype;
+typedef enum ft_dtype { FT_F32 = 0, FT_BF16, FT_F16, FT_I32, FT_U8, FT_I8 } ft_dtype;
 
 typedef struct ft_tensor {
     void *data;
@@ -38,6 +38,16 @@ static inline ft_tensor ft_f32(float *p, size_t numel)
 static inline ft_tensor ft_i32(int32_t *p, size_t numel)
 {
     ft_tensor t = {p, numel, FT_I32, FT_DEV_CPU};
+    return t;
+}
+static inline ft_tensor ft_u8(uint8_t *p, size_t numel)
+{
+    ft_tensor t = {p, numel, FT_U8, FT_DEV_CPU};
+    return t;
+}
+static inline ft_tensor ft_i8(int8_t *p, size_t numel)
+{
+    ft_tensor t = {p, numel, FT_I8, FT_DEV_CPU};
     return t;
 }
 static inline ft_tensor ft_none(void)
@@ -145,5 +155,18 @@ typedef struct ft_adamw_hparams {
 } ft_adamw_hparams;
 void ft_adamw_step(ft_tensor param, ft_tensor grad, ft_tensor m, ft_tensor v, size_t n,
                    ft_adamw_hparams hp, int step, float grad_scale);
+
+/* ---- dequantization of bitsandbytes weights (QLoRA's frozen base; lib/quant.h) -------
+ * 4-bit: out[i] = code[q(i)] * absmax[i / blocksize], i < n; q(i) the i-th nibble of
+ *   packed [ceil(n/2)] u8, the high nibble first; code [16] (NF4 or FP4 values).
+ * 8-bit blockwise (the double-quantized absmax): out[i] = map[q[i]] * absmax[i / blocksize]
+ *   + offset, i < n; q [n] u8, map [256].
+ * int8 rows (LLM.int8 weights): out[r, c] = (q[r, c] * scb[r]) * (1/127 in fp32); q i8.
+ * All products in fp32, as bitsandbytes computes them. */
+void ft_dequant_4bit(ft_tensor out, ft_tensor packed, ft_tensor absmax, ft_tensor code,
+                     size_t n, int blocksize);
+void ft_dequant_8bit_blockwise(ft_tensor out, ft_tensor q, ft_tensor absmax, ft_tensor map,
+                               size_t n, int blocksize, float offset);
+void ft_dequant_int8_rows(ft_tensor out, ft_tensor q, ft_tensor scb, int rows, int cols);
 
 #endif

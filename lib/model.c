@@ -745,8 +745,10 @@ int ft_model_materialize(ft_model *m, int unit, ft_err *err)
             continue;
         p->data = m->qwin + p->offset;
         *m->slot_data[i] = p->data;
-        if (m->qt[i].type != FT_QUANT_NONE)
-            ft_dequantize(&m->qt[i], p->data);
+        if (m->qt[i].type != FT_QUANT_NONE && ft_dequantize(&m->qt[i], p->data)) {
+            m->qwin_unit = -1;
+            return ft_fail(err, "out of memory dequantizing '%s'", p->name);
+        }
     }
     m->qwin_unit = unit;
     return 0;
@@ -763,7 +765,10 @@ int ft_model_dequantize_base(ft_model *m, ft_err *err)
         float *d = ft_alloc(&m->mem, FT_MEM_WEIGHTS, p->numel * sizeof *d);
         if (!d)
             return ft_fail(err, "out of memory dequantizing '%s'", p->name);
-        ft_dequantize(&m->qt[i], d);
+        if (ft_dequantize(&m->qt[i], d)) {
+            ft_free(&m->mem, d);
+            return ft_fail(err, "out of memory dequantizing '%s'", p->name);
+        }
         ft_mem_account(&m->mem, FT_MEM_WEIGHTS, ft_qtensor_bytes(&m->qt[i]), false);
         ft_qtensor_free(&m->qt[i]);
         m->qdense[i] = d;

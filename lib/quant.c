@@ -20,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops.h"
+
 static const float nf4_code[16] = {
     -1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
     -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
@@ -299,34 +301,29 @@ int ft_quantize(const float *w, int64_t rows, int64_t cols, const ft_quant_optio
     return 0;
 }
 
-void ft_dequantize(const ft_qtensor *q, float *out)
+int ft_dequantize(const ft_qtensor *q, float *out)
 {
     size_t n = (size_t)q->rows * (size_t)q->cols;
     if (q->type == FT_QUANT_INT8) {
-        /* int8_vectorwise_dequant: (q * scb) * (1/127 as fp32) */
-        for (size_t i = 0; i < n; i++)
-            out[i] = ((float)q->q[i] * q->scb[i / (size_t)q->cols]) * 7.874015718698502e-3f;
-        return;
+        ft_dequant_int8_rows(ft_f32(out, n), ft_i8(q->q, n), ft_f32(q->scb, (size_t)q->rows),
+                             (int)q->rows, (int)q->cols);
+        return 0;
     }
-    const float *code = ft_quant_code(q->type);
-    size_t bs = (size_t)q->blocksize;
-    for (size_t b = 0; b < q->n_blocks; b++) {
-        float amax = ft_qtensor_absmax(q, b);
-        size_t i1 = (b + 1) * bs < n ? (b + 1) * bs : n;
-        for (size_t i = b * bs; i < i1; i++) {
-            uint8_t byte = q->packed[i / 2];
-            out[i] = code[i % 2 ? byte & 0x0f : byte >> 4] * amax;
-        }
+    float *absmax = q->absmax;
+    if (q->nested) { /* the block absmax first, from their 8-bit codes */
+        absmax = malloc(q->n_blocks * sizeof *absmax);
+        if (!absmax)
+            return -1;
+        size_t n2 = (q->n_blocks + (size_t)q->nested_blocksize - 1) / (size_t)q->nested_blocksize;
+        ft_dequant_8bit_blockwise(ft_f32(absmax, q->n_blocks), ft_u8(q->absmax_q, q->n_blocks),
+                                  ft_f32(q->nested_absmax, n2), ft_f32(q->nested_map, 256),
+                                  q->n_blocks, q->nested_blocksize, q->nested_offset);
     }
-}
-
-float ft_qtensor_absmax(const ft_qtensor *q, size_t b)
-{
-    if (!q->nested)
-        return q->absmax[b];
-    /* dequantize_blockwise, then + offset, in fp32 */
-    return q->nested_map[q->absmax_q[b]] * q->nested_absmax[b / (size_t)q->nested_blocksize] +
-           q->nested_offset;
+    ft_dequant_4bit(ft_f32(out, n), ft_u8(q->packed, (n + 1) / 2), ft_f32(absmax, q->n_blocks),
+                    ft_f32((float *)ft_quant_code(q->type), 16), n, q->blocksize);
+    if (absmax != q->absmax)
+        free(absmax);
+    return 0;
 }
 
 bool ft_quant_skipped(const char *skip, const char *path)

@@ -67,10 +67,10 @@ typedef struct ft_qtensor {
 /* Quantizes w [rows x cols] (fp32). inf or NaN in w is an error naming the element. */
 int ft_quantize(const float *w, int64_t rows, int64_t cols, const ft_quant_options *o,
                 ft_qtensor *out, ft_err *err);
-/* out [rows x cols] = the dequantized weight. */
-void ft_dequantize(const ft_qtensor *q, float *out);
-/* The absmax of 4-bit block b (reconstructed when double quantized). */
-float ft_qtensor_absmax(const ft_qtensor *q, size_t b);
+/* out [rows x cols] = the dequantized weight, through the dequantization ops of
+ * kernels/ops.h. A double-quantized absmax is reconstructed into a temporary buffer of
+ * n_blocks floats first: -1 when that allocation fails (nothing else can). */
+int ft_dequantize(const ft_qtensor *q, float *out);
 /* Bytes the quantized form holds (packed codes, absmax or their codes, nested state). */
 size_t ft_qtensor_bytes(const ft_qtensor *q);
 void ft_qtensor_free(ft_qtensor *q);

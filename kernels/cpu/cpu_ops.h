@@ -62,4 +62,12 @@ void ft_cpu_dropout_backward(float *dx, const float *dout, size_t n, float p,
 void ft_cpu_adamw_step(float *param, const float *grad, float *m, float *v, size_t n,
                        ft_adamw_hparams hp, int step, float grad_scale);
 
+/* dequant.c */
+void ft_cpu_dequant_4bit(float *out, const uint8_t *packed, const float *absmax,
+                         const float *code, size_t n, size_t blocksize);
+void ft_cpu_dequant_8bit_blockwise(float *out, const uint8_t *q, const float *absmax,
+                                   const float *map, size_t n, size_t blocksize, float offset);
+void ft_cpu_dequant_int8_rows(float *out, const int8_t *q, const float *scb, int rows,
+                              int cols);
+
 #endif

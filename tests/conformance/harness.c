@@ -308,7 +308,7 @@ static int run_quantize(json_t *list, const char *out_path, ft_err *err)
         rc = ft_quantize(x, rows, cols, &o, &qs[i], err);
         if (rc == 0) {
             d = malloc(numel * sizeof *d);
-            ft_dequantize(&qs[i], d);
+            rc = ft_dequantize(&qs[i], d) ? ft_fail(err, "out of memory") : 0;
             ft_st_writer_keep(w, d);
         }
         free(x);
@@ -368,11 +368,11 @@ static int run_dequantize(json_t *d, const char *out_path, ft_err *err)
         return -1;
     size_t n = (size_t)(rows * cols);
     float *out = malloc(n * sizeof *out);
-    ft_dequantize(&q, out);
     ft_st_writer *w = ft_st_writer_new();
     int64_t shape[1] = {(int64_t)n};
-    rc = ft_st_writer_add(w, "dequant", FT_ST_F32, 1, shape, out, err) ||
-         ft_st_writer_save(w, out_path, err);
+    rc = ft_dequantize(&q, out) ? ft_fail(err, "out of memory")
+                                : ft_st_writer_add(w, "dequant", FT_ST_F32, 1, shape, out, err) ||
+                                      ft_st_writer_save(w, out_path, err);
     ft_st_writer_free(w);
     ft_qtensor_free(&q);
     free(out);

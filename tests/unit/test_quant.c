@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "ops.h"
 #include "quant.h"
 #include "quant_io.h"
 #include "safetensors.h"
@@ -101,7 +102,7 @@ static void roundtrip(ft_quant_type type, int bs, bool dq, int64_t rows, int64_t
     ft_qtensor q;
     ft_err err = {{0}};
     CHECK(ft_quantize(w, rows, cols, &o, &q, &err) == 0);
-    ft_dequantize(&q, d);
+    CHECK(ft_dequantize(&q, d) == 0);
     int bad = count_out_of_bound(w, d, &q);
     if (bad)
         fprintf(stderr, "  %s bs %d dq %d [%lld,%lld] real %d: %d elements out of bound\n",
@@ -228,14 +229,14 @@ static void test_zero_blocks_and_partial(void)
     CHECK(q.absmax[0] == 0.0f && q.absmax[1] == 36.0f / 7.0f && q.absmax[2] == 0.0f);
     CHECK(q.absmax[3] == 0.5f);
     CHECK(q.packed[0] == 0x77 && q.packed[31] == 0x77);
-    ft_dequantize(&q, d);
+    CHECK(ft_dequantize(&q, d) == 0);
     for (int i = 0; i < 64; i++)
         CHECK(d[i] == 0.0f);
     CHECK(d[N - 1] == 0.5f);
     ft_qtensor_free(&q);
     o.double_quant = true;
     CHECK(ft_quantize(w, 1, N, &o, &q, NULL) == 0);
-    ft_dequantize(&q, d);
+    CHECK(ft_dequantize(&q, d) == 0);
     for (int i = 0; i < 64; i++)
         CHECK(d[i] == 0.0f);
     ft_qtensor_free(&q);
@@ -247,6 +248,43 @@ static void test_zero_blocks_and_partial(void)
     CHECK(q.scb[0] == 0 && q.q[0] == 0 && q.q[2] == 0);
     CHECK(q.q[3] == 127 && q.q[4] == 64 && q.q[5] == 0);
     ft_qtensor_free(&q);
+}
+
+/* The dequantization ops (kernels/ops.h) against their formulas written out: odd counts,
+ * partial blocks, the high nibble first. */
+static void test_dequant_ops(void)
+{
+    enum { N = 77, BS = 32, NB = (N + BS - 1) / BS };
+    uint8_t packed[(N + 1) / 2], q8[N];
+    int8_t qi[N];
+    float absmax[NB], out[N], code[16], map[256], scb[7];
+    for (int i = 0; i < (N + 1) / 2; i++)
+        packed[i] = (uint8_t)(i * 37 + 11);
+    for (int i = 0; i < N; i++) {
+        q8[i] = (uint8_t)(i * 53 + 5);
+        qi[i] = (int8_t)(i * 29 - 100);
+    }
+    for (int b = 0; b < NB; b++)
+        absmax[b] = 0.5f + (float)b;
+    for (int c = 0; c < 16; c++)
+        code[c] = (float)c / 16 - 0.5f;
+    for (int c = 0; c < 256; c++)
+        map[c] = (float)c / 256 - 0.25f;
+    for (int r = 0; r < 7; r++)
+        scb[r] = 0.1f * (float)(r + 1);
+    ft_dequant_4bit(ft_f32(out, N), ft_u8(packed, sizeof packed), ft_f32(absmax, NB),
+                    ft_f32(code, 16), N, BS);
+    for (int i = 0; i < N; i++) {
+        int nib = i % 2 ? packed[i / 2] & 15 : packed[i / 2] >> 4;
+        CHECK(out[i] == code[nib] * absmax[i / BS]);
+    }
+    ft_dequant_8bit_blockwise(ft_f32(out, N), ft_u8(q8, N), ft_f32(absmax, NB), ft_f32(map, 256),
+                              N, BS, 0.125f);
+    for (int i = 0; i < N; i++)
+        CHECK(out[i] == map[q8[i]] * absmax[i / BS] + 0.125f);
+    ft_dequant_int8_rows(ft_f32(out, N), ft_i8(qi, N), ft_f32(scb, 7), 7, 11);
+    for (int i = 0; i < N; i++)
+        CHECK(out[i] == ((float)qi[i] * scb[i / 11]) * 7.874015718698502e-3f);
 }
 
 static void test_rejects_bad_input(void)
@@ -336,8 +374,7 @@ static void test_checkpoint_roundtrip(void)
         CHECK(ft_qtensor_probe(ck, "model.layers.0.mlp.down_proj") == FT_QUANT_NONE);
         ft_ckpt_close(ck);
         CHECK(read_back(p, rows, cols, &r, &err) == 0);
-        ft_dequantize(&q, a);
-        ft_dequantize(&r, b);
+        CHECK(ft_dequantize(&q, a) == 0 && ft_dequantize(&r, b) == 0);
         CHECK(memcmp(a, b, (size_t)(rows * cols) * 4) == 0);
         CHECK(ft_qtensor_bytes(&q) == ft_qtensor_bytes(&r));
         CHECK(read_back(p, rows, cols + 1, &r, &err) != 0);
@@ -451,6 +488,7 @@ int main(void)
     RUN(test_codes_are_nearest);
     RUN(test_packing_order);
     RUN(test_zero_blocks_and_partial);
+    RUN(test_dequant_ops);
     RUN(test_rejects_bad_input);
     RUN(test_checkpoint_roundtrip);
     RUN(test_corrupt_checkpoints);
