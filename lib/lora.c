@@ -4,6 +4,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <jansson.h>
 #include <pcre2.h>
+#include <stdlib.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -51,6 +52,32 @@ static int match_target(const char *key, unsigned *targets)
             return 0;
         }
     }
+    return -1;
+}
+
+/* A list entry naming one layer's module by path: "model.layers.N.<proj path>" or a
+ * dotted suffix of it that includes the layer ("layers.N.mlp.up_proj"), optionally
+ * prefixed by PEFT's "base_model.model.". Sets layer_paths and returns 0; -1 if it is no
+ * such path. */
+static int match_layer_path(const char *key, ft_lora_config *c)
+{
+    const char *k = key;
+    if (strncmp(k, "base_model.model.", 17) == 0)
+        k += 17;
+    if (strncmp(k, "model.", 6) == 0)
+        k += 6;
+    if (strncmp(k, "layers.", 7) != 0)
+        return -1;
+    char *end;
+    long l = strtol(k + 7, &end, 10);
+    if (end == k + 7 || *end != '.' || l < 0 || l >= FT_LORA_MAX_LAYER_LIST)
+        return -1;
+    for (int p = 0; p < FT_NPROJ; p++)
+        if (strcmp(end + 1, proj_paths[p]) == 0) {
+            c->layer_paths[p][l / 64] |= 1ull << (l % 64);
+            c->has_layer_paths = true;
+            return 0;
+        }
     return -1;
 }
 
@@ -189,10 +216,12 @@ int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
         json_t *item;
         json_array_foreach(v, i, item)
         {
-            if (!json_is_string(item) || match_target(json_string_value(item), &c->targets)) {
+            if (!json_is_string(item) || (match_target(json_string_value(item), &c->targets) &&
+                                          match_layer_path(json_string_value(item), c))) {
                 ft_fail(err,
                         "%s: key 'target_modules': unknown module %s (known: q_proj k_proj "
-                        "v_proj o_proj gate_proj up_proj down_proj)",
+                        "v_proj o_proj gate_proj up_proj down_proj, or one layer's, "
+                        "model.layers.N.self_attn.q_proj)",
                         path, json_is_string(item) ? json_string_value(item) : "(not a string)");
                 goto out;
             }
@@ -216,6 +245,13 @@ int ft_lora_config_save(const ft_lora_config *c, const char *dir, const char *ba
     for (int p = 0; p < FT_NPROJ; p++)
         if (c->targets & (1u << p))
             json_array_append_new(targets, json_string(proj_names[p]));
+    for (int l = 0; c->has_layer_paths && l < FT_LORA_MAX_LAYER_LIST; l++)
+        for (int p = 0; p < FT_NPROJ; p++)
+            if (c->layer_paths[p][l / 64] >> (l % 64) & 1) {
+                char path[96];
+                snprintf(path, sizeof path, "model.layers.%d.%s", l, proj_paths[p]);
+                json_array_append_new(targets, json_string(path));
+            }
     json_object_set_new(root, "peft_type", json_string("LORA"));
     json_object_set_new(root, "task_type", json_string("CAUSAL_LM"));
     json_object_set_new(root, "base_model_name_or_path", json_string(base_model ? base_model : ""));
@@ -269,6 +305,10 @@ int ft_lora_layer_mask(const ft_lora_config *c, int layer, unsigned *mask, ft_er
         for (int i = 0; i < c->n_layers; i++)
             in_list |= c->layers[i] == layer;
         *mask = in_list ? c->targets : 0;
+        for (int p = 0; c->has_layer_paths && p < FT_NPROJ; p++)
+            if (layer < FT_LORA_MAX_LAYER_LIST &&
+                (c->layer_paths[p][layer / 64] >> (layer % 64) & 1))
+                *mask |= 1u << p;
         return 0;
     }
     int code;

@@ -6,6 +6,7 @@
 #define FT_LORA_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "ft_error.h"
 
@@ -39,11 +40,17 @@ typedef struct ft_lora_config {
      * string form, re.fullmatch against the module path "model.layers.N.self_attn.q_proj")
      * or the module names in `targets` (bitmask of 1u << ft_proj), restricted to the
      * layer indices in `layers` when n_layers > 0 (layers_to_transform; PEFT ignores it
-     * with a regex). Use ft_lora_layer_mask for the answer of one layer. */
+     * with a regex), plus the modules a list names by their full path (PEFT matches a
+     * list entry as the module's name or a dotted suffix of it; recent PEFT writes
+     * "all-linear" out as every layer's paths, "model.layers.0.self_attn.q_proj", ...):
+     * layer l's projection p when layer_paths[p] has bit l (layers_to_transform does not
+     * restrict those). Use ft_lora_layer_mask for the answer of one layer. */
     unsigned targets;
     char target_regex[256];
     int n_layers;
     int layers[FT_LORA_MAX_LAYER_LIST];
+    bool has_layer_paths;
+    uint64_t layer_paths[FT_NPROJ][FT_LORA_MAX_LAYER_LIST / 64];
 } ft_lora_config;
 
 /* The projections of decoder layer `layer` that carry a LoRA pair (bitmask). Errors: a

@@ -74,6 +74,10 @@ LORA_VARIANTS = {
     "regex": dict(target_modules=r".*\.(q_proj|up_proj)"),
     # a regex that picks different projections in different layers
     "regex_layers": dict(target_modules=r"model\.layers\.1\.self_attn\.[qv]_proj|model\.layers\.0\.mlp\.down_proj"),
+    # module paths, as recent peft writes "all-linear" out (and as a user may list them):
+    # a name matches itself or as a dotted suffix, here of one layer's modules
+    "paths": dict(target_modules=["model.layers.0.self_attn.q_proj", "layers.1.mlp.down_proj",
+                                  "model.layers.1.self_attn.v_proj", "o_proj"]),
     # a module list restricted to some layers
     "layers_to_transform": dict(target_modules=["q_proj", "v_proj", "down_proj"], layers_to_transform=[1]),
     # per-module overrides: honour or reject

@@ -18,6 +18,7 @@ CASES = [
     ("llama_gqa", "o_down"),
     ("llama_gqa", "regex"),
     ("llama_gqa", "regex_layers"),
+    ("llama_gqa", "paths"),
     ("llama_gqa", "layers_to_transform"),
     ("qwen2", "all7"),
     ("llama_mqa_odd", "all7"),
