@@ -4,9 +4,10 @@
  * input gives the same bytes:
  *   - a block's scale is the reciprocal inv = 1.0f / absmax, and the normalised value
  *     x * inv (fp32) picks the code (kQuantizeBlockwise);
- *   - NF4 and FP4 codes come from decision trees whose thresholds are the midpoints
- *     between neighbouring code values, compared with a strict '>' (dQuantizeNF4,
- *     dQuantizeFP4): a tie goes to the lower code;
+ *   - NF4 codes come from a decision tree whose thresholds are the midpoints between
+ *     neighbouring code values, compared with a strict '>' (dQuantizeNF4): a tie goes to
+ *     the lower code; FP4 codes from the fp32 midpoints as the reference backend
+ *     computes them (see fp4_index);
  *   - the 8-bit absmax codes of double quantization come from a 7-step binary search
  *     over the dynamic map with a midpoint check at the end (dQuantize);
  *   - the scale of an all-zero block is taken from absmax clamped to 1e-38, as the
@@ -91,19 +92,21 @@ static uint8_t nf4_index(float x)
     return x > -0.8480964004993439f ? 1 : 0;
 }
 
-/* dQuantizeFP4: sign bit 8, then the magnitude's code (thresholds = midpoints / 12). */
+/* FP4: the nearest code value, ties to the lower value, by fp32 midpoints of the sorted
+ * values (bitsandbytes' reference backend: torch.bucketize over (c[i] + c[i+1]) / 2).
+ * Its CUDA kernel walks a tree of rounded thresholds on |x| instead, which can differ
+ * exactly at a midpoint; those ties are common with bf16 weights. A value that lands on
+ * zero keeps the sign of x (code 8 for -0; both decode to 0). */
 static uint8_t fp4_index(float x)
 {
-    uint8_t sign = x < 0 ? 8 : 0;
-    x = fabsf(x);
-    if (x > 0.29166667f) {
-        if (x > 0.583333f)
-            return (uint8_t)((x > 0.8333333f ? 3 : 2) + sign);
-        return (uint8_t)((x > 0.4166667f ? 5 : 4) + sign);
+    /* the codes of the sorted values -1, -2/3, ..., -0.0625/12, 0, 0.0625/12, ..., 1 */
+    static const uint8_t order[15] = {11, 10, 13, 12, 15, 14, 9, 0, 1, 6, 7, 4, 5, 2, 3};
+    for (int i = 0; i < 14; i++) {
+        float mid = (fp4_code[order[i]] + fp4_code[order[i + 1]]) / 2.0f;
+        if (x <= mid)
+            return order[i] == 0 && x < 0 ? 8 : order[i];
     }
-    if (x > 0.0859375f)
-        return (uint8_t)((x > 0.20833333f ? 7 : 6) + sign);
-    return (uint8_t)((x > 0.00260417f ? 1 : 0) + sign);
+    return 3;
 }
 
 /* bitsandbytes' create_dynamic_map(signed=True, max_exponent_bits=7, total_bits=8): for
@@ -261,7 +264,9 @@ static int quantize_int8(const float *w, int64_t rows, int64_t cols, ft_qtensor 
         for (int64_t c = 0; c < cols; c++)
             amax = fmaxf(amax, fabsf(row[c]));
         q->scb[r] = amax;
-        float scale = 127.0f / amax; /* int8_vectorwise_quant: round half to even */
+        /* int8_vectorwise_quant: A * (127.0 / row_stats), which torch evaluates as
+         * reciprocal(row_stats) * 127; then round half to even */
+        float scale = (1.0f / amax) * 127.0f;
         for (int64_t c = 0; c < cols; c++)
             q->q[r * cols + c] = amax > 0 ? (int8_t)rintf(row[c] * scale) : 0;
     }

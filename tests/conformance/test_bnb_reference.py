@@ -90,10 +90,14 @@ def bnb():
     return k
 
 
-def _weights(rows, cols, seed, zero_block=None, blocksize=64):
+def _weights(rows, cols, seed, zero_block=None, blocksize=64, bf16=False):
+    """Random weights; bf16: rounded to bf16 values first, as real checkpoints' are, which
+    puts many scaled values exactly on the codes' decision boundaries (ties)."""
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(rows, cols, generator=g) * 0.02
     w[:, ::13] *= 8  # outlier columns
+    if bf16:
+        w = w.bfloat16().float()
     if zero_block is not None:
         flat = w.view(-1)
         flat[zero_block * blocksize:(zero_block + 1) * blocksize] = 0
@@ -115,8 +119,11 @@ def _nibbles(packed):
     return torch.stack([packed >> 4, packed & 15], dim=1).view(-1)
 
 
-CASES = [("nf4", 64, True, (48, 77)), ("nf4", 64, False, (33, 65)), ("fp4", 128, True, (64, 64)),
-         ("fp4", 32, False, (7, 9)), ("nf4", 32, True, (300, 200)), ("nf4", 4096, False, (40, 130))]
+CASES = [("nf4", 64, True, (48, 77), False), ("nf4", 64, False, (33, 65), False),
+         ("fp4", 128, True, (64, 64), False), ("fp4", 32, False, (7, 9), False),
+         ("nf4", 32, True, (300, 200), False), ("nf4", 4096, False, (40, 130), False),
+         ("nf4", 64, False, (256, 344), True), ("fp4", 64, False, (256, 344), True),
+         ("nf4", 64, True, (128, 1376), True), ("fp4", 128, True, (96, 200), True)]
 
 
 def test_dynamic_map_is_bitsandbytes(bnb, ft):
@@ -126,10 +133,11 @@ def test_dynamic_map_is_bitsandbytes(bnb, ft):
     assert torch.equal(out["q0.nested_map"], theirs)
 
 
-@pytest.mark.parametrize("qtype,bs,dq,shape", CASES,
-                         ids=[f"{q}-bs{b}-{'dq' if d else 'nodq'}-{s[0]}x{s[1]}" for q, b, d, s in CASES])
-def test_4bit_bytes_equal_bitsandbytes(bnb, ft, qtype, bs, dq, shape):
-    w = _weights(*shape, seed=shape[0] * 7 + bs, zero_block=1, blocksize=bs)
+@pytest.mark.parametrize("qtype,bs,dq,shape,bf16", CASES,
+                         ids=[f"{q}-bs{b}-{'dq' if d else 'nodq'}-{s[0]}x{s[1]}{'-bf16' if h else ''}"
+                              for q, b, d, s, h in CASES])
+def test_4bit_bytes_equal_bitsandbytes(bnb, ft, qtype, bs, dq, shape, bf16):
+    w = _weights(*shape, seed=shape[0] * 7 + bs, zero_block=1, blocksize=bs, bf16=bf16)
     out = ft(dict(quantize=[dict(rows=shape[0], cols=shape[1], values=w.view(-1).tolist(),
                                  type=qtype, blocksize=bs, double_quant=dq)]),
              f"bnb-{qtype}-{bs}-{dq}-{shape[0]}")
@@ -165,9 +173,10 @@ def test_4bit_bytes_equal_bitsandbytes(bnb, ft, qtype, bs, dq, shape):
     assert torch.equal(out["q0.dequant"].view(shape), deq)
 
 
-@pytest.mark.parametrize("shape", [(16, 40), (5, 3), (64, 257)])
-def test_int8_equals_bitsandbytes(bnb, ft, shape):
-    w = _weights(*shape, seed=shape[1])
+@pytest.mark.parametrize("shape,bf16", [((16, 40), False), ((5, 3), False), ((64, 257), False),
+                                        ((256, 344), True), ((96, 1376), True)])
+def test_int8_equals_bitsandbytes(bnb, ft, shape, bf16):
+    w = _weights(*shape, seed=shape[1], bf16=bf16)
     w[2] = 0  # a zero row
     out = ft(dict(quantize=[dict(rows=shape[0], cols=shape[1], values=w.view(-1).tolist(),
                                  type="int8")]), f"bnb-int8-{shape[0]}")
