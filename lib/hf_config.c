@@ -666,6 +666,27 @@ void ft_rope_inv_freq(const ft_model_config *cfg, float *inv_freq)
     }
 }
 
+int ft_read_model_config_json(const char *dir, json_t **out, ft_err *err)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return ft_fail(err, "%s: cannot read: %s (is %s a Hugging Face model dir?)", path,
+                       strerror(errno), dir);
+    json_error_t jerr;
+    json_t *root = json_loadf(f, 0, &jerr);
+    fclose(f);
+    if (!root)
+        return ft_fail(err, "%s: line %d: %s", path, jerr.line, jerr.text);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return ft_fail(err, "%s: not a JSON object", path);
+    }
+    *out = root;
+    return 0;
+}
+
 int ft_write_model_config(json_t *cfg, const char *dir, const char *torch_dtype, ft_err *err)
 {
     if (torch_dtype) {

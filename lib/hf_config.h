@@ -57,6 +57,10 @@ int ft_model_config_load(ft_model_config *cfg, const char *path, ft_err *err);
  * with the configured scaling applied. */
 void ft_rope_inv_freq(const ft_model_config *cfg, float *inv_freq);
 
+/* Reads dir/config.json as a JSON object into *out (the caller's reference): for tools
+ * that copy it with changes. Errors name the file and line. */
+int ft_read_model_config_json(const char *dir, json_t **out, ft_err *err);
+
 /* Writes cfg (a config.json's object) as dir/config.json, atomically, indented; with
  * torch_dtype (not NULL) its dtype key set first: "torch_dtype", and "dtype" too where
  * the model uses transformers 5's name. */

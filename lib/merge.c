@@ -145,23 +145,6 @@ int ft_copy_passthrough_files(const char *model_dir, const char *dst_dir, ft_err
     return 0;
 }
 
-/* The base's config.json, checked for what the merge cannot handle. */
-static int load_base_config(json_t **out, const char *model_dir, ft_err *err)
-{
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", model_dir);
-    json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
-    if (!root)
-        return ft_fail(err, "%s: line %d: %s", path, jerr.line, jerr.text);
-    if (!json_is_object(root)) {
-        json_decref(root);
-        return ft_fail(err, "%s: not a JSON object", path);
-    }
-    *out = root;
-    return 0;
-}
-
 static int write_weights(ft_model *m, const char *dir, ft_st_dtype dt, size_t max_shard,
                          ft_err *err)
 {
@@ -196,7 +179,7 @@ int ft_merge(const ft_merge_options *o, ft_err *err)
         return ft_fail(err, "%s: adapter dir not found", o->adapter_dir);
 
     json_t *cfg_json = NULL;
-    if (load_base_config(&cfg_json, o->model_dir, err))
+    if (ft_read_model_config_json(o->model_dir, &cfg_json, err))
         return -1;
     dtype_choice dt = {FT_ST_F32, "float32"};
     int rc = 0;

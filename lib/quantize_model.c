@@ -196,26 +196,15 @@ static const char *skipped_by(const json_t *skip, const char *path)
 
 static int load_source_config(const char *dir, json_t **out, ft_err *err)
 {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    struct stat st;
-    if (stat(path, &st) != 0)
-        return ft_fail(err, "%s: cannot read: %s (is %s a Hugging Face model dir?)", path,
-                       strerror(errno), dir);
-    json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
-    if (!root)
-        return ft_fail(err, "%s: line %d: %s", path, jerr.line, jerr.text);
-    if (!json_is_object(root)) {
-        json_decref(root);
-        return ft_fail(err, "%s: not a JSON object", path);
-    }
+    json_t *root;
+    if (ft_read_model_config_json(dir, &root, err))
+        return -1;
     json_t *q = json_object_get(root, "quantization_config");
     if (q && !json_is_null(q)) {
         const char *method = json_string_value(json_object_get(q, "quant_method"));
-        ft_fail(err, "%s: the model is quantized already (quantization_config, quant_method "
-                     "'%s'); ft-quantize needs a 16- or 32-bit checkpoint",
-                path, method ? method : "?");
+        ft_fail(err, "%s/config.json: the model is quantized already (quantization_config, "
+                     "quant_method '%s'); ft-quantize needs a 16- or 32-bit checkpoint",
+                dir, method ? method : "?");
         json_decref(root);
         return -1;
     }
