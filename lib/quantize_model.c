@@ -11,12 +11,10 @@
  * place (lib/fsutil.c). */
 #include "quantize_model.h"
 
-#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "fsutil.h"
 #include "lora.h"
