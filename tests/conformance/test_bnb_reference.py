@@ -23,7 +23,6 @@ import os
 import zipfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 

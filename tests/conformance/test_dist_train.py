@@ -16,34 +16,17 @@ process would.
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-import torch
+
+import rankrun
+from rankrun import FT_TRAIN, make_model, mpi_cmd, run, write_token_data
 from safetensors.torch import load_file
 
-FT_TRAIN = os.environ.get("FT_TRAIN")
-MPIRUN = shutil.which("mpirun")
-
-
-def mpi_cmd(np_, *cmd):
-    assert MPIRUN, "mpirun not found: scripts/install-deps.sh installs openmpi-bin"
-    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    return [MPIRUN, *root, "--oversubscribe", "--bind-to", "none", "-np", str(np_), *cmd]
-
-
-def make_model(d, name, tied=False, layers=2):
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(1)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=64, tie_word_embeddings=tied)
-    LlamaForCausalLM(cfg).save_pretrained(d / name, safe_serialization=True)
-    return d / name
 
 
 @pytest.fixture(scope="module")
@@ -53,58 +36,12 @@ def work(tmp_path_factory):
     make_model(d, "model")
     make_model(d, "tied", tied=True)
     make_model(d, "deep", layers=4)
-    g = torch.Generator().manual_seed(3)
-    rows = []
-    for i in range(48):
-        n = 6 + int(torch.randint(0, 10, (1,), generator=g))
-        ids = torch.randint(1, 64, (n,), generator=g).tolist()
-        labels = [-100] * (n // 3) + ids[n // 3:]
-        rows.append({"input_ids": ids, "labels": labels})
-    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_token_data(d)
     return d
 
 
 def write_config(d, name, model="model", mode="lora", **over):
-    cfg = {
-        "model.name": str(d / model), "model.max_seq_len": 32,
-        "tuning.mode": mode, "tuning.lora.r": 4, "tuning.lora.alpha": 8,
-        "tuning.lora.dropout": 0.0,
-        "train.batch_size": 4, "train.grad_accum": 1, "train.max_steps": 5,
-        "train.learning_rate": 1e-2, "train.warmup_steps": 1, "train.logging_steps": 1,
-        "train.save_steps": 1000, "train.output_dir": str(d / "runs" / name),
-        "data.train_path": str(d / "train.jsonl"), "data.format": "tokens",
-    }
-    cfg.update({k.replace("__", "."): v for k, v in over.items()})
-    sections = {}
-    for k, v in cfg.items():
-        sec, key = k.split(".", 1)
-        sections.setdefault(sec, []).append((key, v))
-    text = ""
-    for sec, items in sections.items():
-        text += f"{sec}:\n"
-        nested = {}
-        for key, v in items:
-            if "." in key:
-                a, b = key.split(".", 1)
-                nested.setdefault(a, []).append((b, v))
-            else:
-                text += f"  {key}: {v}\n"
-        for a, kv in nested.items():
-            text += f"  {a}:\n" + "".join(f"    {b}: {v}\n" for b, v in kv)
-    p = d / f"{name}.yaml"
-    p.write_text(text)
-    return p
-
-
-def run(cfg, np_=1, *args, check=True, env=None, timeout=300):
-    cmd = [FT_TRAIN, "--config", str(cfg), *args]
-    if np_ > 1:
-        cmd = mpi_cmd(np_, *cmd)
-    e = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
-    out = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=timeout)
-    if check:
-        assert out.returncode == 0, out.stderr[-4000:]
-    return out
+    return rankrun.write_config(d, name, {"train.max_steps": 5, "train.warmup_steps": 1}, model=model, mode=mode, **over)
 
 
 def losses(run_dir):

@@ -20,33 +20,16 @@ Run:  FT_TRAIN=$PWD/bin/ft-train .venv/bin/python -m pytest -q tests/conformance
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-import torch
 
-FT_TRAIN = os.environ.get("FT_TRAIN")
-MPIRUN = shutil.which("mpirun")
+import rankrun
+from rankrun import FT_TRAIN, make_model, run, write_token_data
+
 REPO = Path(__file__).resolve().parents[2]
 CATS = ["weights", "gradients", "optimizer", "activations", "workspace"]
-
-
-def mpi_cmd(np_, *cmd):
-    assert MPIRUN, "mpirun not found: scripts/install-deps.sh installs openmpi-bin"
-    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    return [MPIRUN, *root, "--oversubscribe", "--bind-to", "none", "-np", str(np_), *cmd]
-
-
-def make_model(d, name, tied=False):
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(1)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      tie_word_embeddings=tied)
-    LlamaForCausalLM(cfg).save_pretrained(d / name, safe_serialization=True)
-    return d / name
 
 
 @pytest.fixture(scope="module")
@@ -55,59 +38,12 @@ def work(tmp_path_factory):
     d = tmp_path_factory.mktemp("memcheck")
     make_model(d, "model")
     make_model(d, "tied", tied=True)
-    g = torch.Generator().manual_seed(3)
-    rows = []
-    for _ in range(48):
-        n = 6 + int(torch.randint(0, 10, (1,), generator=g))
-        ids = torch.randint(1, 64, (n,), generator=g).tolist()
-        rows.append({"input_ids": ids, "labels": [-100] * (n // 3) + ids[n // 3:]})
-    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_token_data(d)
     return d
 
 
 def write_config(d, name, model="model", mode="lora", **over):
-    cfg = {
-        "model.name": str(d / model), "model.max_seq_len": 32,
-        "tuning.mode": mode, "tuning.lora.r": 4, "tuning.lora.alpha": 8,
-        "tuning.lora.dropout": 0.0,
-        "train.batch_size": 4, "train.grad_accum": 1, "train.max_steps": 2,
-        "train.learning_rate": 1e-2, "train.logging_steps": 1, "train.save_steps": 1000,
-        "train.output_dir": str(d / "runs" / name),
-        "data.train_path": str(d / "train.jsonl"), "data.format": "tokens",
-    }
-    cfg.update({k.replace("__", "."): v for k, v in over.items()})
-    sections = {}
-    for k, v in cfg.items():
-        sec, key = k.split(".", 1)
-        sections.setdefault(sec, {})
-        node = sections[sec]
-        parts = key.split(".")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = v
-
-    def emit(node, indent):
-        out = ""
-        for k, v in node.items():
-            if isinstance(v, dict):
-                out += " " * indent + f"{k}:\n" + emit(v, indent + 2)
-            else:
-                out += " " * indent + f"{k}: {v}\n"
-        return out
-    p = d / f"{name}.yaml"
-    p.write_text(emit(sections, 0))
-    return p
-
-
-def run(cfg, np_=1, *args, check=True, timeout=300):
-    cmd = [FT_TRAIN, "--config", str(cfg), *args]
-    if np_ > 1:
-        cmd = mpi_cmd(np_, *cmd)
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-    if check:
-        assert out.returncode == 0, out.stderr[-4000:]
-    return out
+    return rankrun.write_config(d, name, {"train.max_steps": 2}, model=model, mode=mode, **over)
 
 
 def parse_measure(stdout):

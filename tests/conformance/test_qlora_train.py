@@ -11,7 +11,6 @@ quantization by default; FP4 and int8 too), end to end:
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch

@@ -34,9 +34,7 @@ Run:  FT_QUANTIZE=$PWD/bin/ft-quantize FT_CONFORM=$PWD/build/tests/ft-conform \\
 import importlib.metadata
 import json
 import math
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest

@@ -24,9 +24,7 @@ Run:  FT_LORA_INIT=$PWD/bin/ft-lora-init FT_MERGE=$PWD/bin/ft-merge \\
 
 import json
 import math
-import os
 import shutil
-import subprocess
 import warnings
 from pathlib import Path
 
