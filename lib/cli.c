@@ -36,6 +36,17 @@ int ft_cli_usage_error(const char *tool, const char *usage, const char *fmt, con
     return 2;
 }
 
+int ft_cli_parse_long(const char *val, long min, long max, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(val, &end, 10);
+    if (errno || end == val || *end || v < min || v > max)
+        return -1;
+    *out = v;
+    return 0;
+}
+
 int ft_cli_parse_bytes(const char *val, size_t *out)
 {
     char *end;

@@ -15,6 +15,9 @@ int ft_cli_value_option(int argc, char **argv, int *i, const char *const *names,
  * stderr; returns 2, the exit code of a usage error. */
 int ft_cli_usage_error(const char *tool, const char *usage, const char *fmt, const char *arg);
 
+/* Parses a whole decimal number in [min, max] into *out; -1 when val is anything else. */
+int ft_cli_parse_long(const char *val, long min, long max, long *out);
+
 /* Parses a positive whole number of bytes (decimal, no sign, no unit) into *out;
  * -1 when val is anything else. */
 int ft_cli_parse_bytes(const char *val, size_t *out);

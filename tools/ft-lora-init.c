@@ -35,17 +35,6 @@ static int usage_error(const char *fmt, const char *arg)
     return ft_cli_usage_error("ft-lora-init", usage, fmt, arg);
 }
 
-static int parse_long(const char *s, long min, long max, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < min || v > max)
-        return -1;
-    *out = v;
-    return 0;
-}
-
 static int parse_float(const char *s, float *out)
 {
     char *end;
@@ -88,7 +77,7 @@ int main(int argc, char **argv)
         } else if (strcmp(opt, "--out") == 0) {
             out = val;
         } else if (strcmp(opt, "--r") == 0) {
-            if (parse_long(val, 1, 1 << 20, &v))
+            if (ft_cli_parse_long(val, 1, 1 << 20, &v))
                 return usage_error("--r: '%s' is not a positive integer", val);
             c.r = (int)v;
         } else if (strcmp(opt, "--alpha") == 0) {

@@ -7,7 +7,6 @@
 #include "model_path.h"
 #include "quantize_model.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,17 +116,6 @@ static void on_tensor(const ft_quantize_progress *p, void *ctx)
 
 /* ---- options ------------------------------------------------------------------------- */
 
-static int parse_long(const char *s, long min, long max, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < min || v > max)
-        return -1;
-    *out = v;
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     ft_quantize_model_options o = {.quant = {.type = FT_QUANT_NF4, .blocksize = 64,
@@ -181,7 +169,7 @@ int main(int argc, char **argv)
             else
                 return usage_error("--type: '%s' is not nf4, fp4 or int8", val);
         } else if (strcmp(opt, "--blocksize") == 0) {
-            if (parse_long(val, 32, 4096, &v) || (v & (v - 1)))
+            if (ft_cli_parse_long(val, 32, 4096, &v) || (v & (v - 1)))
                 return usage_error("--blocksize: '%s' is not a power of two in 32..4096", val);
             o.quant.blocksize = (int)v;
             set_blocksize = true;
