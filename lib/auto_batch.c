@@ -313,13 +313,6 @@ static long train_records(const ft_config *cfg)
     return n;
 }
 
-static int set_int(ft_config *cfg, const char *key, int v, ft_err *err)
-{
-    char text[32];
-    snprintf(text, sizeof text, "%d", v);
-    return ft_config_set_key(cfg, key, text, "auto", NULL, err);
-}
-
 int ft_resolve_batch(ft_config *cfg, ft_comm *comm, int world_size, FILE *log,
                      ft_auto_batch *out, ft_err *err)
 {
@@ -371,8 +364,9 @@ int ft_resolve_batch(ft_config *cfg, ft_comm *comm, int world_size, FILE *log,
             cap = (int)((records + dworld - 1) / dworld);
         if (ft_auto_batch_choose(cfg, &mc, world, dev, &budget, cap, &a, err))
             return -1;
-        if (set_int(cfg, "train.batch_size", a.batch_size, err) ||
-            (accum_auto && set_int(cfg, "train.grad_accum", a.grad_accum, err)))
+        if (ft_config_set_long(cfg, "train.batch_size", a.batch_size, "auto", err) ||
+            (accum_auto &&
+             ft_config_set_long(cfg, "train.grad_accum", a.grad_accum, "auto", err)))
             return -1;
     }
     /* a fixed batch_size with grad_accum auto: the global batch rule derives it (as
@@ -380,7 +374,7 @@ int ft_resolve_batch(ft_config *cfg, ft_comm *comm, int world_size, FILE *log,
     if (ft_dist_resolve_batch(cfg, world, err))
         return -1;
     if (accum_auto && ft_config_is_auto(cfg, "train.grad_accum") &&
-        set_int(cfg, "train.grad_accum", 1, err))
+        ft_config_set_long(cfg, "train.grad_accum", 1, "auto", err))
         return -1;
     if (!batch_auto) {
         a.accum_auto = accum_auto;

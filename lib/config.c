@@ -574,3 +574,10 @@ int ft_config_write_yaml(const ft_config *c, FILE *out, ft_err *err)
         return ft_fail(err, "writing the config failed");
     return 0;
 }
+
+int ft_config_set_long(ft_config *c, const char *key, long v, const char *where, ft_err *err)
+{
+    char text[32];
+    snprintf(text, sizeof text, "%ld", v);
+    return ft_config_set_key(c, key, text, where, NULL, err);
+}

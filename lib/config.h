@@ -55,6 +55,8 @@ int ft_config_set(ft_config *c, const char *assignment, FILE *notes, ft_err *err
  * source in error messages and notices ("ds.json: zero_optimization.stage"). */
 int ft_config_set_key(ft_config *c, const char *key, const char *value, const char *where,
                       FILE *notes, ft_err *err);
+/* The same for an integer value (a resolved "auto", a derived batch size). */
+int ft_config_set_long(ft_config *c, const char *key, long v, const char *where, ft_err *err);
 
 /* Applies "NAME=value" where NAME is a Make-style variable (TRAIN_BATCH_SIZE=4). A NAME
  * that stands for no key is an error suggesting the nearest variable. */

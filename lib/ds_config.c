@@ -707,13 +707,6 @@ int ft_config_apply_deepspeed(ft_config *c, const char *json_path, FILE *notes, 
 
 /* ---- the batch-size rule --------------------------------------------------------------- */
 
-static int set_long(ft_config *c, const char *key, long v, ft_err *err)
-{
-    char text[32];
-    snprintf(text, sizeof text, "%ld", v);
-    return ft_config_set_key(c, key, text, "train.global_batch_size", NULL, err);
-}
-
 #define BATCH_RULE "train.global_batch_size = train.batch_size x train.grad_accum x world size"
 
 int ft_dist_resolve_batch(ft_config *c, int world_size, ft_err *err)
@@ -742,8 +735,8 @@ int ft_dist_resolve_batch(ft_config *c, int world_size, ft_err *err)
                                       "gradient_accumulation_steps %ld * world_size %d ("
                                       BATCH_RULE ")",
                                  global, accum, world_size);
-        return set_long(c, accum_auto ? "train.grad_accum" : "train.batch_size", global / per,
-                        err);
+        return ft_config_set_long(c, accum_auto ? "train.grad_accum" : "train.batch_size",
+                                  global / per, "train.global_batch_size", err);
     }
     long total;
     if (__builtin_mul_overflow(micro, accum, &per) ||
