@@ -6,11 +6,13 @@ import json
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import torch
 
 FT_TRAIN = os.environ.get("FT_TRAIN")
 MPIRUN = shutil.which("mpirun")
+REPO = Path(__file__).resolve().parents[2]
 
 
 def mpi_cmd(np_, *cmd):
@@ -80,3 +82,14 @@ def run(cfg, np_=1, *args, check=True, env=None, timeout=300):
     if check:
         assert out.returncode == 0, out.stderr[-4000:]
     return out
+
+
+def make(*args):
+    """make -C the repo with args, in the CUDA setting the build was made with."""
+    e = dict(os.environ, OMP_NUM_THREADS="1")
+    e.pop("MAKEFLAGS", None)
+    e.pop("MAKELEVEL", None)
+    flags = REPO / "build" / ".flags"
+    cuda = ["CUDA=" + flags.read_text().split()[-1]] if flags.exists() else []
+    return subprocess.run(["make", "--no-print-directory", "-C", str(REPO), *cuda, *args],
+                          capture_output=True, text=True, env=e, timeout=600)

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 import rankrun
-from rankrun import FT_TRAIN, make_model, mpi_cmd, run, write_token_data
+from rankrun import make, FT_TRAIN, make_model, mpi_cmd, run, write_token_data
 from safetensors.torch import load_file
 
 
@@ -287,17 +287,6 @@ def test_a_lost_rank_stops_the_run(work, how):
         assert "did not complete within" in err and "rank 0" in err, err[-3000:]
 
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def make(*args):
-    e = dict(os.environ, OMP_NUM_THREADS="1")
-    e.pop("MAKEFLAGS", None)
-    e.pop("MAKELEVEL", None)
-    flags = REPO / "build" / ".flags"
-    cuda = ["CUDA=" + flags.read_text().split()[-1]] if flags.exists() else []
-    return subprocess.run(["make", "--no-print-directory", "-C", str(REPO), *cuda, *args],
-                          capture_output=True, text=True, env=e, timeout=600)
 
 
 def test_make_targets_train_on_ranks(work, single):

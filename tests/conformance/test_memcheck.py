@@ -18,17 +18,13 @@ Run:  FT_TRAIN=$PWD/bin/ft-train .venv/bin/python -m pytest -q tests/conformance
 """
 
 import json
-import os
 import re
-import subprocess
-from pathlib import Path
 
 import pytest
 
 import rankrun
-from rankrun import FT_TRAIN, make_model, run, write_token_data
+from rankrun import make, FT_TRAIN, make_model, run, write_token_data
 
-REPO = Path(__file__).resolve().parents[2]
 CATS = ["weights", "gradients", "optimizer", "activations", "workspace"]
 
 
@@ -205,16 +201,6 @@ def test_measure_wrong_world_and_resume(work):
     assert out.returncode == 2 and "mpirun -np 2" in out.stderr
     out = run(cfg, 1, "--measure", "--resume", "auto", check=False)
     assert out.returncode == 2 and "--resume" in out.stderr
-
-
-def make(*args):
-    e = dict(os.environ, OMP_NUM_THREADS="1")
-    e.pop("MAKEFLAGS", None)
-    e.pop("MAKELEVEL", None)
-    flags = REPO / "build" / ".flags"
-    cuda = ["CUDA=" + flags.read_text().split()[-1]] if flags.exists() else []
-    return subprocess.run(["make", "--no-print-directory", "-C", str(REPO), *cuda, *args],
-                          capture_output=True, text=True, env=e, timeout=600)
 
 
 def test_make_memory_check(work):
