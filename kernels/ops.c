@@ -1,12 +1,26 @@
 /* Dispatch of the ops interface: checks that every operand is a view large enough for
- * the op's shape arguments and on one device, then calls that device's implementation.
- * Only the CPU backend exists so far; the CUDA twins land in kernels/cuda/. */
+ * the op's shape arguments, of an accepted dtype and on the op's device (the device of
+ * its first operand), then calls that device's implementation: kernels/cpu/ for CPU
+ * views, kernels/cuda/ for GPU views (CUDA builds). A mismatch is a bug in the caller,
+ * not bad user input, so it prints what was wrong and aborts.
+ *
+ * dtypes: the CPU backend is fp32. On the GPU a floating-point operand may be fp32 or
+ * bf16; the few operands that must be fp32 there (rstd, lse, the optimizer's master
+ * weights and state, dequantization tables) are checked as such. */
 #include "ops.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "cpu/cpu_ops.h"
+#ifdef FT_HAVE_CUDA
+#include "cuda/cuda_ops.h"
+#endif
+
+static size_t dtype_size(ft_dtype d)
+{
+    return d == FT_F32 || d == FT_I32 ? 4 : d == FT_U8 || d == FT_I8 ? 1 : 2;
+}
 
 ft_tensor ft_slice(ft_tensor t, size_t offset, size_t numel)
 {
@@ -15,35 +29,112 @@ ft_tensor ft_slice(ft_tensor t, size_t offset, size_t numel)
                 offset + numel, t.numel);
         abort();
     }
-    size_t esize = t.dtype == FT_F32 || t.dtype == FT_I32 ? 4
-                   : t.dtype == FT_U8 || t.dtype == FT_I8 ? 1
-                                                          : 2;
-    t.data = (char *)t.data + offset * esize;
+    t.data = (char *)t.data + offset * dtype_size(t.dtype);
     t.numel = numel;
     return t;
 }
 
-/* An operand the op reads or writes: present, big enough, of the expected dtype. */
-static void need(const char *op, const char *name, ft_tensor t, size_t numel,
-                 ft_dtype dtype)
+/* The op being checked and the device it runs on. */
+typedef struct opcheck {
+    const char *op;
+    ft_device dev;
+} opcheck;
+
+static const char *device_name(ft_device d)
 {
-    if (!t.data || t.numel < numel || t.dtype != dtype || t.device != FT_DEV_CPU) {
-        fprintf(stderr,
-                "%s: operand %s: need %zu elements of dtype %d on the CPU, got %zu of dtype "
-                "%d on device %d%s\n",
-                op, name, numel, (int)dtype, t.numel, (int)t.dtype, (int)t.device,
-                t.data ? "" : " (null)");
+    return d == FT_DEV_CUDA ? "the GPU" : "the CPU";
+}
+
+static opcheck begin(const char *op, ft_tensor first)
+{
+    opcheck c = {op, first.device};
+#ifndef FT_HAVE_CUDA
+    if (c.dev == FT_DEV_CUDA) {
+        fprintf(stderr, "%s: a GPU operand, but this build has no CUDA backend\n", op);
+        abort();
+    }
+#endif
+    return c;
+}
+
+static _Noreturn void bad_operand(opcheck c, const char *name, ft_tensor t, size_t numel,
+                                  const char *want)
+{
+    fprintf(stderr,
+            "%s: operand %s: need %zu elements of %s on %s, got %zu of dtype %d on "
+            "device %d%s\n",
+            c.op, name, numel, want, device_name(c.dev), t.numel, (int)t.dtype,
+            (int)t.device, t.data ? "" : " (null)");
+    abort();
+}
+
+/* An operand of exactly this dtype, present and big enough. */
+static void need(opcheck c, const char *name, ft_tensor t, size_t numel, ft_dtype dtype)
+{
+    if (!t.data || t.numel < numel || t.dtype != dtype || t.device != c.dev)
+        bad_operand(c, name, t, numel, dtype == FT_F32 ? "fp32" : "the op's integer dtype");
+}
+
+/* A floating-point operand: fp32, or bf16 on the GPU. */
+static void needf(opcheck c, const char *name, ft_tensor t, size_t numel)
+{
+    int ok_dtype = t.dtype == FT_F32 || (c.dev == FT_DEV_CUDA && t.dtype == FT_BF16);
+    if (!t.data || t.numel < numel || !ok_dtype || t.device != c.dev)
+        bad_operand(c, name, t, numel, c.dev == FT_DEV_CUDA ? "fp32 or bf16" : "fp32");
+}
+
+/* Operands that may be ft_none(). */
+static void maybe(opcheck c, const char *name, ft_tensor t, size_t numel, ft_dtype dtype)
+{
+    if (t.data)
+        need(c, name, t, numel, dtype);
+}
+
+static void maybef(opcheck c, const char *name, ft_tensor t, size_t numel)
+{
+    if (t.data)
+        needf(c, name, t, numel);
+}
+
+/* GPU GEMMs (cuBLAS) take both inputs in one dtype, and fp32 inputs give an fp32
+ * result only: a present `t` must be `like`'s dtype (same_as) or, for outputs, fp32
+ * or like's dtype. */
+static void same_dtype(opcheck c, const char *name, ft_tensor t, ft_tensor like,
+                       const char *like_name)
+{
+    if (t.data && t.dtype != like.dtype) {
+        fprintf(stderr, "%s: operand %s has dtype %d but %s has %d: the GEMM inputs must share one dtype\n",
+                c.op, name, (int)t.dtype, like_name, (int)like.dtype);
         abort();
     }
 }
 
-/* An operand that may be ft_none(). */
-static void maybe(const char *op, const char *name, ft_tensor t, size_t numel,
-                  ft_dtype dtype)
+static void output_dtype(opcheck c, const char *name, ft_tensor t, ft_tensor in)
 {
-    if (t.data)
-        need(op, name, t, numel, dtype);
+    if (t.data && t.dtype != FT_F32 && t.dtype != in.dtype) {
+        fprintf(stderr, "%s: operand %s is bf16 but the GEMM inputs are fp32\n", c.op, name);
+        abort();
+    }
 }
+
+#define ON_GPU(c) ((c).dev == FT_DEV_CUDA)
+#ifdef FT_HAVE_CUDA
+#define GPU_CALL(c, call)                                                               \
+    do {                                                                                \
+        if (ON_GPU(c)) {                                                                \
+            call;                                                                       \
+            return;                                                                     \
+        }                                                                               \
+    } while (0)
+#define GPU_RETURN(c, call)                                                             \
+    do {                                                                                \
+        if (ON_GPU(c))                                                                  \
+            return call;                                                                \
+    } while (0)
+#else
+#define GPU_CALL(c, call) ((void)0)
+#define GPU_RETURN(c, call) ((void)0)
+#endif
 
 #define F(t) ((float *)(t).data)
 #define I(t) ((int32_t *)(t).data)
@@ -52,110 +143,146 @@ static void maybe(const char *op, const char *name, ft_tensor t, size_t numel,
 void ft_linear_forward(ft_tensor y, ft_tensor x, ft_tensor w, ft_tensor b, int N, int in,
                        int out, float alpha, int accumulate)
 {
-    const char *op = "linear_forward";
-    need(op, "y", y, SZ(N, out), FT_F32);
-    need(op, "x", x, SZ(N, in), FT_F32);
-    need(op, "w", w, SZ(out, in), FT_F32);
-    maybe(op, "b", b, out, FT_F32);
+    opcheck c = begin("linear_forward", y);
+    needf(c, "y", y, SZ(N, out));
+    needf(c, "x", x, SZ(N, in));
+    needf(c, "w", w, SZ(out, in));
+    maybef(c, "b", b, out);
+    if (ON_GPU(c)) {
+        same_dtype(c, "w", w, x, "x");
+        output_dtype(c, "y", y, x);
+    }
+    GPU_CALL(c, ft_cuda_linear_forward(y, x, w, b, N, in, out, alpha, accumulate));
     ft_cpu_linear_forward(F(y), F(x), F(w), F(b), N, in, out, alpha, accumulate);
 }
 
 void ft_linear_backward(ft_tensor dx, ft_tensor dw, ft_tensor db, ft_tensor dy,
                         ft_tensor x, ft_tensor w, int N, int in, int out, float alpha)
 {
-    const char *op = "linear_backward";
-    maybe(op, "dx", dx, SZ(N, in), FT_F32);
-    maybe(op, "dw", dw, SZ(out, in), FT_F32);
-    maybe(op, "db", db, out, FT_F32);
-    need(op, "dy", dy, SZ(N, out), FT_F32);
+    opcheck c = begin("linear_backward", dy);
+    maybef(c, "dx", dx, SZ(N, in));
+    maybef(c, "dw", dw, SZ(out, in));
+    maybef(c, "db", db, out);
+    needf(c, "dy", dy, SZ(N, out));
     if (dw.data)
-        need(op, "x", x, SZ(N, in), FT_F32);
+        needf(c, "x", x, SZ(N, in));
     if (dx.data)
-        need(op, "w", w, SZ(out, in), FT_F32);
+        needf(c, "w", w, SZ(out, in));
+    if (ON_GPU(c)) {
+        if (dw.data)
+            same_dtype(c, "x", x, dy, "dy");
+        if (dx.data)
+            same_dtype(c, "w", w, dy, "dy");
+        output_dtype(c, "dx", dx, dy);
+        output_dtype(c, "dw", dw, dy);
+    }
+    GPU_CALL(c, ft_cuda_linear_backward(dx, dw, db, dy, x, w, N, in, out, alpha));
     ft_cpu_linear_backward(F(dx), F(dw), F(db), F(dy), F(x), F(w), N, in, out, alpha);
 }
 
 void ft_embedding_forward(ft_tensor out, ft_tensor ids, ft_tensor table, int N, int V,
                           int C)
 {
-    const char *op = "embedding_forward";
-    need(op, "out", out, SZ(N, C), FT_F32);
-    need(op, "ids", ids, N, FT_I32);
-    need(op, "table", table, SZ(V, C), FT_F32);
+    opcheck c = begin("embedding_forward", out);
+    needf(c, "out", out, SZ(N, C));
+    need(c, "ids", ids, N, FT_I32);
+    needf(c, "table", table, SZ(V, C));
+    GPU_CALL(c, ft_cuda_embedding_forward(out, ids, table, N, V, C));
     ft_cpu_embedding_forward(F(out), I(ids), F(table), N, V, C);
 }
 
 void ft_embedding_backward(ft_tensor dtable, ft_tensor dout, ft_tensor ids, int N, int V,
                            int C)
 {
-    const char *op = "embedding_backward";
-    need(op, "dtable", dtable, SZ(V, C), FT_F32);
-    need(op, "dout", dout, SZ(N, C), FT_F32);
-    need(op, "ids", ids, N, FT_I32);
+    opcheck c = begin("embedding_backward", dtable);
+    needf(c, "dtable", dtable, SZ(V, C));
+    needf(c, "dout", dout, SZ(N, C));
+    need(c, "ids", ids, N, FT_I32);
+    GPU_CALL(c, ft_cuda_embedding_backward(dtable, dout, ids, N, V, C));
     ft_cpu_embedding_backward(F(dtable), F(dout), I(ids), N, V, C);
 }
 
 void ft_rmsnorm_forward(ft_tensor out, ft_tensor rstd, ft_tensor x, ft_tensor w, int N,
                         int C, float eps)
 {
-    const char *op = "rmsnorm_forward";
-    need(op, "out", out, SZ(N, C), FT_F32);
-    need(op, "rstd", rstd, N, FT_F32);
-    need(op, "x", x, SZ(N, C), FT_F32);
-    need(op, "w", w, C, FT_F32);
+    opcheck c = begin("rmsnorm_forward", out);
+    needf(c, "out", out, SZ(N, C));
+    need(c, "rstd", rstd, N, FT_F32);
+    needf(c, "x", x, SZ(N, C));
+    needf(c, "w", w, C);
+    GPU_CALL(c, ft_cuda_rmsnorm_forward(out, rstd, x, w, N, C, eps));
     ft_cpu_rmsnorm_forward(F(out), F(rstd), F(x), F(w), N, C, eps);
 }
 
 void ft_rmsnorm_backward(ft_tensor dx, ft_tensor dw, ft_tensor dout, ft_tensor x,
                          ft_tensor w, ft_tensor rstd, int N, int C)
 {
-    const char *op = "rmsnorm_backward";
-    maybe(op, "dx", dx, SZ(N, C), FT_F32);
-    maybe(op, "dw", dw, C, FT_F32);
-    need(op, "dout", dout, SZ(N, C), FT_F32);
-    need(op, "x", x, SZ(N, C), FT_F32);
-    need(op, "w", w, C, FT_F32);
-    need(op, "rstd", rstd, N, FT_F32);
+    opcheck c = begin("rmsnorm_backward", dout);
+    maybef(c, "dx", dx, SZ(N, C));
+    maybef(c, "dw", dw, C);
+    needf(c, "dout", dout, SZ(N, C));
+    needf(c, "x", x, SZ(N, C));
+    needf(c, "w", w, C);
+    need(c, "rstd", rstd, N, FT_F32);
+    GPU_CALL(c, ft_cuda_rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C));
     ft_cpu_rmsnorm_backward(F(dx), F(dw), F(dout), F(x), F(w), F(rstd), N, C);
 }
 
 void ft_rope_forward(ft_tensor x, ft_tensor pos, ft_tensor inv_freq, int N, int heads,
                      int D)
 {
-    const char *op = "rope_forward";
-    need(op, "x", x, SZ(N, heads) * (size_t)D, FT_F32);
-    need(op, "pos", pos, N, FT_I32);
-    need(op, "inv_freq", inv_freq, (size_t)D / 2, FT_F32);
+    opcheck c = begin("rope_forward", x);
+    needf(c, "x", x, SZ(N, heads) * (size_t)D);
+    need(c, "pos", pos, N, FT_I32);
+    need(c, "inv_freq", inv_freq, (size_t)D / 2, FT_F32);
+    GPU_CALL(c, ft_cuda_rope_forward(x, pos, inv_freq, N, heads, D));
     ft_cpu_rope_forward(F(x), I(pos), F(inv_freq), N, heads, D);
 }
 
 void ft_rope_backward(ft_tensor dx, ft_tensor pos, ft_tensor inv_freq, int N, int heads,
                       int D)
 {
-    const char *op = "rope_backward";
-    need(op, "dx", dx, SZ(N, heads) * (size_t)D, FT_F32);
-    need(op, "pos", pos, N, FT_I32);
-    need(op, "inv_freq", inv_freq, (size_t)D / 2, FT_F32);
+    opcheck c = begin("rope_backward", dx);
+    needf(c, "dx", dx, SZ(N, heads) * (size_t)D);
+    need(c, "pos", pos, N, FT_I32);
+    need(c, "inv_freq", inv_freq, (size_t)D / 2, FT_F32);
+    GPU_CALL(c, ft_cuda_rope_backward(dx, pos, inv_freq, N, heads, D));
     ft_cpu_rope_backward(F(dx), I(pos), F(inv_freq), N, heads, D);
+}
+
+static void attention_heads(opcheck c, int Hq, int Hkv, int D)
+{
+    if (Hkv <= 0 || Hq % Hkv != 0) {
+        fprintf(stderr, "%s: %d query heads are not a multiple of %d kv heads\n", c.op, Hq,
+                Hkv);
+        abort();
+    }
+#ifdef FT_HAVE_CUDA
+    if (ON_GPU(c) && D > FT_CUDA_ATT_MAX_D) {
+        fprintf(stderr, "%s: head_dim %d is above the GPU kernel's %d\n", c.op, D,
+                FT_CUDA_ATT_MAX_D);
+        abort();
+    }
+#else
+    (void)D;
+#endif
 }
 
 void ft_attention_forward(ft_tensor out, ft_tensor lse, ft_tensor q, ft_tensor k,
                           ft_tensor v, ft_tensor seg, int B, int T, int Hq, int Hkv, int D,
                           float scale, int window)
 {
-    const char *op = "attention_forward";
+    opcheck c = begin("attention_forward", out);
     size_t nq = SZ(B, T) * SZ(Hq, D), nkv = SZ(B, T) * SZ(Hkv, D);
-    if (Hkv <= 0 || Hq % Hkv != 0) {
-        fprintf(stderr, "%s: %d query heads are not a multiple of %d kv heads\n", op, Hq,
-                Hkv);
-        abort();
-    }
-    need(op, "out", out, nq, FT_F32);
-    need(op, "lse", lse, SZ(B, Hq) * (size_t)T, FT_F32);
-    need(op, "q", q, nq, FT_F32);
-    need(op, "k", k, nkv, FT_F32);
-    need(op, "v", v, nkv, FT_F32);
-    maybe(op, "seg", seg, SZ(B, T), FT_I32);
+    attention_heads(c, Hq, Hkv, D);
+    needf(c, "out", out, nq);
+    need(c, "lse", lse, SZ(B, Hq) * (size_t)T, FT_F32);
+    needf(c, "q", q, nq);
+    needf(c, "k", k, nkv);
+    needf(c, "v", v, nkv);
+    maybe(c, "seg", seg, SZ(B, T), FT_I32);
+    GPU_CALL(c, ft_cuda_attention_forward(out, lse, q, k, v, seg, B, T, Hq, Hkv, D, scale,
+                                          window));
     ft_cpu_attention_forward(F(out), F(lse), F(q), F(k), F(v), I(seg), B, T, Hq, Hkv, D,
                              scale, window);
 }
@@ -165,148 +292,174 @@ void ft_attention_backward(ft_tensor dq, ft_tensor dk, ft_tensor dv, ft_tensor d
                            ft_tensor lse, ft_tensor seg, int B, int T, int Hq, int Hkv,
                            int D, float scale, int window)
 {
-    const char *op = "attention_backward";
+    opcheck c = begin("attention_backward", dout);
     size_t nq = SZ(B, T) * SZ(Hq, D), nkv = SZ(B, T) * SZ(Hkv, D);
-    need(op, "dq", dq, nq, FT_F32);
-    need(op, "dk", dk, nkv, FT_F32);
-    need(op, "dv", dv, nkv, FT_F32);
-    need(op, "dout", dout, nq, FT_F32);
-    need(op, "q", q, nq, FT_F32);
-    need(op, "k", k, nkv, FT_F32);
-    need(op, "v", v, nkv, FT_F32);
-    need(op, "out", out, nq, FT_F32);
-    need(op, "lse", lse, SZ(B, Hq) * (size_t)T, FT_F32);
-    maybe(op, "seg", seg, SZ(B, T), FT_I32);
+    attention_heads(c, Hq, Hkv, D);
+    maybef(c, "dq", dq, nq);
+    maybef(c, "dk", dk, nkv);
+    maybef(c, "dv", dv, nkv);
+    needf(c, "dout", dout, nq);
+    needf(c, "q", q, nq);
+    needf(c, "k", k, nkv);
+    needf(c, "v", v, nkv);
+    needf(c, "out", out, nq);
+    need(c, "lse", lse, SZ(B, Hq) * (size_t)T, FT_F32);
+    maybe(c, "seg", seg, SZ(B, T), FT_I32);
+    GPU_CALL(c, ft_cuda_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, seg, B, T,
+                                           Hq, Hkv, D, scale, window));
     ft_cpu_attention_backward(F(dq), F(dk), F(dv), F(dout), F(q), F(k), F(v), F(out),
                               F(lse), I(seg), B, T, Hq, Hkv, D, scale, window);
 }
 
 void ft_swiglu_forward(ft_tensor out, ft_tensor gate, ft_tensor up, size_t n)
 {
-    const char *op = "swiglu_forward";
-    need(op, "out", out, n, FT_F32);
-    need(op, "gate", gate, n, FT_F32);
-    need(op, "up", up, n, FT_F32);
+    opcheck c = begin("swiglu_forward", out);
+    needf(c, "out", out, n);
+    needf(c, "gate", gate, n);
+    needf(c, "up", up, n);
+    GPU_CALL(c, ft_cuda_swiglu_forward(out, gate, up, n));
     ft_cpu_swiglu_forward(F(out), F(gate), F(up), n);
 }
 
 void ft_swiglu_backward(ft_tensor dgate, ft_tensor dup, ft_tensor dout, ft_tensor gate,
                         ft_tensor up, size_t n)
 {
-    const char *op = "swiglu_backward";
-    need(op, "dgate", dgate, n, FT_F32);
-    need(op, "dup", dup, n, FT_F32);
-    need(op, "dout", dout, n, FT_F32);
-    need(op, "gate", gate, n, FT_F32);
-    need(op, "up", up, n, FT_F32);
+    opcheck c = begin("swiglu_backward", dout);
+    needf(c, "dgate", dgate, n);
+    needf(c, "dup", dup, n);
+    needf(c, "dout", dout, n);
+    needf(c, "gate", gate, n);
+    needf(c, "up", up, n);
+    GPU_CALL(c, ft_cuda_swiglu_backward(dgate, dup, dout, gate, up, n));
     ft_cpu_swiglu_backward(F(dgate), F(dup), F(dout), F(gate), F(up), n);
 }
 
 double ft_cross_entropy(ft_tensor dlogits, ft_tensor logits, ft_tensor targets, int N,
                         int V, float grad_scale)
 {
-    const char *op = "cross_entropy";
-    maybe(op, "dlogits", dlogits, SZ(N, V), FT_F32);
-    need(op, "logits", logits, SZ(N, V), FT_F32);
-    need(op, "targets", targets, N, FT_I32);
+    opcheck c = begin("cross_entropy", logits);
+    maybef(c, "dlogits", dlogits, SZ(N, V));
+    needf(c, "logits", logits, SZ(N, V));
+    need(c, "targets", targets, N, FT_I32);
+    GPU_RETURN(c, ft_cuda_cross_entropy(dlogits, logits, targets, N, V, grad_scale));
     return ft_cpu_cross_entropy(F(dlogits), F(logits), I(targets), N, V, grad_scale);
 }
 
 void ft_add(ft_tensor y, ft_tensor x, size_t n)
 {
-    need("add", "y", y, n, FT_F32);
-    need("add", "x", x, n, FT_F32);
+    opcheck c = begin("add", y);
+    needf(c, "y", y, n);
+    needf(c, "x", x, n);
+    GPU_CALL(c, ft_cuda_add(y, x, n));
     ft_cpu_add(F(y), F(x), n);
 }
 
 void ft_copy(ft_tensor y, ft_tensor x, size_t n)
 {
-    need("copy", "y", y, n, FT_F32);
-    need("copy", "x", x, n, FT_F32);
+    opcheck c = begin("copy", y);
+    needf(c, "y", y, n);
+    needf(c, "x", x, n);
+    GPU_CALL(c, ft_cuda_copy(y, x, n));
     ft_cpu_copy(F(y), F(x), n);
 }
 
 void ft_zero(ft_tensor y, size_t n)
 {
-    need("zero", "y", y, n, FT_F32);
+    opcheck c = begin("zero", y);
+    needf(c, "y", y, n);
+    GPU_CALL(c, ft_cuda_zero(y, n));
     ft_cpu_zero(F(y), n);
 }
 
 double ft_sumsq(ft_tensor x, size_t n)
 {
-    need("sumsq", "x", x, n, FT_F32);
+    opcheck c = begin("sumsq", x);
+    needf(c, "x", x, n);
+    GPU_RETURN(c, ft_cuda_sumsq(x, n));
     return ft_cpu_sumsq(F(x), n);
 }
 
 void ft_scale(ft_tensor x, float s, size_t n)
 {
-    need("scale", "x", x, n, FT_F32);
+    opcheck c = begin("scale", x);
+    needf(c, "x", x, n);
+    GPU_CALL(c, ft_cuda_scale(x, s, n));
     ft_cpu_scale(F(x), s, n);
 }
 
 void ft_dropout_forward(ft_tensor out, ft_tensor x, size_t n, float p, uint64_t seed,
                         uint64_t offset)
 {
-    need("dropout_forward", "out", out, n, FT_F32);
-    need("dropout_forward", "x", x, n, FT_F32);
+    opcheck c = begin("dropout_forward", out);
+    needf(c, "out", out, n);
+    needf(c, "x", x, n);
+    GPU_CALL(c, ft_cuda_dropout_forward(out, x, n, p, seed, offset));
     ft_cpu_dropout_forward(F(out), F(x), n, p, seed, offset);
 }
 
 void ft_dropout_backward(ft_tensor dx, ft_tensor dout, size_t n, float p, uint64_t seed,
                          uint64_t offset)
 {
-    need("dropout_backward", "dx", dx, n, FT_F32);
-    need("dropout_backward", "dout", dout, n, FT_F32);
+    opcheck c = begin("dropout_backward", dx);
+    needf(c, "dx", dx, n);
+    needf(c, "dout", dout, n);
+    GPU_CALL(c, ft_cuda_dropout_backward(dx, dout, n, p, seed, offset));
     ft_cpu_dropout_backward(F(dx), F(dout), n, p, seed, offset);
 }
 
 void ft_adamw_step(ft_tensor param, ft_tensor grad, ft_tensor m, ft_tensor v, size_t n,
                    ft_adamw_hparams hp, int step, float grad_scale)
 {
-    const char *op = "adamw_step";
-    need(op, "param", param, n, FT_F32);
-    need(op, "grad", grad, n, FT_F32);
-    need(op, "m", m, n, FT_F32);
-    need(op, "v", v, n, FT_F32);
+    opcheck c = begin("adamw_step", param);
+    need(c, "param", param, n, FT_F32);
+    need(c, "grad", grad, n, FT_F32);
+    need(c, "m", m, n, FT_F32);
+    need(c, "v", v, n, FT_F32);
+    GPU_CALL(c, ft_cuda_adamw_step(param, grad, m, v, n, hp, step, grad_scale));
     ft_cpu_adamw_step(F(param), F(grad), F(m), F(v), n, hp, step, grad_scale);
+}
+
+static void check_blocksize(opcheck c, int blocksize)
+{
+    if (blocksize < 1) {
+        fprintf(stderr, "%s: blocksize %d\n", c.op, blocksize);
+        abort();
+    }
 }
 
 void ft_dequant_4bit(ft_tensor out, ft_tensor packed, ft_tensor absmax, ft_tensor code,
                      size_t n, int blocksize)
 {
-    const char *op = "dequant_4bit";
-    if (blocksize < 1) {
-        fprintf(stderr, "%s: blocksize %d\n", op, blocksize);
-        abort();
-    }
-    need(op, "out", out, n, FT_F32);
-    need(op, "packed", packed, (n + 1) / 2, FT_U8);
-    need(op, "absmax", absmax, (n + (size_t)blocksize - 1) / (size_t)blocksize, FT_F32);
-    need(op, "code", code, 16, FT_F32);
+    opcheck c = begin("dequant_4bit", out);
+    check_blocksize(c, blocksize);
+    needf(c, "out", out, n);
+    need(c, "packed", packed, (n + 1) / 2, FT_U8);
+    need(c, "absmax", absmax, (n + (size_t)blocksize - 1) / (size_t)blocksize, FT_F32);
+    need(c, "code", code, 16, FT_F32);
+    GPU_CALL(c, ft_cuda_dequant_4bit(out, packed, absmax, code, n, blocksize));
     ft_cpu_dequant_4bit(F(out), packed.data, F(absmax), F(code), n, (size_t)blocksize);
 }
 
 void ft_dequant_8bit_blockwise(ft_tensor out, ft_tensor q, ft_tensor absmax, ft_tensor map,
                                size_t n, int blocksize, float offset)
 {
-    const char *op = "dequant_8bit_blockwise";
-    if (blocksize < 1) {
-        fprintf(stderr, "%s: blocksize %d\n", op, blocksize);
-        abort();
-    }
-    need(op, "out", out, n, FT_F32);
-    need(op, "q", q, n, FT_U8);
-    need(op, "absmax", absmax, (n + (size_t)blocksize - 1) / (size_t)blocksize, FT_F32);
-    need(op, "map", map, 256, FT_F32);
+    opcheck c = begin("dequant_8bit_blockwise", out);
+    check_blocksize(c, blocksize);
+    needf(c, "out", out, n);
+    need(c, "q", q, n, FT_U8);
+    need(c, "absmax", absmax, (n + (size_t)blocksize - 1) / (size_t)blocksize, FT_F32);
+    need(c, "map", map, 256, FT_F32);
+    GPU_CALL(c, ft_cuda_dequant_8bit_blockwise(out, q, absmax, map, n, blocksize, offset));
     ft_cpu_dequant_8bit_blockwise(F(out), q.data, F(absmax), F(map), n, (size_t)blocksize,
                                   offset);
 }
 
 void ft_dequant_int8_rows(ft_tensor out, ft_tensor q, ft_tensor scb, int rows, int cols)
 {
-    const char *op = "dequant_int8_rows";
-    need(op, "out", out, SZ(rows, cols), FT_F32);
-    need(op, "q", q, SZ(rows, cols), FT_I8);
-    need(op, "scb", scb, (size_t)rows, FT_F32);
+    opcheck c = begin("dequant_int8_rows", out);
+    needf(c, "out", out, SZ(rows, cols));
+    need(c, "q", q, SZ(rows, cols), FT_I8);
+    need(c, "scb", scb, (size_t)rows, FT_F32);
+    GPU_CALL(c, ft_cuda_dequant_int8_rows(out, q, scb, rows, cols));
     ft_cpu_dequant_int8_rows(F(out), q.data, F(scb), rows, cols);
 }

@@ -5,12 +5,18 @@
 #                     (tests/dist, driven by tests/run-dist.sh); needs MPI in the build.
 #   test-conformance  pytest against Hugging Face transformers + PEFT (tests/conformance),
 #                     in a virtualenv made by scripts/setup-python.sh.
-#   test              deps + build + every tier.
+#   test-gpu          the CUDA ops against the CPU ops (tests/gpu), then the same binaries
+#                     under compute-sanitizer memcheck; needs a GPU (run on the GPU machine).
+#                     CUDA builds compile these binaries in test-unit, so CI without a GPU
+#                     still catches a build break.
+#   test              deps + build + every tier but test-gpu.
 
 UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=build/tests/unit/%)
 DIST_SRCS := $(wildcard tests/dist/test_*.c)
 DIST_BINS := $(DIST_SRCS:tests/dist/%.c=build/tests/dist/%)
+GPU_SRCS := $(if $(filter 1,$(CUDA)),$(wildcard tests/gpu/test_*.c))
+GPU_BINS := $(GPU_SRCS:tests/gpu/%.c=build/tests/gpu/%)
 CONFORM_HARNESS := build/tests/ft-conform
 DATA_HARNESS := build/tests/ft-data
 TOKENIZE_HARNESS := build/tests/ft-tokenize
@@ -20,12 +26,16 @@ VENV ?= .venv
 
 BENCH_TRAIN := build/tests/bench-train
 
-.PHONY: test test-unit test-dist test-conformance unit-bins bench-cpu bench-tokenizer bench-dist \
-        config-reference
+.PHONY: test test-unit test-dist test-conformance test-gpu unit-bins gpu-bins bench-cpu \
+        bench-tokenizer bench-dist config-reference
 
 build/tests/unit/%: tests/unit/%.c tests/unit/check.h tests/unit/tiny_model.h $(LIBFT)
 	@mkdir -p $(dir $@)
 	$(CC) $(FT_CFLAGS) $(CFLAGS) -Itests/unit $< $(LIBFT) $(FT_LDFLAGS) $(LDLIBS) -o $@
+
+build/tests/gpu/%: tests/gpu/%.c tests/gpu/gpu_check.h tests/unit/check.h $(LIBFT)
+	@mkdir -p $(dir $@)
+	$(CC) $(FT_CFLAGS) $(CFLAGS) -Itests/unit -Itests/gpu $< $(LIBFT) $(FT_LDFLAGS) $(LDLIBS) -o $@
 
 build/tests/dist/%: tests/dist/%.c tests/unit/check.h $(LIBFT)
 	@mkdir -p $(dir $@)
@@ -64,8 +74,9 @@ bench-tokenizer: $(TOKENIZE_HARNESS)
 	FT_TOKENIZE=$(abspath $(TOKENIZE_HARNESS)) $(VENV)/bin/python tests/bench/bench_tokenizer.py
 
 unit-bins: $(UNIT_BINS)
+gpu-bins: $(GPU_BINS)
 
-test-unit: $(UNIT_BINS) $(TOOLS)
+test-unit: $(UNIT_BINS) $(GPU_BINS) $(TOOLS)
 	bin/ft-train --config-reference | diff -u configs/README.md - \
 	  || { echo "configs/README.md is stale: make config-reference"; exit 1; }
 	tests/run-unit.sh $(UNIT_BINS)
@@ -76,6 +87,14 @@ test-dist: $(DIST_BINS)
 else
 test-dist:
 	@echo "dist: 0 passed, 0 failed (no MPI in this build)"
+endif
+
+ifeq ($(CUDA),1)
+test-gpu: $(GPU_BINS) $(TOOLS)
+	tests/run-gpu.sh $(GPU_BINS)
+else
+test-gpu:
+	@echo "make test-gpu: this build has no CUDA (nvcc not found; CUDA_HOME=$(CUDA_HOME))" >&2; exit 1
 endif
 
 config-reference: bin/ft-train

@@ -1,0 +1,115 @@
+/* Shared pieces of the CUDA kernels (the .cu files of kernels/cuda): typed loads and stores of
+ * fp32/bf16 operands, deterministic warp and block sums, launch sizes, and the backend
+ * context (stream, cuBLAS handle, scratch) from cuda_context.cu. Not a public header. */
+#ifndef FT_CUDA_COMMON_CUH
+#define FT_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "cuda_check.h"
+#include "cuda_ops.h"
+
+/* A floating-point operand as a kernel sees it: the pointer and whether it holds fp32 or
+ * bf16. The dtype is uniform across a launch, so the branch in ld/st never diverges. */
+struct fview {
+    void *p;
+    int bf16;
+};
+
+static inline fview fv(ft_tensor t)
+{
+    fview v = {t.data, t.dtype == FT_BF16};
+    return v;
+}
+
+__device__ __forceinline__ float ld(fview v, size_t i)
+{
+    return v.bf16 ? __bfloat162float(((const __nv_bfloat16 *)v.p)[i]) : ((const float *)v.p)[i];
+}
+
+/* Rounds to nearest-even when the operand is bf16. */
+__device__ __forceinline__ void st(fview v, size_t i, float x)
+{
+    if (v.bf16)
+        ((__nv_bfloat16 *)v.p)[i] = __float2bfloat16_rn(x);
+    else
+        ((float *)v.p)[i] = x;
+}
+
+/* Sum over the 32 lanes of a warp, every lane gets the result: a butterfly, the same
+ * order on every call. */
+template <typename T> __device__ __forceinline__ T warp_sum(T x)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+__device__ __forceinline__ float warp_max(float x)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+/* Sum over a block of blockDim.x threads (a multiple of 32, at most 1024); every thread
+ * gets the result. shm holds 32 T. Fixed order: lanes, then warps in index order. */
+template <typename T> __device__ T block_sum(T x, T *shm)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    x = warp_sum(x);
+    __syncthreads(); /* shm may still be read by a previous call */
+    if (lane == 0)
+        shm[warp] = x;
+    __syncthreads();
+    T s = 0;
+    for (int w = 0; w < nwarps; w++)
+        s += shm[w];
+    return s;
+}
+
+__device__ __forceinline__ float block_max(float x, float *shm)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    x = warp_max(x);
+    __syncthreads();
+    if (lane == 0)
+        shm[warp] = x;
+    __syncthreads();
+    float m = shm[0];
+    for (int w = 1; w < nwarps; w++)
+        m = fmaxf(m, shm[w]);
+    return m;
+}
+
+/* Blocks of `threads` for n elements in a grid-stride loop: enough to fill the GPU, no
+ * more than the work. */
+static inline unsigned grid_for(size_t n, int threads)
+{
+    size_t blocks = (n + (size_t)threads - 1) / (size_t)threads;
+    const size_t cap = 65535;
+    return (unsigned)(blocks < 1 ? 1 : blocks > cap ? cap : blocks);
+}
+
+#define GRID_STRIDE(i, n)                                                               \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);            \
+         i += (size_t)gridDim.x * blockDim.x)
+
+/* After a launch: a bad configuration is a bug in the backend, so it aborts. */
+#define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+/* cuda_context.cu: the backend's per-process state, created on first use for the
+ * current device. */
+cudaStream_t ft_cuda_stream(void);
+cublasHandle_t ft_cuda_cublas(void);
+/* Device scratch of FT_CUDA_SCRATCH_DOUBLES doubles, for the partial sums of the
+ * reductions that return a value (cross-entropy, sumsq). One op uses it at a time (ops
+ * run in stream order). */
+#define FT_CUDA_SCRATCH_DOUBLES 4096
+double *ft_cuda_scratch(void);
+/* Copies `bytes` from the device to the host after the work enqueued so far. */
+void ft_cuda_read(void *host, const void *device, size_t bytes);
+
+#endif

@@ -1,0 +1,63 @@
+/* The CUDA backend's context: the stream every op is enqueued on, the cuBLAS handle and
+ * a small device scratch for reductions that return a value.
+ *
+ * The ops interface carries no context argument (the tensor's device picks the backend,
+ * DESIGN.md seam 1), so this is the one piece of process-wide state of kernels/cuda,
+ * created lazily on the current device by the first op and kept for the life of the
+ * process, as llm.c keeps its cuBLAS handle. Ops are issued from one host thread. */
+#include "cuda_common.cuh"
+
+namespace {
+struct cuda_context {
+    bool ready;
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    double *scratch;
+};
+cuda_context ctx;
+
+void context_init(void)
+{
+    if (ctx.ready)
+        return;
+    /* The legacy default stream: ordered with cudaMemcpy and every other library call on
+     * the device, which keeps host<->device copies in the trainer simple. */
+    ctx.stream = 0;
+    CUBLAS_CHECK(cublasCreate(&ctx.cublas));
+    CUBLAS_CHECK(cublasSetStream(ctx.cublas, ctx.stream));
+    /* fp32 GEMMs stay fp32 (no TF32): the fp32 path is checked at 1e-5 against the CPU. */
+    CUBLAS_CHECK(cublasSetMathMode(ctx.cublas, CUBLAS_DEFAULT_MATH));
+    CUDA_CHECK(cudaMalloc(&ctx.scratch, FT_CUDA_SCRATCH_DOUBLES * sizeof(double)));
+    ctx.ready = true;
+}
+} // namespace
+
+cudaStream_t ft_cuda_stream(void)
+{
+    context_init();
+    return ctx.stream;
+}
+
+cublasHandle_t ft_cuda_cublas(void)
+{
+    context_init();
+    return ctx.cublas;
+}
+
+double *ft_cuda_scratch(void)
+{
+    context_init();
+    return ctx.scratch;
+}
+
+void ft_cuda_read(void *host, const void *device, size_t bytes)
+{
+    CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, ft_cuda_stream()));
+    CUDA_CHECK(cudaStreamSynchronize(ft_cuda_stream()));
+}
+
+extern "C" void ft_cuda_synchronize(void)
+{
+    CUDA_CHECK(cudaStreamSynchronize(ft_cuda_stream()));
+    CUDA_CHECK(cudaGetLastError());
+}

@@ -1,0 +1,102 @@
+/* The CUDA twins of kernels/ops.h, called by the dispatcher (kernels/ops.c) once it has
+ * checked that every operand lives on the GPU and is large enough. Same math, argument
+ * order and accumulate-into-gradients convention as ops.h; see there for definitions.
+ *
+ * Storage: a floating-point operand is FT_F32 or FT_BF16, each independently unless an
+ * op says otherwise (the dispatcher checks). Arithmetic is fp32 throughout: bf16 values
+ * are widened on load and rounded to nearest-even on store. Reductions (norms, softmax
+ * sums, losses, bias and weight-norm gradients) run in a fixed order, with no atomics,
+ * so a run on one GPU repeats bit for bit.
+ *
+ * Every op is enqueued on the backend's stream (cuda_context.cu) and returns without
+ * waiting, except the two that return a value to the host (ft_cuda_cross_entropy,
+ * ft_cuda_sumsq): those wait for their result, the only host round-trips of a step.
+ *
+ * Exists only in CUDA builds (FT_HAVE_CUDA). */
+#ifndef FT_CUDA_OPS_H
+#define FT_CUDA_OPS_H
+
+#include "../ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* linear.cu: cuBLAS GEMMs (bf16 or fp32 in, fp32 accumulate). x, w and dy share one
+ * dtype (the GEMM's input type); y, dx, dw are fp32, or bf16 when the inputs are. */
+void ft_cuda_linear_forward(ft_tensor y, ft_tensor x, ft_tensor w, ft_tensor b, int N,
+                            int in, int out, float alpha, int accumulate);
+void ft_cuda_linear_backward(ft_tensor dx, ft_tensor dw, ft_tensor db, ft_tensor dy,
+                             ft_tensor x, ft_tensor w, int N, int in, int out, float alpha);
+
+/* embedding.cu */
+void ft_cuda_embedding_forward(ft_tensor out, ft_tensor ids, ft_tensor table, int N, int V,
+                               int C);
+void ft_cuda_embedding_backward(ft_tensor dtable, ft_tensor dout, ft_tensor ids, int N,
+                                int V, int C);
+
+/* rmsnorm.cu (rstd is fp32) */
+void ft_cuda_rmsnorm_forward(ft_tensor out, ft_tensor rstd, ft_tensor x, ft_tensor w, int N,
+                             int C, float eps);
+void ft_cuda_rmsnorm_backward(ft_tensor dx, ft_tensor dw, ft_tensor dout, ft_tensor x,
+                              ft_tensor w, ft_tensor rstd, int N, int C);
+
+/* rope.cu */
+void ft_cuda_rope_forward(ft_tensor x, ft_tensor pos, ft_tensor inv_freq, int N, int heads,
+                          int D);
+void ft_cuda_rope_backward(ft_tensor dx, ft_tensor pos, ft_tensor inv_freq, int N,
+                           int heads, int D);
+
+/* attention.cu (lse is fp32; D <= FT_CUDA_ATT_MAX_D) */
+#define FT_CUDA_ATT_MAX_D 256
+void ft_cuda_attention_forward(ft_tensor out, ft_tensor lse, ft_tensor q, ft_tensor k,
+                               ft_tensor v, ft_tensor seg, int B, int T, int Hq, int Hkv,
+                               int D, float scale, int window);
+void ft_cuda_attention_backward(ft_tensor dq, ft_tensor dk, ft_tensor dv, ft_tensor dout,
+                                ft_tensor q, ft_tensor k, ft_tensor v, ft_tensor out,
+                                ft_tensor lse, ft_tensor seg, int B, int T, int Hq, int Hkv,
+                                int D, float scale, int window);
+
+/* swiglu.cu */
+void ft_cuda_swiglu_forward(ft_tensor out, ft_tensor gate, ft_tensor up, size_t n);
+void ft_cuda_swiglu_backward(ft_tensor dgate, ft_tensor dup, ft_tensor dout, ft_tensor gate,
+                             ft_tensor up, size_t n);
+
+/* cross_entropy.cu: the loss is summed in double and read back (waits). */
+double ft_cuda_cross_entropy(ft_tensor dlogits, ft_tensor logits, ft_tensor targets, int N,
+                             int V, float grad_scale);
+
+/* elementwise.cu: copy converts between fp32 and bf16; sumsq waits for its result. */
+void ft_cuda_add(ft_tensor y, ft_tensor x, size_t n);
+void ft_cuda_copy(ft_tensor y, ft_tensor x, size_t n);
+void ft_cuda_zero(ft_tensor y, size_t n);
+double ft_cuda_sumsq(ft_tensor x, size_t n);
+void ft_cuda_scale(ft_tensor x, float s, size_t n);
+
+/* dropout.cu: the same counter-based mask as kernels/cpu/dropout.c, bit for bit. */
+void ft_cuda_dropout_forward(ft_tensor out, ft_tensor x, size_t n, float p, uint64_t seed,
+                             uint64_t offset);
+void ft_cuda_dropout_backward(ft_tensor dx, ft_tensor dout, size_t n, float p,
+                              uint64_t seed, uint64_t offset);
+
+/* adamw.cu: param, grad, m, v fp32 (the master copy and its state). */
+void ft_cuda_adamw_step(ft_tensor param, ft_tensor grad, ft_tensor m, ft_tensor v, size_t n,
+                        ft_adamw_hparams hp, int step, float grad_scale);
+
+/* dequant.cu: out fp32 or bf16; the quantization arrays as in ops.h. */
+void ft_cuda_dequant_4bit(ft_tensor out, ft_tensor packed, ft_tensor absmax, ft_tensor code,
+                          size_t n, int blocksize);
+void ft_cuda_dequant_8bit_blockwise(ft_tensor out, ft_tensor q, ft_tensor absmax,
+                                    ft_tensor map, size_t n, int blocksize, float offset);
+void ft_cuda_dequant_int8_rows(ft_tensor out, ft_tensor q, ft_tensor scb, int rows,
+                               int cols);
+
+/* cuda_context.cu: waits until every op enqueued so far has finished; aborts with the
+ * CUDA error if one failed (a kernel fault is a bug, not an input error). */
+void ft_cuda_synchronize(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

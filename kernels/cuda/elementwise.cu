@@ -1,0 +1,109 @@
+/* Elementwise ops on the GPU (kernels/cpu/elementwise.c's twin):
+ *   add: y += x   copy: y = x (also fp32 <-> bf16)   zero: y = 0   scale: x *= s
+ *   sumsq: sum_i x_i^2 in double
+ * sumsq feeds gradient clipping, so it must not change from run to run: a fixed grid of
+ * SUMSQ_BLOCKS blocks (so each thread's grid-stride share is fixed) sums in double into
+ * the scratch, and one block adds the partials in index order. The result is read back
+ * (the gradient-norm read of a step). */
+#include "cuda_common.cuh"
+
+#define EW_THREADS 256
+#define SUMSQ_BLOCKS 1024
+#define SUMSQ_THREADS 256
+
+__global__ void add_kernel(fview y, fview x, size_t n)
+{
+    GRID_STRIDE(i, n)
+    st(y, i, ld(y, i) + ld(x, i));
+}
+
+__global__ void copy_kernel(fview y, fview x, size_t n)
+{
+    GRID_STRIDE(i, n)
+    st(y, i, ld(x, i));
+}
+
+__global__ void scale_kernel(fview x, float s, size_t n)
+{
+    GRID_STRIDE(i, n)
+    st(x, i, ld(x, i) * s);
+}
+
+__global__ void sumsq_partial_kernel(double *partial, fview x, size_t n)
+{
+    __shared__ double shm[32];
+    double acc = 0.0;
+    GRID_STRIDE(i, n)
+    {
+        double v = ld(x, i);
+        acc += v * v;
+    }
+    acc = block_sum(acc, shm);
+    if (threadIdx.x == 0)
+        partial[blockIdx.x] = acc;
+}
+
+/* partial[nparts] = sum of partial[0..nparts), in a fixed order; one block. */
+__global__ void sum_partials_kernel(double *partial, int nparts)
+{
+    __shared__ double shm[32];
+    double acc = 0.0;
+    for (int i = threadIdx.x; i < nparts; i += blockDim.x)
+        acc += partial[i];
+    acc = block_sum(acc, shm);
+    if (threadIdx.x == 0)
+        partial[nparts] = acc;
+}
+
+extern "C" void ft_cuda_add(ft_tensor y, ft_tensor x, size_t n)
+{
+    if (n == 0)
+        return;
+    add_kernel<<<grid_for(n, EW_THREADS), EW_THREADS, 0, ft_cuda_stream()>>>(fv(y), fv(x), n);
+    LAUNCH_CHECK();
+}
+
+extern "C" void ft_cuda_copy(ft_tensor y, ft_tensor x, size_t n)
+{
+    if (n == 0 || (y.data == x.data && y.dtype == x.dtype))
+        return;
+    if (y.dtype == x.dtype) {
+        size_t bytes = n * (y.dtype == FT_BF16 ? 2 : 4);
+        CUDA_CHECK(cudaMemcpyAsync(y.data, x.data, bytes, cudaMemcpyDeviceToDevice,
+                                   ft_cuda_stream()));
+        return;
+    }
+    copy_kernel<<<grid_for(n, EW_THREADS), EW_THREADS, 0, ft_cuda_stream()>>>(fv(y), fv(x), n);
+    LAUNCH_CHECK();
+}
+
+extern "C" void ft_cuda_zero(ft_tensor y, size_t n)
+{
+    if (n == 0)
+        return;
+    /* +0.0 is all-zero bits in fp32 and bf16 alike. */
+    CUDA_CHECK(cudaMemsetAsync(y.data, 0, n * (y.dtype == FT_BF16 ? 2 : 4), ft_cuda_stream()));
+}
+
+extern "C" void ft_cuda_scale(ft_tensor x, float s, size_t n)
+{
+    if (n == 0)
+        return;
+    scale_kernel<<<grid_for(n, EW_THREADS), EW_THREADS, 0, ft_cuda_stream()>>>(fv(x), s, n);
+    LAUNCH_CHECK();
+}
+
+extern "C" double ft_cuda_sumsq(ft_tensor x, size_t n)
+{
+    if (n == 0)
+        return 0.0;
+    cudaStream_t s = ft_cuda_stream();
+    double *partial = ft_cuda_scratch();
+    sumsq_partial_kernel<<<SUMSQ_BLOCKS, SUMSQ_THREADS, 0, s>>>(partial, fv(x), n);
+    LAUNCH_CHECK();
+    sum_partials_kernel<<<1, 256, 0, s>>>(partial, SUMSQ_BLOCKS);
+    LAUNCH_CHECK();
+    double result;
+    ft_cuda_read(&result, partial + SUMSQ_BLOCKS, sizeof result);
+    return result;
+}

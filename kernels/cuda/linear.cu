@@ -1,0 +1,103 @@
+/* Linear layer on the GPU: the GEMMs in cuBLAS (cublasGemmEx, fp32 accumulation), the
+ * bias in small kernels. Same math as kernels/cpu/linear.c:
+ *   forward:  y[N,out] = alpha x[N,in] w[out,in]^T + b   (accumulate: y += ...)
+ *   backward: dx += alpha dy w;  dw += alpha dy^T x;  db += sum_n dy[n,:]
+ *
+ * Layout. cuBLAS is column-major; a row-major [R,C] buffer is the column-major [C,R]
+ * matrix, its transpose. Reading every buffer that way (x^T is [in,N], w^T [in,out]):
+ *   y^T  [out,N]   = (w^T)^T x^T     -> gemm(T, N, m=out, n=N,   k=in)
+ *   dx^T [in,N]   += w^T dy^T        -> gemm(N, N, m=in,  n=N,   k=out)
+ *   dw^T [in,out] += x^T (dy^T)^T    -> gemm(N, T, m=in,  n=out, k=N)
+ * (the same three calls as llm.c's matmul_forward/backward).
+ *
+ * dtypes: A and B of a GEMM share one dtype (bf16 or fp32); C is fp32 or, with bf16
+ * inputs, bf16; compute is CUBLAS_COMPUTE_32F without TF32, so the fp32 path is plain
+ * fp32 arithmetic. With beta = 1 cuBLAS reads C in its own dtype and accumulates in fp32.
+ *
+ * The bias is written into y before the GEMM (which then runs with beta = 1), as on the
+ * CPU. db is a column sum: one thread per column walks the rows in order (no atomics,
+ * so it is the same on every run). */
+#include "cuda_common.cuh"
+
+static cudaDataType_t cuda_type(ft_tensor t)
+{
+    return t.dtype == FT_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+/* C[m,n] (col-major, ldc) = alpha op(A) op(B) + beta C */
+static void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
+                 ft_tensor A, int lda, ft_tensor B, int ldb, float beta, ft_tensor C, int ldc)
+{
+    CUBLAS_CHECK(cublasGemmEx(ft_cuda_cublas(), ta, tb, m, n, k, &alpha, A.data, cuda_type(A),
+                              lda, B.data, cuda_type(B), ldb, &beta, C.data, cuda_type(C), ldc,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+/* y[n, o] = b[o] (accumulate 0) or y[n, o] += b[o] (accumulate 1) */
+__global__ void bias_kernel(fview y, fview b, size_t N, int out, int accumulate)
+{
+    GRID_STRIDE(i, N * (size_t)out)
+    {
+        float bias = ld(b, i % (size_t)out);
+        st(y, i, accumulate ? ld(y, i) + bias : bias);
+    }
+}
+
+__global__ void fill_zero_kernel(fview y, size_t n)
+{
+    GRID_STRIDE(i, n)
+    st(y, i, 0.0f);
+}
+
+/* db[o] += sum_n dy[n, o]: one thread per column, rows in order. */
+__global__ void bias_grad_kernel(fview db, fview dy, int N, int out)
+{
+    int o = blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= out)
+        return;
+    float acc = 0.0f;
+    for (int n = 0; n < N; n++)
+        acc += ld(dy, (size_t)n * out + o);
+    st(db, o, ld(db, o) + acc);
+}
+
+extern "C" void ft_cuda_linear_forward(ft_tensor y, ft_tensor x, ft_tensor w, ft_tensor b,
+                                       int N, int in, int out, float alpha, int accumulate)
+{
+    if (N <= 0 || out <= 0)
+        return;
+    cudaStream_t s = ft_cuda_stream();
+    float beta = accumulate ? 1.0f : 0.0f;
+    size_t ny = (size_t)N * out;
+    if (b.data) {
+        bias_kernel<<<grid_for(ny, 256), 256, 0, s>>>(fv(y), fv(b), (size_t)N, out, accumulate);
+        LAUNCH_CHECK();
+        beta = 1.0f;
+    }
+    if (in <= 0) {
+        /* An empty reduction: y is the bias, or keeps its value. */
+        if (beta == 0.0f) {
+            fill_zero_kernel<<<grid_for(ny, 256), 256, 0, s>>>(fv(y), ny);
+            LAUNCH_CHECK();
+        }
+        return;
+    }
+    gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, N, in, alpha, w, in, x, in, beta, y, out);
+}
+
+extern "C" void ft_cuda_linear_backward(ft_tensor dx, ft_tensor dw, ft_tensor db,
+                                        ft_tensor dy, ft_tensor x, ft_tensor w, int N, int in,
+                                        int out, float alpha)
+{
+    if (N <= 0 || out <= 0)
+        return;
+    if (in > 0 && dx.data)
+        gemm(CUBLAS_OP_N, CUBLAS_OP_N, in, N, out, alpha, w, in, dy, out, 1.0f, dx, in);
+    if (in > 0 && dw.data)
+        gemm(CUBLAS_OP_N, CUBLAS_OP_T, in, out, N, alpha, x, in, dy, out, 1.0f, dw, in);
+    if (db.data) {
+        bias_grad_kernel<<<(out + 127) / 128, 128, 0, ft_cuda_stream()>>>(fv(db), fv(dy), N,
+                                                                          out);
+        LAUNCH_CHECK();
+    }
+}
