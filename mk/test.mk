@@ -26,7 +26,7 @@ VENV ?= .venv
 
 BENCH_TRAIN := build/tests/bench-train
 
-.PHONY: test test-unit test-dist test-conformance test-gpu unit-bins gpu-bins bench-cpu \
+.PHONY: test test-unit test-dist test-conformance test-gpu gpu-bundle unit-bins gpu-bins bench-cpu \
         bench-tokenizer bench-dist config-reference
 
 build/tests/unit/%: tests/unit/%.c tests/unit/check.h tests/unit/tiny_model.h $(LIBFT)
@@ -96,6 +96,13 @@ else
 test-gpu:
 	@echo "make test-gpu: this build has no CUDA (nvcc not found; CUDA_HOME=$(CUDA_HOME))" >&2; exit 1
 endif
+
+# The GPU tier's binaries and the tools, with the shared libraries they need, packed for a
+# GPU machine that has the CUDA driver and toolkit but not the build's Debian libraries.
+gpu-bundle: $(GPU_BINS) $(TOOLS) $(HARNESSES)
+	@mkdir -p .gpu
+	scripts/gpu-bundle.sh .gpu/ftkit.tar.xz $(GPU_BINS) $(TOOLS) $(HARNESSES) \
+	  tests/run-gpu.sh tests/run-unit.sh
 
 config-reference: bin/ft-train
 	bin/ft-train --config-reference > configs/README.md
