@@ -45,7 +45,7 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
             rc = ft_fail(err, "%s: tensor '%s' has the wrong shape (expected [%lld, %lld])",
                          t->file, p->name, (long long)p->shape[0], (long long)p->shape[1]);
         } else {
-            rc = ft_st_to_f32(t, p->data, p->numel, err);
+            rc = ft_model_param_from_st(m, p, t, err);
         }
     }
     for (size_t i = 0; i < ft_ckpt_count(ck) && rc == 0 && unit < 0; i++) {
@@ -76,7 +76,7 @@ int ft_model_save_adapter(ft_model *m, const char *dir, const char *base_model, 
     for (size_t i = 0; i < m->n_params && rc == 0; i++) {
         const ft_param *p = &m->params[i];
         if (p->is_lora)
-            rc = ft_st_writer_add(w, p->name, FT_ST_F32, p->ndim, p->shape, p->data, err);
+            rc = ft_model_param_to_writer(m, p, w, err);
     }
     char path[4096];
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);

@@ -1,5 +1,7 @@
 #include "alloc.h"
 
+#include "ops.h"
+
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +56,65 @@ void ft_free(ft_mem *mem, void *p)
     alloc_header *h = (alloc_header *)base;
     ft_mem_account(mem, (ft_mem_cat)h->cat, h->bytes, false);
     free(base);
+}
+
+#ifdef FT_HAVE_CUDA
+#include "cuda/device_memory.h"
+
+/* A device buffer is preceded by a 256-byte header on the device holding the same
+ * alloc_header; it is written once on allocation and read back on free (one small copy
+ * each way: allocations are few and large). */
+enum { DEVICE_HEADER_BYTES = 256 };
+
+static void *alloc_device(ft_mem *mem, ft_mem_cat cat, size_t bytes)
+{
+    if (bytes == 0 || bytes > SIZE_MAX - 2 * DEVICE_HEADER_BYTES)
+        return NULL;
+    unsigned char *base = ft_cuda_malloc(bytes + DEVICE_HEADER_BYTES);
+    if (!base)
+        return NULL;
+    alloc_header h = {bytes, (int)cat};
+    if (ft_cuda_memset0(base + DEVICE_HEADER_BYTES, bytes, NULL) ||
+        ft_cuda_memcpy_h2d(base, &h, sizeof h, NULL)) {
+        ft_cuda_free(base);
+        return NULL;
+    }
+    ft_mem_account(mem, cat, bytes, true);
+    return base + DEVICE_HEADER_BYTES;
+}
+
+static void free_device(ft_mem *mem, void *p)
+{
+    unsigned char *base = (unsigned char *)p - DEVICE_HEADER_BYTES;
+    alloc_header h;
+    if (ft_cuda_memcpy_d2h(&h, base, sizeof h, NULL) == 0)
+        ft_mem_account(mem, (ft_mem_cat)h.cat, h.bytes, false);
+    ft_cuda_free(base);
+}
+#endif
+
+void *ft_alloc_on(ft_mem *mem, int device, ft_mem_cat cat, size_t bytes)
+{
+    if (device == FT_DEV_CPU)
+        return ft_alloc(mem, cat, bytes);
+#ifdef FT_HAVE_CUDA
+    if (device == FT_DEV_CUDA)
+        return alloc_device(mem, cat, bytes);
+#endif
+    return NULL;
+}
+
+void ft_free_on(ft_mem *mem, int device, void *p)
+{
+    if (!p)
+        return;
+    if (device == FT_DEV_CPU) {
+        ft_free(mem, p);
+        return;
+    }
+#ifdef FT_HAVE_CUDA
+    free_device(mem, p);
+#endif
 }
 
 const char *ft_mem_cat_name(ft_mem_cat cat)

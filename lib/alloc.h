@@ -31,6 +31,13 @@ void *ft_alloc(ft_mem *mem, ft_mem_cat cat, size_t bytes);
 /* Frees a buffer from ft_alloc (NULL is a no-op) and updates the counters. */
 void ft_free(ft_mem *mem, void *p);
 
+/* The same on a device: FT_DEV_CPU is ft_alloc/ft_free; FT_DEV_CUDA allocates GPU memory
+ * (zero-filled, 256-byte aligned; NULL when the GPU is out of memory, when there is no
+ * GPU, or in a build without CUDA), counted in the same categories. The device is an
+ * int (an ft_device of kernels/ops.h) so this header stays free of the ops. */
+void *ft_alloc_on(ft_mem *mem, int device, ft_mem_cat cat, size_t bytes);
+void ft_free_on(ft_mem *mem, int device, void *p);
+
 /* Counts (add) or uncounts bytes held by a buffer allocated elsewhere (e.g. a quantized
  * weight's arrays). */
 void ft_mem_account(ft_mem *mem, ft_mem_cat cat, size_t bytes, bool add);

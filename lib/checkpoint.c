@@ -45,7 +45,7 @@ int ft_checkpoint_save_weights(const char *dir, ft_model *m, const char *base_mo
     for (size_t i = 0; i < ft_model_param_count(m) && rc == 0; i++) {
         const ft_param *p = ft_model_param(m, i);
         if (p->trainable)
-            rc = ft_st_writer_add(w, p->name, FT_ST_F32, p->ndim, p->shape, p->data, err);
+            rc = ft_model_param_to_writer(m, p, w, err);
     }
     if (rc == 0)
         rc = ft_st_writer_save(w, path, err);
@@ -269,7 +269,7 @@ static int load_full_weights(const char *dir, ft_model *m, ft_err *err)
         if (!t)
             rc = ft_fail(err, "%s: tensor '%s' is missing", dir, p->name);
         else
-            rc = ft_st_to_f32(t, p->data, p->numel, err);
+            rc = ft_model_param_from_st(m, p, t, err);
     }
     ft_ckpt_close(ck);
     return rc;

@@ -10,6 +10,9 @@
 #include "quant_io.h"
 #include "rng.h"
 #include "safetensors.h"
+#ifdef FT_HAVE_CUDA
+#include "cuda/device_memory.h"
+#endif
 
 typedef struct layout {
     ft_model *m;
@@ -121,6 +124,9 @@ static int build_layout(layout *lo)
     return rc;
 }
 
+static void bind_unit(ft_model *m, int unit, float *train, float *compute, float *grad,
+                      float *frozen);
+
 /* Lays the parameters out in the flat buffers (offsets and unit ranges); allocates and
  * binds the buffers unless the model is unbound. */
 static int assign_buffers(ft_model *m, ft_err *err)
@@ -161,25 +167,39 @@ static int assign_buffers(ft_model *m, ft_err *err)
         return ft_fail(err, "out of memory");
     if (m->opt.unbound)
         return 0;
+    const char *where = m->dev == FT_DEV_CUDA ? "GPU " : "";
     if (m->n_train) {
-        m->train_data = ft_alloc(&m->mem, FT_MEM_WEIGHTS, m->n_train * sizeof(float));
-        m->train_grad = ft_alloc(&m->mem, FT_MEM_GRADS, m->n_train * sizeof(float));
-        if (!m->train_data || !m->train_grad)
-            return ft_fail(err, "out of memory allocating %zu trainable parameters",
+        m->train_data = ft_alloc_on(&m->mem, m->dev, FT_MEM_WEIGHTS, m->n_train * sizeof(float));
+        m->train_grad = ft_alloc_on(&m->mem, m->dev, FT_MEM_GRADS, m->n_train * sizeof(float));
+        /* bf16 compute: the copy the ops read (fp32: the master itself) */
+        m->train_compute = m->cdt == FT_F32 ? m->train_data
+                                            : ft_alloc_on(&m->mem, m->dev, FT_MEM_WEIGHTS,
+                                                          m->n_train * model_esize(m));
+        if (!m->train_data || !m->train_grad || !m->train_compute)
+            return ft_fail(err, "out of %smemory allocating %zu trainable parameters", where,
                            m->n_train);
     }
     if (m->n_frozen) {
-        m->frozen_data = ft_alloc(&m->mem, FT_MEM_WEIGHTS, m->n_frozen * sizeof(float));
+        m->frozen_data = ft_alloc_on(&m->mem, m->dev, FT_MEM_WEIGHTS,
+                                     m->n_frozen * model_esize(m));
         if (!m->frozen_data)
-            return ft_fail(err, "out of memory allocating %zu frozen parameters (%.1f GiB)",
-                           m->n_frozen, m->n_frozen * 4.0 / (1 << 30));
+            return ft_fail(err, "out of %smemory allocating %zu frozen parameters (%.1f GiB)",
+                           where, m->n_frozen, m->n_frozen * (double)model_esize(m) / (1 << 30));
     }
     m->owns_buffers = true;
-    ft_model_bind_all(m, m->train_data, m->train_grad, m->frozen_data);
+    for (int u = 0; u < ft_model_n_units(m); u++)
+        bind_unit(m, u, m->train_data ? m->train_data + m->unit_begin[u] : NULL,
+                  model_at(m, m->train_compute, m->unit_begin[u]),
+                  m->train_grad ? m->train_grad + m->unit_begin[u] : NULL,
+                  model_at(m, m->frozen_data, m->frozen_begin[u]));
     return 0;
 }
 
-void ft_model_bind_unit(ft_model *m, int unit, float *train, float *grad, float *frozen)
+/* Binds unit's parameters: train and grad fp32 (the master and its gradient), compute the
+ * compute-dtype copy of train the ops read (= train in fp32), frozen of the compute dtype.
+ * Each points at the unit's first element. */
+static void bind_unit(ft_model *m, int unit, float *train, float *compute, float *grad,
+                      float *frozen)
 {
     size_t tb = m->unit_begin[unit], fb = m->frozen_begin[unit];
     for (size_t i = 0; i < m->n_params; i++) {
@@ -189,17 +209,23 @@ void ft_model_bind_unit(ft_model *m, int unit, float *train, float *grad, float 
         if (p->trainable) {
             p->data = train ? train + (p->offset - tb) : NULL;
             p->grad = grad ? grad + (p->offset - tb) : NULL;
+            *m->slot_data[i] = model_at(m, compute, p->offset - tb);
         } else {
-            p->data = frozen ? frozen + (p->offset - fb) : NULL;
+            p->data = model_at(m, frozen, p->offset - fb);
             p->grad = NULL;
+            *m->slot_data[i] = p->data;
         }
-        *m->slot_data[i] = p->data;
         *m->slot_grad[i] = p->grad;
     }
     if (unit == 0 && m->cfg.tie_word_embeddings) {
         m->lm_head = m->embed;
         m->g_lm_head = m->g_embed;
     }
+}
+
+void ft_model_bind_unit(ft_model *m, int unit, float *train, float *grad, float *frozen)
+{
+    bind_unit(m, unit, train, train, grad, frozen);
 }
 
 void ft_model_bind_all(ft_model *m, float *train, float *grad, float *frozen)
@@ -212,21 +238,32 @@ void ft_model_bind_all(ft_model *m, float *train, float *grad, float *frozen)
 
 /* PEFT's default LoRA init: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming-uniform with
  * a = sqrt(5)), B = 0 (already zero from the allocator). */
-static void init_lora(ft_model *m, int unit)
+static int init_lora(ft_model *m, int unit, ft_err *err)
 {
     for (size_t i = 0; i < m->n_params; i++) {
         ft_param *p = &m->params[i];
         if (!p->is_lora || (unit >= 0 && p->unit != unit))
             continue;
+        /* on the GPU the values are made on the host, then copied */
+        float *vals = m->dev == FT_DEV_CPU ? p->data : calloc(p->numel, sizeof *vals);
+        if (!vals)
+            return ft_fail(err, "out of memory");
         if (!strstr(p->name, "lora_A")) {
-            memset(p->data, 0, p->numel * sizeof(float));
-            continue;
+            memset(vals, 0, p->numel * sizeof(float));
+        } else {
+            float bound = 1.0f / sqrtf((float)p->shape[1]);
+            uint64_t seed = ft_mix64(m->opt.seed ^ ft_mix64(i + 1));
+            for (size_t j = 0; j < p->numel; j++)
+                vals[j] = (2.0f * ft_uniform(seed, j) - 1.0f) * bound;
         }
-        float bound = 1.0f / sqrtf((float)p->shape[1]);
-        uint64_t seed = ft_mix64(m->opt.seed ^ ft_mix64(i + 1));
-        for (size_t j = 0; j < p->numel; j++)
-            p->data[j] = (2.0f * ft_uniform(seed, j) - 1.0f) * bound;
+        if (vals != p->data) {
+            int rc = ft_model_param_set(m, p, vals, err);
+            free(vals);
+            if (rc)
+                return -1;
+        }
     }
+    return 0;
 }
 
 /* A tensor of a quantized weight's state (prefix.weight.absmax, .quant_map, .SCB, ...). */
@@ -322,7 +359,7 @@ int model_read_weights(ft_model *m, const char *dir, int unit, ft_err *err)
             break;
         }
         if (p->data)
-            rc = ft_st_to_f32(t, p->data, p->numel, err);
+            rc = ft_model_param_from_st(m, p, t, err);
     }
     for (size_t i = 0; i < ft_ckpt_count(ck) && rc == 0 && unit < 0; i++) {
         const ft_st_tensor *t = ft_ckpt_at(ck, i);
@@ -333,6 +370,36 @@ int model_read_weights(ft_model *m, const char *dir, int unit, ft_err *err)
     }
     ft_ckpt_close(ck);
     return rc;
+}
+
+int ft_model_param_from_st(ft_model *m, ft_param *p, const ft_st_tensor *t, ft_err *err)
+{
+    if (m->dev == FT_DEV_CPU)
+        return ft_st_to_f32(t, p->data, p->numel, err);
+    float *host = malloc(p->numel * sizeof *host + 1);
+    if (!host)
+        return ft_fail(err, "out of host memory reading '%s'", p->name);
+    int rc = ft_st_to_f32(t, host, p->numel, err);
+    if (rc == 0)
+        rc = ft_model_param_set(m, p, host, err);
+    free(host);
+    return rc;
+}
+
+int ft_model_param_to_writer(ft_model *m, const ft_param *p, ft_st_writer *w, ft_err *err)
+{
+    const float *data = p->data;
+    float *host = NULL;
+    if (m->dev != FT_DEV_CPU) {
+        if (!(host = malloc(p->numel * sizeof *host + 1)))
+            return ft_fail(err, "out of host memory saving '%s'", p->name);
+        if (ft_model_param_get(m, p, host, err) || ft_st_writer_keep(w, host)) {
+            free(host);
+            return ft_fail_prefix(err, "saving '%s'", p->name);
+        }
+        data = host;
+    }
+    return ft_st_writer_add(w, p->name, FT_ST_F32, p->ndim, p->shape, data, err);
 }
 
 /* Which projections of which layers carry LoRA; checks the options. */
@@ -356,6 +423,28 @@ static int setup_lora(ft_model *m, ft_err *err)
         return ft_fail(err, "the LoRA target modules select no linear layer of this model");
     m->lora_scaling = ft_lora_scaling(lc);
     return 0;
+}
+
+/* Why the model cannot run on opt's device in opt's dtype; NULL when it can. */
+static const char *device_unsupported(const ft_model *m, const ft_model_options *opt)
+{
+    if (opt->device == FT_DEV_CPU)
+        return opt->dtype == FT_F32 ? NULL : "the CPU backend computes in fp32 only";
+    if (opt->device != FT_DEV_CUDA)
+        return "unknown device";
+#ifndef FT_HAVE_CUDA
+    return "this build has no CUDA backend (rebuild with nvcc on the PATH or CUDA_HOME set)";
+#else
+    if (opt->dtype != FT_F32 && opt->dtype != FT_BF16)
+        return "the GPU model computes in fp32 or bf16";
+    if (opt->unbound)
+        return "the distributed strategies run on the CPU only so far (GPU: one process)";
+    if (m->quant.type != FT_QUANT_NONE)
+        return "a quantized base (QLoRA) runs on the CPU only so far";
+    if (ft_cuda_device_count() == 0)
+        return "no CUDA GPU is visible (see bin/gpu-info)";
+    return NULL;
+#endif
 }
 
 int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, ft_err *err)
@@ -388,6 +477,14 @@ int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, 
         free(m);
         return -1;
     }
+    m->dev = opt->device;
+    m->cdt = opt->dtype;
+    const char *bad_device = device_unsupported(m, opt);
+    if (bad_device) {
+        ft_fail(err, "%s: %s", dir, bad_device);
+        free(m);
+        return -1;
+    }
     m->stage_first = 0;
     m->stage_last = m->cfg.num_layers + 1;
     m->lora_mask = calloc((size_t)m->cfg.num_layers, sizeof *m->lora_mask);
@@ -412,11 +509,13 @@ int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, 
     if (assign_buffers(m, err))
         goto done;
     ft_rope_inv_freq(&m->cfg, m->inv_freq);
+    if (model_upload_inv_freq(m, err))
+        goto done;
     if (!opt->unbound) {
         if (model_read_weights(m, dir, -1, err))
             goto done;
-        if (opt->mode == FT_TRAIN_LORA)
-            init_lora(m, -1);
+        if (opt->mode == FT_TRAIN_LORA && init_lora(m, -1, err))
+            goto done;
     }
     rc = 0;
 done:
@@ -434,12 +533,12 @@ static void free_activations(ft_model *m)
                          &m->d_ln,     &m->d_att, &m->d_q,   &m->d_k,    &m->d_v,
                          &m->d_act,    &m->d_gate, &m->d_up, &m->d_lora_h, &m->x_drop};
     for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++) {
-        ft_free(&m->mem, *scratch[i]);
+        ft_free_on(&m->mem, m->dev, *scratch[i]);
         *scratch[i] = NULL;
     }
     int32_t **ints[] = {&m->ids, &m->targets, &m->pos, &m->seg};
     for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) {
-        ft_free(&m->mem, *ints[i]);
+        ft_free_on(&m->mem, m->dev, *ints[i]);
         *ints[i] = NULL;
     }
     /* Layer activations: either one set per layer or one shared scratch set (and none
@@ -448,7 +547,7 @@ static void free_activations(ft_model *m)
     float *first_set = NULL;
     for (int l = 0; l < L; l++) {
         layer_acts *a = &m->acts[l];
-        ft_free(&m->mem, a->in);
+        ft_free_on(&m->mem, m->dev, a->in);
         if (!a->ln1 || a->ln1 == first_set)
             continue;
         if (!first_set)
@@ -456,35 +555,38 @@ static void free_activations(ft_model *m)
         float *bufs[] = {a->ln1, a->rstd1, a->q,   a->k,   a->v,  a->att, a->lse,
                          a->mid, a->ln2,   a->rstd2, a->gate, a->up, a->act};
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
-            ft_free(&m->mem, bufs[i]);
+            ft_free_on(&m->mem, m->dev, bufs[i]);
         for (int p = 0; p < FT_NPROJ; p++)
-            ft_free(&m->mem, a->lora_h[p]);
+            ft_free_on(&m->mem, m->dev, a->lora_h[p]);
     }
     memset(m->acts, 0, (size_t)L * sizeof *m->acts);
     m->max_rows = 0;
+    free(m->batch_h);
+    m->batch_h = NULL;
 }
 
 /* One set of per-layer activation buffers for N rows. */
 static int alloc_layer_set(ft_model *m, layer_acts *a, size_t N)
 {
     const ft_model_config *c = &m->cfg;
-    size_t C = c->hidden_size, I = c->intermediate_size;
+    size_t C = c->hidden_size, I = c->intermediate_size, e = model_esize(m), f = sizeof(float);
     size_t QD = (size_t)c->num_heads * c->head_dim, KD = (size_t)c->num_kv_heads * c->head_dim;
     struct {
         float **p;
-        size_t n;
-    } bufs[] = {{&a->ln1, N * C},  {&a->rstd1, N},   {&a->q, N * QD},     {&a->k, N * KD},
-                {&a->v, N * KD},   {&a->att, N * QD}, {&a->lse, N * c->num_heads},
-                {&a->mid, N * C},  {&a->ln2, N * C},  {&a->rstd2, N},      {&a->gate, N * I},
-                {&a->up, N * I},   {&a->act, N * I}};
+        size_t bytes;
+    } bufs[] = {{&a->ln1, N * C * e},  {&a->rstd1, N * f},  {&a->q, N * QD * e},
+                {&a->k, N * KD * e},   {&a->v, N * KD * e}, {&a->att, N * QD * e},
+                {&a->lse, N * c->num_heads * f},             {&a->mid, N * C * e},
+                {&a->ln2, N * C * e},  {&a->rstd2, N * f},  {&a->gate, N * I * e},
+                {&a->up, N * I * e},   {&a->act, N * I * e}};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
-        if (!(*bufs[i].p = ft_alloc(&m->mem, FT_MEM_ACTIVATIONS, bufs[i].n * sizeof(float))))
+        if (!(*bufs[i].p = ft_alloc_on(&m->mem, m->dev, FT_MEM_ACTIVATIONS, bufs[i].bytes)))
             return -1;
     if (m->opt.mode == FT_TRAIN_LORA)
         for (int p = 0; p < FT_NPROJ; p++)
             if (m->lora_union & (1u << p))
-                if (!(a->lora_h[p] = ft_alloc(&m->mem, FT_MEM_ACTIVATIONS,
-                                              N * (size_t)m->opt.lora.r * sizeof(float))))
+                if (!(a->lora_h[p] = ft_alloc_on(&m->mem, m->dev, FT_MEM_ACTIVATIONS,
+                                                 N * (size_t)m->opt.lora.r * e)))
                     return -1;
     return 0;
 }
@@ -512,7 +614,7 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
     int set = -1; /* the layer whose set the others share */
     for (int l = l0; l < L && l <= l1; l++) {
         layer_acts *a = &m->acts[l];
-        if (!(a->in = ft_alloc(&m->mem, FT_MEM_ACTIVATIONS, N * C * sizeof(float))))
+        if (!(a->in = ft_alloc_on(&m->mem, m->dev, FT_MEM_ACTIVATIONS, N * C * model_esize(m))))
             goto oom;
         if (l == l1)
             continue;
@@ -534,39 +636,45 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
         size_t n;
         bool need;
         ft_mem_cat cat;
+        bool fp32; /* else the compute dtype */
     } bufs[] = {
-        {&m->final_in, N * C, l1 == L, FT_MEM_ACTIVATIONS},
-        {&m->lnf, N * C, head, FT_MEM_ACTIVATIONS},
-        {&m->rstdf, N, head, FT_MEM_ACTIVATIONS},
-        {&m->logits, N * V, head, FT_MEM_ACTIVATIONS},
-        {&m->d_h, NS * C, train, FT_MEM_WORKSPACE},
-        {&m->d_ln, NS * C, train, FT_MEM_WORKSPACE},
-        {&m->d_att, NS * QD, train, FT_MEM_WORKSPACE},
-        {&m->d_q, NS * QD, train, FT_MEM_WORKSPACE},
-        {&m->d_k, NS * KD, train, FT_MEM_WORKSPACE},
-        {&m->d_v, NS * KD, train, FT_MEM_WORKSPACE},
-        {&m->d_act, NS * I, train, FT_MEM_WORKSPACE},
-        {&m->d_gate, NS * I, train, FT_MEM_WORKSPACE},
-        {&m->d_up, NS * I, train, FT_MEM_WORKSPACE},
+        {&m->final_in, N * C, l1 == L, FT_MEM_ACTIVATIONS, false},
+        {&m->lnf, N * C, head, FT_MEM_ACTIVATIONS, false},
+        {&m->rstdf, N, head, FT_MEM_ACTIVATIONS, true},
+        {&m->logits, N * V, head, FT_MEM_ACTIVATIONS, false},
+        {&m->d_h, NS * C, train, FT_MEM_WORKSPACE, false},
+        {&m->d_ln, NS * C, train, FT_MEM_WORKSPACE, false},
+        {&m->d_att, NS * QD, train, FT_MEM_WORKSPACE, false},
+        {&m->d_q, NS * QD, train, FT_MEM_WORKSPACE, false},
+        {&m->d_k, NS * KD, train, FT_MEM_WORKSPACE, false},
+        {&m->d_v, NS * KD, train, FT_MEM_WORKSPACE, false},
+        {&m->d_act, NS * I, train, FT_MEM_WORKSPACE, false},
+        {&m->d_gate, NS * I, train, FT_MEM_WORKSPACE, false},
+        {&m->d_up, NS * I, train, FT_MEM_WORKSPACE, false},
         {&m->d_lora_h, NS * (size_t)(m->opt.lora.r > 0 ? m->opt.lora.r : 1),
-         m->opt.mode == FT_TRAIN_LORA, FT_MEM_WORKSPACE},
+         m->opt.mode == FT_TRAIN_LORA, FT_MEM_WORKSPACE, false},
         {&m->x_drop, NS * (C > I ? (C > QD ? C : QD) : (I > QD ? I : QD)),
-         m->opt.mode == FT_TRAIN_LORA && m->opt.lora.dropout > 0, FT_MEM_WORKSPACE},
+         m->opt.mode == FT_TRAIN_LORA && m->opt.lora.dropout > 0, FT_MEM_WORKSPACE, false},
     };
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
-        if (bufs[i].need && !(*bufs[i].p = ft_alloc(&m->mem, bufs[i].cat,
-                                                    bufs[i].n * sizeof(float))))
+        if (bufs[i].need &&
+            !(*bufs[i].p = ft_alloc_on(&m->mem, m->dev, bufs[i].cat,
+                                       bufs[i].n * (bufs[i].fp32 ? sizeof(float) : model_esize(m)))))
             goto oom;
     int32_t **ints[] = {&m->ids, &m->targets, &m->pos, &m->seg};
     for (size_t i = 0; i < sizeof ints / sizeof *ints; i++)
-        if (!(*ints[i] = ft_alloc(&m->mem, FT_MEM_ACTIVATIONS, N * sizeof(int32_t))))
+        if (!(*ints[i] = ft_alloc_on(&m->mem, m->dev, FT_MEM_ACTIVATIONS, N * sizeof(int32_t))))
             goto oom;
+    /* the GPU's batch is assembled on the host first (model_device.c) */
+    if (m->dev != FT_DEV_CPU && !(m->batch_h = malloc(4 * N * sizeof *m->batch_h)))
+        goto oom;
     m->max_rows = N;
     m->scratch_rows = NS;
     return 0;
 oom:
     free_activations(m);
-    return ft_fail(err, "out of memory allocating activations for %d x %d tokens", B, T);
+    return ft_fail(err, "out of %smemory allocating activations for %d x %d tokens",
+                   m->dev == FT_DEV_CUDA ? "GPU " : "", B, T);
 }
 
 void ft_model_free(ft_model *m)
@@ -583,10 +691,15 @@ void ft_model_free(ft_model *m)
         free_activations(m);
     free(m->slots);
     if (m->owns_buffers) {
-        ft_free(&m->mem, m->train_data);
-        ft_free(&m->mem, m->train_grad);
-        ft_free(&m->mem, m->frozen_data);
+        if (m->train_compute != m->train_data)
+            ft_free_on(&m->mem, m->dev, m->train_compute);
+        ft_free_on(&m->mem, m->dev, m->train_data);
+        ft_free_on(&m->mem, m->dev, m->train_grad);
+        ft_free_on(&m->mem, m->dev, m->frozen_data);
     }
+    if (m->inv_freq_dev != m->inv_freq)
+        ft_free_on(&m->mem, m->dev, m->inv_freq_dev);
+    free(m->logits_h);
     for (size_t i = 0; m->qt && i < m->n_params; i++)
         ft_qtensor_free(&m->qt[i]);
     for (size_t i = 0; m->qdense && i < m->n_params; i++)
@@ -642,7 +755,7 @@ void ft_model_unit_range(const ft_model *m, int unit, size_t *begin, size_t *end
 void ft_model_zero_grad(ft_model *m)
 {
     if (m->n_train && m->train_grad)
-        ft_zero(ft_f32(m->train_grad, m->n_train), m->n_train);
+        ft_zero(model_view(m, m->train_grad, m->n_train, FT_F32), m->n_train);
 }
 
 void ft_model_unit_frozen_range(const ft_model *m, int unit, size_t *begin, size_t *end)
@@ -799,14 +912,14 @@ int ft_model_init_unit(ft_model *m, int unit, const char *adapter_dir, ft_err *e
     if (model_read_weights(m, m->dir, unit, err))
         return -1;
     if (m->opt.mode == FT_TRAIN_LORA) {
-        init_lora(m, unit);
+        if (init_lora(m, unit, err))
+            return -1;
         if (adapter_dir && model_read_adapter(m, adapter_dir, unit, err))
             return -1;
     }
     return 0;
 }
 
-const float *ft_model_logits(const ft_model *m) { return m->logits_valid ? m->logits : NULL; }
 
 uint64_t ft_model_rng_counter(const ft_model *m) { return m->n_forward; }
 void ft_model_set_rng_counter(ft_model *m, uint64_t counter) { m->n_forward = counter; }

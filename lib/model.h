@@ -31,9 +31,11 @@
 
 #include "alloc.h"
 #include "ft_error.h"
+#include "ops.h"
 #include "hf_config.h"
 #include "lora.h"
 #include "quant.h"
+#include "safetensors.h"
 
 typedef enum ft_train_mode {
     FT_TRAIN_NONE = 0, /* inference / evaluation: nothing trainable, no activations kept */
@@ -57,15 +59,26 @@ typedef struct ft_model_options {
      * whatever this says. Not with FT_TRAIN_FULL. */
     ft_quant_options quant;
     const char *quant_skip; /* module-name substrings left dense (NULL: none) */
+    /* Where the model computes and in what dtype. FT_DEV_CPU (the default) is the fp32
+     * reference. FT_DEV_CUDA keeps parameters, gradients and activations on the GPU
+     * (weights read and written through the host): with dtype FT_F32 everything is fp32;
+     * with FT_BF16 the frozen weights and the activations are bf16 and the trainable
+     * parameters keep an fp32 master copy (what ft_param.data and ft_model_trainable
+     * point at) beside the bf16 copy the ops read, refreshed by ft_model_sync_compute;
+     * gradients are fp32. The GPU model is whole (not unbound) and dense (no quantized
+     * base) for now. */
+    ft_device device;
+    ft_dtype dtype;
 } ft_model_options;
 
-/* One named parameter: a view into the flat buffers. */
+/* One named parameter: a view into the flat buffers (on the model's device: read and
+ * write the values of a GPU model through ft_model_param_get / _set). */
 typedef struct ft_param {
     char name[160];   /* HF state-dict name, or the PEFT adapter key for LoRA weights */
     int ndim;
     int64_t shape[2];
     size_t numel;
-    float *data;      /* fp32 */
+    float *data;      /* fp32; on a bf16 GPU model a frozen weight's data is bf16 */
     float *grad;      /* NULL when frozen (or, with a strategy, while unbound) */
     bool trainable;
     bool quantized;   /* a frozen linear weight held in 4 or 8 bits (QLoRA): data points
@@ -126,8 +139,29 @@ void ft_model_zero_grad(ft_model *m);
 int ft_model_forward(ft_model *m, const ft_batch *batch, double *loss_sum, long *n_tokens,
                      ft_err *err);
 
-/* Logits [B, T, V] of the last forward. */
-const float *ft_model_logits(const ft_model *m);
+/* Logits [B, T, V] of the last forward, fp32 on the host (a GPU model copies them back
+ * on the first call after a forward). NULL after a backward. */
+const float *ft_model_logits(ft_model *m);
+
+/* The model's device and compute dtype (ft_model_options.device / .dtype). */
+ft_device ft_model_device(const ft_model *m);
+ft_dtype ft_model_dtype(const ft_model *m);
+
+/* A parameter's values as fp32 on the host, and back (set also refreshes the compute
+ * copy of a trainable parameter). host holds p->numel floats. On the CPU these copy. */
+int ft_model_param_get(ft_model *m, const ft_param *p, float *host, ft_err *err);
+int ft_model_param_set(ft_model *m, ft_param *p, const float *host, ft_err *err);
+/* A trainable parameter's gradient as fp32 on the host. */
+int ft_model_grad_get(ft_model *m, const ft_param *p, float *host, ft_err *err);
+
+/* A parameter filled from a checkpoint tensor (shape already checked), or added to a
+ * writer (its values as fp32, copied to the host first on the GPU). */
+int ft_model_param_from_st(ft_model *m, ft_param *p, const ft_st_tensor *t, ft_err *err);
+int ft_model_param_to_writer(ft_model *m, const ft_param *p, ft_st_writer *w, ft_err *err);
+
+/* After the fp32 master weights changed (an optimizer step, a load): refreshes the bf16
+ * copy of the trainable parameters the ops read. A no-op unless the model is bf16. */
+void ft_model_sync_compute(ft_model *m);
 
 /* Accumulates into the gradients d(grad_scale * loss_sum)/d(params) for the last
  * forward; grad_scale is usually 1 / (counted tokens of the whole accumulated batch).

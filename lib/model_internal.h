@@ -6,6 +6,12 @@
 #include "model.h"
 #include "ops.h"
 
+/* Buffers and dtypes. Every pointer below is a buffer on the model's device (m->dev) and
+ * is only handed to ops, never dereferenced here, except on the CPU. Weights (frozen,
+ * or the compute copy of trainable ones) and activations hold the compute dtype m->cdt
+ * (fp32 on the CPU; fp32 or bf16 on the GPU) whatever their C type says; gradients,
+ * rstd, lse and inv_freq are always fp32; ids, targets, pos, seg int32. */
+
 /* Weights of one decoder layer: views into the flat buffers; grads NULL when frozen. */
 typedef struct layer_weights {
     float *ln1, *ln2;
@@ -48,6 +54,8 @@ typedef struct act_slot {
 struct ft_model {
     ft_model_config cfg;
     ft_model_options opt;
+    ft_device dev;        /* opt.device */
+    ft_dtype cdt;         /* opt.dtype: the compute dtype of weights and activations */
     float lora_scaling;
     unsigned *lora_mask;  /* [L]: projections of each layer with a LoRA pair */
     unsigned lora_union;  /* OR of lora_mask */
@@ -58,6 +66,7 @@ struct ft_model {
     size_t n_params;
     float ***slot_data, ***slot_grad; /* [n_params]: where each param's pointers live */
     float *train_data, *train_grad, *frozen_data; /* whole-model buffers, NULL if unbound */
+    float *train_compute; /* the compute-dtype copy of train_data (= train_data in fp32) */
     bool owns_buffers;
     size_t n_train, n_frozen;
     size_t *unit_begin; /* [L+3]: unit u spans [unit_begin[u], unit_begin[u+1]) */
@@ -78,7 +87,11 @@ struct ft_model {
     float *norm_f, *g_norm_f;
     float *lm_head, *g_lm_head; /* = embed when tied */
     layer_weights *layers;
-    float *inv_freq; /* [D/2] */
+    float *inv_freq; /* [D/2] on the host */
+    float *inv_freq_dev; /* the same on the model's device (= inv_freq on the CPU) */
+    int32_t *batch_h;    /* GPU: host staging of ids, targets, pos, seg ([4][max_rows]) */
+    float *logits_h;     /* GPU: the logits copied to the host for ft_model_logits */
+    bool logits_h_valid;
 
     /* activations, sized for max_rows tokens (B x T) */
     int B, T;
@@ -105,6 +118,25 @@ struct ft_model {
     float *d_lora_h;             /* [N, r] */
     float *x_drop;               /* [N, max(C, I, Hq*D)]: dropout(x) for LoRA */
 };
+
+/* Bytes of one element of the compute dtype. */
+static inline size_t model_esize(const ft_model *m)
+{
+    return m->cdt == FT_BF16 || m->cdt == FT_F16 ? 2 : 4;
+}
+
+/* p + i elements of the compute dtype. */
+static inline float *model_at(const ft_model *m, float *p, size_t i)
+{
+    return p ? (float *)((char *)p + i * model_esize(m)) : NULL;
+}
+
+/* A view on the model's device: of the compute dtype (weights, activations) or fp32. */
+static inline ft_tensor model_view(const ft_model *m, const void *p, size_t n, ft_dtype dt)
+{
+    ft_tensor t = {(void *)p, n, dt, m->dev};
+    return t;
+}
 
 /* Shape of projection p: in and out features. */
 static inline void proj_dims(const ft_model_config *c, ft_proj p, int *in, int *out)
@@ -135,6 +167,13 @@ int model_read_weights(ft_model *m, const char *dir, int unit, ft_err *err);
 /* Reads the LoRA weights of unit (-1: every unit) of the adapter in dir (checked against
  * the model's LoRA options). */
 int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err);
+
+/* model_device.c: where prepare_batch writes the batch (host staging on the GPU), the
+ * copy of those arrays to the device, and the device copy of inv_freq. */
+void model_batch_arrays(ft_model *m, int32_t **ids, int32_t **targets, int32_t **pos,
+                        int32_t **seg);
+int model_upload_batch(ft_model *m, ft_err *err);
+int model_upload_inv_freq(ft_model *m, ft_err *err);
 
 /* (Re)allocates activation and scratch buffers for B x T tokens. */
 int model_reserve_activations(ft_model *m, int B, int T, ft_err *err);

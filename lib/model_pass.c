@@ -10,8 +10,14 @@
 #include "model_internal.h"
 #include "rng.h"
 
-#define T_(p, n) ft_f32((float *)(p), (size_t)(n))
-#define OPT_(p, n) ((p) ? T_(p, n) : ft_none())
+/* Views on the model's device (model_internal.h has the dtype rules): A_ weights and
+ * activations of the compute dtype, F_ fp32 (gradients of parameters, rstd, lse,
+ * inv_freq), I_ int32; OPTA_ / OPTF_ are ft_none() for a NULL pointer. */
+#define A_(p, n) model_view(m, (p), (size_t)(n), m->cdt)
+#define F_(p, n) model_view(m, (p), (size_t)(n), FT_F32)
+#define I_(p, n) model_view(m, (p), (size_t)(n), FT_I32)
+#define OPTA_(p, n) ((p) ? A_(p, n) : ft_none())
+#define OPTF_(p, n) ((p) ? F_(p, n) : ft_none())
 
 /* Validates the token ids and fills ids, targets (labels shifted left by one),
  * positions and packed-sequence ids. */
@@ -19,6 +25,8 @@ static int prepare_batch(ft_model *m, const ft_batch *b, long *n_tokens, ft_err 
 {
     int V = m->cfg.vocab_size, B = b->B, T = b->T;
     long counted = 0;
+    int32_t *ids, *targets, *positions, *seg;
+    model_batch_arrays(m, &ids, &targets, &positions, &seg);
     m->has_seg = false;
     for (int r = 0; r < B; r++) {
         for (int t = 0; t < T; t++) {
@@ -34,21 +42,21 @@ static int prepare_batch(ft_model *m, const ft_batch *b, long *n_tokens, ft_err 
             int32_t pos = b->position_ids ? b->position_ids[i] : t;
             if (pos < 0)
                 return ft_fail(err, "position_ids[%d][%d] = %d is negative", r, t, pos);
-            m->ids[i] = id;
-            m->pos[i] = pos;
-            m->seg[i] = t == 0 ? 0 : m->seg[i - 1] + (pos == 0);
-            if (m->seg[i])
+            ids[i] = id;
+            positions[i] = pos;
+            seg[i] = t == 0 ? 0 : seg[i - 1] + (pos == 0);
+            if (seg[i])
                 m->has_seg = true;
             if (t > 0) {
-                m->targets[i - 1] = lab;
+                targets[i - 1] = lab;
                 counted += lab != -100;
             }
         }
-        m->targets[(size_t)r * T + T - 1] = -100;
+        targets[(size_t)r * T + T - 1] = -100;
     }
     if (n_tokens)
         *n_tokens = counted;
-    return 0;
+    return model_upload_batch(m, err);
 }
 
 /* dropout(x) for LoRA pair p of layer l: the mask is a pure function of the forward's
@@ -63,7 +71,7 @@ static const float *lora_input(ft_model *m, int l, ft_proj p, const float *x, si
     float pd = m->opt.lora.dropout;
     if (pd <= 0 || m->eval_mode)
         return x;
-    ft_dropout_forward(T_(m->x_drop, n), T_(x, n), n, pd, lora_dropout_seed(m, l, p), 0);
+    ft_dropout_forward(A_(m->x_drop, n), A_(x, n), n, pd, lora_dropout_seed(m, l, p), 0);
     return m->x_drop;
 }
 
@@ -75,8 +83,8 @@ static void lora_h_forward(ft_model *m, int l, ft_proj p, const float *x)
     int N = m->B * m->T, in, out, r = m->opt.lora.r;
     proj_dims(&m->cfg, p, &in, &out);
     const float *xd = lora_input(m, l, p, x, (size_t)N * in);
-    ft_linear_forward(T_(a->lora_h[p], (size_t)N * r), T_(xd, (size_t)N * in),
-                      T_(w->lora_a[p], (size_t)r * in), ft_none(), N, in, r, 1.0f, 0);
+    ft_linear_forward(A_(a->lora_h[p], (size_t)N * r), A_(xd, (size_t)N * in),
+                      A_(w->lora_a[p], (size_t)r * in), ft_none(), N, in, r, 1.0f, 0);
 }
 
 /* y = x W^T + b, plus the LoRA path scaling * (dropout(x) A^T) B^T. */
@@ -85,14 +93,14 @@ static void proj_forward(ft_model *m, int l, ft_proj p, const float *x, float *y
     const layer_weights *w = &m->layers[l];
     int N = m->B * m->T, in, out;
     proj_dims(&m->cfg, p, &in, &out);
-    ft_linear_forward(T_(y, (size_t)N * out), T_(x, (size_t)N * in),
-                      T_(w->w[p], (size_t)out * in), OPT_(w->b[p], out), N, in, out, 1.0f, 0);
+    ft_linear_forward(A_(y, (size_t)N * out), A_(x, (size_t)N * in),
+                      A_(w->w[p], (size_t)out * in), OPTA_(w->b[p], out), N, in, out, 1.0f, 0);
     if (!w->lora_a[p])
         return;
     int r = m->opt.lora.r;
     lora_h_forward(m, l, p, x);
-    ft_linear_forward(T_(y, (size_t)N * out), T_(m->acts[l].lora_h[p], (size_t)N * r),
-                      T_(w->lora_b[p], (size_t)out * r), ft_none(), N, r, out, m->lora_scaling,
+    ft_linear_forward(A_(y, (size_t)N * out), A_(m->acts[l].lora_h[p], (size_t)N * r),
+                      A_(w->lora_b[p], (size_t)out * r), ft_none(), N, r, out, m->lora_scaling,
                       1);
 }
 
@@ -105,8 +113,8 @@ static void proj_backward(ft_model *m, int l, ft_proj p, const float *x, const f
     int N = m->B * m->T, in, out;
     proj_dims(&m->cfg, p, &in, &out);
     size_t nx = (size_t)N * in, ny = (size_t)N * out;
-    ft_linear_backward(T_(dx, nx), OPT_(w->gw[p], (size_t)out * in), OPT_(w->gb[p], out),
-                       T_(dy, ny), T_(x, nx), T_(w->w[p], (size_t)out * in), N, in, out, 1.0f);
+    ft_linear_backward(A_(dx, nx), OPTF_(w->gw[p], (size_t)out * in), OPTF_(w->gb[p], out),
+                       A_(dy, ny), A_(x, nx), A_(w->w[p], (size_t)out * in), N, in, out, 1.0f);
     if (!w->lora_a[p])
         return;
     int r = m->opt.lora.r;
@@ -114,25 +122,25 @@ static void proj_backward(ft_model *m, int l, ft_proj p, const float *x, const f
     size_t nh = (size_t)N * r;
     /* y_lora = s * h B^T with h = xd A^T: dB += s dy^T h; dh = s dy B; dA += dh^T xd;
      * dxd = dh A, and dx += dropout'(dxd). */
-    ft_linear_backward(ft_none(), T_(w->g_lora_b[p], (size_t)out * r), ft_none(), T_(dy, ny),
-                       T_(a->lora_h[p], nh), T_(w->lora_b[p], (size_t)out * r), N, r, out, s);
-    ft_zero(T_(m->d_lora_h, nh), nh);
-    ft_linear_backward(T_(m->d_lora_h, nh), ft_none(), ft_none(), T_(dy, ny),
-                       T_(a->lora_h[p], nh), T_(w->lora_b[p], (size_t)out * r), N, r, out, s);
+    ft_linear_backward(ft_none(), F_(w->g_lora_b[p], (size_t)out * r), ft_none(), A_(dy, ny),
+                       A_(a->lora_h[p], nh), A_(w->lora_b[p], (size_t)out * r), N, r, out, s);
+    ft_zero(A_(m->d_lora_h, nh), nh);
+    ft_linear_backward(A_(m->d_lora_h, nh), ft_none(), ft_none(), A_(dy, ny),
+                       A_(a->lora_h[p], nh), A_(w->lora_b[p], (size_t)out * r), N, r, out, s);
     float pd = m->eval_mode ? 0.0f : m->opt.lora.dropout;
     const float *xd = lora_input(m, l, p, x, nx);
-    ft_linear_backward(ft_none(), T_(w->g_lora_a[p], (size_t)r * in), ft_none(),
-                       T_(m->d_lora_h, nh), T_(xd, nx), T_(w->lora_a[p], (size_t)r * in), N, in,
+    ft_linear_backward(ft_none(), F_(w->g_lora_a[p], (size_t)r * in), ft_none(),
+                       A_(m->d_lora_h, nh), A_(xd, nx), A_(w->lora_a[p], (size_t)r * in), N, in,
                        r, 1.0f);
     if (pd <= 0) {
-        ft_linear_backward(T_(dx, nx), ft_none(), ft_none(), T_(m->d_lora_h, nh), T_(x, nx),
-                           T_(w->lora_a[p], (size_t)r * in), N, in, r, 1.0f);
+        ft_linear_backward(A_(dx, nx), ft_none(), ft_none(), A_(m->d_lora_h, nh), A_(x, nx),
+                           A_(w->lora_a[p], (size_t)r * in), N, in, r, 1.0f);
         return;
     }
-    ft_zero(T_(m->x_drop, nx), nx);
-    ft_linear_backward(T_(m->x_drop, nx), ft_none(), ft_none(), T_(m->d_lora_h, nh),
-                       T_(x, nx), T_(w->lora_a[p], (size_t)r * in), N, in, r, 1.0f);
-    ft_dropout_backward(T_(dx, nx), T_(m->x_drop, nx), nx, pd, lora_dropout_seed(m, l, p), 0);
+    ft_zero(A_(m->x_drop, nx), nx);
+    ft_linear_backward(A_(m->x_drop, nx), ft_none(), ft_none(), A_(m->d_lora_h, nh),
+                       A_(x, nx), A_(w->lora_a[p], (size_t)r * in), N, in, r, 1.0f);
+    ft_dropout_backward(A_(dx, nx), A_(m->x_drop, nx), nx, pd, lora_dropout_seed(m, l, p), 0);
 }
 
 /* One decoder layer: in -> out. out NULL recomputes only what backward needs (a
@@ -146,32 +154,32 @@ static void layer_forward(ft_model *m, int l, const float *in, float *out)
     int Hq = c->num_heads, Hkv = c->num_kv_heads, D = c->head_dim;
     size_t nC = (size_t)N * C, nQ = (size_t)N * Hq * D, nK = (size_t)N * Hkv * D,
            nI = (size_t)N * I;
-    ft_tensor pos = ft_i32(m->pos, N), inv = T_(m->inv_freq, D / 2);
+    ft_tensor pos = I_(m->pos, N), inv = F_(m->inv_freq_dev, D / 2);
 
-    ft_rmsnorm_forward(T_(a->ln1, nC), T_(a->rstd1, N), T_(in, nC), T_(w->ln1, C), N, C,
+    ft_rmsnorm_forward(A_(a->ln1, nC), F_(a->rstd1, N), A_(in, nC), A_(w->ln1, C), N, C,
                        c->rms_norm_eps);
     proj_forward(m, l, FT_PROJ_Q, a->ln1, a->q);
     proj_forward(m, l, FT_PROJ_K, a->ln1, a->k);
     proj_forward(m, l, FT_PROJ_V, a->ln1, a->v);
-    ft_rope_forward(T_(a->q, nQ), pos, inv, N, Hq, D);
-    ft_rope_forward(T_(a->k, nK), pos, inv, N, Hkv, D);
-    ft_attention_forward(T_(a->att, nQ), T_(a->lse, (size_t)N * Hq), T_(a->q, nQ),
-                         T_(a->k, nK), T_(a->v, nK), m->has_seg ? ft_i32(m->seg, N) : ft_none(),
+    ft_rope_forward(A_(a->q, nQ), pos, inv, N, Hq, D);
+    ft_rope_forward(A_(a->k, nK), pos, inv, N, Hkv, D);
+    ft_attention_forward(A_(a->att, nQ), F_(a->lse, (size_t)N * Hq), A_(a->q, nQ),
+                         A_(a->k, nK), A_(a->v, nK), m->has_seg ? I_(m->seg, N) : ft_none(),
                          B, T, Hq, Hkv, D, 1.0f / sqrtf((float)D), c->sliding_window);
     proj_forward(m, l, FT_PROJ_O, a->att, a->mid);
-    ft_add(T_(a->mid, nC), T_(in, nC), nC);
-    ft_rmsnorm_forward(T_(a->ln2, nC), T_(a->rstd2, N), T_(a->mid, nC), T_(w->ln2, C), N, C,
+    ft_add(A_(a->mid, nC), A_(in, nC), nC);
+    ft_rmsnorm_forward(A_(a->ln2, nC), F_(a->rstd2, N), A_(a->mid, nC), A_(w->ln2, C), N, C,
                        c->rms_norm_eps);
     proj_forward(m, l, FT_PROJ_GATE, a->ln2, a->gate);
     proj_forward(m, l, FT_PROJ_UP, a->ln2, a->up);
-    ft_swiglu_forward(T_(a->act, nI), T_(a->gate, nI), T_(a->up, nI), nI);
+    ft_swiglu_forward(A_(a->act, nI), A_(a->gate, nI), A_(a->up, nI), nI);
     if (!out) {
         if (w->lora_a[FT_PROJ_DOWN])
             lora_h_forward(m, l, FT_PROJ_DOWN, a->act);
         return;
     }
     proj_forward(m, l, FT_PROJ_DOWN, a->act, out);
-    ft_add(T_(out, nC), T_(a->mid, nC), nC);
+    ft_add(A_(out, nC), A_(a->mid, nC), nC);
 }
 
 /* On entry m->d_h is the gradient of the layer's output; on exit that of its input. */
@@ -184,41 +192,41 @@ static void layer_backward(ft_model *m, int l)
     int Hq = c->num_heads, Hkv = c->num_kv_heads, D = c->head_dim;
     size_t nC = (size_t)N * C, nQ = (size_t)N * Hq * D, nK = (size_t)N * Hkv * D,
            nI = (size_t)N * I;
-    ft_tensor pos = ft_i32(m->pos, N), inv = T_(m->inv_freq, D / 2);
+    ft_tensor pos = I_(m->pos, N), inv = F_(m->inv_freq_dev, D / 2);
 
     /* MLP: out = mid + down(silu(gate(ln2)) * up(ln2)) */
-    ft_zero(T_(m->d_act, nI), nI);
+    ft_zero(A_(m->d_act, nI), nI);
     proj_backward(m, l, FT_PROJ_DOWN, a->act, m->d_h, m->d_act);
-    ft_zero(T_(m->d_gate, nI), nI);
-    ft_zero(T_(m->d_up, nI), nI);
-    ft_swiglu_backward(T_(m->d_gate, nI), T_(m->d_up, nI), T_(m->d_act, nI), T_(a->gate, nI),
-                       T_(a->up, nI), nI);
-    ft_zero(T_(m->d_ln, nC), nC);
+    ft_zero(A_(m->d_gate, nI), nI);
+    ft_zero(A_(m->d_up, nI), nI);
+    ft_swiglu_backward(A_(m->d_gate, nI), A_(m->d_up, nI), A_(m->d_act, nI), A_(a->gate, nI),
+                       A_(a->up, nI), nI);
+    ft_zero(A_(m->d_ln, nC), nC);
     proj_backward(m, l, FT_PROJ_GATE, a->ln2, m->d_gate, m->d_ln);
     proj_backward(m, l, FT_PROJ_UP, a->ln2, m->d_up, m->d_ln);
     /* the residual passes d_h through; the norm adds its part */
-    ft_rmsnorm_backward(T_(m->d_h, nC), OPT_(w->g_ln2, C), T_(m->d_ln, nC), T_(a->mid, nC),
-                        T_(w->ln2, C), T_(a->rstd2, N), N, C);
+    ft_rmsnorm_backward(A_(m->d_h, nC), OPTF_(w->g_ln2, C), A_(m->d_ln, nC), A_(a->mid, nC),
+                        A_(w->ln2, C), F_(a->rstd2, N), N, C);
 
     /* attention: mid = in + o(attn(rope(q(ln1)), rope(k(ln1)), v(ln1))) */
-    ft_zero(T_(m->d_att, nQ), nQ);
+    ft_zero(A_(m->d_att, nQ), nQ);
     proj_backward(m, l, FT_PROJ_O, a->att, m->d_h, m->d_att);
-    ft_zero(T_(m->d_q, nQ), nQ);
-    ft_zero(T_(m->d_k, nK), nK);
-    ft_zero(T_(m->d_v, nK), nK);
-    ft_attention_backward(T_(m->d_q, nQ), T_(m->d_k, nK), T_(m->d_v, nK), T_(m->d_att, nQ),
-                          T_(a->q, nQ), T_(a->k, nK), T_(a->v, nK), T_(a->att, nQ),
-                          T_(a->lse, (size_t)N * Hq),
-                          m->has_seg ? ft_i32(m->seg, N) : ft_none(), B, T, Hq, Hkv, D,
+    ft_zero(A_(m->d_q, nQ), nQ);
+    ft_zero(A_(m->d_k, nK), nK);
+    ft_zero(A_(m->d_v, nK), nK);
+    ft_attention_backward(A_(m->d_q, nQ), A_(m->d_k, nK), A_(m->d_v, nK), A_(m->d_att, nQ),
+                          A_(a->q, nQ), A_(a->k, nK), A_(a->v, nK), A_(a->att, nQ),
+                          F_(a->lse, (size_t)N * Hq),
+                          m->has_seg ? I_(m->seg, N) : ft_none(), B, T, Hq, Hkv, D,
                           1.0f / sqrtf((float)D), c->sliding_window);
-    ft_rope_backward(T_(m->d_q, nQ), pos, inv, N, Hq, D);
-    ft_rope_backward(T_(m->d_k, nK), pos, inv, N, Hkv, D);
-    ft_zero(T_(m->d_ln, nC), nC);
+    ft_rope_backward(A_(m->d_q, nQ), pos, inv, N, Hq, D);
+    ft_rope_backward(A_(m->d_k, nK), pos, inv, N, Hkv, D);
+    ft_zero(A_(m->d_ln, nC), nC);
     proj_backward(m, l, FT_PROJ_Q, a->ln1, m->d_q, m->d_ln);
     proj_backward(m, l, FT_PROJ_K, a->ln1, m->d_k, m->d_ln);
     proj_backward(m, l, FT_PROJ_V, a->ln1, m->d_v, m->d_ln);
-    ft_rmsnorm_backward(T_(m->d_h, nC), OPT_(w->g_ln1, C), T_(m->d_ln, nC), T_(a->in, nC),
-                        T_(w->ln1, C), T_(a->rstd1, N), N, C);
+    ft_rmsnorm_backward(A_(m->d_h, nC), OPTF_(w->g_ln1, C), A_(m->d_ln, nC), A_(a->in, nC),
+                        A_(w->ln1, C), F_(a->rstd1, N), N, C);
 }
 
 static int acquire(ft_model *m, int unit, ft_unit_phase ph, ft_err *err)
@@ -282,8 +290,8 @@ int ft_model_forward(ft_model *m, const ft_batch *b, double *loss_sum, long *n_t
     if (m->stage_first == 0) {
         if (acquire(m, 0, FT_UNIT_FORWARD, err))
             return -1;
-        ft_embedding_forward(T_(m->acts[0].in, nC), ft_i32(m->ids, N),
-                             T_(m->embed, (size_t)V * C), N, V, C);
+        ft_embedding_forward(A_(m->acts[0].in, nC), I_(m->ids, N),
+                             A_(m->embed, (size_t)V * C), N, V, C);
         if (release(m, 0, FT_UNIT_FORWARD, false, err))
             return -1;
     } else if (m->hooks.recv_hidden(m->hooks.ctx, l0 < L ? m->acts[l0].in : m->final_in, nC,
@@ -304,13 +312,13 @@ int ft_model_forward(ft_model *m, const ft_batch *b, double *loss_sum, long *n_t
     } else {
         if (acquire_head(m, FT_UNIT_FORWARD, err))
             return -1;
-        ft_rmsnorm_forward(T_(m->lnf, nC), T_(m->rstdf, N), T_(m->final_in, nC),
-                           T_(m->norm_f, C), N, C, c->rms_norm_eps);
-        ft_linear_forward(T_(m->logits, nV), T_(m->lnf, nC), T_(m->lm_head, (size_t)V * C),
+        ft_rmsnorm_forward(A_(m->lnf, nC), F_(m->rstdf, N), A_(m->final_in, nC),
+                           A_(m->norm_f, C), N, C, c->rms_norm_eps);
+        ft_linear_forward(A_(m->logits, nV), A_(m->lnf, nC), A_(m->lm_head, (size_t)V * C),
                           ft_none(), N, C, V, 1.0f, 0);
         if (release_head(m, FT_UNIT_FORWARD, err))
             return -1;
-        loss = ft_cross_entropy(ft_none(), T_(m->logits, nV), ft_i32(m->targets, N), N, V, 0.0f);
+        loss = ft_cross_entropy(ft_none(), A_(m->logits, nV), I_(m->targets, N), N, V, 0.0f);
         m->logits_valid = true;
     }
     if (loss_sum)
@@ -339,17 +347,17 @@ int ft_model_backward(ft_model *m, float grad_scale, ft_err *err)
             return -1;
     } else {
         /* dlogits overwrite the logits in place */
-        ft_cross_entropy(T_(m->logits, nV), T_(m->logits, nV), ft_i32(m->targets, N), N, V,
+        ft_cross_entropy(A_(m->logits, nV), A_(m->logits, nV), I_(m->targets, N), N, V,
                          grad_scale);
         if (acquire_head(m, FT_UNIT_BACKWARD, err))
             return -1;
-        ft_zero(T_(m->d_ln, nC), nC);
-        ft_linear_backward(T_(m->d_ln, nC), OPT_(m->g_lm_head, (size_t)V * C), ft_none(),
-                           T_(m->logits, nV), T_(m->lnf, nC), T_(m->lm_head, (size_t)V * C), N,
+        ft_zero(A_(m->d_ln, nC), nC);
+        ft_linear_backward(A_(m->d_ln, nC), OPTF_(m->g_lm_head, (size_t)V * C), ft_none(),
+                           A_(m->logits, nV), A_(m->lnf, nC), A_(m->lm_head, (size_t)V * C), N,
                            C, V, 1.0f);
-        ft_zero(T_(m->d_h, nC), nC);
-        ft_rmsnorm_backward(T_(m->d_h, nC), OPT_(m->g_norm_f, C), T_(m->d_ln, nC),
-                            T_(m->final_in, nC), T_(m->norm_f, C), T_(m->rstdf, N), N, C);
+        ft_zero(A_(m->d_h, nC), nC);
+        ft_rmsnorm_backward(A_(m->d_h, nC), OPTF_(m->g_norm_f, C), A_(m->d_ln, nC),
+                            A_(m->final_in, nC), A_(m->norm_f, C), F_(m->rstdf, N), N, C);
         if (release_head(m, FT_UNIT_BACKWARD, err))
             return -1;
     }
@@ -369,7 +377,7 @@ int ft_model_backward(ft_model *m, float grad_scale, ft_err *err)
     if (m->opt.mode == FT_TRAIN_FULL) {
         if (acquire(m, 0, FT_UNIT_BACKWARD, err))
             return -1;
-        ft_embedding_backward(T_(m->g_embed, (size_t)V * C), T_(m->d_h, nC), ft_i32(m->ids, N),
+        ft_embedding_backward(F_(m->g_embed, (size_t)V * C), A_(m->d_h, nC), I_(m->ids, N),
                               N, V, C);
         if (release(m, 0, FT_UNIT_BACKWARD, true, err))
             return -1;

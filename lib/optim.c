@@ -5,14 +5,21 @@
 int ft_optimizer_init(ft_optimizer *o, ft_mem *mem, size_t n, ft_adamw_hparams hp,
                       ft_err *err)
 {
+    return ft_optimizer_init_on(o, mem, FT_DEV_CPU, n, hp, err);
+}
+
+int ft_optimizer_init_on(ft_optimizer *o, ft_mem *mem, ft_device device, size_t n,
+                         ft_adamw_hparams hp, ft_err *err)
+{
     memset(o, 0, sizeof *o);
     o->n = n;
     o->hp = hp;
     o->mem = mem;
+    o->device = device;
     if (n == 0)
         return ft_fail(err, "the optimizer has no trainable parameters");
-    o->m = ft_alloc(mem, FT_MEM_OPTIM, n * sizeof(float));
-    o->v = ft_alloc(mem, FT_MEM_OPTIM, n * sizeof(float));
+    o->m = ft_alloc_on(mem, device, FT_MEM_OPTIM, n * sizeof(float));
+    o->v = ft_alloc_on(mem, device, FT_MEM_OPTIM, n * sizeof(float));
     if (!o->m || !o->v) {
         ft_optimizer_free(o);
         return ft_fail(err, "out of memory allocating AdamW state for %zu parameters", n);
@@ -22,8 +29,8 @@ int ft_optimizer_init(ft_optimizer *o, ft_mem *mem, size_t n, ft_adamw_hparams h
 
 void ft_optimizer_free(ft_optimizer *o)
 {
-    ft_free(o->mem, o->m);
-    ft_free(o->mem, o->v);
+    ft_free_on(o->mem, o->device, o->m);
+    ft_free_on(o->mem, o->device, o->v);
     o->m = o->v = NULL;
 }
 
@@ -33,6 +40,8 @@ void ft_optimizer_step(ft_optimizer *o, float *params, const float *grads, float
     ft_adamw_hparams hp = o->hp;
     hp.lr = lr;
     o->step++;
-    ft_adamw_step(ft_f32(params, o->n), ft_f32((float *)grads, o->n), ft_f32(o->m, o->n),
-                  ft_f32(o->v, o->n), o->n, hp, o->step, grad_scale);
+    ft_tensor p = ft_f32(params, o->n), g = ft_f32((float *)grads, o->n);
+    ft_tensor m = ft_f32(o->m, o->n), v = ft_f32(o->v, o->n);
+    p.device = g.device = m.device = v.device = o->device;
+    ft_adamw_step(p, g, m, v, o->n, hp, o->step, grad_scale);
 }

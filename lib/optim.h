@@ -15,11 +15,15 @@ typedef struct ft_optimizer {
     int step;     /* updates done so far */
     ft_adamw_hparams hp;
     ft_mem *mem;
+    ft_device device; /* where m, v and the parameters it updates live */
 } ft_optimizer;
 
 /* Allocates zeroed moments for n parameters in mem's optimizer category. */
 int ft_optimizer_init(ft_optimizer *o, ft_mem *mem, size_t n, ft_adamw_hparams hp,
                       ft_err *err);
+/* The same with the moments on a device (the GPU model's optimizer). */
+int ft_optimizer_init_on(ft_optimizer *o, ft_mem *mem, ft_device device, size_t n,
+                         ft_adamw_hparams hp, ft_err *err);
 void ft_optimizer_free(ft_optimizer *o);
 
 /* One update with learning rate lr; the gradients are multiplied by grad_scale first

@@ -90,8 +90,8 @@ test-dist:
 endif
 
 ifeq ($(CUDA),1)
-test-gpu: $(GPU_BINS) $(TOOLS)
-	tests/run-gpu.sh $(GPU_BINS)
+test-gpu: $(GPU_BINS) $(TOOLS) $(CONFORM_HARNESS)
+	FT_CONFORM=$(abspath $(CONFORM_HARNESS)) tests/run-gpu.sh $(GPU_BINS)
 else
 test-gpu:
 	@echo "make test-gpu: this build has no CUDA (nvcc not found; CUDA_HOME=$(CUDA_HOME))" >&2; exit 1

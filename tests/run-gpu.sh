@@ -2,7 +2,10 @@
 # The GPU tier: runs each CUDA test binary given (their "N passed, N failed" lines are
 # added up by run-unit.sh), then each again under compute-sanitizer's memcheck
 # (out-of-bounds and misaligned accesses, API errors), which must report none.
-# Prints "gpu: N passed, N failed" and "memcheck: N passed, N failed".
+# Prints "gpu: N passed, N failed" and "memcheck: N passed, N failed". Then, with
+# FT_CONFORM set to the conformance harness, the whole model on the GPU against
+# transformers + PEFT on the same GPU (tests/conformance/test_gpu_model.py, run by
+# ${PYTHON:-python3}, which must have torch with CUDA, transformers and peft).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
@@ -30,4 +33,9 @@ else
   echo "memcheck: compute-sanitizer not found" >&2; failed=1; status=1
 fi
 echo "memcheck: $passed passed, $failed failed"
+
+if [ -n "${FT_CONFORM:-}" ]; then
+  "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider "$here/conformance/test_gpu_model.py" \
+    || status=1
+fi
 exit $status

@@ -63,3 +63,11 @@ extern "C" int ft_cuda_memcpy_d2h(void *dst_host, const void *src_device, size_t
     return copy(dst_host, src_device, bytes, cudaMemcpyDeviceToHost, "device-to-host copy",
                 err);
 }
+
+extern "C" int ft_cuda_memset0(void *dst_device, size_t bytes, ft_err *err)
+{
+    if (bytes == 0)
+        return 0;
+    CUDA_TRY(cudaMemset(dst_device, 0, bytes), err);
+    return 0;
+}

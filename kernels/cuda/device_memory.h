@@ -25,6 +25,9 @@ void *ft_cuda_malloc(size_t bytes);
 /* Frees a buffer from ft_cuda_malloc; NULL is a no-op. */
 void ft_cuda_free(void *p);
 
+/* Sets `bytes` bytes at a device pointer to zero (synchronous). 0, or -1 with err. */
+int ft_cuda_memset0(void *dst_device, size_t bytes, struct ft_err *err);
+
 /* Synchronous copies of `bytes` bytes (0 is a no-op). Return 0, or -1 with err (may be
  * NULL) naming the CUDA error. */
 int ft_cuda_memcpy_h2d(void *dst_device, const void *src_host, size_t bytes,

@@ -6,6 +6,7 @@
  * SPEC: {"model_dir", "adapter_dir"?, "mode": "eval"|"full"|"lora",
  *        "input_ids": [[...]], "labels"?: [[...]], "position_ids"?: [[...]],
  *        "grad_ckpt"?: bool, "grad_accum"?: k, "seed"?: n,
+ *        "device"?: "cpu"|"cuda", "dtype"?: "fp32"|"bf16" (the GPU model's compute dtype),
  *        "quant"?: {"type": "nf4"|"fp4"|"int8", "blocksize"?: 64, "double_quant"?: bool,
  *                   "skip"?: "lm_head,..."},
  *        "train"?: {"steps", "lr", "betas", "eps", "weight_decay", "warmup_steps",
@@ -39,6 +40,8 @@ typedef struct spec {
     json_t *train;
     ft_quant_options quant;
     const char *quant_skip;
+    ft_device device;
+    ft_dtype dtype;
 } spec;
 
 static int read_matrix(json_t *root, const char *key, int *B, int *T, int32_t **out,
@@ -115,6 +118,14 @@ static int parse_spec(spec *s, const char *path, ft_err *err)
     v = json_object_get(s->root, "seed");
     s->seed = json_is_integer(v) ? (uint64_t)json_integer_value(v) : 1234;
     s->train = json_object_get(s->root, "train");
+    const char *dev = json_string_value(json_object_get(s->root, "device"));
+    const char *dt = json_string_value(json_object_get(s->root, "dtype"));
+    if (dev && strcmp(dev, "cpu") && strcmp(dev, "cuda"))
+        return ft_fail(err, "%s: device '%s' is not cpu or cuda", path, dev);
+    if (dt && strcmp(dt, "fp32") && strcmp(dt, "bf16"))
+        return ft_fail(err, "%s: dtype '%s' is not fp32 or bf16", path, dt);
+    s->device = dev && !strcmp(dev, "cuda") ? FT_DEV_CUDA : FT_DEV_CPU;
+    s->dtype = dt && !strcmp(dt, "bf16") ? FT_BF16 : FT_F32;
     json_t *q = json_object_get(s->root, "quant");
     if (q) {
         json_t *bs = json_object_get(q, "blocksize"), *dq = json_object_get(q, "double_quant");
@@ -133,7 +144,8 @@ static double num(json_t *obj, const char *key, double dflt)
     return json_is_number(v) ? json_number_value(v) : dflt;
 }
 
-/* Copies n floats into a buffer owned by the keep list, so the writer can point at it. */
+/* Copies n floats (src NULL: zeros) into a buffer owned by the keep list, so the writer
+ * can point at it. */
 typedef struct keep {
     void **bufs;
     size_t n;
@@ -141,8 +153,9 @@ typedef struct keep {
 
 static float *kept_copy(keep *k, const float *src, size_t n)
 {
-    float *dst = malloc((n ? n : 1) * sizeof(float));
-    memcpy(dst, src, n * sizeof(float));
+    float *dst = calloc(n ? n : 1, sizeof(float));
+    if (src)
+        memcpy(dst, src, n * sizeof(float));
     k->bufs = realloc(k->bufs, (k->n + 1) * sizeof *k->bufs);
     k->bufs[k->n++] = dst;
     return dst;
@@ -157,8 +170,10 @@ static int add_params(ft_st_writer *w, ft_model *m, keep *k, const char *prefix,
             continue;
         char name[256];
         snprintf(name, sizeof name, "%s%s", prefix, p->name);
-        float *data = kept_copy(k, grads ? p->grad : p->data, p->numel);
-        if (ft_st_writer_add(w, name, FT_ST_F32, p->ndim, p->shape, data, err))
+        /* the values as fp32 on the host (a GPU model's live on the device) */
+        float *data = kept_copy(k, NULL, p->numel);
+        if ((grads ? ft_model_grad_get(m, p, data, err) : ft_model_param_get(m, p, data, err)) ||
+            ft_st_writer_add(w, name, FT_ST_F32, p->ndim, p->shape, data, err))
             return -1;
     }
     return 0;
@@ -167,7 +182,8 @@ static int add_params(ft_st_writer *w, ft_model *m, keep *k, const char *prefix,
 static int run(const spec *s, const char *out_path, ft_err *err)
 {
     ft_model_options opt = {.mode = s->mode, .grad_ckpt = s->grad_ckpt, .seed = s->seed,
-                            .quant = s->quant, .quant_skip = s->quant_skip};
+                            .quant = s->quant, .quant_skip = s->quant_skip,
+                            .device = s->device, .dtype = s->dtype};
     if (s->mode == FT_TRAIN_LORA && ft_lora_config_load(&opt.lora, s->adapter_dir, err))
         return -1;
     ft_model *m;
@@ -238,7 +254,7 @@ static int run(const spec *s, const char *out_path, ft_err *err)
             goto done;
         size_t n;
         ft_model_trainable(m, &n);
-        if (ft_optimizer_init(&o, ft_model_mem(m), n, hp, err))
+        if (ft_optimizer_init_on(&o, ft_model_mem(m), ft_model_device(m), n, hp, err))
             goto done;
         float *losses = calloc((size_t)steps, sizeof(float));
         for (int i = 0; i < steps; i++) {
