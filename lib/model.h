@@ -14,7 +14,8 @@
  *                                h += down(silu(gate(x)) * up(x)), x = rmsnorm2(h).
  * A linear layer is y = x W^T + b, plus with LoRA: y += scaling * (dropout(x) A^T) B^T.
  *
- * Parameters live in two flat fp32 buffers, trainable and frozen, laid out unit by unit
+ * Parameters live in two flat buffers (fp32; on a bf16 GPU model the frozen one is bf16
+ * and the trainable one has a bf16 twin for the ops), trainable and frozen, laid out unit by unit
  * (unit 0: embeddings; units 1..L: the layers; unit L+1: final norm and lm_head), so a
  * DDP bucket, a ZeRO shard or an FSDP unit is a contiguous range of the trainable
  * buffer, and the optimizer runs over one range. Gradients mirror the trainable buffer.

@@ -275,7 +275,7 @@ int ft_model_forward(ft_model *m, const ft_batch *b, double *loss_sum, long *n_t
     const ft_model_config *c = &m->cfg;
     if (b->B <= 0 || b->T <= 0)
         return ft_fail(err, "empty batch (%d rows of %d tokens)", b->B, b->T);
-    m->logits_valid = m->can_backward = false;
+    m->logits_valid = m->can_backward = m->logits_h_valid = false;
     if (model_reserve_activations(m, b->B, b->T, err))
         return -1;
     long counted = 0;
