@@ -433,6 +433,7 @@ static const char *device_unsupported(const ft_model *m, const ft_model_options 
     if (opt->device != FT_DEV_CUDA)
         return "unknown device";
 #ifndef FT_HAVE_CUDA
+    (void)m;
     return "this build has no CUDA backend (rebuild with nvcc on the PATH or CUDA_HOME set)";
 #else
     if (opt->dtype != FT_F32 && opt->dtype != FT_BF16)
