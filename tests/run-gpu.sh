@@ -6,7 +6,7 @@
 # FT_CONFORM set to the conformance harness, the whole model on the GPU against
 # transformers + PEFT on the same GPU (tests/conformance/test_gpu_model.py, run by
 # ${PYTHON:-python3}, which must have torch with CUDA, transformers and peft).
-set -u
+set -u -o pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
   echo "test-gpu: no NVIDIA GPU visible (nvidia-smi -L failed)" >&2
@@ -15,7 +15,6 @@ fi
 nvidia-smi -L
 status=0
 "$here/run-unit.sh" "$@" | sed 's/^unit: /gpu: /' || status=1
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 sanitizer=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
 passed=0; failed=0
