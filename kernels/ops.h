@@ -29,7 +29,12 @@ typedef struct ft_tensor {
     ft_device device;
 } ft_tensor;
 
-/* View constructors. */
+/* View constructors: ft_view for any dtype and device, the others for CPU views. */
+static inline ft_tensor ft_view(void *p, size_t numel, ft_dtype dtype, ft_device device)
+{
+    ft_tensor t = {p, numel, dtype, device};
+    return t;
+}
 static inline ft_tensor ft_f32(float *p, size_t numel)
 {
     ft_tensor t = {p, numel, FT_F32, FT_DEV_CPU};

@@ -134,8 +134,7 @@ static inline float *model_at(const ft_model *m, float *p, size_t i)
 /* A view on the model's device: of the compute dtype (weights, activations) or fp32. */
 static inline ft_tensor model_view(const ft_model *m, const void *p, size_t n, ft_dtype dt)
 {
-    ft_tensor t = {(void *)p, n, dt, m->dev};
-    return t;
+    return ft_view((void *)p, n, dt, m->dev);
 }
 
 /* Shape of projection p: in and out features. */

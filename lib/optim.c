@@ -40,8 +40,8 @@ void ft_optimizer_step(ft_optimizer *o, float *params, const float *grads, float
     ft_adamw_hparams hp = o->hp;
     hp.lr = lr;
     o->step++;
-    ft_tensor p = ft_f32(params, o->n), g = ft_f32((float *)grads, o->n);
-    ft_tensor m = ft_f32(o->m, o->n), v = ft_f32(o->v, o->n);
-    p.device = g.device = m.device = v.device = o->device;
-    ft_adamw_step(p, g, m, v, o->n, hp, o->step, grad_scale);
+    ft_adamw_step(ft_view(params, o->n, FT_F32, o->device),
+                  ft_view((float *)grads, o->n, FT_F32, o->device),
+                  ft_view(o->m, o->n, FT_F32, o->device), ft_view(o->v, o->n, FT_F32, o->device),
+                  o->n, hp, o->step, grad_scale);
 }

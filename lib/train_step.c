@@ -23,9 +23,7 @@ int ft_train_step(ft_model *m, ft_optimizer *o, const ft_lr_schedule *sched,
     size_t n;
     float *grads = ft_model_grads(m, &n);
     float *params = ft_model_trainable(m, &n);
-    ft_tensor gview = ft_f32(grads, n);
-    gview.device = ft_model_device(m);
-    double norm = sqrt(ft_sumsq(gview, n));
+    double norm = sqrt(ft_sumsq(ft_view(grads, n, FT_F32, ft_model_device(m)), n));
     float coef = ft_clip_coef(norm, max_grad_norm);
     float lr = (float)ft_lr_at(sched, o->step);
     ft_optimizer_step(o, params, grads, lr, coef);

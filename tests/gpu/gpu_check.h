@@ -120,8 +120,7 @@ static inline ft_tensor dev_upload(const float *host, size_t n, ft_dtype dtype)
     } else {
         gpu_fail_cuda(cudaMemcpy(d, host, n * 4, cudaMemcpyHostToDevice), "upload");
     }
-    ft_tensor t = {d, n, dtype, FT_DEV_CUDA};
-    return t;
+    return ft_view(d, n, dtype, FT_DEV_CUDA);
 }
 
 /* A device copy of raw bytes (ids, quantized codes) viewed as dtype. */
@@ -131,8 +130,7 @@ static inline ft_tensor dev_upload_raw(const void *host, size_t n, size_t esize,
     void *d = NULL;
     gpu_fail_cuda(cudaMalloc(&d, n * esize + 16), "cudaMalloc");
     gpu_fail_cuda(cudaMemcpy(d, host, n * esize, cudaMemcpyHostToDevice), "upload");
-    ft_tensor t = {d, n, dtype, FT_DEV_CUDA};
-    return t;
+    return ft_view(d, n, dtype, FT_DEV_CUDA);
 }
 
 /* The device tensor as fp32 host values (a new buffer). Waits for the device. */
