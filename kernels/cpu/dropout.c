@@ -21,40 +21,13 @@
  * This is splitmix64's stream for state `key`, read at position c: a bijective mix of a
  * Weyl sequence, which passes BigCrush as a generator. P(keep) = 1 - ceil(p 2^24)/2^24.
  * The mask multiplies (out = x * (keep ? k : 0), as torch's input * mask): no branch on
- * the random bit in the loop, and a dropped non-finite x gives NaN, as in torch. */
+ * the random bit in the loop, and a dropped non-finite x gives NaN, as in torch.
+ * The generator's functions live in kernels/dropout_mask.h, shared with the CUDA op. */
 #include <math.h>
 #include <string.h>
 
+#include "../dropout_mask.h"
 #include "cpu_ops.h"
-
-#define GOLDEN 0x9e3779b97f4a7c15ULL
-
-static inline uint64_t mix64(uint64_t z)
-{
-    z ^= z >> 30;
-    z *= 0xbf58476d1ce4e5b9ULL;
-    z ^= z >> 27;
-    z *= 0x94d049bb133111ebULL;
-    z ^= z >> 31;
-    return z;
-}
-
-static inline float keep_scale(float p)
-{
-    return 1.0f / (float)(1.0 - (double)p);
-}
-
-/* ceil(p 2^24) for 0 < p < 1: p * 2^24 is exact in fp32. */
-static inline uint64_t keep_threshold(float p)
-{
-    return (uint64_t)ceilf(p * 16777216.0f);
-}
-
-/* k if counter c is kept, else 0 */
-static inline float keep_factor(uint64_t key, uint64_t c, uint64_t thr, float k)
-{
-    return (mix64(key + (c + 1) * GOLDEN) >> 40) >= thr ? k : 0.0f;
-}
 
 void ft_cpu_dropout_forward(float *out, const float *x, size_t n, float p, uint64_t seed,
                             uint64_t offset)
@@ -69,11 +42,11 @@ void ft_cpu_dropout_forward(float *out, const float *x, size_t n, float p, uint6
         memset(out, 0, n * sizeof(float));
         return;
     }
-    float k = keep_scale(p);
-    uint64_t key = mix64(seed + GOLDEN), thr = keep_threshold(p);
+    float k = ft_dropout_keep_scale(p);
+    uint64_t key = ft_dropout_key(seed), thr = ft_dropout_threshold(p);
 #pragma omp parallel for schedule(static) if (len >= 32768)
     for (long i = 0; i < len; i++)
-        out[i] = x[i] * keep_factor(key, offset + (uint64_t)i, thr, k);
+        out[i] = x[i] * ft_dropout_factor(key, offset + (uint64_t)i, thr, k);
 }
 
 void ft_cpu_dropout_backward(float *dx, const float *dout, size_t n, float p,
@@ -88,9 +61,9 @@ void ft_cpu_dropout_backward(float *dx, const float *dout, size_t n, float p,
     }
     if (p >= 1.0f)
         return;
-    float k = keep_scale(p);
-    uint64_t key = mix64(seed + GOLDEN), thr = keep_threshold(p);
+    float k = ft_dropout_keep_scale(p);
+    uint64_t key = ft_dropout_key(seed), thr = ft_dropout_threshold(p);
 #pragma omp parallel for schedule(static) if (len >= 32768)
     for (long i = 0; i < len; i++)
-        dx[i] += dout[i] * keep_factor(key, offset + (uint64_t)i, thr, k);
+        dx[i] += dout[i] * ft_dropout_factor(key, offset + (uint64_t)i, thr, k);
 }
