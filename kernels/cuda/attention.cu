@@ -96,26 +96,44 @@ __device__ __forceinline__ float att_dot(const float (&a)[NT], const float (&b)[
     return warp_sum(s);
 }
 
+/* The query row (b, h, i) of warp `row` = (b*Hq + h)*T + i (also its lse index), and
+ * where its vectors and its kv head's keys start. */
+struct att_qrow {
+    int i;
+    size_t qoff;           /* q_i, out_i, dout_i, dq_i */
+    size_t kbase, kstride; /* key (and value) token j of kv head h / G at kbase + j kstride */
+    const int32_t *sb;     /* row b's segment ids, or NULL */
+    int32_t si;            /* seg id of token i (0 without seg ids) */
+};
+
+__device__ __forceinline__ att_qrow att_query_row(const att_args &a, size_t row)
+{
+    att_qrow r;
+    r.i = (int)(row % a.T);
+    const int h = (int)((row / a.T) % a.Hq);
+    const int b = (int)(row / ((size_t)a.T * a.Hq));
+    const int g = h / a.G;
+    r.qoff = ((size_t)b * a.T + r.i) * a.Hq * a.D + (size_t)h * a.D;
+    r.kbase = (size_t)b * a.T * a.Hkv * a.D + (size_t)g * a.D;
+    r.kstride = (size_t)a.Hkv * a.D;
+    r.sb = a.seg ? a.seg + (size_t)b * a.T : NULL;
+    r.si = r.sb ? r.sb[r.i] : 0;
+    return r;
+}
+
 /* Forward: one warp per query row (b, h, i); row index (b*Hq + h)*T + i is also the
  * lse index. */
 template <int NT> __global__ void __launch_bounds__(ATT_THREADS) att_forward_kernel(att_args a)
 {
     const int lane = threadIdx.x & 31;
     const size_t row = (size_t)blockIdx.x * ATT_WARPS + (threadIdx.x >> 5);
-    const size_t nrows = (size_t)a.B * a.Hq * a.T;
-    if (row >= nrows)
+    if (row >= (size_t)a.B * a.Hq * a.T)
         return; /* the whole warp: the butterflies below see all 32 lanes */
-    const int i = (int)(row % a.T);
-    const int h = (int)((row / a.T) % a.Hq);
-    const int b = (int)(row / ((size_t)a.T * a.Hq));
-    const int g = h / a.G;
-    const int D = a.D;
-
-    const size_t qoff = ((size_t)b * a.T + i) * a.Hq * D + (size_t)h * D;
-    const size_t kbase = (size_t)b * a.T * a.Hkv * D + (size_t)g * D; /* token 0 */
-    const size_t kstride = (size_t)a.Hkv * D;
-    const int32_t *sb = a.seg ? a.seg + (size_t)b * a.T : NULL;
-    const int32_t si = sb ? sb[i] : 0;
+    const att_qrow r = att_query_row(a, row);
+    const int i = r.i, D = a.D;
+    const size_t qoff = r.qoff, kbase = r.kbase, kstride = r.kstride;
+    const int32_t *sb = r.sb;
+    const int32_t si = r.si;
 
     float qr[NT], acc[NT], kr[NT];
     att_load(qr, a.q, qoff, lane, D);
@@ -168,20 +186,13 @@ template <int NT> __global__ void __launch_bounds__(ATT_THREADS) att_dq_kernel(a
 {
     const int lane = threadIdx.x & 31;
     const size_t row = (size_t)blockIdx.x * ATT_WARPS + (threadIdx.x >> 5);
-    const size_t nrows = (size_t)a.B * a.Hq * a.T;
-    if (row >= nrows)
-        return;
-    const int i = (int)(row % a.T);
-    const int h = (int)((row / a.T) % a.Hq);
-    const int b = (int)(row / ((size_t)a.T * a.Hq));
-    const int g = h / a.G;
-    const int D = a.D;
-
-    const size_t qoff = ((size_t)b * a.T + i) * a.Hq * D + (size_t)h * D;
-    const size_t kbase = (size_t)b * a.T * a.Hkv * D + (size_t)g * D;
-    const size_t kstride = (size_t)a.Hkv * D;
-    const int32_t *sb = a.seg ? a.seg + (size_t)b * a.T : NULL;
-    const int32_t si = sb ? sb[i] : 0;
+    if (row >= (size_t)a.B * a.Hq * a.T)
+        return; /* the whole warp: the butterflies below see all 32 lanes */
+    const att_qrow r = att_query_row(a, row);
+    const int i = r.i, D = a.D;
+    const size_t qoff = r.qoff, kbase = r.kbase, kstride = r.kstride;
+    const int32_t *sb = r.sb;
+    const int32_t si = r.si;
     const float lse_i = a.lse_in[row];
 
     float qr[NT], dor[NT], acc[NT], kr[NT], vr[NT];

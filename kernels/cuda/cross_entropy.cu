@@ -8,7 +8,7 @@
  *
  * Determinism, as on the CPU: the rows are cut into CE_BLOCKS fixed contiguous ranges,
  * one block each; a block adds its rows' losses in order (double) into the scratch, and
- * one block then adds the range sums in order. The total is read back to the host. */
+ * ft_cuda_sum_partials adds the range sums in order and reads the total back. */
 #include "cuda_common.cuh"
 
 #define CE_BLOCKS 256
@@ -57,14 +57,6 @@ __global__ void cross_entropy_kernel(double *partial, fview dlogits, fview logit
         partial[b] = acc;
 }
 
-__global__ void ce_total_kernel(double *partial, int nblocks)
-{
-    double s = 0.0;
-    for (int b = 0; b < nblocks; b++)
-        s += partial[b];
-    partial[nblocks] = s;
-}
-
 extern "C" double ft_cuda_cross_entropy(ft_tensor dlogits, ft_tensor logits, ft_tensor targets,
                                         int N, int V, float grad_scale)
 {
@@ -77,9 +69,5 @@ extern "C" double ft_cuda_cross_entropy(ft_tensor dlogits, ft_tensor logits, ft_
                                                         (const int32_t *)targets.data, N, V,
                                                         grad_scale, nblocks);
     LAUNCH_CHECK();
-    ce_total_kernel<<<1, 1, 0, s>>>(partial, nblocks);
-    LAUNCH_CHECK();
-    double loss;
-    ft_cuda_read(&loss, partial + nblocks, sizeof loss);
-    return loss;
+    return ft_cuda_sum_partials(partial, nblocks);
 }

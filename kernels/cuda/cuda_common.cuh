@@ -111,5 +111,8 @@ cublasHandle_t ft_cuda_cublas(void);
 double *ft_cuda_scratch(void);
 /* Copies `bytes` from the device to the host after the work enqueued so far. */
 void ft_cuda_read(void *host, const void *device, size_t bytes);
+/* The sum of partial[0..n) (n < FT_CUDA_SCRATCH_DOUBLES), added in index order on the
+ * device after the work enqueued so far, read back to the host. */
+double ft_cuda_sum_partials(double *partial, int n);
 
 #endif

@@ -56,6 +56,25 @@ void ft_cuda_read(void *host, const void *device, size_t bytes)
     CUDA_CHECK(cudaStreamSynchronize(ft_cuda_stream()));
 }
 
+/* partial[n] = partial[0] + ... + partial[n-1], in order: one thread (n is a few
+ * hundred partial sums at most, so the order costs nothing and matches the CPU ops'). */
+__global__ static void sum_partials_kernel(double *partial, int n)
+{
+    double s = 0.0;
+    for (int i = 0; i < n; i++)
+        s += partial[i];
+    partial[n] = s;
+}
+
+double ft_cuda_sum_partials(double *partial, int n)
+{
+    sum_partials_kernel<<<1, 1, 0, ft_cuda_stream()>>>(partial, n);
+    LAUNCH_CHECK();
+    double total;
+    ft_cuda_read(&total, partial + n, sizeof total);
+    return total;
+}
+
 extern "C" void ft_cuda_synchronize(void)
 {
     CUDA_CHECK(cudaStreamSynchronize(ft_cuda_stream()));

@@ -3,8 +3,8 @@
  *   sumsq: sum_i x_i^2 in double
  * sumsq feeds gradient clipping, so it must not change from run to run: a fixed grid of
  * SUMSQ_BLOCKS blocks (so each thread's grid-stride share is fixed) sums in double into
- * the scratch, and one block adds the partials in index order. The result is read back
- * (the gradient-norm read of a step). */
+ * the scratch, and ft_cuda_sum_partials adds the partials in index order and reads the
+ * result back (the gradient-norm read of a step). */
 #include "cuda_common.cuh"
 
 #define EW_THREADS 256
@@ -41,18 +41,6 @@ __global__ void sumsq_partial_kernel(double *partial, fview x, size_t n)
     acc = block_sum(acc, shm);
     if (threadIdx.x == 0)
         partial[blockIdx.x] = acc;
-}
-
-/* partial[nparts] = sum of partial[0..nparts), in a fixed order; one block. */
-__global__ void sum_partials_kernel(double *partial, int nparts)
-{
-    __shared__ double shm[32];
-    double acc = 0.0;
-    for (int i = threadIdx.x; i < nparts; i += blockDim.x)
-        acc += partial[i];
-    acc = block_sum(acc, shm);
-    if (threadIdx.x == 0)
-        partial[nparts] = acc;
 }
 
 extern "C" void ft_cuda_add(ft_tensor y, ft_tensor x, size_t n)
@@ -101,9 +89,5 @@ extern "C" double ft_cuda_sumsq(ft_tensor x, size_t n)
     double *partial = ft_cuda_scratch();
     sumsq_partial_kernel<<<SUMSQ_BLOCKS, SUMSQ_THREADS, 0, s>>>(partial, fv(x), n);
     LAUNCH_CHECK();
-    sum_partials_kernel<<<1, 256, 0, s>>>(partial, SUMSQ_BLOCKS);
-    LAUNCH_CHECK();
-    double result;
-    ft_cuda_read(&result, partial + SUMSQ_BLOCKS, sizeof result);
-    return result;
+    return ft_cuda_sum_partials(partial, SUMSQ_BLOCKS);
 }
