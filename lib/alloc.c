@@ -1,8 +1,11 @@
 #include "alloc.h"
 
+#include "ft_error.h"
 #include "ops.h"
 
+#include <stdarg.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,13 +35,31 @@ void ft_mem_account(ft_mem *mem, ft_mem_cat cat, size_t bytes, bool add)
         mem->peak_total = mem->live_total;
 }
 
+/* Whether bytes more fit under mem's limit; records the failure when not (or when the
+ * allocation itself failed: fits = false). */
+static bool admit(ft_mem *mem, ft_mem_cat cat, size_t bytes, bool fits)
+{
+    if (!mem)
+        return fits;
+    if (fits && mem->limit && (bytes > mem->limit || mem->live_total > mem->limit - bytes))
+        fits = false;
+    if (!fits) {
+        mem->failed_bytes = bytes;
+        mem->failed_live = mem->live_total;
+        mem->failed_cat = cat;
+    }
+    return fits;
+}
+
 void *ft_alloc(ft_mem *mem, ft_mem_cat cat, size_t bytes)
 {
     if (bytes == 0 || bytes > SIZE_MAX - 2 * HEADER_BYTES)
         return NULL;
+    if (!admit(mem, cat, bytes, true))
+        return NULL;
     size_t total = (bytes + HEADER_BYTES + 63) / 64 * 64;
     unsigned char *base = aligned_alloc(64, total);
-    if (!base)
+    if (!admit(mem, cat, bytes, base != NULL))
         return NULL;
     memset(base, 0, total);
     alloc_header *h = (alloc_header *)base;
@@ -70,8 +91,10 @@ static void *alloc_device(ft_mem *mem, ft_mem_cat cat, size_t bytes)
 {
     if (bytes == 0 || bytes > SIZE_MAX - 2 * DEVICE_HEADER_BYTES)
         return NULL;
+    if (!admit(mem, cat, bytes, true))
+        return NULL;
     unsigned char *base = ft_cuda_malloc(bytes + DEVICE_HEADER_BYTES);
-    if (!base)
+    if (!admit(mem, cat, bytes, base != NULL))
         return NULL;
     alloc_header h = {bytes, (int)cat};
     if (ft_cuda_memset0(base + DEVICE_HEADER_BYTES, bytes, NULL) ||
@@ -115,6 +138,46 @@ void ft_free_on(ft_mem *mem, int device, void *p)
 #ifdef FT_HAVE_CUDA
     free_device(mem, p);
 #endif
+}
+
+int ft_copy_bytes(void *dst, int dst_device, const void *src, int src_device, size_t bytes,
+                  ft_err *err)
+{
+    if (bytes == 0)
+        return 0;
+    if (dst_device == FT_DEV_CPU && src_device == FT_DEV_CPU) {
+        memmove(dst, src, bytes);
+        return 0;
+    }
+#ifdef FT_HAVE_CUDA
+    if (dst_device == FT_DEV_CPU)
+        return ft_cuda_memcpy_d2h(dst, src, bytes, err);
+    if (src_device == FT_DEV_CPU)
+        return ft_cuda_memcpy_h2d(dst, src, bytes, err);
+    return ft_cuda_memcpy_d2d(dst, src, bytes, err);
+#else
+    return ft_fail(err, "a copy to or from GPU memory in a build without CUDA");
+#endif
+}
+
+int ft_mem_fail(ft_err *err, const ft_mem *mem, int device, const char *what_fmt, ...)
+{
+    char what[512];
+    va_list ap;
+    va_start(ap, what_fmt);
+    vsnprintf(what, sizeof what, what_fmt, ap);
+    va_end(ap);
+    const double MiB = 1024.0 * 1024.0;
+    const char *where = device == FT_DEV_CPU ? "" : "GPU ";
+    if (!mem || !mem->failed_bytes)
+        return ft_fail_oom(err, "out of %smemory allocating %s", where, what);
+    char limit[64] = "";
+    if (mem->limit)
+        snprintf(limit, sizeof limit, " (limit %.1f MiB)", mem->limit / MiB);
+    return ft_fail_oom(err, "out of %smemory allocating %s: %.1f MiB of %s did not fit beside "
+                            "%.1f MiB live%s",
+                       where, what, mem->failed_bytes / MiB, ft_mem_cat_name(mem->failed_cat),
+                       mem->failed_live / MiB, limit);
 }
 
 const char *ft_mem_cat_name(ft_mem_cat cat)

@@ -11,6 +11,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+struct ft_err;
+
 typedef enum ft_mem_cat {
     FT_MEM_WEIGHTS = 0,
     FT_MEM_GRADS,
@@ -24,6 +26,12 @@ typedef struct ft_mem {
     size_t live[FT_MEM_NCAT];
     size_t peak[FT_MEM_NCAT];
     size_t live_total, peak_total;
+    /* 0, or the most bytes that may be live at once: an allocation beyond it fails as if
+     * the device were full (ft-train's FT_MEM_LIMIT rehearses an out-of-memory with it) */
+    size_t limit;
+    /* the last allocation that failed (bytes 0: none yet), and the bytes live then */
+    size_t failed_bytes, failed_live;
+    ft_mem_cat failed_cat;
 } ft_mem;
 
 /* Zero-filled, 64-byte aligned; NULL on out-of-memory (or bytes == 0). */
@@ -37,6 +45,17 @@ void ft_free(ft_mem *mem, void *p);
  * int (an ft_device of kernels/ops.h) so this header stays free of the ops. */
 void *ft_alloc_on(ft_mem *mem, int device, ft_mem_cat cat, size_t bytes);
 void ft_free_on(ft_mem *mem, int device, void *p);
+
+/* Copies bytes between any two of host (FT_DEV_CPU) and device memory; synchronous.
+ * 0, or -1 with err naming the CUDA error (or a device this build lacks). */
+int ft_copy_bytes(void *dst, int dst_device, const void *src, int src_device, size_t bytes,
+                  struct ft_err *err);
+
+/* The error for a tracked allocation on device that failed: "out of [GPU ]memory
+ * allocating <what>: <MiB> of <category> did not fit beside <MiB> live [(limit ...)]",
+ * with err->oom set (ft_fail_oom). Returns -1. */
+int ft_mem_fail(struct ft_err *err, const ft_mem *mem, int device, const char *what_fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /* Counts (add) or uncounts bytes held by a buffer allocated elsewhere (e.g. a quantized
  * weight's arrays). */

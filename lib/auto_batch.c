@@ -11,6 +11,7 @@
 
 #include "ds_config.h"
 #include "gpu_probe.h"
+#include "run_device.h"
 #include "memplan.h"
 #include "model_path.h"
 
@@ -24,8 +25,11 @@ static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
 
 ft_mem_device ft_run_device(const ft_config *cfg)
 {
-    (void)cfg; /* the CUDA engine is not built yet: every run is on CPU ranks */
-    return FT_MEM_DEVICE_CPU;
+    /* a config whose train.device cannot be honoured fails where the run starts */
+    ft_run_device_choice c;
+    return ft_run_device_resolve(cfg, &c, NULL) == 0 && c.device == FT_DEV_CUDA
+               ? FT_MEM_DEVICE_CUDA
+               : FT_MEM_DEVICE_CPU;
 }
 
 int ft_parse_size(const char *text, size_t *bytes)
@@ -155,18 +159,35 @@ typedef struct chooser {
     ft_memplan_result plan;
 } chooser;
 
-/* The planned per-rank peak of a micro-batch of b rows (see auto_batch.h for the row). */
+/* The per-rank peak of a plan on dev (see auto_batch.h for the row). */
+static size_t plan_peak(const ft_memplan_result *r, ft_mem_device dev, const char **row)
+{
+    int i = dev == FT_MEM_DEVICE_CPU ? (r->selected_cpu >= 0 ? r->selected_cpu : FT_PLAN_CPU)
+                                     : (int)r->selected;
+    if (row)
+        *row = r->rows[i].name;
+    return r->rows[i].total + (dev == FT_MEM_DEVICE_CPU ? r->rows[i].host : 0);
+}
+
+int ft_plan_peak(const ft_config *cfg, int world_size, ft_mem_device dev, size_t *peak,
+                 const char **row, ft_err *err)
+{
+    ft_memplan_result *r = malloc(sizeof *r);
+    if (!r)
+        return ft_fail(err, "out of memory");
+    int rc = ft_memplan_config(cfg, world_size, r, err);
+    if (rc == 0)
+        *peak = plan_peak(r, dev, row);
+    free(r);
+    return rc;
+}
+
+/* The planned per-rank peak of a micro-batch of b rows. */
 static int peak_of(chooser *ch, int b, size_t *peak, ft_err *err)
 {
     if (ft_memplan_batch(ch->cfg, ch->mc, ch->world, b, &ch->plan, err))
         return -1;
-    const ft_memplan_result *r = &ch->plan;
-    if (ch->dev == FT_MEM_DEVICE_CPU) {
-        int i = r->selected_cpu >= 0 ? r->selected_cpu : FT_PLAN_CPU;
-        *peak = r->rows[i].total + r->rows[i].host;
-    } else {
-        *peak = r->rows[r->selected].total;
-    }
+    *peak = plan_peak(&ch->plan, ch->dev, NULL);
     return 0;
 }
 

@@ -39,8 +39,8 @@
 #include "ft_error.h"
 #include "hf_config.h"
 
-/* Where a run's tensors live. Every run is on CPU ranks today (the CUDA engine is not
- * built yet); ft_run_device is the place that will say CUDA for a GPU run. */
+/* Where a run's tensors live: train.device resolved (run_device.h); CPU when it cannot
+ * be honoured (the run itself then fails with the reason). */
 typedef enum ft_mem_device { FT_MEM_DEVICE_CPU = 0, FT_MEM_DEVICE_CUDA } ft_mem_device;
 
 ft_mem_device ft_run_device(const ft_config *cfg);
@@ -71,6 +71,12 @@ int ft_memory_budget_check(const ft_config *cfg, ft_err *err);
  * Errors name train.memory_budget when its value is not a size. */
 int ft_rank_memory_budget(const ft_config *cfg, ft_mem_device dev, int device_index,
                           int local_ranks, ft_mem_budget *out, ft_err *err);
+
+/* The planned per-rank peak of the run cfg describes at world_size ranks on dev (the
+ * row the rule above compares with the budget), reading model.name's config.json; *row
+ * (may be NULL) gets the row's name (a static string). */
+int ft_plan_peak(const ft_config *cfg, int world_size, ft_mem_device dev, size_t *peak,
+                 const char **row, ft_err *err);
 
 typedef struct ft_auto_batch {
     bool batch_auto, accum_auto; /* what was auto (nothing else is set when neither) */

@@ -64,14 +64,31 @@ static int save_optimizer(const char *dir, const ft_optimizer *o, ft_err *err)
     char step[32];
     snprintf(step, sizeof step, "%d", o->step);
     int64_t shape[1] = {(int64_t)o->n};
-    int rc = ft_st_writer_metadata(w, "step", step, err);
+    /* moments on a GPU are written from host copies */
+    const float *m = o->m, *v = o->v;
+    float *staged = NULL;
+    int rc = 0;
+    if (o->device != FT_DEV_CPU) {
+        staged = malloc(2 * o->n * sizeof *staged);
+        if (!staged)
+            rc = ft_fail(err, "out of host memory staging the optimizer state");
+        else if (ft_copy_bytes(staged, FT_DEV_CPU, o->m, o->device, o->n * sizeof *staged, err) ||
+                 ft_copy_bytes(staged + o->n, FT_DEV_CPU, o->v, o->device,
+                               o->n * sizeof *staged, err))
+            rc = -1;
+        m = staged;
+        v = staged + o->n;
+    }
     if (rc == 0)
-        rc = ft_st_writer_add(w, "exp_avg", FT_ST_F32, 1, shape, o->m, err);
+        rc = ft_st_writer_metadata(w, "step", step, err);
     if (rc == 0)
-        rc = ft_st_writer_add(w, "exp_avg_sq", FT_ST_F32, 1, shape, o->v, err);
+        rc = ft_st_writer_add(w, "exp_avg", FT_ST_F32, 1, shape, m, err);
+    if (rc == 0)
+        rc = ft_st_writer_add(w, "exp_avg_sq", FT_ST_F32, 1, shape, v, err);
     if (rc == 0)
         rc = ft_st_writer_save(w, path, err);
     ft_st_writer_free(w);
+    free(staged);
     return rc;
 }
 
@@ -285,16 +302,29 @@ static int load_optimizer(const char *dir, ft_optimizer *o, ft_err *err)
         return -1;
     const ft_st_tensor *m = ft_st_find(f, "exp_avg"), *v = ft_st_find(f, "exp_avg_sq");
     const char *step = ft_st_metadata(f, "step");
+    /* moments on a GPU are read into host copies first */
+    bool staged = o->device != FT_DEV_CPU;
+    float *hm = staged ? malloc(o->n * sizeof *hm + 1) : o->m;
+    float *hv = staged ? malloc(o->n * sizeof *hv + 1) : o->v;
     int rc = 0;
-    if (!m || !v || !step)
+    if (!hm || !hv)
+        rc = ft_fail(err, "out of host memory reading %s", path);
+    else if (!m || !v || !step)
         rc = ft_fail(err, "%s: exp_avg, exp_avg_sq or the step is missing", path);
     else if (m->numel != o->n || v->numel != o->n)
         rc = ft_fail(err, "%s: %zu optimizer entries, the model has %zu trainable parameters",
                      path, m->numel, o->n);
-    else if (ft_st_to_f32(m, o->m, o->n, err) || ft_st_to_f32(v, o->v, o->n, err))
+    else if (ft_st_to_f32(m, hm, o->n, err) || ft_st_to_f32(v, hv, o->n, err))
+        rc = -1;
+    else if (staged && (ft_copy_bytes(o->m, o->device, hm, FT_DEV_CPU, o->n * sizeof *hm, err) ||
+                        ft_copy_bytes(o->v, o->device, hv, FT_DEV_CPU, o->n * sizeof *hv, err)))
         rc = -1;
     else
         o->step = atoi(step);
+    if (staged) {
+        free(hm);
+        free(hv);
+    }
     ft_st_close(f);
     return rc;
 }

@@ -53,6 +53,23 @@ ft_config *ft_config_new(void)
     return c;
 }
 
+ft_config *ft_config_clone(const ft_config *src)
+{
+    ft_config *c = ft_config_new();
+    if (!c)
+        return NULL;
+    for (size_t i = 0; i < c->n; i++) {
+        free(c->value[i]);
+        c->value[i] = NULL;
+        if (src->value[i] && !(c->value[i] = strdup(src->value[i]))) {
+            ft_config_free(c);
+            return NULL;
+        }
+        c->given[i] = src->given[i];
+    }
+    return c;
+}
+
 void ft_config_free(ft_config *c)
 {
     if (!c)

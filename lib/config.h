@@ -42,6 +42,8 @@ typedef struct ft_config ft_config;
 
 /* A config holding every key's default. */
 ft_config *ft_config_new(void);
+/* A copy with the same values (NULL when out of memory). */
+ft_config *ft_config_clone(const ft_config *c);
 void ft_config_free(ft_config *c);
 
 /* Reads a YAML file of nested mappings onto c. Notices for moot keys go to `notes`

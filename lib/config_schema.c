@@ -87,8 +87,16 @@ static const ft_cfg_key schema[] = {
     {"train.adam_epsilon", FT_CFG_FLOAT, "1e-8", NULL, false, 0, NONE, "AdamW epsilon", NULL},
     {"train.max_grad_norm", FT_CFG_FLOAT, "1.0", NULL, false, 0, NONE,
      "global-norm gradient clipping (0 = off)", NULL},
-    {"train.bf16", FT_CFG_BOOL, "true", NULL, false, NONE, NONE, "bf16 compute on GPUs", NULL},
-    {"train.fp16", FT_CFG_BOOL, "false", NULL, false, NONE, NONE, "fp16 compute on GPUs", NULL},
+    {"train.device", FT_CFG_ENUM, "auto", "auto|cpu|cuda", false, NONE, NONE,
+     "where the run computes: auto takes the GPU when this build has CUDA and one is visible "
+     "(each rank the GPU of its node-local rank), else the CPU (fp32)",
+     NULL},
+    {"train.bf16", FT_CFG_BOOL, "true", NULL, false, NONE, NONE,
+     "GPU: bf16 weights and activations with fp32 master weights, gradients and reductions "
+     "(false: fp32 throughout); the CPU computes in fp32",
+     NULL},
+    {"train.fp16", FT_CFG_BOOL, "false", NULL, false, NONE, NONE,
+     "fp16 compute: refused on the GPU (no loss scaling; use bf16), ignored on the CPU", NULL},
     {"train.gradient_checkpointing", FT_CFG_BOOL, "false", NULL, false, NONE, NONE,
      "recompute each layer in backward instead of keeping its activations", NULL},
     {"train.seed", FT_CFG_INT, "42", NULL, false, NONE, NONE,

@@ -299,6 +299,15 @@ int ft_comm_init(ft_comm **out, ft_err *err)
                     ft_nccl_device(c->nccl));
 #endif
     }
+#ifdef FT_DIST_NCCL
+    /* one process, not launched: NCCL only when asked for (a one-rank communicator, so
+     * collectives on GPU buffers run through NCCL as they would on many ranks) */
+    if (!c->mpi && backend && strcmp(backend, "nccl") == 0 &&
+        ft_nccl_init(&c->nccl, 0, 1, 0, 1, true, err)) {
+        free(c);
+        return -1;
+    }
+#endif
 #else
     const char *n = getenv("OMPI_COMM_WORLD_SIZE");
     if (!n)
@@ -310,8 +319,7 @@ int ft_comm_init(ft_comm **out, ft_err *err)
                        n);
     }
 #endif
-    if (backend && strcmp(backend, "nccl") == 0 && c->size > 1 &&
-        strcmp(ft_comm_backend(c), "nccl") != 0) {
+    if (backend && strcmp(backend, "nccl") == 0 && strcmp(ft_comm_backend(c), "nccl") != 0) {
         free(c);
         return ft_fail(err, "FT_DIST_BACKEND=nccl, but this build has no NCCL");
     }

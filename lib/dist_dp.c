@@ -29,7 +29,7 @@ static float *falloc(ft_engine *e, ft_mem *mem, ft_mem_cat cat, size_t n, bool *
 {
     if (n == 0)
         return NULL;
-    float *p = ft_alloc(mem ? mem : e->mem, cat, n * sizeof(float));
+    float *p = ft_alloc_on(mem ? mem : e->mem, e->dev, cat, n * sizeof(float));
     if (!p)
         *oom = true;
     return p;
@@ -262,6 +262,8 @@ static int make_buckets(ft_engine *e)
 
 void dp_bind(ft_engine *e)
 {
+    if (e->whole)
+        return; /* the model's own buffers */
     if (is_z3(e))
         ft_model_bind_all(e->m, NULL, NULL, NULL);
     else
@@ -331,6 +333,12 @@ int dp_setup(ft_engine *e, const char *adapter_dir, ft_err *err)
             w->counts_f = calloc((size_t)W, sizeof(size_t));
             oom |= !w->counts_t || !w->counts_f;
         }
+    } else if (e->whole) {
+        /* the model's whole replica, loaded (and its weights read) already */
+        size_t n;
+        e->train = ft_model_trainable(e->m, &n);
+        e->grad = ft_model_grads(e->m, &n);
+        e->frozen = ft_model_frozen(e->m, &n);
     } else {
         e->train = falloc(e, NULL, FT_MEM_WEIGHTS, e->n_train, &oom);
         e->frozen = falloc(e, NULL, FT_MEM_WEIGHTS, e->n_frozen, &oom);
@@ -350,11 +358,12 @@ int dp_setup(ft_engine *e, const char *adapter_dir, ft_err *err)
         oom = true;
     }
     if (oom)
-        return ft_fail(err, "out of memory allocating the %s buffers of rank %d",
-                       ft_strategy_name(e->o.strategy), me);
+        return ft_mem_fail(err, e->mem, e->dev, "the %s buffers of rank %d",
+                           ft_strategy_name(e->o.strategy), me);
 
-    /* weights: whole buffers are filled unit by unit in place; shards through a window */
-    for (int u = 0; u < e->n_units; u++) {
+    /* weights: buffers of the engine are filled unit by unit in place; shards through a
+     * window */
+    for (int u = 0; u < e->n_units && !e->whole; u++) {
         if (!is_z3(e)) {
             ft_model_bind_unit(e->m, u, e->train ? e->train + e->ub[u] : NULL, NULL,
                                e->frozen ? e->frozen + e->fb[u] : NULL);
@@ -389,10 +398,8 @@ int dp_setup(ft_engine *e, const char *adapter_dir, ft_err *err)
 
 void dp_begin_step(ft_engine *e)
 {
-    if (e->grad)
-        memset(e->grad, 0, e->n_train * sizeof(float));
-    if (e->shard_grad)
-        memset(e->shard_grad, 0, (e->opt_end - e->opt_begin) * sizeof(float));
+    engine_zero(e, e->grad, e->n_train);
+    engine_zero(e, e->shard_grad, e->opt_end - e->opt_begin);
 }
 
 void dp_begin_micro(ft_engine *e, bool last)
@@ -429,15 +436,15 @@ void dp_free(ft_engine *e)
     ft_err ignored;
     for (int i = 0; i < e->n_pw; i++) {
         pw_wait(e, &e->pw[i], &ignored);
-        ft_free(e->mem, e->pw[i].train);
-        ft_free(e->mem, e->pw[i].frozen);
+        ft_free_on(e->mem, e->dev, e->pw[i].train);
+        ft_free_on(e->mem, e->dev, e->pw[i].frozen);
         free(e->pw[i].counts_t);
         free(e->pw[i].counts_f);
     }
     free(e->pw);
     for (int i = 0; i < 2; i++) {
-        ft_free(e->mem, e->gw[i].grad);
-        ft_free(e->mem, e->gw[i].land);
+        ft_free_on(e->mem, e->dev, e->gw[i].grad);
+        ft_free_on(e->mem, e->dev, e->gw[i].land);
         free(e->gw[i].counts);
     }
     for (int i = 0; i < e->n_buckets; i++)
@@ -445,7 +452,7 @@ void dp_free(ft_engine *e)
     free(e->buckets);
     free(e->unit_bucket);
     free(e->unit_gw);
-    ft_free(e->mem, e->shard_train);
-    ft_free(e->mem, e->shard_frozen);
-    ft_free(e->mem, e->shard_grad);
+    ft_free_on(e->mem, e->dev, e->shard_train);
+    ft_free_on(e->mem, e->dev, e->shard_frozen);
+    ft_free_on(e->mem, e->dev, e->shard_grad);
 }

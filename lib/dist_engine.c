@@ -85,8 +85,16 @@ static float *owned_params(ft_engine *e)
 
 static float *owned_grad(ft_engine *e) { return is_pipeline(e) ? e->grad : dp_owned_grad(e); }
 
+void engine_zero(const ft_engine *e, float *p, size_t n)
+{
+    if (p && n)
+        ft_zero(ft_view(p, n, FT_F32, e->dev), n);
+}
+
 static void bind(ft_engine *e)
 {
+    if (e->whole)
+        return; /* the model's own buffers, bound since it was loaded */
     if (is_pipeline(e))
         pipe_bind(e);
     else
@@ -108,6 +116,12 @@ int ft_engine_new(ft_engine **out, ft_comm *comm, const char *model_dir,
                             "with model_parallel");
     if (mo->mode == FT_TRAIN_NONE)
         return ft_fail(err, "the engine trains: a model without trainable parameters");
+    bool whole = o->strategy == FT_STRATEGY_NONE || o->strategy == FT_STRATEGY_DDP ||
+                 o->strategy == FT_STRATEGY_ZERO1;
+    if (!whole && mo->device != FT_DEV_CPU)
+        return ft_fail(err, "dist.strategy %s runs on CPU ranks only so far: on GPUs use ddp "
+                            "or zero1 (ZERO_STAGE=1), or train.device cpu",
+                       ft_strategy_name(o->strategy));
     ft_engine *e = calloc(1, sizeof *e);
     if (!e)
         return ft_fail(err, "out of memory");
@@ -115,12 +129,19 @@ int ft_engine_new(ft_engine **out, ft_comm *comm, const char *model_dir,
     e->rank = ft_comm_rank(comm);
     e->world = world;
     e->o = *o;
-    ft_model_options unbound = *mo;
-    unbound.unbound = true;
-    if (ft_model_load(&e->m, model_dir, &unbound, err)) {
+    e->whole = whole;
+    ft_model_options lo = *mo;
+    lo.unbound = !whole;
+    if (ft_model_load(&e->m, model_dir, &lo, err)) {
         free(e);
         return -1;
     }
+    if (whole && adapter_dir && ft_model_load_adapter(e->m, adapter_dir, err)) {
+        ft_model_free(e->m);
+        free(e);
+        return -1;
+    }
+    e->dev = ft_model_device(e->m);
     e->mem = ft_model_mem(e->m);
     e->n_units = ft_model_n_units(e->m);
     ft_model_trainable(e->m, &e->n_train);
@@ -145,15 +166,17 @@ int ft_engine_new(ft_engine **out, ft_comm *comm, const char *model_dir,
         rc = ft_fail(err, "rank %d (%s) has no trainable parameter to update: use fewer ranks",
                      e->rank, ft_strategy_name(o->strategy));
     if (rc == 0 && n > 0)
-        rc = ft_optimizer_init(&e->opt, opt_mem, n, hp, err);
+        rc = ft_optimizer_init_on(&e->opt, opt_mem, o->offload_optimizer ? FT_DEV_CPU : e->dev,
+                                  n, hp, err);
     e->opt.hp = hp;
     if (rc == 0 && n > 0 && o->offload_optimizer) {
         e->host_master = ft_alloc(&e->host, FT_MEM_OPTIM, n * sizeof(float));
         e->host_grad = ft_alloc(&e->host, FT_MEM_GRADS, n * sizeof(float));
         if (!e->host_master || !e->host_grad)
-            rc = ft_fail(err, "out of memory allocating the offloaded optimizer");
+            rc = ft_mem_fail(err, &e->host, FT_DEV_CPU, "the offloaded optimizer");
         else
-            memcpy(e->host_master, owned_params(e), n * sizeof(float));
+            rc = ft_copy_bytes(e->host_master, FT_DEV_CPU, owned_params(e), e->dev,
+                               n * sizeof(float), err);
     }
     if (rc == 0)
         rc = open_profile(e, err);
@@ -175,9 +198,11 @@ void ft_engine_free(ft_engine *e)
     if (e->m) {
         dp_free(e);
         pipe_free(e);
-        ft_free(e->mem, e->train);
-        ft_free(e->mem, e->grad);
-        ft_free(e->mem, e->frozen);
+        if (!e->whole) {
+            ft_free(e->mem, e->train);
+            ft_free(e->mem, e->grad);
+            ft_free(e->mem, e->frozen);
+        }
         ft_model_free(e->m);
     }
     free(e->ub);
@@ -211,12 +236,16 @@ static int update(ft_engine *e, float lr, float coef, ft_err *err)
         e->opt.step++; /* a stage without trainables keeps the step count with the others */
     } else if (e->o.offload_optimizer) {
         /* ZeRO-Offload: gradient to the host, AdamW there on the fp32 master, back */
-        memcpy(e->host_grad, grad, n * sizeof(float));
+        size_t bytes = n * sizeof(float);
+        if (ft_copy_bytes(e->host_grad, FT_DEV_CPU, grad, e->dev, bytes, err))
+            return -1;
         ft_optimizer_step(&e->opt, e->host_master, e->host_grad, lr, coef);
-        memcpy(params, e->host_master, n * sizeof(float));
+        if (ft_copy_bytes(params, e->dev, e->host_master, FT_DEV_CPU, bytes, err))
+            return -1;
     } else {
         ft_optimizer_step(&e->opt, params, grad, lr, coef);
     }
+    int rc = 0;
     switch (e->o.strategy) {
     case FT_STRATEGY_ZERO1:
     case FT_STRATEGY_ZERO2: {
@@ -226,20 +255,25 @@ static int update(ft_engine *e, float lr, float coef, ft_err *err)
             return ft_fail(err, "out of memory");
         for (int r = 0; r < e->world; r++)
             counts[r] = e->own[r + 1] - e->own[r];
-        int rc = ft_comm_allgather_v(e->comm, e->train + e->own[e->rank], e->train, counts,
-                                     FT_COMM_F32, err);
+        rc = ft_comm_allgather_v(e->comm, e->train + e->own[e->rank], e->train, counts,
+                                 FT_COMM_F32, err);
         free(counts);
-        return rc;
+        break;
     }
     case FT_STRATEGY_ZERO3:
     case FT_STRATEGY_FSDP:
         dp_invalidate(e); /* gathered windows hold the old values */
-        return 0;
+        break;
     case FT_STRATEGY_PIPELINE:
-        return pipe_after_update(e, err);
+        rc = pipe_after_update(e, err);
+        break;
     default:
-        return 0;
+        break;
     }
+    /* the fp32 masters changed: the bf16 copy the ops read follows */
+    if (rc == 0 && e->whole)
+        ft_model_sync_compute(e->m);
+    return rc;
 }
 
 /* GPipe on one micro-batch: its rows in up to pipeline_chunks chunks, every chunk's
@@ -309,7 +343,7 @@ int ft_engine_step(ft_engine *e, const ft_lr_schedule *sched, const ft_batch *mi
     size_t n = e->opt_end - e->opt_begin;
     /* the global norm: ddp ranks each hold the whole reduced gradient; shards and stages
      * sum their parts */
-    double sq[2] = {n ? ft_sumsq(ft_f32(owned_grad(e), n), n) : 0.0, loss};
+    double sq[2] = {n ? ft_sumsq(ft_view(owned_grad(e), n, FT_F32, e->dev), n) : 0.0, loss};
     bool partial = e->o.strategy != FT_STRATEGY_DDP && e->o.strategy != FT_STRATEGY_NONE;
     if (e->world > 1) {
         if (!partial)
@@ -342,17 +376,32 @@ int ft_engine_step(ft_engine *e, const ft_lr_schedule *sched, const ft_batch *mi
 
 /* ---- gathered checkpoints ---- */
 
-/* Rank 0 gets every rank's owned slice of a trainable-sized array into full (rank r sends
- * [own[r], own[r + 1]) from mine). */
-static int gather_owned(ft_engine *e, const float *mine, float *full, ft_err *err)
+/* Rank 0 gets every rank's owned slice of a trainable-sized array into full, on the host
+ * (rank r sends [own[r], own[r + 1]) from mine, which is on device dev; a GPU slice
+ * travels through a host copy, so the collective is on host memory on every rank). */
+static int gather_owned(ft_engine *e, const float *mine, ft_device dev, float *full,
+                        ft_err *err)
 {
     enum { TAG = 77 };
     if (e->rank != 0) {
         size_t n = e->own[e->rank + 1] - e->own[e->rank];
-        return n ? ft_comm_send(e->comm, mine, n, FT_COMM_F32, 0, TAG, err) : 0;
+        if (!n)
+            return 0;
+        float *staged = NULL;
+        if (dev != FT_DEV_CPU) {
+            if (!(staged = malloc(n * sizeof *staged)))
+                return ft_fail(err, "out of host memory staging %zu values", n);
+            if (ft_copy_bytes(staged, FT_DEV_CPU, mine, dev, n * sizeof *staged, err)) {
+                free(staged);
+                return -1;
+            }
+        }
+        int rc = ft_comm_send(e->comm, staged ? staged : mine, n, FT_COMM_F32, 0, TAG, err);
+        free(staged);
+        return rc;
     }
-    if (full != mine)
-        memcpy(full, mine, (e->own[1] - e->own[0]) * sizeof(float));
+    if (ft_copy_bytes(full, FT_DEV_CPU, mine, dev, (e->own[1] - e->own[0]) * sizeof(float), err))
+        return -1;
     for (int r = 1; r < e->world; r++) {
         size_t n = e->own[r + 1] - e->own[r];
         if (n && ft_comm_recv(e->comm, full + e->own[r], n, FT_COMM_F32, r, TAG, err))
@@ -362,11 +411,12 @@ static int gather_owned(ft_engine *e, const float *mine, float *full, ft_err *er
 }
 
 /* Whole-buffer views of the trainable weights and moments on rank 0 (borrowed when this
- * rank already holds them whole, else allocated in scratch). */
+ * rank already holds them whole, else allocated in scratch on the host). */
 typedef struct gathered {
     ft_mem scratch;
     float *params, *m, *v;
     bool own_params, own_moments;
+    ft_device moments_dev; /* where m and v are */
 } gathered;
 
 static void gathered_free(gathered *g)
@@ -389,6 +439,7 @@ static int alloc_whole(gathered *g, size_t n, bool params, bool moments, ft_err 
                     !(g->v = ft_alloc(&g->scratch, FT_MEM_OPTIM, b))))
         return ft_fail(err, "out of memory gathering the optimizer state");
     g->own_moments = moments;
+    g->moments_dev = FT_DEV_CPU;
     return 0;
 }
 
@@ -403,16 +454,20 @@ static int gather_all(ft_engine *e, gathered *g, bool moments, ft_err *err)
         return -1;
     if (whole_params)
         g->params = e->train;
-    else if (gather_owned(e, owned_params(e), g->params, err))
+    else if (gather_owned(e, owned_params(e), e->dev, g->params, err))
         return -1;
     if (!moments)
         return 0;
     if (whole_moments) {
         g->m = e->opt.m;
         g->v = e->opt.v;
+        g->moments_dev = e->opt.device;
         return 0;
     }
-    return gather_owned(e, e->opt.m, g->m, err) || gather_owned(e, e->opt.v, g->v, err) ? -1 : 0;
+    return gather_owned(e, e->opt.m, e->opt.device, g->m, err) ||
+                   gather_owned(e, e->opt.v, e->opt.device, g->v, err)
+               ? -1
+               : 0;
 }
 
 /* rank 0's rc to every rank */
@@ -429,6 +484,13 @@ static int agree(ft_engine *e, int rc, const char *what, ft_err *err)
     return rc;
 }
 
+/* Points the model at the gathered weights for a save (a whole replica is there already). */
+static void bind_gathered(ft_engine *e, gathered *g)
+{
+    if (!e->whole)
+        ft_model_bind_all(e->m, g->params, NULL, NULL);
+}
+
 int ft_engine_save_checkpoint(ft_engine *e, const char *run_dir, const ft_train_state *st,
                               const char *base_model, int save_total_limit, char *out,
                               size_t out_len, ft_err *err)
@@ -440,7 +502,8 @@ int ft_engine_save_checkpoint(ft_engine *e, const char *run_dir, const ft_train_
         whole.n = e->n_train;
         whole.m = g.m;
         whole.v = g.v;
-        ft_model_bind_all(e->m, g.params, NULL, NULL);
+        whole.device = g.moments_dev;
+        bind_gathered(e, &g);
         rc = ft_checkpoint_save(run_dir, e->m, &whole, st, base_model, save_total_limit, out,
                                 out_len, err);
         bind(e);
@@ -454,7 +517,7 @@ int ft_engine_save_weights(ft_engine *e, const char *dir, const char *base_model
     gathered g;
     int rc = gather_all(e, &g, false, err);
     if (rc == 0 && e->rank == 0) {
-        ft_model_bind_all(e->m, g.params, NULL, NULL);
+        bind_gathered(e, &g);
         rc = ft_checkpoint_save_weights(dir, e->m, base_model, err);
         bind(e);
     }
@@ -465,31 +528,39 @@ int ft_engine_save_weights(ft_engine *e, const char *dir, const char *base_model
 int ft_engine_load_checkpoint(ft_engine *e, const char *path, ft_train_state *st,
                               const ft_ckpt_stamp *expect, ft_err *err)
 {
+    /* the weights go straight into a whole replica, else into a host copy of the whole
+     * buffer; the moments into a host copy, whose owned range is kept */
     gathered g = {0};
-    int rc = alloc_whole(&g, e->n_train, true, true, err);
+    int rc = alloc_whole(&g, e->n_train, !e->whole, true, err);
     if (rc == 0) {
         ft_optimizer whole = e->opt;
         whole.n = e->n_train;
         whole.m = g.m;
         whole.v = g.v;
-        ft_model_bind_all(e->m, g.params, NULL, NULL);
+        whole.device = FT_DEV_CPU;
+        bind_gathered(e, &g);
         rc = ft_checkpoint_load(path, e->m, &whole, st, expect, err);
         e->opt.step = whole.step;
     }
     if (rc == 0 && e->opt_end > e->opt_begin) {
-        size_t b = e->opt_begin, n = e->opt_end - b;
-        memcpy(e->opt.m, g.m + b, n * sizeof(float));
-        memcpy(e->opt.v, g.v + b, n * sizeof(float));
-        if (e->train && !is_pipeline(e))
+        size_t b = e->opt_begin, n = e->opt_end - b, bytes = n * sizeof(float);
+        rc = ft_copy_bytes(e->opt.m, e->opt.device, g.m + b, FT_DEV_CPU, bytes, err) ||
+                     ft_copy_bytes(e->opt.v, e->opt.device, g.v + b, FT_DEV_CPU, bytes, err)
+                 ? -1
+                 : 0;
+        /* (a whole replica read its weights itself) */
+        if (!e->whole && e->train && !is_pipeline(e))
             memcpy(e->train, g.params, e->n_train * sizeof(float));
-        else
-            memcpy(owned_params(e), g.params + b, n * sizeof(float));
+        else if (!e->whole)
+            memcpy(owned_params(e), g.params + b, bytes);
         if (e->tied_train)
             memcpy(e->tied_train, g.params, (e->ub[1] - e->ub[0]) * sizeof(float));
-        if (e->host_master)
-            memcpy(e->host_master, owned_params(e), n * sizeof(float));
+        if (rc == 0 && e->host_master)
+            rc = ft_copy_bytes(e->host_master, FT_DEV_CPU, owned_params(e), e->dev, bytes, err);
     }
     bind(e);
+    if (e->whole)
+        ft_model_sync_compute(e->m);
     if (!is_pipeline(e))
         dp_invalidate(e);
     gathered_free(&g);

@@ -43,6 +43,11 @@ struct ft_engine {
     ft_dist_options o;
     ft_model *m;
     ft_mem *mem;  /* the model's allocator: this rank's device memory */
+    ft_device dev; /* the model's device: where train, grad, frozen and the shards live */
+    /* none, ddp, zero1: a whole replica in the model's own buffers (train, grad and frozen
+     * point into them; the model is loaded bound and keeps its compute copy). The other
+     * strategies load the model unbound and bind it to buffers of their own. */
+    bool whole;
     ft_mem host;  /* offloaded optimizer */
     int n_units;
     size_t n_train, n_frozen;
@@ -55,7 +60,8 @@ struct ft_engine {
     size_t *fshard; /* zero3: [world + 1] ranges of the frozen buffer */
 
     /* storage */
-    float *train, *grad, *frozen; /* whole (ddp, zero1, zero2) or the stage's (pipeline) */
+    float *train, *grad, *frozen; /* whole (ddp, zero1, zero2) or the stage's (pipeline);
+                                   * frozen has the model's compute dtype */
     float *shard_train, *shard_frozen; /* zero3 */
     float *shard_grad;                 /* zero1/2/3: this rank's summed gradient */
     ft_optimizer opt;                  /* over [own[rank], own[rank + 1]) */
@@ -88,6 +94,10 @@ struct ft_engine {
     FILE *profile;
     double rank_loss;
 };
+
+/* A float buffer of n elements on the engine's device, zeroed, or copied between
+ * buffers of the engine's device (dist_engine.c). */
+void engine_zero(const ft_engine *e, float *p, size_t n);
 
 /* dist_dp.c */
 int dp_setup(ft_engine *e, const char *adapter_dir, ft_err *err);

@@ -104,9 +104,13 @@ static size_t type_size(ft_comm_dtype dt)
     return dt == FT_COMM_F32 ? 4 : dt == FT_COMM_BYTE ? 1 : 8;
 }
 
-/* Agrees on a flag over all ranks: the minimum of ok. */
-static int all_agree(int ok, int *all, ft_err *err)
+/* Agrees on a flag over all ranks: the minimum of ok (one process: ok, without MPI). */
+static int all_agree(int size, int ok, int *all, ft_err *err)
 {
+    if (size == 1) {
+        *all = ok;
+        return 0;
+    }
     int rc = MPI_Allreduce(&ok, all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (rc != MPI_SUCCESS)
         return ft_fail(err, "MPI_Allreduce while starting NCCL failed (error %d)", rc);
@@ -153,7 +157,7 @@ int ft_nccl_init(ft_nccl **out, int rank, int size, int local_rank, int local_si
     }
     /* NCCL refuses two ranks on one GPU, so every node needs a GPU per local rank */
     int all = 0;
-    if (all_agree(count > 0 && local_size <= count, &all, err))
+    if (all_agree(size, count > 0 && local_size <= count, &all, err))
         return -1;
     if (!all) {
         if (!required)
@@ -177,7 +181,7 @@ int ft_nccl_init(ft_nccl **out, int rank, int size, int local_rank, int local_si
     ft_err local;
     int ok = setup_local(g, count, local_rank, &id, &local) == 0;
     /* agree before ncclCommInitRank, which would wait forever for a rank that failed */
-    if (all_agree(ok, &all, err))
+    if (all_agree(size, ok, &all, err))
         goto fail;
     if (!all) {
         if (ok)
@@ -185,7 +189,7 @@ int ft_nccl_init(ft_nccl **out, int rank, int size, int local_rank, int local_si
         ft_fail(err, "starting NCCL on rank %d: %s", rank, local.msg);
         goto fail;
     }
-    int rc = MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    int rc = size == 1 ? MPI_SUCCESS : MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
     if (rc != MPI_SUCCESS) {
         ft_fail(err, "MPI_Bcast of the NCCL unique id failed (error %d)", rc);
         goto fail;
@@ -196,7 +200,7 @@ int ft_nccl_init(ft_nccl **out, int rank, int size, int local_rank, int local_si
         nccl_fail(NULL, &local, "ncclCommInitRank", nrc);
     }
     /* every rank leaves with NCCL up, or none does */
-    if (all_agree(nrc == ncclSuccess, &all, err))
+    if (all_agree(size, nrc == ncclSuccess, &all, err))
         goto fail;
     if (!all) {
         if (nrc == ncclSuccess)

@@ -31,7 +31,8 @@ typedef struct ft_nccl_event ft_nccl_event;
 /* Collective over MPI_COMM_WORLD (MPI is up): every rank calls it with its place in the
  * run. NCCL starts only when every rank has a GPU of its own (local_size <= GPUs on its
  * node); then each takes GPU local_rank % count and *out is set. Otherwise *out = NULL
- * and 0 is returned, or -1 when required (FT_DIST_BACKEND=nccl). */
+ * and 0 is returned, or -1 when required (FT_DIST_BACKEND=nccl). With size 1 no MPI call
+ * is made (a single process, launched or not, gets a one-rank NCCL communicator). */
 int ft_nccl_init(ft_nccl **out, int rank, int size, int local_rank, int local_size,
                  bool required, ft_err *err);
 /* Destroys the communicator, stream and events; NULL is a no-op. */

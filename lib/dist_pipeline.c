@@ -119,8 +119,8 @@ int pipe_setup(ft_engine *e, const char *adapter_dir, ft_err *err)
             oom |= !(e->tied_frozen = ft_alloc(e->mem, FT_MEM_WEIGHTS, f0 * sizeof(float)));
     }
     if (oom)
-        return ft_fail(err, "out of memory allocating pipeline stage %d (units %d-%d)", me,
-                       e->stage_first, e->stage_last);
+        return ft_mem_fail(err, e->mem, FT_DEV_CPU, "pipeline stage %d (units %d-%d)", me,
+                           e->stage_first, e->stage_last);
     pipe_bind(e);
     for (int u = e->stage_first; u <= e->stage_last; u++)
         if (ft_model_init_unit(e->m, u, adapter_dir, err))

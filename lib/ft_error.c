@@ -3,12 +3,29 @@
 #include <stdarg.h>
 #include <string.h>
 
+static void format(ft_err *err, bool oom, const char *fmt, va_list ap)
+{
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    err->oom = oom;
+}
+
 int ft_fail(ft_err *err, const char *fmt, ...)
 {
     if (err) {
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        format(err, false, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+int ft_fail_oom(ft_err *err, const char *fmt, ...)
+{
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        format(err, true, fmt, ap);
         va_end(ap);
     }
     return -1;

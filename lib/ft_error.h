@@ -8,6 +8,7 @@
 #ifndef FT_ERROR_H
 #define FT_ERROR_H
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -17,11 +18,19 @@ extern "C" {
 
 typedef struct ft_err {
     char msg[1024];
+    /* The failure is an out-of-memory of the tracked allocator (ft_fail_oom): the run
+     * may fit with other settings, so ft-train adds the memory plan and the overrides
+     * that fit (lib/oom_advice.h). */
+    bool oom;
 } ft_err;
 
 /* Formats the message into err (if not NULL) and returns -1, so callers can write
  * `return ft_fail(err, "%s: bad key", path);`. */
 int ft_fail(ft_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ft_fail for a tracked allocation that did not fit (sets err->oom; ft_fail clears it,
+ * ft_fail_prefix keeps it). */
+int ft_fail_oom(ft_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Prefixes an existing message: "context: old message". Returns -1. */
 int ft_fail_prefix(ft_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

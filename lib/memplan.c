@@ -612,8 +612,8 @@ void ft_memplan_print_with(const ft_memplan_result *r, const ft_memplan_row *ext
             print_row(extra, extra->name, "measured, largest rank, one step", out);
     }
     fprintf(out,
-            "cpu-* are the engine of today (fp32 on CPU ranks: what the allocator measures); "
-            "gpu-* are predictions for backends not built yet, without CUDA context and "
+            "cpu-* are the CPU engine (fp32 on CPU ranks: what the allocator measures); "
+            "gpu-* are the ZeRO paper's formulas at 16 bits, without CUDA context and "
             "library workspaces; * = the rows dist.strategy selects.\n");
     if (r->offload && host)
         fprintf(out, "dist.offload_optimizer cpu: the optimizer state is in host memory, "

@@ -167,7 +167,6 @@ static int assign_buffers(ft_model *m, ft_err *err)
         return ft_fail(err, "out of memory");
     if (m->opt.unbound)
         return 0;
-    const char *where = m->dev == FT_DEV_CUDA ? "GPU " : "";
     if (m->n_train) {
         m->train_data = ft_alloc_on(&m->mem, m->dev, FT_MEM_WEIGHTS, m->n_train * sizeof(float));
         m->train_grad = ft_alloc_on(&m->mem, m->dev, FT_MEM_GRADS, m->n_train * sizeof(float));
@@ -176,15 +175,13 @@ static int assign_buffers(ft_model *m, ft_err *err)
                                             : ft_alloc_on(&m->mem, m->dev, FT_MEM_WEIGHTS,
                                                           m->n_train * model_esize(m));
         if (!m->train_data || !m->train_grad || !m->train_compute)
-            return ft_fail(err, "out of %smemory allocating %zu trainable parameters", where,
-                           m->n_train);
+            return ft_mem_fail(err, &m->mem, m->dev, "%zu trainable parameters", m->n_train);
     }
     if (m->n_frozen) {
         m->frozen_data = ft_alloc_on(&m->mem, m->dev, FT_MEM_WEIGHTS,
                                      m->n_frozen * model_esize(m));
         if (!m->frozen_data)
-            return ft_fail(err, "out of %smemory allocating %zu frozen parameters (%.1f GiB)",
-                           where, m->n_frozen, m->n_frozen * (double)model_esize(m) / (1 << 30));
+            return ft_mem_fail(err, &m->mem, m->dev, "%zu frozen parameters", m->n_frozen);
     }
     m->owns_buffers = true;
     for (int u = 0; u < ft_model_n_units(m); u++)
@@ -480,6 +477,7 @@ int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, 
     }
     m->dev = opt->device;
     m->cdt = opt->dtype;
+    m->mem.limit = opt->mem_limit;
     const char *bad_device = device_unsupported(m, opt);
     if (bad_device) {
         ft_fail(err, "%s: %s", dir, bad_device);
@@ -674,8 +672,7 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
     return 0;
 oom:
     free_activations(m);
-    return ft_fail(err, "out of %smemory allocating activations for %d x %d tokens",
-                   m->dev == FT_DEV_CUDA ? "GPU " : "", B, T);
+    return ft_mem_fail(err, &m->mem, m->dev, "activations for %d x %d tokens", B, T);
 }
 
 void ft_model_free(ft_model *m)
@@ -852,7 +849,7 @@ int ft_model_materialize(ft_model *m, int unit, ft_err *err)
     if (!m->qt || unit == m->qwin_unit || unit < 1 || unit > m->cfg.num_layers)
         return 0;
     if (!m->qwin && alloc_window(m))
-        return ft_fail(err, "out of memory allocating the dequantization window");
+        return ft_mem_fail(err, &m->mem, m->dev, "the dequantization window");
     for (size_t i = 0; i < m->n_params; i++) {
         ft_param *p = &m->params[i];
         if (p->unit != unit || !p->quantized)

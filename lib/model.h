@@ -70,6 +70,9 @@ typedef struct ft_model_options {
      * base) for now. */
     ft_device device;
     ft_dtype dtype;
+    /* 0, or the most bytes the model's allocator (and a strategy's buffers beside it) may
+     * hold at once: an allocation beyond it fails as out-of-memory (ft_mem.limit). */
+    size_t mem_limit;
 } ft_model_options;
 
 /* One named parameter: a view into the flat buffers (on the model's device: read and

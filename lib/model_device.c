@@ -145,7 +145,7 @@ int model_upload_inv_freq(ft_model *m, ft_err *err)
     size_t n = (size_t)m->cfg.head_dim / 2;
     m->inv_freq_dev = ft_alloc_on(&m->mem, m->dev, FT_MEM_WEIGHTS, n * sizeof(float));
     if (!m->inv_freq_dev)
-        return ft_fail(err, "out of GPU memory allocating the RoPE frequencies");
+        return ft_mem_fail(err, &m->mem, m->dev, "the RoPE frequencies");
     return transfer(m, m->inv_freq_dev, m->inv_freq, n * sizeof(float), true, err);
 }
 

@@ -22,7 +22,7 @@ int ft_optimizer_init_on(ft_optimizer *o, ft_mem *mem, ft_device device, size_t 
     o->v = ft_alloc_on(mem, device, FT_MEM_OPTIM, n * sizeof(float));
     if (!o->m || !o->v) {
         ft_optimizer_free(o);
-        return ft_fail(err, "out of memory allocating AdamW state for %zu parameters", n);
+        return ft_mem_fail(err, mem, device, "AdamW state for %zu parameters", n);
     }
     return 0;
 }

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "auto_batch.h"
 #include "checkpoint.h"
 #include "data_setup.h"
 #include "dist_engine.h"
@@ -16,7 +17,9 @@
 #include "merge.h"
 #include "model.h"
 #include "model_path.h"
+#include "oom_advice.h"
 #include "optim.h"
+#include "run_device.h"
 #include "schedule.h"
 #include "tb_writer.h"
 #include "train_step.h"
@@ -76,6 +79,9 @@ typedef struct trainer {
     char model_dir[4096];
     ft_comm *comm, *own_comm; /* own_comm: made here when the caller gave none */
     int rank, world;
+    ft_run_device_choice place; /* train.device resolved */
+    int gpu;             /* the GPU this rank took; -1 on the CPU */
+    size_t mem_limit;    /* FT_MEM_LIMIT: the model allocator's limit (0: none) */
     ft_engine *eng;
     ft_model *m;         /* the engine's */
     ft_run_data data;
@@ -142,7 +148,10 @@ static int setup_model(trainer *t, const ft_dist_options *dopt, ft_err *err)
     const ft_config *c = t->cfg;
     const char *mode = ft_config_str(c, "tuning.mode");
     ft_model_options mo = {.grad_ckpt = ft_config_bool(c, "train.gradient_checkpointing"),
-                           .seed = (uint64_t)ft_config_int(c, "train.seed")};
+                           .seed = (uint64_t)ft_config_int(c, "train.seed"),
+                           .device = t->place.device,
+                           .dtype = t->place.dtype,
+                           .mem_limit = t->mem_limit};
     if (strcmp(mode, "full") == 0) {
         mo.mode = FT_TRAIN_FULL;
     } else {
@@ -207,8 +216,8 @@ static int setup_schedule(trainer *t, ft_err *err)
 static void stamp_of(const trainer *t, ft_ckpt_stamp *s)
 {
     memset(s, 0, sizeof *s);
-    snprintf(s->device, sizeof s->device, "cpu");
-    snprintf(s->dtype, sizeof s->dtype, "fp32");
+    snprintf(s->device, sizeof s->device, "%s", ft_device_name(t->place.device));
+    snprintf(s->dtype, sizeof s->dtype, "%s", ft_dtype_name(t->place.dtype));
     snprintf(s->mode, sizeof s->mode, "%s", ft_config_str(t->cfg, "tuning.mode"));
     snprintf(s->quant, sizeof s->quant, "%s", ft_quant_name(ft_model_quant(t->m).type));
     snprintf(s->strategy, sizeof s->strategy, "%s",
@@ -448,9 +457,11 @@ static int write_summary(trainer *t, ft_err *err)
         free(all);
         return ft_fail(err, "out of memory");
     }
-    fprintf(f, "{\"strategy\": \"%s\", \"world_size\": %d, \"mode\": \"%s\", \"device\": \"cpu\", ",
+    fprintf(f, "{\"strategy\": \"%s\", \"world_size\": %d, \"mode\": \"%s\", \"device\": \"%s\", "
+               "\"dtype\": \"%s\", ",
             ft_strategy_name(ft_engine_strategy(t->eng)), t->world,
-            ft_config_str(t->cfg, "tuning.mode"));
+            ft_config_str(t->cfg, "tuning.mode"), ft_device_name(t->place.device),
+            ft_dtype_name(t->place.dtype));
     /* the resolved batch (train.batch_size / grad_accum auto are numbers by now) */
     fprintf(f, "\"batch_size\": %d, \"grad_accum\": %d, \"global_batch_size\": %ld, ",
             t->batch_size, t->accum,
@@ -665,9 +676,25 @@ static int train_loop(trainer *t, ft_train_outcome *outcome, char *out, size_t o
     return save_final(t, out, out_len, err);
 }
 
+/* train.device (and this rank's GPU), and FT_MEM_LIMIT. */
+static int setup_device(trainer *t, ft_err *err)
+{
+    const char *limit = getenv("FT_MEM_LIMIT");
+    if (limit && *limit && ft_parse_size(limit, &t->mem_limit))
+        return ft_fail(err, "FT_MEM_LIMIT=%s: not a size (512MiB, 6GiB, 8GB)", limit);
+    if (ft_run_device_resolve(t->cfg, &t->place, err) ||
+        ft_run_device_select(&t->place, ft_comm_local_rank(t->comm), &t->gpu, err))
+        return -1;
+    if (t->place.device == FT_DEV_CUDA)
+        fprintf(t->log, "ft-train: %s; rank %d takes GPU %d\n", t->place.why, t->rank, t->gpu);
+    return 0;
+}
+
 static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
 {
     const ft_config *c = t->cfg;
+    if (setup_device(t, err))
+        return -1;
     if (!ft_config_has(c, "model.name"))
         return ft_fail(err, "config: key 'model.name' is required (a Hugging Face model dir)");
     if (ft_resolve_model_dir(ft_config_str(c, "model.name"), t->model_dir, sizeof t->model_dir,
@@ -805,6 +832,7 @@ int ft_train_run(const ft_config *cfg, const ft_trainer_options *o, ft_train_out
         if (rc == 0)
             rc = write_summary(&t, err);
     }
+    bool oom = rc != 0 && err && err->oom;
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     if (t.tb)
@@ -823,6 +851,14 @@ int ft_train_run(const ft_config *cfg, const ft_trainer_options *o, ft_train_out
         fclose(t.quiet);
     ft_eval_records_free(&t.gen_records);
     ft_run_data_free(&t.data);
+    if (oom) {
+        /* after the engine is freed: a GPU's free memory is then the rank's budget */
+        ft_oom_context ctx = {.rank = t.rank, .world_size = t.world,
+                              .local_ranks = t.world, /* at most */
+                              .device_index = t.gpu, .limit = t.mem_limit};
+        ctx.dev = t.place.device == FT_DEV_CUDA ? FT_MEM_DEVICE_CUDA : FT_MEM_DEVICE_CPU;
+        ft_oom_advice(cfg, &ctx, o->log ? o->log : stderr);
+    }
     ft_comm_finalize(t.own_comm);
     return rc;
 }

@@ -67,7 +67,14 @@ static const char usage[] =
     "\n"
     "tuning.mode qlora trains LoRA on a base quantized on load (tuning.quant.*), or on a\n"
     "checkpoint quantized already (ft-quantize, or transformers + bitsandbytes); several\n"
-    "ranks: start it with mpirun or srun (dist.strategy). Not yet: GPUs.\n";
+    "ranks: start it with mpirun or srun (dist.strategy).\n"
+    "\n"
+    "train.device auto (the default) trains on the GPU when this build has CUDA and one is\n"
+    "visible (each rank takes the GPU of its node-local rank; bf16 with train.bf16, else\n"
+    "fp32), on the CPU otherwise; cpu or cuda force it. On GPUs dist.strategy is none,\n"
+    "ddp or zero1 (with or without offload_optimizer) for now. When a run runs out of\n"
+    "memory, ft-train prints its memory plan and the overrides that fit before the error;\n"
+    "FT_MEM_LIMIT=size in the environment caps the tracked allocator to rehearse that.\n";
 
 static int fail(const char *msg)
 {

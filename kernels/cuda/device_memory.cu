@@ -32,6 +32,12 @@ extern "C" void *ft_cuda_malloc(size_t bytes)
     return p;
 }
 
+extern "C" int ft_cuda_select_device(int index, ft_err *err)
+{
+    CUDA_TRY(cudaSetDevice(index), err);
+    return 0;
+}
+
 extern "C" void ft_cuda_free(void *p)
 {
     if (p && cudaFree(p) != cudaSuccess)
@@ -61,6 +67,13 @@ extern "C" int ft_cuda_memcpy_d2h(void *dst_host, const void *src_device, size_t
                                   ft_err *err)
 {
     return copy(dst_host, src_device, bytes, cudaMemcpyDeviceToHost, "device-to-host copy",
+                err);
+}
+
+extern "C" int ft_cuda_memcpy_d2d(void *dst_device, const void *src_device, size_t bytes,
+                                  ft_err *err)
+{
+    return copy(dst_device, src_device, bytes, cudaMemcpyDeviceToDevice, "device-to-device copy",
                 err);
 }
 

@@ -17,6 +17,9 @@ struct ft_err;
 /* Number of CUDA devices the runtime sees; 0 when there is no device or no driver. */
 int ft_cuda_device_count(void);
 
+/* Makes device ordinal index the calling thread's current device. 0, or -1 with err. */
+int ft_cuda_select_device(int index, struct ft_err *err);
+
 /* Device buffer of `bytes` bytes on the current device (uninitialised). NULL when out
  * of device memory, when there is no device, or when bytes == 0; callers turn that into
  * an ft_err naming what they were allocating, as with ft_alloc. */
@@ -33,6 +36,8 @@ int ft_cuda_memset0(void *dst_device, size_t bytes, struct ft_err *err);
 int ft_cuda_memcpy_h2d(void *dst_device, const void *src_host, size_t bytes,
                        struct ft_err *err);
 int ft_cuda_memcpy_d2h(void *dst_host, const void *src_device, size_t bytes,
+                       struct ft_err *err);
+int ft_cuda_memcpy_d2d(void *dst_device, const void *src_device, size_t bytes,
                        struct ft_err *err);
 
 #ifdef __cplusplus

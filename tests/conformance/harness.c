@@ -401,7 +401,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: ft-conform SPEC.json OUT.safetensors\n");
         return 2;
     }
-    ft_err err = {{0}};
+    ft_err err = {0};
     json_t *root = json_load_file(argv[1], 0, NULL);
     json_t *quant = json_object_get(root, "quantize"), *deq = json_object_get(root, "dequantize");
     if (quant || deq) {

@@ -59,7 +59,7 @@ static void usage(void)
 static ft_tokenizer *load(const char *path)
 {
     ft_tokenizer *t = NULL;
-    ft_err err = {{0}};
+    ft_err err = {0};
     if (ft_tokenizer_load(&t, path, &err) != 0)
         die("%s", err.msg);
     return t;
@@ -98,7 +98,7 @@ static int cmd_encode(int argc, char **argv)
     ssize_t got;
     long lineno = 0;
     ft_ids ids = {0};
-    ft_err err = {{0}};
+    ft_err err = {0};
     while ((got = getline(&line, &cap, stdin)) >= 0) {
         lineno++;
         size_t n = (size_t)got;
@@ -173,7 +173,7 @@ static int cmd_decode(int argc, char **argv)
     ssize_t got;
     long lineno = 0;
     ft_ids ids = {0};
-    ft_err err = {{0}};
+    ft_err err = {0};
     while ((got = getline(&line, &cap, stdin)) >= 0) {
         lineno++;
         size_t n = chomp(line, (size_t)got);
@@ -321,7 +321,7 @@ static int cmd_bench(int argc, char **argv)
     size_t len;
     char *text = read_file(argv[3], &len);
     ft_ids ids = {0};
-    ft_err err = {{0}};
+    ft_err err = {0};
     size_t tokens = 0;
     double t0 = now_s();
     for (long r = 0; r < repeat; r++) {

@@ -98,7 +98,7 @@ static void test_limit_latest_and_stamp(void)
 {
     char run_dir[400], path[512];
     snprintf(run_dir, sizeof run_dir, "%s/run-limit", root);
-    ft_err err = {{0}};
+    ft_err err = {0};
     run a;
     start(&a, FT_TRAIN_LORA);
     CHECK(ft_checkpoint_latest(run_dir, path, sizeof path, &err) == 0);

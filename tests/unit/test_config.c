@@ -24,7 +24,7 @@ static const char *write_yaml(const char *name, const char *text)
 static void expect_error(const char *yaml, const char *needle1, const char *needle2)
 {
     ft_config *c = ft_config_new();
-    ft_err err = {{0}};
+    ft_err err = {0};
     const char *path = write_yaml("bad.yaml", yaml);
     CHECK(ft_config_load_yaml(c, path, NULL, &err) != 0);
     if (!strstr(err.msg, needle1) || (needle2 && !strstr(err.msg, needle2))) {
@@ -70,7 +70,7 @@ static void test_errors(void)
     expect_error("train:\n  batch_size: [1\n", "bad.yaml", "YAML");
     expect_error("zzz:\n  q: 1\n", "unknown key 'zzz.q'", NULL);
     ft_config *c = ft_config_new();
-    ft_err err = {{0}};
+    ft_err err = {0};
     CHECK(ft_config_load_yaml(c, "/nonexistent/x.yaml", NULL, &err) != 0);
     CHECK(strstr(err.msg, "/nonexistent/x.yaml") != NULL);
     ft_config_free(c);
@@ -79,7 +79,7 @@ static void test_errors(void)
 static void test_set_and_vars(void)
 {
     ft_config *c = ft_config_new();
-    ft_err err = {{0}};
+    ft_err err = {0};
     CHECK(ft_config_set(c, "train.grad_accum=32", NULL, &err) == 0);
     CHECK(ft_config_int(c, "train.grad_accum") == 32);
     CHECK(ft_config_set(c, "train.grad_acum=32", NULL, &err) != 0);

@@ -54,7 +54,7 @@ static bool load_fails(const char *text, ft_data_format f, const ft_tokenizer *t
 {
     const char *p = write_file("bad.jsonl", text);
     ft_dataset ds;
-    ft_err err = {{0}};
+    ft_err err = {0};
     ft_data_options o = opts(f);
     if (ft_dataset_load(&ds, p, t, &o, &err) == 0) {
         fprintf(stderr, "  loaded, expected an error: %s\n", text);
@@ -506,7 +506,7 @@ static char *render(ft_chat_template t, const char *src, const char *msgs, bool 
 static bool render_is(ft_chat_template t, const char *src, const char *msgs, bool agp,
                       const char *want)
 {
-    ft_err err = {{0}};
+    ft_err err = {0};
     char *got = render(t, src, msgs, agp, &err);
     bool ok = got && strcmp(got, want) == 0;
     if (!ok)
@@ -558,7 +558,7 @@ static void test_render(void)
                     "appropriately completes the request.\n\n### Instruction:\nDo.\n\n"
                     "### Response:\nDone</s>"));
 
-    ft_err err = {{0}};
+    ft_err err = {0};
     char *s = render(FT_TMPL_MISTRAL, NULL, su, false, &err);
     CHECK(!s && has(err.msg, "alternate") && has(err.msg, "system"));
     s = render(FT_TMPL_LLAMA2, NULL, "[{\"role\":\"assistant\",\"content\":\"x\"}]", false, &err);

@@ -53,7 +53,7 @@ static void expect_error(const char *const *sets, const char *json, const char *
                          const char *n2)
 {
     ft_config *c = ft_config_new();
-    ft_err err = {{0}};
+    ft_err err = {0};
     CHECK(apply(c, sets, json, &err) == -1);
     CHECK(has(err.msg, n1));
     if (n2)
@@ -83,7 +83,7 @@ static void test_shipped_files(void)
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         ft_config *c = ft_config_new();
-        ft_err err = {{0}};
+        ft_err err = {0};
         /* the user's own values survive the files' "auto" */
         CHECK(ft_config_set(c, "train.batch_size=4", NULL, &err) == 0);
         CHECK(ft_config_set(c, "train.learning_rate=1e-4", NULL, &err) == 0);
@@ -114,7 +114,7 @@ static void test_shipped_files(void)
 static void test_concrete_values(void)
 {
     ft_config *c = ft_config_new();
-    ft_err err = {{0}};
+    ft_err err = {0};
     int rc = apply(c, NULL,
                    "{\"train_micro_batch_size_per_gpu\": 2, \"gradient_accumulation_steps\": 8,"
                    " \"gradient_clipping\": 0.5, \"steps_per_print\": 5,"
@@ -181,7 +181,7 @@ static void test_concrete_values(void)
 static void test_auto_keeps_ours(void)
 {
     ft_config *c = ft_config_new();
-    ft_err err = {{0}};
+    ft_err err = {0};
     static const char *const sets[] = {"train.batch_size=3", "train.grad_accum=auto",
                                        "train.bf16=false", "train.fp16=true", NULL};
     CHECK(apply(c, sets,
@@ -207,7 +207,7 @@ static void test_mismatch(void)
                  "ds.json");
     /* the same value is no conflict */
     ft_config *c = ft_config_new();
-    ft_err err = {{0}};
+    ft_err err = {0};
     CHECK(apply(c, batch4, "{\"train_micro_batch_size_per_gpu\": 4}", &err) == 0);
     CHECK(ft_config_int(c, "train.batch_size") == 4);
     ft_config_free(c);
@@ -270,7 +270,7 @@ static void test_unknown_keys(void)
     expect_error(NULL, "{\"optimizer\": {\"params\": {\"lr\": 1e-4, \"momentum\": 0.9}}}",
                  "unknown key 'optimizer.params.momentum'", NULL);
     ft_config *c = ft_config_new();
-    ft_err err = {{0}};
+    ft_err err = {0};
     CHECK(apply(c, NULL, "{\"quantum_flux\": 1}", &err) == -1);
     CHECK(has(err.msg, "unknown key 'quantum_flux'"));
     CHECK(strstr(err.msg, "did you mean") == NULL);
@@ -302,7 +302,7 @@ static void test_wrong_types(void)
     expect_error(NULL, "{\n  \"bf16\": {\"enabled\": true}, // half\n}", "ds.json:2:",
                  "no comments");
     ft_config *c = ft_config_new();
-    ft_err err = {{0}};
+    ft_err err = {0};
     CHECK(ft_config_apply_deepspeed(c, "/nonexistent/ds.json", NULL, &err) == -1);
     CHECK(has(err.msg, "/nonexistent/ds.json"));
     ft_config_free(c);
@@ -333,7 +333,7 @@ static void test_offload(void)
 
     /* accepted details of optimizer offload, with notices */
     ft_config *c = ft_config_new();
-    ft_err err = {{0}};
+    ft_err err = {0};
     CHECK(apply(c, NULL,
                 "{\"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": {\"device\": "
                 "\"cpu\", \"pin_memory\": true, \"buffer_count\": 4, \"fast_init\": false}}}",
@@ -373,7 +373,7 @@ static void test_bucket_size(void)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         ft_config *c = ft_config_new();
-        ft_err err = {{0}};
+        ft_err err = {0};
         CHECK(apply(c, NULL, cases[i].json, &err) == 0);
         CHECK(ft_config_int(c, "train.ddp_bucket_cap_mb") == cases[i].mib);
         ft_config_free(c);
@@ -385,7 +385,7 @@ static void test_bucket_size(void)
 static void test_optimizer_and_moot(void)
 {
     ft_config *c = ft_config_new();
-    ft_err err = {{0}};
+    ft_err err = {0};
     CHECK(apply(c, NULL,
                 "{\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": \"auto\", "
                 "\"weight_decay\": 0.01, \"torch_adam\": true}},"
@@ -421,7 +421,7 @@ static void test_optimizer_and_moot(void)
 
 static void test_batch_rule(void)
 {
-    ft_err err = {{0}};
+    ft_err err = {0};
     /* consistent: nothing changes */
     ft_config *c = ft_config_new();
     static const char *const ok[] = {"train.global_batch_size=16", "train.batch_size=4",
@@ -512,7 +512,7 @@ static void test_batch_rule(void)
 static void test_seed_json(void)
 {
     ft_config *c = ft_config_new();
-    ft_err err = {{0}};
+    ft_err err = {0};
     int rc = apply(c, NULL,
                    "{\n  \"train_batch_size\": 16,\n  \"gradient_accumulation_steps\": 1,\n"
                    "  \"fp16\": {\n    \"enabled\": false\n  },\n"
@@ -562,7 +562,7 @@ static void test_seed_json(void)
 static void test_config_support(void)
 {
     ft_config *c = ft_config_new();
-    ft_err err = {{0}};
+    ft_err err = {0};
     /* the upper bound of dist.zero_stage */
     CHECK(ft_config_set(c, "dist.zero_stage=4", NULL, &err) == -1);
     CHECK(has(err.msg, "'dist.zero_stage' must be <= 3, got 4"));

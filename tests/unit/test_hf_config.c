@@ -47,7 +47,7 @@ static int load(const char *json, ft_model_config *cfg, ft_err *err)
 #define EXPECT_ERROR(json, key)                                                      \
     do {                                                                             \
         ft_model_config c_;                                                          \
-        ft_err e_ = {{0}};                                                           \
+        ft_err e_ = {0};                                                           \
         CHECK(load(json, &c_, &e_) == -1);                                           \
         CHECK(strstr(e_.msg, cfg_path) != NULL);                                     \
         CHECK(strstr(e_.msg, key) != NULL);                                          \
@@ -103,7 +103,7 @@ static const char *TINYLLAMA =
 static void test_tinyllama(void)
 {
     ft_model_config c;
-    ft_err e = {{0}};
+    ft_err e = {0};
     CHECK(load(TINYLLAMA, &c, &e) == 0);
     CHECK(strcmp(c.model_type, "llama") == 0);
     CHECK(c.vocab_size == 32000 && c.hidden_size == 2048 && c.intermediate_size == 5632);
@@ -162,7 +162,7 @@ static void check_llama31_inv_freq(const ft_model_config *c)
 static void test_llama31(void)
 {
     ft_model_config c;
-    ft_err e = {{0}};
+    ft_err e = {0};
     CHECK(load(LLAMA31("\"rope_scaling\": {\"factor\": 8.0, \"low_freq_factor\": 1.0,"
                        " \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192,"
                        " \"rope_type\": \"llama3\"}, \"rope_theta\": 500000.0"),
@@ -197,7 +197,7 @@ static void test_llama31(void)
 static void test_linear_rope(void)
 {
     ft_model_config c;
-    ft_err e = {{0}};
+    ft_err e = {0};
     CHECK(load("{\"model_type\": \"llama\", \"vocab_size\": 32000, \"hidden_size\": 1024,"
                " \"intermediate_size\": 2048, \"num_hidden_layers\": 2,"
                " \"num_attention_heads\": 8, \"rope_scaling\": {\"type\": \"linear\","
@@ -216,7 +216,7 @@ static void test_linear_rope(void)
 static void test_qwen2(void)
 {
     ft_model_config c;
-    ft_err e = {{0}};
+    ft_err e = {0};
     CHECK(load("{\"architectures\": [\"Qwen2ForCausalLM\"], \"attention_dropout\": 0.0,"
                " \"bos_token_id\": 151643, \"eos_token_id\": 151643, \"hidden_act\": \"silu\","
                " \"hidden_size\": 896, \"initializer_range\": 0.02, \"intermediate_size\": 4864,"
@@ -251,7 +251,7 @@ static void test_qwen2(void)
 static void test_smollm(void)
 {
     ft_model_config c;
-    ft_err e = {{0}};
+    ft_err e = {0};
     CHECK(load("{\"architectures\": [\"LlamaForCausalLM\"], \"attention_bias\": false,"
                " \"attention_dropout\": 0.0, \"bos_token_id\": 0, \"eos_token_id\": 0,"
                " \"hidden_act\": \"silu\", \"hidden_size\": 576, \"initializer_range\": 0.02,"
@@ -281,7 +281,7 @@ static void test_smollm(void)
 static void test_mistral(void)
 {
     ft_model_config c;
-    ft_err e = {{0}};
+    ft_err e = {0};
     CHECK(load(MISTRAL(", \"num_key_value_heads\": 8, \"sliding_window\": 4096"), &c, &e) == 0);
     CHECK(strcmp(c.model_type, "mistral") == 0);
     CHECK(c.sliding_window == 4096 && c.num_kv_heads == 8 && c.head_dim == 128);
@@ -309,7 +309,7 @@ static void test_mistral(void)
 static void test_explicit_head_dim(void)
 {
     ft_model_config c;
-    ft_err e = {{0}};
+    ft_err e = {0};
     CHECK(load("{\"architectures\": [\"MistralForCausalLM\"], \"attention_dropout\": 0.0,"
                " \"bos_token_id\": 1, \"eos_token_id\": 2, \"head_dim\": 128,"
                " \"hidden_act\": \"silu\", \"hidden_size\": 5120, \"initializer_range\": 0.02,"
@@ -334,7 +334,7 @@ static void test_explicit_head_dim(void)
 static void test_llama_defaults_and_bias(void)
 {
     ft_model_config c;
-    ft_err e = {{0}};
+    ft_err e = {0};
     CHECK(load("{\"model_type\": \"llama\", " REQ "}", &c, &e) == 0);
     CHECK(c.num_kv_heads == 8 && c.head_dim == 32);
     CHECK(c.max_position_embeddings == 2048 && c.rms_norm_eps == 1e-6f);
@@ -363,7 +363,7 @@ static void test_llama_defaults_and_bias(void)
 static void test_file_errors(void)
 {
     ft_model_config c;
-    ft_err e = {{0}};
+    ft_err e = {0};
     char missing[160];
     snprintf(missing, sizeof missing, "%s/no-such-config.json", tmp_dir);
     CHECK(ft_model_config_load(&c, missing, &e) == -1);
@@ -522,7 +522,7 @@ static void test_fuzz(void)
                 buf[pos] = ch;
         }
         ft_model_config c;
-        ft_err e = {{0}};
+        ft_err e = {0};
         int rc = load(buf, &c, &e);
         CHECK(rc == 0 || (rc == -1 && strstr(e.msg, cfg_path) != NULL));
         if (rc == 0) {

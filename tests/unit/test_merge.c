@@ -341,7 +341,7 @@ static void test_sharded_and_files(void)
 static void expect_merge_error(const char *model, const char *adapter, const char *out,
                                int force, const char *needle)
 {
-    ft_err err = {{0}};
+    ft_err err = {0};
     CHECK(do_merge(model, adapter, out, NULL, 0, force, &err) != 0);
     if (!strstr(err.msg, needle)) {
         fprintf(stderr, "  message '%s' lacks '%s'\n", err.msg, needle);

@@ -247,7 +247,7 @@ static void expect_load_error(const char *dir, const char *needle)
 {
     ft_model_options opt = {.mode = FT_TRAIN_FULL};
     ft_model *m = NULL;
-    ft_err err = {{0}};
+    ft_err err = {0};
     CHECK(ft_model_load(&m, dir, &opt, &err) != 0);
     CHECK(m == NULL);
     if (!strstr(err.msg, needle)) {
@@ -279,7 +279,7 @@ static void test_bad_tokens(void)
     char dir[300];
     snprintf(dir, sizeof dir, "%s/full", root);
     ft_model *m = load(dir, FT_TRAIN_FULL, 0, 0);
-    ft_err err = {{0}};
+    ft_err err = {0};
     int32_t bad_ids[3] = {1, V, 2}, bad_labels[3] = {1, 2, -5};
     ft_batch b1 = {1, 3, bad_ids, NULL, NULL};
     CHECK(ft_model_forward(m, &b1, NULL, NULL, &err) != 0);

@@ -100,7 +100,7 @@ static void roundtrip(ft_quant_type type, int bs, bool dq, int64_t rows, int64_t
             w[i] = normal();
     ft_quant_options o = {type, bs, dq};
     ft_qtensor q;
-    ft_err err = {{0}};
+    ft_err err = {0};
     CHECK(ft_quantize(w, rows, cols, &o, &q, &err) == 0);
     CHECK(ft_dequantize(&q, d) == 0);
     int bad = count_out_of_bound(w, d, &q);
@@ -291,7 +291,7 @@ static void test_rejects_bad_input(void)
 {
     float w[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     ft_qtensor q;
-    ft_err err = {{0}};
+    ft_err err = {0};
     ft_quant_options o = {FT_QUANT_NF4, 64, true};
     w[5] = INFINITY;
     CHECK(ft_quantize(w, 2, 4, &o, &q, &err) != 0);
@@ -365,7 +365,7 @@ static void test_checkpoint_roundtrip(void)
     real_looking(w, rows, cols);
     for (int k = 0; k < 4; k++) {
         ft_qtensor q, r;
-        ft_err err = {{0}};
+        ft_err err = {0};
         CHECK(ft_quantize(w, rows, cols, &opts[k], &q, &err) == 0);
         CHECK(save_one(p, &q, NULL, NULL, NULL, 0, 0) == 0);
         ft_checkpoint *ck;
@@ -389,7 +389,7 @@ static void expect_corrupt(const ft_qtensor *q, const char *drop, const char *sw
                            const void *data, ft_st_dtype dt, int64_t len, const char *want)
 {
     ft_qtensor r;
-    ft_err err = {{0}};
+    ft_err err = {0};
     CHECK(save_one("m.q_proj", q, drop, swap, data, dt, len) == 0);
     int rc = read_back("m.q_proj", q->rows, q->cols, &r, &err);
     CHECK(rc != 0);

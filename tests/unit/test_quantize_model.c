@@ -44,7 +44,7 @@ static float *logits_of(const char *dir, ft_quant_options quant, const char *ski
 {
     ft_model_options mo = {.mode = FT_TRAIN_NONE, .quant = quant, .quant_skip = skip};
     ft_model *m = NULL;
-    ft_err err = {{0}};
+    ft_err err = {0};
     CHECK(ft_model_load(&m, dir, &mo, &err) == 0);
     if (!m) {
         fprintf(stderr, "  %s\n", err.msg);
@@ -91,7 +91,7 @@ static int quantize(const char *src, const char *out, ft_quant_options q, const 
 static void expect_fail(const char *src, const char *out, ft_quant_options q, const char *needle)
 {
     ft_quantize_summary sum;
-    ft_err err = {{0}};
+    ft_err err = {0};
     CHECK(quantize(src, out, q, NULL, NULL, 0, &sum, &err) == -1);
     CHECK(strstr(err.msg, needle) != NULL);
     if (!strstr(err.msg, needle))
@@ -112,7 +112,7 @@ static void test_round_trip(void)
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         snprintf(out, sizeof out, "%s/q%zu", root, k);
         ft_quantize_summary sum;
-        ft_err err = {{0}};
+        ft_err err = {0};
         ft_quant_options q = cases[k];
         if (q.type == FT_QUANT_INT8)
             q.blocksize = 64; /* not used */
@@ -147,7 +147,7 @@ static void test_skip_shards_dtype(void)
     write_tiny_model(src, &to);
     snprintf(out, sizeof out, "%s/skip", root);
     ft_quantize_summary sum;
-    ft_err err = {{0}};
+    ft_err err = {0};
     ft_quant_options nf4 = {FT_QUANT_NF4, 64, true};
     n_progress = 0;
     last_index = 0;
@@ -208,7 +208,7 @@ static void test_errors(void)
     char from[400], to[400];
     snprintf(from, sizeof from, "%s/model.safetensors", p);
     snprintf(to, sizeof to, "%s/model.safetensors", bare);
-    ft_err err = {{0}};
+    ft_err err = {0};
     CHECK(ft_copy_file(from, to, &err) == 0);
     expect_fail(bare, out, nf4, "quantized already");
 

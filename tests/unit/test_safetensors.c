@@ -76,7 +76,7 @@ static bool write_st(const char *path, uint64_t header_len, const char *header,
 static void expect_reject_path(const char *path, const char *want)
 {
     ft_st_file *f = (ft_st_file *)1;
-    ft_err err = {{0}};
+    ft_err err = {0};
     int rc = ft_st_open(&f, path, &err);
     CHECK(rc == -1);
     CHECK(f == NULL);
@@ -130,7 +130,7 @@ static void test_roundtrip(void)
     enum { NT = sizeof spec / sizeof spec[0] };
     unsigned char *data[NT];
     ft_st_writer *w = ft_st_writer_new();
-    ft_err err = {{0}};
+    ft_err err = {0};
     CHECK(w != NULL);
     for (int i = 0; i < NT; i++) {
         size_t n = ft_st_dtype_size(spec[i].dt);
@@ -227,7 +227,7 @@ static void test_reference_bytes(void)
         111, 114, 107, 34,  58,  34, 112, 116, 34,  125, 125, 32,  32,  32,  32,  32};
     float v[6] = {0, 1, 2, 3, 4, 5};
     int64_t shape[3] = {1, 2, 3};
-    ft_err err = {{0}};
+    ft_err err = {0};
     char path[256];
     size_t n;
     unsigned char *got;
@@ -265,7 +265,7 @@ static void test_reference_bytes(void)
 static void test_valid_handwritten(void)
 {
     char path[256];
-    ft_err err = {{0}};
+    ft_err err = {0};
     ft_st_file *f = NULL;
 
     /* "{}" with no padding, no data. */
@@ -317,7 +317,7 @@ static void test_to_f32(void)
     float f32[3] = {3.25f, -0.0f, 1e30f};
     int32_t i32[2] = {1, 2};
     int64_t s4[1] = {4}, s3[1] = {3}, s2[1] = {2};
-    ft_err err = {{0}};
+    ft_err err = {0};
     ft_st_writer *w = ft_st_writer_new();
     CHECK(ft_st_writer_add(w, "bf", FT_ST_BF16, 1, s4, bf, &err) == 0);
     CHECK(ft_st_writer_add(w, "hf", FT_ST_F16, 1, s4, hf, &err) == 0);
@@ -483,7 +483,7 @@ static void test_fuzz(void)
     float a[3] = {1, 2, 3};
     uint16_t b[5] = {1, 2, 3, 4, 5};
     int64_t sa[1] = {3}, sb[2] = {5, 1};
-    ft_err err = {{0}};
+    ft_err err = {0};
     char path[256], mpath[256];
     tmp_path(path, sizeof path, "fuzz_src.safetensors");
     tmp_path(mpath, sizeof mpath, "fuzz.safetensors");
@@ -552,7 +552,7 @@ static void test_writer_errors(void)
     float v[2] = {0, 0};
     int64_t s2[1] = {2}, neg[1] = {-1}, big[2] = {INT64_C(1) << 62, 8};
     int64_t nine[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
-    ft_err err = {{0}};
+    ft_err err = {0};
     ft_st_writer *w = ft_st_writer_new();
     CHECK(ft_st_writer_add(w, "x", FT_ST_F32, 1, s2, v, &err) == 0);
     CHECK(ft_st_writer_add(w, "x", FT_ST_F32, 1, s2, v, &err) == -1 && strstr(err.msg, "'x'"));
@@ -599,7 +599,7 @@ static void check_ckpt(const char *dir, const char *const *names, unsigned char 
                        const size_t *bytes, int n)
 {
     ft_checkpoint *c = NULL;
-    ft_err err = {{0}};
+    ft_err err = {0};
     CHECK(ft_ckpt_open(&c, dir, "model", &err) == 0);
     if (!c) {
         fprintf(stderr, "  %s\n", err.msg);
@@ -630,7 +630,7 @@ static void test_sharded(void)
     static const int64_t elems[NT] = {10, 10, 10, 50, 2, 0, 15};
     unsigned char *data[NT];
     size_t bytes[NT];
-    ft_err err = {{0}};
+    ft_err err = {0};
     ft_st_writer *w = ft_st_writer_new();
     for (int i = 0; i < NT; i++) {
         bytes[i] = (size_t)elems[i] * 4;
@@ -696,7 +696,7 @@ static void test_sharded_groups(void)
     static const int64_t elems[NT] = {10, 10, 10, 10, 10, 10, 5, 10};
     unsigned char *data[NT];
     size_t bytes[NT];
-    ft_err err = {{0}};
+    ft_err err = {0};
     ft_st_writer *w = ft_st_writer_new();
     for (int i = 0; i < NT; i++) {
         bytes[i] = (size_t)elems[i] * 4;
@@ -742,7 +742,7 @@ static void write_text(const char *dir, const char *name, const char *text)
 static void expect_ckpt_reject(const char *dir, const char *want1, const char *want2)
 {
     ft_checkpoint *c = (ft_checkpoint *)1;
-    ft_err err = {{0}};
+    ft_err err = {0};
     int rc = ft_ckpt_open(&c, dir, "model", &err);
     CHECK(rc == -1 && c == NULL);
     if (rc == 0)
@@ -765,7 +765,7 @@ static void test_ckpt_errors(void)
     /* A valid shard with one tensor "a". */
     float v = 1;
     int64_t s1[1] = {1};
-    ft_err err = {{0}};
+    ft_err err = {0};
     ft_st_writer *w = ft_st_writer_new();
     CHECK(ft_st_writer_add(w, "a", FT_ST_F32, 1, s1, &v, &err) == 0);
     make_dir(dir, sizeof dir, "ckpt_bad");
@@ -812,7 +812,7 @@ static void test_ckpt_many(void)
     static uint16_t vals[NT];
     char names[NT][32];
     int64_t s1[1] = {1};
-    ft_err err = {{0}};
+    ft_err err = {0};
     ft_st_writer *w = ft_st_writer_new();
     for (int i = 0; i < NT; i++) {
         snprintf(names[i], sizeof names[i], "model.layers.%d.w", (i * 7919) % NT);

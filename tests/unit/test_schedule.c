@@ -95,7 +95,7 @@ static void test_degenerate(void)
 static void test_parse(void)
 {
     ft_lr_kind k = FT_LR_COSINE;
-    ft_err e = {{0}};
+    ft_err e = {0};
     CHECK(ft_lr_kind_parse("constant", &k, &e) == 0 && k == FT_LR_CONSTANT);
     CHECK(ft_lr_kind_parse("linear", &k, &e) == 0 && k == FT_LR_LINEAR);
     CHECK(ft_lr_kind_parse("cosine", &k, &e) == 0 && k == FT_LR_COSINE);

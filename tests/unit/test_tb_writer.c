@@ -446,7 +446,7 @@ static void test_records(void)
 static void test_write_error(void)
 {
     /* /dev/full: every write fails with ENOSPC, so the first record does. */
-    ft_err err = {{0}};
+    ft_err err = {0};
     ft_tb_writer *w = (ft_tb_writer *)&err;
     CHECK(ft_tb_open_path(&w, "/dev/full", &err) == -1);
     CHECK(w == NULL);
@@ -463,7 +463,7 @@ static void test_open_error(void)
     if (f)
         fclose(f);
     snprintf(logdir, sizeof logdir, "%s/sub", file);
-    ft_err err = {{0}};
+    ft_err err = {0};
     ft_tb_writer *w = NULL;
     CHECK(ft_tb_open(&w, logdir, &err) == -1);
     CHECK(w == NULL);

@@ -429,7 +429,7 @@ static int load_fails(const char *sub, const char *json, const char *n1, const c
 {
     const char *dir = write_tok(sub, "tokenizer.json", json);
     ft_tokenizer *t = NULL;
-    ft_err err = {{0}};
+    ft_err err = {0};
     if (ft_tokenizer_load(&t, dir, &err) == 0) {
         ft_tokenizer_free(t);
         fprintf(stderr, "  %s: load succeeded\n", sub);

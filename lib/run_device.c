@@ -1,0 +1,81 @@
+#include "run_device.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#ifdef FT_HAVE_CUDA
+#include "cuda/device_memory.h"
+#endif
+
+const char *ft_device_name(ft_device d) { return d == FT_DEV_CUDA ? "cuda" : "cpu"; }
+
+const char *ft_dtype_name(ft_dtype d)
+{
+    switch (d) {
+    case FT_BF16: return "bf16";
+    case FT_F16: return "fp16";
+    default: return "fp32";
+    }
+}
+
+/* GPUs the CUDA runtime of this build sees (0 in a build without CUDA). */
+static int visible_gpus(void)
+{
+#ifdef FT_HAVE_CUDA
+    return ft_cuda_device_count();
+#else
+    return 0;
+#endif
+}
+
+int ft_run_device_resolve(const ft_config *cfg, ft_run_device_choice *out, ft_err *err)
+{
+    memset(out, 0, sizeof *out);
+    const char *want = ft_config_str(cfg, "train.device");
+    int gpus = 0;
+    if (strcmp(want, "cpu") != 0) {
+#ifdef FT_HAVE_CUDA
+        gpus = visible_gpus();
+        if (gpus == 0 && strcmp(want, "cuda") == 0)
+            return ft_fail(err, "config: key 'train.device' is cuda, but no CUDA GPU is visible "
+                                "(bin/gpu-info says why; CUDA_VISIBLE_DEVICES?); use cpu or auto");
+#else
+        if (strcmp(want, "cuda") == 0)
+            return ft_fail(err, "config: key 'train.device' is cuda, but this build has no CUDA "
+                                "backend (rebuild with nvcc on the PATH or CUDA_HOME set; "
+                                "CUDA=0 turns it off)");
+#endif
+    }
+    out->device = gpus > 0 ? FT_DEV_CUDA : FT_DEV_CPU;
+    out->dtype = FT_F32;
+    if (out->device == FT_DEV_CUDA) {
+        if (ft_config_bool(cfg, "train.fp16"))
+            return ft_fail(err, "config: key 'train.fp16': the CUDA backend computes in bf16 "
+                                "(train.bf16, the default) or fp32, not fp16");
+        if (ft_config_bool(cfg, "train.bf16"))
+            out->dtype = FT_BF16;
+        snprintf(out->why, sizeof out->why, "train.device %s: %d CUDA GPU%s visible, %s", want,
+                 gpus, gpus == 1 ? "" : "s", ft_dtype_name(out->dtype));
+    } else {
+        snprintf(out->why, sizeof out->why, "train.device %s: CPU, fp32%s", want,
+                 strcmp(want, "auto") == 0 ? " (no CUDA GPU)" : "");
+    }
+    return 0;
+}
+
+int ft_run_device_select(const ft_run_device_choice *c, int local_rank, int *out, ft_err *err)
+{
+    *out = -1;
+    if (c->device != FT_DEV_CUDA)
+        return 0;
+#ifdef FT_HAVE_CUDA
+    int gpus = visible_gpus();
+    if (gpus == 0)
+        return ft_fail(err, "no CUDA GPU is visible");
+    *out = local_rank % gpus;
+    return ft_cuda_select_device(*out, err);
+#else
+    (void)local_rank;
+    return ft_fail(err, "a GPU run in a build without CUDA");
+#endif
+}
