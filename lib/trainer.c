@@ -812,8 +812,9 @@ int ft_train_run(const ft_config *cfg, const ft_trainer_options *o, ft_train_out
             return ft_fail(err, "/dev/null: cannot open");
         }
         t.log = t.quiet;
-    } else if (t.world > 1) {
-        fprintf(t.log, "ft-train: %d ranks (%s)\n", t.world, ft_comm_backend(t.comm));
+    } else if (t.world > 1 || strcmp(ft_comm_backend(t.comm), "single") != 0) {
+        fprintf(t.log, "ft-train: %d rank%s (%s)\n", t.world, t.world == 1 ? "" : "s",
+                ft_comm_backend(t.comm));
     }
     t.tty = isatty(fileno(t.log));
     stop_requested = 0;

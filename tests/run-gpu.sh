@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The GPU tier: runs each CUDA test binary given (their "N passed, N failed" lines are
-# added up by run-unit.sh), then each again under compute-sanitizer's memcheck
-# (out-of-bounds and misaligned accesses, API errors), which must report none.
-# Prints "gpu: N passed, N failed" and "memcheck: N passed, N failed". Then, with
-# FT_CONFORM set to the conformance harness, the whole model on the GPU against
-# transformers + PEFT on the same GPU (tests/conformance/test_gpu_model.py, run by
-# ${PYTHON:-python3}, which must have torch with CUDA, transformers and peft).
+# added up by run-unit.sh; test_dist_nccl runs NCCL in one process), then each op test
+# (test_cuda_*) again under compute-sanitizer's memcheck (out-of-bounds and misaligned
+# accesses, API errors), which must report none. Prints "gpu: N passed, N failed" and
+# "memcheck: N passed, N failed". Then, with FT_CONFORM set to the conformance harness,
+# the whole model on the GPU against transformers + PEFT on the same GPU
+# (tests/conformance/test_gpu_model.py) and ft-train on the GPU (test_gpu_train.py: the
+# 200-step curve against the CPU, kill and resume, NCCL, out-of-memory), run by
+# ${PYTHON:-python3}, which must have torch with CUDA, transformers, peft and tensorboard.
+# libnccl.so.2 is taken from that python's nvidia-nccl package when the system has none.
 set -u -o pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
@@ -13,6 +16,12 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
   exit 1
 fi
 nvidia-smi -L
+repo=$(cd "$here/.." && pwd)
+if [ -n "${1:-}" ] && ldd "$1" 2>/dev/null | grep -q "libnccl.so.2 => not found"; then
+  nccl_dir=$("${PYTHON:-python3}" -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+  [ -n "$nccl_dir" ] && export LD_LIBRARY_PATH="$nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "test-gpu: libnccl.so.2 from $nccl_dir"
+fi
 status=0
 "$here/run-unit.sh" "$@" | sed 's/^unit: /gpu: /' || status=1
 
@@ -20,6 +29,7 @@ sanitizer=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/
 passed=0; failed=0
 if [ -x "$sanitizer" ]; then
   for bin in "$@"; do
+    case "$(basename "$bin")" in test_cuda_*) ;; *) continue ;; esac
     if "$sanitizer" --tool memcheck --error-exitcode 99 \
         "$bin" >"$bin.memcheck.log" 2>&1; then
       passed=$((passed + 1))
@@ -34,7 +44,8 @@ fi
 echo "memcheck: $passed passed, $failed failed"
 
 if [ -n "${FT_CONFORM:-}" ]; then
-  "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider "$here/conformance/test_gpu_model.py" \
-    || status=1
+  FT_TRAIN=${FT_TRAIN:-$repo/bin/ft-train} "${PYTHON:-python3}" -m pytest -q -s \
+    -p no:cacheprovider "$here/conformance/test_gpu_model.py" \
+    "$here/conformance/test_gpu_train.py" || status=1
 fi
 exit $status

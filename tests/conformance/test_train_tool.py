@@ -274,3 +274,33 @@ def test_resume_after_kill_9_gives_equal_losses(workdir):
         assert abs(acc_ref[s] - v) <= 5e-5
     assert (workdir / "k9" / "final" / "adapter_model.safetensors").read_bytes() == \
         (workdir / "k9_ref" / "final" / "adapter_model.safetensors").read_bytes()
+
+
+def test_out_of_memory_prints_the_plan_and_an_override_that_fits(workdir):
+    """With the tracked allocator capped (FT_MEM_LIMIT) below what the run needs, ft-train
+    fails naming the allocation, after the memory plan and the overrides that fit; the
+    first override it offers then trains under the same cap (the cpu plan is exact, and
+    packed rows are max_seq_len long, so the run allocates what the plan says)."""
+    cfg = write_config(workdir, "oom", max_steps=2, eval_strategy="no", batch_size=8,
+                       grad_accum=1)
+    base = [FT_TRAIN, "--config", str(cfg), "--set", "data.packing=true"]
+    plan = subprocess.run(base + ["--plan"], capture_output=True, text=True)
+    assert plan.returncode == 0, plan.stderr
+    m = re.search(r"^cpu-fp32\*\s+1(?:\s+[\d.]+){5}\s+([\d.]+)", plan.stdout, re.M)
+    assert m, plan.stdout
+    limit = str(int(float(m.group(1)) * 0.9 * 2**20))
+    env = dict(os.environ, FT_MEM_LIMIT=limit)
+    out = subprocess.run(base, capture_output=True, text=True, env=env)
+    assert out.returncode == 1, out.stderr[-2000:]
+    err = out.stderr
+    assert "ft-train: out of memory on rank 0. The plan of this run, per rank:" in err
+    assert "(FT_MEM_LIMIT); this run plans" in err
+    assert re.search(r"error: .*out of memory allocating .* did not fit beside .* live "
+                     r"\(limit [\d.]+ MiB\)", err), err[-2000:]
+    offers = err.split("overrides that fit by the plan")[1].splitlines()[1:]
+    first = offers[0].split("plans")[0]
+    sets = [tok for tok in first.split() if re.fullmatch(r"[A-Z_]+=\S+", tok)]
+    assert sets and sets[0].startswith("TRAIN_BATCH_SIZE="), offers
+    args = [a for s in sets for a in ("--set-var", s)]
+    ok = subprocess.run(base + args, capture_output=True, text=True, env=env)
+    assert ok.returncode == 0, ok.stderr[-2000:]
