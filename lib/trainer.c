@@ -14,6 +14,7 @@
 #include "dist_engine.h"
 #include "evaluate.h"
 #include "fsutil.h"
+#include "gpu_monitor.h"
 #include "merge.h"
 #include "model.h"
 #include "model_path.h"
@@ -82,6 +83,7 @@ typedef struct trainer {
     ft_run_device_choice place; /* train.device resolved */
     int gpu;             /* the GPU this rank took; -1 on the CPU */
     size_t mem_limit;    /* FT_MEM_LIMIT: the model allocator's limit (0: none) */
+    ft_gpu_monitor *gpu_mon; /* NVML on this rank's GPU; NULL on the CPU or without NVML */
     ft_engine *eng;
     ft_model *m;         /* the engine's */
     ft_run_data data;
@@ -343,8 +345,17 @@ static void begin_line(trainer *t)
 
 /* Per-rank figures of this rank: tokens/s, the peak bytes of each memory category of
  * the device (the process's memory on CPU ranks) and the peak of the host memory an
- * offloaded optimizer holds; and its own loss of the last step. */
-enum { RANK_RATE = 0, RANK_LOSS, RANK_HOST, RANK_MEM, RANK_NVAL = RANK_MEM + FT_MEM_NCAT };
+ * offloaded optimizer holds; its own loss of the last step; on a GPU, NVML's
+ * utilization and the device memory in use (-1 when unknown). */
+enum {
+    RANK_RATE = 0,
+    RANK_LOSS,
+    RANK_HOST,
+    RANK_GPU_UTIL,
+    RANK_GPU_USED,
+    RANK_MEM,
+    RANK_NVAL = RANK_MEM + FT_MEM_NCAT
+};
 
 static void rank_values(trainer *t, double rate, double *v)
 {
@@ -352,6 +363,7 @@ static void rank_values(trainer *t, double rate, double *v)
     v[RANK_RATE] = rate;
     v[RANK_LOSS] = ft_engine_rank_loss(t->eng);
     v[RANK_HOST] = (double)host->peak_total;
+    ft_gpu_monitor_sample(t->gpu_mon, &v[RANK_GPU_UTIL], &v[RANK_GPU_USED]);
     for (int c = 0; c < FT_MEM_NCAT; c++)
         v[RANK_MEM + c] = (double)mem->peak[c];
 }
@@ -397,6 +409,12 @@ static int log_step(trainer *t, const ft_step_stats *st, double tok_per_s, doubl
         snprintf(tag, sizeof tag, "memory/%s_peak_bytes", ft_mem_cat_name((ft_mem_cat)c));
         rc = log_scalar(t, tag, all[(size_t)t->rank * RANK_NVAL + RANK_MEM + c], err);
     }
+    /* GPU runs: how busy this rank's GPU was, and its memory as the device counts it */
+    const double *mine = all + (size_t)t->rank * RANK_NVAL;
+    if (rc == 0 && mine[RANK_GPU_UTIL] >= 0)
+        rc = log_scalar(t, "gpu/utilization_percent", mine[RANK_GPU_UTIL], err);
+    if (rc == 0 && mine[RANK_GPU_USED] >= 0)
+        rc = log_scalar(t, "gpu/memory_used_bytes", mine[RANK_GPU_USED], err);
     /* per rank, in distributed runs */
     for (int r = 0; t->world > 1 && r < t->world && rc == 0; r++) {
         char tag[96];
@@ -415,6 +433,10 @@ static int log_step(trainer *t, const ft_step_stats *st, double tok_per_s, doubl
         if (rc == 0 && ft_engine_host_mem(t->eng)->peak_total) {
             snprintf(tag, sizeof tag, "rank%d/memory/host_offload_peak_bytes", r);
             rc = log_scalar(t, tag, all[(size_t)r * RANK_NVAL + RANK_HOST], err);
+        }
+        if (rc == 0 && all[(size_t)r * RANK_NVAL + RANK_GPU_UTIL] >= 0) {
+            snprintf(tag, sizeof tag, "rank%d/gpu_utilization_percent", r);
+            rc = log_scalar(t, tag, all[(size_t)r * RANK_NVAL + RANK_GPU_UTIL], err);
         }
     }
     if (t->world > 1 && rc == 0)
@@ -685,8 +707,12 @@ static int setup_device(trainer *t, ft_err *err)
     if (ft_run_device_resolve(t->cfg, &t->place, err) ||
         ft_run_device_select(&t->place, ft_comm_local_rank(t->comm), &t->gpu, err))
         return -1;
-    if (t->place.device == FT_DEV_CUDA)
-        fprintf(t->log, "ft-train: %s; rank %d takes GPU %d\n", t->place.why, t->rank, t->gpu);
+    if (t->place.device != FT_DEV_CUDA)
+        return 0;
+    fprintf(t->log, "ft-train: %s; rank %d takes GPU %d\n", t->place.why, t->rank, t->gpu);
+    char why[128];
+    if (!(t->gpu_mon = ft_gpu_monitor_open(t->gpu, why, sizeof why)))
+        fprintf(t->log, "ft-train: no GPU utilization in the logs: %s\n", why);
     return 0;
 }
 
@@ -860,6 +886,7 @@ int ft_train_run(const ft_config *cfg, const ft_trainer_options *o, ft_train_out
         ctx.dev = t.place.device == FT_DEV_CUDA ? FT_MEM_DEVICE_CUDA : FT_MEM_DEVICE_CPU;
         ft_oom_advice(cfg, &ctx, o->log ? o->log : stderr);
     }
+    ft_gpu_monitor_close(t.gpu_mon);
     ft_comm_finalize(t.own_comm);
     return rc;
 }

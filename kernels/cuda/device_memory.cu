@@ -32,6 +32,15 @@ extern "C" void *ft_cuda_malloc(size_t bytes)
     return p;
 }
 
+extern "C" int ft_cuda_pci_bus_id(int index, char *buf, int len)
+{
+    if (cudaDeviceGetPCIBusId(buf, len, index) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    return 0;
+}
+
 extern "C" int ft_cuda_select_device(int index, ft_err *err)
 {
     CUDA_TRY(cudaSetDevice(index), err);

@@ -17,6 +17,9 @@ struct ft_err;
 /* Number of CUDA devices the runtime sees; 0 when there is no device or no driver. */
 int ft_cuda_device_count(void);
 
+/* The PCI bus id of device ordinal index ("0000:3b:00.0") into buf. 0, or -1. */
+int ft_cuda_pci_bus_id(int index, char *buf, int len);
+
 /* Makes device ordinal index the calling thread's current device. 0, or -1 with err. */
 int ft_cuda_select_device(int index, struct ft_err *err);
 

@@ -6,6 +6,7 @@
   a checkpoint resumes to the losses and adapter of the uninterrupted run, bit for bit;
 - one process with FT_DIST_BACKEND=nccl runs NCCL with world size 1 and trains as the
   plain run does; zero1 and offload_optimizer on the GPU equal the plain run;
+- the TensorBoard events carry the GPU's utilization and memory in use (NVML);
 - running out of GPU memory (FT_MEM_LIMIT) prints the memory plan and the overrides that
   fit, and exits non-zero; a strategy the GPU engine lacks is refused by name.
 
@@ -21,7 +22,7 @@ import time
 import pytest
 import torch
 
-from test_train_tool import FT_TRAIN, printed_losses, train, workdir, write_config  # noqa: F401
+from test_train_tool import FT_TRAIN, tb_scalars, train, workdir, write_config  # noqa: F401
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 
@@ -73,6 +74,10 @@ def test_gpu_fp32_tracks_cpu(workdir, cpu_curve):
           f"GPU {gpu[STEPS]:.4f}")
     assert worst <= FP32_TOL
     assert gpu[STEPS] < gpu[1] - 0.5
+    # NVML's view of the GPU in the TensorBoard events (the driver ships NVML)
+    tags = tb_scalars(workdir / "curve_gpu_fp32").Tags()["scalars"]
+    if "no GPU utilization in the logs" not in log:
+        assert "gpu/utilization_percent" in tags and "gpu/memory_used_bytes" in tags
 
 
 def test_gpu_bf16_tracks_cpu(workdir, cpu_curve):
