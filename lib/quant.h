@@ -97,7 +97,8 @@ void ft_qtensor_free(ft_qtensor *q);
 /* lib/quant_device.c. Moves a host qtensor's arrays to device (FT_DEV_CUDA): allocated
  * with ft_alloc_on(mem, device, FT_MEM_WEIGHTS, ...), so mem counts them, copied there,
  * and the host arrays freed. -1 with err (naming no tensor: the caller adds that) when
- * the device is out of memory or a copy fails; q is then unchanged, still on the host. */
+ * the device is out of memory, a copy fails, the build has no CUDA backend or device is
+ * not a GPU; q is then unchanged, still on the host. */
 int ft_qtensor_to_device(ft_qtensor *q, ft_mem *mem, ft_device device, ft_err *err);
 /* Frees q's arrays wherever they live: a device's with ft_free_on(mem, ...) (mem: the
  * context ft_qtensor_to_device counted them in), the host's as ft_qtensor_free. */
