@@ -42,10 +42,11 @@ typedef struct planner {
     size_t *unit_train, *unit_frozen_bytes, *unit_frozen;
     /* a quantized base (qlora, or a checkpoint quantized already): the format, the
      * modules left dense, and per unit its quantized weights' elements (the
-     * dequantization window holds one unit's) and bytes */
+     * dequantization window holds one unit's), bytes, and the largest absmax temporary
+     * of one of them (fp32 elements; double quantization only) */
     ft_quant_options quant;
     const char *quant_skip;
-    size_t *unit_quantized, *unit_quant_bytes;
+    size_t *unit_quantized, *unit_quant_bytes, *unit_absmax;
 } planner;
 
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
@@ -74,9 +75,12 @@ static void add_tensor(planner *p, int unit, size_t numel, bool trainable, bool 
         size_t fb = quant ? qb : h * numel;
         r->n_frozen += numel;
         if (quant) {
+            size_t a = ft_quant_absmax_tmp(&p->quant, rows, cols);
             r->n_quantized += numel;
             r->quant_bytes += qb;
             p->unit_quantized[unit] += numel;
+            if (a > p->unit_absmax[unit])
+                p->unit_absmax[unit] = a;
         }
         p->unit_frozen_bytes[unit] += fb;
         if (quant)
@@ -231,13 +235,15 @@ static void plan_pipeline(ft_memplan_result *r, const planner *p, const act_spec
     size_t T = (size_t)r->seq_len;
     for (int rank = 0; rank < W; rank++) {
         stage_span span = {first[rank], first[rank + 1] - 1};
-        size_t nt = 0, nf = 0, qb = 0, qwin = 0;
+        size_t nt = 0, nf = 0, qb = 0, qwin = 0, qabs = 0;
         for (int u = span.first; u <= span.last; u++) {
             nt += p->unit_train[u];
             nf += p->unit_frozen[u];
             qb += p->unit_quant_bytes[u];
             if (p->unit_quantized[u] > qwin)
                 qwin = p->unit_quantized[u];
+            if (p->unit_absmax[u] > qabs)
+                qabs = p->unit_absmax[u];
         }
         size_t *b = r->pipe_bytes[rank];
         b[FT_MEM_WEIGHTS] = 4 * (nt + nf) + qb;
@@ -256,7 +262,7 @@ static void plan_pipeline(ft_memplan_result *r, const planner *p, const act_spec
             if (act_bytes(&ws, 4) > b[FT_MEM_WORKSPACE])
                 b[FT_MEM_WORKSPACE] = act_bytes(&ws, 4);
         }
-        b[FT_MEM_WORKSPACE] += 4 * qwin;
+        b[FT_MEM_WORKSPACE] += 4 * (qwin + qabs);
     }
     r->pipe_stages = W;
 }
@@ -312,7 +318,7 @@ size_t ft_memplan_cpu_rank(const ft_memplan_result *r, ft_plan_row_id row, int r
         return total;
     }
     /* a quantized base lives outside the flat frozen buffer, whole on every rank, with
-     * one unit's dequantization window */
+     * one unit's dequantization window and its absmax temporary */
     size_t Pt = r->n_trainable, Pf = r->n_frozen - r->n_quantized;
     size_t st = shard_of(Pt, W, rank), sf = shard_of(Pf, W, rank);
     size_t U = r->max_unit_trainable, F = r->max_unit_frozen;
@@ -323,7 +329,7 @@ size_t ft_memplan_cpu_rank(const ft_memplan_result *r, ft_plan_row_id row, int r
     bytes[FT_MEM_GRADS] = 4 * ((windows ? 0 : Pt) + (zero ? st : 0));
     bytes[FT_MEM_OPTIM] = r->offload ? 0 : 8 * own;
     bytes[FT_MEM_ACTIVATIONS] = r->cpu_activations;
-    bytes[FT_MEM_WORKSPACE] = r->cpu_workspace + 4 * r->max_unit_quantized;
+    bytes[FT_MEM_WORKSPACE] = r->cpu_workspace + 4 * (r->max_unit_quantized + r->max_quant_absmax);
     if (windows) /* two gradient windows, each with its reduce-scatter landing buffer */
         bytes[FT_MEM_WORKSPACE] += 4 * 4 * U;
     if (z3) /* parameter windows: the unit computing, the next one, a tied embedding */
@@ -441,7 +447,7 @@ int ft_memplan_batch(const ft_config *cfg, const ft_model_config *mc, int world_
     }
 
     size_t n_units = (size_t)mc->num_layers + 2;
-    size_t *unit_buf = calloc(5 * n_units, sizeof *unit_buf);
+    size_t *unit_buf = calloc(6 * n_units, sizeof *unit_buf);
     if (!unit_buf) {
         free(mask);
         return ft_fail(err, "out of memory");
@@ -458,7 +464,8 @@ int ft_memplan_batch(const ft_config *cfg, const ft_model_config *mc, int world_
                  .quant = quant,
                  .quant_skip = quant_skip,
                  .unit_quantized = unit_buf + 3 * n_units,
-                 .unit_quant_bytes = unit_buf + 4 * n_units};
+                 .unit_quant_bytes = unit_buf + 4 * n_units,
+                 .unit_absmax = unit_buf + 5 * n_units};
 
     static const char *names[FT_PLAN_NROWS] = {
         "cpu-fp32",  "cpu-ddp",   "cpu-zero1", "cpu-zero2", "cpu-zero3",
@@ -506,12 +513,16 @@ int ft_memplan_batch(const ft_config *cfg, const ft_model_config *mc, int world_
         r->rows[i].bytes[FT_MEM_ACTIVATIONS] = act_bytes(&act, h);
         r->rows[i].bytes[FT_MEM_WORKSPACE] = act_bytes(&ws, h);
     }
-    /* a quantized base: one unit's weights dequantized at a time (model.c's window) */
-    for (size_t u = 0; u < n_units; u++)
+    /* a quantized base: one unit's weights dequantized at a time (model.c's window, of
+     * the compute dtype) with an fp32 absmax temporary for a double-quantized weight */
+    for (size_t u = 0; u < n_units; u++) {
         if (p.unit_quantized[u] > r->max_unit_quantized)
             r->max_unit_quantized = p.unit_quantized[u];
+        if (p.unit_absmax[u] > r->max_quant_absmax)
+            r->max_quant_absmax = p.unit_absmax[u];
+    }
     for (int i = FT_PLAN_GPU_1; i < FT_PLAN_NROWS; i++)
-        r->rows[i].bytes[FT_MEM_WORKSPACE] += h * r->max_unit_quantized;
+        r->rows[i].bytes[FT_MEM_WORKSPACE] += h * r->max_unit_quantized + 4 * r->max_quant_absmax;
     r->cpu_activations = act_bytes(&act, 4);
     r->cpu_workspace = act_bytes(&ws, 4);
     plan_pipeline(r, &p, &sp, (int)ft_config_int(cfg, "dist.pipeline_micro_batches"));

@@ -147,6 +147,8 @@ typedef struct ft_memplan_result {
     size_t quant_bytes;    /* what those weights take quantized (codes and state) */
     char quant[16];        /* that base's format ("nf4+dq", "fp4", "int8"), "" when dense */
     size_t max_unit_quantized; /* elements of the largest unit's quantized weights */
+    size_t max_quant_absmax;   /* fp32 elements of the largest absmax temporary of one
+                                * double-quantized weight (the window's, model.c) */
 
     /* what the cpu-* rows of each rank are computed from (ft_memplan_cpu_rank) */
     size_t max_unit_trainable, max_unit_frozen; /* elements of the largest unit */

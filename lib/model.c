@@ -283,17 +283,26 @@ static bool quant_state_tensor(ft_model *m, const char *name)
     return false;
 }
 
+/* Frees quantized param i's arrays and takes them off the count: the host's were counted
+ * by read_quantized, a device's by the allocator. */
+static void drop_qtensor(ft_model *m, size_t i)
+{
+    ft_qtensor *q = &m->qt[i];
+    if (q->type != FT_QUANT_NONE && q->device == FT_DEV_CPU)
+        ft_mem_account(&m->mem, FT_MEM_WEIGHTS, ft_qtensor_bytes(q), false);
+    ft_qtensor_free_on(q, &m->mem);
+}
+
 /* Fills quantized param i from the checkpoint: read as it is, or quantized from the
- * dense tensor t. */
+ * dense tensor t, on the host; a GPU model then moves it to the device (the host keeps
+ * no copy). */
 static int read_quantized(ft_model *m, ft_checkpoint *ck, size_t i, const ft_st_tensor *t,
                           ft_err *err)
 {
     ft_param *p = &m->params[i];
     ft_qtensor *q = &m->qt[i];
-    if (q->type != FT_QUANT_NONE) {
-        ft_mem_account(&m->mem, FT_MEM_WEIGHTS, ft_qtensor_bytes(q), false);
-        ft_qtensor_free(q);
-    }
+    drop_qtensor(m, i);
+    m->qwin_unit = -1;
     int rc;
     if (m->quant_from_ckpt) {
         char prefix[160];
@@ -309,10 +318,16 @@ static int read_quantized(ft_model *m, ft_checkpoint *ck, size_t i, const ft_st_
             rc = ft_fail_prefix(err, "%s: quantizing '%s'", t->file, p->name);
         free(dense);
     }
-    if (rc == 0)
-        ft_mem_account(&m->mem, FT_MEM_WEIGHTS, ft_qtensor_bytes(q), true);
-    m->qwin_unit = -1;
-    return rc;
+    if (rc || m->dev == FT_DEV_CPU) {
+        if (rc == 0)
+            ft_mem_account(&m->mem, FT_MEM_WEIGHTS, ft_qtensor_bytes(q), true);
+        return rc;
+    }
+    if (ft_qtensor_to_device(q, &m->mem, m->dev, err)) {
+        ft_qtensor_free(q);
+        return ft_fail_prefix(err, "'%s'", p->name);
+    }
+    return 0;
 }
 
 static bool ignorable_tensor(ft_model *m, const char *name)
@@ -387,7 +402,8 @@ int ft_model_param_to_writer(ft_model *m, const ft_param *p, ft_st_writer *w, ft
 {
     const float *data = p->data;
     float *host = NULL;
-    if (m->dev != FT_DEV_CPU) {
+    /* a quantized weight's values are dequantized (ft_model_param_get) */
+    if (m->dev != FT_DEV_CPU || p->quantized) {
         if (!(host = malloc(p->numel * sizeof *host + 1)))
             return ft_fail(err, "out of host memory saving '%s'", p->name);
         if (ft_model_param_get(m, p, host, err) || ft_st_writer_keep(w, host)) {
@@ -423,22 +439,19 @@ static int setup_lora(ft_model *m, ft_err *err)
 }
 
 /* Why the model cannot run on opt's device in opt's dtype; NULL when it can. */
-static const char *device_unsupported(const ft_model *m, const ft_model_options *opt)
+static const char *device_unsupported(const ft_model_options *opt)
 {
     if (opt->device == FT_DEV_CPU)
         return opt->dtype == FT_F32 ? NULL : "the CPU backend computes in fp32 only";
     if (opt->device != FT_DEV_CUDA)
         return "unknown device";
 #ifndef FT_HAVE_CUDA
-    (void)m;
     return "this build has no CUDA backend (rebuild with nvcc on the PATH or CUDA_HOME set)";
 #else
     if (opt->dtype != FT_F32 && opt->dtype != FT_BF16)
         return "the GPU model computes in fp32 or bf16";
     if (opt->unbound)
         return "the distributed strategies run on the CPU only so far (GPU: one process)";
-    if (m->quant.type != FT_QUANT_NONE)
-        return "a quantized base (QLoRA) runs on the CPU only so far";
     if (ft_cuda_device_count() == 0)
         return "no CUDA GPU is visible (see bin/gpu-info)";
     return NULL;
@@ -478,7 +491,7 @@ int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, 
     m->dev = opt->device;
     m->cdt = opt->dtype;
     m->mem.limit = opt->mem_limit;
-    const char *bad_device = device_unsupported(m, opt);
+    const char *bad_device = device_unsupported(opt);
     if (bad_device) {
         ft_fail(err, "%s: %s", dir, bad_device);
         free(m);
@@ -699,12 +712,13 @@ void ft_model_free(ft_model *m)
         ft_free_on(&m->mem, m->dev, m->inv_freq_dev);
     free(m->logits_h);
     for (size_t i = 0; m->qt && i < m->n_params; i++)
-        ft_qtensor_free(&m->qt[i]);
+        drop_qtensor(m, i);
     for (size_t i = 0; m->qdense && i < m->n_params; i++)
-        ft_free(&m->mem, m->qdense[i]);
+        ft_free_on(&m->mem, m->dev, m->qdense[i]);
     free(m->qt);
     free(m->qdense);
-    ft_free(&m->mem, m->qwin);
+    ft_free_on(&m->mem, m->dev, m->qwin);
+    ft_free_on(&m->mem, m->dev, m->qabsmax);
     free(m->params);
     free(m->slot_data);
     free(m->slot_grad);
@@ -827,39 +841,77 @@ void ft_model_use_activation_slot(ft_model *m, int slot)
 ft_quant_options ft_model_quant(const ft_model *m) { return m->quant; }
 
 /* The window, sized for the largest quantized layer this model computes (a pipeline
- * stage only its own), allocated on first use. */
+ * stage only its own), and the absmax temporary for its largest double-quantized weight,
+ * allocated on first use, on the model's device. The window holds the compute dtype. */
 static int alloc_window(ft_model *m)
 {
-    size_t n = 0;
+    size_t n = 0, nabs = 0;
     for (int u = m->stage_first > 1 ? m->stage_first : 1;
          u <= m->stage_last && u <= m->cfg.num_layers; u++) {
         size_t in_unit = 0;
-        for (size_t i = 0; i < m->n_params; i++)
-            if (m->params[i].unit == u && m->params[i].quantized)
-                in_unit += m->params[i].numel;
+        for (size_t i = 0; i < m->n_params; i++) {
+            const ft_param *p = &m->params[i];
+            if (p->unit != u || !p->quantized)
+                continue;
+            in_unit += p->numel;
+            size_t a = ft_quant_absmax_tmp(&m->quant, p->shape[0], p->shape[1]);
+            nabs = a > nabs ? a : nabs;
+        }
         if (in_unit > n)
             n = in_unit;
     }
-    m->qwin = n ? ft_alloc(&m->mem, FT_MEM_WORKSPACE, n * sizeof(float)) : NULL;
-    return n && !m->qwin ? -1 : 0;
+    m->qwin = n ? ft_alloc_on(&m->mem, m->dev, FT_MEM_WORKSPACE, n * model_esize(m)) : NULL;
+    if (n && !m->qwin)
+        return -1;
+    if (nabs)
+        m->qabsmax = ft_alloc_on(&m->mem, m->dev, FT_MEM_WORKSPACE, nabs * sizeof(float));
+    if (nabs && !m->qabsmax)
+        return -1;
+    m->qabsmax_n = nabs;
+    return 0;
+}
+
+static const char *dev_word(const ft_model *m) { return m->dev == FT_DEV_CUDA ? "GPU " : ""; }
+
+/* Dequantizes quantized param i into out (numel of the compute dtype on the model's
+ * device). The absmax temporary grows when a checkpoint's weight needs more than its
+ * quantization_config implies (a blocksize of its own). */
+static int dequantize_param(ft_model *m, size_t i, float *out, ft_err *err)
+{
+    const ft_qtensor *q = &m->qt[i];
+    const ft_param *p = &m->params[i];
+    size_t nabs = ft_qtensor_absmax_tmp(q);
+    if (nabs > m->qabsmax_n) {
+        ft_free_on(&m->mem, m->dev, m->qabsmax);
+        m->qabsmax = ft_alloc_on(&m->mem, m->dev, FT_MEM_WORKSPACE, nabs * sizeof(float));
+        m->qabsmax_n = m->qabsmax ? nabs : 0;
+        if (!m->qabsmax)
+            return ft_fail(err, "out of %smemory dequantizing '%s'", dev_word(m), p->name);
+    }
+    ft_dequantize_to(q, model_view(m, out, p->numel, m->cdt),
+                     model_view(m, m->qabsmax, m->qabsmax_n, FT_F32));
+    return 0;
 }
 
 int ft_model_materialize(ft_model *m, int unit, ft_err *err)
 {
     if (!m->qt || unit == m->qwin_unit || unit < 1 || unit > m->cfg.num_layers)
         return 0;
+    if (unit < m->stage_first || unit > m->stage_last) /* the window is sized for those */
+        return ft_fail(err, "layer %d is outside this pipeline stage (units %d..%d): its "
+                            "quantized weights are not dequantized here",
+                       unit - 1, m->stage_first, m->stage_last);
     if (!m->qwin && alloc_window(m))
         return ft_mem_fail(err, &m->mem, m->dev, "the dequantization window");
+    m->qwin_unit = -1;
     for (size_t i = 0; i < m->n_params; i++) {
         ft_param *p = &m->params[i];
         if (p->unit != unit || !p->quantized)
             continue;
-        p->data = m->qwin + p->offset;
+        p->data = model_at(m, m->qwin, p->offset);
         *m->slot_data[i] = p->data;
-        if (m->qt[i].type != FT_QUANT_NONE && ft_dequantize(&m->qt[i], p->data)) {
-            m->qwin_unit = -1;
-            return ft_fail(err, "out of memory dequantizing '%s'", p->name);
-        }
+        if (m->qt[i].type != FT_QUANT_NONE && dequantize_param(m, i, p->data, err))
+            return -1;
     }
     m->qwin_unit = unit;
     return 0;
@@ -873,20 +925,26 @@ int ft_model_dequantize_base(ft_model *m, ft_err *err)
             continue;
         if (!m->qdense && !(m->qdense = calloc(m->n_params, sizeof *m->qdense)))
             return ft_fail(err, "out of memory dequantizing the base");
-        float *d = ft_alloc(&m->mem, FT_MEM_WEIGHTS, p->numel * sizeof *d);
+        float *d = ft_alloc_on(&m->mem, m->dev, FT_MEM_WEIGHTS, p->numel * model_esize(m));
         if (!d)
-            return ft_fail(err, "out of memory dequantizing '%s'", p->name);
-        if (ft_dequantize(&m->qt[i], d)) {
-            ft_free(&m->mem, d);
-            return ft_fail(err, "out of memory dequantizing '%s'", p->name);
+            return ft_fail(err, "out of %smemory dequantizing '%s'", dev_word(m), p->name);
+        if (dequantize_param(m, i, d, err)) {
+            ft_free_on(&m->mem, m->dev, d);
+            return -1;
         }
-        ft_mem_account(&m->mem, FT_MEM_WEIGHTS, ft_qtensor_bytes(&m->qt[i]), false);
-        ft_qtensor_free(&m->qt[i]);
+        drop_qtensor(m, i);
         m->qdense[i] = d;
         p->data = d;
         *m->slot_data[i] = d;
         p->quantized = false;
     }
+    /* nothing is quantized any more: no window, no temporary */
+    ft_free_on(&m->mem, m->dev, m->qwin);
+    ft_free_on(&m->mem, m->dev, m->qabsmax);
+    m->qwin = m->qabsmax = NULL;
+    m->qabsmax_n = 0;
+    free(m->qt);
+    m->qt = NULL;
     m->qwin_unit = -1;
     return 0;
 }

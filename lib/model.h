@@ -66,8 +66,10 @@ typedef struct ft_model_options {
      * with FT_BF16 the frozen weights and the activations are bf16 and the trainable
      * parameters keep an fp32 master copy (what ft_param.data and ft_model_trainable
      * point at) beside the bf16 copy the ops read, refreshed by ft_model_sync_compute;
-     * gradients are fp32. The GPU model is whole (not unbound) and dense (no quantized
-     * base) for now. */
+     * gradients are fp32. The GPU model is whole (not unbound). A quantized base
+     * (QLoRA) is read or quantized on the host, then kept on the GPU in its quantized
+     * form only, and dequantized there one layer at a time into a window of the compute
+     * dtype (ft_model_materialize). */
     ft_device device;
     ft_dtype dtype;
     /* 0, or the most bytes the model's allocator (and a strategy's buffers beside it) may
@@ -152,7 +154,9 @@ ft_device ft_model_device(const ft_model *m);
 ft_dtype ft_model_dtype(const ft_model *m);
 
 /* A parameter's values as fp32 on the host, and back (set also refreshes the compute
- * copy of a trainable parameter). host holds p->numel floats. On the CPU these copy. */
+ * copy of a trainable parameter). host holds p->numel floats. On the CPU these copy.
+ * A quantized weight reads as dequantized (its layer is materialized first; on a bf16
+ * model the bf16 values the ops use); setting one is an error. */
 int ft_model_param_get(ft_model *m, const ft_param *p, float *host, ft_err *err);
 int ft_model_param_set(ft_model *m, ft_param *p, const float *host, ft_err *err);
 /* A trainable parameter's gradient as fp32 on the host. */
@@ -235,12 +239,14 @@ int ft_model_init_unit(ft_model *m, int unit, const char *adapter_dir, ft_err *e
 ft_quant_options ft_model_quant(const ft_model *m);
 /* Dequantizes the quantized weights of unit (a layer) into the model's window and points
  * their params at it (valid until another unit is materialized); a no-op for units
- * without quantized weights. The window (one layer's quantized weights in fp32, the
- * workspace category) is allocated on first use: -1 when that fails. */
+ * without quantized weights. The window (one layer's quantized weights in the compute
+ * dtype, on the model's device, with an fp32 temporary for a double-quantized absmax;
+ * the workspace category) is allocated on first use: -1 when that fails. */
 int ft_model_materialize(ft_model *m, int unit, ft_err *err);
-/* Replaces every quantized weight by its dequantized fp32 copy for good (ft-merge: the
- * whole base dense, so the adapter can be added to it). The quantization stays readable
- * through ft_model_quant. */
+/* Replaces every quantized weight by its dequantized copy for good (ft-merge: the whole
+ * base dense, so the adapter can be added to it), in the compute dtype on the model's
+ * device (fp32 on the CPU), and frees the quantized arrays and the window. The
+ * quantization stays readable through ft_model_quant. */
 int ft_model_dequantize_base(ft_model *m, ft_err *err);
 
 /* Saves the LoRA weights as a PEFT adapter (adapter_config.json +

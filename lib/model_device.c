@@ -74,6 +74,9 @@ static ft_dtype param_dtype(const ft_model *m, const ft_param *p)
 
 int ft_model_param_get(ft_model *m, const ft_param *p, float *host, ft_err *err)
 {
+    /* a quantized weight: its layer dequantized into the window first */
+    if (p->quantized && ft_model_materialize(m, p->unit, err))
+        return ft_fail_prefix(err, "parameter '%s'", p->name);
     if (!p->data)
         return ft_fail(err, "parameter '%s' is not bound", p->name);
     return download_values(m, host, p->data, p->numel, param_dtype(m, p), err);
@@ -88,6 +91,10 @@ int ft_model_grad_get(ft_model *m, const ft_param *p, float *host, ft_err *err)
 
 int ft_model_param_set(ft_model *m, ft_param *p, const float *host, ft_err *err)
 {
+    if (p->quantized)
+        return ft_fail(err, "parameter '%s' is a quantized base weight: it cannot be set "
+                            "(only read, dequantized)",
+                       p->name);
     if (!p->data)
         return ft_fail(err, "parameter '%s' is not bound", p->name);
     if (upload_values(m, p->data, host, p->numel, param_dtype(m, p), err))

@@ -77,11 +77,17 @@ struct ft_model {
     ft_quant_options quant;      /* in force; type NONE: a dense base */
     bool quant_from_ckpt;        /* the checkpoint holds them quantized */
     char quant_skip[512];
-    ft_qtensor *qt;              /* [n_params]: type NONE where not quantized */
-    float *qwin;                 /* one unit's quantized weights, allocated on first use */
+    ft_qtensor *qt;              /* [n_params]: type NONE where not quantized; on the
+                                  * model's device (a GPU model keeps no host copy) */
+    float *qwin;                 /* one unit's quantized weights dequantized, of the
+                                  * compute dtype, on the device; allocated on first use */
     size_t qwin_n;               /* the most quantized elements in one unit (0: none) */
     int qwin_unit;               /* the unit the window holds, -1 none */
-    float **qdense;              /* [n_params]: ft_model_dequantize_base's buffers */
+    float *qabsmax;              /* fp32 [qabsmax_n] on the device: a double-quantized
+                                  * weight's block absmax, reconstructed (ft_dequantize_to) */
+    size_t qabsmax_n;
+    float **qdense;              /* [n_params]: ft_model_dequantize_base's buffers (compute
+                                  * dtype, on the device) */
     int stage_first, stage_last; /* units this model computes (pipeline stage) */
     float *embed, *g_embed;
     float *norm_f, *g_norm_f;

@@ -306,28 +306,43 @@ int ft_quantize(const float *w, int64_t rows, int64_t cols, const ft_quant_optio
     return 0;
 }
 
-int ft_dequantize(const ft_qtensor *q, float *out)
+size_t ft_qtensor_absmax_tmp(const ft_qtensor *q)
+{
+    return q->type != FT_QUANT_INT8 && q->nested ? q->n_blocks : 0;
+}
+
+void ft_dequantize_to(const ft_qtensor *q, ft_tensor out, ft_tensor absmax_tmp)
 {
     size_t n = (size_t)q->rows * (size_t)q->cols;
+    ft_device d = q->device;
     if (q->type == FT_QUANT_INT8) {
-        ft_dequant_int8_rows(ft_f32(out, n), ft_i8(q->q, n), ft_f32(q->scb, (size_t)q->rows),
-                             (int)q->rows, (int)q->cols);
-        return 0;
+        ft_dequant_int8_rows(out, ft_view(q->q, n, FT_I8, d),
+                             ft_view(q->scb, (size_t)q->rows, FT_F32, d), (int)q->rows,
+                             (int)q->cols);
+        return;
     }
-    float *absmax = q->absmax;
+    ft_tensor absmax = ft_view(q->absmax, q->n_blocks, FT_F32, d);
     if (q->nested) { /* the block absmax first, from their 8-bit codes */
-        absmax = malloc(q->n_blocks * sizeof *absmax);
-        if (!absmax)
-            return -1;
-        size_t n2 = (q->n_blocks + (size_t)q->nested_blocksize - 1) / (size_t)q->nested_blocksize;
-        ft_dequant_8bit_blockwise(ft_f32(absmax, q->n_blocks), ft_u8(q->absmax_q, q->n_blocks),
-                                  ft_f32(q->nested_absmax, n2), ft_f32(q->nested_map, 256),
-                                  q->n_blocks, q->nested_blocksize, q->nested_offset);
+        size_t n2 = ceil_div(q->n_blocks, (size_t)q->nested_blocksize);
+        absmax = absmax_tmp;
+        ft_dequant_8bit_blockwise(absmax, ft_view(q->absmax_q, q->n_blocks, FT_U8, d),
+                                  ft_view(q->nested_absmax, n2, FT_F32, d),
+                                  ft_view(q->nested_map, 256, FT_F32, d), q->n_blocks,
+                                  q->nested_blocksize, q->nested_offset);
     }
-    ft_dequant_4bit(ft_f32(out, n), ft_u8(q->packed, (n + 1) / 2), ft_f32(absmax, q->n_blocks),
-                    ft_f32((float *)ft_quant_code(q->type), 16), n, q->blocksize);
-    if (absmax != q->absmax)
-        free(absmax);
+    float *code = q->code ? q->code : (float *)ft_quant_code(q->type);
+    ft_dequant_4bit(out, ft_view(q->packed, (n + 1) / 2, FT_U8, d), absmax,
+                    ft_view(code, 16, FT_F32, d), n, q->blocksize);
+}
+
+int ft_dequantize(const ft_qtensor *q, float *out)
+{
+    size_t nt = ft_qtensor_absmax_tmp(q);
+    float *tmp = nt ? malloc(nt * sizeof *tmp) : NULL;
+    if (nt && !tmp)
+        return -1;
+    ft_dequantize_to(q, ft_f32(out, (size_t)q->rows * (size_t)q->cols), ft_f32(tmp, nt));
+    free(tmp);
     return 0;
 }
 
@@ -351,6 +366,13 @@ size_t ft_quant_size(const ft_quant_options *o, int64_t rows, int64_t cols)
     if (o->type == FT_QUANT_NF4 || o->type == FT_QUANT_FP4)
         q.n_blocks = ceil_div((size_t)(rows * cols), (size_t)o->blocksize);
     return ft_qtensor_bytes(&q);
+}
+
+size_t ft_quant_absmax_tmp(const ft_quant_options *o, int64_t rows, int64_t cols)
+{
+    if ((o->type != FT_QUANT_NF4 && o->type != FT_QUANT_FP4) || !o->double_quant)
+        return 0;
+    return ceil_div((size_t)(rows * cols), (size_t)o->blocksize);
 }
 
 size_t ft_qtensor_bytes(const ft_qtensor *q)

@@ -209,6 +209,8 @@ static int run(const spec *s, const char *out_path, ft_err *err)
     if (s->mode == FT_TRAIN_LORA && ft_model_load_adapter(m, s->adapter_dir, err))
         goto done;
 
+    /* every quantized weight as the model dequantizes it (on a GPU model: there, in its
+     * compute dtype), one layer after the other */
     for (int unit = 1; unit <= c->num_layers; unit++) {
         if (ft_model_materialize(m, unit, err))
             goto done;
@@ -218,8 +220,9 @@ static int run(const spec *s, const char *out_path, ft_err *err)
                 continue;
             char name[256];
             snprintf(name, sizeof name, "dequant.%s", p->name);
-            if (ft_st_writer_add(w, name, FT_ST_F32, p->ndim, p->shape,
-                                 kept_copy(&k, p->data, p->numel), err))
+            float *data = kept_copy(&k, NULL, p->numel);
+            if (ft_model_param_get(m, p, data, err) ||
+                ft_st_writer_add(w, name, FT_ST_F32, p->ndim, p->shape, data, err))
                 goto done;
         }
     }

@@ -81,3 +81,99 @@ def test_gpu_vs_cpu_reference(case):
     else:
         ftref.assert_close("bf16 logits vs CPU", case.out["logits"], case.cpu["logits"],
                            BF16_TOL_LOGITS)
+
+
+# --------------------------------------------------------------------------------------
+# QLoRA: a quantized base on the GPU (kept there in 4 or 8 bits, dequantized one layer at
+# a time into a window of the compute dtype) against our CPU QLoRA model on the same
+# quantized weights: both quantize on load with the same host code (or read the same
+# checkpoint), so only where and in what dtype they compute differs. The CPU QLoRA model
+# itself is held against transformers + PEFT in test_qlora.py.
+#
+# (model, adapter variant, quant, grad_ckpt, prequantized: read from ft-quantize's output
+# instead of quantized on load)
+QLORA_CASES = [
+    ("llama_gqa", "all7", dict(type="nf4", blocksize=64, double_quant=True), False, False),
+    ("llama_gqa", "all7", dict(type="nf4", blocksize=64, double_quant=True), True, False),
+    ("qwen2", "qv", dict(type="fp4", blocksize=128, double_quant=False), False, False),
+    ("tied", "all-linear", dict(type="int8"), False, False),
+    ("llama_gqa", "qv", dict(type="nf4", blocksize=64, double_quant=True), False, True),
+]
+
+
+def _qlora_id(c):
+    model, variant, q, ckpt, pre = c
+    return (f"{model}-{variant}-{q['type']}{'-dq' if q.get('double_quant') else ''}"
+            f"{'-ckpt' if ckpt else ''}{'-prequantized' if pre else ''}")
+
+
+@pytest.fixture(scope="module")
+def quantized_dirs(tmp_path_factory):
+    """quantized_dirs(store, name, q) -> ft-quantize's output for the store's model."""
+    made = {}
+    root = tmp_path_factory.mktemp("gpu-prequantized")
+
+    def get(store, name, q):
+        key = (name, q["type"], q.get("blocksize"), q.get("double_quant"))
+        if key not in made:
+            exe = ftref.tool_exe("FT_QUANTIZE", "ft-quantize")
+            out = root / f"{name}-{len(made)}"
+            args = [exe, "--model", store.model(name), "--out", out, "--type", q["type"]]
+            if q["type"] != "int8":
+                args += ["--blocksize", q["blocksize"],
+                         "--double-quant" if q.get("double_quant") else "--no-double-quant"]
+            ftref.run_tool(args)
+            made[key] = out
+        return made[key]
+
+    return get
+
+
+@pytest.fixture(scope="module",
+                params=[(c, d) for c in QLORA_CASES for d in ("fp32", "bf16")],
+                ids=[f"{_qlora_id(c)}-{d}" for c in QLORA_CASES for d in ("fp32", "bf16")])
+def qcase(request, store, ft, quantized_dirs):
+    (model_name, variant, q, ckpt, pre), dtype = request.param
+    c = type("QCase", (), {})()
+    c.dtype = dtype
+    shape = ftref.SHAPES[model_name]
+    adapter_dir = store.adapter(model_name, variant)
+    vocab = ftref.make_config(shape).vocab_size
+    ids, labels = ftref.make_batch(vocab, B, shape.T, shape.seed + 1)
+    spec = dict(model_dir=store.model(model_name), adapter_dir=adapter_dir, mode="lora",
+                input_ids=ids, labels=labels, grad_ckpt=ckpt, quant=q)
+    if pre:
+        del spec["quant"]
+        spec["model_dir"] = quantized_dirs(store, model_name, q)
+    tag = f"gpu-qlora-{_qlora_id(request.param[0])}"
+    c.cpu = ft(spec, f"{tag}-cpu")
+    c.out = ft(dict(spec, device="cuda", dtype=dtype), f"{tag}-{dtype}")
+    return c
+
+
+def test_gpu_qlora_dequantized_weights(qcase):
+    """The GPU's dequantization: fp32 bit for bit the CPU's; bf16 the CPU's fp32 values
+    rounded to bf16 (to nearest even, as torch rounds)."""
+    cpu = {k: v for k, v in qcase.cpu.items() if k.startswith("dequant.")}
+    gpu = {k: v for k, v in qcase.out.items() if k.startswith("dequant.")}
+    assert cpu and set(gpu) == set(cpu)
+    for k, v in cpu.items():
+        want = v if qcase.dtype == "fp32" else v.to(torch.bfloat16).float()
+        assert torch.equal(gpu[k], want), f"{k}: {ftref.describe(gpu[k], want)}"
+
+
+def test_gpu_qlora_vs_cpu_qlora(qcase):
+    """Logits, loss and every LoRA gradient of the GPU QLoRA model against the CPU's:
+    fp32 at the tolerances of the dense GPU-vs-CPU comparison above, bf16 at the bf16
+    ones."""
+    if qcase.dtype == "fp32":
+        tl, ts, tg = ftref.TOL_LOGITS, ftref.TOL_LOGITS, ftref.TOL_GRAD
+    else:
+        tl, ts, tg = BF16_TOL_LOGITS, BF16_TOL_LOSS, BF16_TOL_GRAD
+    ftref.assert_close(f"qlora {qcase.dtype} logits vs CPU", qcase.out["logits"],
+                       qcase.cpu["logits"], tl)
+    ftref.assert_close(f"qlora {qcase.dtype} loss vs CPU", qcase.out["loss"], qcase.cpu["loss"],
+                       ts)
+    grads = {k[len("grad."):]: v for k, v in qcase.cpu.items() if k.startswith("grad.")}
+    assert grads
+    ftref.assert_tensor_dict_close("grad.", qcase.out, grads, tg)

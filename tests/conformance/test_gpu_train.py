@@ -4,6 +4,7 @@
   drift) and in bf16 (to bf16 rounding); both learn;
 - two GPU runs give the same adapter bit for bit, and a GPU run killed with SIGKILL after
   a checkpoint resumes to the losses and adapter of the uninterrupted run, bit for bit;
+- QLoRA (NF4 base quantized on load) on the GPU tracks the CPU QLoRA run;
 - one process with FT_DIST_BACKEND=nccl runs NCCL with world size 1 and trains as the
   plain run does; zero1 and offload_optimizer on the GPU equal the plain run;
 - the TensorBoard events carry the GPU's utilization and memory in use (NVML);
@@ -154,3 +155,16 @@ def test_gpu_refuses_strategies_it_lacks(workdir):
     out = train(cfg, "--set", "dist.strategy=zero3", check=False)
     assert out.returncode == 1
     assert "dist.strategy zero3 runs on CPU ranks only so far" in out.stderr
+
+
+def test_gpu_qlora_tracks_cpu_qlora(workdir):
+    """tuning.mode qlora (NF4 with double quantization, quantized on load) on the GPU in
+    fp32 against the same run on the CPU: the same quantized base, the same curve."""
+    keys = ["--set", "tuning.mode=qlora"]
+    cpu, _ = curve(workdir, "q_cpu", "cpu", max_steps=30, extra=keys)
+    gpu, _ = curve(workdir, "q_gpu", "cuda", bf16=False, max_steps=30, extra=keys)
+    worst = max(abs(gpu[s] - cpu[s]) / max(1.0, abs(cpu[s])) for s in cpu)
+    print(f"\nqlora fp32 GPU vs CPU, 30 steps: worst relative loss difference {worst:.3g}")
+    assert worst <= FP32_TOL
+    bf, _ = curve(workdir, "q_gpu_bf16", "cuda", bf16=True, max_steps=30, extra=keys)
+    assert bf[30] < bf[1]

@@ -292,6 +292,88 @@ static void test_bad_tokens(void)
     ft_model_free(m);
 }
 
+/* A quantized base (QLoRA) read through the accessors: a quantized weight reads as its
+ * dequantized values (any layer, whichever the window holds), cannot be set, goes to a
+ * writer dequantized; the window and its absmax temporary are the workspace; after
+ * ft_model_dequantize_base the same values are dense for good and the quantized arrays
+ * and the window are gone from the counts. */
+static void test_quantized_base_access(void)
+{
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/qbase", root);
+    tiny_model_opts to = {0};
+    write_tiny_model(dir, &to);
+    ft_quant_options nf4 = {FT_QUANT_NF4, 32, true};
+    ft_model_options dense_opt = {.mode = FT_TRAIN_NONE};
+    ft_model_options q_opt = {.mode = FT_TRAIN_NONE, .quant = nf4};
+    ft_model *d = NULL, *m = NULL;
+    ft_err err = {0};
+    CHECK(ft_model_load(&d, dir, &dense_opt, &err) == 0);
+    CHECK(ft_model_load(&m, dir, &q_opt, &err) == 0);
+    if (!d || !m) {
+        ft_model_free(d);
+        ft_model_free(m);
+        return;
+    }
+    ft_mem *mem = ft_model_mem(m);
+    size_t ws0 = mem->live[FT_MEM_WORKSPACE], wt0 = mem->live[FT_MEM_WEIGHTS];
+    size_t n = ft_model_param_count(m), n_quant = 0, quant_bytes = 0, quant_elems = 0;
+    size_t unit_elems[L + 2] = {0}, absmax = 0;
+    float **want = calloc(n, sizeof *want);
+    /* last to first: each read materializes another layer than the window holds */
+    for (size_t i = n; i-- > 0;) {
+        ft_param *p = ft_model_param(m, i);
+        if (!p->quantized)
+            continue;
+        n_quant++;
+        quant_elems += p->numel;
+        unit_elems[p->unit] += p->numel;
+        size_t a = ft_quant_absmax_tmp(&nf4, p->shape[0], p->shape[1]);
+        absmax = a > absmax ? a : absmax;
+        float *dense = malloc(p->numel * sizeof *dense), *got = malloc(p->numel * sizeof *got);
+        want[i] = malloc(p->numel * sizeof *want[i]);
+        ft_qtensor q;
+        CHECK(ft_model_param_get(d, ft_model_find_param(d, p->name), dense, &err) == 0);
+        CHECK(ft_quantize(dense, p->shape[0], p->shape[1], &nf4, &q, &err) == 0);
+        quant_bytes += ft_qtensor_bytes(&q);
+        CHECK(ft_dequantize(&q, want[i]) == 0);
+        ft_qtensor_free(&q);
+        CHECK(ft_model_param_get(m, p, got, &err) == 0);
+        CHECK(memcmp(got, want[i], p->numel * sizeof *got) == 0);
+        CHECK(ft_model_param_set(m, p, dense, &err) == -1 && strstr(err.msg, "quantized"));
+        ft_st_writer *w = ft_st_writer_new();
+        CHECK(ft_model_param_to_writer(m, p, w, &err) == 0);
+        ft_st_writer_free(w);
+        free(dense);
+        free(got);
+    }
+    CHECK(n_quant == 7 * L);
+    size_t win = 0;
+    for (int u = 0; u < L + 2; u++)
+        win = unit_elems[u] > win ? unit_elems[u] : win;
+    CHECK(mem->live[FT_MEM_WORKSPACE] == ws0 + 4 * (win + absmax));
+    CHECK(mem->live[FT_MEM_WEIGHTS] == wt0);
+
+    CHECK(ft_model_dequantize_base(m, &err) == 0);
+    CHECK(mem->live[FT_MEM_WORKSPACE] == ws0);
+    CHECK(mem->live[FT_MEM_WEIGHTS] == wt0 - quant_bytes + 4 * quant_elems);
+    for (size_t i = 0; i < n; i++) {
+        ft_param *p = ft_model_param(m, i);
+        if (!want[i])
+            continue;
+        float *got = malloc(p->numel * sizeof *got);
+        CHECK(!p->quantized && ft_model_param_get(m, p, got, &err) == 0);
+        CHECK(memcmp(got, want[i], p->numel * sizeof *got) == 0);
+        free(got);
+        free(want[i]);
+    }
+    free(want);
+    ft_batch b = {B, T, ids, labels, NULL};
+    CHECK(isfinite(mean_loss(m, &b)));
+    ft_model_free(d);
+    ft_model_free(m);
+}
+
 int main(void)
 {
     snprintf(root, sizeof root, "/tmp/ft-test-model-XXXXXX");
@@ -309,6 +391,7 @@ int main(void)
     RUN(test_adapter_round_trip);
     RUN(test_load_errors);
     RUN(test_bad_tokens);
+    RUN(test_quantized_base_access);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", root);
     if (system(cmd) != 0)

@@ -287,6 +287,50 @@ static void test_dequant_ops(void)
         CHECK(out[i] == ((float)qi[i] * scb[i / 11]) * 7.874015718698502e-3f);
 }
 
+/* ft_dequantize_to with a caller's absmax temporary computes what ft_dequantize does,
+ * and the temporary's size is what the options predict; moving a qtensor to a device
+ * either works (a GPU: counted in the weights category, all of it freed again) or fails
+ * leaving it on the host as it was (no GPU, no CUDA backend, or the host asked for). */
+static void test_dequantize_to_and_device_copy(void)
+{
+    enum { R = 37, CC = 45 };
+    static float w[R * CC], a[R * CC], b[R * CC];
+    real_looking(w, R, CC);
+    static const ft_quant_options cases[] = {
+        {FT_QUANT_NF4, 64, true}, {FT_QUANT_FP4, 32, false}, {FT_QUANT_NF4, 128, true},
+        {FT_QUANT_INT8, 64, true}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        ft_qtensor q;
+        ft_err err = {0};
+        CHECK(ft_quantize(w, R, CC, &cases[c], &q, &err) == 0);
+        size_t nt = ft_qtensor_absmax_tmp(&q);
+        CHECK(nt == ft_quant_absmax_tmp(&cases[c], R, CC));
+        CHECK(nt == (cases[c].type != FT_QUANT_INT8 && cases[c].double_quant ? q.n_blocks : 0));
+        float tmp[R * CC / 32 + 1];
+        CHECK(ft_dequantize(&q, a) == 0);
+        memset(b, 0xff, sizeof b);
+        ft_dequantize_to(&q, ft_f32(b, R * CC), ft_f32(tmp, nt));
+        CHECK(memcmp(a, b, sizeof a) == 0);
+
+        ft_mem mem;
+        memset(&mem, 0, sizeof mem);
+        uint8_t *packed = q.packed;
+        int8_t *q8 = q.q;
+        CHECK(ft_qtensor_to_device(&q, &mem, FT_DEV_CPU, &err) == -1);
+        CHECK(q.device == FT_DEV_CPU && q.packed == packed && q.q == q8 && mem.live_total == 0);
+        if (ft_qtensor_to_device(&q, &mem, FT_DEV_CUDA, &err) == 0) {
+            size_t code = cases[c].type == FT_QUANT_INT8 ? 0 : 16 * sizeof(float);
+            CHECK(q.device == FT_DEV_CUDA);
+            CHECK(mem.live[FT_MEM_WEIGHTS] == ft_qtensor_bytes(&q) + code);
+        } else {
+            CHECK(q.device == FT_DEV_CPU && q.packed == packed && q.q == q8);
+            CHECK(mem.live_total == 0 && err.msg[0]);
+        }
+        ft_qtensor_free_on(&q, &mem);
+        CHECK(mem.live_total == 0 && q.type == FT_QUANT_NONE);
+    }
+}
+
 static void test_rejects_bad_input(void)
 {
     float w[8] = {1, 2, 3, 4, 5, 6, 7, 8};
@@ -489,6 +533,7 @@ int main(void)
     RUN(test_packing_order);
     RUN(test_zero_blocks_and_partial);
     RUN(test_dequant_ops);
+    RUN(test_dequantize_to_and_device_copy);
     RUN(test_rejects_bad_input);
     RUN(test_checkpoint_roundtrip);
     RUN(test_corrupt_checkpoints);
