@@ -18,16 +18,6 @@ const char *ft_dtype_name(ft_dtype d)
     }
 }
 
-/* GPUs the CUDA runtime of this build sees (0 in a build without CUDA). */
-static int visible_gpus(void)
-{
-#ifdef FT_HAVE_CUDA
-    return ft_cuda_device_count();
-#else
-    return 0;
-#endif
-}
-
 int ft_run_device_resolve(const ft_config *cfg, ft_run_device_choice *out, ft_err *err)
 {
     memset(out, 0, sizeof *out);
@@ -35,7 +25,7 @@ int ft_run_device_resolve(const ft_config *cfg, ft_run_device_choice *out, ft_er
     int gpus = 0;
     if (strcmp(want, "cpu") != 0) {
 #ifdef FT_HAVE_CUDA
-        gpus = visible_gpus();
+        gpus = ft_cuda_device_count();
         if (gpus == 0 && strcmp(want, "cuda") == 0)
             return ft_fail(err, "config: key 'train.device' is cuda, but no CUDA GPU is visible "
                                 "(bin/gpu-info says why; CUDA_VISIBLE_DEVICES?); use cpu or auto");
@@ -69,7 +59,7 @@ int ft_run_device_select(const ft_run_device_choice *c, int local_rank, int *out
     if (c->device != FT_DEV_CUDA)
         return 0;
 #ifdef FT_HAVE_CUDA
-    int gpus = visible_gpus();
+    int gpus = ft_cuda_device_count();
     if (gpus == 0)
         return ft_fail(err, "no CUDA GPU is visible");
     *out = local_rank % gpus;
