@@ -18,38 +18,47 @@ const char *ft_dtype_name(ft_dtype d)
     }
 }
 
-int ft_run_device_resolve(const ft_config *cfg, ft_run_device_choice *out, ft_err *err)
+int ft_run_device_choose(const char *want, bool bf16, const char *key,
+                         ft_run_device_choice *out, ft_err *err)
 {
     memset(out, 0, sizeof *out);
-    const char *want = ft_config_str(cfg, "train.device");
+    if (strcmp(want, "auto") && strcmp(want, "cpu") && strcmp(want, "cuda"))
+        return ft_fail(err, "%s: '%s' is not auto, cpu or cuda", key, want);
     int gpus = 0;
     if (strcmp(want, "cpu") != 0) {
 #ifdef FT_HAVE_CUDA
         gpus = ft_cuda_device_count();
         if (gpus == 0 && strcmp(want, "cuda") == 0)
-            return ft_fail(err, "config: key 'train.device' is cuda, but no CUDA GPU is visible "
-                                "(bin/gpu-info says why; CUDA_VISIBLE_DEVICES?); use cpu or auto");
+            return ft_fail(err, "%s is cuda, but no CUDA GPU is visible (bin/gpu-info says "
+                                "why; CUDA_VISIBLE_DEVICES?); use cpu or auto",
+                           key);
 #else
         if (strcmp(want, "cuda") == 0)
-            return ft_fail(err, "config: key 'train.device' is cuda, but this build has no CUDA "
-                                "backend (rebuild with nvcc on the PATH or CUDA_HOME set; "
-                                "CUDA=0 turns it off)");
+            return ft_fail(err, "%s is cuda, but this build has no CUDA backend (rebuild with "
+                                "nvcc on the PATH or CUDA_HOME set; CUDA=0 turns it off)",
+                           key);
 #endif
     }
     out->device = gpus > 0 ? FT_DEV_CUDA : FT_DEV_CPU;
-    out->dtype = FT_F32;
-    if (out->device == FT_DEV_CUDA) {
-        if (ft_config_bool(cfg, "train.fp16"))
-            return ft_fail(err, "config: key 'train.fp16': the CUDA backend computes in bf16 "
-                                "(train.bf16, the default) or fp32, not fp16");
-        if (ft_config_bool(cfg, "train.bf16"))
-            out->dtype = FT_BF16;
-        snprintf(out->why, sizeof out->why, "train.device %s: %d CUDA GPU%s visible, %s", want,
-                 gpus, gpus == 1 ? "" : "s", ft_dtype_name(out->dtype));
-    } else {
-        snprintf(out->why, sizeof out->why, "train.device %s: CPU, fp32%s", want,
+    out->dtype = out->device == FT_DEV_CUDA && bf16 ? FT_BF16 : FT_F32;
+    if (out->device == FT_DEV_CUDA)
+        snprintf(out->why, sizeof out->why, "device %s: %d CUDA GPU%s visible, %s", want, gpus,
+                 gpus == 1 ? "" : "s", ft_dtype_name(out->dtype));
+    else
+        snprintf(out->why, sizeof out->why, "device %s: CPU, fp32%s", want,
                  strcmp(want, "auto") == 0 ? " (no CUDA GPU)" : "");
-    }
+    return 0;
+}
+
+int ft_run_device_resolve(const ft_config *cfg, ft_run_device_choice *out, ft_err *err)
+{
+    if (ft_run_device_choose(ft_config_str(cfg, "train.device"),
+                             ft_config_bool(cfg, "train.bf16"), "config: key 'train.device'",
+                             out, err))
+        return -1;
+    if (out->device == FT_DEV_CUDA && ft_config_bool(cfg, "train.fp16"))
+        return ft_fail(err, "config: key 'train.fp16': the CUDA backend computes in bf16 "
+                            "(train.bf16, the default) or fp32, not fp16");
     return 0;
 }
 

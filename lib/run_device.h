@@ -14,6 +14,8 @@
 #ifndef FT_RUN_DEVICE_H
 #define FT_RUN_DEVICE_H
 
+#include <stdbool.h>
+
 #include "config.h"
 #include "ft_error.h"
 #include "ops.h"
@@ -26,6 +28,11 @@ typedef struct ft_run_device_choice {
 
 /* Resolves the keys above. Errors name the key. */
 int ft_run_device_resolve(const ft_config *cfg, ft_run_device_choice *out, ft_err *err);
+
+/* The same from values: want "auto", "cpu" or "cuda", bf16 the GPU's dtype choice; key
+ * names the setting in errors ("--device"). */
+int ft_run_device_choose(const char *want, bool bf16, const char *key,
+                         ft_run_device_choice *out, ft_err *err);
 
 /* Makes GPU local_rank % (GPUs seen) this process's current device (a no-op on the CPU).
  * out gets the ordinal taken (-1 on the CPU). */

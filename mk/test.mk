@@ -76,14 +76,19 @@ bench-tokenizer: $(TOKENIZE_HARNESS)
 unit-bins: $(UNIT_BINS)
 gpu-bins: $(GPU_BINS)
 
+# The CPU tiers (unit, dist, conformance) hide the GPUs (CUDA_VISIBLE_DEVICES empty): their
+# references are the fp32 CPU engine, which train.device auto would leave for a GPU on a
+# GPU machine. The GPU tier is make test-gpu.
+CPU_ONLY := CUDA_VISIBLE_DEVICES=
+
 test-unit: $(UNIT_BINS) $(GPU_BINS) $(TOOLS)
 	bin/ft-train --config-reference | diff -u configs/README.md - \
 	  || { echo "configs/README.md is stale: make config-reference"; exit 1; }
-	tests/run-unit.sh $(UNIT_BINS)
+	$(CPU_ONLY) tests/run-unit.sh $(UNIT_BINS)
 
 ifeq ($(MPI),1)
 test-dist: $(DIST_BINS)
-	tests/run-dist.sh build/tests/dist
+	$(CPU_ONLY) tests/run-dist.sh build/tests/dist
 else
 test-dist:
 	@echo "dist: 0 passed, 0 failed (no MPI in this build)"
@@ -114,7 +119,7 @@ test-conformance: $(HARNESSES) $(TOOLS)
 	  FT_LORA_INIT=$(abspath bin/ft-lora-init) FT_MERGE=$(abspath bin/ft-merge) \
 	  FT_EVAL=$(abspath bin/ft-eval) FT_TB=$(abspath $(TB_HARNESS)) \
 	  FT_QUANTIZE=$(abspath bin/ft-quantize) FT_BNB_WHEELS=$(abspath $(VENV))/wheels \
-	  OMP_NUM_THREADS=2 \
+	  OMP_NUM_THREADS=2 $(CPU_ONLY) \
 	  $(VENV)/bin/python -m pytest -q tests/conformance
 
 test:

@@ -52,7 +52,8 @@ FT_CFG_CHECK = $(FT_CFG)$(if $(FT_DIST_SET), $(FT_DIST_SET)) --get train.output_
 
 # Shell snippet: reads the config into shell variables (stops on a bad config or override).
 # model, data (eval_path, else train_path), run (output_dir), adapter (ADAPTER, else
-# run/final when it exists; ADAPTER=none: no adapter), and the ft-eval options.
+# run/final when it exists; ADAPTER=none: no adapter), and the ft-eval options (the run's
+# data preparation, and its device: train.device, fp32 on the GPU without train.bf16).
 define FT_READ_CONFIG
 set -e; show() { echo "$$*" >&2; "$$@"; }; \
 $(FT_CFG_CHECK); \
@@ -68,6 +69,8 @@ evalopts="--max-seq-len $(call ft_get,model.max_seq_len) --format $(call ft_get,
 [ "$(call ft_get,data.train_on_all)" = false ] || evalopts="$$evalopts --train-on-all"; \
 [ "$(call ft_get,data.add_eos)" = true ] || evalopts="$$evalopts --no-add-eos"; \
 tok=$(call ft_get,model.tokenizer); [ -z "$$tok" ] || evalopts="$$evalopts --tokenizer $$tok"; \
+evalopts="$$evalopts --device $(call ft_get,train.device)"; \
+[ "$(call ft_get,train.bf16)" = true ] || evalopts="$$evalopts --fp32"; \
 maxnew="--max-new-tokens $(call ft_get,train.generation_max_new_tokens)"; \
 [ "$(call ft_get,train.predict_with_generate)" = true ] && gen="--generate $$maxnew" || gen=
 endef

@@ -44,7 +44,7 @@ fi
 echo "memcheck: $passed passed, $failed failed"
 
 if [ -n "${FT_CONFORM:-}" ]; then
-  FT_TRAIN=${FT_TRAIN:-$repo/bin/ft-train} "${PYTHON:-python3}" -m pytest -q -s \
+  FT_TRAIN=${FT_TRAIN:-$repo/bin/ft-train} FT_EVAL=${FT_EVAL:-$repo/bin/ft-eval} "${PYTHON:-python3}" -m pytest -q -s \
     -p no:cacheprovider "$here/conformance/test_gpu_model.py" \
     "$here/conformance/test_gpu_train.py" || status=1
 fi

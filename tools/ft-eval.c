@@ -18,6 +18,7 @@
 #include "lora.h"
 #include "model.h"
 #include "model_path.h"
+#include "run_device.h"
 #include "tokenizer.h"
 
 static const char usage[] =
@@ -51,6 +52,10 @@ static const char usage[] =
     "  --max-new-tokens N     generation stops at EOS or after N tokens (default 64)\n"
     "  --predictions FILE     with --generate: one JSON line per sample {\"prompt\",\n"
     "                         \"reference\",\"prediction\",\"rougeL\",...}\n"
+    "  --device D             auto|cpu|cuda (train.device): auto takes the GPU when this\n"
+    "                         build has CUDA and one is visible (each rank the GPU of its\n"
+    "                         node-local rank), else the CPU; default auto\n"
+    "  --fp32                 on the GPU compute in fp32 (default bf16, as train.bf16)\n"
     "  --json                 print one JSON object: {\"loss\",\"perplexity\",\"tokens\",\n"
     "                         \"samples\"} (+ \"rougeL\",\"exact_match\",\"generated\")\n"
     "  -h, --help             this text\n"
@@ -81,14 +86,15 @@ static bool parse_int(const char *s, int lo, int *out)
 
 typedef struct args {
     const char *model, *adapter, *tokenizer, *data, *predictions;
-    bool json, generate;
+    const char *device; /* auto, cpu, cuda */
+    bool json, generate, fp32;
     int batch_size, max_new_tokens;
     ft_data_options data_opt;
 } args;
 
 static int parse_args(int argc, char **argv, args *a)
 {
-    *a = (args){.batch_size = 4, .max_new_tokens = 64,
+    *a = (args){.batch_size = 4, .max_new_tokens = 64, .device = "auto",
                 .data_opt = {.max_seq_len = 2048, .add_eos = true}};
     ft_err err;
     bool max_new_set = false;
@@ -100,6 +106,8 @@ static int parse_args(int argc, char **argv, args *a)
             return 0;
         } else if (!strcmp(o, "--json")) {
             a->json = true;
+        } else if (!strcmp(o, "--fp32")) {
+            a->fp32 = true;
         } else if (!strcmp(o, "--generate")) {
             a->generate = true;
         } else if (!strcmp(o, "--train-on-all")) {
@@ -113,6 +121,10 @@ static int parse_args(int argc, char **argv, args *a)
                                            : "unexpected argument '%s'", o);
         } else if (!strcmp(o, "--model")) {
             a->model = argv[++i];
+        } else if (!strcmp(o, "--device")) {
+            a->device = argv[++i];
+            if (strcmp(a->device, "auto") && strcmp(a->device, "cpu") && strcmp(a->device, "cuda"))
+                return usage_error("--device: '%s' is not auto, cpu or cuda", a->device);
         } else if (!strcmp(o, "--adapter")) {
             a->adapter = argv[++i];
         } else if (!strcmp(o, "--tokenizer")) {
@@ -282,6 +294,17 @@ static int run(const args *a, const char *data_path, ft_comm *comm)
         fail_data(a, data_path, &err);
         goto out;
     }
+    ft_run_device_choice place;
+    int gpu;
+    if (ft_run_device_choose(a->device, !a->fp32, "--device", &place, &err) ||
+        ft_run_device_select(&place, ft_comm_local_rank(comm), &gpu, &err)) {
+        fail(err.msg);
+        goto out;
+    }
+    mo.device = place.device;
+    mo.dtype = place.dtype;
+    if (rank == 0 && place.device == FT_DEV_CUDA)
+        fprintf(stderr, "ft-eval: %s; rank %d takes GPU %d\n", place.why, rank, gpu);
     if (ft_model_load(&m, a->model, &mo, &err) ||
         (a->adapter && ft_model_load_adapter(m, a->adapter, &err))) {
         fail(err.msg);

@@ -378,3 +378,16 @@ def test_text_summary(ft_eval, env, tmp_path):
     out = _run(ft_eval, "--model", d, "--data", data).stdout
     assert re.search(r"^loss\s+\d+\.\d+$", out, re.M) and re.search(r"^perplexity\s", out, re.M)
     assert re.search(r"^tokens\s+\d+$", out, re.M) and re.search(r"^samples\s+5$", out, re.M)
+
+
+def test_device_option(ft_eval, env, tmp_path):
+    """--device cpu is the fp32 reference (what auto gives without a GPU, as here); an
+    unknown device is a usage error naming it."""
+    d, tok, model = env
+    data = _write(tmp_path / "pc.jsonl", PC)
+    samples = _ref_samples(tok, PC, 64)
+    want, n = _ref_loss(model, samples)
+    _check_loss(_json(ft_eval, "--model", d, "--data", data, "--max-seq-len", 64,
+                      "--device", "cpu"), want, n, len(samples))
+    out = _run(ft_eval, "--model", d, "--data", data, "--device", "tpu", rc=2)
+    assert "--device: 'tpu' is not auto, cpu or cuda" in out.stderr

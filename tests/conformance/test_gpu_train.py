@@ -7,6 +7,7 @@
 - QLoRA (NF4 base quantized on load) on the GPU tracks the CPU QLoRA run;
 - one process with FT_DIST_BACKEND=nccl runs NCCL with world size 1 and trains as the
   plain run does; zero1 and offload_optimizer on the GPU equal the plain run;
+- ft-eval --device cuda gives the CPU's eval loss (fp32; bf16 to its rounding);
 - the TensorBoard events carry the GPU's utilization and memory in use (NVML);
 - running out of GPU memory (FT_MEM_LIMIT) prints the memory plan and the overrides that
   fit, and exits non-zero; a strategy the GPU engine lacks is refused by name.
@@ -19,6 +20,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -168,3 +170,22 @@ def test_gpu_qlora_tracks_cpu_qlora(workdir):
     assert worst <= FP32_TOL
     bf, _ = curve(workdir, "q_gpu_bf16", "cuda", bf16=True, max_steps=30, extra=keys)
     assert bf[30] < bf[1]
+
+
+def test_gpu_eval_equals_cpu_eval(workdir):
+    """ft-eval --device cuda: the loss of the base model on the eval set, fp32 to the
+    CPU's reduction-order difference, bf16 to bf16 rounding."""
+    ft_eval = os.environ.get("FT_EVAL") or str(Path(FT_TRAIN).with_name("ft-eval"))
+    base = [ft_eval, "--model", str(workdir / "model"), "--data",
+            str(workdir / "eval.jsonl"), "--json"]
+
+    def loss(*extra):
+        out = subprocess.run(base + list(extra), capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout)["loss"]
+
+    cpu, fp32, bf16 = loss("--device", "cpu"), loss("--device", "cuda", "--fp32"), \
+        loss("--device", "cuda")
+    print(f"\nft-eval loss: CPU {cpu:.6f}, GPU fp32 {fp32:.6f}, GPU bf16 {bf16:.6f}")
+    assert abs(fp32 - cpu) <= 1e-5 * max(1.0, abs(cpu))
+    assert abs(bf16 - cpu) <= 2e-2 * max(1.0, abs(cpu))
