@@ -17,15 +17,14 @@ Every comparison prints its figure."""
 
 import json
 import os
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from test_train_tool import FT_TRAIN, tb_scalars, train, workdir, write_config  # noqa: F401
+from test_train_tool import (FT_TRAIN, kill_after, tb_scalars, train, workdir,  # noqa: F401
+                             write_config)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 
@@ -106,18 +105,7 @@ def test_gpu_resume_after_kill_is_bitwise(workdir):
     ref, _ = curve(workdir, "gk_ref", "cuda", max_steps=40, save_steps=4)
     cfg = write_config(workdir, "gk", max_steps=40, save_steps=4, eval_strategy="no",
                        learning_rate=2e-3, logging_steps=1, device="cuda")
-    p = subprocess.Popen([FT_TRAIN, "--config", str(cfg)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    seen = ""
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        line = p.stderr.readline()
-        seen += line
-        if "checkpoint-8" in line or not line:
-            break
-    p.kill()
-    p.wait()
-    assert "checkpoint-8" in seen, seen
+    kill_after(cfg, "checkpoint-8", timeout=120)
     out = train(cfg, "--resume", "auto")
     assert "resumed from" in out.stderr
     got = metrics_losses(workdir / "gk")

@@ -247,23 +247,30 @@ def test_user_chain_lora_init_train_eval_merge_with_stdin(workdir):
     LlamaForCausalLM.from_pretrained(merged)
 
 
+def kill_after(cfg, marker, timeout=60):
+    """Starts ft-train on cfg and kills it with SIGKILL as soon as stderr shows marker
+    (e.g. "checkpoint-4", the line of a saved checkpoint); returns what it printed."""
+    p = subprocess.Popen([FT_TRAIN, "--config", str(cfg)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    seen = ""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = p.stderr.readline()
+        seen += line
+        if marker in line or not line:
+            break
+    p.kill()
+    p.wait()
+    assert marker in seen, seen
+    return seen
+
+
 def test_resume_after_kill_9_gives_equal_losses(workdir):
     """A run killed with SIGKILL right after a checkpoint resumes with --resume auto and
     ends with the losses and the adapter of the uninterrupted run, bit for bit."""
     ref = train(write_config(workdir, "k9_ref", max_steps=40, save_steps=2, eval_strategy="no"))
     cfg = write_config(workdir, "k9", max_steps=40, save_steps=2, eval_strategy="no")
-    p = subprocess.Popen([FT_TRAIN, "--config", str(cfg)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    seen = ""
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        line = p.stderr.readline()
-        seen += line
-        if "checkpoint-4" in line or not line:
-            break
-    p.kill()
-    p.wait()
-    assert "checkpoint-4" in seen, seen
+    kill_after(cfg, "checkpoint-4")
     out = train(cfg, "--resume", "auto")
     assert "resumed from" in out.stderr
     want = printed_losses(ref.stderr)
