@@ -167,17 +167,16 @@ int ft_mem_fail(ft_err *err, const ft_mem *mem, int device, const char *what_fmt
     va_start(ap, what_fmt);
     vsnprintf(what, sizeof what, what_fmt, ap);
     va_end(ap);
-    const double MiB = 1024.0 * 1024.0;
     const char *where = device == FT_DEV_CPU ? "" : "GPU ";
     if (!mem || !mem->failed_bytes)
         return ft_fail_oom(err, "out of %smemory allocating %s", where, what);
     char limit[64] = "";
     if (mem->limit)
-        snprintf(limit, sizeof limit, " (limit %.1f MiB)", mem->limit / MiB);
+        snprintf(limit, sizeof limit, " (limit %.1f MiB)", ft_mib(mem->limit));
     return ft_fail_oom(err, "out of %smemory allocating %s: %.1f MiB of %s did not fit beside "
                             "%.1f MiB live%s",
-                       where, what, mem->failed_bytes / MiB, ft_mem_cat_name(mem->failed_cat),
-                       mem->failed_live / MiB, limit);
+                       where, what, ft_mib(mem->failed_bytes), ft_mem_cat_name(mem->failed_cat),
+                       ft_mib(mem->failed_live), limit);
 }
 
 const char *ft_mem_cat_name(ft_mem_cat cat)

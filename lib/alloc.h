@@ -63,4 +63,7 @@ void ft_mem_account(ft_mem *mem, ft_mem_cat cat, size_t bytes, bool add);
 
 const char *ft_mem_cat_name(ft_mem_cat cat);
 
+/* bytes in MiB, as the plans, the budgets and the out-of-memory errors print them. */
+static inline double ft_mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
+
 #endif

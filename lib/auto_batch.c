@@ -21,8 +21,6 @@ enum { BATCH_CAP = 1024 };
 #define HOST_SHARE 0.8
 #define DEVICE_SHARE 0.9
 
-static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
-
 ft_mem_device ft_run_device(const ft_config *cfg)
 {
     /* a config whose train.device cannot be honoured fails where the run starts */
@@ -129,7 +127,7 @@ int ft_memory_available(ft_mem_device dev, int device_index, int local_ranks,
         } else {
             out->bytes = (size_t)((double)p->gpus[device_index].mem_free * DEVICE_SHARE);
             snprintf(out->source, sizeof out->source, "free memory of GPU %d, %.1f MiB x %.1f",
-                     device_index, mib(p->gpus[device_index].mem_free), DEVICE_SHARE);
+                     device_index, ft_mib(p->gpus[device_index].mem_free), DEVICE_SHARE);
         }
         free(p);
         return rc;
@@ -139,7 +137,7 @@ int ft_memory_available(ft_mem_device dev, int device_index, int local_ranks,
         return ft_fail(err, "the available host memory is unknown (no /proc/meminfo); set "
                             "train.memory_budget");
     out->bytes = (size_t)((double)avail * HOST_SHARE / local_ranks);
-    snprintf(out->source, sizeof out->source, "MemAvailable %.1f MiB x %.1f%s", mib(avail),
+    snprintf(out->source, sizeof out->source, "MemAvailable %.1f MiB x %.1f%s", ft_mib(avail),
              HOST_SHARE, local_ranks > 1 ? " / ranks on this node" : "");
     if (local_ranks > 1) {
         size_t len = strlen(out->source) - strlen(" / ranks on this node");
@@ -212,11 +210,11 @@ static int nothing_fits(chooser *ch, int b, size_t peak, const ft_mem_budget *bu
                    "activations, %.1f workspace%s) but the budget is %.1f MiB (%s): turn on "
                    "train.gradient_checkpointing, use a sharded dist.strategy (zero3, fsdp) or "
                    "more ranks, or shorten model.max_seq_len (now %ld)",
-                   why, b, mib(peak), w->name, mib(w->bytes[FT_MEM_WEIGHTS]),
-                   mib(w->bytes[FT_MEM_GRADS]), mib(w->bytes[FT_MEM_OPTIM]),
-                   mib(w->bytes[FT_MEM_ACTIVATIONS]), mib(w->bytes[FT_MEM_WORKSPACE]),
+                   why, b, ft_mib(peak), w->name, ft_mib(w->bytes[FT_MEM_WEIGHTS]),
+                   ft_mib(w->bytes[FT_MEM_GRADS]), ft_mib(w->bytes[FT_MEM_OPTIM]),
+                   ft_mib(w->bytes[FT_MEM_ACTIVATIONS]), ft_mib(w->bytes[FT_MEM_WORKSPACE]),
                    ch->dev == FT_MEM_DEVICE_CPU && w->host ? ", + host offload" : "",
-                   mib(budget->bytes), budget->source,
+                   ft_mib(budget->bytes), budget->source,
                    ft_config_int(ch->cfg, "model.max_seq_len"));
 }
 
@@ -420,10 +418,10 @@ void ft_auto_batch_print(const ft_auto_batch *a, FILE *out)
         fprintf(out,
                 " batch_size auto = %d: planned %.1f MiB per rank (%s, %d rank%s) fits the "
                 "budget of %.1f MiB (%s)",
-                a->batch_size, mib(a->planned), a->row, a->world, a->world == 1 ? "" : "s",
-                mib(a->budget.bytes), a->budget.source);
+                a->batch_size, ft_mib(a->planned), a->row, a->world, a->world == 1 ? "" : "s",
+                ft_mib(a->budget.bytes), a->budget.source);
         if (a->next_batch)
-            fprintf(out, ", %d would need %.1f MiB", a->next_batch, mib(a->next));
+            fprintf(out, ", %d would need %.1f MiB", a->next_batch, ft_mib(a->next));
         else if (!a->global && a->batch_size == a->cap)
             fprintf(out, ", capped at %d", a->cap);
     }

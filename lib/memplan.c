@@ -571,8 +571,6 @@ int ft_memplan_config(const ft_config *cfg, int world_size, ft_memplan_result *o
     return ft_memplan(cfg, &mc, world_size, out, err);
 }
 
-static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
-
 /* cpu-fp32 always; the other cpu rows at several ranks or when selected. */
 static bool row_shown(const ft_memplan_result *r, int i)
 {
@@ -585,8 +583,8 @@ static void print_row(const ft_memplan_row *w, const char *name, const char *kin
 {
     fprintf(out, "%-11s %5d", name, w->world_size);
     for (int c = 0; c < FT_MEM_NCAT; c++)
-        fprintf(out, " %11.1f", mib(w->bytes[c]));
-    fprintf(out, " %11.1f  %s\n", mib(w->total), kind);
+        fprintf(out, " %11.1f", ft_mib(w->bytes[c]));
+    fprintf(out, " %11.1f  %s\n", ft_mib(w->total), kind);
 }
 
 void ft_memplan_print_with(const ft_memplan_result *r, const ft_memplan_row *extra, FILE *out)
@@ -629,7 +627,7 @@ void ft_memplan_print_with(const ft_memplan_result *r, const ft_memplan_row *ext
     if (r->offload && host)
         fprintf(out, "dist.offload_optimizer cpu: the optimizer state is in host memory, "
                      "%.1f MiB per rank on top of the table (cpu rows)\n",
-                mib(host));
+                ft_mib(host));
     if (row_shown(r, FT_PLAN_CPU_MP))
         fprintf(out, "cpu-mp = model_parallel: %d stages split by parameter count%s.\n",
                 r->pipe_stages,
@@ -670,8 +668,8 @@ int ft_memplan_compare_modes(ft_config *cfg, int world_size, FILE *out, ft_err *
                      (double)r[i].quant_bytes / (double)r[i].n_quantized);
         int cpu = r[i].selected_cpu >= 0 ? r[i].selected_cpu : FT_PLAN_CPU;
         fprintf(out, "%-6s %12zu %12zu %12.1f %12.1f  %s%s\n", modes[i], r[i].n_trainable,
-                r[i].n_frozen, mib(r[i].rows[cpu].total),
-                mib(r[i].rows[r[i].selected].total), q,
+                r[i].n_frozen, ft_mib(r[i].rows[cpu].total),
+                ft_mib(r[i].rows[r[i].selected].total), q,
                 !strcmp(modes[i], "full") && r[i].n_quantized
                     ? " (full mode cannot train a quantized checkpoint)"
                     : "");

@@ -871,7 +871,6 @@ static int alloc_window(ft_model *m)
     return 0;
 }
 
-static const char *dev_word(const ft_model *m) { return m->dev == FT_DEV_CUDA ? "GPU " : ""; }
 
 /* Dequantizes quantized param i into out (numel of the compute dtype on the model's
  * device). The absmax temporary grows when a checkpoint's weight needs more than its
@@ -886,7 +885,7 @@ static int dequantize_param(ft_model *m, size_t i, float *out, ft_err *err)
         m->qabsmax = ft_alloc_on(&m->mem, m->dev, FT_MEM_WORKSPACE, nabs * sizeof(float));
         m->qabsmax_n = m->qabsmax ? nabs : 0;
         if (!m->qabsmax)
-            return ft_fail(err, "out of %smemory dequantizing '%s'", dev_word(m), p->name);
+            return ft_mem_fail(err, &m->mem, m->dev, "the absmax temporary of '%s'", p->name);
     }
     ft_dequantize_to(q, model_view(m, out, p->numel, m->cdt),
                      model_view(m, m->qabsmax, m->qabsmax_n, FT_F32));
@@ -927,7 +926,7 @@ int ft_model_dequantize_base(ft_model *m, ft_err *err)
             return ft_fail(err, "out of memory dequantizing the base");
         float *d = ft_alloc_on(&m->mem, m->dev, FT_MEM_WEIGHTS, p->numel * model_esize(m));
         if (!d)
-            return ft_fail(err, "out of %smemory dequantizing '%s'", dev_word(m), p->name);
+            return ft_mem_fail(err, &m->mem, m->dev, "the dequantized '%s'", p->name);
         if (dequantize_param(m, i, d, err)) {
             ft_free_on(&m->mem, m->dev, d);
             return -1;

@@ -5,8 +5,6 @@
 
 #include "memplan.h"
 
-static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
-
 /* The make variable of a config key: train.batch_size -> TRAIN_BATCH_SIZE. */
 static void var_of(const char *key, char *out, size_t len)
 {
@@ -49,7 +47,7 @@ static void offer(advisor *a, const char *how, size_t peak)
     if (!a->offered++)
         fprintf(a->out, "overrides that fit by the plan (make train VAR=value, or ft-train "
                         "--set key=value):\n");
-    fprintf(a->out, "  %-52s plans %.1f MiB\n", how, mib(peak));
+    fprintf(a->out, "  %-52s plans %.1f MiB\n", how, ft_mib(peak));
 }
 
 /* One key set to value (not its value now), offered when it fits. */
@@ -171,7 +169,7 @@ void ft_oom_advice(const ft_config *cfg, const ft_oom_context *ctx, FILE *out)
         return;
     }
     fprintf(out, "budget per rank: %.1f MiB (%s); this run plans %.1f MiB (%s)%s\n",
-            mib(budget.bytes), budget.source, mib(peak), row,
+            ft_mib(budget.bytes), budget.source, ft_mib(peak), row,
             gpu ? ", without the CUDA context and library workspaces" : "");
     advisor a = {cfg, ctx, budget.bytes, out, 0};
     try_batch(&a);

@@ -18,11 +18,16 @@ const char *ft_dtype_name(ft_dtype d)
     }
 }
 
+bool ft_run_device_known(const char *name)
+{
+    return !strcmp(name, "auto") || !strcmp(name, "cpu") || !strcmp(name, "cuda");
+}
+
 int ft_run_device_choose(const char *want, bool bf16, const char *key,
                          ft_run_device_choice *out, ft_err *err)
 {
     memset(out, 0, sizeof *out);
-    if (strcmp(want, "auto") && strcmp(want, "cpu") && strcmp(want, "cuda"))
+    if (!ft_run_device_known(want))
         return ft_fail(err, "%s: '%s' is not auto, cpu or cuda", key, want);
     int gpus = 0;
     if (strcmp(want, "cpu") != 0) {

@@ -29,6 +29,9 @@ typedef struct ft_run_device_choice {
 /* Resolves the keys above. Errors name the key. */
 int ft_run_device_resolve(const ft_config *cfg, ft_run_device_choice *out, ft_err *err);
 
+/* Whether name is one of auto, cpu and cuda. */
+bool ft_run_device_known(const char *name);
+
 /* The same from values: want "auto", "cpu" or "cuda", bf16 the GPU's dtype choice; key
  * names the setting in errors ("--device"). */
 int ft_run_device_choose(const char *want, bool bf16, const char *key,

@@ -123,7 +123,7 @@ static int parse_args(int argc, char **argv, args *a)
             a->model = argv[++i];
         } else if (!strcmp(o, "--device")) {
             a->device = argv[++i];
-            if (strcmp(a->device, "auto") && strcmp(a->device, "cpu") && strcmp(a->device, "cuda"))
+            if (!ft_run_device_known(a->device))
                 return usage_error("--device: '%s' is not auto, cpu or cuda", a->device);
         } else if (!strcmp(o, "--adapter")) {
             a->adapter = argv[++i];

@@ -22,6 +22,16 @@ static int rank, world;
 /* The value rank r contributes at element i (exact in fp32: small integers / 4). */
 static double value(int r, size_t i) { return (double)((int)(i % 97) - 48 + 3 * r) / 4.0; }
 
+/* The sum over ranks of value(r, i) (exact in fp32 too); the max is value(world - 1, i):
+ * value grows with the rank. */
+static double rank_sum(size_t i)
+{
+    double s = 0;
+    for (int r = 0; r < world; r++)
+        s += value(r, i);
+    return s;
+}
+
 static void *dev_alloc(size_t bytes)
 {
     void *p = NULL;
@@ -58,12 +68,10 @@ static void test_allreduce_f32(void)
     for (int k = 0; k < 3; k++) {
         for (size_t i = 0; i < n; i++) {
             h[i] = (float)value(rank, i);
-            double s = 0, mx = -1e30;
-            for (int r = 0; r < world; r++) {
-                s += value(r, i);
-                mx = value(r, i) > mx ? value(r, i) : mx;
-            }
-            want[i] = (float)(ops[k] == FT_COMM_SUM ? s : ops[k] == FT_COMM_AVG ? s / world : mx);
+            double s = rank_sum(i);
+            want[i] = (float)(ops[k] == FT_COMM_SUM   ? s
+                              : ops[k] == FT_COMM_AVG ? s / world
+                                                      : value(world - 1, i));
         }
         put(d, h, n * sizeof *h);
         ft_err err;
@@ -102,10 +110,7 @@ static void test_allreduce_f64_i64(void)
     get(hi, di, n * sizeof *hi);
     int64_t ranks = (int64_t)world * (world + 1) / 2;
     for (size_t i = 0; i < n; i++) {
-        double s = 0;
-        for (int r = 0; r < world; r++)
-            s += value(r, i);
-        CHECK(h[i] == s);
+        CHECK(h[i] == rank_sum(i));
         CHECK(hi[i] == (int64_t)i * ranks);
     }
     cudaFree(d);
@@ -139,12 +144,8 @@ static void test_reduce_scatter_and_allgather(void)
     CHECK(ft_comm_reduce_scatter_v(comm, send, recv, counts, FT_COMM_F32, FT_COMM_SUM, &err) ==
           0);
     get(h, recv, counts[rank] * sizeof *h);
-    for (size_t i = 0; i < counts[rank]; i++) {
-        double s = 0;
-        for (int r = 0; r < world; r++)
-            s += value(r, off + i);
-        CHECK(h[i] == (float)s);
-    }
+    for (size_t i = 0; i < counts[rank]; i++)
+        CHECK(h[i] == (float)rank_sum(off + i));
     /* allgather: each rank's block is value(rank, i) for its own i; in place too */
     for (size_t i = 0; i < counts[rank]; i++)
         h[i] = (float)value(rank, i);
@@ -190,14 +191,10 @@ static void test_broadcast_and_async(void)
     CHECK(ft_comm_wait(comm, rb, &err) == 0);
     CHECK(ft_comm_wait(comm, ra, &err) == 0);
     get(h, a, n * sizeof *h);
-    for (size_t i = 0; i < n; i += 101) {
-        double s = 0;
-        for (int r = 0; r < world; r++)
-            s += value(r, i);
-        CHECK(h[i] == (float)s);
-    }
+    for (size_t i = 0; i < n; i += 101)
+        CHECK(h[i] == (float)rank_sum(i));
     get(h, b, n * sizeof *h);
-    for (size_t i = 0; i < n; i += 101) /* value grows with the rank */
+    for (size_t i = 0; i < n; i += 101)
         CHECK(h[i] == (float)value(world - 1, i));
     cudaFree(a);
     cudaFree(b);
@@ -220,12 +217,8 @@ static void test_tracked_device_buffers(void)
     CHECK(ft_copy_bytes(d, FT_DEV_CUDA, h, FT_DEV_CPU, sizeof h, &err) == 0);
     CHECK(ft_comm_allreduce(comm, d, n, FT_COMM_F32, FT_COMM_SUM, &err) == 0);
     CHECK(ft_copy_bytes(h, FT_DEV_CPU, d, FT_DEV_CUDA, sizeof h, &err) == 0);
-    for (size_t i = 0; i < n; i++) {
-        double s = 0;
-        for (int r = 0; r < world; r++)
-            s += value(r, i);
-        CHECK(h[i] == (float)s);
-    }
+    for (size_t i = 0; i < n; i++)
+        CHECK(h[i] == (float)rank_sum(i));
     ft_free_on(&mem, FT_DEV_CUDA, d);
     CHECK(mem.live_total == 0);
 }
