@@ -99,6 +99,11 @@ static const ft_cfg_key schema[] = {
      "fp16 compute: refused on the GPU (no loss scaling; use bf16), ignored on the CPU", NULL},
     {"train.gradient_checkpointing", FT_CFG_BOOL, "false", NULL, false, NONE, NONE,
      "recompute each layer in backward instead of keeping its activations", NULL},
+    {"train.loss_chunk_tokens", FT_CFG_INT, "auto", NULL, true, 0, NONE,
+     "tokens whose logits lm_head + cross-entropy compute at once, so the [tokens, vocab] "
+     "logits are never held whole (backward recomputes them a chunk at a time); 0: the whole "
+     "micro-batch at once; auto: 64M logits a chunk (511 tokens of a 128k vocabulary)",
+     NULL},
     {"train.seed", FT_CFG_INT, "42", NULL, false, NONE, NONE,
      "seed of init, dropout and shuffling", NULL},
     {"train.output_dir", FT_CFG_STRING, "runs/default", NULL, false, NONE, NONE,

@@ -60,7 +60,12 @@ int ft_generate_greedy(ft_model *m, const int32_t *prompt, int n_prompt,
             rc = ft_fail_prefix(err, "generate");
             break;
         }
-        int32_t next = argmax(ft_model_logits(m) + (size_t)(T - 1) * V, V);
+        const float *last = ft_model_row_logits(m, (size_t)T - 1);
+        if (!last) {
+            rc = ft_fail(err, "generate: the logits of position %d could not be read", T - 1);
+            break;
+        }
+        int32_t next = argmax(last, V);
         seq[T++] = next;
         if (ft_ids_push(out, next)) {
             rc = ft_fail(err, "out of memory");

@@ -13,21 +13,27 @@
 
 #include "ds_config.h"
 #include "lora.h"
+#include "model.h"
 #include "model_path.h"
 
 enum { MODE_FULL, MODE_LORA, MODE_QLORA };
 
 /* Element counts of the activation and scratch buffers, by storage class. */
 typedef struct act_counts {
-    size_t tensor; /* h bytes on a GPU */
+    size_t tensor; /* h bytes on a GPU (the logits too) */
     size_t stat;   /* fp32 everywhere: rstd, lse */
-    size_t logits; /* fp32 everywhere */
     size_t ints;   /* int32 */
 } act_counts;
 
 static size_t act_bytes(const act_counts *a, size_t h)
 {
-    return a->tensor * h + (a->stat + a->logits + a->ints) * 4;
+    return a->tensor * h + (a->stat + a->ints) * 4;
+}
+
+int ft_config_loss_chunk(const ft_config *cfg)
+{
+    const char *key = "train.loss_chunk_tokens";
+    return ft_config_is_auto(cfg, key) ? -1 : (int)ft_config_int(cfg, key);
 }
 
 typedef struct planner {
@@ -137,6 +143,7 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora)
 typedef struct act_spec {
     bool grad_ckpt, lora, lora_dropout;
     int r_lora;
+    int loss_chunk; /* ft_model_options.loss_chunk_rows */
     unsigned lora_union;
 } act_spec;
 
@@ -186,7 +193,7 @@ static void count_activations(const ft_model_config *c, size_t N, const act_spec
     if (head) {
         act->tensor += N * C; /* lnf */
         act->stat += N;       /* rstdf */
-        act->logits = N * V;
+        act->tensor += ft_loss_chunk_rows(sp->loss_chunk, V, N) * V; /* logits */
     }
     act->ints = 4 * N; /* ids, targets, pos, seg */
 
@@ -506,7 +513,8 @@ int ft_memplan_batch(const ft_config *cfg, const ft_model_config *mc, int world_
     /* activations and backward scratch */
     act_counts act, ws;
     act_spec sp = {.grad_ckpt = r->grad_ckpt, .lora = lora, .lora_dropout = lora && lc.dropout > 0,
-                   .r_lora = lc.r, .lora_union = lora_union};
+                   .r_lora = lc.r, .lora_union = lora_union,
+                   .loss_chunk = ft_config_loss_chunk(cfg)};
     count_activations(mc, (size_t)r->batch_size * (size_t)r->seq_len, &sp,
                       (stage_span){0, mc->num_layers + 1}, &act, &ws);
     for (int i = FT_PLAN_GPU_1; i < FT_PLAN_NROWS; i++) {

@@ -77,8 +77,9 @@
  *
  * Activations per rank are those of the CPU engine for batch_size x max_seq_len tokens
  * (same buffers, per layer or one shared set under gradient checkpointing) with tensors
- * at h bytes and the statistics (RMSNorm rstd, attention log-sum-exp), the logits [N, V]
- * and the int32 token buffers at 4 bytes. Workspace is the backward scratch at h bytes;
+ * at h bytes, the statistics (RMSNorm rstd, attention log-sum-exp) and the int32 token
+ * buffers at 4 bytes, and the logits of one head chunk [R, V] at h bytes (R =
+ * ft_loss_chunk_rows of train.loss_chunk_tokens: all N rows with 0). Workspace is the backward scratch at h bytes;
  * sharded strategies add transient full-size buffers of the largest unit U:
  *   zero2:        + h*Pt(U)            its gradients before the reduce-scatter
  *   zero3, fsdp:  + 2*(h*P(U))         the gathered unit and the prefetched next one
@@ -169,6 +170,9 @@ typedef struct ft_memplan_result {
 
 /* Plans the run cfg describes for the model mc (config.json) at world_size ranks
  * (>= 1). Errors name the config key (bad LoRA targets, rank, dropout). */
+/* ft_model_options.loss_chunk_rows from train.loss_chunk_tokens (auto: -1). */
+int ft_config_loss_chunk(const ft_config *cfg);
+
 int ft_memplan(const ft_config *cfg, const ft_model_config *mc, int world_size,
                ft_memplan_result *out, ft_err *err);
 

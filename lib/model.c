@@ -539,6 +539,13 @@ done:
     return 0;
 }
 
+size_t ft_loss_chunk_rows(int opt, size_t V, size_t N)
+{
+    size_t rows = opt > 0 ? (size_t)opt : opt < 0 ? FT_LOSS_CHUNK_AUTO_ELEMS / (V ? V : 1) : N;
+    rows = rows < N ? rows : N;
+    return rows ? rows : 1;
+}
+
 static void free_activations(ft_model *m)
 {
     float **scratch[] = {&m->final_in, &m->lnf,   &m->rstdf, &m->logits, &m->d_h,
@@ -653,7 +660,8 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
         {&m->final_in, N * C, l1 == L, FT_MEM_ACTIVATIONS, false},
         {&m->lnf, N * C, head, FT_MEM_ACTIVATIONS, false},
         {&m->rstdf, N, head, FT_MEM_ACTIVATIONS, true},
-        {&m->logits, N * V, head, FT_MEM_ACTIVATIONS, false},
+        {&m->logits, ft_loss_chunk_rows(m->opt.loss_chunk_rows, V, N) * V, head,
+         FT_MEM_ACTIVATIONS, false},
         {&m->d_h, NS * C, train, FT_MEM_WORKSPACE, false},
         {&m->d_ln, NS * C, train, FT_MEM_WORKSPACE, false},
         {&m->d_att, NS * QD, train, FT_MEM_WORKSPACE, false},
@@ -711,6 +719,7 @@ void ft_model_free(ft_model *m)
     if (m->inv_freq_dev != m->inv_freq)
         ft_free_on(&m->mem, m->dev, m->inv_freq_dev);
     free(m->logits_h);
+    free(m->row_logits_h);
     for (size_t i = 0; m->qt && i < m->n_params; i++)
         drop_qtensor(m, i);
     for (size_t i = 0; m->qdense && i < m->n_params; i++)
@@ -787,9 +796,9 @@ float *ft_model_frozen(ft_model *m, size_t *n)
 static void save_slot(const ft_model *m, act_slot *s)
 {
     *s = (act_slot){m->B,        m->T,      m->max_rows,  m->acts,         m->final_in,
-                    m->lnf,      m->rstdf,  m->logits,    m->ids,          m->targets,
-                    m->pos,      m->seg,    m->has_seg,   m->logits_valid, m->can_backward,
-                    m->dropout_seed};
+                    m->lnf,      m->rstdf,  m->logits,    m->logits_first, m->ids,
+                    m->targets,  m->pos,    m->seg,       m->has_seg,      m->logits_valid,
+                    m->can_backward, m->dropout_seed};
 }
 
 static void load_slot(ft_model *m, const act_slot *s)
@@ -802,6 +811,7 @@ static void load_slot(ft_model *m, const act_slot *s)
     m->lnf = s->lnf;
     m->rstdf = s->rstdf;
     m->logits = s->logits;
+    m->logits_first = s->logits_first;
     m->ids = s->ids;
     m->targets = s->targets;
     m->pos = s->pos;

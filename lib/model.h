@@ -75,7 +75,22 @@ typedef struct ft_model_options {
     /* 0, or the most bytes the model's allocator (and a strategy's buffers beside it) may
      * hold at once: an allocation beyond it fails as out-of-memory (ft_mem.limit). */
     size_t mem_limit;
+    /* Rows (tokens) whose logits the head computes at once: 0 all of the micro-batch;
+     * -1 auto (FT_LOSS_CHUNK_AUTO_ELEMS logits); else that many. Chunked, the [N, V]
+     * logits are never held: the forward keeps only the loss (and the last chunk's
+     * logits), the backward recomputes each chunk's logits, turns them into dlogits in
+     * place and accumulates dx and dW (the fused lm_head + cross-entropy of Liger and
+     * Apple's Cut Cross-Entropy). Costs one more lm_head GEMM per step; saves N x V. */
+    int loss_chunk_rows;
 } ft_model_options;
+
+/* auto: 64M logits a chunk (256 MiB fp32, 128 MiB bf16): 511 rows of a 128k vocabulary */
+#define FT_LOSS_CHUNK_AUTO_ELEMS ((size_t)64 << 20)
+
+/* The rows of one head chunk for a micro-batch of N rows, vocabulary V and
+ * ft_model_options.loss_chunk_rows opt: between 1 and N. The model and the memory plan
+ * both size the logits buffer with it. */
+size_t ft_loss_chunk_rows(int opt, size_t V, size_t N);
 
 /* One named parameter: a view into the flat buffers (on the model's device: read and
  * write the values of a GPU model through ft_model_param_get / _set). */
@@ -146,8 +161,14 @@ int ft_model_forward(ft_model *m, const ft_batch *batch, double *loss_sum, long 
                      ft_err *err);
 
 /* Logits [B, T, V] of the last forward, fp32 on the host (a GPU model copies them back
- * on the first call after a forward). NULL after a backward. */
+ * on the first call after a forward). NULL after a backward, and when the head was
+ * chunked (ft_model_options.loss_chunk_rows) over more than one chunk. */
 const float *ft_model_logits(ft_model *m);
+
+/* The V logits of token row n (= b * T + t) of the last forward, fp32 on the host, or
+ * NULL when they are not held: after a backward, or when the head was chunked and n is
+ * not in the last chunk (the last row always is: greedy decoding reads that one). */
+const float *ft_model_row_logits(ft_model *m, size_t n);
 
 /* The model's device and compute dtype (ft_model_options.device / .dtype). */
 ft_device ft_model_device(const ft_model *m);

@@ -158,7 +158,7 @@ int model_upload_inv_freq(ft_model *m, ft_err *err)
 
 const float *ft_model_logits(ft_model *m)
 {
-    if (!m->logits_valid)
+    if (!m->logits_valid || m->logits_first != 0)
         return NULL;
     if (m->dev == FT_DEV_CPU)
         return m->logits;
@@ -171,4 +171,22 @@ const float *ft_model_logits(ft_model *m)
         m->logits_h_valid = true;
     }
     return m->logits_h;
+}
+
+const float *ft_model_row_logits(ft_model *m, size_t n)
+{
+    size_t V = (size_t)m->cfg.vocab_size;
+    if (!m->logits_valid || n < m->logits_first || n >= (size_t)m->B * m->T)
+        return NULL;
+    size_t at = (n - m->logits_first) * V;
+    if (m->dev == FT_DEV_CPU)
+        return m->logits + at;
+    if (m->logits_h_valid) /* the whole logits came back already */
+        return m->logits_h + at;
+    if (!m->row_logits_h && !(m->row_logits_h = malloc(V * sizeof(float))))
+        return NULL;
+    const char *row = (const char *)m->logits + at * model_esize(m);
+    if (download_values(m, m->row_logits_h, row, V, m->cdt, NULL))
+        return NULL;
+    return m->row_logits_h;
 }

@@ -46,6 +46,7 @@ typedef struct act_slot {
     size_t max_rows;
     layer_acts *acts;
     float *final_in, *lnf, *rstdf, *logits;
+    size_t logits_first;
     int32_t *ids, *targets, *pos, *seg;
     bool has_seg, logits_valid, can_backward;
     uint64_t dropout_seed;
@@ -98,6 +99,7 @@ struct ft_model {
     int32_t *batch_h;    /* GPU: host staging of ids, targets, pos, seg ([4][max_rows]) */
     float *logits_h;     /* GPU: the logits copied to the host for ft_model_logits */
     bool logits_h_valid;
+    float *row_logits_h; /* GPU: [V], one row copied for ft_model_row_logits */
 
     /* activations, sized for max_rows tokens (B x T) */
     int B, T;
@@ -105,7 +107,8 @@ struct ft_model {
     layer_acts *acts;     /* [L] */
     float *final_in;      /* [N, C] output of the last layer */
     float *lnf, *rstdf;   /* [N, C], [N] */
-    float *logits;        /* [N, V] */
+    float *logits;        /* [R, V]: R = ft_loss_chunk_rows(opt.loss_chunk_rows, V, N) */
+    size_t logits_first;  /* the batch row logits' first row holds (0, or the last chunk's) */
     int32_t *ids, *targets, *pos, *seg; /* [N] */
     bool has_seg;
     bool logits_valid, can_backward;

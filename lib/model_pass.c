@@ -261,6 +261,15 @@ static int release_head(ft_model *m, ft_unit_phase ph, ft_err *err)
     return release(m, L + 1, ph, bwd, err);
 }
 
+/* logits[0, rows) = lm_head(lnf rows [r0, r0 + rows)): one chunk of the head. */
+static void head_logits(ft_model *m, size_t r0, size_t rows)
+{
+    size_t C = (size_t)m->cfg.hidden_size, V = (size_t)m->cfg.vocab_size;
+    ft_tensor x = ft_slice(A_(m->lnf, (r0 + rows) * C), r0 * C, rows * C);
+    ft_linear_forward(A_(m->logits, rows * V), x, A_(m->lm_head, V * C), ft_none(), (int)rows,
+                      (int)C, (int)V, 1.0f, 0);
+}
+
 /* Layers this model computes: [*l0, *l1) (units l0+1 .. l1). */
 static void stage_layers(const ft_model *m, int *l0, int *l1)
 {
@@ -282,7 +291,7 @@ int ft_model_forward(ft_model *m, const ft_batch *b, double *loss_sum, long *n_t
     if (prepare_batch(m, b, &counted, err))
         return -1;
     int L = c->num_layers, N = b->B * b->T, C = c->hidden_size, V = c->vocab_size;
-    size_t nC = (size_t)N * C, nV = (size_t)N * V;
+    size_t nC = (size_t)N * C;
     m->dropout_seed = ft_mix64(m->opt.seed ^ ft_mix64(++m->n_forward));
     int l0, l1;
     stage_layers(m, &l0, &l1);
@@ -314,11 +323,16 @@ int ft_model_forward(ft_model *m, const ft_batch *b, double *loss_sum, long *n_t
             return -1;
         ft_rmsnorm_forward(A_(m->lnf, nC), F_(m->rstdf, N), A_(m->final_in, nC),
                            A_(m->norm_f, C), N, C, c->rms_norm_eps);
-        ft_linear_forward(A_(m->logits, nV), A_(m->lnf, nC), A_(m->lm_head, (size_t)V * C),
-                          ft_none(), N, C, V, 1.0f, 0);
+        size_t R = ft_loss_chunk_rows(m->opt.loss_chunk_rows, (size_t)V, (size_t)N);
+        for (size_t r0 = 0; r0 < (size_t)N; r0 += R) {
+            size_t rows = (size_t)N - r0 < R ? (size_t)N - r0 : R;
+            head_logits(m, r0, rows);
+            loss += ft_cross_entropy(ft_none(), A_(m->logits, rows * V),
+                                     ft_slice(I_(m->targets, N), r0, rows), (int)rows, V, 0.0f);
+            m->logits_first = r0; /* the buffer ends with the last chunk */
+        }
         if (release_head(m, FT_UNIT_FORWARD, err))
             return -1;
-        loss = ft_cross_entropy(ft_none(), A_(m->logits, nV), I_(m->targets, N), N, V, 0.0f);
         m->logits_valid = true;
     }
     if (loss_sum)
@@ -337,7 +351,7 @@ int ft_model_backward(ft_model *m, float grad_scale, ft_err *err)
                                 : "backward without a preceding forward");
     const ft_model_config *c = &m->cfg;
     int L = c->num_layers, N = m->B * m->T, C = c->hidden_size, V = c->vocab_size;
-    size_t nC = (size_t)N * C, nV = (size_t)N * V;
+    size_t nC = (size_t)N * C;
     int l0, l1;
     stage_layers(m, &l0, &l1);
     m->logits_valid = m->can_backward = false;
@@ -346,15 +360,24 @@ int ft_model_backward(ft_model *m, float grad_scale, ft_err *err)
         if (m->hooks.recv_grad(m->hooks.ctx, m->d_h, nC, err))
             return -1;
     } else {
-        /* dlogits overwrite the logits in place */
-        ft_cross_entropy(A_(m->logits, nV), A_(m->logits, nV), I_(m->targets, N), N, V,
-                         grad_scale);
         if (acquire_head(m, FT_UNIT_BACKWARD, err))
             return -1;
         ft_zero(A_(m->d_ln, nC), nC);
-        ft_linear_backward(A_(m->d_ln, nC), OPTF_(m->g_lm_head, (size_t)V * C), ft_none(),
-                           A_(m->logits, nV), A_(m->lnf, nC), A_(m->lm_head, (size_t)V * C), N,
-                           C, V, 1.0f);
+        /* chunk by chunk as the forward went; a single chunk still holds its logits */
+        size_t R = ft_loss_chunk_rows(m->opt.loss_chunk_rows, (size_t)V, (size_t)N);
+        for (size_t r0 = 0; r0 < (size_t)N; r0 += R) {
+            size_t rows = (size_t)N - r0 < R ? (size_t)N - r0 : R;
+            if (R < (size_t)N)
+                head_logits(m, r0, rows);
+            /* dlogits overwrite the logits in place */
+            ft_tensor dlogits = A_(m->logits, rows * V);
+            ft_cross_entropy(dlogits, dlogits, ft_slice(I_(m->targets, N), r0, rows), (int)rows,
+                             V, grad_scale);
+            ft_linear_backward(ft_slice(A_(m->d_ln, nC), r0 * C, rows * C),
+                               OPTF_(m->g_lm_head, (size_t)V * C), ft_none(), dlogits,
+                               ft_slice(A_(m->lnf, nC), r0 * C, rows * C),
+                               A_(m->lm_head, (size_t)V * C), (int)rows, C, V, 1.0f);
+        }
         ft_zero(A_(m->d_h, nC), nC);
         ft_rmsnorm_backward(A_(m->d_h, nC), OPTF_(m->g_norm_f, C), A_(m->d_ln, nC),
                             A_(m->final_in, nC), A_(m->norm_f, C), F_(m->rstdf, N), N, C);

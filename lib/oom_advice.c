@@ -175,6 +175,8 @@ void ft_oom_advice(const ft_config *cfg, const ft_oom_context *ctx, FILE *out)
     try_batch(&a);
     if (!ft_config_bool(cfg, "train.gradient_checkpointing"))
         try_key(&a, "train.gradient_checkpointing", "true");
+    if (!ft_config_is_auto(cfg, "train.loss_chunk_tokens"))
+        try_key(&a, "train.loss_chunk_tokens", "auto");
     try_seq_len(&a);
     const char *strategy = ft_config_str(cfg, "dist.strategy");
     if (strcmp(strategy, "model_parallel") != 0 &&

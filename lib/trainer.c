@@ -15,6 +15,7 @@
 #include "evaluate.h"
 #include "fsutil.h"
 #include "gpu_monitor.h"
+#include "memplan.h"
 #include "merge.h"
 #include "model.h"
 #include "model_path.h"
@@ -153,7 +154,8 @@ static int setup_model(trainer *t, const ft_dist_options *dopt, ft_err *err)
                            .seed = (uint64_t)ft_config_int(c, "train.seed"),
                            .device = t->place.device,
                            .dtype = t->place.dtype,
-                           .mem_limit = t->mem_limit};
+                           .mem_limit = t->mem_limit,
+                           .loss_chunk_rows = ft_config_loss_chunk(c)};
     if (strcmp(mode, "full") == 0) {
         mo.mode = FT_TRAIN_FULL;
     } else {

@@ -29,7 +29,8 @@ static const char usage[] =
     "counted tokens), the perplexity (exp(loss)), the counted tokens and the samples. With\n"
     "--generate it also decodes greedily from each record's prompt and scores the\n"
     "prediction against the reference completion (ROUGE-L F1 as rouge_score computes it,\n"
-    "and exact match after stripping whitespace).\n"
+    "and exact match after stripping whitespace). The logits are computed in chunks of\n"
+    "tokens (train.loss_chunk_tokens auto), never for the whole batch at once.\n"
     "\n"
     "Under mpirun (or srun) the ranks share the data (rank r takes every n-th sample) and\n"
     "the metrics are summed across them: the result equals one process over all of it.\n"
@@ -303,6 +304,7 @@ static int run(const args *a, const char *data_path, ft_comm *comm)
     }
     mo.device = place.device;
     mo.dtype = place.dtype;
+    mo.loss_chunk_rows = -1; /* auto, as train.loss_chunk_tokens */
     if (rank == 0 && place.device == FT_DEV_CUDA)
         fprintf(stderr, "ft-eval: %s; rank %d takes GPU %d\n", place.why, rank, gpu);
     if (ft_model_load(&m, a->model, &mo, &err) ||

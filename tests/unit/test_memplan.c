@@ -37,7 +37,8 @@ static int measure(const ft_config *cfg, const char *dir, ft_mem *out, size_t *n
 {
     ft_err err;
     ft_model_options mo = {.grad_ckpt = ft_config_bool(cfg, "train.gradient_checkpointing"),
-                           .seed = 5};
+                           .seed = 5,
+                           .loss_chunk_rows = ft_config_loss_chunk(cfg)};
     if (!strcmp(ft_config_str(cfg, "tuning.mode"), "full")) {
         mo.mode = FT_TRAIN_FULL;
     } else {
@@ -216,6 +217,21 @@ static void test_compare_modes(void)
 }
 
 static void test_cpu_full_equals_measured(void) { sweep(llama_dir, "full", "all-linear", "0"); }
+
+/* The head in chunks: the logits buffer holds one chunk of rows (a ragged last one, one
+ * row, or all of them with 0 and with more rows than tokens). */
+static void test_cpu_chunked_logits_equal_measured(void)
+{
+    static const char *chunks[] = {"train.loss_chunk_tokens=0", "train.loss_chunk_tokens=1",
+                                   "train.loss_chunk_tokens=5", "train.loss_chunk_tokens=1000"};
+    static const char *modes[] = {"tuning.mode=full", "tuning.mode=lora"};
+    for (int k = 0; k < 4; k++)
+        for (int mi = 0; mi < 2; mi++) {
+            const char *sets[] = {modes[mi], "train.batch_size=3", "model.max_seq_len=7",
+                                  chunks[k], NULL};
+            compare(llama_dir, sets);
+        }
+}
 
 /* tie_word_embeddings: lm_head is the embedding (the file's lm_head.weight is ignored) */
 static void make_tied(void)
@@ -461,6 +477,7 @@ int main(void)
 
     RUN(test_cpu_lora_equals_measured);
     RUN(test_cpu_full_equals_measured);
+    RUN(test_cpu_chunked_logits_equal_measured);
     RUN(test_cpu_qlora_equals_measured);
     RUN(test_compare_modes);
     RUN(test_cpu_bias_and_tied_equal_measured);

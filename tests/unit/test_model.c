@@ -195,6 +195,73 @@ static void test_grad_accumulation(void)
     ft_model_free(m);
 }
 
+/* The head in chunks of R rows (ft_model_options.loss_chunk_rows) gives the loss and
+ * gradients of the whole head within fp32 summation order, for a full model (lm_head's
+ * gradient summed over chunks) and a tied one, with R dividing N, ragged and 1 row; only
+ * the last chunk's logits stay readable. */
+static void check_chunked_head(const char *dir, ft_train_mode mode)
+{
+    ft_batch b = {B, T, ids, labels, NULL};
+    ft_model *whole = load(dir, mode, 0, 0);
+    size_t n1;
+    double loss1 = mean_loss(whole, &b);
+    float last1[V];
+    memcpy(last1, ft_model_row_logits(whole, B * T - 1), sizeof last1);
+    CHECK(ft_model_logits(whole) != NULL);
+    float *g1 = grads_of(whole, &b, 1, &n1);
+    int chunks[] = {1, 5, 7, 12, 100};
+    for (size_t k = 0; k < sizeof chunks / sizeof *chunks; k++) {
+        ft_model_options opt = {.mode = mode, .seed = 99, .loss_chunk_rows = chunks[k]};
+        opt.lora = (ft_lora_config){.r = 2, .alpha = 4, .targets = FT_LORA_ALL_LINEAR};
+        ft_model *m = NULL;
+        ft_err err;
+        CHECK(ft_model_load(&m, dir, &opt, &err) == 0);
+        if (!m)
+            continue;
+        /* the same LoRA B as load() gave the whole model */
+        size_t nt, nw;
+        float *dst = ft_model_trainable(m, &nt), *src = ft_model_trainable(whole, &nw);
+        CHECK(nt == nw);
+        memcpy(dst, src, nt * sizeof(float));
+        double loss2 = mean_loss(m, &b);
+        CHECK(fabs(loss2 - loss1) <= 1e-6 * fabs(loss1));
+        bool one_chunk = chunks[k] >= B * T;
+        CHECK((ft_model_logits(m) != NULL) == one_chunk);
+        const float *last2 = ft_model_row_logits(m, B * T - 1);
+        CHECK(last2 != NULL);
+        for (int v = 0; last2 && v < V; v++)
+            CHECK(fabsf(last2[v] - last1[v]) <= 1e-5f * (1 + fabsf(last1[v])));
+        /* the first row is held only when one chunk covers everything or a chunk is the
+         * last one: R = 7 splits 12 rows into 7 + 5 */
+        CHECK((ft_model_row_logits(m, 0) != NULL) == one_chunk);
+        size_t n2;
+        float *g2 = grads_of(m, &b, 1, &n2);
+        CHECK(n2 == n1);
+        double diff = 0, ref = 0;
+        for (size_t i = 0; i < n1 && n2 == n1; i++) {
+            diff += ((double)g1[i] - g2[i]) * ((double)g1[i] - g2[i]);
+            ref += (double)g1[i] * g1[i];
+        }
+        CHECK(ref > 0 && sqrt(diff / ref) < 1e-6);
+        CHECK(ft_model_row_logits(m, B * T - 1) == NULL); /* a backward spends them */
+        free(g2);
+        ft_model_free(m);
+    }
+    free(g1);
+    ft_model_free(whole);
+}
+
+static void test_chunked_head(void)
+{
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/full", root);
+    check_chunked_head(dir, FT_TRAIN_FULL);
+    check_chunked_head(dir, FT_TRAIN_LORA);
+    snprintf(dir, sizeof dir, "%s/tied", root);
+    write_tiny_model(dir, &(tiny_model_opts){.tied = 1});
+    check_chunked_head(dir, FT_TRAIN_FULL);
+}
+
 /* Two sequences packed into one row (positions restart) give the logits of the two
  * sequences run as separate rows. */
 static void test_packed_rows(void)
@@ -388,6 +455,7 @@ int main(void)
     RUN(test_ckpt_lora_dropout);
     RUN(test_grad_accumulation);
     RUN(test_packed_rows);
+    RUN(test_chunked_head);
     RUN(test_adapter_round_trip);
     RUN(test_load_errors);
     RUN(test_bad_tokens);
