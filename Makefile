@@ -16,6 +16,7 @@
 #   make compare RUNS="runs/a runs/b"   table and loss-curve plot of finished runs
 #   make bench-cpu | bench-tokenizer   figures next to the Hugging Face baseline
 #   make bench-dist      per-strategy step time, communication and a 1..64 GPU projection
+#   make bench           GPU: tokens/s, peak memory and MFU against transformers + PEFT
 #
 # The fragments in mk/ hold the toolchain detection, the build rules and the tests.
 

@@ -27,7 +27,7 @@ VENV ?= .venv
 BENCH_TRAIN := build/tests/bench-train
 
 .PHONY: test test-unit test-dist test-conformance test-gpu gpu-bundle unit-bins gpu-bins bench-cpu \
-        bench-tokenizer bench-dist config-reference
+        bench-tokenizer bench-dist bench config-reference
 
 build/tests/unit/%: tests/unit/%.c tests/unit/check.h tests/unit/tiny_model.h $(LIBFT)
 	@mkdir -p $(dir $@)
@@ -68,6 +68,20 @@ bench-dist:
 	@echo "make bench-dist: this build has no MPI (scripts/install-deps.sh build installs Open MPI)" >&2; exit 1
 endif
 
+# GPU training throughput and peak memory, ours vs transformers + PEFT on the same GPU,
+# and MFU against the measured bf16 GEMM rate (tests/bench/bench_gpu.py; issue 8's
+# configs). Run on the GPU machine, by a python with torch (CUDA), transformers and peft
+# (PYTHON=, default python3); BENCH_ARGS="--configs lora-1b --steps 3" picks and shortens.
+# The table goes to bench/results/<device>.md and .json.
+PYTHON ?= python3
+ifeq ($(CUDA),1)
+bench: $(BENCH_TRAIN)
+	$(PYTHON) tests/bench/bench_gpu.py --bench-train $(BENCH_TRAIN) --out bench/results $(BENCH_ARGS)
+else
+bench:
+	@echo "make bench: this build has no CUDA (nvcc not found; CUDA_HOME=$(CUDA_HOME))" >&2; exit 1
+endif
+
 # Tokenizer throughput and ids, ours vs Hugging Face tokenizers, on ~8 MB of text.
 bench-tokenizer: $(TOKENIZE_HARNESS)
 	scripts/setup-python.sh $(VENV)
@@ -104,9 +118,9 @@ endif
 
 # The GPU tier's binaries and the tools, with the shared libraries they need, packed for a
 # GPU machine that has the CUDA driver and toolkit but not the build's Debian libraries.
-gpu-bundle: $(GPU_BINS) $(TOOLS) $(HARNESSES)
+gpu-bundle: $(GPU_BINS) $(TOOLS) $(HARNESSES) $(BENCH_TRAIN)
 	@mkdir -p .gpu
-	scripts/gpu-bundle.sh .gpu/ftkit.tar.xz $(GPU_BINS) $(TOOLS) $(HARNESSES) \
+	scripts/gpu-bundle.sh .gpu/ftkit.tar.xz $(GPU_BINS) $(TOOLS) $(HARNESSES) $(BENCH_TRAIN) \
 	  tests/run-gpu.sh tests/run-unit.sh
 
 config-reference: bin/ft-train

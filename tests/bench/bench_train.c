@@ -1,10 +1,15 @@
 /* bench-train: training throughput of the library on one model dir.
  *
- *   bench-train MODEL_DIR [--mode lora|full] [--batch B] [--seq T] [--steps N] [--ckpt]
+ *   bench-train MODEL_DIR [--mode lora|qlora|full] [--batch B] [--seq T] [--steps N]
+ *               [--ckpt] [--device cpu|cuda] [--fp32] [--loss-chunk N|auto]
  *
  * Runs N optimizer steps (AdamW, constant lr) on seeded random tokens after one warm-up
  * step and prints one JSON line: tokens/s, ms per step, and the tracked allocator's peak
- * bytes per category. LoRA is r=16, alpha=32 on all linear layers. */
+ * bytes per category. LoRA is r=16, alpha=32 on all linear layers; qlora puts it on a
+ * base quantized on load to NF4 with double quantization (blocks of 64). On the GPU the
+ * compute is bf16 (--fp32: fp32); each step ends with the loss read back, so the timing
+ * covers the work the GPU did. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,29 +31,48 @@ static double now(void)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: bench-train MODEL_DIR [--mode lora|full] [--batch B] [--seq T] "
-                        "[--steps N] [--ckpt]\n");
+        fprintf(stderr, "usage: bench-train MODEL_DIR [--mode lora|qlora|full] [--batch B] "
+                        "[--seq T] [--steps N] [--ckpt] [--device cpu|cuda] [--fp32] "
+                        "[--loss-chunk N|auto]\n");
         return 2;
     }
-    const char *dir = argv[1];
+    const char *dir = argv[1], *mode = "lora";
     int B = 1, T = 256, steps = 3;
-    ft_model_options opt = {.mode = FT_TRAIN_LORA, .seed = 1};
+    bool fp32 = false;
+    ft_model_options opt = {.mode = FT_TRAIN_LORA, .seed = 1, .loss_chunk_rows = -1};
     for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--mode") && i + 1 < argc)
-            opt.mode = !strcmp(argv[++i], "full") ? FT_TRAIN_FULL : FT_TRAIN_LORA;
-        else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
-            B = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--seq") && i + 1 < argc)
-            T = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
-            steps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--ckpt"))
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--ckpt")) {
             opt.grad_ckpt = true;
-        else {
-            fprintf(stderr, "bench-train: error: unknown argument '%s'\n", argv[i]);
+        } else if (!strcmp(a, "--fp32")) {
+            fp32 = true;
+        } else if (v && !strcmp(a, "--mode") && (!strcmp(v, "lora") || !strcmp(v, "qlora") ||
+                                                 !strcmp(v, "full"))) {
+            mode = argv[++i];
+        } else if (v && !strcmp(a, "--device") && (!strcmp(v, "cpu") || !strcmp(v, "cuda"))) {
+            opt.device = !strcmp(argv[++i], "cuda") ? FT_DEV_CUDA : FT_DEV_CPU;
+        } else if (v && !strcmp(a, "--loss-chunk")) {
+            opt.loss_chunk_rows = !strcmp(v, "auto") ? -1 : atoi(v);
+            i++;
+        } else if (v && !strcmp(a, "--batch")) {
+            B = atoi(argv[++i]);
+        } else if (v && !strcmp(a, "--seq")) {
+            T = atoi(argv[++i]);
+        } else if (v && !strcmp(a, "--steps")) {
+            steps = atoi(argv[++i]);
+        } else {
+            fprintf(stderr, "bench-train: error: bad argument '%s'\n", a);
             return 2;
         }
     }
+    if (B < 1 || T < 2 || steps < 1) {
+        fprintf(stderr, "bench-train: error: --batch, --seq and --steps must be positive\n");
+        return 2;
+    }
+    opt.mode = !strcmp(mode, "full") ? FT_TRAIN_FULL : FT_TRAIN_LORA;
+    if (!strcmp(mode, "qlora"))
+        opt.quant = (ft_quant_options){FT_QUANT_NF4, 64, true};
+    opt.dtype = opt.device == FT_DEV_CUDA && !fp32 ? FT_BF16 : FT_F32;
     opt.lora = (ft_lora_config){.r = 16, .alpha = 32, .targets = FT_LORA_ALL_LINEAR};
     ft_err err;
     ft_model *m;
@@ -66,7 +90,7 @@ int main(int argc, char **argv)
     ft_optimizer o;
     ft_adamw_hparams hp = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
     ft_lr_schedule sched = {.kind = FT_LR_CONSTANT, .base_lr = 1e-4, .total_steps = steps + 1};
-    if (ft_optimizer_init(&o, ft_model_mem(m), n, hp, &err)) {
+    if (ft_optimizer_init_on(&o, ft_model_mem(m), opt.device, n, hp, &err)) {
         fprintf(stderr, "bench-train: error: %s\n", err.msg);
         return 1;
     }
@@ -82,12 +106,14 @@ int main(int argc, char **argv)
     }
     double dt = now() - t0;
     const ft_mem *mem = ft_model_mem(m);
-    printf("{\"mode\": \"%s\", \"batch\": %d, \"seq\": %d, \"steps\": %d, \"ckpt\": %s, "
+    printf("{\"mode\": \"%s\", \"device\": \"%s\", \"dtype\": \"%s\", \"batch\": %d, "
+           "\"seq\": %d, \"steps\": %d, \"ckpt\": %s, \"loss_chunk\": %zu, "
            "\"tokens_per_s\": %.1f, \"ms_per_step\": %.1f, \"loss\": %.4f, \"trainable\": %zu, "
            "\"peak_bytes\": {",
-           opt.mode == FT_TRAIN_FULL ? "full" : "lora", B, T, steps,
-           opt.grad_ckpt ? "true" : "false", (double)B * T * steps / dt, dt * 1e3 / steps,
-           st.loss, n);
+           mode, opt.device == FT_DEV_CUDA ? "cuda" : "cpu", opt.dtype == FT_BF16 ? "bf16" : "fp32",
+           B, T, steps, opt.grad_ckpt ? "true" : "false",
+           ft_loss_chunk_rows(opt.loss_chunk_rows, (size_t)V, (size_t)B * T),
+           (double)B * T * steps / dt, dt * 1e3 / steps, st.loss, n);
     for (int c = 0; c < FT_MEM_NCAT; c++)
         printf("%s\"%s\": %zu", c ? ", " : "", ft_mem_cat_name((ft_mem_cat)c), mem->peak[c]);
     printf(", \"total\": %zu}}\n", mem->peak_total);
