@@ -42,7 +42,11 @@
  * NT is a template parameter (1 .. FT_CUDA_ATT_MAX_D / 32), picked at launch from D, so
  * the register arrays are only as long as the head needs and are indexed only in fully
  * unrolled loops (a dynamic index would put them in local memory). */
+#include <stdlib.h>
+#include <string.h>
+
 #include "cuda_common.cuh"
+#include "flash_attention.cuh"
 
 #define ATT_WARPS 4 /* warps (rows) per block */
 #define ATT_THREADS (32 * ATT_WARPS)
@@ -340,7 +344,20 @@ int att_setup(att_args &a, ft_tensor seg, int B, int T, int Hq, int Hkv, int D,
     return 1;
 }
 
+/* FT_CUDA_ATTENTION=flash asks for the tensor-core kernels where they apply. */
+bool flash_wanted(void)
+{
+    const char *e = getenv("FT_CUDA_ATTENTION");
+    return e && !strcmp(e, "flash");
+}
+
 } // namespace
+
+const char *ft_cuda_attention_kernel(ft_dtype dtype, int D)
+{
+    ft_tensor t = {NULL, 0, dtype, FT_DEV_CUDA};
+    return flash_wanted() && ft_cuda_flash_attention_fits(D, &t, 1) ? "flash" : "reference";
+}
 
 void ft_cuda_attention_forward(ft_tensor out, ft_tensor lse, ft_tensor q, ft_tensor k,
                                ft_tensor v, ft_tensor seg, int B, int T, int Hq, int Hkv,
@@ -349,6 +366,11 @@ void ft_cuda_attention_forward(ft_tensor out, ft_tensor lse, ft_tensor q, ft_ten
     att_args a = {};
     if (!att_setup(a, seg, B, T, Hq, Hkv, D, scale, window))
         return;
+    const ft_tensor io[] = {out, q, k, v};
+    if (flash_wanted() && ft_cuda_flash_attention_fits(D, io, 4)) {
+        ft_cuda_flash_attention_forward(out, lse, q, k, v, seg, B, T, Hq, Hkv, D, scale, window);
+        return;
+    }
     a.q = fv(q);
     a.k = fv(k);
     a.v = fv(v);
@@ -365,6 +387,12 @@ void ft_cuda_attention_backward(ft_tensor dq, ft_tensor dk, ft_tensor dv, ft_ten
     att_args a = {};
     if (!att_setup(a, seg, B, T, Hq, Hkv, D, scale, window))
         return;
+    const ft_tensor in[] = {dout, q, k, v, out};
+    if (flash_wanted() && ft_cuda_flash_attention_fits(D, in, 5)) {
+        ft_cuda_flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, seg, B, T, Hq,
+                                         Hkv, D, scale, window);
+        return;
+    }
     a.q = fv(q);
     a.k = fv(k);
     a.v = fv(v);
