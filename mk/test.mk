@@ -1,6 +1,7 @@
 # Test tiers.
 #   test-unit         C unit tests (tests/unit/test_*.c), no Python; each binary prints
-#                     "N passed, N failed", and the runner adds them up.
+#                     "N passed, N failed", and the runner adds them up. Also the CUDA
+#                     kernels that tests/emu runs on the host (C++20, no GPU needed).
 #   test-dist         the communication interface (lib/dist.h) under real MPI ranks
 #                     (tests/dist, driven by tests/run-dist.sh); needs MPI in the build.
 #   test-conformance  pytest against Hugging Face transformers + PEFT (tests/conformance),
@@ -15,6 +16,10 @@ UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=build/tests/unit/%)
 DIST_SRCS := $(wildcard tests/dist/test_*.c)
 DIST_BINS := $(DIST_SRCS:tests/dist/%.c=build/tests/dist/%)
+# Host-emulated CUDA kernels (tests/emu, C++20): run in test-unit, with or without a GPU.
+EMU_SRCS := $(wildcard tests/emu/test_*.cc)
+EMU_BINS := $(EMU_SRCS:tests/emu/%.cc=build/tests/emu/%)
+CXX_EMU ?= g++
 GPU_SRCS := $(if $(filter 1,$(CUDA)),$(wildcard tests/gpu/test_*.c))
 GPU_BINS := $(GPU_SRCS:tests/gpu/%.c=build/tests/gpu/%)
 CONFORM_HARNESS := build/tests/ft-conform
@@ -28,6 +33,11 @@ BENCH_TRAIN := build/tests/bench-train
 
 .PHONY: test test-unit test-dist test-conformance test-gpu gpu-bundle unit-bins gpu-bins bench-cpu \
         bench-tokenizer bench-dist bench config-reference
+
+build/tests/emu/%: tests/emu/%.cc tests/emu/cuda_emu.h kernels/cuda/flash_attention_kernels.cuh $(LIBFT)
+	@mkdir -p $(dir $@)
+	$(CXX_EMU) -std=c++20 -O2 -pthread -Wall -Wextra -Werror -Wno-unknown-pragmas -Ikernels -Ilib \
+	  -Itests/emu $< $(LIBFT) $(FT_LDFLAGS) $(LDLIBS) -o $@
 
 build/tests/unit/%: tests/unit/%.c tests/unit/check.h tests/unit/tiny_model.h $(LIBFT)
 	@mkdir -p $(dir $@)
@@ -87,7 +97,7 @@ bench-tokenizer: $(TOKENIZE_HARNESS)
 	scripts/setup-python.sh $(VENV)
 	FT_TOKENIZE=$(abspath $(TOKENIZE_HARNESS)) $(VENV)/bin/python tests/bench/bench_tokenizer.py
 
-unit-bins: $(UNIT_BINS)
+unit-bins: $(UNIT_BINS) $(EMU_BINS)
 gpu-bins: $(GPU_BINS)
 
 # The CPU tiers (unit, dist, conformance) hide the GPUs (CUDA_VISIBLE_DEVICES empty): their
@@ -95,10 +105,10 @@ gpu-bins: $(GPU_BINS)
 # GPU machine. The GPU tier is make test-gpu.
 CPU_ONLY := CUDA_VISIBLE_DEVICES=
 
-test-unit: $(UNIT_BINS) $(GPU_BINS) $(TOOLS)
+test-unit: $(UNIT_BINS) $(EMU_BINS) $(GPU_BINS) $(TOOLS)
 	bin/ft-train --config-reference | diff -u configs/README.md - \
 	  || { echo "configs/README.md is stale: make config-reference"; exit 1; }
-	$(CPU_ONLY) tests/run-unit.sh $(UNIT_BINS)
+	$(CPU_ONLY) tests/run-unit.sh $(UNIT_BINS) $(EMU_BINS)
 
 ifeq ($(MPI),1)
 test-dist: $(DIST_BINS)

@@ -30,7 +30,7 @@ passed=0; failed=0
 if [ -x "$sanitizer" ]; then
   for bin in "$@"; do
     case "$(basename "$bin")" in test_cuda_*) ;; *) continue ;; esac
-    if "$sanitizer" --tool memcheck --error-exitcode 99 \
+    if FT_UNDER_MEMCHECK=1 "$sanitizer" --tool memcheck --error-exitcode 99 \
         "$bin" >"$bin.memcheck.log" 2>&1; then
       passed=$((passed + 1))
     else

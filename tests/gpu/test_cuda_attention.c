@@ -11,7 +11,11 @@
  * summation order). lse is fp32 storage computed in fp32 from identical inputs in both
  * dtypes, so it is held to the fp32 tolerance. Every GPU run is repeated and must match
  * bit for bit (no atomics). One test asks for a subset of the gradients (the others
- * ft_none()). */
+ * ft_none()). bf16 runs through both kernels (cuda_ops.h): the reference and, with
+ * FT_CUDA_ATTENTION=flash, the tensor-core kernels where the head dim suits them. */
+#include <stdbool.h>
+
+#include "cuda/cuda_ops.h"
 #include "gpu_check.h"
 
 typedef struct att_case {
@@ -239,21 +243,37 @@ static void check_backward(const att_data *a, int want)
     free(dv_ref);
 }
 
-/* Forward and backward of each case in fp32 and bf16. */
+/* Picks the kernel bf16 calls run (FT_CUDA_ATTENTION): "reference" or "flash". With
+ * flash, a head dim the flash kernels take must get them, or the case would test the
+ * reference twice. */
+static void use_kernel(const char *kernel, int D)
+{
+    setenv("FT_CUDA_ATTENTION", kernel, 1);
+    const char *got = ft_cuda_attention_kernel(FT_BF16, D);
+    bool flash_fits = D % 16 == 0 && D <= 128;
+    printf("  bf16 kernel: %s\n", got);
+    CHECK(strcmp(got, !strcmp(kernel, "flash") && flash_fits ? "flash" : "reference") == 0);
+    CHECK(strcmp(ft_cuda_attention_kernel(FT_F32, D), "reference") == 0);
+}
+
+/* Forward and backward of each case in fp32 and bf16, bf16 with each kernel. */
 static void run_cases(const att_case *cases, int n)
 {
-    static const ft_dtype dtypes[2] = {FT_F32, FT_BF16};
+    static const ft_dtype dtypes[3] = {FT_F32, FT_BF16, FT_BF16};
+    static const char *kernels[3] = {"reference", "reference", "flash"};
     for (int i = 0; i < n; i++) {
         const att_case c = cases[i];
         printf(" %s: B=%d T=%d Hq=%d Hkv=%d D=%d window=%d segments=%d\n", c.name, c.B,
                c.T, c.Hq, c.Hkv, c.D, c.window, c.nseg);
-        for (int d = 0; d < 2; d++) {
+        for (int d = 0; d < 3; d++) {
+            use_kernel(kernels[d], c.D);
             att_data a = att_make(c, dtypes[d], 1000 + (uint64_t)i * 17 + (uint64_t)d);
             check_forward(&a);
             check_backward(&a, GRAD_ALL);
             att_free(&a);
         }
     }
+    use_kernel("reference", 0);
 }
 
 #define NCASES(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -331,9 +351,11 @@ static void test_attention_window_packed(void)
  * ones come out the same. */
 static void test_attention_partial_grads(void)
 {
-    static const att_case c = {"partial", 2, 33, 8, 2, 40, 5, 2};
-    static const ft_dtype dtypes[2] = {FT_F32, FT_BF16};
-    for (int d = 0; d < 2; d++) {
+    static const att_case c = {"partial", 2, 33, 8, 2, 48, 5, 2};
+    static const ft_dtype dtypes[3] = {FT_F32, FT_BF16, FT_BF16};
+    static const char *kernels[3] = {"reference", "reference", "flash"};
+    for (int d = 0; d < 3; d++) {
+        use_kernel(kernels[d], c.D);
         att_data a = att_make(c, dtypes[d], 77 + (uint64_t)d);
         check_backward(&a, GRAD_Q);
         check_backward(&a, GRAD_K);
@@ -341,6 +363,22 @@ static void test_attention_partial_grads(void)
         check_backward(&a, GRAD_K | GRAD_V);
         att_free(&a);
     }
+    use_kernel("reference", 0);
+}
+
+/* A Llama-3-shaped layer at a real length, through both bf16 kernels: T = 1024, 32 query
+ * heads on 8 kv heads of 128 (8B) and of 64 (1B), one packed row of 3 sequences. */
+static void test_attention_llama_shapes(void)
+{
+    if (getenv("FT_UNDER_MEMCHECK")) { /* minutes under the sanitizer; the cases above cover it */
+        printf("  (skipped under compute-sanitizer)\n");
+        return;
+    }
+    static const att_case cases[] = {
+        {"llama8b-t1024", 1, 1024, 32, 8, 128, 0, 3},
+        {"llama1b-t1024", 1, 1024, 32, 8, 64, 0, 0},
+    };
+    run_cases(cases, NCASES(cases));
 }
 
 int main(void)
@@ -353,5 +391,6 @@ int main(void)
     RUN(test_attention_window);
     RUN(test_attention_window_packed);
     RUN(test_attention_partial_grads);
+    RUN(test_attention_llama_shapes);
     return check_summary("cuda_attention");
 }

@@ -1,0 +1,204 @@
+/* The flash-attention kernels (kernels/cuda/flash_attention_kernels.cuh) run on the host
+ * through cuda_emu.h, against the CPU attention op (kernels/cpu/attention.c): forward
+ * out and lse, and dq, dk, dv, on shapes that cover a ragged last tile, several tiles,
+ * GQA and MQA, packed sequences, a sliding window shorter and longer than a tile, and
+ * every head dim the kernels take in steps of 16 up to 128, and a window that starts a
+ * query tile's keys one tile back.
+ *
+ * As in tests/gpu/test_cuda_attention.c: inputs are rounded to bf16 first, so both sides
+ * see the same values; the backward takes the CPU forward's out (rounded to bf16) and
+ * lse; gradients start from random values (the op accumulates). out, dq, dk, dv must be
+ * within bf16's tolerance (1e-2 normwise relative), lse within fp32's (1e-5).
+ *
+ * This checks the kernels' logic (tiles, masks, online softmax, barriers) without a GPU;
+ * the GPU tier checks them again on the hardware, with the real WMMA. */
+#include "cuda_emu.h"
+
+namespace fa {
+alignas(128) unsigned char smem[1 << 18];
+}
+#include "cuda/flash_attention_kernels.cuh"
+
+static int passed, failed;
+
+static void check(bool ok, const char *what, double err, double tol)
+{
+    printf("  %-44s %.3g (tol %.0e) %s\n", what, err, tol, ok ? "ok" : "FAIL");
+    ok ? passed++ : failed++;
+}
+
+static uint64_t rng_state = 12345;
+static float uniform(void) /* [-1, 1) */
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng_state >> 40) * (1.0 / (1ull << 24))) * 2.0f - 1.0f;
+}
+
+static float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+static std::vector<float> random_bf16(size_t n, float scale)
+{
+    std::vector<float> v(n);
+    for (auto &x : v)
+        x = round_bf16(scale * uniform());
+    return v;
+}
+
+static std::vector<__nv_bfloat16> to_bf16(const std::vector<float> &v)
+{
+    std::vector<__nv_bfloat16> out(v.size());
+    for (size_t i = 0; i < v.size(); i++)
+        out[i] = __float2bfloat16_rn(v[i]);
+    return out;
+}
+
+static std::vector<float> from_bf16(const std::vector<__nv_bfloat16> &v)
+{
+    std::vector<float> out(v.size());
+    for (size_t i = 0; i < v.size(); i++)
+        out[i] = __bfloat162float(v[i]);
+    return out;
+}
+
+/* normwise relative error; -1 on a NaN or inf */
+static double rel_error(const std::vector<float> &got, const std::vector<float> &ref)
+{
+    double maxdiff = 0, maxref = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        if (!std::isfinite(got[i]))
+            return -1;
+        maxdiff = fmax(maxdiff, fabs((double)got[i] - ref[i]));
+        maxref = fmax(maxref, fabs((double)ref[i]));
+    }
+    return maxref > 0 ? maxdiff / maxref : maxdiff;
+}
+
+static void expect_close(const char *name, const char *what, const std::vector<float> &got,
+                         const std::vector<float> &ref, double tol)
+{
+    char label[128];
+    snprintf(label, sizeof label, "%s %s", name, what);
+    double e = rel_error(got, ref);
+    check(e >= 0 && e <= tol, label, e, tol);
+}
+
+struct att_case {
+    const char *name;
+    int B, T, Hq, Hkv, D, window, nseg;
+};
+
+static ft_tensor bf(std::vector<__nv_bfloat16> &v)
+{
+    return ft_view(v.data(), v.size(), FT_BF16, FT_DEV_CUDA);
+}
+
+static void run_case(const att_case &c)
+{
+    printf(" %s: B=%d T=%d Hq=%d Hkv=%d D=%d window=%d segments=%d\n", c.name, c.B, c.T, c.Hq,
+           c.Hkv, c.D, c.window, c.nseg);
+    size_t nq = (size_t)c.B * c.T * c.Hq * c.D, nkv = (size_t)c.B * c.T * c.Hkv * c.D;
+    size_t nl = (size_t)c.B * c.Hq * c.T;
+    float scale = 1.0f / sqrtf((float)c.D);
+    std::vector<float> q = random_bf16(nq, 1.5f), k = random_bf16(nkv, 1.5f),
+                       v = random_bf16(nkv, 1.0f), dout = random_bf16(nq, 1.0f),
+                       dq0 = random_bf16(nq, 0.1f), dk0 = random_bf16(nkv, 0.1f),
+                       dv0 = random_bf16(nkv, 0.1f);
+    std::vector<int32_t> seg((size_t)c.B * c.T, 0);
+    if (c.nseg > 1) /* equal pieces, a new sequence every ceil(T / nseg) tokens */
+        for (int b = 0; b < c.B; b++)
+            for (int t = 0; t < c.T; t++)
+                seg[(size_t)b * c.T + t] = t / ((c.T + c.nseg - 1) / c.nseg);
+    ft_tensor seg_t = c.nseg > 1 ? ft_i32(seg.data(), seg.size()) : ft_none();
+
+    /* the CPU reference */
+    std::vector<float> out_ref(nq), lse_ref(nl);
+    ft_attention_forward(ft_f32(out_ref.data(), nq), ft_f32(lse_ref.data(), nl),
+                         ft_f32(q.data(), nq), ft_f32(k.data(), nkv), ft_f32(v.data(), nkv),
+                         seg_t, c.B, c.T, c.Hq, c.Hkv, c.D, scale, c.window);
+    std::vector<float> out_in(nq); /* the backward's out: the reference, stored as bf16 */
+    for (size_t i = 0; i < nq; i++)
+        out_in[i] = round_bf16(out_ref[i]);
+    std::vector<float> dq_ref = dq0, dk_ref = dk0, dv_ref = dv0;
+    ft_attention_backward(ft_f32(dq_ref.data(), nq), ft_f32(dk_ref.data(), nkv),
+                          ft_f32(dv_ref.data(), nkv), ft_f32(dout.data(), nq),
+                          ft_f32(q.data(), nq), ft_f32(k.data(), nkv), ft_f32(v.data(), nkv),
+                          ft_f32(out_in.data(), nq), ft_f32(lse_ref.data(), nl), seg_t, c.B,
+                          c.T, c.Hq, c.Hkv, c.D, scale, c.window);
+
+    /* the kernels */
+    auto qb = to_bf16(q), kb = to_bf16(k), vb = to_bf16(v), doutb = to_bf16(dout);
+    std::vector<__nv_bfloat16> outb(nq);
+    std::vector<float> lse(nl);
+    fa::fa_args a = {};
+    a.q = fv(bf(qb));
+    a.k = fv(bf(kb));
+    a.v = fv(bf(vb));
+    a.out = fv(bf(outb));
+    a.lse_out = lse.data();
+    a.seg = c.nseg > 1 ? seg.data() : NULL;
+    a.B = c.B;
+    a.T = c.T;
+    a.Hq = c.Hq;
+    a.Hkv = c.Hkv;
+    a.G = c.Hq / c.Hkv;
+    a.scale = scale;
+    a.window = c.window;
+    unsigned tiles = (unsigned)((c.T + FA_ROWS - 1) / FA_ROWS);
+    void (*fwd)(fa::fa_args), (*dq_k)(fa::fa_args), (*dkdv_k)(fa::fa_args);
+    switch (c.D) {
+#define FA_CASE(D)                                                                           \
+    case D:                                                                                  \
+        fwd = fa::fa_forward_kernel<D>;                                                      \
+        dq_k = fa::fa_dq_kernel<D>;                                                          \
+        dkdv_k = fa::fa_dkdv_kernel<D>;                                                      \
+        static_assert(fa::fa_dkdv_smem<D>() <= sizeof fa::smem, "smem");                     \
+        break;
+        FA_CASE(16)
+        FA_CASE(32)
+        FA_CASE(48)
+        FA_CASE(64)
+        FA_CASE(80)
+        FA_CASE(96)
+        FA_CASE(112)
+        FA_CASE(128)
+    default:
+        fprintf(stderr, "no kernel for D=%d\n", c.D);
+        exit(2);
+    }
+    emu_launch(fwd, tiles, (unsigned)(c.B * c.Hq), FA_THREADS, a);
+    expect_close(c.name, "out", from_bf16(outb), out_ref, 1e-2);
+    expect_close(c.name, "lse", lse, lse_ref, 1e-5);
+
+    auto outin_b = to_bf16(out_in), dqb = to_bf16(dq0), dkb = to_bf16(dk0), dvb = to_bf16(dv0);
+    a.out = fv(bf(outin_b));
+    a.dout = fv(bf(doutb));
+    a.dq = fv(bf(dqb));
+    a.dk = fv(bf(dkb));
+    a.dv = fv(bf(dvb));
+    a.lse_in = lse_ref.data();
+    emu_launch(dq_k, tiles, (unsigned)(c.B * c.Hq), FA_THREADS, a);
+    emu_launch(dkdv_k, tiles, (unsigned)(c.B * c.Hkv), FA_THREADS, a);
+    expect_close(c.name, "dq", from_bf16(dqb), dq_ref, 1e-2);
+    expect_close(c.name, "dk", from_bf16(dkb), dk_ref, 1e-2);
+    expect_close(c.name, "dv", from_bf16(dvb), dv_ref, 1e-2);
+}
+
+int main(void)
+{
+    static const att_case cases[] = {
+        {"one-tile-d128", 1, 20, 2, 2, 128, 0, 0},
+        {"ragged-mha-d64", 1, 70, 2, 2, 64, 0, 0},
+        {"gqa-3tiles-d32", 1, 150, 4, 2, 32, 0, 0},
+        {"mqa-d16", 2, 33, 3, 1, 16, 0, 0},
+        {"packed-window5-d48", 2, 100, 2, 1, 48, 5, 3},
+        {"window70-packed-d80", 1, 150, 2, 1, 80, 70, 2},
+        {"packed-gqa-d96", 1, 130, 4, 2, 96, 0, 3},
+        {"window-t1-d112", 1, 1, 2, 1, 112, 5, 0},
+        /* a window of 2: query 64's first key, 63, sits in the tile before its own */
+        {"window2-t128-d16", 1, 128, 1, 1, 16, 2, 0},
+    };
+    for (const att_case &c : cases)
+        run_case(c);
+    printf("flash_emu: %d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
