@@ -344,11 +344,11 @@ int att_setup(att_args &a, ft_tensor seg, int B, int T, int Hq, int Hkv, int D,
     return 1;
 }
 
-/* FT_CUDA_ATTENTION=flash asks for the tensor-core kernels where they apply. */
+/* The tensor-core kernels where they apply, unless FT_CUDA_ATTENTION=reference. */
 bool flash_wanted(void)
 {
     const char *e = getenv("FT_CUDA_ATTENTION");
-    return e && !strcmp(e, "flash");
+    return !(e && !strcmp(e, "reference"));
 }
 
 } // namespace

@@ -47,11 +47,10 @@ void ft_cuda_rope_forward(ft_tensor x, ft_tensor pos, ft_tensor inv_freq, int N,
 void ft_cuda_rope_backward(ft_tensor dx, ft_tensor pos, ft_tensor inv_freq, int N,
                            int heads, int D);
 
-/* attention.cu (lse is fp32; D <= FT_CUDA_ATT_MAX_D). Two kernels: the reference (one
- * warp a row, fp32 arithmetic, any dtype and D) and, with FT_CUDA_ATTENTION=flash in the
- * environment, the tensor-core kernels of flash_attention.cu for bf16 operands and D a
- * multiple of 16 up to 128 (the reference still takes what they do not). The flash
- * kernels become the default once the GPU tier has passed them. */
+/* attention.cu (lse is fp32; D <= FT_CUDA_ATT_MAX_D). Two kernels: the tensor-core
+ * kernels of flash_attention.cu for bf16 operands and D a multiple of 16 up to 128, and
+ * the reference (one warp a row, fp32 arithmetic, any dtype and D) for the rest, or for
+ * everything with FT_CUDA_ATTENTION=reference in the environment. */
 #define FT_CUDA_ATT_MAX_D 256
 /* "flash" or "reference": the kernel a call with bf16 or fp32 operands and head dim D
  * would run now. */

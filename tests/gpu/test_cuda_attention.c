@@ -11,8 +11,8 @@
  * summation order). lse is fp32 storage computed in fp32 from identical inputs in both
  * dtypes, so it is held to the fp32 tolerance. Every GPU run is repeated and must match
  * bit for bit (no atomics). One test asks for a subset of the gradients (the others
- * ft_none()). bf16 runs through both kernels (cuda_ops.h): the reference and, with
- * FT_CUDA_ATTENTION=flash, the tensor-core kernels where the head dim suits them. */
+ * ft_none()). bf16 runs through both kernels (cuda_ops.h), chosen by FT_CUDA_ATTENTION:
+ * the reference, and the tensor-core kernels where the head dim suits them. */
 #include <stdbool.h>
 
 #include "cuda/cuda_ops.h"
