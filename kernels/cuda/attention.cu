@@ -45,7 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_common.cuh"
+#include "attention_args.cuh"
 #include "flash_attention.cuh"
 
 #define ATT_WARPS 4 /* warps (rows) per block */
@@ -53,17 +53,6 @@
 #define ATT_MAX_NT (FT_CUDA_ATT_MAX_D / 32)
 
 namespace {
-
-/* Everything a kernel needs, passed by value. Operands an op does not use are null. */
-struct att_args {
-    fview q, k, v, out, dout, dq, dk, dv;
-    float *lse_out;      /* forward */
-    const float *lse_in; /* backward */
-    const int32_t *seg;  /* [B, T] or NULL */
-    int B, T, Hq, Hkv, G, D;
-    float scale;
-    int window;
-};
 
 /* First key token query i may see (the causal upper bound is i itself). */
 __device__ __forceinline__ int att_first_key(int i, int window)
@@ -366,17 +355,16 @@ void ft_cuda_attention_forward(ft_tensor out, ft_tensor lse, ft_tensor q, ft_ten
     att_args a = {};
     if (!att_setup(a, seg, B, T, Hq, Hkv, D, scale, window))
         return;
-    const ft_tensor io[] = {out, q, k, v};
-    if (flash_wanted() && ft_cuda_flash_attention_fits(D, io, 4)) {
-        ft_cuda_flash_attention_forward(out, lse, q, k, v, seg, B, T, Hq, Hkv, D, scale, window);
-        return;
-    }
     a.q = fv(q);
     a.k = fv(k);
     a.v = fv(v);
     a.out = fv(out);
     a.lse_out = (float *)lse.data;
-    att_launch(att_forward_kernels, a, (size_t)B * Hq * T);
+    const ft_tensor io[] = {out, q, k, v};
+    if (flash_wanted() && ft_cuda_flash_attention_fits(D, io, 4))
+        ft_cuda_flash_attention_forward(a);
+    else
+        att_launch(att_forward_kernels, a, (size_t)B * Hq * T);
 }
 
 void ft_cuda_attention_backward(ft_tensor dq, ft_tensor dk, ft_tensor dv, ft_tensor dout,
@@ -387,12 +375,6 @@ void ft_cuda_attention_backward(ft_tensor dq, ft_tensor dk, ft_tensor dv, ft_ten
     att_args a = {};
     if (!att_setup(a, seg, B, T, Hq, Hkv, D, scale, window))
         return;
-    const ft_tensor in[] = {dout, q, k, v, out};
-    if (flash_wanted() && ft_cuda_flash_attention_fits(D, in, 5)) {
-        ft_cuda_flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, seg, B, T, Hq,
-                                         Hkv, D, scale, window);
-        return;
-    }
     a.q = fv(q);
     a.k = fv(k);
     a.v = fv(v);
@@ -402,6 +384,11 @@ void ft_cuda_attention_backward(ft_tensor dq, ft_tensor dk, ft_tensor dv, ft_ten
     a.dk = fv(dk);
     a.dv = fv(dv);
     a.lse_in = (const float *)lse.data;
+    const ft_tensor in[] = {dout, q, k, v, out};
+    if (flash_wanted() && ft_cuda_flash_attention_fits(D, in, 5)) {
+        ft_cuda_flash_attention_backward(a);
+        return;
+    }
     if (dq.data)
         att_launch(att_dq_kernels, a, (size_t)B * Hq * T);
     if (dk.data || dv.data)

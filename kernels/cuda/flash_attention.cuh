@@ -5,17 +5,15 @@
 #define FT_FLASH_ATTENTION_CUH
 
 #include "../ops.h"
+#include "cuda_common.cuh"
+#include "attention_args.cuh"
 
 /* Whether the flash kernels take head dim D with these operands: D a multiple of 16 up
  * to 128, and every operand given bf16. */
 bool ft_cuda_flash_attention_fits(int D, const ft_tensor *bf16_operands, int n);
 
-void ft_cuda_flash_attention_forward(ft_tensor out, ft_tensor lse, ft_tensor q, ft_tensor k,
-                                     ft_tensor v, ft_tensor seg, int B, int T, int Hq,
-                                     int Hkv, int D, float scale, int window);
-void ft_cuda_flash_attention_backward(ft_tensor dq, ft_tensor dk, ft_tensor dv,
-                                      ft_tensor dout, ft_tensor q, ft_tensor k, ft_tensor v,
-                                      ft_tensor out, ft_tensor lse, ft_tensor seg, int B,
-                                      int T, int Hq, int Hkv, int D, float scale, int window);
+/* The launches, with the arguments attention.cu's entry points prepared. */
+void ft_cuda_flash_attention_forward(const att_args &a);
+void ft_cuda_flash_attention_backward(const att_args &a);
 
 #endif

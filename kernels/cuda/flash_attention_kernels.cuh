@@ -42,6 +42,7 @@
 
 using namespace nvcuda;
 #endif
+#include "attention_args.cuh"
 
 namespace fa {
 
@@ -57,16 +58,6 @@ typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> frag_a
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> frag_b;
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> frag_bt;
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
-
-struct fa_args {
-    fview q, k, v, out, dout, dq, dk, dv;
-    float *lse_out;
-    const float *lse_in;
-    const int32_t *seg;
-    int B, T, Hq, Hkv, G;
-    float scale;
-    int window;
-};
 
 /* bf16 row stride of a [64, D] tile */
 template <int D> __host__ __device__ constexpr int fa_ld() { return D + 8; }
@@ -135,7 +126,7 @@ __device__ __forceinline__ void fa_accumulate(frag_c (&acc)[D / 16], const bf16 
 /* Dlt of the 64 rows of a query tile: dO_i . o_i in fp32 from the stored values (two
  * threads a row, halves added by one shuffle). */
 template <int D>
-__device__ void fa_delta(float *dlt_s, const fa_args &a, int b, int i0, int h)
+__device__ void fa_delta(float *dlt_s, const att_args &a, int b, int i0, int h)
 {
     int row = threadIdx.x >> 1, half = threadIdx.x & 1, i = i0 + row;
     float s = 0.0f;
@@ -152,7 +143,7 @@ __device__ void fa_delta(float *dlt_s, const fa_args &a, int b, int i0, int h)
 /* x[b, t0 + r, h, d] += scale * tile[r][d] for the block's 64 rows (tile fp32, stride
  * D + 4). */
 template <int D>
-__device__ void fa_add_rows(fview x, const float *tile, float scale, const fa_args &a, int b,
+__device__ void fa_add_rows(fview x, const float *tile, float scale, const att_args &a, int b,
                             int t0, int H, int h)
 {
     for (int idx = threadIdx.x; idx < FA_ROWS * D; idx += FA_THREADS) {
@@ -170,7 +161,7 @@ __device__ void fa_add_rows(fview x, const float *tile, float scale, const fa_ar
  * not wanted (ft_none()). */
 template <int D>
 __device__ void fa_stage_add(fview x, frag_c (&acc)[D / 16], float *stage, float scale,
-                             const fa_args &a, int b, int t0, int H, int h)
+                             const att_args &a, int b, int t0, int H, int h)
 {
     const int wr = (threadIdx.x >> 5) * 16;
     __syncthreads();
@@ -197,7 +188,7 @@ template <int D> constexpr size_t fa_forward_smem()
 }
 
 /* grid (ceil(T / 64), B * Hq): the block's 64 query rows of head h. */
-template <int D> __global__ void __launch_bounds__(FA_THREADS) fa_forward_kernel(fa_args a)
+template <int D> __global__ void __launch_bounds__(FA_THREADS) fa_forward_kernel(att_args a)
 {
     extern __shared__ __align__(128) unsigned char smem[];
     const int LD = fa_ld<D>(), LO = D + 4;
@@ -284,7 +275,7 @@ template <int D> constexpr size_t fa_dq_smem()
 }
 
 /* grid (ceil(T / 64), B * Hq): dq of the block's 64 query rows of head h. */
-template <int D> __global__ void __launch_bounds__(FA_THREADS) fa_dq_kernel(fa_args a)
+template <int D> __global__ void __launch_bounds__(FA_THREADS) fa_dq_kernel(att_args a)
 {
     extern __shared__ __align__(128) unsigned char smem[];
     const int LD = fa_ld<D>();
@@ -341,7 +332,7 @@ template <int D> constexpr size_t fa_dkdv_smem()
 
 /* grid (ceil(T / 64), B * Hkv): dk, dv of the block's 64 keys of kv head g, summed over
  * the G query heads of the group and every query tile that can see them. */
-template <int D> __global__ void __launch_bounds__(FA_THREADS) fa_dkdv_kernel(fa_args a)
+template <int D> __global__ void __launch_bounds__(FA_THREADS) fa_dkdv_kernel(att_args a)
 {
     extern __shared__ __align__(128) unsigned char smem[];
     const int LD = fa_ld<D>();

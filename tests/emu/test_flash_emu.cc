@@ -129,7 +129,7 @@ static void run_case(const att_case &c)
     auto qb = to_bf16(q), kb = to_bf16(k), vb = to_bf16(v), doutb = to_bf16(dout);
     std::vector<__nv_bfloat16> outb(nq);
     std::vector<float> lse(nl);
-    fa::fa_args a = {};
+    att_args a = {};
     a.q = fv(bf(qb));
     a.k = fv(bf(kb));
     a.v = fv(bf(vb));
@@ -144,7 +144,7 @@ static void run_case(const att_case &c)
     a.scale = scale;
     a.window = c.window;
     unsigned tiles = (unsigned)((c.T + FA_ROWS - 1) / FA_ROWS);
-    void (*fwd)(fa::fa_args), (*dq_k)(fa::fa_args), (*dkdv_k)(fa::fa_args);
+    void (*fwd)(att_args), (*dq_k)(att_args), (*dkdv_k)(att_args);
     switch (c.D) {
 #define FA_CASE(D)                                                                           \
     case D:                                                                                  \
