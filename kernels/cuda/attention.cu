@@ -54,18 +54,6 @@
 
 namespace {
 
-/* First key token query i may see (the causal upper bound is i itself). */
-__device__ __forceinline__ int att_first_key(int i, int window)
-{
-    return (window > 0 && window <= i) ? i - window + 1 : 0;
-}
-
-/* Last query token that may see key j; written so that a huge window cannot overflow. */
-__device__ __forceinline__ int att_last_query(int j, int T, int window)
-{
-    return (window > 0 && window < T - j) ? j + window - 1 : T - 1;
-}
-
 /* r[t] = x[base + lane + 32 t] for the lane's elements, 0 past D. */
 template <int NT>
 __device__ __forceinline__ void att_load(float (&r)[NT], fview x, size_t base, int lane,

@@ -1,6 +1,6 @@
-/* The arguments of the attention kernels (attention.cu and flash_attention_kernels.cuh),
- * passed by value: the operands (those an op does not use are null) and the shape. Not
- * a public header. */
+/* What the attention kernels (attention.cu and flash_attention_kernels.cuh) share: their
+ * arguments, passed by value (the operands, null where an op does not use them, and the
+ * shape), and the bounds of the causal / sliding-window mask. Not a public header. */
 #ifndef FT_ATTENTION_ARGS_CUH
 #define FT_ATTENTION_ARGS_CUH
 
@@ -19,5 +19,17 @@ struct att_args {
     float scale;
     int window;
 };
+
+/* First key token query i may see (the causal upper bound is i itself). */
+__device__ __forceinline__ int att_first_key(int i, int window)
+{
+    return (window > 0 && window <= i) ? i - window + 1 : 0;
+}
+
+/* Last query token that may see key j; written so that a huge window cannot overflow. */
+__device__ __forceinline__ int att_last_query(int j, int T, int window)
+{
+    return (window > 0 && window < T - j) ? j + window - 1 : T - 1;
+}
 
 #endif

@@ -20,10 +20,22 @@ const fa_variant fa_variants[8] = {FA_VARIANT(16), FA_VARIANT(32), FA_VARIANT(48
                                    FA_VARIANT(64), FA_VARIANT(80), FA_VARIANT(96),
                                    FA_VARIANT(112), FA_VARIANT(128)};
 
+/* Beyond 48 KiB of shared memory a kernel must opt in, once per kernel (per process:
+ * one GPU a process). */
+void fa_opt_in(fa_kernel k, size_t smem)
+{
+    static fa_kernel done[3 * 8];
+    static int n_done;
+    for (int i = 0; i < n_done; i++)
+        if (done[i] == k)
+            return;
+    CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    done[n_done++] = k;
+}
+
 void fa_launch(fa_kernel k, size_t smem, const att_args &a, int heads)
 {
-    /* beyond 48 KiB a kernel must opt in; once per kernel is enough, but cheap */
-    CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    fa_opt_in(k, smem);
     dim3 grid((unsigned)((a.T + FA_ROWS - 1) / FA_ROWS), (unsigned)(a.B * heads));
     k<<<grid, FA_THREADS, smem, ft_cuda_stream()>>>(a);
     LAUNCH_CHECK();

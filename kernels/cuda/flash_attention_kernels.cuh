@@ -174,12 +174,6 @@ __device__ void fa_stage_add(fview x, frag_c (&acc)[D / 16], float *stage, float
         fa_add_rows<D>(x, stage, scale, a, b, t0, H, h);
 }
 
-/* First key any query of [i0, i0 + 64) may see (the window of the first one). */
-__device__ __forceinline__ int fa_first_key(int i0, int window)
-{
-    return window > 0 && window <= i0 ? i0 - window + 1 : 0;
-}
-
 template <int D> constexpr size_t fa_forward_smem()
 {
     return 3 * FA_ROWS * fa_ld<D>() * sizeof(bf16) + FA_ROWS * FA_LS * sizeof(float) +
@@ -211,7 +205,7 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS) fa_forward_kernel
     /* each warp: rows w*16 .. w*16+15; in the softmax, two lanes a row, 32 keys each */
     const int wr = warp * 16, r = wr + (lane >> 1), half = lane & 1, i = i0 + r;
     const int last = min(i0 + FA_ROWS, a.T) - 1;
-    for (int j0 = fa_first_key(i0, a.window) / FA_ROWS * FA_ROWS; j0 <= last; j0 += FA_ROWS) {
+    for (int j0 = att_first_key(i0, a.window) / FA_ROWS * FA_ROWS; j0 <= last; j0 += FA_ROWS) {
         __syncthreads(); /* the previous tile's K, V are read */
         fa_load_rows<D>(Ks, segk, a.k, a.seg, b, j0, a.T, a.Hkv, g);
         fa_load_rows<D>(Vs, NULL, a.v, a.seg, b, j0, a.T, a.Hkv, g);
@@ -300,7 +294,7 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS) fa_dq_kernel(att_
     for (int dt = 0; dt < D / 16; dt++)
         wmma::fill_fragment(acc[dt], 0.0f);
     const int last = min(i0 + FA_ROWS, a.T) - 1;
-    for (int j0 = fa_first_key(i0, a.window) / FA_ROWS * FA_ROWS; j0 <= last; j0 += FA_ROWS) {
+    for (int j0 = att_first_key(i0, a.window) / FA_ROWS * FA_ROWS; j0 <= last; j0 += FA_ROWS) {
         __syncthreads();
         fa_load_rows<D>(Ks, segk, a.k, a.seg, b, j0, a.T, a.Hkv, g);
         fa_load_rows<D>(Vs, NULL, a.v, a.seg, b, j0, a.T, a.Hkv, g);
@@ -356,9 +350,8 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS) fa_dkdv_kernel(at
         wmma::fill_fragment(dk[dt], 0.0f);
         wmma::fill_fragment(dv[dt], 0.0f);
     }
-    /* the last query that may see one of the block's keys */
-    const int j_last = min(j0 + FA_ROWS, a.T) - 1;
-    const int i_last = a.window > 0 && a.window < a.T - j_last ? j_last + a.window - 1 : a.T - 1;
+    /* the last query that may see one of the block's keys: the last key's */
+    const int i_last = att_last_query(min(j0 + FA_ROWS, a.T) - 1, a.T, a.window);
     for (int h = g * a.G; h < (g + 1) * a.G; h++) {
         for (int i0 = j0; i0 <= i_last; i0 += FA_ROWS) {
             __syncthreads();
