@@ -93,14 +93,16 @@ static size_t dtype_size(ft_comm_dtype dt)
         return 8;
     case FT_COMM_BYTE:
         return 1;
+    case FT_COMM_BF16:
+        return 2;
     }
     return 0;
 }
 
 static const char *dtype_name(ft_comm_dtype dt)
 {
-    static const char *const names[] = {"f32", "f64", "i64", "byte"};
-    return (unsigned)dt < 4 ? names[dt] : "?";
+    static const char *const names[] = {"f32", "f64", "i64", "byte", "bf16"};
+    return (unsigned)dt < sizeof names / sizeof *names ? names[dt] : "?";
 }
 
 /* ---- launch detection and environment ---------------------------------------------- */
@@ -178,6 +180,8 @@ static MPI_Datatype mpi_type(ft_comm_dtype dt)
         return MPI_DOUBLE;
     case FT_COMM_I64:
         return MPI_INT64_T;
+    case FT_COMM_BF16:
+        return MPI_UINT16_T; /* the bits, moved as they are */
     case FT_COMM_BYTE:
         break;
     }
@@ -547,6 +551,8 @@ static int check_op(const char *coll, ft_comm_dtype dt, ft_comm_op op, ft_err *e
         return -1;
     if (op != FT_COMM_SUM && op != FT_COMM_AVG && op != FT_COMM_MAX)
         return ft_fail(err, "%s: unknown op %d", coll, (int)op);
+    if (dt == FT_COMM_BF16)
+        return ft_fail(err, "%s: bf16 values are moved, not reduced (reduce in f32)", coll);
     if (op == FT_COMM_AVG && dt != FT_COMM_F32 && dt != FT_COMM_F64)
         return ft_fail(err, "%s: AVG takes f32 or f64, not %s", coll, dtype_name(dt));
     return 0;

@@ -43,7 +43,8 @@ typedef enum ft_comm_dtype {
     FT_COMM_F32 = 0,
     FT_COMM_F64,
     FT_COMM_I64,
-    FT_COMM_BYTE
+    FT_COMM_BYTE,
+    FT_COMM_BF16 /* moved, never reduced: gathers, broadcasts, send/recv of bf16 values */
 } ft_comm_dtype;
 
 typedef enum ft_comm_op {

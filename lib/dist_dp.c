@@ -25,16 +25,6 @@ static bool uses_buckets(const ft_engine *e)
 static size_t unit_train(const ft_engine *e, int u) { return e->ub[u + 1] - e->ub[u]; }
 static size_t unit_frozen(const ft_engine *e, int u) { return e->fb[u + 1] - e->fb[u]; }
 
-static float *falloc(ft_engine *e, ft_mem *mem, ft_mem_cat cat, size_t n, bool *oom)
-{
-    if (n == 0)
-        return NULL;
-    float *p = ft_alloc_on(mem ? mem : e->mem, e->dev, cat, n * sizeof(float));
-    if (!p)
-        *oom = true;
-    return p;
-}
-
 /* counts[r] = elements of [b, e) in rank r's range of bounds. */
 static void range_counts(const ft_engine *e, const size_t *bounds, size_t b, size_t end,
                          size_t *counts)
@@ -53,8 +43,7 @@ static int gw_wait(ft_engine *e, grad_window *g, ft_err *err)
     g->req = NULL;
     if (rc)
         return -1;
-    for (size_t i = 0; i < g->n; i++)
-        g->dst[i] += g->land[i];
+    engine_add(e, g->dst, g->land, g->n);
     return 0;
 }
 
@@ -65,7 +54,7 @@ static int gw_take(ft_engine *e, int unit, ft_err *err)
     grad_window *g = &e->gw[idx];
     if (gw_wait(e, g, err))
         return -1;
-    memset(g->grad, 0, unit_train(e, unit) * sizeof(float));
+    engine_zero(e, g->grad, unit_train(e, unit));
     e->unit_gw[unit] = idx;
     return idx;
 }
@@ -127,16 +116,17 @@ static param_window *pw_gather(ft_engine *e, int unit, ft_err *err)
     if (unit_train(e, unit)) {
         size_t b = e->ub[unit], mine = e->own[me];
         range_counts(e, e->own, b, e->ub[unit + 1], w->counts_t);
-        const float *send = e->shard_train + ((b > mine ? b : mine) - mine);
-        if (ft_comm_iallgather_v(e->comm, send, w->train, w->counts_t, FT_COMM_F32, &w->req_t,
+        /* the compute copies travel: what the window's ops read */
+        const float *send = engine_at(e, e->shard_train_c, (b > mine ? b : mine) - mine);
+        if (ft_comm_iallgather_v(e->comm, send, w->train, w->counts_t, e->ccomm, &w->req_t,
                                  err))
             return NULL;
     }
     if (unit_frozen(e, unit)) {
         size_t b = e->fb[unit], mine = e->fshard[me];
         range_counts(e, e->fshard, b, e->fb[unit + 1], w->counts_f);
-        const float *send = e->shard_frozen + ((b > mine ? b : mine) - mine);
-        if (ft_comm_iallgather_v(e->comm, send, w->frozen, w->counts_f, FT_COMM_F32, &w->req_f,
+        const float *send = engine_at(e, e->shard_frozen, (b > mine ? b : mine) - mine);
+        if (ft_comm_iallgather_v(e->comm, send, w->frozen, w->counts_f, e->ccomm, &w->req_f,
                                  err))
             return NULL;
     }
@@ -160,8 +150,9 @@ static int dp_acquire(void *ctx, int unit, ft_unit_phase ph, ft_err *err)
         int g = gw_take(e, unit, err);
         if (g < 0)
             return -1;
-        ft_model_bind_unit(e->m, unit, e->train + e->ub[unit], e->gw[g].grad,
-                           e->frozen ? e->frozen + e->fb[unit] : NULL);
+        ft_unit_bufs b = {e->train + e->ub[unit], engine_at(e, e->train_c, e->ub[unit]),
+                          e->gw[g].grad, engine_at(e, e->frozen, e->fb[unit])};
+        ft_model_bind_unit(e->m, unit, b);
         return 0;
     }
     if (!is_z3(e))
@@ -180,7 +171,8 @@ static int dp_acquire(void *ctx, int unit, ft_unit_phase ph, ft_err *err)
             return -1;
         grad = e->gw[g].grad;
     }
-    ft_model_bind_unit(e->m, unit, w->train, grad, w->frozen);
+    /* the window holds compute copies only: no fp32 master is bound */
+    ft_model_bind_unit(e->m, unit, (ft_unit_bufs){NULL, w->train, grad, w->frozen});
     /* the next unit in this pass: forward goes up, backward down (unit 0 only when it
      * has a gradient: the embedding backward of full fine-tuning) */
     int next = ph == FT_UNIT_FORWARD ? unit + 1 : unit - 1;
@@ -265,9 +257,9 @@ void dp_bind(ft_engine *e)
     if (e->whole)
         return; /* the model's own buffers */
     if (is_z3(e))
-        ft_model_bind_all(e->m, NULL, NULL, NULL);
+        ft_model_bind_all(e->m, (ft_unit_bufs){0});
     else
-        ft_model_bind_all(e->m, e->train, e->grad, e->frozen);
+        ft_model_bind_all(e->m, (ft_unit_bufs){e->train, e->train_c, e->grad, e->frozen});
 }
 
 void dp_invalidate(ft_engine *e)
@@ -284,6 +276,59 @@ static void balanced(size_t *bounds, int world, size_t n)
 {
     for (int r = 0; r <= world; r++)
         bounds[r] = (size_t)((unsigned __int128)n * (unsigned)r / (unsigned)world);
+}
+
+/* Copies the part of unit-range [b, end) that falls in [lo, hi) from src (the unit's
+ * buffer, element b at src) to dst (the shard, element lo at dst); esize bytes each. */
+static int copy_overlap(const ft_engine *e, void *dst, size_t lo, size_t hi, const void *src,
+                        size_t b, size_t end, size_t esize, ft_err *err)
+{
+    size_t n = overlap_len(b, end, lo, hi);
+    if (!n)
+        return 0;
+    size_t first = b > lo ? b : lo;
+    return ft_copy_bytes((char *)dst + (first - lo) * esize, e->dev,
+                         (const char *)src + (first - b) * esize, e->dev, n * esize, err);
+}
+
+/* Reads every unit's weights into the engine's buffers (ft_model_init_unit): in place
+ * (zero2), or for zero3 one unit at a time into window 0, whose owned slices go to the
+ * shards. Window 0 holds compute copies, so with split_compute the fp32 masters are read
+ * into a stage of their own. The compute copies follow (engine_refresh_compute). */
+static int init_units(ft_engine *e, const char *adapter_dir, ft_err *err)
+{
+    if (!is_z3(e)) {
+        for (int u = 0; u < e->n_units; u++) {
+            ft_unit_bufs b = {e->train ? e->train + e->ub[u] : NULL, NULL, NULL,
+                              engine_at(e, e->frozen, e->fb[u])};
+            ft_model_bind_unit(e->m, u, b);
+            if (ft_model_init_unit(e->m, u, adapter_dir, err))
+                return -1;
+        }
+        return 0;
+    }
+    int me = e->rank;
+    param_window *w = &e->pw[0];
+    bool oom = false;
+    float *stage = e->split_compute
+                       ? engine_alloc(e, FT_MEM_WORKSPACE, e->max_unit_train, false, &oom)
+                       : w->train;
+    if (oom)
+        return ft_mem_fail(err, e->mem, e->dev, "the fp32 staging unit of rank %d", me);
+    int rc = 0;
+    for (int u = 0; u < e->n_units && rc == 0; u++) {
+        ft_model_bind_unit(e->m, u, (ft_unit_bufs){stage, NULL, NULL, w->frozen});
+        rc = ft_model_init_unit(e->m, u, adapter_dir, err);
+        if (rc == 0)
+            rc = copy_overlap(e, e->shard_train, e->own[me], e->own[me + 1], stage, e->ub[u],
+                              e->ub[u + 1], sizeof(float), err);
+        if (rc == 0)
+            rc = copy_overlap(e, e->shard_frozen, e->fshard[me], e->fshard[me + 1], w->frozen,
+                              e->fb[u], e->fb[u + 1], e->cesize, err);
+    }
+    if (stage != w->train)
+        ft_free_on(e->mem, e->dev, stage);
+    return rc;
 }
 
 int dp_setup(ft_engine *e, const char *adapter_dir, ft_err *err)
@@ -316,9 +361,10 @@ int dp_setup(ft_engine *e, const char *adapter_dir, ft_err *err)
     }
     size_t n_own = e->opt_end - e->opt_begin;
     if (is_z3(e)) {
-        e->shard_train = falloc(e, NULL, FT_MEM_WEIGHTS, n_own, &oom);
+        e->shard_train = engine_alloc(e, FT_MEM_WEIGHTS, n_own, false, &oom);
+        e->shard_train_c = engine_compute_copy(e, e->shard_train, n_own, &oom);
         e->shard_frozen =
-            falloc(e, NULL, FT_MEM_WEIGHTS, e->fshard[me + 1] - e->fshard[me], &oom);
+            engine_alloc(e, FT_MEM_WEIGHTS, e->fshard[me + 1] - e->fshard[me], true, &oom);
         /* the unit computing, the next one prefetched, and a tied embedding */
         e->n_pw = 2 + (ft_model_cfg(e->m)->tie_word_embeddings ? 1 : 0);
         e->pw = calloc((size_t)e->n_pw, sizeof *e->pw);
@@ -327,8 +373,8 @@ int dp_setup(ft_engine *e, const char *adapter_dir, ft_err *err)
         for (int i = 0; i < e->n_pw; i++) {
             param_window *w = &e->pw[i];
             w->unit = -1;
-            w->train = falloc(e, NULL, FT_MEM_WORKSPACE, e->max_unit_train, &oom);
-            w->frozen = falloc(e, NULL, FT_MEM_WORKSPACE, e->max_unit_frozen, &oom);
+            w->train = engine_alloc(e, FT_MEM_WORKSPACE, e->max_unit_train, true, &oom);
+            w->frozen = engine_alloc(e, FT_MEM_WORKSPACE, e->max_unit_frozen, true, &oom);
             w->counts_t = calloc((size_t)W, sizeof(size_t));
             w->counts_f = calloc((size_t)W, sizeof(size_t));
             oom |= !w->counts_t || !w->counts_f;
@@ -340,17 +386,18 @@ int dp_setup(ft_engine *e, const char *adapter_dir, ft_err *err)
         e->grad = ft_model_grads(e->m, &n);
         e->frozen = ft_model_frozen(e->m, &n);
     } else {
-        e->train = falloc(e, NULL, FT_MEM_WEIGHTS, e->n_train, &oom);
-        e->frozen = falloc(e, NULL, FT_MEM_WEIGHTS, e->n_frozen, &oom);
+        e->train = engine_alloc(e, FT_MEM_WEIGHTS, e->n_train, false, &oom);
+        e->train_c = engine_compute_copy(e, e->train, e->n_train, &oom);
+        e->frozen = engine_alloc(e, FT_MEM_WEIGHTS, e->n_frozen, true, &oom);
         if (uses_buckets(e))
-            e->grad = falloc(e, NULL, FT_MEM_GRADS, e->n_train, &oom);
+            e->grad = engine_alloc(e, FT_MEM_GRADS, e->n_train, false, &oom);
     }
     if (is_zero(e))
-        e->shard_grad = falloc(e, NULL, FT_MEM_GRADS, n_own, &oom);
+        e->shard_grad = engine_alloc(e, FT_MEM_GRADS, n_own, false, &oom);
     if (!uses_buckets(e)) {
         for (int i = 0; i < 2; i++) {
-            e->gw[i].grad = falloc(e, NULL, FT_MEM_WORKSPACE, e->max_unit_train, &oom);
-            e->gw[i].land = falloc(e, NULL, FT_MEM_WORKSPACE, e->max_unit_train, &oom);
+            e->gw[i].grad = engine_alloc(e, FT_MEM_WORKSPACE, e->max_unit_train, false, &oom);
+            e->gw[i].land = engine_alloc(e, FT_MEM_WORKSPACE, e->max_unit_train, false, &oom);
             e->gw[i].counts = calloc((size_t)W, sizeof(size_t));
             oom |= !e->gw[i].counts;
         }
@@ -361,33 +408,8 @@ int dp_setup(ft_engine *e, const char *adapter_dir, ft_err *err)
         return ft_mem_fail(err, e->mem, e->dev, "the %s buffers of rank %d",
                            ft_strategy_name(e->o.strategy), me);
 
-    /* weights: buffers of the engine are filled unit by unit in place; shards through a
-     * window */
-    for (int u = 0; u < e->n_units && !e->whole; u++) {
-        if (!is_z3(e)) {
-            ft_model_bind_unit(e->m, u, e->train ? e->train + e->ub[u] : NULL, NULL,
-                               e->frozen ? e->frozen + e->fb[u] : NULL);
-            if (ft_model_init_unit(e->m, u, adapter_dir, err))
-                return -1;
-            continue;
-        }
-        param_window *w = &e->pw[0];
-        ft_model_bind_unit(e->m, u, w->train, NULL, w->frozen);
-        if (ft_model_init_unit(e->m, u, adapter_dir, err))
-            return -1;
-        size_t n = overlap_len(e->ub[u], e->ub[u + 1], e->own[me], e->own[me + 1]);
-        if (n) {
-            size_t lo = e->ub[u] > e->own[me] ? e->ub[u] : e->own[me];
-            memcpy(e->shard_train + (lo - e->own[me]), w->train + (lo - e->ub[u]),
-                   n * sizeof(float));
-        }
-        n = overlap_len(e->fb[u], e->fb[u + 1], e->fshard[me], e->fshard[me + 1]);
-        if (n) {
-            size_t lo = e->fb[u] > e->fshard[me] ? e->fb[u] : e->fshard[me];
-            memcpy(e->shard_frozen + (lo - e->fshard[me]), w->frozen + (lo - e->fb[u]),
-                   n * sizeof(float));
-        }
-    }
+    if (!e->whole && init_units(e, adapter_dir, err))
+        return -1;
     dp_bind(e);
     static const ft_model_hooks hooks = {.acquire = dp_acquire, .release = dp_release};
     ft_model_hooks h = hooks;
@@ -452,6 +474,7 @@ void dp_free(ft_engine *e)
     free(e->buckets);
     free(e->unit_bucket);
     free(e->unit_gw);
+    engine_free_compute_copy(e, e->shard_train, e->shard_train_c);
     ft_free_on(e->mem, e->dev, e->shard_train);
     ft_free_on(e->mem, e->dev, e->shard_frozen);
     ft_free_on(e->mem, e->dev, e->shard_grad);

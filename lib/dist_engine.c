@@ -91,6 +91,56 @@ void engine_zero(const ft_engine *e, float *p, size_t n)
         ft_zero(ft_view(p, n, FT_F32, e->dev), n);
 }
 
+void engine_add(const ft_engine *e, float *dst, const float *src, size_t n)
+{
+    if (n)
+        ft_add(ft_view(dst, n, FT_F32, e->dev), ft_view((float *)src, n, FT_F32, e->dev), n);
+}
+
+float *engine_at(const ft_engine *e, float *p, size_t i)
+{
+    return p ? (float *)((char *)p + i * e->cesize) : NULL;
+}
+
+float *engine_alloc(ft_engine *e, ft_mem_cat cat, size_t n, bool cdt, bool *oom)
+{
+    if (n == 0)
+        return NULL;
+    float *p = ft_alloc_on(e->mem, e->dev, cat, n * (cdt ? e->cesize : sizeof(float)));
+    if (!p)
+        *oom = true;
+    return p;
+}
+
+float *engine_compute_copy(ft_engine *e, float *master, size_t n, bool *oom)
+{
+    return e->split_compute ? engine_alloc(e, FT_MEM_WEIGHTS, n, true, oom) : master;
+}
+
+void engine_free_compute_copy(ft_engine *e, float *master, float *copy)
+{
+    if (copy != master)
+        ft_free_on(e->mem, e->dev, copy);
+}
+
+static void refresh(const ft_engine *e, float *copy, float *master, size_t n)
+{
+    if (copy && copy != master && n)
+        ft_copy(ft_view(copy, n, e->cdt, e->dev), ft_view(master, n, FT_F32, e->dev), n);
+}
+
+void engine_refresh_compute(ft_engine *e)
+{
+    if (e->whole) {
+        ft_model_sync_compute(e->m); /* the model keeps a whole replica's copy */
+        return;
+    }
+    size_t own = e->opt_end - e->opt_begin;
+    refresh(e, e->shard_train_c, e->shard_train, own);
+    refresh(e, e->train_c, e->train, is_pipeline(e) ? own : e->n_train);
+    refresh(e, e->tied_train_c, e->tied_train, e->ub[1] - e->ub[0]);
+}
+
 static void bind(ft_engine *e)
 {
     if (e->whole)
@@ -118,10 +168,6 @@ int ft_engine_new(ft_engine **out, ft_comm *comm, const char *model_dir,
         return ft_fail(err, "the engine trains: a model without trainable parameters");
     bool whole = o->strategy == FT_STRATEGY_NONE || o->strategy == FT_STRATEGY_DDP ||
                  o->strategy == FT_STRATEGY_ZERO1;
-    if (!whole && mo->device != FT_DEV_CPU)
-        return ft_fail(err, "dist.strategy %s runs on CPU ranks only so far: on GPUs use ddp "
-                            "or zero1 (ZERO_STAGE=1), or train.device cpu",
-                       ft_strategy_name(o->strategy));
     ft_engine *e = calloc(1, sizeof *e);
     if (!e)
         return ft_fail(err, "out of memory");
@@ -143,6 +189,11 @@ int ft_engine_new(ft_engine **out, ft_comm *comm, const char *model_dir,
     }
     e->dev = ft_model_device(e->m);
     e->mem = ft_model_mem(e->m);
+    e->cdt = ft_model_dtype(e->m);
+    e->cesize = e->cdt == FT_F32 ? sizeof(float) : 2;
+    e->ccomm = e->cdt == FT_F32 ? FT_COMM_F32 : FT_COMM_BF16;
+    const char *split = getenv("FT_DIST_SPLIT_COMPUTE");
+    e->split_compute = e->cdt != FT_F32 || (split && !strcmp(split, "1"));
     e->n_units = ft_model_n_units(e->m);
     ft_model_trainable(e->m, &e->n_train);
     e->n_frozen = ft_model_frozen_count(e->m);
@@ -157,6 +208,8 @@ int ft_engine_new(ft_engine **out, ft_comm *comm, const char *model_dir,
         ft_model_unit_frozen_range(e->m, u, &e->fb[u], &e->fb[u + 1]);
     }
     int rc = is_pipeline(e) ? pipe_setup(e, adapter_dir, err) : dp_setup(e, adapter_dir, err);
+    if (rc == 0)
+        engine_refresh_compute(e); /* the masters were just read */
     if (rc == 0 && is_pipeline(e) && o->pipeline_chunks > 1)
         rc = ft_model_set_activation_slots(e->m, o->pipeline_chunks, err);
     size_t n = e->opt_end - e->opt_begin;
@@ -199,9 +252,10 @@ void ft_engine_free(ft_engine *e)
         dp_free(e);
         pipe_free(e);
         if (!e->whole) {
-            ft_free(e->mem, e->train);
-            ft_free(e->mem, e->grad);
-            ft_free(e->mem, e->frozen);
+            engine_free_compute_copy(e, e->train, e->train_c);
+            ft_free_on(e->mem, e->dev, e->train);
+            ft_free_on(e->mem, e->dev, e->grad);
+            ft_free_on(e->mem, e->dev, e->frozen);
         }
         ft_model_free(e->m);
     }
@@ -219,10 +273,8 @@ void ft_engine_free(ft_engine *e)
 static void begin_step(ft_engine *e)
 {
     if (is_pipeline(e)) {
-        if (e->grad)
-            memset(e->grad, 0, (e->opt_end - e->opt_begin) * sizeof(float));
-        if (e->tied_grad)
-            memset(e->tied_grad, 0, (e->ub[1] - e->ub[0]) * sizeof(float));
+        engine_zero(e, e->grad, e->opt_end - e->opt_begin);
+        engine_zero(e, e->tied_grad, e->ub[1] - e->ub[0]);
     } else {
         dp_begin_step(e);
     }
@@ -270,9 +322,9 @@ static int update(ft_engine *e, float lr, float coef, ft_err *err)
     default:
         break;
     }
-    /* the fp32 masters changed: the bf16 copy the ops read follows */
-    if (rc == 0 && e->whole)
-        ft_model_sync_compute(e->m);
+    /* the fp32 masters changed: the bf16 copies the ops read (and zero3 gathers) follow */
+    if (rc == 0)
+        engine_refresh_compute(e);
     return rc;
 }
 
@@ -488,7 +540,7 @@ static int agree(ft_engine *e, int rc, const char *what, ft_err *err)
 static void bind_gathered(ft_engine *e, gathered *g)
 {
     if (!e->whole)
-        ft_model_bind_all(e->m, g->params, NULL, NULL);
+        ft_model_bind_all(e->m, (ft_unit_bufs){.master = g->params});
 }
 
 int ft_engine_save_checkpoint(ft_engine *e, const char *run_dir, const ft_train_state *st,
@@ -549,18 +601,19 @@ int ft_engine_load_checkpoint(ft_engine *e, const char *path, ft_train_state *st
                  ? -1
                  : 0;
         /* (a whole replica read its weights itself) */
-        if (!e->whole && e->train && !is_pipeline(e))
-            memcpy(e->train, g.params, e->n_train * sizeof(float));
-        else if (!e->whole)
-            memcpy(owned_params(e), g.params + b, bytes);
-        if (e->tied_train)
-            memcpy(e->tied_train, g.params, (e->ub[1] - e->ub[0]) * sizeof(float));
+        if (rc == 0 && !e->whole && e->train && !is_pipeline(e))
+            rc = ft_copy_bytes(e->train, e->dev, g.params, FT_DEV_CPU,
+                               e->n_train * sizeof(float), err);
+        else if (rc == 0 && !e->whole)
+            rc = ft_copy_bytes(owned_params(e), e->dev, g.params + b, FT_DEV_CPU, bytes, err);
+        if (rc == 0 && e->tied_train)
+            rc = ft_copy_bytes(e->tied_train, e->dev, g.params, FT_DEV_CPU,
+                               (e->ub[1] - e->ub[0]) * sizeof(float), err);
         if (rc == 0 && e->host_master)
             rc = ft_copy_bytes(e->host_master, FT_DEV_CPU, owned_params(e), e->dev, bytes, err);
     }
     bind(e);
-    if (e->whole)
-        ft_model_sync_compute(e->m);
+    engine_refresh_compute(e);
     if (!is_pipeline(e))
         dp_invalidate(e);
     gathered_free(&g);

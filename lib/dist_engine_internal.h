@@ -44,6 +44,15 @@ struct ft_engine {
     ft_model *m;
     ft_mem *mem;  /* the model's allocator: this rank's device memory */
     ft_device dev; /* the model's device: where train, grad, frozen and the shards live */
+    /* The model's compute dtype: frozen buffers, windows of gathered parameters and the
+     * compute copies of trainables hold it (bf16 on a bf16 GPU model, else fp32);
+     * ccomm is the same as a collective's dtype. split_compute: the compute copies are
+     * buffers of their own beside the fp32 masters (a bf16 model; FT_DIST_SPLIT_COMPUTE=1
+     * does it in fp32 too, so the CPU ranks test when the copies are refreshed). */
+    ft_dtype cdt;
+    size_t cesize;
+    ft_comm_dtype ccomm;
+    bool split_compute;
     /* none, ddp, zero1: a whole replica in the model's own buffers (train, grad and frozen
      * point into them; the model is loaded bound and keeps its compute copy). The other
      * strategies load the model unbound and bind it to buffers of their own. */
@@ -62,7 +71,9 @@ struct ft_engine {
     /* storage */
     float *train, *grad, *frozen; /* whole (ddp, zero1, zero2) or the stage's (pipeline);
                                    * frozen has the model's compute dtype */
+    float *train_c;                    /* zero2, pipeline: compute copy of train */
     float *shard_train, *shard_frozen; /* zero3 */
+    float *shard_train_c;              /* zero3: compute copy of shard_train (gathered) */
     float *shard_grad;                 /* zero1/2/3: this rank's summed gradient */
     ft_optimizer opt;                  /* over [own[rank], own[rank + 1]) */
     float *host_master, *host_grad;    /* offload: the shard on the host */
@@ -86,6 +97,7 @@ struct ft_engine {
     int stage_first, stage_last; /* this rank's units */
     int *stage_of_unit;
     float *tied_train, *tied_grad, *tied_frozen; /* last stage's copy of a tied embedding */
+    float *tied_train_c;
     int loss_rank;
 
     /* the last step's profile (ft_engine_step_profile), and its FT_DIST_PROFILE file */
@@ -95,9 +107,19 @@ struct ft_engine {
     double rank_loss;
 };
 
-/* A float buffer of n elements on the engine's device, zeroed, or copied between
- * buffers of the engine's device (dist_engine.c). */
+/* Buffers on the engine's device (dist_engine.c). fp32: zeroed (n elements), dst += src.
+ * engine_at: p + i elements of the compute dtype (NULL stays NULL). engine_alloc: n
+ * elements of the compute dtype (cdt) or fp32, counted in cat; NULL for n == 0, else
+ * NULL with *oom set when it does not fit. engine_compute_copy: a buffer for the
+ * compute copy of n masters (the master itself unless split_compute).
+ * engine_refresh_compute: every compute copy from its master, after the masters changed. */
 void engine_zero(const ft_engine *e, float *p, size_t n);
+void engine_add(const ft_engine *e, float *dst, const float *src, size_t n);
+float *engine_at(const ft_engine *e, float *p, size_t i);
+float *engine_alloc(ft_engine *e, ft_mem_cat cat, size_t n, bool cdt, bool *oom);
+float *engine_compute_copy(ft_engine *e, float *master, size_t n, bool *oom);
+void engine_free_compute_copy(ft_engine *e, float *master, float *copy);
+void engine_refresh_compute(ft_engine *e);
 
 /* dist_dp.c */
 int dp_setup(ft_engine *e, const char *adapter_dir, ft_err *err);

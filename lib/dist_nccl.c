@@ -80,6 +80,8 @@ static ncclDataType_t nccl_type(ft_comm_dtype dt)
         return ncclFloat64;
     case FT_COMM_I64:
         return ncclInt64;
+    case FT_COMM_BF16:
+        return ncclBfloat16;
     case FT_COMM_BYTE:
         break;
     }
@@ -101,7 +103,7 @@ static ncclRedOp_t nccl_op(ft_comm_op op)
 
 static size_t type_size(ft_comm_dtype dt)
 {
-    return dt == FT_COMM_F32 ? 4 : dt == FT_COMM_BYTE ? 1 : 8;
+    return dt == FT_COMM_F32 ? 4 : dt == FT_COMM_BYTE ? 1 : dt == FT_COMM_BF16 ? 2 : 8;
 }
 
 /* Agrees on a flag over all ranks: the minimum of ok (one process: ok, without MPI). */

@@ -3,7 +3,8 @@
  * back). Each rank holds, trains and updates only its stage's parameters. With tied
  * embeddings the last stage keeps a copy of the embedding for its lm_head; in full
  * fine-tuning its gradient is summed into the first stage's, which updates it and sends
- * the new values back. */
+ * the new values back. The residual stream and its gradient travel in the model's
+ * compute dtype; parameters and their gradients in fp32. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,25 +15,25 @@ enum { TAG_HIDDEN = 1, TAG_GRAD = 2, TAG_TIED = 3 };
 static int recv_hidden(void *ctx, float *h, size_t n, ft_err *err)
 {
     ft_engine *e = ctx;
-    return ft_comm_recv(e->comm, h, n, FT_COMM_F32, e->rank - 1, TAG_HIDDEN, err);
+    return ft_comm_recv(e->comm, h, n, e->ccomm, e->rank - 1, TAG_HIDDEN, err);
 }
 
 static int send_hidden(void *ctx, const float *h, size_t n, ft_err *err)
 {
     ft_engine *e = ctx;
-    return ft_comm_send(e->comm, h, n, FT_COMM_F32, e->rank + 1, TAG_HIDDEN, err);
+    return ft_comm_send(e->comm, h, n, e->ccomm, e->rank + 1, TAG_HIDDEN, err);
 }
 
 static int recv_grad(void *ctx, float *dh, size_t n, ft_err *err)
 {
     ft_engine *e = ctx;
-    return ft_comm_recv(e->comm, dh, n, FT_COMM_F32, e->rank + 1, TAG_GRAD, err);
+    return ft_comm_recv(e->comm, dh, n, e->ccomm, e->rank + 1, TAG_GRAD, err);
 }
 
 static int send_grad(void *ctx, const float *dh, size_t n, ft_err *err)
 {
     ft_engine *e = ctx;
-    return ft_comm_send(e->comm, dh, n, FT_COMM_F32, e->rank - 1, TAG_GRAD, err);
+    return ft_comm_send(e->comm, dh, n, e->ccomm, e->rank - 1, TAG_GRAD, err);
 }
 
 /* Contiguous stages balanced by parameter count: stage s ends at the first unit where
@@ -65,13 +66,16 @@ static bool tied_copy(const ft_engine *e)
 
 void pipe_bind(ft_engine *e)
 {
-    ft_model_bind_all(e->m, NULL, NULL, NULL);
-    for (int u = e->stage_first; u <= e->stage_last; u++)
-        ft_model_bind_unit(e->m, u, e->train ? e->train + (e->ub[u] - e->ub[e->stage_first]) : NULL,
-                           e->grad ? e->grad + (e->ub[u] - e->ub[e->stage_first]) : NULL,
-                           e->frozen ? e->frozen + (e->fb[u] - e->fb[e->stage_first]) : NULL);
+    ft_model_bind_all(e->m, (ft_unit_bufs){0});
+    for (int u = e->stage_first; u <= e->stage_last; u++) {
+        size_t t = e->ub[u] - e->ub[e->stage_first], f = e->fb[u] - e->fb[e->stage_first];
+        ft_unit_bufs b = {e->train ? e->train + t : NULL, engine_at(e, e->train_c, t),
+                          e->grad ? e->grad + t : NULL, engine_at(e, e->frozen, f)};
+        ft_model_bind_unit(e->m, u, b);
+    }
     if (tied_copy(e))
-        ft_model_bind_unit(e->m, 0, e->tied_train, e->tied_grad, e->tied_frozen);
+        ft_model_bind_unit(e->m, 0, (ft_unit_bufs){e->tied_train, e->tied_train_c,
+                                                   e->tied_grad, e->tied_frozen});
 }
 
 int pipe_setup(ft_engine *e, const char *adapter_dir, ft_err *err)
@@ -101,25 +105,19 @@ int pipe_setup(ft_engine *e, const char *adapter_dir, ft_err *err)
     e->loss_rank = W - 1;
     size_t nt = e->opt_end - e->opt_begin, nf = e->fshard[me + 1] - e->fshard[me];
     bool oom = false;
-    if (nt) {
-        e->train = ft_alloc(e->mem, FT_MEM_WEIGHTS, nt * sizeof(float));
-        e->grad = ft_alloc(e->mem, FT_MEM_GRADS, nt * sizeof(float));
-        oom |= !e->train || !e->grad;
-    }
-    if (nf)
-        oom |= !(e->frozen = ft_alloc(e->mem, FT_MEM_WEIGHTS, nf * sizeof(float)));
+    e->train = engine_alloc(e, FT_MEM_WEIGHTS, nt, false, &oom);
+    e->train_c = engine_compute_copy(e, e->train, nt, &oom);
+    e->grad = engine_alloc(e, FT_MEM_GRADS, nt, false, &oom);
+    e->frozen = engine_alloc(e, FT_MEM_WEIGHTS, nf, true, &oom);
     if (tied_copy(e)) {
         size_t t0 = e->ub[1] - e->ub[0], f0 = e->fb[1] - e->fb[0];
-        if (t0) {
-            e->tied_train = ft_alloc(e->mem, FT_MEM_WEIGHTS, t0 * sizeof(float));
-            e->tied_grad = ft_alloc(e->mem, FT_MEM_GRADS, t0 * sizeof(float));
-            oom |= !e->tied_train || !e->tied_grad;
-        }
-        if (f0)
-            oom |= !(e->tied_frozen = ft_alloc(e->mem, FT_MEM_WEIGHTS, f0 * sizeof(float)));
+        e->tied_train = engine_alloc(e, FT_MEM_WEIGHTS, t0, false, &oom);
+        e->tied_train_c = engine_compute_copy(e, e->tied_train, t0, &oom);
+        e->tied_grad = engine_alloc(e, FT_MEM_GRADS, t0, false, &oom);
+        e->tied_frozen = engine_alloc(e, FT_MEM_WEIGHTS, f0, true, &oom);
     }
     if (oom)
-        return ft_mem_fail(err, e->mem, FT_DEV_CPU, "pipeline stage %d (units %d-%d)", me,
+        return ft_mem_fail(err, e->mem, e->dev, "pipeline stage %d (units %d-%d)", me,
                            e->stage_first, e->stage_last);
     pipe_bind(e);
     for (int u = e->stage_first; u <= e->stage_last; u++)
@@ -148,13 +146,14 @@ int pipe_finish_grads(ft_engine *e, ft_err *err)
         return ft_comm_send(e->comm, e->tied_grad, n0, FT_COMM_F32, 0, TAG_TIED, err);
     if (e->rank != 0)
         return 0;
-    float *tmp = malloc(n0 * sizeof *tmp);
+    ft_mem scratch = {0}; /* a moment's buffer, beside the tracked ones */
+    float *tmp = ft_alloc_on(&scratch, e->dev, FT_MEM_WORKSPACE, n0 * sizeof *tmp);
     if (!tmp)
-        return ft_fail(err, "out of memory");
+        return ft_mem_fail(err, &scratch, e->dev, "the tied embedding's gradient");
     int rc = ft_comm_recv(e->comm, tmp, n0, FT_COMM_F32, e->world - 1, TAG_TIED, err);
-    for (size_t i = 0; rc == 0 && i < n0; i++)
-        e->grad[i] += tmp[i];
-    free(tmp);
+    if (rc == 0)
+        engine_add(e, e->grad, tmp, n0);
+    ft_free_on(&scratch, e->dev, tmp);
     return rc;
 }
 
@@ -173,7 +172,8 @@ int pipe_after_update(ft_engine *e, ft_err *err)
 
 void pipe_free(ft_engine *e)
 {
-    ft_free(e->mem, e->tied_train);
-    ft_free(e->mem, e->tied_grad);
-    ft_free(e->mem, e->tied_frozen);
+    engine_free_compute_copy(e, e->tied_train, e->tied_train_c);
+    ft_free_on(e->mem, e->dev, e->tied_train);
+    ft_free_on(e->mem, e->dev, e->tied_grad);
+    ft_free_on(e->mem, e->dev, e->tied_frozen);
 }

@@ -220,17 +220,20 @@ static void bind_unit(ft_model *m, int unit, float *train, float *compute, float
     }
 }
 
-void ft_model_bind_unit(ft_model *m, int unit, float *train, float *grad, float *frozen)
+void ft_model_bind_unit(ft_model *m, int unit, ft_unit_bufs b)
 {
-    bind_unit(m, unit, train, train, grad, frozen);
+    bind_unit(m, unit, b.master, b.compute ? b.compute : b.master, b.grad, b.frozen);
 }
 
-void ft_model_bind_all(ft_model *m, float *train, float *grad, float *frozen)
+void ft_model_bind_all(ft_model *m, ft_unit_bufs whole)
 {
-    for (int u = 0; u < ft_model_n_units(m); u++)
-        ft_model_bind_unit(m, u, train ? train + m->unit_begin[u] : NULL,
-                           grad ? grad + m->unit_begin[u] : NULL,
-                           frozen ? frozen + m->frozen_begin[u] : NULL);
+    for (int u = 0; u < ft_model_n_units(m); u++) {
+        size_t t = m->unit_begin[u], f = m->frozen_begin[u];
+        ft_unit_bufs b = {whole.master ? whole.master + t : NULL,
+                          model_at(m, whole.compute, t),
+                          whole.grad ? whole.grad + t : NULL, model_at(m, whole.frozen, f)};
+        ft_model_bind_unit(m, u, b);
+    }
 }
 
 /* PEFT's default LoRA init: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming-uniform with
@@ -450,8 +453,6 @@ static const char *device_unsupported(const ft_model_options *opt)
 #else
     if (opt->dtype != FT_F32 && opt->dtype != FT_BF16)
         return "the GPU model computes in fp32 or bf16";
-    if (opt->unbound)
-        return "the distributed strategies run on the CPU only so far (GPU: one process)";
     if (ft_cuda_device_count() == 0)
         return "no CUDA GPU is visible (see bin/gpu-info)";
     return NULL;

@@ -66,7 +66,8 @@ typedef struct ft_model_options {
      * with FT_BF16 the frozen weights and the activations are bf16 and the trainable
      * parameters keep an fp32 master copy (what ft_param.data and ft_model_trainable
      * point at) beside the bf16 copy the ops read, refreshed by ft_model_sync_compute;
-     * gradients are fp32. The GPU model is whole (not unbound). A quantized base
+     * gradients are fp32 (an unbound model's strategy keeps that copy: ft_unit_bufs).
+     * A quantized base
      * (QLoRA) is read or quantized on the host, then kept on the GPU in its quantized
      * form only, and dequantized there one layer at a time into a window of the compute
      * dtype (ft_model_materialize). */
@@ -246,12 +247,27 @@ void ft_model_unit_frozen_range(const ft_model *m, int unit, size_t *begin, size
 size_t ft_model_frozen_count(const ft_model *m);
 float *ft_model_frozen(ft_model *m, size_t *n);
 
-/* Points unit's parameters into storage for exactly that unit: train (and grad, may be
- * NULL when no gradient is needed) hold its trainable range, frozen its frozen range,
- * each starting at the unit's first element. Binding unit 0 also moves a tied lm_head. */
-void ft_model_bind_unit(ft_model *m, int unit, float *train, float *grad, float *frozen);
-/* Binds every unit to whole-model buffers (n_train, n_train, n_frozen elements). */
-void ft_model_bind_all(ft_model *m, float *train, float *grad, float *frozen);
+/* Storage of parameters bound by a strategy (ft_model_bind_unit):
+ *   master   the trainable parameters in fp32 (what ft_param.data points at);
+ *   compute  the copy of the trainables the ops read, in the compute dtype; NULL: the
+ *            master itself (an fp32 model, or a binding only read and written through
+ *            ft_model_param_get/set, as a checkpoint save or load is);
+ *   grad     their fp32 gradient (NULL when none is needed);
+ *   frozen   the frozen parameters, in the compute dtype.
+ * An unbound model never refreshes compute from master itself: the strategy that binds
+ * it does, after it changes the masters. */
+typedef struct ft_unit_bufs {
+    float *master, *compute, *grad, *frozen;
+} ft_unit_bufs;
+
+/* Points unit's parameters into storage for exactly that unit (each pointer at the
+ * unit's first element; NULL leaves that part unbound). Binding unit 0 also moves a
+ * tied lm_head. Host pointers may be bound to a GPU model for ft_model_param_get/set
+ * (values travel wherever the pointer is), not for forward or backward. */
+void ft_model_bind_unit(ft_model *m, int unit, ft_unit_bufs b);
+/* Binds every unit to whole-model buffers (n_train trainable and n_frozen frozen
+ * elements), each pointer at element 0. */
+void ft_model_bind_all(ft_model *m, ft_unit_bufs whole);
 /* Fills the bound storage of unit: base weights from the model dir, LoRA A with its
  * seeded init (B = 0), and, when adapter_dir is not NULL, the adapter's LoRA weights. */
 int ft_model_init_unit(ft_model *m, int unit, const char *adapter_dir, ft_err *err);

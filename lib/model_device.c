@@ -14,18 +14,17 @@
 #include "cuda/device_memory.h"
 #endif
 
-/* Copies bytes host -> device (h2d) or device -> host on the model's device. */
-static int transfer(const ft_model *m, void *dst, const void *src, size_t bytes, bool h2d,
-                    ft_err *err)
+/* Copies bytes between host memory and a buffer of the model (on its device, or on the
+ * host where a strategy bound host storage for a checkpoint: ft_model_bind_unit). */
+static int transfer(const ft_model *m, void *dst, const void *src, size_t bytes, ft_err *err)
 {
     if (m->dev == FT_DEV_CPU) {
         memmove(dst, src, bytes);
         return 0;
     }
 #ifdef FT_HAVE_CUDA
-    return h2d ? ft_cuda_memcpy_h2d(dst, src, bytes, err) : ft_cuda_memcpy_d2h(dst, src, bytes, err);
+    return ft_cuda_memcpy_any(dst, src, bytes, err);
 #else
-    (void)h2d;
     return ft_fail(err, "a GPU model in a build without CUDA");
 #endif
 }
@@ -35,11 +34,11 @@ static int download_values(const ft_model *m, float *host, const void *dev, size
                            ft_dtype dt, ft_err *err)
 {
     if (dt == FT_F32)
-        return transfer(m, host, dev, n * sizeof(float), false, err);
+        return transfer(m, host, dev, n * sizeof(float), err);
     uint16_t *tmp = malloc(n * sizeof *tmp + 1);
     if (!tmp)
         return ft_fail(err, "out of host memory (%zu values)", n);
-    int rc = transfer(m, tmp, dev, n * sizeof *tmp, false, err);
+    int rc = transfer(m, tmp, dev, n * sizeof *tmp, err);
     for (size_t i = 0; rc == 0 && i < n; i++)
         host[i] = ft_bf16_to_f32(tmp[i]);
     free(tmp);
@@ -51,13 +50,13 @@ static int upload_values(const ft_model *m, void *dev, const float *host, size_t
                          ft_dtype dt, ft_err *err)
 {
     if (dt == FT_F32)
-        return transfer(m, dev, host, n * sizeof(float), true, err);
+        return transfer(m, dev, host, n * sizeof(float), err);
     uint16_t *tmp = malloc(n * sizeof *tmp + 1);
     if (!tmp)
         return ft_fail(err, "out of host memory (%zu values)", n);
     for (size_t i = 0; i < n; i++)
         tmp[i] = ft_f32_to_bf16(host[i]);
-    int rc = transfer(m, dev, tmp, n * sizeof *tmp, true, err);
+    int rc = transfer(m, dev, tmp, n * sizeof *tmp, err);
     free(tmp);
     return rc;
 }
@@ -136,9 +135,9 @@ int model_upload_batch(ft_model *m, ft_err *err)
     size_t N = (size_t)m->B * m->T, bytes = N * sizeof(int32_t);
     int32_t *ids, *targets, *pos, *seg;
     model_batch_arrays(m, &ids, &targets, &pos, &seg);
-    if (transfer(m, m->ids, ids, bytes, true, err) ||
-        transfer(m, m->targets, targets, bytes, true, err) ||
-        transfer(m, m->pos, pos, bytes, true, err) || transfer(m, m->seg, seg, bytes, true, err))
+    if (transfer(m, m->ids, ids, bytes, err) ||
+        transfer(m, m->targets, targets, bytes, err) ||
+        transfer(m, m->pos, pos, bytes, err) || transfer(m, m->seg, seg, bytes, err))
         return ft_fail_prefix(err, "copying the batch to the GPU");
     return 0;
 }
@@ -153,7 +152,7 @@ int model_upload_inv_freq(ft_model *m, ft_err *err)
     m->inv_freq_dev = ft_alloc_on(&m->mem, m->dev, FT_MEM_WEIGHTS, n * sizeof(float));
     if (!m->inv_freq_dev)
         return ft_mem_fail(err, &m->mem, m->dev, "the RoPE frequencies");
-    return transfer(m, m->inv_freq_dev, m->inv_freq, n * sizeof(float), true, err);
+    return transfer(m, m->inv_freq_dev, m->inv_freq, n * sizeof(float), err);
 }
 
 const float *ft_model_logits(ft_model *m)

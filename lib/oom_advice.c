@@ -109,11 +109,8 @@ static void try_seq_len(advisor *a)
 /* Sharded strategies: at the run's world size, or with more ranks from one. */
 static void try_strategies(advisor *a)
 {
-    bool gpu = a->ctx->dev == FT_MEM_DEVICE_CUDA;
-    static const char *const cpu_stages[] = {"zero1", "zero2", "zero3"};
-    static const char *const gpu_stages[] = {"zero1"};
-    const char *const *stages = gpu ? gpu_stages : cpu_stages;
-    int n = gpu ? 1 : 3;
+    static const char *const stages[] = {"zero1", "zero2", "zero3"};
+    int n = (int)(sizeof stages / sizeof *stages);
     const char *now = ft_config_str(a->cfg, "dist.strategy");
     for (int w = a->ctx->world_size > 1 ? a->ctx->world_size : 2; w <= 16; w *= 2) {
         for (int i = 0; i < n; i++) {

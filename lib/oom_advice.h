@@ -15,9 +15,8 @@
  * divides), train.gradient_checkpointing true, the longest shorter model.max_seq_len (a
  * power of two, at least 128), dist.offload_optimizer cpu (data-parallel strategies),
  * a sharded dist.strategy at the run's world size, and on one rank the fewest ranks
- * (2, 4, 8, 16) whose sharded strategy fits, and tuning.mode qlora for a LoRA run. On a
- * GPU only the strategies the CUDA engine runs are offered (ddp, zero1). The GPU rows
- * are predictions that leave out the CUDA context and library workspaces (memplan.h).
+ * (2, 4, 8, 16) whose sharded strategy fits, and tuning.mode qlora for a LoRA run. The
+ * GPU rows are predictions that leave out the CUDA context and library workspaces (memplan.h).
  *
  * The budget is the allocator's limit when one is set (FT_MEM_LIMIT), else
  * ft_rank_memory_budget's (train.memory_budget, or what the device has free now). */

@@ -86,6 +86,11 @@ extern "C" int ft_cuda_memcpy_d2d(void *dst_device, const void *src_device, size
                 err);
 }
 
+extern "C" int ft_cuda_memcpy_any(void *dst, const void *src, size_t bytes, ft_err *err)
+{
+    return copy(dst, src, bytes, cudaMemcpyDefault, "copy", err);
+}
+
 extern "C" int ft_cuda_memset0(void *dst_device, size_t bytes, ft_err *err)
 {
     if (bytes == 0)

@@ -159,6 +159,38 @@ def test_model_parallel_equals_one_process(work):
         assert_same_run(work / "runs" / ref, work / "runs" / name, w_atol=5e-4)
 
 
+SPLIT = {"FT_DIST_SPLIT_COMPUTE": "1"}
+
+
+@pytest.mark.parametrize("strategy", ["zero2", "zero3", "fsdp", "model_parallel"])
+def test_split_compute_copies(work, single, strategy):
+    """The strategies that bind the model to buffers of their own keep, on a bf16 GPU,
+    a compute copy of the trainables beside the fp32 masters, refreshed after every
+    change of the masters (load, update, resume). FT_DIST_SPLIT_COMPUTE=1 makes those
+    copies separate buffers on CPU ranks too: a refresh left out trains on stale
+    weights and the runs part."""
+    for mode, model, key in [("lora", "model", "lora"), ("full", "tied", "tied_full")]:
+        name = f"split_{strategy}_{mode}"
+        cfg = write_config(work, name, model=model, mode=mode, dist__strategy=strategy,
+                           train__save_steps=3)
+        run(cfg, 2, env=SPLIT)
+        if strategy == "model_parallel":  # one process with the whole batch of 8
+            ref = work / "runs" / f"split_ref_{mode}"
+            if not ref.exists():
+                run(write_config(work, ref.name, model=model, mode=mode))
+        else:
+            ref = single[key]
+        assert_same_run(ref, work / "runs" / name, w_atol=5e-4)
+        # resumed from step 3, still split: the copies follow the loaded masters
+        cont = write_config(work, f"{name}_resumed", model=model, mode=mode,
+                            dist__strategy=strategy)
+        run(cont, 2, "--resume", str(work / "runs" / name / "checkpoint-3"), env=SPLIT)
+        got, want = losses(work / "runs" / f"{name}_resumed"), losses(ref)
+        assert sorted(got) == [4, 5]
+        for s in got:
+            assert abs(got[s] - want[s]) <= 2e-5 * abs(want[s]), (s, got[s], want[s])
+
+
 def test_tensorboard_per_rank(work):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     cfg = write_config(work, "tb_ddp", dist__strategy="zero2", train__max_steps=3)

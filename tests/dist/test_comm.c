@@ -22,11 +22,15 @@ static bool single; /* the single backend: no peers */
 
 static const ft_comm_dtype DTYPES[] = {FT_COMM_F32, FT_COMM_F64, FT_COMM_I64, FT_COMM_BYTE};
 static const char *const DT_NAMES[] = {"f32", "f64", "i64", "byte"};
+/* the collectives that only move data take bf16 too */
+static const ft_comm_dtype MOVED[] = {FT_COMM_F32, FT_COMM_F64, FT_COMM_I64, FT_COMM_BYTE,
+                                      FT_COMM_BF16};
+enum { N_MOVED = sizeof MOVED / sizeof *MOVED };
 static const char *const OP_NAMES[] = {"sum", "avg", "max"};
 
 static size_t esize(ft_comm_dtype dt)
 {
-    return dt == FT_COMM_F32 ? 4 : dt == FT_COMM_BYTE ? 1 : 8;
+    return dt == FT_COMM_F32 ? 4 : dt == FT_COMM_BYTE ? 1 : dt == FT_COMM_BF16 ? 2 : 8;
 }
 
 /* ---- the data: element i of rank r --------------------------------------------------
@@ -38,6 +42,8 @@ static int64_t ival(int r, size_t i)
     return (int64_t)(r + 1) * 1000000007LL * (int64_t)(i % 5 + 1) - (int64_t)i;
 }
 static uint8_t bval(int r, size_t i) { return (uint8_t)(r * 37 + i * 11 + 5); }
+/* bf16 bit patterns, NaN and infinity ones included: they must arrive as sent */
+static uint16_t hval(int r, size_t i) { return (uint16_t)(r * 7919 + i * 31 + 3); }
 
 /* buf[k] = rank r's element first + k */
 static void fill(void *buf, ft_comm_dtype dt, int r, size_t first, size_t n)
@@ -56,6 +62,9 @@ static void fill(void *buf, ft_comm_dtype dt, int r, size_t first, size_t n)
             break;
         case FT_COMM_BYTE:
             ((uint8_t *)buf)[k] = bval(r, i);
+            break;
+        case FT_COMM_BF16:
+            ((uint16_t *)buf)[k] = hval(r, i);
             break;
         }
     }
@@ -96,6 +105,8 @@ static void *expected(ft_comm_dtype dt, ft_comm_op op, size_t first, size_t n)
         case FT_COMM_BYTE:
             ((uint8_t *)out)[k] = (uint8_t)(op == FT_COMM_MAX ? bmax : bsum);
             break;
+        case FT_COMM_BF16: /* never reduced */
+            break;
         }
     }
     return out;
@@ -115,6 +126,9 @@ static void print_elem(char *s, size_t cap, const void *buf, ft_comm_dtype dt, s
         break;
     case FT_COMM_BYTE:
         snprintf(s, cap, "%u", ((const uint8_t *)buf)[k]);
+        break;
+    case FT_COMM_BF16:
+        snprintf(s, cap, "0x%04x", ((const uint16_t *)buf)[k]);
         break;
     }
 }
@@ -297,9 +311,9 @@ static void test_allgather_v(void)
     for (int p = 0; p < PATTERNS; p++) {
         counts_of(p, counts);
         size_t total = offset_of(counts, size), mine = counts[rank], off = offset_of(counts, rank);
-        for (int d = 0; d < 4; d++)
+        for (int d = 0; d < N_MOVED; d++)
             for (int in_place = 0; in_place < 2; in_place++) {
-                ft_comm_dtype dt = DTYPES[d];
+                ft_comm_dtype dt = MOVED[d];
                 size_t es = esize(dt);
                 char what[96];
                 snprintf(what, sizeof what, "allgather_v%s pattern %d",
@@ -331,9 +345,9 @@ static void test_broadcast(void)
 {
     static const size_t ns[] = {0, 1, 1000, 100003};
     for (int root = 0; root < size; root++)
-        for (int d = 0; d < 4; d++)
+        for (int d = 0; d < N_MOVED; d++)
             for (size_t s = 0; s < sizeof ns / sizeof *ns; s++) {
-                ft_comm_dtype dt = DTYPES[d];
+                ft_comm_dtype dt = MOVED[d];
                 size_t n = ns[s], es = esize(dt);
                 char what[96];
                 snprintf(what, sizeof what, "broadcast root %d n=%zu", root, n);
@@ -388,6 +402,16 @@ static void test_send_recv_ring(void)
     expect_ok("wait s2", ft_comm_wait(comm, s2, &err), &err);
     expect_ok("wait s1", ft_comm_wait(comm, s1, &err), &err);
     CHECK(ga == 1000 + left && gb == 2000 + left);
+
+    /* bf16 (a pipeline stage's residual stream): the bits as sent */
+    uint16_t hs[33], hr[33], hw[33];
+    fill(hs, FT_COMM_BF16, rank, 0, 33);
+    fill(hw, FT_COMM_BF16, left, 0, 33);
+    expect_ok("irecv bf16", ft_comm_irecv(comm, hr, 33, FT_COMM_BF16, left, 3, &r1, &err), &err);
+    expect_ok("isend bf16", ft_comm_isend(comm, hs, 33, FT_COMM_BF16, right, 3, &s1, &err), &err);
+    expect_ok("wait bf16 recv", ft_comm_wait(comm, r1, &err), &err);
+    expect_ok("wait bf16 send", ft_comm_wait(comm, s1, &err), &err);
+    expect_same("ring bf16", hr, hw, FT_COMM_BF16, 33);
     free(out);
     free(in);
     free(want);
@@ -567,6 +591,8 @@ static void test_errors(void)
                  &err, "dtype");
     expect_error("bad op", ft_comm_allreduce(comm, x, 4, FT_COMM_F64, (ft_comm_op)9, &err), &err,
                  "op");
+    expect_error("bf16 sum", ft_comm_allreduce(comm, x, 4, FT_COMM_BF16, FT_COMM_SUM, &err),
+                 &err, "bf16 values are moved, not reduced");
     expect_error("null counts", ft_comm_allgather_v(comm, x, x, NULL, FT_COMM_F64, &err), &err,
                  "counts");
     expect_error("isend peer", ft_comm_isend(comm, x, 1, FT_COMM_F64, size, 0, &r, &err), &err,
