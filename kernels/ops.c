@@ -214,6 +214,20 @@ void ft_rmsnorm_forward(ft_tensor out, ft_tensor rstd, ft_tensor x, ft_tensor w,
     ft_cpu_rmsnorm_forward(F(out), F(rstd), F(x), F(w), N, C, eps);
 }
 
+void ft_add_rmsnorm_forward(ft_tensor sum, ft_tensor out, ft_tensor rstd, ft_tensor x,
+                            ft_tensor res, ft_tensor w, int N, int C, float eps)
+{
+    opcheck c = begin("add_rmsnorm_forward", out);
+    needf(c, "sum", sum, SZ(N, C));
+    needf(c, "out", out, SZ(N, C));
+    need(c, "rstd", rstd, N, FT_F32);
+    needf(c, "x", x, SZ(N, C));
+    needf(c, "res", res, SZ(N, C));
+    needf(c, "w", w, C);
+    GPU_CALL(c, ft_cuda_add_rmsnorm_forward(sum, out, rstd, x, res, w, N, C, eps));
+    ft_cpu_add_rmsnorm_forward(F(sum), F(out), F(rstd), F(x), F(res), F(w), N, C, eps);
+}
+
 void ft_rmsnorm_backward(ft_tensor dx, ft_tensor dw, ft_tensor dout, ft_tensor x,
                          ft_tensor w, ft_tensor rstd, int N, int C)
 {

@@ -86,6 +86,13 @@ void ft_rmsnorm_forward(ft_tensor out, ft_tensor rstd, ft_tensor x, ft_tensor w,
                         int C, float eps);
 void ft_rmsnorm_backward(ft_tensor dx, ft_tensor dw, ft_tensor dout, ft_tensor x,
                          ft_tensor w, ft_tensor rstd, int N, int C);
+/* The residual add fused before the norm: sum = x + res (stored; sum may be x), then
+ * ft_rmsnorm_forward(out, rstd, sum, w): one pass over the rows instead of ft_add's and
+ * the norm's. The norm reads sum as stored (rounded to its dtype), so the result equals
+ * the two ops in turn. Backward is ft_rmsnorm_backward on sum (the add passes its
+ * gradient through). */
+void ft_add_rmsnorm_forward(ft_tensor sum, ft_tensor out, ft_tensor rstd, ft_tensor x,
+                            ft_tensor res, ft_tensor w, int N, int C, float eps);
 
 /* ---- RoPE, HF rotate-half convention, in place -------------------------------------
  * x [N, heads, D]; pos [N] (int32 positions); inv_freq [D/2].

@@ -167,9 +167,9 @@ static void layer_forward(ft_model *m, int l, const float *in, float *out)
                          A_(a->k, nK), A_(a->v, nK), m->has_seg ? I_(m->seg, N) : ft_none(),
                          B, T, Hq, Hkv, D, 1.0f / sqrtf((float)D), c->sliding_window);
     proj_forward(m, l, FT_PROJ_O, a->att, a->mid);
-    ft_add(A_(a->mid, nC), A_(in, nC), nC);
-    ft_rmsnorm_forward(A_(a->ln2, nC), F_(a->rstd2, N), A_(a->mid, nC), A_(w->ln2, C), N, C,
-                       c->rms_norm_eps);
+    /* mid += in (the residual), then ln2 = norm(mid), in one pass */
+    ft_add_rmsnorm_forward(A_(a->mid, nC), A_(a->ln2, nC), F_(a->rstd2, N), A_(a->mid, nC),
+                           A_(in, nC), A_(w->ln2, C), N, C, c->rms_norm_eps);
     proj_forward(m, l, FT_PROJ_GATE, a->ln2, a->gate);
     proj_forward(m, l, FT_PROJ_UP, a->ln2, a->up);
     ft_swiglu_forward(A_(a->act, nI), A_(a->gate, nI), A_(a->up, nI), nI);

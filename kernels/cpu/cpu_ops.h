@@ -24,6 +24,9 @@ void ft_cpu_embedding_backward(float *dtable, const float *dout, const int32_t *
 
 void ft_cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N,
                             int C, float eps);
+/* sum = x + res (sum may be x), then the norm of sum */
+void ft_cpu_add_rmsnorm_forward(float *sum, float *out, float *rstd, const float *x,
+                                const float *res, const float *w, int N, int C, float eps);
 void ft_cpu_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x,
                              const float *w, const float *rstd, int N, int C);
 

@@ -30,25 +30,43 @@
 
 #define DW_BLOCK 64
 
+static void norm_row(float *on, float *rstd_n, const float *xn, const float *w, int C,
+                     float eps)
+{
+    double ss = 0.0;
+#pragma omp simd reduction(+ : ss)
+    for (int c = 0; c < C; c++)
+        ss += (double)xn[c] * xn[c];
+    float ms = (float)(ss / C);
+    float r = 1.0f / sqrtf(ms + eps);
+    *rstd_n = r;
+#pragma omp simd
+    for (int c = 0; c < C; c++)
+        on[c] = (xn[c] * r) * w[c];
+}
+
 void ft_cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N,
                             int C, float eps)
 {
     if (N <= 0 || C <= 0)
         return;
 #pragma omp parallel for schedule(static) if ((long)N * C >= 16384)
+    for (int n = 0; n < N; n++)
+        norm_row(out + (size_t)n * C, rstd + n, x + (size_t)n * C, w, C, eps);
+}
+
+void ft_cpu_add_rmsnorm_forward(float *sum, float *out, float *rstd, const float *x,
+                                const float *res, const float *w, int N, int C, float eps)
+{
+    if (N <= 0 || C <= 0)
+        return;
+#pragma omp parallel for schedule(static) if ((long)N * C >= 16384)
     for (int n = 0; n < N; n++) {
-        const float *xn = x + (size_t)n * C;
-        float *on = out + (size_t)n * C;
-        double ss = 0.0;
-#pragma omp simd reduction(+ : ss)
-        for (int c = 0; c < C; c++)
-            ss += (double)xn[c] * xn[c];
-        float ms = (float)(ss / C);
-        float r = 1.0f / sqrtf(ms + eps);
-        rstd[n] = r;
+        size_t row = (size_t)n * C;
 #pragma omp simd
         for (int c = 0; c < C; c++)
-            on[c] = (xn[c] * r) * w[c];
+            sum[row + c] = x[row + c] + res[row + c];
+        norm_row(out + row, rstd + n, sum + row, w, C, eps);
     }
 }
 

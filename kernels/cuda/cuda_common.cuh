@@ -1,5 +1,5 @@
 /* Shared pieces of the CUDA kernels (the .cu files of kernels/cuda): typed loads and stores of
- * fp32/bf16 operands, deterministic warp and block sums, launch sizes, and the backend
+ * fp32/bf16 operands, deterministic warp and block sums (block_reduce.cuh), launch sizes, and the backend
  * context (stream, cuBLAS handle, scratch) from cuda_context.cu. Not a public header. */
 #ifndef FT_CUDA_COMMON_CUH
 #define FT_CUDA_COMMON_CUH
@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "block_reduce.cuh"
 #include "cuda_check.h"
 #include "cuda_ops.h"
 
@@ -36,52 +37,6 @@ __device__ __forceinline__ void st(fview v, size_t i, float x)
         ((__nv_bfloat16 *)v.p)[i] = __float2bfloat16_rn(x);
     else
         ((float *)v.p)[i] = x;
-}
-
-/* Sum over the 32 lanes of a warp, every lane gets the result: a butterfly, the same
- * order on every call. */
-template <typename T> __device__ __forceinline__ T warp_sum(T x)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
-}
-
-__device__ __forceinline__ float warp_max(float x)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-    return x;
-}
-
-/* Sum over a block of blockDim.x threads (a multiple of 32, at most 1024); every thread
- * gets the result. shm holds 32 T. Fixed order: lanes, then warps in index order. */
-template <typename T> __device__ T block_sum(T x, T *shm)
-{
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    x = warp_sum(x);
-    __syncthreads(); /* shm may still be read by a previous call */
-    if (lane == 0)
-        shm[warp] = x;
-    __syncthreads();
-    T s = 0;
-    for (int w = 0; w < nwarps; w++)
-        s += shm[w];
-    return s;
-}
-
-__device__ __forceinline__ float block_max(float x, float *shm)
-{
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    x = warp_max(x);
-    __syncthreads();
-    if (lane == 0)
-        shm[warp] = x;
-    __syncthreads();
-    float m = shm[0];
-    for (int w = 1; w < nwarps; w++)
-        m = fmaxf(m, shm[w]);
-    return m;
 }
 
 /* Blocks of `threads` for n elements in a grid-stride loop: enough to fill the GPU, no

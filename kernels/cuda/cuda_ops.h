@@ -38,6 +38,8 @@ void ft_cuda_embedding_backward(ft_tensor dtable, ft_tensor dout, ft_tensor ids,
 /* rmsnorm.cu (rstd is fp32) */
 void ft_cuda_rmsnorm_forward(ft_tensor out, ft_tensor rstd, ft_tensor x, ft_tensor w, int N,
                              int C, float eps);
+void ft_cuda_add_rmsnorm_forward(ft_tensor sum, ft_tensor out, ft_tensor rstd, ft_tensor x,
+                                 ft_tensor res, ft_tensor w, int N, int C, float eps);
 void ft_cuda_rmsnorm_backward(ft_tensor dx, ft_tensor dw, ft_tensor dout, ft_tensor x,
                               ft_tensor w, ft_tensor rstd, int N, int C);
 

@@ -1,7 +1,7 @@
-/* A host emulation of the CUDA pieces the flash-attention kernels use, so that
- * kernels/cuda/flash_attention_kernels.cuh runs on a machine without a GPU
- * (tests/emu/test_flash_emu.cc) and its indexing, masking, tiling and synchronisation
- * are checked against the CPU op before a GPU ever sees it.
+/* A host emulation of the CUDA pieces the kernels of kernels/cuda/..._kernels.cuh use,
+ * so that they run on a machine without a GPU (tests/emu/test_..._emu.cc) and their
+ * indexing, masking, tiling and synchronisation are checked against the CPU ops before a
+ * GPU ever sees them.
  *
  * A launch runs its blocks one after the other; a block's threads are real threads
  * (std::thread), so __syncthreads, __syncwarp and __shfl_xor_sync are real barriers and
@@ -42,7 +42,7 @@ extern "C" {
 struct emu_dim3 {
     unsigned x, y, z;
 };
-inline thread_local emu_dim3 threadIdx, blockIdx;
+inline thread_local emu_dim3 threadIdx, blockIdx, blockDim;
 
 /* bf16 as its 16 bits; arithmetic goes through float */
 struct __nv_bfloat16 {
@@ -65,6 +65,7 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f)
     return __nv_bfloat16{(uint16_t)(u >> 16)};
 }
 inline float __expf(float x) { return expf(x); }
+inline float __fmul_rn(float a, float b) { return a * b; } /* ISO C++: no contraction */
 inline int min(int a, int b) { return a < b ? a : b; }
 
 /* kernels/cuda/cuda_common.cuh's operand view, as there */
@@ -127,6 +128,7 @@ void emu_launch(K kernel, unsigned gx, unsigned gy, int threads, const A &args)
                     emu_cur = &blk;
                     threadIdx = emu_dim3{(unsigned)t, 0, 0};
                     blockIdx = emu_dim3{bx, by, 0};
+                    blockDim = emu_dim3{(unsigned)threads, 1, 1};
                     kernel(args);
                 });
             for (auto &th : pool)
@@ -135,6 +137,9 @@ void emu_launch(K kernel, unsigned gx, unsigned gy, int threads, const A &args)
                 delete w;
         }
 }
+
+/* warp_sum, block_sum, ... as the kernels have them (FT_SHARED: a static here) */
+#include "cuda/block_reduce.cuh"
 
 /* ---- WMMA ---------------------------------------------------------------------------- */
 namespace wmma {

@@ -162,6 +162,49 @@ static void test_rmsnorm(void)
         }
 }
 
+/* The residual add fused before the norm: sum = x + res as stored (rounded to bf16 by
+ * the kernel as by host_round), then the CPU norm of that sum; in place (sum = x) too. */
+static void test_add_rmsnorm(void)
+{
+    static const int shapes[][2] = {{1, 7}, {5, 64}, {33, 4096}, {300, 96}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int di = 0; di < 2; di++)
+            for (int in_place = 0; in_place < 2; in_place++) {
+                ft_dtype d = DTYPES[di];
+                int N = shapes[s][0], C = shapes[s][1];
+                size_t n = (size_t)N * C;
+                float *x = rounded(host_random(n, 2.0f), n, d);
+                float *res = rounded(host_random(n, 1.5f), n, d);
+                float *w = rounded(host_random(C, 1.0f), C, d);
+                float *sum = host_alloc(n), *out = host_alloc(n), *rstd = host_alloc(N);
+                for (size_t i = 0; i < n; i++)
+                    sum[i] = x[i] + res[i];
+                host_round(sum, n, d);
+                ft_rmsnorm_forward(ft_f32(out, n), ft_f32(rstd, N), ft_f32(sum, n),
+                                   ft_f32(w, C), N, C, 1e-5f);
+                ft_tensor gx = dev_upload(x, n, d), gres = dev_upload(res, n, d);
+                ft_tensor gw = dev_upload(w, C, d), gout = dev_upload(out, n, d);
+                ft_tensor grstd = dev_upload(rstd, N, FT_F32);
+                ft_tensor gsum = in_place ? gx : dev_upload(out, n, d);
+                ft_add_rmsnorm_forward(gsum, gout, grstd, gx, gres, gw, N, C, 1e-5f);
+                char what[96];
+                const char *ip = in_place ? " in place" : "";
+                snprintf(what, sizeof what, "add_rmsnorm sum %dx%d %s%s", N, C, dtype_name(d),
+                         ip);
+                check_dev(what, gsum, sum, 0.0); /* the same rounding: bit for bit */
+                snprintf(what, sizeof what, "add_rmsnorm out %dx%d %s%s", N, C, dtype_name(d),
+                         ip);
+                check_dev(what, gout, out, tol_for(d));
+                snprintf(what, sizeof what, "add_rmsnorm rstd %dx%d %s%s", N, C,
+                         dtype_name(d), ip);
+                check_dev(what, grstd, rstd, TOL_F32);
+                free(x), free(res), free(w), free(sum), free(out), free(rstd);
+                dev_free(gx), dev_free(gres), dev_free(gw), dev_free(gout), dev_free(grstd);
+                if (!in_place)
+                    dev_free(gsum);
+            }
+}
+
 /* ---- RoPE ----------------------------------------------------------------------- */
 
 static void test_rope(void)
@@ -454,6 +497,7 @@ int main(void)
     RUN(test_linear);
     RUN(test_embedding);
     RUN(test_rmsnorm);
+    RUN(test_add_rmsnorm);
     RUN(test_rope);
     RUN(test_swiglu);
     RUN(test_cross_entropy);

@@ -463,6 +463,35 @@ static void test_rmsnorm_forward(void)
     free(x), free(w), free(out), free(rstd), free(c.x), free(c.w), free(ref), free(rref);
 }
 
+/* The fused residual add: sum = x + res, then the norm of sum; bit for bit the two ops
+ * in turn, out of place and in place (sum = x). */
+static void test_add_rmsnorm_forward(void)
+{
+    const int N = 17, C = 130;
+    const size_t nx = (size_t)N * C;
+    rng_seed(16);
+    float *x = fnew(nx), *res = fnew(nx), *w = fnew(C);
+    fill(x, nx, -2, 2);
+    fill(res, nx, -1, 1);
+    fill(w, C, 0.5, 1.5);
+    float *sum_ref = fdup(x, nx), *out_ref = fnew(nx), *rstd_ref = fnew(N);
+    ft_cpu_add(sum_ref, res, nx);
+    ft_cpu_rmsnorm_forward(out_ref, rstd_ref, sum_ref, w, N, C, 1e-5f);
+    for (int in_place = 0; in_place < 2; in_place++) {
+        float *xi = fdup(x, nx), *sum = in_place ? xi : fnew(nx), *out = fnew(nx),
+              *rstd = fnew(N);
+        ft_add_rmsnorm_forward(ft_f32(sum, nx), ft_f32(out, nx), ft_f32(rstd, N),
+                               ft_f32(xi, nx), ft_f32(res, nx), ft_f32(w, C), N, C, 1e-5f);
+        CHECK(memcmp(sum, sum_ref, nx * sizeof(float)) == 0);
+        CHECK(memcmp(out, out_ref, nx * sizeof(float)) == 0);
+        CHECK(memcmp(rstd, rstd_ref, N * sizeof(float)) == 0);
+        if (!in_place)
+            free(sum);
+        free(xi), free(out), free(rstd);
+    }
+    free(x), free(res), free(w), free(sum_ref), free(out_ref), free(rstd_ref);
+}
+
 static void test_rmsnorm_backward(void)
 {
     /* C = 150: three dw column blocks, the last one partial. */
@@ -917,6 +946,7 @@ int main(void)
     RUN(test_linear_backward_large);
     RUN(test_embedding);
     RUN(test_rmsnorm_forward);
+    RUN(test_add_rmsnorm_forward);
     RUN(test_rmsnorm_backward);
     RUN(test_rmsnorm_backward_large);
     RUN(test_swiglu_forward);

@@ -1,0 +1,78 @@
+/* The RMSNorm kernels (kernels/cpu/rmsnorm.c's twins; the math is derived there), launched
+ * by rmsnorm.cu and run on the host by tests/emu. fview, ld, st and block_sum come first
+ * (cuda_common.cuh, or the emulation).
+ *   forward:  rstd[n] = 1 / sqrt(mean_c s[n,c]^2 + eps);  out = (s * rstd) * w, where s
+ *             is x, or with a residual sum = x + res, stored (sum may be x itself)
+ *   backward: dx[n,c] += r (w_c g_c - x_c k),  k = r^2 mean_c(w_c g_c x_c)   (g = dout)
+ *             dw[c]   += sum_n g[n,c] x[n,c] r[n]
+ * One block per row for forward and dx: each thread takes the columns c = tid,
+ * tid + blockDim, ... and the row sums are block sums in a fixed order (fp32 terms and
+ * partial sums). dw is a column sum: one thread per column walking the rows in order
+ * (no atomics, the same on every run). rstd is fp32. */
+#ifndef FT_RMSNORM_KERNELS_CUH
+#define FT_RMSNORM_KERNELS_CUH
+
+#define RMS_THREADS 256
+
+struct rms_args {
+    fview out, x, w; /* forward: out = rmsnorm(x, or x + res) * w */
+    fview res, sum;  /* the residual added first (res.p NULL: none) and where x + res goes */
+    fview dx, dw, dout;
+    float *rstd;
+    int N, C;
+    float eps;
+};
+
+__global__ void rmsnorm_forward_kernel(rms_args a)
+{
+    FT_SHARED float shm[32];
+    size_t row = (size_t)blockIdx.x * a.C;
+    /* With a residual the norm reads sum back as stored (rounded to its dtype), so it
+     * sees the values a separate add would have left there. Each thread reads back only
+     * its own columns: no barrier needed. */
+    fview s = a.res.p ? a.sum : a.x;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < a.C; c += blockDim.x) {
+        if (a.res.p)
+            st(a.sum, row + c, ld(a.x, row + c) + ld(a.res, row + c));
+        float v = ld(s, row + c);
+        ss += v * v;
+    }
+    ss = block_sum(ss, shm);
+    float r = 1.0f / sqrtf(ss / (float)a.C + a.eps);
+    if (threadIdx.x == 0)
+        a.rstd[blockIdx.x] = r;
+    for (int c = threadIdx.x; c < a.C; c += blockDim.x)
+        st(a.out, row + c, __fmul_rn(ld(s, row + c), r) * ld(a.w, c));
+}
+
+__global__ void rmsnorm_backward_dx_kernel(rms_args a)
+{
+    FT_SHARED float shm[32];
+    size_t row = (size_t)blockIdx.x * a.C;
+    float r = a.rstd[blockIdx.x];
+    float dot = 0.0f;
+    for (int c = threadIdx.x; c < a.C; c += blockDim.x)
+        dot += (ld(a.w, c) * ld(a.dout, row + c)) * ld(a.x, row + c);
+    dot = block_sum(dot, shm);
+    float k = r * r * (dot / (float)a.C);
+    for (int c = threadIdx.x; c < a.C; c += blockDim.x) {
+        float g = ld(a.w, c) * ld(a.dout, row + c);
+        st(a.dx, row + c, ld(a.dx, row + c) + r * (g - ld(a.x, row + c) * k));
+    }
+}
+
+__global__ void rmsnorm_backward_dw_kernel(rms_args a)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= a.C)
+        return;
+    float acc = 0.0f;
+    for (int n = 0; n < a.N; n++) {
+        size_t i = (size_t)n * a.C + c;
+        acc += ld(a.dout, i) * (ld(a.x, i) * a.rstd[n]);
+    }
+    st(a.dw, c, ld(a.dw, c) + acc);
+}
+
+#endif
