@@ -34,7 +34,7 @@ BENCH_TRAIN := build/tests/bench-train
 .PHONY: test test-unit test-dist test-conformance test-gpu gpu-bundle unit-bins gpu-bins bench-cpu \
         bench-tokenizer bench-dist bench config-reference
 
-build/tests/emu/%: tests/emu/%.cc tests/emu/cuda_emu.h $(wildcard kernels/cuda/*.cuh) $(LIBFT)
+build/tests/emu/%: tests/emu/%.cc tests/emu/cuda_emu.h tests/emu/emu_check.h $(wildcard kernels/cuda/*.cuh) $(LIBFT)
 	@mkdir -p $(dir $@)
 	$(CXX_EMU) -std=c++20 -O2 -pthread -Wall -Wextra -Werror -Wno-unknown-pragmas -Ikernels -Ilib \
 	  -Itests/emu $< $(LIBFT) $(FT_LDFLAGS) $(LDLIBS) -o $@

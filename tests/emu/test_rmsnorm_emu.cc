@@ -9,6 +9,7 @@
  * values, sum must be x + res rounded to bf16 bit for bit, and out within 1e-2 of the
  * CPU norm of that rounded sum. */
 #include "cuda_emu.h"
+#include "emu_check.h"
 
 /* (in a namespace of its own: libft, linked in, has the GPU build's kernels of these
  * names) */
@@ -17,51 +18,12 @@ namespace emu {
 }
 using namespace emu;
 
-static int passed, failed;
-
-static void check(bool ok, const char *what, double err, double tol)
-{
-    printf("  %-48s %.3g (tol %.0e) %s\n", what, err, tol, ok ? "ok" : "FAIL");
-    ok ? passed++ : failed++;
-}
-
-static uint64_t rng_state = 777;
-static float uniform(void) /* [-1, 1) */
-{
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((rng_state >> 40) * (1.0 / (1ull << 24))) * 2.0f - 1.0f;
-}
-
-static float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
-
 static std::vector<float> random(size_t n, float scale, bool bf16)
 {
     std::vector<float> v(n);
     for (auto &x : v)
         x = bf16 ? round_bf16(scale * uniform()) : scale * uniform();
     return v;
-}
-
-/* normwise relative error; -1 on a NaN or inf */
-static double rel_error(const std::vector<float> &got, const std::vector<float> &ref)
-{
-    double maxdiff = 0, maxref = 0;
-    for (size_t i = 0; i < got.size(); i++) {
-        if (!std::isfinite(got[i]))
-            return -1;
-        maxdiff = fmax(maxdiff, fabs((double)got[i] - ref[i]));
-        maxref = fmax(maxref, fabs((double)ref[i]));
-    }
-    return maxref > 0 ? maxdiff / maxref : maxdiff;
-}
-
-static void expect_close(const char *label, const char *what, const std::vector<float> &got,
-                         const std::vector<float> &ref, double tol)
-{
-    char s[128];
-    snprintf(s, sizeof s, "%s %s", label, what);
-    double e = rel_error(got, ref);
-    check(e >= 0 && e <= tol, s, e, tol);
 }
 
 static void expect_same(const char *label, const char *what, const std::vector<float> &got,
@@ -167,6 +129,7 @@ static void backward_case(int N, int C)
 
 int main(void)
 {
+    rng_state = 777;
     static const int shapes[][2] = {{3, 1}, {5, 37}, {4, 256}, {2, 1000}, {3, 2053}};
     for (const auto &s : shapes) {
         for (int bf16 = 0; bf16 < 2; bf16++) {
