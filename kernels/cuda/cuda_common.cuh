@@ -1,6 +1,7 @@
-/* Shared pieces of the CUDA kernels (the .cu files of kernels/cuda): typed loads and stores of
- * fp32/bf16 operands, deterministic warp and block sums (block_reduce.cuh), launch sizes, and the backend
- * context (stream, cuBLAS handle, scratch) from cuda_context.cu. Not a public header. */
+/* Shared pieces of the CUDA kernels (the .cu files of kernels/cuda): typed loads and
+ * stores of fp32/bf16 operands and deterministic warp and block sums (kernel_common.cuh),
+ * launch sizes, and the backend context (stream, cuBLAS handle, scratch) from
+ * cuda_context.cu. Not a public header. */
 #ifndef FT_CUDA_COMMON_CUH
 #define FT_CUDA_COMMON_CUH
 
@@ -8,36 +9,9 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "block_reduce.cuh"
 #include "cuda_check.h"
 #include "cuda_ops.h"
-
-/* A floating-point operand as a kernel sees it: the pointer and whether it holds fp32 or
- * bf16. The dtype is uniform across a launch, so the branch in ld/st never diverges. */
-struct fview {
-    void *p;
-    int bf16;
-};
-
-static inline fview fv(ft_tensor t)
-{
-    fview v = {t.data, t.dtype == FT_BF16};
-    return v;
-}
-
-__device__ __forceinline__ float ld(fview v, size_t i)
-{
-    return v.bf16 ? __bfloat162float(((const __nv_bfloat16 *)v.p)[i]) : ((const float *)v.p)[i];
-}
-
-/* Rounds to nearest-even when the operand is bf16. */
-__device__ __forceinline__ void st(fview v, size_t i, float x)
-{
-    if (v.bf16)
-        ((__nv_bfloat16 *)v.p)[i] = __float2bfloat16_rn(x);
-    else
-        ((float *)v.p)[i] = x;
-}
+#include "kernel_common.cuh"
 
 /* Blocks of `threads` for n elements in a grid-stride loop: enough to fill the GPU, no
  * more than the work. */

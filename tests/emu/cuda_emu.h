@@ -68,24 +68,6 @@ inline float __expf(float x) { return expf(x); }
 inline float __fmul_rn(float a, float b) { return a * b; } /* ISO C++: no contraction */
 inline int min(int a, int b) { return a < b ? a : b; }
 
-/* kernels/cuda/cuda_common.cuh's operand view, as there */
-struct fview {
-    void *p;
-    int bf16;
-};
-inline fview fv(ft_tensor t) { return fview{t.data, t.dtype == FT_BF16}; }
-inline float ld(fview v, size_t i)
-{
-    return v.bf16 ? __bfloat162float(((const __nv_bfloat16 *)v.p)[i]) : ((const float *)v.p)[i];
-}
-inline void st(fview v, size_t i, float x)
-{
-    if (v.bf16)
-        ((__nv_bfloat16 *)v.p)[i] = __float2bfloat16_rn(x);
-    else
-        ((float *)v.p)[i] = x;
-}
-
 /* ---- one block's threads and their barriers ---------------------------------------- */
 struct emu_block {
     std::barrier<> *all;
@@ -138,8 +120,9 @@ void emu_launch(K kernel, unsigned gx, unsigned gy, int threads, const A &args)
         }
 }
 
-/* warp_sum, block_sum, ... as the kernels have them (FT_SHARED: a static here) */
-#include "cuda/block_reduce.cuh"
+/* fview, ld, st, warp_sum, block_sum, ... as the kernels have them (FT_SHARED: a
+ * static here) */
+#include "cuda/kernel_common.cuh"
 
 /* ---- WMMA ---------------------------------------------------------------------------- */
 namespace wmma {

@@ -1,15 +1,44 @@
-/* Deterministic warp and block reductions of the CUDA kernels, and FT_SHARED for a
- * block's shared array declared in a kernel body. Included by cuda_common.cuh, and by the
- * host emulation (tests/emu/cuda_emu.h), which runs a launch's blocks one at a time and
- * so makes such an array a static. */
-#ifndef FT_BLOCK_REDUCE_CUH
-#define FT_BLOCK_REDUCE_CUH
+/* The device-side pieces every kernel uses: the typed operand view (fview, ld, st),
+ * deterministic warp and block reductions, and FT_SHARED for a block's shared array
+ * declared in a kernel body. Included by cuda_common.cuh after cuda_bf16.h, and by the
+ * host emulation (tests/emu/cuda_emu.h) after its own bf16 type, barriers and shuffles;
+ * the emulation runs a launch's blocks one at a time, so there such an array is a
+ * static. */
+#ifndef FT_KERNEL_COMMON_CUH
+#define FT_KERNEL_COMMON_CUH
 
 #ifdef FT_CUDA_EMU
 #define FT_SHARED static
 #else
 #define FT_SHARED __shared__
 #endif
+
+/* A floating-point operand as a kernel sees it: the pointer and whether it holds fp32 or
+ * bf16. The dtype is uniform across a launch, so the branch in ld/st never diverges. */
+struct fview {
+    void *p;
+    int bf16;
+};
+
+static inline fview fv(ft_tensor t)
+{
+    fview v = {t.data, t.dtype == FT_BF16};
+    return v;
+}
+
+__device__ __forceinline__ float ld(fview v, size_t i)
+{
+    return v.bf16 ? __bfloat162float(((const __nv_bfloat16 *)v.p)[i]) : ((const float *)v.p)[i];
+}
+
+/* Rounds to nearest-even when the operand is bf16. */
+__device__ __forceinline__ void st(fview v, size_t i, float x)
+{
+    if (v.bf16)
+        ((__nv_bfloat16 *)v.p)[i] = __float2bfloat16_rn(x);
+    else
+        ((float *)v.p)[i] = x;
+}
 
 /* Sum over the 32 lanes of a warp, every lane gets the result: a butterfly, the same
  * order on every call. */
