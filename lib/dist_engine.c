@@ -208,7 +208,7 @@ int ft_engine_new(ft_engine **out, ft_comm *comm, const char *model_dir,
         ft_model_unit_frozen_range(e->m, u, &e->fb[u], &e->fb[u + 1]);
     }
     int rc = is_pipeline(e) ? pipe_setup(e, adapter_dir, err) : dp_setup(e, adapter_dir, err);
-    if (rc == 0)
+    if (rc == 0 && !e->whole) /* (a whole replica's model keeps its copy as it reads) */
         engine_refresh_compute(e); /* the masters were just read */
     if (rc == 0 && is_pipeline(e) && o->pipeline_chunks > 1)
         rc = ft_model_set_activation_slots(e->m, o->pipeline_chunks, err);

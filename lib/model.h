@@ -67,10 +67,9 @@ typedef struct ft_model_options {
      * parameters keep an fp32 master copy (what ft_param.data and ft_model_trainable
      * point at) beside the bf16 copy the ops read, refreshed by ft_model_sync_compute;
      * gradients are fp32 (an unbound model's strategy keeps that copy: ft_unit_bufs).
-     * A quantized base
-     * (QLoRA) is read or quantized on the host, then kept on the GPU in its quantized
-     * form only, and dequantized there one layer at a time into a window of the compute
-     * dtype (ft_model_materialize). */
+     * A quantized base (QLoRA) is read or quantized on the host, then kept on the GPU in
+     * its quantized form only, and dequantized there one layer at a time into a window
+     * of the compute dtype (ft_model_materialize). */
     ft_device device;
     ft_dtype dtype;
     /* 0, or the most bytes the model's allocator (and a strategy's buffers beside it) may

@@ -35,9 +35,8 @@ void ft_cuda_free(void *p);
 int ft_cuda_memset0(void *dst_device, size_t bytes, struct ft_err *err);
 
 /* Synchronous copies of `bytes` bytes (0 is a no-op). Return 0, or -1 with err (may be
- * NULL) naming the CUDA error. */
-/* The same where either side may be host or device memory: the direction comes from
- * the pointers (unified addressing, every 64-bit CUDA platform). */
+ * NULL) naming the CUDA error. memcpy_any: either side may be host or device memory, the
+ * direction comes from the pointers (unified addressing, every 64-bit CUDA platform). */
 int ft_cuda_memcpy_any(void *dst, const void *src, size_t bytes, struct ft_err *err);
 int ft_cuda_memcpy_h2d(void *dst_device, const void *src_host, size_t bytes,
                        struct ft_err *err);
