@@ -35,10 +35,14 @@ deps:
 	scripts/install-deps.sh
 
 install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/ftkit
-	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
-	install -m 644 $(LIBFT) $(DESTDIR)$(PREFIX)/lib/
-	install -m 644 $(PUBLIC_HEADERS) $(DESTDIR)$(PREFIX)/include/ftkit/
+	install -d "$(DESTDIR)$(PREFIX)/bin" "$(DESTDIR)$(PREFIX)/lib" "$(DESTDIR)$(PREFIX)/include/ftkit"
+	install -m 755 $(TOOLS) "$(DESTDIR)$(PREFIX)/bin/"
+	install -m 644 $(LIBFT) "$(DESTDIR)$(PREFIX)/lib/"
+	install -m 644 kernels/ops.h "$(DESTDIR)$(PREFIX)/include/ftkit/"
+	set -e; for h in $(PUBLIC_HEADERS:lib/%=%); do \
+	  install -d "$(DESTDIR)$(PREFIX)/include/ftkit/$${h%/*}"; \
+	  install -m 644 "lib/$$h" "$(DESTDIR)$(PREFIX)/include/ftkit/$$h"; \
+	done
 
 clean:
 	rm -rf build bin

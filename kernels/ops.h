@@ -168,7 +168,7 @@ typedef struct ft_adamw_hparams {
 void ft_adamw_step(ft_tensor param, ft_tensor grad, ft_tensor m, ft_tensor v, size_t n,
                    ft_adamw_hparams hp, int step, float grad_scale);
 
-/* ---- dequantization of bitsandbytes weights (QLoRA's frozen base; lib/quant.h) -------
+/* ---- dequantization of bitsandbytes weights (QLoRA's frozen base; lib/quant/quant.h) -------
  * 4-bit: out[i] = code[q(i)] * absmax[i / blocksize], i < n; q(i) the i-th nibble of
  *   packed [ceil(n/2)] u8, the high nibble first; code [16] (NF4 or FP4 values).
  * 8-bit blockwise (the double-quantized absmax): out[i] = map[q[i]] * absmax[i / blocksize]

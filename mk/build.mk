@@ -1,6 +1,6 @@
-# Build rules: lib/ + kernels/ -> build/libft.a; tools/*.c -> bin/<tool>.
+# Build rules: lib/<subsystem>/ + kernels/ -> build/libft.a; tools/*.c -> bin/<tool>.
 
-LIB_SRCS := $(wildcard lib/*.c) kernels/ops.c $(wildcard kernels/cpu/*.c)
+LIB_SRCS := $(wildcard lib/*/*.c) kernels/ops.c $(wildcard kernels/cpu/*.c)
 CUDA_SRCS := $(if $(filter 1,$(CUDA)),$(wildcard kernels/cuda/*.cu))
 LIB_OBJS := $(LIB_SRCS:%.c=build/%.o) $(CUDA_SRCS:%.cu=build/%.o)
 LIBFT := build/libft.a
@@ -8,7 +8,9 @@ LIBFT := build/libft.a
 TOOL_NAMES := gpu-info ft-quantize ft-lora-init ft-train ft-eval ft-merge
 TOOLS := $(TOOL_NAMES:%=bin/%)
 
-PUBLIC_HEADERS := $(filter-out %_internal.h,$(wildcard lib/*.h)) kernels/ops.h
+# Installed as include/ftkit/<subsystem>/x.h (and include/ftkit/ops.h), the layout the
+# headers include each other by: compile against them with -I$(PREFIX)/include/ftkit.
+PUBLIC_HEADERS := $(filter-out %_internal.h,$(wildcard lib/*/*.h))
 
 # Rebuild everything when the flags change (CUDA=0 vs CUDA=1, OPT=...).
 BUILD_FLAGS := build/.flags

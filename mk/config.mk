@@ -58,8 +58,8 @@ ifeq ($(CUDA),1)
   LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++
 endif
 
-# NCCL (the GPU backend of lib/dist.h): with CUDA, when nccl.h and libnccl sit under
-# CUDA_HOME; NCCL=0 leaves it out. lib/dist_nccl.c also needs MPI, which starts NCCL.
+# NCCL (the GPU backend of lib/dist/dist.h): with CUDA, when nccl.h and libnccl sit under
+# CUDA_HOME; NCCL=0 leaves it out. lib/dist/dist_nccl.c also needs MPI, which starts NCCL.
 ifeq ($(CUDA),1)
   ifeq ($(origin NCCL), undefined)
     NCCL := $(if $(and $(wildcard $(CUDA_HOME)/include/nccl.h),$(wildcard $(CUDA_HOME)/lib64/libnccl.so*)),1,0)

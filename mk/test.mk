@@ -2,7 +2,7 @@
 #   test-unit         C unit tests (tests/unit/test_*.c), no Python; each binary prints
 #                     "N passed, N failed", and the runner adds them up. Also the CUDA
 #                     kernels that tests/emu runs on the host (C++20, no GPU needed).
-#   test-dist         the communication interface (lib/dist.h) under real MPI ranks
+#   test-dist         the communication interface (lib/dist/dist.h) under real MPI ranks
 #                     (tests/dist, driven by tests/run-dist.sh); needs MPI in the build.
 #   test-conformance  pytest against Hugging Face transformers + PEFT (tests/conformance),
 #                     in a virtualenv made by scripts/setup-python.sh.

@@ -1,4 +1,4 @@
-"""Writes lib/tok_unicode_compat.c: the code points whose Unicode normalization differs
+"""Writes lib/tokenizer/tok_unicode_compat.c: the code points whose Unicode normalization differs
 between utf8proc (current Unicode tables) and Hugging Face tokenizers (whose
 normalization crate carries older tables).
 
@@ -7,7 +7,7 @@ that tokenizers treats as starters (class 0), and characters that one of NFC, NF
 NFKD decomposes differently. Our normalizer passes them through unchanged and lets them
 block reordering, as tokenizers does. Run with the conformance venv:
 
-    .venv/bin/python scripts/gen-unicode-compat.py > lib/tok_unicode_compat.c
+    .venv/bin/python scripts/gen-unicode-compat.py > lib/tokenizer/tok_unicode_compat.c
 """
 
 import ctypes

@@ -1,7 +1,7 @@
 /* ft-eval: evaluate a model (with an optional LoRA adapter) on a JSONL data set: loss,
  * perplexity and counted tokens, and with --generate greedy generation scored by ROUGE-L
- * and exact match. The logic lives in lib/evaluate.c, lib/generate.c, lib/rouge.c and
- * lib/eval_records.c. */
+ * and exact match. The logic lives in lib/eval/evaluate.c, lib/model/generate.c, lib/eval/rouge.c and
+ * lib/eval/eval_records.c. */
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -11,15 +11,15 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "data.h"
-#include "dist.h"
-#include "evaluate.h"
-#include "lora.h"
-#include "model.h"
-#include "model_path.h"
-#include "run_device.h"
-#include "tokenizer.h"
+#include "core/cli.h"
+#include "data/data.h"
+#include "dist/dist.h"
+#include "eval/evaluate.h"
+#include "formats/lora.h"
+#include "model/model.h"
+#include "formats/model_path.h"
+#include "device/run_device.h"
+#include "tokenizer/tokenizer.h"
 
 static const char usage[] =
     "usage: ft-eval --model DIR [--adapter DIR] --data FILE|- [options]\n"

@@ -1,10 +1,10 @@
 /* ft-lora-init: create a fresh PEFT-format LoRA adapter for a Hugging Face model.
  *
- * Thin main: parses the options, calls ft_lora_init_adapter (lib/lora_init.c) and
+ * Thin main: parses the options, calls ft_lora_init_adapter (lib/model/lora_init.c) and
  * prints the adapter dir on stdout. */
-#include "cli.h"
-#include "lora_init.h"
-#include "model_path.h"
+#include "core/cli.h"
+#include "model/lora_init.h"
+#include "formats/model_path.h"
 
 #include <errno.h>
 #include <stdio.h>

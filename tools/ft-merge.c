@@ -1,10 +1,10 @@
 /* ft-merge: merge a LoRA adapter into its base model.
  *
- * Thin main: parses the options, calls ft_merge (lib/merge.c) and prints the output dir
+ * Thin main: parses the options, calls ft_merge (lib/model/merge.c) and prints the output dir
  * on stdout. */
-#include "cli.h"
-#include "merge.h"
-#include "model_path.h"
+#include "core/cli.h"
+#include "model/merge.h"
+#include "formats/model_path.h"
 
 #include <stdio.h>
 #include <stdlib.h>

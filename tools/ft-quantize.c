@@ -1,11 +1,11 @@
 /* ft-quantize: quantize a Hugging Face checkpoint to 4-bit (NF4/FP4) or 8-bit.
  *
- * Thin main: parses the options, calls ft_quantize_model (lib/quantize_model.c) with a
+ * Thin main: parses the options, calls ft_quantize_model (lib/model/quantize_model.c) with a
  * progress callback (a bar on a terminal, one line per tensor otherwise, on stderr),
  * prints a summary on stderr and the output dir on stdout. */
-#include "cli.h"
-#include "model_path.h"
-#include "quantize_model.h"
+#include "core/cli.h"
+#include "formats/model_path.h"
+#include "model/quantize_model.h"
 
 #include <stdio.h>
 #include <stdlib.h>

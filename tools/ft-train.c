@@ -2,22 +2,22 @@
  * dir on stdout. --print-config shows the resolved config, --get prints one value,
  * --dump-data writes the samples exactly as the model will see them, --plan prints the
  * memory plan and --measure the peaks of one real step beside it. --set-var takes the
- * Make-style variables of `make train SECTION_KEY=value`. The loop is lib/trainer.c,
- * the auto batch size lib/auto_batch.c. */
+ * Make-style variables of `make train SECTION_KEY=value`. The loop is lib/run/trainer.c,
+ * the auto batch size lib/memory/auto_batch.c. */
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "auto_batch.h"
-#include "config.h"
-#include "dist.h"
-#include "ds_config.h"
-#include "data_setup.h"
-#include "memcheck.h"
-#include "memplan.h"
-#include "model_path.h"
-#include "trainer.h"
+#include "memory/auto_batch.h"
+#include "config/config.h"
+#include "dist/dist.h"
+#include "config/ds_config.h"
+#include "data/data_setup.h"
+#include "memory/memcheck.h"
+#include "memory/memplan.h"
+#include "formats/model_path.h"
+#include "run/trainer.h"
 
 static const char usage[] =
     "usage: ft-train --config FILE.yaml [--set-var NAME=value ...] [--set key=value ...]\n"
@@ -108,7 +108,7 @@ static void print_reference(void)
     }
 }
 
-/* --set-var NAME=value (lib/config.c maps NAME onto its key). */
+/* --set-var NAME=value (lib/config/config.c maps NAME onto its key). */
 static int set_var(ft_config *cfg, const char *arg)
 {
     ft_err err;

@@ -2,8 +2,8 @@
  * SM count, peer access), the CUDA driver, NCCL and the CPU backend (OpenMP, BLAS).
  *
  * Works in every build and on machines without a GPU or driver: "no GPUs" is a valid
- * answer and exits 0. The probing lives in lib/gpu_probe.c. */
-#include "gpu_probe.h"
+ * answer and exits 0. The probing lives in lib/device/gpu_probe.c. */
+#include "device/gpu_probe.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "ft_error.h"
+#include "core/ft_error.h"
 
 #include "cuda_check.h"
 #include "device_memory.h"

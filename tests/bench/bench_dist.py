@@ -4,7 +4,7 @@ every strategy, LoRA and full fine-tuning, then a scaling model that projects 1.
 Measured: a random Llama model made with transformers, ft-train once per strategy (none
 on 1 rank; ddp, zero1, zero2, zero3, fsdp, zero2 + offload_optimizer cpu and
 model_parallel on each of --ranks), one thread per rank. Every rank writes one line per
-step (FT_DIST_PROFILE, lib/dist_engine.h): the step's wall time, the time it was blocked
+step (FT_DIST_PROFILE, lib/dist/dist_engine.h): the step's wall time, the time it was blocked
 in communication and the bytes it sent. Steps after the warm-up are averaged. Runs with
 more ranks than cores take only 3 steps after the warm-up: their times mean little, their
 bytes check the (N-1)/N factor; the projections use the 2-rank runs.

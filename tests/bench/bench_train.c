@@ -15,11 +15,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "model.h"
-#include "optim.h"
-#include "rng.h"
-#include "schedule.h"
-#include "train_step.h"
+#include "model/model.h"
+#include "train/optim.h"
+#include "core/rng.h"
+#include "train/schedule.h"
+#include "train/train_step.h"
 
 static double now(void)
 {

@@ -220,7 +220,7 @@ LLAMA2_7B = LlamaShape("Llama-2-7B", 32000, 4096, 11008, 32, 32, 32)
 
 
 def unit_params(shape, mode, lora_r=16):
-    """(trainable, frozen) elements of each unit as lib/model.h lays them out: unit 0 the
+    """(trainable, frozen) elements of each unit as lib/model/model.h lays them out: unit 0 the
     embedding, units 1..L the layers, unit L+1 the final norm and lm_head. LoRA: rank
     lora_r on every linear layer of the blocks (all-linear, not lm_head)."""
     h, i, hd = shape.hidden, shape.intermediate, shape.head_dim
@@ -238,7 +238,7 @@ def unit_params(shape, mode, lora_r=16):
 
 
 def engine_collectives(strategy, units, bucket_bytes=25 << 20, elem_bytes=4):
-    """The collectives of one optimizer step (one micro-batch) of lib/dist_engine on one
+    """The collectives of one optimizer step (one micro-batch) of lib/dist/dist_engine.c on one
     rank, from the units' (trainable, frozen) element counts; every buffer is fp32.
     Every data-parallel step also all-reduces its token count (1 double) and the
     gradient norm and loss (2 doubles)."""
@@ -246,7 +246,7 @@ def engine_collectives(strategy, units, bucket_bytes=25 << 20, elem_bytes=4):
     train = [t for t, _ in units]
     total = sum(train) * elem_bytes
     if strategy in ("ddp", "zero1"):
-        # buckets of consecutive units, filled from the last unit (lib/dist_dp.c)
+        # buckets of consecutive units, filled from the last unit (lib/dist/dist_dp.c)
         cap, buckets, cur = bucket_bytes // elem_bytes, [], None
         for t in reversed(train):
             if cur is None or (cur > 0 and cur + t > cap):

@@ -1,4 +1,4 @@
-/* ft-data: the conformance suite's window on lib/data.c and lib/chat_template.c.
+/* ft-data: the conformance suite's window on lib/data/data.c and lib/data/chat_template.c.
  *
  *   ft-data render TEMPLATE BOS EOS [SOURCE.jinja] < chats.jsonl
  *       TEMPLATE: chatml, llama3, llama2, mistral, plain, alpaca, or auto (detected from
@@ -18,8 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "data.h"
-#include "tokenizer.h"
+#include "data/data.h"
+#include "tokenizer/tokenizer.h"
 
 static int die(const char *msg)
 {

@@ -22,12 +22,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model.h"
-#include "quant_io.h"
-#include "optim.h"
-#include "safetensors.h"
-#include "schedule.h"
-#include "train_step.h"
+#include "model/model.h"
+#include "formats/quant_io.h"
+#include "train/optim.h"
+#include "formats/safetensors.h"
+#include "train/schedule.h"
+#include "train/train_step.h"
 
 typedef struct spec {
     json_t *root;

@@ -1,4 +1,4 @@
-/* ft-tb: the conformance suite's window on lib/tb_writer.c.
+/* ft-tb: the conformance suite's window on lib/formats/tb_writer.c.
  *
  *   ft-tb LOGDIR < commands
  *       opens a new event file in LOGDIR and writes one record per input line:
@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tb_writer.h"
+#include "formats/tb_writer.h"
 
 static int fail(const char *msg, long line)
 {

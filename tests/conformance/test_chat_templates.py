@@ -1,4 +1,4 @@
-"""Chat templates: ftkit's renderer (lib/chat_template.c, through the ft-data harness)
+"""Chat templates: ftkit's renderer (lib/data/chat_template.c, through the ft-data harness)
 against transformers' apply_chat_template(messages, tokenize=False,
 add_generation_prompt=...) with the real Jinja templates of each family
 (tests/conformance/templates/*.jinja, copied from the models' tokenizer_config.json).

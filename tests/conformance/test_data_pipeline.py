@@ -1,4 +1,4 @@
-"""Data pipeline: ids and labels from ftkit's dataset loader (lib/data.c, through
+"""Data pipeline: ids and labels from ftkit's dataset loader (lib/data/data.c, through
 `ft-data load`) against a Python reference that follows data.h's rules with transformers:
 
   prompt_completion  ids = tok(prompt + completion).input_ids + [eos] (unless already

@@ -1,4 +1,4 @@
-"""TensorBoard event files from lib/tb_writer.c (through `ft-tb`), read back by
+"""TensorBoard event files from lib/formats/tb_writer.c (through `ft-tb`), read back by
 TensorBoard's own readers:
 
   LegacyEventFileLoader        the Event protos as written, in order; the first is

@@ -1,4 +1,4 @@
-"""Tokenizer conformance: ftkit's C tokenizer (lib/tokenizer.h, through the ft-tokenize
+"""Tokenizer conformance: ftkit's C tokenizer (lib/tokenizer/tokenizer.h, through the ft-tokenize
 harness) against the Hugging Face `tokenizers` library, token for token.
 
 Run:  FT_TOKENIZE=$PWD/build/tests/ft-tokenize .venv/bin/python -m pytest -q \

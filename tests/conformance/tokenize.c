@@ -1,4 +1,4 @@
-/* ft-tokenize: a command-line harness over lib/tokenizer.h, for the tokenizer
+/* ft-tokenize: a command-line harness over lib/tokenizer/tokenizer.h, for the tokenizer
  * conformance suite (tests/conformance/test_tokenizer.py) and the benchmark
  * (tests/bench/bench_tokenizer.py).
  *
@@ -29,7 +29,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 

@@ -5,7 +5,7 @@
  * Run it alone (the single backend) or under mpirun -np N. Rank 0 prints "ok <test>" or
  * "FAIL <test>" for each test (a test fails when it failed on any rank; the mismatches
  * are on stderr, with the rank) and ends with "test_comm np=N <backend>: N passed,
- * N failed". FT_DIST_CHUNK (see lib/dist.c) makes the MPI calls split into chunks. */
+ * N failed". FT_DIST_CHUNK (see lib/dist/dist.c) makes the MPI calls split into chunks. */
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -14,7 +14,7 @@
 #include <time.h>
 
 #include "check.h"
-#include "dist.h"
+#include "dist/dist.h"
 
 static ft_comm *comm;
 static int rank, size;

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "dist.h"
+#include "dist/dist.h"
 
 int main(int argc, char **argv)
 {

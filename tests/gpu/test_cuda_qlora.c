@@ -1,4 +1,4 @@
-/* QLoRA on the GPU: a quantized weight moved to the device (lib/quant_device.c) and
+/* QLoRA on the GPU: a quantized weight moved to the device (lib/quant/quant_device.c) and
  * dequantized there, and the GPU model with a quantized base, each against the host.
  *
  * - ft_qtensor_to_device + ft_dequantize_to on the GPU equal ft_dequantize on the host:
@@ -14,8 +14,8 @@
 #include "gpu_check.h"
 #include "tiny_model.h"
 
-#include "model.h"
-#include "quant.h"
+#include "model/model.h"
+#include "quant/quant.h"
 
 static const ft_dtype DTYPES[2] = {FT_F32, FT_BF16};
 

@@ -1,4 +1,4 @@
-/* The NCCL backend of lib/dist.h on GPU buffers. Run plainly it asks for a one-process
+/* The NCCL backend of lib/dist/dist.h on GPU buffers. Run plainly it asks for a one-process
  * NCCL communicator (FT_DIST_BACKEND=nccl, world size 1: what ft-train on one GPU gets
  * with that variable); under `mpirun -np N` (one GPU per rank) the same checks run over N
  * ranks. Every collective moves device memory through NCCL and is checked on the host
@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alloc.h"
+#include "device/alloc.h"
 #include "check.h"
-#include "dist.h"
+#include "dist/dist.h"
 #include "ops.h"
 
 #include <cuda_runtime.h>

@@ -1,13 +1,13 @@
-/* The tracked allocator's limit and out-of-memory reports (lib/alloc.h), host copies
- * through ft_copy_bytes, and train.device resolution (lib/run_device.h) on this machine. */
+/* The tracked allocator's limit and out-of-memory reports (lib/device/alloc.h), host copies
+ * through ft_copy_bytes, and train.device resolution (lib/device/run_device.h) on this machine. */
 #include <string.h>
 
-#include "alloc.h"
+#include "device/alloc.h"
 #include "check.h"
-#include "config.h"
-#include "ft_error.h"
+#include "config/config.h"
+#include "core/ft_error.h"
 #include "ops.h"
-#include "run_device.h"
+#include "device/run_device.h"
 
 static void test_limit_refuses_and_records(void)
 {

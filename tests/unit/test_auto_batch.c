@@ -1,4 +1,4 @@
-/* train.batch_size auto / train.grad_accum auto (lib/auto_batch.h): the chosen micro-batch
+/* train.batch_size auto / train.grad_accum auto (lib/memory/auto_batch.h): the chosen micro-batch
  * fits the budget and the next one does not, at the boundaries (budget = the plan of b
  * exactly, and one byte less); the accumulation reaches the global batch exactly; the
  * error when nothing fits; sizes; the per-rank cpu rows of the planner the chooser uses
@@ -10,9 +10,9 @@
 
 #include "check.h"
 #include "tiny_model.h"
-#include "auto_batch.h"
-#include "config.h"
-#include "memplan.h"
+#include "memory/auto_batch.h"
+#include "config/config.h"
+#include "memory/memplan.h"
 
 static char root[256], model_dir[300], tied_dir[300];
 static ft_model_config mc;

@@ -8,10 +8,10 @@
 #include <sys/stat.h>
 
 #include "check.h"
-#include "checkpoint.h"
-#include "schedule.h"
+#include "train/checkpoint.h"
+#include "train/schedule.h"
 #include "tiny_model.h"
-#include "train_step.h"
+#include "train/train_step.h"
 
 static char root[256], model_dir[300];
 

@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "config.h"
+#include "config/config.h"
 
 static char dir[64];
 

@@ -1,4 +1,4 @@
-/* Unit tests of lib/jsonl.c, lib/data.c, lib/chat_template.c and lib/loader.c: the line
+/* Unit tests of lib/core/jsonl.c, lib/data/data.c, lib/data/chat_template.c and lib/data/loader.c: the line
  * reader, every per-line error (each naming FILE:LINE), each record format, skipping and
  * dropping counts, truncation, the split, the chat templates on hand-checked strings
  * (tests/conformance checks them against transformers), and the loader's shuffling,
@@ -13,8 +13,8 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "data.h"
-#include "jsonl.h"
+#include "data/data.h"
+#include "core/jsonl.h"
 
 static char tmp_dir[64];
 static ft_tokenizer *tok;

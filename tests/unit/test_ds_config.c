@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "config.h"
-#include "ds_config.h"
+#include "config/config.h"
+#include "config/ds_config.h"
 
 static char dir[64];
 static char notes_text[8192];

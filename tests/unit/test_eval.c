@@ -12,16 +12,16 @@
 
 #include "check.h"
 #include "tiny_model.h"
-#include "data.h"
-#include "eval_records.h"
-#include "evaluate.h"
-#include "fsutil.h"
-#include "generate.h"
-#include "model.h"
-#include "rng.h"
-#include "rouge.h"
-#include "safetensors.h"
-#include "tokenizer.h"
+#include "data/data.h"
+#include "eval/eval_records.h"
+#include "eval/evaluate.h"
+#include "core/fsutil.h"
+#include "model/generate.h"
+#include "model/model.h"
+#include "core/rng.h"
+#include "eval/rouge.h"
+#include "formats/safetensors.h"
+#include "tokenizer/tokenizer.h"
 
 enum { EOS = 1 };
 

@@ -1,11 +1,11 @@
-/* Tests of the hardware probe (lib/gpu_probe.c), the library side of gpu-info.
+/* Tests of the hardware probe (lib/device/gpu_probe.c), the library side of gpu-info.
  *
  * The real probe is checked for consistency on whatever machine runs the tests (with
  * or without a GPU or driver). The no-driver and stub-driver paths are forced by
  * loading a library that does not exist, or the toolkit's stub libcuda.so when it is
  * installed, so they are tested on GPU machines too. */
 #include "check.h"
-#include "gpu_probe.h"
+#include "device/gpu_probe.h"
 
 #include <dlfcn.h>
 #include <stdlib.h>

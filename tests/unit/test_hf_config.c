@@ -1,8 +1,8 @@
-/* Tests for lib/hf_config.c: real-model config.json files (TinyLlama, Llama 3.1 with llama3
+/* Tests for lib/formats/hf_config.c: real-model config.json files (TinyLlama, Llama 3.1 with llama3
  * rope scaling, Qwen2.5, SmolLM, Mistral, Mistral-Nemo's explicit head_dim) are written to a
  * temporary directory and loaded; RoPE inverse frequencies are compared with torch; every
  * rejected input checks that the message names the file and the key. */
-#include "hf_config.h"
+#include "formats/hf_config.h"
 
 #include <stdlib.h>
 #include <string.h>

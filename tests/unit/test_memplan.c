@@ -1,4 +1,4 @@
-/* The memory planner (lib/memplan.h). The point: its cpu-fp32 row EQUALS what the
+/* The memory planner (lib/memory/memplan.h). The point: its cpu-fp32 row EQUALS what the
  * tracked allocator measures (peak per category after ft_model_load, one forward and
  * backward of batch_size x max_seq_len tokens and ft_optimizer_init) for LoRA and full
  * fine-tuning, with and without gradient checkpointing, over several batch sizes,
@@ -13,10 +13,10 @@
 
 #include "check.h"
 #include "tiny_model.h"
-#include "config.h"
-#include "memplan.h"
-#include "model.h"
-#include "optim.h"
+#include "config/config.h"
+#include "memory/memplan.h"
+#include "model/model.h"
+#include "train/optim.h"
 
 static char root[256], llama_dir[300], qwen_dir[300], tied_dir[300];
 
@@ -32,7 +32,7 @@ static ft_config *make_config(const char *const *sets)
     return c;
 }
 
-/* What lib/trainer.c does with the config, then one forward/backward of B x T tokens. */
+/* What lib/run/trainer.c does with the config, then one forward/backward of B x T tokens. */
 static int measure(const ft_config *cfg, const char *dir, ft_mem *out, size_t *n_train)
 {
     ft_err err;

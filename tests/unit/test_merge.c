@@ -1,4 +1,4 @@
-/* LoRA merge (lib/merge.c) and adapter init (lib/lora_init.c) on tiny random Llamas
+/* LoRA merge (lib/model/merge.c) and adapter init (lib/model/lora_init.c) on tiny random Llamas
  * written by the test itself: W' = W + s B @ A against a double-precision reference for
  * plain, rsLoRA, subset and tied models; dtype conversion (bf16 / f16 values equal to
  * the rounded fp32 merge; default dtype from config.json); sharding; copied tokenizer
@@ -17,12 +17,12 @@
 
 #include "check.h"
 #include "tiny_model.h"
-#include "fsutil.h"
-#include "lora_init.h"
-#include "merge.h"
-#include "model.h"
-#include "rng.h"
-#include "safetensors.h"
+#include "core/fsutil.h"
+#include "model/lora_init.h"
+#include "model/merge.h"
+#include "model/model.h"
+#include "core/rng.h"
+#include "formats/safetensors.h"
 
 
 static char root[256];

@@ -12,10 +12,10 @@
 
 #include "check.h"
 #include "tiny_model.h"
-#include "fsutil.h"
-#include "model.h"
-#include "rng.h"
-#include "safetensors.h"
+#include "core/fsutil.h"
+#include "model/model.h"
+#include "core/rng.h"
+#include "formats/safetensors.h"
 
 static char root[256];
 

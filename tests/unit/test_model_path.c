@@ -6,8 +6,8 @@
 #include <sys/stat.h>
 
 #include "check.h"
-#include "fsutil.h"
-#include "model_path.h"
+#include "core/fsutil.h"
+#include "formats/model_path.h"
 
 static char root[64];
 

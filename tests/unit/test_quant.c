@@ -1,4 +1,4 @@
-/* Quantization (lib/quant.c, lib/quant_io.c): round-trip error within the format's
+/* Quantization (lib/quant/quant.c, lib/formats/quant_io.c): round-trip error within the format's
  * bound for normal and heavy-tailed weights, the codes against an independent nearest-
  * code search, packing order, edge cases (all-zero blocks, sizes that are no multiple of
  * the blocksize, odd counts, inf/NaN), and the checkpoint layout read back, with every
@@ -11,9 +11,9 @@
 
 #include "check.h"
 #include "ops.h"
-#include "quant.h"
-#include "quant_io.h"
-#include "safetensors.h"
+#include "quant/quant.h"
+#include "formats/quant_io.h"
+#include "formats/safetensors.h"
 
 static uint64_t rng_state = 88172645463325252ull;
 static double uniform(void)

@@ -1,4 +1,4 @@
-/* Quantizing a checkpoint on disk (lib/quantize_model.c): the output loads in our model
+/* Quantizing a checkpoint on disk (lib/model/quantize_model.c): the output loads in our model
  * and computes exactly what quantizing the source on load computes (nf4 / fp4 / int8,
  * skipped modules, sharded output, a converted dtype); the summary and progress; errors
  * (an existing output, an already quantized source, NaN, a bad option) leave nothing
@@ -14,9 +14,9 @@
 #include "check.h"
 #include "tiny_model.h"
 
-#include "model.h"
-#include "quant_io.h"
-#include "quantize_model.h"
+#include "model/model.h"
+#include "formats/quant_io.h"
+#include "model/quantize_model.h"
 
 static char root[64];
 

@@ -1,4 +1,4 @@
-/* Unit tests of lib/safetensors.c: write/read round trips (single file and sharded),
+/* Unit tests of lib/formats/safetensors.c: write/read round trips (single file and sharded),
  * byte-exact agreement with the reference writer's own test vectors, every rejection
  * of the reference reader on files built byte by byte, a mutation fuzz, and the
  * fp16/bf16 conversions (against the compiler's _Float16 where it has one). */
@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "safetensors.h"
+#include "formats/safetensors.h"
 
 static char tmp_dir[64];
 

@@ -1,10 +1,10 @@
-/* Tests for lib/schedule.c: learning rates against transformers' schedule lambdas, schedule
+/* Tests for lib/train/schedule.c: learning rates against transformers' schedule lambdas, schedule
  * name parsing, and the clip_grad_norm_ coefficient against torch.
  *
  * Reference values: transformers.optimization's _get_{linear,cosine,constant}_schedule_with_
  * warmup_lr_lambda transcribed into Python (CPython floats), times base_lr as LambdaLR does;
  * clip coefficients from torch 1.13 clip_grad_norm_'s arithmetic on a float32 norm tensor. */
-#include "schedule.h"
+#include "train/schedule.h"
 
 #include <string.h>
 

@@ -1,4 +1,4 @@
-/* TensorBoard event files (lib/tb_writer.c, lib/crc32c.c): CRC-32C against published
+/* TensorBoard event files (lib/formats/tb_writer.c, lib/core/crc32c.c): CRC-32C against published
  * vectors and a bit-at-a-time reference; the masked CRC of record headers against values
  * from TensorBoard's own masked_crc32c; the file name TensorBoard's writer gives; and the
  * records read back by a small reader here (length, both CRCs, then the Event fields
@@ -12,8 +12,8 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "crc32c.h"
-#include "tb_writer.h"
+#include "core/crc32c.h"
+#include "formats/tb_writer.h"
 
 static char tmp_dir[256];
 

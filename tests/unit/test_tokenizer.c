@@ -1,4 +1,4 @@
-/* Unit tests of lib/tokenizer.c and lib/tok_*.c: tiny hand-written tokenizer.json files
+/* Unit tests of lib/tokenizer/tokenizer.c and lib/tokenizer/tok_*.c: tiny hand-written tokenizer.json files
  * (written into a mkdtemp directory) covering each component — byte-level and
  * SentencePiece-style BPE, both merges encodings, byte fallback, unk fusing,
  * ignore_merges, the Split behaviours, Metaspace prepend schemes, normalizers, added
@@ -11,8 +11,8 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "tok_internal.h"
-#include "tokenizer.h"
+#include "tokenizer/tok_internal.h"
+#include "tokenizer/tokenizer.h"
 
 #define SP "\xE2\x96\x81" /* ▁ */
 #define GS "\xC4\xA0"     /* Ġ, the byte-level space */

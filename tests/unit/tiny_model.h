@@ -6,9 +6,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "fsutil.h"
-#include "rng.h"
-#include "safetensors.h"
+#include "core/fsutil.h"
+#include "core/rng.h"
+#include "formats/safetensors.h"
 
 enum { V = 32, C = 16, I = 24, L = 2, HQ = 4, HKV = 2, D = 4 };
 

@@ -1,0 +1,183 @@
+/* Every key ftkit's run config accepts, its type, default and meaning. This table is the
+ * source of the config reference (configs/README.md). Sections: model, tuning, train,
+ * data, dist. Keys from the Hugging Face world that our design makes moot are accepted
+ * with a notice (moot = why). */
+#include <math.h>
+
+#include "config/config.h"
+
+#define NONE NAN
+
+static const ft_cfg_key schema[] = {
+    /* model */
+    {"model.name", FT_CFG_STRING, NULL, NULL, false, NONE, NONE,
+     "Hugging Face model dir (config.json, safetensors, tokenizer.json)", NULL},
+    {"model.max_seq_len", FT_CFG_INT, "2048", NULL, false, 1, NONE,
+     "tokens per sample after truncation (and per packed row)", NULL},
+    {"model.tokenizer", FT_CFG_STRING, "", NULL, false, NONE, NONE,
+     "tokenizer dir or tokenizer.json when not the model dir", NULL},
+    {"model.trust_remote_code", FT_CFG_BOOL, "false", NULL, false, NONE, NONE, "",
+     "no Python runs: models are read from config.json and safetensors"},
+
+    /* tuning */
+    {"tuning.mode", FT_CFG_ENUM, "lora", "lora|qlora|full", false, NONE, NONE,
+     "what is trained: LoRA adapters, LoRA on a 4-bit base, or every weight", NULL},
+    {"tuning.backend", FT_CFG_ENUM, "bnb", "bnb|native", false, NONE, NONE,
+     "quantization format of qlora (bnb: bitsandbytes NF4/FP4 layout)", NULL},
+    {"tuning.quant.type", FT_CFG_ENUM, "nf4", "nf4|fp4|int8", false, NONE, NONE,
+     "qlora: how a 16/32-bit base is quantized on load (a checkpoint quantized already, by "
+     "ft-quantize or bitsandbytes, is used as it is)",
+     NULL},
+    {"tuning.quant.blocksize", FT_CFG_INT, "64", NULL, false, 32, 4096,
+     "qlora, 4-bit: elements per absmax block (a power of two)", NULL},
+    {"tuning.quant.double_quant", FT_CFG_BOOL, "true", NULL, false, NONE, NONE,
+     "qlora, 4-bit: quantize the block absmax to 8 bits too (QLoRA's double quantization)",
+     NULL},
+    {"tuning.quant.skip_modules", FT_CFG_STRING, "lm_head", NULL, false, NONE, NONE,
+     "qlora: comma-separated module-name parts left dense (embeddings, norms and lm_head "
+     "always are)",
+     NULL},
+    {"tuning.lora.r", FT_CFG_INT, "16", NULL, false, 1, NONE, "LoRA rank", NULL},
+    {"tuning.lora.alpha", FT_CFG_FLOAT, "32", NULL, false, NONE, NONE,
+     "LoRA alpha (scaling alpha/r, or alpha/sqrt(r) with rslora)", NULL},
+    {"tuning.lora.dropout", FT_CFG_FLOAT, "0.05", NULL, false, 0, NONE, "dropout on the LoRA input",
+     NULL},
+    {"tuning.lora.target_modules", FT_CFG_STRING, "all-linear", NULL, false, NONE, NONE,
+     "comma-separated q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj, or all-linear",
+     NULL},
+    {"tuning.lora.rslora", FT_CFG_BOOL, "false", NULL, false, NONE, NONE, "rank-stabilised scaling",
+     NULL},
+    {"tuning.lora.init_adapter", FT_CFG_STRING, "", NULL, false, NONE, NONE,
+     "PEFT adapter dir to start from (e.g. made by ft-lora-init); r, alpha and targets must match",
+     NULL},
+
+    /* train */
+    {"train.batch_size", FT_CFG_INT, "1", NULL, true, 1, NONE,
+     "samples (or packed rows) per device per micro-batch; auto: the largest (up to 1024 and "
+     "the training file's records per rank) whose planned per-rank peak (ft-train --plan) "
+     "fits train.memory_budget, dividing global_batch_size / world size when that is set",
+     NULL},
+    {"train.grad_accum", FT_CFG_INT, "1", NULL, true, 1, NONE,
+     "micro-batches per optimizer step; auto: global_batch_size / (batch_size x world size) "
+     "when that is set, else 1",
+     NULL},
+    {"train.memory_budget", FT_CFG_STRING, "auto", NULL, true, NONE, NONE,
+     "memory per rank that batch_size auto may plan for: a size (512MiB, 6GiB, 8GB; a bare "
+     "number is bytes); auto: a GPU's free memory x 0.9, on CPU ranks MemAvailable x 0.8 / "
+     "ranks on the node",
+     NULL},
+    {"train.global_batch_size", FT_CFG_INT, "auto", NULL, true, 1, NONE,
+     "samples per optimizer step over all ranks = batch_size x grad_accum x world size; "
+     "checked when set",
+     NULL},
+    {"train.epochs", FT_CFG_FLOAT, "1", NULL, false, 0, NONE,
+     "passes over the training data", NULL},
+    {"train.max_steps", FT_CFG_INT, "-1", NULL, false, -1, NONE,
+     "optimizer steps; overrides epochs when > 0", NULL},
+    {"train.learning_rate", FT_CFG_FLOAT, "2e-4", NULL, false, 0, NONE, "peak learning rate", NULL},
+    {"train.lr_scheduler", FT_CFG_ENUM, "cosine", "constant|linear|cosine", false, NONE, NONE,
+     "schedule after warmup", NULL},
+    {"train.warmup_steps", FT_CFG_INT, "0", NULL, false, 0, NONE, "linear warmup steps", NULL},
+    {"train.warmup_ratio", FT_CFG_FLOAT, "0", NULL, false, 0, NONE,
+     "warmup as a fraction of all steps (when warmup_steps is 0)", NULL},
+    {"train.weight_decay", FT_CFG_FLOAT, "0", NULL, false, 0, NONE,
+     "AdamW decoupled weight decay", NULL},
+    {"train.adam_beta1", FT_CFG_FLOAT, "0.9", NULL, false, 0, NONE, "AdamW beta1", NULL},
+    {"train.adam_beta2", FT_CFG_FLOAT, "0.999", NULL, false, 0, NONE, "AdamW beta2", NULL},
+    {"train.adam_epsilon", FT_CFG_FLOAT, "1e-8", NULL, false, 0, NONE, "AdamW epsilon", NULL},
+    {"train.max_grad_norm", FT_CFG_FLOAT, "1.0", NULL, false, 0, NONE,
+     "global-norm gradient clipping (0 = off)", NULL},
+    {"train.device", FT_CFG_ENUM, "auto", "auto|cpu|cuda", false, NONE, NONE,
+     "where the run computes: auto takes the GPU when this build has CUDA and one is visible "
+     "(each rank the GPU of its node-local rank), else the CPU (fp32)",
+     NULL},
+    {"train.bf16", FT_CFG_BOOL, "true", NULL, false, NONE, NONE,
+     "GPU: bf16 weights and activations with fp32 master weights, gradients and reductions "
+     "(false: fp32 throughout); the CPU computes in fp32",
+     NULL},
+    {"train.fp16", FT_CFG_BOOL, "false", NULL, false, NONE, NONE,
+     "fp16 compute: refused on the GPU (no loss scaling; use bf16), ignored on the CPU", NULL},
+    {"train.gradient_checkpointing", FT_CFG_BOOL, "false", NULL, false, NONE, NONE,
+     "recompute each layer in backward instead of keeping its activations", NULL},
+    {"train.loss_chunk_tokens", FT_CFG_INT, "auto", NULL, true, 0, NONE,
+     "tokens whose logits lm_head + cross-entropy compute at once, so the [tokens, vocab] "
+     "logits are never held whole (backward recomputes them a chunk at a time); 0: the whole "
+     "micro-batch at once; auto: 64M logits a chunk (511 tokens of a 128k vocabulary)",
+     NULL},
+    {"train.seed", FT_CFG_INT, "42", NULL, false, NONE, NONE,
+     "seed of init, dropout and shuffling", NULL},
+    {"train.output_dir", FT_CFG_STRING, "runs/default", NULL, false, NONE, NONE,
+     "run dir: checkpoints, TensorBoard events, resolved config", NULL},
+    {"train.logging_steps", FT_CFG_INT, "10", NULL, false, 1, NONE, "log every N steps", NULL},
+    {"train.eval_strategy", FT_CFG_ENUM, "no", "no|steps|epoch", false, NONE, NONE,
+     "when to evaluate", NULL},
+    {"train.eval_steps", FT_CFG_INT, "200", NULL, false, 1, NONE, "evaluate every N steps", NULL},
+    {"train.save_steps", FT_CFG_INT, "500", NULL, false, 1, NONE, "checkpoint every N steps", NULL},
+    {"train.save_total_limit", FT_CFG_INT, "2", NULL, false, 0, NONE,
+     "checkpoints kept (0 = all)", NULL},
+    {"train.predict_with_generate", FT_CFG_BOOL, "false", NULL, false, NONE, NONE,
+     "evaluation also generates and scores ROUGE-L / exact match", NULL},
+    {"train.generation_num_beams", FT_CFG_INT, "1", NULL, false, 1, NONE,
+     "beams for evaluation generation (greedy: 1)", NULL},
+    {"train.generation_max_new_tokens", FT_CFG_INT, "64", NULL, false, 1, NONE,
+     "generation length limit in evaluation", NULL},
+    {"train.ddp_bucket_cap_mb", FT_CFG_INT, "25", NULL, false, 1, NONE,
+     "gradient all-reduce bucket size in MiB", NULL},
+    {"train.ddp_find_unused_parameters", FT_CFG_BOOL, "false", NULL, false, NONE, NONE, "",
+     "the explicit backward always knows which parameters are used"},
+    {"train.ddp_broadcast_buffers", FT_CFG_BOOL, "false", NULL, false, NONE, NONE, "",
+     "Llama-family models have no buffers to broadcast"},
+    {"train.dataloader_num_workers", FT_CFG_INT, "0", NULL, false, 0, NONE, "",
+     "data is tokenized once up front in C; there are no loader workers"},
+    {"train.dataloader_pin_memory", FT_CFG_BOOL, "false", NULL, false, NONE, NONE, "",
+     "batches are copied from pinned buffers whenever a GPU is used"},
+    {"train.eval_do_concat_batches", FT_CFG_BOOL, "false", NULL, false, NONE, NONE, "",
+     "evaluation metrics are reduced on the fly; predictions are never concatenated"},
+    {"train.eval_accumulation_steps", FT_CFG_INT, "1", NULL, false, 1, NONE, "",
+     "evaluation metrics are reduced on the fly"},
+
+    /* data */
+    {"data.train_path", FT_CFG_STRING, NULL, NULL, false, NONE, NONE,
+     "training JSONL file, or - for stdin", NULL},
+    {"data.eval_path", FT_CFG_STRING, "", NULL, false, NONE, NONE, "evaluation JSONL file", NULL},
+    {"data.eval_fraction", FT_CFG_FLOAT, "0", NULL, false, 0, NONE,
+     "held-out fraction of the training data when there is no eval_path", NULL},
+    {"data.format", FT_CFG_ENUM, "auto", "auto|text|prompt_completion|alpaca|chat|tokens", false,
+     NONE, NONE, "record format (auto: from the keys of the first record)", NULL},
+    {"data.chat_template", FT_CFG_ENUM, "auto", "auto|chatml|llama3|llama2|mistral|plain|alpaca",
+     false, NONE, NONE, "chat template (auto: detected from tokenizer_config.json)", NULL},
+    {"data.train_on_all", FT_CFG_BOOL, "false", NULL, false, NONE, NONE,
+     "count prompt and user tokens in the loss too", NULL},
+    {"data.add_eos", FT_CFG_BOOL, "true", NULL, false, NONE, NONE, "text format: append EOS", NULL},
+    {"data.packing", FT_CFG_BOOL, "false", NULL, false, NONE, NONE,
+     "pack samples into rows of max_seq_len (attention kept inside each sample)", NULL},
+    {"data.shuffle", FT_CFG_BOOL, "true", NULL, false, NONE, NONE,
+     "shuffle by seed and epoch", NULL},
+    {"data.skip_bad_lines", FT_CFG_BOOL, "false", NULL, false, NONE, NONE,
+     "skip (and count) malformed records instead of stopping", NULL},
+
+    /* dist */
+    {"dist.strategy", FT_CFG_ENUM, "auto",
+     "auto|none|ddp|zero|zero1|zero2|zero3|fsdp|model_parallel", false, NONE, NONE,
+     "how ranks share the work (auto: none for one rank, ddp for several; zero1-3: ZeRO stage; "
+     "zero uses dist.zero_stage; model_parallel: layers split across ranks)",
+     NULL},
+    {"dist.zero_stage", FT_CFG_INT, "0", NULL, false, 0, 3,
+     "ZeRO stage 0-3 when dist.strategy is zero", NULL},
+    {"dist.offload_optimizer", FT_CFG_ENUM, "none", "none|cpu", false, NONE, NONE,
+     "ZeRO-Offload: optimizer state and update on the CPU", NULL},
+    {"dist.overlap_comm", FT_CFG_BOOL, "true", NULL, false, NONE, NONE,
+     "overlap gradient communication with backward", NULL},
+    {"dist.prefetch", FT_CFG_BOOL, "true", NULL, false, NONE, NONE,
+     "zero3/fsdp: gather the next layer's parameters while computing this one", NULL},
+    {"dist.pipeline_micro_batches", FT_CFG_INT, "1", NULL, false, 1, NONE,
+     "model_parallel: micro-batches per batch (GPipe); 1 = naive pipeline", NULL},
+    {"dist.timeout_s", FT_CFG_FLOAT, "600", NULL, false, 0.001, NONE,
+     "seconds (> 0): abort every rank when a collective waits longer (like NCCL_TIMEOUT)", NULL},
+    {"dist.deepspeed_config", FT_CFG_STRING, "", NULL, false, NONE, NONE,
+     "DeepSpeed-style JSON applied over this config (deepspeed_like/README.md)", NULL},
+
+    {NULL, 0, NULL, NULL, false, NONE, NONE, NULL, NULL},
+};
+
+const ft_cfg_key *ft_config_schema(void) { return schema; }

@@ -1,0 +1,85 @@
+#include "device/run_device.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#ifdef FT_HAVE_CUDA
+#include "cuda/device_memory.h"
+#endif
+
+const char *ft_device_name(ft_device d) { return d == FT_DEV_CUDA ? "cuda" : "cpu"; }
+
+const char *ft_dtype_name(ft_dtype d)
+{
+    switch (d) {
+    case FT_BF16: return "bf16";
+    case FT_F16: return "fp16";
+    default: return "fp32";
+    }
+}
+
+bool ft_run_device_known(const char *name)
+{
+    return !strcmp(name, "auto") || !strcmp(name, "cpu") || !strcmp(name, "cuda");
+}
+
+int ft_run_device_choose(const char *want, bool bf16, const char *key,
+                         ft_run_device_choice *out, ft_err *err)
+{
+    memset(out, 0, sizeof *out);
+    if (!ft_run_device_known(want))
+        return ft_fail(err, "%s: '%s' is not auto, cpu or cuda", key, want);
+    int gpus = 0;
+    if (strcmp(want, "cpu") != 0) {
+#ifdef FT_HAVE_CUDA
+        gpus = ft_cuda_device_count();
+        if (gpus == 0 && strcmp(want, "cuda") == 0)
+            return ft_fail(err, "%s is cuda, but no CUDA GPU is visible (bin/gpu-info says "
+                                "why; CUDA_VISIBLE_DEVICES?); use cpu or auto",
+                           key);
+#else
+        if (strcmp(want, "cuda") == 0)
+            return ft_fail(err, "%s is cuda, but this build has no CUDA backend (rebuild with "
+                                "nvcc on the PATH or CUDA_HOME set; CUDA=0 turns it off)",
+                           key);
+#endif
+    }
+    out->device = gpus > 0 ? FT_DEV_CUDA : FT_DEV_CPU;
+    out->dtype = out->device == FT_DEV_CUDA && bf16 ? FT_BF16 : FT_F32;
+    if (out->device == FT_DEV_CUDA)
+        snprintf(out->why, sizeof out->why, "device %s: %d CUDA GPU%s visible, %s", want, gpus,
+                 gpus == 1 ? "" : "s", ft_dtype_name(out->dtype));
+    else
+        snprintf(out->why, sizeof out->why, "device %s: CPU, fp32%s", want,
+                 strcmp(want, "auto") == 0 ? " (no CUDA GPU)" : "");
+    return 0;
+}
+
+int ft_run_device_resolve(const ft_config *cfg, ft_run_device_choice *out, ft_err *err)
+{
+    if (ft_run_device_choose(ft_config_str(cfg, "train.device"),
+                             ft_config_bool(cfg, "train.bf16"), "config: key 'train.device'",
+                             out, err))
+        return -1;
+    if (out->device == FT_DEV_CUDA && ft_config_bool(cfg, "train.fp16"))
+        return ft_fail(err, "config: key 'train.fp16': the CUDA backend computes in bf16 "
+                            "(train.bf16, the default) or fp32, not fp16");
+    return 0;
+}
+
+int ft_run_device_select(const ft_run_device_choice *c, int local_rank, int *out, ft_err *err)
+{
+    *out = -1;
+    if (c->device != FT_DEV_CUDA)
+        return 0;
+#ifdef FT_HAVE_CUDA
+    int gpus = ft_cuda_device_count();
+    if (gpus == 0)
+        return ft_fail(err, "no CUDA GPU is visible");
+    *out = local_rank % gpus;
+    return ft_cuda_select_device(*out, err);
+#else
+    (void)local_rank;
+    return ft_fail(err, "a GPU run in a build without CUDA");
+#endif
+}

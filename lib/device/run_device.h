@@ -1,0 +1,48 @@
+/* Where a run computes and in what dtype: train.device and train.bf16 / train.fp16
+ * resolved against this build and this machine.
+ *
+ *   train.device auto   the GPU when this build has the CUDA backend and the CUDA runtime
+ *                       sees one; else the CPU
+ *   train.device cuda   the GPU, or an error saying why there is none
+ *   train.device cpu    the CPU (fp32, the reference backend)
+ *
+ * On the GPU the compute dtype is bf16 with train.bf16 (the default: bf16 weights and
+ * activations, fp32 master weights, gradients and reductions) and fp32 without it;
+ * train.fp16 is refused there (the CUDA backend has no fp16 loss scaling). The CPU
+ * computes in fp32 whatever these say. Each process takes the GPU of its node-local
+ * rank (modulo the GPUs it sees). */
+#ifndef FT_RUN_DEVICE_H
+#define FT_RUN_DEVICE_H
+
+#include <stdbool.h>
+
+#include "config/config.h"
+#include "core/ft_error.h"
+#include "ops.h"
+
+typedef struct ft_run_device_choice {
+    ft_device device;
+    ft_dtype dtype;
+    char why[160]; /* "train.device auto: 1 CUDA GPU", ... (for the log) */
+} ft_run_device_choice;
+
+/* Resolves the keys above. Errors name the key. */
+int ft_run_device_resolve(const ft_config *cfg, ft_run_device_choice *out, ft_err *err);
+
+/* Whether name is one of auto, cpu and cuda. */
+bool ft_run_device_known(const char *name);
+
+/* The same from values: want "auto", "cpu" or "cuda", bf16 the GPU's dtype choice; key
+ * names the setting in errors ("--device"). */
+int ft_run_device_choose(const char *want, bool bf16, const char *key,
+                         ft_run_device_choice *out, ft_err *err);
+
+/* Makes GPU local_rank % (GPUs seen) this process's current device (a no-op on the CPU).
+ * out gets the ordinal taken (-1 on the CPU). */
+int ft_run_device_select(const ft_run_device_choice *c, int local_rank, int *out, ft_err *err);
+
+/* "cpu" / "cuda" and "fp32" / "bf16": the names of the checkpoint stamp. */
+const char *ft_device_name(ft_device d);
+const char *ft_dtype_name(ft_dtype d);
+
+#endif

@@ -1,0 +1,150 @@
+/* The inside of ft_engine, shared by dist_engine.c (setup, the step, checkpoints),
+ * dist_dp.c (DDP and ZeRO hooks) and dist_pipeline.c (layer-split stages). */
+#ifndef FT_DIST_ENGINE_INTERNAL_H
+#define FT_DIST_ENGINE_INTERNAL_H
+
+#include <stdio.h>
+
+#include "dist/dist_engine.h"
+#include "train/optim.h"
+
+/* zero3 / fsdp: a gathered unit (its trainable and frozen parameters). */
+typedef struct param_window {
+    int unit;           /* -1: empty */
+    int refs;           /* acquired and not yet released */
+    long last_use;
+    float *train, *frozen;
+    ft_comm_req *req_t, *req_f; /* the gather in flight (NULL when done) */
+    size_t *counts_t, *counts_f; /* [world]: kept alive while the gather runs */
+} param_window;
+
+/* zero2 / zero3: a unit's gradient before it is reduce-scattered into the shard. */
+typedef struct grad_window {
+    float *grad;        /* the unit's gradient (model binds it) */
+    float *land;        /* reduce-scatter result, added into the shard gradient */
+    float *dst;         /* where land goes in shard_grad */
+    size_t n;           /* elements of land */
+    ft_comm_req *req;
+    size_t *counts;     /* [world] */
+} grad_window;
+
+/* ddp / zero1: consecutive units whose gradients travel together. */
+typedef struct bucket {
+    size_t begin, end;  /* range of the flat trainable buffer */
+    int units_left;     /* units with trainables still in backward this micro-batch */
+    int units;          /* units with trainables */
+    ft_comm_req *req;
+    size_t *counts;     /* [world] (zero1) */
+} bucket;
+
+struct ft_engine {
+    ft_comm *comm;
+    int rank, world;
+    ft_dist_options o;
+    ft_model *m;
+    ft_mem *mem;  /* the model's allocator: this rank's device memory */
+    ft_device dev; /* the model's device: where train, grad, frozen and the shards live */
+    /* The model's compute dtype: frozen buffers, windows of gathered parameters and the
+     * compute copies of trainables hold it (bf16 on a bf16 GPU model, else fp32);
+     * ccomm is the same as a collective's dtype. split_compute: the compute copies are
+     * buffers of their own beside the fp32 masters (a bf16 model; FT_DIST_SPLIT_COMPUTE=1
+     * does it in fp32 too, so the CPU ranks test when the copies are refreshed). */
+    ft_dtype cdt;
+    size_t cesize;
+    ft_comm_dtype ccomm;
+    bool split_compute;
+    /* none, ddp, zero1: a whole replica in the model's own buffers (train, grad and frozen
+     * point into them; the model is loaded bound and keeps its compute copy). The other
+     * strategies load the model unbound and bind it to buffers of their own. */
+    bool whole;
+    ft_mem host;  /* offloaded optimizer */
+    int n_units;
+    size_t n_train, n_frozen;
+    size_t *ub, *fb; /* [n_units + 1]: unit ranges in the trainable / frozen buffers */
+
+    /* who updates what: rank r owns [own[r], own[r + 1]) of the trainable buffer (ddp:
+     * rank 0 owns all for the purpose of gathering) */
+    size_t *own;
+    size_t opt_begin, opt_end; /* the range this rank's optimizer updates */
+    size_t *fshard; /* zero3: [world + 1] ranges of the frozen buffer */
+
+    /* storage */
+    float *train, *grad, *frozen; /* whole (ddp, zero1, zero2) or the stage's (pipeline);
+                                   * frozen has the model's compute dtype */
+    float *train_c;                    /* zero2, pipeline: compute copy of train */
+    float *shard_train, *shard_frozen; /* zero3 */
+    float *shard_train_c;              /* zero3: compute copy of shard_train (gathered) */
+    float *shard_grad;                 /* zero1/2/3: this rank's summed gradient */
+    ft_optimizer opt;                  /* over [own[rank], own[rank + 1]) */
+    float *host_master, *host_grad;    /* offload: the shard on the host */
+
+    /* zero3 windows */
+    param_window *pw;
+    int n_pw;
+    long use_clock;
+    size_t max_unit_train, max_unit_frozen;
+    /* zero2/3 gradient windows (a ring) */
+    grad_window gw[2];
+    int next_gw;
+    int *unit_gw; /* [n_units]: the window bound to a unit in backward, -1 none */
+    /* ddp / zero1 */
+    bucket *buckets;
+    int n_buckets;
+    int *unit_bucket; /* [n_units] */
+    bool sync;        /* this micro-batch reduces gradients */
+
+    /* pipeline */
+    int stage_first, stage_last; /* this rank's units */
+    int *stage_of_unit;
+    float *tied_train, *tied_grad, *tied_frozen; /* last stage's copy of a tied embedding */
+    float *tied_train_c;
+    int loss_rank;
+
+    /* the last step's profile (ft_engine_step_profile), and its FT_DIST_PROFILE file */
+    double step_s;
+    ft_comm_stats step_comm;
+    FILE *profile;
+    double rank_loss;
+};
+
+/* Buffers on the engine's device (dist_engine.c). fp32: zeroed (n elements), dst += src.
+ * engine_at: p + i elements of the compute dtype (NULL stays NULL). engine_alloc: n
+ * elements of the compute dtype (cdt) or fp32, counted in cat; NULL for n == 0, else
+ * NULL with *oom set when it does not fit. engine_compute_copy: a buffer for the
+ * compute copy of n masters (the master itself unless split_compute).
+ * engine_refresh_compute: every compute copy from its master, after the masters changed. */
+void engine_zero(const ft_engine *e, float *p, size_t n);
+void engine_add(const ft_engine *e, float *dst, const float *src, size_t n);
+float *engine_at(const ft_engine *e, float *p, size_t i);
+float *engine_alloc(ft_engine *e, ft_mem_cat cat, size_t n, bool cdt, bool *oom);
+float *engine_compute_copy(ft_engine *e, float *master, size_t n, bool *oom);
+void engine_free_compute_copy(ft_engine *e, float *master, float *copy);
+void engine_refresh_compute(ft_engine *e);
+
+/* dist_dp.c */
+int dp_setup(ft_engine *e, const char *adapter_dir, ft_err *err);
+void dp_bind(ft_engine *e);
+void dp_invalidate(ft_engine *e);
+int dp_finish_grads(ft_engine *e, ft_err *err);
+void dp_begin_step(ft_engine *e);
+void dp_begin_micro(ft_engine *e, bool last);
+/* The gradient and parameters of this rank's owned range. */
+float *dp_owned_grad(ft_engine *e);
+float *dp_owned_params(ft_engine *e);
+void dp_free(ft_engine *e);
+
+/* dist_pipeline.c */
+int pipe_setup(ft_engine *e, const char *adapter_dir, ft_err *err);
+void pipe_bind(ft_engine *e);
+int pipe_finish_grads(ft_engine *e, ft_err *err);
+int pipe_after_update(ft_engine *e, ft_err *err);
+void pipe_free(ft_engine *e);
+
+/* Whether a rank's ranges [a, b) and [c, d) overlap, and the overlap's length. */
+static inline size_t overlap_len(size_t a, size_t b, size_t c, size_t d)
+{
+    size_t lo = a > c ? a : c, hi = b < d ? b : d;
+    return hi > lo ? hi - lo : 0;
+}
+
+#endif

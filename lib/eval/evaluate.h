@@ -1,0 +1,46 @@
+/* Evaluation of a model on a data set: the loss over the counted tokens, and generation
+ * metrics (ROUGE-L, exact match) on prompt / reference records. ft-eval is the tool. */
+#ifndef FT_EVALUATE_H
+#define FT_EVALUATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "data/data.h"
+#include "eval/eval_records.h"
+#include "model/generate.h"
+#include "model/model.h"
+
+typedef struct ft_eval_loss {
+    double loss_sum; /* summed token cross-entropy */
+    long tokens;     /* counted tokens */
+    size_t samples;
+    double loss;       /* loss_sum / tokens: the mean over every counted token */
+    double perplexity; /* exp(loss) */
+} ft_eval_loss;
+
+/* Forward passes (no backward) over ds in file order, batch_size samples a batch,
+ * right-padded with pad_id (labels -100). The loss is the mean over all counted tokens of
+ * the whole set, which is transformers' loss when the whole set is one batch. An empty
+ * ds is an error. Progress goes to log when not NULL. */
+int ft_eval_loss_run(ft_model *m, const ft_dataset *ds, int batch_size, int32_t pad_id,
+                     FILE *log, ft_eval_loss *r, ft_err *err);
+
+typedef struct ft_eval_gen {
+    size_t generated;   /* samples generated for */
+    double rouge_l;     /* mean ROUGE-L F1 over them */
+    double exact_match; /* fraction with prediction == reference after strip */
+    long new_tokens;    /* generated ids in all (EOS included) */
+} ft_eval_gen;
+
+/* Greedy generation from each record's prompt (see generate.h), the prediction decoded
+ * with tok (skipping special tokens, the stopping EOS dropped), scored against the
+ * reference. When predictions is not NULL, one JSON object a line is written to it:
+ * {"line", "prompt", "reference", "prediction", "rougeL", "exact_match", "generated_ids"}.
+ * Errors name the record's line. */
+int ft_eval_generate_run(ft_model *m, const ft_tokenizer *tok, const ft_eval_records *recs,
+                         const ft_gen_options *o, FILE *predictions, FILE *log,
+                         ft_eval_gen *r, ft_err *err);
+
+#endif

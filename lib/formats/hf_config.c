@@ -1,0 +1,706 @@
+/* Reads a Hugging Face config.json for the Llama family (model_type "llama", "mistral",
+ * "qwen2") into ft_model_config, and computes the RoPE inverse frequencies the way
+ * transformers does.
+ *
+ * Defaults are those of transformers' LlamaConfig, MistralConfig and Qwen2Config, so a
+ * config.json means here what it means to AutoModelForCausalLM:
+ *
+ *   key                       llama        mistral       qwen2
+ *   num_key_value_heads       = heads      8 (*)         32 (*)      null: = heads
+ *   head_dim                  hidden / heads (must divide exactly when absent)
+ *   max_position_embeddings   2048         131072        32768
+ *   sliding_window            not read     4096 (null: none)  only with use_sliding_window
+ *   rms_norm_eps 1e-6, rope_theta 10000, tie_word_embeddings false, hidden_act silu
+ *   (*) absent only; an explicit null means "= num_attention_heads", as in transformers.
+ *
+ * Keys that change the math of these three architectures, and what happens to them:
+ *   honoured: vocab_size, hidden_size, intermediate_size, num_hidden_layers,
+ *     num_attention_heads, num_key_value_heads, head_dim, rms_norm_eps, rope_theta,
+ *     rope_scaling / rope_parameters (default, linear, llama3), tie_word_embeddings,
+ *     attention_bias and mlp_bias (llama), sliding_window (mistral), the fixed q/k/v bias of
+ *     qwen2.
+ *   rejected unless neutral: hidden_act other than silu/swish; attention_dropout != 0
+ *     (training would drop attention weights); other rope types (dynamic, ntk, yarn,
+ *     longrope, ...); partial_rotary_factor != 1; qwen2 use_sliding_window = true;
+ *     layer_types with an entry the model cannot run (sliding layers in llama/qwen2, mixed
+ *     layers in mistral); per-layer-type rope_parameters; attention_bias/mlp_bias = true for
+ *     mistral and qwen2 (their modeling code has no such switch: the checkpoint would not
+ *     match the model); quantization_config other than bitsandbytes' (lib/formats/quant_io.c
+ *     reads that one: the weights stay quantized in the checkpoint).
+ *   rejected when present (keys of other families, which the Llama code would silently
+ *     drop although the checkpoint was trained with them): attn_logit_softcapping,
+ *     final_logit_softcapping, query_pre_attn_scalar (Gemma 2), attention_multiplier
+ *     (Granite replaces 1/sqrt(head_dim) with it), scale_depth (MiniCPM), num_experts,
+ *     num_local_experts (MoE); embedding_multiplier, residual_multiplier,
+ *     logits_scaling, scale_emb unless 1; use_qk_norm, qk_layernorm,
+ *     use_parallel_residual, scale_embeddings unless false.
+ *   no effect on the math, read or ignored: architectures (must name a *ForCausalLM when
+ *     present), torch_dtype / dtype, bos/eos/pad token ids, pretraining_tp (the split
+ *     matmul of old LlamaAttention is the same product), max_window_layers (only with
+ *     use_sliding_window), initializer_range, use_cache, transformers_version, ...
+ *
+ * A mistral sliding_window W means, in transformers' masks (masking_utils'
+ * sliding_window_overlay, eager and SDPA), that query q sees key k when q - W < k <= q:
+ * W keys including itself. (Older flash-attention paths saw one more.)
+ *
+ * Every error names the file and the key. Token ids: -1 when absent or null (the header's
+ * contract; transformers would fill bos 1 / eos 2 for llama and mistral). */
+#include "formats/hf_config.h"
+
+#include "core/fsutil.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Upper bound on every structural size, far above any released model; it keeps products
+ * like num_heads * head_dim and vocab_size * hidden_size well inside 64 bits. */
+#define CFG_MAX_DIM (1 << 24)
+
+typedef struct model_defaults {
+    const char *model_type;
+    int max_position_embeddings;
+    int kv_heads_if_absent;       /* 0: num_attention_heads */
+    int sliding_window_if_absent; /* mistral only: the others do not read the key */
+} model_defaults;
+
+static const model_defaults MODEL_DEFAULTS[] = {
+    {"llama", 2048, 0, 0},
+    {"mistral", 4096 * 32, 8, 4096},
+    {"qwen2", 32768, 32, 0},
+};
+
+/* Keys of other families that must be absent, neutral, or null (quantization_config:
+ * or bitsandbytes'). */
+typedef enum foreign_rule { MUST_BE_NULL, MUST_BE_ONE, MUST_BE_FALSE, MUST_BE_BNB } foreign_rule;
+
+static const struct {
+    const char *key;
+    foreign_rule rule;
+} FOREIGN_KEYS[] = {
+    {"attn_logit_softcapping", MUST_BE_NULL},
+    {"final_logit_softcapping", MUST_BE_NULL},
+    {"query_pre_attn_scalar", MUST_BE_NULL},
+    {"attention_multiplier", MUST_BE_NULL},
+    {"scale_depth", MUST_BE_NULL},
+    {"num_experts", MUST_BE_NULL},
+    {"num_local_experts", MUST_BE_NULL},
+    {"quantization_config", MUST_BE_BNB},
+    {"partial_rotary_factor", MUST_BE_ONE},
+    {"embedding_multiplier", MUST_BE_ONE},
+    {"residual_multiplier", MUST_BE_ONE},
+    {"logits_scaling", MUST_BE_ONE},
+    {"scale_emb", MUST_BE_ONE},
+    {"use_qk_norm", MUST_BE_FALSE},
+    {"qk_layernorm", MUST_BE_FALSE},
+    {"use_parallel_residual", MUST_BE_FALSE},
+    {"scale_embeddings", MUST_BE_FALSE},
+};
+
+static const char *json_kind(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a real number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    }
+    return "an unknown JSON value";
+}
+
+/* The value of key, or NULL when the key is absent or null (transformers' None). */
+static json_t *get_opt(const json_t *obj, const char *key)
+{
+    json_t *v = json_object_get(obj, key);
+    return v && !json_is_null(v) ? v : NULL;
+}
+
+static int read_int(const char *path, const char *key, const json_t *v, int lo, int hi, int *out,
+                    ft_err *err)
+{
+    if (!json_is_integer(v))
+        return ft_fail(err, "%s: '%s': expected an integer, got %s", path, key, json_kind(v));
+    json_int_t x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return ft_fail(err, "%s: '%s': %lld is out of range [%d, %d]", path, key, (long long)x,
+                       lo, hi);
+    *out = (int)x;
+    return 0;
+}
+
+static int read_dim(const char *path, const char *key, const json_t *v, int *out, ft_err *err)
+{
+    return read_int(path, key, v, 1, CFG_MAX_DIM, out, err);
+}
+
+static int read_number(const char *path, const char *key, const json_t *v, double *out,
+                       ft_err *err)
+{
+    if (!json_is_number(v))
+        return ft_fail(err, "%s: '%s': expected a number, got %s", path, key, json_kind(v));
+    *out = json_number_value(v);
+    if (!isfinite(*out))
+        return ft_fail(err, "%s: '%s': not a finite number", path, key);
+    return 0;
+}
+
+static int read_positive(const char *path, const char *key, const json_t *v, double *out,
+                         ft_err *err)
+{
+    if (read_number(path, key, v, out, err))
+        return -1;
+    if (!(*out > 0))
+        return ft_fail(err, "%s: '%s': must be positive, got %g", path, key, *out);
+    return 0;
+}
+
+static int read_bool(const char *path, const char *key, const json_t *v, bool *out, ft_err *err)
+{
+    if (!json_is_boolean(v))
+        return ft_fail(err, "%s: '%s': expected true or false, got %s", path, key, json_kind(v));
+    *out = json_is_true(v);
+    return 0;
+}
+
+static int read_string(const char *path, const char *key, const json_t *v, const char **out,
+                       ft_err *err)
+{
+    if (!json_is_string(v))
+        return ft_fail(err, "%s: '%s': expected a string, got %s", path, key, json_kind(v));
+    *out = json_string_value(v);
+    return 0;
+}
+
+static int require(const char *path, const json_t *obj, const char *key, json_t **out,
+                   ft_err *err)
+{
+    *out = json_object_get(obj, key);
+    if (!*out)
+        return ft_fail(err, "%s: missing required key '%s'", path, key);
+    return 0;
+}
+
+static int read_required_dim(const char *path, const json_t *root, const char *key, int *out,
+                             ft_err *err)
+{
+    json_t *v;
+    if (require(path, root, key, &v, err))
+        return -1;
+    return read_dim(path, key, v, out, err);
+}
+
+/* A token id: int in [0, vocab_size), or null/absent/-1 for none. */
+static int read_token_id(const char *path, const char *key, const json_t *v, int vocab, int *out,
+                         ft_err *err)
+{
+    *out = -1;
+    if (!v || json_is_null(v))
+        return 0;
+    return read_int(path, key, v, -1, vocab - 1, out, err);
+}
+
+static int read_eos(const char *path, const json_t *root, ft_model_config *cfg, ft_err *err)
+{
+    json_t *v = get_opt(root, "eos_token_id");
+    cfg->n_eos = 0;
+    if (!v)
+        return 0;
+    if (!json_is_array(v)) {
+        int id;
+        if (read_token_id(path, "eos_token_id", v, cfg->vocab_size, &id, err))
+            return -1;
+        if (id >= 0)
+            cfg->eos_token_ids[cfg->n_eos++] = id;
+        return 0;
+    }
+    if (json_array_size(v) > FT_MAX_EOS)
+        return ft_fail(err, "%s: 'eos_token_id': %zu ids, at most %d supported", path,
+                       json_array_size(v), FT_MAX_EOS);
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e) {
+        int id;
+        if (read_int(path, "eos_token_id", e, 0, cfg->vocab_size - 1, &id, err))
+            return -1;
+        cfg->eos_token_ids[cfg->n_eos++] = id;
+    }
+    return 0;
+}
+
+static int check_foreign_keys(const char *path, const json_t *root, ft_err *err)
+{
+    for (size_t i = 0; i < sizeof FOREIGN_KEYS / sizeof FOREIGN_KEYS[0]; i++) {
+        const char *key = FOREIGN_KEYS[i].key;
+        json_t *v = get_opt(root, key);
+        if (!v)
+            continue;
+        switch (FOREIGN_KEYS[i].rule) {
+        case MUST_BE_NULL:
+            return ft_fail(err, "%s: '%s' is set: not supported for the Llama family", path,
+                           key);
+        case MUST_BE_ONE:
+            if (!json_is_number(v) || json_number_value(v) != 1.0)
+                return ft_fail(err, "%s: '%s' must be 1 (or absent): other values are not "
+                               "supported", path, key);
+            break;
+        case MUST_BE_FALSE:
+            if (!json_is_false(v))
+                return ft_fail(err, "%s: '%s' must be false (or absent): not supported", path,
+                               key);
+            break;
+        case MUST_BE_BNB: {
+            const char *method = json_string_value(json_object_get(v, "quant_method"));
+            if (!method || strcmp(method, "bitsandbytes") != 0)
+                return ft_fail(err, "%s: '%s': quant_method '%s' is not supported (only "
+                               "bitsandbytes 4-bit and 8-bit checkpoints are)",
+                               path, key, method ? method : "(missing)");
+            break;
+        }
+        }
+    }
+    return 0;
+}
+
+static int check_architectures(const char *path, const json_t *root, ft_err *err)
+{
+    json_t *v = get_opt(root, "architectures");
+    if (!v)
+        return 0;
+    if (!json_is_array(v))
+        return ft_fail(err, "%s: 'architectures': expected an array, got %s", path, json_kind(v));
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e) {
+        const char *name = json_string_value(e);
+        size_t n = name ? strlen(name) : 0, suffix = strlen("ForCausalLM");
+        if (n >= suffix && strcmp(name + n - suffix, "ForCausalLM") == 0)
+            return 0;
+    }
+    return ft_fail(err, "%s: 'architectures': no *ForCausalLM entry (only causal LMs are "
+                   "supported)", path);
+}
+
+static const model_defaults *find_model_type(const char *path, const json_t *root, ft_err *err)
+{
+    json_t *v;
+    const char *type = "";
+    if (require(path, root, "model_type", &v, err) ||
+        read_string(path, "model_type", v, &type, err))
+        return NULL;
+    for (size_t i = 0; i < sizeof MODEL_DEFAULTS / sizeof MODEL_DEFAULTS[0]; i++)
+        if (strcmp(type, MODEL_DEFAULTS[i].model_type) == 0)
+            return &MODEL_DEFAULTS[i];
+    ft_fail(err, "%s: 'model_type': '%.64s' is not supported (supported: llama, mistral, qwen2)",
+            path, type);
+    return NULL;
+}
+
+/* Heads, kv heads and head_dim, with the divisibility rules attention needs. */
+static int read_heads(const char *path, const json_t *root, const model_defaults *md,
+                      ft_model_config *cfg, ft_err *err)
+{
+    if (read_required_dim(path, root, "num_attention_heads", &cfg->num_heads, err))
+        return -1;
+    json_t *kv = json_object_get(root, "num_key_value_heads");
+    if (!kv)
+        cfg->num_kv_heads = md->kv_heads_if_absent ? md->kv_heads_if_absent : cfg->num_heads;
+    else if (json_is_null(kv))
+        cfg->num_kv_heads = cfg->num_heads;
+    else if (read_dim(path, "num_key_value_heads", kv, &cfg->num_kv_heads, err))
+        return -1;
+    if (cfg->num_heads % cfg->num_kv_heads != 0)
+        return ft_fail(err, "%s: 'num_key_value_heads' (%d%s) must divide num_attention_heads "
+                       "(%d)", path, cfg->num_kv_heads,
+                       kv ? "" : ", the model type's default when absent", cfg->num_heads);
+
+    json_t *hd = get_opt(root, "head_dim");
+    if (hd) {
+        if (read_dim(path, "head_dim", hd, &cfg->head_dim, err))
+            return -1;
+    } else {
+        if (cfg->hidden_size % cfg->num_heads != 0)
+            return ft_fail(err, "%s: 'head_dim' is absent and hidden_size (%d) is not a "
+                           "multiple of num_attention_heads (%d)", path, cfg->hidden_size,
+                           cfg->num_heads);
+        cfg->head_dim = cfg->hidden_size / cfg->num_heads;
+    }
+    if (cfg->head_dim % 2 != 0)
+        return ft_fail(err, "%s: 'head_dim' (%d) must be even for rotary embeddings", path,
+                       cfg->head_dim);
+    if ((long long)cfg->num_heads * cfg->head_dim > CFG_MAX_DIM)
+        return ft_fail(err, "%s: 'head_dim': num_attention_heads * head_dim = %lld is too large",
+                       path, (long long)cfg->num_heads * cfg->head_dim);
+    return 0;
+}
+
+/* A required positive number inside the rope dict `name`, for rope type `type`. */
+static int rope_param(const char *path, const char *name, const json_t *rope, const char *type,
+                      const char *key, double *out, ft_err *err)
+{
+    json_t *v = get_opt(rope, key);
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", name, key);
+    if (!v)
+        return ft_fail(err, "%s: '%s' is required for rope type '%s'", path, full, type);
+    return read_positive(path, full, v, out, err);
+}
+
+/* rope_scaling (transformers 4) or rope_parameters (transformers 5; it also carries
+ * rope_theta and may carry partial_rotary_factor). rope_scaling wins when both are set, as
+ * in transformers' convert_rope_params_to_dict; rope_theta inside the dict wins over the
+ * top-level key. */
+static int read_rope(const char *path, const json_t *root, ft_model_config *cfg, ft_err *err)
+{
+    const char *name = "rope_scaling";
+    json_t *rope = get_opt(root, name);
+    if (!rope) {
+        name = "rope_parameters";
+        rope = get_opt(root, name);
+    }
+    if (rope && !json_is_object(rope))
+        return ft_fail(err, "%s: '%s': expected an object, got %s", path, name, json_kind(rope));
+    if (rope && json_object_get(rope, "full_attention")) {
+        /* Per-layer-type parameters: acceptable only when every layer is full attention. */
+        if (json_object_size(rope) != 1 || !json_is_object(json_object_get(rope,
+                                                                            "full_attention")))
+            return ft_fail(err, "%s: '%s': per-layer-type rope parameters are not supported",
+                           path, name);
+        name = "rope_parameters.full_attention";
+        rope = json_object_get(rope, "full_attention");
+    }
+
+    cfg->rope_theta = 10000.0;
+    cfg->rope_kind = FT_ROPE_DEFAULT;
+    cfg->rope_factor = 1.0f;
+    cfg->rope_low_freq_factor = cfg->rope_high_freq_factor = 0.0f;
+    cfg->rope_original_max_position = 0;
+
+    json_t *theta = json_object_get(root, "rope_theta");
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope_theta", name);
+    if (rope && get_opt(rope, "rope_theta")) {
+        if (read_positive(path, key, get_opt(rope, "rope_theta"), &cfg->rope_theta, err))
+            return -1;
+    } else if (theta && read_positive(path, "rope_theta", theta, &cfg->rope_theta, err)) {
+        return -1;
+    }
+    if (!rope)
+        return 0;
+
+    json_t *prf = get_opt(rope, "partial_rotary_factor");
+    if (prf && (!json_is_number(prf) || json_number_value(prf) != 1.0))
+        return ft_fail(err, "%s: '%s.partial_rotary_factor' must be 1: partial rotary "
+                       "embeddings are not supported", path, name);
+
+    json_t *tv = get_opt(rope, "rope_type");
+    snprintf(key, sizeof key, "%s.rope_type", name);
+    if (!tv) {
+        tv = get_opt(rope, "type");
+        snprintf(key, sizeof key, "%s.type", name);
+    }
+    const char *type = "default";
+    if (tv && read_string(path, key, tv, &type, err))
+        return -1;
+
+    double f, lo, hi;
+    if (strcmp(type, "default") == 0)
+        return 0;
+    if (strcmp(type, "linear") == 0) {
+        if (rope_param(path, name, rope, type, "factor", &f, err))
+            return -1;
+        cfg->rope_kind = FT_ROPE_LINEAR;
+        cfg->rope_factor = (float)f;
+        return 0;
+    }
+    if (strcmp(type, "llama3") == 0) {
+        json_t *orig;
+        snprintf(key, sizeof key, "%s.original_max_position_embeddings", name);
+        if (rope_param(path, name, rope, type, "factor", &f, err) ||
+            rope_param(path, name, rope, type, "low_freq_factor", &lo, err) ||
+            rope_param(path, name, rope, type, "high_freq_factor", &hi, err))
+            return -1;
+        if (!(orig = get_opt(rope, "original_max_position_embeddings")))
+            return ft_fail(err, "%s: '%s' is required for rope type 'llama3'", path, key);
+        if (read_int(path, key, orig, 1, INT_MAX, &cfg->rope_original_max_position, err))
+            return -1;
+        if (!(hi > lo))
+            return ft_fail(err, "%s: '%s.high_freq_factor' (%g) must be greater than "
+                           "low_freq_factor (%g)", path, name, hi, lo);
+        cfg->rope_kind = FT_ROPE_LLAMA3;
+        cfg->rope_factor = (float)f;
+        cfg->rope_low_freq_factor = (float)lo;
+        cfg->rope_high_freq_factor = (float)hi;
+        return 0;
+    }
+    return ft_fail(err, "%s: '%s': %s type '%.64s' is not supported (supported: default, "
+                   "linear, llama3)", path, key, name, type);
+}
+
+/* layer_types (written by newer transformers): every layer must be one the model runs. */
+static int check_layer_types(const char *path, const json_t *root, const ft_model_config *cfg,
+                             ft_err *err)
+{
+    json_t *v = get_opt(root, "layer_types");
+    if (!v)
+        return 0;
+    if (!json_is_array(v))
+        return ft_fail(err, "%s: 'layer_types': expected an array, got %s", path, json_kind(v));
+    const char *want = cfg->sliding_window > 0 ? "sliding_attention" : "full_attention";
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e) {
+        const char *t = json_string_value(e);
+        if (!t || strcmp(t, want) != 0)
+            return ft_fail(err, "%s: 'layer_types'[%zu]: only '%s' layers are supported here "
+                           "(got %s)", path, i, want, t ? t : json_kind(e));
+    }
+    return 0;
+}
+
+static int read_attention_options(const char *path, const json_t *root,
+                                  const model_defaults *md, ft_model_config *cfg, ft_err *err)
+{
+    const char *type = cfg->model_type;
+    bool attention_bias = false, mlp_bias = false;
+    json_t *v;
+    if ((v = json_object_get(root, "attention_bias")) &&
+        read_bool(path, "attention_bias", v, &attention_bias, err))
+        return -1;
+    if ((v = json_object_get(root, "mlp_bias")) && read_bool(path, "mlp_bias", v, &mlp_bias, err))
+        return -1;
+
+    double dropout = 0;
+    if ((v = get_opt(root, "attention_dropout")) &&
+        read_number(path, "attention_dropout", v, &dropout, err))
+        return -1;
+    if (dropout != 0)
+        return ft_fail(err, "%s: 'attention_dropout' is %g: attention dropout is not supported "
+                       "(must be 0)", path, dropout);
+
+    cfg->sliding_window = 0;
+    if (strcmp(type, "llama") == 0) {
+        cfg->qkv_bias = cfg->o_bias = attention_bias;
+        cfg->mlp_bias = mlp_bias;
+        return 0;
+    }
+    if (attention_bias)
+        return ft_fail(err, "%s: 'attention_bias' is true, but model_type '%s' has no such "
+                       "option", path, type);
+    if (mlp_bias)
+        return ft_fail(err, "%s: 'mlp_bias' is true, but model_type '%s' has no such option",
+                       path, type);
+    if (strcmp(type, "mistral") == 0) {
+        v = json_object_get(root, "sliding_window");
+        if (!v)
+            cfg->sliding_window = md->sliding_window_if_absent;
+        else if (!json_is_null(v) &&
+                 read_int(path, "sliding_window", v, 1, INT_MAX, &cfg->sliding_window, err))
+            return -1;
+        return 0;
+    }
+    /* qwen2: bias on q, k, v (not o); sliding window only with use_sliding_window. */
+    cfg->qkv_bias = true;
+    bool use_sw = false;
+    if ((v = get_opt(root, "use_sliding_window")) &&
+        read_bool(path, "use_sliding_window", v, &use_sw, err))
+        return -1;
+    if (use_sw)
+        return ft_fail(err, "%s: 'use_sliding_window' is true: Qwen2 sliding-window attention "
+                       "is not supported", path);
+    return 0;
+}
+
+static int read_dtype(const char *path, const json_t *root, ft_model_config *cfg, ft_err *err)
+{
+    const char *key = "torch_dtype";
+    json_t *v = get_opt(root, key);
+    if (!v) {
+        key = "dtype"; /* transformers 5 */
+        v = get_opt(root, key);
+    }
+    cfg->torch_dtype[0] = '\0';
+    if (!v)
+        return 0;
+    const char *s = "";
+    if (read_string(path, key, v, &s, err))
+        return -1;
+    if (strcmp(s, "float32") != 0 && strcmp(s, "bfloat16") != 0 && strcmp(s, "float16") != 0)
+        return ft_fail(err, "%s: '%s': '%.32s' is not one of float32, bfloat16, float16", path,
+                       key, s);
+    snprintf(cfg->torch_dtype, sizeof cfg->torch_dtype, "%s", s);
+    return 0;
+}
+
+static int parse_config(const char *path, const json_t *root, ft_model_config *cfg, ft_err *err)
+{
+    json_t *v;
+    const model_defaults *md = find_model_type(path, root, err);
+    if (!md)
+        return -1;
+    snprintf(cfg->model_type, sizeof cfg->model_type, "%s", md->model_type);
+
+    if (check_architectures(path, root, err) || check_foreign_keys(path, root, err))
+        return -1;
+
+    if (read_required_dim(path, root, "vocab_size", &cfg->vocab_size, err) ||
+        read_required_dim(path, root, "hidden_size", &cfg->hidden_size, err) ||
+        read_required_dim(path, root, "intermediate_size", &cfg->intermediate_size, err) ||
+        read_required_dim(path, root, "num_hidden_layers", &cfg->num_layers, err) ||
+        read_heads(path, root, md, cfg, err))
+        return -1;
+
+    const char *act = "silu";
+    if ((v = json_object_get(root, "hidden_act")) && read_string(path, "hidden_act", v, &act, err))
+        return -1;
+    if (strcmp(act, "silu") != 0 && strcmp(act, "swish") != 0)
+        return ft_fail(err, "%s: 'hidden_act': '%.32s' is not supported (only silu)", path, act);
+
+    cfg->max_position_embeddings = md->max_position_embeddings;
+    if ((v = json_object_get(root, "max_position_embeddings")) &&
+        read_int(path, "max_position_embeddings", v, 1, INT_MAX, &cfg->max_position_embeddings,
+                 err))
+        return -1;
+
+    double eps = 1e-6;
+    if ((v = json_object_get(root, "rms_norm_eps")) &&
+        read_positive(path, "rms_norm_eps", v, &eps, err))
+        return -1;
+    cfg->rms_norm_eps = (float)eps;
+
+    cfg->tie_word_embeddings = false;
+    if ((v = json_object_get(root, "tie_word_embeddings")) &&
+        read_bool(path, "tie_word_embeddings", v, &cfg->tie_word_embeddings, err))
+        return -1;
+
+    if (read_rope(path, root, cfg, err) || read_attention_options(path, root, md, cfg, err) ||
+        check_layer_types(path, root, cfg, err))
+        return -1;
+
+    if (read_token_id(path, "bos_token_id", json_object_get(root, "bos_token_id"),
+                      cfg->vocab_size, &cfg->bos_token_id, err) ||
+        read_token_id(path, "pad_token_id", json_object_get(root, "pad_token_id"),
+                      cfg->vocab_size, &cfg->pad_token_id, err) ||
+        read_eos(path, root, cfg, err))
+        return -1;
+
+    return read_dtype(path, root, cfg, err);
+}
+
+int ft_model_config_load(ft_model_config *cfg, const char *path, ft_err *err)
+{
+    memset(cfg, 0, sizeof *cfg);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return ft_fail(err, "%s: cannot open: %s", path, strerror(errno));
+    json_error_t jerr;
+    /* Duplicate keys are refused: Python keeps the last one silently, and a config that
+     * says two things about one key is not one to guess about. */
+    json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
+    fclose(f);
+    if (!root)
+        return ft_fail(err, "%s:%d:%d: invalid JSON: %s", path, jerr.line, jerr.column,
+                       jerr.text);
+    int rc;
+    if (!json_is_object(root))
+        rc = ft_fail(err, "%s: expected a JSON object at the top level, got %s", path,
+                     json_kind(root));
+    else
+        rc = parse_config(path, root, cfg, err);
+    json_decref(root);
+    if (rc == 0)
+        rc = ft_quant_config_read(path, &cfg->quant, err);
+    return rc;
+}
+
+/* transformers computes, in float32 tensors:
+ *   inv_freq = 1.0 / (base ** (arange(0, d, 2).float() / d))
+ * The python float base meets a float32 tensor, so the power is taken in float32 with base
+ * rounded to float32, and the exponent is the float32 quotient 2i / d. `scalar / tensor` is
+ * tensor.reciprocal() * scalar in torch, which the llama3 branch mirrors step by step.
+ * glibc's powf is correctly rounded here; torch's vectorized CPU pow (SLEEF, 1 ulp) is not
+ * always, so about 1 value in 200 differs from torch by 1 ulp (checked against torch 1.13
+ * over thetas 1e4..1e7, head_dim 32..256, default/linear/llama3: all others bit-equal). */
+static float default_inv_freq(float base, int i, int d)
+{
+    return 1.0f / powf(base, (float)(2 * i) / (float)d);
+}
+
+/* _compute_llama3_parameters: keep high frequencies, divide low ones by factor, blend in
+ * between. Each line is one float32 tensor op of the reference. */
+static float llama3_inv_freq(const ft_model_config *cfg, float inv)
+{
+    const float factor = cfg->rope_factor;
+    const float low = cfg->rope_low_freq_factor, high = cfg->rope_high_freq_factor;
+    const double old_len = (double)cfg->rope_original_max_position;
+    /* The thresholds are python floats (double), compared against a float32 tensor. */
+    const float low_freq_wavelen = (float)(old_len / low);
+    const float high_freq_wavelen = (float)(old_len / high);
+
+    float wavelen = (1.0f / inv) * (float)(2.0 * M_PI);
+    float scaled = wavelen > low_freq_wavelen ? inv / factor : inv;
+    if (wavelen < high_freq_wavelen || wavelen > low_freq_wavelen)
+        return scaled;
+    float smooth = ((1.0f / wavelen) * (float)old_len - low) / (float)((double)high - low);
+    return (1.0f - smooth) * scaled / factor + smooth * scaled;
+}
+
+void ft_rope_inv_freq(const ft_model_config *cfg, float *inv_freq)
+{
+    const int d = cfg->head_dim;
+    const float base = (float)cfg->rope_theta;
+    for (int i = 0; i < d / 2; i++) {
+        float inv = default_inv_freq(base, i, d);
+        switch (cfg->rope_kind) {
+        case FT_ROPE_DEFAULT: break;
+        case FT_ROPE_LINEAR: inv /= cfg->rope_factor; break;
+        case FT_ROPE_LLAMA3: inv = llama3_inv_freq(cfg, inv); break;
+        }
+        inv_freq[i] = inv;
+    }
+}
+
+int ft_read_model_config_json(const char *dir, json_t **out, ft_err *err)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return ft_fail(err, "%s: cannot read: %s (is %s a Hugging Face model dir?)", path,
+                       strerror(errno), dir);
+    json_error_t jerr;
+    json_t *root = json_loadf(f, 0, &jerr);
+    fclose(f);
+    if (!root)
+        return ft_fail(err, "%s: line %d: %s", path, jerr.line, jerr.text);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return ft_fail(err, "%s: not a JSON object", path);
+    }
+    *out = root;
+    return 0;
+}
+
+int ft_write_model_config(json_t *cfg, const char *dir, const char *torch_dtype, ft_err *err)
+{
+    if (torch_dtype) {
+        if (json_object_get(cfg, "dtype"))
+            json_object_set_new(cfg, "dtype", json_string(torch_dtype));
+        if (json_object_get(cfg, "torch_dtype") || !json_object_get(cfg, "dtype"))
+            json_object_set_new(cfg, "torch_dtype", json_string(torch_dtype));
+    }
+    char *text = json_dumps(cfg, JSON_INDENT(2));
+    if (!text)
+        return ft_fail(err, "%s: out of memory writing config.json", dir);
+    char path[4400];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    int rc = ft_write_file_atomic(path, text, strlen(text), err);
+    free(text);
+    return rc;
+}

@@ -1,0 +1,69 @@
+/* Hugging Face config.json for Llama-family causal LMs: llama (incl. TinyLlama, SmolLM
+ * and Llama 3 "llama3" rope scaling), mistral, qwen2. Every field that changes the
+ * math is honoured or rejected with an error naming the file and key; nothing is
+ * silently ignored. */
+#ifndef FT_HF_CONFIG_H
+#define FT_HF_CONFIG_H
+
+#include <jansson.h>
+#include <stdbool.h>
+
+#include "core/ft_error.h"
+#include "formats/quant_io.h"
+
+typedef enum ft_rope_kind {
+    FT_ROPE_DEFAULT = 0,
+    FT_ROPE_LINEAR, /* positions / factor (inv_freq / factor) */
+    FT_ROPE_LLAMA3
+} ft_rope_kind;
+
+#define FT_MAX_EOS 8
+
+typedef struct ft_model_config {
+    char model_type[32]; /* "llama", "mistral", "qwen2" */
+    int vocab_size;
+    int hidden_size;
+    int intermediate_size;
+    int num_layers;
+    int num_heads;
+    int num_kv_heads;
+    int head_dim;
+    int max_position_embeddings;
+    float rms_norm_eps;
+    double rope_theta;
+    ft_rope_kind rope_kind;
+    float rope_factor;
+    float rope_low_freq_factor, rope_high_freq_factor;
+    int rope_original_max_position;
+    bool tie_word_embeddings;
+    bool qkv_bias; /* bias on q, k, v projections (attention_bias, or qwen2) */
+    bool o_bias;   /* bias on o_proj (attention_bias) */
+    bool mlp_bias; /* bias on gate, up, down (llama mlp_bias) */
+    int sliding_window; /* 0 = full causal attention */
+    int bos_token_id;   /* -1 if absent */
+    int eos_token_ids[FT_MAX_EOS];
+    int n_eos;
+    int pad_token_id; /* -1 if absent */
+    char torch_dtype[16]; /* "float32", "bfloat16", "float16" or "" */
+    /* "quantization_config": the checkpoint holds bitsandbytes 4/8-bit weights
+     * (present = false for a dense checkpoint) */
+    ft_quant_config quant;
+} ft_model_config;
+
+/* Reads and validates path (a config.json). */
+int ft_model_config_load(ft_model_config *cfg, const char *path, ft_err *err);
+
+/* The RoPE inverse frequencies, [head_dim/2], as transformers computes them in fp32,
+ * with the configured scaling applied. */
+void ft_rope_inv_freq(const ft_model_config *cfg, float *inv_freq);
+
+/* Reads dir/config.json as a JSON object into *out (the caller's reference): for tools
+ * that copy it with changes. Errors name the file and line. */
+int ft_read_model_config_json(const char *dir, json_t **out, ft_err *err);
+
+/* Writes cfg (a config.json's object) as dir/config.json, atomically, indented; with
+ * torch_dtype (not NULL) its dtype key set first: "torch_dtype", and "dtype" too where
+ * the model uses transformers 5's name. */
+int ft_write_model_config(json_t *cfg, const char *dir, const char *torch_dtype, ft_err *err);
+
+#endif

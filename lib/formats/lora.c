@@ -1,0 +1,338 @@
+/* LoRA configuration and PEFT's adapter_config.json (see lora.h). */
+#include "formats/lora.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <jansson.h>
+#include <pcre2.h>
+#include <stdlib.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/fsutil.h"
+
+static const char *const proj_names[FT_NPROJ] = {"q_proj",    "k_proj",  "v_proj",
+                                                 "o_proj",    "gate_proj", "up_proj",
+                                                 "down_proj"};
+static const char *const proj_paths[FT_NPROJ] = {
+    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+    "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+
+const char *ft_proj_name(ft_proj p)
+{
+    return (unsigned)p < FT_NPROJ ? proj_names[p] : "?";
+}
+
+const char *ft_proj_path(ft_proj p)
+{
+    return (unsigned)p < FT_NPROJ ? proj_paths[p] : "?";
+}
+
+float ft_lora_scaling(const ft_lora_config *c)
+{
+    return c->rslora ? c->alpha / sqrtf((float)c->r) : c->alpha / (float)c->r;
+}
+
+/* PEFT matches a target key against a module name when the name equals it or ends with
+ * "." + key; for our seven modules that means the key is the module's last component or
+ * a suffix path of it ("q_proj", "self_attn.q_proj"). The short forms "q", "k", ... and
+ * "gate", "up", "down" are accepted on the command line. */
+static int match_target(const char *key, unsigned *targets)
+{
+    for (int p = 0; p < FT_NPROJ; p++) {
+        const char *path = proj_paths[p];
+        size_t lk = strlen(key), lp = strlen(path);
+        int suffix = lk <= lp && strcmp(path + lp - lk, key) == 0 &&
+                     (lk == lp || path[lp - lk - 1] == '.');
+        char shortname[16];
+        snprintf(shortname, sizeof shortname, "%s", proj_names[p]);
+        *strchr(shortname, '_') = '\0';
+        if (suffix || strcmp(key, shortname) == 0) {
+            *targets |= 1u << p;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* A list entry naming one layer's module by path: "model.layers.N.<proj path>" or a
+ * dotted suffix of it that includes the layer ("layers.N.mlp.up_proj"), optionally
+ * prefixed by PEFT's "base_model.model.". Sets layer_paths and returns 0; -1 if it is no
+ * such path. */
+static int match_layer_path(const char *key, ft_lora_config *c)
+{
+    const char *k = key;
+    if (strncmp(k, "base_model.model.", 17) == 0)
+        k += 17;
+    if (strncmp(k, "model.", 6) == 0)
+        k += 6;
+    if (strncmp(k, "layers.", 7) != 0)
+        return -1;
+    char *end;
+    long l = strtol(k + 7, &end, 10);
+    if (end == k + 7 || *end != '.' || l < 0 || l >= FT_LORA_MAX_LAYER_LIST)
+        return -1;
+    for (int p = 0; p < FT_NPROJ; p++)
+        if (strcmp(end + 1, proj_paths[p]) == 0) {
+            c->layer_paths[p][l / 64] |= 1ull << (l % 64);
+            c->has_layer_paths = true;
+            return 0;
+        }
+    return -1;
+}
+
+int ft_lora_targets_parse(const char *list, unsigned *targets, ft_err *err)
+{
+    *targets = 0;
+    if (strcmp(list, "all-linear") == 0 || strcmp(list, "all") == 0) {
+        *targets = FT_LORA_ALL_LINEAR;
+        return 0;
+    }
+    char buf[256];
+    if (strlen(list) >= sizeof buf)
+        return ft_fail(err, "LoRA target list too long: '%s'", list);
+    strcpy(buf, list);
+    for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok;
+         tok = strtok_r(NULL, ", ", &save)) {
+        if (match_target(tok, targets) != 0)
+            return ft_fail(err,
+                           "unknown LoRA target module '%s' (known: q_proj k_proj v_proj "
+                           "o_proj gate_proj up_proj down_proj, or all-linear)",
+                           tok);
+    }
+    if (!*targets)
+        return ft_fail(err, "empty LoRA target list");
+    return 0;
+}
+
+static int reject_if_set(json_t *root, const char *path, const char *key, ft_err *err)
+{
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v) || json_is_false(v))
+        return 0;
+    if ((json_is_object(v) && json_object_size(v) == 0) ||
+        (json_is_array(v) && json_array_size(v) == 0))
+        return 0;
+    return ft_fail(err, "%s: key '%s' is set, which this LoRA implementation does not support",
+                   path, key);
+}
+
+int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    if (!root)
+        return ft_fail(err, "%s: line %d: %s", path, jerr.line, jerr.text);
+    int rc = -1;
+    memset(c, 0, sizeof *c);
+    if (!json_is_object(root)) {
+        ft_fail(err, "%s: not a JSON object", path);
+        goto out;
+    }
+    json_t *v = json_object_get(root, "peft_type");
+    if (v && (!json_is_string(v) || strcmp(json_string_value(v), "LORA") != 0)) {
+        ft_fail(err, "%s: peft_type must be \"LORA\"", path);
+        goto out;
+    }
+    v = json_object_get(root, "r");
+    if (!json_is_integer(v) || json_integer_value(v) <= 0) {
+        ft_fail(err, "%s: key 'r' must be a positive integer", path);
+        goto out;
+    }
+    c->r = (int)json_integer_value(v);
+    v = json_object_get(root, "lora_alpha");
+    if (!json_is_number(v)) {
+        ft_fail(err, "%s: key 'lora_alpha' must be a number", path);
+        goto out;
+    }
+    c->alpha = (float)json_number_value(v);
+    v = json_object_get(root, "lora_dropout");
+    c->dropout = v && json_is_number(v) ? (float)json_number_value(v) : 0.0f;
+    if (c->dropout < 0 || c->dropout >= 1) {
+        ft_fail(err, "%s: key 'lora_dropout' must be in [0, 1)", path);
+        goto out;
+    }
+    v = json_object_get(root, "use_rslora");
+    c->rslora = v && json_is_true(v);
+    v = json_object_get(root, "bias");
+    if (v && !json_is_null(v) && (!json_is_string(v) || strcmp(json_string_value(v), "none"))) {
+        ft_fail(err, "%s: key 'bias' must be \"none\"", path);
+        goto out;
+    }
+    static const char *const unsupported[] = {"use_dora",      "fan_in_fan_out",
+                                              "modules_to_save", "rank_pattern",
+                                              "alpha_pattern", "layer_replication"};
+    for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++)
+        if (reject_if_set(root, path, unsupported[i], err))
+            goto out;
+    v = json_object_get(root, "layers_to_transform");
+    if (json_is_integer(v)) {
+        c->n_layers = 1;
+        c->layers[0] = (int)json_integer_value(v);
+    } else if (json_is_array(v)) {
+        size_t i;
+        json_t *item;
+        json_array_foreach(v, i, item)
+        {
+            if (!json_is_integer(item) || i >= FT_LORA_MAX_LAYER_LIST) {
+                ft_fail(err, "%s: key 'layers_to_transform' must be a list of at most %d "
+                             "layer indices",
+                        path, FT_LORA_MAX_LAYER_LIST);
+                goto out;
+            }
+            c->layers[c->n_layers++] = (int)json_integer_value(item);
+        }
+    } else if (v && !json_is_null(v)) {
+        ft_fail(err, "%s: key 'layers_to_transform' must be an integer or a list", path);
+        goto out;
+    }
+    v = json_object_get(root, "layers_pattern");
+    if (v && !json_is_null(v) &&
+        !(json_is_string(v) && strcmp(json_string_value(v), "layers") == 0)) {
+        ft_fail(err, "%s: key 'layers_pattern': only \"layers\" (model.layers.N) is supported",
+                path);
+        goto out;
+    }
+    v = json_object_get(root, "target_modules");
+    if (json_is_string(v)) {
+        const char *t = json_string_value(v);
+        if (strcmp(t, "all-linear") == 0) {
+            c->targets = FT_LORA_ALL_LINEAR;
+        } else if (strlen(t) >= sizeof c->target_regex) {
+            ft_fail(err, "%s: key 'target_modules': regular expression too long", path);
+            goto out;
+        } else {
+            strcpy(c->target_regex, t);
+            unsigned mask;
+            if (ft_lora_layer_mask(c, 0, &mask, err)) {
+                ft_fail_prefix(err, "%s: key 'target_modules'", path);
+                goto out;
+            }
+        }
+    } else if (json_is_array(v) && json_array_size(v) > 0) {
+        size_t i;
+        json_t *item;
+        json_array_foreach(v, i, item)
+        {
+            if (!json_is_string(item) || (match_target(json_string_value(item), &c->targets) &&
+                                          match_layer_path(json_string_value(item), c))) {
+                ft_fail(err,
+                        "%s: key 'target_modules': unknown module %s (known: q_proj k_proj "
+                        "v_proj o_proj gate_proj up_proj down_proj, or one layer's, "
+                        "model.layers.N.self_attn.q_proj)",
+                        path, json_is_string(item) ? json_string_value(item) : "(not a string)");
+                goto out;
+            }
+        }
+    } else {
+        ft_fail(err, "%s: key 'target_modules' must be a list of module names or \"all-linear\"",
+                path);
+        goto out;
+    }
+    rc = 0;
+out:
+    json_decref(root);
+    return rc;
+}
+
+int ft_lora_config_save(const ft_lora_config *c, const char *dir, const char *base_model,
+                        ft_err *err)
+{
+    json_t *root = json_object();
+    json_t *targets = json_array();
+    for (int p = 0; p < FT_NPROJ; p++)
+        if (c->targets & (1u << p))
+            json_array_append_new(targets, json_string(proj_names[p]));
+    for (int l = 0; c->has_layer_paths && l < FT_LORA_MAX_LAYER_LIST; l++)
+        for (int p = 0; p < FT_NPROJ; p++)
+            if (c->layer_paths[p][l / 64] >> (l % 64) & 1) {
+                char path[96];
+                snprintf(path, sizeof path, "model.layers.%d.%s", l, proj_paths[p]);
+                json_array_append_new(targets, json_string(path));
+            }
+    json_object_set_new(root, "peft_type", json_string("LORA"));
+    json_object_set_new(root, "task_type", json_string("CAUSAL_LM"));
+    json_object_set_new(root, "base_model_name_or_path", json_string(base_model ? base_model : ""));
+    json_object_set_new(root, "r", json_integer(c->r));
+    json_object_set_new(root, "lora_alpha", json_real(c->alpha));
+    json_object_set_new(root, "lora_dropout", json_real(c->dropout));
+    if (c->target_regex[0]) {
+        json_decref(targets);
+        json_object_set_new(root, "target_modules", json_string(c->target_regex));
+    } else {
+        json_object_set_new(root, "target_modules", targets);
+    }
+    if (c->n_layers > 0) {
+        json_t *layers = json_array();
+        for (int i = 0; i < c->n_layers; i++)
+            json_array_append_new(layers, json_integer(c->layers[i]));
+        json_object_set_new(root, "layers_to_transform", layers);
+    }
+    json_object_set_new(root, "bias", json_string("none"));
+    json_object_set_new(root, "use_rslora", json_boolean(c->rslora));
+    json_object_set_new(root, "use_dora", json_false());
+    json_object_set_new(root, "fan_in_fan_out", json_false());
+    json_object_set_new(root, "init_lora_weights", json_true());
+    json_object_set_new(root, "inference_mode", json_true());
+    json_object_set_new(root, "modules_to_save", json_null());
+    char *text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
+    json_decref(root);
+    if (!text)
+        return ft_fail(err, "%s: out of memory writing adapter_config.json", dir);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    int rc = ft_write_file_atomic(path, text, strlen(text), err);
+    free(text);
+    return rc;
+}
+
+/* re.fullmatch(regex, name) with PCRE2, whose syntax is Python's for what adapters use. */
+static int regex_fullmatch(pcre2_code *re, const char *name)
+{
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    int rc = pcre2_match(re, (PCRE2_SPTR)name, strlen(name), 0, 0, md, NULL);
+    pcre2_match_data_free(md);
+    return rc >= 0;
+}
+
+int ft_lora_layer_mask(const ft_lora_config *c, int layer, unsigned *mask, ft_err *err)
+{
+    *mask = 0;
+    if (!c->target_regex[0]) {
+        bool in_list = c->n_layers == 0;
+        for (int i = 0; i < c->n_layers; i++)
+            in_list |= c->layers[i] == layer;
+        *mask = in_list ? c->targets : 0;
+        for (int p = 0; c->has_layer_paths && p < FT_NPROJ; p++)
+            if (layer < FT_LORA_MAX_LAYER_LIST &&
+                (c->layer_paths[p][layer / 64] >> (layer % 64) & 1))
+                *mask |= 1u << p;
+        return 0;
+    }
+    int code;
+    PCRE2_SIZE where;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)c->target_regex, PCRE2_ZERO_TERMINATED,
+                                   PCRE2_ANCHORED | PCRE2_ENDANCHORED, &code, &where, NULL);
+    if (!re) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(code, msg, sizeof msg);
+        return ft_fail(err, "regular expression '%s': %s at offset %zu", c->target_regex,
+                       (char *)msg, (size_t)where);
+    }
+    int rc = 0;
+    static const char *const unsupported[] = {"lm_head", "model.embed_tokens"};
+    for (size_t i = 0; i < 2; i++)
+        if (regex_fullmatch(re, unsupported[i]))
+            rc = ft_fail(err, "regular expression '%s' selects %s; LoRA on it is not supported",
+                         c->target_regex, unsupported[i]);
+    for (int p = 0; p < FT_NPROJ && rc == 0; p++) {
+        char name[96];
+        snprintf(name, sizeof name, "model.layers.%d.%s", layer, proj_paths[p]);
+        if (regex_fullmatch(re, name))
+            *mask |= 1u << p;
+    }
+    pcre2_code_free(re);
+    return rc;
+}

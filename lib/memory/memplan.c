@@ -1,0 +1,686 @@
+/* The memory planner (see memplan.h for the formulas). The cpu rows mirror lib/model/model.c
+ * buffer by buffer: build_layout (parameters), assign_buffers (weights, gradients),
+ * model_reserve_activations / alloc_layer_set (activations, backward scratch),
+ * lib/train/optim.c (AdamW m and v), and the strategies' buffers of lib/dist/dist_dp.c (dp_setup)
+ * and lib/dist/dist_engine.c (offload). A change there must be mirrored here; the unit test
+ * (cpu-fp32) and tests/conformance/test_memcheck.py (every cpu row on real ranks) fail
+ * otherwise. */
+#include "memory/memplan.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config/ds_config.h"
+#include "formats/lora.h"
+#include "model/model.h"
+#include "formats/model_path.h"
+
+enum { MODE_FULL, MODE_LORA, MODE_QLORA };
+
+/* Element counts of the activation and scratch buffers, by storage class. */
+typedef struct act_counts {
+    size_t tensor; /* h bytes on a GPU (the logits too) */
+    size_t stat;   /* fp32 everywhere: rstd, lse */
+    size_t ints;   /* int32 */
+} act_counts;
+
+static size_t act_bytes(const act_counts *a, size_t h)
+{
+    return a->tensor * h + (a->stat + a->ints) * 4;
+}
+
+int ft_config_loss_chunk(const ft_config *cfg)
+{
+    const char *key = "train.loss_chunk_tokens";
+    return ft_config_is_auto(cfg, key) ? -1 : (int)ft_config_int(cfg, key);
+}
+
+typedef struct planner {
+    const ft_model_config *mc;
+    int mode;
+    size_t h;       /* GPU compute bytes per parameter / gradient / activation */
+    size_t k;       /* GPU optimizer bytes per trainable parameter */
+    size_t N;       /* world size */
+    ft_memplan_result *r;
+    /* per unit (0..L+1): trainable parameters, frozen bytes at GPU precision, frozen
+     * parameters in the flat frozen buffer (dense ones) */
+    size_t *unit_train, *unit_frozen_bytes, *unit_frozen;
+    /* a quantized base (qlora, or a checkpoint quantized already): the format, the
+     * modules left dense, and per unit its quantized weights' elements (the
+     * dequantization window holds one unit's), bytes, and the largest absmax temporary
+     * of one of them (fp32 elements; double quantization only) */
+    ft_quant_options quant;
+    const char *quant_skip;
+    size_t *unit_quantized, *unit_quant_bytes, *unit_absmax;
+} planner;
+
+static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+
+/* One parameter tensor, as build_layout lists it. */
+static void add_tensor(planner *p, int unit, size_t numel, bool trainable, bool quant,
+                       int64_t rows, int64_t cols)
+{
+    ft_memplan_result *r = p->r;
+    ft_memplan_row *row = r->rows;
+    size_t h = p->h, k = p->k, N = p->N, shard = ceil_div(numel, N);
+    if (trainable) {
+        r->n_trainable += numel;
+        p->unit_train[unit] += numel;
+        for (int i = FT_PLAN_GPU_1; i <= FT_PLAN_GPU_ZERO3; i++) {
+            bool shard_w = i == FT_PLAN_GPU_ZERO3;
+            bool shard_g = i >= FT_PLAN_GPU_ZERO2;
+            bool shard_o = i >= FT_PLAN_GPU_ZERO1;
+            row[i].bytes[FT_MEM_WEIGHTS] += h * (shard_w ? shard : numel);
+            row[i].bytes[FT_MEM_GRADS] += h * (shard_g ? shard : numel);
+            row[i].bytes[FT_MEM_OPTIM] += k * (shard_o ? shard : numel);
+        }
+        /* FSDP: per unit, below */
+    } else {
+        size_t qb = quant ? ft_quant_size(&p->quant, rows, cols) : 0;
+        size_t fb = quant ? qb : h * numel;
+        r->n_frozen += numel;
+        if (quant) {
+            size_t a = ft_quant_absmax_tmp(&p->quant, rows, cols);
+            r->n_quantized += numel;
+            r->quant_bytes += qb;
+            p->unit_quantized[unit] += numel;
+            if (a > p->unit_absmax[unit])
+                p->unit_absmax[unit] = a;
+        }
+        p->unit_frozen_bytes[unit] += fb;
+        if (quant)
+            p->unit_quant_bytes[unit] += qb;
+        else
+            p->unit_frozen[unit] += numel;
+        for (int i = FT_PLAN_GPU_1; i <= FT_PLAN_GPU_ZERO3; i++)
+            row[i].bytes[FT_MEM_WEIGHTS] += i == FT_PLAN_GPU_ZERO3 ? ceil_div(fb, N) : fb;
+    }
+}
+
+/* Mirrors build_layout in lib/model/model.c. */
+static void count_params(planner *p, const unsigned *lora_mask, int r_lora)
+{
+    const ft_model_config *c = p->mc;
+    bool full = p->mode == MODE_FULL;
+    size_t L = (size_t)c->num_layers, C = (size_t)c->hidden_size, V = (size_t)c->vocab_size;
+    add_tensor(p, 0, V * C, full, false, 0, 0);
+    for (size_t l = 0; l < L; l++) {
+        int unit = (int)l + 1;
+        add_tensor(p, unit, C, full, false, 0, 0); /* input_layernorm */
+        add_tensor(p, unit, C, full, false, 0, 0); /* post_attention_layernorm */
+        for (int j = 0; j < FT_NPROJ; j++) {
+            int q = c->num_heads * c->head_dim, kv = c->num_kv_heads * c->head_dim;
+            int in, out;
+            bool bias;
+            switch ((ft_proj)j) {
+            case FT_PROJ_Q: in = c->hidden_size; out = q; bias = c->qkv_bias; break;
+            case FT_PROJ_K:
+            case FT_PROJ_V: in = c->hidden_size; out = kv; bias = c->qkv_bias; break;
+            case FT_PROJ_O: in = q; out = c->hidden_size; bias = c->o_bias; break;
+            case FT_PROJ_GATE:
+            case FT_PROJ_UP: in = c->hidden_size; out = c->intermediate_size; bias = c->mlp_bias; break;
+            default: in = c->intermediate_size; out = c->hidden_size; bias = c->mlp_bias; break;
+            }
+            char path[160];
+            snprintf(path, sizeof path, "model.layers.%zu.%s", l, ft_proj_path((ft_proj)j));
+            bool quant = p->quant.type != FT_QUANT_NONE && !ft_quant_skipped(p->quant_skip, path);
+            add_tensor(p, unit, (size_t)out * (size_t)in, full, quant, out, in);
+            if (bias)
+                add_tensor(p, unit, (size_t)out, full, false, 0, 0);
+            if (!full && (lora_mask[l] & (1u << j))) {
+                add_tensor(p, unit, (size_t)r_lora * (size_t)in, true, false, 0, 0);  /* A */
+                add_tensor(p, unit, (size_t)out * (size_t)r_lora, true, false, 0, 0); /* B */
+            }
+        }
+    }
+    add_tensor(p, (int)L + 1, C, full, false, 0, 0); /* model.norm */
+    if (!c->tie_word_embeddings)
+        add_tensor(p, (int)L + 1, V * C, full, false, 0, 0);
+}
+
+/* The activations of a tuning run: LoRA rank, targets and dropout. */
+typedef struct act_spec {
+    bool grad_ckpt, lora, lora_dropout;
+    int r_lora;
+    int loss_chunk; /* ft_model_options.loss_chunk_rows */
+    unsigned lora_union;
+} act_spec;
+
+/* A pipeline stage of units [first, last] (0 embeddings, 1..L layers, L+1 head); the
+ * whole model is [0, L+1]. */
+typedef struct stage_span {
+    int first, last;
+} stage_span;
+
+/* Mirrors model_reserve_activations / alloc_layer_set for N rows while training, on the
+ * stage span. *act: the activations category, *ws: the workspace category. */
+static void count_activations(const ft_model_config *c, size_t N, const act_spec *sp,
+                              stage_span span, act_counts *act, act_counts *ws)
+{
+    size_t C = (size_t)c->hidden_size;
+    size_t I = (size_t)c->intermediate_size, V = (size_t)c->vocab_size;
+    size_t QD = (size_t)c->num_heads * (size_t)c->head_dim;
+    size_t KD = (size_t)c->num_kv_heads * (size_t)c->head_dim;
+    int L = c->num_layers;
+    memset(act, 0, sizeof *act);
+    memset(ws, 0, sizeof *ws);
+
+    /* one layer set: ln1, q, k, v, att, mid, ln2, gate, up, act (+ lora_h), rstd1, rstd2,
+     * lse */
+    act_counts set = {0};
+    set.tensor = N * C * 3 + N * QD * 2 + N * KD * 2 + N * I * 3;
+    set.stat = N * 2 + N * (size_t)c->num_heads;
+    if (sp->lora)
+        for (int j = 0; j < FT_NPROJ; j++)
+            if (sp->lora_union & (1u << j))
+                set.tensor += N * (size_t)sp->r_lora;
+    /* the stage keeps the input of layers l0..l1 and a set for each but l1 (whose input
+     * it sends on); the whole model: every layer's input and set */
+    int l0 = span.first > 0 ? span.first - 1 : 0;
+    int l1 = span.last < L + 1 ? span.last : L;
+    bool head = span.last == L + 1;
+    size_t n_in = 0, n_set_layers = 0;
+    for (int l = l0; l < L && l <= l1; l++) {
+        n_in++;
+        n_set_layers += l != l1;
+    }
+    size_t n_sets = sp->grad_ckpt && n_set_layers ? 1 : n_set_layers;
+    act->tensor = n_in * N * C + n_sets * set.tensor;
+    act->stat = n_sets * set.stat;
+    if (l1 == L)
+        act->tensor += N * C; /* final_in */
+    if (head) {
+        act->tensor += N * C; /* lnf */
+        act->stat += N;       /* rstdf */
+        act->tensor += ft_loss_chunk_rows(sp->loss_chunk, V, N) * V; /* logits */
+    }
+    act->ints = 4 * N; /* ids, targets, pos, seg */
+
+    ws->tensor = 2 * N * C + 2 * N * QD + 2 * N * KD + 3 * N * I; /* d_h d_ln d_att d_q d_k
+                                                                     d_v d_act d_gate d_up */
+    if (sp->lora) {
+        ws->tensor += N * (size_t)sp->r_lora; /* d_lora_h */
+        if (sp->lora_dropout) {
+            size_t w = C > I ? (C > QD ? C : QD) : (I > QD ? I : QD);
+            ws->tensor += N * w; /* x_drop */
+        }
+    }
+}
+
+/* model_parallel as lib/dist/dist_pipeline.c splits it: contiguous stages balanced by
+ * parameter count (split_stages), each rank's trainable and frozen range, a copy of a
+ * tied embedding on the last stage, the optimizer over the stage's trainables; the
+ * activations of the stage, in one activation slot per GPipe chunk
+ * (dist.pipeline_micro_batches > 1; lib/dist/dist_engine.c gpipe) with the backward scratch
+ * shared (the largest chunk's). Fills r->pipe_bytes, or leaves r->pipe_stages 0 when the
+ * engine refuses the world size (more ranks than units). */
+static void plan_pipeline(ft_memplan_result *r, const planner *p, const act_spec *sp, int chunks)
+{
+    const ft_model_config *mc = p->mc;
+    int W = r->world_size, U = mc->num_layers + 2;
+    if (W > U || W > FT_PLAN_MAX_STAGES)
+        return;
+    int first[FT_PLAN_MAX_STAGES + 1];
+    double total = 0, run = 0;
+    for (int u = 0; u < U; u++)
+        total += (double)(p->unit_train[u] + p->unit_frozen[u]);
+    first[0] = 0;
+    int s = 1;
+    for (int u = 0; u < U && s < W; u++) {
+        run += (double)(p->unit_train[u] + p->unit_frozen[u]);
+        bool full = run >= total * s / W;
+        bool must = U - (u + 1) == W - s;
+        if (u + 1 > first[s - 1] && (full || must))
+            first[s++] = u + 1;
+    }
+    first[W] = U;
+    /* GPipe chunks of the micro-batch's rows: k chunks of `rows` rows, the last smaller */
+    int B = r->batch_size, k = chunks > 1 ? (chunks < B ? chunks : B) : 1;
+    int rows = (B + k - 1) / k;
+    k = (B + rows - 1) / rows;
+    size_t T = (size_t)r->seq_len;
+    for (int rank = 0; rank < W; rank++) {
+        stage_span span = {first[rank], first[rank + 1] - 1};
+        size_t nt = 0, nf = 0, qb = 0, qwin = 0, qabs = 0;
+        for (int u = span.first; u <= span.last; u++) {
+            nt += p->unit_train[u];
+            nf += p->unit_frozen[u];
+            qb += p->unit_quant_bytes[u];
+            if (p->unit_quantized[u] > qwin)
+                qwin = p->unit_quantized[u];
+            if (p->unit_absmax[u] > qabs)
+                qabs = p->unit_absmax[u];
+        }
+        size_t *b = r->pipe_bytes[rank];
+        b[FT_MEM_WEIGHTS] = 4 * (nt + nf) + qb;
+        b[FT_MEM_GRADS] = 4 * nt;
+        b[FT_MEM_OPTIM] = 8 * nt;
+        if (mc->tie_word_embeddings && W > 1 && rank == W - 1 && span.first > 0) {
+            b[FT_MEM_WEIGHTS] += 4 * (p->unit_train[0] + p->unit_frozen[0]);
+            b[FT_MEM_GRADS] += 4 * p->unit_train[0];
+        }
+        b[FT_MEM_ACTIVATIONS] = b[FT_MEM_WORKSPACE] = 0;
+        for (int c = 0; c < k; c++) {
+            size_t n = (size_t)(c + 1 < k ? rows : B - c * rows) * T;
+            act_counts act, ws;
+            count_activations(mc, n, sp, span, &act, &ws);
+            b[FT_MEM_ACTIVATIONS] += act_bytes(&act, 4);
+            if (act_bytes(&ws, 4) > b[FT_MEM_WORKSPACE])
+                b[FT_MEM_WORKSPACE] = act_bytes(&ws, 4);
+        }
+        b[FT_MEM_WORKSPACE] += 4 * (qwin + qabs);
+    }
+    r->pipe_stages = W;
+}
+
+/* The cpu row of what dist.strategy (and dist.zero_stage) pick, as lib/run/trainer.c maps
+ * them onto the engine's strategies; -1 for model_parallel on more ranks than units. */
+static int selected_cpu_row(const ft_config *cfg, int world_size, bool pipe_ok)
+{
+    const char *s = ft_config_str(cfg, "dist.strategy");
+    if (!strcmp(s, "auto"))
+        return world_size > 1 ? FT_PLAN_CPU_DDP : FT_PLAN_CPU;
+    if (!strcmp(s, "zero")) {
+        long st = ft_config_int(cfg, "dist.zero_stage");
+        return st >= 3 ? FT_PLAN_CPU_ZERO3 : st == 2 ? FT_PLAN_CPU_ZERO2
+                                           : st == 1 ? FT_PLAN_CPU_ZERO1
+                                                     : FT_PLAN_CPU_DDP;
+    }
+    int row = ft_memplan_cpu_row_of(s);
+    return row == FT_PLAN_CPU_MP && !pipe_ok ? -1 : row;
+}
+
+int ft_memplan_cpu_row_of(const char *strategy)
+{
+    static const char *const names[] = {"none",  "ddp",  "zero1",         "zero2",
+                                        "zero3", "fsdp", "model_parallel"};
+    for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
+        if (!strcmp(strategy, names[i]))
+            return FT_PLAN_CPU + i;
+    return -1;
+}
+
+/* Rank r's part of n elements split over W ranks as lib/dist/dist_dp.c balances them:
+ * [n*r/W, n*(r+1)/W). */
+static size_t shard_of(size_t n, int W, int r)
+{
+    unsigned __int128 a = (unsigned __int128)n * (unsigned)r / (unsigned)W;
+    unsigned __int128 b = (unsigned __int128)n * (unsigned)(r + 1) / (unsigned)W;
+    return (size_t)(b - a);
+}
+
+size_t ft_memplan_cpu_rank(const ft_memplan_result *r, ft_plan_row_id row, int rank,
+                           size_t bytes[FT_MEM_NCAT], size_t *host)
+{
+    int W = row == FT_PLAN_CPU ? 1 : row == FT_PLAN_CPU_MP ? r->pipe_stages : r->world_size;
+    if (row < FT_PLAN_CPU || row > FT_PLAN_CPU_MP || rank < 0 || rank >= W)
+        return 0;
+    if (row == FT_PLAN_CPU_MP) {
+        size_t total = 0;
+        for (int c = 0; c < FT_MEM_NCAT; c++)
+            total += bytes[c] = r->pipe_bytes[rank][c];
+        if (host)
+            *host = 0; /* the engine refuses offload with model_parallel */
+        return total;
+    }
+    /* a quantized base lives outside the flat frozen buffer, whole on every rank, with
+     * one unit's dequantization window and its absmax temporary */
+    size_t Pt = r->n_trainable, Pf = r->n_frozen - r->n_quantized;
+    size_t st = shard_of(Pt, W, rank), sf = shard_of(Pf, W, rank);
+    size_t U = r->max_unit_trainable, F = r->max_unit_frozen;
+    bool zero = row >= FT_PLAN_CPU_ZERO1, z3 = row >= FT_PLAN_CPU_ZERO3;
+    bool windows = row == FT_PLAN_CPU_ZERO2 || z3; /* no whole gradient: unit windows */
+    size_t own = zero ? st : Pt;                   /* what this rank's optimizer updates */
+    bytes[FT_MEM_WEIGHTS] = 4 * (z3 ? st + sf : Pt + Pf) + r->quant_bytes;
+    bytes[FT_MEM_GRADS] = 4 * ((windows ? 0 : Pt) + (zero ? st : 0));
+    bytes[FT_MEM_OPTIM] = r->offload ? 0 : 8 * own;
+    bytes[FT_MEM_ACTIVATIONS] = r->cpu_activations;
+    bytes[FT_MEM_WORKSPACE] = r->cpu_workspace + 4 * (r->max_unit_quantized + r->max_quant_absmax);
+    if (windows) /* two gradient windows, each with its reduce-scatter landing buffer */
+        bytes[FT_MEM_WORKSPACE] += 4 * 4 * U;
+    if (z3) /* parameter windows: the unit computing, the next one, a tied embedding */
+        bytes[FT_MEM_WORKSPACE] += 4 * (size_t)(2 + (r->tied ? 1 : 0)) * (U + F);
+    if (host) /* offload: AdamW m and v, the fp32 master and the gradient of the shard */
+        *host = r->offload ? 16 * own : 0;
+    size_t total = 0;
+    for (int c = 0; c < FT_MEM_NCAT; c++)
+        total += bytes[c];
+    return total;
+}
+
+/* The gpu row of dist.strategy (zero1-zero3 or zero with dist.zero_stage); model_parallel
+ * has no prediction of its own: gpu-1, the whole model, bounds each stage. */
+static ft_plan_row_id selected_row(const ft_config *cfg, int world_size)
+{
+    const char *s = ft_config_str(cfg, "dist.strategy");
+    if (!strcmp(s, "none") || !strcmp(s, "model_parallel"))
+        return FT_PLAN_GPU_1;
+    if (!strcmp(s, "auto"))
+        return world_size > 1 ? FT_PLAN_GPU_DDP : FT_PLAN_GPU_1;
+    if (!strcmp(s, "fsdp"))
+        return FT_PLAN_GPU_FSDP;
+    if (!strncmp(s, "zero", 4)) {
+        int st = ft_dist_zero_stage(cfg);
+        return st >= 3   ? FT_PLAN_GPU_ZERO3
+               : st == 2 ? FT_PLAN_GPU_ZERO2
+               : st == 1 ? FT_PLAN_GPU_ZERO1
+                         : FT_PLAN_GPU_DDP;
+    }
+    return FT_PLAN_GPU_DDP;
+}
+
+int ft_memplan(const ft_config *cfg, const ft_model_config *mc, int world_size,
+               ft_memplan_result *out, ft_err *err)
+{
+    bool batch_auto = ft_config_is_auto(cfg, "train.batch_size");
+    int rc = ft_memplan_batch(cfg, mc, world_size,
+                              batch_auto ? 1 : (int)ft_config_int(cfg, "train.batch_size"), out,
+                              err);
+    out->batch_auto = batch_auto;
+    return rc;
+}
+
+int ft_memplan_batch(const ft_config *cfg, const ft_model_config *mc, int world_size,
+                     int batch_size, ft_memplan_result *out, ft_err *err)
+{
+    memset(out, 0, sizeof *out);
+    if (world_size < 1)
+        return ft_fail(err, "memory plan: world size must be >= 1 (got %d)", world_size);
+    ft_memplan_result *r = out;
+    const char *mode = ft_config_str(cfg, "tuning.mode");
+    snprintf(r->mode, sizeof r->mode, "%s", mode);
+    snprintf(r->model_type, sizeof r->model_type, "%s", mc->model_type);
+    r->num_layers = mc->num_layers;
+    r->world_size = world_size;
+    r->batch_size = batch_size;
+    r->seq_len = (int)ft_config_int(cfg, "model.max_seq_len");
+    r->grad_ckpt = ft_config_bool(cfg, "train.gradient_checkpointing");
+    r->half = ft_config_bool(cfg, "train.bf16") || ft_config_bool(cfg, "train.fp16");
+    if (r->batch_size < 1 || r->seq_len < 1)
+        return ft_fail(err, "memory plan: train.batch_size and model.max_seq_len must be >= 1");
+
+    int pmode = !strcmp(mode, "full") ? MODE_FULL : !strcmp(mode, "qlora") ? MODE_QLORA
+                                                                             : MODE_LORA;
+    bool lora = pmode != MODE_FULL;
+    ft_quant_options quant = {FT_QUANT_NONE, 64, false};
+    const char *quant_skip = "";
+    if (mc->quant.present) { /* the checkpoint's own quantization_config */
+        quant = mc->quant.opt;
+        quant_skip = mc->quant.skip;
+    } else if (pmode == MODE_QLORA) {
+        if (ft_quant_parse(ft_config_str(cfg, "tuning.quant.type"), &quant.type, err))
+            return ft_fail_prefix(err, "config: key 'tuning.quant.type'");
+        quant.blocksize = (int)ft_config_int(cfg, "tuning.quant.blocksize");
+        quant.double_quant = ft_config_bool(cfg, "tuning.quant.double_quant");
+        quant_skip = ft_config_str(cfg, "tuning.quant.skip_modules");
+    }
+    if (quant.type != FT_QUANT_NONE)
+        snprintf(r->quant, sizeof r->quant, "%s%s", ft_quant_name(quant.type),
+                 quant.double_quant && quant.type != FT_QUANT_INT8 ? "+dq" : "");
+
+    /* LoRA as the trainer sets it up (lib/run/trainer.c setup_model, lib/model/model.c setup_lora) */
+    ft_lora_config lc = {0};
+    unsigned *mask = calloc((size_t)mc->num_layers ? (size_t)mc->num_layers : 1, sizeof *mask);
+    unsigned lora_union = 0;
+    if (!mask)
+        return ft_fail(err, "out of memory");
+    if (lora) {
+        lc.r = (int)ft_config_int(cfg, "tuning.lora.r");
+        lc.dropout = (float)ft_config_float(cfg, "tuning.lora.dropout");
+        if (lc.r <= 0 || lc.dropout < 0 || lc.dropout >= 1) {
+            free(mask);
+            return ft_fail(err, "config: tuning.lora.r must be > 0 and tuning.lora.dropout in "
+                                "[0, 1) (got %d, %g)",
+                           lc.r, lc.dropout);
+        }
+        if (ft_lora_targets_parse(ft_config_str(cfg, "tuning.lora.target_modules"), &lc.targets,
+                                  err)) {
+            free(mask);
+            return ft_fail_prefix(err, "config: key 'tuning.lora.target_modules'");
+        }
+        for (int l = 0; l < mc->num_layers; l++) {
+            if (ft_lora_layer_mask(&lc, l, &mask[l], err)) {
+                free(mask);
+                return ft_fail_prefix(err, "config: key 'tuning.lora.target_modules'");
+            }
+            lora_union |= mask[l];
+        }
+        if (!lora_union) {
+            free(mask);
+            return ft_fail(err, "config: tuning.lora.target_modules selects no linear layer of "
+                                "this model");
+        }
+    }
+
+    size_t n_units = (size_t)mc->num_layers + 2;
+    size_t *unit_buf = calloc(6 * n_units, sizeof *unit_buf);
+    if (!unit_buf) {
+        free(mask);
+        return ft_fail(err, "out of memory");
+    }
+    planner p = {.mc = mc,
+                 .mode = pmode,
+                 .h = r->half ? 2 : 4,
+                 .k = r->half ? 12 : 8,
+                 .N = (size_t)world_size,
+                 .r = r,
+                 .unit_train = unit_buf,
+                 .unit_frozen_bytes = unit_buf + n_units,
+                 .unit_frozen = unit_buf + 2 * n_units,
+                 .quant = quant,
+                 .quant_skip = quant_skip,
+                 .unit_quantized = unit_buf + 3 * n_units,
+                 .unit_quant_bytes = unit_buf + 4 * n_units,
+                 .unit_absmax = unit_buf + 5 * n_units};
+
+    static const char *names[FT_PLAN_NROWS] = {
+        "cpu-fp32",  "cpu-ddp",   "cpu-zero1", "cpu-zero2", "cpu-zero3",
+        "cpu-fsdp",  "cpu-mp",    "gpu-1",     "gpu-ddp",   "gpu-zero1",
+        "gpu-zero2", "gpu-zero3", "gpu-fsdp"};
+    for (int i = 0; i < FT_PLAN_NROWS; i++) {
+        r->rows[i].name = names[i];
+        r->rows[i].predicted = i >= FT_PLAN_GPU_1;
+        r->rows[i].world_size = i == FT_PLAN_CPU || i == FT_PLAN_GPU_1 ? 1 : world_size;
+    }
+    count_params(&p, mask, lc.r);
+    r->tied = mc->tie_word_embeddings;
+    r->offload = !strcmp(ft_config_str(cfg, "dist.offload_optimizer"), "cpu");
+    for (size_t u = 0; u < n_units; u++) {
+        if (p.unit_train[u] > r->max_unit_trainable)
+            r->max_unit_trainable = p.unit_train[u];
+        if (p.unit_frozen[u] > r->max_unit_frozen)
+            r->max_unit_frozen = p.unit_frozen[u];
+    }
+
+    /* FSDP: per unit flat parameters, each padded to a multiple of N */
+    size_t N = p.N, h = p.h;
+    size_t max_unit_g = 0, max_unit_pg = 0;
+    for (size_t u = 0; u < n_units; u++) {
+        size_t t = ceil_div(p.unit_train[u], N);
+        ft_memplan_row *f = &r->rows[FT_PLAN_GPU_FSDP];
+        f->bytes[FT_MEM_WEIGHTS] += 4 * t + ceil_div(p.unit_frozen_bytes[u], N);
+        f->bytes[FT_MEM_GRADS] += 4 * t;
+        f->bytes[FT_MEM_OPTIM] += 8 * t;
+        size_t g = h * p.unit_train[u];
+        size_t pg = 2 * (h * p.unit_train[u] + p.unit_frozen_bytes[u]) + g;
+        if (g > max_unit_g)
+            max_unit_g = g;
+        if (pg > max_unit_pg)
+            max_unit_pg = pg;
+    }
+
+    /* activations and backward scratch */
+    act_counts act, ws;
+    act_spec sp = {.grad_ckpt = r->grad_ckpt, .lora = lora, .lora_dropout = lora && lc.dropout > 0,
+                   .r_lora = lc.r, .lora_union = lora_union,
+                   .loss_chunk = ft_config_loss_chunk(cfg)};
+    count_activations(mc, (size_t)r->batch_size * (size_t)r->seq_len, &sp,
+                      (stage_span){0, mc->num_layers + 1}, &act, &ws);
+    for (int i = FT_PLAN_GPU_1; i < FT_PLAN_NROWS; i++) {
+        r->rows[i].bytes[FT_MEM_ACTIVATIONS] = act_bytes(&act, h);
+        r->rows[i].bytes[FT_MEM_WORKSPACE] = act_bytes(&ws, h);
+    }
+    /* a quantized base: one unit's weights dequantized at a time (model.c's window, of
+     * the compute dtype) with an fp32 absmax temporary for a double-quantized weight */
+    for (size_t u = 0; u < n_units; u++) {
+        if (p.unit_quantized[u] > r->max_unit_quantized)
+            r->max_unit_quantized = p.unit_quantized[u];
+        if (p.unit_absmax[u] > r->max_quant_absmax)
+            r->max_quant_absmax = p.unit_absmax[u];
+    }
+    for (int i = FT_PLAN_GPU_1; i < FT_PLAN_NROWS; i++)
+        r->rows[i].bytes[FT_MEM_WORKSPACE] += h * r->max_unit_quantized + 4 * r->max_quant_absmax;
+    r->cpu_activations = act_bytes(&act, 4);
+    r->cpu_workspace = act_bytes(&ws, 4);
+    plan_pipeline(r, &p, &sp, (int)ft_config_int(cfg, "dist.pipeline_micro_batches"));
+    r->rows[FT_PLAN_GPU_ZERO2].bytes[FT_MEM_WORKSPACE] += max_unit_g;
+    r->rows[FT_PLAN_GPU_ZERO3].bytes[FT_MEM_WORKSPACE] += max_unit_pg;
+    r->rows[FT_PLAN_GPU_FSDP].bytes[FT_MEM_WORKSPACE] += max_unit_pg;
+
+    for (int i = FT_PLAN_GPU_1; i < FT_PLAN_NROWS; i++) {
+        r->rows[i].total = 0;
+        for (int c = 0; c < FT_MEM_NCAT; c++)
+            r->rows[i].total += r->rows[i].bytes[c];
+    }
+    /* the cpu rows: the rank with the largest total (the first of equals) */
+    for (int i = FT_PLAN_CPU; i <= FT_PLAN_CPU_MP; i++) {
+        ft_memplan_row *w = &r->rows[i];
+        for (int rank = 0; rank < (i == FT_PLAN_CPU_MP ? r->pipe_stages : w->world_size); rank++) {
+            size_t b[FT_MEM_NCAT], host;
+            size_t total = ft_memplan_cpu_rank(r, (ft_plan_row_id)i, rank, b, &host);
+            if (rank == 0 || total > w->total) {
+                memcpy(w->bytes, b, sizeof b);
+                w->total = total;
+                w->host = host;
+                w->rank = rank;
+            }
+        }
+    }
+    r->selected = selected_row(cfg, world_size);
+    r->selected_cpu = selected_cpu_row(cfg, world_size, r->pipe_stages > 0);
+    free(unit_buf);
+    free(mask);
+    return 0;
+}
+
+int ft_memplan_config(const ft_config *cfg, int world_size, ft_memplan_result *out,
+                      ft_err *err)
+{
+    if (!ft_config_has(cfg, "model.name"))
+        return ft_fail(err, "config: key 'model.name' is required (a Hugging Face model dir)");
+    char dir[4096], path[4200];
+    if (ft_resolve_model_dir(ft_config_str(cfg, "model.name"), dir, sizeof dir, err))
+        return -1;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    ft_model_config mc;
+    if (ft_model_config_load(&mc, path, err))
+        return -1;
+    return ft_memplan(cfg, &mc, world_size, out, err);
+}
+
+/* cpu-fp32 always; the other cpu rows at several ranks or when selected. */
+static bool row_shown(const ft_memplan_result *r, int i)
+{
+    if (i == FT_PLAN_CPU_MP && !r->pipe_stages)
+        return false;
+    return i == FT_PLAN_CPU || i >= FT_PLAN_GPU_1 || r->world_size > 1 || i == r->selected_cpu;
+}
+
+static void print_row(const ft_memplan_row *w, const char *name, const char *kind, FILE *out)
+{
+    fprintf(out, "%-11s %5d", name, w->world_size);
+    for (int c = 0; c < FT_MEM_NCAT; c++)
+        fprintf(out, " %11.1f", ft_mib(w->bytes[c]));
+    fprintf(out, " %11.1f  %s\n", ft_mib(w->total), kind);
+}
+
+void ft_memplan_print_with(const ft_memplan_result *r, const ft_memplan_row *extra, FILE *out)
+{
+    char base[64] = "";
+    if (r->quant[0])
+        snprintf(base, sizeof base, " (%zu in %s)", r->n_quantized, r->quant);
+    fprintf(out,
+            "memory plan: %s, %s %d layers, %zu trainable + %zu frozen%s parameters, "
+            "%d x %d tokens per rank%s, gradient checkpointing %s\n",
+            r->mode, r->model_type, r->num_layers, r->n_trainable, r->n_frozen, base, r->batch_size,
+            r->seq_len, r->batch_auto ? " (batch_size auto: planned for 1)" : "",
+            r->grad_ckpt ? "on" : "off");
+    fprintf(out, "%-11s %5s %11s %11s %11s %11s %11s %11s  %s\n", "strategy", "ranks",
+            "weights", "gradients", "optimizer", "activations", "workspace", "total", "MiB/rank");
+    size_t host = 0;
+    for (int i = 0; i < FT_PLAN_NROWS; i++) {
+        const ft_memplan_row *w = &r->rows[i];
+        if (!row_shown(r, i))
+            continue;
+        bool sel = i == (int)r->selected || i == r->selected_cpu;
+        char name[16], kind[40];
+        snprintf(name, sizeof name, "%s%s", w->name, sel ? "*" : "");
+        if (w->predicted)
+            snprintf(kind, sizeof kind, "predicted, %s", r->half ? "16-bit" : "fp32");
+        else if (w->world_size > 1)
+            snprintf(kind, sizeof kind, "exact, largest rank (%d)", w->rank);
+        else
+            snprintf(kind, sizeof kind, "exact");
+        print_row(w, name, kind, out);
+        if (i == r->selected_cpu)
+            host = w->host;
+        if (extra && i == (r->selected_cpu >= 0 ? r->selected_cpu : FT_PLAN_CPU))
+            print_row(extra, extra->name, "measured, largest rank, one step", out);
+    }
+    fprintf(out,
+            "cpu-* are the CPU engine (fp32 on CPU ranks: what the allocator measures); "
+            "gpu-* are the ZeRO paper's formulas at 16 bits, without CUDA context and "
+            "library workspaces; * = the rows dist.strategy selects.\n");
+    if (r->offload && host)
+        fprintf(out, "dist.offload_optimizer cpu: the optimizer state is in host memory, "
+                     "%.1f MiB per rank on top of the table (cpu rows)\n",
+                ft_mib(host));
+    if (row_shown(r, FT_PLAN_CPU_MP))
+        fprintf(out, "cpu-mp = model_parallel: %d stages split by parameter count%s.\n",
+                r->pipe_stages,
+                r->pipe_stages > 1 ? ", the largest shown" : "");
+    if (r->selected_cpu < 0)
+        fprintf(out, "model_parallel on %d ranks: more ranks than units (embeddings, %d layers, "
+                     "head), which the engine refuses\n",
+                r->world_size, r->num_layers);
+    if (r->note[0])
+        fprintf(out, "note: %s\n", r->note);
+}
+
+void ft_memplan_print(const ft_memplan_result *r, FILE *out)
+{
+    ft_memplan_print_with(r, NULL, out);
+}
+
+int ft_memplan_compare_modes(ft_config *cfg, int world_size, FILE *out, ft_err *err)
+{
+    char mode[16];
+    snprintf(mode, sizeof mode, "%s", ft_config_str(cfg, "tuning.mode"));
+    static const char *const modes[] = {"full", "lora", "qlora"};
+    ft_memplan_result r[3];
+    int rc = 0;
+    for (int i = 0; i < 3 && rc == 0; i++)
+        rc = ft_config_set_key(cfg, "tuning.mode", modes[i], "memory plan", NULL, err) ||
+             ft_memplan_config(cfg, world_size, &r[i], err);
+    if (ft_config_set_key(cfg, "tuning.mode", mode, "memory plan", NULL, err) || rc)
+        return -1;
+    int cpu0 = r[0].selected_cpu >= 0 ? r[0].selected_cpu : FT_PLAN_CPU;
+    fprintf(out, "by tuning mode (this model, batch and strategy; MiB per rank):\n");
+    fprintf(out, "%-6s %12s %12s %12s %12s  %s\n", "mode", "trainable", "base",
+            r[0].rows[cpu0].name, r[0].rows[r[0].selected].name, "quantized base");
+    for (int i = 0; i < 3; i++) {
+        char q[64] = "-";
+        if (r[i].n_quantized)
+            snprintf(q, sizeof q, "%s, %.3f B/param", r[i].quant,
+                     (double)r[i].quant_bytes / (double)r[i].n_quantized);
+        int cpu = r[i].selected_cpu >= 0 ? r[i].selected_cpu : FT_PLAN_CPU;
+        fprintf(out, "%-6s %12zu %12zu %12.1f %12.1f  %s%s\n", modes[i], r[i].n_trainable,
+                r[i].n_frozen, ft_mib(r[i].rows[cpu].total),
+                ft_mib(r[i].rows[r[i].selected].total), q,
+                !strcmp(modes[i], "full") && r[i].n_quantized
+                    ? " (full mode cannot train a quantized checkpoint)"
+                    : "");
+    }
+    return 0;
+}

@@ -1,0 +1,251 @@
+/* LoRA merge: base + PEFT adapter -> plain Hugging Face checkpoint.
+ *
+ * The math: a LoRA linear computes y = x W^T + s (x A^T) B^T = x (W + s B A)^T, so the
+ * merged weight is W' = W + s B @ A (A [r, in], B [out, r], s = alpha / r or
+ * alpha / sqrt(r)), as peft's merge_and_unload does, in fp32. The product is one GEMM
+ * through the ops interface: linear_backward's dx += alpha * dy @ w with dy = B [out, r]
+ * and w = A [r, in] is exactly W += s * B @ A.
+ *
+ * The output: every non-LoRA parameter of the model in the chosen dtype (the model's
+ * parameter list has no lm_head.weight when embeddings are tied, which is what
+ * transformers writes too), sharded like save_pretrained when over the shard limit;
+ * config.json with its dtype key updated; tokenizer / generation files copied. A
+ * quantized base (bitsandbytes 4/8-bit, e.g. from ft-quantize) is dequantized first and
+ * the output is dense 16-bit (bf16, or f16 when that is the base's compute dtype) with
+ * no quantization_config. All of it
+ * goes into "<out>.tmp-<pid>-<n>" in the same parent dir and is renamed to <out> at the
+ * end; on any error the temporary dir is removed. */
+#include "model/merge.h"
+
+#include <jansson.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/fsutil.h"
+#include "formats/lora.h"
+#include "ops.h"
+#include "formats/safetensors.h"
+
+#define PEFT_PREFIX "base_model.model."
+
+/* The base weight and B of the LoRA A parameter `a`, by name. */
+static int find_pair(ft_model *m, const ft_param *a, ft_param **w, ft_param **b, ft_err *err)
+{
+    const char *suffix = ".lora_A.weight";
+    size_t n = strlen(a->name), np = strlen(PEFT_PREFIX), ns = strlen(suffix);
+    if (n <= np + ns || strncmp(a->name, PEFT_PREFIX, np) != 0 ||
+        strcmp(a->name + n - ns, suffix) != 0)
+        return ft_fail(err, "LoRA parameter '%s' does not follow PEFT's naming", a->name);
+    char path[sizeof a->name], name[sizeof a->name + 32];
+    snprintf(path, sizeof path, "%.*s", (int)(n - np - ns), a->name + np);
+    snprintf(name, sizeof name, "%s.weight", path);
+    *w = ft_model_find_param(m, name);
+    snprintf(name, sizeof name, PEFT_PREFIX "%s.lora_B.weight", path);
+    *b = ft_model_find_param(m, name);
+    if (!*w || !*b)
+        return ft_fail(err, "LoRA parameter '%s' has no %s", a->name,
+                       !*w ? "base weight" : "lora_B partner");
+    return 0;
+}
+
+int ft_merge_lora_weights(ft_model *m, float scaling, ft_err *err)
+{
+    int pairs = 0;
+    for (size_t i = 0; i < ft_model_param_count(m); i++) {
+        ft_param *a = ft_model_param(m, i);
+        if (!a->is_lora || !strstr(a->name, ".lora_A."))
+            continue;
+        ft_param *w = NULL, *b = NULL;
+        if (find_pair(m, a, &w, &b, err))
+            return -1;
+        int64_t r = a->shape[0], in = a->shape[1], out = b->shape[0];
+        if (a->ndim != 2 || b->ndim != 2 || w->ndim != 2 || b->shape[1] != r ||
+            w->shape[0] != out || w->shape[1] != in)
+            return ft_fail(err, "LoRA pair of '%s': shapes A [%lld, %lld], B [%lld, %lld] do "
+                                "not fit the weight [%lld, %lld]",
+                           w->name, (long long)a->shape[0], (long long)a->shape[1],
+                           (long long)b->shape[0], (long long)b->shape[1],
+                           (long long)w->shape[0], (long long)w->shape[1]);
+        if (r > INT_MAX || in > INT_MAX || out > INT_MAX)
+            return ft_fail(err, "'%s': dimensions too large", w->name);
+        /* dx[N=out, in] += s * dy[out, r] @ w[r, in]  ==  W += s * B @ A */
+        ft_linear_backward(ft_f32(w->data, w->numel), ft_none(), ft_none(),
+                           ft_f32(b->data, b->numel), ft_none(), ft_f32(a->data, a->numel),
+                           (int)out, (int)in, (int)r, scaling);
+        pairs++;
+    }
+    if (pairs == 0)
+        return ft_fail(err, "the model has no LoRA weights to merge");
+    return 0;
+}
+
+/* ---- dtype ------------------------------------------------------------------------- */
+
+typedef struct dtype_choice {
+    ft_st_dtype st;
+    const char *torch; /* config.json's name */
+} dtype_choice;
+
+static int parse_dtype(const char *s, dtype_choice *d)
+{
+    static const struct {
+        const char *a, *b;
+        ft_st_dtype st;
+    } names[] = {{"f32", "float32", FT_ST_F32},
+                 {"bf16", "bfloat16", FT_ST_BF16},
+                 {"f16", "float16", FT_ST_F16}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(s, names[i].a) == 0 || strcmp(s, names[i].b) == 0) {
+            d->st = names[i].st;
+            d->torch = names[i].b;
+            return 0;
+        }
+    return -1;
+}
+
+/* Converts n fp32 values to bf16 / f16 in place: the 2-byte result j lands on bytes
+ * [2j, 2j+2), which only overlap input values already read (input j sits at [4j, 4j+4)),
+ * so one forward pass is safe. Going through memcpy keeps it free of aliasing UB. */
+static void narrow_in_place(float *data, size_t n, ft_st_dtype dt)
+{
+    unsigned char *bytes = (unsigned char *)data;
+    for (size_t j = 0; j < n; j++) {
+        float f;
+        memcpy(&f, bytes + 4 * j, sizeof f);
+        uint16_t h = dt == FT_ST_BF16 ? ft_f32_to_bf16(f) : ft_f32_to_f16(f);
+        memcpy(bytes + 2 * j, &h, sizeof h);
+    }
+}
+
+/* ---- files ------------------------------------------------------------------------- */
+
+/* The files of a model dir besides weights and config that a merged checkpoint keeps. */
+static const char *const passthrough_files[] = {
+    "tokenizer.json",    "tokenizer_config.json", "special_tokens_map.json",
+    "tokenizer.model",   "generation_config.json", "added_tokens.json",
+    "vocab.json",        "merges.txt",             "chat_template.jinja",
+};
+
+int ft_copy_passthrough_files(const char *model_dir, const char *dst_dir, ft_err *err)
+{
+    for (size_t i = 0; i < sizeof passthrough_files / sizeof passthrough_files[0]; i++) {
+        char src[4400], dst[4400];
+        snprintf(src, sizeof src, "%s/%s", model_dir, passthrough_files[i]);
+        snprintf(dst, sizeof dst, "%s/%s", dst_dir, passthrough_files[i]);
+        struct stat st;
+        if (stat(src, &st) != 0)
+            continue;
+        if (ft_copy_file(src, dst, err))
+            return -1;
+    }
+    return 0;
+}
+
+static int write_weights(ft_model *m, const char *dir, ft_st_dtype dt, size_t max_shard,
+                         ft_err *err)
+{
+    ft_st_writer *w = ft_st_writer_new();
+    if (!w)
+        return ft_fail(err, "out of memory");
+    int rc = ft_st_writer_metadata(w, "format", "pt", err);
+    for (size_t i = 0; i < ft_model_param_count(m) && rc == 0; i++) {
+        ft_param *p = ft_model_param(m, i);
+        if (p->is_lora)
+            continue;
+        if (dt != FT_ST_F32)
+            narrow_in_place(p->data, p->numel, dt);
+        rc = ft_st_writer_add(w, p->name, dt, p->ndim, p->shape, p->data, err);
+    }
+    if (rc == 0)
+        rc = ft_st_writer_save_sharded(w, dir, "model", max_shard, err);
+    ft_st_writer_free(w);
+    return rc;
+}
+
+int ft_merge(const ft_merge_options *o, ft_err *err)
+{
+    if (!o->model_dir || !o->adapter_dir || !o->out_dir || !o->out_dir[0])
+        return ft_fail(err, "merge needs a model dir, an adapter dir and an output dir");
+    char out[4096];
+    const char *inputs[] = {o->model_dir, o->adapter_dir};
+    if (ft_out_dir_check(o->out_dir, o->force, inputs, 2, out, sizeof out, err))
+        return -1;
+    struct stat st;
+    if (stat(o->adapter_dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return ft_fail(err, "%s: adapter dir not found", o->adapter_dir);
+
+    json_t *cfg_json = NULL;
+    if (ft_read_model_config_json(o->model_dir, &cfg_json, err))
+        return -1;
+    dtype_choice dt = {FT_ST_F32, "float32"};
+    int rc = 0;
+    if (o->dtype) {
+        if (parse_dtype(o->dtype, &dt))
+            rc = ft_fail(err, "unknown dtype '%s' (expected bf16, f16 or f32)", o->dtype);
+    } else if (json_object_get(cfg_json, "quantization_config")) {
+        /* a quantized base: 16-bit out, the compute dtype when it is one */
+        json_t *v = json_object_get(json_object_get(cfg_json, "quantization_config"),
+                                    "bnb_4bit_compute_dtype");
+        if (!json_is_string(v) || strcmp(json_string_value(v), "float16") != 0)
+            v = json_string("bfloat16");
+        else
+            json_incref(v);
+        parse_dtype(json_string_value(v), &dt);
+        json_decref(v);
+    } else {
+        json_t *v = json_object_get(cfg_json, "torch_dtype");
+        if (!json_is_string(v))
+            v = json_object_get(cfg_json, "dtype");
+        if (json_is_string(v) && parse_dtype(json_string_value(v), &dt))
+            rc = ft_fail(err, "%s/config.json: torch_dtype '%s' is not bfloat16, float16 or "
+                              "float32; choose the output dtype",
+                         o->model_dir, json_string_value(v));
+    }
+
+    ft_lora_config lc;
+    if (rc == 0 && ft_lora_config_load(&lc, o->adapter_dir, err))
+        rc = -1;
+    ft_model *m = NULL;
+    if (rc == 0) {
+        ft_model_options mo = {.mode = FT_TRAIN_LORA, .lora = lc};
+        mo.lora.dropout = 0; /* dropout plays no part in the merge */
+        if (ft_model_load(&m, o->model_dir, &mo, err))
+            rc = -1;
+    }
+    if (rc == 0 && ft_model_load_adapter(m, o->adapter_dir, err))
+        rc = -1;
+    if (rc == 0 && ft_model_dequantize_base(m, err))
+        rc = -1;
+    json_object_del(cfg_json, "quantization_config"); /* the output is dense */
+    if (rc == 0 && ft_merge_lora_weights(m, ft_lora_scaling(&lc), err))
+        rc = ft_fail_prefix(err, "%s", o->adapter_dir);
+    if (rc) {
+        ft_model_free(m);
+        json_decref(cfg_json);
+        return -1;
+    }
+
+    char tmp[4200];
+    if (ft_make_temp_dir(out, tmp, sizeof tmp, err)) {
+        ft_model_free(m);
+        json_decref(cfg_json);
+        return -1;
+    }
+    size_t max_shard = o->max_shard_bytes ? o->max_shard_bytes : FT_MERGE_DEFAULT_SHARD_BYTES;
+    rc = write_weights(m, tmp, dt.st, max_shard, err);
+    ft_model_free(m);
+    if (rc == 0)
+        rc = ft_write_model_config(cfg_json, tmp, dt.torch, err);
+    json_decref(cfg_json);
+    if (rc == 0)
+        rc = ft_copy_passthrough_files(o->model_dir, tmp, err);
+    if (rc == 0)
+        rc = ft_publish_dir(tmp, out, o->force, "ft-merge", err);
+    if (rc)
+        ft_remove_tree(tmp);
+    return rc;
+}

@@ -1,0 +1,992 @@
+/* ft_model: parameter layout, weight loading, activation buffers, accessors.
+ * Forward and backward are in model_pass.c; PEFT adapters in adapter.c. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model_internal.h"
+#include "formats/quant_io.h"
+#include "core/rng.h"
+#include "formats/safetensors.h"
+#ifdef FT_HAVE_CUDA
+#include "cuda/device_memory.h"
+#endif
+
+typedef struct layout {
+    ft_model *m;
+    size_t cap;
+} layout;
+
+static int add_param(layout *lo, int unit, bool trainable, bool is_lora, float **data,
+                     float **grad, int ndim, int64_t d0, int64_t d1, const char *fmt, ...)
+    __attribute__((format(printf, 10, 11)));
+
+static int add_param(layout *lo, int unit, bool trainable, bool is_lora, float **data,
+                     float **grad, int ndim, int64_t d0, int64_t d1, const char *fmt, ...)
+{
+    ft_model *m = lo->m;
+    if (m->n_params == lo->cap) {
+        size_t cap = lo->cap ? 2 * lo->cap : 64;
+        ft_param *p = realloc(m->params, cap * sizeof *p);
+        if (p)
+            m->params = p;
+        float ***sd = realloc(m->slot_data, cap * sizeof *sd);
+        if (sd)
+            m->slot_data = sd;
+        float ***sg = realloc(m->slot_grad, cap * sizeof *sg);
+        if (sg)
+            m->slot_grad = sg;
+        if (!p || !sd || !sg)
+            return -1;
+        lo->cap = cap;
+    }
+    ft_param *p = &m->params[m->n_params];
+    memset(p, 0, sizeof *p);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->name, sizeof p->name, fmt, ap);
+    va_end(ap);
+    p->ndim = ndim;
+    p->shape[0] = d0;
+    p->shape[1] = ndim > 1 ? d1 : 0;
+    p->numel = (size_t)d0 * (size_t)(ndim > 1 ? d1 : 1);
+    p->unit = unit;
+    p->is_lora = is_lora;
+    p->trainable = trainable;
+    m->slot_data[m->n_params] = data;
+    m->slot_grad[m->n_params] = grad;
+    m->n_params++;
+    return 0;
+}
+
+/* Whether the base keeps layer l's projection p in 4 or 8 bits: a quantized base, and p's
+ * module path matches no entry of the skip list. */
+static bool quantized_weight(const ft_model *m, int l, ft_proj p)
+{
+    char path[160];
+    snprintf(path, sizeof path, "model.layers.%d.%s", l, ft_proj_path(p));
+    return m->quant.type != FT_QUANT_NONE && !ft_quant_skipped(m->quant_skip, path);
+}
+
+/* Lists every parameter in unit order (see model.h). */
+static int build_layout(layout *lo)
+{
+    ft_model *m = lo->m;
+    const ft_model_config *c = &m->cfg;
+    bool full = m->opt.mode == FT_TRAIN_FULL;
+    bool lora = m->opt.mode == FT_TRAIN_LORA;
+    int L = c->num_layers, C = c->hidden_size, V = c->vocab_size;
+    int rc = 0;
+
+    rc |= add_param(lo, 0, full, false, &m->embed, &m->g_embed, 2, V, C,
+                    "model.embed_tokens.weight");
+    for (int l = 0; l < L; l++) {
+        layer_weights *w = &m->layers[l];
+        rc |= add_param(lo, l + 1, full, false, &w->ln1, &w->g_ln1, 1, C, 0,
+                        "model.layers.%d.input_layernorm.weight", l);
+        for (int p = 0; p < FT_NPROJ; p++) {
+            int in, out;
+            proj_dims(c, (ft_proj)p, &in, &out);
+            if (p == FT_PROJ_GATE)
+                rc |= add_param(lo, l + 1, full, false, &w->ln2, &w->g_ln2, 1, C, 0,
+                                "model.layers.%d.post_attention_layernorm.weight", l);
+            rc |= add_param(lo, l + 1, full, false, &w->w[p], &w->gw[p], 2, out, in,
+                            "model.layers.%d.%s.weight", l, ft_proj_path((ft_proj)p));
+            if (rc == 0)
+                m->params[m->n_params - 1].quantized = quantized_weight(m, l, (ft_proj)p);
+            if (proj_has_bias(c, (ft_proj)p))
+                rc |= add_param(lo, l + 1, full, false, &w->b[p], &w->gb[p], 1, out, 0,
+                                "model.layers.%d.%s.bias", l, ft_proj_path((ft_proj)p));
+        }
+        if (lora) {
+            int r = m->opt.lora.r;
+            for (int p = 0; p < FT_NPROJ; p++) {
+                if (!(m->lora_mask[l] & (1u << p)))
+                    continue;
+                int in, out;
+                proj_dims(c, (ft_proj)p, &in, &out);
+                rc |= add_param(lo, l + 1, true, true, &w->lora_a[p], &w->g_lora_a[p], 2, r, in,
+                                "base_model.model.model.layers.%d.%s.lora_A.weight", l,
+                                ft_proj_path((ft_proj)p));
+                rc |= add_param(lo, l + 1, true, true, &w->lora_b[p], &w->g_lora_b[p], 2, out, r,
+                                "base_model.model.model.layers.%d.%s.lora_B.weight", l,
+                                ft_proj_path((ft_proj)p));
+            }
+        }
+    }
+    rc |= add_param(lo, L + 1, full, false, &m->norm_f, &m->g_norm_f, 1, C, 0,
+                    "model.norm.weight");
+    if (!c->tie_word_embeddings)
+        rc |= add_param(lo, L + 1, full, false, &m->lm_head, &m->g_lm_head, 2, V, C,
+                        "lm_head.weight");
+    return rc;
+}
+
+static void bind_unit(ft_model *m, int unit, float *train, float *compute, float *grad,
+                      float *frozen);
+
+/* Lays the parameters out in the flat buffers (offsets and unit ranges); allocates and
+ * binds the buffers unless the model is unbound. */
+static int assign_buffers(ft_model *m, ft_err *err)
+{
+    int L = m->cfg.num_layers;
+    m->unit_begin = calloc((size_t)L + 3, sizeof *m->unit_begin);
+    m->frozen_begin = calloc((size_t)L + 3, sizeof *m->frozen_begin);
+    if (!m->unit_begin || !m->frozen_begin)
+        return ft_fail(err, "out of memory");
+    size_t to = 0, fo = 0, qo = 0;
+    int unit = 0;
+    for (size_t i = 0; i < m->n_params; i++) {
+        ft_param *p = &m->params[i];
+        while (unit < p->unit) {
+            m->unit_begin[++unit] = to;
+            m->frozen_begin[unit] = fo;
+            qo = 0;
+        }
+        if (p->quantized) {
+            /* not in the flat buffers: a place in the dequantization window */
+            p->offset = qo;
+            qo += p->numel;
+            if (qo > m->qwin_n)
+                m->qwin_n = qo;
+            continue;
+        }
+        p->offset = p->trainable ? to : fo;
+        *(p->trainable ? &to : &fo) += p->numel;
+    }
+    while (unit < L + 2) {
+        m->unit_begin[++unit] = to;
+        m->frozen_begin[unit] = fo;
+    }
+    m->n_train = to;
+    m->n_frozen = fo;
+    m->qwin_unit = -1;
+    if (m->qwin_n && !(m->qt = calloc(m->n_params, sizeof *m->qt)))
+        return ft_fail(err, "out of memory");
+    if (m->opt.unbound)
+        return 0;
+    if (m->n_train) {
+        m->train_data = ft_alloc_on(&m->mem, m->dev, FT_MEM_WEIGHTS, m->n_train * sizeof(float));
+        m->train_grad = ft_alloc_on(&m->mem, m->dev, FT_MEM_GRADS, m->n_train * sizeof(float));
+        /* bf16 compute: the copy the ops read (fp32: the master itself) */
+        m->train_compute = m->cdt == FT_F32 ? m->train_data
+                                            : ft_alloc_on(&m->mem, m->dev, FT_MEM_WEIGHTS,
+                                                          m->n_train * model_esize(m));
+        if (!m->train_data || !m->train_grad || !m->train_compute)
+            return ft_mem_fail(err, &m->mem, m->dev, "%zu trainable parameters", m->n_train);
+    }
+    if (m->n_frozen) {
+        m->frozen_data = ft_alloc_on(&m->mem, m->dev, FT_MEM_WEIGHTS,
+                                     m->n_frozen * model_esize(m));
+        if (!m->frozen_data)
+            return ft_mem_fail(err, &m->mem, m->dev, "%zu frozen parameters", m->n_frozen);
+    }
+    m->owns_buffers = true;
+    for (int u = 0; u < ft_model_n_units(m); u++)
+        bind_unit(m, u, m->train_data ? m->train_data + m->unit_begin[u] : NULL,
+                  model_at(m, m->train_compute, m->unit_begin[u]),
+                  m->train_grad ? m->train_grad + m->unit_begin[u] : NULL,
+                  model_at(m, m->frozen_data, m->frozen_begin[u]));
+    return 0;
+}
+
+/* Binds unit's parameters: train and grad fp32 (the master and its gradient), compute the
+ * compute-dtype copy of train the ops read (= train in fp32), frozen of the compute dtype.
+ * Each points at the unit's first element. */
+static void bind_unit(ft_model *m, int unit, float *train, float *compute, float *grad,
+                      float *frozen)
+{
+    size_t tb = m->unit_begin[unit], fb = m->frozen_begin[unit];
+    for (size_t i = 0; i < m->n_params; i++) {
+        ft_param *p = &m->params[i];
+        if (p->unit != unit || p->quantized)
+            continue;
+        if (p->trainable) {
+            p->data = train ? train + (p->offset - tb) : NULL;
+            p->grad = grad ? grad + (p->offset - tb) : NULL;
+            *m->slot_data[i] = model_at(m, compute, p->offset - tb);
+        } else {
+            p->data = model_at(m, frozen, p->offset - fb);
+            p->grad = NULL;
+            *m->slot_data[i] = p->data;
+        }
+        *m->slot_grad[i] = p->grad;
+    }
+    if (unit == 0 && m->cfg.tie_word_embeddings) {
+        m->lm_head = m->embed;
+        m->g_lm_head = m->g_embed;
+    }
+}
+
+void ft_model_bind_unit(ft_model *m, int unit, ft_unit_bufs b)
+{
+    bind_unit(m, unit, b.master, b.compute ? b.compute : b.master, b.grad, b.frozen);
+}
+
+void ft_model_bind_all(ft_model *m, ft_unit_bufs whole)
+{
+    for (int u = 0; u < ft_model_n_units(m); u++) {
+        size_t t = m->unit_begin[u], f = m->frozen_begin[u];
+        ft_unit_bufs b = {whole.master ? whole.master + t : NULL,
+                          model_at(m, whole.compute, t),
+                          whole.grad ? whole.grad + t : NULL, model_at(m, whole.frozen, f)};
+        ft_model_bind_unit(m, u, b);
+    }
+}
+
+/* PEFT's default LoRA init: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming-uniform with
+ * a = sqrt(5)), B = 0 (already zero from the allocator). */
+static int init_lora(ft_model *m, int unit, ft_err *err)
+{
+    for (size_t i = 0; i < m->n_params; i++) {
+        ft_param *p = &m->params[i];
+        if (!p->is_lora || (unit >= 0 && p->unit != unit))
+            continue;
+        /* on the GPU the values are made on the host, then copied */
+        float *vals = m->dev == FT_DEV_CPU ? p->data : calloc(p->numel, sizeof *vals);
+        if (!vals)
+            return ft_fail(err, "out of memory");
+        if (!strstr(p->name, "lora_A")) {
+            memset(vals, 0, p->numel * sizeof(float));
+        } else {
+            float bound = 1.0f / sqrtf((float)p->shape[1]);
+            uint64_t seed = ft_mix64(m->opt.seed ^ ft_mix64(i + 1));
+            for (size_t j = 0; j < p->numel; j++)
+                vals[j] = (2.0f * ft_uniform(seed, j) - 1.0f) * bound;
+        }
+        if (vals != p->data) {
+            int rc = ft_model_param_set(m, p, vals, err);
+            free(vals);
+            if (rc)
+                return -1;
+        }
+    }
+    return 0;
+}
+
+/* A tensor of a quantized weight's state (prefix.weight.absmax, .quant_map, .SCB, ...). */
+static bool quant_state_tensor(ft_model *m, const char *name)
+{
+    static const char *const suffixes[] = {
+        ".weight.absmax",      ".weight.quant_map", ".weight.nested_absmax",
+        ".weight.nested_quant_map", ".weight.quant_state.bitsandbytes__nf4",
+        ".weight.quant_state.bitsandbytes__fp4", ".SCB", ".weight.SCB", ".weight_format"};
+    size_t n = strlen(name);
+    for (size_t i = 0; i < sizeof suffixes / sizeof *suffixes; i++) {
+        size_t k = strlen(suffixes[i]);
+        if (n <= k || strcmp(name + n - k, suffixes[i]) != 0)
+            continue;
+        char w[200];
+        snprintf(w, sizeof w, "%.*s.weight", (int)(n - k), name);
+        ft_param *p = ft_model_find_param(m, w);
+        return p && p->quantized;
+    }
+    return false;
+}
+
+/* Frees quantized param i's arrays and takes them off the count: the host's were counted
+ * by read_quantized, a device's by the allocator. */
+static void drop_qtensor(ft_model *m, size_t i)
+{
+    ft_qtensor *q = &m->qt[i];
+    if (q->type != FT_QUANT_NONE && q->device == FT_DEV_CPU)
+        ft_mem_account(&m->mem, FT_MEM_WEIGHTS, ft_qtensor_bytes(q), false);
+    ft_qtensor_free_on(q, &m->mem);
+}
+
+/* Fills quantized param i from the checkpoint: read as it is, or quantized from the
+ * dense tensor t, on the host; a GPU model then moves it to the device (the host keeps
+ * no copy). */
+static int read_quantized(ft_model *m, ft_checkpoint *ck, size_t i, const ft_st_tensor *t,
+                          ft_err *err)
+{
+    ft_param *p = &m->params[i];
+    ft_qtensor *q = &m->qt[i];
+    drop_qtensor(m, i);
+    m->qwin_unit = -1;
+    int rc;
+    if (m->quant_from_ckpt) {
+        char prefix[160];
+        snprintf(prefix, sizeof prefix, "%.*s", (int)(strlen(p->name) - strlen(".weight")),
+                 p->name);
+        rc = ft_qtensor_read(ck, prefix, p->shape[0], p->shape[1], q, err);
+    } else {
+        float *dense = malloc(p->numel * sizeof *dense);
+        if (!dense)
+            return ft_fail(err, "out of memory quantizing '%s'", p->name);
+        rc = ft_st_to_f32(t, dense, p->numel, err);
+        if (rc == 0 && ft_quantize(dense, p->shape[0], p->shape[1], &m->quant, q, err))
+            rc = ft_fail_prefix(err, "%s: quantizing '%s'", t->file, p->name);
+        free(dense);
+    }
+    if (rc || m->dev == FT_DEV_CPU) {
+        if (rc == 0)
+            ft_mem_account(&m->mem, FT_MEM_WEIGHTS, ft_qtensor_bytes(q), true);
+        return rc;
+    }
+    if (ft_qtensor_to_device(q, &m->mem, m->dev, err)) {
+        ft_qtensor_free(q);
+        return ft_fail_prefix(err, "'%s'", p->name);
+    }
+    return 0;
+}
+
+static bool ignorable_tensor(ft_model *m, const char *name)
+{
+    if (quant_state_tensor(m, name))
+        return true;
+    size_t n = strlen(name);
+    const char *suffix = "rotary_emb.inv_freq";
+    if (n >= strlen(suffix) && strcmp(name + n - strlen(suffix), suffix) == 0)
+        return true;
+    return m->cfg.tie_word_embeddings && strcmp(name, "lm_head.weight") == 0;
+}
+
+int model_read_weights(ft_model *m, const char *dir, int unit, ft_err *err)
+{
+    ft_checkpoint *ck;
+    if (ft_ckpt_open(&ck, dir, "model", err))
+        return -1;
+    int rc = 0;
+    for (size_t i = 0; i < m->n_params && rc == 0; i++) {
+        ft_param *p = &m->params[i];
+        if (p->is_lora || (unit >= 0 && p->unit != unit))
+            continue;
+        const ft_st_tensor *t = ft_ckpt_find(ck, p->name);
+        if (!t) {
+            rc = ft_fail(err, "%s: tensor '%s' is missing from the checkpoint", dir, p->name);
+            break;
+        }
+        if (p->quantized) {
+            rc = read_quantized(m, ck, i, t, err);
+            continue;
+        }
+        bool shape_ok = t->ndim == p->ndim && t->shape[0] == p->shape[0] &&
+                        (p->ndim < 2 || t->shape[1] == p->shape[1]);
+        if (!shape_ok) {
+            rc = ft_fail(err, "%s: tensor '%s' has shape [%lld%s%lld] but config.json implies "
+                              "[%lld%s%lld]",
+                         t->file, p->name, (long long)t->shape[0], t->ndim > 1 ? ", " : "",
+                         t->ndim > 1 ? (long long)t->shape[1] : 0LL, (long long)p->shape[0],
+                         p->ndim > 1 ? ", " : "", p->ndim > 1 ? (long long)p->shape[1] : 0LL);
+            break;
+        }
+        if (p->data)
+            rc = ft_model_param_from_st(m, p, t, err);
+    }
+    for (size_t i = 0; i < ft_ckpt_count(ck) && rc == 0 && unit < 0; i++) {
+        const ft_st_tensor *t = ft_ckpt_at(ck, i);
+        if (!ft_model_find_param(m, t->name) && !ignorable_tensor(m, t->name))
+            rc = ft_fail(err, "%s: unexpected tensor '%s': not part of a %s model as "
+                              "config.json describes it",
+                         t->file, t->name, m->cfg.model_type);
+    }
+    ft_ckpt_close(ck);
+    return rc;
+}
+
+int ft_model_param_from_st(ft_model *m, ft_param *p, const ft_st_tensor *t, ft_err *err)
+{
+    if (m->dev == FT_DEV_CPU)
+        return ft_st_to_f32(t, p->data, p->numel, err);
+    float *host = malloc(p->numel * sizeof *host + 1);
+    if (!host)
+        return ft_fail(err, "out of host memory reading '%s'", p->name);
+    int rc = ft_st_to_f32(t, host, p->numel, err);
+    if (rc == 0)
+        rc = ft_model_param_set(m, p, host, err);
+    free(host);
+    return rc;
+}
+
+int ft_model_param_to_writer(ft_model *m, const ft_param *p, ft_st_writer *w, ft_err *err)
+{
+    const float *data = p->data;
+    float *host = NULL;
+    /* a quantized weight's values are dequantized (ft_model_param_get) */
+    if (m->dev != FT_DEV_CPU || p->quantized) {
+        if (!(host = malloc(p->numel * sizeof *host + 1)))
+            return ft_fail(err, "out of host memory saving '%s'", p->name);
+        if (ft_model_param_get(m, p, host, err) || ft_st_writer_keep(w, host)) {
+            free(host);
+            return ft_fail_prefix(err, "saving '%s'", p->name);
+        }
+        data = host;
+    }
+    return ft_st_writer_add(w, p->name, FT_ST_F32, p->ndim, p->shape, data, err);
+}
+
+/* Which projections of which layers carry LoRA; checks the options. */
+static int setup_lora(ft_model *m, ft_err *err)
+{
+    const ft_lora_config *lc = &m->opt.lora;
+    if (lc->r <= 0)
+        return ft_fail(err, "LoRA needs r > 0 (got %d)", lc->r);
+    if (lc->dropout < 0 || lc->dropout >= 1)
+        return ft_fail(err, "LoRA dropout must be in [0, 1) (got %g)", lc->dropout);
+    for (int i = 0; i < lc->n_layers; i++)
+        if (lc->layers[i] < 0 || lc->layers[i] >= m->cfg.num_layers)
+            return ft_fail(err, "LoRA layers_to_transform names layer %d; the model has %d",
+                           lc->layers[i], m->cfg.num_layers);
+    for (int l = 0; l < m->cfg.num_layers; l++) {
+        if (ft_lora_layer_mask(lc, l, &m->lora_mask[l], err))
+            return -1;
+        m->lora_union |= m->lora_mask[l];
+    }
+    if (!m->lora_union)
+        return ft_fail(err, "the LoRA target modules select no linear layer of this model");
+    m->lora_scaling = ft_lora_scaling(lc);
+    return 0;
+}
+
+/* Why the model cannot run on opt's device in opt's dtype; NULL when it can. */
+static const char *device_unsupported(const ft_model_options *opt)
+{
+    if (opt->device == FT_DEV_CPU)
+        return opt->dtype == FT_F32 ? NULL : "the CPU backend computes in fp32 only";
+    if (opt->device != FT_DEV_CUDA)
+        return "unknown device";
+#ifndef FT_HAVE_CUDA
+    return "this build has no CUDA backend (rebuild with nvcc on the PATH or CUDA_HOME set)";
+#else
+    if (opt->dtype != FT_F32 && opt->dtype != FT_BF16)
+        return "the GPU model computes in fp32 or bf16";
+    if (ft_cuda_device_count() == 0)
+        return "no CUDA GPU is visible (see bin/gpu-info)";
+    return NULL;
+#endif
+}
+
+int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, ft_err *err)
+{
+    *out = NULL;
+    ft_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return ft_fail(err, "out of memory");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (ft_model_config_load(&m->cfg, path, err)) {
+        free(m);
+        return -1;
+    }
+    m->opt = *opt;
+    snprintf(m->dir, sizeof m->dir, "%s", dir);
+    const ft_quant_config qc = m->cfg.quant;
+    if (qc.present) {
+        m->quant = qc.opt;
+        m->quant_from_ckpt = true;
+        snprintf(m->quant_skip, sizeof m->quant_skip, "%s", qc.skip);
+    } else {
+        m->quant = opt->quant;
+        snprintf(m->quant_skip, sizeof m->quant_skip, "%s", opt->quant_skip ? opt->quant_skip : "");
+    }
+    if (m->quant.type != FT_QUANT_NONE && opt->mode == FT_TRAIN_FULL) {
+        ft_fail(err, "%s: a %s-quantized base cannot be trained in full mode (train LoRA "
+                     "adapters on it: tuning.mode qlora)",
+                dir, ft_quant_name(m->quant.type));
+        free(m);
+        return -1;
+    }
+    m->dev = opt->device;
+    m->cdt = opt->dtype;
+    m->mem.limit = opt->mem_limit;
+    const char *bad_device = device_unsupported(opt);
+    if (bad_device) {
+        ft_fail(err, "%s: %s", dir, bad_device);
+        free(m);
+        return -1;
+    }
+    m->stage_first = 0;
+    m->stage_last = m->cfg.num_layers + 1;
+    m->lora_mask = calloc((size_t)m->cfg.num_layers, sizeof *m->lora_mask);
+    if (!m->lora_mask) {
+        free(m);
+        return ft_fail(err, "out of memory");
+    }
+    if (opt->mode == FT_TRAIN_LORA && setup_lora(m, err)) {
+        free(m->lora_mask);
+        free(m);
+        return -1;
+    }
+    m->layers = calloc((size_t)m->cfg.num_layers, sizeof *m->layers);
+    m->acts = calloc((size_t)m->cfg.num_layers, sizeof *m->acts);
+    m->inv_freq = malloc((size_t)m->cfg.head_dim / 2 * sizeof(float));
+    layout lo = {m, 0};
+    int rc = -1;
+    if (!m->layers || !m->acts || !m->inv_freq || build_layout(&lo)) {
+        ft_fail(err, "out of memory");
+        goto done;
+    }
+    if (assign_buffers(m, err))
+        goto done;
+    ft_rope_inv_freq(&m->cfg, m->inv_freq);
+    if (model_upload_inv_freq(m, err))
+        goto done;
+    if (!opt->unbound) {
+        if (model_read_weights(m, dir, -1, err))
+            goto done;
+        if (opt->mode == FT_TRAIN_LORA && init_lora(m, -1, err))
+            goto done;
+    }
+    rc = 0;
+done:
+    if (rc) {
+        ft_model_free(m);
+        return -1;
+    }
+    *out = m;
+    return 0;
+}
+
+size_t ft_loss_chunk_rows(int opt, size_t V, size_t N)
+{
+    size_t rows = opt > 0 ? (size_t)opt : opt < 0 ? FT_LOSS_CHUNK_AUTO_ELEMS / (V ? V : 1) : N;
+    rows = rows < N ? rows : N;
+    return rows ? rows : 1;
+}
+
+static void free_activations(ft_model *m)
+{
+    float **scratch[] = {&m->final_in, &m->lnf,   &m->rstdf, &m->logits, &m->d_h,
+                         &m->d_ln,     &m->d_att, &m->d_q,   &m->d_k,    &m->d_v,
+                         &m->d_act,    &m->d_gate, &m->d_up, &m->d_lora_h, &m->x_drop};
+    for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++) {
+        ft_free_on(&m->mem, m->dev, *scratch[i]);
+        *scratch[i] = NULL;
+    }
+    int32_t **ints[] = {&m->ids, &m->targets, &m->pos, &m->seg};
+    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) {
+        ft_free_on(&m->mem, m->dev, *ints[i]);
+        *ints[i] = NULL;
+    }
+    /* Layer activations: either one set per layer or one shared scratch set (and none
+     * outside a pipeline stage); free each distinct pointer once. */
+    int L = m->cfg.num_layers;
+    float *first_set = NULL;
+    for (int l = 0; l < L; l++) {
+        layer_acts *a = &m->acts[l];
+        ft_free_on(&m->mem, m->dev, a->in);
+        if (!a->ln1 || a->ln1 == first_set)
+            continue;
+        if (!first_set)
+            first_set = a->ln1;
+        float *bufs[] = {a->ln1, a->rstd1, a->q,   a->k,   a->v,  a->att, a->lse,
+                         a->mid, a->ln2,   a->rstd2, a->gate, a->up, a->act};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+            ft_free_on(&m->mem, m->dev, bufs[i]);
+        for (int p = 0; p < FT_NPROJ; p++)
+            ft_free_on(&m->mem, m->dev, a->lora_h[p]);
+    }
+    memset(m->acts, 0, (size_t)L * sizeof *m->acts);
+    m->max_rows = 0;
+    free(m->batch_h);
+    m->batch_h = NULL;
+}
+
+/* One set of per-layer activation buffers for N rows. */
+static int alloc_layer_set(ft_model *m, layer_acts *a, size_t N)
+{
+    const ft_model_config *c = &m->cfg;
+    size_t C = c->hidden_size, I = c->intermediate_size, e = model_esize(m), f = sizeof(float);
+    size_t QD = (size_t)c->num_heads * c->head_dim, KD = (size_t)c->num_kv_heads * c->head_dim;
+    struct {
+        float **p;
+        size_t bytes;
+    } bufs[] = {{&a->ln1, N * C * e},  {&a->rstd1, N * f},  {&a->q, N * QD * e},
+                {&a->k, N * KD * e},   {&a->v, N * KD * e}, {&a->att, N * QD * e},
+                {&a->lse, N * c->num_heads * f},             {&a->mid, N * C * e},
+                {&a->ln2, N * C * e},  {&a->rstd2, N * f},  {&a->gate, N * I * e},
+                {&a->up, N * I * e},   {&a->act, N * I * e}};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        if (!(*bufs[i].p = ft_alloc_on(&m->mem, m->dev, FT_MEM_ACTIVATIONS, bufs[i].bytes)))
+            return -1;
+    if (m->opt.mode == FT_TRAIN_LORA)
+        for (int p = 0; p < FT_NPROJ; p++)
+            if (m->lora_union & (1u << p))
+                if (!(a->lora_h[p] = ft_alloc_on(&m->mem, m->dev, FT_MEM_ACTIVATIONS,
+                                                 N * (size_t)m->opt.lora.r * e)))
+                    return -1;
+    return 0;
+}
+
+int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
+{
+    size_t N = (size_t)B * (size_t)T;
+    m->B = B;
+    m->T = T;
+    if (N <= m->max_rows)
+        return 0;
+    free_activations(m);
+    const ft_model_config *c = &m->cfg;
+    int L = c->num_layers;
+    size_t C = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
+    size_t QD = (size_t)c->num_heads * c->head_dim, KD = (size_t)c->num_kv_heads * c->head_dim;
+    bool train = m->opt.mode != FT_TRAIN_NONE;
+    /* Without training only one layer's activations live at a time; with gradient
+     * checkpointing likewise, plus every layer's input. */
+    bool shared = !train || m->opt.grad_ckpt;
+    /* a pipeline stage computes layers [l0, l1) and sends the input of layer l1 */
+    int l0 = m->stage_first > 0 ? m->stage_first - 1 : 0;
+    int l1 = m->stage_last < L + 1 ? m->stage_last : L;
+    bool head = m->stage_last == L + 1;
+    int set = -1; /* the layer whose set the others share */
+    for (int l = l0; l < L && l <= l1; l++) {
+        layer_acts *a = &m->acts[l];
+        if (!(a->in = ft_alloc_on(&m->mem, m->dev, FT_MEM_ACTIVATIONS, N * C * model_esize(m))))
+            goto oom;
+        if (l == l1)
+            continue;
+        if (shared && set >= 0) {
+            float *in = a->in;
+            *a = m->acts[set];
+            a->in = in;
+        } else if (alloc_layer_set(m, a, N)) {
+            goto oom;
+        } else {
+            set = l;
+        }
+    }
+    /* the backward scratch (freed above with the slot's activations) is shared by the
+     * slots: never smaller than another slot's rows */
+    size_t NS = N > m->scratch_rows ? N : m->scratch_rows;
+    struct {
+        float **p;
+        size_t n;
+        bool need;
+        ft_mem_cat cat;
+        bool fp32; /* else the compute dtype */
+    } bufs[] = {
+        {&m->final_in, N * C, l1 == L, FT_MEM_ACTIVATIONS, false},
+        {&m->lnf, N * C, head, FT_MEM_ACTIVATIONS, false},
+        {&m->rstdf, N, head, FT_MEM_ACTIVATIONS, true},
+        {&m->logits, ft_loss_chunk_rows(m->opt.loss_chunk_rows, V, N) * V, head,
+         FT_MEM_ACTIVATIONS, false},
+        {&m->d_h, NS * C, train, FT_MEM_WORKSPACE, false},
+        {&m->d_ln, NS * C, train, FT_MEM_WORKSPACE, false},
+        {&m->d_att, NS * QD, train, FT_MEM_WORKSPACE, false},
+        {&m->d_q, NS * QD, train, FT_MEM_WORKSPACE, false},
+        {&m->d_k, NS * KD, train, FT_MEM_WORKSPACE, false},
+        {&m->d_v, NS * KD, train, FT_MEM_WORKSPACE, false},
+        {&m->d_act, NS * I, train, FT_MEM_WORKSPACE, false},
+        {&m->d_gate, NS * I, train, FT_MEM_WORKSPACE, false},
+        {&m->d_up, NS * I, train, FT_MEM_WORKSPACE, false},
+        {&m->d_lora_h, NS * (size_t)(m->opt.lora.r > 0 ? m->opt.lora.r : 1),
+         m->opt.mode == FT_TRAIN_LORA, FT_MEM_WORKSPACE, false},
+        {&m->x_drop, NS * (C > I ? (C > QD ? C : QD) : (I > QD ? I : QD)),
+         m->opt.mode == FT_TRAIN_LORA && m->opt.lora.dropout > 0, FT_MEM_WORKSPACE, false},
+    };
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        if (bufs[i].need &&
+            !(*bufs[i].p = ft_alloc_on(&m->mem, m->dev, bufs[i].cat,
+                                       bufs[i].n * (bufs[i].fp32 ? sizeof(float) : model_esize(m)))))
+            goto oom;
+    int32_t **ints[] = {&m->ids, &m->targets, &m->pos, &m->seg};
+    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++)
+        if (!(*ints[i] = ft_alloc_on(&m->mem, m->dev, FT_MEM_ACTIVATIONS, N * sizeof(int32_t))))
+            goto oom;
+    /* the GPU's batch is assembled on the host first (model_device.c) */
+    if (m->dev != FT_DEV_CPU && !(m->batch_h = malloc(4 * N * sizeof *m->batch_h)))
+        goto oom;
+    m->max_rows = N;
+    m->scratch_rows = NS;
+    return 0;
+oom:
+    free_activations(m);
+    return ft_mem_fail(err, &m->mem, m->dev, "activations for %d x %d tokens", B, T);
+}
+
+void ft_model_free(ft_model *m)
+{
+    if (!m)
+        return;
+    for (int i = 1; i < m->n_slots; i++) {
+        ft_model_use_activation_slot(m, i);
+        free_activations(m);
+        free(m->acts);
+    }
+    ft_model_use_activation_slot(m, 0);
+    if (m->acts)
+        free_activations(m);
+    free(m->slots);
+    if (m->owns_buffers) {
+        if (m->train_compute != m->train_data)
+            ft_free_on(&m->mem, m->dev, m->train_compute);
+        ft_free_on(&m->mem, m->dev, m->train_data);
+        ft_free_on(&m->mem, m->dev, m->train_grad);
+        ft_free_on(&m->mem, m->dev, m->frozen_data);
+    }
+    if (m->inv_freq_dev != m->inv_freq)
+        ft_free_on(&m->mem, m->dev, m->inv_freq_dev);
+    free(m->logits_h);
+    free(m->row_logits_h);
+    for (size_t i = 0; m->qt && i < m->n_params; i++)
+        drop_qtensor(m, i);
+    for (size_t i = 0; m->qdense && i < m->n_params; i++)
+        ft_free_on(&m->mem, m->dev, m->qdense[i]);
+    free(m->qt);
+    free(m->qdense);
+    ft_free_on(&m->mem, m->dev, m->qwin);
+    ft_free_on(&m->mem, m->dev, m->qabsmax);
+    free(m->params);
+    free(m->slot_data);
+    free(m->slot_grad);
+    free(m->unit_begin);
+    free(m->frozen_begin);
+    free(m->layers);
+    free(m->acts);
+    free(m->inv_freq);
+    free(m->lora_mask);
+    free(m);
+}
+
+const ft_model_config *ft_model_cfg(const ft_model *m) { return &m->cfg; }
+ft_mem *ft_model_mem(ft_model *m) { return &m->mem; }
+size_t ft_model_param_count(const ft_model *m) { return m->n_params; }
+ft_param *ft_model_param(ft_model *m, size_t i) { return i < m->n_params ? &m->params[i] : NULL; }
+
+ft_param *ft_model_find_param(ft_model *m, const char *name)
+{
+    for (size_t i = 0; i < m->n_params; i++)
+        if (strcmp(m->params[i].name, name) == 0)
+            return &m->params[i];
+    return NULL;
+}
+
+float *ft_model_trainable(ft_model *m, size_t *n)
+{
+    *n = m->n_train;
+    return m->train_data;
+}
+
+float *ft_model_grads(ft_model *m, size_t *n)
+{
+    *n = m->n_train;
+    return m->train_grad;
+}
+
+int ft_model_n_units(const ft_model *m) { return m->cfg.num_layers + 2; }
+
+void ft_model_unit_range(const ft_model *m, int unit, size_t *begin, size_t *end)
+{
+    *begin = m->unit_begin[unit];
+    *end = m->unit_begin[unit + 1];
+}
+
+void ft_model_zero_grad(ft_model *m)
+{
+    if (m->n_train && m->train_grad)
+        ft_zero(model_view(m, m->train_grad, m->n_train, FT_F32), m->n_train);
+}
+
+void ft_model_unit_frozen_range(const ft_model *m, int unit, size_t *begin, size_t *end)
+{
+    *begin = m->frozen_begin[unit];
+    *end = m->frozen_begin[unit + 1];
+}
+
+size_t ft_model_frozen_count(const ft_model *m) { return m->n_frozen; }
+
+float *ft_model_frozen(ft_model *m, size_t *n)
+{
+    *n = m->n_frozen;
+    return m->frozen_data;
+}
+
+static void save_slot(const ft_model *m, act_slot *s)
+{
+    *s = (act_slot){m->B,        m->T,      m->max_rows,  m->acts,         m->final_in,
+                    m->lnf,      m->rstdf,  m->logits,    m->logits_first, m->ids,
+                    m->targets,  m->pos,    m->seg,       m->has_seg,      m->logits_valid,
+                    m->can_backward, m->dropout_seed};
+}
+
+static void load_slot(ft_model *m, const act_slot *s)
+{
+    m->B = s->B;
+    m->T = s->T;
+    m->max_rows = s->max_rows;
+    m->acts = s->acts;
+    m->final_in = s->final_in;
+    m->lnf = s->lnf;
+    m->rstdf = s->rstdf;
+    m->logits = s->logits;
+    m->logits_first = s->logits_first;
+    m->ids = s->ids;
+    m->targets = s->targets;
+    m->pos = s->pos;
+    m->seg = s->seg;
+    m->has_seg = s->has_seg;
+    m->logits_valid = s->logits_valid;
+    m->can_backward = s->can_backward;
+    m->dropout_seed = s->dropout_seed;
+}
+
+int ft_model_set_activation_slots(ft_model *m, int k, ft_err *err)
+{
+    if (k < 1 || m->n_slots > 1)
+        return ft_fail(err, "activation slots: %d requested (set once, at least 1)", k);
+    if (k == 1)
+        return 0;
+    m->slots = calloc((size_t)k, sizeof *m->slots);
+    if (!m->slots)
+        return ft_fail(err, "out of memory");
+    for (int i = 1; i < k; i++)
+        if (!(m->slots[i].acts = calloc((size_t)m->cfg.num_layers, sizeof(layer_acts))))
+            return ft_fail(err, "out of memory");
+    m->n_slots = k;
+    m->cur_slot = 0;
+    return 0;
+}
+
+void ft_model_use_activation_slot(ft_model *m, int slot)
+{
+    if (slot == m->cur_slot || slot < 0 || slot >= m->n_slots)
+        return;
+    save_slot(m, &m->slots[m->cur_slot]);
+    load_slot(m, &m->slots[slot]);
+    m->cur_slot = slot;
+}
+
+ft_quant_options ft_model_quant(const ft_model *m) { return m->quant; }
+
+/* The window, sized for the largest quantized layer this model computes (a pipeline
+ * stage only its own), and the absmax temporary for its largest double-quantized weight,
+ * allocated on first use, on the model's device. The window holds the compute dtype. */
+static int alloc_window(ft_model *m)
+{
+    size_t n = 0, nabs = 0;
+    for (int u = m->stage_first > 1 ? m->stage_first : 1;
+         u <= m->stage_last && u <= m->cfg.num_layers; u++) {
+        size_t in_unit = 0;
+        for (size_t i = 0; i < m->n_params; i++) {
+            const ft_param *p = &m->params[i];
+            if (p->unit != u || !p->quantized)
+                continue;
+            in_unit += p->numel;
+            size_t a = ft_quant_absmax_tmp(&m->quant, p->shape[0], p->shape[1]);
+            nabs = a > nabs ? a : nabs;
+        }
+        if (in_unit > n)
+            n = in_unit;
+    }
+    m->qwin = n ? ft_alloc_on(&m->mem, m->dev, FT_MEM_WORKSPACE, n * model_esize(m)) : NULL;
+    if (n && !m->qwin)
+        return -1;
+    if (nabs)
+        m->qabsmax = ft_alloc_on(&m->mem, m->dev, FT_MEM_WORKSPACE, nabs * sizeof(float));
+    if (nabs && !m->qabsmax)
+        return -1;
+    m->qabsmax_n = nabs;
+    return 0;
+}
+
+
+/* Dequantizes quantized param i into out (numel of the compute dtype on the model's
+ * device). The absmax temporary grows when a checkpoint's weight needs more than its
+ * quantization_config implies (a blocksize of its own). */
+static int dequantize_param(ft_model *m, size_t i, float *out, ft_err *err)
+{
+    const ft_qtensor *q = &m->qt[i];
+    const ft_param *p = &m->params[i];
+    size_t nabs = ft_qtensor_absmax_tmp(q);
+    if (nabs > m->qabsmax_n) {
+        ft_free_on(&m->mem, m->dev, m->qabsmax);
+        m->qabsmax = ft_alloc_on(&m->mem, m->dev, FT_MEM_WORKSPACE, nabs * sizeof(float));
+        m->qabsmax_n = m->qabsmax ? nabs : 0;
+        if (!m->qabsmax)
+            return ft_mem_fail(err, &m->mem, m->dev, "the absmax temporary of '%s'", p->name);
+    }
+    ft_dequantize_to(q, model_view(m, out, p->numel, m->cdt),
+                     model_view(m, m->qabsmax, m->qabsmax_n, FT_F32));
+    return 0;
+}
+
+int ft_model_materialize(ft_model *m, int unit, ft_err *err)
+{
+    if (!m->qt || unit == m->qwin_unit || unit < 1 || unit > m->cfg.num_layers)
+        return 0;
+    if (unit < m->stage_first || unit > m->stage_last) /* the window is sized for those */
+        return ft_fail(err, "layer %d is outside this pipeline stage (units %d..%d): its "
+                            "quantized weights are not dequantized here",
+                       unit - 1, m->stage_first, m->stage_last);
+    if (!m->qwin && alloc_window(m))
+        return ft_mem_fail(err, &m->mem, m->dev, "the dequantization window");
+    m->qwin_unit = -1;
+    for (size_t i = 0; i < m->n_params; i++) {
+        ft_param *p = &m->params[i];
+        if (p->unit != unit || !p->quantized)
+            continue;
+        p->data = model_at(m, m->qwin, p->offset);
+        *m->slot_data[i] = p->data;
+        if (m->qt[i].type != FT_QUANT_NONE && dequantize_param(m, i, p->data, err))
+            return -1;
+    }
+    m->qwin_unit = unit;
+    return 0;
+}
+
+int ft_model_dequantize_base(ft_model *m, ft_err *err)
+{
+    for (size_t i = 0; m->qt && i < m->n_params; i++) {
+        ft_param *p = &m->params[i];
+        if (!p->quantized)
+            continue;
+        if (!m->qdense && !(m->qdense = calloc(m->n_params, sizeof *m->qdense)))
+            return ft_fail(err, "out of memory dequantizing the base");
+        float *d = ft_alloc_on(&m->mem, m->dev, FT_MEM_WEIGHTS, p->numel * model_esize(m));
+        if (!d)
+            return ft_mem_fail(err, &m->mem, m->dev, "the dequantized '%s'", p->name);
+        if (dequantize_param(m, i, d, err)) {
+            ft_free_on(&m->mem, m->dev, d);
+            return -1;
+        }
+        drop_qtensor(m, i);
+        m->qdense[i] = d;
+        p->data = d;
+        *m->slot_data[i] = d;
+        p->quantized = false;
+    }
+    /* nothing is quantized any more: no window, no temporary */
+    ft_free_on(&m->mem, m->dev, m->qwin);
+    ft_free_on(&m->mem, m->dev, m->qabsmax);
+    m->qwin = m->qabsmax = NULL;
+    m->qabsmax_n = 0;
+    free(m->qt);
+    m->qt = NULL;
+    m->qwin_unit = -1;
+    return 0;
+}
+
+void ft_model_set_hooks(ft_model *m, const ft_model_hooks *h)
+{
+    if (h)
+        m->hooks = *h;
+    else
+        memset(&m->hooks, 0, sizeof m->hooks);
+}
+
+void ft_model_set_stage(ft_model *m, int first_unit, int last_unit)
+{
+    m->stage_first = first_unit;
+    m->stage_last = last_unit;
+}
+
+int ft_model_init_unit(ft_model *m, int unit, const char *adapter_dir, ft_err *err)
+{
+    if (model_read_weights(m, m->dir, unit, err))
+        return -1;
+    if (m->opt.mode == FT_TRAIN_LORA) {
+        if (init_lora(m, unit, err))
+            return -1;
+        if (adapter_dir && model_read_adapter(m, adapter_dir, unit, err))
+            return -1;
+    }
+    return 0;
+}
+
+
+uint64_t ft_model_rng_counter(const ft_model *m) { return m->n_forward; }
+void ft_model_set_rng_counter(ft_model *m, uint64_t counter) { m->n_forward = counter; }
+void ft_model_set_training(ft_model *m, bool training) { m->eval_mode = !training; }

@@ -1,0 +1,292 @@
+/* A Llama-family causal LM (llama, mistral, qwen2) with explicit forward and backward.
+ *
+ * This is the library API the tools build on:
+ *
+ *     ft_model_load(&m, dir, &opt, &err);          config.json + safetensors -> fp32 model
+ *     ft_model_load_adapter(m, adapter_dir, &err); optional: PEFT LoRA weights
+ *     ft_model_zero_grad(m);
+ *     for each micro-batch:
+ *         ft_model_forward(m, &batch, &loss_sum, &n_tokens, &err);
+ *         ft_model_backward(m, 1.0f / tokens_in_whole_batch, &err);
+ *     then an optimizer step over ft_model_trainable(m) (see optim.h / train_step.h).
+ *
+ * Block (HF LlamaDecoderLayer):  h += o(attn(rope(q,k), v)(rmsnorm1(h)));
+ *                                h += down(silu(gate(x)) * up(x)), x = rmsnorm2(h).
+ * A linear layer is y = x W^T + b, plus with LoRA: y += scaling * (dropout(x) A^T) B^T.
+ *
+ * Parameters live in two flat buffers (fp32; on a bf16 GPU model the frozen one is bf16
+ * and the trainable one has a bf16 twin for the ops), trainable and frozen, laid out unit by unit
+ * (unit 0: embeddings; units 1..L: the layers; unit L+1: final norm and lm_head), so a
+ * DDP bucket, a ZeRO shard or an FSDP unit is a contiguous range of the trainable
+ * buffer, and the optimizer runs over one range. Gradients mirror the trainable buffer.
+ *
+ * Activations: forward keeps what backward needs for every layer; with gradient
+ * checkpointing it keeps only each layer's input and recomputes the layer in backward
+ * (same ops, same dropout masks: gradients are bitwise identical). */
+#ifndef FT_MODEL_H
+#define FT_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "device/alloc.h"
+#include "core/ft_error.h"
+#include "ops.h"
+#include "formats/hf_config.h"
+#include "formats/lora.h"
+#include "quant/quant.h"
+#include "formats/safetensors.h"
+
+typedef enum ft_train_mode {
+    FT_TRAIN_NONE = 0, /* inference / evaluation: nothing trainable, no activations kept */
+    FT_TRAIN_LORA,     /* base frozen, LoRA A and B trainable */
+    FT_TRAIN_FULL      /* every weight trainable */
+} ft_train_mode;
+
+typedef struct ft_model_options {
+    ft_train_mode mode;
+    ft_lora_config lora; /* used when mode == FT_TRAIN_LORA */
+    bool grad_ckpt;
+    uint64_t seed; /* LoRA init and dropout masks */
+    /* Layout only: no flat parameter buffers are allocated and no weight is read. A
+     * distributed strategy (lib/dist/) binds each unit's storage with
+     * ft_model_bind_unit and fills it with ft_model_init_unit (ZeRO-3 / FSDP shards,
+     * pipeline stages). */
+    bool unbound;
+    /* QLoRA: quantize the layers' linear weights on load (type FT_QUANT_NONE: keep them
+     * dense). A checkpoint that is already quantized (config.json quantization_config,
+     * as ft-quantize or transformers + bitsandbytes write it) is read as it is,
+     * whatever this says. Not with FT_TRAIN_FULL. */
+    ft_quant_options quant;
+    const char *quant_skip; /* module-name substrings left dense (NULL: none) */
+    /* Where the model computes and in what dtype. FT_DEV_CPU (the default) is the fp32
+     * reference. FT_DEV_CUDA keeps parameters, gradients and activations on the GPU
+     * (weights read and written through the host): with dtype FT_F32 everything is fp32;
+     * with FT_BF16 the frozen weights and the activations are bf16 and the trainable
+     * parameters keep an fp32 master copy (what ft_param.data and ft_model_trainable
+     * point at) beside the bf16 copy the ops read, refreshed by ft_model_sync_compute;
+     * gradients are fp32 (an unbound model's strategy keeps that copy: ft_unit_bufs).
+     * A quantized base (QLoRA) is read or quantized on the host, then kept on the GPU in
+     * its quantized form only, and dequantized there one layer at a time into a window
+     * of the compute dtype (ft_model_materialize). */
+    ft_device device;
+    ft_dtype dtype;
+    /* 0, or the most bytes the model's allocator (and a strategy's buffers beside it) may
+     * hold at once: an allocation beyond it fails as out-of-memory (ft_mem.limit). */
+    size_t mem_limit;
+    /* Rows (tokens) whose logits the head computes at once: 0 all of the micro-batch;
+     * -1 auto (FT_LOSS_CHUNK_AUTO_ELEMS logits); else that many. Chunked, the [N, V]
+     * logits are never held: the forward keeps only the loss (and the last chunk's
+     * logits), the backward recomputes each chunk's logits, turns them into dlogits in
+     * place and accumulates dx and dW (the fused lm_head + cross-entropy of Liger and
+     * Apple's Cut Cross-Entropy). Costs one more lm_head GEMM per step; saves N x V. */
+    int loss_chunk_rows;
+} ft_model_options;
+
+/* auto: 64M logits a chunk (256 MiB fp32, 128 MiB bf16): 511 rows of a 128k vocabulary */
+#define FT_LOSS_CHUNK_AUTO_ELEMS ((size_t)64 << 20)
+
+/* The rows of one head chunk for a micro-batch of N rows, vocabulary V and
+ * ft_model_options.loss_chunk_rows opt: between 1 and N. The model and the memory plan
+ * both size the logits buffer with it. */
+size_t ft_loss_chunk_rows(int opt, size_t V, size_t N);
+
+/* One named parameter: a view into the flat buffers (on the model's device: read and
+ * write the values of a GPU model through ft_model_param_get / _set). */
+typedef struct ft_param {
+    char name[160];   /* HF state-dict name, or the PEFT adapter key for LoRA weights */
+    int ndim;
+    int64_t shape[2];
+    size_t numel;
+    float *data;      /* fp32; on a bf16 GPU model a frozen weight's data is bf16 */
+    float *grad;      /* NULL when frozen (or, with a strategy, while unbound) */
+    bool trainable;
+    bool quantized;   /* a frozen linear weight held in 4 or 8 bits (QLoRA): data points
+                       * into the dequantization window while its layer is in use */
+    size_t offset;    /* in the flat trainable or frozen buffer (quantized: the window) */
+    int unit;         /* 0 embeddings, 1..L layers, L+1 final norm / lm_head */
+    bool is_lora;
+} ft_param;
+
+/* A micro-batch of B rows of T tokens. labels NULL means labels = input_ids; -100 is not
+ * counted. position_ids NULL means 0..T-1 in every row; otherwise a position 0 after the
+ * start of a row begins a new packed sequence (attention does not cross it). The loss
+ * follows transformers' causal LM: logits at t predict labels at t+1. */
+typedef struct ft_batch {
+    int B, T;
+    const int32_t *input_ids;
+    const int32_t *labels;
+    const int32_t *position_ids;
+} ft_batch;
+
+typedef struct ft_model ft_model;
+
+/* Tokens of the batch whose (shifted) label counts: the loss denominator. */
+long ft_batch_counted_tokens(const ft_batch *b);
+
+/* Loads config.json and the weights (model.safetensors or a sharded index; F32, F16 or
+ * BF16, converted to fp32) from dir. In LoRA mode, creates A with PEFT's default init
+ * (kaiming-uniform, bound 1/sqrt(in), seeded) and B = 0. Errors name the file, key or
+ * tensor. */
+int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, ft_err *err);
+void ft_model_free(ft_model *m);
+
+/* Replaces the LoRA weights with those of a PEFT adapter dir (adapter_model.safetensors).
+ * The adapter's config must match the model's LoRA options (r, targets); every expected
+ * key must be present with the right shape. */
+int ft_model_load_adapter(ft_model *m, const char *adapter_dir, ft_err *err);
+
+const ft_model_config *ft_model_cfg(const ft_model *m);
+ft_mem *ft_model_mem(ft_model *m);
+
+size_t ft_model_param_count(const ft_model *m);
+ft_param *ft_model_param(ft_model *m, size_t i);
+/* NULL if absent. */
+ft_param *ft_model_find_param(ft_model *m, const char *name);
+
+/* The flat trainable buffer, its gradient, and its length (0 in FT_TRAIN_NONE). */
+float *ft_model_trainable(ft_model *m, size_t *n);
+float *ft_model_grads(ft_model *m, size_t *n);
+/* [begin, end) of a unit in the trainable buffer; units 0..L+1. */
+void ft_model_unit_range(const ft_model *m, int unit, size_t *begin, size_t *end);
+int ft_model_n_units(const ft_model *m);
+
+void ft_model_zero_grad(ft_model *m);
+
+/* Runs the forward pass; *loss_sum gets the summed token losses and *n_tokens the
+ * number of counted tokens (either may be NULL). Logits stay available until the next
+ * forward or backward. Validates token ids (error names the row and column). */
+int ft_model_forward(ft_model *m, const ft_batch *batch, double *loss_sum, long *n_tokens,
+                     ft_err *err);
+
+/* Logits [B, T, V] of the last forward, fp32 on the host (a GPU model copies them back
+ * on the first call after a forward). NULL after a backward, and when the head was
+ * chunked (ft_model_options.loss_chunk_rows) over more than one chunk. */
+const float *ft_model_logits(ft_model *m);
+
+/* The V logits of token row n (= b * T + t) of the last forward, fp32 on the host, or
+ * NULL when they are not held: after a backward, or when the head was chunked and n is
+ * not in the last chunk (the last row always is: greedy decoding reads that one). */
+const float *ft_model_row_logits(ft_model *m, size_t n);
+
+/* The model's device and compute dtype (ft_model_options.device / .dtype). */
+ft_device ft_model_device(const ft_model *m);
+ft_dtype ft_model_dtype(const ft_model *m);
+
+/* A parameter's values as fp32 on the host, and back (set also refreshes the compute
+ * copy of a trainable parameter). host holds p->numel floats. On the CPU these copy.
+ * A quantized weight reads as dequantized (its layer is materialized first; on a bf16
+ * model the bf16 values the ops use); setting one is an error. */
+int ft_model_param_get(ft_model *m, const ft_param *p, float *host, ft_err *err);
+int ft_model_param_set(ft_model *m, ft_param *p, const float *host, ft_err *err);
+/* A trainable parameter's gradient as fp32 on the host. */
+int ft_model_grad_get(ft_model *m, const ft_param *p, float *host, ft_err *err);
+
+/* A parameter filled from a checkpoint tensor (shape already checked), or added to a
+ * writer (its values as fp32, copied to the host first on the GPU). */
+int ft_model_param_from_st(ft_model *m, ft_param *p, const ft_st_tensor *t, ft_err *err);
+int ft_model_param_to_writer(ft_model *m, const ft_param *p, ft_st_writer *w, ft_err *err);
+
+/* After the fp32 master weights changed (an optimizer step, a load): refreshes the bf16
+ * copy of the trainable parameters the ops read. A no-op unless the model is bf16. */
+void ft_model_sync_compute(ft_model *m);
+
+/* Accumulates into the gradients d(grad_scale * loss_sum)/d(params) for the last
+ * forward; grad_scale is usually 1 / (counted tokens of the whole accumulated batch).
+ * Overwrites the logits. */
+int ft_model_backward(ft_model *m, float grad_scale, ft_err *err);
+
+/* Training mode (the default for a trainable model) applies LoRA dropout; evaluation
+ * mode (false) does not, as torch's model.eval(). */
+void ft_model_set_training(ft_model *m, bool training);
+
+/* The position of the model's random stream (dropout masks): a counter of forward
+ * passes. A checkpoint saves it so a resumed run draws the masks it would have drawn. */
+uint64_t ft_model_rng_counter(const ft_model *m);
+void ft_model_set_rng_counter(ft_model *m, uint64_t counter);
+
+/* ---- Seams for distributed strategies (lib/dist/) ----
+ *
+ * Unit hooks: the model calls acquire before it reads a unit's parameters and release
+ * after, in forward and in backward (where release with grads_final says the unit's
+ * gradients of this micro-batch are complete: a DDP bucket can go, a ZeRO-2/3 shard can
+ * be reduce-scattered). With tied embeddings the head also acquires unit 0 (its weight
+ * is the embedding). Pipeline hooks: a model that computes only units [first, last]
+ * (ft_model_set_stage) receives the residual stream entering unit first and sends the
+ * one leaving unit last in forward, and the reverse for its gradient in backward. */
+typedef enum ft_unit_phase { FT_UNIT_FORWARD = 0, FT_UNIT_BACKWARD } ft_unit_phase;
+
+typedef struct ft_model_hooks {
+    void *ctx;
+    int (*acquire)(void *ctx, int unit, ft_unit_phase phase, ft_err *err);
+    int (*release)(void *ctx, int unit, ft_unit_phase phase, bool grads_final, ft_err *err);
+    /* pipeline: [n] floats (n = B x T x hidden) */
+    int (*recv_hidden)(void *ctx, float *h, size_t n, ft_err *err);
+    int (*send_hidden)(void *ctx, const float *h, size_t n, ft_err *err);
+    int (*recv_grad)(void *ctx, float *dh, size_t n, ft_err *err);
+    int (*send_grad)(void *ctx, const float *dh, size_t n, ft_err *err);
+} ft_model_hooks;
+
+/* NULL removes them. Any hook may be NULL. */
+void ft_model_set_hooks(ft_model *m, const ft_model_hooks *h);
+
+/* Pipeline stage: forward and backward compute units first..last only (default: all).
+ * A stage without the last unit computes no loss (loss_sum 0, tokens still counted). */
+void ft_model_set_stage(ft_model *m, int first_unit, int last_unit);
+
+/* GPipe: k activation slots, each holding one forward's activations until its backward,
+ * so a pipeline stage can run the forwards of k micro-batches before their backwards.
+ * Forward and backward use the current slot (0 by default). */
+int ft_model_set_activation_slots(ft_model *m, int k, ft_err *err);
+void ft_model_use_activation_slot(ft_model *m, int slot);
+
+/* [begin, end) of a unit in the frozen buffer, and the buffer's length. */
+void ft_model_unit_frozen_range(const ft_model *m, int unit, size_t *begin, size_t *end);
+size_t ft_model_frozen_count(const ft_model *m);
+float *ft_model_frozen(ft_model *m, size_t *n);
+
+/* Storage of parameters bound by a strategy (ft_model_bind_unit):
+ *   master   the trainable parameters in fp32 (what ft_param.data points at);
+ *   compute  the copy of the trainables the ops read, in the compute dtype; NULL: the
+ *            master itself (an fp32 model, or a binding only read and written through
+ *            ft_model_param_get/set, as a checkpoint save or load is);
+ *   grad     their fp32 gradient (NULL when none is needed);
+ *   frozen   the frozen parameters, in the compute dtype.
+ * An unbound model never refreshes compute from master itself: the strategy that binds
+ * it does, after it changes the masters. */
+typedef struct ft_unit_bufs {
+    float *master, *compute, *grad, *frozen;
+} ft_unit_bufs;
+
+/* Points unit's parameters into storage for exactly that unit (each pointer at the
+ * unit's first element; NULL leaves that part unbound). Binding unit 0 also moves a
+ * tied lm_head. Host pointers may be bound to a GPU model for ft_model_param_get/set
+ * (values travel wherever the pointer is), not for forward or backward. */
+void ft_model_bind_unit(ft_model *m, int unit, ft_unit_bufs b);
+/* Binds every unit to whole-model buffers (n_train trainable and n_frozen frozen
+ * elements), each pointer at element 0. */
+void ft_model_bind_all(ft_model *m, ft_unit_bufs whole);
+/* Fills the bound storage of unit: base weights from the model dir, LoRA A with its
+ * seeded init (B = 0), and, when adapter_dir is not NULL, the adapter's LoRA weights. */
+int ft_model_init_unit(ft_model *m, int unit, const char *adapter_dir, ft_err *err);
+
+/* The quantization of the base in force (type FT_QUANT_NONE when the base is dense). */
+ft_quant_options ft_model_quant(const ft_model *m);
+/* Dequantizes the quantized weights of unit (a layer) into the model's window and points
+ * their params at it (valid until another unit is materialized); a no-op for units
+ * without quantized weights. The window (one layer's quantized weights in the compute
+ * dtype, on the model's device, with an fp32 temporary for a double-quantized absmax;
+ * the workspace category) is allocated on first use: -1 when that fails. */
+int ft_model_materialize(ft_model *m, int unit, ft_err *err);
+/* Replaces every quantized weight by its dequantized copy for good (ft-merge: the whole
+ * base dense, so the adapter can be added to it), in the compute dtype on the model's
+ * device (fp32 on the CPU), and frees the quantized arrays and the window. The
+ * quantization stays readable through ft_model_quant. */
+int ft_model_dequantize_base(ft_model *m, ft_err *err);
+
+/* Saves the LoRA weights as a PEFT adapter (adapter_config.json +
+ * adapter_model.safetensors) into dir, created if needed. */
+int ft_model_save_adapter(ft_model *m, const char *dir, const char *base_model, ft_err *err);
+
+#endif

@@ -1,0 +1,189 @@
+/* The inside of ft_model, shared by model.c (layout, loading), model_pass.c (forward,
+ * backward) and adapter.c (PEFT adapters). Not a public header. */
+#ifndef FT_MODEL_INTERNAL_H
+#define FT_MODEL_INTERNAL_H
+
+#include "model/model.h"
+#include "ops.h"
+
+/* Buffers and dtypes. Every pointer below is a buffer on the model's device (m->dev) and
+ * is only handed to ops, never dereferenced here, except on the CPU. Weights (frozen,
+ * or the compute copy of trainable ones) and activations hold the compute dtype m->cdt
+ * (fp32 on the CPU; fp32 or bf16 on the GPU) whatever their C type says; gradients,
+ * rstd, lse and inv_freq are always fp32; ids, targets, pos, seg int32. */
+
+/* Weights of one decoder layer: views into the flat buffers; grads NULL when frozen. */
+typedef struct layer_weights {
+    float *ln1, *ln2;
+    float *w[FT_NPROJ], *b[FT_NPROJ];   /* b NULL when the projection has no bias */
+    float *lora_a[FT_NPROJ], *lora_b[FT_NPROJ]; /* NULL when not a LoRA target */
+    float *g_ln1, *g_ln2;
+    float *gw[FT_NPROJ], *gb[FT_NPROJ];
+    float *g_lora_a[FT_NPROJ], *g_lora_b[FT_NPROJ];
+} layer_weights;
+
+/* What backward needs from one layer's forward. With gradient checkpointing every layer
+ * points at the same scratch set and only `in` (the layer input) is kept per layer. */
+typedef struct layer_acts {
+    float *in;            /* [N, C] residual stream entering the layer */
+    float *ln1;           /* [N, C] */
+    float *rstd1;         /* [N] */
+    float *q, *k, *v;     /* [N, Hq*D], [N, Hkv*D] x2, after RoPE */
+    float *att;           /* [N, Hq*D] attention output before o_proj */
+    float *lse;           /* [B, Hq, T] */
+    float *mid;           /* [N, C] residual after attention */
+    float *ln2;           /* [N, C] */
+    float *rstd2;         /* [N] */
+    float *gate, *up;     /* [N, I] */
+    float *act;           /* [N, I] silu(gate) * up */
+    float *lora_h[FT_NPROJ]; /* [N, r] dropout(x) A^T of each LoRA target */
+} layer_acts;
+
+/* The activations of one forward (a GPipe activation slot; see ft_model_use_activation_slot):
+ * the fields of ft_model from B to dropout_seed, saved while another slot is current. */
+typedef struct act_slot {
+    int B, T;
+    size_t max_rows;
+    layer_acts *acts;
+    float *final_in, *lnf, *rstdf, *logits;
+    size_t logits_first;
+    int32_t *ids, *targets, *pos, *seg;
+    bool has_seg, logits_valid, can_backward;
+    uint64_t dropout_seed;
+} act_slot;
+
+struct ft_model {
+    ft_model_config cfg;
+    ft_model_options opt;
+    ft_device dev;        /* opt.device */
+    ft_dtype cdt;         /* opt.dtype: the compute dtype of weights and activations */
+    float lora_scaling;
+    unsigned *lora_mask;  /* [L]: projections of each layer with a LoRA pair */
+    unsigned lora_union;  /* OR of lora_mask */
+    ft_mem mem;
+
+    /* parameters */
+    ft_param *params;
+    size_t n_params;
+    float ***slot_data, ***slot_grad; /* [n_params]: where each param's pointers live */
+    float *train_data, *train_grad, *frozen_data; /* whole-model buffers, NULL if unbound */
+    float *train_compute; /* the compute-dtype copy of train_data (= train_data in fp32) */
+    bool owns_buffers;
+    size_t n_train, n_frozen;
+    size_t *unit_begin; /* [L+3]: unit u spans [unit_begin[u], unit_begin[u+1]) */
+    size_t *frozen_begin; /* [L+3]: the same in the frozen buffer */
+    char dir[4096];     /* the model dir (ft_model_init_unit reads it) */
+    ft_model_hooks hooks;
+    /* QLoRA: quantized layer weights and the window one layer is dequantized into */
+    ft_quant_options quant;      /* in force; type NONE: a dense base */
+    bool quant_from_ckpt;        /* the checkpoint holds them quantized */
+    char quant_skip[512];
+    ft_qtensor *qt;              /* [n_params]: type NONE where not quantized; on the
+                                  * model's device (a GPU model keeps no host copy) */
+    float *qwin;                 /* one unit's quantized weights dequantized, of the
+                                  * compute dtype, on the device; allocated on first use */
+    size_t qwin_n;               /* the most quantized elements in one unit (0: none) */
+    int qwin_unit;               /* the unit the window holds, -1 none */
+    float *qabsmax;              /* fp32 [qabsmax_n] on the device: a double-quantized
+                                  * weight's block absmax, reconstructed (ft_dequantize_to) */
+    size_t qabsmax_n;
+    float **qdense;              /* [n_params]: ft_model_dequantize_base's buffers (compute
+                                  * dtype, on the device) */
+    int stage_first, stage_last; /* units this model computes (pipeline stage) */
+    float *embed, *g_embed;
+    float *norm_f, *g_norm_f;
+    float *lm_head, *g_lm_head; /* = embed when tied */
+    layer_weights *layers;
+    float *inv_freq; /* [D/2] on the host */
+    float *inv_freq_dev; /* the same on the model's device (= inv_freq on the CPU) */
+    int32_t *batch_h;    /* GPU: host staging of ids, targets, pos, seg ([4][max_rows]) */
+    float *logits_h;     /* GPU: the logits copied to the host for ft_model_logits */
+    bool logits_h_valid;
+    float *row_logits_h; /* GPU: [V], one row copied for ft_model_row_logits */
+
+    /* activations, sized for max_rows tokens (B x T) */
+    int B, T;
+    size_t max_rows;
+    layer_acts *acts;     /* [L] */
+    float *final_in;      /* [N, C] output of the last layer */
+    float *lnf, *rstdf;   /* [N, C], [N] */
+    float *logits;        /* [R, V]: R = ft_loss_chunk_rows(opt.loss_chunk_rows, V, N) */
+    size_t logits_first;  /* the batch row logits' first row holds (0, or the last chunk's) */
+    int32_t *ids, *targets, *pos, *seg; /* [N] */
+    bool has_seg;
+    bool logits_valid, can_backward;
+    bool eval_mode;       /* ft_model_set_training(m, false): no dropout */
+    uint64_t dropout_seed; /* of the last forward (a fresh one each forward) */
+    uint64_t n_forward;
+    act_slot *slots;      /* [n_slots]: the saved state of every slot (cur's is stale) */
+    int n_slots, cur_slot;
+
+    /* backward scratch, shared by every activation slot: sized for scratch_rows, the most
+     * rows any slot has reserved (a smaller slot must not shrink it under a larger one) */
+    size_t scratch_rows;
+    float *d_h, *d_ln;           /* [N, C] */
+    float *d_att, *d_q, *d_k, *d_v; /* [N, Hq*D], [N, Hkv*D] */
+    float *d_act, *d_gate, *d_up;   /* [N, I] */
+    float *d_lora_h;             /* [N, r] */
+    float *x_drop;               /* [N, max(C, I, Hq*D)]: dropout(x) for LoRA */
+};
+
+/* Bytes of one element of the compute dtype. */
+static inline size_t model_esize(const ft_model *m)
+{
+    return m->cdt == FT_BF16 || m->cdt == FT_F16 ? 2 : 4;
+}
+
+/* p + i elements of the compute dtype. */
+static inline float *model_at(const ft_model *m, float *p, size_t i)
+{
+    return p ? (float *)((char *)p + i * model_esize(m)) : NULL;
+}
+
+/* A view on the model's device: of the compute dtype (weights, activations) or fp32. */
+static inline ft_tensor model_view(const ft_model *m, const void *p, size_t n, ft_dtype dt)
+{
+    return ft_view((void *)p, n, dt, m->dev);
+}
+
+/* Shape of projection p: in and out features. */
+static inline void proj_dims(const ft_model_config *c, ft_proj p, int *in, int *out)
+{
+    int q = c->num_heads * c->head_dim, kv = c->num_kv_heads * c->head_dim;
+    switch (p) {
+    case FT_PROJ_Q: *in = c->hidden_size; *out = q; break;
+    case FT_PROJ_K:
+    case FT_PROJ_V: *in = c->hidden_size; *out = kv; break;
+    case FT_PROJ_O: *in = q; *out = c->hidden_size; break;
+    case FT_PROJ_GATE:
+    case FT_PROJ_UP: *in = c->hidden_size; *out = c->intermediate_size; break;
+    default: *in = c->intermediate_size; *out = c->hidden_size; break;
+    }
+}
+
+static inline int proj_has_bias(const ft_model_config *c, ft_proj p)
+{
+    if (p == FT_PROJ_Q || p == FT_PROJ_K || p == FT_PROJ_V)
+        return c->qkv_bias;
+    if (p == FT_PROJ_O)
+        return c->o_bias;
+    return c->mlp_bias;
+}
+
+/* Reads the base weights of unit (-1: every unit) from dir into the bound storage. */
+int model_read_weights(ft_model *m, const char *dir, int unit, ft_err *err);
+/* Reads the LoRA weights of unit (-1: every unit) of the adapter in dir (checked against
+ * the model's LoRA options). */
+int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err);
+
+/* model_device.c: where prepare_batch writes the batch (host staging on the GPU), the
+ * copy of those arrays to the device, and the device copy of inv_freq. */
+void model_batch_arrays(ft_model *m, int32_t **ids, int32_t **targets, int32_t **pos,
+                        int32_t **seg);
+int model_upload_batch(ft_model *m, ft_err *err);
+int model_upload_inv_freq(ft_model *m, ft_err *err);
+
+/* (Re)allocates activation and scratch buffers for B x T tokens. */
+int model_reserve_activations(ft_model *m, int B, int T, ft_err *err);
+
+#endif

@@ -1,0 +1,419 @@
+/* Forward and backward of ft_model (see model.h for the block math).
+ *
+ * Buffers are [N, features] row-major with N = B x T token rows. Every step is an op
+ * from kernels/ops.h; this file only decides the order and which buffers flow where.
+ * Backward follows llm.c's convention: gradient buffers are zeroed, then ops accumulate
+ * into them; d_h carries the gradient of the residual stream from the top layer down. */
+#include <math.h>
+#include <string.h>
+
+#include "model/model_internal.h"
+#include "core/rng.h"
+
+/* Views on the model's device (model_internal.h has the dtype rules): A_ weights and
+ * activations of the compute dtype, F_ fp32 (gradients of parameters, rstd, lse,
+ * inv_freq), I_ int32; OPTA_ / OPTF_ are ft_none() for a NULL pointer. */
+#define A_(p, n) model_view(m, (p), (size_t)(n), m->cdt)
+#define F_(p, n) model_view(m, (p), (size_t)(n), FT_F32)
+#define I_(p, n) model_view(m, (p), (size_t)(n), FT_I32)
+#define OPTA_(p, n) ((p) ? A_(p, n) : ft_none())
+#define OPTF_(p, n) ((p) ? F_(p, n) : ft_none())
+
+/* Validates the token ids and fills ids, targets (labels shifted left by one),
+ * positions and packed-sequence ids. */
+static int prepare_batch(ft_model *m, const ft_batch *b, long *n_tokens, ft_err *err)
+{
+    int V = m->cfg.vocab_size, B = b->B, T = b->T;
+    long counted = 0;
+    int32_t *ids, *targets, *positions, *seg;
+    model_batch_arrays(m, &ids, &targets, &positions, &seg);
+    m->has_seg = false;
+    for (int r = 0; r < B; r++) {
+        for (int t = 0; t < T; t++) {
+            size_t i = (size_t)r * T + t;
+            int32_t id = b->input_ids[i];
+            if (id < 0 || id >= V)
+                return ft_fail(err, "input_ids[%d][%d] = %d is outside the vocabulary [0, %d)",
+                               r, t, id, V);
+            int32_t lab = b->labels ? b->labels[i] : id;
+            if (lab != -100 && (lab < 0 || lab >= V))
+                return ft_fail(err, "labels[%d][%d] = %d is neither -100 nor in [0, %d)", r, t,
+                               lab, V);
+            int32_t pos = b->position_ids ? b->position_ids[i] : t;
+            if (pos < 0)
+                return ft_fail(err, "position_ids[%d][%d] = %d is negative", r, t, pos);
+            ids[i] = id;
+            positions[i] = pos;
+            seg[i] = t == 0 ? 0 : seg[i - 1] + (pos == 0);
+            if (seg[i])
+                m->has_seg = true;
+            if (t > 0) {
+                targets[i - 1] = lab;
+                counted += lab != -100;
+            }
+        }
+        targets[(size_t)r * T + T - 1] = -100;
+    }
+    if (n_tokens)
+        *n_tokens = counted;
+    return model_upload_batch(m, err);
+}
+
+/* dropout(x) for LoRA pair p of layer l: the mask is a pure function of the forward's
+ * seed, the layer and the projection, so backward regenerates it. */
+static uint64_t lora_dropout_seed(const ft_model *m, int l, ft_proj p)
+{
+    return ft_mix64(m->dropout_seed ^ ((uint64_t)l * FT_NPROJ + (uint64_t)p + 1));
+}
+
+static const float *lora_input(ft_model *m, int l, ft_proj p, const float *x, size_t n)
+{
+    float pd = m->opt.lora.dropout;
+    if (pd <= 0 || m->eval_mode)
+        return x;
+    ft_dropout_forward(A_(m->x_drop, n), A_(x, n), n, pd, lora_dropout_seed(m, l, p), 0);
+    return m->x_drop;
+}
+
+/* h = dropout(x) A^T of LoRA pair p: the part of the LoRA path backward needs. */
+static void lora_h_forward(ft_model *m, int l, ft_proj p, const float *x)
+{
+    const layer_weights *w = &m->layers[l];
+    layer_acts *a = &m->acts[l];
+    int N = m->B * m->T, in, out, r = m->opt.lora.r;
+    proj_dims(&m->cfg, p, &in, &out);
+    const float *xd = lora_input(m, l, p, x, (size_t)N * in);
+    ft_linear_forward(A_(a->lora_h[p], (size_t)N * r), A_(xd, (size_t)N * in),
+                      A_(w->lora_a[p], (size_t)r * in), ft_none(), N, in, r, 1.0f, 0);
+}
+
+/* y = x W^T + b, plus the LoRA path scaling * (dropout(x) A^T) B^T. */
+static void proj_forward(ft_model *m, int l, ft_proj p, const float *x, float *y)
+{
+    const layer_weights *w = &m->layers[l];
+    int N = m->B * m->T, in, out;
+    proj_dims(&m->cfg, p, &in, &out);
+    ft_linear_forward(A_(y, (size_t)N * out), A_(x, (size_t)N * in),
+                      A_(w->w[p], (size_t)out * in), OPTA_(w->b[p], out), N, in, out, 1.0f, 0);
+    if (!w->lora_a[p])
+        return;
+    int r = m->opt.lora.r;
+    lora_h_forward(m, l, p, x);
+    ft_linear_forward(A_(y, (size_t)N * out), A_(m->acts[l].lora_h[p], (size_t)N * r),
+                      A_(w->lora_b[p], (size_t)out * r), ft_none(), N, r, out, m->lora_scaling,
+                      1);
+}
+
+/* dx += dy W (+ the LoRA path); dW, db, dA, dB accumulate where trainable. */
+static void proj_backward(ft_model *m, int l, ft_proj p, const float *x, const float *dy,
+                          float *dx)
+{
+    const layer_weights *w = &m->layers[l];
+    const layer_acts *a = &m->acts[l];
+    int N = m->B * m->T, in, out;
+    proj_dims(&m->cfg, p, &in, &out);
+    size_t nx = (size_t)N * in, ny = (size_t)N * out;
+    ft_linear_backward(A_(dx, nx), OPTF_(w->gw[p], (size_t)out * in), OPTF_(w->gb[p], out),
+                       A_(dy, ny), A_(x, nx), A_(w->w[p], (size_t)out * in), N, in, out, 1.0f);
+    if (!w->lora_a[p])
+        return;
+    int r = m->opt.lora.r;
+    float s = m->lora_scaling;
+    size_t nh = (size_t)N * r;
+    /* y_lora = s * h B^T with h = xd A^T: dB += s dy^T h; dh = s dy B; dA += dh^T xd;
+     * dxd = dh A, and dx += dropout'(dxd). */
+    ft_linear_backward(ft_none(), F_(w->g_lora_b[p], (size_t)out * r), ft_none(), A_(dy, ny),
+                       A_(a->lora_h[p], nh), A_(w->lora_b[p], (size_t)out * r), N, r, out, s);
+    ft_zero(A_(m->d_lora_h, nh), nh);
+    ft_linear_backward(A_(m->d_lora_h, nh), ft_none(), ft_none(), A_(dy, ny),
+                       A_(a->lora_h[p], nh), A_(w->lora_b[p], (size_t)out * r), N, r, out, s);
+    float pd = m->eval_mode ? 0.0f : m->opt.lora.dropout;
+    const float *xd = lora_input(m, l, p, x, nx);
+    ft_linear_backward(ft_none(), F_(w->g_lora_a[p], (size_t)r * in), ft_none(),
+                       A_(m->d_lora_h, nh), A_(xd, nx), A_(w->lora_a[p], (size_t)r * in), N, in,
+                       r, 1.0f);
+    if (pd <= 0) {
+        ft_linear_backward(A_(dx, nx), ft_none(), ft_none(), A_(m->d_lora_h, nh), A_(x, nx),
+                           A_(w->lora_a[p], (size_t)r * in), N, in, r, 1.0f);
+        return;
+    }
+    ft_zero(A_(m->x_drop, nx), nx);
+    ft_linear_backward(A_(m->x_drop, nx), ft_none(), ft_none(), A_(m->d_lora_h, nh),
+                       A_(x, nx), A_(w->lora_a[p], (size_t)r * in), N, in, r, 1.0f);
+    ft_dropout_backward(A_(dx, nx), A_(m->x_drop, nx), nx, pd, lora_dropout_seed(m, l, p), 0);
+}
+
+/* One decoder layer: in -> out. out NULL recomputes only what backward needs (a
+ * gradient-checkpoint recompute): everything but the down projection's base GEMM. */
+static void layer_forward(ft_model *m, int l, const float *in, float *out)
+{
+    const ft_model_config *c = &m->cfg;
+    const layer_weights *w = &m->layers[l];
+    layer_acts *a = &m->acts[l];
+    int B = m->B, T = m->T, N = B * T, C = c->hidden_size, I = c->intermediate_size;
+    int Hq = c->num_heads, Hkv = c->num_kv_heads, D = c->head_dim;
+    size_t nC = (size_t)N * C, nQ = (size_t)N * Hq * D, nK = (size_t)N * Hkv * D,
+           nI = (size_t)N * I;
+    ft_tensor pos = I_(m->pos, N), inv = F_(m->inv_freq_dev, D / 2);
+
+    ft_rmsnorm_forward(A_(a->ln1, nC), F_(a->rstd1, N), A_(in, nC), A_(w->ln1, C), N, C,
+                       c->rms_norm_eps);
+    proj_forward(m, l, FT_PROJ_Q, a->ln1, a->q);
+    proj_forward(m, l, FT_PROJ_K, a->ln1, a->k);
+    proj_forward(m, l, FT_PROJ_V, a->ln1, a->v);
+    ft_rope_forward(A_(a->q, nQ), pos, inv, N, Hq, D);
+    ft_rope_forward(A_(a->k, nK), pos, inv, N, Hkv, D);
+    ft_attention_forward(A_(a->att, nQ), F_(a->lse, (size_t)N * Hq), A_(a->q, nQ),
+                         A_(a->k, nK), A_(a->v, nK), m->has_seg ? I_(m->seg, N) : ft_none(),
+                         B, T, Hq, Hkv, D, 1.0f / sqrtf((float)D), c->sliding_window);
+    proj_forward(m, l, FT_PROJ_O, a->att, a->mid);
+    /* mid += in (the residual), then ln2 = norm(mid), in one pass */
+    ft_add_rmsnorm_forward(A_(a->mid, nC), A_(a->ln2, nC), F_(a->rstd2, N), A_(a->mid, nC),
+                           A_(in, nC), A_(w->ln2, C), N, C, c->rms_norm_eps);
+    proj_forward(m, l, FT_PROJ_GATE, a->ln2, a->gate);
+    proj_forward(m, l, FT_PROJ_UP, a->ln2, a->up);
+    ft_swiglu_forward(A_(a->act, nI), A_(a->gate, nI), A_(a->up, nI), nI);
+    if (!out) {
+        if (w->lora_a[FT_PROJ_DOWN])
+            lora_h_forward(m, l, FT_PROJ_DOWN, a->act);
+        return;
+    }
+    proj_forward(m, l, FT_PROJ_DOWN, a->act, out);
+    ft_add(A_(out, nC), A_(a->mid, nC), nC);
+}
+
+/* On entry m->d_h is the gradient of the layer's output; on exit that of its input. */
+static void layer_backward(ft_model *m, int l)
+{
+    const ft_model_config *c = &m->cfg;
+    const layer_weights *w = &m->layers[l];
+    const layer_acts *a = &m->acts[l];
+    int B = m->B, T = m->T, N = B * T, C = c->hidden_size, I = c->intermediate_size;
+    int Hq = c->num_heads, Hkv = c->num_kv_heads, D = c->head_dim;
+    size_t nC = (size_t)N * C, nQ = (size_t)N * Hq * D, nK = (size_t)N * Hkv * D,
+           nI = (size_t)N * I;
+    ft_tensor pos = I_(m->pos, N), inv = F_(m->inv_freq_dev, D / 2);
+
+    /* MLP: out = mid + down(silu(gate(ln2)) * up(ln2)) */
+    ft_zero(A_(m->d_act, nI), nI);
+    proj_backward(m, l, FT_PROJ_DOWN, a->act, m->d_h, m->d_act);
+    ft_zero(A_(m->d_gate, nI), nI);
+    ft_zero(A_(m->d_up, nI), nI);
+    ft_swiglu_backward(A_(m->d_gate, nI), A_(m->d_up, nI), A_(m->d_act, nI), A_(a->gate, nI),
+                       A_(a->up, nI), nI);
+    ft_zero(A_(m->d_ln, nC), nC);
+    proj_backward(m, l, FT_PROJ_GATE, a->ln2, m->d_gate, m->d_ln);
+    proj_backward(m, l, FT_PROJ_UP, a->ln2, m->d_up, m->d_ln);
+    /* the residual passes d_h through; the norm adds its part */
+    ft_rmsnorm_backward(A_(m->d_h, nC), OPTF_(w->g_ln2, C), A_(m->d_ln, nC), A_(a->mid, nC),
+                        A_(w->ln2, C), F_(a->rstd2, N), N, C);
+
+    /* attention: mid = in + o(attn(rope(q(ln1)), rope(k(ln1)), v(ln1))) */
+    ft_zero(A_(m->d_att, nQ), nQ);
+    proj_backward(m, l, FT_PROJ_O, a->att, m->d_h, m->d_att);
+    ft_zero(A_(m->d_q, nQ), nQ);
+    ft_zero(A_(m->d_k, nK), nK);
+    ft_zero(A_(m->d_v, nK), nK);
+    ft_attention_backward(A_(m->d_q, nQ), A_(m->d_k, nK), A_(m->d_v, nK), A_(m->d_att, nQ),
+                          A_(a->q, nQ), A_(a->k, nK), A_(a->v, nK), A_(a->att, nQ),
+                          F_(a->lse, (size_t)N * Hq),
+                          m->has_seg ? I_(m->seg, N) : ft_none(), B, T, Hq, Hkv, D,
+                          1.0f / sqrtf((float)D), c->sliding_window);
+    ft_rope_backward(A_(m->d_q, nQ), pos, inv, N, Hq, D);
+    ft_rope_backward(A_(m->d_k, nK), pos, inv, N, Hkv, D);
+    ft_zero(A_(m->d_ln, nC), nC);
+    proj_backward(m, l, FT_PROJ_Q, a->ln1, m->d_q, m->d_ln);
+    proj_backward(m, l, FT_PROJ_K, a->ln1, m->d_k, m->d_ln);
+    proj_backward(m, l, FT_PROJ_V, a->ln1, m->d_v, m->d_ln);
+    ft_rmsnorm_backward(A_(m->d_h, nC), OPTF_(w->g_ln1, C), A_(m->d_ln, nC), A_(a->in, nC),
+                        A_(w->ln1, C), F_(a->rstd1, N), N, C);
+}
+
+static int acquire(ft_model *m, int unit, ft_unit_phase ph, ft_err *err)
+{
+    if (ft_model_materialize(m, unit, err)) /* a quantized base: this layer, dequantized */
+        return -1;
+    return m->hooks.acquire ? m->hooks.acquire(m->hooks.ctx, unit, ph, err) : 0;
+}
+
+static int release(ft_model *m, int unit, ft_unit_phase ph, bool grads_final, ft_err *err)
+{
+    return m->hooks.release ? m->hooks.release(m->hooks.ctx, unit, ph, grads_final, err) : 0;
+}
+
+/* The head (final norm, lm_head) reads unit L+1 and, when tied, the embedding of unit 0. */
+static int acquire_head(ft_model *m, ft_unit_phase ph, ft_err *err)
+{
+    int L = m->cfg.num_layers;
+    if (acquire(m, L + 1, ph, err))
+        return -1;
+    return m->cfg.tie_word_embeddings ? acquire(m, 0, ph, err) : 0;
+}
+
+static int release_head(ft_model *m, ft_unit_phase ph, ft_err *err)
+{
+    int L = m->cfg.num_layers;
+    bool bwd = ph == FT_UNIT_BACKWARD;
+    /* a tied embedding's gradient is final only after the embedding's own backward */
+    bool embed_trains = m->opt.mode == FT_TRAIN_FULL;
+    if (m->cfg.tie_word_embeddings && release(m, 0, ph, bwd && !embed_trains, err))
+        return -1;
+    return release(m, L + 1, ph, bwd, err);
+}
+
+/* logits[0, rows) = lm_head(lnf rows [r0, r0 + rows)): one chunk of the head. */
+static void head_logits(ft_model *m, size_t r0, size_t rows)
+{
+    size_t C = (size_t)m->cfg.hidden_size, V = (size_t)m->cfg.vocab_size;
+    ft_tensor x = ft_slice(A_(m->lnf, (r0 + rows) * C), r0 * C, rows * C);
+    ft_linear_forward(A_(m->logits, rows * V), x, A_(m->lm_head, V * C), ft_none(), (int)rows,
+                      (int)C, (int)V, 1.0f, 0);
+}
+
+/* Layers this model computes: [*l0, *l1) (units l0+1 .. l1). */
+static void stage_layers(const ft_model *m, int *l0, int *l1)
+{
+    int L = m->cfg.num_layers;
+    *l0 = m->stage_first > 0 ? m->stage_first - 1 : 0;
+    *l1 = m->stage_last < L + 1 ? m->stage_last : L;
+}
+
+int ft_model_forward(ft_model *m, const ft_batch *b, double *loss_sum, long *n_tokens,
+                     ft_err *err)
+{
+    const ft_model_config *c = &m->cfg;
+    if (b->B <= 0 || b->T <= 0)
+        return ft_fail(err, "empty batch (%d rows of %d tokens)", b->B, b->T);
+    m->logits_valid = m->can_backward = m->logits_h_valid = false;
+    if (model_reserve_activations(m, b->B, b->T, err))
+        return -1;
+    long counted = 0;
+    if (prepare_batch(m, b, &counted, err))
+        return -1;
+    int L = c->num_layers, N = b->B * b->T, C = c->hidden_size, V = c->vocab_size;
+    size_t nC = (size_t)N * C;
+    m->dropout_seed = ft_mix64(m->opt.seed ^ ft_mix64(++m->n_forward));
+    int l0, l1;
+    stage_layers(m, &l0, &l1);
+
+    if (m->stage_first == 0) {
+        if (acquire(m, 0, FT_UNIT_FORWARD, err))
+            return -1;
+        ft_embedding_forward(A_(m->acts[0].in, nC), I_(m->ids, N),
+                             A_(m->embed, (size_t)V * C), N, V, C);
+        if (release(m, 0, FT_UNIT_FORWARD, false, err))
+            return -1;
+    } else if (m->hooks.recv_hidden(m->hooks.ctx, l0 < L ? m->acts[l0].in : m->final_in, nC,
+                                    err)) {
+        return -1; /* (a stage of only the head receives the last layer's output) */
+    }
+    for (int l = l0; l < l1; l++) {
+        if (acquire(m, l + 1, FT_UNIT_FORWARD, err))
+            return -1;
+        layer_forward(m, l, m->acts[l].in, l + 1 < L ? m->acts[l + 1].in : m->final_in);
+        if (release(m, l + 1, FT_UNIT_FORWARD, false, err))
+            return -1;
+    }
+    double loss = 0;
+    if (m->stage_last <= L) {
+        if (m->hooks.send_hidden(m->hooks.ctx, l1 < L ? m->acts[l1].in : m->final_in, nC, err))
+            return -1;
+    } else {
+        if (acquire_head(m, FT_UNIT_FORWARD, err))
+            return -1;
+        ft_rmsnorm_forward(A_(m->lnf, nC), F_(m->rstdf, N), A_(m->final_in, nC),
+                           A_(m->norm_f, C), N, C, c->rms_norm_eps);
+        size_t R = ft_loss_chunk_rows(m->opt.loss_chunk_rows, (size_t)V, (size_t)N);
+        for (size_t r0 = 0; r0 < (size_t)N; r0 += R) {
+            size_t rows = (size_t)N - r0 < R ? (size_t)N - r0 : R;
+            head_logits(m, r0, rows);
+            loss += ft_cross_entropy(ft_none(), A_(m->logits, rows * V),
+                                     ft_slice(I_(m->targets, N), r0, rows), (int)rows, V, 0.0f);
+            m->logits_first = r0; /* the buffer ends with the last chunk */
+        }
+        if (release_head(m, FT_UNIT_FORWARD, err))
+            return -1;
+        m->logits_valid = true;
+    }
+    if (loss_sum)
+        *loss_sum = loss;
+    if (n_tokens)
+        *n_tokens = counted;
+    m->can_backward = m->opt.mode != FT_TRAIN_NONE;
+    return 0;
+}
+
+int ft_model_backward(ft_model *m, float grad_scale, ft_err *err)
+{
+    if (!m->can_backward)
+        return ft_fail(err, m->opt.mode == FT_TRAIN_NONE
+                                ? "backward on a model loaded without trainable parameters"
+                                : "backward without a preceding forward");
+    const ft_model_config *c = &m->cfg;
+    int L = c->num_layers, N = m->B * m->T, C = c->hidden_size, V = c->vocab_size;
+    size_t nC = (size_t)N * C;
+    int l0, l1;
+    stage_layers(m, &l0, &l1);
+    m->logits_valid = m->can_backward = false;
+
+    if (m->stage_last <= L) {
+        if (m->hooks.recv_grad(m->hooks.ctx, m->d_h, nC, err))
+            return -1;
+    } else {
+        if (acquire_head(m, FT_UNIT_BACKWARD, err))
+            return -1;
+        ft_zero(A_(m->d_ln, nC), nC);
+        /* chunk by chunk as the forward went; a single chunk still holds its logits */
+        size_t R = ft_loss_chunk_rows(m->opt.loss_chunk_rows, (size_t)V, (size_t)N);
+        for (size_t r0 = 0; r0 < (size_t)N; r0 += R) {
+            size_t rows = (size_t)N - r0 < R ? (size_t)N - r0 : R;
+            if (R < (size_t)N)
+                head_logits(m, r0, rows);
+            /* dlogits overwrite the logits in place */
+            ft_tensor dlogits = A_(m->logits, rows * V);
+            ft_cross_entropy(dlogits, dlogits, ft_slice(I_(m->targets, N), r0, rows), (int)rows,
+                             V, grad_scale);
+            ft_linear_backward(ft_slice(A_(m->d_ln, nC), r0 * C, rows * C),
+                               OPTF_(m->g_lm_head, (size_t)V * C), ft_none(), dlogits,
+                               ft_slice(A_(m->lnf, nC), r0 * C, rows * C),
+                               A_(m->lm_head, (size_t)V * C), (int)rows, C, V, 1.0f);
+        }
+        ft_zero(A_(m->d_h, nC), nC);
+        ft_rmsnorm_backward(A_(m->d_h, nC), OPTF_(m->g_norm_f, C), A_(m->d_ln, nC),
+                            A_(m->final_in, nC), A_(m->norm_f, C), F_(m->rstdf, N), N, C);
+        if (release_head(m, FT_UNIT_BACKWARD, err))
+            return -1;
+    }
+    for (int l = l1 - 1; l >= l0; l--) {
+        if (acquire(m, l + 1, FT_UNIT_BACKWARD, err))
+            return -1;
+        /* The shared scratch still holds the stage's last layer's activations. */
+        if (m->opt.grad_ckpt && l < l1 - 1)
+            layer_forward(m, l, m->acts[l].in, NULL);
+        layer_backward(m, l);
+        if (release(m, l + 1, FT_UNIT_BACKWARD, true, err))
+            return -1;
+    }
+    if (m->stage_first > 0)
+        return m->hooks.send_grad(m->hooks.ctx, m->d_h, nC, err);
+    /* (the embedding's gradient pointer is bound by the acquire under ZeRO-2/3) */
+    if (m->opt.mode == FT_TRAIN_FULL) {
+        if (acquire(m, 0, FT_UNIT_BACKWARD, err))
+            return -1;
+        ft_embedding_backward(F_(m->g_embed, (size_t)V * C), A_(m->d_h, nC), I_(m->ids, N),
+                              N, V, C);
+        if (release(m, 0, FT_UNIT_BACKWARD, true, err))
+            return -1;
+    }
+    return 0;
+}
+
+long ft_batch_counted_tokens(const ft_batch *b)
+{
+    long n = 0;
+    const int32_t *labels = b->labels ? b->labels : b->input_ids;
+    for (int r = 0; r < b->B; r++)
+        for (int t = 1; t < b->T; t++)
+            n += labels[(size_t)r * b->T + t] != -100;
+    return n;
+}

@@ -1,0 +1,894 @@
+/* The training loop (see trainer.h). */
+#include "run/trainer.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "memory/auto_batch.h"
+#include "train/checkpoint.h"
+#include "data/data_setup.h"
+#include "dist/dist_engine.h"
+#include "eval/evaluate.h"
+#include "core/fsutil.h"
+#include "device/gpu_monitor.h"
+#include "memory/memplan.h"
+#include "model/merge.h"
+#include "model/model.h"
+#include "formats/model_path.h"
+#include "memory/oom_advice.h"
+#include "train/optim.h"
+#include "device/run_device.h"
+#include "train/schedule.h"
+#include "formats/tb_writer.h"
+#include "train/train_step.h"
+
+/* Set by SIGINT/SIGTERM; the loop saves a checkpoint and stops at the next step
+ * boundary. A signal handler can only reach static storage: this is the one piece of
+ * process-wide state, and nothing but the handler writes it. */
+static volatile sig_atomic_t stop_requested;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* A micro-batch copied out of the loader (whose arrays live until its next call). */
+typedef struct owned_batch {
+    ft_batch b;
+    int32_t *ids, *labels, *pos;
+    size_t cap;
+} owned_batch;
+
+static int own(owned_batch *o, const ft_batch *b, ft_err *err)
+{
+    size_t n = (size_t)b->B * b->T;
+    if (n > o->cap) {
+        free(o->ids);
+        free(o->labels);
+        free(o->pos);
+        o->ids = malloc(n * sizeof(int32_t));
+        o->labels = malloc(n * sizeof(int32_t));
+        o->pos = malloc(n * sizeof(int32_t));
+        o->cap = n;
+        if (!o->ids || !o->labels || !o->pos)
+            return ft_fail(err, "out of memory");
+    }
+    memcpy(o->ids, b->input_ids, n * sizeof(int32_t));
+    memcpy(o->labels, b->labels ? b->labels : b->input_ids, n * sizeof(int32_t));
+    if (b->position_ids)
+        memcpy(o->pos, b->position_ids, n * sizeof(int32_t));
+    o->b = (ft_batch){b->B, b->T, o->ids, o->labels, b->position_ids ? o->pos : NULL};
+    return 0;
+}
+
+typedef struct trainer {
+    const ft_config *cfg;
+    FILE *log;
+    FILE *quiet;         /* ranks other than 0 log here (/dev/null) */
+    const char *out_dir;
+    char model_dir[4096];
+    ft_comm *comm, *own_comm; /* own_comm: made here when the caller gave none */
+    int rank, world;
+    ft_run_device_choice place; /* train.device resolved */
+    int gpu;             /* the GPU this rank took; -1 on the CPU */
+    size_t mem_limit;    /* FT_MEM_LIMIT: the model allocator's limit (0: none) */
+    ft_gpu_monitor *gpu_mon; /* NVML on this rank's GPU; NULL on the CPU or without NVML */
+    ft_engine *eng;
+    ft_model *m;         /* the engine's */
+    ft_run_data data;
+    ft_loader *train_loader;
+    int eval_batch_size;
+    ft_tb_writer *tb;
+    ft_lr_schedule sched;
+    bool measuring;      /* ft_trainer_options.measure: one step, no outputs */
+    int batch_size;      /* rows per micro-batch */
+    ft_train_state state;
+    long last_eval_step; /* -1: none yet */
+    bool tty;            /* log is a terminal: keep a progress bar on its last line */
+    int accum, n_batches;
+    owned_batch *micro;
+    ft_eval_records gen_records; /* predict_with_generate: prompts and references */
+    ft_gen_options gen;
+    FILE *metrics;       /* metrics.jsonl (rank 0) */
+    double t_start, last_loss, last_eval_loss, last_rate, comm_bytes;
+    long steps_done, tokens_done;
+    bool have_eval;
+} trainer;
+
+static void begin_line(trainer *t);
+
+/* dist.strategy (and dist.zero_stage for "zero") as the engine's options. */
+static int dist_options(const ft_config *c, int world, ft_dist_options *o, ft_err *err)
+{
+    const char *s = ft_config_str(c, "dist.strategy");
+    memset(o, 0, sizeof *o);
+    if (strcmp(s, "auto") == 0)
+        s = world > 1 ? "ddp" : "none";
+    if (strcmp(s, "zero") == 0) {
+        static const char *const stages[] = {"ddp", "zero1", "zero2", "zero3"};
+        long stage = ft_config_int(c, "dist.zero_stage");
+        if (stage < 0 || stage > 3)
+            return ft_fail(err, "config: dist.zero_stage = %ld: stages are 0-3", stage);
+        s = stages[stage];
+    }
+    static const struct {
+        const char *name;
+        ft_strategy s;
+    } names[] = {{"none", FT_STRATEGY_NONE},   {"ddp", FT_STRATEGY_DDP},
+                 {"zero1", FT_STRATEGY_ZERO1}, {"zero2", FT_STRATEGY_ZERO2},
+                 {"zero3", FT_STRATEGY_ZERO3}, {"fsdp", FT_STRATEGY_FSDP},
+                 {"model_parallel", FT_STRATEGY_PIPELINE}};
+    bool found = false;
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (strcmp(s, names[i].name) == 0) {
+            o->strategy = names[i].s;
+            found = true;
+        }
+    if (!found)
+        return ft_fail(err, "config: dist.strategy '%s' is not a strategy", s);
+    o->offload_optimizer = strcmp(ft_config_str(c, "dist.offload_optimizer"), "cpu") == 0;
+    o->bucket_bytes = (size_t)ft_config_int(c, "train.ddp_bucket_cap_mb") << 20;
+    o->overlap_comm = ft_config_bool(c, "dist.overlap_comm");
+    o->prefetch = ft_config_bool(c, "dist.prefetch");
+    o->pipeline_chunks = (int)ft_config_int(c, "dist.pipeline_micro_batches");
+    return 0;
+}
+
+static int setup_model(trainer *t, const ft_dist_options *dopt, ft_err *err)
+{
+    const ft_config *c = t->cfg;
+    const char *mode = ft_config_str(c, "tuning.mode");
+    ft_model_options mo = {.grad_ckpt = ft_config_bool(c, "train.gradient_checkpointing"),
+                           .seed = (uint64_t)ft_config_int(c, "train.seed"),
+                           .device = t->place.device,
+                           .dtype = t->place.dtype,
+                           .mem_limit = t->mem_limit,
+                           .loss_chunk_rows = ft_config_loss_chunk(c)};
+    if (strcmp(mode, "full") == 0) {
+        mo.mode = FT_TRAIN_FULL;
+    } else {
+        /* qlora: LoRA on a base quantized on load (a checkpoint quantized already, by
+         * ft-quantize or bitsandbytes, is read as it is in either LoRA mode) */
+        if (strcmp(mode, "qlora") == 0) {
+            if (ft_quant_parse(ft_config_str(c, "tuning.quant.type"), &mo.quant.type, err))
+                return ft_fail_prefix(err, "config: key 'tuning.quant.type'");
+            mo.quant.blocksize = (int)ft_config_int(c, "tuning.quant.blocksize");
+            if (mo.quant.blocksize & (mo.quant.blocksize - 1))
+                return ft_fail(err, "config: key 'tuning.quant.blocksize': %d is not a power "
+                                    "of two (32, 64, ..., 4096)",
+                               mo.quant.blocksize);
+            mo.quant.double_quant = ft_config_bool(c, "tuning.quant.double_quant");
+            mo.quant_skip = ft_config_str(c, "tuning.quant.skip_modules");
+        }
+        mo.mode = FT_TRAIN_LORA;
+        mo.lora = (ft_lora_config){.r = (int)ft_config_int(c, "tuning.lora.r"),
+                                   .alpha = (float)ft_config_float(c, "tuning.lora.alpha"),
+                                   .dropout = (float)ft_config_float(c, "tuning.lora.dropout"),
+                                   .rslora = ft_config_bool(c, "tuning.lora.rslora")};
+        if (ft_lora_targets_parse(ft_config_str(c, "tuning.lora.target_modules"),
+                                  &mo.lora.targets, err))
+            return ft_fail_prefix(err, "config: key 'tuning.lora.target_modules'");
+    }
+    const char *adapter = mo.mode == FT_TRAIN_LORA && ft_config_has(c, "tuning.lora.init_adapter")
+                              ? ft_config_str(c, "tuning.lora.init_adapter")
+                              : NULL;
+    ft_adamw_hparams hp = {.lr = (float)ft_config_float(c, "train.learning_rate"),
+                           .beta1 = (float)ft_config_float(c, "train.adam_beta1"),
+                           .beta2 = (float)ft_config_float(c, "train.adam_beta2"),
+                           .eps = (float)ft_config_float(c, "train.adam_epsilon"),
+                           .weight_decay = (float)ft_config_float(c, "train.weight_decay")};
+    if (ft_engine_new(&t->eng, t->comm, t->model_dir, &mo, adapter, hp, dopt, err))
+        return ft_fail_prefix(err, adapter ? "model.name '%s' with tuning.lora.init_adapter"
+                                           : "model.name '%s'",
+                              t->model_dir);
+    t->m = ft_engine_model(t->eng);
+    return 0;
+}
+
+static int setup_schedule(trainer *t, ft_err *err)
+{
+    const ft_config *c = t->cfg;
+    long max_steps = ft_config_int(c, "train.max_steps");
+    double epochs = ft_config_float(c, "train.epochs");
+    long total = max_steps > 0
+                     ? max_steps
+                     : (long)ceil(epochs * t->n_batches / (double)t->accum);
+    if (total <= 0)
+        return ft_fail(err, "config: train.epochs = %g over %d batches gives no optimizer step",
+                       epochs, t->n_batches);
+    int warmup = (int)ft_config_int(c, "train.warmup_steps");
+    if (warmup == 0)
+        warmup = (int)ceil(ft_config_float(c, "train.warmup_ratio") * (double)total);
+    t->sched = (ft_lr_schedule){.base_lr = ft_config_float(c, "train.learning_rate"),
+                                .warmup_steps = warmup,
+                                .total_steps = (int)total};
+    return ft_lr_kind_parse(ft_config_str(c, "train.lr_scheduler"), &t->sched.kind, err);
+}
+
+static void stamp_of(const trainer *t, ft_ckpt_stamp *s)
+{
+    memset(s, 0, sizeof *s);
+    snprintf(s->device, sizeof s->device, "%s", ft_device_name(t->place.device));
+    snprintf(s->dtype, sizeof s->dtype, "%s", ft_dtype_name(t->place.dtype));
+    snprintf(s->mode, sizeof s->mode, "%s", ft_config_str(t->cfg, "tuning.mode"));
+    snprintf(s->quant, sizeof s->quant, "%s", ft_quant_name(ft_model_quant(t->m).type));
+    snprintf(s->strategy, sizeof s->strategy, "%s",
+             ft_strategy_name(ft_engine_strategy(t->eng)));
+    s->world_size = t->world;
+}
+
+/* Mean loss over the eval set: ft-eval's loss run (forward only), without dropout. */
+static int evaluate(trainer *t, double *loss, long *tokens, ft_err *err)
+{
+    ft_eval_loss r = {0};
+    ft_model_set_training(t->m, false);
+    int rc = ft_eval_loss_run(t->m, &t->data.eval, t->eval_batch_size, t->data.pad_id, NULL, &r,
+                              err);
+    ft_model_set_training(t->m, true);
+    if (rc)
+        return ft_fail_prefix(err, "evaluation");
+    /* every rank evaluated the whole set in step (zero3 and the pipeline need all of them
+     * in each forward); the pipeline's loss is on its last stage */
+    double v = r.loss;
+    if (t->world > 1 &&
+        ft_comm_broadcast(t->comm, &v, 1, FT_COMM_F64, ft_engine_loss_rank(t->eng), err))
+        return -1;
+    *loss = v;
+    *tokens = r.tokens;
+    return 0;
+}
+
+static int log_scalar(trainer *t, const char *tag, double v, ft_err *err)
+{
+    return t->tb ? ft_tb_scalar(t->tb, tag, t->state.global_step, v, err) : 0;
+}
+
+static int run_eval(trainer *t, ft_err *err)
+{
+    if (!t->data.eval.n || t->last_eval_step == t->state.global_step)
+        return 0;
+    t->last_eval_step = t->state.global_step;
+    double loss = 0;
+    long tokens = 0;
+    if (evaluate(t, &loss, &tokens, err))
+        return -1;
+    begin_line(t);
+    fprintf(t->log, "eval step %ld | loss %.4f | perplexity %.3f | %ld tokens\n",
+            t->state.global_step, loss, exp(loss), tokens);
+    t->last_eval_loss = loss;
+    t->have_eval = true;
+    if (t->metrics) {
+        fprintf(t->metrics, "{\"step\": %ld, \"eval_loss\": %.6g, \"elapsed_s\": %.3f}\n",
+                t->state.global_step, loss, now() - t->t_start);
+        fflush(t->metrics);
+    }
+    if (log_scalar(t, "eval/loss", loss, err) || log_scalar(t, "eval/perplexity", exp(loss), err))
+        return -1;
+    if (t->gen_records.n) {
+        ft_eval_gen g;
+        ft_model_set_training(t->m, false);
+        int rc = ft_eval_generate_run(t->m, t->data.tok, &t->gen_records, &t->gen, NULL, NULL,
+                                      &g, err);
+        ft_model_set_training(t->m, true);
+        if (rc)
+            return ft_fail_prefix(err, "evaluation generation");
+        fprintf(t->log, "eval step %ld | rougeL %.4f | exact_match %.4f | %zu generated\n",
+                t->state.global_step, g.rouge_l, g.exact_match, g.generated);
+        if (log_scalar(t, "eval/rougeL", g.rouge_l, err) ||
+            log_scalar(t, "eval/exact_match", g.exact_match, err))
+            return -1;
+    }
+    return t->tb ? ft_tb_flush(t->tb, err) : 0;
+}
+
+static int save_checkpoint(trainer *t, char *out, size_t out_len, ft_err *err)
+{
+    t->state.rng_counter = ft_model_rng_counter(t->m);
+    int rc = ft_engine_save_checkpoint(t->eng, t->out_dir, &t->state, t->model_dir,
+                                       (int)ft_config_int(t->cfg, "train.save_total_limit"), out,
+                                       out_len, err);
+    if (rc == 0) {
+        begin_line(t);
+        fprintf(t->log, "saved %s\n", out);
+    }
+    return rc;
+}
+
+/* Gathers accum micro-batches, moving through epochs. */
+static int next_micro_batches(trainer *t, ft_err *err)
+{
+    for (int i = 0; i < t->accum; i++) {
+        /* with packing and shuffling, an epoch's batch count depends on the epoch */
+        if (t->state.batch_in_epoch >= ft_loader_n_batches(t->train_loader, t->state.epoch)) {
+            t->state.epoch++;
+            t->state.batch_in_epoch = 0;
+        }
+        ft_batch b;
+        if (ft_loader_batch(t->train_loader, t->state.epoch, t->state.batch_in_epoch++, &b, err) ||
+            own(&t->micro[i], &b, err))
+            return -1;
+    }
+    return 0;
+}
+
+/* On a terminal: "[#####-----] step 10/100 | loss 2.3456 | 1234 tok/s | eta 12s", redrawn
+ * in place after every step. */
+static void draw_progress(trainer *t, double loss, double tok_per_s, double eta)
+{
+    long step = t->state.global_step, total = t->sched.total_steps;
+    char bar[21];
+    int filled = (int)(20.0 * (double)step / (double)total);
+    for (int i = 0; i < 20; i++)
+        bar[i] = i < filled ? '#' : '-';
+    bar[20] = '\0';
+    fprintf(t->log, "\r\033[K[%s] step %ld/%ld | loss %.4f | %.0f tok/s | eta %.0fs", bar, step,
+            total, loss, tok_per_s, eta);
+    fflush(t->log);
+}
+
+/* Starts a full log line: on a terminal, clears the progress bar first. */
+static void begin_line(trainer *t)
+{
+    if (t->tty)
+        fputs("\r\033[K", t->log);
+}
+
+/* Per-rank figures of this rank: tokens/s, the peak bytes of each memory category of
+ * the device (the process's memory on CPU ranks) and the peak of the host memory an
+ * offloaded optimizer holds; its own loss of the last step; on a GPU, NVML's
+ * utilization and the device memory in use (-1 when unknown). */
+enum {
+    RANK_RATE = 0,
+    RANK_LOSS,
+    RANK_HOST,
+    RANK_GPU_UTIL,
+    RANK_GPU_USED,
+    RANK_MEM,
+    RANK_NVAL = RANK_MEM + FT_MEM_NCAT
+};
+
+static void rank_values(trainer *t, double rate, double *v)
+{
+    const ft_mem *mem = ft_engine_mem(t->eng), *host = ft_engine_host_mem(t->eng);
+    v[RANK_RATE] = rate;
+    v[RANK_LOSS] = ft_engine_rank_loss(t->eng);
+    v[RANK_HOST] = (double)host->peak_total;
+    ft_gpu_monitor_sample(t->gpu_mon, &v[RANK_GPU_UTIL], &v[RANK_GPU_USED]);
+    for (int c = 0; c < FT_MEM_NCAT; c++)
+        v[RANK_MEM + c] = (double)mem->peak[c];
+}
+
+/* Every rank's values on every rank: [world][RANK_NVAL] (collective). */
+static int gather_rank_values(trainer *t, double rate, double *all, ft_err *err)
+{
+    memset(all, 0, (size_t)t->world * RANK_NVAL * sizeof *all);
+    rank_values(t, rate, all + (size_t)t->rank * RANK_NVAL);
+    return t->world > 1 ? ft_comm_allreduce(t->comm, all, (size_t)t->world * RANK_NVAL,
+                                            FT_COMM_F64, FT_COMM_SUM, err)
+                        : 0;
+}
+
+static int log_step(trainer *t, const ft_step_stats *st, double tok_per_s, double elapsed,
+                    long first_step, ft_err *err)
+{
+    long step = t->state.global_step, total = t->sched.total_steps;
+    double eta = (double)(total - step) * elapsed / (double)(step - first_step);
+    /* tok_per_s is this rank's; the run's is the sum over data-parallel ranks */
+    double *all = malloc((size_t)t->world * RANK_NVAL * sizeof *all);
+    if (!all)
+        return ft_fail(err, "out of memory");
+    if (gather_rank_values(t, tok_per_s, all, err)) {
+        free(all);
+        return -1;
+    }
+    double global_rate = 0;
+    for (int r = 0; r < ft_engine_data_world(t->eng); r++)
+        global_rate += all[(size_t)r * RANK_NVAL + RANK_RATE];
+    t->last_rate = global_rate;
+    begin_line(t);
+    fprintf(t->log, "step %ld/%ld | loss %.4f | lr %.3e | grad_norm %.4f | %.0f tok/s | eta %.0fs\n",
+            step, total, st->loss, st->lr, st->grad_norm, global_rate, eta);
+    int rc = 0;
+    if (log_scalar(t, "train/loss", st->loss, err) ||
+        log_scalar(t, "train/learning_rate", st->lr, err) ||
+        log_scalar(t, "train/grad_norm", st->grad_norm, err) ||
+        log_scalar(t, "train/tokens_per_second", global_rate, err))
+        rc = -1;
+    for (int c = 0; c < FT_MEM_NCAT && rc == 0; c++) {
+        char tag[64];
+        snprintf(tag, sizeof tag, "memory/%s_peak_bytes", ft_mem_cat_name((ft_mem_cat)c));
+        rc = log_scalar(t, tag, all[(size_t)t->rank * RANK_NVAL + RANK_MEM + c], err);
+    }
+    /* GPU runs: how busy this rank's GPU was, and its memory as the device counts it */
+    const double *mine = all + (size_t)t->rank * RANK_NVAL;
+    if (rc == 0 && mine[RANK_GPU_UTIL] >= 0)
+        rc = log_scalar(t, "gpu/utilization_percent", mine[RANK_GPU_UTIL], err);
+    if (rc == 0 && mine[RANK_GPU_USED] >= 0)
+        rc = log_scalar(t, "gpu/memory_used_bytes", mine[RANK_GPU_USED], err);
+    /* per rank, in distributed runs */
+    for (int r = 0; t->world > 1 && r < t->world && rc == 0; r++) {
+        char tag[96];
+        snprintf(tag, sizeof tag, "rank%d/tokens_per_second", r);
+        rc = log_scalar(t, tag, all[(size_t)r * RANK_NVAL + RANK_RATE], err);
+        double loss = all[(size_t)r * RANK_NVAL + RANK_LOSS];
+        if (rc == 0 && !isnan(loss)) {
+            snprintf(tag, sizeof tag, "rank%d/loss", r);
+            rc = log_scalar(t, tag, loss, err);
+        }
+        for (int c = 0; c < FT_MEM_NCAT && rc == 0; c++) {
+            snprintf(tag, sizeof tag, "rank%d/memory/%s_peak_bytes", r,
+                     ft_mem_cat_name((ft_mem_cat)c));
+            rc = log_scalar(t, tag, all[(size_t)r * RANK_NVAL + RANK_MEM + c], err);
+        }
+        if (rc == 0 && ft_engine_host_mem(t->eng)->peak_total) {
+            snprintf(tag, sizeof tag, "rank%d/memory/host_offload_peak_bytes", r);
+            rc = log_scalar(t, tag, all[(size_t)r * RANK_NVAL + RANK_HOST], err);
+        }
+        if (rc == 0 && all[(size_t)r * RANK_NVAL + RANK_GPU_UTIL] >= 0) {
+            snprintf(tag, sizeof tag, "rank%d/gpu_utilization_percent", r);
+            rc = log_scalar(t, tag, all[(size_t)r * RANK_NVAL + RANK_GPU_UTIL], err);
+        }
+    }
+    if (t->world > 1 && rc == 0)
+        rc = log_scalar(t, "dist/comm_bytes_per_step", ft_engine_step_comm_bytes(t->eng), err);
+    if (t->world > 1 && rc == 0) {
+        /* rank 0's last step: wall time, and the part of it blocked in communication */
+        ft_comm_stats cs;
+        double step_s = ft_engine_step_profile(t->eng, &cs);
+        rc = log_scalar(t, "dist/step_seconds", step_s, err) ||
+             log_scalar(t, "dist/comm_wait_seconds", cs.wait_s, err);
+    }
+    free(all);
+    if (rc == 0 && t->metrics) {
+        fprintf(t->metrics,
+                "{\"step\": %ld, \"epoch\": %d, \"loss\": %.6g, \"learning_rate\": %.6g, "
+                "\"grad_norm\": %.6g, \"tokens_per_second\": %.6g, \"elapsed_s\": %.3f}\n",
+                step, t->state.epoch, st->loss, st->lr, st->grad_norm, global_rate,
+                now() - t->t_start);
+        fflush(t->metrics);
+    }
+    return rc ? -1 : t->tb ? ft_tb_flush(t->tb, err) : 0;
+}
+
+/* run_summary.json (rank 0 writes; every rank takes part in the memory gather). */
+static int write_summary(trainer *t, ft_err *err)
+{
+    double *all = malloc((size_t)t->world * RANK_NVAL * sizeof *all);
+    if (!all)
+        return ft_fail(err, "out of memory");
+    int rc = gather_rank_values(t, 0, all, err);
+    if (rc || t->rank != 0) {
+        free(all);
+        return rc;
+    }
+    double wall = now() - t->t_start;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) {
+        free(all);
+        return ft_fail(err, "out of memory");
+    }
+    fprintf(f, "{\"strategy\": \"%s\", \"world_size\": %d, \"mode\": \"%s\", \"device\": \"%s\", "
+               "\"dtype\": \"%s\", ",
+            ft_strategy_name(ft_engine_strategy(t->eng)), t->world,
+            ft_config_str(t->cfg, "tuning.mode"), ft_device_name(t->place.device),
+            ft_dtype_name(t->place.dtype));
+    /* the resolved batch (train.batch_size / grad_accum auto are numbers by now) */
+    fprintf(f, "\"batch_size\": %d, \"grad_accum\": %d, \"global_batch_size\": %ld, ",
+            t->batch_size, t->accum,
+            (long)t->batch_size * t->accum * ft_engine_data_world(t->eng));
+    fprintf(f, "\"steps\": %ld, \"wall_time_s\": %.3f, \"steps_per_second\": %.6g, ",
+            t->steps_done, wall, wall > 0 ? t->steps_done / wall : 0.0);
+    fprintf(f, "\"tokens_per_second\": %.6g, \"final_train_loss\": %.6g, ",
+            wall > 0 ? (double)t->tokens_done * ft_engine_data_world(t->eng) / wall : 0.0,
+            t->last_loss);
+    if (t->have_eval)
+        fprintf(f, "\"final_eval_loss\": %.6g, ", t->last_eval_loss);
+    else
+        fprintf(f, "\"final_eval_loss\": null, ");
+    fprintf(f, "\"comm_bytes_per_step\": %.6g, \"peak_memory_bytes\": [",
+            t->steps_done ? t->comm_bytes / t->steps_done : 0.0);
+    for (int r = 0; r < t->world; r++) {
+        double sum = 0;
+        for (int c = 0; c < FT_MEM_NCAT; c++)
+            sum += all[(size_t)r * RANK_NVAL + RANK_MEM + c];
+        fprintf(f, "%s%.0f", r ? ", " : "", sum);
+    }
+    fprintf(f, "], \"peak_memory_by_category\": {");
+    for (int c = 0; c < FT_MEM_NCAT; c++) {
+        fprintf(f, "%s\"%s\": [", c ? ", " : "", ft_mem_cat_name((ft_mem_cat)c));
+        for (int r = 0; r < t->world; r++)
+            fprintf(f, "%s%.0f", r ? ", " : "", all[(size_t)r * RANK_NVAL + RANK_MEM + c]);
+        fprintf(f, "]");
+    }
+    fprintf(f, "}, \"host_offload_bytes\": [");
+    for (int r = 0; r < t->world; r++)
+        fprintf(f, "%s%.0f", r ? ", " : "", all[(size_t)r * RANK_NVAL + RANK_HOST]);
+    fprintf(f, "]}\n");
+    fclose(f);
+    free(all);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/run_summary.json", t->out_dir);
+    rc = ft_write_file_atomic(path, text, len, err);
+    free(text);
+    return rc;
+}
+
+static int save_final(trainer *t, char *out, size_t out_len, ft_err *err)
+{
+    char dir[4096];
+    if ((size_t)snprintf(dir, sizeof dir, "%s/final", t->out_dir) >= sizeof dir)
+        return ft_fail(err, "%s: path too long", t->out_dir);
+    if (ft_engine_save_weights(t->eng, dir, t->model_dir, err))
+        return -1;
+    if (t->rank == 0 && strcmp(ft_config_str(t->cfg, "tuning.mode"), "full") == 0) {
+        /* a full model dir loads in transformers: config and tokenizer files beside it */
+        char src[4300], dst[4300];
+        snprintf(src, sizeof src, "%s/config.json", t->model_dir);
+        snprintf(dst, sizeof dst, "%s/config.json", dir);
+        if (ft_copy_file(src, dst, err) || ft_copy_passthrough_files(t->model_dir, dir, err))
+            return -1;
+    }
+    snprintf(out, out_len, "%s", dir);
+    return 0;
+}
+
+/* Pads a micro-batch to B rows of T tokens: pad_id with label -100 (not counted), the
+ * positions of a packed row continuing its last sequence, a new row's from 0. */
+static int pad_micro(owned_batch *o, int B, int T, int32_t pad_id, ft_err *err)
+{
+    const ft_batch *b = &o->b;
+    if (b->B > B || b->T > T)
+        return ft_fail(err, "memory check: a micro-batch of %d x %d tokens is larger than "
+                            "train.batch_size x model.max_seq_len = %d x %d",
+                       b->B, b->T, B, T);
+    size_t n = (size_t)B * (size_t)T;
+    int32_t *ids = malloc(n * sizeof *ids), *labels = malloc(n * sizeof *labels);
+    int32_t *pos = b->position_ids ? malloc(n * sizeof *pos) : NULL;
+    if (!ids || !labels || (b->position_ids && !pos)) {
+        free(ids);
+        free(labels);
+        free(pos);
+        return ft_fail(err, "out of memory");
+    }
+    for (int r = 0; r < B; r++)
+        for (int c = 0; c < T; c++) {
+            size_t i = (size_t)r * T + c, j = (size_t)r * b->T + c;
+            bool in = r < b->B && c < b->T;
+            ids[i] = in ? b->input_ids[j] : pad_id;
+            labels[i] = in ? b->labels[j] : -100;
+            if (pos)
+                pos[i] = in ? b->position_ids[j]
+                         : r < b->B ? b->position_ids[(size_t)r * b->T + b->T - 1] + (c - b->T + 1)
+                                    : c;
+        }
+    free(o->ids);
+    free(o->labels);
+    free(o->pos);
+    o->ids = ids;
+    o->labels = labels;
+    o->pos = pos;
+    o->cap = n;
+    o->b = (ft_batch){B, T, ids, labels, pos};
+    return 0;
+}
+
+/* The memory check: one optimizer step on micro-batches padded to the plan's batch_size
+ * x max_seq_len, then every rank's allocator peaks to rank 0's m. */
+static int measure_step(trainer *t, ft_mem_measured *m, ft_err *err)
+{
+    if (t->rank == 0 && m->world != t->world)
+        return ft_fail(err, "memory check: measuring %d ranks with room for %d", t->world,
+                       m->world);
+    int T = (int)ft_config_int(t->cfg, "model.max_seq_len");
+    if (next_micro_batches(t, err))
+        return -1;
+    ft_batch mb[64];
+    for (int i = 0; i < t->accum; i++) {
+        if (pad_micro(&t->micro[i], t->batch_size, T, t->data.pad_id, err))
+            return -1;
+        mb[i] = t->micro[i].b;
+    }
+    ft_step_stats st;
+    if (ft_engine_step(t->eng, &t->sched, mb, t->accum,
+                       ft_config_float(t->cfg, "train.max_grad_norm"), &st, err))
+        return ft_fail_prefix(err, "memory check step");
+    double *all = malloc((size_t)t->world * RANK_NVAL * sizeof *all);
+    if (!all)
+        return ft_fail(err, "out of memory");
+    int rc = gather_rank_values(t, 0, all, err);
+    if (rc == 0 && t->rank == 0) {
+        snprintf(m->strategy, sizeof m->strategy, "%s",
+                 ft_strategy_name(ft_engine_strategy(t->eng)));
+        m->batch_size = t->batch_size;
+        m->seq_len = T;
+        m->grad_accum = t->accum;
+        for (int r = 0; r < t->world; r++) {
+            const double *v = all + (size_t)r * RANK_NVAL;
+            m->host[r] = (size_t)v[RANK_HOST];
+            for (int c = 0; c < FT_MEM_NCAT; c++)
+                m->peak[(size_t)r * FT_MEM_NCAT + c] = (size_t)v[RANK_MEM + c];
+        }
+        fprintf(t->log, "memory check: one step of %s on %d rank%s, loss %.4f\n", m->strategy,
+                t->world, t->world == 1 ? "" : "s", st.loss);
+    }
+    free(all);
+    return rc;
+}
+
+static int train_loop(trainer *t, ft_train_outcome *outcome, char *out, size_t out_len,
+                      ft_err *err)
+{
+    const ft_config *c = t->cfg;
+    long log_every = ft_config_int(c, "train.logging_steps");
+    long save_every = ft_config_int(c, "train.save_steps");
+    long eval_every = strcmp(ft_config_str(c, "train.eval_strategy"), "steps") == 0
+                          ? ft_config_int(c, "train.eval_steps")
+                          : 0;
+    bool eval_epochs = strcmp(ft_config_str(c, "train.eval_strategy"), "epoch") == 0;
+    double max_norm = ft_config_float(c, "train.max_grad_norm");
+    long first_step = t->state.global_step;
+    double t0 = now(), window_t = t0;
+    long window_tokens = 0;
+    while (t->state.global_step < t->sched.total_steps) {
+        int epoch_before = t->state.epoch;
+        if (next_micro_batches(t, err))
+            return -1;
+        ft_batch mb[64];
+        for (int i = 0; i < t->accum; i++) {
+            mb[i] = t->micro[i].b;
+            window_tokens += (long)mb[i].B * mb[i].T;
+        }
+        ft_step_stats st;
+        if (ft_engine_step(t->eng, &t->sched, mb, t->accum, max_norm, &st, err))
+            return ft_fail_prefix(err, "step %ld", t->state.global_step + 1);
+        t->state.global_step++;
+        t->steps_done++;
+        t->last_loss = st.loss;
+        t->comm_bytes += ft_engine_step_comm_bytes(t->eng);
+        for (int i = 0; i < t->accum; i++)
+            t->tokens_done += (long)mb[i].B * mb[i].T;
+        /* a signal reaches the ranks at different moments: stop when any has one */
+        if (t->world > 1) {
+            int64_t stop = stop_requested;
+            if (ft_comm_allreduce(t->comm, &stop, 1, FT_COMM_I64, FT_COMM_MAX, err))
+                return -1;
+            stop_requested = (sig_atomic_t)stop;
+        }
+        long step = t->state.global_step;
+        double tnow = now();
+        double rate = window_tokens / (tnow - window_t);
+        if (step % log_every == 0 || step == 1 || step == t->sched.total_steps) {
+            if (log_step(t, &st, rate, tnow - t0, first_step, err))
+                return -1;
+            window_t = tnow;
+            window_tokens = 0;
+        }
+        if (t->tty)
+            draw_progress(t, st.loss, rate,
+                          (double)(t->sched.total_steps - step) * (tnow - t0) /
+                              (double)(step - first_step));
+        if ((eval_every && step % eval_every == 0) || (eval_epochs && t->state.epoch != epoch_before))
+            if (run_eval(t, err))
+                return -1;
+        if (stop_requested) {
+            begin_line(t);
+            fprintf(t->log, "interrupted: saving a checkpoint at step %ld\n", step);
+            *outcome = FT_TRAIN_INTERRUPTED;
+            return save_checkpoint(t, out, out_len, err);
+        }
+        if (step % save_every == 0 && save_checkpoint(t, out, out_len, err))
+            return -1;
+    }
+    begin_line(t);
+    if (run_eval(t, err))
+        return -1;
+    *outcome = FT_TRAIN_DONE;
+    return save_final(t, out, out_len, err);
+}
+
+/* train.device (and this rank's GPU), and FT_MEM_LIMIT. */
+static int setup_device(trainer *t, ft_err *err)
+{
+    const char *limit = getenv("FT_MEM_LIMIT");
+    if (limit && *limit && ft_parse_size(limit, &t->mem_limit))
+        return ft_fail(err, "FT_MEM_LIMIT=%s: not a size (512MiB, 6GiB, 8GB)", limit);
+    if (ft_run_device_resolve(t->cfg, &t->place, err) ||
+        ft_run_device_select(&t->place, ft_comm_local_rank(t->comm), &t->gpu, err))
+        return -1;
+    if (t->place.device != FT_DEV_CUDA)
+        return 0;
+    fprintf(t->log, "ft-train: %s; rank %d takes GPU %d\n", t->place.why, t->rank, t->gpu);
+    char why[128];
+    if (!(t->gpu_mon = ft_gpu_monitor_open(t->gpu, why, sizeof why)))
+        fprintf(t->log, "ft-train: no GPU utilization in the logs: %s\n", why);
+    return 0;
+}
+
+static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
+{
+    const ft_config *c = t->cfg;
+    if (setup_device(t, err))
+        return -1;
+    if (!ft_config_has(c, "model.name"))
+        return ft_fail(err, "config: key 'model.name' is required (a Hugging Face model dir)");
+    if (ft_resolve_model_dir(ft_config_str(c, "model.name"), t->model_dir, sizeof t->model_dir,
+                             err))
+        return -1;
+    t->out_dir = ft_config_str(c, "train.output_dir");
+    ft_dist_options dopt;
+    if (dist_options(c, t->world, &dopt, err))
+        return -1;
+    ft_comm_set_timeout(t->comm, ft_config_float(c, "dist.timeout_s"));
+    if (ft_run_data_load(&t->data, c, t->log, err))
+        return -1;
+    t->accum = ft_config_is_auto(c, "train.grad_accum") ? 1 : (int)ft_config_int(c, "train.grad_accum");
+    if (t->accum > 64)
+        return ft_fail(err, "config: train.grad_accum %d is above the supported 64", t->accum);
+    /* data-parallel ranks read disjoint shards; pipeline stages all read the same batches */
+    bool pipeline = dopt.strategy == FT_STRATEGY_PIPELINE;
+    ft_loader_options lo = ft_run_loader_options(c, &t->data, pipeline ? 0 : t->rank,
+                                                 pipeline ? 1 : t->world);
+    if (ft_loader_new(&t->train_loader, &t->data.train, &lo, err))
+        return -1;
+    t->n_batches = ft_loader_n_batches(t->train_loader, 0);
+    t->eval_batch_size = lo.batch_size;
+    t->batch_size = lo.batch_size;
+    if (ft_config_int(c, "train.generation_num_beams") != 1)
+        return ft_fail(err, "config: train.generation_num_beams = %ld: only greedy decoding "
+                            "(1) is implemented",
+                       ft_config_int(c, "train.generation_num_beams"));
+    if (pipeline && ft_config_bool(c, "train.predict_with_generate"))
+        return ft_fail(err, "config: train.predict_with_generate does not work with dist.strategy "
+                            "model_parallel yet (evaluate the saved adapter with ft-eval)");
+    if (ft_config_bool(c, "train.predict_with_generate") && t->data.eval.n) {
+        ft_data_options dopt;
+        const char *path = ft_config_has(c, "data.eval_path") ? ft_config_str(c, "data.eval_path")
+                                                              : ft_config_str(c, "data.train_path");
+        if (ft_run_data_options(c, &dopt, err) ||
+            ft_eval_records_load(&t->gen_records, path, t->data.tok, &dopt, &t->data.eval, err))
+            return ft_fail_prefix(err, "predict_with_generate");
+        t->gen.max_new_tokens = (int)ft_config_int(c, "train.generation_max_new_tokens");
+    }
+    t->micro = calloc((size_t)t->accum, sizeof *t->micro);
+    if (!t->micro)
+        return ft_fail(err, "out of memory");
+    if (setup_model(t, &dopt, err) || setup_schedule(t, err))
+        return -1;
+    if (t->gen_records.n)
+        ft_gen_eos_ids(ft_model_cfg(t->m), t->data.tok, &t->gen);
+    stamp_of(t, &t->state.stamp);
+    t->state.seed = (uint64_t)ft_config_int(c, "train.seed");
+    if (o->resume) {
+        char path[4096];
+        int found = 1;
+        if (strcmp(o->resume, "auto") == 0)
+            found = ft_checkpoint_latest(t->out_dir, path, sizeof path, err);
+        else
+            snprintf(path, sizeof path, "%s", o->resume);
+        if (found < 0)
+            return -1;
+        if (found) {
+            ft_ckpt_stamp want = t->state.stamp;
+            if (ft_engine_load_checkpoint(t->eng, path, &t->state, &want, err))
+                return -1;
+            ft_model_set_rng_counter(t->m, t->state.rng_counter);
+            fprintf(t->log, "resumed from %s at step %ld (saved by %s on %d rank%s)\n", path,
+                    t->state.global_step, t->state.stamp.strategy, t->state.stamp.world_size,
+                    t->state.stamp.world_size == 1 ? "" : "s");
+            stamp_of(t, &t->state.stamp);
+        }
+    }
+    t->t_start = now();
+    if (t->rank != 0 || t->measuring)
+        return 0; /* rank 0 writes the run dir; a memory check writes nothing */
+    if (ft_mkdir_p(t->out_dir, err))
+        return -1;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", t->out_dir);
+    /* a resumed run appends to the curve it continues */
+    if (!(t->metrics = fopen(path, o->resume ? "a" : "w")))
+        return ft_fail(err, "%s: cannot write", path);
+    snprintf(path, sizeof path, "%s/config.yaml", t->out_dir);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return ft_fail(err, "%s: cannot write", path);
+    int rc = ft_config_write_yaml(c, f, err);
+    if (fclose(f) != 0 && rc == 0)
+        rc = ft_fail(err, "%s: write failed", path);
+    if (rc || ft_tb_open(&t->tb, t->out_dir, err))
+        return -1;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mf = open_memstream(&text, &len);
+    if (mf) {
+        ft_config_write_yaml(c, mf, err);
+        fclose(mf);
+        rc = ft_tb_text(t->tb, "config", t->state.global_step, text, err);
+        free(text);
+    }
+    return rc;
+}
+
+int ft_train_run(const ft_config *cfg, const ft_trainer_options *o, ft_train_outcome *outcome,
+                 char *out, size_t out_len, ft_err *err)
+{
+    trainer t = {.cfg = cfg, .log = o->log ? o->log : stderr, .last_eval_step = -1,
+                 .comm = o->comm, .measuring = o->measure != NULL};
+    if (!t.comm && ft_comm_init(&t.own_comm, err))
+        return -1;
+    if (!t.comm)
+        t.comm = t.own_comm;
+    t.rank = ft_comm_rank(t.comm);
+    t.world = ft_comm_size(t.comm);
+    if (t.rank != 0) {
+        if (!(t.quiet = fopen("/dev/null", "w"))) {
+            ft_comm_finalize(t.own_comm);
+            return ft_fail(err, "/dev/null: cannot open");
+        }
+        t.log = t.quiet;
+    } else if (t.world > 1 || strcmp(ft_comm_backend(t.comm), "single") != 0) {
+        fprintf(t.log, "ft-train: %d rank%s (%s)\n", t.world, t.world == 1 ? "" : "s",
+                ft_comm_backend(t.comm));
+    }
+    t.tty = isatty(fileno(t.log));
+    stop_requested = 0;
+    struct sigaction sa = {0}, old_int, old_term;
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    int rc = setup(&t, o, err);
+    if (rc == 0 && t.measuring) {
+        rc = measure_step(&t, o->measure, err);
+        *outcome = FT_TRAIN_DONE;
+        if (out_len)
+            out[0] = '\0';
+    } else if (rc == 0) {
+        rc = train_loop(&t, outcome, out, out_len, err);
+        if (rc == 0)
+            rc = write_summary(&t, err);
+    }
+    bool oom = rc != 0 && err && err->oom;
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    if (t.tb)
+        ft_tb_close(t.tb);
+    for (int i = 0; t.micro && i < t.accum; i++) {
+        free(t.micro[i].ids);
+        free(t.micro[i].labels);
+        free(t.micro[i].pos);
+    }
+    free(t.micro);
+    ft_loader_free(t.train_loader);
+    ft_engine_free(t.eng);
+    if (t.metrics)
+        fclose(t.metrics);
+    if (t.quiet)
+        fclose(t.quiet);
+    ft_eval_records_free(&t.gen_records);
+    ft_run_data_free(&t.data);
+    if (oom) {
+        /* after the engine is freed: a GPU's free memory is then the rank's budget */
+        ft_oom_context ctx = {.rank = t.rank, .world_size = t.world,
+                              .local_ranks = t.world, /* at most */
+                              .device_index = t.gpu, .limit = t.mem_limit};
+        ctx.dev = t.place.device == FT_DEV_CUDA ? FT_MEM_DEVICE_CUDA : FT_MEM_DEVICE_CPU;
+        ft_oom_advice(cfg, &ctx, o->log ? o->log : stderr);
+    }
+    ft_gpu_monitor_close(t.gpu_mon);
+    ft_comm_finalize(t.own_comm);
+    return rc;
+}

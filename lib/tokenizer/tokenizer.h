@@ -1,0 +1,73 @@
+/* Hugging Face tokenizers in C: reads tokenizer.json (plus tokenizer_config.json and
+ * special_tokens_map.json beside it when present) and encodes / decodes exactly as the
+ * `tokenizers` library does for the model families we load:
+ *   - byte-level BPE (GPT-2, Llama 3, Qwen2/2.5): ByteLevel pre-tokenizer / decoder,
+ *     Split pre-tokenizers with their Unicode regexes (PCRE2), NFC normalizer (utf8proc);
+ *   - SentencePiece-style BPE (Llama 2, Mistral, TinyLlama): Prepend/Replace normalizers
+ *     or a Metaspace pre-tokenizer, byte-fallback tokens <0xNN>, the matching decoders;
+ *   - added and special tokens, matched before the model runs;
+ *   - post-processors (TemplateProcessing, ByteLevel, Sequence) adding BOS/EOS.
+ * A component it cannot honour (unknown model type, normalizer, pre-tokenizer,
+ * post-processor or decoder, or an option of one it does not implement) is an error
+ * naming it, never a silent approximation. */
+#ifndef FT_TOKENIZER_H
+#define FT_TOKENIZER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/ft_error.h"
+
+/* A growable vector of token ids. */
+typedef struct ft_ids {
+    int32_t *data;
+    size_t n, cap;
+} ft_ids;
+
+/* Appends one id; -1 on out-of-memory. */
+int ft_ids_push(ft_ids *v, int32_t id);
+void ft_ids_free(ft_ids *v);
+
+typedef struct ft_tokenizer ft_tokenizer;
+
+/* path is a directory holding tokenizer.json (and optionally tokenizer_config.json,
+ * special_tokens_map.json), or a tokenizer.json file itself. */
+int ft_tokenizer_load(ft_tokenizer **out, const char *path, ft_err *err);
+void ft_tokenizer_free(ft_tokenizer *t);
+
+/* Encodes len bytes of UTF-8 text, appending ids to out (out is not cleared).
+ * add_special applies the post-processor as tokenizers' encode(add_special_tokens=True).
+ * Invalid UTF-8 is an error. */
+int ft_tokenizer_encode(const ft_tokenizer *t, const char *text, size_t len, bool add_special,
+                        ft_ids *out, ft_err *err);
+
+/* Decodes ids as tokenizers' decode(ids, skip_special_tokens): *text is malloc'ed,
+ * NUL-terminated, *len its length without the NUL. An out-of-range id is an error. */
+int ft_tokenizer_decode(const ft_tokenizer *t, const int32_t *ids, size_t n, bool skip_special,
+                        char **text, size_t *len, ft_err *err);
+
+/* Vocabulary size including added tokens (max id + 1). */
+int ft_tokenizer_vocab_size(const ft_tokenizer *t);
+/* -1 when absent. */
+int32_t ft_tokenizer_token_to_id(const ft_tokenizer *t, const char *token);
+/* NULL when out of range. */
+const char *ft_tokenizer_id_to_token(const ft_tokenizer *t, int32_t id);
+
+/* Special tokens as tokenizer_config.json / special_tokens_map.json name them
+ * (bos_token, eos_token, pad_token, unk_token); -1 when absent. */
+int32_t ft_tokenizer_bos_id(const ft_tokenizer *t);
+int32_t ft_tokenizer_eos_id(const ft_tokenizer *t);
+int32_t ft_tokenizer_pad_id(const ft_tokenizer *t);
+/* The token strings, NULL when absent. */
+const char *ft_tokenizer_bos_token(const ft_tokenizer *t);
+const char *ft_tokenizer_eos_token(const ft_tokenizer *t);
+
+/* tokenizer_config.json's "chat_template" (the Jinja source), NULL when absent. Used to
+ * detect which built-in template a model uses. */
+const char *ft_tokenizer_chat_template(const ft_tokenizer *t);
+
+/* Whether the post-processor adds a BOS token at the start (as Llama's does). */
+bool ft_tokenizer_adds_bos(const ft_tokenizer *t);
+
+#endif

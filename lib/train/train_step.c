@@ -1,0 +1,37 @@
+#include "train/train_step.h"
+
+#include <math.h>
+
+int ft_train_step(ft_model *m, ft_optimizer *o, const ft_lr_schedule *sched,
+                  const ft_batch *micro, int n_micro, double max_grad_norm, ft_step_stats *st,
+                  ft_err *err)
+{
+    long total = 0;
+    for (int i = 0; i < n_micro; i++)
+        total += ft_batch_counted_tokens(&micro[i]);
+    if (total == 0)
+        return ft_fail(err, "the batch has no token with a label (all labels are -100)");
+    ft_model_zero_grad(m);
+    double loss = 0;
+    for (int i = 0; i < n_micro; i++) {
+        double sum;
+        if (ft_model_forward(m, &micro[i], &sum, NULL, err) ||
+            ft_model_backward(m, (float)(1.0 / (double)total), err))
+            return ft_fail_prefix(err, "micro-batch %d", i);
+        loss += sum;
+    }
+    size_t n;
+    float *grads = ft_model_grads(m, &n);
+    float *params = ft_model_trainable(m, &n);
+    double norm = sqrt(ft_sumsq(ft_view(grads, n, FT_F32, ft_model_device(m)), n));
+    float coef = ft_clip_coef(norm, max_grad_norm);
+    float lr = (float)ft_lr_at(sched, o->step);
+    ft_optimizer_step(o, params, grads, lr, coef);
+    ft_model_sync_compute(m); /* the bf16 copy the next forward reads */
+    st->loss = loss / (double)total;
+    st->tokens = total;
+    st->grad_norm = norm;
+    st->clip_coef = coef;
+    st->lr = lr;
+    return 0;
+}
