@@ -1,7 +1,8 @@
 # Test tiers.
 #   test-unit         C unit tests (tests/unit/test_*.c), no Python; each binary prints
 #                     "N passed, N failed", and the runner adds them up. Also the CUDA
-#                     kernels that tests/emu runs on the host (C++20, no GPU needed).
+#                     kernels that tests/emu runs on the host (C++20, no GPU needed), and
+#                     the shape of lib/ (scripts/check-layout.sh: folders, calls one way).
 #   test-dist         the communication interface (lib/dist/dist.h) under real MPI ranks
 #                     (tests/dist, driven by tests/run-dist.sh); needs MPI in the build.
 #   test-conformance  pytest against Hugging Face transformers + PEFT (tests/conformance),
@@ -108,7 +109,7 @@ CPU_ONLY := CUDA_VISIBLE_DEVICES=
 test-unit: $(UNIT_BINS) $(EMU_BINS) $(GPU_BINS) $(TOOLS)
 	bin/ft-train --config-reference | diff -u configs/README.md - \
 	  || { echo "configs/README.md is stale: make config-reference"; exit 1; }
-	$(CPU_ONLY) tests/run-unit.sh $(UNIT_BINS) $(EMU_BINS)
+	$(CPU_ONLY) tests/run-unit.sh $(UNIT_BINS) $(EMU_BINS) scripts/check-layout.sh
 
 ifeq ($(MPI),1)
 test-dist: $(DIST_BINS)

@@ -1,4 +1,4 @@
-/* DeepSpeed JSON onto the run config (see ds_config.h). One table names every DeepSpeed
+/* DeepSpeed JSON onto a run config under construction (see ds_config.h). One table names every DeepSpeed
  * key we know by its JSON path. The walk looks each key of the file up, checks its JSON
  * type, and then maps it onto one of our keys, hands it to a handler (keys whose mapping is
  * more than a copy), or prints why it has no effect here. Our keys set from the file are
@@ -245,7 +245,7 @@ static int h_stage(ds_ctx *x, const ds_key *k, json_t *v, ft_err *err)
     if (ft_config_is_explicit(x->c, "dist.strategy") && !from_file(x, "dist.strategy") &&
         strcmp(have, "auto") != 0) {
         long means = !strcmp(have, "ddp")          ? 0
-                     : !strncmp(have, "zero", 4) ? ft_dist_zero_stage(x->c)
+                     : !strncmp(have, "zero", 4) ? ft_run_config_zero_stage(&ft_config_values(x->c)->dist)
                                                  : -1;
         if (means != stage)
             return ft_fail(err, "mismatch: dist.strategy = %s in the config but %s = %ld in %s",
@@ -703,56 +703,4 @@ int ft_config_apply_deepspeed(ft_config *c, const char *json_path, FILE *notes, 
     free(x);
     json_decref(root);
     return rc;
-}
-
-/* ---- the batch-size rule --------------------------------------------------------------- */
-
-#define BATCH_RULE "train.global_batch_size = train.batch_size x train.grad_accum x world size"
-
-int ft_dist_resolve_batch(ft_config *c, int world_size, ft_err *err)
-{
-    if (world_size < 1)
-        return ft_fail(err, "world size must be >= 1, got %d", world_size);
-    if (!ft_config_has(c, "train.global_batch_size") ||
-        ft_config_is_auto(c, "train.global_batch_size"))
-        return 0;
-    long global = ft_config_int(c, "train.global_batch_size");
-    bool micro_auto = ft_config_is_auto(c, "train.batch_size");
-    bool accum_auto = ft_config_is_auto(c, "train.grad_accum");
-    if (micro_auto && accum_auto)
-        return 0;
-    long micro = ft_config_int(c, "train.batch_size"), accum = ft_config_int(c, "train.grad_accum");
-    long per;
-    if (accum_auto || micro_auto) {
-        long known = accum_auto ? micro : accum;
-        if (__builtin_mul_overflow(known, (long)world_size, &per) || global % per)
-            return accum_auto
-                       ? ft_fail(err, "train_batch_size %ld is not divisible by "
-                                      "train_micro_batch_size_per_gpu %ld * world_size %d ("
-                                      BATCH_RULE ")",
-                                 global, micro, world_size)
-                       : ft_fail(err, "train_batch_size %ld is not divisible by "
-                                      "gradient_accumulation_steps %ld * world_size %d ("
-                                      BATCH_RULE ")",
-                                 global, accum, world_size);
-        return ft_config_set_long(c, accum_auto ? "train.grad_accum" : "train.batch_size",
-                                  global / per, "train.global_batch_size", err);
-    }
-    long total;
-    if (__builtin_mul_overflow(micro, accum, &per) ||
-        __builtin_mul_overflow(per, (long)world_size, &total) || total != global)
-        return ft_fail(err, "train_batch_size %ld != train_micro_batch_size_per_gpu %ld * "
-                            "gradient_accumulation_steps %ld * world_size %d (" BATCH_RULE ")",
-                       global, micro, accum, world_size);
-    return 0;
-}
-
-int ft_dist_zero_stage(const ft_config *c)
-{
-    const char *s = ft_config_str(c, "dist.strategy");
-    if (!strcmp(s, "zero"))
-        return (int)ft_config_int(c, "dist.zero_stage");
-    if (!strncmp(s, "zero", 4) && s[4] >= '1' && s[4] <= '3' && !s[5])
-        return s[4] - '0';
-    return 0;
 }

@@ -1,5 +1,5 @@
-/* DeepSpeed-style JSON configs (the files in deepspeed_like/) and the batch-size rule of the
- * dist section.
+/* DeepSpeed-style JSON configs (the files in deepspeed_like/), read onto a run config
+ * under construction (config.h).
  *
  * A DeepSpeed JSON is read onto the run config in DeepSpeed's own key names
  * (train_micro_batch_size_per_gpu, zero_optimization.stage, offload_optimizer, bf16,
@@ -22,21 +22,9 @@
  * train_micro_batch_size_per_gpu = 2 in ds.json"), as are two JSON keys that set one of
  * ours differently. When train_batch_size is concrete, a micro-batch size or accumulation
  * count that neither the JSON nor the user gave becomes auto, to be derived by
- * ft_dist_resolve_batch (DeepSpeed derives the missing one). Notices go to `notes` (may be
- * NULL). Unknown keys, wrong types and unsupported features (NVMe offload, parameter
+ * ft_run_config_global_batch (run_config.h; DeepSpeed derives the missing one). Notices go
+ * to `notes` (may be NULL). Unknown keys, wrong types and unsupported features (NVMe offload, parameter
  * offload, optimizers other than Adam/AdamW) are errors; c may then be partly updated. */
 int ft_config_apply_deepspeed(ft_config *c, const char *json_path, FILE *notes, ft_err *err);
-
-/* Enforces train.global_batch_size = train.batch_size x train.grad_accum x world_size when
- * the global size is set (not auto). An auto grad_accum is derived from a concrete
- * batch_size, an auto batch_size from a concrete grad_accum (an error when the global size
- * does not divide); two concrete values that do not multiply out are an error giving the
- * numbers and the formula. When both are auto nothing changes: the memory plan chooses
- * batch_size first, then call again. With the global size auto nothing changes either. */
-int ft_dist_resolve_batch(ft_config *c, int world_size, ft_err *err);
-
-/* The ZeRO stage the config asks for: 1-3 for dist.strategy zero1-zero3, dist.zero_stage
- * for zero, 0 for every other strategy. */
-int ft_dist_zero_stage(const ft_config *c);
 
 #endif

@@ -1,3 +1,12 @@
+/* core/: the ground every other folder stands on.
+ *
+ * Owns: the error convention (ft_error.h), files and directories (fsutil.h: atomic
+ * writes, run dirs, output checks), the tools' command-line helpers (cli.h), the seeded
+ * counter-based RNG (rng.h), CRC-32C (crc32c.h) and JSON-lines reading (jsonl.h).
+ * May call: nothing.
+ * (libc, and the Debian libraries of mk/config.mk, only.)
+ * (This is the folder's main header.) */
+
 /* Error convention of libft.
  *
  * Every library function that can fail takes an `ft_err *` last and returns 0 on

@@ -4,34 +4,59 @@
 
 #include "formats/model_path.h"
 
-int ft_run_data_options(const ft_config *c, ft_data_options *o, ft_err *err)
+/* The data module's names of the config's choices (the same values, in the same order,
+ * spelled out so that a new choice is a compile-time decision here). */
+static ft_data_format format_of(ft_cfg_data_format f)
 {
-    *o = (ft_data_options){.max_seq_len = (int)ft_config_int(c, "model.max_seq_len"),
-                           .train_on_all = ft_config_bool(c, "data.train_on_all"),
-                           .add_eos = ft_config_bool(c, "data.add_eos"),
-                           .skip_bad_lines = ft_config_bool(c, "data.skip_bad_lines")};
-    if (ft_data_format_parse(ft_config_str(c, "data.format"), &o->format, err) ||
-        ft_chat_template_parse(ft_config_str(c, "data.chat_template"), &o->chat_template, err))
-        return ft_fail_prefix(err, "config");
-    return 0;
+    switch (f) {
+    case FT_CFG_FORMAT_TEXT: return FT_DATA_TEXT;
+    case FT_CFG_FORMAT_PROMPT_COMPLETION: return FT_DATA_PROMPT_COMPLETION;
+    case FT_CFG_FORMAT_ALPACA: return FT_DATA_ALPACA;
+    case FT_CFG_FORMAT_CHAT: return FT_DATA_CHAT;
+    case FT_CFG_FORMAT_TOKENS: return FT_DATA_TOKENS;
+    case FT_CFG_FORMAT_AUTO: break;
+    }
+    return FT_DATA_AUTO;
 }
 
-int ft_run_data_load(ft_run_data *d, const ft_config *c, FILE *log, ft_err *err)
+static ft_chat_template template_of(ft_cfg_chat_template t)
+{
+    switch (t) {
+    case FT_CFG_TMPL_CHATML: return FT_TMPL_CHATML;
+    case FT_CFG_TMPL_LLAMA3: return FT_TMPL_LLAMA3;
+    case FT_CFG_TMPL_LLAMA2: return FT_TMPL_LLAMA2;
+    case FT_CFG_TMPL_MISTRAL: return FT_TMPL_MISTRAL;
+    case FT_CFG_TMPL_PLAIN: return FT_TMPL_PLAIN;
+    case FT_CFG_TMPL_ALPACA: return FT_TMPL_ALPACA;
+    case FT_CFG_TMPL_AUTO: break;
+    }
+    return FT_TMPL_AUTO;
+}
+
+ft_data_options ft_run_data_options(const ft_run_config *c)
+{
+    return (ft_data_options){.max_seq_len = (int)c->model.max_seq_len,
+                             .format = format_of(c->data.format),
+                             .chat_template = template_of(c->data.chat_template),
+                             .train_on_all = c->data.train_on_all,
+                             .add_eos = c->data.add_eos,
+                             .skip_bad_lines = c->data.skip_bad_lines};
+}
+
+int ft_run_data_load(ft_run_data *d, const ft_run_config *c, FILE *log, ft_err *err)
 {
     memset(d, 0, sizeof *d);
-    if (!ft_config_has(c, "model.name"))
+    if (!c->model.name[0])
         return ft_fail(err, "config: key 'model.name' is required (a Hugging Face model dir)");
-    if (!ft_config_has(c, "data.train_path"))
+    if (!c->data.train_path[0])
         return ft_fail(err, "config: key 'data.train_path' is required (a JSONL file or -)");
-    ft_data_options o;
-    if (ft_run_data_options(c, &o, err))
-        return -1;
+    ft_data_options o = ft_run_data_options(c);
     if (o.format != FT_DATA_TOKENS) {
         char dir[4096];
         const char *tp = dir;
-        if (ft_config_has(c, "model.tokenizer"))
-            tp = ft_config_str(c, "model.tokenizer");
-        else if (ft_resolve_model_dir(ft_config_str(c, "model.name"), dir, sizeof dir, err))
+        if (c->model.tokenizer[0])
+            tp = c->model.tokenizer;
+        else if (ft_resolve_model_dir(c->model.name, dir, sizeof dir, err))
             return -1;
         if (ft_tokenizer_load(&d->tok, tp, err))
             return ft_fail_prefix(err, "tokenizer");
@@ -41,22 +66,22 @@ int ft_run_data_load(ft_run_data *d, const ft_config *c, FILE *log, ft_err *err)
         int32_t pad = ft_tokenizer_pad_id(d->tok), eos = ft_tokenizer_eos_id(d->tok);
         d->pad_id = pad >= 0 ? pad : eos >= 0 ? eos : 0;
     }
-    const char *train_path = ft_config_str(c, "data.train_path");
+    const char *train_path = c->data.train_path;
     if (ft_dataset_load(&d->train, train_path, d->tok, &o, err))
         goto fail;
     if (log)
         fprintf(log, "data: %s: %zu samples (%zu bad lines skipped, %zu without a counted "
                      "token dropped)\n",
                 train_path, d->train.n, d->train.skipped_lines, d->train.dropped_empty);
-    if (ft_config_has(c, "data.eval_path")) {
-        const char *eval_path = ft_config_str(c, "data.eval_path");
+    if (c->data.eval_path[0]) {
+        const char *eval_path = c->data.eval_path;
         if (ft_dataset_load(&d->eval, eval_path, d->tok, &o, err))
             goto fail;
         if (log)
             fprintf(log, "data: %s: %zu eval samples\n", eval_path, d->eval.n);
-    } else if (ft_config_float(c, "data.eval_fraction") > 0) {
-        if (ft_dataset_split(&d->train, &d->eval, ft_config_float(c, "data.eval_fraction"),
-                             (uint64_t)ft_config_int(c, "train.seed"), err))
+    } else if (c->data.eval_fraction > 0) {
+        if (ft_dataset_split(&d->train, &d->eval, c->data.eval_fraction,
+                             (uint64_t)c->train.seed, err))
             goto fail;
         if (log)
             fprintf(log, "data: %zu samples held out for evaluation\n", d->eval.n);
@@ -75,17 +100,15 @@ void ft_run_data_free(ft_run_data *d)
     memset(d, 0, sizeof *d);
 }
 
-ft_loader_options ft_run_loader_options(const ft_config *c, const ft_run_data *d, int rank,
+ft_loader_options ft_run_loader_options(const ft_run_config *c, const ft_run_data *d, int rank,
                                         int world)
 {
     ft_loader_options o = {
-        .batch_size = ft_config_is_auto(c, "train.batch_size")
-                          ? 1
-                          : (int)ft_config_int(c, "train.batch_size"),
-        .seq_len = (int)ft_config_int(c, "model.max_seq_len"),
-        .packing = ft_config_bool(c, "data.packing"),
-        .shuffle = ft_config_bool(c, "data.shuffle"),
-        .seed = (uint64_t)ft_config_int(c, "train.seed"),
+        .batch_size = c->train.batch_size == FT_CFG_AUTO ? 1 : (int)c->train.batch_size,
+        .seq_len = (int)c->model.max_seq_len,
+        .packing = c->data.packing,
+        .shuffle = c->data.shuffle,
+        .seed = (uint64_t)c->train.seed,
         .rank = rank,
         .world = world,
         .pad_id = d->pad_id,

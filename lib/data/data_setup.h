@@ -4,7 +4,7 @@
 #ifndef FT_DATA_SETUP_H
 #define FT_DATA_SETUP_H
 
-#include "config/config.h"
+#include "config/run_config.h"
 #include "data/data.h"
 
 typedef struct ft_run_data {
@@ -16,15 +16,15 @@ typedef struct ft_run_data {
 /* Loads the tokenizer (model.tokenizer, else model.name) unless data.format is tokens,
  * then data.train_path, then the eval split (data.eval_path or data.eval_fraction).
  * Progress and counts (skipped lines, dropped samples) go to `log`. */
-int ft_run_data_load(ft_run_data *d, const ft_config *c, FILE *log, ft_err *err);
+int ft_run_data_load(ft_run_data *d, const ft_run_config *c, FILE *log, ft_err *err);
 void ft_run_data_free(ft_run_data *d);
 
 /* The data options the config describes (model.max_seq_len, data.*). */
-int ft_run_data_options(const ft_config *c, ft_data_options *o, ft_err *err);
+ft_data_options ft_run_data_options(const ft_run_config *c);
 
 /* Loader options from the config: train.batch_size ("auto" reads as 1 here),
  * model.max_seq_len, data.packing, data.shuffle, train.seed; rank and world given. */
-ft_loader_options ft_run_loader_options(const ft_config *c, const ft_run_data *d, int rank,
+ft_loader_options ft_run_loader_options(const ft_run_config *c, const ft_run_data *d, int rank,
                                         int world);
 
 #endif

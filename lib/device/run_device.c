@@ -55,13 +55,14 @@ int ft_run_device_choose(const char *want, bool bf16, const char *key,
     return 0;
 }
 
-int ft_run_device_resolve(const ft_config *cfg, ft_run_device_choice *out, ft_err *err)
+int ft_run_device_resolve(const ft_train_section *t, ft_run_device_choice *out, ft_err *err)
 {
-    if (ft_run_device_choose(ft_config_str(cfg, "train.device"),
-                             ft_config_bool(cfg, "train.bf16"), "config: key 'train.device'",
-                             out, err))
+    static const char *const names[] = {[FT_CFG_DEVICE_AUTO] = "auto",
+                                        [FT_CFG_DEVICE_CPU] = "cpu",
+                                        [FT_CFG_DEVICE_CUDA] = "cuda"};
+    if (ft_run_device_choose(names[t->device], t->bf16, "config: key 'train.device'", out, err))
         return -1;
-    if (out->device == FT_DEV_CUDA && ft_config_bool(cfg, "train.fp16"))
+    if (out->device == FT_DEV_CUDA && t->fp16)
         return ft_fail(err, "config: key 'train.fp16': the CUDA backend computes in bf16 "
                             "(train.bf16, the default) or fp32, not fp16");
     return 0;

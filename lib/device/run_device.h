@@ -1,3 +1,11 @@
+/* device/: where tensors live.
+ *
+ * Owns: where a run computes and in what dtype (run_device.h), the tracked allocator of
+ * host and GPU memory with its categories (alloc.h), what the GPUs are (gpu_probe.h:
+ * count, memory, peer access, NCCL) and how busy they are (gpu_monitor.h: NVML).
+ * May call: core, config, kernels.
+ * (This is the folder's main header.) */
+
 /* Where a run computes and in what dtype: train.device and train.bf16 / train.fp16
  * resolved against this build and this machine.
  *
@@ -16,7 +24,7 @@
 
 #include <stdbool.h>
 
-#include "config/config.h"
+#include "config/run_config.h"
 #include "core/ft_error.h"
 #include "ops.h"
 
@@ -26,8 +34,8 @@ typedef struct ft_run_device_choice {
     char why[160]; /* "train.device auto: 1 CUDA GPU", ... (for the log) */
 } ft_run_device_choice;
 
-/* Resolves the keys above. Errors name the key. */
-int ft_run_device_resolve(const ft_config *cfg, ft_run_device_choice *out, ft_err *err);
+/* Resolves the keys above (train.device, bf16, fp16). Errors name the key. */
+int ft_run_device_resolve(const ft_train_section *t, ft_run_device_choice *out, ft_err *err);
 
 /* Whether name is one of auto, cpu and cuda. */
 bool ft_run_device_known(const char *name);

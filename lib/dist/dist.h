@@ -1,3 +1,11 @@
+/* dist/: many processes.
+ *
+ * Owns: the communication interface (dist.h) and its backends (single, MPI, NCCL:
+ * dist_nccl.h), and the strategies written against it (dist_engine.h: DDP, ZeRO-1/2/3,
+ * FSDP, optimizer offload, the layer-split pipeline).
+ * May call: core, device, kernels, model, train.
+ * (This is the folder's main header.) */
+
 /* The communication interface (DESIGN.md seam 4): the processes of a run and the
  * collectives between them. DDP, ZeRO, FSDP and the layer-split pipeline are written
  * against this interface only.

@@ -1,3 +1,10 @@
+/* eval/: evaluation.
+ *
+ * Owns: loss and perplexity over a data set, generation metrics (evaluate.h, rouge.h)
+ * and the prompt / reference records they score (eval_records.h).
+ * May call: core, data, model.
+ * (This is the folder's main header.) */
+
 /* Evaluation of a model on a data set: the loss over the counted tokens, and generation
  * metrics (ROUGE-L, exact match) on prompt / reference records. ft-eval is the tool. */
 #ifndef FT_EVALUATE_H

@@ -1,3 +1,12 @@
+/* formats/: the files of the Hugging Face world, read and written.
+ *
+ * Owns: safetensors (safetensors.h), config.json (hf_config.h), PEFT's
+ * adapter_config.json (lora.h), bitsandbytes' quantized state dicts (quant_io.h),
+ * TensorBoard event files (tb_writer.h), and where a model named by a path or a Hub id
+ * lives (model_path.h).
+ * May call: core, quant.
+ * (This is the folder's main header.) */
+
 /* safetensors: read (mmap, lazy, fully validated) and write (atomic), single files and
  * sharded checkpoints (model.safetensors.index.json).
  *

@@ -9,7 +9,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "config/ds_config.h"
 #include "device/gpu_probe.h"
 #include "device/run_device.h"
 #include "memory/memplan.h"
@@ -21,11 +20,11 @@ enum { BATCH_CAP = 1024 };
 #define HOST_SHARE 0.8
 #define DEVICE_SHARE 0.9
 
-ft_mem_device ft_run_device(const ft_config *cfg)
+ft_mem_device ft_run_device(const ft_train_section *t)
 {
     /* a config whose train.device cannot be honoured fails where the run starts */
     ft_run_device_choice c;
-    return ft_run_device_resolve(cfg, &c, NULL) == 0 && c.device == FT_DEV_CUDA
+    return ft_run_device_resolve(t, &c, NULL) == 0 && c.device == FT_DEV_CUDA
                ? FT_MEM_DEVICE_CUDA
                : FT_MEM_DEVICE_CPU;
 }
@@ -83,25 +82,27 @@ static size_t host_available(void)
     return pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
 }
 
-int ft_memory_budget_check(const ft_config *cfg, ft_err *err)
+/* train.memory_budget is auto */
+static bool budget_auto(const ft_train_section *t) { return !strcmp(t->memory_budget, "auto"); }
+
+int ft_memory_budget_check(const ft_train_section *t, ft_err *err)
 {
     size_t bytes;
-    if (ft_config_is_auto(cfg, "train.memory_budget") ||
-        !ft_parse_size(ft_config_str(cfg, "train.memory_budget"), &bytes))
+    if (budget_auto(t) || !ft_parse_size(t->memory_budget, &bytes))
         return 0;
     return ft_fail(err, "config: key 'train.memory_budget' must be a size such as 512MiB, 6GiB "
                         "or 8GB, or auto; got '%s'",
-                   ft_config_str(cfg, "train.memory_budget"));
+                   t->memory_budget);
 }
 
-int ft_rank_memory_budget(const ft_config *cfg, ft_mem_device dev, int device_index,
+int ft_rank_memory_budget(const ft_train_section *t, ft_mem_device dev, int device_index,
                           int local_ranks, ft_mem_budget *out, ft_err *err)
 {
     memset(out, 0, sizeof *out);
-    if (ft_config_is_auto(cfg, "train.memory_budget"))
+    if (budget_auto(t))
         return ft_memory_available(dev, device_index, local_ranks, out, err);
-    const char *v = ft_config_str(cfg, "train.memory_budget");
-    if (ft_memory_budget_check(cfg, err) || ft_parse_size(v, &out->bytes))
+    const char *v = t->memory_budget;
+    if (ft_memory_budget_check(t, err) || ft_parse_size(v, &out->bytes))
         return -1;
     snprintf(out->source, sizeof out->source, "train.memory_budget = %s", v);
     return 0;
@@ -150,7 +151,7 @@ int ft_memory_available(ft_mem_device dev, int device_index, int local_ranks,
 /* ---- the chooser --------------------------------------------------------------------- */
 
 typedef struct chooser {
-    const ft_config *cfg;
+    const ft_run_config *cfg;
     const ft_model_config *mc;
     int world;
     ft_mem_device dev;
@@ -167,7 +168,7 @@ static size_t plan_peak(const ft_memplan_result *r, ft_mem_device dev, const cha
     return r->rows[i].total + (dev == FT_MEM_DEVICE_CPU ? r->rows[i].host : 0);
 }
 
-int ft_plan_peak(const ft_config *cfg, int world_size, ft_mem_device dev, size_t *peak,
+int ft_plan_peak(const ft_run_config *cfg, int world_size, ft_mem_device dev, size_t *peak,
                  const char **row, ft_err *err)
 {
     ft_memplan_result *r = malloc(sizeof *r);
@@ -215,10 +216,10 @@ static int nothing_fits(chooser *ch, int b, size_t peak, const ft_mem_budget *bu
                    ft_mib(w->bytes[FT_MEM_ACTIVATIONS]), ft_mib(w->bytes[FT_MEM_WORKSPACE]),
                    ch->dev == FT_MEM_DEVICE_CPU && w->host ? ", + host offload" : "",
                    ft_mib(budget->bytes), budget->source,
-                   ft_config_int(ch->cfg, "model.max_seq_len"));
+                   ch->cfg->model.max_seq_len);
 }
 
-int ft_auto_batch_choose(const ft_config *cfg, const ft_model_config *mc, int world_size,
+int ft_auto_batch_choose(const ft_run_config *cfg, const ft_model_config *mc, int world_size,
                          ft_mem_device dev, const ft_mem_budget *budget, int cap,
                          ft_auto_batch *out, ft_err *err)
 {
@@ -226,17 +227,14 @@ int ft_auto_batch_choose(const ft_config *cfg, const ft_model_config *mc, int wo
     if (world_size < 1 || cap < 1)
         return ft_fail(err, "auto batch: world size and cap must be >= 1 (got %d, %d)",
                        world_size, cap);
-    out->batch_auto = ft_config_is_auto(cfg, "train.batch_size");
-    out->accum_auto = ft_config_is_auto(cfg, "train.grad_accum");
+    out->batch_auto = cfg->train.batch_size == FT_CFG_AUTO;
+    out->accum_auto = cfg->train.grad_accum == FT_CFG_AUTO;
     out->world = world_size;
     out->cap = cap;
     out->budget = *budget;
-    out->global = ft_config_has(cfg, "train.global_batch_size") &&
-                          !ft_config_is_auto(cfg, "train.global_batch_size")
-                      ? ft_config_int(cfg, "train.global_batch_size")
-                      : 0;
+    out->global = cfg->train.global_batch_size == FT_CFG_AUTO ? 0 : cfg->train.global_batch_size;
     long W = world_size, G = out->global;
-    long accum = out->accum_auto ? 0 : ft_config_int(cfg, "train.grad_accum");
+    long accum = out->accum_auto ? 0 : cfg->train.grad_accum;
     if (!out->batch_auto)
         return ft_fail(err, "auto batch: train.batch_size is not auto");
 
@@ -307,10 +305,9 @@ int ft_auto_batch_choose(const ft_config *cfg, const ft_model_config *mc, int wo
 /* ---- ft-train's entry ------------------------------------------------------------------ */
 
 /* Records (non-blank lines) of data.train_path when it is a regular file; 0 otherwise. */
-static long train_records(const ft_config *cfg)
+static long train_records(const ft_data_section *d)
 {
-    const char *path = ft_config_has(cfg, "data.train_path") ? ft_config_str(cfg, "data.train_path")
-                                                             : NULL;
+    const char *path = d->train_path[0] ? d->train_path : NULL;
     struct stat st;
     if (!path || !strcmp(path, "-") || stat(path, &st) || !S_ISREG(st.st_mode))
         return 0;
@@ -332,25 +329,26 @@ static long train_records(const ft_config *cfg)
     return n;
 }
 
-int ft_resolve_batch(ft_config *cfg, ft_comm *comm, int world_size, FILE *log,
+int ft_resolve_batch(ft_run_config *cfg, ft_comm *comm, int world_size, FILE *log,
                      ft_auto_batch *out, ft_err *err)
 {
     ft_auto_batch a;
     memset(&a, 0, sizeof a);
-    if (ft_memory_budget_check(cfg, err))
+    ft_train_section *t = &cfg->train;
+    if (ft_memory_budget_check(t, err))
         return -1;
     int world = comm ? ft_comm_size(comm) : world_size;
-    bool batch_auto = ft_config_is_auto(cfg, "train.batch_size");
-    bool accum_auto = ft_config_is_auto(cfg, "train.grad_accum");
+    bool batch_auto = t->batch_size == FT_CFG_AUTO;
+    bool accum_auto = t->grad_accum == FT_CFG_AUTO;
     if (batch_auto) {
         /* the budget: this rank's, the smallest of all ranks' */
-        ft_mem_device dev = ft_run_device(cfg);
+        ft_mem_device dev = ft_run_device(t);
         int64_t local = comm ? ft_comm_local_rank(comm) + 1 : world;
         if (comm && world > 1 &&
             ft_comm_allreduce(comm, &local, 1, FT_COMM_I64, FT_COMM_MAX, err))
             return -1;
         ft_mem_budget budget;
-        if (ft_rank_memory_budget(cfg, dev, comm ? ft_comm_local_rank(comm) : 0, (int)local,
+        if (ft_rank_memory_budget(t, dev, comm ? ft_comm_local_rank(comm) : 0, (int)local,
                                   &budget, err))
             return -1;
         int64_t bytes = (int64_t)budget.bytes;
@@ -369,40 +367,36 @@ int ft_resolve_batch(ft_config *cfg, ft_comm *comm, int world_size, FILE *log,
         }
         ft_model_config mc;
         char dir[4096], path[4200];
-        if (!ft_config_has(cfg, "model.name"))
+        if (!cfg->model.name[0])
             return ft_fail(err, "config: key 'model.name' is required (a Hugging Face model dir)");
-        if (ft_resolve_model_dir(ft_config_str(cfg, "model.name"), dir, sizeof dir, err))
+        if (ft_resolve_model_dir(cfg->model.name, dir, sizeof dir, err))
             return -1;
         snprintf(path, sizeof path, "%s/config.json", dir);
         if (ft_model_config_load(&mc, path, err))
             return -1;
         int cap = BATCH_CAP;
-        long records = train_records(cfg);
-        long dworld = strcmp(ft_config_str(cfg, "dist.strategy"), "model_parallel") ? world : 1;
+        long records = train_records(&cfg->data);
+        long dworld = cfg->dist.strategy == FT_CFG_STRATEGY_MODEL_PARALLEL ? 1 : world;
         if (records > 0 && (records + dworld - 1) / dworld < cap)
             cap = (int)((records + dworld - 1) / dworld);
         if (ft_auto_batch_choose(cfg, &mc, world, dev, &budget, cap, &a, err))
             return -1;
-        if (ft_config_set_long(cfg, "train.batch_size", a.batch_size, "auto", err) ||
-            (accum_auto &&
-             ft_config_set_long(cfg, "train.grad_accum", a.grad_accum, "auto", err)))
-            return -1;
+        t->batch_size = a.batch_size;
+        if (accum_auto)
+            t->grad_accum = a.grad_accum;
     }
     /* a fixed batch_size with grad_accum auto: the global batch rule derives it (as
      * DeepSpeed does), else 1 */
-    if (ft_dist_resolve_batch(cfg, world, err))
+    if (ft_run_config_global_batch(t, world, err))
         return -1;
-    if (accum_auto && ft_config_is_auto(cfg, "train.grad_accum") &&
-        ft_config_set_long(cfg, "train.grad_accum", 1, "auto", err))
-        return -1;
+    if (accum_auto && t->grad_accum == FT_CFG_AUTO)
+        t->grad_accum = 1;
     if (!batch_auto) {
         a.accum_auto = accum_auto;
         a.world = world;
-        a.batch_size = (int)ft_config_int(cfg, "train.batch_size");
-        a.grad_accum = (int)ft_config_int(cfg, "train.grad_accum");
-        a.global = ft_config_is_auto(cfg, "train.global_batch_size")
-                       ? 0
-                       : ft_config_int(cfg, "train.global_batch_size");
+        a.batch_size = (int)t->batch_size;
+        a.grad_accum = (int)t->grad_accum;
+        a.global = t->global_batch_size == FT_CFG_AUTO ? 0 : t->global_batch_size;
     }
     if (log && (batch_auto || accum_auto))
         ft_auto_batch_print(&a, log);

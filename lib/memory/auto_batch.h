@@ -34,7 +34,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "config/config.h"
+#include "config/run_config.h"
 #include "dist/dist.h"
 #include "core/ft_error.h"
 #include "formats/hf_config.h"
@@ -43,7 +43,7 @@
  * be honoured (the run itself then fails with the reason). */
 typedef enum ft_mem_device { FT_MEM_DEVICE_CPU = 0, FT_MEM_DEVICE_CUDA } ft_mem_device;
 
-ft_mem_device ft_run_device(const ft_config *cfg);
+ft_mem_device ft_run_device(const ft_train_section *t);
 
 typedef struct ft_mem_budget {
     size_t bytes;
@@ -65,17 +65,17 @@ int ft_memory_available(ft_mem_device dev, int device_index, int local_ranks,
                         ft_mem_budget *out, ft_err *err);
 
 /* An error naming train.memory_budget when it is neither auto nor a size. */
-int ft_memory_budget_check(const ft_config *cfg, ft_err *err);
+int ft_memory_budget_check(const ft_train_section *t, ft_err *err);
 
 /* The budget of one rank: train.memory_budget when set, else ft_memory_available.
  * Errors name train.memory_budget when its value is not a size. */
-int ft_rank_memory_budget(const ft_config *cfg, ft_mem_device dev, int device_index,
+int ft_rank_memory_budget(const ft_train_section *t, ft_mem_device dev, int device_index,
                           int local_ranks, ft_mem_budget *out, ft_err *err);
 
 /* The planned per-rank peak of the run cfg describes at world_size ranks on dev (the
  * row the rule above compares with the budget), reading model.name's config.json; *row
  * (may be NULL) gets the row's name (a static string). */
-int ft_plan_peak(const ft_config *cfg, int world_size, ft_mem_device dev, size_t *peak,
+int ft_plan_peak(const ft_run_config *cfg, int world_size, ft_mem_device dev, size_t *peak,
                  const char **row, ft_err *err);
 
 typedef struct ft_auto_batch {
@@ -95,18 +95,18 @@ typedef struct ft_auto_batch {
 /* The rule above for the model mc at world_size ranks with the given budget and cap
  * (>= 1), on the device dev; reads cfg only. Fills out; errors as above, naming the
  * keys. */
-int ft_auto_batch_choose(const ft_config *cfg, const ft_model_config *mc, int world_size,
+int ft_auto_batch_choose(const ft_run_config *cfg, const ft_model_config *mc, int world_size,
                          ft_mem_device dev, const ft_mem_budget *budget, int cap,
                          ft_auto_batch *out, ft_err *err);
 
 /* ft-train's entry: resolves the auto values of cfg for the ranks of comm (NULL: for
  * world_size processes on this node, as `--plan N` plans them), writing the chosen
  * numbers into cfg (so that --print-config, config.yaml and TensorBoard show them), then
- * applies the global batch rule (ft_dist_resolve_batch). Collective when comm has
+ * applies the global batch rule (ft_run_config_global_batch). Collective when comm has
  * several ranks. out (may be NULL) gets what was chosen; the one line of
  * ft_auto_batch_print goes to log (NULL: none) when anything was auto. Also validates
  * train.memory_budget. */
-int ft_resolve_batch(ft_config *cfg, ft_comm *comm, int world_size, FILE *log,
+int ft_resolve_batch(ft_run_config *cfg, ft_comm *comm, int world_size, FILE *log,
                      ft_auto_batch *out, ft_err *err);
 
 /* One line: "ft-train: batch_size auto = 12 (...), grad_accum auto = 2 (...)". */

@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config/ds_config.h"
 #include "formats/lora.h"
 #include "model/model.h"
 #include "formats/model_path.h"
@@ -30,10 +29,9 @@ static size_t act_bytes(const act_counts *a, size_t h)
     return a->tensor * h + (a->stat + a->ints) * 4;
 }
 
-int ft_config_loss_chunk(const ft_config *cfg)
+int ft_memplan_loss_chunk(const ft_train_section *t)
 {
-    const char *key = "train.loss_chunk_tokens";
-    return ft_config_is_auto(cfg, key) ? -1 : (int)ft_config_int(cfg, key);
+    return t->loss_chunk_tokens == FT_CFG_AUTO ? -1 : (int)t->loss_chunk_tokens;
 }
 
 typedef struct planner {
@@ -276,19 +274,21 @@ static void plan_pipeline(ft_memplan_result *r, const planner *p, const act_spec
 
 /* The cpu row of what dist.strategy (and dist.zero_stage) pick, as lib/run/trainer.c maps
  * them onto the engine's strategies; -1 for model_parallel on more ranks than units. */
-static int selected_cpu_row(const ft_config *cfg, int world_size, bool pipe_ok)
+static int selected_cpu_row(const ft_dist_section *d, int world_size, bool pipe_ok)
 {
-    const char *s = ft_config_str(cfg, "dist.strategy");
-    if (!strcmp(s, "auto"))
-        return world_size > 1 ? FT_PLAN_CPU_DDP : FT_PLAN_CPU;
-    if (!strcmp(s, "zero")) {
-        long st = ft_config_int(cfg, "dist.zero_stage");
+    switch (d->strategy) {
+    case FT_CFG_STRATEGY_AUTO: return world_size > 1 ? FT_PLAN_CPU_DDP : FT_PLAN_CPU;
+    case FT_CFG_STRATEGY_NONE: return FT_PLAN_CPU;
+    case FT_CFG_STRATEGY_DDP: return FT_PLAN_CPU_DDP;
+    case FT_CFG_STRATEGY_FSDP: return FT_PLAN_CPU_FSDP;
+    case FT_CFG_STRATEGY_MODEL_PARALLEL: return pipe_ok ? FT_PLAN_CPU_MP : -1;
+    default: { /* zero, zero1-3 */
+        int st = ft_run_config_zero_stage(d);
         return st >= 3 ? FT_PLAN_CPU_ZERO3 : st == 2 ? FT_PLAN_CPU_ZERO2
-                                           : st == 1 ? FT_PLAN_CPU_ZERO1
-                                                     : FT_PLAN_CPU_DDP;
+                                          : st == 1 ? FT_PLAN_CPU_ZERO1
+                                                    : FT_PLAN_CPU_DDP;
     }
-    int row = ft_memplan_cpu_row_of(s);
-    return row == FT_PLAN_CPU_MP && !pipe_ok ? -1 : row;
+    }
 }
 
 int ft_memplan_cpu_row_of(const char *strategy)
@@ -351,57 +351,55 @@ size_t ft_memplan_cpu_rank(const ft_memplan_result *r, ft_plan_row_id row, int r
 
 /* The gpu row of dist.strategy (zero1-zero3 or zero with dist.zero_stage); model_parallel
  * has no prediction of its own: gpu-1, the whole model, bounds each stage. */
-static ft_plan_row_id selected_row(const ft_config *cfg, int world_size)
+static ft_plan_row_id selected_row(const ft_dist_section *d, int world_size)
 {
-    const char *s = ft_config_str(cfg, "dist.strategy");
-    if (!strcmp(s, "none") || !strcmp(s, "model_parallel"))
-        return FT_PLAN_GPU_1;
-    if (!strcmp(s, "auto"))
-        return world_size > 1 ? FT_PLAN_GPU_DDP : FT_PLAN_GPU_1;
-    if (!strcmp(s, "fsdp"))
-        return FT_PLAN_GPU_FSDP;
-    if (!strncmp(s, "zero", 4)) {
-        int st = ft_dist_zero_stage(cfg);
+    switch (d->strategy) {
+    case FT_CFG_STRATEGY_NONE:
+    case FT_CFG_STRATEGY_MODEL_PARALLEL: return FT_PLAN_GPU_1;
+    case FT_CFG_STRATEGY_AUTO: return world_size > 1 ? FT_PLAN_GPU_DDP : FT_PLAN_GPU_1;
+    case FT_CFG_STRATEGY_DDP: return FT_PLAN_GPU_DDP;
+    case FT_CFG_STRATEGY_FSDP: return FT_PLAN_GPU_FSDP;
+    default: { /* zero, zero1-3 */
+        int st = ft_run_config_zero_stage(d);
         return st >= 3   ? FT_PLAN_GPU_ZERO3
                : st == 2 ? FT_PLAN_GPU_ZERO2
                : st == 1 ? FT_PLAN_GPU_ZERO1
                          : FT_PLAN_GPU_DDP;
     }
-    return FT_PLAN_GPU_DDP;
+    }
 }
 
-int ft_memplan(const ft_config *cfg, const ft_model_config *mc, int world_size,
+int ft_memplan(const ft_run_config *cfg, const ft_model_config *mc, int world_size,
                ft_memplan_result *out, ft_err *err)
 {
-    bool batch_auto = ft_config_is_auto(cfg, "train.batch_size");
-    int rc = ft_memplan_batch(cfg, mc, world_size,
-                              batch_auto ? 1 : (int)ft_config_int(cfg, "train.batch_size"), out,
-                              err);
+    bool batch_auto = cfg->train.batch_size == FT_CFG_AUTO;
+    int rc = ft_memplan_batch(cfg, mc, world_size, batch_auto ? 1 : (int)cfg->train.batch_size,
+                              out, err);
     out->batch_auto = batch_auto;
     return rc;
 }
 
-int ft_memplan_batch(const ft_config *cfg, const ft_model_config *mc, int world_size,
+int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int world_size,
                      int batch_size, ft_memplan_result *out, ft_err *err)
 {
     memset(out, 0, sizeof *out);
     if (world_size < 1)
         return ft_fail(err, "memory plan: world size must be >= 1 (got %d)", world_size);
     ft_memplan_result *r = out;
-    const char *mode = ft_config_str(cfg, "tuning.mode");
-    snprintf(r->mode, sizeof r->mode, "%s", mode);
+    snprintf(r->mode, sizeof r->mode, "%s", ft_tuning_mode_name(cfg->tuning.mode));
     snprintf(r->model_type, sizeof r->model_type, "%s", mc->model_type);
     r->num_layers = mc->num_layers;
     r->world_size = world_size;
     r->batch_size = batch_size;
-    r->seq_len = (int)ft_config_int(cfg, "model.max_seq_len");
-    r->grad_ckpt = ft_config_bool(cfg, "train.gradient_checkpointing");
-    r->half = ft_config_bool(cfg, "train.bf16") || ft_config_bool(cfg, "train.fp16");
+    r->seq_len = (int)cfg->model.max_seq_len;
+    r->grad_ckpt = cfg->train.gradient_checkpointing;
+    r->half = cfg->train.bf16 || cfg->train.fp16;
     if (r->batch_size < 1 || r->seq_len < 1)
         return ft_fail(err, "memory plan: train.batch_size and model.max_seq_len must be >= 1");
 
-    int pmode = !strcmp(mode, "full") ? MODE_FULL : !strcmp(mode, "qlora") ? MODE_QLORA
-                                                                             : MODE_LORA;
+    int pmode = cfg->tuning.mode == FT_TUNING_FULL    ? MODE_FULL
+                : cfg->tuning.mode == FT_TUNING_QLORA ? MODE_QLORA
+                                                      : MODE_LORA;
     bool lora = pmode != MODE_FULL;
     ft_quant_options quant = {FT_QUANT_NONE, 64, false};
     const char *quant_skip = "";
@@ -409,11 +407,8 @@ int ft_memplan_batch(const ft_config *cfg, const ft_model_config *mc, int world_
         quant = mc->quant.opt;
         quant_skip = mc->quant.skip;
     } else if (pmode == MODE_QLORA) {
-        if (ft_quant_parse(ft_config_str(cfg, "tuning.quant.type"), &quant.type, err))
-            return ft_fail_prefix(err, "config: key 'tuning.quant.type'");
-        quant.blocksize = (int)ft_config_int(cfg, "tuning.quant.blocksize");
-        quant.double_quant = ft_config_bool(cfg, "tuning.quant.double_quant");
-        quant_skip = ft_config_str(cfg, "tuning.quant.skip_modules");
+        quant = ft_quant_options_of(&cfg->tuning);
+        quant_skip = cfg->tuning.quant.skip_modules;
     }
     if (quant.type != FT_QUANT_NONE)
         snprintf(r->quant, sizeof r->quant, "%s%s", ft_quant_name(quant.type),
@@ -426,16 +421,15 @@ int ft_memplan_batch(const ft_config *cfg, const ft_model_config *mc, int world_
     if (!mask)
         return ft_fail(err, "out of memory");
     if (lora) {
-        lc.r = (int)ft_config_int(cfg, "tuning.lora.r");
-        lc.dropout = (float)ft_config_float(cfg, "tuning.lora.dropout");
+        lc.r = (int)cfg->tuning.lora.r;
+        lc.dropout = (float)cfg->tuning.lora.dropout;
         if (lc.r <= 0 || lc.dropout < 0 || lc.dropout >= 1) {
             free(mask);
             return ft_fail(err, "config: tuning.lora.r must be > 0 and tuning.lora.dropout in "
                                 "[0, 1) (got %d, %g)",
                            lc.r, lc.dropout);
         }
-        if (ft_lora_targets_parse(ft_config_str(cfg, "tuning.lora.target_modules"), &lc.targets,
-                                  err)) {
+        if (ft_lora_targets_parse(cfg->tuning.lora.target_modules, &lc.targets, err)) {
             free(mask);
             return ft_fail_prefix(err, "config: key 'tuning.lora.target_modules'");
         }
@@ -485,7 +479,7 @@ int ft_memplan_batch(const ft_config *cfg, const ft_model_config *mc, int world_
     }
     count_params(&p, mask, lc.r);
     r->tied = mc->tie_word_embeddings;
-    r->offload = !strcmp(ft_config_str(cfg, "dist.offload_optimizer"), "cpu");
+    r->offload = cfg->dist.offload_optimizer == FT_CFG_OFFLOAD_CPU;
     for (size_t u = 0; u < n_units; u++) {
         if (p.unit_train[u] > r->max_unit_trainable)
             r->max_unit_trainable = p.unit_train[u];
@@ -514,7 +508,7 @@ int ft_memplan_batch(const ft_config *cfg, const ft_model_config *mc, int world_
     act_counts act, ws;
     act_spec sp = {.grad_ckpt = r->grad_ckpt, .lora = lora, .lora_dropout = lora && lc.dropout > 0,
                    .r_lora = lc.r, .lora_union = lora_union,
-                   .loss_chunk = ft_config_loss_chunk(cfg)};
+                   .loss_chunk = ft_memplan_loss_chunk(&cfg->train)};
     count_activations(mc, (size_t)r->batch_size * (size_t)r->seq_len, &sp,
                       (stage_span){0, mc->num_layers + 1}, &act, &ws);
     for (int i = FT_PLAN_GPU_1; i < FT_PLAN_NROWS; i++) {
@@ -533,7 +527,7 @@ int ft_memplan_batch(const ft_config *cfg, const ft_model_config *mc, int world_
         r->rows[i].bytes[FT_MEM_WORKSPACE] += h * r->max_unit_quantized + 4 * r->max_quant_absmax;
     r->cpu_activations = act_bytes(&act, 4);
     r->cpu_workspace = act_bytes(&ws, 4);
-    plan_pipeline(r, &p, &sp, (int)ft_config_int(cfg, "dist.pipeline_micro_batches"));
+    plan_pipeline(r, &p, &sp, (int)cfg->dist.pipeline_micro_batches);
     r->rows[FT_PLAN_GPU_ZERO2].bytes[FT_MEM_WORKSPACE] += max_unit_g;
     r->rows[FT_PLAN_GPU_ZERO3].bytes[FT_MEM_WORKSPACE] += max_unit_pg;
     r->rows[FT_PLAN_GPU_FSDP].bytes[FT_MEM_WORKSPACE] += max_unit_pg;
@@ -557,20 +551,20 @@ int ft_memplan_batch(const ft_config *cfg, const ft_model_config *mc, int world_
             }
         }
     }
-    r->selected = selected_row(cfg, world_size);
-    r->selected_cpu = selected_cpu_row(cfg, world_size, r->pipe_stages > 0);
+    r->selected = selected_row(&cfg->dist, world_size);
+    r->selected_cpu = selected_cpu_row(&cfg->dist, world_size, r->pipe_stages > 0);
     free(unit_buf);
     free(mask);
     return 0;
 }
 
-int ft_memplan_config(const ft_config *cfg, int world_size, ft_memplan_result *out,
+int ft_memplan_config(const ft_run_config *cfg, int world_size, ft_memplan_result *out,
                       ft_err *err)
 {
-    if (!ft_config_has(cfg, "model.name"))
+    if (!cfg->model.name[0])
         return ft_fail(err, "config: key 'model.name' is required (a Hugging Face model dir)");
     char dir[4096], path[4200];
-    if (ft_resolve_model_dir(ft_config_str(cfg, "model.name"), dir, sizeof dir, err))
+    if (ft_resolve_model_dir(cfg->model.name, dir, sizeof dir, err))
         return -1;
     snprintf(path, sizeof path, "%s/config.json", dir);
     ft_model_config mc;
@@ -653,17 +647,21 @@ void ft_memplan_print(const ft_memplan_result *r, FILE *out)
     ft_memplan_print_with(r, NULL, out);
 }
 
-int ft_memplan_compare_modes(ft_config *cfg, int world_size, FILE *out, ft_err *err)
+int ft_memplan_compare_modes(const ft_run_config *cfg, int world_size, FILE *out, ft_err *err)
 {
-    char mode[16];
-    snprintf(mode, sizeof mode, "%s", ft_config_str(cfg, "tuning.mode"));
-    static const char *const modes[] = {"full", "lora", "qlora"};
+    static const ft_tuning_mode modes[] = {FT_TUNING_FULL, FT_TUNING_LORA, FT_TUNING_QLORA};
     ft_memplan_result r[3];
+    ft_run_config *variant = malloc(sizeof *variant);
+    if (!variant)
+        return ft_fail(err, "out of memory");
+    *variant = *cfg;
     int rc = 0;
-    for (int i = 0; i < 3 && rc == 0; i++)
-        rc = ft_config_set_key(cfg, "tuning.mode", modes[i], "memory plan", NULL, err) ||
-             ft_memplan_config(cfg, world_size, &r[i], err);
-    if (ft_config_set_key(cfg, "tuning.mode", mode, "memory plan", NULL, err) || rc)
+    for (int i = 0; i < 3 && rc == 0; i++) {
+        variant->tuning.mode = modes[i];
+        rc = ft_memplan_config(variant, world_size, &r[i], err);
+    }
+    free(variant);
+    if (rc)
         return -1;
     int cpu0 = r[0].selected_cpu >= 0 ? r[0].selected_cpu : FT_PLAN_CPU;
     fprintf(out, "by tuning mode (this model, batch and strategy; MiB per rank):\n");
@@ -675,10 +673,10 @@ int ft_memplan_compare_modes(ft_config *cfg, int world_size, FILE *out, ft_err *
             snprintf(q, sizeof q, "%s, %.3f B/param", r[i].quant,
                      (double)r[i].quant_bytes / (double)r[i].n_quantized);
         int cpu = r[i].selected_cpu >= 0 ? r[i].selected_cpu : FT_PLAN_CPU;
-        fprintf(out, "%-6s %12zu %12zu %12.1f %12.1f  %s%s\n", modes[i], r[i].n_trainable,
+        fprintf(out, "%-6s %12zu %12zu %12.1f %12.1f  %s%s\n", r[i].mode, r[i].n_trainable,
                 r[i].n_frozen, ft_mib(r[i].rows[cpu].total),
                 ft_mib(r[i].rows[r[i].selected].total), q,
-                !strcmp(modes[i], "full") && r[i].n_quantized
+                modes[i] == FT_TUNING_FULL && r[i].n_quantized
                     ? " (full mode cannot train a quantized checkpoint)"
                     : "");
     }

@@ -1,3 +1,11 @@
+/* memory/: how much memory a run needs, and what to do when it has not enough.
+ *
+ * Owns: the memory plan per strategy and category (memplan.h), the auto batch size and
+ * the memory budget of a rank (auto_batch.h), the plan beside one measured step
+ * (memcheck.h) and the advice after an out-of-memory (oom_advice.h).
+ * May call: config, core, device, dist, formats, model.
+ * (This is the folder's main header.) */
+
 /* The memory planner: bytes per allocator category (weights, gradients, optimizer,
  * activations, workspace; see alloc.h) that the run a config describes needs, computed
  * from the run config and the model's config.json alone (no weights are read).
@@ -97,7 +105,7 @@
 #include <stdio.h>
 
 #include "device/alloc.h"
-#include "config/config.h"
+#include "config/run_config.h"
 #include "core/ft_error.h"
 #include "formats/hf_config.h"
 #include "formats/quant_io.h"
@@ -168,17 +176,17 @@ typedef struct ft_memplan_result {
     char note[256];          /* caveat for the cpu rows ("" when none) */
 } ft_memplan_result;
 
+/* ft_model_options.loss_chunk_rows from train.loss_chunk_tokens (auto: -1). */
+int ft_memplan_loss_chunk(const ft_train_section *t);
+
 /* Plans the run cfg describes for the model mc (config.json) at world_size ranks
  * (>= 1). Errors name the config key (bad LoRA targets, rank, dropout). */
-/* ft_model_options.loss_chunk_rows from train.loss_chunk_tokens (auto: -1). */
-int ft_config_loss_chunk(const ft_config *cfg);
-
-int ft_memplan(const ft_config *cfg, const ft_model_config *mc, int world_size,
+int ft_memplan(const ft_run_config *cfg, const ft_model_config *mc, int world_size,
                ft_memplan_result *out, ft_err *err);
 
 /* The same for a micro-batch of batch_size rows (>= 1) instead of train.batch_size: what
  * the auto batch size tries. */
-int ft_memplan_batch(const ft_config *cfg, const ft_model_config *mc, int world_size,
+int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int world_size,
                      int batch_size, ft_memplan_result *out, ft_err *err);
 
 /* Exact bytes per category of rank `rank` (0..world_size-1) of the CPU engine under the
@@ -194,7 +202,7 @@ int ft_memplan_cpu_row_of(const char *strategy);
 
 /* The same, reading config.json of model.name (a local dir or a Hub id in the local
  * Hugging Face cache); the weights are not needed. */
-int ft_memplan_config(const ft_config *cfg, int world_size, ft_memplan_result *out,
+int ft_memplan_config(const ft_run_config *cfg, int world_size, ft_memplan_result *out,
                       ft_err *err);
 
 /* A table: one row per strategy, MiB per category and in total; exact and predicted rows
@@ -204,8 +212,8 @@ void ft_memplan_print(const ft_memplan_result *r, FILE *out);
 
 /* Prints the plan of cfg's model for each tuning mode (full, lora, qlora) side by side:
  * trainable and base parameters, the selected cpu and gpu rows' totals per rank, and
- * the quantized base's bytes per parameter. cfg's tuning.mode is restored. */
-int ft_memplan_compare_modes(ft_config *cfg, int world_size, FILE *out, ft_err *err);
+ * the quantized base's bytes per parameter. */
+int ft_memplan_compare_modes(const ft_run_config *cfg, int world_size, FILE *out, ft_err *err);
 
 /* The same table with one more row, `extra` (e.g. what was measured), right under the
  * selected cpu row (NULL: none). */

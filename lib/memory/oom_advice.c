@@ -1,42 +1,34 @@
 #include "memory/oom_advice.h"
 
-#include <ctype.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "memory/memplan.h"
 
-/* The make variable of a config key: train.batch_size -> TRAIN_BATCH_SIZE. */
-static void var_of(const char *key, char *out, size_t len)
-{
-    size_t i = 0;
-    for (; key[i] && i + 1 < len; i++)
-        out[i] = key[i] == '.' ? '_' : (char)toupper((unsigned char)key[i]);
-    out[i] = '\0';
-}
-
 typedef struct advisor {
-    const ft_config *cfg;
+    const ft_run_config *cfg;
     const ft_oom_context *ctx;
     size_t budget;
     FILE *out;
     int offered;
+    ft_run_config *variant; /* scratch: the run's config with one change */
 } advisor;
 
-/* The run's config with up to two keys changed (value NULL: unchanged); its peak per
- * rank at world ranks, or 0 when it cannot be planned (an invalid combination). */
-static size_t peak_with(const advisor *a, int world, const char *k1, const char *v1,
-                        const char *k2, const char *v2)
+/* A copy of the run's config in a->variant, to change one thing in. */
+static ft_run_config *variant(advisor *a)
 {
-    ft_config *c = ft_config_clone(a->cfg);
-    if (!c)
-        return 0;
+    *a->variant = *a->cfg;
+    return a->variant;
+}
+
+/* a->variant's peak per rank at world ranks, or 0 when it cannot be planned (an invalid
+ * combination). */
+static size_t variant_peak(const advisor *a, int world)
+{
     ft_err err;
     size_t peak = 0;
-    if ((!k1 || ft_config_set_key(c, k1, v1, "oom advice", NULL, &err) == 0) &&
-        (!k2 || ft_config_set_key(c, k2, v2, "oom advice", NULL, &err) == 0) &&
-        ft_plan_peak(c, world, a->ctx->dev, &peak, NULL, &err) != 0)
+    if (ft_plan_peak(a->variant, world, a->ctx->dev, &peak, NULL, &err) != 0)
         peak = 0;
-    ft_config_free(c);
     return peak;
 }
 
@@ -50,37 +42,35 @@ static void offer(advisor *a, const char *how, size_t peak)
     fprintf(a->out, "  %-52s plans %.1f MiB\n", how, ft_mib(peak));
 }
 
-/* One key set to value (not its value now), offered when it fits. */
-static void try_key(advisor *a, const char *key, const char *value)
+/* a->variant, described by how (the make variable and value), offered when it fits. */
+static void try_variant(advisor *a, const char *how)
 {
-    size_t peak = peak_with(a, a->ctx->world_size, key, value, NULL, NULL);
-    if (!fits(a, peak))
-        return;
-    char var[64], how[160];
-    var_of(key, var, sizeof var);
-    snprintf(how, sizeof how, "%s=%s", var, value);
-    offer(a, how, peak);
+    size_t peak = variant_peak(a, a->ctx->world_size);
+    if (fits(a, peak))
+        offer(a, how, peak);
 }
 
 /* The largest micro-batch below the run's that fits; the accumulation grows with it
  * when that keeps the global batch. */
 static void try_batch(advisor *a)
 {
-    long b = ft_config_int(a->cfg, "train.batch_size");
-    long accum = ft_config_int(a->cfg, "train.grad_accum");
+    long b = a->cfg->train.batch_size, accum = a->cfg->train.grad_accum;
     for (long nb = b - 1; nb >= 1; nb--) {
-        char v[32], va[32];
-        snprintf(v, sizeof v, "%ld", nb);
         bool keep = (b * accum) % nb == 0;
-        snprintf(va, sizeof va, "%ld", keep ? b * accum / nb : accum);
-        size_t peak = peak_with(a, a->ctx->world_size, "train.batch_size", v,
-                                keep ? "train.grad_accum" : NULL, va);
+        ft_run_config *v = variant(a);
+        v->train.batch_size = nb;
+        if (keep)
+            v->train.grad_accum = b * accum / nb;
+        size_t peak = variant_peak(a, a->ctx->world_size);
         if (!fits(a, peak))
             continue;
         char how[160];
-        snprintf(how, sizeof how, "TRAIN_BATCH_SIZE=%ld%s%s%s", nb,
-                 keep ? " TRAIN_GRAD_ACCUM=" : "", keep ? va : "",
-                 keep ? " (same global batch)" : "");
+        if (keep)
+            snprintf(how, sizeof how, "TRAIN_BATCH_SIZE=%ld TRAIN_GRAD_ACCUM=%ld (same global "
+                                      "batch)",
+                     nb, v->train.grad_accum);
+        else
+            snprintf(how, sizeof how, "TRAIN_BATCH_SIZE=%ld", nb);
         offer(a, how, peak);
         return;
     }
@@ -89,14 +79,13 @@ static void try_batch(advisor *a)
 /* The longest power-of-two sequence length below the run's (>= 128) that fits. */
 static void try_seq_len(advisor *a)
 {
-    long t = ft_config_int(a->cfg, "model.max_seq_len");
+    long t = a->cfg->model.max_seq_len;
     long p = 128;
     while (p * 2 < t)
         p *= 2;
     for (; p >= 128 && p < t; p /= 2) {
-        char v[32];
-        snprintf(v, sizeof v, "%ld", p);
-        size_t peak = peak_with(a, a->ctx->world_size, "model.max_seq_len", v, NULL, NULL);
+        variant(a)->model.max_seq_len = p;
+        size_t peak = variant_peak(a, a->ctx->world_size);
         if (fits(a, peak)) {
             char how[160];
             snprintf(how, sizeof how, "MODEL_MAX_SEQ_LEN=%ld", p);
@@ -109,21 +98,23 @@ static void try_seq_len(advisor *a)
 /* Sharded strategies: at the run's world size, or with more ranks from one. */
 static void try_strategies(advisor *a)
 {
-    static const char *const stages[] = {"zero1", "zero2", "zero3"};
+    static const ft_cfg_strategy stages[] = {FT_CFG_STRATEGY_ZERO1, FT_CFG_STRATEGY_ZERO2,
+                                             FT_CFG_STRATEGY_ZERO3};
     int n = (int)(sizeof stages / sizeof *stages);
-    const char *now = ft_config_str(a->cfg, "dist.strategy");
+    ft_cfg_strategy now = a->cfg->dist.strategy;
     for (int w = a->ctx->world_size > 1 ? a->ctx->world_size : 2; w <= 16; w *= 2) {
         for (int i = 0; i < n; i++) {
-            if (w == a->ctx->world_size && !strcmp(now, stages[i]))
+            if (w == a->ctx->world_size && now == stages[i])
                 continue;
-            size_t peak = peak_with(a, w, "dist.strategy", stages[i], NULL, NULL);
+            variant(a)->dist.strategy = stages[i];
+            size_t peak = variant_peak(a, w);
             if (!fits(a, peak))
                 continue;
             char how[160], ranks[32] = "";
             if (w != a->ctx->world_size)
                 snprintf(ranks, sizeof ranks, " NUM_GPUS=%d", w);
-            snprintf(how, sizeof how, "make train-zero ZERO_STAGE=%c%s (%s on %d ranks)",
-                     stages[i][4], ranks, stages[i], w);
+            snprintf(how, sizeof how, "make train-zero ZERO_STAGE=%d%s (zero%d on %d ranks)",
+                     i + 1, ranks, i + 1, w);
             offer(a, how, peak);
             return;
         }
@@ -132,7 +123,7 @@ static void try_strategies(advisor *a)
     }
 }
 
-void ft_oom_advice(const ft_config *cfg, const ft_oom_context *ctx, FILE *out)
+void ft_oom_advice(const ft_run_config *cfg, const ft_oom_context *ctx, FILE *out)
 {
     bool gpu = ctx->dev == FT_MEM_DEVICE_CUDA;
     char where[32] = "";
@@ -154,7 +145,7 @@ void ft_oom_advice(const ft_config *cfg, const ft_oom_context *ctx, FILE *out)
     if (ctx->limit) {
         budget.bytes = ctx->limit;
         snprintf(budget.source, sizeof budget.source, "FT_MEM_LIMIT");
-    } else if (ft_rank_memory_budget(cfg, ctx->dev, ctx->device_index, ctx->local_ranks,
+    } else if (ft_rank_memory_budget(&cfg->train, ctx->dev, ctx->device_index, ctx->local_ranks,
                                      &budget, &err)) {
         fprintf(out, "  (no budget to compare with: %s)\n", err.msg);
         return;
@@ -168,20 +159,32 @@ void ft_oom_advice(const ft_config *cfg, const ft_oom_context *ctx, FILE *out)
     fprintf(out, "budget per rank: %.1f MiB (%s); this run plans %.1f MiB (%s)%s\n",
             ft_mib(budget.bytes), budget.source, ft_mib(peak), row,
             gpu ? ", without the CUDA context and library workspaces" : "");
-    advisor a = {cfg, ctx, budget.bytes, out, 0};
+    advisor a = {cfg, ctx, budget.bytes, out, 0, malloc(sizeof *a.variant)};
+    if (!a.variant) {
+        fprintf(out, "  (no overrides: out of memory)\n");
+        return;
+    }
     try_batch(&a);
-    if (!ft_config_bool(cfg, "train.gradient_checkpointing"))
-        try_key(&a, "train.gradient_checkpointing", "true");
-    if (!ft_config_is_auto(cfg, "train.loss_chunk_tokens"))
-        try_key(&a, "train.loss_chunk_tokens", "auto");
+    if (!cfg->train.gradient_checkpointing) {
+        variant(&a)->train.gradient_checkpointing = true;
+        try_variant(&a, "TRAIN_GRADIENT_CHECKPOINTING=true");
+    }
+    if (cfg->train.loss_chunk_tokens != FT_CFG_AUTO) {
+        variant(&a)->train.loss_chunk_tokens = FT_CFG_AUTO;
+        try_variant(&a, "TRAIN_LOSS_CHUNK_TOKENS=auto");
+    }
     try_seq_len(&a);
-    const char *strategy = ft_config_str(cfg, "dist.strategy");
-    if (strcmp(strategy, "model_parallel") != 0 &&
-        strcmp(ft_config_str(cfg, "dist.offload_optimizer"), "cpu") != 0)
-        try_key(&a, "dist.offload_optimizer", "cpu");
+    if (cfg->dist.strategy != FT_CFG_STRATEGY_MODEL_PARALLEL &&
+        cfg->dist.offload_optimizer != FT_CFG_OFFLOAD_CPU) {
+        variant(&a)->dist.offload_optimizer = FT_CFG_OFFLOAD_CPU;
+        try_variant(&a, "DIST_OFFLOAD_OPTIMIZER=cpu");
+    }
     try_strategies(&a);
-    if (!strcmp(ft_config_str(cfg, "tuning.mode"), "lora"))
-        try_key(&a, "tuning.mode", "qlora");
+    if (cfg->tuning.mode == FT_TUNING_LORA) {
+        variant(&a)->tuning.mode = FT_TUNING_QLORA;
+        try_variant(&a, "TUNING_MODE=qlora");
+    }
+    free(a.variant);
     if (!a.offered)
         fprintf(out, "no single override fits by the plan: combine them (a smaller batch with "
                      "gradient checkpointing and shorter sequences), or use more ranks\n");

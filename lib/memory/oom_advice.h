@@ -27,7 +27,7 @@
 #include <stdio.h>
 
 #include "memory/auto_batch.h"
-#include "config/config.h"
+#include "config/run_config.h"
 
 typedef struct ft_oom_context {
     int rank, world_size;
@@ -40,6 +40,6 @@ typedef struct ft_oom_context {
 /* Prints the advice above to out. Problems in computing it (a config.json that cannot
  * be read again, an unknown budget) are printed in its place: the out-of-memory error
  * itself is what the caller reports. */
-void ft_oom_advice(const ft_config *cfg, const ft_oom_context *ctx, FILE *out);
+void ft_oom_advice(const ft_run_config *cfg, const ft_oom_context *ctx, FILE *out);
 
 #endif

@@ -1,3 +1,12 @@
+/* model/: the model.
+ *
+ * Owns: parameters in flat per-unit buffers, forward and backward (model.h,
+ * model_pass.c) on the host or the GPU (model_device.c), LoRA adapters (adapter.c,
+ * lora_init.h), the quantized base, merging (merge.h), quantizing a checkpoint on disk
+ * (quantize_model.h) and generation (generate.h).
+ * May call: core, device, formats, kernels, quant, tokenizer.
+ * (This is the folder's main header.) */
+
 /* A Llama-family causal LM (llama, mistral, qwen2) with explicit forward and backward.
  *
  * This is the library API the tools build on:

@@ -64,6 +64,14 @@ int ft_quant_parse(const char *s, ft_quant_type *t, ft_err *err)
     return ft_fail(err, "unknown quantization type '%s' (nf4, fp4, int8 or none)", s ? s : "");
 }
 
+ft_quant_options ft_quant_options_of(const ft_tuning_section *t)
+{
+    ft_quant_type type = t->quant.type == FT_CFG_QUANT_FP4    ? FT_QUANT_FP4
+                         : t->quant.type == FT_CFG_QUANT_INT8 ? FT_QUANT_INT8
+                                                              : FT_QUANT_NF4;
+    return (ft_quant_options){type, (int)t->quant.blocksize, t->quant.double_quant};
+}
+
 const float *ft_quant_code(ft_quant_type t)
 {
     return t == FT_QUANT_NF4 ? nf4_code : t == FT_QUANT_FP4 ? fp4_code : NULL;

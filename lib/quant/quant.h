@@ -1,3 +1,11 @@
+/* quant/: quantized weights in memory.
+ *
+ * Owns: the bitsandbytes formats (NF4, FP4 and int8 codes, blocks, double quantization)
+ * on the host and the GPU (quant.h, quant_device.c). Reading and writing them in
+ * checkpoints is formats/quant_io.h.
+ * May call: core, config, device, kernels.
+ * (This is the folder's main header.) */
+
 /* Weight quantization in bitsandbytes' formats (QLoRA): 4-bit NF4 / FP4 with per-block
  * absmax (optionally double-quantized), and 8-bit LLM.int8 row-wise absmax. See
  * ../shared/FORMATS.md "bitsandbytes 4-bit" for the codes, packing and state-dict keys.
@@ -24,8 +32,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "device/alloc.h"
+#include "config/run_config.h"
 #include "core/ft_error.h"
+#include "device/alloc.h"
 #include "ops.h"
 
 typedef enum ft_quant_type {
@@ -50,6 +59,9 @@ typedef struct ft_quant_options {
     int blocksize;      /* 4-bit: 32..4096, a power of two (bitsandbytes' sizes); default 64 */
     bool double_quant;  /* 4-bit: quantize the absmax too (blocks of 256) */
 } ft_quant_options;
+
+/* What a run config's tuning.quant.* asks for (type, blocksize, double_quant). */
+ft_quant_options ft_quant_options_of(const ft_tuning_section *t);
 
 /* A quantized 2-D weight [rows, cols]. Arrays are owned: malloc'ed on the host, or
  * allocated on `device` by ft_qtensor_to_device. */

@@ -74,7 +74,7 @@ static int own(owned_batch *o, const ft_batch *b, ft_err *err)
 }
 
 typedef struct trainer {
-    const ft_config *cfg;
+    const ft_run_config *cfg;
     FILE *log;
     FILE *quiet;         /* ranks other than 0 log here (/dev/null) */
     const char *out_dir;
@@ -110,85 +110,76 @@ typedef struct trainer {
 static void begin_line(trainer *t);
 
 /* dist.strategy (and dist.zero_stage for "zero") as the engine's options. */
-static int dist_options(const ft_config *c, int world, ft_dist_options *o, ft_err *err)
+static int dist_options(const ft_run_config *c, int world, ft_dist_options *o, ft_err *err)
 {
-    const char *s = ft_config_str(c, "dist.strategy");
     memset(o, 0, sizeof *o);
-    if (strcmp(s, "auto") == 0)
-        s = world > 1 ? "ddp" : "none";
-    if (strcmp(s, "zero") == 0) {
-        static const char *const stages[] = {"ddp", "zero1", "zero2", "zero3"};
-        long stage = ft_config_int(c, "dist.zero_stage");
+    switch (c->dist.strategy) {
+    case FT_CFG_STRATEGY_AUTO:
+        o->strategy = world > 1 ? FT_STRATEGY_DDP : FT_STRATEGY_NONE;
+        break;
+    case FT_CFG_STRATEGY_NONE: o->strategy = FT_STRATEGY_NONE; break;
+    case FT_CFG_STRATEGY_DDP: o->strategy = FT_STRATEGY_DDP; break;
+    case FT_CFG_STRATEGY_FSDP: o->strategy = FT_STRATEGY_FSDP; break;
+    case FT_CFG_STRATEGY_MODEL_PARALLEL: o->strategy = FT_STRATEGY_PIPELINE; break;
+    case FT_CFG_STRATEGY_ZERO:
+    case FT_CFG_STRATEGY_ZERO1:
+    case FT_CFG_STRATEGY_ZERO2:
+    case FT_CFG_STRATEGY_ZERO3: {
+        static const ft_strategy stages[] = {FT_STRATEGY_DDP, FT_STRATEGY_ZERO1, FT_STRATEGY_ZERO2,
+                                             FT_STRATEGY_ZERO3};
+        int stage = ft_run_config_zero_stage(&c->dist);
         if (stage < 0 || stage > 3)
-            return ft_fail(err, "config: dist.zero_stage = %ld: stages are 0-3", stage);
-        s = stages[stage];
+            return ft_fail(err, "config: dist.zero_stage = %d: stages are 0-3", stage);
+        o->strategy = stages[stage];
+        break;
     }
-    static const struct {
-        const char *name;
-        ft_strategy s;
-    } names[] = {{"none", FT_STRATEGY_NONE},   {"ddp", FT_STRATEGY_DDP},
-                 {"zero1", FT_STRATEGY_ZERO1}, {"zero2", FT_STRATEGY_ZERO2},
-                 {"zero3", FT_STRATEGY_ZERO3}, {"fsdp", FT_STRATEGY_FSDP},
-                 {"model_parallel", FT_STRATEGY_PIPELINE}};
-    bool found = false;
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
-        if (strcmp(s, names[i].name) == 0) {
-            o->strategy = names[i].s;
-            found = true;
-        }
-    if (!found)
-        return ft_fail(err, "config: dist.strategy '%s' is not a strategy", s);
-    o->offload_optimizer = strcmp(ft_config_str(c, "dist.offload_optimizer"), "cpu") == 0;
-    o->bucket_bytes = (size_t)ft_config_int(c, "train.ddp_bucket_cap_mb") << 20;
-    o->overlap_comm = ft_config_bool(c, "dist.overlap_comm");
-    o->prefetch = ft_config_bool(c, "dist.prefetch");
-    o->pipeline_chunks = (int)ft_config_int(c, "dist.pipeline_micro_batches");
+    }
+    o->offload_optimizer = c->dist.offload_optimizer == FT_CFG_OFFLOAD_CPU;
+    o->bucket_bytes = (size_t)c->train.ddp_bucket_cap_mb << 20;
+    o->overlap_comm = c->dist.overlap_comm;
+    o->prefetch = c->dist.prefetch;
+    o->pipeline_chunks = (int)c->dist.pipeline_micro_batches;
     return 0;
 }
 
 static int setup_model(trainer *t, const ft_dist_options *dopt, ft_err *err)
 {
-    const ft_config *c = t->cfg;
-    const char *mode = ft_config_str(c, "tuning.mode");
-    ft_model_options mo = {.grad_ckpt = ft_config_bool(c, "train.gradient_checkpointing"),
-                           .seed = (uint64_t)ft_config_int(c, "train.seed"),
+    const ft_tuning_section *tu = &t->cfg->tuning;
+    const ft_train_section *tr = &t->cfg->train;
+    ft_model_options mo = {.grad_ckpt = tr->gradient_checkpointing,
+                           .seed = (uint64_t)tr->seed,
                            .device = t->place.device,
                            .dtype = t->place.dtype,
                            .mem_limit = t->mem_limit,
-                           .loss_chunk_rows = ft_config_loss_chunk(c)};
-    if (strcmp(mode, "full") == 0) {
+                           .loss_chunk_rows = ft_memplan_loss_chunk(tr)};
+    if (tu->mode == FT_TUNING_FULL) {
         mo.mode = FT_TRAIN_FULL;
     } else {
         /* qlora: LoRA on a base quantized on load (a checkpoint quantized already, by
          * ft-quantize or bitsandbytes, is read as it is in either LoRA mode) */
-        if (strcmp(mode, "qlora") == 0) {
-            if (ft_quant_parse(ft_config_str(c, "tuning.quant.type"), &mo.quant.type, err))
-                return ft_fail_prefix(err, "config: key 'tuning.quant.type'");
-            mo.quant.blocksize = (int)ft_config_int(c, "tuning.quant.blocksize");
+        if (tu->mode == FT_TUNING_QLORA) {
+            mo.quant = ft_quant_options_of(tu);
             if (mo.quant.blocksize & (mo.quant.blocksize - 1))
                 return ft_fail(err, "config: key 'tuning.quant.blocksize': %d is not a power "
                                     "of two (32, 64, ..., 4096)",
                                mo.quant.blocksize);
-            mo.quant.double_quant = ft_config_bool(c, "tuning.quant.double_quant");
-            mo.quant_skip = ft_config_str(c, "tuning.quant.skip_modules");
+            mo.quant_skip = tu->quant.skip_modules;
         }
         mo.mode = FT_TRAIN_LORA;
-        mo.lora = (ft_lora_config){.r = (int)ft_config_int(c, "tuning.lora.r"),
-                                   .alpha = (float)ft_config_float(c, "tuning.lora.alpha"),
-                                   .dropout = (float)ft_config_float(c, "tuning.lora.dropout"),
-                                   .rslora = ft_config_bool(c, "tuning.lora.rslora")};
-        if (ft_lora_targets_parse(ft_config_str(c, "tuning.lora.target_modules"),
-                                  &mo.lora.targets, err))
+        mo.lora = (ft_lora_config){.r = (int)tu->lora.r,
+                                   .alpha = (float)tu->lora.alpha,
+                                   .dropout = (float)tu->lora.dropout,
+                                   .rslora = tu->lora.rslora};
+        if (ft_lora_targets_parse(tu->lora.target_modules, &mo.lora.targets, err))
             return ft_fail_prefix(err, "config: key 'tuning.lora.target_modules'");
     }
-    const char *adapter = mo.mode == FT_TRAIN_LORA && ft_config_has(c, "tuning.lora.init_adapter")
-                              ? ft_config_str(c, "tuning.lora.init_adapter")
-                              : NULL;
-    ft_adamw_hparams hp = {.lr = (float)ft_config_float(c, "train.learning_rate"),
-                           .beta1 = (float)ft_config_float(c, "train.adam_beta1"),
-                           .beta2 = (float)ft_config_float(c, "train.adam_beta2"),
-                           .eps = (float)ft_config_float(c, "train.adam_epsilon"),
-                           .weight_decay = (float)ft_config_float(c, "train.weight_decay")};
+    const char *adapter =
+        mo.mode == FT_TRAIN_LORA && tu->lora.init_adapter[0] ? tu->lora.init_adapter : NULL;
+    ft_adamw_hparams hp = {.lr = (float)tr->learning_rate,
+                           .beta1 = (float)tr->adam_beta1,
+                           .beta2 = (float)tr->adam_beta2,
+                           .eps = (float)tr->adam_epsilon,
+                           .weight_decay = (float)tr->weight_decay};
     if (ft_engine_new(&t->eng, t->comm, t->model_dir, &mo, adapter, hp, dopt, err))
         return ft_fail_prefix(err, adapter ? "model.name '%s' with tuning.lora.init_adapter"
                                            : "model.name '%s'",
@@ -199,22 +190,23 @@ static int setup_model(trainer *t, const ft_dist_options *dopt, ft_err *err)
 
 static int setup_schedule(trainer *t, ft_err *err)
 {
-    const ft_config *c = t->cfg;
-    long max_steps = ft_config_int(c, "train.max_steps");
-    double epochs = ft_config_float(c, "train.epochs");
-    long total = max_steps > 0
-                     ? max_steps
-                     : (long)ceil(epochs * t->n_batches / (double)t->accum);
+    const ft_train_section *c = &t->cfg->train;
+    long total = c->max_steps > 0 ? c->max_steps
+                                   : (long)ceil(c->epochs * t->n_batches / (double)t->accum);
     if (total <= 0)
         return ft_fail(err, "config: train.epochs = %g over %d batches gives no optimizer step",
-                       epochs, t->n_batches);
-    int warmup = (int)ft_config_int(c, "train.warmup_steps");
+                       c->epochs, t->n_batches);
+    int warmup = (int)c->warmup_steps;
     if (warmup == 0)
-        warmup = (int)ceil(ft_config_float(c, "train.warmup_ratio") * (double)total);
-    t->sched = (ft_lr_schedule){.base_lr = ft_config_float(c, "train.learning_rate"),
+        warmup = (int)ceil(c->warmup_ratio * (double)total);
+    static const ft_lr_kind kinds[] = {[FT_CFG_LR_CONSTANT] = FT_LR_CONSTANT,
+                                       [FT_CFG_LR_LINEAR] = FT_LR_LINEAR,
+                                       [FT_CFG_LR_COSINE] = FT_LR_COSINE};
+    t->sched = (ft_lr_schedule){.kind = kinds[c->lr_scheduler],
+                                .base_lr = c->learning_rate,
                                 .warmup_steps = warmup,
                                 .total_steps = (int)total};
-    return ft_lr_kind_parse(ft_config_str(c, "train.lr_scheduler"), &t->sched.kind, err);
+    return 0;
 }
 
 static void stamp_of(const trainer *t, ft_ckpt_stamp *s)
@@ -222,7 +214,7 @@ static void stamp_of(const trainer *t, ft_ckpt_stamp *s)
     memset(s, 0, sizeof *s);
     snprintf(s->device, sizeof s->device, "%s", ft_device_name(t->place.device));
     snprintf(s->dtype, sizeof s->dtype, "%s", ft_dtype_name(t->place.dtype));
-    snprintf(s->mode, sizeof s->mode, "%s", ft_config_str(t->cfg, "tuning.mode"));
+    snprintf(s->mode, sizeof s->mode, "%s", ft_tuning_mode_name(t->cfg->tuning.mode));
     snprintf(s->quant, sizeof s->quant, "%s", ft_quant_name(ft_model_quant(t->m).type));
     snprintf(s->strategy, sizeof s->strategy, "%s",
              ft_strategy_name(ft_engine_strategy(t->eng)));
@@ -297,7 +289,7 @@ static int save_checkpoint(trainer *t, char *out, size_t out_len, ft_err *err)
 {
     t->state.rng_counter = ft_model_rng_counter(t->m);
     int rc = ft_engine_save_checkpoint(t->eng, t->out_dir, &t->state, t->model_dir,
-                                       (int)ft_config_int(t->cfg, "train.save_total_limit"), out,
+                                       (int)t->cfg->train.save_total_limit, out,
                                        out_len, err);
     if (rc == 0) {
         begin_line(t);
@@ -484,7 +476,7 @@ static int write_summary(trainer *t, ft_err *err)
     fprintf(f, "{\"strategy\": \"%s\", \"world_size\": %d, \"mode\": \"%s\", \"device\": \"%s\", "
                "\"dtype\": \"%s\", ",
             ft_strategy_name(ft_engine_strategy(t->eng)), t->world,
-            ft_config_str(t->cfg, "tuning.mode"), ft_device_name(t->place.device),
+            ft_tuning_mode_name(t->cfg->tuning.mode), ft_device_name(t->place.device),
             ft_dtype_name(t->place.dtype));
     /* the resolved batch (train.batch_size / grad_accum auto are numbers by now) */
     fprintf(f, "\"batch_size\": %d, \"grad_accum\": %d, \"global_batch_size\": %ld, ",
@@ -534,7 +526,7 @@ static int save_final(trainer *t, char *out, size_t out_len, ft_err *err)
         return ft_fail(err, "%s: path too long", t->out_dir);
     if (ft_engine_save_weights(t->eng, dir, t->model_dir, err))
         return -1;
-    if (t->rank == 0 && strcmp(ft_config_str(t->cfg, "tuning.mode"), "full") == 0) {
+    if (t->rank == 0 && t->cfg->tuning.mode == FT_TUNING_FULL) {
         /* a full model dir loads in transformers: config and tokenizer files beside it */
         char src[4300], dst[4300];
         snprintf(src, sizeof src, "%s/config.json", t->model_dir);
@@ -593,7 +585,7 @@ static int measure_step(trainer *t, ft_mem_measured *m, ft_err *err)
     if (t->rank == 0 && m->world != t->world)
         return ft_fail(err, "memory check: measuring %d ranks with room for %d", t->world,
                        m->world);
-    int T = (int)ft_config_int(t->cfg, "model.max_seq_len");
+    int T = (int)t->cfg->model.max_seq_len;
     if (next_micro_batches(t, err))
         return -1;
     ft_batch mb[64];
@@ -604,7 +596,7 @@ static int measure_step(trainer *t, ft_mem_measured *m, ft_err *err)
     }
     ft_step_stats st;
     if (ft_engine_step(t->eng, &t->sched, mb, t->accum,
-                       ft_config_float(t->cfg, "train.max_grad_norm"), &st, err))
+                       t->cfg->train.max_grad_norm, &st, err))
         return ft_fail_prefix(err, "memory check step");
     double *all = malloc((size_t)t->world * RANK_NVAL * sizeof *all);
     if (!all)
@@ -632,14 +624,12 @@ static int measure_step(trainer *t, ft_mem_measured *m, ft_err *err)
 static int train_loop(trainer *t, ft_train_outcome *outcome, char *out, size_t out_len,
                       ft_err *err)
 {
-    const ft_config *c = t->cfg;
-    long log_every = ft_config_int(c, "train.logging_steps");
-    long save_every = ft_config_int(c, "train.save_steps");
-    long eval_every = strcmp(ft_config_str(c, "train.eval_strategy"), "steps") == 0
-                          ? ft_config_int(c, "train.eval_steps")
-                          : 0;
-    bool eval_epochs = strcmp(ft_config_str(c, "train.eval_strategy"), "epoch") == 0;
-    double max_norm = ft_config_float(c, "train.max_grad_norm");
+    const ft_train_section *c = &t->cfg->train;
+    long log_every = c->logging_steps;
+    long save_every = c->save_steps;
+    long eval_every = c->eval_strategy == FT_EVAL_STEPS ? c->eval_steps : 0;
+    bool eval_epochs = c->eval_strategy == FT_EVAL_EPOCH;
+    double max_norm = c->max_grad_norm;
     long first_step = t->state.global_step;
     double t0 = now(), window_t = t0;
     long window_tokens = 0;
@@ -706,7 +696,7 @@ static int setup_device(trainer *t, ft_err *err)
     const char *limit = getenv("FT_MEM_LIMIT");
     if (limit && *limit && ft_parse_size(limit, &t->mem_limit))
         return ft_fail(err, "FT_MEM_LIMIT=%s: not a size (512MiB, 6GiB, 8GB)", limit);
-    if (ft_run_device_resolve(t->cfg, &t->place, err) ||
+    if (ft_run_device_resolve(&t->cfg->train, &t->place, err) ||
         ft_run_device_select(&t->place, ft_comm_local_rank(t->comm), &t->gpu, err))
         return -1;
     if (t->place.device != FT_DEV_CUDA)
@@ -720,22 +710,21 @@ static int setup_device(trainer *t, ft_err *err)
 
 static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
 {
-    const ft_config *c = t->cfg;
+    const ft_run_config *c = t->cfg;
     if (setup_device(t, err))
         return -1;
-    if (!ft_config_has(c, "model.name"))
+    if (!c->model.name[0])
         return ft_fail(err, "config: key 'model.name' is required (a Hugging Face model dir)");
-    if (ft_resolve_model_dir(ft_config_str(c, "model.name"), t->model_dir, sizeof t->model_dir,
-                             err))
+    if (ft_resolve_model_dir(c->model.name, t->model_dir, sizeof t->model_dir, err))
         return -1;
-    t->out_dir = ft_config_str(c, "train.output_dir");
+    t->out_dir = c->train.output_dir;
     ft_dist_options dopt;
     if (dist_options(c, t->world, &dopt, err))
         return -1;
-    ft_comm_set_timeout(t->comm, ft_config_float(c, "dist.timeout_s"));
+    ft_comm_set_timeout(t->comm, c->dist.timeout_s);
     if (ft_run_data_load(&t->data, c, t->log, err))
         return -1;
-    t->accum = ft_config_is_auto(c, "train.grad_accum") ? 1 : (int)ft_config_int(c, "train.grad_accum");
+    t->accum = c->train.grad_accum == FT_CFG_AUTO ? 1 : (int)c->train.grad_accum;
     if (t->accum > 64)
         return ft_fail(err, "config: train.grad_accum %d is above the supported 64", t->accum);
     /* data-parallel ranks read disjoint shards; pipeline stages all read the same batches */
@@ -747,21 +736,19 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
     t->n_batches = ft_loader_n_batches(t->train_loader, 0);
     t->eval_batch_size = lo.batch_size;
     t->batch_size = lo.batch_size;
-    if (ft_config_int(c, "train.generation_num_beams") != 1)
+    if (c->train.generation_num_beams != 1)
         return ft_fail(err, "config: train.generation_num_beams = %ld: only greedy decoding "
                             "(1) is implemented",
-                       ft_config_int(c, "train.generation_num_beams"));
-    if (pipeline && ft_config_bool(c, "train.predict_with_generate"))
+                       c->train.generation_num_beams);
+    if (pipeline && c->train.predict_with_generate)
         return ft_fail(err, "config: train.predict_with_generate does not work with dist.strategy "
                             "model_parallel yet (evaluate the saved adapter with ft-eval)");
-    if (ft_config_bool(c, "train.predict_with_generate") && t->data.eval.n) {
-        ft_data_options dopt;
-        const char *path = ft_config_has(c, "data.eval_path") ? ft_config_str(c, "data.eval_path")
-                                                              : ft_config_str(c, "data.train_path");
-        if (ft_run_data_options(c, &dopt, err) ||
-            ft_eval_records_load(&t->gen_records, path, t->data.tok, &dopt, &t->data.eval, err))
+    if (c->train.predict_with_generate && t->data.eval.n) {
+        ft_data_options dopt = ft_run_data_options(c);
+        const char *path = c->data.eval_path[0] ? c->data.eval_path : c->data.train_path;
+        if (ft_eval_records_load(&t->gen_records, path, t->data.tok, &dopt, &t->data.eval, err))
             return ft_fail_prefix(err, "predict_with_generate");
-        t->gen.max_new_tokens = (int)ft_config_int(c, "train.generation_max_new_tokens");
+        t->gen.max_new_tokens = (int)c->train.generation_max_new_tokens;
     }
     t->micro = calloc((size_t)t->accum, sizeof *t->micro);
     if (!t->micro)
@@ -771,7 +758,7 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
     if (t->gen_records.n)
         ft_gen_eos_ids(ft_model_cfg(t->m), t->data.tok, &t->gen);
     stamp_of(t, &t->state.stamp);
-    t->state.seed = (uint64_t)ft_config_int(c, "train.seed");
+    t->state.seed = (uint64_t)c->train.seed;
     if (o->resume) {
         char path[4096];
         int found = 1;
@@ -806,7 +793,7 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
     FILE *f = fopen(path, "w");
     if (!f)
         return ft_fail(err, "%s: cannot write", path);
-    int rc = ft_config_write_yaml(c, f, err);
+    int rc = ft_run_config_write_yaml(c, f, err);
     if (fclose(f) != 0 && rc == 0)
         rc = ft_fail(err, "%s: write failed", path);
     if (rc || ft_tb_open(&t->tb, t->out_dir, err))
@@ -815,7 +802,7 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
     size_t len = 0;
     FILE *mf = open_memstream(&text, &len);
     if (mf) {
-        ft_config_write_yaml(c, mf, err);
+        ft_run_config_write_yaml(c, mf, err);
         fclose(mf);
         rc = ft_tb_text(t->tb, "config", t->state.global_step, text, err);
         free(text);
@@ -823,7 +810,7 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
     return rc;
 }
 
-int ft_train_run(const ft_config *cfg, const ft_trainer_options *o, ft_train_outcome *outcome,
+int ft_train_run(const ft_run_config *cfg, const ft_trainer_options *o, ft_train_outcome *outcome,
                  char *out, size_t out_len, ft_err *err)
 {
     trainer t = {.cfg = cfg, .log = o->log ? o->log : stderr, .last_eval_step = -1,

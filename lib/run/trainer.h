@@ -1,3 +1,9 @@
+/* run/: one ft-train run, from its typed config to the run dir.
+ *
+ * Owns: the training loop and what it writes (trainer.h).
+ * May call: config, core, data, device, dist, eval, formats, memory, model, train.
+ * (This is the folder's main header.) */
+
 /* The training loop of ft-train: config -> model, data, optimizer, schedule; epochs or
  * max_steps of gradient-accumulated AdamW steps; logging to stderr and TensorBoard;
  * evaluation; atomic checkpoints with resume; SIGINT/SIGTERM save a checkpoint and stop.
@@ -23,7 +29,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "config/config.h"
+#include "config/run_config.h"
 #include "dist/dist.h"
 #include "core/ft_error.h"
 #include "memory/memcheck.h"
@@ -49,7 +55,7 @@ typedef enum ft_train_outcome {
 /* Trains as cfg says (train.batch_size and train.grad_accum resolved: auto reads as 1;
  * see auto_batch.h). out gets the final output dir (or the checkpoint written on
  * interruption; "" after a memory check). */
-int ft_train_run(const ft_config *cfg, const ft_trainer_options *o, ft_train_outcome *outcome,
+int ft_train_run(const ft_run_config *cfg, const ft_trainer_options *o, ft_train_outcome *outcome,
                  char *out, size_t out_len, ft_err *err);
 
 #endif

@@ -1,3 +1,10 @@
+/* tokenizer/: Hugging Face tokenizers in C.
+ *
+ * Owns: tokenizer.json and its companions (tokenizer.h), and its parts (tok_*.c:
+ * normalizers, pre-tokenizers, BPE, added tokens, decoding; tok_internal.h).
+ * May call: core.
+ * (This is the folder's main header.) */
+
 /* Hugging Face tokenizers in C: reads tokenizer.json (plus tokenizer_config.json and
  * special_tokens_map.json beside it when present) and encodes / decodes exactly as the
  * `tokenizers` library does for the model families we load:

@@ -1,3 +1,11 @@
+/* train/: training a model one step at a time.
+ *
+ * Owns: one optimizer step (train_step.h: accumulation, clipping, schedule, AdamW), the
+ * optimizer state (optim.h), learning-rate schedules (schedule.h) and checkpoints of
+ * model and optimizer state (checkpoint.h). The loop around them is run/.
+ * May call: core, device, formats, kernels, model.
+ * (This is the folder's main header.) */
+
 /* One optimizer step of training: gradient accumulation over micro-batches, global-norm
  * clipping, learning-rate schedule, AdamW. The building block of ft-train. */
 #ifndef FT_TRAIN_STEP_H

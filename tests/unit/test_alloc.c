@@ -64,20 +64,20 @@ static void test_train_device_resolution(void)
     ft_err err;
     ft_run_device_choice d;
     CHECK(ft_config_set_key(c, "train.device", "cpu", "test", NULL, &err) == 0);
-    CHECK(ft_run_device_resolve(c, &d, &err) == 0);
+    CHECK(ft_run_device_resolve(&ft_config_values(c)->train, &d, &err) == 0);
     CHECK(d.device == FT_DEV_CPU && d.dtype == FT_F32);
     int gpu = 0;
     CHECK(ft_run_device_select(&d, 3, &gpu, &err) == 0 && gpu == -1);
     /* auto: the GPU exactly when one is usable; cuda without one names the key */
     CHECK(ft_config_set_key(c, "train.device", "auto", "test", NULL, &err) == 0);
-    CHECK(ft_run_device_resolve(c, &d, &err) == 0);
+    CHECK(ft_run_device_resolve(&ft_config_values(c)->train, &d, &err) == 0);
     bool have_gpu = d.device == FT_DEV_CUDA;
     CHECK(ft_config_set_key(c, "train.device", "cuda", "test", NULL, &err) == 0);
-    int rc = ft_run_device_resolve(c, &d, &err);
+    int rc = ft_run_device_resolve(&ft_config_values(c)->train, &d, &err);
     if (have_gpu) {
         CHECK(rc == 0 && d.device == FT_DEV_CUDA && d.dtype == FT_BF16);
         CHECK(ft_config_set_key(c, "train.fp16", "true", "test", NULL, &err) == 0);
-        CHECK(ft_run_device_resolve(c, &d, &err) == -1 && strstr(err.msg, "train.fp16"));
+        CHECK(ft_run_device_resolve(&ft_config_values(c)->train, &d, &err) == -1 && strstr(err.msg, "train.fp16"));
     } else {
         CHECK(rc == -1 && strstr(err.msg, "train.device") != NULL);
     }

@@ -17,7 +17,8 @@
 static char root[256], model_dir[300], tied_dir[300];
 static ft_model_config mc;
 
-static ft_config *make_config(const char *const *sets)
+/* The run config of model_dir with sets applied (free() it). */
+static ft_run_config *make_config(const char *const *sets)
 {
     ft_config *c = ft_config_new();
     ft_err err;
@@ -30,11 +31,14 @@ static ft_config *make_config(const char *const *sets)
             fprintf(stderr, "  --set %s: %s\n", sets[i], err.msg);
             CHECK(0);
         }
-    return c;
+    ft_run_config *rc = malloc(sizeof *rc);
+    *rc = *ft_config_values(c);
+    free(c);
+    return rc;
 }
 
 /* The per-rank peak the chooser compares with the budget: the selected cpu row. */
-static size_t peak(const ft_config *c, int world, int b)
+static size_t peak(const ft_run_config *c, int world, int b)
 {
     ft_memplan_result r;
     ft_err err;
@@ -73,7 +77,7 @@ static void test_parse_size(void)
 static void test_budget_boundaries(void)
 {
     const char *const sets[] = {"train.batch_size=auto", NULL};
-    ft_config *c = make_config(sets);
+    ft_run_config *c = make_config(sets);
     ft_err err;
     for (int want = 1; want <= 9; want += 4) {
         ft_mem_budget bud = budget_of(peak(c, 1, want));
@@ -96,7 +100,7 @@ static void test_budget_boundaries(void)
     ft_auto_batch a;
     CHECK(ft_auto_batch_choose(c, &mc, 1, FT_MEM_DEVICE_CPU, &big, 7, &a, &err) == 0);
     CHECK(a.batch_size == 7 && a.next_batch == 0 && a.cap == 7);
-    ft_config_free(c);
+    free(c);
 }
 
 /* The strategy's row at the world size decides: zero3 on 4 ranks fits a larger batch in
@@ -107,7 +111,7 @@ static void test_strategy_rows(void)
     const char *const z3[] = {"train.batch_size=auto", "tuning.mode=full", "dist.strategy=zero3",
                               NULL};
     const char *const mp[] = {"train.batch_size=auto", "dist.strategy=model_parallel", NULL};
-    ft_config *c1 = make_config(one), *c3 = make_config(z3), *cm = make_config(mp);
+    ft_run_config *c1 = make_config(one), *c3 = make_config(z3), *cm = make_config(mp);
     ft_err err;
     ft_mem_budget bud = budget_of(peak(c1, 1, 3));
     ft_auto_batch a1, a3, am;
@@ -118,9 +122,9 @@ static void test_strategy_rows(void)
     CHECK(a3.batch_size >= a1.batch_size && a3.planned <= bud.bytes && a3.next > bud.bytes);
     CHECK(ft_auto_batch_choose(cm, &mc, 2, FT_MEM_DEVICE_CPU, &bud, 1024, &am, &err) == 0);
     CHECK(!strcmp(am.row, "cpu-mp") && am.planned <= bud.bytes && am.next > bud.bytes);
-    ft_config_free(c1);
-    ft_config_free(c3);
-    ft_config_free(cm);
+    free(c1);
+    free(c3);
+    free(cm);
 }
 
 /* With train.global_batch_size: b divides G / W and accum = G / (b x W) exactly. */
@@ -128,7 +132,7 @@ static void test_global_batch(void)
 {
     const char *const sets[] = {"train.batch_size=auto", "train.grad_accum=auto",
                                 "train.global_batch_size=24", NULL};
-    ft_config *c = make_config(sets);
+    ft_run_config *c = make_config(sets);
     ft_err err;
     ft_auto_batch a;
     /* 5 fits, but 5 does not divide 12: 4, accumulated 3 times on 2 ranks */
@@ -154,7 +158,7 @@ static void test_global_batch(void)
     CHECK(ft_auto_batch_choose(c, &mc, 5, FT_MEM_DEVICE_CPU, &bud, 1024, &a, &err) != 0);
     CHECK(strstr(err.msg, "train.global_batch_size 24 is not divisible by world size 5") !=
           NULL);
-    ft_config_free(c);
+    free(c);
 
     /* a fixed accumulation leaves one micro-batch: G / (W x accum) */
     const char *const fixed[] = {"train.batch_size=auto", "train.grad_accum=3",
@@ -166,14 +170,14 @@ static void test_global_batch(void)
     bud.bytes--;
     CHECK(ft_auto_batch_choose(c, &mc, 2, FT_MEM_DEVICE_CPU, &bud, 1024, &a, &err) != 0);
     CHECK(strstr(err.msg, "fixes it") && strstr(err.msg, "budget"));
-    ft_config_free(c);
+    free(c);
 }
 
 /* Nothing fits: the planned bytes, the budget and what to do. */
 static void test_nothing_fits(void)
 {
     const char *const sets[] = {"train.batch_size=auto", NULL};
-    ft_config *c = make_config(sets);
+    ft_run_config *c = make_config(sets);
     ft_err err;
     ft_auto_batch a;
     ft_mem_budget bud = budget_of(peak(c, 1, 1) - 1);
@@ -183,7 +187,7 @@ static void test_nothing_fits(void)
     CHECK(strstr(err.msg, "train.memory_budget = tiny") != NULL);
     CHECK(strstr(err.msg, "train.gradient_checkpointing") && strstr(err.msg, "zero3") &&
           strstr(err.msg, "model.max_seq_len"));
-    ft_config_free(c);
+    free(c);
 }
 
 /* ft_resolve_batch writes the chosen values into the config; a fixed batch_size with
@@ -194,31 +198,31 @@ static void test_resolve(void)
     ft_auto_batch a;
     const char *const both[] = {"train.batch_size=auto", "train.grad_accum=auto",
                                 "train.memory_budget=1GiB", NULL};
-    ft_config *c = make_config(both);
+    ft_run_config *c = make_config(both);
     CHECK(ft_resolve_batch(c, NULL, 2, NULL, &a, &err) == 0);
-    CHECK(!ft_config_is_auto(c, "train.batch_size") && !ft_config_is_auto(c, "train.grad_accum"));
-    CHECK(ft_config_int(c, "train.batch_size") == a.batch_size && a.batch_size >= 1);
-    CHECK(ft_config_int(c, "train.grad_accum") == 1);
+    CHECK(c->train.batch_size != FT_CFG_AUTO && c->train.grad_accum != FT_CFG_AUTO);
+    CHECK(c->train.batch_size == a.batch_size && a.batch_size >= 1);
+    CHECK(c->train.grad_accum == 1);
     CHECK(a.budget.bytes == 1ull << 30 && strstr(a.budget.source, "train.memory_budget"));
-    ft_config_free(c);
+    free(c);
 
     const char *const accum[] = {"train.batch_size=3", "train.grad_accum=auto",
                                  "train.global_batch_size=12", NULL};
     c = make_config(accum);
     CHECK(ft_resolve_batch(c, NULL, 2, NULL, &a, &err) == 0);
-    CHECK(ft_config_int(c, "train.grad_accum") == 2 && a.grad_accum == 2 && a.accum_auto);
-    ft_config_free(c);
+    CHECK(c->train.grad_accum == 2 && a.grad_accum == 2 && a.accum_auto);
+    free(c);
     const char *const accum1[] = {"train.batch_size=3", "train.grad_accum=auto", NULL};
     c = make_config(accum1);
     CHECK(ft_resolve_batch(c, NULL, 2, NULL, &a, &err) == 0);
-    CHECK(ft_config_int(c, "train.grad_accum") == 1);
-    ft_config_free(c);
+    CHECK(c->train.grad_accum == 1);
+    free(c);
 
     const char *const bad[] = {"train.memory_budget=12 apples", NULL};
     c = make_config(bad);
     CHECK(ft_resolve_batch(c, NULL, 1, NULL, &a, &err) != 0);
     CHECK(strstr(err.msg, "train.memory_budget") && strstr(err.msg, "12 apples"));
-    ft_config_free(c);
+    free(c);
 
     /* the cap: the training file's records per data-parallel rank */
     char data[400], set[450];
@@ -232,7 +236,7 @@ static void test_resolve(void)
     c = make_config(capped);
     CHECK(ft_resolve_batch(c, NULL, 2, NULL, &a, &err) == 0);
     CHECK(a.cap == 5 && a.batch_size == 5); /* ceil(9 / 2) */
-    ft_config_free(c);
+    free(c);
 }
 
 /* The budget without train.memory_budget: the host's MemAvailable x 0.8 over the ranks. */
@@ -255,7 +259,7 @@ static void test_cpu_rank_rows(void)
     snprintf(tied_set, sizeof tied_set, "model.name=%s", tied_dir);
     const char *const tied[] = {"tuning.mode=lora", tied_set, NULL};
     for (int k = 0; k < 2; k++) {
-        ft_config *c = make_config(k ? tied : sets);
+        ft_run_config *c = make_config(k ? tied : sets);
         ft_memplan_result r;
         ft_err err;
         CHECK(ft_memplan_config(c, 3, &r, &err) == 0);
@@ -284,11 +288,11 @@ static void test_cpu_rank_rows(void)
         CHECK(r.rows[FT_PLAN_CPU_DDP].total == r.rows[FT_PLAN_CPU].total);
         CHECK(r.selected_cpu == (k ? FT_PLAN_CPU_DDP : FT_PLAN_CPU_ZERO3));
         CHECK(r.selected == (k ? FT_PLAN_GPU_DDP : FT_PLAN_GPU_ZERO3));
-        ft_config_free(c);
+        free(c);
     }
     /* offload: the optimizer column moves to the host, 16 bytes per owned parameter */
     const char *const off[] = {"dist.strategy=zero2", "dist.offload_optimizer=cpu", NULL};
-    ft_config *c = make_config(off);
+    ft_run_config *c = make_config(off);
     ft_memplan_result r;
     ft_err err;
     CHECK(ft_memplan_config(c, 2, &r, &err) == 0);
@@ -303,7 +307,7 @@ static void test_cpu_rank_rows(void)
     CHECK(ft_memplan_cpu_row_of("none") == FT_PLAN_CPU);
     CHECK(ft_memplan_cpu_row_of("model_parallel") == FT_PLAN_CPU_MP);
     CHECK(ft_memplan_cpu_row_of("pipeline") == -1);
-    ft_config_free(c);
+    free(c);
 
     /* model_parallel: the stages hold the model once between them; more ranks than units
      * (embeddings, 2 layers, head) has no row */
@@ -322,7 +326,7 @@ static void test_cpu_rank_rows(void)
     CHECK(ft_memplan_config(c, 5, &r, &err) == 0);
     CHECK(r.selected_cpu == -1 && r.pipe_stages == 0);
     CHECK(ft_memplan_cpu_rank(&r, FT_PLAN_CPU_MP, 0, b, NULL) == 0);
-    ft_config_free(c);
+    free(c);
 }
 
 int main(void)

@@ -8,6 +8,7 @@
 
 #include "check.h"
 #include "config/config.h"
+#include "config/run_config.h"
 
 static char dir[64];
 
@@ -118,7 +119,7 @@ static void test_write_round_trip(void)
     char path[128];
     snprintf(path, sizeof path, "%s/resolved.yaml", dir);
     FILE *f = fopen(path, "w");
-    CHECK(ft_config_write_yaml(a, f, &err) == 0);
+    CHECK(ft_run_config_write_yaml(ft_config_values(a), f, &err) == 0);
     fclose(f);
     CHECK(ft_config_load_yaml(b, path, NULL, &err) == 0);
     CHECK(strcmp(ft_config_str(b, "model.name"), "/m/with \"quotes\"") == 0);
@@ -133,6 +134,195 @@ static void test_write_round_trip(void)
     ft_config_free(b);
 }
 
+/* Every key lands in a field of its type, and the schema's own rules hold: only int keys
+ * with a minimum >= 0 (FT_CFG_AUTO is -1) and string keys allow auto, only string keys lack
+ * a default, enum fields are ints. */
+static void test_schema_fields(void)
+{
+    size_t n = 0;
+    for (const ft_cfg_key *k = ft_config_schema(); k->name; k++, n++) {
+        size_t want = k->type == FT_CFG_INT     ? sizeof(long)
+                      : k->type == FT_CFG_FLOAT ? sizeof(double)
+                      : k->type == FT_CFG_BOOL  ? sizeof(bool)
+                      : k->type == FT_CFG_ENUM  ? sizeof(int)
+                                                : k->size;
+        bool ok = k->size == want && k->offset + k->size <= sizeof(ft_run_config) &&
+                  (k->type != FT_CFG_STRING || k->size >= 2) &&
+                  (k->type == FT_CFG_STRING || k->dflt) &&
+                  (!k->allow_auto || k->type == FT_CFG_STRING ||
+                   (k->type == FT_CFG_INT && k->min >= 0)) &&
+                  (k->type != FT_CFG_ENUM || (k->choices && k->choices[0]));
+        if (!ok)
+            fprintf(stderr, "  schema key %s: field or rules wrong\n", k->name);
+        CHECK(ok);
+        /* no two keys share a field */
+        for (const ft_cfg_key *j = ft_config_schema(); j < k; j++)
+            CHECK(j->offset + j->size <= k->offset || k->offset + k->size <= j->offset);
+    }
+    CHECK(n > 60);
+}
+
+/* Each enum value lands as its constant: the enums of run_config.h follow the schema's
+ * choices. */
+static void test_enum_fields(void)
+{
+    ft_config *c = ft_config_new();
+    ft_err err;
+    const ft_run_config *v = ft_config_values(c);
+    static const struct {
+        const char *set;
+        int field_is;
+    } cases[] = {{"tuning.mode=lora", FT_TUNING_LORA},
+                 {"tuning.mode=qlora", FT_TUNING_QLORA},
+                 {"tuning.mode=full", FT_TUNING_FULL},
+                 {"tuning.quant.type=nf4", FT_CFG_QUANT_NF4},
+                 {"tuning.quant.type=fp4", FT_CFG_QUANT_FP4},
+                 {"tuning.quant.type=int8", FT_CFG_QUANT_INT8},
+                 {"train.lr_scheduler=constant", FT_CFG_LR_CONSTANT},
+                 {"train.lr_scheduler=linear", FT_CFG_LR_LINEAR},
+                 {"train.lr_scheduler=cosine", FT_CFG_LR_COSINE},
+                 {"train.device=cpu", FT_CFG_DEVICE_CPU},
+                 {"train.device=cuda", FT_CFG_DEVICE_CUDA},
+                 {"train.device=auto", FT_CFG_DEVICE_AUTO},
+                 {"train.eval_strategy=steps", FT_EVAL_STEPS},
+                 {"train.eval_strategy=epoch", FT_EVAL_EPOCH},
+                 {"data.format=tokens", FT_CFG_FORMAT_TOKENS},
+                 {"data.format=prompt_completion", FT_CFG_FORMAT_PROMPT_COMPLETION},
+                 {"data.chat_template=alpaca", FT_CFG_TMPL_ALPACA},
+                 {"data.chat_template=mistral", FT_CFG_TMPL_MISTRAL},
+                 {"dist.strategy=zero", FT_CFG_STRATEGY_ZERO},
+                 {"dist.strategy=zero2", FT_CFG_STRATEGY_ZERO2},
+                 {"dist.strategy=model_parallel", FT_CFG_STRATEGY_MODEL_PARALLEL},
+                 {"dist.offload_optimizer=cpu", FT_CFG_OFFLOAD_CPU}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        CHECK(ft_config_set(c, cases[i].set, NULL, &err) == 0);
+        char key[64];
+        snprintf(key, sizeof key, "%.*s", (int)(strchr(cases[i].set, '=') - cases[i].set),
+                 cases[i].set);
+        const ft_cfg_key *k = ft_config_find_key(key);
+        int got = *(const int *)((const char *)v + k->offset);
+        if (got != cases[i].field_is)
+            fprintf(stderr, "  %s: field %d, want %d\n", cases[i].set, got, cases[i].field_is);
+        CHECK(got == cases[i].field_is);
+        CHECK(strcmp(ft_config_str(c, key), strchr(cases[i].set, '=') + 1) == 0);
+    }
+    CHECK(v->tuning.mode == FT_TUNING_FULL && v->dist.strategy == FT_CFG_STRATEGY_MODEL_PARALLEL);
+    CHECK(strcmp(ft_tuning_mode_name(FT_TUNING_QLORA), "qlora") == 0);
+    CHECK(strcmp(ft_cfg_strategy_name(FT_CFG_STRATEGY_FSDP), "fsdp") == 0);
+    ft_config_free(c);
+}
+
+/* The typed values: defaults, numbers, auto, strings and their size limit; a bad value
+ * leaves the field as it was. */
+static void test_typed_values(void)
+{
+    ft_run_config d;
+    ft_run_config_defaults(&d);
+    CHECK(d.train.batch_size == 1 && d.train.global_batch_size == FT_CFG_AUTO);
+    CHECK(d.train.loss_chunk_tokens == FT_CFG_AUTO && d.train.max_steps == -1);
+    CHECK(d.train.learning_rate == 2e-4 && d.tuning.lora.alpha == 32 && d.train.bf16);
+    CHECK(strcmp(d.train.memory_budget, "auto") == 0 && !d.model.name[0]);
+    CHECK(strcmp(d.tuning.lora.target_modules, "all-linear") == 0);
+    CHECK(d.dist.strategy == FT_CFG_STRATEGY_AUTO && d.tuning.mode == FT_TUNING_LORA);
+
+    ft_config *c = ft_config_new();
+    ft_err err;
+    const ft_run_config *v = ft_config_values(c);
+    CHECK(ft_config_set(c, "train.batch_size=auto", NULL, &err) == 0);
+    CHECK(v->train.batch_size == FT_CFG_AUTO && ft_config_is_auto(c, "train.batch_size"));
+    CHECK(ft_config_set(c, "train.batch_size=7", NULL, &err) == 0 && v->train.batch_size == 7);
+    CHECK(ft_config_set(c, "train.batch_size=0", NULL, &err) != 0 && v->train.batch_size == 7);
+    CHECK(ft_config_set(c, "train.batch_size=7x", NULL, &err) != 0 && v->train.batch_size == 7);
+    CHECK(ft_config_set(c, "train.batch_size=99999999999999999999", NULL, &err) != 0);
+    CHECK(ft_config_set(c, "train.max_steps=auto", NULL, &err) != 0); /* no auto there */
+    CHECK(ft_config_set(c, "train.epochs=nan", NULL, &err) != 0);
+    CHECK(ft_config_set(c, "train.epochs=inf", NULL, &err) != 0);
+    CHECK(ft_config_set(c, "train.epochs=2.5", NULL, &err) == 0 && v->train.epochs == 2.5);
+    CHECK(ft_config_set(c, "train.bf16=off", NULL, &err) == 0 && !v->train.bf16);
+    CHECK(ft_config_set(c, "tuning.lora.rslora=yes", NULL, &err) == 0 && v->tuning.lora.rslora);
+    CHECK(ft_config_set(c, "data.train_path=/d/x.jsonl", NULL, &err) == 0);
+    CHECK(strcmp(v->data.train_path, "/d/x.jsonl") == 0);
+    char *huge = malloc(FT_CFG_PATH_MAX + 32);
+    memcpy(huge, "data.train_path=", 16);
+    memset(huge + 16, 'a', FT_CFG_PATH_MAX - 1);
+    huge[16 + FT_CFG_PATH_MAX - 1] = '\0'; /* a value that just fits */
+    CHECK(ft_config_set(c, huge, NULL, &err) == 0 && strlen(v->data.train_path) == FT_CFG_PATH_MAX - 1);
+    huge[16 + FT_CFG_PATH_MAX - 1] = 'a';
+    huge[16 + FT_CFG_PATH_MAX] = '\0'; /* one byte more */
+    CHECK(ft_config_set(c, huge, NULL, &err) != 0);
+    CHECK(strstr(err.msg, "data.train_path") && strstr(err.msg, "longer than 4095 bytes"));
+    CHECK(strlen(v->data.train_path) == FT_CFG_PATH_MAX - 1);
+    free(huge);
+    /* a YAML null resets to the default, and to "not given" */
+    CHECK(ft_config_is_explicit(c, "train.batch_size"));
+    ft_config_reset_key(c, "train.batch_size");
+    CHECK(v->train.batch_size == 1 && !ft_config_is_explicit(c, "train.batch_size"));
+    ft_config_free(c);
+}
+
+/* The sources in their order: the file, then --set-var, then --set, then the DeepSpeed
+ * JSON the result names; an error in any names its source. */
+static void test_load_order(void)
+{
+    char json[128];
+    snprintf(json, sizeof json, "%s/ds.json", dir);
+    FILE *f = fopen(json, "w");
+    fputs("{\"zero_optimization\": {\"stage\": 3}, \"gradient_accumulation_steps\": 4}\n", f);
+    fclose(f);
+    char yaml[512];
+    snprintf(yaml, sizeof yaml,
+             "model:\n  name: /m\ntrain:\n  batch_size: 2\n  seed: 1\n  epochs: 3\n"
+             "dist:\n  deepspeed_config: %s\n",
+             json);
+    const char *path = write_yaml("order.yaml", yaml);
+    const char *vars[] = {"TRAIN_SEED=2", "TRAIN_EPOCHS=4"};
+    const char *sets[] = {"train.seed=3"};
+    ft_config_sources src = {.yaml_path = path, .vars = vars, .n_vars = 2, .sets = sets,
+                             .n_sets = 1};
+    ft_run_config *rc = malloc(sizeof *rc);
+    ft_err err;
+    CHECK(ft_run_config_load(rc, &src, &err) == 0);
+    CHECK(strcmp(rc->model.name, "/m") == 0 && rc->train.batch_size == 2);
+    CHECK(rc->train.seed == 3 && rc->train.epochs == 4);
+    CHECK(rc->dist.strategy == FT_CFG_STRATEGY_ZERO3 && rc->train.grad_accum == 4);
+    /* --set over the JSON is a mismatch the JSON reports */
+    const char *clash[] = {"train.grad_accum=2"};
+    src.sets = clash;
+    CHECK(ft_run_config_load(rc, &src, &err) != 0);
+    CHECK(strstr(err.msg, "mismatch") && strstr(err.msg, "gradient_accumulation_steps"));
+    const char *badvar[] = {"TRAIN_SED=2"};
+    src.vars = badvar;
+    src.n_vars = 1;
+    CHECK(ft_run_config_load(rc, &src, &err) != 0 && strstr(err.msg, "TRAIN_SEED"));
+    free(rc);
+}
+
+/* --get's text of a value. */
+static void test_key_text(void)
+{
+    ft_config *c = ft_config_new();
+    ft_err err;
+    char t[64];
+    const ft_run_config *v = ft_config_values(c);
+    CHECK(ft_run_config_key_text(v, "model.name", t, sizeof t, &err) != 0);
+    CHECK(strstr(err.msg, "required and not set") != NULL);
+    CHECK(ft_run_config_key_text(v, "model.nam", t, sizeof t, &err) != 0);
+    CHECK(strstr(err.msg, "unknown key") != NULL);
+    CHECK(ft_run_config_key_text(v, "model.tokenizer", t, sizeof t, &err) == 0 && !t[0]);
+    CHECK(ft_run_config_key_text(v, "train.global_batch_size", t, sizeof t, &err) == 0 &&
+          strcmp(t, "auto") == 0);
+    CHECK(ft_run_config_key_text(v, "train.learning_rate", t, sizeof t, &err) == 0 &&
+          strcmp(t, "0.0002") == 0);
+    CHECK(ft_run_config_key_text(v, "dist.strategy", t, sizeof t, &err) == 0 &&
+          strcmp(t, "auto") == 0);
+    CHECK(ft_run_config_key_text(v, "train.bf16", t, sizeof t, &err) == 0 &&
+          strcmp(t, "true") == 0);
+    CHECK(ft_config_set(c, "model.max_seq_len=77", NULL, &err) == 0);
+    CHECK(ft_run_config_key_text(v, "model.max_seq_len", t, sizeof t, &err) == 0 &&
+          strcmp(t, "77") == 0);
+    ft_config_free(c);
+}
+
 int main(void)
 {
     snprintf(dir, sizeof dir, "/tmp/ft-test-config-XXXXXX");
@@ -143,6 +333,11 @@ int main(void)
     RUN(test_set_and_vars);
     RUN(test_moot_note);
     RUN(test_write_round_trip);
+    RUN(test_schema_fields);
+    RUN(test_enum_fields);
+    RUN(test_typed_values);
+    RUN(test_load_order);
+    RUN(test_key_text);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)

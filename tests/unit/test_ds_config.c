@@ -96,7 +96,7 @@ static void test_shipped_files(void)
         fclose(notes);
         CHECK(str_is(c, "dist.strategy", want[i].strategy));
         CHECK(ft_config_int(c, "dist.zero_stage") == want[i].stage);
-        CHECK(ft_dist_zero_stage(c) == want[i].stage);
+        CHECK(ft_run_config_zero_stage(&ft_config_values(c)->dist) == want[i].stage);
         CHECK(str_is(c, "dist.offload_optimizer", want[i].offload));
         CHECK(ft_config_int(c, "train.ddp_bucket_cap_mb") == 200);
         CHECK(ft_config_bool(c, "dist.overlap_comm"));
@@ -419,6 +419,25 @@ static void test_optimizer_and_moot(void)
                  "scheduler type 'OneCycle' is not supported", NULL);
 }
 
+/* The global batch rule (ft_run_config_global_batch) on c's values; the batch keys it
+ * derives are written back into c, so that the checks read them from there. */
+static int resolve_batch(ft_config *c, int world_size, ft_err *err)
+{
+    ft_run_config *v = malloc(sizeof *v);
+    *v = *ft_config_values(c);
+    int rc = ft_run_config_global_batch(&v->train, world_size, err);
+    static const char *const keys[] = {"train.batch_size", "train.grad_accum"};
+    const long values[] = {v->train.batch_size, v->train.grad_accum};
+    for (int i = 0; i < 2 && rc == 0; i++) {
+        char text[32];
+        snprintf(text, sizeof text, "%ld", values[i]);
+        rc = ft_config_set_key(c, keys[i], values[i] == FT_CFG_AUTO ? "auto" : text, "test",
+                               NULL, err);
+    }
+    free(v);
+    return rc;
+}
+
 static void test_batch_rule(void)
 {
     ft_err err = {0};
@@ -428,55 +447,55 @@ static void test_batch_rule(void)
                                      "train.grad_accum=2", NULL};
     for (int i = 0; ok[i]; i++)
         CHECK(ft_config_set(c, ok[i], NULL, &err) == 0);
-    CHECK(ft_dist_resolve_batch(c, 2, &err) == 0);
+    CHECK(resolve_batch(c, 2, &err) == 0);
     CHECK(ft_config_int(c, "train.batch_size") == 4 && ft_config_int(c, "train.grad_accum") == 2);
     /* inconsistent: DeepSpeed's message, and ours */
-    CHECK(ft_dist_resolve_batch(c, 4, &err) == -1);
+    CHECK(resolve_batch(c, 4, &err) == -1);
     CHECK(has(err.msg, "train_batch_size 16 != train_micro_batch_size_per_gpu 4 * "
                        "gradient_accumulation_steps 2 * world_size 4"));
     CHECK(has(err.msg, "train.global_batch_size = train.batch_size x train.grad_accum x world "
                        "size"));
     CHECK(ft_config_set(c, "train.global_batch_size=32", NULL, &err) == 0);
-    CHECK(ft_dist_resolve_batch(c, 2, &err) == -1);
+    CHECK(resolve_batch(c, 2, &err) == -1);
     CHECK(has(err.msg, "train_batch_size 32 != train_micro_batch_size_per_gpu 4 * "
                        "gradient_accumulation_steps 2 * world_size 2"));
 
     /* derive the accumulation */
     CHECK(ft_config_set(c, "train.grad_accum=auto", NULL, &err) == 0);
-    CHECK(ft_dist_resolve_batch(c, 2, &err) == 0);
+    CHECK(resolve_batch(c, 2, &err) == 0);
     CHECK(!ft_config_is_auto(c, "train.grad_accum"));
     CHECK(ft_config_int(c, "train.grad_accum") == 4);
     /* derive the micro-batch */
     CHECK(ft_config_set(c, "train.batch_size=auto", NULL, &err) == 0);
     CHECK(ft_config_set(c, "train.grad_accum=2", NULL, &err) == 0);
-    CHECK(ft_dist_resolve_batch(c, 2, &err) == 0);
+    CHECK(resolve_batch(c, 2, &err) == 0);
     CHECK(ft_config_int(c, "train.batch_size") == 8);
     /* not divisible */
     CHECK(ft_config_set(c, "train.global_batch_size=30", NULL, &err) == 0);
     CHECK(ft_config_set(c, "train.batch_size=4", NULL, &err) == 0);
     CHECK(ft_config_set(c, "train.grad_accum=auto", NULL, &err) == 0);
-    CHECK(ft_dist_resolve_batch(c, 2, &err) == -1);
+    CHECK(resolve_batch(c, 2, &err) == -1);
     CHECK(has(err.msg, "train_batch_size 30 is not divisible by train_micro_batch_size_per_gpu "
                        "4 * world_size 2"));
     CHECK(ft_config_is_auto(c, "train.grad_accum"));
     CHECK(ft_config_set(c, "train.batch_size=auto", NULL, &err) == 0);
     CHECK(ft_config_set(c, "train.grad_accum=4", NULL, &err) == 0);
-    CHECK(ft_dist_resolve_batch(c, 2, &err) == -1);
+    CHECK(resolve_batch(c, 2, &err) == -1);
     CHECK(has(err.msg, "train_batch_size 30 is not divisible by gradient_accumulation_steps 4 "
                        "* world_size 2"));
     /* both auto: left for the memory plan */
     CHECK(ft_config_set(c, "train.grad_accum=auto", NULL, &err) == 0);
-    CHECK(ft_dist_resolve_batch(c, 2, &err) == 0);
+    CHECK(resolve_batch(c, 2, &err) == 0);
     CHECK(ft_config_is_auto(c, "train.batch_size") && ft_config_is_auto(c, "train.grad_accum"));
     ft_config_free(c);
 
     /* global auto (the default): nothing changes, auto stays auto */
     c = ft_config_new();
     CHECK(ft_config_set(c, "train.grad_accum=auto", NULL, &err) == 0);
-    CHECK(ft_dist_resolve_batch(c, 8, &err) == 0);
+    CHECK(resolve_batch(c, 8, &err) == 0);
     CHECK(ft_config_is_auto(c, "train.grad_accum"));
     CHECK(ft_config_int(c, "train.batch_size") == 1);
-    CHECK(ft_dist_resolve_batch(c, 0, &err) == -1);
+    CHECK(resolve_batch(c, 0, &err) == -1);
     ft_config_free(c);
 
     /* through a JSON: train_batch_size with the accumulation given, micro-batch derived */
@@ -485,7 +504,7 @@ static void test_batch_rule(void)
                 &err) == 0);
     CHECK(ft_config_is_auto(c, "train.batch_size"));
     CHECK(has(notes_text, "train.batch_size is derived from train_batch_size"));
-    CHECK(ft_dist_resolve_batch(c, 4, &err) == 0);
+    CHECK(resolve_batch(c, 4, &err) == 0);
     CHECK(ft_config_int(c, "train.batch_size") == 4);
     ft_config_free(c);
     /* the user's micro-batch: the accumulation is derived */
@@ -493,7 +512,7 @@ static void test_batch_rule(void)
     static const char *const b2[] = {"train.batch_size=2", NULL};
     CHECK(apply(c, b2, "{\"train_batch_size\": 64}", &err) == 0);
     CHECK(ft_config_is_auto(c, "train.grad_accum"));
-    CHECK(ft_dist_resolve_batch(c, 4, &err) == 0);
+    CHECK(resolve_batch(c, 4, &err) == 0);
     CHECK(ft_config_int(c, "train.grad_accum") == 8);
     ft_config_free(c);
     /* all three concrete and inconsistent */
@@ -502,7 +521,7 @@ static void test_batch_rule(void)
                 "{\"train_batch_size\": 32, \"train_micro_batch_size_per_gpu\": 4, "
                 "\"gradient_accumulation_steps\": 2}",
                 &err) == 0);
-    CHECK(ft_dist_resolve_batch(c, 2, &err) == -1);
+    CHECK(resolve_batch(c, 2, &err) == -1);
     CHECK(has(err.msg, "train_batch_size 32 != train_micro_batch_size_per_gpu 4 * "
                        "gradient_accumulation_steps 2 * world_size 2"));
     ft_config_free(c);
@@ -529,7 +548,7 @@ static void test_seed_json(void)
     CHECK(ft_config_int(c, "train.grad_accum") == 1);
     CHECK(ft_config_bool(c, "train.bf16") && !ft_config_bool(c, "train.fp16"));
     /* deepspeed --num_gpus=4: 16 = 4 x 1 x 4 */
-    CHECK(ft_dist_resolve_batch(c, 4, &err) == 0);
+    CHECK(resolve_batch(c, 4, &err) == 0);
     CHECK(ft_config_int(c, "train.batch_size") == 4);
     ft_config_free(c);
 
@@ -571,9 +590,9 @@ static void test_config_support(void)
     CHECK(ft_config_set(c, "dist.pipeline_micro_batches=0", NULL, &err) == -1);
     CHECK(ft_config_set(c, "dist.offload_optimizer=nvme", NULL, &err) == -1);
     CHECK(ft_config_set(c, "dist.strategy=model_parallel", NULL, &err) == 0);
-    CHECK(ft_dist_zero_stage(c) == 0);
+    CHECK(ft_run_config_zero_stage(&ft_config_values(c)->dist) == 0);
     CHECK(ft_config_set(c, "dist.strategy=zero", NULL, &err) == 0);
-    CHECK(ft_dist_zero_stage(c) == 3);
+    CHECK(ft_run_config_zero_stage(&ft_config_values(c)->dist) == 3);
     /* defaults of the dist keys */
     ft_config *d = ft_config_new();
     CHECK(str_is(d, "dist.strategy", "auto"));

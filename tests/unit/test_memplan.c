@@ -20,7 +20,8 @@
 
 static char root[256], llama_dir[300], qwen_dir[300], tied_dir[300];
 
-static ft_config *make_config(const char *const *sets)
+/* The run config with sets applied (free() it). */
+static ft_run_config *make_config(const char *const *sets)
 {
     ft_config *c = ft_config_new();
     ft_err err;
@@ -29,41 +30,41 @@ static ft_config *make_config(const char *const *sets)
             fprintf(stderr, "  --set %s: %s\n", sets[i], err.msg);
             CHECK(0);
         }
-    return c;
+    ft_run_config *rc = malloc(sizeof *rc);
+    *rc = *ft_config_values(c);
+    ft_config_free(c);
+    return rc;
 }
 
 /* What lib/run/trainer.c does with the config, then one forward/backward of B x T tokens. */
-static int measure(const ft_config *cfg, const char *dir, ft_mem *out, size_t *n_train)
+static int measure(const ft_run_config *cfg, const char *dir, ft_mem *out, size_t *n_train)
 {
     ft_err err;
-    ft_model_options mo = {.grad_ckpt = ft_config_bool(cfg, "train.gradient_checkpointing"),
+    const ft_tuning_section *tu = &cfg->tuning;
+    ft_model_options mo = {.grad_ckpt = cfg->train.gradient_checkpointing,
                            .seed = 5,
-                           .loss_chunk_rows = ft_config_loss_chunk(cfg)};
-    if (!strcmp(ft_config_str(cfg, "tuning.mode"), "full")) {
+                           .loss_chunk_rows = ft_memplan_loss_chunk(&cfg->train)};
+    if (tu->mode == FT_TUNING_FULL) {
         mo.mode = FT_TRAIN_FULL;
     } else {
         mo.mode = FT_TRAIN_LORA;
-        mo.lora = (ft_lora_config){.r = (int)ft_config_int(cfg, "tuning.lora.r"),
-                                   .alpha = (float)ft_config_float(cfg, "tuning.lora.alpha"),
-                                   .dropout = (float)ft_config_float(cfg, "tuning.lora.dropout")};
-        if (ft_lora_targets_parse(ft_config_str(cfg, "tuning.lora.target_modules"),
-                                  &mo.lora.targets, &err))
+        mo.lora = (ft_lora_config){.r = (int)tu->lora.r,
+                                   .alpha = (float)tu->lora.alpha,
+                                   .dropout = (float)tu->lora.dropout};
+        if (ft_lora_targets_parse(tu->lora.target_modules, &mo.lora.targets, &err))
             return -1;
     }
-    if (!strcmp(ft_config_str(cfg, "tuning.mode"), "qlora")) {
-        if (ft_quant_parse(ft_config_str(cfg, "tuning.quant.type"), &mo.quant.type, &err))
-            return -1;
-        mo.quant.blocksize = (int)ft_config_int(cfg, "tuning.quant.blocksize");
-        mo.quant.double_quant = ft_config_bool(cfg, "tuning.quant.double_quant");
-        mo.quant_skip = ft_config_str(cfg, "tuning.quant.skip_modules");
+    if (tu->mode == FT_TUNING_QLORA) {
+        mo.quant = ft_quant_options_of(tu);
+        mo.quant_skip = tu->quant.skip_modules;
     }
     ft_model *m;
     if (ft_model_load(&m, dir, &mo, &err)) {
         fprintf(stderr, "  load: %s\n", err.msg);
         return -1;
     }
-    int bsz = (int)ft_config_int(cfg, "train.batch_size");
-    int len = (int)ft_config_int(cfg, "model.max_seq_len");
+    int bsz = (int)cfg->train.batch_size;
+    int len = (int)cfg->model.max_seq_len;
     int32_t *ids = malloc((size_t)bsz * (size_t)len * sizeof *ids);
     for (int i = 0; i < bsz * len; i++)
         ids[i] = (int32_t)((i * 7 + 3) % V);
@@ -97,12 +98,10 @@ static int n_compared;
 /* Planned cpu-fp32 == measured, every category and the total. */
 static void compare(const char *dir, const char *const *sets)
 {
-    ft_config *cfg = make_config(sets);
+    ft_run_config *cfg = make_config(sets);
     ft_memplan_result r;
     ft_err err;
-    char model_set[400];
-    snprintf(model_set, sizeof model_set, "model.name=%s", dir);
-    CHECK(ft_config_set(cfg, model_set, NULL, &err) == 0);
+    snprintf(cfg->model.name, sizeof cfg->model.name, "%s", dir);
     int rc = ft_memplan_config(cfg, 1, &r, &err);
     if (rc)
         fprintf(stderr, "  plan: %s\n", err.msg);
@@ -133,7 +132,7 @@ static void compare(const char *dir, const char *const *sets)
         CHECK(!r.rows[FT_PLAN_CPU].predicted);
         n_compared++;
     }
-    ft_config_free(cfg);
+    free(cfg);
 }
 
 static void sweep(const char *dir, const char *mode, const char *targets, const char *dropout)
@@ -199,7 +198,7 @@ static void test_compare_modes(void)
     char name[400];
     snprintf(name, sizeof name, "model.name=%s", llama_dir);
     const char *sets[] = {name, "tuning.mode=lora", NULL};
-    ft_config *cfg = make_config(sets);
+    ft_run_config *cfg = make_config(sets);
     char *buf;
     size_t len;
     FILE *f = open_memstream(&buf, &len);
@@ -211,9 +210,9 @@ static void test_compare_modes(void)
     CHECK(q != NULL);
     if (q)
         CHECK(atof(q + strlen("nf4+dq, ")) > 0.5); /* tiny tensors: the 1 KiB map weighs in */
-    CHECK(strcmp(ft_config_str(cfg, "tuning.mode"), "lora") == 0);
+    CHECK(cfg->tuning.mode == FT_TUNING_LORA);
     free(buf);
-    ft_config_free(cfg);
+    free(cfg);
 }
 
 static void test_cpu_full_equals_measured(void) { sweep(llama_dir, "full", "all-linear", "0"); }
@@ -269,7 +268,7 @@ static void test_gpu_formulas(void)
 {
     const char *sets[] = {"tuning.mode=full", "train.batch_size=2", "model.max_seq_len=8",
                           "train.bf16=true", "dist.strategy=zero", "dist.zero_stage=2", NULL};
-    ft_config *cfg = make_config(sets);
+    ft_run_config *cfg = make_config(sets);
     ft_model_config mc;
     ft_err err;
     char path[400];
@@ -319,7 +318,7 @@ static void test_gpu_formulas(void)
     /* bf16 activations are about half the fp32 ones */
     CHECK(g1->bytes[FT_MEM_ACTIVATIONS] < one.rows[FT_PLAN_CPU].bytes[FT_MEM_ACTIVATIONS]);
     CHECK(four.selected == FT_PLAN_GPU_ZERO2);
-    ft_config_free(cfg);
+    free(cfg);
 
     /* fp32 on the GPU: no master copy, 4 + 4 + 8 */
     const char *sets32[] = {"tuning.mode=full", "train.bf16=false", "train.fp16=false", NULL};
@@ -328,7 +327,7 @@ static void test_gpu_formulas(void)
     CHECK(one.rows[FT_PLAN_GPU_1].bytes[FT_MEM_OPTIM] == 8 * one.n_trainable);
     CHECK(one.rows[FT_PLAN_GPU_1].bytes[FT_MEM_WEIGHTS] == 4 * one.n_trainable);
     CHECK(one.selected == FT_PLAN_GPU_1);
-    ft_config_free(cfg);
+    free(cfg);
 }
 
 /* A config.json of a real model, without its weights. */
@@ -366,16 +365,16 @@ static void test_real_model_sizes(void)
     /* full: every parameter trainable; the published sizes */
     snprintf(name, sizeof name, "model.name=%s", d70);
     const char *full70[] = {"tuning.mode=full", name, NULL};
-    ft_config *cfg = make_config(full70);
+    ft_run_config *cfg = make_config(full70);
     CHECK(ft_memplan_config(cfg, 1, &r, &err) == 0);
     CHECK(r.n_trainable == 70553706496ull && r.n_frozen == 0);
-    ft_config_free(cfg);
+    free(cfg);
     snprintf(name, sizeof name, "model.name=%s", d14);
     const char *full14[] = {"tuning.mode=full", name, NULL};
     cfg = make_config(full14);
     CHECK(ft_memplan_config(cfg, 1, &r, &err) == 0);
     CHECK(r.n_trainable == 14770033664ull);
-    ft_config_free(cfg);
+    free(cfg);
 
     /* QLoRA r=32 all-linear on 70B, 4 ranks, ZeRO-3: LoRA = r * (in + out) per
      * projection; the NF4 base ~0.516 bytes per linear weight */
@@ -410,13 +409,13 @@ static void test_real_model_sizes(void)
     if (getenv("MEMPLAN_SHOW"))
         fputs(buf, stderr);
     free(buf);
-    ft_config_free(cfg);
+    free(cfg);
 }
 
 static void test_batch_auto(void)
 {
     const char *a[] = {"train.batch_size=auto", NULL}, *one[] = {"train.batch_size=1", NULL};
-    ft_config *ca = make_config(a), *c1 = make_config(one);
+    ft_run_config *ca = make_config(a), *c1 = make_config(one);
     ft_model_config mc;
     ft_err err;
     char path[400];
@@ -428,8 +427,8 @@ static void test_batch_auto(void)
     CHECK(ra.batch_auto && !r1.batch_auto && ra.batch_size == 1);
     CHECK(ra.rows[FT_PLAN_CPU].total == r1.rows[FT_PLAN_CPU].total);
     CHECK(ra.selected == FT_PLAN_GPU_DDP); /* strategy auto at 2 ranks */
-    ft_config_free(ca);
-    ft_config_free(c1);
+    free(ca);
+    free(c1);
 }
 
 static void test_errors(void)
@@ -441,10 +440,10 @@ static void test_errors(void)
     CHECK(ft_model_config_load(&mc, path, &err) == 0);
     ft_memplan_result r;
     const char *bad[] = {"tuning.lora.target_modules=q_proj,qq_proj", NULL};
-    ft_config *c = make_config(bad);
+    ft_run_config *c = make_config(bad);
     CHECK(ft_memplan(c, &mc, 1, &r, &err) != 0);
     CHECK(strstr(err.msg, "tuning.lora.target_modules") != NULL);
-    ft_config_free(c);
+    free(c);
     const char *ok[] = {NULL};
     c = make_config(ok);
     CHECK(ft_memplan(c, &mc, 0, &r, &err) != 0);
@@ -452,13 +451,13 @@ static void test_errors(void)
     /* no model.name */
     CHECK(ft_memplan_config(c, 1, &r, &err) != 0);
     CHECK(strstr(err.msg, "model.name") != NULL);
-    ft_config_free(c);
+    free(c);
     char name[400];
     snprintf(name, sizeof name, "model.name=%s/absent", root);
     const char *absent[] = {name, NULL};
     c = make_config(absent);
     CHECK(ft_memplan_config(c, 1, &r, &err) != 0);
-    ft_config_free(c);
+    free(c);
 }
 
 int main(void)
