@@ -6,7 +6,8 @@
 #     include nothing else of lib/ and kernels/;
 #   - those "may call" lists have no circle (calls go one way), and kernels/ calls core
 #     only;
-#   - run-config keys are read by name only inside lib/config/.
+#   - run-config keys are read by name only inside lib/config/;
+#   - README.md's Layout table lists the same "may call" folders.
 # Prints one line per check and "layout: N passed, N failed"; exits non-zero on a failure.
 set -u
 cd "$(dirname "$0")/.."
@@ -31,6 +32,11 @@ for d in $folders; do
   allowed=$(grep -h '^ \* May call:' "$mains" | sed -E 's/^ \* May call://; s/\([^)]*\)//g' \
             | tr ',.' '  ' | tr ' ' '\n' | sed -E 's#/$##' | grep -E '^[a-z_]+$' \
             | grep -vx 'nothing' | sort -u)
+  # README's Layout table says the same
+  row=$(grep -E "^\| \`$d/\` \|" README.md | awk -F'|' '{print $4}' | tr ',' '\n' \
+        | tr -d ' ' | grep -vx 'nothing' | grep . | sort -u)
+  if [ "$row" = "$allowed" ]; then ok
+  else fail "README.md's Layout row of $d/ says '$(echo $row)', $mains '$(echo $allowed)'"; fi
   for a in $allowed; do
     if [ "$a" = kernels ] || [ -d "lib/$a" ]; then echo "$d $a" >> "$edges"
     else fail "$mains: May call names '$a', which is no folder of lib/"; fi
