@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/cli.h"
+#include "core/numparse.h"
 #include "data/data.h"
 #include "dist/dist.h"
 #include "eval/evaluate.h"
@@ -74,17 +75,6 @@ static int usage_error(const char *fmt, const char *arg)
     return ft_cli_usage_error("ft-eval", usage, fmt, arg);
 }
 
-static bool parse_int(const char *s, int lo, int *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > INT_MAX)
-        return false;
-    *out = (int)v;
-    return true;
-}
-
 typedef struct args {
     const char *model, *adapter, *tokenizer, *data, *predictions;
     const char *device; /* auto, cpu, cuda */
@@ -93,66 +83,120 @@ typedef struct args {
     ft_data_options data_opt;
 } args;
 
+enum {
+    OPT_HELP, OPT_JSON, OPT_FP32, OPT_GENERATE, OPT_TRAIN_ON_ALL, OPT_NO_ADD_EOS,
+    OPT_SKIP_BAD_LINES, OPT_MODEL, OPT_DEVICE, OPT_ADAPTER, OPT_TOKENIZER, OPT_DATA,
+    OPT_PREDICTIONS, OPT_FORMAT, OPT_TEMPLATE, OPT_MAX_SEQ_LEN, OPT_BATCH_SIZE,
+    OPT_MAX_NEW_TOKENS
+};
+
+static const ft_cli_option options[] = {
+    {"--help", 'h', FT_CLI_FLAG, OPT_HELP},
+    {"--json", 0, FT_CLI_FLAG, OPT_JSON},
+    {"--fp32", 0, FT_CLI_FLAG, OPT_FP32},
+    {"--generate", 0, FT_CLI_FLAG, OPT_GENERATE},
+    {"--train-on-all", 0, FT_CLI_FLAG, OPT_TRAIN_ON_ALL},
+    {"--no-add-eos", 0, FT_CLI_FLAG, OPT_NO_ADD_EOS},
+    {"--skip-bad-lines", 0, FT_CLI_FLAG, OPT_SKIP_BAD_LINES},
+    {"--model", 0, FT_CLI_VALUE, OPT_MODEL},
+    {"--device", 0, FT_CLI_VALUE, OPT_DEVICE},
+    {"--adapter", 0, FT_CLI_VALUE, OPT_ADAPTER},
+    {"--tokenizer", 0, FT_CLI_VALUE, OPT_TOKENIZER},
+    {"--data", 0, FT_CLI_VALUE, OPT_DATA},
+    {"--predictions", 0, FT_CLI_VALUE, OPT_PREDICTIONS},
+    {"--format", 0, FT_CLI_VALUE, OPT_FORMAT},
+    {"--template", 0, FT_CLI_VALUE, OPT_TEMPLATE},
+    {"--max-seq-len", 0, FT_CLI_VALUE, OPT_MAX_SEQ_LEN},
+    {"--batch-size", 0, FT_CLI_VALUE, OPT_BATCH_SIZE},
+    {"--max-new-tokens", 0, FT_CLI_VALUE, OPT_MAX_NEW_TOKENS},
+    {NULL, 0, 0, 0},
+};
+
+/* The value of a count option (--batch-size, ...): an int >= 1. */
+static int parse_count(const char *val, int *out)
+{
+    long v;
+    if (ft_parse_long(val, 1, INT_MAX, &v))
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, args *a)
 {
     *a = (args){.batch_size = 4, .max_new_tokens = 64, .device = "auto",
                 .data_opt = {.max_seq_len = 2048, .add_eos = true}};
     ft_err err;
     bool max_new_set = false;
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-        bool has = i + 1 < argc;
-        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
+    ft_cli_parser cli;
+    ft_cli_init(&cli, argc, argv, options, 0);
+    for (int opt; (opt = ft_cli_next(&cli)) != FT_CLI_END;) {
+        const char *val = cli.value;
+        switch (opt) {
+        case OPT_HELP:
             fputs(usage, stdout);
             return 0;
-        } else if (!strcmp(o, "--json")) {
+        case OPT_JSON:
             a->json = true;
-        } else if (!strcmp(o, "--fp32")) {
+            break;
+        case OPT_FP32:
             a->fp32 = true;
-        } else if (!strcmp(o, "--generate")) {
+            break;
+        case OPT_GENERATE:
             a->generate = true;
-        } else if (!strcmp(o, "--train-on-all")) {
+            break;
+        case OPT_TRAIN_ON_ALL:
             a->data_opt.train_on_all = true;
-        } else if (!strcmp(o, "--no-add-eos")) {
+            break;
+        case OPT_NO_ADD_EOS:
             a->data_opt.add_eos = false;
-        } else if (!strcmp(o, "--skip-bad-lines")) {
+            break;
+        case OPT_SKIP_BAD_LINES:
             a->data_opt.skip_bad_lines = true;
-        } else if (!has) {
-            return usage_error(o[0] == '-' ? "unknown option or missing value: '%s'"
-                                           : "unexpected argument '%s'", o);
-        } else if (!strcmp(o, "--model")) {
-            a->model = argv[++i];
-        } else if (!strcmp(o, "--device")) {
-            a->device = argv[++i];
-            if (!ft_run_device_known(a->device))
-                return usage_error("--device: '%s' is not auto, cpu or cuda", a->device);
-        } else if (!strcmp(o, "--adapter")) {
-            a->adapter = argv[++i];
-        } else if (!strcmp(o, "--tokenizer")) {
-            a->tokenizer = argv[++i];
-        } else if (!strcmp(o, "--data")) {
-            a->data = argv[++i];
-        } else if (!strcmp(o, "--predictions")) {
-            a->predictions = argv[++i];
-        } else if (!strcmp(o, "--format")) {
-            if (ft_data_format_parse(argv[++i], &a->data_opt.format, &err))
+            break;
+        case OPT_MODEL:
+            a->model = val;
+            break;
+        case OPT_DEVICE:
+            if (!ft_run_device_known(val))
+                return usage_error("--device: '%s' is not auto, cpu or cuda", val);
+            a->device = val;
+            break;
+        case OPT_ADAPTER:
+            a->adapter = val;
+            break;
+        case OPT_TOKENIZER:
+            a->tokenizer = val;
+            break;
+        case OPT_DATA:
+            a->data = val;
+            break;
+        case OPT_PREDICTIONS:
+            a->predictions = val;
+            break;
+        case OPT_FORMAT:
+            if (ft_data_format_parse(val, &a->data_opt.format, &err))
                 return usage_error("--format: %s", err.msg);
-        } else if (!strcmp(o, "--template")) {
-            if (ft_chat_template_parse(argv[++i], &a->data_opt.chat_template, &err))
+            break;
+        case OPT_TEMPLATE:
+            if (ft_chat_template_parse(val, &a->data_opt.chat_template, &err))
                 return usage_error("--template: %s", err.msg);
-        } else if (!strcmp(o, "--max-seq-len")) {
-            if (!parse_int(argv[++i], 1, &a->data_opt.max_seq_len))
-                return usage_error("--max-seq-len: '%s' is not an integer >= 1", argv[i]);
-        } else if (!strcmp(o, "--batch-size")) {
-            if (!parse_int(argv[++i], 1, &a->batch_size))
-                return usage_error("--batch-size: '%s' is not an integer >= 1", argv[i]);
-        } else if (!strcmp(o, "--max-new-tokens")) {
-            if (!parse_int(argv[++i], 1, &a->max_new_tokens))
-                return usage_error("--max-new-tokens: '%s' is not an integer >= 1", argv[i]);
+            break;
+        case OPT_MAX_SEQ_LEN:
+            if (parse_count(val, &a->data_opt.max_seq_len))
+                return usage_error("--max-seq-len: '%s' is not an integer >= 1", val);
+            break;
+        case OPT_BATCH_SIZE:
+            if (parse_count(val, &a->batch_size))
+                return usage_error("--batch-size: '%s' is not an integer >= 1", val);
+            break;
+        case OPT_MAX_NEW_TOKENS:
+            if (parse_count(val, &a->max_new_tokens))
+                return usage_error("--max-new-tokens: '%s' is not an integer >= 1", val);
             max_new_set = true;
-        } else {
-            return usage_error(o[0] == '-' ? "unknown option '%s'" : "unexpected argument '%s'",
-                               o);
+            break;
+        default:
+            return ft_cli_error(&cli, opt, "ft-eval", usage);
         }
     }
     if (!a->model)

@@ -3,13 +3,13 @@
  * Thin main: parses the options, calls ft_lora_init_adapter (lib/model/lora_init.c) and
  * prints the adapter dir on stdout. */
 #include "core/cli.h"
+#include "core/numparse.h"
 #include "model/lora_init.h"
 #include "formats/model_path.h"
 
-#include <errno.h>
+#include <float.h>
+#include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 static const char usage[] =
     "usage: ft-lora-init --model DIR --out DIR [options]\n"
@@ -35,65 +35,74 @@ static int usage_error(const char *fmt, const char *arg)
     return ft_cli_usage_error("ft-lora-init", usage, fmt, arg);
 }
 
-static int parse_float(const char *s, float *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || v != v)
-        return -1;
-    *out = (float)v;
-    return 0;
-}
+enum {
+    OPT_HELP, OPT_RSLORA, OPT_MODEL, OPT_OUT, OPT_R, OPT_ALPHA, OPT_DROPOUT, OPT_TARGET,
+    OPT_SEED
+};
+
+static const ft_cli_option options[] = {
+    {"--help", 'h', FT_CLI_FLAG, OPT_HELP},
+    {"--rslora", 0, FT_CLI_FLAG, OPT_RSLORA},
+    {"--model", 0, FT_CLI_VALUE, OPT_MODEL},
+    {"--out", 0, FT_CLI_VALUE, OPT_OUT},
+    {"--r", 0, FT_CLI_VALUE, OPT_R},
+    {"--alpha", 0, FT_CLI_VALUE, OPT_ALPHA},
+    {"--dropout", 0, FT_CLI_VALUE, OPT_DROPOUT},
+    {"--target", 0, FT_CLI_VALUE, OPT_TARGET},
+    {"--seed", 0, FT_CLI_VALUE, OPT_SEED},
+    {NULL, 0, 0, 0},
+};
 
 int main(int argc, char **argv)
 {
     const char *model = NULL, *out = NULL, *targets = "all-linear";
     ft_lora_config c = {.r = 16, .alpha = 32.0f, .dropout = 0.05f};
-    unsigned long long seed = 42;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+    uint64_t seed = 42;
+    ft_cli_parser cli;
+    ft_cli_init(&cli, argc, argv, options, 0);
+    for (int opt; (opt = ft_cli_next(&cli)) != FT_CLI_END;) {
+        const char *val = cli.value;
+        long v;
+        double x;
+        switch (opt) {
+        case OPT_HELP:
             fputs(usage, stdout);
             return 0;
-        }
-        if (strcmp(a, "--rslora") == 0) {
+        case OPT_RSLORA:
             c.rslora = true;
-            continue;
-        }
-        static const char *const with_value[] = {"--model", "--out",    "--r",   "--alpha",
-                                                 "--dropout", "--target", "--seed"};
-        const char *opt = NULL, *val = NULL;
-        int found = ft_cli_value_option(argc, argv, &i, with_value,
-                                        sizeof with_value / sizeof with_value[0], &opt, &val);
-        if (found < 0)
-            return usage_error("option '%s' needs a value", a);
-        if (!opt)
-            return usage_error(a[0] == '-' ? "unknown option '%s'" : "unexpected argument '%s'",
-                               a);
-        long v;
-        if (strcmp(opt, "--model") == 0) {
+            break;
+        case OPT_MODEL:
             model = val;
-        } else if (strcmp(opt, "--out") == 0) {
+            break;
+        case OPT_OUT:
             out = val;
-        } else if (strcmp(opt, "--r") == 0) {
-            if (ft_cli_parse_long(val, 1, 1 << 20, &v))
+            break;
+        case OPT_R:
+            if (ft_parse_long(val, 1, 1 << 20, &v))
                 return usage_error("--r: '%s' is not a positive integer", val);
             c.r = (int)v;
-        } else if (strcmp(opt, "--alpha") == 0) {
-            if (parse_float(val, &c.alpha))
+            break;
+        case OPT_ALPHA:
+            /* alpha is a float: a larger value would become infinite */
+            if (ft_parse_double(val, -FLT_MAX, FLT_MAX, 0, &x))
                 return usage_error("--alpha: '%s' is not a number", val);
-        } else if (strcmp(opt, "--dropout") == 0) {
-            if (parse_float(val, &c.dropout) || c.dropout < 0 || c.dropout >= 1)
+            c.alpha = (float)x;
+            break;
+        case OPT_DROPOUT:
+            /* checked as the float it becomes too: 0.999999999 rounds to 1 */
+            if (ft_parse_double(val, 0, 1, FT_PARSE_OPEN_MAX, &x) || (float)x >= 1.0f)
                 return usage_error("--dropout: '%s' is not a number in [0, 1)", val);
-        } else if (strcmp(opt, "--target") == 0) {
+            c.dropout = (float)x;
+            break;
+        case OPT_TARGET:
             targets = val;
-        } else if (strcmp(opt, "--seed") == 0) {
-            char *end;
-            errno = 0;
-            seed = strtoull(val, &end, 10);
-            if (errno || end == val || *end || val[0] == '-')
+            break;
+        case OPT_SEED:
+            if (ft_parse_u64(val, 0, UINT64_MAX, &seed))
                 return usage_error("--seed: '%s' is not a non-negative integer", val);
+            break;
+        default:
+            return ft_cli_error(&cli, opt, "ft-lora-init", usage);
         }
     }
     if (!model)
@@ -107,7 +116,7 @@ int main(int argc, char **argv)
     }
     char model_dir[4096];
     if (ft_resolve_model_dir(model, model_dir, sizeof model_dir, &err) ||
-        ft_lora_init_adapter(model_dir, out, &c, (uint64_t)seed, &err)) {
+        ft_lora_init_adapter(model_dir, out, &c, seed, &err)) {
         fprintf(stderr, "ft-lora-init: error: %s\n", err.msg);
         return 1;
     }

@@ -3,9 +3,11 @@
  * Thin main: parses the options, calls ft_merge (lib/model/merge.c) and prints the output dir
  * on stdout. */
 #include "core/cli.h"
+#include "core/numparse.h"
 #include "model/merge.h"
 #include "formats/model_path.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,43 +40,56 @@ static int usage_error(const char *fmt, const char *arg)
     return ft_cli_usage_error("ft-merge", usage, fmt, arg);
 }
 
+enum { OPT_HELP, OPT_FORCE, OPT_MODEL, OPT_ADAPTER, OPT_OUT, OPT_DTYPE, OPT_MAX_SHARD_SIZE };
+
+static const ft_cli_option options[] = {
+    {"--help", 'h', FT_CLI_FLAG, OPT_HELP},
+    {"--force", 0, FT_CLI_FLAG, OPT_FORCE},
+    {"--model", 0, FT_CLI_VALUE, OPT_MODEL},
+    {"--adapter", 0, FT_CLI_VALUE, OPT_ADAPTER},
+    {"--out", 0, FT_CLI_VALUE, OPT_OUT},
+    {"--dtype", 0, FT_CLI_VALUE, OPT_DTYPE},
+    {"--max-shard-size", 0, FT_CLI_VALUE, OPT_MAX_SHARD_SIZE},
+    {NULL, 0, 0, 0},
+};
+
 int main(int argc, char **argv)
 {
     ft_merge_options o = {0};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+    ft_cli_parser cli;
+    ft_cli_init(&cli, argc, argv, options, 0);
+    for (int opt; (opt = ft_cli_next(&cli)) != FT_CLI_END;) {
+        const char *val = cli.value;
+        uint64_t bytes;
+        switch (opt) {
+        case OPT_HELP:
             fputs(usage, stdout);
             return 0;
-        }
-        if (strcmp(a, "--force") == 0) {
+        case OPT_FORCE:
             o.force = true;
-            continue;
-        }
-        static const char *const with_value[] = {"--model", "--adapter", "--out", "--dtype",
-                                                 "--max-shard-size"};
-        const char *opt = NULL, *val = NULL;
-        int found = ft_cli_value_option(argc, argv, &i, with_value,
-                                        sizeof with_value / sizeof with_value[0], &opt, &val);
-        if (found < 0)
-            return usage_error("option '%s' needs a value", a);
-        if (!opt)
-            return usage_error(a[0] == '-' ? "unknown option '%s'" : "unexpected argument '%s'",
-                               a);
-        if (strcmp(opt, "--model") == 0) {
+            break;
+        case OPT_MODEL:
             o.model_dir = val;
-        } else if (strcmp(opt, "--adapter") == 0) {
+            break;
+        case OPT_ADAPTER:
             o.adapter_dir = val;
-        } else if (strcmp(opt, "--out") == 0) {
+            break;
+        case OPT_OUT:
             o.out_dir = val;
-        } else if (strcmp(opt, "--dtype") == 0) {
+            break;
+        case OPT_DTYPE:
             if (strcmp(val, "bf16") && strcmp(val, "f16") && strcmp(val, "f32"))
                 return usage_error("--dtype: '%s' is not bf16, f16 or f32", val);
             o.dtype = val;
-        } else if (strcmp(opt, "--max-shard-size") == 0) {
-            if (ft_cli_parse_bytes(val, &o.max_shard_bytes))
+            break;
+        case OPT_MAX_SHARD_SIZE:
+            if (ft_parse_u64(val, 1, SIZE_MAX, &bytes))
                 return usage_error("--max-shard-size: '%s' is not a positive number of bytes",
                                    val);
+            o.max_shard_bytes = (size_t)bytes;
+            break;
+        default:
+            return ft_cli_error(&cli, opt, "ft-merge", usage);
         }
     }
     if (!o.model_dir)

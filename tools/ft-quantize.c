@@ -4,9 +4,11 @@
  * progress callback (a bar on a terminal, one line per tensor otherwise, on stderr),
  * prints a summary on stderr and the output dir on stdout. */
 #include "core/cli.h"
+#include "core/numparse.h"
 #include "formats/model_path.h"
 #include "model/quantize_model.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,6 +118,26 @@ static void on_tensor(const ft_quantize_progress *p, void *ctx)
 
 /* ---- options ------------------------------------------------------------------------- */
 
+enum {
+    OPT_HELP, OPT_FORCE, OPT_DOUBLE_QUANT, OPT_NO_DOUBLE_QUANT, OPT_MODEL, OPT_OUT, OPT_TYPE,
+    OPT_BLOCKSIZE, OPT_SKIP, OPT_DTYPE, OPT_MAX_SHARD_SIZE
+};
+
+static const ft_cli_option options[] = {
+    {"--help", 'h', FT_CLI_FLAG, OPT_HELP},
+    {"--force", 0, FT_CLI_FLAG, OPT_FORCE},
+    {"--double-quant", 0, FT_CLI_FLAG, OPT_DOUBLE_QUANT},
+    {"--no-double-quant", 0, FT_CLI_FLAG, OPT_NO_DOUBLE_QUANT},
+    {"--model", 0, FT_CLI_VALUE, OPT_MODEL},
+    {"--out", 0, FT_CLI_VALUE, OPT_OUT},
+    {"--type", 0, FT_CLI_VALUE, OPT_TYPE},
+    {"--blocksize", 0, FT_CLI_VALUE, OPT_BLOCKSIZE},
+    {"--skip", 0, FT_CLI_VALUE, OPT_SKIP},
+    {"--dtype", 0, FT_CLI_VALUE, OPT_DTYPE},
+    {"--max-shard-size", 0, FT_CLI_VALUE, OPT_MAX_SHARD_SIZE},
+    {NULL, 0, 0, 0},
+};
+
 int main(int argc, char **argv)
 {
     ft_quantize_model_options o = {.quant = {.type = FT_QUANT_NF4, .blocksize = 64,
@@ -123,43 +145,34 @@ int main(int argc, char **argv)
     const char *positional[2] = {NULL, NULL};
     int n_pos = 0;
     bool set_blocksize = false, set_dq = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+    ft_cli_parser cli;
+    ft_cli_init(&cli, argc, argv, options, 2);
+    for (int opt; (opt = ft_cli_next(&cli)) != FT_CLI_END;) {
+        const char *val = cli.value;
+        long v;
+        uint64_t bytes;
+        switch (opt) {
+        case OPT_HELP:
             fputs(usage, stdout);
             return 0;
-        }
-        if (strcmp(a, "--force") == 0) {
+        case OPT_FORCE:
             o.force = true;
-            continue;
-        }
-        if (strcmp(a, "--double-quant") == 0 || strcmp(a, "--no-double-quant") == 0) {
-            o.quant.double_quant = a[2] == 'd';
+            break;
+        case OPT_DOUBLE_QUANT:
+        case OPT_NO_DOUBLE_QUANT:
+            o.quant.double_quant = opt == OPT_DOUBLE_QUANT;
             set_dq = true;
-            continue;
-        }
-        static const char *const with_value[] = {"--model", "--out",  "--type",
-                                                 "--blocksize", "--skip", "--dtype",
-                                                 "--max-shard-size"};
-        const char *opt = NULL, *val = NULL;
-        int found = ft_cli_value_option(argc, argv, &i, with_value,
-                                        sizeof with_value / sizeof with_value[0], &opt, &val);
-        if (found < 0)
-            return usage_error("option '%s' needs a value", a);
-        if (!opt) {
-            if (a[0] == '-' && a[1])
-                return usage_error("unknown option '%s'", a);
-            if (n_pos == 2)
-                return usage_error("unexpected argument '%s'", a);
-            positional[n_pos++] = a;
-            continue;
-        }
-        long v;
-        if (strcmp(opt, "--model") == 0) {
+            break;
+        case FT_CLI_POSITIONAL: /* MODEL_DIR OUT_DIR: the parser stops a third */
+            positional[n_pos++] = val;
+            break;
+        case OPT_MODEL:
             o.model_dir = val;
-        } else if (strcmp(opt, "--out") == 0) {
+            break;
+        case OPT_OUT:
             o.out_dir = val;
-        } else if (strcmp(opt, "--type") == 0) {
+            break;
+        case OPT_TYPE:
             if (strcmp(val, "nf4") == 0)
                 o.quant.type = FT_QUANT_NF4;
             else if (strcmp(val, "fp4") == 0)
@@ -168,22 +181,30 @@ int main(int argc, char **argv)
                 o.quant.type = FT_QUANT_INT8;
             else
                 return usage_error("--type: '%s' is not nf4, fp4 or int8", val);
-        } else if (strcmp(opt, "--blocksize") == 0) {
-            if (ft_cli_parse_long(val, 32, 4096, &v) || (v & (v - 1)))
+            break;
+        case OPT_BLOCKSIZE:
+            if (ft_parse_long(val, 32, 4096, &v) || (v & (v - 1)))
                 return usage_error("--blocksize: '%s' is not a power of two in 32..4096", val);
             o.quant.blocksize = (int)v;
             set_blocksize = true;
-        } else if (strcmp(opt, "--skip") == 0) {
+            break;
+        case OPT_SKIP:
             o.skip = val;
-        } else if (strcmp(opt, "--dtype") == 0) {
+            break;
+        case OPT_DTYPE:
             if (strcmp(val, "keep") && strcmp(val, "bf16") && strcmp(val, "f16") &&
                 strcmp(val, "f32"))
                 return usage_error("--dtype: '%s' is not keep, bf16, f16 or f32", val);
             o.dtype = val;
-        } else if (strcmp(opt, "--max-shard-size") == 0) {
-            if (ft_cli_parse_bytes(val, &o.max_shard_bytes))
+            break;
+        case OPT_MAX_SHARD_SIZE:
+            if (ft_parse_u64(val, 1, SIZE_MAX, &bytes))
                 return usage_error("--max-shard-size: '%s' is not a positive number of bytes",
                                    val);
+            o.max_shard_bytes = (size_t)bytes;
+            break;
+        default:
+            return ft_cli_error(&cli, opt, "ft-quantize", usage);
         }
     }
     if (n_pos > 0 && (o.model_dir || o.out_dir))

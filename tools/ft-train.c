@@ -4,11 +4,13 @@
  * memory plan and --measure the peaks of one real step beside it. --set-var takes the
  * Make-style variables of `make train SECTION_KEY=value`. The loop is lib/run/trainer.c,
  * the auto batch size lib/memory/auto_batch.c. */
-#include <ctype.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/cli.h"
+#include "core/numparse.h"
 #include "memory/auto_batch.h"
 #include "config/run_config.h"
 #include "dist/dist.h"
@@ -126,9 +128,10 @@ static bool secondary_rank(void)
 {
     static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK",
                                         "SLURM_PROCID"};
+    long rank;
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
         if (getenv(vars[i]))
-            return atoi(getenv(vars[i])) != 0;
+            return ft_parse_long(getenv(vars[i]), LONG_MIN, LONG_MAX, &rank) == 0 && rank != 0;
     return false;
 }
 
@@ -136,11 +139,12 @@ static bool secondary_rank(void)
 static int launch_world(void)
 {
     static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
+    long n;
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
-        if (getenv(vars[i]) && atoi(getenv(vars[i])) > 0)
-            return atoi(getenv(vars[i]));
-    if (getenv("SLURM_PROCID") && getenv("SLURM_NTASKS") && atoi(getenv("SLURM_NTASKS")) > 0)
-        return atoi(getenv("SLURM_NTASKS"));
+        if (ft_parse_long(getenv(vars[i]), 1, INT_MAX, &n) == 0)
+            return (int)n;
+    if (getenv("SLURM_PROCID") && ft_parse_long(getenv("SLURM_NTASKS"), 1, INT_MAX, &n) == 0)
+        return (int)n;
     return 1;
 }
 
@@ -266,6 +270,26 @@ static int train(ft_run_config *cfg, const char *resume, bool measure)
     return rc;
 }
 
+enum {
+    OPT_HELP, OPT_CONFIG, OPT_RESUME, OPT_DUMP_DATA, OPT_CONFIG_REFERENCE, OPT_PRINT_CONFIG,
+    OPT_PLAN, OPT_MEASURE, OPT_GET, OPT_SET, OPT_SET_VAR
+};
+
+static const ft_cli_option options[] = {
+    {"--help", 'h', FT_CLI_FLAG, OPT_HELP},
+    {"--config", 0, FT_CLI_VALUE, OPT_CONFIG},
+    {"--resume", 0, FT_CLI_VALUE, OPT_RESUME},
+    {"--dump-data", 0, FT_CLI_VALUE, OPT_DUMP_DATA},
+    {"--config-reference", 0, FT_CLI_FLAG, OPT_CONFIG_REFERENCE},
+    {"--print-config", 0, FT_CLI_FLAG, OPT_PRINT_CONFIG},
+    {"--plan", 0, FT_CLI_COUNT, OPT_PLAN},
+    {"--measure", 0, FT_CLI_FLAG, OPT_MEASURE},
+    {"--get", 0, FT_CLI_VALUE, OPT_GET},
+    {"--set", 0, FT_CLI_VALUE, OPT_SET},
+    {"--set-var", 0, FT_CLI_VALUE, OPT_SET_VAR},
+    {NULL, 0, 0, 0},
+};
+
 int main(int argc, char **argv)
 {
     const char *config_path = NULL, *dump = NULL, *resume = NULL;
@@ -278,37 +302,51 @@ int main(int argc, char **argv)
     int n_sets = 0, n_vars = 0, n_gets = 0;
     if (!sets || !vars || !gets)
         return fail("out of memory");
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+    ft_cli_parser cli;
+    ft_cli_init(&cli, argc, argv, options, 0);
+    for (int opt; (opt = ft_cli_next(&cli)) != FT_CLI_END;) {
+        long n;
+        switch (opt) {
+        case OPT_HELP:
             fputs(usage, stdout);
             return 0;
-        } else if (!strcmp(argv[i], "--config") && i + 1 < argc) {
-            config_path = argv[++i];
-        } else if (!strcmp(argv[i], "--resume") && i + 1 < argc) {
-            resume = argv[++i];
-        } else if (!strcmp(argv[i], "--dump-data") && i + 1 < argc) {
-            dump = argv[++i];
-        } else if (!strcmp(argv[i], "--config-reference")) {
+        case OPT_CONFIG:
+            config_path = cli.value;
+            break;
+        case OPT_RESUME:
+            resume = cli.value;
+            break;
+        case OPT_DUMP_DATA:
+            dump = cli.value;
+            break;
+        case OPT_CONFIG_REFERENCE:
             ft_run_config_write_reference(stdout);
             return 0;
-        } else if (!strcmp(argv[i], "--print-config")) {
+        case OPT_PRINT_CONFIG:
             print_config = true;
-        } else if (!strcmp(argv[i], "--plan")) {
-            plan_world = 1;
-            if (i + 1 < argc && argv[i + 1][0] >= '1' && argv[i + 1][0] <= '9')
-                plan_world = atoi(argv[++i]);
-        } else if (!strcmp(argv[i], "--measure")) {
+            break;
+        case OPT_PLAN:
+            n = 1; /* a bare --plan: one rank */
+            if (cli.value && ft_parse_long(cli.value, 1, INT_MAX, &n))
+                return ft_cli_usage_error("ft-train", usage, "--plan: '%s' is not an integer >= 1",
+                                          cli.value);
+            plan_world = (int)n;
+            break;
+        case OPT_MEASURE:
             measure = true;
-        } else if (!strcmp(argv[i], "--get") && i + 1 < argc) {
-            gets[n_gets++] = argv[++i]; /* printed after the overrides, below */
-        } else if (!strcmp(argv[i], "--set") && i + 1 < argc) {
-            sets[n_sets++] = argv[++i]; /* applied after the file, below */
-        } else if (!strcmp(argv[i], "--set-var") && i + 1 < argc) {
-            vars[n_vars++] = argv[++i];
-        } else {
-            fprintf(stderr, "ft-train: error: unknown or incomplete option '%s'\n%s", argv[i],
-                    usage);
-            return 2;
+            break;
+        case OPT_GET:
+            gets[n_gets++] = cli.value; /* printed after the overrides, below */
+            break;
+        case OPT_SET:
+            sets[n_sets++] = cli.value; /* applied after the file, below */
+            break;
+        case OPT_SET_VAR:
+            vars[n_vars++] = cli.value;
+            break;
+        default: /* an unknown option, a missing value or an argument: one message */
+            return ft_cli_usage_error("ft-train", usage, "unknown or incomplete option '%s'",
+                                      cli.arg);
         }
     }
     if (!config_path) {

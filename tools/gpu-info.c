@@ -3,11 +3,11 @@
  *
  * Works in every build and on machines without a GPU or driver: "no GPUs" is a valid
  * answer and exits 0. The probing lives in lib/device/gpu_probe.c. */
+#include "core/cli.h"
 #include "device/gpu_probe.h"
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 static const char usage[] =
     "usage: gpu-info [--json | --count] [--help]\n"
@@ -22,22 +22,33 @@ static const char usage[] =
     "            applies), for scripts: make's distributed targets start that many ranks\n"
     "  --help    print this help\n";
 
+enum { OPT_HELP, OPT_JSON, OPT_COUNT };
+
+static const ft_cli_option options[] = {
+    {"--help", 'h', FT_CLI_FLAG, OPT_HELP},
+    {"--json", 0, FT_CLI_FLAG, OPT_JSON},
+    {"--count", 0, FT_CLI_FLAG, OPT_COUNT},
+    {NULL, 0, 0, 0},
+};
+
 int main(int argc, char **argv)
 {
     int json = 0, count = 0;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0) {
-            json = 1;
-        } else if (strcmp(argv[i], "--count") == 0) {
-            count = 1;
-        } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+    ft_cli_parser cli;
+    ft_cli_init(&cli, argc, argv, options, 0);
+    for (int opt; (opt = ft_cli_next(&cli)) != FT_CLI_END;) {
+        switch (opt) {
+        case OPT_HELP:
             fputs(usage, stdout);
             return 0;
-        } else {
-            fprintf(stderr, "gpu-info: error: %s '%s'\n",
-                    argv[i][0] == '-' ? "unknown option" : "unexpected argument", argv[i]);
-            fputs(usage, stderr);
-            return 2;
+        case OPT_JSON:
+            json = 1;
+            break;
+        case OPT_COUNT:
+            count = 1;
+            break;
+        default:
+            return ft_cli_error(&cli, opt, "gpu-info", usage);
         }
     }
     if (json && count) {

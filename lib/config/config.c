@@ -3,11 +3,13 @@
 #include "config/config.h"
 
 #include <ctype.h>
-#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+
+#include "core/numparse.h"
 
 struct ft_config {
     ft_run_config v;
@@ -86,10 +88,8 @@ static int store(ft_run_config *v, const ft_cfg_key *k, const char *text, const 
             *(long *)f = FT_CFG_AUTO;
             return 0;
         }
-        char *end;
-        errno = 0;
-        long x = strtol(text, &end, 10);
-        if (!*text || *end || errno)
+        long x;
+        if (ft_parse_long(text, LONG_MIN, LONG_MAX, &x))
             return ft_fail(err, "%s: key '%s' must be an integer%s, got '%s'", where, k->name,
                            k->allow_auto ? " or auto" : "", text);
         if (!isnan(k->min) && x < k->min)
@@ -100,10 +100,8 @@ static int store(ft_run_config *v, const ft_cfg_key *k, const char *text, const 
         return 0;
     }
     case FT_CFG_FLOAT: {
-        char *end;
-        errno = 0;
-        double x = strtod(text, &end);
-        if (!*text || *end || errno || !isfinite(x))
+        double x;
+        if (ft_parse_double(text, -HUGE_VAL, HUGE_VAL, 0, &x))
             return ft_fail(err, "%s: key '%s' must be a number, got '%s'", where, k->name, text);
         if (!isnan(k->min) && x < k->min)
             return ft_fail(err, "%s: key '%s' must be >= %g, got %g", where, k->name, k->min, x);

@@ -1,31 +1,77 @@
 #include "core/cli.h"
 
-#include <errno.h>
-#include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
-int ft_cli_value_option(int argc, char **argv, int *i, const char *const *names, size_t n,
-                        const char **opt, const char **val)
+void ft_cli_init(ft_cli_parser *p, int argc, char **argv, const ft_cli_option *options,
+                 int max_positional)
 {
-    const char *a = argv[*i];
-    for (size_t k = 0; k < n; k++) {
-        size_t len = strlen(names[k]);
-        if (strcmp(a, names[k]) == 0) {
-            if (*i + 1 >= argc)
-                return -1;
-            *opt = names[k];
-            *val = argv[++*i];
-            return 1;
+    *p = (ft_cli_parser){.argc = argc, .argv = argv, .options = options,
+                         .max_positional = max_positional, .next = 1};
+}
+
+/* The option that a names ("-h", "--out" or "--out=DIR"), with *inline_value the text
+ * after '=' (NULL without one); NULL when it names none. */
+static const ft_cli_option *find(const ft_cli_option *o, const char *a,
+                                 const char **inline_value)
+{
+    *inline_value = NULL;
+    for (; o->name; o++) {
+        if (a[1] != '-') {
+            if (o->short_name && a[1] == o->short_name && !a[2])
+                return o;
+            continue;
         }
-        if (strncmp(a, names[k], len) == 0 && a[len] == '=') {
-            *opt = names[k];
-            *val = a + len + 1;
-            return 1;
+        size_t n = strlen(o->name);
+        if (strncmp(a, o->name, n) != 0)
+            continue;
+        if (!a[n])
+            return o;
+        if (a[n] == '=' && o->arg != FT_CLI_FLAG) {
+            *inline_value = a + n + 1;
+            return o;
         }
     }
-    return 0;
+    return NULL;
+}
+
+int ft_cli_next(ft_cli_parser *p)
+{
+    p->arg = p->value = NULL;
+    if (p->next >= p->argc)
+        return FT_CLI_END;
+    const char *a = p->arg = p->argv[p->next++];
+    if (a[0] != '-' || !a[1]) {
+        if (p->positional == p->max_positional)
+            return FT_CLI_UNEXPECTED;
+        p->positional++;
+        p->value = a;
+        return FT_CLI_POSITIONAL;
+    }
+    const ft_cli_option *o = find(p->options, a, &p->value);
+    if (!o)
+        return FT_CLI_UNKNOWN;
+    if (p->value)
+        return o->id;
+    const char *next = p->next < p->argc ? p->argv[p->next] : NULL;
+    if (o->arg == FT_CLI_VALUE) {
+        if (!next)
+            return FT_CLI_NO_VALUE;
+        p->value = next;
+        p->next++;
+    } else if (o->arg == FT_CLI_COUNT && next && next[0] >= '1' && next[0] <= '9') {
+        p->value = next;
+        p->next++;
+    }
+    return o->id;
+}
+
+int ft_cli_error(const ft_cli_parser *p, int result, const char *tool, const char *usage)
+{
+    const char *fmt = result == FT_CLI_NO_VALUE     ? "option '%s' needs a value"
+                      : result == FT_CLI_UNEXPECTED ? "unexpected argument '%s'"
+                                                    : "unknown option '%s'";
+    return ft_cli_usage_error(tool, usage, fmt, p->arg);
 }
 
 int ft_cli_usage_error(const char *tool, const char *usage, const char *fmt, const char *arg)
@@ -34,26 +80,4 @@ int ft_cli_usage_error(const char *tool, const char *usage, const char *fmt, con
     fprintf(stderr, fmt, arg);
     fprintf(stderr, "\n%s", usage);
     return 2;
-}
-
-int ft_cli_parse_long(const char *val, long min, long max, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(val, &end, 10);
-    if (errno || end == val || *end || v < min || v > max)
-        return -1;
-    *out = v;
-    return 0;
-}
-
-int ft_cli_parse_bytes(const char *val, size_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(val, &end, 10);
-    if (errno || end == val || *end || val[0] == '-' || v == 0 || v > SIZE_MAX)
-        return -1;
-    *out = (size_t)v;
-    return 0;
 }

@@ -23,6 +23,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/numparse.h"
+
 #ifdef FT_HAVE_MPI
 #include <mpi.h>
 #endif
@@ -122,12 +124,8 @@ static bool launched(void)
 
 static int env_int(const char *name, int fallback)
 {
-    const char *v = getenv(name);
-    char *end;
-    if (!v || !*v)
-        return fallback;
-    long x = strtol(v, &end, 10);
-    return *end || x < 0 || x > INT_MAX ? fallback : (int)x;
+    long x;
+    return ft_parse_long(getenv(name), 0, INT_MAX, &x) ? fallback : (int)x;
 }
 #endif
 
@@ -135,19 +133,15 @@ static int read_env(ft_comm *c, ft_err *err)
 {
     const char *v = getenv("FT_DIST_TIMEOUT");
     if (v && *v) {
-        char *end;
-        double s = strtod(v, &end);
-        if (*end || !(s > 0) || !isfinite(s))
+        if (ft_parse_double(v, 0, HUGE_VAL, FT_PARSE_OPEN_MIN, &c->timeout))
             return ft_fail(err, "FT_DIST_TIMEOUT=%s: not a positive number of seconds", v);
-        c->timeout = s;
     }
     v = getenv("FT_DIST_DEBUG");
     c->debug = v && *v && strcmp(v, "0") != 0;
     v = getenv("FT_DIST_CHUNK");
     if (v && *v) {
-        char *end;
-        long x = strtol(v, &end, 10);
-        if (*end || x < 1 || x > INT_MAX)
+        long x;
+        if (ft_parse_long(v, 1, INT_MAX, &x))
             return ft_fail(err, "FT_DIST_CHUNK=%s: not a count of elements in 1..%d", v,
                            INT_MAX);
         c->chunk = (size_t)x;
@@ -316,7 +310,8 @@ int ft_comm_init(ft_comm **out, ft_err *err)
     const char *n = getenv("OMPI_COMM_WORLD_SIZE");
     if (!n)
         n = getenv("PMI_SIZE");
-    if (n && atoi(n) > 1) {
+    long ranks;
+    if (n && ft_parse_long(n, 2, LONG_MAX, &ranks) == 0) {
         free(c);
         return ft_fail(err, "started as one of %s ranks, but this build has no MPI (install "
                             "libopenmpi-dev and rebuild)",

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "core/fsutil.h"
+#include "core/numparse.h"
 #include "formats/safetensors.h"
 
 enum { STATE_VERSION = 1 };
@@ -240,12 +242,17 @@ static int load_state(const char *dir, ft_train_state *st, ft_err *err)
         rc = ft_fail(err, "%s: not an ftkit trainer state of version %d", path, STATE_VERSION);
     else if (rc != 0)
         rc = ft_fail(err, "%s: %s", path, je.text);
+    uint64_t seed_v = 0, counter_v = 0;
+    if (rc == 0 && (ft_parse_u64(seed, 0, UINT64_MAX, &seed_v) ||
+                    ft_parse_u64(counter, 0, UINT64_MAX, &counter_v)))
+        rc = ft_fail(err, "%s: seed '%s' and rng_counter '%s' must be decimal numbers", path,
+                     seed, counter);
     if (rc == 0) {
         st->global_step = (long)step;
         st->epoch = epoch;
         st->batch_in_epoch = batch;
-        st->seed = strtoull(seed, NULL, 10);
-        st->rng_counter = strtoull(counter, NULL, 10);
+        st->seed = seed_v;
+        st->rng_counter = counter_v;
         snprintf(st->stamp.device, sizeof st->stamp.device, "%s", dev);
         snprintf(st->stamp.dtype, sizeof st->stamp.dtype, "%s", dtype);
         snprintf(st->stamp.mode, sizeof st->stamp.mode, "%s", mode);
@@ -304,6 +311,7 @@ static int load_optimizer(const char *dir, ft_optimizer *o, ft_err *err)
     const char *step = ft_st_metadata(f, "step");
     /* moments on a GPU are read into host copies first */
     bool staged = o->device != FT_DEV_CPU;
+    long step_v;
     float *hm = staged ? malloc(o->n * sizeof *hm + 1) : o->m;
     float *hv = staged ? malloc(o->n * sizeof *hv + 1) : o->v;
     int rc = 0;
@@ -319,8 +327,10 @@ static int load_optimizer(const char *dir, ft_optimizer *o, ft_err *err)
     else if (staged && (ft_copy_bytes(o->m, o->device, hm, FT_DEV_CPU, o->n * sizeof *hm, err) ||
                         ft_copy_bytes(o->v, o->device, hv, FT_DEV_CPU, o->n * sizeof *hv, err)))
         rc = -1;
+    else if (ft_parse_long(step, 0, INT_MAX, &step_v))
+        rc = ft_fail(err, "%s: metadata step '%s' is not a step number", path, step);
     else
-        o->step = atoi(step);
+        o->step = (int)step_v;
     if (staged) {
         free(hm);
         free(hv);

@@ -2,6 +2,7 @@
  * that the resumed run continues bitwise as if never stopped (full and LoRA);
  * save_total_limit; the newest checkpoint is found and temp dirs are ignored; a
  * mismatching stamp or a broken state file is refused with a clear message. */
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,6 +128,16 @@ static void test_limit_latest_and_stamp(void)
     fclose(f);
     CHECK(ft_checkpoint_load(path, a.m, &a.o, &st, NULL, &err) != 0);
     CHECK(strstr(err.msg, "trainer_state.json") != NULL);
+    /* a seed that is no number is an error, not a seed of 0 */
+    snprintf(path, sizeof path, "%s/checkpoint-20", run_dir);
+    CHECK(ft_checkpoint_load(path, a.m, &a.o, &st, NULL, &err) == 0);
+    snprintf(p, sizeof p, "%s/trainer_state.json", path);
+    json_t *state = json_load_file(p, 0, NULL);
+    CHECK(state && json_object_set_new(state, "seed", json_string("42x")) == 0);
+    CHECK(json_dump_file(state, p, 0) == 0);
+    json_decref(state);
+    CHECK(ft_checkpoint_load(path, a.m, &a.o, &st, NULL, &err) != 0);
+    CHECK(strstr(err.msg, "seed '42x'") != NULL);
     stop(&a);
 }
 
