@@ -7,7 +7,8 @@
 #   - those "may call" lists have no circle (calls go one way), and kernels/ calls core
 #     only;
 #   - run-config keys are read by name only inside lib/config/;
-#   - README.md's Layout table lists the same "may call" folders.
+#   - the Layout table of docs/layout.md lists the same "may call" folders, and has a row
+#     for every folder (and no row for a folder that is gone).
 # Prints one line per check and "layout: N passed, N failed"; exits non-zero on a failure.
 set -u
 cd "$(dirname "$0")/.."
@@ -19,6 +20,11 @@ top=$(find lib -maxdepth 1 -type f | sort)
 if [ -z "$top" ]; then ok; else fail "files at the top of lib/: $top"; fi
 
 folders=$(find lib -mindepth 1 -maxdepth 1 -type d -printf '%f\n' | sort)
+LAYOUT=docs/layout.md
+# the folders the Layout table has rows for: | `core/` | ... | may call |
+rows=$(grep -oE '^\| `[a-z_]+/` \|' "$LAYOUT" 2>/dev/null | sed -E 's/^\| `([a-z_]+)\/` \|/\1/' | sort)
+if [ "$rows" = "$folders" ]; then ok
+else fail "$LAYOUT's Layout table has rows for '$(echo $rows)', lib/ has '$(echo $folders)'"; fi
 edges=$(mktemp)
 trap 'rm -f "$edges"' EXIT
 for d in $folders; do
@@ -32,11 +38,11 @@ for d in $folders; do
   allowed=$(grep -h '^ \* May call:' "$mains" | sed -E 's/^ \* May call://; s/\([^)]*\)//g' \
             | tr ',.' '  ' | tr ' ' '\n' | sed -E 's#/$##' | grep -E '^[a-z_]+$' \
             | grep -vx 'nothing' | sort -u)
-  # README's Layout table says the same
-  row=$(grep -E "^\| \`$d/\` \|" README.md | awk -F'|' '{print $4}' | tr ',' '\n' \
+  # the Layout table of docs/layout.md says the same
+  row=$(grep -E "^\| \`$d/\` \|" "$LAYOUT" | awk -F'|' '{print $4}' | tr ',' '\n' \
         | tr -d ' ' | grep -vx 'nothing' | grep . | sort -u)
   if [ "$row" = "$allowed" ]; then ok
-  else fail "README.md's Layout row of $d/ says '$(echo $row)', $mains '$(echo $allowed)'"; fi
+  else fail "$LAYOUT's Layout row of $d/ says '$(echo $row)', $mains '$(echo $allowed)'"; fi
   for a in $allowed; do
     if [ "$a" = kernels ] || [ -d "lib/$a" ]; then echo "$d $a" >> "$edges"
     else fail "$mains: May call names '$a', which is no folder of lib/"; fi
