@@ -134,9 +134,10 @@ def test_shipped_config_loads(name):
     for key in written:
         if key.split(".")[-1] in MOOT:
             assert f"'{key}' has no effect" in r.stderr, r.stderr
-    # the top comment says what to download
+    # the top comment says what to download, with the current Hugging Face CLI (hf)
     head = path.read_text().split("\nmodel:")[0]
-    assert f"huggingface-cli download {EXPECTED[name]['model.name']}" in head
+    assert f"hf download {EXPECTED[name]['model.name']}" in head
+    assert "huggingface-cli" not in head
 
 
 def test_seed_overrides_apply():
