@@ -72,10 +72,11 @@ static const char usage[] =
     "\n"
     "train.device auto (the default) trains on the GPU when this build has CUDA and one is\n"
     "visible (each rank takes the GPU of its node-local rank; bf16 with train.bf16, else\n"
-    "fp32), on the CPU otherwise; cpu or cuda force it. On GPUs dist.strategy is none,\n"
-    "ddp or zero1 (with or without offload_optimizer) for now. When a run runs out of\n"
-    "memory, ft-train prints its memory plan and the overrides that fit before the error;\n"
-    "FT_MEM_LIMIT=size in the environment caps the tracked allocator to rehearse that.\n";
+    "fp32), on the CPU otherwise; cpu or cuda force it. Every dist.strategy is accepted on\n"
+    "GPUs, one rank per GPU over NCCL. The CUDA backend is written but has not yet run on a\n"
+    "GPU (docs/gpu.md). When a run runs out of memory, ft-train prints its memory plan and\n"
+    "the overrides that fit before the error; FT_MEM_LIMIT=size in the environment caps the\n"
+    "tracked allocator to rehearse that.\n";
 
 static int fail(const char *msg)
 {
