@@ -4,12 +4,15 @@ Every Markdown link [text](target) in README.md, docs/*.md and deepspeed_like/RE
 whose target is not a URL must name a file or directory that exists, relative to the
 file the link is in; a #fragment must name a heading of the target Markdown file (as
 GitHub makes heading anchors). Links inside code blocks and `code spans` are not links.
-docs/README.md, the index of docs/, lists every file of docs/.
+docs/README.md, the index of docs/, lists every file of docs/, and docs/make.md names
+every .PHONY target of the Makefile and mk/*.mk.
 
 Run:  .venv/bin/python -m pytest -q tests/conformance/test_docs_links.py
 """
 
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -132,6 +135,28 @@ def test_docs_index_lists_every_file():
     for doc in sorted(DOCS.glob("*.md")):
         if doc.name != "README.md":
             assert doc.name in targets, f"docs/README.md does not list {doc.name}"
+
+
+def phony_targets():
+    """The .PHONY targets, as make expands them (make -p prints its database; -n runs
+    nothing)."""
+    out = subprocess.run(["make", "-pn", "--no-print-directory", "help"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120).stdout
+    names = set()
+    for line in out.splitlines():
+        if line.startswith(".PHONY:"):
+            names.update(line.split(":", 1)[1].split())
+    return names
+
+
+@pytest.mark.skipif(not shutil.which("make"), reason="no make")
+def test_make_targets_documented():
+    targets = phony_targets()
+    assert {"train", "test", "compare", "train-zero-tb"} <= targets, sorted(targets)
+    text = (DOCS / "make.md").read_text(encoding="utf-8")
+    missing = [t for t in sorted(targets)
+               if not re.search(rf"(`{re.escape(t)}`|make {re.escape(t)}(?![\w-]))", text)]
+    assert not missing, f"docs/make.md does not name these make targets: {missing}"
 
 
 def test_checker_finds_broken_links(tmp_path, monkeypatch):
