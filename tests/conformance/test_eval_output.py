@@ -154,7 +154,7 @@ def test_generate_reads_a_pipe_twice(data, tmp_path):
         w.start()
         try:
             return subprocess.run([FT_EVAL, "--model", str(MODEL), "--data", str(fifo), *GEN,
-                                   *args], capture_output=True, text=True, timeout=300)
+                                   *args], capture_output=True, text=True, timeout=60)
         finally:
             w.join(timeout=60)
 
