@@ -1,7 +1,11 @@
 /* ft-eval: evaluate a model (with an optional LoRA adapter) on a JSONL data set: loss,
  * perplexity and counted tokens, and with --generate greedy generation scored by ROUGE-L
  * and exact match. The logic lives in lib/eval/evaluate.c, lib/model/generate.c, lib/eval/rouge.c and
- * lib/eval/eval_records.c. */
+ * lib/eval/eval_records.c.
+ *
+ * Output: the summary on stdout (a few "name value" lines, or with --json one line of
+ * JSON); on stderr (rank 0 only) a line per event (the data read, each phase done) and,
+ * on a terminal, a progress bar (lib/eval/eval_progress.c), never a line per sample. */
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -9,12 +13,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/cli.h"
 #include "core/numparse.h"
 #include "data/data.h"
 #include "dist/dist.h"
+#include "eval/eval_progress.h"
 #include "eval/evaluate.h"
 #include "formats/lora.h"
 #include "model/model.h"
@@ -32,6 +38,9 @@ static const char usage[] =
     "prediction against the reference completion (ROUGE-L F1 as rouge_score computes it,\n"
     "and exact match after stripping whitespace). The logits are computed in chunks of\n"
     "tokens (train.loss_chunk_tokens auto), never for the whole batch at once.\n"
+    "\n"
+    "The summary goes to stdout; stderr gets a line when the data are read and when each\n"
+    "phase (loss, generation) is done, and on a terminal a progress bar.\n"
     "\n"
     "Under mpirun (or srun) the ranks share the data (rank r takes every n-th sample) and\n"
     "the metrics are summed across them: the result equals one process over all of it.\n"
@@ -58,8 +67,10 @@ static const char usage[] =
     "                         build has CUDA and one is visible (each rank the GPU of its\n"
     "                         node-local rank), else the CPU; default auto\n"
     "  --fp32                 on the GPU compute in fp32 (default bf16, as train.bf16)\n"
-    "  --json                 print one JSON object: {\"loss\",\"perplexity\",\"tokens\",\n"
-    "                         \"samples\"} (+ \"rougeL\",\"exact_match\",\"generated\")\n"
+    "  --json                 print one JSON object on one line: {\"loss\",\"perplexity\",\n"
+    "                         \"tokens\",\"samples\"} (+ \"rougeL\",\"exact_match\",\n"
+    "                         \"generated\"); a non-finite value (a perplexity past\n"
+    "                         the double range) is null\n"
     "  -h, --help             this text\n"
     "\n"
     "Results go to stdout, progress to stderr. Exit status: 0 done, 1 error, 2 usage.\n";
@@ -212,14 +223,27 @@ static int parse_args(int argc, char **argv, args *a)
  * has no infinity. */
 static json_t *num(double x) { return isfinite(x) ? json_real(x) : json_null(); }
 
+/* One "name value" line of the text summary; a NaN prints as "nan" whatever its sign
+ * bit (printf may write "-nan"). */
+static void print_row(const char *name, double x, int decimals)
+{
+    if (isnan(x))
+        printf("%-11s nan\n", name);
+    else
+        printf("%-11s %.*f\n", name, decimals, x);
+}
+
 static int print_result(const args *a, const ft_eval_loss *l, const ft_eval_gen *g)
 {
     if (!a->json) {
-        printf("samples     %zu\ntokens      %ld\nloss        %.6f\nperplexity  %.4f\n",
-               l->samples, l->tokens, l->loss, l->perplexity);
-        if (a->generate)
-            printf("generated   %zu\nrougeL      %.4f\nexact_match %.4f\n", g->generated,
-                   g->rouge_l, g->exact_match);
+        printf("samples     %zu\ntokens      %ld\n", l->samples, l->tokens);
+        print_row("loss", l->loss, 6);
+        print_row("perplexity", l->perplexity, 4);
+        if (a->generate) {
+            printf("generated   %zu\n", g->generated);
+            print_row("rougeL", g->rouge_l, 4);
+            print_row("exact_match", g->exact_match, 4);
+        }
         return 0;
     }
     json_t *o = json_object();
@@ -231,7 +255,8 @@ static int print_result(const args *a, const ft_eval_loss *l, const ft_eval_gen 
         bad = json_object_set_new(o, "rougeL", num(g->rouge_l)) ||
               json_object_set_new(o, "exact_match", num(g->exact_match)) ||
               json_object_set_new(o, "generated", json_integer((json_int_t)g->generated));
-    char *s = bad ? NULL : json_dumps(o, JSON_INDENT(2));
+    /* no indent: one line, which a shell reads with one `read` */
+    char *s = bad ? NULL : json_dumps(o, 0);
     json_decref(o);
     if (!s)
         return fail("out of memory building the JSON output");
@@ -240,12 +265,12 @@ static int print_result(const args *a, const ft_eval_loss *l, const ft_eval_gen 
     return 0;
 }
 
-/* An error about the data: a spooled standard input shows as "<stdin>", not as the
- * temporary file's path. */
+/* An error about the data: spooled data (standard input, a pipe) show as "<stdin>" or
+ * the name given, not as the temporary copy's path. */
 static int fail_data(const args *a, const char *data_path, ft_err *err)
 {
     if (strcmp(a->data, data_path) != 0)
-        ft_err_replace(err, data_path, "<stdin>");
+        ft_err_replace(err, data_path, strcmp(a->data, "-") == 0 ? "<stdin>" : a->data);
     return fail(err->msg);
 }
 
@@ -298,7 +323,10 @@ static int run(const args *a, const char *data_path, ft_comm *comm)
 {
     ft_err err;
     int rank = ft_comm_rank(comm), world = ft_comm_size(comm);
-    FILE *progress = rank == 0 ? stderr : NULL;
+    /* rank 0 tells people; the others' progress is the same and would only repeat it */
+    ft_eval_meter meter;
+    ft_eval_meter_init(&meter, "ft-eval", rank == 0 ? stderr : NULL,
+                       rank == 0 && isatty(STDERR_FILENO) == 1);
     ft_dataset shard = {0};
     ft_eval_records rec_shard = {0};
     ft_model_options mo = {.mode = FT_TRAIN_NONE};
@@ -329,14 +357,21 @@ static int run(const args *a, const char *data_path, ft_comm *comm)
         fail_data(a, data_path, &err);
         goto out;
     }
-    if (rank == 0)
-        fprintf(stderr, "ft-eval: data: %s: %zu samples (%zu bad lines skipped, %zu without a "
-                        "counted token dropped)%s\n",
-                a->data, ds.n, ds.skipped_lines, ds.dropped_empty,
-                world > 1 ? ", shared across the ranks" : "");
+    ft_eval_meter_line(&meter, "data: %s: %zu samples (%zu bad lines skipped, %zu without a "
+                               "counted token dropped)%s",
+                       a->data, ds.n, ds.skipped_lines, ds.dropped_empty,
+                       world > 1 ? ", shared across the ranks" : "");
     if (a->generate &&
         ft_eval_records_load(&recs, data_path, tok, &a->data_opt, &ds, &err)) {
         fail_data(a, data_path, &err);
+        goto out;
+    }
+    /* the second read must find the records of the first (a file changed in between
+     * would score other prompts, or none) */
+    if (a->generate && recs.n != ds.n) {
+        fprintf(stderr, "ft-eval: error: %s: read twice, it gave %zu samples for the loss "
+                        "but %zu records for generation (did it change meanwhile?)\n",
+                a->data, ds.n, recs.n);
         goto out;
     }
     ft_run_device_choice place;
@@ -349,8 +384,8 @@ static int run(const args *a, const char *data_path, ft_comm *comm)
     mo.device = place.device;
     mo.dtype = place.dtype;
     mo.loss_chunk_rows = -1; /* auto, as train.loss_chunk_tokens */
-    if (rank == 0 && place.device == FT_DEV_CUDA)
-        fprintf(stderr, "ft-eval: %s; rank %d takes GPU %d\n", place.why, rank, gpu);
+    if (place.device == FT_DEV_CUDA)
+        ft_eval_meter_line(&meter, "%s; rank %d takes GPU %d", place.why, rank, gpu);
     if (ft_model_load(&m, a->model, &mo, &err) ||
         (a->adapter && ft_model_load_adapter(m, a->adapter, &err))) {
         fail(err.msg);
@@ -370,10 +405,13 @@ static int run(const args *a, const char *data_path, ft_comm *comm)
     ft_eval_loss loss = {0};
     ft_eval_gen gen = {0};
     /* a rank may get no sample when there are more ranks than samples */
-    if (shard.n && ft_eval_loss_run(m, &shard, a->batch_size, pad, progress, &loss, &err)) {
+    ft_eval_progress progress = ft_eval_meter_begin(&meter, "loss", "samples");
+    if (shard.n && ft_eval_loss_run(m, &shard, a->batch_size, pad, &progress, &loss, &err)) {
+        ft_eval_meter_clear(&meter);
         fail(err.msg);
         goto out;
     }
+    ft_eval_meter_end(&meter, "%zu samples", ds.n);
     if (a->generate) {
         /* under several ranks each writes its share to PATH.rank<r> */
         char pred_path[4200];
@@ -387,8 +425,10 @@ static int run(const args *a, const char *data_path, ft_comm *comm)
         }
         ft_gen_options go = {.max_new_tokens = a->max_new_tokens};
         ft_gen_eos_ids(ft_model_cfg(m), tok, &go);
+        progress = ft_eval_meter_begin(&meter, "generation", "samples");
         if (rec_shard.n &&
-            ft_eval_generate_run(m, tok, &rec_shard, &go, pred, progress, &gen, &err)) {
+            ft_eval_generate_run(m, tok, &rec_shard, &go, pred, &progress, &gen, &err)) {
+            ft_eval_meter_clear(&meter);
             fail_data(a, data_path, &err);
             goto out;
         }
@@ -396,10 +436,12 @@ static int run(const args *a, const char *data_path, ft_comm *comm)
             FILE *f = pred;
             pred = NULL;
             if (fclose(f) != 0) {
-                fprintf(stderr, "ft-eval: error: %s: writing failed\n", a->predictions);
+                fprintf(stderr, "ft-eval: error: %s: writing failed\n", pred_path);
                 goto out;
             }
         }
+        ft_eval_meter_end(&meter, "%zu samples, at most %d new tokens each%s", recs.n,
+                          a->max_new_tokens, a->predictions ? ", predictions written" : "");
     }
     if (reduce_metrics(comm, &loss, &gen, &err)) {
         fail(err.msg);
@@ -433,13 +475,16 @@ int main(int argc, char **argv)
     if (ft_resolve_model_dir(a.model, model_dir, sizeof model_dir, &resolve_err))
         return fail(resolve_err.msg);
     a.model = model_dir;
-    /* With --generate the records are read twice (loss, then prompts): standard input is
-     * copied into a temporary file first. */
+    /* With --generate the records are read twice (loss, then prompts): standard input,
+     * or a pipe, is copied into a temporary file first. */
     char *spool = NULL;
     const char *data_path = a.data;
-    if (a.generate && strcmp(a.data, "-") == 0) {
+    struct stat st;
+    if (a.generate && (strcmp(a.data, "-") == 0 || (stat(a.data, &st) == 0 &&
+                                                     !S_ISREG(st.st_mode) &&
+                                                     !S_ISDIR(st.st_mode)))) {
         ft_err err;
-        if (ft_eval_spool_stdin(&spool, &err))
+        if (ft_eval_spool(a.data, &spool, &err))
             return fail(err.msg);
         data_path = spool;
     }

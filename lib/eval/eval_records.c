@@ -5,6 +5,7 @@
  * than trust it, since the two readers could diverge. */
 #include "eval/eval_records.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -223,41 +224,49 @@ void ft_eval_records_free(ft_eval_records *rs)
     memset(rs, 0, sizeof *rs);
 }
 
-int ft_eval_spool_stdin(char **path, ft_err *err)
+int ft_eval_spool(const char *src, char **path, ft_err *err)
 {
     *path = NULL;
+    bool is_stdin = strcmp(src, "-") == 0;
+    const char *name = is_stdin ? "<stdin>" : src;
+    FILE *in = is_stdin ? stdin : fopen(src, "rb");
+    if (!in)
+        return ft_fail(err, "%s: cannot open: %s", name, strerror(errno));
     const char *dir = getenv("TMPDIR");
     if (!dir || !*dir)
         dir = "/tmp";
     size_t n = strlen(dir) + 32;
     char *p = malloc(n);
-    if (!p)
-        return ft_fail(err, "out of memory");
-    snprintf(p, n, "%s/ft-eval-stdin-XXXXXX", dir);
-    int fd = mkstemp(p);
-    if (fd < 0) {
-        ft_fail(err, "%s: cannot create a temporary file for standard input", p);
-        free(p);
-        return -1;
+    int fd = -1;
+    if (p) {
+        snprintf(p, n, "%s/ft-eval-%s-XXXXXX", dir, is_stdin ? "stdin" : "pipe");
+        fd = mkstemp(p);
     }
-    FILE *f = fdopen(fd, "wb");
+    FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
     if (!f) {
-        close(fd);
-        unlink(p);
+        ft_fail(err, "%s: cannot create a temporary copy in %s", name, dir);
+        if (fd >= 0) {
+            close(fd);
+            unlink(p);
+        }
         free(p);
-        return ft_fail(err, "cannot open a temporary file for standard input");
+        if (!is_stdin)
+            fclose(in);
+        return -1;
     }
     char buf[1 << 16];
     size_t got;
     bool ok = true;
-    while ((got = fread(buf, 1, sizeof buf, stdin)) > 0)
+    while ((got = fread(buf, 1, sizeof buf, in)) > 0)
         ok &= fwrite(buf, 1, got, f) == got;
-    ok &= !ferror(stdin);
+    ok &= !ferror(in);
     ok &= fclose(f) == 0;
+    if (!is_stdin)
+        fclose(in);
     if (!ok) {
         unlink(p);
         free(p);
-        return ft_fail(err, "<stdin>: reading standard input into a temporary file failed");
+        return ft_fail(err, "%s: copying it into a temporary file failed", name);
     }
     *path = p;
     return 0;

@@ -42,10 +42,11 @@ int ft_eval_records_load(ft_eval_records *out, const char *path, const ft_tokeni
                          const ft_data_options *o, const ft_dataset *keep, ft_err *err);
 void ft_eval_records_free(ft_eval_records *rs);
 
-/* Copies standard input into a new temporary file so it can be read twice (once for the
+/* Copies src ("-": standard input; else a file that can be read only once, as a pipe or
+ * a shell's <(...)) into a new temporary file, so it can be read twice (once for the
  * loss, once for the generation prompts); *path (malloc'ed) names it, and the caller
- * removes it (unlink) and frees *path. */
-int ft_eval_spool_stdin(char **path, ft_err *err);
+ * removes it (unlink) and frees *path. Errors name src ("<stdin>" for "-"). */
+int ft_eval_spool(const char *src, char **path, ft_err *err);
 
 /* Replaces every occurrence of `from` in err's message by `to` (e.g. a spooled file's
  * temporary path by "<stdin>"). */

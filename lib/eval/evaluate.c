@@ -14,8 +14,18 @@
 
 #include "eval/rouge.h"
 
+static void report(const ft_eval_progress *p, size_t done, size_t total)
+{
+    if (p && p->update)
+        p->update(p->ctx, done, total);
+}
+
+/* A JSON number; null for a non-finite value, which JSON cannot hold (json_real refuses
+ * it, which would fail the whole line). */
+static json_t *json_number(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+
 int ft_eval_loss_run(ft_model *m, const ft_dataset *ds, int batch_size, int32_t pad_id,
-                     FILE *log, ft_eval_loss *r, ft_err *err)
+                     const ft_eval_progress *progress, ft_eval_loss *r, ft_err *err)
 {
     memset(r, 0, sizeof *r);
     if (ds->n == 0)
@@ -38,9 +48,7 @@ int ft_eval_loss_run(ft_model *m, const ft_dataset *ds, int batch_size, int32_t 
         r->loss_sum += sum;
         r->tokens += n;
         r->samples += (size_t)b.B;
-        if (log)
-            fprintf(log, "eval: batch %d/%d: %d samples, %ld tokens, loss %.6f\n", i + 1, nb,
-                    b.B, n, n ? sum / (double)n : 0.0);
+        report(progress, r->samples, ds->n);
     }
     ft_loader_free(l);
     if (rc)
@@ -65,7 +73,7 @@ static int write_prediction(FILE *f, const ft_eval_record *rec, const char *pred
              json_object_set_new(o, "prompt", json_string(rec->prompt)) ||
              json_object_set_new(o, "reference", json_string(rec->reference)) ||
              json_object_set_new(o, "prediction", json_string(pred)) ||
-             json_object_set_new(o, "rougeL", json_real(rouge)) ||
+             json_object_set_new(o, "rougeL", json_number(rouge)) ||
              json_object_set_new(o, "exact_match", json_boolean(exact)) ||
              json_object_set(o, "generated_ids", a);
     char *s = rc == 0 ? json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
@@ -78,8 +86,8 @@ static int write_prediction(FILE *f, const ft_eval_record *rec, const char *pred
 }
 
 int ft_eval_generate_run(ft_model *m, const ft_tokenizer *tok, const ft_eval_records *recs,
-                         const ft_gen_options *o, FILE *predictions, FILE *log,
-                         ft_eval_gen *r, ft_err *err)
+                         const ft_gen_options *o, FILE *predictions,
+                         const ft_eval_progress *progress, ft_eval_gen *r, ft_err *err)
 {
     memset(r, 0, sizeof *r);
     double rouge_sum = 0;
@@ -101,9 +109,8 @@ int ft_eval_generate_run(ft_model *m, const ft_tokenizer *tok, const ft_eval_rec
         bool em = rc == 0 && ft_exact_match(rec->reference, text);
         if (rc == 0 && predictions && write_prediction(predictions, rec, text, f1, em, &ids))
             rc = ft_fail(err, "writing the predictions failed");
-        if (rc == 0 && log)
-            fprintf(log, "eval: generated %zu/%zu (line %ld): %zu tokens%s, rougeL %.4f\n",
-                    i + 1, recs->n, rec->line, ids.n, eos ? " (eos)" : "", f1);
+        if (rc == 0)
+            report(progress, i + 1, recs->n);
         r->new_tokens += (long)ids.n;
         free(text);
         ft_ids_free(&ids);

@@ -1,7 +1,8 @@
 /* eval/: evaluation.
  *
- * Owns: loss and perplexity over a data set, generation metrics (evaluate.h, rouge.h)
- * and the prompt / reference records they score (eval_records.h).
+ * Owns: loss and perplexity over a data set, generation metrics (evaluate.h, rouge.h),
+ * the prompt / reference records they score (eval_records.h) and an evaluation's
+ * progress as people see it (eval_progress.h).
  * May call: core, data, model.
  * (This is the folder's main header.) */
 
@@ -27,12 +28,20 @@ typedef struct ft_eval_loss {
     double perplexity; /* exp(loss) */
 } ft_eval_loss;
 
+/* Progress of a run below: update(ctx, done, total) after each batch (the loss: samples
+ * done of ds->n) or each generated sample (of recs->n). A NULL ft_eval_progress, or a NULL
+ * update, reports nothing. eval_progress.h turns the reports into what people see. */
+typedef struct ft_eval_progress {
+    void (*update)(void *ctx, size_t done, size_t total);
+    void *ctx;
+} ft_eval_progress;
+
 /* Forward passes (no backward) over ds in file order, batch_size samples a batch,
  * right-padded with pad_id (labels -100). The loss is the mean over all counted tokens of
  * the whole set, which is transformers' loss when the whole set is one batch. An empty
- * ds is an error. Progress goes to log when not NULL. */
+ * ds is an error. Prints nothing; progress goes to progress when not NULL. */
 int ft_eval_loss_run(ft_model *m, const ft_dataset *ds, int batch_size, int32_t pad_id,
-                     FILE *log, ft_eval_loss *r, ft_err *err);
+                     const ft_eval_progress *progress, ft_eval_loss *r, ft_err *err);
 
 typedef struct ft_eval_gen {
     size_t generated;   /* samples generated for */
@@ -44,10 +53,11 @@ typedef struct ft_eval_gen {
 /* Greedy generation from each record's prompt (see generate.h), the prediction decoded
  * with tok (skipping special tokens, the stopping EOS dropped), scored against the
  * reference. When predictions is not NULL, one JSON object a line is written to it:
- * {"line", "prompt", "reference", "prediction", "rougeL", "exact_match", "generated_ids"}.
- * Errors name the record's line. */
+ * {"line", "prompt", "reference", "prediction", "rougeL", "exact_match", "generated_ids"}
+ * (a non-finite number as null, so every line parses). Errors name the record's line.
+ * Prints nothing; progress goes to progress when not NULL. */
 int ft_eval_generate_run(ft_model *m, const ft_tokenizer *tok, const ft_eval_records *recs,
-                         const ft_gen_options *o, FILE *predictions, FILE *log,
-                         ft_eval_gen *r, ft_err *err);
+                         const ft_gen_options *o, FILE *predictions,
+                         const ft_eval_progress *progress, ft_eval_gen *r, ft_err *err);
 
 #endif

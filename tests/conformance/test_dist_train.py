@@ -44,9 +44,14 @@ def write_config(d, name, model="model", mode="lora", **over):
     return rankrun.write_config(d, name, {"train.max_steps": 5, "train.warmup_steps": 1}, model=model, mode=mode, **over)
 
 
-def losses(run_dir):
+def logged(run_dir, key):
+    """{step: value} of key in the run's metrics.jsonl (the training steps' lines)."""
     rows = [json.loads(l) for l in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+    return {r["step"]: r[key] for r in rows if key in r}
+
+
+def losses(run_dir):
+    return logged(run_dir, "loss")
 
 
 def weights(run_dir):
@@ -56,10 +61,16 @@ def weights(run_dir):
 
 
 def assert_same_run(a, b, loss_rtol=2e-5, w_atol=2e-4):
-    la, lb = losses(a), losses(b)
-    assert la.keys() == lb.keys() and la
-    for s in la:
-        assert abs(la[s] - lb[s]) <= loss_rtol * abs(la[s]) + 1e-7, (s, la[s], lb[s])
+    """Run b equals run a: the loss and the pre-clip global gradient norm of every step
+    (metrics.jsonl, 6 digits; loss_rtol relative) and the final weights (w_atol). The
+    norm is what clipping divides by: a rank that reduced it wrongly (not averaged over
+    the replicas, or only its own shard) logs another one, even where AdamW's invariance
+    to the gradient's scale hides it from the weights."""
+    for key in ("loss", "grad_norm"):
+        la, lb = logged(a, key), logged(b, key)
+        assert la.keys() == lb.keys() and la, key
+        for s in la:
+            assert abs(la[s] - lb[s]) <= loss_rtol * abs(la[s]) + 1e-7, (key, s, la[s], lb[s])
     wa, wb = weights(a), weights(b)
     assert wa.keys() == wb.keys() and wa
     worst = max((wa[k] - wb[k]).abs().max().item() for k in wa)
@@ -97,6 +108,35 @@ def test_data_parallel_equals_one_process(work, single, strategy):
     cfg = write_config(work, f"np2_{strategy}", dist__strategy=strategy)
     run(cfg, 2)
     assert_same_run(single["lora"], work / "runs" / f"np2_{strategy}")
+
+
+# Clipped runs: train.max_grad_norm far below the norms of these runs (~0.16), so every
+# step clips, and train.adam_epsilon near the clipped gradient's elements (norm 0.01 over
+# ~4k LoRA weights: ~1e-4). AdamW divides each element by its own running magnitude and
+# so cancels a gradient's scale; with epsilon of that size it no longer does, and a wrong
+# clip coefficient (a 1/sqrt(2) or a shard's own norm) moves the weights by ~1e-2.
+CLIP = dict(train__max_grad_norm=0.01, train__adam_epsilon=1e-4)
+
+
+@pytest.fixture(scope="module")
+def single_clip(work):
+    """One process, batch 8, every step clipped."""
+    cfg = write_config(work, "single_clip", train__batch_size=8, **CLIP)
+    run(cfg)
+    d = work / "runs" / "single_clip"
+    norms = logged(d, "grad_norm")
+    assert len(norms) == 5 and min(norms.values()) > 10 * CLIP["train__max_grad_norm"], norms
+    return d
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "zero3", "fsdp"])
+def test_clipping_equals_one_process(work, single_clip, strategy):
+    """With clipping active the update is scaled by max_grad_norm / (global norm + 1e-6):
+    each rank must clip by the norm of the whole averaged gradient, not of its own shard
+    or of the un-averaged sum, for losses, norms and weights to equal one process's."""
+    cfg = write_config(work, f"np2_clip_{strategy}", dist__strategy=strategy, **CLIP)
+    run(cfg, 2)
+    assert_same_run(single_clip, work / "runs" / f"np2_clip_{strategy}")
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "zero2", "zero3"])

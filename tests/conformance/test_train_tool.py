@@ -200,12 +200,64 @@ def test_predict_with_generate_logs_rouge(workdir):
     assert [e.step for e in acc.Scalars("eval/exact_match")] == [3]
 
 
+def _ref_samples(tok, rows):
+    """ids / labels of prompt/completion records as the data pipeline makes them:
+    tok(prompt + completion) + [eos], the prompt's tokens -100 (test_eval.py's rule)."""
+    out = []
+    for r in rows:
+        ids = tok(r["prompt"] + r["completion"]).input_ids
+        if ids[-1] != tok.eos_token_id:
+            ids = ids + [tok.eos_token_id]
+        labels = list(ids)
+        n = len(tok(r["prompt"]).input_ids)
+        labels[:n] = [-100] * n
+        out.append((ids, labels))
+    return out
+
+
+def _peft_eval_loss(model, samples):
+    """The mean loss over every counted token of the set, as ft-train's evaluation."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for ids, labels in samples:
+            n = sum(1 for x in labels[1:] if x != -100)
+            loss = model(input_ids=torch.tensor([ids]), labels=torch.tensor([labels])).loss
+            total += float(loss.double()) * n
+            count += n
+    return total / count
+
+
 def test_eval_has_no_dropout(workdir):
-    """Evaluation runs without LoRA dropout: two evaluations of the same weights agree."""
-    out = train(write_config(workdir, "run_nodrop", max_steps=2, eval_steps=1,
-                             learning_rate=0.0, warmup_steps=0))
-    evals = re.findall(r"^eval step \d+ \| loss ([0-9.]+)", out.stderr, re.M)
-    assert len(evals) == 2 and evals[0] == evals[1], out.stderr
+    """Evaluation runs without LoRA dropout. The run starts from an adapter whose B is not
+    zero (a fresh adapter has B = 0, where dropout on the LoRA input changes nothing) and
+    trains at learning rate 0, so its logged eval loss must equal PEFT's loss of that
+    adapter in eval mode (2e-5 relative: metrics.jsonl keeps 6 digits), at every
+    evaluation. PEFT in train mode (lora_dropout 0.1 active) is checked to land far from
+    it, so dropout left on in ft-train's evaluation cannot pass unseen."""
+    import ftref
+    from transformers import AutoTokenizer
+    init = ftref.build_adapter(workdir / "model", workdir / "nodrop_init",
+                               target_modules=list(ftref.SEVEN), r=4, lora_alpha=8, seed=5)
+    acfg = json.loads((init / "adapter_config.json").read_text())
+    acfg["lora_dropout"] = 0.1  # as the run's tuning.lora.dropout
+    (init / "adapter_config.json").write_text(json.dumps(acfg))
+    cfg = write_config(workdir, "run_nodrop", max_steps=2, eval_steps=1, learning_rate=0.0,
+                       warmup_steps=0, save_steps=100)
+    train(cfg, "--set", f"tuning.lora.init_adapter={init}")
+    rows = [json.loads(l) for l in (workdir / "run_nodrop" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r["eval_loss"] for r in rows if "eval_loss" in r]
+    assert len(evals) == 2, rows
+    tok = AutoTokenizer.from_pretrained(workdir / "model")
+    eval_rows = [json.loads(l) for l in (workdir / "eval.jsonl").read_text().splitlines()]
+    samples = _ref_samples(tok, eval_rows)
+    model = ftref.lora_mode_model(workdir / "model", init)
+    want = _peft_eval_loss(model, samples)
+    for got in evals:
+        assert abs(got - want) <= 2e-5 * want, (evals, want)
+    model.train()  # PEFT's lora_dropout (0.1) now active
+    torch.manual_seed(0)
+    with_dropout = _peft_eval_loss(model, samples)
+    assert abs(with_dropout - want) > 100 * 2e-5 * want, (with_dropout, want)
 
 
 FT_LORA_INIT = os.environ.get("FT_LORA_INIT")
