@@ -678,6 +678,8 @@ static int nonfinite_step(trainer *t, const ft_step_stats *st, ft_err *err)
                            ? "loss and the gradient norm are"
                        : !isfinite(st->loss) ? "loss is"
                                              : "gradient norm is";
+    if (!t->cfg->train.skip_nonfinite_steps && t->rank != 0) /* (rank 0 says why) */
+        return ft_fail(err, "step %ld: stopped with rank 0: training diverged", step);
     if (!t->cfg->train.skip_nonfinite_steps)
         return ft_fail(err, "step %ld: the %s not finite (loss %g, gradient norm %g): "
                             "training diverged. The step was not applied and nothing of it was "

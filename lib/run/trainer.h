@@ -40,7 +40,7 @@
  * that is not finite is null.
  *
  * TensorBoard: train/loss (as metrics.jsonl), train/epoch, train/learning_rate,
- * train/grad_norm, train/skipped_steps, memory and per-rank figures, eval/*, the resolved
+ * train/grad_norm, train/skipped_steps, memory and per-rank figures, the eval scalars, the resolved
  * config as text, and the HParams plugin's records: every config key as a hyperparameter
  * with the metrics train/loss, eval/loss, final/train_loss, final/eval_loss and
  * final/skipped_steps (written at the end). train.eval_strategy no evaluates nothing;
