@@ -107,6 +107,7 @@ typedef struct trainer {
     double t_start, last_loss, last_eval_loss, last_rate, comm_bytes;
     long steps_done, tokens_done;
     bool have_eval;
+    bool fresh;          /* a new run (not resumed): its run dir held none of our outputs */
     /* the logging window: the finite step losses since the last log line (their mean is
      * the logged train loss, as the HF Trainer logs it) */
     double window_loss_sum;
@@ -800,6 +801,7 @@ static int claim_run_dir(trainer *t, const ft_trainer_options *o, char *path, si
     } else if (o->resume && (size_t)snprintf(path, n, "%s", o->resume) >= n) {
         return ft_fail(err, "--resume %s: path too long", o->resume);
     }
+    t->fresh = !path[0];
     if (t->measuring)
         return 0; /* writes nothing */
     int rc = t->rank == 0 ? run_dir_claim(t->out_dir, path[0] ? path : NULL,
@@ -968,6 +970,23 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
     return rc;
 }
 
+/* Removes what a new run wrote before its first step: its event file, config.yaml and
+ * metrics.jsonl (its run dir held none of our outputs when it started, so these are its
+ * own). */
+static void discard_outputs(trainer *t, const char *events)
+{
+    const char *names[] = {"config.yaml", "metrics.jsonl"};
+    char path[4200];
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", t->out_dir, names[i]);
+        unlink(path);
+    }
+    if (events[0])
+        unlink(events);
+    fprintf(t->log, "ft-train: the run stopped before its first step: removed its logs from %s\n",
+            t->out_dir);
+}
+
 int ft_train_run(const ft_run_config *cfg, const ft_trainer_options *o, ft_train_outcome *outcome,
                  char *out, size_t out_len, ft_err *err)
 {
@@ -1021,8 +1040,15 @@ int ft_train_run(const ft_run_config *cfg, const ft_trainer_options *o, ft_train
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     sigaction(SIGXFSZ, &old_xfsz, NULL);
-    if (t.tb)
+    /* a new run that stopped before its first step (out of memory, bad data) leaves no
+     * outputs: the same command with other settings may then use the dir */
+    bool discard = rc != 0 && t.fresh && t.steps_done == 0 && t.rank == 0 && !t.measuring &&
+                   (t.tb || t.metrics);
+    char events[4200] = "";
+    if (t.tb) {
+        snprintf(events, sizeof events, "%s", ft_tb_path(t.tb));
         ft_tb_close(t.tb);
+    }
     for (int i = 0; t.micro && i < t.accum; i++) {
         free(t.micro[i].ids);
         free(t.micro[i].labels);
@@ -1034,6 +1060,8 @@ int ft_train_run(const ft_run_config *cfg, const ft_trainer_options *o, ft_train
     ft_engine_free(t.eng);
     if (t.metrics)
         fclose(t.metrics);
+    if (discard)
+        discard_outputs(&t, events);
     if (t.quiet)
         fclose(t.quiet);
     ft_eval_records_free(&t.gen_records);
