@@ -684,7 +684,7 @@ static int nonfinite_step(trainer *t, const ft_step_stats *st, ft_err *err)
     if (!t->cfg->train.skip_nonfinite_steps)
         return ft_fail(err, "step %ld: the %s not finite (loss %g, gradient norm %g): "
                             "training diverged. The step was not applied and nothing of it was "
-                            "written (the last checkpoint is intact). Lower train.learning_rate, "
+                            "written (earlier checkpoints are intact). Lower train.learning_rate, "
                             "or set train.skip_nonfinite_steps=true to skip such steps",
                        step, what, st->loss, st->grad_norm);
     t->state.skipped_steps++;
