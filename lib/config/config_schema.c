@@ -92,6 +92,11 @@ static const ft_cfg_key schema[] = {
     {KEY(train.adam_epsilon), FT_CFG_FLOAT, "1e-8", NULL, false, 0, NONE, "AdamW epsilon", NULL},
     {KEY(train.max_grad_norm), FT_CFG_FLOAT, "1.0", NULL, false, 0, NONE,
      "global-norm gradient clipping (0 = off)", NULL},
+    {KEY(train.skip_nonfinite_steps), FT_CFG_BOOL, "false", NULL, false, NONE, NONE,
+     "a step whose loss or gradient norm is not finite (inf, nan) is skipped (not applied; "
+     "counted in the log, TensorBoard and run_summary.json) instead of stopping the run with "
+     "an error",
+     NULL},
     {KEY(train.device), FT_CFG_ENUM, "auto", CHOICES("auto", "cpu", "cuda"), false, NONE, NONE,
      "where the run computes: auto takes the GPU when this build has CUDA and one is visible "
      "(each rank the GPU of its node-local rank), else the CPU (fp32)",
@@ -112,7 +117,14 @@ static const ft_cfg_key schema[] = {
     {KEY(train.seed), FT_CFG_INT, "42", NULL, false, NONE, NONE,
      "seed of init, dropout and shuffling", NULL},
     {KEY(train.output_dir), FT_CFG_STRING, "runs/default", NULL, false, NONE, NONE,
-     "run dir: checkpoints, TensorBoard events, resolved config", NULL},
+     "run dir: checkpoints, TensorBoard events, resolved config; a dir holding another run's "
+     "outputs is refused (resume it, or see overwrite_output_dir)",
+     NULL},
+    {KEY(train.overwrite_output_dir), FT_CFG_BOOL, "false", NULL, false, NONE, NONE,
+     "a new run in a dir holding an earlier run's outputs removes them first (checkpoint-*, "
+     "final, events, metrics.jsonl, config.yaml, run_summary.json; other files stay); a "
+     "resumed run removes nothing",
+     NULL},
     {KEY(train.logging_steps), FT_CFG_INT, "10", NULL, false, 1, NONE, "log every N steps", NULL},
     {KEY(train.eval_strategy), FT_CFG_ENUM, "no", CHOICES("no", "steps", "epoch"), false, NONE,
      NONE, "when to evaluate", NULL},

@@ -143,12 +143,14 @@ typedef struct ft_train_section {
     double weight_decay;
     double adam_beta1, adam_beta2, adam_epsilon;
     double max_grad_norm;
+    bool skip_nonfinite_steps;       /* else a non-finite loss or grad norm stops the run */
     ft_cfg_device device;
     bool bf16, fp16;
     bool gradient_checkpointing;
     long loss_chunk_tokens;          /* FT_CFG_AUTO: the model's own choice */
     long seed;
     char output_dir[FT_CFG_PATH_MAX];
+    bool overwrite_output_dir;       /* a new run may clear an earlier run's outputs */
     long logging_steps;
     ft_eval_strategy eval_strategy;
     long eval_steps, save_steps, save_total_limit;

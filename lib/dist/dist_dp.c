@@ -213,8 +213,10 @@ static int dp_release(void *ctx, int unit, ft_unit_phase ph, bool grads_final, f
     }
     if (bwd && e->unit_gw && e->unit_gw[unit] >= 0)
         return gw_launch(e, unit, err);
+    /* one ddp rank holds the whole sum already; zero1's shard gradient is filled by the
+     * reduce-scatter even on one rank (a copy there) */
     if (bwd && grads_final && e->sync && e->buckets && unit_train(e, unit) > 0 &&
-        e->world > 1) {
+        (e->world > 1 || e->o.strategy == FT_STRATEGY_ZERO1)) {
         bucket *b = &e->buckets[e->unit_bucket[unit]];
         if (--b->units_left == 0)
             return launch_bucket(e, b, err);

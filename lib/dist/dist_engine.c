@@ -395,18 +395,23 @@ int ft_engine_step(ft_engine *e, const ft_lr_schedule *sched, const ft_batch *mi
     size_t n = e->opt_end - e->opt_begin;
     /* the global norm: ddp ranks each hold the whole reduced gradient; shards and stages
      * sum their parts */
-    double sq[2] = {n ? ft_sumsq(ft_view(owned_grad(e), n, FT_F32, e->dev), n) : 0.0, loss};
+    double sq[3] = {n ? ft_sumsq(ft_view(owned_grad(e), n, FT_F32, e->dev), n) : 0.0, loss, 0};
+    /* ranks that saw a non-finite value: summed exactly, so every rank takes the same
+     * decision on the step below */
+    sq[2] = isfinite(sq[0]) && isfinite(sq[1]) ? 0.0 : 1.0;
     bool partial = e->o.strategy != FT_STRATEGY_DDP && e->o.strategy != FT_STRATEGY_NONE;
     if (e->world > 1) {
         if (!partial)
             sq[0] /= e->world; /* the same value on every rank: the sum gives it back */
-        if (ft_comm_allreduce(e->comm, sq, 2, FT_COMM_F64, FT_COMM_SUM, err))
+        if (ft_comm_allreduce(e->comm, sq, 3, FT_COMM_F64, FT_COMM_SUM, err))
             return -1;
     }
     double norm = sqrt(sq[0]);
     float coef = ft_clip_coef(norm, max_grad_norm);
     float lr = (float)ft_lr_at(sched, e->opt.step);
-    if (update(e, lr, coef, err))
+    /* a diverged step is not applied: weights, moments and the step count stay */
+    st->nonfinite = sq[2] != 0 || !isfinite(norm) || !isfinite(sq[1]);
+    if (!st->nonfinite && update(e, lr, coef, err))
         return -1;
     st->loss = sq[1] / tokens;
     st->tokens = (long)tokens;
@@ -578,7 +583,7 @@ int ft_engine_save_weights(ft_engine *e, const char *dir, const char *base_model
 }
 
 int ft_engine_load_checkpoint(ft_engine *e, const char *path, ft_train_state *st,
-                              const ft_ckpt_stamp *expect, ft_err *err)
+                              const ft_train_state *expect, ft_err *err)
 {
     /* the weights go straight into a whole replica, else into a host copy of the whole
      * buffer; the moments into a host copy, whose owned range is kept */

@@ -111,7 +111,9 @@ int ft_engine_loss_rank(const ft_engine *e);
 int ft_engine_opt_step(const ft_engine *e);
 
 /* One optimizer step over this rank's n_micro micro-batches (collective: every rank
- * calls it with the same n_micro). st gets the global loss, tokens and norm. */
+ * calls it with the same n_micro). st gets the global loss, tokens and norm. A step whose
+ * global loss or gradient norm is not finite is not applied on any rank
+ * (st->nonfinite, the same on every rank). */
 int ft_engine_step(ft_engine *e, const ft_lr_schedule *sched, const ft_batch *micro,
                    int n_micro, double max_grad_norm, ft_step_stats *st, ft_err *err);
 
@@ -124,9 +126,11 @@ int ft_engine_save_checkpoint(ft_engine *e, const char *run_dir, const ft_train_
 /* Collective. Rank 0 writes the gathered trainable weights into dir
  * (ft_checkpoint_save_weights). */
 int ft_engine_save_weights(ft_engine *e, const char *dir, const char *base_model, ft_err *err);
-/* Collective. Every rank reads the checkpoint at path and keeps its part. */
+/* Collective. Every rank reads the checkpoint at path and keeps its part, after the
+ * checks of ft_checkpoint_load against expect (this run's state at its start; NULL:
+ * none). */
 int ft_engine_load_checkpoint(ft_engine *e, const char *path, ft_train_state *st,
-                              const ft_ckpt_stamp *expect, ft_err *err);
+                              const ft_train_state *expect, ft_err *err);
 
 /* This rank's mean token loss over its own micro-batches of the last step (data-parallel
  * ranks; NAN on pipeline stages, whose loss is the last stage's). */

@@ -303,3 +303,96 @@ void ft_tb_close(ft_tb_writer *w)
     free(w->path);
     free(w);
 }
+
+/* ---- HParams (tb_writer.h). Field numbers: tensorboard/plugins/hparams/plugin_data.proto
+ * and api.proto, google/protobuf/struct.proto's Value. */
+
+enum {
+    PLUGIN_DATA_CONTENT = 2,        /* SummaryMetadata.PluginData.content: bytes */
+    SHAPE_DIM = 2,                  /* TensorShapeProto.dim */
+    DT_FLOAT = 1,
+    HP_DATA_EXPERIMENT = 2,         /* HParamsPluginData */
+    HP_DATA_SESSION_START = 3,
+    HP_DATA_SESSION_END = 4,
+    EXPERIMENT_TIME_CREATED = 3,    /* Experiment */
+    EXPERIMENT_HPARAM_INFOS = 4,
+    EXPERIMENT_METRIC_INFOS = 5,
+    HPARAM_INFO_NAME = 1,           /* HParamInfo */
+    HPARAM_INFO_TYPE = 4,
+    METRIC_INFO_NAME = 1,           /* MetricInfo: MetricName{group 1, tag 2} */
+    METRIC_NAME_TAG = 2,
+    START_HPARAMS = 1,              /* SessionStartInfo: map<string, Value> */
+    START_TIME_SECS = 5,
+    MAP_KEY = 1,
+    MAP_VALUE = 2,
+    VALUE_NUMBER = 2,               /* google.protobuf.Value */
+    VALUE_STRING = 3,
+    VALUE_BOOL = 4,
+    END_STATUS = 1,                 /* SessionEndInfo */
+    END_TIME_SECS = 2,
+};
+
+/* Writes Summary.Value{tag, tensor: the plugin's empty float tensor (shape [0]),
+ * metadata: plugin "hparams" with data} and frees data. */
+static int write_hparams(ft_tb_writer *w, const char *tag, pbuf *data, ft_err *err)
+{
+    pbuf plugin = {0}, metadata = {0}, dim = {0}, shape = {0}, tensor = {0}, v = {0};
+    pb_string(&plugin, PLUGIN_DATA_PLUGIN_NAME, "hparams");
+    pb_message(&plugin, PLUGIN_DATA_CONTENT, data);
+    pb_message(&metadata, METADATA_PLUGIN_DATA, &plugin);
+    pb_message(&shape, SHAPE_DIM, &dim); /* one dim of size 0 (the default, not written) */
+    pb_uint(&tensor, TENSOR_DTYPE, DT_FLOAT);
+    pb_message(&tensor, TENSOR_TENSOR_SHAPE, &shape);
+    pb_string(&v, VALUE_TAG, tag);
+    pb_message(&v, VALUE_TENSOR, &tensor);
+    pb_message(&v, VALUE_METADATA, &metadata);
+    return write_summary_event(w, 0, &v, err);
+}
+
+int ft_tb_hparams_start(ft_tb_writer *w, const ft_tb_hparam *hp, size_t n,
+                        const char *const *metric_tags, size_t n_metrics, ft_err *err)
+{
+    double now = wall_time_now();
+    pbuf exp = {0}, data = {0};
+    pb_double(&exp, EXPERIMENT_TIME_CREATED, now);
+    for (size_t i = 0; i < n; i++) {
+        pbuf info = {0};
+        pb_string(&info, HPARAM_INFO_NAME, hp[i].name);
+        pb_uint(&info, HPARAM_INFO_TYPE, (uint64_t)hp[i].type);
+        pb_message(&exp, EXPERIMENT_HPARAM_INFOS, &info);
+    }
+    for (size_t i = 0; i < n_metrics; i++) {
+        pbuf name = {0}, info = {0};
+        pb_string(&name, METRIC_NAME_TAG, metric_tags[i]);
+        pb_message(&info, METRIC_INFO_NAME, &name);
+        pb_message(&exp, EXPERIMENT_METRIC_INFOS, &info);
+    }
+    pb_message(&data, HP_DATA_EXPERIMENT, &exp);
+    if (write_hparams(w, "_hparams_/experiment", &data, err))
+        return -1;
+    pbuf start = {0};
+    for (size_t i = 0; i < n; i++) {
+        pbuf value = {0}, entry = {0};
+        if (hp[i].type == FT_TB_HPARAM_NUMBER)
+            pb_double(&value, VALUE_NUMBER, hp[i].num);
+        else if (hp[i].type == FT_TB_HPARAM_BOOL)
+            pb_uint(&value, VALUE_BOOL, hp[i].b);
+        else
+            pb_string(&value, VALUE_STRING, hp[i].str ? hp[i].str : "");
+        pb_string(&entry, MAP_KEY, hp[i].name);
+        pb_message(&entry, MAP_VALUE, &value);
+        pb_message(&start, START_HPARAMS, &entry);
+    }
+    pb_double(&start, START_TIME_SECS, now);
+    pb_message(&data, HP_DATA_SESSION_START, &start);
+    return write_hparams(w, "_hparams_/session_start_info", &data, err);
+}
+
+int ft_tb_hparams_end(ft_tb_writer *w, ft_tb_session_status status, ft_err *err)
+{
+    pbuf end = {0}, data = {0};
+    pb_uint(&end, END_STATUS, (uint64_t)status);
+    pb_double(&end, END_TIME_SECS, wall_time_now());
+    pb_message(&data, HP_DATA_SESSION_END, &end);
+    return write_hparams(w, "_hparams_/session_end_info", &data, err);
+}

@@ -12,6 +12,8 @@
 #ifndef FT_TB_WRITER_H
 #define FT_TB_WRITER_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/ft_error.h"
@@ -47,6 +49,44 @@ int ft_tb_flush(ft_tb_writer *w, ft_err *err);
 /* Closes the file and frees w (NULL is fine). Errors are not reported: call ft_tb_flush
  * first to learn of them. */
 void ft_tb_close(ft_tb_writer *w);
+
+/* ---- HParams: the hyperparameters and metrics of a run, in the format of TensorBoard's
+ * HParams plugin (tensorboard/plugins/hparams: summary.py, plugin_data.proto, api.proto),
+ * so that runs compare side by side in its table. Each record is a Summary.Value with
+ * plugin_data{plugin_name "hparams", content HParamsPluginData} and an empty float
+ * tensor, at step 0. */
+
+/* The types of api.proto's DataType. */
+typedef enum ft_tb_hparam_type {
+    FT_TB_HPARAM_STRING = 1,
+    FT_TB_HPARAM_BOOL = 2,
+    FT_TB_HPARAM_NUMBER = 3 /* float64 */
+} ft_tb_hparam_type;
+
+/* One hyperparameter: its name and value (the field of its type). */
+typedef struct ft_tb_hparam {
+    const char *name;
+    ft_tb_hparam_type type;
+    const char *str;
+    bool b;
+    double num;
+} ft_tb_hparam;
+
+/* Writes "_hparams_/experiment" (an Experiment: hparam_infos with each name and type,
+ * metric_infos with the scalar tags in metric_tags, which the table shows the last value
+ * of) and "_hparams_/session_start_info" (the values of the n hparams, start time now). */
+int ft_tb_hparams_start(ft_tb_writer *w, const ft_tb_hparam *hp, size_t n,
+                        const char *const *metric_tags, size_t n_metrics, ft_err *err);
+
+/* The status values of api.proto's Status. */
+typedef enum ft_tb_session_status {
+    FT_TB_SESSION_SUCCESS = 1,
+    FT_TB_SESSION_FAILURE = 2,
+    FT_TB_SESSION_RUNNING = 3
+} ft_tb_session_status;
+
+/* Writes "_hparams_/session_end_info": the session's status, end time now. */
+int ft_tb_hparams_end(ft_tb_writer *w, ft_tb_session_status status, ft_err *err);
 
 #ifdef __cplusplus
 }

@@ -24,6 +24,7 @@
 #include "device/run_device.h"
 #include "train/schedule.h"
 #include "formats/tb_writer.h"
+#include "run/run_internal.h"
 #include "train/train_step.h"
 
 /* Set by SIGINT/SIGTERM; the loop saves a checkpoint and stops at the next step
@@ -98,14 +99,29 @@ typedef struct trainer {
     long last_eval_step; /* -1: none yet */
     bool tty;            /* log is a terminal: keep a progress bar on its last line */
     int accum, n_batches;
-    owned_batch *micro;
+    owned_batch *micro;  /* [accum] */
+    ft_batch *mb;        /* [accum]: the micro-batches of a step */
     ft_eval_records gen_records; /* predict_with_generate: prompts and references */
     ft_gen_options gen;
     FILE *metrics;       /* metrics.jsonl (rank 0) */
     double t_start, last_loss, last_eval_loss, last_rate, comm_bytes;
     long steps_done, tokens_done;
     bool have_eval;
+    bool fresh;          /* a new run (not resumed): its run dir held none of our outputs */
+    /* the logging window: the finite step losses since the last log line (their mean is
+     * the logged train loss, as the HF Trainer logs it) */
+    double window_loss_sum;
+    long window_loss_n;
 } trainer;
+
+/* A JSON number, or null when v is not finite (JSON has no NaN or Infinity). */
+static void json_number(FILE *f, const char *fmt, double v)
+{
+    if (isfinite(v))
+        fprintf(f, fmt, v);
+    else
+        fputs("null", f);
+}
 
 static void begin_line(trainer *t);
 
@@ -262,8 +278,9 @@ static int run_eval(trainer *t, ft_err *err)
     t->last_eval_loss = loss;
     t->have_eval = true;
     if (t->metrics) {
-        fprintf(t->metrics, "{\"step\": %ld, \"eval_loss\": %.6g, \"elapsed_s\": %.3f}\n",
-                t->state.global_step, loss, now() - t->t_start);
+        fprintf(t->metrics, "{\"step\": %ld, \"eval_loss\": ", t->state.global_step);
+        json_number(t->metrics, "%.6g", loss);
+        fprintf(t->metrics, ", \"elapsed_s\": %.3f}\n", now() - t->t_start);
         fflush(t->metrics);
     }
     if (log_scalar(t, "eval/loss", loss, err) || log_scalar(t, "eval/perplexity", exp(loss), err))
@@ -372,10 +389,25 @@ static int gather_rank_values(trainer *t, double rate, double *all, ft_err *err)
                         : 0;
 }
 
+/* The fractional epoch, as the HF Trainer logs it: epochs done plus the part of the
+ * current one consumed. */
+static double epoch_progress(trainer *t)
+{
+    int n = ft_loader_n_batches(t->train_loader, t->state.epoch);
+    return t->state.epoch + (n > 0 ? (double)t->state.batch_in_epoch / n : 0.0);
+}
+
+/* A log line, TensorBoard scalars and a metrics.jsonl row for the steps since the last
+ * one: the mean of their finite losses (NAN when none was), and the last step's learning
+ * rate and gradient norm (collective: the ranks' figures are gathered). */
 static int log_step(trainer *t, const ft_step_stats *st, double tok_per_s, double elapsed,
                     long first_step, ft_err *err)
 {
     long step = t->state.global_step, total = t->sched.total_steps;
+    double loss = t->window_loss_n ? t->window_loss_sum / (double)t->window_loss_n : NAN;
+    double epoch = epoch_progress(t);
+    t->window_loss_sum = 0;
+    t->window_loss_n = 0;
     double eta = (double)(total - step) * elapsed / (double)(step - first_step);
     /* tok_per_s is this rank's; the run's is the sum over data-parallel ranks */
     double *all = malloc((size_t)t->world * RANK_NVAL * sizeof *all);
@@ -390,10 +422,13 @@ static int log_step(trainer *t, const ft_step_stats *st, double tok_per_s, doubl
         global_rate += all[(size_t)r * RANK_NVAL + RANK_RATE];
     t->last_rate = global_rate;
     begin_line(t);
-    fprintf(t->log, "step %ld/%ld | loss %.4f | lr %.3e | grad_norm %.4f | %.0f tok/s | eta %.0fs\n",
-            step, total, st->loss, st->lr, st->grad_norm, global_rate, eta);
+    fprintf(t->log, "step %ld/%ld | loss %.4f | lr %.3e | grad_norm %.4f | %.0f tok/s | eta %.0fs",
+            step, total, loss, st->lr, st->grad_norm, global_rate, eta);
+    if (t->state.skipped_steps)
+        fprintf(t->log, " | %ld skipped", t->state.skipped_steps);
+    fputc('\n', t->log);
     int rc = 0;
-    if (log_scalar(t, "train/loss", st->loss, err) ||
+    if (log_scalar(t, "train/loss", loss, err) || log_scalar(t, "train/epoch", epoch, err) ||
         log_scalar(t, "train/learning_rate", st->lr, err) ||
         log_scalar(t, "train/grad_norm", st->grad_norm, err) ||
         log_scalar(t, "train/tokens_per_second", global_rate, err))
@@ -442,14 +477,24 @@ static int log_step(trainer *t, const ft_step_stats *st, double tok_per_s, doubl
         rc = log_scalar(t, "dist/step_seconds", step_s, err) ||
              log_scalar(t, "dist/comm_wait_seconds", cs.wait_s, err);
     }
+    if (rc == 0 && t->state.skipped_steps)
+        rc = log_scalar(t, "train/skipped_steps", (double)t->state.skipped_steps, err);
     free(all);
     if (rc == 0 && t->metrics) {
-        fprintf(t->metrics,
-                "{\"step\": %ld, \"epoch\": %d, \"loss\": %.6g, \"learning_rate\": %.6g, "
-                "\"grad_norm\": %.6g, \"tokens_per_second\": %.6g, \"elapsed_s\": %.3f}\n",
-                step, t->state.epoch, st->loss, st->lr, st->grad_norm, global_rate,
+        FILE *f = t->metrics;
+        fprintf(f, "{\"step\": %ld, \"epoch\": ", step);
+        json_number(f, "%.6g", epoch);
+        fputs(", \"loss\": ", f);
+        json_number(f, "%.6g", loss);
+        fputs(", \"learning_rate\": ", f);
+        json_number(f, "%.6g", st->lr);
+        fputs(", \"grad_norm\": ", f);
+        json_number(f, "%.6g", st->grad_norm);
+        fputs(", \"tokens_per_second\": ", f);
+        json_number(f, "%.6g", global_rate);
+        fprintf(f, ", \"skipped_steps\": %ld, \"elapsed_s\": %.3f}\n", t->state.skipped_steps,
                 now() - t->t_start);
-        fflush(t->metrics);
+        fflush(f);
     }
     return rc ? -1 : t->tb ? ft_tb_flush(t->tb, err) : 0;
 }
@@ -482,17 +527,21 @@ static int write_summary(trainer *t, ft_err *err)
     fprintf(f, "\"batch_size\": %d, \"grad_accum\": %d, \"global_batch_size\": %ld, ",
             t->batch_size, t->accum,
             (long)t->batch_size * t->accum * ft_engine_data_world(t->eng));
-    fprintf(f, "\"steps\": %ld, \"wall_time_s\": %.3f, \"steps_per_second\": %.6g, ",
-            t->steps_done, wall, wall > 0 ? t->steps_done / wall : 0.0);
-    fprintf(f, "\"tokens_per_second\": %.6g, \"final_train_loss\": %.6g, ",
-            wall > 0 ? (double)t->tokens_done * ft_engine_data_world(t->eng) / wall : 0.0,
-            t->last_loss);
-    if (t->have_eval)
-        fprintf(f, "\"final_eval_loss\": %.6g, ", t->last_eval_loss);
-    else
-        fprintf(f, "\"final_eval_loss\": null, ");
-    fprintf(f, "\"comm_bytes_per_step\": %.6g, \"peak_memory_bytes\": [",
-            t->steps_done ? t->comm_bytes / t->steps_done : 0.0);
+    fprintf(f, "\"run_id\": \"%s\", \"steps\": %ld, \"skipped_steps\": %ld, ", t->state.run_id,
+            t->steps_done, t->state.skipped_steps);
+    fprintf(f, "\"wall_time_s\": %.3f, \"steps_per_second\": ", wall);
+    json_number(f, "%.6g", wall > 0 ? t->steps_done / wall : 0.0);
+    fputs(", \"tokens_per_second\": ", f);
+    json_number(f, "%.6g",
+                wall > 0 ? (double)t->tokens_done * ft_engine_data_world(t->eng) / wall : 0.0);
+    /* the last step's loss (the log's train loss is the mean of a window) */
+    fputs(", \"final_train_loss\": ", f);
+    json_number(f, "%.6g", t->steps_done ? t->last_loss : NAN);
+    fputs(", \"final_eval_loss\": ", f);
+    json_number(f, "%.6g", t->have_eval ? t->last_eval_loss : NAN);
+    fputs(", \"comm_bytes_per_step\": ", f);
+    json_number(f, "%.6g", t->steps_done ? t->comm_bytes / t->steps_done : 0.0);
+    fprintf(f, ", \"peak_memory_bytes\": [");
     for (int r = 0; r < t->world; r++) {
         double sum = 0;
         for (int c = 0; c < FT_MEM_NCAT; c++)
@@ -588,14 +637,13 @@ static int measure_step(trainer *t, ft_mem_measured *m, ft_err *err)
     int T = (int)t->cfg->model.max_seq_len;
     if (next_micro_batches(t, err))
         return -1;
-    ft_batch mb[64];
     for (int i = 0; i < t->accum; i++) {
         if (pad_micro(&t->micro[i], t->batch_size, T, t->data.pad_id, err))
             return -1;
-        mb[i] = t->micro[i].b;
+        t->mb[i] = t->micro[i].b;
     }
     ft_step_stats st;
-    if (ft_engine_step(t->eng, &t->sched, mb, t->accum,
+    if (ft_engine_step(t->eng, &t->sched, t->mb, t->accum,
                        t->cfg->train.max_grad_norm, &st, err))
         return ft_fail_prefix(err, "memory check step");
     double *all = malloc((size_t)t->world * RANK_NVAL * sizeof *all);
@@ -621,6 +669,32 @@ static int measure_step(trainer *t, ft_mem_measured *m, ft_err *err)
     return rc;
 }
 
+/* A step whose loss or gradient norm is not finite (the engine did not apply it; every
+ * rank knows it alike): skipped and counted with train.skip_nonfinite_steps, else the
+ * end of the run, before anything of the step is written. */
+static int nonfinite_step(trainer *t, const ft_step_stats *st, ft_err *err)
+{
+    long step = t->state.global_step + 1;
+    const char *what = !isfinite(st->loss) && !isfinite(st->grad_norm)
+                           ? "loss and the gradient norm are"
+                       : !isfinite(st->loss) ? "loss is"
+                                             : "gradient norm is";
+    if (!t->cfg->train.skip_nonfinite_steps && t->rank != 0) /* (rank 0 says why) */
+        return ft_fail(err, "step %ld: stopped with rank 0: training diverged", step);
+    if (!t->cfg->train.skip_nonfinite_steps)
+        return ft_fail(err, "step %ld: the %s not finite (loss %g, gradient norm %g): "
+                            "training diverged. The step was not applied and nothing of it was "
+                            "written (earlier checkpoints are intact). Lower train.learning_rate, "
+                            "or set train.skip_nonfinite_steps=true to skip such steps",
+                       step, what, st->loss, st->grad_norm);
+    t->state.skipped_steps++;
+    begin_line(t);
+    fprintf(t->log, "step %ld: the %s not finite (loss %g, gradient norm %g): skipped, not "
+                    "applied (%ld skipped so far)\n",
+            step, what, st->loss, st->grad_norm, t->state.skipped_steps);
+    return 0;
+}
+
 static int train_loop(trainer *t, ft_train_outcome *outcome, char *out, size_t out_len,
                       ft_err *err)
 {
@@ -637,20 +711,25 @@ static int train_loop(trainer *t, ft_train_outcome *outcome, char *out, size_t o
         int epoch_before = t->state.epoch;
         if (next_micro_batches(t, err))
             return -1;
-        ft_batch mb[64];
         for (int i = 0; i < t->accum; i++) {
-            mb[i] = t->micro[i].b;
-            window_tokens += (long)mb[i].B * mb[i].T;
+            t->mb[i] = t->micro[i].b;
+            window_tokens += (long)t->mb[i].B * t->mb[i].T;
         }
         ft_step_stats st;
-        if (ft_engine_step(t->eng, &t->sched, mb, t->accum, max_norm, &st, err))
+        if (ft_engine_step(t->eng, &t->sched, t->mb, t->accum, max_norm, &st, err))
             return ft_fail_prefix(err, "step %ld", t->state.global_step + 1);
+        if (st.nonfinite && nonfinite_step(t, &st, err))
+            return -1;
         t->state.global_step++;
         t->steps_done++;
         t->last_loss = st.loss;
+        if (isfinite(st.loss)) {
+            t->window_loss_sum += st.loss;
+            t->window_loss_n++;
+        }
         t->comm_bytes += ft_engine_step_comm_bytes(t->eng);
         for (int i = 0; i < t->accum; i++)
-            t->tokens_done += (long)mb[i].B * mb[i].T;
+            t->tokens_done += (long)t->mb[i].B * t->mb[i].T;
         /* a signal reaches the ranks at different moments: stop when any has one */
         if (t->world > 1) {
             int64_t stop = stop_requested;
@@ -684,7 +763,8 @@ static int train_loop(trainer *t, ft_train_outcome *outcome, char *out, size_t o
             return -1;
     }
     begin_line(t);
-    if (run_eval(t, err))
+    /* the closing evaluation of a run that evaluates (train.eval_strategy no: none) */
+    if (c->eval_strategy != FT_EVAL_NO && run_eval(t, err))
         return -1;
     *outcome = FT_TRAIN_DONE;
     return save_final(t, out, out_len, err);
@@ -708,8 +788,87 @@ static int setup_device(trainer *t, ft_err *err)
     return 0;
 }
 
+/* The checkpoint this run resumes into path ("" for none: no --resume, or --resume auto
+ * in a dir without one); then the run dir made this run's (run_dir_claim: rank 0
+ * decides, before anything is loaded or written; every rank learns the outcome). */
+static int claim_run_dir(trainer *t, const ft_trainer_options *o, char *path, size_t n,
+                         ft_err *err)
+{
+    path[0] = '\0';
+    if (o->resume && strcmp(o->resume, "auto") == 0) {
+        if (ft_checkpoint_latest(t->out_dir, path, n, err) < 0)
+            return -1;
+    } else if (o->resume && (size_t)snprintf(path, n, "%s", o->resume) >= n) {
+        return ft_fail(err, "--resume %s: path too long", o->resume);
+    }
+    t->fresh = !path[0];
+    if (t->measuring)
+        return 0; /* writes nothing */
+    int rc = t->rank == 0 ? run_dir_claim(t->out_dir, path[0] ? path : NULL,
+                                          t->cfg->train.overwrite_output_dir, t->log, err)
+                          : 0;
+    if (t->world > 1) {
+        int64_t v = rc;
+        ft_err berr;
+        if (ft_comm_broadcast(t->comm, &v, 1, FT_COMM_I64, 0, &berr))
+            return ft_fail(err, "%s", berr.msg);
+        if (v != 0 && t->rank != 0)
+            return ft_fail(err, "rank 0 refused train.output_dir (its error is in its log)");
+    }
+    return rc;
+}
+
+/* A resumed run's position: within this run's steps, and the micro-batches its epoch and
+ * batch_in_epoch say were consumed equal to global_step x grad_accum of this run's
+ * loader; else the run would not go on with the data it would have seen. */
+static int check_data_position(trainer *t, const char *path, ft_err *err)
+{
+    const ft_train_state *s = &t->state;
+    if (s->global_step > t->sched.total_steps)
+        return ft_fail(err, "%s is at step %ld, past the %d steps of this run (train.max_steps, "
+                            "train.epochs): refusing to resume",
+                       path, s->global_step, t->sched.total_steps);
+    long want = s->global_step * t->accum, have = s->batch_in_epoch;
+    bool ok = s->epoch <= want &&
+              s->batch_in_epoch <= ft_loader_n_batches(t->train_loader, s->epoch);
+    for (int e = 0; ok && e < s->epoch && have <= want; e++)
+        have += ft_loader_n_batches(t->train_loader, e);
+    if (!ok || have != want)
+        return ft_fail(err, "%s: its data position (epoch %d, batch %d) is not where %ld steps of "
+                            "%d micro-batch%s end with this run's data: the checkpoint is "
+                            "inconsistent, or train.batch_size, train.grad_accum, the number of "
+                            "ranks or the data changed since it was saved; refusing to resume",
+                       path, s->epoch, s->batch_in_epoch, s->global_step, t->accum,
+                       t->accum == 1 ? "" : "es");
+    return 0;
+}
+
+/* The metrics of TensorBoard's HParams table: scalar tags of the run. */
+static const char *const hparam_metrics[] = {"train/loss", "eval/loss", "final/train_loss",
+                                             "final/eval_loss", "final/skipped_steps"};
+
+/* The end of the run in TensorBoard: the final metrics and the session's status. */
+static int tb_finish(trainer *t, ft_tb_session_status status, ft_err *err)
+{
+    if (!t->tb)
+        return 0;
+    int rc = 0;
+    if (status == FT_TB_SESSION_SUCCESS) {
+        if (t->steps_done && isfinite(t->last_loss))
+            rc = log_scalar(t, "final/train_loss", t->last_loss, err);
+        if (rc == 0 && t->have_eval && isfinite(t->last_eval_loss))
+            rc = log_scalar(t, "final/eval_loss", t->last_eval_loss, err);
+        if (rc == 0)
+            rc = log_scalar(t, "final/skipped_steps", (double)t->state.skipped_steps, err);
+    }
+    if (rc == 0)
+        rc = ft_tb_hparams_end(t->tb, status, err);
+    return rc == 0 ? ft_tb_flush(t->tb, err) : -1;
+}
+
 static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
 {
+    char resume_path[4096];
     const ft_run_config *c = t->cfg;
     if (setup_device(t, err))
         return -1;
@@ -719,14 +878,13 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
         return -1;
     t->out_dir = c->train.output_dir;
     ft_dist_options dopt;
-    if (dist_options(c, t->world, &dopt, err))
+    if (dist_options(c, t->world, &dopt, err) ||
+        claim_run_dir(t, o, resume_path, sizeof resume_path, err))
         return -1;
     ft_comm_set_timeout(t->comm, c->dist.timeout_s);
     if (ft_run_data_load(&t->data, c, t->log, err))
         return -1;
     t->accum = c->train.grad_accum == FT_CFG_AUTO ? 1 : (int)c->train.grad_accum;
-    if (t->accum > 64)
-        return ft_fail(err, "config: train.grad_accum %d is above the supported 64", t->accum);
     /* data-parallel ranks read disjoint shards; pipeline stages all read the same batches */
     bool pipeline = dopt.strategy == FT_STRATEGY_PIPELINE;
     ft_loader_options lo = ft_run_loader_options(c, &t->data, pipeline ? 0 : t->rank,
@@ -751,7 +909,8 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
         t->gen.max_new_tokens = (int)c->train.generation_max_new_tokens;
     }
     t->micro = calloc((size_t)t->accum, sizeof *t->micro);
-    if (!t->micro)
+    t->mb = calloc((size_t)t->accum, sizeof *t->mb);
+    if (!t->micro || !t->mb)
         return ft_fail(err, "out of memory");
     if (setup_model(t, &dopt, err) || setup_schedule(t, err))
         return -1;
@@ -759,25 +918,23 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
         ft_gen_eos_ids(ft_model_cfg(t->m), t->data.tok, &t->gen);
     stamp_of(t, &t->state.stamp);
     t->state.seed = (uint64_t)c->train.seed;
-    if (o->resume) {
-        char path[4096];
-        int found = 1;
-        if (strcmp(o->resume, "auto") == 0)
-            found = ft_checkpoint_latest(t->out_dir, path, sizeof path, err);
-        else
-            snprintf(path, sizeof path, "%s", o->resume);
-        if (found < 0)
+    if (ft_checkpoint_base_of(t->model_dir, &t->state.base, err) ||
+        ft_checkpoint_new_run_id(t->state.run_id, sizeof t->state.run_id, err))
+        return -1;
+    if (resume_path[0]) {
+        ft_train_state start = t->state;
+        if (ft_engine_load_checkpoint(t->eng, resume_path, &t->state, &start, err) ||
+            check_data_position(t, resume_path, err))
             return -1;
-        if (found) {
-            ft_ckpt_stamp want = t->state.stamp;
-            if (ft_engine_load_checkpoint(t->eng, path, &t->state, &want, err))
-                return -1;
-            ft_model_set_rng_counter(t->m, t->state.rng_counter);
-            fprintf(t->log, "resumed from %s at step %ld (saved by %s on %d rank%s)\n", path,
-                    t->state.global_step, t->state.stamp.strategy, t->state.stamp.world_size,
-                    t->state.stamp.world_size == 1 ? "" : "s");
-            stamp_of(t, &t->state.stamp);
-        }
+        ft_model_set_rng_counter(t->m, t->state.rng_counter);
+        fprintf(t->log, "resumed from %s at step %ld (saved by %s on %d rank%s)\n", resume_path,
+                t->state.global_step, t->state.stamp.strategy, t->state.stamp.world_size,
+                t->state.stamp.world_size == 1 ? "" : "s");
+        /* the run continues under its id (one written before run ids gets this run's) */
+        if (!t->state.run_id[0])
+            snprintf(t->state.run_id, sizeof t->state.run_id, "%s", start.run_id);
+        t->state.stamp = start.stamp;
+        t->state.base = start.base;
     }
     t->t_start = now();
     if (t->rank != 0 || t->measuring)
@@ -787,7 +944,7 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
     char path[4200];
     snprintf(path, sizeof path, "%s/metrics.jsonl", t->out_dir);
     /* a resumed run appends to the curve it continues */
-    if (!(t->metrics = fopen(path, o->resume ? "a" : "w")))
+    if (!(t->metrics = fopen(path, resume_path[0] ? "a" : "w")))
         return ft_fail(err, "%s: cannot write", path);
     snprintf(path, sizeof path, "%s/config.yaml", t->out_dir);
     FILE *f = fopen(path, "w");
@@ -807,7 +964,27 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
         rc = ft_tb_text(t->tb, "config", t->state.global_step, text, err);
         free(text);
     }
+    if (rc == 0)
+        rc = run_hparams_start(t->tb, c, t->world, hparam_metrics,
+                               sizeof hparam_metrics / sizeof *hparam_metrics, err);
     return rc;
+}
+
+/* Removes what a new run wrote before its first step: its event file, config.yaml and
+ * metrics.jsonl (its run dir held none of our outputs when it started, so these are its
+ * own). */
+static void discard_outputs(trainer *t, const char *events)
+{
+    const char *names[] = {"config.yaml", "metrics.jsonl"};
+    char path[4200];
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", t->out_dir, names[i]);
+        unlink(path);
+    }
+    if (events[0])
+        unlink(events);
+    fprintf(t->log, "ft-train: the run stopped before its first step: removed its logs from %s\n",
+            t->out_dir);
 }
 
 int ft_train_run(const ft_run_config *cfg, const ft_trainer_options *o, ft_train_outcome *outcome,
@@ -833,10 +1010,15 @@ int ft_train_run(const ft_run_config *cfg, const ft_trainer_options *o, ft_train
     }
     t.tty = isatty(fileno(t.log));
     stop_requested = 0;
-    struct sigaction sa = {0}, old_int, old_term;
+    struct sigaction sa = {0}, ign = {0}, old_int, old_term, old_xfsz;
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
+    /* a file-size limit (ulimit -f) makes a write fail with EFBIG, reported as any write
+     * error (the file named, a partial checkpoint removed), instead of killing the run
+     * mid-save */
+    ign.sa_handler = SIG_IGN;
+    sigaction(SIGXFSZ, &ign, &old_xfsz);
     int rc = setup(&t, o, err);
     if (rc == 0 && t.measuring) {
         rc = measure_step(&t, o->measure, err);
@@ -847,22 +1029,39 @@ int ft_train_run(const ft_run_config *cfg, const ft_trainer_options *o, ft_train
         rc = train_loop(&t, outcome, out, out_len, err);
         if (rc == 0)
             rc = write_summary(&t, err);
+        if (rc == 0)
+            rc = tb_finish(&t, *outcome == FT_TRAIN_DONE ? FT_TB_SESSION_SUCCESS
+                                                        : FT_TB_SESSION_RUNNING,
+                           err);
+        else if (t.tb)
+            tb_finish(&t, FT_TB_SESSION_FAILURE, &(ft_err){0}); /* best effort */
     }
     bool oom = rc != 0 && err && err->oom;
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
-    if (t.tb)
+    sigaction(SIGXFSZ, &old_xfsz, NULL);
+    /* a new run that stopped before its first step (out of memory, bad data) leaves no
+     * outputs: the same command with other settings may then use the dir */
+    bool discard = rc != 0 && t.fresh && t.steps_done == 0 && t.rank == 0 && !t.measuring &&
+                   (t.tb || t.metrics);
+    char events[4200] = "";
+    if (t.tb) {
+        snprintf(events, sizeof events, "%s", ft_tb_path(t.tb));
         ft_tb_close(t.tb);
+    }
     for (int i = 0; t.micro && i < t.accum; i++) {
         free(t.micro[i].ids);
         free(t.micro[i].labels);
         free(t.micro[i].pos);
     }
     free(t.micro);
+    free(t.mb);
     ft_loader_free(t.train_loader);
     ft_engine_free(t.eng);
     if (t.metrics)
         fclose(t.metrics);
+    if (discard)
+        discard_outputs(&t, events);
     if (t.quiet)
         fclose(t.quiet);
     ft_eval_records_free(&t.gen_records);

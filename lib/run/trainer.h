@@ -11,18 +11,40 @@
  * Under mpirun / srun every rank runs it; dist.strategy picks how they share the work
  * (lib/dist/dist_engine.h) and rank 0 writes the outputs.
  *
+ * Divergence: a step whose loss or gradient norm is not finite is never applied; it ends
+ * the run with an error naming the step (before anything of it is written: the last
+ * checkpoint stays), or with train.skip_nonfinite_steps it is skipped and counted. Every
+ * rank takes the same decision. Non-finite weights or optimizer state are never written.
+ *
+ * The run dir is the run's own: a new run refuses one that holds an earlier run's outputs
+ * (unless train.overwrite_output_dir, which removes only those); resuming a checkpoint of
+ * the dir continues there. Each run has a random run id (trainer_state.json,
+ * run_summary.json), and checkpoint rotation removes only its own run's checkpoints.
+ * Leftovers of a killed save (checkpoint-N.tmp) or removal (checkpoint-N.deleting) are
+ * removed at the start. A resumed checkpoint must be of the same base model, seed, device,
+ * dtype, mode and data position (checkpoint.h). A write error (a full disk, or a file
+ * larger than `ulimit -f` allows: SIGXFSZ is ignored) fails the run naming the file.
+ *
  * Run dir (train.output_dir): config.yaml (the resolved config), events.out.tfevents.*,
  * checkpoint-N/ (see checkpoint.h), final/ (the trained adapter in PEFT format, or the
  * full model's weights, config and tokenizer files), metrics.jsonl (one JSON object per
- * logged step: step, epoch, loss, learning_rate, grad_norm, tokens_per_second,
- * elapsed_s; and per evaluation: step, eval_loss, elapsed_s) and run_summary.json
- * (strategy, world_size, mode, device, batch_size, grad_accum, global_batch_size (samples
- * per optimizer step: batch_size x grad_accum x data-parallel ranks), steps, wall_time_s,
- * steps_per_second,
- * tokens_per_second, final_train_loss, final_eval_loss, comm_bytes_per_step,
- * peak_memory_bytes per rank, peak_memory_by_category per rank, host_offload_bytes per
- * rank): what `make compare`
- * reads. */
+ * logged step: step, epoch (fractional), loss (the mean over the steps since the last
+ * logged one, as the HF Trainer logs it), learning_rate, grad_norm (the last step's),
+ * tokens_per_second, skipped_steps, elapsed_s; and per evaluation: step, eval_loss,
+ * elapsed_s) and run_summary.json (strategy, world_size, mode, device, batch_size,
+ * grad_accum, global_batch_size (samples per optimizer step: batch_size x grad_accum x
+ * data-parallel ranks), run_id, steps, skipped_steps, wall_time_s, steps_per_second,
+ * tokens_per_second, final_train_loss (the last step's), final_eval_loss,
+ * comm_bytes_per_step, peak_memory_bytes per rank, peak_memory_by_category per rank,
+ * host_offload_bytes per rank): what `make compare` reads. Both are strict JSON: a number
+ * that is not finite is null.
+ *
+ * TensorBoard: train/loss (as metrics.jsonl), train/epoch, train/learning_rate,
+ * train/grad_norm, train/skipped_steps, memory and per-rank figures, the eval scalars, the resolved
+ * config as text, and the HParams plugin's records: every config key as a hyperparameter
+ * with the metrics train/loss, eval/loss, final/train_loss, final/eval_loss and
+ * final/skipped_steps (written at the end). train.eval_strategy no evaluates nothing;
+ * steps and epoch evaluate once more at the end. */
 #ifndef FT_TRAINER_H
 #define FT_TRAINER_H
 

@@ -1,3 +1,4 @@
+/* One optimizer step (train_step.h). */
 #include "train/train_step.h"
 
 #include <math.h>
@@ -26,8 +27,11 @@ int ft_train_step(ft_model *m, ft_optimizer *o, const ft_lr_schedule *sched,
     double norm = sqrt(ft_sumsq(ft_view(grads, n, FT_F32, ft_model_device(m)), n));
     float coef = ft_clip_coef(norm, max_grad_norm);
     float lr = (float)ft_lr_at(sched, o->step);
-    ft_optimizer_step(o, params, grads, lr, coef);
-    ft_model_sync_compute(m); /* the bf16 copy the next forward reads */
+    st->nonfinite = !isfinite(loss) || !isfinite(norm);
+    if (!st->nonfinite) {
+        ft_optimizer_step(o, params, grads, lr, coef);
+        ft_model_sync_compute(m); /* the bf16 copy the next forward reads */
+    }
     st->loss = loss / (double)total;
     st->tokens = total;
     st->grad_norm = norm;

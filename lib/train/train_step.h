@@ -11,6 +11,8 @@
 #ifndef FT_TRAIN_STEP_H
 #define FT_TRAIN_STEP_H
 
+#include <stdbool.h>
+
 #include "model/model.h"
 #include "train/optim.h"
 #include "train/schedule.h"
@@ -21,14 +23,18 @@ typedef struct ft_step_stats {
     double grad_norm; /* global L2 norm before clipping */
     float clip_coef;  /* factor applied to the gradients (1 = not clipped) */
     float lr;         /* learning rate of this update */
+    bool nonfinite;   /* loss or grad_norm is not finite (inf, nan): the update was not
+                       * applied (weights and optimizer state, its step count included,
+                       * are as they were before the step) */
 } ft_step_stats;
 
 /* Zeroes the gradients; runs forward and backward on each of the n_micro micro-batches
  * with the loss normalised by the counted tokens of all of them (so the gradient equals
  * that of one pass over the whole batch, as transformers does with
  * num_items_in_batch); clips to max_grad_norm (<= 0: no clipping) and applies AdamW with
- * the schedule's learning rate for step o->step. A batch with no counted token is an
- * error. */
+ * the schedule's learning rate for step o->step. A non-finite loss or gradient norm is
+ * not applied (st->nonfinite; the caller decides whether that stops the run). A batch
+ * with no counted token is an error. */
 int ft_train_step(ft_model *m, ft_optimizer *o, const ft_lr_schedule *sched,
                   const ft_batch *micro, int n_micro, double max_grad_norm, ft_step_stats *st,
                   ft_err *err);

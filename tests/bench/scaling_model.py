@@ -241,8 +241,9 @@ def engine_collectives(strategy, units, bucket_bytes=25 << 20, elem_bytes=4):
     """The collectives of one optimizer step (one micro-batch) of lib/dist/dist_engine.c on one
     rank, from the units' (trainable, frozen) element counts; every buffer is fp32.
     Every data-parallel step also all-reduces its token count (1 double) and the
-    gradient norm and loss (2 doubles)."""
-    small = [("allreduce", 8, 1), ("allreduce", 16, 1)]
+    gradient norm, the loss and the count of ranks that saw a non-finite one (3 doubles:
+    every rank skips or stops on a diverged step alike)."""
+    small = [("allreduce", 8, 1), ("allreduce", 24, 1)]
     train = [t for t, _ in units]
     total = sum(train) * elem_bytes
     if strategy in ("ddp", "zero1"):

@@ -1,0 +1,35 @@
+/* The parts of one ft-train run beside its loop (trainer.c): the run dir's ownership
+ * (run_dir.c) and the hyperparameters for TensorBoard (run_hparams.c). */
+#ifndef FT_RUN_INTERNAL_H
+#define FT_RUN_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "config/run_config.h"
+#include "core/ft_error.h"
+#include "formats/tb_writer.h"
+
+/* Whether a file name in a run dir is one of the outputs ft-train writes there:
+ * checkpoint-N (and its .tmp / .deleting leftovers), final, events.out.tfevents.*,
+ * metrics.jsonl, config.yaml, run_summary.json (and its .tmp). */
+bool run_dir_is_output(const char *name);
+
+/* Makes out_dir this run's before anything is written to it (call on the rank that
+ * writes, once). resume_path: the checkpoint the run resumes (NULL: a new run, which
+ * includes --resume auto finding none). A run that resumes a checkpoint of out_dir
+ * itself continues there. Any other run finding outputs of an earlier run in out_dir
+ * (run_dir_is_output) is refused with an error that names the dir, a few of them and the
+ * ways out, unless overwrite (train.overwrite_output_dir): then they are removed, and
+ * nothing else (notice on log). Either way the leftovers of a killed save or checkpoint
+ * removal are removed (notice on log). */
+int run_dir_claim(const char *out_dir, const char *resume_path, bool overwrite, FILE *log,
+                  ft_err *err);
+
+/* Writes the HParams plugin's experiment and session start to tb: every config key with
+ * an effect (moot ones left out) at its resolved value, and world_size; the metrics are
+ * metric_tags (scalar tags of the run). */
+int run_hparams_start(ft_tb_writer *tb, const ft_run_config *cfg, int world,
+                      const char *const *metric_tags, size_t n_metrics, ft_err *err);
+
+#endif
