@@ -456,6 +456,18 @@ static void test_hostile_files(void)
     expect_reject("trailing_no_tensor.safetensors", "{}", 1, "trailing bytes");
     expect_reject("end_past_eof.safetensors", "{" ENTRY("a", "F32", "[4]", 0, 16) "}", 8,
                   "tensor 'a'");
+    /* A slot larger than its tensor, with the file otherwise tiled exactly: as the last
+     * tensor, and between two others (the next one begins where the large slot ends). */
+    expect_reject("slot_larger_last.safetensors",
+                  "{" ENTRY("model.norm.weight", "F32", "[2]", 0, 12) "}", 12,
+                  "tensor 'model.norm.weight': data_offsets [0, 12) hold 12 bytes but shape "
+                  "[2] of F32 needs 8");
+    expect_reject("slot_larger_middle.safetensors",
+                  "{" ENTRY("a", "F32", "[1]", 0, 4) "," ENTRY("b", "BF16", "[2]", 4, 10) ","
+                  ENTRY("c", "U8", "[2]", 10, 12) "}", 12,
+                  "tensor 'b': data_offsets [4, 10) hold 6 bytes but shape [2] of BF16 needs 4");
+    expect_reject("slot_larger_empty.safetensors",
+                  "{" ENTRY("z", "F16", "[0]", 0, 2) "}", 2, "tensor 'z'");
 
     /* Metadata. */
     expect_reject("meta_number.safetensors", "{\"__metadata__\":{\"format\":1}}", 0,
@@ -969,6 +981,64 @@ static void test_f16(void)
 #endif
 }
 
+/* Every dtype's element size, from the safetensors format (not from the library's own
+ * table): a reader and a writer that share one wrong entry would agree with each other. */
+static const struct {
+    const char *name;
+    size_t size;
+} format_sizes[] = {
+    {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
+    {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+    {"U32", 4},  {"F32", 4}, {"F64", 8}, {"I64", 8},     {"U64", 8},
+};
+
+static void test_dtype_sizes(void)
+{
+    enum { N = sizeof format_sizes / sizeof format_sizes[0] };
+    CHECK((int)N == (int)FT_ST_NDTYPES);
+    for (int i = 0; i < N; i++) {
+        const char *name = format_sizes[i].name;
+        size_t size = format_sizes[i].size;
+        int dt = ft_st_dtype_parse(name);
+        CHECK(dt >= 0);
+        if (dt < 0)
+            continue;
+        CHECK(ft_st_dtype_size((ft_st_dtype)dt) == size);
+        /* the reader: a hand-made file of 3 elements opens with exactly 3 x size bytes */
+        char header[160], path[256], file[64];
+        snprintf(header, sizeof header,
+                 "{\"t\":{\"dtype\":\"%s\",\"shape\":[3],\"data_offsets\":[0,%zu]}}", name,
+                 3 * size);
+        snprintf(file, sizeof file, "size_%s.safetensors", name);
+        tmp_path(path, sizeof path, file);
+        CHECK(write_st(path, strlen(header), header, 3 * size));
+        ft_st_file *f = NULL;
+        ft_err err = {0};
+        CHECK(ft_st_open(&f, path, &err) == 0);
+        const ft_st_tensor *t = f ? ft_st_find(f, "t") : NULL;
+        CHECK(t && t->numel == 3 && t->nbytes == 3 * size && t->dtype == (ft_st_dtype)dt);
+        if (!f)
+            fprintf(stderr, "  %s: %s\n", name, err.msg);
+        ft_st_close(f);
+        /* the writer: 3 elements take 3 x size bytes after the header */
+        unsigned char data[24] = {0};
+        int64_t shape[1] = {3};
+        ft_st_writer *w = ft_st_writer_new();
+        snprintf(file, sizeof file, "written_%s.safetensors", name);
+        tmp_path(path, sizeof path, file);
+        CHECK(ft_st_writer_add(w, "t", (ft_st_dtype)dt, 1, shape, data, &err) == 0);
+        CHECK(ft_st_writer_save(w, path, &err) == 0);
+        ft_st_writer_free(w);
+        size_t n = 0;
+        unsigned char *bytes = read_all(path, &n);
+        uint64_t hl = 0;
+        for (int b = 7; bytes && n >= 8 && b >= 0; b--)
+            hl = hl << 8 | bytes[b];
+        CHECK(bytes && n == 8 + hl + 3 * size);
+        free(bytes);
+    }
+}
+
 static void test_dtype_names(void)
 {
     for (int i = 0; i < FT_ST_NDTYPES; i++) {
@@ -1010,6 +1080,7 @@ int main(void)
         return 1;
     }
     RUN(test_dtype_names);
+    RUN(test_dtype_sizes);
     RUN(test_roundtrip);
     RUN(test_reference_bytes);
     RUN(test_valid_handwritten);
