@@ -232,8 +232,10 @@ int ft_tokenizer_load(ft_tokenizer **out, const char *path, ft_err *err)
     json_t *v;
     if (!json_is_object(j))
         rc = ft_fail(err, "%s: expected a JSON object", file);
+    json_t *added = json_object_get(j, "added_tokens");
     if (!rc)
-        rc = tk_bpe_parse(&t->bpe, json_object_get(j, "model"), file, err);
+        rc = tk_bpe_parse(&t->bpe, json_object_get(j, "model"),
+                          json_is_array(added) ? json_array_size(added) : 0, file, err);
     if (!rc && (v = get_opt(j, "normalizer"))) {
         t->has_normalizer = true;
         if (tk_normalizer_parse(&t->normalizer, v, err))
@@ -251,7 +253,7 @@ int ft_tokenizer_load(ft_tokenizer **out, const char *path, ft_err *err)
     }
     if (!rc && (v = get_opt(j, "post_processor")))
         rc = parse_post(t, v, file, err);
-    if (!rc && tk_added_parse(&t->added, json_object_get(j, "added_tokens"),
+    if (!rc && tk_added_parse(&t->added, added, &t->bpe,
                               t->has_normalizer ? &t->normalizer : NULL, err))
         rc = ft_fail_prefix(err, "%s", file);
     json_decref(j);
