@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/fsutil.h"
+#include "formats/json_file.h"
 
 static const char *const proj_names[FT_NPROJ] = {"q_proj",    "k_proj",  "v_proj",
                                                  "o_proj",    "gate_proj", "up_proj",
@@ -121,10 +122,9 @@ int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
+    json_t *root = ft_json_read_file(path, 0, err);
     if (!root)
-        return ft_fail(err, "%s: line %d: %s", path, jerr.line, jerr.text);
+        return -1;
     int rc = -1;
     memset(c, 0, sizeof *c);
     if (!json_is_object(root)) {

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "formats/json_file.h"
+
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
 /* Python's repr of a double: the shortest decimal that reads back as the same value. */
@@ -139,7 +141,7 @@ static int read_quant_state(const ft_st_tensor *t, ft_qtensor *q, int64_t rows, 
                             ft_err *err)
 {
     json_error_t jerr;
-    json_t *js = json_loadb(t->data, t->nbytes, 0, &jerr);
+    json_t *js = json_loadb(t->data, t->nbytes, JSON_REJECT_DUPLICATES, &jerr);
     if (!js || !json_is_object(js)) {
         json_decref(js);
         return ft_fail(err, "%s: tensor '%s': not a JSON object (%s)", t->file, t->name,
@@ -275,10 +277,9 @@ int ft_qtensor_read(const ft_checkpoint *ck, const char *prefix, int64_t rows, i
 int ft_quant_config_read(const char *path, ft_quant_config *out, ft_err *err)
 {
     memset(out, 0, sizeof *out);
-    json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
+    json_t *root = ft_json_read_file(path, 0, err);
     if (!root)
-        return ft_fail(err, "%s:%d: %s", path, jerr.line, jerr.text);
+        return -1;
     json_t *qc = json_object_get(root, "quantization_config");
     int rc = -1;
     if (!qc) {

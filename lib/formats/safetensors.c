@@ -39,6 +39,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/fsutil.h"
+#include "formats/json_file.h"
+
 #define ST_MAX_HEADER 100000000ull
 
 /* ---------------------------------------------------------------- dtypes */
@@ -284,18 +287,14 @@ static bool json_u64(const json_t *v, uint64_t *out)
 
 static int map_file(ft_st_file *f, ft_err *err)
 {
-    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+    int fd = ft_open_regular(f->path, err); /* a FIFO would block the open */
     if (fd < 0)
-        return ft_fail(err, "%s: cannot open: %s", f->path, strerror(errno));
+        return -1;
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
         return ft_fail(err, "%s: cannot stat: %s", f->path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return ft_fail(err, "%s: not a regular file", f->path);
     }
     if (st.st_size < 8) {
         close(fd);
@@ -672,10 +671,9 @@ static int ckpt_open_group(ft_checkpoint *c, const char *dir, const char *index,
 static int ckpt_open_index(ft_checkpoint *c, const char *dir, const char *index,
                            ft_err *err)
 {
-    json_error_t je;
-    json_t *root = json_load_file(index, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = ft_json_read_file(index, 0, err);
     if (!root)
-        return ft_fail(err, "%s: not valid JSON: %s (line %d)", index, je.text, je.line);
+        return -1;
     int rc = 0;
     json_t *meta = json_object_get(root, "metadata");
     json_t *wm = json_object_get(root, "weight_map");

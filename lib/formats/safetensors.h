@@ -2,8 +2,8 @@
  *
  * Owns: safetensors (safetensors.h), config.json (hf_config.h), PEFT's
  * adapter_config.json (lora.h), bitsandbytes' quantized state dicts (quant_io.h),
- * TensorBoard event files (tb_writer.h), and where a model named by a path or a Hub id
- * lives (model_path.h).
+ * TensorBoard event files (tb_writer.h), where a model named by a path or a Hub id
+ * lives (model_path.h), and how the JSON files of a model dir are read (json_file.h).
  * May call: core, quant.
  * (This is the folder's main header.) */
 

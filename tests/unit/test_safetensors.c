@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "fifo_guard.h"
 #include "formats/safetensors.h"
 
 static char tmp_dir[64];
@@ -480,6 +481,23 @@ static void test_hostile_files(void)
     tmp_path(path, sizeof path, "no_such.safetensors");
     expect_reject_path(path, "cannot open");
     expect_reject_path(tmp_dir, "not a regular file");
+    /* A FIFO: refused without waiting for a writer (the open itself used to block). */
+    tmp_path(path, sizeof path, "fifo.safetensors");
+    CHECK(make_fifo(path));
+    fifo_guard(true);
+    expect_reject_path(path, "not a regular file (a FIFO)");
+    fifo_guard(false);
+    char dir[200];
+    tmp_path(dir, sizeof dir, "fifo_ckpt");
+    CHECK(mkdir(dir, 0700) == 0);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    CHECK(make_fifo(path));
+    ft_checkpoint *c = NULL;
+    ft_err err = {0};
+    fifo_guard(true);
+    CHECK(ft_ckpt_open(&c, dir, "model", &err) == -1 && c == NULL);
+    fifo_guard(false);
+    CHECK(strstr(err.msg, path) && strstr(err.msg, "FIFO"));
 }
 
 static uint32_t lcg(uint32_t *s)
@@ -815,6 +833,24 @@ static void test_ckpt_errors(void)
     write_text(dir, "model.safetensors.index.json",
                "{\"weight_map\": {\"a\": \"broken.safetensors\"}}");
     expect_ckpt_reject(dir, "broken.safetensors", "trailing bytes");
+    /* A name given twice in the index (the shards could disagree on it). */
+    write_text(dir, "model.safetensors.index.json",
+               "{\"weight_map\": {\"a\": \"shard.safetensors\", \"a\": \"broken.safetensors\"}}");
+    expect_ckpt_reject(dir, "model.safetensors.index.json", "duplicate");
+    /* An index or a shard that is a FIFO: refused, not waited on. */
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    CHECK(make_fifo(p));
+    fifo_guard(true);
+    expect_ckpt_reject(dir, "model.safetensors.index.json", "not a regular file (a FIFO)");
+    fifo_guard(false);
+    unlink(p); /* writing into the FIFO would wait for a reader */
+    write_text(dir, "model.safetensors.index.json",
+               "{\"weight_map\": {\"a\": \"fifo.safetensors\"}}");
+    snprintf(p, sizeof p, "%s/fifo.safetensors", dir);
+    CHECK(make_fifo(p));
+    fifo_guard(true);
+    expect_ckpt_reject(dir, "fifo.safetensors", "not a regular file (a FIFO)");
+    fifo_guard(false);
 }
 
 /* Thousands of tensors: every lookup must hit, in any order. */

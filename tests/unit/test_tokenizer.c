@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "fifo_guard.h"
 #include "tokenizer/tok_internal.h"
 #include "tokenizer/tokenizer.h"
 
@@ -555,6 +556,47 @@ static void test_errors(void)
     ft_tokenizer_free(t);
 }
 
+/* The files of a tokenizer that a hostile dir may hold: a key given twice (Python's json
+ * keeps the last one silently) and files that are FIFOs (the open would wait for a
+ * writer) are errors naming the file. */
+static void test_hostile_files(void)
+{
+    CHECK(load_fails_naming("dup_vocab", "{'model': {'type': 'BPE', 'vocab': {'a': 0, 'a': 1},"
+                                         " 'merges': []}}",
+                            (const char *[]){"duplicate", "'\"a\"'", NULL}));
+    CHECK(load_fails_naming("dup_top", "{" MODEL_OK ", 'added_tokens': [], 'added_tokens': []}",
+                            (const char *[]){"duplicate", "added_tokens", NULL}));
+    write_tok("dup_cfg", "tokenizer_config.json", "{'eos_token': '</s>',\n 'eos_token': '<s>'}");
+    CHECK(load_fails("dup_cfg", "{" MODEL_OK "}", "tokenizer_config.json:2", "eos_token"));
+    write_tok("dup_stm", "special_tokens_map.json", "{'pad_token': 'a', 'pad_token': 'b'}");
+    CHECK(load_fails("dup_stm", "{" MODEL_OK "}", "special_tokens_map.json", "duplicate"));
+
+    static const char *const names[] = {"tokenizer.json", "tokenizer_config.json",
+                                        "special_tokens_map.json", "chat_template.jinja"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char sub[64], path[400];
+        snprintf(sub, sizeof sub, "fifo%zu", i);
+        const char *dir = write_tok(sub, "tokenizer.json", "{" MODEL_OK "}");
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        CHECK(make_fifo(path));
+        ft_tokenizer *t = NULL;
+        ft_err err = {0};
+        fifo_guard(true);
+        CHECK(ft_tokenizer_load(&t, dir, &err) == -1 && t == NULL);
+        fifo_guard(false);
+        if (!strstr(err.msg, path) || !strstr(err.msg, "not a regular file (a FIFO)")) {
+            fprintf(stderr, "  %s: message '%s'\n", names[i], err.msg);
+            CHECK(0);
+        }
+        /* and the tokenizer.json path given directly */
+        if (i == 0) {
+            fifo_guard(true);
+            CHECK(ft_tokenizer_load(&t, path, &err) == -1 && strstr(err.msg, "FIFO"));
+            fifo_guard(false);
+        }
+    }
+}
+
 int main(void)
 {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/ft_tok_XXXXXX");
@@ -574,6 +616,7 @@ int main(void)
     RUN(test_config_files);
     RUN(test_errors);
     RUN(test_vocab_ids);
+    RUN(test_hostile_files);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0)
