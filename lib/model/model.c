@@ -389,12 +389,13 @@ int model_read_weights(ft_model *m, const char *dir, int unit, ft_err *err)
 
 int ft_model_param_from_st(ft_model *m, ft_param *p, const ft_st_tensor *t, ft_err *err)
 {
+    /* a NaN or inf weight would only show up as a loss of nan */
     if (m->dev == FT_DEV_CPU)
-        return ft_st_to_f32(t, p->data, p->numel, err);
+        return ft_st_to_f32_finite(t, p->data, p->numel, err);
     float *host = malloc(p->numel * sizeof *host + 1);
     if (!host)
         return ft_fail(err, "out of host memory reading '%s'", p->name);
-    int rc = ft_st_to_f32(t, host, p->numel, err);
+    int rc = ft_st_to_f32_finite(t, host, p->numel, err);
     if (rc == 0)
         rc = ft_model_param_set(m, p, host, err);
     free(host);

@@ -347,7 +347,30 @@ static void test_to_f32(void)
     CHECK(strstr(err.msg, "layer.ints") && strstr(err.msg, "I32") && strstr(err.msg, path));
     CHECK(ft_st_to_f32(ft_st_find(f, "f"), out, 2, &err) == -1);
     CHECK(strstr(err.msg, "'f'") && strstr(err.msg, path));
+
+    /* the finite variant: the same values, and a NaN or infinity is an error naming the
+       element (row-major index) */
+    CHECK(ft_st_to_f32_finite(ft_st_find(f, "f"), out, 3, &err) == 0 && out[2] == 1e30f);
+    CHECK(ft_st_to_f32_finite(ft_st_find(f, "bf"), out, 4, &err) == -1);
+    CHECK(strstr(err.msg, path) && strstr(err.msg, "'bf'") && strstr(err.msg, "element [2] is inf"));
+    CHECK(ft_st_to_f32_finite(ft_st_find(f, "hf"), out, 4, &err) == -1);
+    CHECK(strstr(err.msg, "'hf'") && strstr(err.msg, "element [2] is -inf"));
+    CHECK(ft_st_to_f32_finite(ft_st_find(f, "layer.ints"), out, 2, &err) == -1);
     ft_st_close(f);
+
+    float cube[24] = {0};
+    cube[1 * 12 + 1 * 4 + 3] = NAN;
+    int64_t s234[3] = {2, 3, 4};
+    w = ft_st_writer_new();
+    CHECK(ft_st_writer_add(w, "cube", FT_ST_F32, 3, s234, cube, &err) == 0);
+    CHECK(ft_st_writer_save(w, path, &err) == 0);
+    ft_st_writer_free(w);
+    CHECK(ft_st_open(&f, path, &err) == 0);
+    float out24[24];
+    CHECK(f && ft_st_to_f32_finite(ft_st_find(f, "cube"), out24, 24, &err) == -1);
+    CHECK(strstr(err.msg, "element [1, 1, 3] is NaN") && strstr(err.msg, "shape [2, 3, 4]"));
+    ft_st_close(f);
+    CHECK(ft_f32_first_nonfinite(cube, 24) == 19 && ft_f32_first_nonfinite(cube, 19) == 19);
 }
 
 /* ---------------------------------------------------------------- hostile input */
