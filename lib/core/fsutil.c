@@ -107,11 +107,13 @@ int ft_open_regular(const char *path, ft_err *err)
 int ft_copy_file(const char *src, const char *dst, ft_err *err)
 {
     int fd = ft_open_regular(src, err);
-    FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+    if (fd < 0)
+        return -1;
+    FILE *f = fdopen(fd, "rb");
     if (!f) {
-        if (fd >= 0)
-            close(fd);
-        return fd >= 0 ? ft_fail(err, "%s: %s", src, strerror(errno)) : -1;
+        int e = errno;
+        close(fd);
+        return ft_fail(err, "%s: %s", src, strerror(e));
     }
     char *data = NULL;
     size_t n = 0, cap = 0;

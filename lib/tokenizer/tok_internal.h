@@ -201,13 +201,14 @@ typedef struct tk_bpe {
 } tk_bpe;
 
 /* The number of ids a vocabulary of n_vocab model.vocab entries and n_added added tokens
- * may use: n_vocab + n_added, so every id is below it. tokenizers gives an added token
- * that is not in model.vocab the next id from the vocab's size on (AddedVocabulary::
- * add_tokens), so a file it wrote never goes further; an id beyond is a corrupt or hostile
- * file (and would size the id tables). */
+ * may use: n_vocab + n_added (at most INT32_MAX, ids being int32), so every id is below
+ * it. tokenizers gives an added token that is not in model.vocab the next id from the
+ * vocab's size on (AddedVocabulary::add_tokens), so a file it wrote never goes further;
+ * an id beyond is a corrupt or hostile file (and would size the id tables). */
 static inline size_t tk_vocab_limit(size_t n_vocab, size_t n_added)
 {
-    return n_vocab + n_added;
+    size_t n = n_vocab + n_added;
+    return n < (size_t)INT32_MAX ? n : (size_t)INT32_MAX;
 }
 
 /* Parses the "model" object. n_added: the number of added tokens (for the id limit).
