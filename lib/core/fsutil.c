@@ -62,11 +62,59 @@ int ft_mkdir_p(const char *path, ft_err *err)
     return 0;
 }
 
+/* What a file that is not a regular one is, for messages. */
+static const char *file_kind(mode_t mode)
+{
+    if (S_ISDIR(mode))
+        return "a directory";
+    if (S_ISFIFO(mode))
+        return "a FIFO";
+    if (S_ISSOCK(mode))
+        return "a socket";
+    if (S_ISCHR(mode) || S_ISBLK(mode))
+        return "a device";
+    return "not a plain file";
+}
+
+int ft_open_regular(const char *path, ft_err *err)
+{
+    /* O_NONBLOCK: opening a FIFO for reading would wait for a writer */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC), e = errno;
+    struct stat st;
+    const char *what = "cannot open", *why = NULL;
+    if (fd >= 0 && fstat(fd, &st) != 0) {
+        e = errno;
+        what = "cannot stat";
+    } else if (fd >= 0 && !S_ISREG(st.st_mode)) {
+        e = EINVAL;
+        why = file_kind(st.st_mode);
+    } else if (fd >= 0) {
+        int flags = fcntl(fd, F_GETFL);
+        if (flags >= 0 && fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) == 0)
+            return fd;
+        e = errno;
+    }
+    if (fd >= 0)
+        close(fd);
+    if (why)
+        ft_fail(err, "%s: not a regular file (%s)", path, why);
+    else
+        ft_fail(err, "%s: %s: %s", path, what, strerror(e));
+    errno = e; /* for callers that tell a missing file from others */
+    return -1;
+}
+
 int ft_copy_file(const char *src, const char *dst, ft_err *err)
 {
-    FILE *f = fopen(src, "rb");
-    if (!f)
-        return ft_fail(err, "%s: %s", src, strerror(errno));
+    int fd = ft_open_regular(src, err);
+    if (fd < 0)
+        return -1;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        int e = errno;
+        close(fd);
+        return ft_fail(err, "%s: %s", src, strerror(e));
+    }
     char *data = NULL;
     size_t n = 0, cap = 0;
     for (;;) {

@@ -10,7 +10,14 @@
 /* Writes data to path atomically: <path>.tmp, fsync, rename. */
 int ft_write_file_atomic(const char *path, const void *data, size_t n, ft_err *err);
 
-/* Copies src to dst atomically (dst.tmp + rename). */
+/* Opens path to read it whole or map it; anything but a regular file (a FIFO, a device, a
+ * directory, ...) is refused without waiting on it (a FIFO is opened non-blocking, then
+ * checked with fstat). Returns the descriptor (blocking, close-on-exec; the caller closes
+ * it), or -1 with err naming the path: "cannot open: <reason>" (errno kept: ENOENT for a
+ * missing file) or "not a regular file (a FIFO)" (errno EINVAL). */
+int ft_open_regular(const char *path, ft_err *err);
+
+/* Copies the regular file src to dst atomically (dst.tmp + rename). */
 int ft_copy_file(const char *src, const char *dst, ft_err *err);
 
 /* rm -r path, not following symbolic links; a missing path is fine. */

@@ -48,6 +48,7 @@
 #include "formats/hf_config.h"
 
 #include "core/fsutil.h"
+#include "formats/json_file.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -596,17 +597,9 @@ static int parse_config(const char *path, const json_t *root, ft_model_config *c
 int ft_model_config_load(ft_model_config *cfg, const char *path, ft_err *err)
 {
     memset(cfg, 0, sizeof *cfg);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return ft_fail(err, "%s: cannot open: %s", path, strerror(errno));
-    json_error_t jerr;
-    /* Duplicate keys are refused: Python keeps the last one silently, and a config that
-     * says two things about one key is not one to guess about. */
-    json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
-    fclose(f);
+    json_t *root = ft_json_read_file(path, 0, err);
     if (!root)
-        return ft_fail(err, "%s:%d:%d: invalid JSON: %s", path, jerr.line, jerr.column,
-                       jerr.text);
+        return -1;
     int rc;
     if (!json_is_object(root))
         rc = ft_fail(err, "%s: expected a JSON object at the top level, got %s", path,
@@ -670,15 +663,12 @@ int ft_read_model_config_json(const char *dir, json_t **out, ft_err *err)
 {
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    json_t *root = ft_json_read_file(path, 0, err);
+    if (!root && errno == ENOENT)
         return ft_fail(err, "%s: cannot read: %s (is %s a Hugging Face model dir?)", path,
-                       strerror(errno), dir);
-    json_error_t jerr;
-    json_t *root = json_loadf(f, 0, &jerr);
-    fclose(f);
+                       strerror(ENOENT), dir);
     if (!root)
-        return ft_fail(err, "%s: line %d: %s", path, jerr.line, jerr.text);
+        return -1;
     if (!json_is_object(root)) {
         json_decref(root);
         return ft_fail(err, "%s: not a JSON object", path);

@@ -3,6 +3,7 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <jansson.h>
+#include <limits.h>
 #include <pcre2.h>
 #include <stdlib.h>
 #include <math.h>
@@ -10,6 +11,7 @@
 #include <string.h>
 
 #include "core/fsutil.h"
+#include "formats/json_file.h"
 
 static const char *const proj_names[FT_NPROJ] = {"q_proj",    "k_proj",  "v_proj",
                                                  "o_proj",    "gate_proj", "up_proj",
@@ -117,16 +119,28 @@ static int reject_if_set(json_t *root, const char *path, const char *key, ft_err
                    path, key);
 }
 
+/* Appends one entry of layers_to_transform: a layer index, >= 0 and an int (a larger
+ * integer would wrap around to another layer). */
+static int layer_index(const json_t *v, const char *path, ft_lora_config *c, ft_err *err)
+{
+    json_int_t l = json_integer_value(v);
+    if (l < 0 || l > INT_MAX)
+        return ft_fail(err, "%s: key 'layers_to_transform': %lld is not a layer index", path,
+                       (long long)l);
+    c->layers[c->n_layers++] = (int)l;
+    return 0;
+}
+
 int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
+    json_t *root = ft_json_read_file(path, 0, err);
     if (!root)
-        return ft_fail(err, "%s: line %d: %s", path, jerr.line, jerr.text);
+        return -1;
     int rc = -1;
     memset(c, 0, sizeof *c);
+    snprintf(c->source, sizeof c->source, "%s", path);
     if (!json_is_object(root)) {
         ft_fail(err, "%s: not a JSON object", path);
         goto out;
@@ -137,14 +151,14 @@ int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
         goto out;
     }
     v = json_object_get(root, "r");
-    if (!json_is_integer(v) || json_integer_value(v) <= 0) {
-        ft_fail(err, "%s: key 'r' must be a positive integer", path);
+    if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > INT_MAX) {
+        ft_fail(err, "%s: key 'r' must be a positive integer (at most %d)", path, INT_MAX);
         goto out;
     }
     c->r = (int)json_integer_value(v);
     v = json_object_get(root, "lora_alpha");
-    if (!json_is_number(v)) {
-        ft_fail(err, "%s: key 'lora_alpha' must be a number", path);
+    if (!json_is_number(v) || !isfinite((float)json_number_value(v))) {
+        ft_fail(err, "%s: key 'lora_alpha' must be a number (that fits a float)", path);
         goto out;
     }
     c->alpha = (float)json_number_value(v);
@@ -169,8 +183,8 @@ int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
             goto out;
     v = json_object_get(root, "layers_to_transform");
     if (json_is_integer(v)) {
-        c->n_layers = 1;
-        c->layers[0] = (int)json_integer_value(v);
+        if (layer_index(v, path, c, err))
+            goto out;
     } else if (json_is_array(v)) {
         size_t i;
         json_t *item;
@@ -182,7 +196,8 @@ int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
                         path, FT_LORA_MAX_LAYER_LIST);
                 goto out;
             }
-            c->layers[c->n_layers++] = (int)json_integer_value(item);
+            if (layer_index(item, path, c, err))
+                goto out;
         }
     } else if (v && !json_is_null(v)) {
         ft_fail(err, "%s: key 'layers_to_transform' must be an integer or a list", path);

@@ -51,6 +51,10 @@ typedef struct ft_lora_config {
     int layers[FT_LORA_MAX_LAYER_LIST];
     bool has_layer_paths;
     uint64_t layer_paths[FT_NPROJ][FT_LORA_MAX_LAYER_LIST / 64];
+    /* The adapter_config.json these settings were read from (ft_lora_config_load), for
+     * the messages of the checks made once the model is known (a layer it lacks, targets
+     * that select nothing); "" for settings from elsewhere. */
+    char source[4096];
 } ft_lora_config;
 
 /* The projections of decoder layer `layer` that carry a LoRA pair (bitmask). Errors: a
@@ -65,11 +69,14 @@ float ft_lora_scaling(const ft_lora_config *c);
  * "all-linear". Error names the unknown module. */
 int ft_lora_targets_parse(const char *list, unsigned *targets, ft_err *err);
 
-/* Reads <dir>/adapter_config.json. Rejects what this LoRA does not implement, naming the
- * key: peft_type other than LORA, use_dora, bias other than "none", fan_in_fan_out,
+/* Reads <dir>/adapter_config.json (a regular file; a key given twice is an error). Every
+ * error names the file and the key. Rejects what this LoRA does not implement:
+ * peft_type other than LORA, use_dora, bias other than "none", fan_in_fan_out,
  * modules_to_save, non-empty rank_pattern / alpha_pattern, layer_replication, a
  * layers_pattern other than "layers", and target_modules naming modules other than the
- * seven projections. target_modules may be a list, "all-linear" or a regex string. */
+ * seven projections; and values out of range (r not a positive int, a lora_alpha that
+ * does not fit a float, a layer index that is negative or not an int). target_modules
+ * may be a list, "all-linear" or a regex string. Sets c->source to the file's path. */
 int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err);
 
 /* Writes <dir>/adapter_config.json in PEFT's format (atomic: temp file + rename). */

@@ -5,6 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/fsutil.h"
 
 static int is_dir(const char *p)
 {
@@ -28,7 +31,10 @@ static int snapshot(const char *repo, char *out, size_t n)
 {
     char path[4352], rev[128] = "";
     snprintf(path, sizeof path, "%s/refs/main", repo);
-    FILE *f = fopen(path, "r");
+    int fd = ft_open_regular(path, NULL); /* not there (or a FIFO): the only snapshot */
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+    if (fd >= 0 && !f)
+        close(fd);
     if (f) {
         if (!fgets(rev, sizeof rev, f))
             rev[0] = '\0';

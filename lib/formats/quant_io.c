@@ -3,9 +3,12 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "formats/json_file.h"
 
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
@@ -134,12 +137,36 @@ static void *copy_of(const ft_st_tensor *t)
     return p;
 }
 
-/* The quant_state JSON of a 4-bit weight, checked against the weight's shape. */
+/* Quantization scales (absmax, SCB, the nested code and absmax) must be finite: one NaN
+ * or infinity dequantizes a whole block or row to NaN, which would only show as a loss of
+ * nan. */
+static int finite_scales(const ft_st_tensor *t, ft_err *err)
+{
+    size_t i = ft_f32_first_nonfinite(t->data, t->numel);
+    if (i == t->numel)
+        return 0;
+    float v;
+    memcpy(&v, (const unsigned char *)t->data + 4 * i, sizeof v);
+    return ft_fail(err, "%s: tensor '%s': element [%zu] is %s; quantization scales must be "
+                        "finite",
+                   t->file, t->name, i, isnan(v) ? "NaN" : v > 0 ? "inf" : "-inf");
+}
+
+/* bitsandbytes writes str(torch dtype) without "torch.": the compute dtype a 4-bit
+ * weight dequantizes to. */
+static bool state_dtype_ok(const json_t *v)
+{
+    const char *s = json_string_value(v);
+    return s && (!strcmp(s, "bfloat16") || !strcmp(s, "float16") || !strcmp(s, "float32"));
+}
+
+/* The quant_state JSON of a 4-bit weight (bitsandbytes' QuantState.as_dict without its
+ * tensors), checked against the weight's shape: every field of the right type. */
 static int read_quant_state(const ft_st_tensor *t, ft_qtensor *q, int64_t rows, int64_t cols,
                             ft_err *err)
 {
     json_error_t jerr;
-    json_t *js = json_loadb(t->data, t->nbytes, 0, &jerr);
+    json_t *js = json_loadb(t->data, t->nbytes, JSON_REJECT_DUPLICATES, &jerr);
     if (!js || !json_is_object(js)) {
         json_decref(js);
         return ft_fail(err, "%s: tensor '%s': not a JSON object (%s)", t->file, t->name,
@@ -155,25 +182,47 @@ static int read_quant_state(const ft_st_tensor *t, ft_qtensor *q, int64_t rows, 
     }
     long long b = json_is_integer(bs) ? json_integer_value(bs) : 0;
     if (b < 32 || b > 4096 || (b & (b - 1))) {
-        ft_fail(err, "%s: tensor '%s': blocksize must be a power of two in [32, 4096]", t->file,
-                t->name);
+        ft_fail(err, "%s: tensor '%s': blocksize must be a power of two in [32, 4096] (an "
+                     "integer)",
+                t->file, t->name);
         goto done;
     }
     q->blocksize = (int)b;
     if (!json_is_array(shape) || json_array_size(shape) != 2 ||
+        !json_is_integer(json_array_get(shape, 0)) || !json_is_integer(json_array_get(shape, 1)) ||
         json_integer_value(json_array_get(shape, 0)) != rows ||
         json_integer_value(json_array_get(shape, 1)) != cols) {
         ft_fail(err, "%s: tensor '%s': shape is not [%lld, %lld], the model's for this weight",
                 t->file, t->name, (long long)rows, (long long)cols);
         goto done;
     }
+    json_t *dt = json_object_get(js, "dtype");
+    if (!state_dtype_ok(dt)) {
+        char got[64];
+        snprintf(got, sizeof got, "%s%s%s", json_is_string(dt) ? "'" : "",
+                 json_is_string(dt) ? json_string_value(dt) : dt ? "not a string" : "missing",
+                 json_is_string(dt) ? "'" : "");
+        ft_fail(err, "%s: tensor '%s': dtype %s is not bfloat16, float16 or float32", t->file,
+                t->name, got);
+        goto done;
+    }
     json_t *off = json_object_get(js, "nested_offset");
     if (off) {
         json_t *nbs = json_object_get(js, "nested_blocksize");
+        json_t *ndt = json_object_get(js, "nested_dtype");
         long long nb = json_is_integer(nbs) ? json_integer_value(nbs) : 0;
-        if (!json_is_number(off) || nb < 1 || nb > (1 << 20)) {
-            ft_fail(err, "%s: tensor '%s': nested_offset / nested_blocksize are not numbers",
+        if (!json_is_number(off) || !isfinite((float)json_number_value(off)) || nb < 1 ||
+            nb > (1 << 20)) {
+            ft_fail(err, "%s: tensor '%s': nested_offset / nested_blocksize are not numbers "
+                         "(finite; a blocksize in [1, 2^20])",
                     t->file, t->name);
+            goto done;
+        }
+        /* the nested absmax is read as F32 below, as bitsandbytes always writes it */
+        const char *nd = json_string_value(ndt);
+        if (!nd || strcmp(nd, "float32") != 0) {
+            ft_fail(err, "%s: tensor '%s': nested_dtype %s is not float32", t->file, t->name,
+                    nd ? nd : ndt ? "(not a string)" : "(missing)");
             goto done;
         }
         q->nested = true;
@@ -208,6 +257,8 @@ static int read_4bit(const ft_checkpoint *ck, const char *prefix, ft_qtensor *q,
     if (!(q->packed = copy_of(w)))
         return oom(err, prefix);
     if (!q->nested) {
+        if (finite_scales(am, err))
+            return -1;
         q->absmax = copy_of(am);
         return q->absmax ? 0 : oom(err, prefix);
     }
@@ -215,7 +266,8 @@ static int read_4bit(const ft_checkpoint *ck, const char *prefix, ft_qtensor *q,
                        *nm = find(ck, prefix, ".weight.nested_quant_map");
     if (expect(na, prefix, ".weight.nested_absmax", FT_ST_F32,
                ceil_div(q->n_blocks, (size_t)q->nested_blocksize), err) ||
-        expect(nm, prefix, ".weight.nested_quant_map", FT_ST_F32, 256, err))
+        expect(nm, prefix, ".weight.nested_quant_map", FT_ST_F32, 256, err) ||
+        finite_scales(na, err) || finite_scales(nm, err))
         return -1;
     q->absmax_q = copy_of(am);
     q->nested_absmax = copy_of(na);
@@ -231,7 +283,7 @@ static int read_int8(const ft_checkpoint *ck, const char *prefix, ft_qtensor *q,
     if (!scb)
         scb = find(ck, prefix, ".weight.SCB");
     if (expect(w, prefix, ".weight", FT_ST_I8, (size_t)(rows * cols), err) ||
-        expect(scb, prefix, ".SCB", FT_ST_F32, (size_t)rows, err))
+        expect(scb, prefix, ".SCB", FT_ST_F32, (size_t)rows, err) || finite_scales(scb, err))
         return -1;
     if (w->ndim != 2 || w->shape[0] != rows)
         return ft_fail(err, "%s: tensor '%s' is not [%lld, %lld]", w->file, w->name,
@@ -275,10 +327,9 @@ int ft_qtensor_read(const ft_checkpoint *ck, const char *prefix, int64_t rows, i
 int ft_quant_config_read(const char *path, ft_quant_config *out, ft_err *err)
 {
     memset(out, 0, sizeof *out);
-    json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
+    json_t *root = ft_json_read_file(path, 0, err);
     if (!root)
-        return ft_fail(err, "%s:%d: %s", path, jerr.line, jerr.text);
+        return -1;
     json_t *qc = json_object_get(root, "quantization_config");
     int rc = -1;
     if (!qc) {

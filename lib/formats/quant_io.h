@@ -38,8 +38,10 @@ int ft_qtensor_write(ft_st_writer *w, const char *prefix, const ft_qtensor *q,
 ft_quant_type ft_qtensor_probe(const ft_checkpoint *ck, const char *prefix);
 
 /* Reads prefix's quantized weight, checking it is [rows, cols]: every length (packed,
- * absmax, nested state), the quant_map against our code table, and the quant_state JSON.
- * Errors name the file and tensor. out's arrays are copies (the checkpoint may close). */
+ * absmax, nested state), the quant_map against our code table, the scales (absmax, SCB,
+ * nested absmax and code) finite, and the quant_state JSON: every field of its type
+ * (dtype bfloat16, float16 or float32; nested_dtype float32), no key twice. Errors name
+ * the file and tensor. out's arrays are copies (the checkpoint may close). */
 int ft_qtensor_read(const ft_checkpoint *ck, const char *prefix, int64_t rows, int64_t cols,
                     ft_qtensor *out, ft_err *err);
 

@@ -32,12 +32,16 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "core/fsutil.h"
+#include "formats/json_file.h"
 
 #define ST_MAX_HEADER 100000000ull
 
@@ -284,18 +288,14 @@ static bool json_u64(const json_t *v, uint64_t *out)
 
 static int map_file(ft_st_file *f, ft_err *err)
 {
-    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+    int fd = ft_open_regular(f->path, err); /* a FIFO would block the open */
     if (fd < 0)
-        return ft_fail(err, "%s: cannot open: %s", f->path, strerror(errno));
+        return -1;
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
         return ft_fail(err, "%s: cannot stat: %s", f->path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return ft_fail(err, "%s: not a regular file", f->path);
     }
     if (st.st_size < 8) {
         close(fd);
@@ -556,31 +556,113 @@ const char *ft_st_metadata(const ft_st_file *f, const char *key)
     return f->meta ? json_string_value(json_object_get(f->meta, key)) : NULL;
 }
 
-int ft_st_to_f32(const ft_st_tensor *t, float *dst, size_t n, ft_err *err)
+size_t ft_f32_first_nonfinite(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, b + 4 * i, sizeof u);
+        if ((u & 0x7f800000u) == 0x7f800000u)
+            return i;
+    }
+    return n;
+}
+
+/* The index of the first element of t (F32, F16 or BF16) whose exponent bits are all
+ * ones (an infinity or a NaN), or t->numel. */
+static size_t first_nonfinite(const ft_st_tensor *t)
+{
+    if (t->dtype == FT_ST_F32)
+        return ft_f32_first_nonfinite(t->data, t->numel);
+    const unsigned char *src = t->data;
+    uint16_t mask = t->dtype == FT_ST_BF16 ? 0x7f80u : 0x7c00u;
+    for (size_t i = 0; i < t->numel; i++) {
+        uint16_t h;
+        memcpy(&h, src + 2 * i, sizeof h);
+        if ((h & mask) == mask)
+            return i;
+    }
+    return t->numel;
+}
+
+/* Element i of t as "[3, 5]" (row-major) and the value's kind, into an error. */
+static int nonfinite_error(const ft_st_tensor *t, const float *dst, size_t i, ft_err *err)
+{
+    char idx[160], shape[160];
+    size_t len = 0, rest = i;
+    int64_t sub[FT_ST_MAX_DIMS];
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        sub[d] = t->shape[d] ? (int64_t)(rest % (uint64_t)t->shape[d]) : 0;
+        rest = t->shape[d] ? rest / (uint64_t)t->shape[d] : 0;
+    }
+    idx[0] = '\0';
+    for (int d = 0; d < t->ndim && len < sizeof idx; d++)
+        len += (size_t)snprintf(idx + len, sizeof idx - len, "%s%lld", d ? ", " : "[",
+                                (long long)sub[d]);
+    if (len < sizeof idx)
+        snprintf(idx + len, sizeof idx - len, "%s", t->ndim ? "]" : "[]");
+    format_shape(shape, sizeof shape, t->shape, t->ndim);
+    float v = dst[i];
+    return ft_fail(err, "%s: tensor '%s' (shape %s): element %s is %s; weights must be finite",
+                   t->file, t->name, shape, idx, isnan(v) ? "NaN" : v > 0 ? "inf" : "-inf");
+}
+
+/* The conversion; with `finite`, the exponent bits of every value are checked on the way
+ * (or-ed into one flag, so the loop stays a straight copy), and the first bad element is
+ * looked up only when there is one. */
+static int to_f32(const ft_st_tensor *t, float *dst, size_t n, bool finite, ft_err *err)
 {
     if (n != t->numel)
         return ft_fail(err, "%s: tensor '%s': destination holds %zu values, the tensor %zu",
                        t->file, t->name, n, t->numel);
     /* The data may sit at any address in the mapping: load through memcpy. */
     const unsigned char *src = t->data;
+    bool bad = false;
     switch (t->dtype) {
-    case FT_ST_F32:
-        if (n)
-            memcpy(dst, src, n * sizeof *dst);
-        return 0;
+    case FT_ST_F32: {
+        if (!finite) {
+            if (n)
+                memcpy(dst, src, n * sizeof *dst);
+            break;
+        }
+        uint32_t any = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, src + 4 * i, sizeof u);
+            any |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+            memcpy(dst + i, &u, sizeof u);
+        }
+        bad = any;
+        break;
+    }
     case FT_ST_BF16:
-    case FT_ST_F16:
+    case FT_ST_F16: {
+        uint16_t mask = t->dtype == FT_ST_BF16 ? 0x7f80u : 0x7c00u, any = 0;
         for (size_t i = 0; i < n; i++) {
             uint16_t h;
             memcpy(&h, src + 2 * i, sizeof h);
+            any |= (uint16_t)((h & mask) == mask);
             dst[i] = t->dtype == FT_ST_BF16 ? ft_bf16_to_f32(h) : ft_f16_to_f32(h);
         }
-        return 0;
+        bad = finite && any;
+        break;
+    }
     default:
         return ft_fail(err, "%s: tensor '%s': dtype %s cannot be read as fp32 (only F32, "
                             "F16 and BF16 can)",
                        t->file, t->name, ft_st_dtype_name(t->dtype));
     }
+    return bad ? nonfinite_error(t, dst, first_nonfinite(t), err) : 0;
+}
+
+int ft_st_to_f32(const ft_st_tensor *t, float *dst, size_t n, ft_err *err)
+{
+    return to_f32(t, dst, n, false, err);
+}
+
+int ft_st_to_f32_finite(const ft_st_tensor *t, float *dst, size_t n, ft_err *err)
+{
+    return to_f32(t, dst, n, true, err);
 }
 
 /* ---------------------------------------------------------------- checkpoints */
@@ -672,10 +754,9 @@ static int ckpt_open_group(ft_checkpoint *c, const char *dir, const char *index,
 static int ckpt_open_index(ft_checkpoint *c, const char *dir, const char *index,
                            ft_err *err)
 {
-    json_error_t je;
-    json_t *root = json_load_file(index, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = ft_json_read_file(index, 0, err);
     if (!root)
-        return ft_fail(err, "%s: not valid JSON: %s (line %d)", index, je.text, je.line);
+        return -1;
     int rc = 0;
     json_t *meta = json_object_get(root, "metadata");
     json_t *wm = json_object_get(root, "weight_map");

@@ -2,8 +2,8 @@
  *
  * Owns: safetensors (safetensors.h), config.json (hf_config.h), PEFT's
  * adapter_config.json (lora.h), bitsandbytes' quantized state dicts (quant_io.h),
- * TensorBoard event files (tb_writer.h), and where a model named by a path or a Hub id
- * lives (model_path.h).
+ * TensorBoard event files (tb_writer.h), where a model named by a path or a Hub id
+ * lives (model_path.h), and how the JSON files of a model dir are read (json_file.h).
  * May call: core, quant.
  * (This is the folder's main header.) */
 
@@ -77,6 +77,15 @@ const char *ft_st_metadata(const ft_st_file *f, const char *key);
 /* Copies tensor t into dst as fp32 (F32, F16 and BF16 are converted; other dtypes are
  * an error naming the tensor). n must equal t->numel. */
 int ft_st_to_f32(const ft_st_tensor *t, float *dst, size_t n, ft_err *err);
+
+/* ft_st_to_f32 for values that must be finite (weights): a NaN or an infinity is an error
+ * naming the file, the tensor and the first such element ("element [3, 5] is NaN"),
+ * found in the conversion's own pass. dst is then partly written. */
+int ft_st_to_f32_finite(const ft_st_tensor *t, float *dst, size_t n, ft_err *err);
+
+/* The first element of the n fp32 values at p (any alignment) that is NaN or infinite, or
+ * n if all are finite. */
+size_t ft_f32_first_nonfinite(const void *p, size_t n);
 
 /* ---- checkpoints: a directory with model.safetensors, or with
  * model.safetensors.index.json and its shards. `basename` is "model" for models,

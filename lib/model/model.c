@@ -389,12 +389,13 @@ int model_read_weights(ft_model *m, const char *dir, int unit, ft_err *err)
 
 int ft_model_param_from_st(ft_model *m, ft_param *p, const ft_st_tensor *t, ft_err *err)
 {
+    /* a NaN or inf weight would only show up as a loss of nan */
     if (m->dev == FT_DEV_CPU)
-        return ft_st_to_f32(t, p->data, p->numel, err);
+        return ft_st_to_f32_finite(t, p->data, p->numel, err);
     float *host = malloc(p->numel * sizeof *host + 1);
     if (!host)
         return ft_fail(err, "out of host memory reading '%s'", p->name);
-    int rc = ft_st_to_f32(t, host, p->numel, err);
+    int rc = ft_st_to_f32_finite(t, host, p->numel, err);
     if (rc == 0)
         rc = ft_model_param_set(m, p, host, err);
     free(host);
@@ -419,7 +420,7 @@ int ft_model_param_to_writer(ft_model *m, const ft_param *p, ft_st_writer *w, ft
 }
 
 /* Which projections of which layers carry LoRA; checks the options. */
-static int setup_lora(ft_model *m, ft_err *err)
+static int lora_layers(ft_model *m, ft_err *err)
 {
     const ft_lora_config *lc = &m->opt.lora;
     if (lc->r <= 0)
@@ -439,6 +440,14 @@ static int setup_lora(ft_model *m, ft_err *err)
         return ft_fail(err, "the LoRA target modules select no linear layer of this model");
     m->lora_scaling = ft_lora_scaling(lc);
     return 0;
+}
+
+/* lora_layers; an error about settings read from an adapter_config.json names it. */
+static int setup_lora(ft_model *m, ft_err *err)
+{
+    if (lora_layers(m, err) == 0)
+        return 0;
+    return m->opt.lora.source[0] ? ft_fail_prefix(err, "%s", m->opt.lora.source) : -1;
 }
 
 /* Why the model cannot run on opt's device in opt's dtype; NULL when it can. */

@@ -192,8 +192,9 @@ int ft_model_param_set(ft_model *m, ft_param *p, const float *host, ft_err *err)
 /* A trainable parameter's gradient as fp32 on the host. */
 int ft_model_grad_get(ft_model *m, const ft_param *p, float *host, ft_err *err);
 
-/* A parameter filled from a checkpoint tensor (shape already checked), or added to a
- * writer (its values as fp32, copied to the host first on the GPU). */
+/* A parameter filled from a checkpoint tensor (shape already checked; a NaN or infinite
+ * value is an error naming the file, the tensor and the element), or added to a writer
+ * (its values as fp32, copied to the host first on the GPU). */
 int ft_model_param_from_st(ft_model *m, ft_param *p, const ft_st_tensor *t, ft_err *err);
 int ft_model_param_to_writer(ft_model *m, const ft_param *p, ft_st_writer *w, ft_err *err);
 

@@ -90,7 +90,25 @@ static bool matcher_find(const tk_matcher *m, const char *s, size_t len, size_t 
     return false;
 }
 
-int tk_added_parse(tk_added *a, const void *json_array, const tk_normalizer *norm, ft_err *err)
+/* The token model.vocab gives content, and the vocab's token at id: the two must be this
+ * token, or absent (tokenizers would use the vocab's id and warn). */
+static int check_against_vocab(const tk_bpe *model, size_t i, const tk_added_token *t, ft_err *err)
+{
+    int32_t vid = tk_strmap_get(&model->vocab, t->content, t->len);
+    if (vid >= 0 && vid != t->id)
+        return ft_fail(err, "added_tokens[%zu]: token '%s' has id %d here but id %d in "
+                            "model.vocab",
+                       i, t->content, t->id, vid);
+    const char *other = (size_t)t->id < model->nid ? model->id_to_tok[t->id] : NULL;
+    if (other && strcmp(other, t->content) != 0)
+        return ft_fail(err, "added_tokens[%zu]: id %d is given to two tokens, '%s' here and '%s' "
+                            "in model.vocab",
+                       i, t->id, t->content, other);
+    return 0;
+}
+
+int tk_added_parse(tk_added *a, const void *json_array, const tk_bpe *model,
+                   const tk_normalizer *norm, ft_err *err)
 {
     const json_t *arr = json_array;
     memset(a, 0, sizeof *a);
@@ -100,7 +118,7 @@ int tk_added_parse(tk_added *a, const void *json_array, const tk_normalizer *nor
         return 0;
     if (!json_is_array(arr))
         return ft_fail(err, "added_tokens: expected an array");
-    size_t n = json_array_size(arr);
+    size_t n = json_array_size(arr), limit = tk_vocab_limit(model->vocab.n, n);
     a->toks = calloc(n + 1, sizeof *a->toks);
     if (!a->toks)
         return ft_fail(err, "added_tokens: out of memory");
@@ -111,15 +129,33 @@ int tk_added_parse(tk_added *a, const void *json_array, const tk_normalizer *nor
     for (size_t i = 0; i < n; i++) {
         json_t *e = json_array_get(arr, i);
         json_t *id = json_object_get(e, "id"), *content = json_object_get(e, "content");
-        if (!json_is_integer(id) || json_integer_value(id) < 0 ||
-            json_integer_value(id) > INT32_MAX - 1 || !json_is_string(content)) {
+        if (!json_is_integer(id) || json_integer_value(id) < 0 || !json_is_string(content)) {
             rc = ft_fail(err, "added_tokens[%zu]: needs an integer 'id' and a string 'content'", i);
+            break;
+        }
+        if ((uint64_t)json_integer_value(id) >= limit) {
+            rc = ft_fail(err, "added_tokens[%zu]: token '%s': id %lld is beyond the vocabulary "
+                              "(%zu tokens in model.vocab and %zu added tokens: ids 0..%zu)",
+                         i, json_string_value(content), (long long)json_integer_value(id),
+                         model->vocab.n, n, limit - 1);
             break;
         }
         tk_added_token *t = &a->toks[a->n++];
         t->content = strdup(json_string_value(content));
         t->len = json_string_length(content);
         t->id = (int32_t)json_integer_value(id);
+        if (!t->content) {
+            rc = ft_fail(err, "added_tokens: out of memory");
+            break;
+        }
+        int32_t seen = tk_strmap_get(&a->by_content, t->content, t->len);
+        if (seen >= 0 && seen != t->id) {
+            rc = ft_fail(err, "added_tokens[%zu]: token '%s' is given two ids, %d and %d", i,
+                         t->content, seen, t->id);
+            break;
+        }
+        if ((rc = check_against_vocab(model, i, t, err)))
+            break;
         t->special = json_is_true(json_object_get(e, "special"));
         t->lstrip = json_is_true(json_object_get(e, "lstrip"));
         t->rstrip = json_is_true(json_object_get(e, "rstrip"));
@@ -157,8 +193,15 @@ int tk_added_parse(tk_added *a, const void *json_array, const tk_normalizer *nor
         return ft_fail(err, "added_tokens: out of memory");
     for (size_t i = 0; i < a->nindex; i++)
         a->index_of_id[i] = -1;
-    for (size_t i = 0; i < a->n; i++)
-        a->index_of_id[a->toks[i].id] = (int32_t)i;
+    /* the same token listed twice is one token (the last entry's flags, as in tokenizers);
+     * two different tokens with one id are an error */
+    for (size_t i = 0; i < a->n; i++) {
+        int32_t *slot = &a->index_of_id[a->toks[i].id];
+        if (*slot >= 0 && strcmp(a->toks[*slot].content, a->toks[i].content) != 0)
+            return ft_fail(err, "added_tokens[%zu]: id %d is given to two tokens, '%s' and '%s'",
+                           i, a->toks[i].id, a->toks[*slot].content, a->toks[i].content);
+        *slot = (int32_t)i;
+    }
     return 0;
 }
 

@@ -54,7 +54,7 @@ static int add_merge(tk_bpe *m, const char *a, size_t la, const char *b, size_t 
     return 0;
 }
 
-int tk_bpe_parse(tk_bpe *m, const void *json, const char *path, ft_err *err)
+int tk_bpe_parse(tk_bpe *m, const void *json, size_t n_added, const char *path, ft_err *err)
 {
     const json_t *j = json;
     memset(m, 0, sizeof *m);
@@ -86,11 +86,17 @@ int tk_bpe_parse(tk_bpe *m, const void *json, const char *path, ft_err *err)
     const char *key;
     json_t *val;
     int64_t maxid = -1;
+    /* The vocabulary has at most this many ids (see tk_vocab_limit). */
+    size_t n_vocab = json_object_size(vocab), limit = tk_vocab_limit(n_vocab, n_added);
     json_object_foreach(vocab, key, val) {
-        if (!json_is_integer(val) || json_integer_value(val) < 0 ||
-            json_integer_value(val) > INT32_MAX - 1)
+        if (!json_is_integer(val) || json_integer_value(val) < 0)
             return ft_fail(err, "%s: model.vocab['%s']: expected a non-negative integer id", path,
                            key);
+        if ((uint64_t)json_integer_value(val) >= limit)
+            return ft_fail(err, "%s: model.vocab['%s']: id %lld is beyond the vocabulary (%zu "
+                                "tokens in model.vocab and %zu added tokens: ids 0..%zu)",
+                           path, key, (long long)json_integer_value(val), n_vocab, n_added,
+                           limit - 1);
         if (json_integer_value(val) > maxid)
             maxid = json_integer_value(val);
     }
@@ -113,6 +119,9 @@ int tk_bpe_parse(tk_bpe *m, const void *json, const char *path, ft_err *err)
         const char *s = m->vocab.keys[k];
         size_t len = m->vocab.klen[k];
         int32_t id = m->vocab.vals[k];
+        if (m->id_to_tok[id])
+            return ft_fail(err, "%s: model.vocab: id %d is given to two tokens, '%s' and '%s'",
+                           path, id, m->id_to_tok[id], s);
         m->id_to_tok[id] = m->vocab.keys[k];
         if (len > 0 && len <= 3) {
             uint32_t cp;

@@ -200,7 +200,20 @@ typedef struct tk_bpe {
     struct tk_cache *cache;
 } tk_bpe;
 
-int tk_bpe_parse(tk_bpe *m, const void *json, const char *path, ft_err *err);
+/* The number of ids a vocabulary of n_vocab model.vocab entries and n_added added tokens
+ * may use: n_vocab + n_added (at most INT32_MAX, ids being int32), so every id is below
+ * it. tokenizers gives an added token that is not in model.vocab the next id from the
+ * vocab's size on (AddedVocabulary::add_tokens), so a file it wrote never goes further;
+ * an id beyond is a corrupt or hostile file (and would size the id tables). */
+static inline size_t tk_vocab_limit(size_t n_vocab, size_t n_added)
+{
+    size_t n = n_vocab + n_added;
+    return n < (size_t)INT32_MAX ? n : (size_t)INT32_MAX;
+}
+
+/* Parses the "model" object. n_added: the number of added tokens (for the id limit).
+ * Errors name path: an id at or past tk_vocab_limit, two tokens with one id. */
+int tk_bpe_parse(tk_bpe *m, const void *json, size_t n_added, const char *path, ft_err *err);
 void tk_bpe_free(tk_bpe *m);
 int tk_bpe_encode(const tk_bpe *m, const char *s, size_t len, ft_ids *out, ft_err *err);
 
@@ -230,7 +243,11 @@ typedef struct tk_added {
     size_t nindex;
 } tk_added;
 
-int tk_added_parse(tk_added *a, const void *json_array, const tk_normalizer *norm, ft_err *err);
+/* Parses "added_tokens" (json_array) against the parsed model. Errors: an id at or past
+ * tk_vocab_limit, an id that model.vocab or another added token gives to a different
+ * token, a token that model.vocab gives another id. */
+int tk_added_parse(tk_added *a, const void *json_array, const tk_bpe *model,
+                   const tk_normalizer *norm, ft_err *err);
 void tk_added_free(tk_added *a);
 /* Splits the id < 0 pieces of w->a on added tokens of the raw or normalized set. */
 int tk_added_split(const tk_added *a, bool normalized, tk_work *w, ft_err *err);

@@ -3,11 +3,14 @@
  * tokenizer_config.json / special_tokens_map.json beside it, and runs the encode pipeline
  * of tokenizers (added tokens on the raw text, normalizer, added tokens on the normalized
  * text, pre-tokenizer, BPE, post-processor) and the decode one. */
+#include <errno.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include "core/fsutil.h"
 #include "tokenizer/tok_internal.h"
 
 int ft_ids_push(ft_ids *v, int32_t id)
@@ -32,7 +35,10 @@ void ft_ids_free(ft_ids *v)
 
 /* int_as_real: transformers writes model_max_length = 1e30 as an integer literal into
  * tokenizer_config.json, beyond jansson's 64-bit integers; the config files are read with
- * integers as reals (no id is read from them), tokenizer.json with exact integers. */
+ * integers as reals (no id is read from them), tokenizer.json with exact integers.
+ * Only a regular file is read (a FIFO would block), and a key given twice in one object is
+ * an error (Python's json keeps the last one silently). An optional file that does not
+ * exist gives NULL with err untouched. */
 static json_t *load_json(const char *path, bool optional, bool int_as_real, ft_err *err)
 {
     struct stat st;
@@ -41,10 +47,16 @@ static json_t *load_json(const char *path, bool optional, bool int_as_real, ft_e
             ft_fail(err, "%s: cannot open: no such file", path);
         return NULL;
     }
+    int fd = ft_open_regular(path, err);
+    if (fd < 0)
+        return NULL;
     json_error_t je;
-    json_t *j = json_load_file(path, JSON_DECODE_ANY | (int_as_real ? JSON_DECODE_INT_AS_REAL : 0), &je);
+    size_t flags = JSON_DECODE_ANY | JSON_REJECT_DUPLICATES |
+                   (int_as_real ? JSON_DECODE_INT_AS_REAL : 0);
+    json_t *j = json_loadfd(fd, flags, &je);
+    close(fd);
     if (!j)
-        ft_fail(err, "%s:%d: invalid JSON: %s", path, je.line, je.text);
+        ft_fail(err, "%s:%d:%d: invalid JSON: %s", path, je.line, je.column, je.text);
     return j;
 }
 
@@ -145,6 +157,39 @@ static const char *token_string(const json_t *v)
     return NULL;
 }
 
+/* chat_template.jinja beside tokenizer.json, when there is one (where recent transformers
+ * save the template). */
+static int read_template_file(ft_tokenizer *t, const char *dir, ft_err *err)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return 0;
+    int fd = ft_open_regular(path, err);
+    if (fd < 0)
+        return -1;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return ft_fail(err, "%s: cannot read: %s", path, strerror(errno));
+    }
+    tk_buf b = {0};
+    char chunk[4096];
+    size_t r;
+    int rc = 0;
+    while (rc == 0 && (r = fread(chunk, 1, sizeof chunk, f)) > 0)
+        rc = tk_buf_append(&b, chunk, r);
+    if (rc || ferror(f)) {
+        free(b.data);
+        fclose(f);
+        return ft_fail(err, "%s: %s", path, rc ? "out of memory" : "read error");
+    }
+    fclose(f);
+    t->chat_template = b.data;
+    return 0;
+}
+
 static int read_configs(ft_tokenizer *t, const char *dir, ft_err *err)
 {
     char path[4200];
@@ -183,22 +228,9 @@ static int read_configs(ft_tokenizer *t, const char *dir, ft_err *err)
                 t->chat_template = strdup(tpl);
         }
     }
-    if (!t->chat_template) {
-        snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
-        FILE *f = fopen(path, "rb");
-        if (f) {
-            tk_buf b = {0};
-            char chunk[4096];
-            size_t r;
-            while ((r = fread(chunk, 1, sizeof chunk, f)) > 0)
-                tk_buf_append(&b, chunk, r);
-            fclose(f);
-            t->chat_template = b.data;
-        }
-    }
     json_decref(cfg);
     json_decref(stm);
-    return 0;
+    return t->chat_template ? 0 : read_template_file(t, dir, err);
 }
 
 int ft_tokenizer_load(ft_tokenizer **out, const char *path, ft_err *err)
@@ -232,8 +264,10 @@ int ft_tokenizer_load(ft_tokenizer **out, const char *path, ft_err *err)
     json_t *v;
     if (!json_is_object(j))
         rc = ft_fail(err, "%s: expected a JSON object", file);
+    json_t *added = json_object_get(j, "added_tokens");
     if (!rc)
-        rc = tk_bpe_parse(&t->bpe, json_object_get(j, "model"), file, err);
+        rc = tk_bpe_parse(&t->bpe, json_object_get(j, "model"),
+                          json_is_array(added) ? json_array_size(added) : 0, file, err);
     if (!rc && (v = get_opt(j, "normalizer"))) {
         t->has_normalizer = true;
         if (tk_normalizer_parse(&t->normalizer, v, err))
@@ -251,7 +285,7 @@ int ft_tokenizer_load(ft_tokenizer **out, const char *path, ft_err *err)
     }
     if (!rc && (v = get_opt(j, "post_processor")))
         rc = parse_post(t, v, file, err);
-    if (!rc && tk_added_parse(&t->added, json_object_get(j, "added_tokens"),
+    if (!rc && tk_added_parse(&t->added, added, &t->bpe,
                               t->has_normalizer ? &t->normalizer : NULL, err))
         rc = ft_fail_prefix(err, "%s", file);
     json_decref(j);

@@ -458,7 +458,7 @@ static int load_state(const char *dir, ft_train_state *st, ft_err *err)
     if (join(path, sizeof path, dir, "trainer_state.json", err))
         return -1;
     json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     if (!root)
         return ft_fail(err, "%s:%d: %s", path, je.line, je.text);
     memset(st, 0, sizeof *st);

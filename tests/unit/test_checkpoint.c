@@ -142,6 +142,14 @@ static void test_limit_latest_and_stamp(void)
     CHECK(ft_checkpoint_load(path, a.m, &a.o, &st, NULL, &err) == 0);
     snprintf(p, sizeof p, "%s/trainer_state.json", path);
     json_t *state = json_load_file(p, 0, NULL);
+    /* a key given twice is an error, not its last value (what Python's json keeps) */
+    char *text = state ? json_dumps(state, JSON_COMPACT) : NULL;
+    f = fopen(p, "w");
+    fprintf(f, "{\"global_step\":7,%s", text ? text + 1 : "}");
+    fclose(f);
+    free(text);
+    CHECK(ft_checkpoint_load(path, a.m, &a.o, &st, NULL, &err) != 0);
+    CHECK(strstr(err.msg, "trainer_state.json") && strstr(err.msg, "duplicate"));
     CHECK(state && json_object_set_new(state, "seed", json_string("42x")) == 0);
     CHECK(json_dump_file(state, p, 0) == 0);
     json_decref(state);

@@ -70,6 +70,30 @@ static void test_errors(void)
     expect_error("model: [1, 2]\n", "bad.yaml", "model");
     expect_error("train:\n  batch_size: [1\n", "bad.yaml", "YAML");
     expect_error("zzz:\n  q: 1\n", "unknown key 'zzz.q'", NULL);
+    /* a key given twice in one mapping, at any depth, is an error (YAML keeps the last) */
+    expect_error("train:\n  batch_size: 2\n  epochs: 1\n  batch_size: 4\n",
+                 "bad.yaml:4: key 'train.batch_size' is given twice", "line 2");
+    expect_error("model:\n  name: a\ntrain:\n  epochs: 1\nmodel:\n  max_seq_len: 8\n",
+                 "bad.yaml:5: key 'model' is given twice", "line 1");
+    expect_error("tuning:\n  lora:\n    r: 8\n    alpha: 16\n    r: 4\n",
+                 "bad.yaml:5: key 'tuning.lora.r' is given twice", NULL);
+    expect_error("train: {epochs: 1, epochs: 2}\n", "bad.yaml:1", "'train.epochs'");
+    /* ... also through a second document */
+    expect_error("train:\n  epochs: 1\n---\ntrain:\n  epochs: 2\n", "bad.yaml:3",
+                 "second YAML document");
+    /* the same name in two mappings is two keys */
+    ft_config *ok = ft_config_new();
+    ft_err e2 = {0};
+    CHECK(ft_config_load_yaml(ok, write_yaml("two.yaml", "tuning:\n  mode: lora\n  lora:\n"
+                                                         "    r: 4\n  quant:\n    blocksize: 64\n"
+                                                         "model:\n  name: x\n"),
+                              NULL, &e2) == 0);
+    ft_config_free(ok);
+    /* an empty file (or only comments, or null): an error naming it, not a config that
+     * fails later without saying which file lacks model.name */
+    expect_error("", "bad.yaml: the file is empty", "model.name");
+    expect_error("# nothing yet\n\n", "bad.yaml: the file is empty", NULL);
+    expect_error("~\n", "bad.yaml: the file is empty", NULL);
     ft_config *c = ft_config_new();
     ft_err err = {0};
     CHECK(ft_config_load_yaml(c, "/nonexistent/x.yaml", NULL, &err) != 0);

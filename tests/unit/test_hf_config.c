@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "core/fsutil.h"
+#include "fifo_guard.h"
 
 /* |a - b| <= rel * |b|: CHECK_CLOSE is absolute below 1, too loose for 1e-7 frequencies. */
 #define CHECK_REL(a, b, rel)                                                         \
@@ -379,6 +381,38 @@ static void test_file_errors(void)
     CHECK(strstr(e.msg, cfg_path) != NULL);
     EXPECT_ERROR("[1, 2]", "top level");
     EXPECT_ERROR("{\"model_type\": \"llama\", \"model_type\": \"llama\", " REQ "}", "duplicate");
+
+    /* A FIFO (or a directory) is no config.json: refused, not waited on. */
+    char fifo[160];
+    snprintf(fifo, sizeof fifo, "%s/fifo", tmp_dir);
+    CHECK(ft_mkdir_p(fifo, &e) == 0);
+    snprintf(fifo, sizeof fifo, "%s/fifo/config.json", tmp_dir);
+    CHECK(make_fifo(fifo));
+    fifo_guard(true);
+    CHECK(ft_model_config_load(&c, fifo, &e) == -1);
+    CHECK(strstr(e.msg, fifo) && strstr(e.msg, "not a regular file (a FIFO)"));
+    /* ... nor for the copy ft-merge and ft-quantize make of it */
+    json_t *root = NULL;
+    snprintf(fifo, sizeof fifo, "%s/fifo", tmp_dir);
+    CHECK(ft_read_model_config_json(fifo, &root, &e) == -1 && root == NULL);
+    CHECK(strstr(e.msg, "config.json") && strstr(e.msg, "FIFO"));
+    fifo_guard(false);
+    CHECK(ft_model_config_load(&c, tmp_dir, &e) == -1 && strstr(e.msg, "a directory"));
+
+    /* The copy is read with duplicate keys refused as well; a missing file gets the hint. */
+    char dir[160], path[200];
+    snprintf(dir, sizeof dir, "%s/dup", tmp_dir);
+    CHECK(ft_mkdir_p(dir, &e) == 0);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    fputs("{\"model_type\": \"llama\",\n \"torch_dtype\": \"float32\",\n"
+          " \"torch_dtype\": \"bfloat16\"}", f);
+    fclose(f);
+    CHECK(ft_read_model_config_json(dir, &root, &e) == -1 && root == NULL);
+    CHECK(strstr(e.msg, path) && strstr(e.msg, "duplicate") && strstr(e.msg, "torch_dtype"));
+    snprintf(dir, sizeof dir, "%s/none", tmp_dir);
+    CHECK(ft_read_model_config_json(dir, &root, &e) == -1 &&
+          strstr(e.msg, "a Hugging Face model dir?"));
 
     /* err may be NULL. */
     CHECK(ft_model_config_load(&c, missing, NULL) == -1);

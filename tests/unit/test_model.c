@@ -2,7 +2,8 @@
  * against central finite differences (full and LoRA), gradient checkpointing bitwise
  * identical (also with LoRA dropout), gradient accumulation equal to one pass, packed
  * rows equal to separate rows, adapter save/load round trip, and the errors a user can
- * cause (bad token id, missing or mis-shaped tensor, unexpected tensor). The comparison
+ * cause (bad token id, missing or mis-shaped tensor, unexpected tensor, a NaN or infinite
+ * weight in the base or the adapter). The comparison
  * with transformers + PEFT is in tests/conformance. */
 #include <math.h>
 #include <stdio.h>
@@ -341,6 +342,89 @@ static void test_load_errors(void)
     expect_load_error(dir, "config.json");
 }
 
+/* Rewrites the safetensors file `file` with tensor `name` stored as dtype `as` (F32, BF16
+ * or F16) and its element `elem` set to v; the other tensors are kept as they are. */
+static void poison(const char *file, const char *name, ft_st_dtype as, size_t elem, float v)
+{
+    ft_st_file *f = NULL;
+    ft_err err = {0};
+    CHECK(ft_st_open(&f, file, &err) == 0);
+    if (!f)
+        return;
+    ft_st_writer *w = ft_st_writer_new();
+    void *buf = NULL;
+    for (size_t i = 0; i < ft_st_count(f); i++) {
+        const ft_st_tensor *t = ft_st_at(f, i);
+        if (strcmp(t->name, name) != 0) {
+            CHECK(ft_st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, &err) == 0);
+            continue;
+        }
+        float *vals = malloc(t->numel * sizeof *vals);
+        CHECK(ft_st_to_f32(t, vals, t->numel, &err) == 0);
+        vals[elem] = v;
+        uint16_t *half = malloc(t->numel * sizeof *half);
+        for (size_t j = 0; j < t->numel; j++)
+            half[j] = as == FT_ST_BF16 ? ft_f32_to_bf16(vals[j]) : ft_f32_to_f16(vals[j]);
+        buf = as == FT_ST_F32 ? (void *)vals : (void *)half;
+        free(as == FT_ST_F32 ? (void *)half : (void *)vals);
+        CHECK(ft_st_writer_add(w, t->name, as, t->ndim, t->shape, buf, &err) == 0);
+    }
+    CHECK(buf != NULL);
+    CHECK(ft_st_writer_save(w, file, &err) == 0);
+    ft_st_writer_free(w);
+    free(buf);
+    ft_st_close(f);
+}
+
+/* A weight holding a NaN or an infinity is an error at load naming the file, the tensor
+ * and the element (ft-eval printed "loss nan" and exited 0), in every stored dtype, for
+ * the base and for an adapter. */
+static void test_nonfinite_weights(void)
+{
+    char dir[300], file[400], want[200];
+    snprintf(dir, sizeof dir, "%s/nan", root);
+    snprintf(file, sizeof file, "%s/model.safetensors", dir);
+    static const struct {
+        const char *tensor;
+        ft_st_dtype as;
+        size_t elem;
+        float v;
+        const char *want;
+    } cases[] = {
+        {"model.layers.1.self_attn.q_proj.weight", FT_ST_F32, 3 * C + 5, NAN, "element [3, 5] is NaN"},
+        {"model.layers.0.input_layernorm.weight", FT_ST_BF16, 7, INFINITY, "element [7] is inf"},
+        {"model.embed_tokens.weight", FT_ST_F16, V * C - 1, -INFINITY, "element [31, 15] is -inf"},
+        {"lm_head.weight", FT_ST_F16, 0, 1e6f /* past fp16's 65504: inf */, "element [0, 0] is inf"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        write_model(dir, 0, NULL, NULL, NULL);
+        poison(file, cases[i].tensor, cases[i].as, cases[i].elem, cases[i].v);
+        snprintf(want, sizeof want, "tensor '%s'", cases[i].tensor);
+        expect_load_error(dir, file);
+        expect_load_error(dir, want);
+        expect_load_error(dir, cases[i].want);
+    }
+    /* a finite value as large as it gets loads */
+    write_model(dir, 0, NULL, NULL, NULL);
+    poison(file, "model.norm.weight", FT_ST_F32, 2, 3.4e38f);
+    ft_model *m = load(dir, FT_TRAIN_FULL, 0, 0);
+    CHECK(m != NULL);
+    ft_model_free(m);
+
+    /* an adapter weight */
+    char adir[300], afile[400];
+    snprintf(adir, sizeof adir, "%s/nan-adapter", root);
+    snprintf(afile, sizeof afile, "%s/adapter_model.safetensors", adir);
+    m = load(dir, FT_TRAIN_LORA, 0, 0);
+    ft_err err = {0};
+    CHECK(m && ft_model_save_adapter(m, adir, "tiny", &err) == 0);
+    const char *lb = "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight";
+    poison(afile, lb, FT_ST_F32, 5, NAN);
+    CHECK(m && ft_model_load_adapter(m, adir, &err) == -1);
+    CHECK(strstr(err.msg, afile) && strstr(err.msg, lb) && strstr(err.msg, "NaN"));
+    ft_model_free(m);
+}
+
 static void test_bad_tokens(void)
 {
     char dir[300];
@@ -458,6 +542,7 @@ int main(void)
     RUN(test_chunked_head);
     RUN(test_adapter_round_trip);
     RUN(test_load_errors);
+    RUN(test_nonfinite_weights);
     RUN(test_bad_tokens);
     RUN(test_quantized_base_access);
     char cmd[300];

@@ -1,11 +1,13 @@
 /* model.name resolution: a local dir as is; a Hub id through the Hugging Face cache
- * layout (refs/main, or the only snapshot); a clear "how to download" error otherwise. */
+ * layout (refs/main, or the only snapshot; a refs/main that is a FIFO is not waited on);
+ * a clear "how to download" error otherwise. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "check.h"
+#include "fifo_guard.h"
 #include "core/fsutil.h"
 #include "formats/model_path.h"
 
@@ -47,6 +49,17 @@ static void test_hub_cache(void)
     CHECK(ft_resolve_model_dir("Org/Missing", out, sizeof out, &err) != 0);
     CHECK(strstr(err.msg, "huggingface-cli download Org/Missing") != NULL);
     CHECK(strstr(err.msg, cache) != NULL);
+    /* refs/main a FIFO: not read (it would block), the only snapshot is taken */
+    snprintf(p, sizeof p, "%s/models--Org--Fifo/snapshots/aaa111", cache);
+    CHECK(ft_mkdir_p(p, &err) == 0);
+    snprintf(p, sizeof p, "%s/models--Org--Fifo/refs", cache);
+    CHECK(ft_mkdir_p(p, &err) == 0);
+    snprintf(p, sizeof p, "%s/models--Org--Fifo/refs/main", cache);
+    CHECK(make_fifo(p));
+    fifo_guard(true);
+    CHECK(ft_resolve_model_dir("Org/Fifo", out, sizeof out, &err) == 0);
+    fifo_guard(false);
+    CHECK(strstr(out, "snapshots/aaa111") != NULL);
     unsetenv("HF_HUB_CACHE");
 }
 

@@ -476,10 +476,66 @@ static void test_corrupt_checkpoints(void)
     const char *fp4_state = "{\"quant_type\": \"fp4\", \"blocksize\": 64, \"shape\": [40, 70]}";
     expect_corrupt(&q, NULL, "m.q_proj.weight.quant_state.bitsandbytes__nf4", fp4_state,
                    FT_ST_U8, (int64_t)strlen(fp4_state), "quant_type fp4 does not match");
+    /* every field of the quant_state of its type; no key twice */
+    static const struct {
+        const char *json, *want;
+    } states[] = {
+#define NESTED "\"nested_blocksize\": 256, \"nested_dtype\": \"float32\", \"nested_offset\": 0.5"
+        {"{\"quant_type\": \"nf4\", \"blocksize\": 64, \"dtype\": \"int4\", \"shape\": [40, 70], "
+         NESTED "}", "dtype 'int4' is not bfloat16, float16 or float32"},
+        {"{\"quant_type\": \"nf4\", \"blocksize\": 64, \"dtype\": \"torch.float16\", "
+         "\"shape\": [40, 70], " NESTED "}", "dtype 'torch.float16'"},
+        {"{\"quant_type\": \"nf4\", \"blocksize\": 64, \"dtype\": 16, \"shape\": [40, 70], "
+         NESTED "}", "dtype not a string"},
+        {"{\"quant_type\": \"nf4\", \"blocksize\": 64, \"shape\": [40, 70], " NESTED "}",
+         "dtype missing"},
+        {"{\"quant_type\": \"nf4\", \"blocksize\": \"64\", \"dtype\": \"float32\", "
+         "\"shape\": [40, 70], " NESTED "}", "blocksize"},
+        {"{\"quant_type\": \"nf4\", \"blocksize\": 64, \"dtype\": \"float32\", "
+         "\"shape\": [40, \"70\"], " NESTED "}", "shape is not [40, 70]"},
+        {"{\"quant_type\": \"nf4\", \"blocksize\": 64, \"dtype\": \"float32\", "
+         "\"shape\": [40, 70], \"nested_blocksize\": 256, \"nested_dtype\": \"float16\", "
+         "\"nested_offset\": 0.5}", "nested_dtype float16 is not float32"},
+        {"{\"quant_type\": \"nf4\", \"blocksize\": 64, \"dtype\": \"float32\", "
+         "\"shape\": [40, 70], \"nested_blocksize\": 256, \"nested_offset\": 0.5}",
+         "nested_dtype (missing)"},
+        {"{\"quant_type\": \"nf4\", \"blocksize\": 64, \"dtype\": \"float32\", "
+         "\"shape\": [40, 70], \"nested_blocksize\": 256, \"nested_dtype\": \"float32\", "
+         "\"nested_offset\": 1e300}", "nested_offset"},
+        {"{\"quant_type\": \"nf4\", \"blocksize\": 64, \"dtype\": \"float32\", "
+         "\"dtype\": \"bfloat16\", \"shape\": [40, 70], " NESTED "}", "duplicate"},
+#undef NESTED
+    };
+    for (size_t i = 0; i < sizeof states / sizeof *states; i++)
+        expect_corrupt(&q, NULL, "m.q_proj.weight.quant_state.bitsandbytes__nf4", states[i].json,
+                       FT_ST_U8, (int64_t)strlen(states[i].json), states[i].want);
+    /* the scales must be finite: one NaN makes a block (or a row) NaN */
+    float scales[256];
+    memcpy(scales, q.nested_map, sizeof scales);
+    scales[200] = NAN;
+    expect_corrupt(&q, NULL, "m.q_proj.weight.nested_quant_map", scales, FT_ST_F32, 256,
+                   "'m.q_proj.weight.nested_quant_map': element [200] is NaN");
+    for (int i = 0; i < 256; i++)
+        scales[i] = 0.5f;
+    scales[0] = INFINITY;
+    expect_corrupt(&q, NULL, "m.q_proj.weight.nested_absmax", scales, FT_ST_F32, 1,
+                   "'m.q_proj.weight.nested_absmax': element [0] is inf");
+    ft_qtensor_free(&q);
+    o.double_quant = false;
+    CHECK(ft_quantize(w, 40, 70, &o, &q, NULL) == 0);
+    memcpy(scales, q.absmax, 44 * sizeof *scales);
+    scales[43] = -INFINITY;
+    expect_corrupt(&q, NULL, "m.q_proj.weight.absmax", scales, FT_ST_F32, 44,
+                   "'m.q_proj.weight.absmax': element [43] is -inf");
     ft_qtensor_free(&q);
     o.type = FT_QUANT_INT8;
     CHECK(ft_quantize(w, 40, 70, &o, &q, NULL) == 0);
     expect_corrupt(&q, NULL, "m.q_proj.SCB", floats, FT_ST_F32, 39, "expected 40");
+    for (int i = 0; i < 40; i++)
+        scales[i] = 1.0f;
+    scales[7] = NAN;
+    expect_corrupt(&q, NULL, "m.q_proj.SCB", scales, FT_ST_F32, 40,
+                   "'m.q_proj.SCB': element [7] is NaN");
     uint8_t fmt = 2;
     expect_corrupt(&q, NULL, "m.q_proj.weight_format", &fmt, FT_ST_U8, 1, "row-major");
     ft_qtensor_free(&q);

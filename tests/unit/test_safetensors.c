@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "fifo_guard.h"
 #include "formats/safetensors.h"
 
 static char tmp_dir[64];
@@ -346,7 +347,30 @@ static void test_to_f32(void)
     CHECK(strstr(err.msg, "layer.ints") && strstr(err.msg, "I32") && strstr(err.msg, path));
     CHECK(ft_st_to_f32(ft_st_find(f, "f"), out, 2, &err) == -1);
     CHECK(strstr(err.msg, "'f'") && strstr(err.msg, path));
+
+    /* the finite variant: the same values, and a NaN or infinity is an error naming the
+       element (row-major index) */
+    CHECK(ft_st_to_f32_finite(ft_st_find(f, "f"), out, 3, &err) == 0 && out[2] == 1e30f);
+    CHECK(ft_st_to_f32_finite(ft_st_find(f, "bf"), out, 4, &err) == -1);
+    CHECK(strstr(err.msg, path) && strstr(err.msg, "'bf'") && strstr(err.msg, "element [2] is inf"));
+    CHECK(ft_st_to_f32_finite(ft_st_find(f, "hf"), out, 4, &err) == -1);
+    CHECK(strstr(err.msg, "'hf'") && strstr(err.msg, "element [2] is -inf"));
+    CHECK(ft_st_to_f32_finite(ft_st_find(f, "layer.ints"), out, 2, &err) == -1);
     ft_st_close(f);
+
+    float cube[24] = {0};
+    cube[1 * 12 + 1 * 4 + 3] = NAN;
+    int64_t s234[3] = {2, 3, 4};
+    w = ft_st_writer_new();
+    CHECK(ft_st_writer_add(w, "cube", FT_ST_F32, 3, s234, cube, &err) == 0);
+    CHECK(ft_st_writer_save(w, path, &err) == 0);
+    ft_st_writer_free(w);
+    CHECK(ft_st_open(&f, path, &err) == 0);
+    float out24[24];
+    CHECK(f && ft_st_to_f32_finite(ft_st_find(f, "cube"), out24, 24, &err) == -1);
+    CHECK(strstr(err.msg, "element [1, 1, 3] is NaN") && strstr(err.msg, "shape [2, 3, 4]"));
+    ft_st_close(f);
+    CHECK(ft_f32_first_nonfinite(cube, 24) == 19 && ft_f32_first_nonfinite(cube, 19) == 19);
 }
 
 /* ---------------------------------------------------------------- hostile input */
@@ -456,6 +480,18 @@ static void test_hostile_files(void)
     expect_reject("trailing_no_tensor.safetensors", "{}", 1, "trailing bytes");
     expect_reject("end_past_eof.safetensors", "{" ENTRY("a", "F32", "[4]", 0, 16) "}", 8,
                   "tensor 'a'");
+    /* A slot larger than its tensor, with the file otherwise tiled exactly: as the last
+     * tensor, and between two others (the next one begins where the large slot ends). */
+    expect_reject("slot_larger_last.safetensors",
+                  "{" ENTRY("model.norm.weight", "F32", "[2]", 0, 12) "}", 12,
+                  "tensor 'model.norm.weight': data_offsets [0, 12) hold 12 bytes but shape "
+                  "[2] of F32 needs 8");
+    expect_reject("slot_larger_middle.safetensors",
+                  "{" ENTRY("a", "F32", "[1]", 0, 4) "," ENTRY("b", "BF16", "[2]", 4, 10) ","
+                  ENTRY("c", "U8", "[2]", 10, 12) "}", 12,
+                  "tensor 'b': data_offsets [4, 10) hold 6 bytes but shape [2] of BF16 needs 4");
+    expect_reject("slot_larger_empty.safetensors",
+                  "{" ENTRY("z", "F16", "[0]", 0, 2) "}", 2, "tensor 'z'");
 
     /* Metadata. */
     expect_reject("meta_number.safetensors", "{\"__metadata__\":{\"format\":1}}", 0,
@@ -468,6 +504,23 @@ static void test_hostile_files(void)
     tmp_path(path, sizeof path, "no_such.safetensors");
     expect_reject_path(path, "cannot open");
     expect_reject_path(tmp_dir, "not a regular file");
+    /* A FIFO: refused without waiting for a writer (the open itself used to block). */
+    tmp_path(path, sizeof path, "fifo.safetensors");
+    CHECK(make_fifo(path));
+    fifo_guard(true);
+    expect_reject_path(path, "not a regular file (a FIFO)");
+    fifo_guard(false);
+    char dir[200];
+    tmp_path(dir, sizeof dir, "fifo_ckpt");
+    CHECK(mkdir(dir, 0700) == 0);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    CHECK(make_fifo(path));
+    ft_checkpoint *c = NULL;
+    ft_err err = {0};
+    fifo_guard(true);
+    CHECK(ft_ckpt_open(&c, dir, "model", &err) == -1 && c == NULL);
+    fifo_guard(false);
+    CHECK(strstr(err.msg, path) && strstr(err.msg, "FIFO"));
 }
 
 static uint32_t lcg(uint32_t *s)
@@ -803,6 +856,24 @@ static void test_ckpt_errors(void)
     write_text(dir, "model.safetensors.index.json",
                "{\"weight_map\": {\"a\": \"broken.safetensors\"}}");
     expect_ckpt_reject(dir, "broken.safetensors", "trailing bytes");
+    /* A name given twice in the index (the shards could disagree on it). */
+    write_text(dir, "model.safetensors.index.json",
+               "{\"weight_map\": {\"a\": \"shard.safetensors\", \"a\": \"broken.safetensors\"}}");
+    expect_ckpt_reject(dir, "model.safetensors.index.json", "duplicate");
+    /* An index or a shard that is a FIFO: refused, not waited on. */
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    CHECK(make_fifo(p));
+    fifo_guard(true);
+    expect_ckpt_reject(dir, "model.safetensors.index.json", "not a regular file (a FIFO)");
+    fifo_guard(false);
+    unlink(p); /* writing into the FIFO would wait for a reader */
+    write_text(dir, "model.safetensors.index.json",
+               "{\"weight_map\": {\"a\": \"fifo.safetensors\"}}");
+    snprintf(p, sizeof p, "%s/fifo.safetensors", dir);
+    CHECK(make_fifo(p));
+    fifo_guard(true);
+    expect_ckpt_reject(dir, "fifo.safetensors", "not a regular file (a FIFO)");
+    fifo_guard(false);
 }
 
 /* Thousands of tensors: every lookup must hit, in any order. */
@@ -969,6 +1040,64 @@ static void test_f16(void)
 #endif
 }
 
+/* Every dtype's element size, from the safetensors format (not from the library's own
+ * table): a reader and a writer that share one wrong entry would agree with each other. */
+static const struct {
+    const char *name;
+    size_t size;
+} format_sizes[] = {
+    {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
+    {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+    {"U32", 4},  {"F32", 4}, {"F64", 8}, {"I64", 8},     {"U64", 8},
+};
+
+static void test_dtype_sizes(void)
+{
+    enum { N = sizeof format_sizes / sizeof format_sizes[0] };
+    CHECK((int)N == (int)FT_ST_NDTYPES);
+    for (int i = 0; i < N; i++) {
+        const char *name = format_sizes[i].name;
+        size_t size = format_sizes[i].size;
+        int dt = ft_st_dtype_parse(name);
+        CHECK(dt >= 0);
+        if (dt < 0)
+            continue;
+        CHECK(ft_st_dtype_size((ft_st_dtype)dt) == size);
+        /* the reader: a hand-made file of 3 elements opens with exactly 3 x size bytes */
+        char header[160], path[256], file[64];
+        snprintf(header, sizeof header,
+                 "{\"t\":{\"dtype\":\"%s\",\"shape\":[3],\"data_offsets\":[0,%zu]}}", name,
+                 3 * size);
+        snprintf(file, sizeof file, "size_%s.safetensors", name);
+        tmp_path(path, sizeof path, file);
+        CHECK(write_st(path, strlen(header), header, 3 * size));
+        ft_st_file *f = NULL;
+        ft_err err = {0};
+        CHECK(ft_st_open(&f, path, &err) == 0);
+        const ft_st_tensor *t = f ? ft_st_find(f, "t") : NULL;
+        CHECK(t && t->numel == 3 && t->nbytes == 3 * size && t->dtype == (ft_st_dtype)dt);
+        if (!f)
+            fprintf(stderr, "  %s: %s\n", name, err.msg);
+        ft_st_close(f);
+        /* the writer: 3 elements take 3 x size bytes after the header */
+        unsigned char data[24] = {0};
+        int64_t shape[1] = {3};
+        ft_st_writer *w = ft_st_writer_new();
+        snprintf(file, sizeof file, "written_%s.safetensors", name);
+        tmp_path(path, sizeof path, file);
+        CHECK(ft_st_writer_add(w, "t", (ft_st_dtype)dt, 1, shape, data, &err) == 0);
+        CHECK(ft_st_writer_save(w, path, &err) == 0);
+        ft_st_writer_free(w);
+        size_t n = 0;
+        unsigned char *bytes = read_all(path, &n);
+        uint64_t hl = 0;
+        for (int b = 7; bytes && n >= 8 && b >= 0; b--)
+            hl = hl << 8 | bytes[b];
+        CHECK(bytes && n == 8 + hl + 3 * size);
+        free(bytes);
+    }
+}
+
 static void test_dtype_names(void)
 {
     for (int i = 0; i < FT_ST_NDTYPES; i++) {
@@ -1010,6 +1139,7 @@ int main(void)
         return 1;
     }
     RUN(test_dtype_names);
+    RUN(test_dtype_sizes);
     RUN(test_roundtrip);
     RUN(test_reference_bytes);
     RUN(test_valid_handwritten);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "fifo_guard.h"
 #include "tokenizer/tok_internal.h"
 #include "tokenizer/tokenizer.h"
 
@@ -202,7 +203,7 @@ static void test_sentencepiece_legacy(void)
 static const char *META_JSON =
     "{'pre_tokenizer': {'type': 'Metaspace', 'replacement': '" SP "', 'prepend_scheme': '%s',"
     "   'split': %s},"
-    " 'added_tokens': [{'id': 10, 'content': '<x>', 'special': true, 'normalized': false,"
+    " 'added_tokens': [{'id': 9, 'content': '<x>', 'special': true, 'normalized': false,"
     "   'lstrip': false, 'rstrip': false, 'single_word': false}],"
     " 'decoder': {'type': 'Metaspace', 'replacement': '" SP "', 'prepend_scheme': '%s', 'split': true},"
     " 'model': {'type': 'BPE', 'unk_token': '<unk>', 'byte_fallback': false, 'fuse_unk': false,"
@@ -226,7 +227,7 @@ static void test_metaspace(void)
         return;
     /* split: each ▁ starts a new piece, so "i▁" never forms */
     CHECK(enc_is(t, "hi hi", false, (int32_t[]){5, 5, -1}));
-    CHECK(enc_is(t, "hi<x>hi", false, (int32_t[]){5, 10, 5, -1}));
+    CHECK(enc_is(t, "hi<x>hi", false, (int32_t[]){5, 9, 5, -1}));
     CHECK(enc_is(t, " hi", false, (int32_t[]){5, -1}));
     CHECK(dec_is(t, (int32_t[]){5, 5}, 2, false, "hi hi"));
     /* the decoder drops every ▁ of the first token, as tokenizers does */
@@ -238,7 +239,7 @@ static void test_metaspace(void)
     if (!t)
         return;
     /* only the piece at the start of the text gets the ▁ */
-    CHECK(enc_is(t, "hi<x>hi", false, (int32_t[]){5, 10, 4, -1}));
+    CHECK(enc_is(t, "hi<x>hi", false, (int32_t[]){5, 9, 4, -1}));
     CHECK(dec_is(t, (int32_t[]){5, 1, 5}, 3, false, "hi  hi"));
     ft_tokenizer_free(t);
 
@@ -370,11 +371,11 @@ static void test_added_tokens(void)
 {
     ft_tokenizer *t = load("added",
         "{'added_tokens': ["
-        "  {'id': 10, 'content': '<m>', 'special': true, 'normalized': false, 'lstrip': true,"
+        "  {'id': 4, 'content': '<m>', 'special': true, 'normalized': false, 'lstrip': true,"
         "   'rstrip': true, 'single_word': false},"
-        "  {'id': 11, 'content': 'ab', 'special': false, 'normalized': true, 'lstrip': false,"
+        "  {'id': 5, 'content': 'ab', 'special': false, 'normalized': true, 'lstrip': false,"
         "   'rstrip': false, 'single_word': true},"
-        "  {'id': 12, 'content': '<m>x', 'special': false, 'normalized': false, 'lstrip': false,"
+        "  {'id': 6, 'content': '<m>x', 'special': false, 'normalized': false, 'lstrip': false,"
         "   'rstrip': false, 'single_word': false}],"
         " 'normalizer': {'type': 'Lowercase'},"
         " 'pre_tokenizer': {'type': 'WhitespaceSplit'},"
@@ -384,13 +385,13 @@ static void test_added_tokens(void)
     if (!t)
         return;
     /* lstrip / rstrip absorb the spaces around <m> */
-    CHECK(enc_is(t, "a  <m>  b", false, (int32_t[]){1, 10, 2, -1}));
+    CHECK(enc_is(t, "a  <m>  b", false, (int32_t[]){1, 4, 2, -1}));
     /* the longest match wins: <m>x over <m> */
-    CHECK(enc_is(t, "<m>x", false, (int32_t[]){12, -1}));
+    CHECK(enc_is(t, "<m>x", false, (int32_t[]){6, -1}));
     /* single_word: "ab" only when not touching word characters; matched after lowercasing */
-    CHECK(enc_is(t, "AB xab", false, (int32_t[]){11, 3, 1, 2, -1}));
-    CHECK(dec_is(t, (int32_t[]){1, 10, 11}, 3, false, "a <m> ab"));
-    CHECK(dec_is(t, (int32_t[]){1, 10, 11}, 3, true, "a ab"));
+    CHECK(enc_is(t, "AB xab", false, (int32_t[]){5, 3, 1, 2, -1}));
+    CHECK(dec_is(t, (int32_t[]){1, 4, 5}, 3, false, "a <m> ab"));
+    CHECK(dec_is(t, (int32_t[]){1, 4, 5}, 3, true, "a ab"));
     ft_tokenizer_free(t);
 }
 
@@ -442,6 +443,63 @@ static int load_fails(const char *sub, const char *json, const char *n1, const c
 }
 
 #define MODEL_OK "'model': {'type': 'BPE', 'vocab': {'a': 0}, 'merges': []}"
+
+/* load_fails with every needle of a NULL-terminated list, and the file's path. */
+static int load_fails_naming(const char *sub, const char *json, const char *const *needles)
+{
+    if (!load_fails(sub, json, "tokenizer.json", NULL))
+        return 0;
+    ft_tokenizer *t = NULL;
+    ft_err err = {0};
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/%s", tmpdir, sub);
+    ft_tokenizer_load(&t, dir, &err);
+    for (; *needles; needles++)
+        if (!strstr(err.msg, *needles)) {
+            fprintf(stderr, "  %s: message '%s' lacks '%s'\n", sub, err.msg, *needles);
+            return 0;
+        }
+    return strstr(err.msg, dir) != NULL;
+}
+
+#define ADDED(id, content) \
+    "{'id': " #id ", 'content': '" content "', 'special': true, 'normalized': false}"
+#define TOK(added, vocab) \
+    "{'added_tokens': [" added "], 'model': {'type': 'BPE', 'vocab': {" vocab "}, 'merges': []}}"
+
+/* Ids are bounded by the vocabulary (model.vocab's entries plus the added tokens, as
+ * tokenizers numbers added tokens) and name one token each. */
+static void test_vocab_ids(void)
+{
+    /* an added token may extend the vocab by the count of added tokens, no further */
+    ft_tokenizer *t = load("ids_ok", TOK(ADDED(2, "<x>") "," ADDED(3, "<y>") "," ADDED(1, "b")
+                                         "," ADDED(3, "<y>"),
+                                         "'a': 0, 'b': 1"));
+    CHECK(t && ft_tokenizer_vocab_size(t) == 4);
+    CHECK(t && ft_tokenizer_token_to_id(t, "<y>") == 3 && ft_tokenizer_token_to_id(t, "b") == 1);
+    ft_tokenizer_free(t);
+    CHECK(load_fails_naming("ids_added_far", TOK(ADDED(1000000000, "<x>"), "'a': 0, 'b': 1"),
+                            (const char *[]){"added_tokens[0]", "'<x>'", "1000000000",
+                                             "beyond the vocabulary", NULL}));
+    CHECK(load_fails_naming("ids_added_limit", TOK(ADDED(2, "<x>") "," ADDED(4, "<y>"), "'a': 0"),
+                            (const char *[]){"added_tokens[1]", "'<y>'", "id 4", NULL}));
+    CHECK(load_fails_naming("ids_vocab_far", TOK("", "'a': 0, 'b': 2147483646"),
+                            (const char *[]){"model.vocab['b']", "2147483646", NULL}));
+    CHECK(load_fails_naming("ids_vocab_huge", TOK("", "'a': 0, 'b': 99999999999"),
+                            (const char *[]){"model.vocab['b']", "99999999999", NULL}));
+    /* one id, two tokens: in the vocab, between the vocab and an added token, between two
+       added tokens; and one added token with two ids */
+    CHECK(load_fails_naming("ids_dup_vocab", TOK("", "'a': 0, 'b': 1, 'c': 1"),
+                            (const char *[]){"id 1", "'b'", "'c'", NULL}));
+    CHECK(load_fails_naming("ids_dup_added_vocab", TOK(ADDED(1, "<x>"), "'a': 0, 'b': 1"),
+                            (const char *[]){"id 1", "'<x>'", "'b'", NULL}));
+    CHECK(load_fails_naming("ids_dup_added", TOK(ADDED(2, "<x>") "," ADDED(2, "<y>"), "'a': 0, 'b': 1"),
+                            (const char *[]){"id 2", "'<x>'", "'<y>'", NULL}));
+    CHECK(load_fails_naming("ids_two_ids", TOK(ADDED(2, "<x>") "," ADDED(3, "<x>"), "'a': 0, 'b': 1"),
+                            (const char *[]){"'<x>'", "2", "3", NULL}));
+    CHECK(load_fails_naming("ids_vocab_other", TOK(ADDED(2, "b"), "'a': 0, 'b': 1"),
+                            (const char *[]){"'b'", "id 2", "id 1", NULL}));
+}
 
 static void test_errors(void)
 {
@@ -498,6 +556,47 @@ static void test_errors(void)
     ft_tokenizer_free(t);
 }
 
+/* The files of a tokenizer that a hostile dir may hold: a key given twice (Python's json
+ * keeps the last one silently) and files that are FIFOs (the open would wait for a
+ * writer) are errors naming the file. */
+static void test_hostile_files(void)
+{
+    CHECK(load_fails_naming("dup_vocab", "{'model': {'type': 'BPE', 'vocab': {'a': 0, 'a': 1},"
+                                         " 'merges': []}}",
+                            (const char *[]){"duplicate", "'\"a\"'", NULL}));
+    CHECK(load_fails_naming("dup_top", "{" MODEL_OK ", 'added_tokens': [], 'added_tokens': []}",
+                            (const char *[]){"duplicate", "added_tokens", NULL}));
+    write_tok("dup_cfg", "tokenizer_config.json", "{'eos_token': '</s>',\n 'eos_token': '<s>'}");
+    CHECK(load_fails("dup_cfg", "{" MODEL_OK "}", "tokenizer_config.json:2", "eos_token"));
+    write_tok("dup_stm", "special_tokens_map.json", "{'pad_token': 'a', 'pad_token': 'b'}");
+    CHECK(load_fails("dup_stm", "{" MODEL_OK "}", "special_tokens_map.json", "duplicate"));
+
+    static const char *const names[] = {"tokenizer.json", "tokenizer_config.json",
+                                        "special_tokens_map.json", "chat_template.jinja"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char sub[64], path[400];
+        snprintf(sub, sizeof sub, "fifo%zu", i);
+        const char *dir = write_tok(sub, "tokenizer.json", "{" MODEL_OK "}");
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        CHECK(make_fifo(path));
+        ft_tokenizer *t = NULL;
+        ft_err err = {0};
+        fifo_guard(true);
+        CHECK(ft_tokenizer_load(&t, dir, &err) == -1 && t == NULL);
+        fifo_guard(false);
+        if (!strstr(err.msg, path) || !strstr(err.msg, "not a regular file (a FIFO)")) {
+            fprintf(stderr, "  %s: message '%s'\n", names[i], err.msg);
+            CHECK(0);
+        }
+        /* and the tokenizer.json path given directly */
+        if (i == 0) {
+            fifo_guard(true);
+            CHECK(ft_tokenizer_load(&t, path, &err) == -1 && strstr(err.msg, "FIFO"));
+            fifo_guard(false);
+        }
+    }
+}
+
 int main(void)
 {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/ft_tok_XXXXXX");
@@ -516,6 +615,8 @@ int main(void)
     RUN(test_added_tokens);
     RUN(test_config_files);
     RUN(test_errors);
+    RUN(test_vocab_ids);
+    RUN(test_hostile_files);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0)

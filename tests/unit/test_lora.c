@@ -1,0 +1,160 @@
+/* Unit tests of lib/formats/lora.c's adapter_config.json reader on hostile files: every
+ * error names the file (and the key), a key given twice is refused, a FIFO is refused
+ * without blocking, values that would wrap around in an int are refused; and the checks
+ * made once the model is known (ft_model_load: a layer the model lacks, targets that
+ * select nothing) name the adapter_config.json the settings came from. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "fifo_guard.h"
+#include "formats/lora.h"
+#include "model/model.h"
+#include "tiny_model.h"
+
+static char root[64];
+
+#define GOOD "\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 4, \"target_modules\": [\"q_proj\"]"
+
+/* Writes <root>/<sub>/adapter_config.json; returns the dir. */
+static const char *write_config(const char *sub, const char *text)
+{
+    static char dir[256];
+    snprintf(dir, sizeof dir, "%s/%s", root, sub);
+    ft_err err;
+    CHECK(ft_mkdir_p(dir, &err) == 0);
+    char path[400];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    FILE *f = fopen(path, "w");
+    fputs(text, f);
+    fclose(f);
+    return dir;
+}
+
+/* Loading dir's config fails with a message naming the file and holding needle. */
+static void expect_error(const char *dir, const char *needle)
+{
+    ft_lora_config c;
+    ft_err err = {0};
+    char path[400];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    fifo_guard(true);
+    int rc = ft_lora_config_load(&c, dir, &err);
+    fifo_guard(false);
+    CHECK(rc == -1);
+    if (rc == 0 || !strstr(err.msg, path) || !strstr(err.msg, needle)) {
+        fprintf(stderr, "  %s: got '%s', want the path and '%s'\n", dir, err.msg, needle);
+        CHECK(0);
+    }
+}
+
+static void test_config_errors(void)
+{
+    ft_lora_config c;
+    ft_err err = {0};
+    const char *dir = write_config("good", "{" GOOD ", \"layers_to_transform\": [0, 1]}");
+    CHECK(ft_lora_config_load(&c, dir, &err) == 0);
+    CHECK(c.r == 2 && c.alpha == 4 && c.n_layers == 2 && c.layers[1] == 1);
+    CHECK(strstr(c.source, dir) && strstr(c.source, "adapter_config.json"));
+
+    /* a key given twice, the last of which Python would keep */
+    expect_error(write_config("dup", "{" GOOD ", \"r\": 16}"), "duplicate");
+    expect_error(write_config("dup2", "{\"r\": 2, " GOOD "}"), "\"r\"");
+    /* integers that an int cannot hold would wrap around to another value */
+    expect_error(write_config("r_huge", "{\"peft_type\": \"LORA\", \"r\": 4294967298, \"lora_alpha\": 4,"
+                                        " \"target_modules\": [\"q_proj\"]}"),
+                 "'r'");
+    expect_error(write_config("alpha_huge", "{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 1e300,"
+                                            " \"target_modules\": [\"q_proj\"]}"),
+                 "'lora_alpha'");
+    expect_error(write_config("layer_wrap", "{" GOOD ", \"layers_to_transform\": [4294967296]}"),
+                 "layers_to_transform");
+    expect_error(write_config("layer_wrap1", "{" GOOD ", \"layers_to_transform\": 4294967297}"),
+                 "4294967297");
+    expect_error(write_config("layer_neg", "{" GOOD ", \"layers_to_transform\": [1, -1]}"),
+                 "-1");
+    expect_error(write_config("layer_str", "{" GOOD ", \"layers_to_transform\": [\"1\"]}"),
+                 "layers_to_transform");
+    expect_error(write_config("targets_empty",
+                              "{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 4,"
+                              " \"target_modules\": []}"),
+                 "target_modules");
+    expect_error(write_config("targets_bad",
+                              "{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 4,"
+                              " \"target_modules\": [\"q_proj\", 7]}"),
+                 "target_modules");
+    expect_error(write_config("bad_json", "{" GOOD ","), "invalid JSON");
+
+    /* not a regular file: a FIFO would block the reader, a directory is no config */
+    char path[400];
+    dir = write_config("fifo", "{}");
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    CHECK(make_fifo(path));
+    expect_error(dir, "not a regular file");
+    dir = write_config("isdir", "{}");
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    unlink(path);
+    CHECK(ft_mkdir_p(path, &err) == 0);
+    expect_error(dir, "not a regular file");
+}
+
+/* ft_model_load with the settings of dir's adapter_config.json fails naming the file and
+ * holding needle. */
+static void expect_model_error(const char *model, const char *dir, const char *needle)
+{
+    ft_model_options opt = {.mode = FT_TRAIN_LORA};
+    ft_err err = {0};
+    CHECK(ft_lora_config_load(&opt.lora, dir, &err) == 0);
+    ft_model *m = NULL;
+    CHECK(ft_model_load(&m, model, &opt, &err) == -1 && m == NULL);
+    char path[400];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    if (!strstr(err.msg, path) || !strstr(err.msg, needle)) {
+        fprintf(stderr, "  %s: got '%s', want the path and '%s'\n", dir, err.msg, needle);
+        CHECK(0);
+    }
+    ft_model_free(m);
+}
+
+static void test_model_checks_name_file(void)
+{
+    char model[300];
+    snprintf(model, sizeof model, "%s/model", root);
+    write_tiny_model(model, &(tiny_model_opts){0});
+    /* the tiny model has L = 2 layers */
+    expect_model_error(model, write_config("layer_5", "{" GOOD ", \"layers_to_transform\": [5]}"),
+                       "layer 5");
+    expect_model_error(model,
+                       write_config("regex_none",
+                                    "{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 4,"
+                                    " \"target_modules\": \"model\\\\.layers\\\\.7\\\\..*\"}"),
+                       "select no linear layer");
+    expect_model_error(model,
+                       write_config("path_none",
+                                    "{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 4,"
+                                    " \"target_modules\": [\"model.layers.9.mlp.up_proj\"]}"),
+                       "select no linear layer");
+    /* settings from elsewhere (a run config) keep their message without a file */
+    ft_model_options opt = {.mode = FT_TRAIN_LORA,
+                            .lora = {.r = 2, .alpha = 4, .targets = 1, .n_layers = 1,
+                                     .layers = {5}}};
+    ft_model *m = NULL;
+    ft_err err = {0};
+    CHECK(ft_model_load(&m, model, &opt, &err) == -1 && strstr(err.msg, "layer 5") &&
+          !strstr(err.msg, "adapter_config.json"));
+}
+
+int main(void)
+{
+    snprintf(root, sizeof root, "/tmp/ft_lora_test_XXXXXX");
+    if (!mkdtemp(root)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    RUN(test_config_errors);
+    RUN(test_model_checks_name_file);
+    ft_remove_tree(root);
+    return check_summary("lora");
+}
