@@ -289,11 +289,16 @@ def _rank_pids(parent_pid):
     return pids
 
 
-@pytest.mark.parametrize("how", ["hang", "kill"])
+@pytest.mark.parametrize("how", ["hang", "kill", "hang_nccl_timeout"])
 def test_a_lost_rank_stops_the_run(work, how):
+    # hang_nccl_timeout: no dist.timeout_s; NCCL_TIMEOUT (seconds) in the environment
+    timeout = {} if how == "hang_nccl_timeout" else {"dist__timeout_s": 3}
     cfg = write_config(work, f"lost_{how}", dist__strategy="ddp", train__max_steps=100000,
-                       train__batch_size=2, dist__timeout_s=3)
-    e = dict(os.environ, OMP_NUM_THREADS="1")
+                       train__batch_size=2, **timeout)
+    e = {k: v for k, v in os.environ.items() if k not in ("NCCL_TIMEOUT", "FT_DIST_TIMEOUT")}
+    e["OMP_NUM_THREADS"] = "1"
+    if how == "hang_nccl_timeout":
+        e["NCCL_TIMEOUT"] = "3"
     p = subprocess.Popen(mpi_cmd(2, FT_TRAIN, "--config", str(cfg)), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=e)
     try:
@@ -304,19 +309,19 @@ def test_a_lost_rank_stops_the_run(work, how):
             pids = _rank_pids(p.pid)
         assert len(pids) == 2, "ranks did not start"
         time.sleep(2)  # let them train
-        os.kill(pids[1], signal.SIGSTOP if how == "hang" else signal.SIGKILL)
+        os.kill(pids[1], signal.SIGKILL if how == "kill" else signal.SIGSTOP)
         _, err = p.communicate(timeout=60)
     finally:
         if p.poll() is None:
             p.kill()
-        if how == "hang":
+        if how != "kill" and pids.get(1):  # (never pid 0: that is our process group)
             try:
-                os.kill(pids.get(1, 0) or 0, signal.SIGKILL)
-            except (OSError, TypeError):
+                os.kill(pids[1], signal.SIGKILL)
+            except OSError:
                 pass
     assert p.returncode != 0
-    if how == "hang":
-        assert "did not complete within" in err and "rank 0" in err, err[-3000:]
+    if how != "kill":
+        assert "did not complete within 3 s" in err and "rank 0" in err, err[-3000:]
 
 
 
