@@ -1,19 +1,77 @@
-# Toolchain and feature detection.
+# Toolchain and feature detection, and the build's remembered choices.
 #
 # CUDA: auto-detected from CUDA_HOME (default /usr/local/cuda) or nvcc on PATH;
 # CUDA=0 forces the CPU-only build, which needs nothing from the CUDA toolkit.
+#
+# The build remembers its choices: CUDA, MPI, NCCL, CUDA_HOME, CUDA_ARCHS, OPT, CFLAGS and
+# LDFLAGS given on the command line are saved in build/config.mk, and a later make that
+# does not give them uses the saved values (and says so on one line), so that `make
+# CUDA=0` then `make train` stays a CPU build. Give a choice again to change it; `make
+# clean` forgets them all. Precedence: the command line, the environment, the saved
+# value, then detection.
 
 PREFIX ?= /usr/local
 DESTDIR ?=
 
+# ---- quoting -------------------------------------------------------------------------
+# $(call q,text): text as one shell word. It stays as it is when it holds only characters
+# the shell takes literally (letters, digits and _ . / : , + - = @ %); otherwise it is
+# single-quoted, each ' written as '\''. Every make variable that reaches a recipe's
+# shell goes through it (or through qw, word by word, for lists of flags and arguments).
+FT_SHELL_SAFE := a b c d e f g h i j k l m n o p q r s t u v w x y z \
+                 A B C D E F G H I J K L M N O P Q R S T U V W X Y Z \
+                 0 1 2 3 4 5 6 7 8 9 _ . / : , + - = @ %
+ft_strip_chars = $(if $(2),$(call ft_strip_chars,$(subst $(firstword $(2)),,$(1)),$(wordlist 2,$(words $(2)),$(2))),$(1))
+ft_shell_bare = $(and $(1),$(filter 1,$(words x$(1)x)),$(if $(strip $(call ft_strip_chars,$(1),$(FT_SHELL_SAFE))),,1))
+q = $(if $(call ft_shell_bare,$(1)),$(1),'$(subst ','\'',$(1))')
+qw = $(foreach w,$(1),$(call q,$(w)))
+FT_COMMA := ,
+
+# ---- remembered choices --------------------------------------------------------------
+FT_SAVED_CHOICES := build/config.mk
+FT_REMEMBERED := CUDA MPI NCCL CUDA_HOME CUDA_ARCHS OPT CFLAGS LDFLAGS
+-include $(FT_SAVED_CHOICES)
+FT_GIVEN := $(foreach v,$(FT_REMEMBERED),$(if $(filter command line,$(origin $(v))),$(v)))
+ft_saved = $(filter-out undefined,$(origin FT_SAVED_$(1)))
+FT_RECALLED := $(strip $(foreach v,$(FT_REMEMBERED),$(if $(filter undefined,$(origin $(v))),$(if \
+                 $(call ft_saved,$(v)),$(v)))))
+$(foreach v,$(FT_RECALLED),$(eval $(v) := $$(FT_SAVED_$(v))))
+$(foreach v,$(FT_GIVEN),$(eval FT_SAVED_$(v) := $$($(v))))
+# the file: one "FT_SAVED_NAME := value" line per choice ($ as $$, # as \#)
+define FT_NL
+
+
+endef
+FT_HASH := \#
+ft_make_text = $(subst $(FT_HASH),\$(FT_HASH),$(subst $$,$$$$,$(1)))
+FT_SAVED_VARS = $(foreach v,$(FT_REMEMBERED),$(if $(call ft_saved,$(v)),$(v)))
+FT_SAVED_LINES = $(foreach v,$(FT_SAVED_VARS),FT_SAVED_$(v) := $(call ft_make_text,$(FT_SAVED_$(v)))$(FT_NL))
+FT_SAVED_TEXT := $(FT_HASH) The build choices given on make's command line (mk/config.mk); make clean \
+                 forgets them.$(FT_NL)$(subst $(FT_NL) ,$(FT_NL),$(FT_SAVED_LINES))
+ifneq ($(FT_GIVEN),)
+  ifneq ($(strip $(FT_SAVED_TEXT)),$(strip $(file <$(FT_SAVED_CHOICES))))
+    $(shell mkdir -p build)
+    $(file >$(FT_SAVED_CHOICES).$(MAKELEVEL).tmp,$(FT_SAVED_TEXT))
+    $(shell mv -f $(FT_SAVED_CHOICES).$(MAKELEVEL).tmp $(FT_SAVED_CHOICES))
+  endif
+endif
+# one note line (stderr), from the top-level make only
+ifneq ($(FT_RECALLED),)
+  ifeq ($(MAKELEVEL),0)
+    $(shell printf 'make: note: %s (remembered in %s; give them again to change them, make clean to forget)\n' \
+      $(call q,$(foreach v,$(FT_RECALLED),$(v)=$($(v)))) $(FT_SAVED_CHOICES) >&2)
+  endif
+endif
+
+# ---- the toolchain -------------------------------------------------------------------
 CC := gcc
 PKG_CONFIG ?= pkg-config
 
 # Library dependencies found through pkg-config (Debian: libjansson-dev, libyaml-dev,
 # libopenblas-dev, libpcre2-dev, libutf8proc-dev).
 DEP_PKGS := jansson yaml-0.1 openblas libpcre2-8 libutf8proc
-DEP_CFLAGS := $(shell $(PKG_CONFIG) --cflags $(DEP_PKGS) 2>/dev/null)
-DEP_LIBS := $(shell $(PKG_CONFIG) --libs $(DEP_PKGS) 2>/dev/null)
+DEP_CFLAGS := $(shell $(call q,$(PKG_CONFIG)) --cflags $(DEP_PKGS) 2>/dev/null)
+DEP_LIBS := $(shell $(call q,$(PKG_CONFIG)) --libs $(DEP_PKGS) 2>/dev/null)
 ifeq ($(strip $(DEP_LIBS)),)
   DEP_LIBS := -ljansson -lyaml -lopenblas -lpcre2-8 -lutf8proc
 endif
@@ -54,8 +112,8 @@ ifeq ($(CUDA),1)
   CUDA_ARCHS ?= 80 89 90
   NVCC_FLAGS := -O2 -std=c++17 -Xcompiler -Wall,-Werror -Ilib -Ikernels \
                 $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a))
-  FT_CFLAGS += -DFT_HAVE_CUDA -I$(CUDA_HOME)/include
-  LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++
+  FT_CFLAGS += -DFT_HAVE_CUDA $(call q,-I$(CUDA_HOME)/include)
+  LDLIBS += $(call q,-L$(CUDA_HOME)/lib64) $(call q,-Wl$(FT_COMMA)-rpath$(FT_COMMA)$(CUDA_HOME)/lib64) -lcudart -lcublas -lstdc++
 endif
 
 # NCCL (the GPU backend of lib/dist/dist.h): with CUDA, when nccl.h and libnccl sit under

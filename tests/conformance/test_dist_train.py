@@ -329,20 +329,25 @@ def test_a_lost_rank_stops_the_run(work, how):
 def test_make_targets_train_on_ranks(work, single):
     """The make targets launch real ranks: train-distributed and train-deepspeed with
     deepspeed_like/zero2.json ('auto' batch keys, stage 2) give the one-process run;
-    a HOSTFILE naming this host twice works as a two-node launch would."""
+    a HOSTFILE naming this host twice works as a two-node launch would. Each target
+    trains in its own run dir, the config's train.output_dir with its suffix."""
     hostfile = work / "hosts"
     hostfile.write_text("localhost slots=2\n")
-    for target, extra, name in [
-            ("train-distributed", [], "mk_ddp"),
-            ("train-deepspeed", ["DEEPSPEED_CONFIG=deepspeed_like/zero2.json"], "mk_ds"),
-            ("train-zero", ["ZERO_STAGE=3", f"HOSTFILE={hostfile}"], "mk_z3")]:
+    for target, extra, name, suffix in [
+            ("train-distributed", [], "mk_ddp", "-ddp"),
+            ("train-deepspeed", ["DEEPSPEED_CONFIG=deepspeed_like/zero2.json"], "mk_ds",
+             "-deepspeed-zero2"),
+            ("train-zero", ["ZERO_STAGE=3", f"HOSTFILE={hostfile}"], "mk_z3", "-zero3")]:
         cfg = write_config(work, name)
         out = make(target, f"CONFIG={cfg}", "NUM_GPUS=2", *extra)
         assert out.returncode == 0, out.stderr[-3000:]
-        s = json.loads((work / "runs" / name / "run_summary.json").read_text())
+        run_dir = work / "runs" / (name + suffix)
+        assert out.stdout.strip().endswith(str(run_dir / "final")), out.stdout
+        assert not (work / "runs" / name).exists()
+        s = json.loads((run_dir / "run_summary.json").read_text())
         assert s["world_size"] == 2
         assert s["strategy"] == {"mk_ddp": "ddp", "mk_ds": "zero2", "mk_z3": "zero3"}[name]
-        assert_same_run(single["lora"], work / "runs" / name)
+        assert_same_run(single["lora"], run_dir)
     # the global batch rule of the JSON: train_batch_size 16 with micro 4 on 2 ranks
     ds = work / "ds16.json"
     ds.write_text(json.dumps({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4,
