@@ -2,7 +2,7 @@
 #
 # Each step prints one short line on stderr ("CC lib/core/cli.c", "NVCC
 # kernels/cuda/x.cu", "AR build/libft.a", "LINK bin/ft-train"); V=1 prints the commands
-# instead. The compiler's errors and warnings show in full either way.
+# instead, make -s nothing. The compiler's errors and warnings show in full either way.
 
 LIB_SRCS := $(wildcard lib/*/*.c) kernels/ops.c $(wildcard kernels/cpu/*.c)
 CUDA_SRCS := $(if $(filter 1,$(CUDA)),$(wildcard kernels/cuda/*.cu))
@@ -17,9 +17,12 @@ TOOLS := $(TOOL_NAMES:%=bin/%)
 PUBLIC_HEADERS := $(filter-out %_internal.h,$(wildcard lib/*/*.h))
 
 # $(call ft_step,WHAT,file) at the start of a recipe line: the short line (the line's
-# command itself is not echoed), or nothing with V=1 (make echoes the command).
+# command itself is not echoed), or nothing with V=1 (make echoes the command); make -s
+# prints neither.
 ifeq ($(V),1)
   ft_step =
+else ifneq ($(findstring s,$(filter-out --%,$(firstword $(MAKEFLAGS)))),)
+  ft_step = @
 else
   ft_step = @printf '  %-5s %s\n' $(1) $(call q,$(2)) >&2;
 endif

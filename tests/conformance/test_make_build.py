@@ -60,6 +60,9 @@ def test_one_line_per_step_and_v1_shows_the_commands(tree):
     assert r.returncode == 0, r.stderr
     assert re.search(r"^gcc .*-c lib/x/good\.c -o build/lib/x/good\.o$", r.stdout, re.M), r.stdout
     assert not re.search(r"^\s*CC\s", r.stderr, re.M)
+    (tree / "build" / "lib" / "x" / "good.o").unlink()
+    r = run_make(tree, "-s", "build/lib/x/good.o", "CUDA=0")  # silent: neither
+    assert r.returncode == 0 and r.stdout == r.stderr == "", r.stdout + r.stderr
 
 
 def test_errors_and_warnings_show_in_full(tree):
@@ -88,12 +91,15 @@ def test_build_choices_are_remembered(tree):
         and "OPT=-O1" in notes[0], r.stderr
     r = run_make(tree, "--eval", show, "show", env=e)
     assert r.stdout.startswith("CUDA=0 MPI=0 OPT=-O1 CFLAGS=-O1 -g"), r.stdout
-    # given again: the new value stays; a value with make and shell characters survives
+    # given again: the new value stays; a value with make and shell characters survives;
+    # given as the detected value, it is detected again (and needs no note)
     r = run_make(tree, "--eval", show, "show", "CUDA=1", "CFLAGS=-O2 -DX='a b' -DH=#1 -DD=$$x",
                  env=e)
     assert r.stdout.startswith("CUDA=1 MPI=0"), r.stdout
     r = run_make(tree, "--eval", show, "show", env=e)
     assert r.stdout.strip() == "CUDA=1 MPI=0 OPT=-O1 CFLAGS=-O2 -DX='a b' -DH=#1 -DD=$x", r.stdout
+    notes = [l for l in r.stderr.splitlines() if "note" in l]
+    assert len(notes) == 1 and "CUDA" not in notes[0] and "MPI=0" in notes[0], r.stderr
     # a sub-make says nothing again
     r = run_make(tree, "--eval", "sub:;@+$(MAKE) --no-print-directory show", "--eval", show,
                  "sub", env=e)
@@ -102,6 +108,9 @@ def test_build_choices_are_remembered(tree):
     assert run_make(tree, "clean", env=e).returncode == 0
     r = run_make(tree, "--eval", show, "show", env=e)
     assert r.stdout == detected and "note" not in r.stderr
+    # the detected value and the defaults given: nothing to remember
+    run_make(tree, "--eval", show, "show", "CUDA=1", "OPT=-O2", env=e)
+    assert not (tree / "build" / "config.mk").exists()
 
 
 def phony_targets(make_db):
