@@ -228,3 +228,13 @@ def test_eval_with_a_tokenizer_path_with_a_space(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "perplexity" in r.stdout
     assert f"--tokenizer '{tok}'" in r.stderr  # the command as shown, quoted
+
+
+def test_install_into_a_prefix_with_a_space_and_a_quote(tmp_path):
+    dest = tmp_path / "dest dir"
+    r = make("install", "PREFIX=/opt/it's ftkit", f"DESTDIR={dest}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    root = dest / "opt" / "it's ftkit"
+    assert (root / "bin" / "ft-train").is_file() and (root / "lib" / "libft.a").is_file()
+    assert (root / "include" / "ftkit" / "run" / "run_check.h").is_file()
+    assert (root / "include" / "ftkit" / "ops.h").is_file()
