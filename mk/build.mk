@@ -1,4 +1,8 @@
 # Build rules: lib/<subsystem>/ + kernels/ -> build/libft.a; tools/*.c -> bin/<tool>.
+#
+# Each step prints one short line on stderr ("CC lib/core/cli.c", "NVCC
+# kernels/cuda/x.cu", "AR build/libft.a", "LINK bin/ft-train"); V=1 prints the commands
+# instead, make -s nothing. The compiler's errors and warnings show in full either way.
 
 LIB_SRCS := $(wildcard lib/*/*.c) kernels/ops.c $(wildcard kernels/cpu/*.c)
 CUDA_SRCS := $(if $(filter 1,$(CUDA)),$(wildcard kernels/cuda/*.cu))
@@ -12,25 +16,44 @@ TOOLS := $(TOOL_NAMES:%=bin/%)
 # headers include each other by: compile against them with -I$(PREFIX)/include/ftkit.
 PUBLIC_HEADERS := $(filter-out %_internal.h,$(wildcard lib/*/*.h))
 
-# Rebuild everything when the flags change (CUDA=0 vs CUDA=1, OPT=...).
+# $(call ft_step,WHAT,file) at the start of a recipe line: the short line (the line's
+# command itself is not echoed), or nothing with V=1 (make echoes the command); make -s
+# prints neither.
+ifeq ($(V),1)
+  ft_step =
+else ifneq ($(findstring s,$(filter-out --%,$(firstword $(MAKEFLAGS)))),)
+  ft_step = @
+else
+  ft_step = @printf '  %-5s %s\n' $(1) $(call q,$(2)) >&2;
+endif
+
+# The compiler, the flags given (CFLAGS, LDFLAGS: a word each) and the detected ones.
+FT_CC = $(call q,$(CC)) $(FT_CFLAGS) $(call qw,$(CFLAGS))
+FT_LD = $(FT_LDFLAGS) $(call qw,$(LDFLAGS))
+
+# Rebuild everything when the flags change (CUDA=0 vs CUDA=1, OPT=..., CUDA_ARCHS=...).
+# The file's last word is CUDA (the tests read it to call make the way the build was).
 BUILD_FLAGS := build/.flags
-$(shell mkdir -p build && echo '$(CC) $(FT_CFLAGS) $(CFLAGS) $(CUDA)' | cmp -s - $(BUILD_FLAGS) \
-        || echo '$(CC) $(FT_CFLAGS) $(CFLAGS) $(CUDA)' > $(BUILD_FLAGS))
+FT_FLAGS_TEXT := $(CC) $(FT_CFLAGS) $(CFLAGS) $(NVCC_FLAGS) $(CUDA)
+ifneq ($(FT_FLAGS_TEXT),$(file <$(BUILD_FLAGS)))
+  $(shell mkdir -p build)
+  $(file >$(BUILD_FLAGS),$(FT_FLAGS_TEXT))
+endif
 
 build/%.o: %.c $(BUILD_FLAGS)
 	@mkdir -p $(dir $@)
-	$(CC) $(FT_CFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+	$(call ft_step,CC,$<)$(FT_CC) -MMD -MP -c $< -o $@
 
 build/%.o: %.cu $(BUILD_FLAGS)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
+	$(call ft_step,NVCC,$<)$(call q,$(NVCC)) $(NVCC_FLAGS) -c $< -o $@
 
 $(LIBFT): $(LIB_OBJS)
 	@rm -f $@
-	ar rcs $@ $^
+	$(call ft_step,AR,$@)ar rcs $@ $^
 
 bin/%: build/tools/%.o $(LIBFT)
 	@mkdir -p bin
-	$(CC) $(FT_LDFLAGS) $(LDFLAGS) $< $(LIBFT) $(LDLIBS) -o $@
+	$(call ft_step,LINK,$@)$(call q,$(CC)) $(FT_LD) $< $(LIBFT) $(LDLIBS) -o $@
 
 -include $(shell find build -name '*.d' 2>/dev/null)

@@ -37,20 +37,20 @@ BENCH_TRAIN := build/tests/bench-train
 
 build/tests/emu/%: tests/emu/%.cc tests/emu/cuda_emu.h tests/emu/emu_check.h $(wildcard kernels/cuda/*.cuh) $(LIBFT)
 	@mkdir -p $(dir $@)
-	$(CXX_EMU) -std=c++20 -O2 -pthread -Wall -Wextra -Werror -Wno-unknown-pragmas -Ikernels -Ilib \
-	  -Itests/emu $< $(LIBFT) $(FT_LDFLAGS) $(LDLIBS) -o $@
+	$(call ft_step,CXX,$<)$(call q,$(CXX_EMU)) -std=c++20 -O2 -pthread -Wall -Wextra -Werror \
+	  -Wno-unknown-pragmas -Ikernels -Ilib -Itests/emu $< $(LIBFT) $(FT_LD) $(LDLIBS) -o $@
 
 build/tests/unit/%: tests/unit/%.c tests/unit/check.h tests/unit/tiny_model.h $(LIBFT)
 	@mkdir -p $(dir $@)
-	$(CC) $(FT_CFLAGS) $(CFLAGS) -Itests/unit $< $(LIBFT) $(FT_LDFLAGS) $(LDLIBS) -o $@
+	$(call ft_step,CC,$<)$(FT_CC) -Itests/unit $< $(LIBFT) $(FT_LD) $(LDLIBS) -o $@
 
 build/tests/gpu/%: tests/gpu/%.c tests/gpu/gpu_check.h tests/unit/check.h $(LIBFT)
 	@mkdir -p $(dir $@)
-	$(CC) $(FT_CFLAGS) $(CFLAGS) -Itests/unit -Itests/gpu $< $(LIBFT) $(FT_LDFLAGS) $(LDLIBS) -o $@
+	$(call ft_step,CC,$<)$(FT_CC) -Itests/unit -Itests/gpu $< $(LIBFT) $(FT_LD) $(LDLIBS) -o $@
 
 build/tests/dist/%: tests/dist/%.c tests/unit/check.h $(LIBFT)
 	@mkdir -p $(dir $@)
-	$(CC) $(FT_CFLAGS) $(CFLAGS) -Itests/unit $< $(LIBFT) $(FT_LDFLAGS) $(LDLIBS) -o $@
+	$(call ft_step,CC,$<)$(FT_CC) -Itests/unit $< $(LIBFT) $(FT_LD) $(LDLIBS) -o $@
 
 # The conformance harnesses: small CLIs over the library that the pytest suite drives.
 $(CONFORM_HARNESS): tests/conformance/harness.c $(LIBFT)
@@ -60,20 +60,20 @@ $(TB_HARNESS): tests/conformance/tb_harness.c $(LIBFT)
 $(BENCH_TRAIN): tests/bench/bench_train.c $(LIBFT)
 $(HARNESSES) $(BENCH_TRAIN):
 	@mkdir -p $(dir $@)
-	$(CC) $(FT_CFLAGS) $(CFLAGS) $< $(LIBFT) $(FT_LDFLAGS) $(LDLIBS) -o $@
+	$(call ft_step,CC,$<)$(FT_CC) $< $(LIBFT) $(FT_LD) $(LDLIBS) -o $@
 
 # CPU training throughput, ours vs transformers + PEFT in the same run.
 bench-cpu: $(BENCH_TRAIN)
-	scripts/setup-python.sh $(VENV)
-	$(VENV)/bin/python tests/bench/bench_cpu_train.py $(BENCH_TRAIN)
+	scripts/setup-python.sh $(call q,$(VENV))
+	$(call q,$(VENV))/bin/python tests/bench/bench_cpu_train.py $(BENCH_TRAIN)
 
 # Distributed training on CPU ranks, per strategy: step time, compute vs communication,
 # bytes per step and rank; then a scaling model (tests/bench/scaling_model.py) projecting
 # 1..64 GPUs. Tables on stdout; results.json, measured.tsv, projection.tsv in runs/bench-dist.
 ifeq ($(MPI),1)
 bench-dist: $(TOOLS)
-	scripts/setup-python.sh $(VENV)
-	$(VENV)/bin/python tests/bench/bench_dist.py --ft-train bin/ft-train --out runs/bench-dist
+	scripts/setup-python.sh $(call q,$(VENV))
+	$(call q,$(VENV))/bin/python tests/bench/bench_dist.py --ft-train bin/ft-train --out runs/bench-dist
 else
 bench-dist:
 	@echo "make bench-dist: this build has no MPI (scripts/install-deps.sh build installs Open MPI)" >&2; exit 1
@@ -82,21 +82,23 @@ endif
 # GPU training throughput and peak memory, ours vs transformers + PEFT on the same GPU,
 # and MFU against the measured bf16 GEMM rate (tests/bench/bench_gpu.py; issue 8's
 # configs). Run on the GPU machine, by a python with torch (CUDA), transformers and peft
-# (PYTHON=, default python3); BENCH_ARGS="--configs lora-1b --steps 3" picks and shortens.
+# (PYTHON=, default python3); BENCH_ARGS="--configs lora-1b --steps 3" picks and shortens
+# (its words go to the script one by one).
 # The table goes to bench/results/<device>.md and .json.
 PYTHON ?= python3
 ifeq ($(CUDA),1)
 bench: $(BENCH_TRAIN)
-	$(PYTHON) tests/bench/bench_gpu.py --bench-train $(BENCH_TRAIN) --out bench/results $(BENCH_ARGS)
+	$(call q,$(PYTHON)) tests/bench/bench_gpu.py --bench-train $(BENCH_TRAIN) --out bench/results \
+	  $(call qw,$(BENCH_ARGS))
 else
 bench:
-	@echo "make bench: this build has no CUDA (nvcc not found; CUDA_HOME=$(CUDA_HOME))" >&2; exit 1
+	@printf 'make bench: this build has no CUDA (nvcc not found; CUDA_HOME=%s)\n' $(call q,$(CUDA_HOME)) >&2; exit 1
 endif
 
 # Tokenizer throughput and ids, ours vs Hugging Face tokenizers, on ~8 MB of text.
 bench-tokenizer: $(TOKENIZE_HARNESS)
-	scripts/setup-python.sh $(VENV)
-	FT_TOKENIZE=$(abspath $(TOKENIZE_HARNESS)) $(VENV)/bin/python tests/bench/bench_tokenizer.py
+	scripts/setup-python.sh $(call q,$(VENV))
+	FT_TOKENIZE=$(call q,$(abspath $(TOKENIZE_HARNESS))) $(call q,$(VENV))/bin/python tests/bench/bench_tokenizer.py
 
 unit-bins: $(UNIT_BINS) $(EMU_BINS)
 gpu-bins: $(GPU_BINS)
@@ -121,10 +123,10 @@ endif
 
 ifeq ($(CUDA),1)
 test-gpu: $(GPU_BINS) $(TOOLS) $(CONFORM_HARNESS)
-	FT_CONFORM=$(abspath $(CONFORM_HARNESS)) tests/run-gpu.sh $(GPU_BINS)
+	FT_CONFORM=$(call q,$(abspath $(CONFORM_HARNESS))) tests/run-gpu.sh $(GPU_BINS)
 else
 test-gpu:
-	@echo "make test-gpu: this build has no CUDA (nvcc not found; CUDA_HOME=$(CUDA_HOME))" >&2; exit 1
+	@printf 'make test-gpu: this build has no CUDA (nvcc not found; CUDA_HOME=%s)\n' $(call q,$(CUDA_HOME)) >&2; exit 1
 endif
 
 # The GPU tier's binaries and the tools, with the shared libraries they need, packed for a
@@ -137,15 +139,18 @@ gpu-bundle: $(GPU_BINS) $(TOOLS) $(HARNESSES) $(BENCH_TRAIN)
 config-reference: bin/ft-train
 	bin/ft-train --config-reference > configs/README.md
 
+# The tests find the tools and harnesses through these (one test file by hand:
+# `make -n test-conformance` shows the line; put a file or -k after tests/conformance).
+FT_CONFORM_ENV = FT_CONFORM=$(call q,$(abspath $(CONFORM_HARNESS))) \
+  FT_DATA=$(call q,$(abspath $(DATA_HARNESS))) FT_TOKENIZE=$(call q,$(abspath $(TOKENIZE_HARNESS))) \
+  FT_TRAIN=$(call q,$(abspath bin/ft-train)) FT_LORA_INIT=$(call q,$(abspath bin/ft-lora-init)) \
+  FT_MERGE=$(call q,$(abspath bin/ft-merge)) FT_EVAL=$(call q,$(abspath bin/ft-eval)) \
+  FT_TB=$(call q,$(abspath $(TB_HARNESS))) FT_QUANTIZE=$(call q,$(abspath bin/ft-quantize)) \
+  FT_BNB_WHEELS=$(call q,$(abspath $(VENV))/wheels) OMP_NUM_THREADS=2 $(CPU_ONLY)
+
 test-conformance: $(HARNESSES) $(TOOLS)
-	scripts/setup-python.sh $(VENV)
-	FT_CONFORM=$(abspath $(CONFORM_HARNESS)) FT_DATA=$(abspath $(DATA_HARNESS)) \
-	  FT_TOKENIZE=$(abspath $(TOKENIZE_HARNESS)) FT_TRAIN=$(abspath bin/ft-train) \
-	  FT_LORA_INIT=$(abspath bin/ft-lora-init) FT_MERGE=$(abspath bin/ft-merge) \
-	  FT_EVAL=$(abspath bin/ft-eval) FT_TB=$(abspath $(TB_HARNESS)) \
-	  FT_QUANTIZE=$(abspath bin/ft-quantize) FT_BNB_WHEELS=$(abspath $(VENV))/wheels \
-	  OMP_NUM_THREADS=2 $(CPU_ONLY) \
-	  $(VENV)/bin/python -m pytest -q tests/conformance
+	scripts/setup-python.sh $(call q,$(VENV))
+	$(FT_CONFORM_ENV) $(call q,$(VENV))/bin/python -m pytest -q tests/conformance
 
 test:
 	scripts/install-deps.sh test

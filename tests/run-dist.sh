@@ -105,6 +105,7 @@ for np in 1 2 3 4; do
   suite "mpirun -np $np" "$np"
 done
 suite "mpirun -np 3, FT_DIST_CHUNK=999" 3 FT_DIST_CHUNK=999
+suite "alone, NCCL_TIMEOUT=1800 (the timeout it gives)" 0 NCCL_TIMEOUT=1800
 
 echo "== failure cases"
 failure "rank 1 sleeps through an allreduce: timeout" 2 15 "FT_DIST_TIMEOUT=2" \
@@ -121,6 +122,12 @@ failure "FT_DIST_DEBUG=1 shows which rank stopped where" 2 15 \
   "FT_DIST_TIMEOUT=2 FT_DIST_DEBUG=1" "sleep allreduce" \
   "ft: rank 0: start allreduce #2 n=1000" "ft: rank 1: done allreduce #1 n=1000" \
   "!ft: rank 1: start allreduce #2"
+# NCCL_TIMEOUT (seconds, as the NCCL troubleshooting advice exports it) when
+# FT_DIST_TIMEOUT is not set; FT_DIST_TIMEOUT wins over it
+failure "NCCL_TIMEOUT=2: the timeout" 2 15 "NCCL_TIMEOUT=2" "sleep allreduce" \
+  "ft: rank 0: allreduce #2 (1000 elements) did not complete within 2 s"
+failure "FT_DIST_TIMEOUT=2 over NCCL_TIMEOUT=40" 2 15 "FT_DIST_TIMEOUT=2 NCCL_TIMEOUT=40" \
+  "sleep allreduce" "did not complete within 2 s"
 # the timeout is far off: only the launcher noticing the dead rank can end this in time
 failure "rank 1 killed (SIGKILL) mid-run: the launcher ends the run" 2 20 \
   "FT_DIST_TIMEOUT=40" "kill allreduce" "!did not complete"

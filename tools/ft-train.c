@@ -1,9 +1,10 @@
 /* ft-train: fine-tune a model (LoRA or full) from a YAML run config; prints the output
  * dir on stdout. --print-config shows the resolved config, --get prints one value,
  * --dump-data writes the samples exactly as the model will see them, --plan prints the
- * memory plan and --measure the peaks of one real step beside it. --set-var takes the
- * Make-style variables of `make train SECTION_KEY=value`. The loop is lib/run/trainer.c,
- * the auto batch size lib/memory/auto_batch.c. */
+ * memory plan and --measure the peaks of one real step beside it, --check checks the
+ * config for a launch before it starts. --set-var takes the Make-style variables of
+ * `make train SECTION_KEY=value`. The loop is lib/run/trainer.c, the auto batch size
+ * lib/memory/auto_batch.c, the checks before launch lib/run/run_check.c. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,12 +19,13 @@
 #include "memory/memcheck.h"
 #include "memory/memplan.h"
 #include "formats/model_path.h"
+#include "run/run_check.h"
 #include "run/trainer.h"
 
 static const char usage[] =
     "usage: ft-train --config FILE.yaml [--set-var NAME=value ...] [--set key=value ...]\n"
     "                [--resume auto|DIR] [--dump-data FILE|-] [--print-config] [--get KEY]\n"
-    "                [--plan [N]] [--measure]\n"
+    "                [--plan [N]] [--measure] [--check [N]]\n"
     "\n"
     "Trains a LoRA adapter or the full model as the YAML run config describes (keys:\n"
     "configs/README.md), with the --set-var and then the --set overrides applied after\n"
@@ -56,6 +58,10 @@ static const char usage[] =
     "                      optimizer; micro-batches padded to batch_size x\n"
     "                      model.max_seq_len), write nothing to the run dir, and print per\n"
     "                      rank and category the planned, measured and difference bytes\n"
+    "  --check [N]         check the config for a launch on N ranks (default 1) and exit:\n"
+    "                      what a rank would refuse before training (the model dir and\n"
+    "                      its config.json, the data files, the global batch at N ranks,\n"
+    "                      the strategy at N ranks, ...); every rank also checks at start\n"
     "  --get KEY           print the value of KEY (e.g. model.name) and exit, auto as auto;\n"
     "                      repeatable, one value a line; an unset required key is an error\n"
     "  --config-reference  print the reference of every config key (Markdown) and exit\n"
@@ -221,6 +227,29 @@ static int plan_fits(const ft_run_config *cfg, ft_comm *comm, bool *fits, ft_err
     return 0;
 }
 
+/* The checks before launch (run_check.h) on every rank, agreed on: when every rank
+ * fails (the same config and files everywhere, the usual case) rank 0 says it once; when
+ * only some do (a file missing on one node) each of those says it with its rank. Then
+ * every rank leaves normally, without MPI_Abort: none of them has started anything. */
+static int check_on_ranks(const ft_run_config *cfg, ft_comm *comm)
+{
+    ft_err err, cerr;
+    int world = ft_comm_size(comm), rank = ft_comm_rank(comm);
+    int failed = ft_run_check(cfg, world, &err) != 0;
+    int64_t n_failed = failed;
+    if (world > 1 && ft_comm_allreduce(comm, &n_failed, 1, FT_COMM_I64, FT_COMM_SUM, &cerr)) {
+        fprintf(stderr, "ft-train: error: rank %d: %s\n", rank, cerr.msg);
+        return -1;
+    }
+    if (n_failed == 0)
+        return 0;
+    if (failed && n_failed < world)
+        fprintf(stderr, "ft-train: error: rank %d: %s\n", rank, err.msg);
+    else if (failed && rank == 0)
+        fprintf(stderr, "ft-train: error: %s\n", err.msg);
+    return -1;
+}
+
 /* Trains on the ranks of this run (with measure: one step for --measure). An error on
  * any rank stops every rank (a rank left alone would wait in its next collective until
  * the timeout). */
@@ -230,6 +259,14 @@ static int train(ft_run_config *cfg, const char *resume, bool measure)
     ft_comm *comm;
     if (ft_comm_init(&comm, &err))
         return fail(err.msg);
+    if (check_on_ranks(cfg, comm)) {
+        ft_comm_finalize(comm);
+        return 1;
+    }
+    /* dist.timeout_s when the config gives it, else the environment's (FT_DIST_TIMEOUT,
+     * else NCCL_TIMEOUT), else its default: what ft_comm_init read */
+    if (!cfg->dist.timeout_given)
+        cfg->dist.timeout_s = ft_comm_timeout(comm);
     int rc = 0;
     bool root = ft_comm_rank(comm) == 0, fits = true;
     ft_mem_measured m = {0};
@@ -273,7 +310,7 @@ static int train(ft_run_config *cfg, const char *resume, bool measure)
 
 enum {
     OPT_HELP, OPT_CONFIG, OPT_RESUME, OPT_DUMP_DATA, OPT_CONFIG_REFERENCE, OPT_PRINT_CONFIG,
-    OPT_PLAN, OPT_MEASURE, OPT_GET, OPT_SET, OPT_SET_VAR
+    OPT_PLAN, OPT_MEASURE, OPT_GET, OPT_SET, OPT_SET_VAR, OPT_CHECK
 };
 
 static const ft_cli_option options[] = {
@@ -288,6 +325,7 @@ static const ft_cli_option options[] = {
     {"--get", 0, FT_CLI_VALUE, OPT_GET},
     {"--set", 0, FT_CLI_VALUE, OPT_SET},
     {"--set-var", 0, FT_CLI_VALUE, OPT_SET_VAR},
+    {"--check", 0, FT_CLI_COUNT, OPT_CHECK},
     {NULL, 0, 0, 0},
 };
 
@@ -295,7 +333,8 @@ int main(int argc, char **argv)
 {
     const char *config_path = NULL, *dump = NULL, *resume = NULL;
     bool print_config = false, measure = false;
-    int plan_world = 0; /* --plan: > 0 */
+    int plan_world = 0;  /* --plan: > 0 */
+    int check_world = 0; /* --check: > 0 */
     /* the --set, --set-var and --get arguments, in order (fewer than argc of each) */
     const char **sets = calloc((size_t)argc, sizeof *sets);
     const char **vars = calloc((size_t)argc, sizeof *vars);
@@ -332,6 +371,13 @@ int main(int argc, char **argv)
                 return ft_cli_usage_error("ft-train", usage, "--plan: '%s' is not an integer >= 1",
                                           cli.value);
             plan_world = (int)n;
+            break;
+        case OPT_CHECK:
+            n = 1; /* a bare --check: one rank */
+            if (cli.value && ft_parse_long(cli.value, 1, INT_MAX, &n))
+                return ft_cli_usage_error("ft-train", usage,
+                                          "--check: '%s' is not an integer >= 1", cli.value);
+            check_world = (int)n;
             break;
         case OPT_MEASURE:
             measure = true;
@@ -373,7 +419,7 @@ int main(int argc, char **argv)
     ft_config_sources src = {.yaml_path = config_path,
                              .vars = vars, .n_vars = (size_t)n_vars,
                              .sets = sets, .n_sets = (size_t)n_sets,
-                             .notes = stderr,
+                             .notes = secondary_rank() ? NULL : stderr,
                              .deepspeed_notes = secondary_rank() ? NULL : stderr};
     ft_run_config *cfg = malloc(sizeof *cfg);
     if (!cfg)
@@ -383,7 +429,13 @@ int main(int argc, char **argv)
         rc = fail(err.msg);
         goto done;
     }
-    if (n_gets) {
+    if (check_world > 0) {
+        if (ft_run_check(cfg, check_world, &err))
+            rc = fail(err.msg);
+        else
+            printf("%s: ready for %d rank%s\n", config_path, check_world,
+                   check_world == 1 ? "" : "s");
+    } else if (n_gets) {
         for (int i = 0; i < n_gets && rc == 0; i++)
             rc = get_value(cfg, gets[i]);
     } else if (measure) {

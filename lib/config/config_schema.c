@@ -197,7 +197,8 @@ static const ft_cfg_key schema[] = {
     {KEY(dist.pipeline_micro_batches), FT_CFG_INT, "1", NULL, false, 1, NONE,
      "model_parallel: micro-batches per batch (GPipe); 1 = naive pipeline", NULL},
     {KEY(dist.timeout_s), FT_CFG_FLOAT, "600", NULL, false, 0.001, NONE,
-     "seconds (> 0): abort every rank when a collective waits longer (like NCCL_TIMEOUT)", NULL},
+     "seconds (> 0): abort every rank when a collective waits longer; not set: FT_DIST_TIMEOUT, "
+     "else NCCL_TIMEOUT from the environment, else 600", NULL},
     {KEY(dist.deepspeed_config), FT_CFG_STRING, "", NULL, false, NONE, NONE,
      "DeepSpeed-style JSON applied over this config (deepspeed_like/README.md)", NULL},
 

@@ -22,8 +22,10 @@ int ft_run_config_load(ft_run_config *out, const ft_config_sources *src, ft_err 
     if (rc == 0 && ft_config_has(c, "dist.deepspeed_config"))
         rc = ft_config_apply_deepspeed(c, ft_config_str(c, "dist.deepspeed_config"),
                                        src->deepspeed_notes, err);
-    if (rc == 0)
+    if (rc == 0) {
         *out = *ft_config_values(c);
+        out->dist.timeout_given = ft_config_is_explicit(c, "dist.timeout_s");
+    }
     ft_config_free(c);
     return rc;
 }

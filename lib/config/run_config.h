@@ -180,6 +180,8 @@ typedef struct ft_dist_section {
     bool overlap_comm, prefetch;
     long pipeline_micro_batches;
     double timeout_s;
+    bool timeout_given; /* dist.timeout_s was set (file, override), not the default: the
+                         * environment's timeout (lib/dist/dist.h) does not replace it */
     char deepspeed_config[FT_CFG_PATH_MAX];
 } ft_dist_section;
 

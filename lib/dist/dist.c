@@ -8,9 +8,9 @@
  * MPI matches the chunks in order). The v collectives take int counts and offsets per
  * rank, so a block or offset past INT_MAX elements is an error.
  *
- * Environment: FT_DIST_TIMEOUT (seconds), FT_DIST_DEBUG=1, FT_DIST_BACKEND (auto, mpi or
- * nccl), and for tests FT_DIST_CHUNK (elements per MPI call, to exercise the chunking
- * without 8 GiB buffers). */
+ * Environment: FT_DIST_TIMEOUT (seconds; else NCCL_TIMEOUT), FT_DIST_DEBUG=1,
+ * FT_DIST_BACKEND (auto, mpi or nccl), and for tests FT_DIST_CHUNK (elements per MPI
+ * call, to exercise the chunking without 8 GiB buffers). */
 #include "dist/dist.h"
 #include "dist/dist_nccl.h"
 
@@ -129,14 +129,27 @@ static int env_int(const char *name, int fallback)
 }
 #endif
 
+/* The timeout: FT_DIST_TIMEOUT, else NCCL_TIMEOUT (seconds: the variable NCCL
+ * troubleshooting advice exports, e.g. NCCL_TIMEOUT=1800), else the default. */
+static int read_timeout(ft_comm *c, ft_err *err)
+{
+    static const char *const vars[] = {"FT_DIST_TIMEOUT", "NCCL_TIMEOUT"};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+        const char *v = getenv(vars[i]);
+        if (!v || !*v)
+            continue;
+        if (ft_parse_double(v, 0, HUGE_VAL, FT_PARSE_OPEN_MIN, &c->timeout))
+            return ft_fail(err, "%s=%s: not a positive number of seconds", vars[i], v);
+        return 0;
+    }
+    return 0;
+}
+
 static int read_env(ft_comm *c, ft_err *err)
 {
-    const char *v = getenv("FT_DIST_TIMEOUT");
-    if (v && *v) {
-        if (ft_parse_double(v, 0, HUGE_VAL, FT_PARSE_OPEN_MIN, &c->timeout))
-            return ft_fail(err, "FT_DIST_TIMEOUT=%s: not a positive number of seconds", v);
-    }
-    v = getenv("FT_DIST_DEBUG");
+    if (read_timeout(c, err))
+        return -1;
+    const char *v = getenv("FT_DIST_DEBUG");
     c->debug = v && *v && strcmp(v, "0") != 0;
     v = getenv("FT_DIST_CHUNK");
     if (v && *v) {

@@ -25,7 +25,7 @@
  *
  * Every blocking call is an async call followed by ft_comm_wait. A wait that does not
  * complete within the timeout (ft_comm_set_timeout; default 600 s, or FT_DIST_TIMEOUT
- * seconds from the environment) prints, on stderr,
+ * seconds from the environment, else NCCL_TIMEOUT seconds) prints, on stderr,
  *   "ft: rank R: <collective> #<seq> (<n> elements) did not complete within S s: a rank
  *    died or hangs. Rerun with FT_DIST_DEBUG=1 (and NCCL_DEBUG=INFO on GPUs) to see
  *    which rank stopped where."

@@ -1,6 +1,7 @@
 /* run/: one ft-train run, from its typed config to the run dir.
  *
- * Owns: the training loop and what it writes (trainer.h).
+ * Owns: the training loop and what it writes (trainer.h), the checks a run config
+ * passes before launch (run_check.h).
  * May call: config, core, data, device, dist, eval, formats, memory, model, train.
  * (This is the folder's main header.) */
 

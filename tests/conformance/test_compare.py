@@ -66,6 +66,11 @@ def after(argv, opt):
     return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == opt]
 
 
+def strategy_sets(argv):
+    """The --set values of the strategy (the target's run dir comes in one more)."""
+    return [s for s in after(argv, "--set") if s.startswith("dist.")]
+
+
 @pytest.fixture
 def cfg(tmp_path):
     p = tmp_path / "run.yaml"
@@ -93,7 +98,7 @@ def test_dry_run_launches_the_strategy(cfg, target, extra, strategy):
     assert ("--allow-run-as-root" in argv) == bool(ROOT)
     i = argv.index("bin/ft-train")
     assert after(argv[i:], "--config") == [str(cfg)]
-    assert after(argv[i:], "--set") == [f"dist.strategy={strategy}"]
+    assert strategy_sets(argv[i:]) == [f"dist.strategy={strategy}"]
 
 
 def test_dry_run_default_config_keeps_the_before_after_recipe():
@@ -101,7 +106,7 @@ def test_dry_run_default_config_keeps_the_before_after_recipe():
     r = make("-n", "train-zero", "ZERO_STAGE=3")
     assert r.returncode == 0, r.stderr
     argv = launch_line(r.stdout)
-    assert after(argv, "-np") == ["2"] and after(argv, "--set") == ["dist.strategy=zero3"]
+    assert after(argv, "-np") == ["2"] and strategy_sets(argv) == ["dist.strategy=zero3"]
     assert "Before and after fine-tuning" in r.stdout and "ft-eval" in r.stdout
 
 
@@ -162,17 +167,17 @@ def test_overrides_pass_through_and_knobs_do_not(cfg, tmp_path):
     i = argv.index("bin/ft-train")
     assert sorted(after(argv[i:], "--set-var")) == ["TRAIN_BATCH_SIZE=3", "TRAIN_OUTPUT_DIR=/tmp/a b",
                                                    "TUNING_LORA_R=8"]
-    assert after(argv[i:], "--set") == ["dist.strategy=zero3"]
+    assert after(argv[i:], "--set") == ["dist.strategy=zero3"]  # TRAIN_OUTPUT_DIR is given
     assert after(argv[i:], "--resume") == ["auto"]
 
 
 def test_train_deepspeed_passes_the_json(cfg):
     r = make("-n", "train-deepspeed", f"CONFIG={cfg}")
     assert r.returncode == 0, r.stderr
-    assert after(launch_line(r.stdout), "--set") == ["dist.deepspeed_config=deepspeed_like/zero2.json"]
+    assert strategy_sets(launch_line(r.stdout)) == ["dist.deepspeed_config=deepspeed_like/zero2.json"]
     r = make("-n", "train-deepspeed", f"CONFIG={cfg}", "DEEPSPEED_CONFIG=deepspeed_like/zero3 offload.json")
     assert r.returncode == 0, r.stderr
-    assert after(launch_line(r.stdout), "--set") == [
+    assert strategy_sets(launch_line(r.stdout)) == [
         "dist.deepspeed_config=deepspeed_like/zero3 offload.json"]
 
 
@@ -228,7 +233,7 @@ def test_tb_variants_train_with_the_strategy(cfg, tmp_path):
         r = make("-n", target, f"CONFIG={cfg}", "ZERO_STAGE=1", f"RUN_DIR={tmp_path}")
         assert r.returncode == 0, r.stderr
         assert "tensorboard.pid" in r.stdout
-        assert after(launch_line(r.stdout), "--set") == [strategy]
+        assert strategy_sets(launch_line(r.stdout)) == [strategy]
 
 
 # ---- the distributed targets: what stops them before any rank starts ---------------------

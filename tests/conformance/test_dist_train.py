@@ -329,11 +329,16 @@ def _rank_pids(parent_pid):
     return pids
 
 
-@pytest.mark.parametrize("how", ["hang", "kill"])
+@pytest.mark.parametrize("how", ["hang", "kill", "hang_nccl_timeout"])
 def test_a_lost_rank_stops_the_run(work, how):
+    # hang_nccl_timeout: no dist.timeout_s; NCCL_TIMEOUT (seconds) in the environment
+    timeout = {} if how == "hang_nccl_timeout" else {"dist__timeout_s": 3}
     cfg = write_config(work, f"lost_{how}", dist__strategy="ddp", train__max_steps=100000,
-                       train__batch_size=2, dist__timeout_s=3)
-    e = dict(os.environ, OMP_NUM_THREADS="1")
+                       train__batch_size=2, **timeout)
+    e = {k: v for k, v in os.environ.items() if k not in ("NCCL_TIMEOUT", "FT_DIST_TIMEOUT")}
+    e["OMP_NUM_THREADS"] = "1"
+    if how == "hang_nccl_timeout":
+        e["NCCL_TIMEOUT"] = "3"
     p = subprocess.Popen(mpi_cmd(2, FT_TRAIN, "--config", str(cfg)), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=e)
     try:
@@ -344,19 +349,19 @@ def test_a_lost_rank_stops_the_run(work, how):
             pids = _rank_pids(p.pid)
         assert len(pids) == 2, "ranks did not start"
         time.sleep(2)  # let them train
-        os.kill(pids[1], signal.SIGSTOP if how == "hang" else signal.SIGKILL)
+        os.kill(pids[1], signal.SIGKILL if how == "kill" else signal.SIGSTOP)
         _, err = p.communicate(timeout=60)
     finally:
         if p.poll() is None:
             p.kill()
-        if how == "hang":
+        if how != "kill" and pids.get(1):  # (never pid 0: that is our process group)
             try:
-                os.kill(pids.get(1, 0) or 0, signal.SIGKILL)
-            except (OSError, TypeError):
+                os.kill(pids[1], signal.SIGKILL)
+            except OSError:
                 pass
     assert p.returncode != 0
-    if how == "hang":
-        assert "did not complete within" in err and "rank 0" in err, err[-3000:]
+    if how != "kill":
+        assert "did not complete within 3 s" in err and "rank 0" in err, err[-3000:]
 
 
 
@@ -364,20 +369,25 @@ def test_a_lost_rank_stops_the_run(work, how):
 def test_make_targets_train_on_ranks(work, single):
     """The make targets launch real ranks: train-distributed and train-deepspeed with
     deepspeed_like/zero2.json ('auto' batch keys, stage 2) give the one-process run;
-    a HOSTFILE naming this host twice works as a two-node launch would."""
+    a HOSTFILE naming this host twice works as a two-node launch would. Each target
+    trains in its own run dir, the config's train.output_dir with its suffix."""
     hostfile = work / "hosts"
     hostfile.write_text("localhost slots=2\n")
-    for target, extra, name in [
-            ("train-distributed", [], "mk_ddp"),
-            ("train-deepspeed", ["DEEPSPEED_CONFIG=deepspeed_like/zero2.json"], "mk_ds"),
-            ("train-zero", ["ZERO_STAGE=3", f"HOSTFILE={hostfile}"], "mk_z3")]:
+    for target, extra, name, suffix in [
+            ("train-distributed", [], "mk_ddp", "-ddp"),
+            ("train-deepspeed", ["DEEPSPEED_CONFIG=deepspeed_like/zero2.json"], "mk_ds",
+             "-deepspeed-zero2"),
+            ("train-zero", ["ZERO_STAGE=3", f"HOSTFILE={hostfile}"], "mk_z3", "-zero3")]:
         cfg = write_config(work, name)
         out = make(target, f"CONFIG={cfg}", "NUM_GPUS=2", *extra)
         assert out.returncode == 0, out.stderr[-3000:]
-        s = json.loads((work / "runs" / name / "run_summary.json").read_text())
+        run_dir = work / "runs" / (name + suffix)
+        assert out.stdout.strip().endswith(str(run_dir / "final")), out.stdout
+        assert not (work / "runs" / name).exists()
+        s = json.loads((run_dir / "run_summary.json").read_text())
         assert s["world_size"] == 2
         assert s["strategy"] == {"mk_ddp": "ddp", "mk_ds": "zero2", "mk_z3": "zero3"}[name]
-        assert_same_run(single["lora"], work / "runs" / name)
+        assert_same_run(single["lora"], run_dir)
     # the global batch rule of the JSON: train_batch_size 16 with micro 4 on 2 ranks
     ds = work / "ds16.json"
     ds.write_text(json.dumps({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4,

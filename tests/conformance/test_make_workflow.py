@@ -151,3 +151,75 @@ def test_make_train_default_job_shortened(tmp_path):
     r = make("eval", f"TRAIN_OUTPUT_DIR={run}", "TRAIN_PREDICT_WITH_GENERATE=false")
     assert r.returncode == 0, r.stderr
     assert str(run / "final") in r.stderr
+
+
+# ---- run dirs: each strategy target its own; the default job starts over -------------
+
+def launch_argv(out, launcher):
+    """The argv of the `launcher ... bin/ft-train ...` command in `make -n` output."""
+    import re
+    import shlex
+    m = re.search(r"(?:^|\$\()(\S*" + launcher + r"\b[^\n)]*bin/ft-train[^\n)]*)", out, re.M)
+    assert m, f"no {launcher} ... bin/ft-train line in:\n{out}"
+    return shlex.split(m.group(1))
+
+
+def sets(argv):
+    return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--set"]
+
+
+def test_strategy_targets_train_in_their_own_run_dirs(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("model:\n  name: some/model\ndata:\n  train_path: train.jsonl\n"
+                   "train:\n  output_dir: runs/mine/\n")
+    env = {"CUDA_VISIBLE_DEVICES": ""}
+    for target, extra, want in [
+            ("train-distributed", [], "runs/mine-ddp"),
+            ("train-zero", [], "runs/mine-zero2"),
+            ("train-zero", ["ZERO_STAGE=3"], "runs/mine-zero3"),
+            ("train-fsdp", [], "runs/mine-fsdp"),
+            ("train-model-parallel", [], "runs/mine-model-parallel"),
+            ("train-deepspeed", ["DEEPSPEED_CONFIG=deepspeed_like/zero3_offload.json"],
+             "runs/mine-deepspeed-zero3_offload"),
+            ("train-zero", ["TRAIN_LOGGING_STEPS=5"], "runs/mine-zero2")]:
+        r = make("-n", target, f"CONFIG={cfg}", *extra, env=env)
+        assert r.returncode == 0, r.stderr
+        assert f"train.output_dir={want}" in sets(launch_argv(r.stdout, "mpirun")), r.stdout
+    # TRAIN_OUTPUT_DIR names the run dir: as given
+    r = make("-n", "train-zero", f"CONFIG={cfg}", "TRAIN_OUTPUT_DIR=runs/x", env=env)
+    argv = launch_argv(r.stdout, "mpirun")
+    assert not [s for s in sets(argv) if s.startswith("train.output_dir")]
+    assert "TRAIN_OUTPUT_DIR=runs/x" in argv
+    # make train: the config's own
+    r = make("-n", "train", f"CONFIG={cfg}", env=env)
+    assert r.returncode == 0 and "train.output_dir" not in r.stdout, r.stdout
+
+
+@pytest.mark.skipif(not DEFAULT.is_file(), reason="no configs/default.yaml")
+def test_the_default_job_starts_over():
+    """make train twice on the default config: the demo job starts over in its run dir
+    (train.overwrite_output_dir=true where ft-train has that key), unless RESUME or
+    TRAIN_OUTPUT_DIR says otherwise; a config of the user's is never started over."""
+    has_key = ft_train("--config", str(DEFAULT), "--get", "train.overwrite_output_dir")
+    fresh = "--set train.overwrite_output_dir=true"
+    env = {"CUDA_VISIBLE_DEVICES": ""}
+    for args, want in [(["train"], has_key.returncode == 0),
+                       (["train-zero"], has_key.returncode == 0),
+                       (["train", "RESUME=auto"], False),
+                       (["train", "TRAIN_OUTPUT_DIR=/tmp/x"], False),
+                       (["train", "TRAIN_OVERWRITE_OUTPUT_DIR=false"], False),
+                       (["train", f"CONFIG={DEFAULT.parent / 'a100_pair.yaml'}"], False)]:
+        r = make("-n", *args, env=env)
+        assert (fresh in r.stdout) == want, (args, r.stdout[-2000:])
+
+
+@pytest.mark.skipif(not DEFAULT.is_file(), reason="no configs/default.yaml")
+def test_default_job_leaves_nothing_in_the_run_dir_before_training(tmp_path):
+    """The "before" evaluation waits outside the run dir until the training has made it:
+    when the training fails, nothing of make's is left there (ft-train decides what a
+    run dir that holds files means)."""
+    run = tmp_path / "run"
+    r = make("train", "TRAIN_MAX_STEPS=2", f"TRAIN_OUTPUT_DIR={run}", "TRAIN_EVAL_STEPS=1000",
+             "TRAIN_GENERATION_MAX_NEW_TOKENS=2", env={"FT_MEM_LIMIT": "64KiB"}, timeout=240)
+    assert r.returncode != 0 and "== before" in r.stderr and "out of memory" in r.stderr
+    assert not run.exists(), sorted(p.name for p in run.iterdir())

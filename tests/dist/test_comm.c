@@ -213,8 +213,11 @@ static void test_properties(void)
     CHECK(ft_comm_local_rank(comm) == (lr ? atoi(lr) : 0));
     const char *b = ft_comm_backend(comm);
     CHECK(ws ? strcmp(b, "mpi") == 0 || strcmp(b, "nccl") == 0 : strcmp(b, "single") == 0);
+    /* FT_DIST_TIMEOUT, else NCCL_TIMEOUT, else 600 s */
     const char *t = getenv("FT_DIST_TIMEOUT");
-    CHECK_CLOSE(ft_comm_timeout(comm), t ? atof(t) : 600.0, 1e-12);
+    if (!t || !*t)
+        t = getenv("NCCL_TIMEOUT");
+    CHECK_CLOSE(ft_comm_timeout(comm), t && *t ? atof(t) : 600.0, 1e-12);
     double old = ft_comm_timeout(comm);
     ft_comm_set_timeout(comm, 5.5);
     CHECK_CLOSE(ft_comm_timeout(comm), 5.5, 1e-12);
