@@ -128,9 +128,10 @@ endef
 
 # Prints "name  loss  perplexity  exact_match  rougeL" from an ft-eval --json file.
 define FT_SUMMARY_ROW
-awk -v name=$(1) -F'[:,]' '{gsub(/[" ]/, "", $$1); gsub(/ /, "", $$2); v[$$1] = $$2} \
-  END {printf "  %-8s %8.4f %11.3f", name, v["loss"], v["perplexity"]; \
-       if ("exact_match" in v) printf " %12.3f %8.3f", v["exact_match"], v["rougeL"]; \
+awk -v name=$(1) 'function num(x, fmt) { return x == "null" ? sprintf(fmt "s", "-") : sprintf(fmt "f", x) } \
+  {gsub(/[{}" ]/, ""); n = split($$0, kv, ","); for (i = 1; i <= n; i++) if (split(kv[i], p, ":") == 2) v[p[1]] = p[2]} \
+  END {printf "  %-8s %s %s", name, num(v["loss"], "%8.4"), num(v["perplexity"], "%11.3"); \
+       if ("exact_match" in v) printf " %s %s", num(v["exact_match"], "%12.3"), num(v["rougeL"], "%8.3"); \
        printf "\n"}' $(2)
 endef
 

@@ -80,7 +80,7 @@ int ft_resolve_model_dir(const char *name, char *out, size_t out_len, ft_err *er
         return 0;
     return ft_fail(err,
                    "model '%s': not a local directory and not in the Hugging Face cache "
-                   "(%s). Download it first, e.g. `huggingface-cli download %s`, or give the "
+                   "(%s). Download it first, e.g. `hf download %s`, or give the "
                    "path of a model dir",
                    name, cache, name);
 }

@@ -26,8 +26,9 @@
  *              real ranks. Bytes are the requested sizes the tracked
  *              allocator counts (its 64-byte headers and alignment are not).
  *
- *   gpu-*      PREDICTIONS for backends that do not exist yet (CUDA, NCCL, ZeRO, FSDP),
- *              per rank at world size N, by the formulas below. Nothing measures them yet;
+ *   gpu-*      PREDICTIONS for the GPU engine (CUDA, NCCL, ZeRO, FSDP: written, not yet run
+ *              on a GPU), per rank at world size N, by the formulas below. Nothing measures
+ *              them yet;
  *              they leave out the CUDA context, cuBLAS / NCCL workspaces and allocator
  *              fragmentation (typically 0.5-2 GiB per GPU).
  *
@@ -132,7 +133,7 @@ typedef enum ft_plan_row_id {
 
 typedef struct ft_memplan_row {
     const char *name;      /* "cpu-fp32", "cpu-zero3", "gpu-zero3", ... */
-    bool predicted;        /* true: a formula for a backend that does not exist yet */
+    bool predicted;        /* true: a formula, not yet measured (the gpu-* rows) */
     int world_size;        /* ranks this row is for (1 for cpu-fp32 and gpu-1) */
     int rank;              /* cpu-* rows: the rank shown (the largest total); else 0 */
     size_t bytes[FT_MEM_NCAT];

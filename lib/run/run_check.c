@@ -13,7 +13,6 @@
 #include "memory/auto_batch.h"
 
 /* The most micro-batches one optimizer step gathers (the trainer's limit). */
-#define MAX_GRAD_ACCUM 64
 
 /* The model dir and its config.json; *layers gets the model's layer count. */
 static int check_model(const ft_model_section *m, int *layers, ft_err *err)
@@ -79,7 +78,7 @@ static int check_tuning(const ft_tuning_section *tu, ft_err *err)
     return 0;
 }
 
-/* The batch at world_size ranks: the global batch rule, then the accumulation limit. */
+/* The batch at world_size ranks: the global batch rule. */
 static int check_batch(const ft_train_section *t, int world_size, ft_err *err)
 {
     if (ft_memory_budget_check(t, err))
@@ -88,12 +87,6 @@ static int check_batch(const ft_train_section *t, int world_size, ft_err *err)
     if (ft_run_config_global_batch(&resolved, world_size, err))
         return ft_fail_prefix(err, "config: the global batch on %d rank%s", world_size,
                               world_size == 1 ? "" : "s");
-    if (resolved.grad_accum != FT_CFG_AUTO && resolved.grad_accum > MAX_GRAD_ACCUM)
-        return ft_fail(err, "config: key 'train.grad_accum': %ld micro-batches per step%s; at "
-                            "most %d are supported (raise train.batch_size instead)",
-                       resolved.grad_accum,
-                       t->grad_accum == FT_CFG_AUTO ? " (from train.global_batch_size)" : "",
-                       MAX_GRAD_ACCUM);
     if (t->generation_num_beams != 1)
         return ft_fail(err, "config: key 'train.generation_num_beams' = %ld: only greedy "
                             "decoding is implemented (1); beam search is not",

@@ -74,7 +74,6 @@ BAD = [
     ("mp_offload", {"dist.strategy": "model_parallel", "dist.offload_optimizer": "cpu"}, 2,
      ["offload_optimizer", "model_parallel"]),
     ("mp_too_many", {"dist.strategy": "model_parallel"}, 5, ["5 ranks", "4 units"]),
-    ("accum", {"train.grad_accum": 65}, 1, ["grad_accum", "64"]),
     ("budget", {"train.memory_budget": "lots"}, 1, ["train.memory_budget"]),
 ]
 

@@ -217,15 +217,20 @@ def test_leftovers_of_a_killed_save_or_removal_are_removed(work):
     assert (d / "checkpoint-6").is_dir()
 
 
-def test_the_default_config_runs_twice_in_its_dir(tmp_path):
-    """configs/default.yaml (the `make train` job) sets overwrite_output_dir: a second
-    run replaces the first one's outputs instead of failing."""
+def test_the_default_config_run_twice_refuses_then_overwrites_when_asked(tmp_path):
+    """configs/default.yaml (which users copy) never deletes a run by itself: a second run
+    into its dir is refused, and starts over with train.overwrite_output_dir=true (what
+    `make train`'s default job passes, test_make_workflow)."""
     args = [FT_TRAIN, "--config", str(REPO / "configs" / "default.yaml"),
             "--set", "train.max_steps=1", "--set", "train.eval_strategy=no",
             "--set", f"train.output_dir={tmp_path / 'default'}"]
-    for _ in range(2):
-        out = subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=120)
-        assert out.returncode == 0, out.stderr[-2000:]
+    out = subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    out = subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode != 0 and "overwrite_output_dir" in out.stderr, out.stderr[-2000:]
+    out = subprocess.run(args + ["--set", "train.overwrite_output_dir=true"],
+                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
     assert len(list((tmp_path / "default").glob("events.out.tfevents.*"))) == 1
 
 

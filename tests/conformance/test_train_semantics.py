@@ -238,7 +238,8 @@ def test_shuffle_order_per_epoch(work):
     orders = []
     for e in range(3):
         steps = range(e * n + 1, (e + 1) * n + 1)
-        assert [epoch[s] for s in steps] == [e] * n
+        # the fractional epoch as the HF Trainer logs it: step s ends at s / n epochs
+        assert [epoch[s] for s in steps] == pytest.approx([s / n for s in steps])
         want = shuffled(n, SEED, e)
         got = [min(range(n), key=lambda i: abs(per[i] - loss[s])) for s in steps]
         assert got == want, (e, got, want)

@@ -47,7 +47,7 @@ static void test_hub_cache(void)
     CHECK(strstr(out, "snapshots/def456") != NULL);
     /* absent: says how to get it */
     CHECK(ft_resolve_model_dir("Org/Missing", out, sizeof out, &err) != 0);
-    CHECK(strstr(err.msg, "huggingface-cli download Org/Missing") != NULL);
+    CHECK(strstr(err.msg, "hf download Org/Missing") != NULL);
     CHECK(strstr(err.msg, cache) != NULL);
     /* refs/main a FIFO: not read (it would block), the only snapshot is taken */
     snprintf(p, sizeof p, "%s/models--Org--Fifo/snapshots/aaa111", cache);
