@@ -217,8 +217,10 @@ def test_make_summary_row_shows_the_json_values(data, tmp_path):
     f = tmp_path / "eval-after.json"
     f.write_text(js)
     (tmp_path / "Makefile").write_text(summary_row_recipe())
-    out = subprocess.run(["make", "-s", "-C", str(tmp_path), "row", f"F={f}"],
-                         capture_output=True, text=True, timeout=60)
+    # a make of its own: not the one that runs the tests (its -w would print directories)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    out = subprocess.run(["make", "-s", "--no-print-directory", "-C", str(tmp_path), "row",
+                          f"F={f}"], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
     got = strict_json(js)
     assert out.stdout.split() == ["after", f"{got['loss']:.4f}", f"{got['perplexity']:.3f}",
