@@ -11,8 +11,14 @@
 
 bool run_dir_is_output(const char *name)
 {
+    /* ft-train's own, and what make's default job adds from them (the evaluations
+     * before and after, the merged model); not lora-init/, which a run may start from */
     static const char *const files[] = {"final", "metrics.jsonl", "config.yaml",
-                                        "run_summary.json", "run_summary.json.tmp"};
+                                        "run_summary.json", "run_summary.json.tmp",
+                                        "merged", "eval-before.json", "eval-after.json",
+                                        "eval-before.log", "eval-after.log",
+                                        "predictions-before.jsonl",
+                                        "predictions-after.jsonl"};
     for (size_t i = 0; i < sizeof files / sizeof *files; i++)
         if (strcmp(name, files[i]) == 0)
             return true;

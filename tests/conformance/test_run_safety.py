@@ -166,9 +166,18 @@ def test_a_new_run_refuses_a_dir_with_another_runs_outputs(work):
     out = run(other, 1, "--resume", str(work / "ck2_copy"), check=False)
     assert out.returncode == 1 and "resumes a checkpoint of another dir" in out.stderr, \
         out.stderr
+    # what make's default job adds from a run goes with it; a lora-init adapter (which a
+    # run may start from) stays
+    (d / "merged").mkdir()
+    (d / "merged" / "config.json").write_text("{}")
+    (d / "eval-after.json").write_text("{}")
+    (d / "lora-init").mkdir()
+    (d / "lora-init" / "adapter_config.json").write_text("{}")
     old_id = strict_json((d / "run_summary.json").read_text())["run_id"]
     out = run(cfg, 1, "--set", "train.overwrite_output_dir=true")
     assert "removed the earlier run's outputs" in out.stderr
+    assert not (d / "merged").exists() and not (d / "eval-after.json").exists()
+    assert (d / "lora-init" / "adapter_config.json").exists()
     assert (d / "notes.txt").read_text() == "mine\n"  # not ours: kept
     assert len(list(d.glob("events.out.tfevents.*"))) == 1
     assert [r["step"] for r in metrics(d) if "loss" in r] == [1, 2, 3, 4]
