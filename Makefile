@@ -48,7 +48,8 @@ include mk/workflow.mk
 
 .PHONY: all deps clean install help
 
-all: $(TOOLS)
+# (the emulated build, CUDA=emu, makes the GPU tier's binaries and the harnesses as well)
+all: $(TOOLS) $(if $(filter emu,$(CUDA)),$(GPU_BINS) $(EMU_CHECK_BINS) $(HARNESSES))
 
 deps:
 	scripts/install-deps.sh
@@ -66,7 +67,7 @@ install: all
 	done
 
 clean:
-	rm -rf build bin
+	rm -rf build bin build-emu
 
 # The comment block at the top of this file, without its '# '.
 help:
