@@ -149,7 +149,8 @@ endif
 CXX_EMU ?= g++
 FT_HOST_FMA := $(if $(shell grep -qw fma /proc/cpuinfo 2>/dev/null && echo y),-mfma)
 EMU_CXXFLAGS := -std=c++20 $(OPT) -g -Wall -Wextra -Werror -Wno-unknown-pragmas -march=x86-64-v2 \
-                -fno-math-errno -Itests/emu/include -Ilib -Ikernels $(DEP_CFLAGS)
+                -fno-math-errno -fstack-clash-protection -Itests/emu/include -Ilib -Ikernels \
+                $(DEP_CFLAGS)
 ifeq ($(CUDA),emu)
   EMU_LIB := $(FT_BUILD)/libcudaemu.a
   FT_CFLAGS += -DFT_HAVE_CUDA -DFT_CUDA_EMU -Itests/emu/include

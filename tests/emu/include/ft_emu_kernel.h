@@ -3,8 +3,9 @@
  * tests/emu/test_*_emu.cc), and the launch that FT_LAUNCH (kernels/cuda/cuda_common.cuh)
  * expands to.
  *
- * How a launch runs (tests/emu/runtime/exec.cc): the blocks one after another; a block's
- * threads as cooperative coroutines on the calling host thread, so __syncthreads,
+ * How a launch runs (tests/emu/runtime/exec.cc): whole blocks on the host threads of the
+ * emulation (FT_EMU_THREADS); a block's threads as cooperative coroutines on one host
+ * thread, so __syncthreads,
  * __syncwarp and the shuffles are real barriers and exchanges (a thread runs until it
  * waits at one, then the next thread runs), and a missing barrier shows as a thread
  * reading what another has not written yet. threadIdx, blockIdx, blockDim and gridDim
@@ -28,6 +29,8 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+
+#include "cuda_runtime_api.h"
 
 #ifndef FT_CUDA_EMU
 #define FT_CUDA_EMU 1
@@ -68,9 +71,10 @@ constexpr int warpSize = 32;
 namespace ft_emu {
 
 /* ---- the engine (exec.cc) ---------------------------------------------------------------- */
-/* One launch as the engine runs it: body(arg) once per thread of every block. name is
- * what messages call the kernel. smem: the dynamic shared memory, in bytes. run_grid
- * returns false when a thread called __trap (the rest of the grid does not run). */
+/* One launch as the engine runs it: body(arg) once per thread of every block (the blocks
+ * shared out between host threads, body called from any of them). name is what messages
+ * call the kernel. smem: the dynamic shared memory, in bytes. run_grid returns false when
+ * a thread called __trap (the blocks not started then do not run). */
 struct grid_run {
     dim3 grid, block;
     size_t smem;
@@ -80,11 +84,13 @@ struct grid_run {
 };
 bool run_grid(const grid_run &run);
 
-/* The device-side primitives. syncthreads takes the call site: threads of a block that
- * wait at different __syncthreads are a divergent barrier, which stops the run. */
-__attribute__((noinline)) void syncthreads();
+/* The device-side primitives. syncthreads takes the call's place in the source: threads
+ * of a block that wait at different __syncthreads are a divergent barrier, which stops the
+ * run. */
+void syncthreads(const char *file, int line);
 void syncwarp(unsigned mask);
 uint64_t shuffle(unsigned mask, uint64_t bits, int src_lane);
+uint64_t shuffle_xor(unsigned mask, uint64_t bits, int lane_mask, int width);
 unsigned lane_id();
 void *dynamic_shared(size_t *bytes);
 [[noreturn]] void trap();
@@ -330,9 +336,9 @@ template <class... P> struct launcher {
     }
 };
 
-template <class... P, class S>
+template <class... P>
 launcher<P...> launch_of(void (*k)(P...), const char *text, const char *file, int line,
-                         dim3 grid, dim3 block, size_t smem, S stream)
+                         dim3 grid, dim3 block, size_t smem, cudaStream_t stream)
 {
     return launcher<P...>{k, {(const void *)k, text, file, line, grid, block, smem,
                               (void *)stream}};
@@ -345,7 +351,10 @@ launcher<P...> launch_of(void (*k)(P...), const char *text, const char *file, in
     ::ft_emu::launch_of((k), #k, __FILE__, __LINE__, (grid), (block), (smem), (stream))
 
 /* ---- device functions ------------------------------------------------------------------- */
-inline void __syncthreads() { ft_emu::syncthreads(); }
+inline void __syncthreads(const char *file = __builtin_FILE(), int line = __builtin_LINE())
+{
+    ft_emu::syncthreads(file, line);
+}
 inline void __syncwarp(unsigned mask = 0xffffffffu) { ft_emu::syncwarp(mask); }
 template <class T> T __shfl_sync(unsigned mask, T v, int src, int width = 32)
 {
@@ -354,11 +363,7 @@ template <class T> T __shfl_sync(unsigned mask, T v, int src, int width = 32)
 }
 template <class T> T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32)
 {
-    int lane = (int)ft_emu::lane_id();
-    int src = lane ^ lane_mask;
-    if (src >= ((lane & ~(width - 1)) + width)) /* outside the segment: the lane's own */
-        src = lane;
-    return ft_emu::from_bits<T>(ft_emu::shuffle(mask, ft_emu::to_bits(v), src));
+    return ft_emu::from_bits<T>(ft_emu::shuffle_xor(mask, ft_emu::to_bits(v), lane_mask, width));
 }
 template <class T> T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32)
 {

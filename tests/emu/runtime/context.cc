@@ -315,9 +315,12 @@ void format_frames(void *const *frames, int n, char *buf, size_t len)
 
 static void on_fault(int sig, siginfo_t *si, void *uc_)
 {
-    const void *addr = si->si_addr;
+    const void *addr = si->si_addr, *sp = NULL;
+#if defined(__x86_64__)
+    sp = (const void *)((ucontext_t *)uc_)->uc_mcontext.gregs[REG_RSP];
+#endif
     char what[1024];
-    bool known = describe_exec_address(addr, what, sizeof what) ||
+    bool known = describe_exec_address(addr, sp, what, sizeof what) ||
                  (describe_device_address && describe_device_address(addr, what, sizeof what));
     if (!known) { /* not ours: crash as the program would have */
         signal(sig, SIG_DFL);

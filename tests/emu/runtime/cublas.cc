@@ -373,11 +373,12 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
         std::vector<float> b = widen(B, Btype, br, bc, ldb, "B");
         /* what the fast modes allow the GPU to do to fp32 operands, it does here */
         int keep = 23;
+        const unsigned mode = (unsigned)handle->math &
+                              ~(unsigned)CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION;
         if (Atype == CUDA_R_32F && computeType != CUBLAS_COMPUTE_32F_PEDANTIC &&
-            !(handle->math & CUBLAS_PEDANTIC_MATH)) {
+            mode != CUBLAS_PEDANTIC_MATH) {
             if (computeType == CUBLAS_COMPUTE_32F_FAST_TF32 ||
-                (computeType == CUBLAS_COMPUTE_32F &&
-                 (handle->math & 0xf) == CUBLAS_TF32_TENSOR_OP_MATH))
+                (computeType == CUBLAS_COMPUTE_32F && mode == CUBLAS_TF32_TENSOR_OP_MATH))
                 keep = 10;
             else if (computeType == CUBLAS_COMPUTE_32F_FAST_16F)
                 keep = 10; /* fp16's mantissa (its range is not emulated) */

@@ -67,9 +67,9 @@ void format_frames(void *const *frames, int n, char *buf, size_t len);
 void install_fault_handler();
 void ensure_altstack();
 /* Describes an address the emulation knows (buf), or returns false. exec.cc answers for
- * kernel stacks and shared memory; memory.cc (when linked: the emulated build) for device
- * memory. */
-bool describe_exec_address(const void *p, char *buf, size_t n);
+ * kernel stacks (sp: the faulting stack pointer, or NULL) and shared memory; memory.cc
+ * (when linked: the emulated build) for device memory. */
+bool describe_exec_address(const void *p, const void *sp, char *buf, size_t n);
 bool describe_device_address(const void *p, char *buf, size_t n) __attribute__((weak));
 
 /* ---- the device memory (memory.cc) ----------------------------------------------------- */

@@ -1,21 +1,26 @@
 /* The kernel engine of the emulated device: a grid's blocks one after another on the
  * calling host thread, a block's threads as cooperative coroutines (ft_emu_kernel.h).
  *
- * A block runs by passes over its threads in index order: each runs until it waits (at
- * __syncthreads, __syncwarp, a shuffle) or ends, then the next one runs. A thread that
- * ends hands its stack to the next thread not yet started, so a kernel without barriers
- * (the grid-stride loops) runs its whole block on one stack with no switch between
- * threads. The barriers are exact: __syncthreads waits for every thread of the block
+ * A block's threads take turns in index order, round robin: each runs until it waits (at
+ * __syncthreads, __syncwarp, a shuffle) or ends, then it switches straight to the next
+ * thread that can run. A thread that ends hands its stack to the next thread not yet
+ * started, so a kernel without barriers (the grid-stride loops) runs its whole block on
+ * one stack with no switch between threads. The barriers are exact: __syncthreads waits for every thread of the block
  * that has not exited, and stops the run when threads wait at different __syncthreads;
  * __syncwarp and the shuffles wait for the lanes of their mask, and stop the run when one
  * of those lanes has exited (a hang on the hardware), when the calling lane is not in the
- * mask, or when a shuffle reads a lane outside it. A pass in which no thread can run is a
- * deadlock, which stops the run too.
+ * mask, or when a shuffle reads a lane outside it. A wait with no thread left that can run
+ * is a deadlock, which stops the run too.
+ *
+ * The blocks of a launch are shared out between the launching host thread and workers
+ * (FT_EMU_THREADS host threads in all; default the CPUs the process may use, at most 8):
+ * each host thread runs whole blocks, with its own shared memory and stacks.
  *
  * The switch is a few instructions of x86-64 (callee-saved registers and the stack
  * pointer); other architectures use ucontext. Each thread stack ends in a guard page,
  * and so does the block's dynamic shared memory (filled with 0xFF bytes, the "never
  * written" pattern, when each block starts). No CUDA API symbol here. */
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +28,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #if !defined(__x86_64__)
@@ -114,6 +123,7 @@ struct thread {
 
 struct warp {
     unsigned exist;   /* the lanes the block has in this warp */
+    unsigned exited;  /* lanes that have ended */
     unsigned arrived; /* lanes waiting at the current warp barrier */
     warp_op op;
     uint64_t val[32], res[32];
@@ -131,7 +141,8 @@ struct engine {
     std::vector<warp> w;
     int n = 0, done = 0, next_new = 0, cur = 0;
     int bar_count = 0, bar_first = 0;
-    const void *bar_site = nullptr;
+    const char *bar_file = nullptr; /* where the threads waiting at __syncthreads called it */
+    int bar_line = 0;
     bool trapped = false;
     coro sched;
     std::vector<stack> stacks;
@@ -184,8 +195,46 @@ inline void enter(engine &e, int i)
     threadIdx = e.t[(size_t)i].idx;
 }
 
-/* Back to the scheduler; returns when the scheduler runs this thread again. */
-inline void suspend(engine &e, thread &t) { coro_switch(t.c, e.sched); }
+/* The next thread after `from` that can run (round robin), or -1. */
+inline int next_runnable(const engine &e, int from)
+{
+    for (int k = 1; k <= e.n; k++) {
+        int i = from + k < e.n ? from + k : from + k - e.n;
+        thread_state st = e.t[(size_t)i].st;
+        if (st == READY || st == NEW)
+            return i;
+    }
+    return -1;
+}
+
+void thread_main();
+[[noreturn]] void deadlock(engine &e);
+
+/* Runs thread i, switching away from `from` (saved there): a thread not started yet gets a
+ * stack and starts in thread_main. Returns when something switches back to `from`. */
+void resume(engine &e, int i, coro &from)
+{
+    thread &u = e.t[(size_t)i];
+    if (u.st == NEW) {
+        e.next_new = i + 1; /* threads start in index order: the ones not started are a suffix */
+        u.stack = get_stack(e);
+        const stack &s = e.stacks[(size_t)u.stack];
+        coro_init(u.c, s.lo, s.hi, thread_main);
+    }
+    u.st = RUNNING;
+    enter(e, i);
+    coro_switch(from, u.c);
+}
+
+/* The running thread t waits: the next thread that can run runs; returns when t is run
+ * again. No thread that can run (t waits too) is a deadlock. */
+void suspend(engine &e, thread &t)
+{
+    int j = next_runnable(e, e.cur);
+    if (j < 0)
+        deadlock(e);
+    resume(e, j, t.c);
+}
 
 void release_block(engine &e)
 {
@@ -202,15 +251,16 @@ void on_exit(engine &e, thread &t)
     if (e.bar_count > 0 && e.bar_count == e.n - e.done)
         release_block(e);
     warp &w = e.w[t.warp];
-    for (unsigned l = 0; l < 32; l++)
-        if (w.arrived >> l & 1) {
-            thread &o = e.t[(size_t)t.warp * 32 + l];
-            if (o.need >> t.lane & 1)
-                stop(w.op == OP_SYNC ? "__syncwarp" : "a shuffle",
-                     "lane %u of warp %u exited while lane %u waits for it (mask 0x%08x): a "
-                     "hang on the GPU",
-                     t.lane, t.warp, l, o.need);
-        }
+    w.exited |= 1u << t.lane;
+    for (unsigned waiting = w.arrived; waiting; waiting &= waiting - 1) {
+        unsigned l = (unsigned)__builtin_ctz(waiting);
+        thread &o = e.t[(size_t)t.warp * 32 + l];
+        if (o.need >> t.lane & 1)
+            stop(w.op == OP_SYNC ? "__syncwarp" : "a shuffle",
+                 "lane %u of warp %u exited while lane %u waits for it (mask 0x%08x): a "
+                 "hang on the GPU",
+                 t.lane, t.warp, l, o.need);
+    }
 }
 
 void thread_main()
@@ -230,9 +280,14 @@ void thread_main()
             enter(e, e.next_new++);
             continue;
         }
+        /* every thread has started: the stack goes back (no thread to start can take it
+         * before the switch below leaves it) */
         put_stack(e, t.stack);
         coro dead;
-        coro_switch(dead, e.sched); /* never back */
+        int j = next_runnable(e, e.cur);
+        if (j >= 0)
+            resume(e, j, dead); /* never back */
+        coro_switch(dead, e.sched); /* all done, or all waiting: the scheduler says which */
     }
 }
 
@@ -282,32 +337,13 @@ void run_block(engine &e)
         t.stack = -1;
     }
     for (warp &w : e.w) {
-        w.arrived = 0;
+        w.arrived = w.exited = 0;
         w.op = OP_NONE;
     }
     memset(e.smem, 0xff, (size_t)(e.smem_guard - e.smem));
-    while (e.done < e.n) {
-        bool ran = false;
-        for (int i = 0; i < e.n && !e.trapped; i++) {
-            thread &t = e.t[(size_t)i];
-            if (t.st == NEW) {
-                e.next_new = i + 1; /* the threads not started are a suffix */
-                t.stack = get_stack(e);
-                const stack &s = e.stacks[(size_t)t.stack];
-                coro_init(t.c, s.lo, s.hi, thread_main);
-            } else if (t.st != READY) {
-                continue;
-            }
-            t.st = RUNNING;
-            enter(e, i);
-            ran = true;
-            coro_switch(e.sched, t.c);
-        }
-        if (e.trapped)
-            break;
-        if (!ran)
-            deadlock(e);
-    }
+    resume(e, 0, e.sched); /* back when no thread can run any more */
+    if (e.done < e.n && !e.trapped)
+        deadlock(e);
     for (thread &t : e.t) /* a trap leaves threads where they were */
         put_stack(e, t.stack);
     for (char *p = e.smem + e.smem_size; p < e.smem_guard; p++)
@@ -317,10 +353,10 @@ void run_block(engine &e)
                  (size_t)(p - e.smem - e.smem_size), e.smem_size);
 }
 
-thread &current(const char *what)
+inline thread &current(const char *what)
 {
     engine *e = E;
-    if (!e || !in_kernel)
+    if (__builtin_expect(!e || !in_kernel, 0))
         ft_emu_abort(what, "called outside a kernel");
     return e->t[(size_t)e->cur];
 }
@@ -339,11 +375,10 @@ void warp_arrive(engine &e, thread &t, unsigned mask, warp_op op)
         stop(what, "lanes of warp %u wait at a __syncwarp and at a shuffle at once (mask "
                    "0x%08x)",
              t.warp, need);
-    for (unsigned l = 0; l < 32; l++)
-        if ((need >> l & 1) && e.t[(size_t)t.warp * 32 + l].st == DONE)
-            stop(what, "lane %u of warp %u waits for lane %u (mask 0x%08x), which has exited: a "
-                       "hang on the GPU",
-                 t.lane, t.warp, l, need);
+    if (need & w.exited)
+        stop(what, "lane %u of warp %u waits for lane %d (mask 0x%08x), which has exited: a "
+                   "hang on the GPU",
+             t.lane, t.warp, __builtin_ctz(need & w.exited), need);
     w.arrived |= 1u << t.lane;
     w.op = op;
     t.need = need;
@@ -352,44 +387,39 @@ void warp_arrive(engine &e, thread &t, unsigned mask, warp_op op)
         suspend(e, t);
         return;
     }
-    if (op == OP_SHUFFLE)
-        for (unsigned l = 0; l < 32; l++)
-            if (need >> l & 1) {
-                int s = w.src[l];
-                if (s < 0 || s > 31 || !(need >> s & 1))
-                    stop("a shuffle", "lane %u of warp %u reads lane %d, which is not in the "
-                                      "mask 0x%08x (undefined on the GPU)",
-                         l, t.warp, s, need);
-                w.res[l] = w.val[s];
-            }
+    for (unsigned lanes = need; lanes; lanes &= lanes - 1) {
+        unsigned l = (unsigned)__builtin_ctz(lanes);
+        if (op == OP_SHUFFLE) {
+            int s = w.src[l];
+            if (s < 0 || s > 31 || !(need >> s & 1))
+                stop("a shuffle", "lane %u of warp %u reads lane %d, which is not in the mask "
+                                  "0x%08x (undefined on the GPU)",
+                     l, t.warp, s, need);
+            w.res[l] = w.val[s];
+        }
+        thread &o = e.t[(size_t)t.warp * 32 + l];
+        if (o.st == WAIT_WARP)
+            o.st = READY;
+    }
     w.arrived &= ~need;
     if (!w.arrived)
         w.op = OP_NONE;
-    for (unsigned l = 0; l < 32; l++)
-        if (need >> l & 1) {
-            thread &o = e.t[(size_t)t.warp * 32 + l];
-            if (o.st == WAIT_WARP)
-                o.st = READY;
-        }
 }
 
 } // namespace
 
-void syncthreads()
+void syncthreads(const char *file, int line)
 {
     thread &t = current("__syncthreads");
     engine &e = *E;
-    const void *site = __builtin_return_address(0);
     if (e.bar_count == 0) {
-        e.bar_site = site;
+        e.bar_file = file;
+        e.bar_line = line;
         e.bar_first = e.cur;
-    } else if (site != e.bar_site) {
-        char a[256], b[256];
-        symbolize((const char *)e.bar_site - 1, a, sizeof a);
-        symbolize((const char *)site - 1, b, sizeof b);
-        stop("__syncthreads", "divergent barrier: thread %d waits at one __syncthreads (in %s), "
-                              "thread %d arrives at another (in %s)",
-             e.bar_first, a, e.cur, b);
+    } else if (line != e.bar_line || (file != e.bar_file && strcmp(file, e.bar_file))) {
+        stop("__syncthreads", "divergent barrier: thread %d waits at the __syncthreads of %s:%d, "
+                              "thread %d arrives at the one of %s:%d",
+             e.bar_first, e.bar_file, e.bar_line, e.cur, file, line);
     }
     if (++e.bar_count == e.n - e.done) {
         release_block(e);
@@ -416,6 +446,20 @@ uint64_t shuffle(unsigned mask, uint64_t bits, int src_lane)
     return w.res[t.lane];
 }
 
+uint64_t shuffle_xor(unsigned mask, uint64_t bits, int lane_mask, int width)
+{
+    thread &t = current("__shfl_xor_sync");
+    engine &e = *E;
+    int lane = (int)t.lane, src = lane ^ lane_mask;
+    if (src >= (lane & ~(width - 1)) + width) /* outside the segment: the lane's own */
+        src = lane;
+    warp &w = e.w[t.warp];
+    w.val[lane] = bits;
+    w.src[lane] = src;
+    warp_arrive(e, t, mask, OP_SHUFFLE);
+    return w.res[lane];
+}
+
 unsigned lane_id() { return current("a lane's index").lane; }
 
 void *dynamic_shared(size_t *bytes)
@@ -432,7 +476,8 @@ void trap()
     engine &e = *E;
     e.trapped = true;
     t.st = DONE;
-    suspend(e, t); /* never back: the scheduler ends the launch */
+    coro dead;
+    coro_switch(dead, e.sched); /* never back: the scheduler ends the launch */
     abort();
 }
 
@@ -448,7 +493,11 @@ void unwritten_load(const void *p, int bytes)
                  bytes, p, what);
 }
 
-bool run_grid(const grid_run &run)
+namespace {
+
+/* This host thread's engine made ready for a launch (its thread and warp tables, shared
+ * memory, coordinates). */
+engine &engine_for(const grid_run &run)
 {
     if (!E)
         E = new engine;
@@ -473,18 +522,122 @@ bool run_grid(const grid_run &run)
     smem_prepare(e, run.smem);
     blockDim = run.block;
     gridDim = run.grid;
+    return e;
+}
+
+/* The blocks of a launch, shared out between the calling thread and the workers: each
+ * takes the next block number until none is left or a thread trapped. */
+struct grid_job {
+    const grid_run *run;
+    unsigned long nblocks;
+    std::atomic<unsigned long> next{0};
+    std::atomic<bool> trapped{false};
+};
+
+void run_blocks(grid_job &job)
+{
+    engine &e = engine_for(*job.run);
+    const dim3 g = job.run->grid;
     in_kernel = true;
-    bool ok = true;
-    for (unsigned z = 0; z < run.grid.z && ok; z++)
-        for (unsigned y = 0; y < run.grid.y && ok; y++)
-            for (unsigned x = 0; x < run.grid.x && ok; x++) {
-                blockIdx = uint3{x, y, z};
-                run_block(e);
-                ok = !e.trapped;
-            }
+    for (;;) {
+        unsigned long b = job.next.fetch_add(1);
+        if (b >= job.nblocks || job.trapped.load(std::memory_order_relaxed))
+            break;
+        blockIdx = uint3{(unsigned)(b % g.x), (unsigned)(b / g.x % g.y),
+                         (unsigned)(b / ((unsigned long)g.x * g.y))};
+        run_block(e);
+        if (e.trapped)
+            job.trapped = true;
+    }
     in_kernel = false;
     e.run = nullptr;
-    return ok;
+}
+
+/* Host threads that run blocks beside the launching one (FT_EMU_THREADS in all, default
+ * the CPUs this process may use, at most 8): blocks are independent in CUDA, so any of
+ * them may run anywhere, in any order. */
+struct pool {
+    std::mutex mu;
+    std::condition_variable wake, idle;
+    grid_job *job = nullptr;
+    unsigned long generation = 0;
+    int busy = 0;
+    std::vector<std::thread> workers;
+
+    void work()
+    {
+        unsigned long seen = 0;
+        for (;;) {
+            grid_job *j;
+            {
+                std::unique_lock<std::mutex> lk(mu);
+                wake.wait(lk, [&] { return generation != seen; });
+                seen = generation;
+                j = job;
+            }
+            run_blocks(*j);
+            std::lock_guard<std::mutex> lk(mu);
+            if (--busy == 0)
+                idle.notify_all();
+        }
+    }
+};
+
+int host_threads()
+{
+    static const int n = [] {
+        const char *v = getenv("FT_EMU_THREADS");
+        if (v && *v) {
+            int k = atoi(v);
+            return k < 1 ? 1 : k > 64 ? 64 : k;
+        }
+        cpu_set_t set;
+        int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+        return cpus < 1 ? 1 : cpus > 8 ? 8 : cpus;
+    }();
+    return n;
+}
+
+pool &the_pool()
+{
+    static pool *p = [] {
+        pool *q = new pool; /* never destroyed: its threads live as long as the process */
+        for (int i = 1; i < host_threads(); i++) {
+            q->workers.emplace_back([q] { q->work(); });
+            q->workers.back().detach();
+        }
+        return q;
+    }();
+    return *p;
+}
+
+} // namespace
+
+bool run_grid(const grid_run &run)
+{
+    grid_job job;
+    job.run = &run;
+    job.nblocks = (unsigned long)run.grid.x * run.grid.y * run.grid.z;
+    /* one block (or one host thread): here, in order */
+    int helpers = job.nblocks > 1 ? host_threads() - 1 : 0;
+    if (helpers > (int)job.nblocks - 1)
+        helpers = (int)job.nblocks - 1;
+    if (helpers <= 0) {
+        run_blocks(job);
+        return !job.trapped;
+    }
+    pool &p = the_pool();
+    {
+        std::lock_guard<std::mutex> lk(p.mu);
+        p.job = &job;
+        p.busy = (int)p.workers.size();
+        p.generation++;
+    }
+    p.wake.notify_all();
+    run_blocks(job);
+    std::unique_lock<std::mutex> lk(p.mu);
+    p.idle.wait(lk, [&] { return p.busy == 0; });
+    return !job.trapped;
 }
 
 bool describe_kernel(char *buf, size_t n)
@@ -505,12 +658,23 @@ const char *running_kernel()
     return e && in_kernel && e->run ? e->run->name : NULL;
 }
 
-bool describe_exec_address(const void *p, char *buf, size_t n)
+bool describe_exec_address(const void *p, const void *sp, char *buf, size_t n)
 {
     engine *e = E;
     if (!e)
         return false;
-    const char *a = (const char *)p;
+    const char *a = (const char *)p, *top = (const char *)sp;
+    /* the running thread's stack pointer below its stack: a frame too big for it, whatever
+     * address the first touch hit */
+    if (in_kernel && e->t[(size_t)e->cur].stack >= 0) {
+        const stack &s = e->stacks[(size_t)e->t[(size_t)e->cur].stack];
+        if (top < s.lo && top + ((size_t)64 << 20) > s.lo) {
+            snprintf(buf, n, "the kernel thread's stack pointer is %zu bytes below its %zu KiB "
+                             "stack: a stack overflow (large local arrays?)",
+                     (size_t)(s.lo - top), stack_bytes >> 10);
+            return true;
+        }
+    }
     for (const stack &s : e->stacks)
         if (a >= s.map && a < s.lo) {
             snprintf(buf, n, "the guard page below a kernel thread's stack (%zu KiB): a stack "

@@ -107,11 +107,11 @@ void describe(const alloc *a, const void *p, char *buf, size_t n)
         return;
     }
     if (c < a->data)
-        snprintf(buf, n, "%zu bytes before the start of a device allocation of %zu bytes on "
+        snprintf(buf, n, "byte %zu before the start of a device allocation of %zu bytes on "
                          "device %d: out of bounds (allocated by %s)",
                  (size_t)(a->data - c), a->size, a->device, made);
     else if (c >= a->data + a->size && c != a->data + a->size)
-        snprintf(buf, n, "%zu bytes past the end of a device allocation of %zu bytes on device "
+        snprintf(buf, n, "byte %zu past the end of a device allocation of %zu bytes on device "
                          "%d: out of bounds (allocated by %s)",
                  (size_t)(c - (a->data + a->size)) + 1, a->size, a->device, made);
     else if (c == a->data + a->size)
