@@ -151,15 +151,16 @@ endif
 
 # The GPU tier on the emulated device (docs/gpu.md, The emulated device): the emulated build
 # (build-emu/, made by a make of its own with CUDA=emu), then tests/run-gpu.sh in its
-# emulated mode on the emulation's own tests and tests/gpu's binaries, on small shapes
-# (FT_GPU_TEST_SMALL). test_dist_nccl runs (under mpirun, 1 to 3 ranks) when the build has
+# emulated mode on the emulation's own tests, tests/gpu's binaries on small shapes
+# (FT_GPU_TEST_SMALL), and ft-train on the emulated GPU (tests/emu/checks/test_train.sh). test_dist_nccl runs (under mpirun, 1 to 3 ranks) when the build has
 # the NCCL emulation; the Python GPU tests (test_gpu_model.py, test_gpu_train.py) run when
 # FT_CONFORM is set (they are not made for the emulation yet).
 ifeq ($(CUDA),emu)
 test-gpu-emu: $(GPU_BINS) $(EMU_CHECK_BINS) $(TOOLS) $(CONFORM_HARNESS)
 	env -u CUDA_VISIBLE_DEVICES FT_EMU=1 FT_EMU_NCCL=$(NCCL) FT_GPU_TEST_SMALL=1 \
-	  FT_EMU_MISUSE=$(FT_BUILD)/tests/emu/checks/misuse \
-	  tests/run-gpu.sh $(EMU_CHECK_TESTS) tests/emu/checks/test_checks.sh $(GPU_BINS)
+	  FT_EMU_MISUSE=$(FT_BUILD)/tests/emu/checks/misuse FT_EMU_TRAIN=$(abspath $(FT_BIN)/ft-train) \
+	  tests/run-gpu.sh $(EMU_CHECK_TESTS) tests/emu/checks/test_checks.sh $(GPU_BINS) \
+	  tests/emu/checks/test_train.sh
 else
 test-gpu-emu:
 	$(MAKE) --no-print-directory CUDA=emu test-gpu-emu
