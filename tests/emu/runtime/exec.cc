@@ -34,7 +34,10 @@
 #include <thread>
 #include <vector>
 
-#if !defined(__x86_64__)
+/* FT_EMU_UCONTEXT: the portable switch on x86-64 too (to test it there). */
+#if defined(__x86_64__) && !defined(FT_EMU_UCONTEXT)
+#define FT_EMU_X86_SWITCH 1
+#else
 #include <ucontext.h>
 #endif
 
@@ -51,7 +54,7 @@ constexpr size_t page = 4096;
 constexpr size_t stack_bytes = 256 << 10;
 
 /* ---- the switch ------------------------------------------------------------------------- */
-#if defined(__x86_64__)
+#if defined(FT_EMU_X86_SWITCH)
 struct coro {
     void *sp;
 };
