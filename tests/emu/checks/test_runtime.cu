@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <cublas_v2.h>
@@ -535,6 +536,37 @@ static void test_engine(void)
     cudaFree(fc);
 }
 
+/* Two host threads launch at once (the block workers serve one launch at a time; the
+ * other runs its blocks itself): both results are whole. */
+__global__ void fill_kernel(int *p, int v)
+{
+    p[blockIdx.x * blockDim.x + threadIdx.x] = v + (int)(blockIdx.x * blockDim.x + threadIdx.x);
+}
+
+static void test_concurrent_launches(void)
+{
+    const int blocks = 64, threads = 128, n = blocks * threads;
+    int *a, *b;
+    cudaMalloc(&a, n * sizeof(int));
+    cudaMalloc(&b, n * sizeof(int));
+    auto launch = [&](int *p, int v) {
+        for (int r = 0; r < 20; r++)
+            FT_EMU_LAUNCH(fill_kernel, blocks, threads, 0, 0)(p, v + r);
+    };
+    std::thread t1(launch, a, 1000), t2(launch, b, 5000);
+    t1.join();
+    t2.join();
+    std::vector<int> ha(n), hb(n);
+    cudaMemcpy(ha.data(), a, n * sizeof(int), cudaMemcpyDeviceToHost);
+    cudaMemcpy(hb.data(), b, n * sizeof(int), cudaMemcpyDeviceToHost);
+    bool ok = true;
+    for (int i = 0; i < n; i++)
+        ok &= ha[(size_t)i] == 1019 + i && hb[(size_t)i] == 5019 + i;
+    CHECK(ok);
+    cudaFree(a);
+    cudaFree(b);
+}
+
 /* ---- cuBLAS --------------------------------------------------------------------------- */
 
 static uint16_t to_bf16(float f) { return __float2bfloat16_rn(f).bits; }
@@ -731,6 +763,7 @@ int main(int argc, char **argv)
     RUN(test_streams_events);
     RUN(test_launches);
     RUN(test_engine);
+    RUN(test_concurrent_launches);
     RUN(test_cublas);
     return check_summary("emu_runtime");
 }

@@ -560,6 +560,7 @@ void run_blocks(grid_job &job)
  * the CPUs this process may use, at most 8): blocks are independent in CUDA, so any of
  * them may run anywhere, in any order. */
 struct pool {
+    std::mutex use; /* one launch at a time uses the workers */
     std::mutex mu;
     std::condition_variable wake, idle;
     grid_job *job = nullptr;
@@ -630,6 +631,11 @@ bool run_grid(const grid_run &run)
         return !job.trapped;
     }
     pool &p = the_pool();
+    std::unique_lock<std::mutex> mine(p.use, std::try_to_lock);
+    if (!mine) { /* another host thread's launch has the workers: this one runs alone */
+        run_blocks(job);
+        return !job.trapped;
+    }
     {
         std::lock_guard<std::mutex> lk(p.mu);
         p.job = &job;
