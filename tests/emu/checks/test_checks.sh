@@ -37,7 +37,7 @@ expect() {
 }
 
 expect kernel-host-pointer "" "a host pointer handed to a kernel"
-expect kernel-struct-host-pointer "" "argument 1 (pair_args.1, a float*)"
+expect kernel-struct-host-pointer "" "argument 1 (pair_args field 1, a float*)"
 expect kernel-freed-pointer "" "a use after free"
 expect kernel-other-device "FT_EMU_DEVICES=2" "points to memory of device 1, but the kernel runs on device 0"
 expect kernel-write-past-end "" "out-of-bounds write: byte 9 past the end of a device allocation of 40 bytes"

@@ -157,10 +157,14 @@ template <class T> const char *type_name()
 
 template <class T> void visit(launch &l, int arg, char *path, size_t len, const T &x);
 
+/* path: "att_args field 3", deeper fields ".1" after it */
 #define FT_EMU_F(i)                                                                         \
-    snprintf(path + len, 64 - len, ".%d", i), visit(l, arg, path, strlen(path), a##i)
+    snprintf(path + len, 64 - len, nested ? ".%d" : " field %d", i),                        \
+        visit(l, arg, path, strlen(path), a##i)
 template <class T> void visit_fields(launch &l, int arg, char *path, size_t len, const T &x)
 {
+    const bool nested = strstr(path, " field ") != nullptr; /* path is [0, len) here */
+    (void)nested;
     constexpr size_t n = refl::fields<T>();
     if constexpr (n == 0) {
     } else if constexpr (n == 1) {

@@ -119,20 +119,30 @@ launch *launch_begin(const launch_site &site)
 
 const char *launch_name(launch *l) { return l->name; }
 
+/* "a float*" for a pointer argument; "att_args field 3, a const float*" for a field */
+static void describe_arg(char *buf, size_t n, const char *path, const char *type)
+{
+    if (strcmp(path, type))
+        snprintf(buf, n, "%s, a %s", path, type);
+    else
+        snprintf(buf, n, "a %s", type);
+}
+
 void check_pointer(launch &l, int arg, const char *path, const char *type, const void *p)
 {
     if (!p)
         return;
     bool freed;
     const alloc *a = find_alloc(p, &freed);
-    char call[320];
+    char call[320], argd[256];
     snprintf(call, sizeof call, "kernel %s (launched at %s:%d)", l.name, l.site.file, l.site.line);
+    describe_arg(argd, sizeof argd, path, type);
     if (a) {
         int d = alloc_device(a);
         if (d != l.device && !peer_enabled(l.device, d))
-            ft_emu_abort(call, "argument %d (%s, a %s) points to memory of device %d, but the "
-                               "kernel runs on device %d (no peer access enabled)",
-                         arg, path, type, d, l.device);
+            ft_emu_abort(call, "argument %d (%s) points to memory of device %d, but the kernel "
+                               "runs on device %d (no peer access enabled)",
+                         arg, argd, d, l.device);
         for (const alloc *x : l.touched)
             if (x == a)
                 return;
@@ -142,7 +152,7 @@ void check_pointer(launch &l, int arg, const char *path, const char *type, const
     char what[1024];
     if (!(describe_device_address && describe_device_address(p, what, sizeof what)))
         snprintf(what, sizeof what, "not device memory: a host pointer handed to a kernel");
-    ft_emu_abort(call, "argument %d (%s, a %s) is %p: %s", arg, path, type, p, what);
+    ft_emu_abort(call, "argument %d (%s) is %p: %s", arg, argd, p, what);
 }
 
 void launch_run(launch *l, void (*body)(void *), void *arg)
