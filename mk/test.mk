@@ -12,9 +12,9 @@
 #                     CUDA builds compile these binaries in test-unit, so CI without a GPU
 #                     still catches a build break.
 #   test-gpu-emu      the GPU tier on the emulated device (make CUDA=emu, build-emu/): the
-#                     emulation's own tests (tests/emu/checks), then tests/gpu's binaries on
-#                     small shapes, the emulation's checks in place of compute-sanitizer.
-#                     Needs no GPU and no CUDA toolkit.
+#                     emulation's own tests (tests/emu/checks), tests/gpu's binaries on small
+#                     shapes and ft-train on the emulated GPU, the emulation's checks in place
+#                     of compute-sanitizer. Needs no GPU and no CUDA toolkit.
 #   test              deps + build + every tier but test-gpu, test-gpu-emu last.
 
 UNIT_SRCS := $(wildcard tests/unit/test_*.c)
