@@ -5,7 +5,9 @@
 #   make all             the same
 #   make CUDA=0          CPU-only build (needs no CUDA toolkit); CUDA, MPI, NCCL, CUDA_HOME,
 #                        CUDA_ARCHS, OPT, CFLAGS, LDFLAGS given once stay until given again
-#   make clean           remove build/ and bin/ (and forget those choices)
+#   make CUDA=emu        the emulated-device test build in build-emu/ (kernels/cuda on the host
+#                        against tests/emu's CUDA emulation; never remembered)
+#   make clean           remove build/, bin/ and build-emu/ (and forget those choices)
 #   make install PREFIX=/usr/local DESTDIR=
 #   make deps            install the system packages the build needs (Debian/Ubuntu)
 # Train and evaluate (CONFIG=configs/x.yaml, default the demo; SECTION_KEY=value overrides)
@@ -27,6 +29,7 @@
 #   make test-dist       the communication layer on real MPI ranks (np 1-4, hang/kill)
 #   make test-conformance  the Hugging Face conformance suite (pytest)
 #   make test-gpu        the GPU tier (on a machine with a GPU)
+#   make test-gpu-emu    the GPU tier on the emulated CUDA device (no GPU needed; in make test)
 #   make unit-bins | gpu-bins   build the unit / GPU test binaries only
 #   make gpu-bundle      the GPU tier's binaries and tools packed for a GPU machine
 #   make config-reference  regenerate configs/README.md from the schema
@@ -48,7 +51,8 @@ include mk/workflow.mk
 
 .PHONY: all deps clean install help
 
-all: $(TOOLS)
+# (the emulated build, CUDA=emu, makes the GPU tier's binaries and the harnesses as well)
+all: $(TOOLS) $(if $(filter emu,$(CUDA)),$(GPU_BINS) $(EMU_CHECK_BINS) $(HARNESSES))
 
 deps:
 	scripts/install-deps.sh
@@ -66,7 +70,7 @@ install: all
 	done
 
 clean:
-	rm -rf build bin
+	rm -rf build bin build-emu
 
 # The comment block at the top of this file, without its '# '.
 help:

@@ -2,6 +2,10 @@
 #
 # CUDA: auto-detected from CUDA_HOME (default /usr/local/cuda) or nvcc on PATH;
 # CUDA=0 forces the CPU-only build, which needs nothing from the CUDA toolkit.
+# CUDA=emu is the emulated-device test build (docs/gpu.md, The emulated device): every
+# kernels/cuda source compiled by the host C++ compiler against tests/emu's CUDA
+# emulation, in build-emu/ (tools in build-emu/bin); it needs no CUDA toolkit, touches
+# neither build/ nor bin/, and is never remembered.
 #
 # The build remembers its choices: CUDA, MPI, NCCL, CUDA_HOME, CUDA_ARCHS, OPT, CFLAGS and
 # LDFLAGS given on the command line (unless as the detected or default value) are saved
@@ -95,6 +99,15 @@ ifeq ($(origin CUDA), undefined)
   endif
 endif
 
+# Where a build goes: build/ and bin/, or build-emu/ for the emulated device.
+ifeq ($(CUDA),emu)
+  FT_BUILD := build-emu
+  FT_BIN := build-emu/bin
+else
+  FT_BUILD := build
+  FT_BIN := bin
+endif
+
 ifeq ($(CUDA),1)
   NVCC ?= $(CUDA_HOME)/bin/nvcc
   # Ampere (A100), Ada (L4/4090) and Hopper (H100/H200).
@@ -113,12 +126,39 @@ ifeq ($(CUDA),1)
   ifeq ($(origin NCCL), undefined)
     NCCL := $(FT_AUTO_NCCL)
   endif
+else ifeq ($(CUDA),emu)
+  # the NCCL emulation (tests/emu/include/nccl.h, tests/emu/runtime/nccl_emu.cc), with MPI
+  ifeq ($(origin NCCL), undefined)
+    NCCL := $(if $(and $(filter 1,$(MPI)),$(wildcard tests/emu/include/nccl.h),$(wildcard \
+              tests/emu/runtime/nccl_emu.cc)),1,0)
+  endif
 else
   NCCL := 0
 endif
 ifeq ($(NCCL),1)
   FT_CFLAGS += -DFT_HAVE_NCCL
-  LDLIBS += -lnccl
+  LDLIBS += $(if $(filter emu,$(CUDA)),,-lnccl)
+endif
+
+# The emulated device: lib/ sees tests/emu's CUDA headers and runs unchanged; kernels/cuda
+# and the emulation (tests/emu/runtime, the static library EMU_LIB that everything links)
+# are C++20 from the host compiler. Their device code contracts a * b + c into an FMA as
+# nvcc does (__global__ and __device__ turn -ffp-contract=fast on for it, and -mfma gives the
+# instruction where this CPU has FMA), their host code does not; -rdynamic names functions
+# in the emulation's messages.
+CXX_EMU ?= g++
+FT_HOST_FMA := $(if $(shell grep -qw fma /proc/cpuinfo 2>/dev/null && echo y),-mfma)
+EMU_CXXFLAGS := -std=c++20 $(OPT) -g -Wall -Wextra -Werror -Wno-unknown-pragmas -march=x86-64-v2 \
+                -fno-math-errno -fstack-clash-protection -Itests/emu/include -Ilib -Ikernels \
+                $(DEP_CFLAGS)
+ifeq ($(CUDA),emu)
+  EMU_LIB := $(FT_BUILD)/libcudaemu.a
+  FT_CFLAGS += -DFT_HAVE_CUDA -DFT_CUDA_EMU -Itests/emu/include
+  EMU_CXXFLAGS += -DFT_HAVE_CUDA -DFT_CUDA_EMU $(if $(filter 1,$(MPI)),-DFT_HAVE_MPI \
+                  $(shell mpicc --showme:compile)) $(if $(filter 1,$(NCCL)),-DFT_HAVE_NCCL)
+  EMU_KERNEL_FLAGS := -x c++ -ffp-contract=off $(FT_HOST_FMA)
+  LDLIBS := $(EMU_LIB) $(LDLIBS) -lstdc++
+  FT_LDFLAGS += -rdynamic
 endif
 
 # ---- saving the choices given --------------------------------------------------------
@@ -146,6 +186,8 @@ FT_SAVED_VARS = $(foreach v,$(FT_REMEMBERED),$(if $(call ft_saved,$(v)),$(v)))
 FT_SAVED_LINES = $(foreach v,$(FT_SAVED_VARS),FT_SAVED_$(v) := $(call ft_make_text,$(FT_SAVED_$(v)))$(FT_NL))
 FT_SAVED_TEXT := $(FT_HASH) The build choices given on make's command line (mk/config.mk); make clean \
                  forgets them.$(FT_NL)$(subst $(FT_NL) ,$(FT_NL),$(FT_SAVED_LINES))
+# (the emulated build, CUDA=emu, saves nothing: it must not change what a later make builds)
+ifneq ($(filter-out emu,$(CUDA)),)
 ifneq ($(FT_GIVEN),)
   ifeq ($(strip $(FT_SAVED_VARS)),)
     $(shell rm -f $(FT_SAVED_CHOICES))
@@ -154,4 +196,5 @@ ifneq ($(FT_GIVEN),)
     $(file >$(FT_SAVED_CHOICES).$(MAKELEVEL).tmp,$(FT_SAVED_TEXT))
     $(shell mv -f $(FT_SAVED_CHOICES).$(MAKELEVEL).tmp $(FT_SAVED_CHOICES))
   endif
+endif
 endif

@@ -11,53 +11,71 @@
 #                     under compute-sanitizer memcheck; needs a GPU (run on the GPU machine).
 #                     CUDA builds compile these binaries in test-unit, so CI without a GPU
 #                     still catches a build break.
-#   test              deps + build + every tier but test-gpu.
+#   test-gpu-emu      the GPU tier on the emulated device (make CUDA=emu, build-emu/): the
+#                     emulation's own tests (tests/emu/checks), tests/gpu's binaries on small
+#                     shapes and ft-train on the emulated GPU, the emulation's checks in place
+#                     of compute-sanitizer. Needs no GPU and no CUDA toolkit.
+#   test              deps + build + every tier but test-gpu, test-gpu-emu last.
 
 UNIT_SRCS := $(wildcard tests/unit/test_*.c)
-UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=build/tests/unit/%)
+UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(FT_BUILD)/tests/unit/%)
 DIST_SRCS := $(wildcard tests/dist/test_*.c)
-DIST_BINS := $(DIST_SRCS:tests/dist/%.c=build/tests/dist/%)
+DIST_BINS := $(DIST_SRCS:tests/dist/%.c=$(FT_BUILD)/tests/dist/%)
 # Host-emulated CUDA kernels (tests/emu, C++20): run in test-unit, with or without a GPU.
 EMU_SRCS := $(wildcard tests/emu/test_*.cc)
-EMU_BINS := $(EMU_SRCS:tests/emu/%.cc=build/tests/emu/%)
-CXX_EMU ?= g++
-GPU_SRCS := $(if $(filter 1,$(CUDA)),$(wildcard tests/gpu/test_*.c))
-GPU_BINS := $(GPU_SRCS:tests/gpu/%.c=build/tests/gpu/%)
-CONFORM_HARNESS := build/tests/ft-conform
-DATA_HARNESS := build/tests/ft-data
-TOKENIZE_HARNESS := build/tests/ft-tokenize
-TB_HARNESS := build/tests/ft-tb
+EMU_BINS := $(EMU_SRCS:tests/emu/%.cc=$(FT_BUILD)/tests/emu/%)
+GPU_SRCS := $(if $(filter 1 emu,$(CUDA)),$(wildcard tests/gpu/test_*.c))
+GPU_BINS := $(GPU_SRCS:tests/gpu/%.c=$(FT_BUILD)/tests/gpu/%)
+# The emulated device's own tests (tests/emu/checks, emulated build only): its semantics,
+# and misuse.cu, whose cases each do one wrong thing that test_checks.sh sees stopped.
+EMU_CHECK_BINS := $(if $(filter emu,$(CUDA)),$(patsubst tests/emu/checks/%.cu,$(FT_BUILD)/tests/emu/checks/%, \
+                    $(wildcard tests/emu/checks/*.cu)))
+EMU_CHECK_TESTS := $(filter $(FT_BUILD)/tests/emu/checks/test_%,$(EMU_CHECK_BINS))
+CONFORM_HARNESS := $(FT_BUILD)/tests/ft-conform
+DATA_HARNESS := $(FT_BUILD)/tests/ft-data
+TOKENIZE_HARNESS := $(FT_BUILD)/tests/ft-tokenize
+TB_HARNESS := $(FT_BUILD)/tests/ft-tb
 HARNESSES := $(CONFORM_HARNESS) $(DATA_HARNESS) $(TOKENIZE_HARNESS) $(TB_HARNESS)
 VENV ?= .venv
 
-BENCH_TRAIN := build/tests/bench-train
+BENCH_TRAIN := $(FT_BUILD)/tests/bench-train
 
-.PHONY: test test-unit test-dist test-conformance test-gpu gpu-bundle unit-bins gpu-bins bench-cpu \
-        bench-tokenizer bench-dist bench config-reference
+.PHONY: test test-unit test-dist test-conformance test-gpu test-gpu-emu gpu-bundle unit-bins gpu-bins \
+        bench-cpu bench-tokenizer bench-dist bench config-reference
 
-build/tests/emu/%: tests/emu/%.cc tests/emu/cuda_emu.h tests/emu/emu_check.h $(wildcard kernels/cuda/*.cuh) $(LIBFT)
+EMU_HEADERS := $(wildcard tests/emu/include/*.h)
+
+$(FT_BUILD)/tests/emu/%: tests/emu/%.cc tests/emu/cuda_emu.h tests/emu/emu_check.h $(EMU_HEADERS) \
+                         $(wildcard kernels/cuda/*.cuh) $(EMU_ENGINE_LIB) $(LIBFT)
 	@mkdir -p $(dir $@)
 	$(call ft_step,CXX,$<)$(call q,$(CXX_EMU)) -std=c++20 -O2 -pthread -Wall -Wextra -Werror \
-	  -Wno-unknown-pragmas -Ikernels -Ilib -Itests/emu $< $(LIBFT) $(FT_LD) $(LDLIBS) -o $@
+	  -Wno-unknown-pragmas -Ikernels -Ilib -Itests/emu -Itests/emu/include $< $(EMU_ENGINE_LIB) \
+	  $(LIBFT) $(FT_LD) $(LDLIBS) -o $@
 
-build/tests/unit/%: tests/unit/%.c tests/unit/check.h tests/unit/tiny_model.h $(LIBFT)
+$(FT_BUILD)/tests/emu/checks/%: tests/emu/checks/%.cu tests/unit/check.h $(EMU_HEADERS) $(LIBFT) \
+                                $(EMU_LIB)
+	@mkdir -p $(dir $@)
+	$(call ft_step,CXX,$<)$(FT_CXX_EMU) $(EMU_KERNEL_FLAGS) -Itests/unit $< -x none $(FT_LD) \
+	  $(LIBFT) $(LDLIBS) -o $@
+
+$(FT_BUILD)/tests/unit/%: tests/unit/%.c tests/unit/check.h tests/unit/tiny_model.h $(LIBFT) $(EMU_LIB)
 	@mkdir -p $(dir $@)
 	$(call ft_step,CC,$<)$(FT_CC) -Itests/unit $< $(LIBFT) $(FT_LD) $(LDLIBS) -o $@
 
-build/tests/gpu/%: tests/gpu/%.c tests/gpu/gpu_check.h tests/unit/check.h $(LIBFT)
+$(FT_BUILD)/tests/gpu/%: tests/gpu/%.c tests/gpu/gpu_check.h tests/unit/check.h $(LIBFT) $(EMU_LIB)
 	@mkdir -p $(dir $@)
 	$(call ft_step,CC,$<)$(FT_CC) -Itests/unit -Itests/gpu $< $(LIBFT) $(FT_LD) $(LDLIBS) -o $@
 
-build/tests/dist/%: tests/dist/%.c tests/unit/check.h $(LIBFT)
+$(FT_BUILD)/tests/dist/%: tests/dist/%.c tests/unit/check.h $(LIBFT) $(EMU_LIB)
 	@mkdir -p $(dir $@)
 	$(call ft_step,CC,$<)$(FT_CC) -Itests/unit $< $(LIBFT) $(FT_LD) $(LDLIBS) -o $@
 
 # The conformance harnesses: small CLIs over the library that the pytest suite drives.
-$(CONFORM_HARNESS): tests/conformance/harness.c $(LIBFT)
-$(DATA_HARNESS): tests/conformance/data_harness.c $(LIBFT)
-$(TOKENIZE_HARNESS): tests/conformance/tokenize.c $(LIBFT)
-$(TB_HARNESS): tests/conformance/tb_harness.c $(LIBFT)
-$(BENCH_TRAIN): tests/bench/bench_train.c $(LIBFT)
+$(CONFORM_HARNESS): tests/conformance/harness.c $(LIBFT) $(EMU_LIB)
+$(DATA_HARNESS): tests/conformance/data_harness.c $(LIBFT) $(EMU_LIB)
+$(TOKENIZE_HARNESS): tests/conformance/tokenize.c $(LIBFT) $(EMU_LIB)
+$(TB_HARNESS): tests/conformance/tb_harness.c $(LIBFT) $(EMU_LIB)
+$(BENCH_TRAIN): tests/bench/bench_train.c $(LIBFT) $(EMU_LIB)
 $(HARNESSES) $(BENCH_TRAIN):
 	@mkdir -p $(dir $@)
 	$(call ft_step,CC,$<)$(FT_CC) $< $(LIBFT) $(FT_LD) $(LDLIBS) -o $@
@@ -73,7 +91,7 @@ bench-cpu: $(BENCH_TRAIN)
 ifeq ($(MPI),1)
 bench-dist: $(TOOLS)
 	scripts/setup-python.sh $(call q,$(VENV))
-	$(call q,$(VENV))/bin/python tests/bench/bench_dist.py --ft-train bin/ft-train --out runs/bench-dist
+	$(call q,$(VENV))/bin/python tests/bench/bench_dist.py --ft-train $(FT_BIN)/ft-train --out runs/bench-dist
 else
 bench-dist:
 	@echo "make bench-dist: this build has no MPI (scripts/install-deps.sh build installs Open MPI)" >&2; exit 1
@@ -101,7 +119,7 @@ bench-tokenizer: $(TOKENIZE_HARNESS)
 	FT_TOKENIZE=$(call q,$(abspath $(TOKENIZE_HARNESS))) $(call q,$(VENV))/bin/python tests/bench/bench_tokenizer.py
 
 unit-bins: $(UNIT_BINS) $(EMU_BINS)
-gpu-bins: $(GPU_BINS)
+gpu-bins: $(GPU_BINS) $(EMU_CHECK_BINS)
 
 # The CPU tiers (unit, dist, conformance) hide the GPUs (CUDA_VISIBLE_DEVICES empty): their
 # references are the fp32 CPU engine, which train.device auto would leave for a GPU on a
@@ -109,13 +127,13 @@ gpu-bins: $(GPU_BINS)
 CPU_ONLY := CUDA_VISIBLE_DEVICES=
 
 test-unit: $(UNIT_BINS) $(EMU_BINS) $(GPU_BINS) $(TOOLS)
-	bin/ft-train --config-reference | diff -u configs/README.md - \
+	$(FT_BIN)/ft-train --config-reference | diff -u configs/README.md - \
 	  || { echo "configs/README.md is stale: make config-reference"; exit 1; }
 	$(CPU_ONLY) tests/run-unit.sh $(UNIT_BINS) $(EMU_BINS) scripts/check-layout.sh
 
 ifeq ($(MPI),1)
 test-dist: $(DIST_BINS)
-	$(CPU_ONLY) tests/run-dist.sh build/tests/dist
+	$(CPU_ONLY) tests/run-dist.sh $(FT_BUILD)/tests/dist
 else
 test-dist:
 	@echo "dist: 0 passed, 0 failed (no MPI in this build)"
@@ -124,9 +142,28 @@ endif
 ifeq ($(CUDA),1)
 test-gpu: $(GPU_BINS) $(TOOLS) $(CONFORM_HARNESS)
 	FT_CONFORM=$(call q,$(abspath $(CONFORM_HARNESS))) tests/run-gpu.sh $(GPU_BINS)
+else ifeq ($(CUDA),emu)
+test-gpu: test-gpu-emu
 else
 test-gpu:
 	@printf 'make test-gpu: this build has no CUDA (nvcc not found; CUDA_HOME=%s)\n' $(call q,$(CUDA_HOME)) >&2; exit 1
+endif
+
+# The GPU tier on the emulated device (docs/gpu.md, The emulated device): the emulated build
+# (build-emu/, made by a make of its own with CUDA=emu), then tests/run-gpu.sh in its
+# emulated mode on the emulation's own tests, tests/gpu's binaries on small shapes
+# (FT_GPU_TEST_SMALL), and ft-train on the emulated GPU (tests/emu/checks/test_train.sh). test_dist_nccl runs (under mpirun, 1 to 3 ranks) when the build has
+# the NCCL emulation; the Python GPU tests (test_gpu_model.py, test_gpu_train.py) run when
+# FT_CONFORM is set (they are not made for the emulation yet).
+ifeq ($(CUDA),emu)
+test-gpu-emu: $(GPU_BINS) $(EMU_CHECK_BINS) $(TOOLS) $(CONFORM_HARNESS)
+	env -u CUDA_VISIBLE_DEVICES FT_EMU=1 FT_EMU_NCCL=$(NCCL) FT_GPU_TEST_SMALL=1 \
+	  FT_EMU_MISUSE=$(FT_BUILD)/tests/emu/checks/misuse FT_EMU_TRAIN=$(abspath $(FT_BIN)/ft-train) \
+	  tests/run-gpu.sh $(EMU_CHECK_TESTS) tests/emu/checks/test_checks.sh $(GPU_BINS) \
+	  tests/emu/checks/test_train.sh
+else
+test-gpu-emu:
+	$(MAKE) --no-print-directory CUDA=emu test-gpu-emu
 endif
 
 # The GPU tier's binaries and the tools, with the shared libraries they need, packed for a
@@ -136,16 +173,16 @@ gpu-bundle: $(GPU_BINS) $(TOOLS) $(HARNESSES) $(BENCH_TRAIN)
 	scripts/gpu-bundle.sh .gpu/ftkit.tar.xz $(GPU_BINS) $(TOOLS) $(HARNESSES) $(BENCH_TRAIN) \
 	  tests/run-gpu.sh tests/run-unit.sh
 
-config-reference: bin/ft-train
-	bin/ft-train --config-reference > configs/README.md
+config-reference: $(FT_BIN)/ft-train
+	$(FT_BIN)/ft-train --config-reference > configs/README.md
 
 # The tests find the tools and harnesses through these (one test file by hand:
 # `make -n test-conformance` shows the line; put a file or -k after tests/conformance).
 FT_CONFORM_ENV = FT_CONFORM=$(call q,$(abspath $(CONFORM_HARNESS))) \
   FT_DATA=$(call q,$(abspath $(DATA_HARNESS))) FT_TOKENIZE=$(call q,$(abspath $(TOKENIZE_HARNESS))) \
-  FT_TRAIN=$(call q,$(abspath bin/ft-train)) FT_LORA_INIT=$(call q,$(abspath bin/ft-lora-init)) \
-  FT_MERGE=$(call q,$(abspath bin/ft-merge)) FT_EVAL=$(call q,$(abspath bin/ft-eval)) \
-  FT_TB=$(call q,$(abspath $(TB_HARNESS))) FT_QUANTIZE=$(call q,$(abspath bin/ft-quantize)) \
+  FT_TRAIN=$(call q,$(abspath $(FT_BIN)/ft-train)) FT_LORA_INIT=$(call q,$(abspath $(FT_BIN)/ft-lora-init)) \
+  FT_MERGE=$(call q,$(abspath $(FT_BIN)/ft-merge)) FT_EVAL=$(call q,$(abspath $(FT_BIN)/ft-eval)) \
+  FT_TB=$(call q,$(abspath $(TB_HARNESS))) FT_QUANTIZE=$(call q,$(abspath $(FT_BIN)/ft-quantize)) \
   FT_BNB_WHEELS=$(call q,$(abspath $(VENV))/wheels) OMP_NUM_THREADS=2 $(CPU_ONLY)
 
 test-conformance: $(HARNESSES) $(TOOLS)
@@ -158,3 +195,4 @@ test:
 	$(MAKE) test-unit
 	$(MAKE) test-dist
 	$(MAKE) test-conformance
+	$(MAKE) test-gpu-emu

@@ -232,11 +232,11 @@ FT_TRAIN_CHECK = $(if $(FT_LAUNCH),$(FT_LAUNCH_CHECK_SH) )$(FT_CFG) --check $(ca
         $(FT_TRAIN_TARGETS:%=%-tb)
 
 # The build needs the C libraries installed: checked once per build dir.
-DEPS_STAMP := build/.deps-build
+DEPS_STAMP := $(FT_BUILD)/.deps-build
 $(DEPS_STAMP): scripts/install-deps.sh
 	$(call ft_step,DEPS,scripts/install-deps.sh build)scripts/install-deps.sh build
 	@mkdir -p $(dir $@) && touch $@
-$(LIB_OBJS) $(TOOLS:bin/%=build/tools/%.o): | $(DEPS_STAMP)
+$(LIB_OBJS) $(TOOLS:$(FT_BIN)/%=$(FT_BUILD)/tools/%.o): | $(DEPS_STAMP)
 
 # The default job: the "before" evaluation goes to a temporary dir and joins the run dir
 # once the training has made it (the run dir holds only the run's own files until then).

@@ -9,14 +9,63 @@
 # 200-step curve against the CPU, kill and resume, NCCL, out-of-memory), run by
 # ${PYTHON:-python3}, which must have torch with CUDA, transformers, peft and tensorboard.
 # libnccl.so.2 is taken from that python's nvidia-nccl package when the system has none.
+#
+# FT_EMU=1 (make test-gpu-emu): the binaries are the emulated build's (make CUDA=emu), which
+# run on the emulated device of tests/emu: no GPU, no nvidia-smi, no compute-sanitizer. The
+# emulation checks what memcheck would (host pointers where device ones belong, copy kinds,
+# use after free, out-of-bounds accesses, reads of memory never written) in every run, so
+# there is no second pass. test_dist_nccl runs under mpirun on 1, 2 and 3 ranks when the
+# build has the NCCL emulation (FT_EMU_NCCL=1), each rank an emulated device of its own.
 set -u -o pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/.." && pwd)
+
+emulated() {
+  echo "test-gpu: the emulated CUDA device (tests/emu): ${FT_EMU_DEVICES:-1} device(s) of" \
+       "${FT_EMU_ARCH:-sm_90}, ${FT_EMU_MEM:-4GiB} each; no GPU"
+  local bins=() nccl=() status=0
+  for bin in "$@"; do
+    case "$(basename "$bin")" in test_dist_nccl) nccl+=("$bin") ;; *) bins+=("$bin") ;; esac
+  done
+  "$here/run-unit.sh" "${bins[@]}" | sed 's/^unit: /gpu: /' || status=1
+  if [ ${#nccl[@]} -gt 0 ] && [ "${FT_EMU_NCCL:-0}" = 1 ]; then
+    local mpirun=(mpirun --oversubscribe) p=0 f=0 np out rc line
+    [ "$(id -u)" -eq 0 ] && mpirun+=(--allow-run-as-root)
+    export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
+    for np in 1 2 3; do
+      out=$(FT_EMU_DEVICES=3 timeout 300 "${mpirun[@]}" -np "$np" "${nccl[0]}" 2>&1); rc=$?
+      printf '%s\n' "$out" | sed "s/^/  [np=$np] /"
+      line=$(printf '%s\n' "$out" | grep -E '^dist_nccl: [0-9]+ passed, [0-9]+ failed' | wc -l)
+      if [ "$rc" -ne 0 ] || [ "$line" -ne "$np" ]; then
+        f=$((f + 1)); status=1; echo "dist_nccl on $np rank(s): failed (exit $rc)"
+      else
+        p=$((p + 1))
+      fi
+    done
+    echo "dist_nccl: $p passed, $f failed (mpirun -np 1, 2, 3)"
+  elif [ ${#nccl[@]} -gt 0 ]; then
+    echo "dist_nccl: skipped: this emulated build has no NCCL (it needs" \
+         "tests/emu/runtime/nccl_emu.cc and tests/emu/include/nccl.h, and MPI)"
+  fi
+  echo "memcheck: 0 passed, 0 failed (compute-sanitizer needs a GPU: on the emulated device" \
+       "its checks ran in every test above instead)"
+  if [ -n "${FT_CONFORM:-}" ]; then
+    FT_TRAIN=${FT_TRAIN:-$repo/build-emu/bin/ft-train} FT_EVAL=${FT_EVAL:-$repo/build-emu/bin/ft-eval} \
+      "${PYTHON:-python3}" -m pytest -q -s -p no:cacheprovider "$here/conformance/test_gpu_model.py" \
+      "$here/conformance/test_gpu_train.py" || status=1
+  fi
+  return $status
+}
+if [ "${FT_EMU:-0}" = 1 ]; then
+  emulated "$@"
+  exit $?
+fi
+
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
   echo "test-gpu: no NVIDIA GPU visible (nvidia-smi -L failed)" >&2
   exit 1
 fi
 nvidia-smi -L
-repo=$(cd "$here/.." && pwd)
 if [ -n "${1:-}" ] && ldd "$1" 2>/dev/null | grep -q "libnccl.so.2 => not found"; then
   nccl_dir=$("${PYTHON:-python3}" -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
   [ -n "$nccl_dir" ] && export LD_LIBRARY_PATH="$nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

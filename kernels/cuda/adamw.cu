@@ -48,7 +48,7 @@ extern "C" void ft_cuda_adamw_step(ft_tensor param, ft_tensor grad, ft_tensor m,
     k.eps = hp.eps;
     k.neg_step_size = (float)-(lr / (1.0 - pow(b1, step)));
     k.grad_scale = grad_scale;
-    adamw_kernel<<<grid_for(n, 256), 256, 0, ft_cuda_stream()>>>(
+    FT_LAUNCH(adamw_kernel, grid_for(n, 256), 256, 0, ft_cuda_stream())(
         (float *)param.data, (const float *)grad.data, (float *)m.data, (float *)v.data, n, k);
     LAUNCH_CHECK();
 }

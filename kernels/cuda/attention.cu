@@ -295,7 +295,7 @@ void att_launch(const att_kernel *kernels, const att_args &a, size_t nrows)
         fprintf(stderr, "attention: %zu rows are too many for one launch\n", nrows);
         abort();
     }
-    kernels[nt - 1]<<<(unsigned)blocks, ATT_THREADS, 0, ft_cuda_stream()>>>(a);
+    FT_LAUNCH(kernels[nt - 1], (unsigned)blocks, ATT_THREADS, 0, ft_cuda_stream())(a);
     LAUNCH_CHECK();
 }
 

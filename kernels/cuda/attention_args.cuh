@@ -6,9 +6,7 @@
 
 #include <stdint.h>
 
-#ifndef FT_CUDA_EMU /* tests/emu brings its own fview */
 #include "cuda_common.cuh"
-#endif
 
 struct att_args {
     fview q, k, v, out, dout, dq, dk, dv;

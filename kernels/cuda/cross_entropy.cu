@@ -65,9 +65,9 @@ extern "C" double ft_cuda_cross_entropy(ft_tensor dlogits, ft_tensor logits, ft_
     cudaStream_t s = ft_cuda_stream();
     double *partial = ft_cuda_scratch();
     int nblocks = N < CE_BLOCKS ? N : CE_BLOCKS;
-    cross_entropy_kernel<<<nblocks, CE_THREADS, 0, s>>>(partial, fv(dlogits), fv(logits),
-                                                        (const int32_t *)targets.data, N, V,
-                                                        grad_scale, nblocks);
+    FT_LAUNCH(cross_entropy_kernel, nblocks, CE_THREADS, 0, s)(
+        partial, fv(dlogits), fv(logits), (const int32_t *)targets.data, N, V, grad_scale,
+        nblocks);
     LAUNCH_CHECK();
     return ft_cuda_sum_partials(partial, nblocks);
 }

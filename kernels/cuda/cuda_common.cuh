@@ -22,6 +22,17 @@ static inline unsigned grid_for(size_t n, int threads)
     return (unsigned)(blocks < 1 ? 1 : blocks > cap ? cap : blocks);
 }
 
+/* The one launch form of kernels/cuda: FT_LAUNCH(k, grid, block, smem, stream)(args...).
+ * Under nvcc it is k<<<grid, block, smem, stream>>>(args...); the emulated build (make
+ * CUDA=emu) compiles these same sources with the host compiler, where it is a launcher
+ * object that checks the launch and its arguments and runs the kernel on the host
+ * (tests/emu/include/ft_emu_kernel.h). */
+#ifdef FT_CUDA_EMU
+#define FT_LAUNCH(k, grid, block, smem, stream) FT_EMU_LAUNCH(k, grid, block, smem, stream)
+#else
+#define FT_LAUNCH(k, grid, block, smem, stream) k<<<grid, block, smem, stream>>>
+#endif
+
 #define GRID_STRIDE(i, n)                                                               \
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);            \
          i += (size_t)gridDim.x * blockDim.x)

@@ -68,7 +68,7 @@ __global__ static void sum_partials_kernel(double *partial, int n)
 
 double ft_cuda_sum_partials(double *partial, int n)
 {
-    sum_partials_kernel<<<1, 1, 0, ft_cuda_stream()>>>(partial, n);
+    FT_LAUNCH(sum_partials_kernel, 1, 1, 0, ft_cuda_stream())(partial, n);
     LAUNCH_CHECK();
     double total;
     ft_cuda_read(&total, partial + n, sizeof total);

@@ -37,7 +37,7 @@ extern "C" void ft_cuda_dequant_4bit(ft_tensor out, ft_tensor packed, ft_tensor 
 {
     if (n == 0)
         return;
-    dequant_4bit_kernel<<<grid_for(n, 256), 256, 0, ft_cuda_stream()>>>(
+    FT_LAUNCH(dequant_4bit_kernel, grid_for(n, 256), 256, 0, ft_cuda_stream())(
         fv(out), (const uint8_t *)packed.data, (const float *)absmax.data,
         (const float *)code.data, n, (size_t)blocksize);
     LAUNCH_CHECK();
@@ -49,7 +49,7 @@ extern "C" void ft_cuda_dequant_8bit_blockwise(ft_tensor out, ft_tensor q, ft_te
 {
     if (n == 0)
         return;
-    dequant_8bit_kernel<<<grid_for(n, 256), 256, 0, ft_cuda_stream()>>>(
+    FT_LAUNCH(dequant_8bit_kernel, grid_for(n, 256), 256, 0, ft_cuda_stream())(
         fv(out), (const uint8_t *)q.data, (const float *)absmax.data, (const float *)map.data,
         n, (size_t)blocksize, offset);
     LAUNCH_CHECK();
@@ -61,7 +61,7 @@ extern "C" void ft_cuda_dequant_int8_rows(ft_tensor out, ft_tensor q, ft_tensor 
     size_t n = (size_t)rows * (size_t)cols;
     if (n == 0)
         return;
-    dequant_int8_rows_kernel<<<grid_for(n, 256), 256, 0, ft_cuda_stream()>>>(
+    FT_LAUNCH(dequant_int8_rows_kernel, grid_for(n, 256), 256, 0, ft_cuda_stream())(
         fv(out), (const int8_t *)q.data, (const float *)scb.data, n, (size_t)cols);
     LAUNCH_CHECK();
 }

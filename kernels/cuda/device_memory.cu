@@ -47,6 +47,18 @@ extern "C" int ft_cuda_select_device(int index, ft_err *err)
     return 0;
 }
 
+extern "C" int ft_cuda_is_device(const void *p)
+{
+    if (!p)
+        return 0;
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError(); /* before CUDA 11 a host pointer was an error */
+        return 0;
+    }
+    return a.type == cudaMemoryTypeDevice;
+}
+
 extern "C" void ft_cuda_free(void *p)
 {
     if (p && cudaFree(p) != cudaSuccess)

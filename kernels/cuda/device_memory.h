@@ -28,6 +28,10 @@ int ft_cuda_select_device(int index, struct ft_err *err);
  * an ft_err naming what they were allocating, as with ft_alloc. */
 void *ft_cuda_malloc(size_t bytes);
 
+/* 1 when p points into device memory (cudaPointerGetAttributes), 0 for host memory and
+ * NULL. */
+int ft_cuda_is_device(const void *p);
+
 /* Frees a buffer from ft_cuda_malloc; NULL is a no-op. */
 void ft_cuda_free(void *p);
 

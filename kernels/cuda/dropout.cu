@@ -26,8 +26,8 @@ static void dropout(ft_tensor out, ft_tensor x, size_t n, float p, uint64_t seed
 {
     float k = ft_dropout_keep_scale(p);
     uint64_t key = ft_dropout_key(seed), thr = ft_dropout_threshold(p);
-    dropout_kernel<<<grid_for(n, 256), 256, 0, ft_cuda_stream()>>>(fv(out), fv(x), n, key,
-                                                                   offset, thr, k, backward);
+    FT_LAUNCH(dropout_kernel, grid_for(n, 256), 256, 0, ft_cuda_stream())(
+        fv(out), fv(x), n, key, offset, thr, k, backward);
     LAUNCH_CHECK();
 }
 

@@ -47,7 +47,8 @@ extern "C" void ft_cuda_add(ft_tensor y, ft_tensor x, size_t n)
 {
     if (n == 0)
         return;
-    add_kernel<<<grid_for(n, EW_THREADS), EW_THREADS, 0, ft_cuda_stream()>>>(fv(y), fv(x), n);
+    FT_LAUNCH(add_kernel, grid_for(n, EW_THREADS), EW_THREADS, 0, ft_cuda_stream())(fv(y), fv(x),
+                                                                                  n);
     LAUNCH_CHECK();
 }
 
@@ -61,7 +62,8 @@ extern "C" void ft_cuda_copy(ft_tensor y, ft_tensor x, size_t n)
                                    ft_cuda_stream()));
         return;
     }
-    copy_kernel<<<grid_for(n, EW_THREADS), EW_THREADS, 0, ft_cuda_stream()>>>(fv(y), fv(x), n);
+    FT_LAUNCH(copy_kernel, grid_for(n, EW_THREADS), EW_THREADS, 0, ft_cuda_stream())(fv(y), fv(x),
+                                                                                   n);
     LAUNCH_CHECK();
 }
 
@@ -77,7 +79,8 @@ extern "C" void ft_cuda_scale(ft_tensor x, float s, size_t n)
 {
     if (n == 0)
         return;
-    scale_kernel<<<grid_for(n, EW_THREADS), EW_THREADS, 0, ft_cuda_stream()>>>(fv(x), s, n);
+    FT_LAUNCH(scale_kernel, grid_for(n, EW_THREADS), EW_THREADS, 0, ft_cuda_stream())(fv(x), s,
+                                                                                    n);
     LAUNCH_CHECK();
 }
 
@@ -87,7 +90,7 @@ extern "C" double ft_cuda_sumsq(ft_tensor x, size_t n)
         return 0.0;
     cudaStream_t s = ft_cuda_stream();
     double *partial = ft_cuda_scratch();
-    sumsq_partial_kernel<<<SUMSQ_BLOCKS, SUMSQ_THREADS, 0, s>>>(partial, fv(x), n);
+    FT_LAUNCH(sumsq_partial_kernel, SUMSQ_BLOCKS, SUMSQ_THREADS, 0, s)(partial, fv(x), n);
     LAUNCH_CHECK();
     return ft_cuda_sum_partials(partial, SUMSQ_BLOCKS);
 }

@@ -35,7 +35,7 @@ extern "C" void ft_cuda_embedding_forward(ft_tensor out, ft_tensor ids, ft_tenso
     if (N <= 0 || C <= 0)
         return;
     size_t n = (size_t)N * C;
-    embedding_forward_kernel<<<grid_for(n, 256), 256, 0, ft_cuda_stream()>>>(
+    FT_LAUNCH(embedding_forward_kernel, grid_for(n, 256), 256, 0, ft_cuda_stream())(
         fv(out), (const int32_t *)ids.data, fv(table), (size_t)N, C);
     LAUNCH_CHECK();
 }
@@ -46,7 +46,7 @@ extern "C" void ft_cuda_embedding_backward(ft_tensor dtable, ft_tensor dout, ft_
     (void)V;
     if (N <= 0 || C <= 0)
         return;
-    embedding_backward_kernel<<<(C + 127) / 128, 128, 0, ft_cuda_stream()>>>(
+    FT_LAUNCH(embedding_backward_kernel, (C + 127) / 128, 128, 0, ft_cuda_stream())(
         fv(dtable), fv(dout), (const int32_t *)ids.data, N, C);
     LAUNCH_CHECK();
 }

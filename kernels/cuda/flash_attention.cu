@@ -37,7 +37,7 @@ void fa_launch(fa_kernel k, size_t smem, const att_args &a, int heads)
 {
     fa_opt_in(k, smem);
     dim3 grid((unsigned)((a.T + FA_ROWS - 1) / FA_ROWS), (unsigned)(a.B * heads));
-    k<<<grid, FA_THREADS, smem, ft_cuda_stream()>>>(a);
+    FT_LAUNCH(k, grid, FA_THREADS, smem, ft_cuda_stream())(a);
     LAUNCH_CHECK();
 }
 

@@ -33,16 +33,12 @@
 #ifndef FT_FLASH_ATTENTION_KERNELS_CUH
 #define FT_FLASH_ATTENTION_KERNELS_CUH
 
-/* tests/emu compiles these kernels on the host, with its own definitions of the CUDA
- * pieces they use (FT_CUDA_EMU), to run them against the CPU op without a GPU. */
-#ifndef FT_CUDA_EMU
 #include <mma.h>
 
+#include "attention_args.cuh"
 #include "cuda_common.cuh"
 
 using namespace nvcuda;
-#endif
-#include "attention_args.cuh"
 
 namespace fa {
 
@@ -184,7 +180,7 @@ template <int D> constexpr size_t fa_forward_smem()
 /* grid (ceil(T / 64), B * Hq): the block's 64 query rows of head h. */
 template <int D> __global__ void __launch_bounds__(FA_THREADS) fa_forward_kernel(att_args a)
 {
-    extern __shared__ __align__(128) unsigned char smem[];
+    FT_DYNAMIC_SHARED(unsigned char, smem);
     const int LD = fa_ld<D>(), LO = D + 4;
     bf16 *Qs = (bf16 *)smem, *Ks = Qs + FA_ROWS * LD, *Vs = Ks + FA_ROWS * LD;
     float *Ss = (float *)(Vs + FA_ROWS * LD);
@@ -271,7 +267,7 @@ template <int D> constexpr size_t fa_dq_smem()
 /* grid (ceil(T / 64), B * Hq): dq of the block's 64 query rows of head h. */
 template <int D> __global__ void __launch_bounds__(FA_THREADS) fa_dq_kernel(att_args a)
 {
-    extern __shared__ __align__(128) unsigned char smem[];
+    FT_DYNAMIC_SHARED(unsigned char, smem);
     const int LD = fa_ld<D>();
     bf16 *Qs = (bf16 *)smem, *dOs = Qs + FA_ROWS * LD, *Ks = dOs + FA_ROWS * LD;
     bf16 *Vs = Ks + FA_ROWS * LD;
@@ -328,7 +324,7 @@ template <int D> constexpr size_t fa_dkdv_smem()
  * the G query heads of the group and every query tile that can see them. */
 template <int D> __global__ void __launch_bounds__(FA_THREADS) fa_dkdv_kernel(att_args a)
 {
-    extern __shared__ __align__(128) unsigned char smem[];
+    FT_DYNAMIC_SHARED(unsigned char, smem);
     const int LD = fa_ld<D>();
     bf16 *Ks = (bf16 *)smem, *Vs = Ks + FA_ROWS * LD, *Qs = Vs + FA_ROWS * LD;
     bf16 *dOs = Qs + FA_ROWS * LD;

@@ -1,16 +1,25 @@
 /* The device-side pieces every kernel uses: the typed operand view (fview, ld, st),
- * deterministic warp and block reductions, and FT_SHARED for a block's shared array
- * declared in a kernel body. Included by cuda_common.cuh after cuda_bf16.h, and by the
- * host emulation (tests/emu/cuda_emu.h) after its own bf16 type, barriers and shuffles;
- * the emulation runs a launch's blocks one at a time, so there such an array is a
- * static. */
+ * deterministic warp and block reductions, and the block's dynamic shared memory
+ * (FT_DYNAMIC_SHARED). Included by cuda_common.cuh after cuda_bf16.h, and by the host
+ * tests of tests/emu (cuda_emu.h); in the emulated build (FT_CUDA_EMU: make CUDA=emu and
+ * tests/emu) the CUDA pieces come from tests/emu/include, and ld() checks what it loads. */
 #ifndef FT_KERNEL_COMMON_CUH
 #define FT_KERNEL_COMMON_CUH
 
+/* `type name[]`: the block's dynamic shared memory, the launch's smem bytes. The emulation
+ * has no extern __shared__: there it is a pointer to the running block's buffer. */
 #ifdef FT_CUDA_EMU
-#define FT_SHARED static
+#define FT_DYNAMIC_SHARED(type, name) type *const name = (type *)::ft_emu::dynamic_shared(NULL)
 #else
-#define FT_SHARED __shared__
+#define FT_DYNAMIC_SHARED(type, name) extern __shared__ __align__(128) type name[]
+#endif
+
+/* The emulation stops the run when ld() loads the all-ones pattern of device memory that
+ * was never written (tests/emu/include/ft_emu_kernel.h); nothing under nvcc. */
+#ifdef FT_CUDA_EMU
+#define FT_CHECK_LOAD(p, bytes) ft_emu_check_load((p), (bytes))
+#else
+#define FT_CHECK_LOAD(p, bytes) ((void)0)
 #endif
 
 /* A floating-point operand as a kernel sees it: the pointer and whether it holds fp32 or
@@ -28,7 +37,14 @@ static inline fview fv(ft_tensor t)
 
 __device__ __forceinline__ float ld(fview v, size_t i)
 {
-    return v.bf16 ? __bfloat162float(((const __nv_bfloat16 *)v.p)[i]) : ((const float *)v.p)[i];
+    if (v.bf16) {
+        const __nv_bfloat16 *p = (const __nv_bfloat16 *)v.p + i;
+        FT_CHECK_LOAD(p, 2);
+        return __bfloat162float(*p);
+    }
+    const float *p = (const float *)v.p + i;
+    FT_CHECK_LOAD(p, 4);
+    return *p;
 }
 
 /* Rounds to nearest-even when the operand is bf16. */

@@ -70,14 +70,15 @@ extern "C" void ft_cuda_linear_forward(ft_tensor y, ft_tensor x, ft_tensor w, ft
     float beta = accumulate ? 1.0f : 0.0f;
     size_t ny = (size_t)N * out;
     if (b.data) {
-        bias_kernel<<<grid_for(ny, 256), 256, 0, s>>>(fv(y), fv(b), (size_t)N, out, accumulate);
+        FT_LAUNCH(bias_kernel, grid_for(ny, 256), 256, 0, s)(fv(y), fv(b), (size_t)N, out,
+                                                             accumulate);
         LAUNCH_CHECK();
         beta = 1.0f;
     }
     if (in <= 0) {
         /* An empty reduction: y is the bias, or keeps its value. */
         if (beta == 0.0f) {
-            fill_zero_kernel<<<grid_for(ny, 256), 256, 0, s>>>(fv(y), ny);
+            FT_LAUNCH(fill_zero_kernel, grid_for(ny, 256), 256, 0, s)(fv(y), ny);
             LAUNCH_CHECK();
         }
         return;
@@ -96,8 +97,8 @@ extern "C" void ft_cuda_linear_backward(ft_tensor dx, ft_tensor dw, ft_tensor db
     if (in > 0 && dw.data)
         gemm(CUBLAS_OP_N, CUBLAS_OP_T, in, out, N, alpha, x, in, dy, out, 1.0f, dw, in);
     if (db.data) {
-        bias_grad_kernel<<<(out + 127) / 128, 128, 0, ft_cuda_stream()>>>(fv(db), fv(dy), N,
-                                                                          out);
+        FT_LAUNCH(bias_grad_kernel, (out + 127) / 128, 128, 0, ft_cuda_stream())(fv(db), fv(dy),
+                                                                                 N, out);
         LAUNCH_CHECK();
     }
 }

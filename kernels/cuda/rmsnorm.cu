@@ -7,7 +7,7 @@ static void forward(rms_args a)
 {
     if (a.N <= 0 || a.C <= 0)
         return;
-    rmsnorm_forward_kernel<<<a.N, RMS_THREADS, 0, ft_cuda_stream()>>>(a);
+    FT_LAUNCH(rmsnorm_forward_kernel, a.N, RMS_THREADS, 0, ft_cuda_stream())(a);
     LAUNCH_CHECK();
 }
 
@@ -40,11 +40,11 @@ extern "C" void ft_cuda_rmsnorm_backward(ft_tensor dx, ft_tensor dw, ft_tensor d
     a.dx = fv(dx), a.dw = fv(dw), a.dout = fv(dout), a.x = fv(x), a.w = fv(w);
     a.rstd = (float *)rstd.data, a.N = N, a.C = C;
     if (dx.data) {
-        rmsnorm_backward_dx_kernel<<<N, RMS_THREADS, 0, s>>>(a);
+        FT_LAUNCH(rmsnorm_backward_dx_kernel, N, RMS_THREADS, 0, s)(a);
         LAUNCH_CHECK();
     }
     if (dw.data) {
-        rmsnorm_backward_dw_kernel<<<(C + 127) / 128, 128, 0, s>>>(a);
+        FT_LAUNCH(rmsnorm_backward_dw_kernel, (C + 127) / 128, 128, 0, s)(a);
         LAUNCH_CHECK();
     }
 }

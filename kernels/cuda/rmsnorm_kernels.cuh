@@ -25,7 +25,7 @@ struct rms_args {
 
 __global__ void rmsnorm_forward_kernel(rms_args a)
 {
-    FT_SHARED float shm[32];
+    __shared__ float shm[32];
     size_t row = (size_t)blockIdx.x * a.C;
     /* With a residual the norm reads sum back as stored (rounded to its dtype), so it
      * sees the values a separate add would have left there. Each thread reads back only
@@ -48,7 +48,7 @@ __global__ void rmsnorm_forward_kernel(rms_args a)
 
 __global__ void rmsnorm_backward_dx_kernel(rms_args a)
 {
-    FT_SHARED float shm[32];
+    __shared__ float shm[32];
     size_t row = (size_t)blockIdx.x * a.C;
     float r = a.rstd[blockIdx.x];
     float dot = 0.0f;

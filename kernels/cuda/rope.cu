@@ -30,7 +30,7 @@ static void rope(ft_tensor x, ft_tensor pos, ft_tensor inv_freq, int N, int head
     if (N <= 0 || heads <= 0 || h <= 0)
         return;
     size_t pairs = (size_t)N * heads * h;
-    rope_kernel<<<grid_for(pairs, 256), 256, 0, ft_cuda_stream()>>>(
+    FT_LAUNCH(rope_kernel, grid_for(pairs, 256), 256, 0, ft_cuda_stream())(
         fv(x), (const int32_t *)pos.data, (const float *)inv_freq.data, (size_t)N, heads, h,
         D, sign);
     LAUNCH_CHECK();

@@ -34,8 +34,8 @@ extern "C" void ft_cuda_swiglu_forward(ft_tensor out, ft_tensor gate, ft_tensor 
 {
     if (n == 0)
         return;
-    swiglu_forward_kernel<<<grid_for(n, 256), 256, 0, ft_cuda_stream()>>>(fv(out), fv(gate),
-                                                                           fv(up), n);
+    FT_LAUNCH(swiglu_forward_kernel, grid_for(n, 256), 256, 0, ft_cuda_stream())(
+        fv(out), fv(gate), fv(up), n);
     LAUNCH_CHECK();
 }
 
@@ -44,7 +44,7 @@ extern "C" void ft_cuda_swiglu_backward(ft_tensor dgate, ft_tensor dup, ft_tenso
 {
     if (n == 0 || (!dgate.data && !dup.data))
         return;
-    swiglu_backward_kernel<<<grid_for(n, 256), 256, 0, ft_cuda_stream()>>>(
+    FT_LAUNCH(swiglu_backward_kernel, grid_for(n, 256), 256, 0, ft_cuda_stream())(
         fv(dgate), fv(dup), fv(dout), fv(gate), fv(up), n);
     LAUNCH_CHECK();
 }

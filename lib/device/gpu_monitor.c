@@ -38,6 +38,10 @@ ft_gpu_monitor *ft_gpu_monitor_open(int cuda_device, char *why, size_t why_len)
     (void)cuda_device;
     note(why, why_len, "this build has no CUDA");
     return NULL;
+#elif defined(FT_CUDA_EMU)
+    (void)cuda_device;
+    note(why, why_len, "the GPU is emulated (make CUDA=emu): it has no NVML");
+    return NULL;
 #else
     char bus[64];
     if (ft_cuda_pci_bus_id(cuda_device, bus, (int)sizeof bus)) {

@@ -18,6 +18,8 @@
  *   driver_version      "12.4"      driver_path   file libcuda.so.1 was loaded from
  *   nccl_version        "2.21.5"    nccl_reason   why NCCL is not usable   nccl_path
  *   cuda_build          bool        cuda_build_version  toolkit it was built with, "13.0"
+ *   emulated            bool: the emulated build (make CUDA=emu), whose GPUs, driver
+ *                       and NCCL are tests/emu's emulations
  *   cpu                 {threads, logical_cpus, model, blas, blas_config,
  *                        blas_threading, blas_threads} */
 #include "device/gpu_probe.h"
@@ -31,6 +33,12 @@
 
 #ifdef FT_HAVE_CUDA
 #include <cuda.h>
+#endif
+#ifdef FT_CUDA_EMU
+#include <cuda_runtime_api.h>
+#ifdef FT_HAVE_NCCL
+#include <nccl.h>
+#endif
 #endif
 
 /* OpenBLAS's own entry points (cblas.h declares them, but only OpenBLAS's cblas.h). */
@@ -142,6 +150,8 @@ const char *ft_gpu_nccl_version_str(int code, char *buf, size_t n)
     return buf;
 }
 
+/* The driver, loaded by hand (the emulated build has none to load). */
+#ifndef FT_CUDA_EMU
 /* "CUDA_ERROR_NO_DEVICE (no CUDA-capable device is detected)" */
 static void drv_describe(const drv_api *api, drv_result rc, char *buf, size_t n)
 {
@@ -239,6 +249,8 @@ static void drv_free_memory(const drv_api *api, drv_device dev, ft_gpu_dev *g)
     api->primary_ctx_release(dev);
 }
 
+#endif
+
 /* An empty or wrong CUDA_VISIBLE_DEVICES is the usual cause of "no device" on a GPU
  * machine, so the reason names it. */
 static void note_visible_devices(ft_gpu_probe *p)
@@ -249,6 +261,54 @@ static void note_visible_devices(ft_gpu_probe *p)
         snprintf(p->reason + len, sizeof p->reason - len, "; CUDA_VISIBLE_DEVICES='%s'", v);
 }
 
+#ifdef FT_CUDA_EMU
+/* The emulated build (make CUDA=emu) has no driver to load: its GPUs are the emulated
+ * runtime's (tests/emu; FT_EMU_DEVICES, FT_EMU_ARCH, FT_EMU_MEM, CUDA_VISIBLE_DEVICES),
+ * their names ending in "(emulated)". */
+static void probe_gpus(ft_gpu_probe *p, const char *cuda_lib)
+{
+    (void)cuda_lib;
+    p->emulated = 1;
+    snprintf(p->driver_path, sizeof p->driver_path, "tests/emu, make CUDA=emu");
+    int version = 0, count = 0, current = 0;
+    if (cudaDriverGetVersion(&version) == cudaSuccess)
+        p->driver_version = version;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count <= 0) {
+        (void)cudaGetLastError();
+        snprintf(p->reason, sizeof p->reason, "the emulated device shows no GPU (FT_EMU_DEVICES=%s)",
+                 getenv("FT_EMU_DEVICES") ? getenv("FT_EMU_DEVICES") : "1");
+        note_visible_devices(p);
+        return;
+    }
+    p->num_gpus = count;
+    int listed = count < FT_GPU_MAX ? count : FT_GPU_MAX;
+    (void)cudaGetDevice(&current);
+    for (int i = 0; i < listed; i++) {
+        ft_gpu_dev *g = &p->gpus[i];
+        struct cudaDeviceProp prop;
+        size_t free_bytes = 0, total = 0;
+        g->index = i;
+        if (cudaGetDeviceProperties(&prop, i) != cudaSuccess)
+            continue;
+        snprintf(g->name, sizeof g->name, "%s", prop.name);
+        g->mem_total = prop.totalGlobalMem;
+        g->cc_major = prop.major;
+        g->cc_minor = prop.minor;
+        g->multiprocessors = prop.multiProcessorCount;
+        if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_bytes, &total) == cudaSuccess) {
+            g->mem_free = free_bytes;
+            g->mem_free_known = 1;
+        }
+        for (int j = 0; j < listed; j++) {
+            int can = 0;
+            if (j != i && cudaDeviceCanAccessPeer(&can, i, j) == cudaSuccess)
+                p->peer[i][j] = can ? 1 : 0;
+        }
+    }
+    (void)cudaSetDevice(current);
+    (void)cudaGetLastError();
+}
+#else
 static void probe_gpus(ft_gpu_probe *p, const char *cuda_lib)
 {
     drv_api api;
@@ -315,6 +375,27 @@ static void probe_gpus(ft_gpu_probe *p, const char *cuda_lib)
         }
 }
 
+#endif
+
+#ifdef FT_CUDA_EMU
+/* The emulated build's NCCL is the NCCL emulation linked in (when it has one). */
+static void probe_nccl(ft_gpu_probe *p, const char *nccl_lib)
+{
+    (void)nccl_lib;
+#ifdef FT_HAVE_NCCL
+    int code = 0;
+    if (ncclGetVersion(&code) == ncclSuccess && code > 0) {
+        p->nccl_version = code;
+        snprintf(p->nccl_path, sizeof p->nccl_path, "emulated: tests/emu, make CUDA=emu");
+    } else {
+        snprintf(p->nccl_reason, sizeof p->nccl_reason, "the NCCL emulation gives no version");
+    }
+#else
+    snprintf(p->nccl_reason, sizeof p->nccl_reason,
+             "this emulated build has no NCCL (tests/emu has no NCCL emulation, or NCCL=0)");
+#endif
+}
+#else
 static void probe_nccl(ft_gpu_probe *p, const char *nccl_lib)
 {
     void *lib = dlopen(nccl_lib, RTLD_NOW | RTLD_LOCAL);
@@ -336,6 +417,8 @@ static void probe_nccl(ft_gpu_probe *p, const char *nccl_lib)
         p->nccl_version = code;
     dlclose(lib);
 }
+
+#endif
 
 static void probe_cpu(ft_gpu_probe *p)
 {
@@ -439,7 +522,9 @@ void ft_gpu_probe_print(const ft_gpu_probe *p, FILE *out)
             fputc('\n', out);
         }
     }
-    if (p->driver_version)
+    if (p->emulated)
+        fprintf(out, "CUDA driver: none: the GPUs are emulated (%s)\n", p->driver_path);
+    else if (p->driver_version)
         fprintf(out, "CUDA driver: %s (%s)\n",
                 ft_gpu_driver_version_str(p->driver_version, buf, sizeof buf), p->driver_path);
     else if (p->driver_path[0])
@@ -456,7 +541,10 @@ void ft_gpu_probe_print(const ft_gpu_probe *p, FILE *out)
     fprintf(out, "  OpenMP threads: %d\n", p->cpu_threads);
     fprintf(out, "  BLAS: %s, %s, %d threads (%s)\n", p->blas, p->blas_threading,
             p->blas_threads, p->blas_config);
-    if (p->cuda_build)
+    if (p->emulated)
+        fprintf(out, "Built with CUDA: emulated (make CUDA=emu: kernels/cuda run on the host, "
+                     "checked; no GPU code)\n");
+    else if (p->cuda_build)
         fprintf(out, "Built with CUDA: yes (toolkit %s)\n",
                 ft_gpu_driver_version_str(p->cuda_build_version, buf, sizeof buf));
     else
@@ -537,6 +625,7 @@ json_t *ft_gpu_probe_json(const ft_gpu_probe *p)
                                                                  : jstr(p->nccl_reason));
     bad |= json_object_set_new(o, "nccl_path", jstr(p->nccl_path));
     bad |= json_object_set_new(o, "cuda_build", json_boolean(p->cuda_build));
+    bad |= json_object_set_new(o, "emulated", json_boolean(p->emulated));
     bad |= json_object_set_new(
         o, "cuda_build_version",
         p->cuda_build

@@ -3,6 +3,8 @@
  * The CUDA driver (libcuda.so.1) and NCCL (libnccl.so.2) are loaded at run time with
  * dlopen, so the probe works in every build (CUDA=0 or 1) and on machines with no GPU
  * or no driver: a missing GPU is an answer (num_gpus = 0 and a reason), not an error.
+ * The emulated build (make CUDA=emu) asks the emulated runtime instead and says so: its
+ * GPUs are named "... (emulated)" and `emulated` is set.
  * gpu-info prints the result; ft-train reuses it to check a config against the
  * hardware before it allocates anything. */
 #ifndef FT_GPU_PROBE_H
@@ -43,6 +45,8 @@ typedef struct ft_gpu_probe {
 
     /* This binary */
     int cuda_build;            /* built with FT_HAVE_CUDA */
+    int emulated;              /* the emulated build (make CUDA=emu): the GPUs are tests/emu's
+                                * emulated devices, the driver and NCCL its emulations */
     int cuda_build_version;    /* CUDA_VERSION of the toolkit it was built with, or 0 */
 
     /* CPU backend */

@@ -46,9 +46,15 @@ int ft_run_device_choose(const char *want, bool bf16, const char *key,
     }
     out->device = gpus > 0 ? FT_DEV_CUDA : FT_DEV_CPU;
     out->dtype = out->device == FT_DEV_CUDA && bf16 ? FT_BF16 : FT_F32;
+#ifdef FT_CUDA_EMU
+    /* the emulated build (make CUDA=emu) says so wherever it names its GPUs */
+    const char *kind = "emulated CUDA GPU", *note = " (make CUDA=emu: no real GPU)";
+#else
+    const char *kind = "CUDA GPU", *note = "";
+#endif
     if (out->device == FT_DEV_CUDA)
-        snprintf(out->why, sizeof out->why, "device %s: %d CUDA GPU%s visible, %s", want, gpus,
-                 gpus == 1 ? "" : "s", ft_dtype_name(out->dtype));
+        snprintf(out->why, sizeof out->why, "device %s: %d %s%s visible%s, %s", want, gpus, kind,
+                 gpus == 1 ? "" : "s", note, ft_dtype_name(out->dtype));
     else
         snprintf(out->why, sizeof out->why, "device %s: CPU, fp32%s", want,
                  strcmp(want, "auto") == 0 ? " (no CUDA GPU)" : "");

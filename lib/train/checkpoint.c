@@ -17,6 +17,9 @@
 #include "core/fsutil.h"
 #include "core/numparse.h"
 #include "formats/safetensors.h"
+#ifdef FT_HAVE_CUDA
+#include "cuda/device_memory.h"
+#endif
 
 /* trainer_state.json's version (checkpoint.h): 2 added skipped_steps, run_id and
  * base_model; 1 still loads. */
@@ -31,10 +34,17 @@ static int join(char *out, size_t n, const char *dir, const char *name, ft_err *
 }
 
 
-/* Whether n fp32 values on dev are all finite (a sum of squares in double is finite
- * exactly when they are: a float's square cannot overflow a double). */
+/* Whether n fp32 values at p are all finite (a sum of squares in double is finite exactly
+ * when they are: a float's square cannot overflow a double). p is on the model's device
+ * dev, but for the saves of a GPU model whose strategy bound host storage to it (ZeRO-3,
+ * FSDP and model parallelism gather the weights on the host): the sum runs where the
+ * values are. */
 static bool all_finite(const float *p, size_t n, ft_device dev)
 {
+#ifdef FT_HAVE_CUDA
+    if (dev == FT_DEV_CUDA && !ft_cuda_is_device(p))
+        dev = FT_DEV_CPU;
+#endif
     return n == 0 || isfinite(ft_sumsq(ft_view((float *)p, n, FT_F32, dev), n));
 }
 

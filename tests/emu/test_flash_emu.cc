@@ -15,9 +15,6 @@
 #include "cuda_emu.h"
 #include "emu_check.h"
 
-namespace fa {
-alignas(128) unsigned char smem[1 << 18];
-}
 #include "cuda/flash_attention_kernels.cuh"
 
 static std::vector<float> random_bf16(size_t n, float scale)
@@ -107,13 +104,16 @@ static void run_case(const att_case &c)
     a.window = c.window;
     unsigned tiles = (unsigned)((c.T + FA_ROWS - 1) / FA_ROWS);
     void (*fwd)(att_args), (*dq_k)(att_args), (*dkdv_k)(att_args);
+    size_t fwd_smem, dq_smem, dkdv_smem;
     switch (c.D) {
 #define FA_CASE(D)                                                                           \
     case D:                                                                                  \
         fwd = fa::fa_forward_kernel<D>;                                                      \
         dq_k = fa::fa_dq_kernel<D>;                                                          \
         dkdv_k = fa::fa_dkdv_kernel<D>;                                                      \
-        static_assert(fa::fa_dkdv_smem<D>() <= sizeof fa::smem, "smem");                     \
+        fwd_smem = fa::fa_forward_smem<D>();                                                 \
+        dq_smem = fa::fa_dq_smem<D>();                                                       \
+        dkdv_smem = fa::fa_dkdv_smem<D>();                                                   \
         break;
         FA_CASE(16)
         FA_CASE(32)
@@ -127,7 +127,7 @@ static void run_case(const att_case &c)
         fprintf(stderr, "no kernel for D=%d\n", c.D);
         exit(2);
     }
-    emu_launch(fwd, tiles, (unsigned)(c.B * c.Hq), FA_THREADS, a);
+    emu_launch(fwd, tiles, (unsigned)(c.B * c.Hq), FA_THREADS, a, fwd_smem);
     expect_close(c.name, "out", from_bf16(outb), out_ref, 1e-2);
     expect_close(c.name, "lse", lse, lse_ref, 1e-5);
 
@@ -138,8 +138,8 @@ static void run_case(const att_case &c)
     a.dk = fv(bf(dkb));
     a.dv = fv(bf(dvb));
     a.lse_in = lse_ref.data();
-    emu_launch(dq_k, tiles, (unsigned)(c.B * c.Hq), FA_THREADS, a);
-    emu_launch(dkdv_k, tiles, (unsigned)(c.B * c.Hkv), FA_THREADS, a);
+    emu_launch(dq_k, tiles, (unsigned)(c.B * c.Hq), FA_THREADS, a, dq_smem);
+    emu_launch(dkdv_k, tiles, (unsigned)(c.B * c.Hkv), FA_THREADS, a, dkdv_smem);
     expect_close(c.name, "dq", from_bf16(dqb), dq_ref, 1e-2);
     expect_close(c.name, "dk", from_bf16(dkb), dk_ref, 1e-2);
     expect_close(c.name, "dv", from_bf16(dvb), dv_ref, 1e-2);

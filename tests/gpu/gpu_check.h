@@ -44,6 +44,15 @@ static inline float gpu_uniform(void)
     return (float)((gpu_rng_state >> 40) * (1.0 / 8388608.0)) - 1.0f;
 }
 
+/* FT_GPU_TEST_SMALL=1 (the emulated device's tier, make test-gpu-emu): the tests that
+ * take real-size shapes take small ones of the same kind instead, every check kept, so
+ * that a host emulating the GPU runs them in seconds. */
+static inline int gpu_test_small(void)
+{
+    const char *e = getenv("FT_GPU_TEST_SMALL");
+    return e && *e && strcmp(e, "0") != 0;
+}
+
 static inline float *host_alloc(size_t n)
 {
     float *p = (float *)calloc(n ? n : 1, sizeof(float));

@@ -367,7 +367,9 @@ static void test_attention_partial_grads(void)
 }
 
 /* A Llama-3-shaped layer at a real length, through both bf16 kernels: T = 1024, 32 query
- * heads on 8 kv heads of 128 (8B) and of 64 (1B), one packed row of 3 sequences. */
+ * heads on 8 kv heads of 128 (8B) and of 64 (1B), one packed row of 3 sequences. Small
+ * (gpu_test_small): the same head dims, grouping (4 query heads a kv head) and packing,
+ * 8 query heads on 2 at T = 130 (three tiles of the flash kernels, the last ragged). */
 static void test_attention_llama_shapes(void)
 {
     if (getenv("FT_UNDER_MEMCHECK")) { /* minutes under the sanitizer; the cases above cover it */
@@ -378,7 +380,14 @@ static void test_attention_llama_shapes(void)
         {"llama8b-t1024", 1, 1024, 32, 8, 128, 0, 3},
         {"llama1b-t1024", 1, 1024, 32, 8, 64, 0, 0},
     };
-    run_cases(cases, NCASES(cases));
+    static const att_case small[] = {
+        {"llama8b-heads-t130", 1, 130, 8, 2, 128, 0, 3},
+        {"llama1b-heads-t130", 1, 130, 8, 2, 64, 0, 0},
+    };
+    if (gpu_test_small())
+        run_cases(small, NCASES(small));
+    else
+        run_cases(cases, NCASES(cases));
 }
 
 int main(void)
