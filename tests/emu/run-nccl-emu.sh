@@ -36,14 +36,14 @@ show_tail() { sed -n '1,40p' "$1" | sed 's/^/    /'; }
 run() {
   local np=$1
   shift
-  local envs=()
-  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  local vars=()
+  while [ "$1" != "--" ]; do vars+=("$1"); shift; done
   shift
   if [ "$np" -eq 0 ]; then
-    env -u OMPI_COMM_WORLD_SIZE -u PMI_SIZE -u PMIX_RANK "${envs[@]}" \
+    env -u OMPI_COMM_WORLD_SIZE -u PMI_SIZE -u PMIX_RANK "${vars[@]}" \
       timeout "$limit" "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
   else
-    env "${envs[@]}" timeout "$limit" "${mpirun[@]}" -np "$np" "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
+    env "${vars[@]}" timeout "$limit" "${mpirun[@]}" -np "$np" "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
   fi
 }
 

@@ -899,6 +899,39 @@ static void test_two_communicators(void)
     cudaFree(da), cudaFree(db);
 }
 
+/* ncclCommInitRank refuses, on every rank alike (no rank left waiting): another clique
+ * size than MPI's world (or no MPI at all), ids that differ, two ranks asking for one
+ * rank. */
+static void test_init_errors(void)
+{
+    ncclUniqueId id;
+    ncclComm_t c = NULL;
+    NCCL_CHECK(ncclGetUniqueId(&id)); /* every rank its own */
+    CHECK(ncclCommInitRank(&c, world + 1, id, rank) == ncclInvalidUsage && !c);
+    CHECK(strstr(ncclGetLastError(NULL), with_mpi ? "MPI_COMM_WORLD" : "needs MPI"));
+    if (world == 1)
+        return;
+    CHECK(ncclCommInitRank(&c, world, id, rank) == ncclInvalidUsage && !c);
+    CHECK(strstr(ncclGetLastError(NULL), "passed another ncclUniqueId"));
+    MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    CHECK(ncclCommInitRank(&c, world, id, 0) == ncclInvalidUsage && !c);
+    CHECK(strstr(ncclGetLastError(NULL), "asked for the same rank as MPI process 0"));
+    /* the ranks in another order: NCCL rank r is MPI rank world - 1 - r */
+    NCCL_CHECK(ncclCommInitRank(&c, world, id, world - 1 - rank));
+    if (!c)
+        return;
+    int64_t v = rank, *d = dmalloc(8 * (size_t)world);
+    h2d(d + (world - 1 - rank), &v, 8);
+    NCCL_CHECK(ncclAllGather(d + (world - 1 - rank), d, 1, ncclInt64, c, 0));
+    int64_t *got = hmalloc(8 * (size_t)world);
+    d2h(got, d, 8 * (size_t)world);
+    for (int r = 0; r < world; r++)
+        CHECK(got[r] == world - 1 - r);
+    NCCL_CHECK(ncclCommDestroy(c));
+    cudaFree(d);
+    free(got);
+}
+
 /* ---- misuse that must stop the process ------------------------------------------------ */
 
 static int fail_case(const char *name)
@@ -1014,6 +1047,7 @@ int main(int argc, char **argv)
     RUN(test_send_recv_many);
     RUN(test_send_recv_pairs);
     RUN(test_two_communicators);
+    RUN(test_init_errors);
 
     CHECK(ncclCommDestroy(comm) == ncclSuccess);
     if (rank == 0)

@@ -1034,7 +1034,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
         }
         std::vector<int> seen((size_t)nranks, -1);
         const char *why = NULL;
-        int who = 0, other = 0;
+        int who = 0, other = -1;
         for (int p = 0; p < nranks && !why; p++) {
             if (memcmp(all[p].id, mine.id, sizeof mine.id) != 0)
                 why = "passed another ncclUniqueId", who = p;
@@ -1049,8 +1049,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
             return fail(ncclInvalidUsage,
                         "ncclCommInitRank : MPI process %d %s%s%s (every process of the "
                         "communicator joins with rank 0's id and a rank of its own)",
-                        who, why, other ? " as MPI process " : "",
-                        other ? std::to_string(other).c_str() : "");
+                        who, why, other >= 0 ? " as MPI process " : "",
+                        other >= 0 ? std::to_string(other).c_str() : "");
         }
         rc = MPI_Comm_split(dup, 0, rank, &mpi); /* MPI rank = NCCL rank */
         MPI_Comm_free(&dup);
