@@ -30,6 +30,7 @@
 #   make test-conformance  the Hugging Face conformance suite (pytest)
 #   make test-gpu        the GPU tier (on a machine with a GPU)
 #   make test-gpu-emu    the GPU tier on the emulated CUDA device (no GPU needed; in make test)
+#   make test-nccl-emu   the emulated device's NCCL (tests/emu) on MPI ranks 1-3, and its misuses
 #   make unit-bins | gpu-bins   build the unit / GPU test binaries only
 #   make gpu-bundle      the GPU tier's binaries and tools packed for a GPU machine
 #   make config-reference  regenerate configs/README.md from the schema

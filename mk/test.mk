@@ -15,6 +15,11 @@
 #                     emulation's own tests (tests/emu/checks), tests/gpu's binaries on small
 #                     shapes and ft-train on the emulated GPU, the emulation's checks in place
 #                     of compute-sanitizer. Needs no GPU and no CUDA toolkit.
+#   test-nccl-emu     the NCCL emulation of the emulated CUDA device (tests/emu/include/
+#                     nccl.h, tests/emu/runtime/nccl_emu.cc) under real MPI ranks (alone and
+#                     np 1-3, and the misuses it must stop), built with the test stand-in of
+#                     the emulated runtime (tests/emu/standin) until make CUDA=emu has one;
+#                     needs MPI. Not part of `make test` (yet: the emulated GPU tier's).
 #   test              deps + build + every tier but test-gpu, test-gpu-emu last.
 
 UNIT_SRCS := $(wildcard tests/unit/test_*.c)
@@ -41,7 +46,7 @@ VENV ?= .venv
 BENCH_TRAIN := $(FT_BUILD)/tests/bench-train
 
 .PHONY: test test-unit test-dist test-conformance test-gpu test-gpu-emu gpu-bundle unit-bins gpu-bins \
-        bench-cpu bench-tokenizer bench-dist bench config-reference
+        bench-cpu bench-tokenizer bench-dist bench config-reference test-nccl-emu
 
 EMU_HEADERS := $(wildcard tests/emu/include/*.h)
 
@@ -137,6 +142,60 @@ test-dist: $(DIST_BINS)
 else
 test-dist:
 	@echo "dist: 0 passed, 0 failed (no MPI in this build)"
+endif
+
+# The NCCL emulation (issue 20), outside the normal build: nccl_emu.cc and the test are built
+# with MPI's C API (the flags of mpicc) against tests/emu/include, linked with the test
+# stand-in of the emulated runtime (ft_emu.h, cudaMalloc/cudaMemcpy/cudaFree: tracked
+# malloc). The emulated build replaces NCCL_EMU_RUNTIME (objects or libraries giving
+# ft_emu.h and the CUDA runtime) and drops tests/emu/standin from NCCL_EMU_INCLUDES.
+# lib/dist/dist_nccl.c is compiled (-fsyntax-only) against the emulated nccl.h too, with
+# the emulated runtime's cuda_runtime_api.h, else the CUDA toolkit's.
+NCCL_EMU_DIR := build/tests/nccl-emu
+NCCL_EMU_BIN := $(NCCL_EMU_DIR)/test_nccl_emu
+NCCL_EMU_INCLUDES ?= -Itests/emu/include -Itests/emu/standin
+NCCL_EMU_RUNTIME ?= $(NCCL_EMU_DIR)/ft_emu_standin.o
+NCCL_EMU_CFLAGS := -O2 -g -Wall -Wextra -Werror
+NCCL_EMU_CUDA_INC := $(if $(wildcard tests/emu/include/cuda_runtime_api.h),,$(if $(wildcard \
+                       $(CUDA_HOME)/include/cuda_runtime_api.h),$(call q,-I$(CUDA_HOME)/include)))
+ifeq ($(MPI),1)
+NCCL_EMU_MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
+NCCL_EMU_MPI_LIBS := $(shell mpicc --showme:link 2>/dev/null)
+
+$(NCCL_EMU_DIR)/nccl_emu.o: tests/emu/runtime/nccl_emu.cc tests/emu/include/nccl.h \
+                            tests/emu/include/ft_emu.h $(wildcard tests/emu/standin/*.h)
+	@mkdir -p $(dir $@)
+	$(call ft_step,CXX,$<)$(call q,$(CXX_EMU)) -std=c++17 $(NCCL_EMU_CFLAGS) -ffp-contract=off \
+	  $(NCCL_EMU_INCLUDES) $(NCCL_EMU_MPI_CFLAGS) -c $< -o $@
+
+$(NCCL_EMU_DIR)/ft_emu_standin.o: tests/emu/standin/ft_emu_standin.c tests/emu/include/ft_emu.h \
+                                  tests/emu/standin/cuda_runtime_api.h
+	@mkdir -p $(dir $@)
+	$(call ft_step,CC,$<)$(call q,$(CC)) -std=c11 -D_GNU_SOURCE $(NCCL_EMU_CFLAGS) \
+	  $(NCCL_EMU_INCLUDES) -c $< -o $@
+
+$(NCCL_EMU_BIN): tests/emu/test_nccl_emu.c $(NCCL_EMU_DIR)/nccl_emu.o $(NCCL_EMU_RUNTIME)
+	@mkdir -p $(dir $@)
+	$(call ft_step,CC,$<)$(call q,$(CC)) -std=c11 -D_GNU_SOURCE $(NCCL_EMU_CFLAGS) \
+	  $(NCCL_EMU_INCLUDES) $(NCCL_EMU_MPI_CFLAGS) $< $(NCCL_EMU_DIR)/nccl_emu.o $(NCCL_EMU_RUNTIME) \
+	  $(NCCL_EMU_MPI_LIBS) -lstdc++ -lm -o $@
+
+# lib/dist/dist_nccl.c unchanged against the emulated nccl.h (C11, as the library builds it)
+$(NCCL_EMU_DIR)/dist_nccl.checked: lib/dist/dist_nccl.c lib/dist/dist_nccl.h lib/dist/dist.h \
+                                   tests/emu/include/nccl.h
+	@mkdir -p $(dir $@)
+	@if [ -e tests/emu/include/cuda_runtime_api.h ] || [ -n $(call q,$(NCCL_EMU_CUDA_INC)) ]; then \
+	  $(call q,$(CC)) -std=c11 -D_GNU_SOURCE $(NCCL_EMU_CFLAGS) -DFT_HAVE_CUDA -DFT_HAVE_NCCL \
+	    -DFT_HAVE_MPI -Itests/emu/include $(NCCL_EMU_CUDA_INC) -Ilib -Ikernels $(NCCL_EMU_MPI_CFLAGS) \
+	    -fsyntax-only $< && echo "nccl-emu: lib/dist/dist_nccl.c compiles against tests/emu/include/nccl.h" \
+	    && touch $@; \
+	else echo "nccl-emu: no cuda_runtime_api.h (emulated or CUDA's): dist_nccl.c not compiled against nccl.h"; fi
+
+test-nccl-emu: $(NCCL_EMU_BIN) $(NCCL_EMU_DIR)/dist_nccl.checked
+	$(CPU_ONLY) tests/emu/run-nccl-emu.sh $(NCCL_EMU_BIN)
+else
+test-nccl-emu:
+	@echo "nccl-emu: 0 passed, 0 failed (no MPI in this build)"
 endif
 
 ifeq ($(CUDA),1)
