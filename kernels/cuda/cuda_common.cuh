@@ -44,10 +44,11 @@ static inline unsigned grid_for(size_t n, int threads)
  * current device. */
 cudaStream_t ft_cuda_stream(void);
 cublasHandle_t ft_cuda_cublas(void);
-/* Device scratch of FT_CUDA_SCRATCH_DOUBLES doubles, for the partial sums of the
- * reductions that return a value (cross-entropy, sumsq). One op uses it at a time (ops
+/* Device scratch of FT_CUDA_SCRATCH_DOUBLES doubles (1 MiB), for the partial sums of the
+ * reductions that return a value (cross-entropy, sumsq) and of the column sums
+ * (colsum.cuh: as fp32, up to 256 row chunks of C columns). One op uses it at a time (ops
  * run in stream order). */
-#define FT_CUDA_SCRATCH_DOUBLES 4096
+#define FT_CUDA_SCRATCH_DOUBLES 131072
 double *ft_cuda_scratch(void);
 /* Copies `bytes` from the device to the host after the work enqueued so far. */
 void ft_cuda_read(void *host, const void *device, size_t bytes);

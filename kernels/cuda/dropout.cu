@@ -3,6 +3,8 @@
  *   keep(c) = (bits(c) >> 40) >= ceil(p 2^24)
  *   forward:  out[i] = x[i] * (keep ? k : 0);   backward: dx[i] += dout[i] * (keep ? k : 0)
  * with k = 1 / (float)(1 - p) and mix the splitmix64 finaliser (see the CPU file for why).
+ * The product and the sum are rounded separately (__fmul_rn, __fadd_rn: never fused into
+ * an FMA), as the CPU op rounds them, so the results match bit for bit.
  * The mask functions are the CPU op's own (kernels/dropout_mask.h); the threshold and k
  * are computed on the host. */
 #include <math.h>
@@ -16,8 +18,11 @@ __global__ void dropout_kernel(fview out, fview x, size_t n, uint64_t key, uint6
 {
     GRID_STRIDE(i, n)
     {
-        float v = ld(x, i) * ft_dropout_factor(key, offset + i, thr, k);
-        st(out, i, backward ? ld(out, i) + v : v);
+        /* Rounded twice, as the CPU op: nvcc would fuse out + x * mask into one FMA
+         * (one rounding), which differs in the last bit wherever k = 1 / (1 - p) is
+         * inexact (p = 0.1, 0.999). */
+        float v = __fmul_rn(ld(x, i), ft_dropout_factor(key, offset + i, thr, k));
+        st(out, i, backward ? __fadd_rn(ld(out, i), v) : v);
     }
 }
 

@@ -1,9 +1,15 @@
 /* Token embedding on the GPU (kernels/cpu/embedding.c's twin).
  *   forward:  out[n, c] = table[ids[n], c]            one thread per element
- *   backward: dtable[ids[n], c] += dout[n, c]
- * Rows of dtable repeat when a token repeats, so the backward gives each column c to
- * one thread, which walks the rows n in order: no two threads write one element and the
- * sums come out the same on every run (no atomics). */
+ *   backward: dtable[ids[n], c] += dout[n, c]         for every n, in order of n
+ * Rows of dtable repeat when a token repeats, so the backward is a scatter-add that no
+ * two blocks may share: block j owns columns 32 j .. 32 j + 31 of every row of dtable
+ * and walks the rows n in rounds of EMB_WARPS, one row a warp (lane = column, so a warp
+ * reads 32 contiguous values of dout). In a round, the warp of the first row with a
+ * given id adds that id's rows of the round into dtable in row order; the other warps
+ * with the id do nothing; a barrier ends the round. Every element of dtable is thus
+ * updated by one thread at a time, with the rows in increasing n, as on the CPU (each
+ * sum rounded in turn): no atomics, the same bits on every run. The rows are parallel
+ * EMB_WARPS-fold within a block, the columns across blocks. */
 #include "cuda_common.cuh"
 
 __global__ void embedding_forward_kernel(fview out, const int32_t *ids, fview table, size_t N,
@@ -16,15 +22,35 @@ __global__ void embedding_forward_kernel(fview out, const int32_t *ids, fview ta
     }
 }
 
+#define EMB_WARPS 32
+#define EMB_THREADS (32 * EMB_WARPS)
+
 __global__ void embedding_backward_kernel(fview dtable, fview dout, const int32_t *ids, int N,
                                           int C)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C)
-        return;
-    for (int n = 0; n < N; n++) {
-        size_t dst = (size_t)ids[n] * C + c;
-        st(dtable, dst, ld(dtable, dst) + ld(dout, (size_t)n * C + c));
+    __shared__ int id_s[EMB_WARPS];
+    __shared__ float val_s[EMB_WARPS][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int c = blockIdx.x * 32 + lane;
+    for (int n0 = 0; n0 < N; n0 += EMB_WARPS) {
+        int n = n0 + warp;
+        if (lane == 0)
+            id_s[warp] = n < N ? ids[n] : -1;
+        val_s[warp][lane] = n < N && c < C ? ld(dout, (size_t)n * C + c) : 0.0f;
+        __syncthreads();
+        int id = id_s[warp];
+        bool first = id >= 0;
+        for (int w = 0; w < warp; w++)
+            first = first && id_s[w] != id;
+        if (first && c < C) {
+            size_t dst = (size_t)id * C + c;
+            float acc = ld(dtable, dst);
+            for (int w = warp; w < EMB_WARPS; w++)
+                if (id_s[w] == id)
+                    acc += val_s[w][lane];
+            st(dtable, dst, acc);
+        }
+        __syncthreads(); /* the round's writes are seen, and id_s, val_s free, by the next */
     }
 }
 
@@ -46,7 +72,7 @@ extern "C" void ft_cuda_embedding_backward(ft_tensor dtable, ft_tensor dout, ft_
     (void)V;
     if (N <= 0 || C <= 0)
         return;
-    FT_LAUNCH(embedding_backward_kernel, (C + 127) / 128, 128, 0, ft_cuda_stream())(
+    FT_LAUNCH(embedding_backward_kernel, (C + 31) / 32, EMB_THREADS, 0, ft_cuda_stream())(
         fv(dtable), fv(dout), (const int32_t *)ids.data, N, C);
     LAUNCH_CHECK();
 }

@@ -20,17 +20,52 @@ const fa_variant fa_variants[8] = {FA_VARIANT(16), FA_VARIANT(32), FA_VARIANT(48
                                    FA_VARIANT(64), FA_VARIANT(80), FA_VARIANT(96),
                                    FA_VARIANT(112), FA_VARIANT(128)};
 
-/* Beyond 48 KiB of shared memory a kernel must opt in, once per kernel (per process:
- * one GPU a process). */
+/* Devices the caches below keep apart (ordinals past it are asked on every call). */
+#define FA_MAX_DEVICES 64
+
+/* The dynamic shared memory a block of the current device may opt in to
+ * (cudaDevAttrMaxSharedMemoryPerBlockOptin): 227 KiB on sm_90, 163 KiB on sm_80, only
+ * 99 KiB (101,376 B) on sm_86 and sm_89 (A10, A6000, L4, L40S, RTX 4090). Asked once a
+ * device. */
+size_t fa_device_smem_optin(int *device)
+{
+    static size_t cached[FA_MAX_DEVICES]; /* 0: not asked yet */
+    int dev;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    *device = dev;
+    bool cache = dev >= 0 && dev < FA_MAX_DEVICES;
+    if (cache && cached[dev])
+        return cached[dev];
+    int optin = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (cache)
+        cached[dev] = (size_t)optin;
+    return (size_t)optin;
+}
+
+/* The most shared memory any of head dim D's three kernels takes. */
+size_t fa_smem_need(const fa_variant &f)
+{
+    size_t m = f.forward_smem > f.dq_smem ? f.forward_smem : f.dq_smem;
+    return m > f.dkdv_smem ? m : f.dkdv_smem;
+}
+
+/* Beyond 48 KiB of shared memory a kernel must opt in, once per kernel and device (the
+ * attribute is the device's). ft_cuda_flash_attention_fits has made sure the device
+ * allows smem. */
 void fa_opt_in(fa_kernel k, size_t smem)
 {
-    static fa_kernel done[3 * 8];
-    static int n_done;
-    for (int i = 0; i < n_done; i++)
-        if (done[i] == k)
+    static fa_kernel done[FA_MAX_DEVICES][3 * 8];
+    static int n_done[FA_MAX_DEVICES];
+    int dev;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    bool cache = dev >= 0 && dev < FA_MAX_DEVICES;
+    for (int i = 0; cache && i < n_done[dev]; i++)
+        if (done[dev][i] == k)
             return;
     CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    done[n_done++] = k;
+    if (cache)
+        done[dev][n_done[dev]++] = k;
 }
 
 void fa_launch(fa_kernel k, size_t smem, const att_args &a, int heads)
@@ -43,6 +78,13 @@ void fa_launch(fa_kernel k, size_t smem, const att_args &a, int heads)
 
 } // namespace
 
+size_t ft_cuda_flash_attention_smem(int D)
+{
+    if (D < 16 || D > 128 || D % 16)
+        return 0;
+    return fa_smem_need(fa_variants[D / 16 - 1]);
+}
+
 bool ft_cuda_flash_attention_fits(int D, const ft_tensor *bf16_operands, int n)
 {
     if (D < 16 || D > 128 || D % 16)
@@ -50,7 +92,23 @@ bool ft_cuda_flash_attention_fits(int D, const ft_tensor *bf16_operands, int n)
     for (int i = 0; i < n; i++)
         if (bf16_operands[i].dtype != FT_BF16)
             return false;
-    return true;
+    /* All three kernels of D within the device's opt-in limit, or the reference kernels
+     * for the whole op (forward and backward alike), said once a head dim: asking for
+     * more would fail in cudaFuncSetAttribute, or the launch. */
+    int dev;
+    size_t need = ft_cuda_flash_attention_smem(D), optin = fa_device_smem_optin(&dev);
+    if (need <= optin)
+        return true;
+    static bool said[8];
+    if (!said[D / 16 - 1]) {
+        said[D / 16 - 1] = true;
+        fprintf(stderr,
+                "ftkit: note: flash attention for head dim %d needs %zu bytes of shared "
+                "memory a block, GPU %d allows %zu: the reference attention kernel runs "
+                "instead\n",
+                D, need, dev, optin);
+    }
+    return false;
 }
 
 void ft_cuda_flash_attention_forward(const att_args &a)

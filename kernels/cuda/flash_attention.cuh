@@ -9,7 +9,8 @@
 #include "attention_args.cuh"
 
 /* Whether the flash kernels take head dim D with these operands: D a multiple of 16 up
- * to 128, and every operand given bf16. */
+ * to 128, every operand given bf16, and the kernels' shared memory within what a block of
+ * the current device may opt in to (not so for D >= 96 on sm_86 / sm_89: 99 KiB). */
 bool ft_cuda_flash_attention_fits(int D, const ft_tensor *bf16_operands, int n);
 
 /* The launches, with the arguments attention.cu's entry points prepared. */

@@ -15,9 +15,10 @@
  * fp32 arithmetic. With beta = 1 cuBLAS reads C in its own dtype and accumulates in fp32.
  *
  * The bias is written into y before the GEMM (which then runs with beta = 1), as on the
- * CPU. db is a column sum: one thread per column walks the rows in order (no atomics,
- * so it is the same on every run). */
+ * CPU. db is a column sum in two passes over row chunks (colsum.cuh: a fixed order, no
+ * atomics, so it is the same on every run). */
 #include "cuda_common.cuh"
+#include "colsum.cuh"
 
 static cudaDataType_t cuda_type(ft_tensor t)
 {
@@ -49,16 +50,17 @@ __global__ void fill_zero_kernel(fview y, size_t n)
     st(y, i, 0.0f);
 }
 
-/* db[o] += sum_n dy[n, o]: one thread per column, rows in order. */
-__global__ void bias_grad_kernel(fview db, fview dy, int N, int out)
+/* db[o] += sum_n dy[n, o]: pass 1 of the column sum (colsum.cuh), rows chunk by chunk. */
+__global__ void bias_grad_kernel(fview db, fview dy, float *partial, int N, int out, int rows)
 {
-    int o = blockIdx.x * blockDim.x + threadIdx.x;
-    if (o >= out)
-        return;
+    __shared__ float shm[COLSUM_WARPS * COLSUM_COLS];
+    int o = colsum_column(), n, end;
+    colsum_rows(N, rows, &n, &end);
     float acc = 0.0f;
-    for (int n = 0; n < N; n++)
-        acc += ld(dy, (size_t)n * out + o);
-    st(db, o, ld(db, o) + acc);
+    if (o < out)
+        for (; n < end; n += COLSUM_WARPS)
+            acc += ld(dy, (size_t)n * out + o);
+    colsum_store(acc, shm, db, partial, out);
 }
 
 extern "C" void ft_cuda_linear_forward(ft_tensor y, ft_tensor x, ft_tensor w, ft_tensor b,
@@ -97,8 +99,13 @@ extern "C" void ft_cuda_linear_backward(ft_tensor dx, ft_tensor dw, ft_tensor db
     if (in > 0 && dw.data)
         gemm(CUBLAS_OP_N, CUBLAS_OP_T, in, out, N, alpha, x, in, dy, out, 1.0f, dw, in);
     if (db.data) {
-        FT_LAUNCH(bias_grad_kernel, (out + 127) / 128, 128, 0, ft_cuda_stream())(fv(db), fv(dy),
-                                                                                 N, out);
+        size_t room;
+        float *partial = colsum_partials(&room);
+        colsum_plan p = colsum_plan_for(N, out, room);
+        cudaStream_t s = ft_cuda_stream();
+        FT_LAUNCH(bias_grad_kernel, colsum_grid(p, out), COLSUM_THREADS, 0, s)(
+            fv(db), fv(dy), partial, N, out, p.rows);
         LAUNCH_CHECK();
+        colsum_finish(fv(db), partial, p, out, s);
     }
 }

@@ -44,7 +44,12 @@ extern "C" void ft_cuda_rmsnorm_backward(ft_tensor dx, ft_tensor dw, ft_tensor d
         LAUNCH_CHECK();
     }
     if (dw.data) {
-        FT_LAUNCH(rmsnorm_backward_dw_kernel, (C + 127) / 128, 128, 0, s)(a);
+        size_t room;
+        a.partial = colsum_partials(&room);
+        colsum_plan p = colsum_plan_for(N, C, room);
+        a.chunk_rows = p.rows;
+        FT_LAUNCH(rmsnorm_backward_dw_kernel, colsum_grid(p, C), COLSUM_THREADS, 0, s)(a);
         LAUNCH_CHECK();
+        colsum_finish(a.dw, a.partial, p, C, s);
     }
 }

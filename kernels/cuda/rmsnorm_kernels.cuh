@@ -7,10 +7,12 @@
  *             dw[c]   += sum_n g[n,c] x[n,c] r[n]
  * One block per row for forward and dx: each thread takes the columns c = tid,
  * tid + blockDim, ... and the row sums are block sums in a fixed order (fp32 terms and
- * partial sums). dw is a column sum: one thread per column walking the rows in order
- * (no atomics, the same on every run). rstd is fp32. */
+ * partial sums). dw is a column sum over row chunks in two passes (colsum.cuh: a fixed
+ * order, no atomics, the same on every run). rstd is fp32. */
 #ifndef FT_RMSNORM_KERNELS_CUH
 #define FT_RMSNORM_KERNELS_CUH
+
+#include "colsum.cuh"
 
 #define RMS_THREADS 256
 
@@ -21,6 +23,8 @@ struct rms_args {
     float *rstd;
     int N, C;
     float eps;
+    float *partial; /* dw's row-chunk sums (colsum.cuh), chunk_rows rows a chunk */
+    int chunk_rows;
 };
 
 __global__ void rmsnorm_forward_kernel(rms_args a)
@@ -62,17 +66,21 @@ __global__ void rmsnorm_backward_dx_kernel(rms_args a)
     }
 }
 
+/* dw's column sum, pass 1 (colsum.cuh): grid (ceil(C / 32), chunks) of COLSUM_THREADS,
+ * a.chunk_rows rows a chunk, into a.partial (or dw itself with one chunk); pass 2 is
+ * colsum_finish_kernel. */
 __global__ void rmsnorm_backward_dw_kernel(rms_args a)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= a.C)
-        return;
+    __shared__ float shm[COLSUM_WARPS * COLSUM_COLS];
+    int c = colsum_column(), n, end;
+    colsum_rows(a.N, a.chunk_rows, &n, &end);
     float acc = 0.0f;
-    for (int n = 0; n < a.N; n++) {
-        size_t i = (size_t)n * a.C + c;
-        acc += ld(a.dout, i) * (ld(a.x, i) * a.rstd[n]);
-    }
-    st(a.dw, c, ld(a.dw, c) + acc);
+    if (c < a.C)
+        for (; n < end; n += COLSUM_WARPS) {
+            size_t i = (size_t)n * a.C + c;
+            acc += ld(a.dout, i) * (ld(a.x, i) * a.rstd[n]);
+        }
+    colsum_store(acc, shm, a.dw, a.partial, a.C);
 }
 
 #endif

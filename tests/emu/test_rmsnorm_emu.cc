@@ -2,7 +2,8 @@
  * cuda_emu.h, against the CPU ops: the forward alone and with the residual add fused
  * before it (out-of-place and in place, sum = x), fp32 and bf16 storage, and the
  * backward's dx and dw (accumulating into random values), on rows shorter than a warp,
- * ragged against the block's 256 threads, and longer than it.
+ * ragged against the block's 256 threads, and longer than it; dw also over several row
+ * chunks of its two-pass column sum (colsum.cuh).
  *
  * fp32 storage: out, rstd, dx and dw within 1e-5 normwise relative (the kernels sum in
  * fp32, the CPU in double); sum = x + res bit for bit. bf16 storage: the inputs are bf16
@@ -119,7 +120,17 @@ static void backward_case(int N, int C)
     a.dx = fview{dx.data(), 0}, a.dw = fview{dw.data(), 0}, a.dout = fview{dout.data(), 0};
     a.x = fview{x.data(), 0}, a.w = fview{w.data(), 0}, a.rstd = rstd.data(), a.N = N, a.C = C;
     emu_launch(rmsnorm_backward_dx_kernel, (unsigned)N, 1, RMS_THREADS, a);
-    emu_launch(rmsnorm_backward_dw_kernel, (unsigned)((C + 127) / 128), 1, 128, a);
+    /* dw's column sum in row chunks (colsum.cuh), partials in room for 3 chunks (fewer
+     * than N = 200 rows would take: the cap) */
+    colsum_plan p = colsum_plan_for(N, C, (size_t)3 * C);
+    std::vector<float> partial((size_t)p.chunks * C);
+    a.partial = partial.data(), a.chunk_rows = p.rows;
+    emu_launch(rmsnorm_backward_dw_kernel, (unsigned)((C + COLSUM_COLS - 1) / COLSUM_COLS),
+               (unsigned)p.chunks, COLSUM_THREADS, a);
+    if (p.chunks > 1) {
+        colsum_args f = {a.dw, partial.data(), p.chunks, C};
+        emu_launch(colsum_finish_kernel<>, (unsigned)((C + 255) / 256), 1, 256, f);
+    }
     ft_rmsnorm_backward(ft_f32(dx_ref.data(), n), ft_f32(dw_ref.data(), (size_t)C),
                         ft_f32(dout.data(), n), ft_f32(x.data(), n),
                         ft_f32(w.data(), (size_t)C), ft_f32(rstd.data(), (size_t)N), N, C);
@@ -139,6 +150,9 @@ int main(void)
         }
         backward_case(s[0], s[1]);
     }
+    /* dw over several row chunks (the last ragged) and a ragged column tile */
+    backward_case(200, 37);
+    backward_case(130, 70);
     printf("rmsnorm_emu: %d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
