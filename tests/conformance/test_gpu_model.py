@@ -32,7 +32,14 @@ CASES = [("llama_gqa", "all7"), ("qwen2", "qv"), ("llama_mqa_odd", "all7"), ("ti
 
 BF16_TOL_LOGITS = 2e-2
 BF16_TOL_LOSS = 1e-2
+# bf16 gradients against an fp32 computation (our CPU model): one bf16 rounding error
 BF16_TOL_GRAD = 5e-2
+# ... and against PEFT's bf16 ones. Two bf16 computations each hold their own rounding error, and their difference is the
+# sum: against the fp64 result, on llama_mqa_odd's LoRA gradients (the noisiest: 3 query
+# heads on one kv head), torch's bf16 with PEFT's fp32 adapter is up to 3.7e-2 off, with
+# the adapter in bf16 (our choice) 7.3e-2, ours (the emulated device) 6.2e-2; ours against
+# PEFT's is then 5.7e-2. So 8e-2, not the 5e-2 guessed before the tier first ran.
+BF16_TOL_GRAD_VS_PEFT = 8e-2
 
 
 def _hf_reference(model_dir, adapter_dir, dtype):
@@ -80,7 +87,7 @@ def test_gpu_logits_loss_vs_hf(case):
 
 
 def test_gpu_lora_grads_vs_hf(case):
-    tol = ftref.TOL_GRAD if case.dtype == "fp32" else BF16_TOL_GRAD
+    tol = ftref.TOL_GRAD if case.dtype == "fp32" else BF16_TOL_GRAD_VS_PEFT
     ftref.assert_tensor_dict_close("grad.", case.out, case.ref_grads, tol)
 
 
