@@ -5,7 +5,9 @@
 # machine; no test binaries. Checks, on the real-GPU path:
 #   - a python whose torch has no CUDA: run-gpu.sh fails with that message, before pytest;
 #   - pytest reporting every test skipped: run-gpu.sh fails, naming the summary;
-#   - pytest reporting passes: run-gpu.sh passes (so the two above fail for their cause);
+#   - pytest reporting passes: run-gpu.sh passes (so the two above fail for their cause),
+#     and pytest was handed the tools it runs, ft-quantize's included (test_gpu_model.py's
+#     prequantized QLoRA case runs it);
 # and on the emulated path (FT_EMU=1) the same two pytest outcomes. Prints one line per
 # check and "run_gpu: N passed, N failed".
 set -u
@@ -22,7 +24,8 @@ cat >"$work/bin/python" <<'EOF'
 #!/bin/sh
 # -c ...: the torch check (FAKE_CUDA=0: torch without CUDA); -m pytest: FAKE_SUMMARY
 case "$*" in
-  *"-m pytest"*) echo "pytest ran" >>"$FAKE_LOG"; echo "$FAKE_SUMMARY"; exit 0 ;;
+  *"-m pytest"*) echo "pytest ran: FT_TRAIN=$FT_TRAIN FT_EVAL=$FT_EVAL FT_QUANTIZE=$FT_QUANTIZE" >>"$FAKE_LOG"
+                 echo "$FAKE_SUMMARY"; exit 0 ;;
   *) [ "${FAKE_CUDA:-1}" = 1 ] ;;
 esac
 EOF
@@ -56,7 +59,10 @@ for mode in gpu emu; do
     bad "$mode path: Python GPU tests that all skipped" "$(tail -n 3 "$work/$mode-skipped.out" | tr '\n' ' ')"
   fi
   gpu_tier "$mode-passed" "$@" FAKE_SUMMARY="36 passed, 2 skipped in 80.1s"
-  if [ $? -eq 0 ]; then
+  rc=$?
+  case $mode in gpu) bindir=$repo/bin ;; emu) bindir=$repo/build-emu/bin ;; esac
+  want="FT_TRAIN=$bindir/ft-train FT_EVAL=$bindir/ft-eval FT_QUANTIZE=$bindir/ft-quantize"
+  if [ $rc -eq 0 ] && grep -qxF "pytest ran: $want" "$work/$mode-passed.pytest"; then
     ok "$mode path: Python GPU tests that passed pass the tier"
   else
     bad "$mode path: Python GPU tests that passed" "$(tail -n 3 "$work/$mode-passed.out" | tr '\n' ' ')"
