@@ -13,8 +13,10 @@
 #                     still catches a build break.
 #   test-gpu-emu      the GPU tier on the emulated device (make CUDA=emu, build-emu/): the
 #                     emulation's own tests (tests/emu/checks), tests/gpu's binaries on small
-#                     shapes and ft-train on the emulated GPU, the emulation's checks in place
-#                     of compute-sanitizer. Needs no GPU and no CUDA toolkit.
+#                     shapes, ft-train on the emulated GPU and the Python GPU tests (the
+#                     model against transformers + PEFT on the CPU, ft-train's curves,
+#                     strategies on 2 ranks, resume, QLoRA, out of memory), the emulation's
+#                     checks in place of compute-sanitizer. Needs no GPU and no CUDA toolkit.
 #   test-nccl-emu     the NCCL emulation of the emulated CUDA device (tests/emu/include/
 #                     nccl.h, tests/emu/runtime/nccl_emu.cc) under real MPI ranks (alone and
 #                     np 1-3, and the misuses it must stop), built with the test stand-in of
@@ -211,15 +213,22 @@ endif
 # The GPU tier on the emulated device (docs/gpu.md, The emulated device): the emulated build
 # (build-emu/, made by a make of its own with CUDA=emu), then tests/run-gpu.sh in its
 # emulated mode on the emulation's own tests, tests/gpu's binaries on small shapes
-# (FT_GPU_TEST_SMALL), and ft-train on the emulated GPU (tests/emu/checks/test_train.sh). test_dist_nccl runs (under mpirun, 1 to 3 ranks) when the build has
-# the NCCL emulation; the Python GPU tests (test_gpu_model.py, test_gpu_train.py) run when
-# FT_CONFORM is set (they are not made for the emulation yet).
+# (FT_GPU_TEST_SMALL), ft-train on the emulated GPU (tests/emu/checks/test_train.sh) and
+# run-gpu.sh's own check (test_run_gpu.sh: a tier whose Python tests skip fails).
+# test_dist_nccl runs (under mpirun, 1 to 3 ranks) when the build has the NCCL emulation.
+# Then the Python GPU tests (test_gpu_model.py, test_gpu_train.py) on the emulated build's
+# harness and tools, by the conformance venv's python (made here if test-conformance has
+# not made it): torch on the CPU as the reference.
 ifeq ($(CUDA),emu)
 test-gpu-emu: $(GPU_BINS) $(EMU_CHECK_BINS) $(TOOLS) $(CONFORM_HARNESS)
+	scripts/setup-python.sh $(call q,$(VENV))
 	env -u CUDA_VISIBLE_DEVICES FT_EMU=1 FT_EMU_NCCL=$(NCCL) FT_GPU_TEST_SMALL=1 \
-	  FT_EMU_MISUSE=$(FT_BUILD)/tests/emu/checks/misuse FT_EMU_TRAIN=$(abspath $(FT_BIN)/ft-train) \
+	  FT_EMU_MISUSE=$(FT_BUILD)/tests/emu/checks/misuse FT_EMU_TRAIN=$(call q,$(abspath $(FT_BIN)/ft-train)) \
+	  FT_CONFORM=$(call q,$(abspath $(CONFORM_HARNESS))) FT_TRAIN=$(call q,$(abspath $(FT_BIN)/ft-train)) \
+	  FT_EVAL=$(call q,$(abspath $(FT_BIN)/ft-eval)) FT_QUANTIZE=$(call q,$(abspath $(FT_BIN)/ft-quantize)) \
+	  PYTHON=$(call q,$(abspath $(VENV))/bin/python) \
 	  tests/run-gpu.sh $(EMU_CHECK_TESTS) tests/emu/checks/test_checks.sh $(GPU_BINS) \
-	  tests/emu/checks/test_train.sh
+	  tests/emu/checks/test_train.sh tests/emu/checks/test_run_gpu.sh
 else
 test-gpu-emu:
 	$(MAKE) --no-print-directory CUDA=emu test-gpu-emu

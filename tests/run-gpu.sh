@@ -7,8 +7,10 @@
 # the whole model on the GPU against transformers + PEFT on the same GPU
 # (tests/conformance/test_gpu_model.py) and ft-train on the GPU (test_gpu_train.py: the
 # 200-step curve against the CPU, kill and resume, NCCL, out-of-memory), run by
-# ${PYTHON:-python3}, which must have torch with CUDA, transformers, peft and tensorboard.
-# libnccl.so.2 is taken from that python's nvidia-nccl package when the system has none.
+# ${PYTHON:-python3}, which must have torch with CUDA, transformers, peft and tensorboard:
+# a python whose torch has no CUDA fails the tier before anything runs (its model tests
+# would all skip). libnccl.so.2 is taken from that python's nvidia-nccl package when the
+# system has none.
 #
 # FT_EMU=1 (make test-gpu-emu): the binaries are the emulated build's (make CUDA=emu), which
 # run on the emulated device of tests/emu: no GPU, no nvidia-smi, no compute-sanitizer. The
@@ -16,9 +18,38 @@
 # use after free, out-of-bounds accesses, reads of memory never written) in every run, so
 # there is no second pass. test_dist_nccl runs under mpirun on 1, 2 and 3 ranks when the
 # build has the NCCL emulation (FT_EMU_NCCL=1), each rank an emulated device of its own.
+# The Python GPU tests run there too (FT_EMU=1 tells them: transformers + PEFT on the CPU
+# as the model's reference, FT_GPU_TRAIN_STEPS=20 steps for the training curves), on the
+# emulated build's harness and tools (FT_CONFORM, FT_TRAIN, FT_EVAL, FT_QUANTIZE).
+#
+# Either way, a run of the Python GPU tests in which none passed (all skipped: a torch
+# without CUDA, FT_EMU not reaching them, ...) fails the tier: a GPU tier that skips its
+# model tests has not tested the model.
 set -u -o pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
+
+# python_tests BUILD_DIR: pytest on the two Python GPU files, with the tools of BUILD_DIR
+# (bin or build-emu/bin) unless FT_* names them; fails when they failed or none passed.
+python_tests() {
+  local bindir=$1 log rc summary passed
+  log=$(mktemp)
+  FT_TRAIN=${FT_TRAIN:-$bindir/ft-train} FT_EVAL=${FT_EVAL:-$bindir/ft-eval} \
+    FT_QUANTIZE=${FT_QUANTIZE:-$bindir/ft-quantize} OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} \
+    "${PYTHON:-python3}" -m pytest -q -s -rs -p no:cacheprovider \
+    "$here/conformance/test_gpu_model.py" "$here/conformance/test_gpu_train.py" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  # pytest's last line: "1 failed, 40 passed, 2 skipped in 80.1s"
+  summary=$(grep -E '^[= ]*[0-9]+ (passed|failed|skipped|error|deselected)' "$log" | tail -n 1)
+  rm -f "$log"
+  passed=$(printf '%s\n' "$summary" | sed -nE 's/(^|.*[^0-9])([0-9]+) passed.*/\2/p')
+  if [ "${passed:-0}" -eq 0 ]; then
+    echo "test-gpu: the Python GPU tests (test_gpu_model.py, test_gpu_train.py) ran none:" \
+         "${summary:-no pytest summary} (a GPU tier whose model tests skip fails)" >&2
+    return 1
+  fi
+  return "$rc"
+}
 
 emulated() {
   echo "test-gpu: the emulated CUDA device (tests/emu): ${FT_EMU_DEVICES:-1} device(s) of" \
@@ -50,9 +81,7 @@ emulated() {
   echo "memcheck: 0 passed, 0 failed (compute-sanitizer needs a GPU: on the emulated device" \
        "its checks ran in every test above instead)"
   if [ -n "${FT_CONFORM:-}" ]; then
-    FT_TRAIN=${FT_TRAIN:-$repo/build-emu/bin/ft-train} FT_EVAL=${FT_EVAL:-$repo/build-emu/bin/ft-eval} \
-      "${PYTHON:-python3}" -m pytest -q -s -p no:cacheprovider "$here/conformance/test_gpu_model.py" \
-      "$here/conformance/test_gpu_train.py" || status=1
+    FT_EMU=1 FT_GPU_TRAIN_STEPS=${FT_GPU_TRAIN_STEPS:-20} python_tests "$repo/build-emu/bin" || status=1
   fi
   return $status
 }
@@ -66,6 +95,13 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
   exit 1
 fi
 nvidia-smi -L
+if [ -n "${FT_CONFORM:-}" ] &&
+   ! "${PYTHON:-python3}" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  echo "test-gpu: ${PYTHON:-python3}'s torch has no CUDA (torch.cuda.is_available() is False," \
+       "or no torch): the model tests would all skip. Set PYTHON to a python with torch for" \
+       "CUDA, transformers, peft and tensorboard" >&2
+  exit 1
+fi
 if [ -n "${1:-}" ] && ldd "$1" 2>/dev/null | grep -q "libnccl.so.2 => not found"; then
   nccl_dir=$("${PYTHON:-python3}" -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
   [ -n "$nccl_dir" ] && export LD_LIBRARY_PATH="$nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -93,8 +129,6 @@ fi
 echo "memcheck: $passed passed, $failed failed"
 
 if [ -n "${FT_CONFORM:-}" ]; then
-  FT_TRAIN=${FT_TRAIN:-$repo/bin/ft-train} FT_EVAL=${FT_EVAL:-$repo/bin/ft-eval} "${PYTHON:-python3}" -m pytest -q -s \
-    -p no:cacheprovider "$here/conformance/test_gpu_model.py" \
-    "$here/conformance/test_gpu_train.py" || status=1
+  python_tests "$repo/bin" || status=1
 fi
 exit $status

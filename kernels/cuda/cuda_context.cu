@@ -7,6 +7,10 @@
  * process, as llm.c keeps its cuBLAS handle. Ops are issued from one host thread. */
 #include "cuda_common.cuh"
 
+extern "C" {
+#include "core/ft_error.h"
+}
+
 namespace {
 struct cuda_context {
     bool ready;
@@ -16,21 +20,57 @@ struct cuda_context {
 };
 cuda_context ctx;
 
+/* The context on the current device, or -1 with err: its allocations (the cuBLAS handle,
+ * the scratch) can meet a full device, which is an out-of-memory of the run (err->oom),
+ * not a bug. */
+int context_open(ft_err *err)
+{
+    if (ctx.ready)
+        return 0;
+    /* The legacy default stream: ordered with cudaMemcpy and every other library call on
+     * the device, which keeps host<->device copies in the trainer simple. */
+    ctx.stream = 0;
+    cublasStatus_t s = cublasCreate(&ctx.cublas);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        (void)cudaGetLastError();
+        if (s == CUBLAS_STATUS_ALLOC_FAILED)
+            return ft_fail_oom(err, "out of GPU memory creating the cuBLAS handle");
+        return ft_fail(err, "cublasCreate: %s", cublasGetStatusString(s));
+    }
+    CUBLAS_CHECK(cublasSetStream(ctx.cublas, ctx.stream));
+    /* fp32 GEMMs stay fp32 (no TF32): the fp32 path is checked at 1e-5 against the CPU. */
+    CUBLAS_CHECK(cublasSetMathMode(ctx.cublas, CUBLAS_DEFAULT_MATH));
+    const size_t bytes = FT_CUDA_SCRATCH_DOUBLES * sizeof(double);
+    cudaError_t e = cudaMalloc(&ctx.scratch, bytes);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* not left for the next op's launch check */
+        (void)cublasDestroy(ctx.cublas);
+        if (e == cudaErrorMemoryAllocation)
+            return ft_fail_oom(err, "out of GPU memory creating the CUDA ops' context: "
+                                    "%zu bytes of reduction scratch did not fit",
+                               bytes);
+        return ft_fail(err, "cudaMalloc of the CUDA ops' scratch: %s (%s)",
+                       cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+    ctx.ready = true;
+    return 0;
+}
+
+/* The first op's lazy creation, where ft_cuda_context_open was not called first (the GPU
+ * tier's op tests): a failure there aborts, as any op's CUDA error does. */
 void context_init(void)
 {
     if (ctx.ready)
         return;
-    /* The legacy default stream: ordered with cudaMemcpy and every other library call on
-     * the device, which keeps host<->device copies in the trainer simple. */
-    ctx.stream = 0;
-    CUBLAS_CHECK(cublasCreate(&ctx.cublas));
-    CUBLAS_CHECK(cublasSetStream(ctx.cublas, ctx.stream));
-    /* fp32 GEMMs stay fp32 (no TF32): the fp32 path is checked at 1e-5 against the CPU. */
-    CUBLAS_CHECK(cublasSetMathMode(ctx.cublas, CUBLAS_DEFAULT_MATH));
-    CUDA_CHECK(cudaMalloc(&ctx.scratch, FT_CUDA_SCRATCH_DOUBLES * sizeof(double)));
-    ctx.ready = true;
+    ft_err err;
+    if (context_open(&err)) {
+        fprintf(stderr, "CUDA ops: %s\n", err.msg);
+        abort();
+    }
 }
 } // namespace
+
+extern "C" int ft_cuda_context_open(ft_err *err) { return context_open(err); }
 
 cudaStream_t ft_cuda_stream(void)
 {

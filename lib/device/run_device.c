@@ -4,6 +4,7 @@
 #include <string.h>
 
 #ifdef FT_HAVE_CUDA
+#include "cuda/cuda_ops.h"
 #include "cuda/device_memory.h"
 #endif
 
@@ -84,7 +85,11 @@ int ft_run_device_select(const ft_run_device_choice *c, int local_rank, int *out
     if (gpus == 0)
         return ft_fail(err, "no CUDA GPU is visible");
     *out = local_rank % gpus;
-    return ft_cuda_select_device(*out, err);
+    /* the ops' context now, before the model's weights: a device too full for it is the
+     * run's out-of-memory (with the plan), not an abort in the first op */
+    if (ft_cuda_select_device(*out, err) || ft_cuda_context_open(err))
+        return -1;
+    return 0;
 #else
     (void)local_rank;
     return ft_fail(err, "a GPU run in a build without CUDA");

@@ -3,32 +3,50 @@ on the same GPU, and against our own CPU reference: logits, loss and LoRA gradie
 fp32 and in bf16 (bf16 weights and activations; LoRA weights keep an fp32 master and their
 gradients are fp32, as PEFT keeps adapters in fp32 on a bf16 base).
 
-Runs where torch sees a CUDA GPU and the harness was built with CUDA (the GPU machine);
-skipped elsewhere. fp32 is held to the CPU suite's tolerances. bf16 differs from PEFT by
-the rounding of two bf16 implementations (ours computes the LoRA path in bf16, PEFT
-upcasts it to fp32), so it is held to bf16-level tolerances; every comparison's figure is
-printed in the headroom summary."""
+Runs where torch sees a CUDA GPU and the harness was built with CUDA (the GPU machine),
+and on the emulated device (FT_EMU=1, set by tests/run-gpu.sh's emulated mode, with
+FT_CONFORM the emulated build's harness, build-emu/tests/ft-conform): there torch has no
+GPU, so transformers + PEFT run on the CPU, in the same dtype, as the reference. Skipped
+elsewhere. fp32 is held to the CPU suite's tolerances. bf16 differs from PEFT by the
+rounding of two bf16 implementations (ours computes the LoRA path in bf16, PEFT upcasts
+it to fp32; torch's CPU bf16 kernels round as its GPU ones do only up to accumulation
+order), so it is held to bf16-level tolerances; every comparison's figure is printed in
+the headroom summary."""
+
+import os
 
 import pytest
 import torch
 
 import ftref
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+EMU = os.environ.get("FT_EMU") == "1"
+# where transformers + PEFT run: the same GPU, or the CPU beside the emulated one
+REF_DEVICE = "cpu" if EMU else "cuda"
+
+pytestmark = pytest.mark.skipif(not (EMU or torch.cuda.is_available()),
+                                reason="no CUDA GPU (and not the emulated device: FT_EMU unset)")
 
 B = 2
 CASES = [("llama_gqa", "all7"), ("qwen2", "qv"), ("llama_mqa_odd", "all7"), ("tied", "qv")]
 
 BF16_TOL_LOGITS = 2e-2
 BF16_TOL_LOSS = 1e-2
+# bf16 gradients against an fp32 computation (our CPU model): one bf16 rounding error
 BF16_TOL_GRAD = 5e-2
+# ... and against PEFT's bf16 ones. Two bf16 computations each hold their own rounding error, and their difference is the
+# sum: against the fp64 result, on llama_mqa_odd's LoRA gradients (the noisiest: 3 query
+# heads on one kv head), torch's bf16 with PEFT's fp32 adapter is up to 3.7e-2 off, with
+# the adapter in bf16 (our choice) 7.3e-2, ours (the emulated device) 6.2e-2; ours against
+# PEFT's is then 5.7e-2. So 8e-2, not the 5e-2 guessed before the tier first ran.
+BF16_TOL_GRAD_VS_PEFT = 8e-2
 
 
-def _hf_on_gpu(model_dir, adapter_dir, dtype):
+def _hf_reference(model_dir, adapter_dir, dtype):
     from peft import PeftModel
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    base = ftref.load_hf(model_dir).to(device="cuda", dtype=dtype)
+    base = ftref.load_hf(model_dir).to(device=REF_DEVICE, dtype=dtype)
     m = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=True)
     m.eval()
     return m
@@ -44,14 +62,16 @@ def case(request, store, ft):
     model_dir = store.model(model_name)
     adapter_dir = store.adapter(model_name, variant)
     tdtype = torch.float32 if dtype == "fp32" else torch.bfloat16
-    m = _hf_on_gpu(model_dir, adapter_dir, tdtype)
+    m = _hf_reference(model_dir, adapter_dir, tdtype)
     ids, labels = ftref.make_batch(m.config.vocab_size, B, shape.T, shape.seed + 1)
-    logits, loss, grads = ftref.hf_grads(m, ids.cuda(), labels.cuda(), key=ftref.peft_key)
+    logits, loss, grads = ftref.hf_grads(m, ids.to(REF_DEVICE), labels.to(REF_DEVICE),
+                                         key=ftref.peft_key)
     c.ref_logits = logits.float().cpu()
     c.ref_loss = loss.float().cpu()
     c.ref_grads = {k: v.float().cpu() for k, v in grads.items()}
     del m
-    torch.cuda.empty_cache()
+    if REF_DEVICE == "cuda":
+        torch.cuda.empty_cache()
     spec = dict(model_dir=model_dir, adapter_dir=adapter_dir, mode="lora", input_ids=ids,
                 labels=labels)
     c.cpu = ft(spec, f"gpu-model-cpu-{model_name}-{variant}")
@@ -67,7 +87,7 @@ def test_gpu_logits_loss_vs_hf(case):
 
 
 def test_gpu_lora_grads_vs_hf(case):
-    tol = ftref.TOL_GRAD if case.dtype == "fp32" else BF16_TOL_GRAD
+    tol = ftref.TOL_GRAD if case.dtype == "fp32" else BF16_TOL_GRAD_VS_PEFT
     ftref.assert_tensor_dict_close("grad.", case.out, case.ref_grads, tol)
 
 
