@@ -363,9 +363,11 @@ int ft_resolve_batch(ft_run_config *cfg, ft_comm *comm, int world_size, FILE *lo
             bytes = -bytes;
             if ((size_t)bytes != budget.bytes) {
                 budget.bytes = (size_t)bytes;
-                snprintf(budget.source, sizeof budget.source, "another rank's MemAvailable x "
-                                                              "%.1f, the smallest",
-                         HOST_SHARE);
+                /* (what the other rank measured: its GPU's free memory on a GPU run) */
+                bool gpu = dev == FT_MEM_DEVICE_CUDA;
+                snprintf(budget.source, sizeof budget.source,
+                         "another rank's %s x %.1f, the smallest",
+                         gpu ? "free GPU memory" : "MemAvailable", gpu ? DEVICE_SHARE : HOST_SHARE);
             }
         }
         ft_model_config mc;
