@@ -7,7 +7,8 @@
 #     sees both GPUs, and test_dist_nccl passes on 2 such ranks; two ranks on one GPU are
 #     refused with a message;
 #   - batch_size auto opens a context on the rank's own GPU only (FT_EMU_CONTEXT_LOG), with
-#     both GPUs visible to each rank and with one each;
+#     both GPUs visible to each rank and with one each, and a budget that is another
+#     rank's says what it is (that rank's free GPU memory);
 #   - a device too small for cuBLAS's workspace: the memory plan, the advice and exit 1,
 #     not an abort inside an op;
 #   - zero1 and zero2 in bf16 on 2 ranks give ddp's losses, checkpoint and adapter bit for
@@ -34,9 +35,11 @@ mpirun=(mpirun --oversubscribe)
 [ "$(id -u)" -eq 0 ] && mpirun+=(--allow-run-as-root)
 export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
 unset CUDA_VISIBLE_DEVICES FT_DIST_BACKEND FT_EMU_CONTEXT_LOG
-# each rank sees one emulated GPU of its own, as under srun --gpus-per-task=1
+# each rank sees one emulated GPU of its own, as under srun --gpus-per-task=1 (RANK1_MEM:
+# rank 1's device memory, FT_EMU_MEM of that rank only)
 cat >"$work/own-gpu" <<'EOF'
 #!/bin/sh
+if [ -n "${RANK1_MEM:-}" ] && [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then export FT_EMU_MEM=$RANK1_MEM; fi
 CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK exec "$@"
 EOF
 chmod +x "$work/own-gpu"
@@ -129,7 +132,7 @@ fi
 # ---- batch_size auto: a context on the rank's own GPU only ----------------------------
 for how in shared own; do
   vars=(FT_EMU_CONTEXT_LOG="$work/auto-$how.ctx")
-  [ "$how" = own ] && vars+=(OWN_GPU=1)
+  [ "$how" = own ] && vars+=(OWN_GPU=1 RANK1_MEM=128MiB)
   # (a small device keeps the batch auto picks small)
   run "auto-$how" 2 FT_EMU_MEM=160MiB "${vars[@]}" -- --set dist.strategy=ddp \
     --set train.batch_size=auto --set train.max_steps=1
@@ -144,6 +147,12 @@ for how in shared own; do
     bad "$label" "contexts: rank 0 on devices [${c0% }], rank 1 on [${c1% }] (want [0] and [1])"
   fi
 done
+# (rank 1's device was the smaller: rank 0 names where the budget came from)
+if grep -q "another rank's free GPU memory x 0.9, the smallest" "$work/auto-own.err"; then
+  ok "batch_size auto: a budget from another rank's GPU says so"
+else
+  bad "batch_size auto: a budget from another rank's GPU" "$(grep -m1 -o 'budget of .*' "$work/auto-own.err")"
+fi
 
 # ---- zero1 / zero2 in bf16: the bf16 copies travel, the results stay ------------------
 # step_bytes NAME KIND: rank 0's bytes of KIND in step 1 (FT_DIST_PROFILE)
