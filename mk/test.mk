@@ -19,9 +19,8 @@
 #                     checks in place of compute-sanitizer. Needs no GPU and no CUDA toolkit.
 #   test-nccl-emu     the NCCL emulation of the emulated CUDA device (tests/emu/include/
 #                     nccl.h, tests/emu/runtime/nccl_emu.cc) under real MPI ranks (alone and
-#                     np 1-3, and the misuses it must stop), built with the test stand-in of
-#                     the emulated runtime (tests/emu/standin) until make CUDA=emu has one;
-#                     needs MPI. Not part of `make test` (yet: the emulated GPU tier's).
+#                     np 1-3, and the misuses it must stop), linked with the emulated runtime
+#                     of make CUDA=emu; needs MPI. Part of test-gpu-emu (so of `make test`).
 #   test              deps + build + every tier but test-gpu, test-gpu-emu last.
 
 UNIT_SRCS := $(wildcard tests/unit/test_*.c)
@@ -146,58 +145,29 @@ test-dist:
 	@echo "dist: 0 passed, 0 failed (no MPI in this build)"
 endif
 
-# The NCCL emulation (issue 20), outside the normal build: nccl_emu.cc and the test are built
-# with MPI's C API (the flags of mpicc) against tests/emu/include, linked with the test
-# stand-in of the emulated runtime (ft_emu.h, cudaMalloc/cudaMemcpy/cudaFree: tracked
-# malloc). The emulated build replaces NCCL_EMU_RUNTIME (objects or libraries giving
-# ft_emu.h and the CUDA runtime) and drops tests/emu/standin from NCCL_EMU_INCLUDES.
-# lib/dist/dist_nccl.c is compiled (-fsyntax-only) against the emulated nccl.h too, with
-# the emulated runtime's cuda_runtime_api.h, else the CUDA toolkit's.
-NCCL_EMU_DIR := build/tests/nccl-emu
-NCCL_EMU_BIN := $(NCCL_EMU_DIR)/test_nccl_emu
-NCCL_EMU_INCLUDES ?= -Itests/emu/include -Itests/emu/standin
-NCCL_EMU_RUNTIME ?= $(NCCL_EMU_DIR)/ft_emu_standin.o
-NCCL_EMU_CFLAGS := -O2 -g -Wall -Wextra -Werror
-NCCL_EMU_CUDA_INC := $(if $(wildcard tests/emu/include/cuda_runtime_api.h),,$(if $(wildcard \
-                       $(CUDA_HOME)/include/cuda_runtime_api.h),$(call q,-I$(CUDA_HOME)/include)))
-ifeq ($(MPI),1)
-NCCL_EMU_MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
-NCCL_EMU_MPI_LIBS := $(shell mpicc --showme:link 2>/dev/null)
+# The NCCL emulation (issue 20) on its own: tests/emu/test_nccl_emu.c under real MPI ranks
+# (tests/emu/run-nccl-emu.sh), against the emulated runtime of make CUDA=emu
+# (build-emu/libcudaemu.a, which holds tests/emu/runtime/nccl_emu.cc when the build has MPI).
+# Part of make test-gpu-emu; make test-nccl-emu runs it alone (in the emulated build).
+# lib/dist/dist_nccl.c is built against the emulated nccl.h in that build itself.
+NCCL_EMU_BIN := $(FT_BUILD)/tests/nccl-emu/test_nccl_emu
+ifeq ($(CUDA),emu)
+ifeq ($(NCCL),1)
+EMU_CHECK_BINS += $(NCCL_EMU_BIN)
 
-$(NCCL_EMU_DIR)/nccl_emu.o: tests/emu/runtime/nccl_emu.cc tests/emu/include/nccl.h \
-                            tests/emu/include/ft_emu.h $(wildcard tests/emu/standin/*.h)
+$(NCCL_EMU_BIN): tests/emu/test_nccl_emu.c $(EMU_HEADERS) $(EMU_LIB)
 	@mkdir -p $(dir $@)
-	$(call ft_step,CXX,$<)$(call q,$(CXX_EMU)) -std=c++17 $(NCCL_EMU_CFLAGS) -ffp-contract=off \
-	  $(NCCL_EMU_INCLUDES) $(NCCL_EMU_MPI_CFLAGS) -c $< -o $@
+	$(call ft_step,CC,$<)$(FT_CC) $< $(FT_LD) $(LDLIBS) -o $@
 
-$(NCCL_EMU_DIR)/ft_emu_standin.o: tests/emu/standin/ft_emu_standin.c tests/emu/include/ft_emu.h \
-                                  tests/emu/standin/cuda_runtime_api.h
-	@mkdir -p $(dir $@)
-	$(call ft_step,CC,$<)$(call q,$(CC)) -std=c11 -D_GNU_SOURCE $(NCCL_EMU_CFLAGS) \
-	  $(NCCL_EMU_INCLUDES) -c $< -o $@
-
-$(NCCL_EMU_BIN): tests/emu/test_nccl_emu.c $(NCCL_EMU_DIR)/nccl_emu.o $(NCCL_EMU_RUNTIME)
-	@mkdir -p $(dir $@)
-	$(call ft_step,CC,$<)$(call q,$(CC)) -std=c11 -D_GNU_SOURCE $(NCCL_EMU_CFLAGS) \
-	  $(NCCL_EMU_INCLUDES) $(NCCL_EMU_MPI_CFLAGS) $< $(NCCL_EMU_DIR)/nccl_emu.o $(NCCL_EMU_RUNTIME) \
-	  $(NCCL_EMU_MPI_LIBS) -lstdc++ -lm -o $@
-
-# lib/dist/dist_nccl.c unchanged against the emulated nccl.h (C11, as the library builds it)
-$(NCCL_EMU_DIR)/dist_nccl.checked: lib/dist/dist_nccl.c lib/dist/dist_nccl.h lib/dist/dist.h \
-                                   tests/emu/include/nccl.h
-	@mkdir -p $(dir $@)
-	@if [ -e tests/emu/include/cuda_runtime_api.h ] || [ -n $(call q,$(NCCL_EMU_CUDA_INC)) ]; then \
-	  $(call q,$(CC)) -std=c11 -D_GNU_SOURCE $(NCCL_EMU_CFLAGS) -DFT_HAVE_CUDA -DFT_HAVE_NCCL \
-	    -DFT_HAVE_MPI -Itests/emu/include $(NCCL_EMU_CUDA_INC) -Ilib -Ikernels $(NCCL_EMU_MPI_CFLAGS) \
-	    -fsyntax-only $< && echo "nccl-emu: lib/dist/dist_nccl.c compiles against tests/emu/include/nccl.h" \
-	    && touch $@; \
-	else echo "nccl-emu: no cuda_runtime_api.h (emulated or CUDA's): dist_nccl.c not compiled against nccl.h"; fi
-
-test-nccl-emu: $(NCCL_EMU_BIN) $(NCCL_EMU_DIR)/dist_nccl.checked
-	$(CPU_ONLY) tests/emu/run-nccl-emu.sh $(NCCL_EMU_BIN)
+test-nccl-emu: $(NCCL_EMU_BIN)
+	env -u CUDA_VISIBLE_DEVICES FT_NCCL_EMU_BIN=$(NCCL_EMU_BIN) tests/emu/run-nccl-emu.sh
 else
 test-nccl-emu:
-	@echo "nccl-emu: 0 passed, 0 failed (no MPI in this build)"
+	@echo "nccl-emu: 0 passed, 0 failed (this emulated build has no NCCL emulation: it needs MPI)"
+endif
+else
+test-nccl-emu:
+	$(MAKE) --no-print-directory CUDA=emu test-nccl-emu
 endif
 
 ifeq ($(CUDA),1)
@@ -228,7 +198,8 @@ test-gpu-emu: $(GPU_BINS) $(EMU_CHECK_BINS) $(TOOLS) $(CONFORM_HARNESS)
 	  FT_EVAL=$(call q,$(abspath $(FT_BIN)/ft-eval)) FT_QUANTIZE=$(call q,$(abspath $(FT_BIN)/ft-quantize)) \
 	  PYTHON=$(call q,$(abspath $(VENV))/bin/python) \
 	  tests/run-gpu.sh $(EMU_CHECK_TESTS) tests/emu/checks/test_checks.sh $(GPU_BINS) \
-	  tests/emu/checks/test_train.sh tests/emu/checks/test_run_gpu.sh
+	  tests/emu/checks/test_train.sh tests/emu/checks/test_run_gpu.sh \
+	  tests/emu/checks/test_dist.sh tests/emu/run-nccl-emu.sh
 else
 test-gpu-emu:
 	$(MAKE) --no-print-directory CUDA=emu test-gpu-emu

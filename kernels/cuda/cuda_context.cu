@@ -3,70 +3,102 @@
  *
  * The ops interface carries no context argument (the tensor's device picks the backend,
  * DESIGN.md seam 1), so this is the one piece of process-wide state of kernels/cuda,
- * created lazily on the current device by the first op and kept for the life of the
- * process, as llm.c keeps its cuBLAS handle. Ops are issued from one host thread. */
-#include "cuda_common.cuh"
+ * opened on the current device by ft_cuda_context_open (the tools, when they select the
+ * GPU: device/run_device.h) or else by the first op, and kept for the life of the process,
+ * as llm.c keeps its cuBLAS handle. Ops are issued from one host thread. */
+#include <stdio.h>
+#include <stdlib.h>
 
-extern "C" {
 #include "core/ft_error.h"
-}
+#include "cuda_common.cuh"
+#include "device_memory.h"
 
 namespace {
 struct cuda_context {
     bool ready;
     cudaStream_t stream;
     cublasHandle_t cublas;
+    void *workspace; /* cuBLAS's, given to it (cublasSetWorkspace) */
+    size_t workspace_bytes;
     double *scratch;
 };
 cuda_context ctx;
 
-/* The context on the current device, or -1 with err: its allocations (the cuBLAS handle,
- * the scratch) can meet a full device, which is an out-of-memory of the run (err->oom),
- * not a bug. */
+/* The size of cuBLAS's own default workspace (4 MiB; 32 MiB on Hopper and later). */
+size_t workspace_size(void)
+{
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        major = 9;
+    }
+    return (size_t)(major >= 9 ? 32 : 4) << 20;
+}
+
+int cublas_fail(ft_err *err, const char *call, cublasStatus_t st)
+{
+    const char *fmt = "%s: %s (%s)";
+    if (st == CUBLAS_STATUS_ALLOC_FAILED)
+        return ft_fail_oom(err, fmt, call, cublasGetStatusString(st), cublasGetStatusName(st));
+    return ft_fail(err, fmt, call, cublasGetStatusString(st), cublasGetStatusName(st));
+}
+
+/* Everything the context allocates, at once and recoverably: the cuBLAS handle, the
+ * workspace cuBLAS would otherwise allocate by itself on the first GEMM, and the scratch.
+ * An op has no error to return, so a device out of memory there could only abort; here it
+ * is an out-of-memory error (err->oom) that ft-train explains with the memory plan. */
 int context_open(ft_err *err)
 {
     if (ctx.ready)
         return 0;
+    cuda_context c = {};
     /* The legacy default stream: ordered with cudaMemcpy and every other library call on
      * the device, which keeps host<->device copies in the trainer simple. */
-    ctx.stream = 0;
-    cublasStatus_t s = cublasCreate(&ctx.cublas);
-    if (s != CUBLAS_STATUS_SUCCESS) {
+    c.stream = 0;
+    cublasStatus_t st = cublasCreate(&c.cublas);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return cublas_fail(err, "cublasCreate", st);
+    c.workspace_bytes = workspace_size();
+    int dev = -1;
+    (void)cudaGetDevice(&dev);
+    if (cudaMalloc(&c.workspace, c.workspace_bytes) != cudaSuccess) {
         (void)cudaGetLastError();
-        if (s == CUBLAS_STATUS_ALLOC_FAILED)
-            return ft_fail_oom(err, "out of GPU memory creating the cuBLAS handle");
-        return ft_fail(err, "cublasCreate: %s", cublasGetStatusString(s));
+        cublasDestroy(c.cublas);
+        return ft_fail_oom(err, "out of device memory on GPU %d for cuBLAS's workspace "
+                                "(%zu MiB)", dev, c.workspace_bytes >> 20);
     }
-    CUBLAS_CHECK(cublasSetStream(ctx.cublas, ctx.stream));
+    if (cudaMalloc(&c.scratch, FT_CUDA_SCRATCH_DOUBLES * sizeof(double)) != cudaSuccess) {
+        (void)cudaGetLastError();
+        cudaFree(c.workspace);
+        cublasDestroy(c.cublas);
+        return ft_fail_oom(err, "out of device memory on GPU %d for the CUDA backend's "
+                                "scratch (%zu KiB)", dev, FT_CUDA_SCRATCH_DOUBLES * sizeof(double) >> 10);
+    }
     /* fp32 GEMMs stay fp32 (no TF32): the fp32 path is checked at 1e-5 against the CPU. */
-    CUBLAS_CHECK(cublasSetMathMode(ctx.cublas, CUBLAS_DEFAULT_MATH));
-    const size_t bytes = FT_CUDA_SCRATCH_DOUBLES * sizeof(double);
-    cudaError_t e = cudaMalloc(&ctx.scratch, bytes);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError(); /* not left for the next op's launch check */
-        (void)cublasDestroy(ctx.cublas);
-        if (e == cudaErrorMemoryAllocation)
-            return ft_fail_oom(err, "out of GPU memory creating the CUDA ops' context: "
-                                    "%zu bytes of reduction scratch did not fit",
-                               bytes);
-        return ft_fail(err, "cudaMalloc of the CUDA ops' scratch: %s (%s)",
-                       cudaGetErrorString(e), cudaGetErrorName(e));
+    if ((st = cublasSetStream(c.cublas, c.stream)) != CUBLAS_STATUS_SUCCESS ||
+        (st = cublasSetMathMode(c.cublas, CUBLAS_DEFAULT_MATH)) != CUBLAS_STATUS_SUCCESS ||
+        (st = cublasSetWorkspace(c.cublas, c.workspace, c.workspace_bytes)) !=
+            CUBLAS_STATUS_SUCCESS) {
+        cudaFree(c.scratch);
+        cudaFree(c.workspace);
+        cublasDestroy(c.cublas);
+        return cublas_fail(err, "setting up the cuBLAS handle", st);
     }
-    ctx.ready = true;
+    c.ready = true;
+    ctx = c;
     return 0;
 }
 
-/* The first op's lazy creation, where ft_cuda_context_open was not called first (the GPU
- * tier's op tests): a failure there aborts, as any op's CUDA error does. */
+/* A caller that never opened the context (a test of one op): opened on first use, and a
+ * failure stops the process, as a failed op would. */
 void context_init(void)
 {
-    if (ctx.ready)
-        return;
     ft_err err;
-    if (context_open(&err)) {
-        fprintf(stderr, "CUDA ops: %s\n", err.msg);
-        abort();
-    }
+    if (ctx.ready || context_open(&err) == 0)
+        return;
+    fprintf(stderr, "the CUDA backend's context: %s\n", err.msg);
+    abort();
 }
 } // namespace
 

@@ -104,14 +104,6 @@ void ft_cuda_dequant_8bit_blockwise(ft_tensor out, ft_tensor q, ft_tensor absmax
 void ft_cuda_dequant_int8_rows(ft_tensor out, ft_tensor q, ft_tensor scb, int rows,
                                int cols);
 
-/* cuda_context.cu: creates the ops' context (stream, cuBLAS handle, scratch) on the
- * current device now, instead of in the first op, where a failure aborts. The tools call
- * it right after selecting the GPU (ft_run_device_select), before the model allocates, so
- * that a device without room for it is an out-of-memory they report with the memory plan
- * (err->oom), as for any allocation of the run. 0, or -1 with err. */
-struct ft_err;
-int ft_cuda_context_open(struct ft_err *err);
-
 /* cuda_context.cu: waits until every op enqueued so far has finished; aborts with the
  * CUDA error if one failed (a kernel fault is a bug, not an input error). */
 void ft_cuda_synchronize(void);

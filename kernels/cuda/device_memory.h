@@ -23,6 +23,12 @@ int ft_cuda_pci_bus_id(int index, char *buf, int len);
 /* Makes device ordinal index the calling thread's current device. 0, or -1 with err. */
 int ft_cuda_select_device(int index, struct ft_err *err);
 
+/* Opens the CUDA backend's context on the current device (the cuBLAS handle, cuBLAS's
+ * workspace and the ops' scratch), which the first op would otherwise open and could only
+ * abort on failure. 0, or -1 with err (err->oom when the device memory has no room for
+ * them). Opened once per process; later calls return 0. */
+int ft_cuda_context_open(struct ft_err *err);
+
 /* Device buffer of `bytes` bytes on the current device (uninitialised). NULL when out
  * of device memory, when there is no device, or when bytes == 0; callers turn that into
  * an ft_err naming what they were allocating, as with ft_alloc. */

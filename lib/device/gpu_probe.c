@@ -265,7 +265,7 @@ static void note_visible_devices(ft_gpu_probe *p)
 /* The emulated build (make CUDA=emu) has no driver to load: its GPUs are the emulated
  * runtime's (tests/emu; FT_EMU_DEVICES, FT_EMU_ARCH, FT_EMU_MEM, CUDA_VISIBLE_DEVICES),
  * their names ending in "(emulated)". */
-static void probe_gpus(ft_gpu_probe *p, const char *cuda_lib)
+static void probe_gpus(ft_gpu_probe *p, const char *cuda_lib, int only)
 {
     (void)cuda_lib;
     p->emulated = 1;
@@ -295,7 +295,8 @@ static void probe_gpus(ft_gpu_probe *p, const char *cuda_lib)
         g->cc_major = prop.major;
         g->cc_minor = prop.minor;
         g->multiprocessors = prop.multiProcessorCount;
-        if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_bytes, &total) == cudaSuccess) {
+        if ((only < 0 || only == i) && cudaSetDevice(i) == cudaSuccess &&
+            cudaMemGetInfo(&free_bytes, &total) == cudaSuccess) {
             g->mem_free = free_bytes;
             g->mem_free_known = 1;
         }
@@ -309,7 +310,7 @@ static void probe_gpus(ft_gpu_probe *p, const char *cuda_lib)
     (void)cudaGetLastError();
 }
 #else
-static void probe_gpus(ft_gpu_probe *p, const char *cuda_lib)
+static void probe_gpus(ft_gpu_probe *p, const char *cuda_lib, int only)
 {
     drv_api api;
     if (drv_load(&api, cuda_lib, p) != 0) {
@@ -364,7 +365,8 @@ static void probe_gpus(ft_gpu_probe *p, const char *cuda_lib)
         api.device_get_attribute(&g->cc_major, DRV_ATTR_COMPUTE_CAPABILITY_MAJOR, devs[i]);
         api.device_get_attribute(&g->cc_minor, DRV_ATTR_COMPUTE_CAPABILITY_MINOR, devs[i]);
         api.device_get_attribute(&g->multiprocessors, DRV_ATTR_MULTIPROCESSOR_COUNT, devs[i]);
-        drv_free_memory(&api, devs[i], g);
+        if (only < 0 || only == i)
+            drv_free_memory(&api, devs[i], g);
     }
     for (int i = 0; i < listed; i++)
         for (int j = 0; j < listed; j++) {
@@ -468,9 +470,20 @@ void ft_gpu_probe_run_libs(ft_gpu_probe *p, const char *cuda_lib, const char *nc
     p->cuda_build = 1;
     p->cuda_build_version = CUDA_VERSION;
 #endif
-    probe_gpus(p, cuda_lib);
+    probe_gpus(p, cuda_lib, -1);
     probe_nccl(p, nccl_lib);
     probe_cpu(p);
+}
+
+void ft_gpu_probe_run_device(ft_gpu_probe *p, int device)
+{
+    memset(p, 0, sizeof *p);
+    memset(p->peer, -1, sizeof p->peer);
+#ifdef FT_HAVE_CUDA
+    p->cuda_build = 1;
+    p->cuda_build_version = CUDA_VERSION;
+#endif
+    probe_gpus(p, "libcuda.so.1", device < 0 ? FT_GPU_MAX : device);
 }
 
 void ft_gpu_probe_run(ft_gpu_probe *p)

@@ -65,6 +65,11 @@ typedef struct ft_gpu_probe {
  * left as it was. */
 void ft_gpu_probe_run(ft_gpu_probe *p);
 
+/* The GPUs only (no NCCL, no CPU), with the free memory (a context) of GPU `device` alone:
+ * the others' mem_free_known stays 0. A rank's memory budget needs its own GPU, and a
+ * context on each GPU from each rank costs every GPU ~500 MiB per rank of the node. */
+void ft_gpu_probe_run_device(ft_gpu_probe *p, int device);
+
 /* As ft_gpu_probe_run, loading the driver and NCCL from the given library names (a
  * bare soname is searched as dlopen does). For tests: a missing or stub library shows
  * the no-GPU paths on any machine. */

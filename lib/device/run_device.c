@@ -4,7 +4,6 @@
 #include <string.h>
 
 #ifdef FT_HAVE_CUDA
-#include "cuda/cuda_ops.h"
 #include "cuda/device_memory.h"
 #endif
 
@@ -75,19 +74,36 @@ int ft_run_device_resolve(const ft_train_section *t, ft_run_device_choice *out, 
     return 0;
 }
 
+int ft_gpu_for_rank(int local_rank, int visible)
+{
+    if (visible <= 0)
+        return -1;
+    return (local_rank < 0 ? 0 : local_rank) % visible;
+}
+
+int ft_rank_gpu(int local_rank)
+{
+#ifdef FT_HAVE_CUDA
+    return ft_gpu_for_rank(local_rank, ft_cuda_device_count());
+#else
+    (void)local_rank;
+    return -1;
+#endif
+}
+
 int ft_run_device_select(const ft_run_device_choice *c, int local_rank, int *out, ft_err *err)
 {
     *out = -1;
     if (c->device != FT_DEV_CUDA)
         return 0;
 #ifdef FT_HAVE_CUDA
-    int gpus = ft_cuda_device_count();
-    if (gpus == 0)
+    int gpu = ft_rank_gpu(local_rank);
+    if (gpu < 0)
         return ft_fail(err, "no CUDA GPU is visible");
-    *out = local_rank % gpus;
-    /* the ops' context now, before the model's weights: a device too full for it is the
-     * run's out-of-memory (with the plan), not an abort in the first op */
-    if (ft_cuda_select_device(*out, err) || ft_cuda_context_open(err))
+    *out = gpu;
+    /* the backend's context now, where running out of device memory for cuBLAS's
+     * workspace or the scratch is an error the run explains, not an abort in an op */
+    if (ft_cuda_select_device(gpu, err) || ft_cuda_context_open(err))
         return -1;
     return 0;
 #else

@@ -379,14 +379,24 @@ double ft_comm_bytes_sent(const ft_comm *c) { return c->stats.bytes_sent; }
 
 void ft_comm_stats_get(const ft_comm *c, ft_comm_stats *out) { *out = c->stats; }
 
+/* One request of kind k started, sending bytes (by the model of ft_comm_bytes_sent). */
+static void count_call(ft_comm *c, ft_comm_kind k, double bytes)
+{
+    c->stats.bytes_sent += bytes;
+    c->stats.bytes[k] += bytes;
+    c->stats.calls[k]++;
+}
+
 void ft_comm_stats_diff(const ft_comm_stats *now, const ft_comm_stats *before,
                         ft_comm_stats *out)
 {
     ft_comm_stats d;
     d.bytes_sent = now->bytes_sent - before->bytes_sent;
     d.wait_s = now->wait_s - before->wait_s;
-    for (int k = 0; k < FT_COMM_NKINDS; k++)
+    for (int k = 0; k < FT_COMM_NKINDS; k++) {
         d.calls[k] = now->calls[k] - before->calls[k];
+        d.bytes[k] = now->bytes[k] - before->bytes[k];
+    }
     *out = d;
 }
 
@@ -673,8 +683,7 @@ int ft_comm_iallreduce(ft_comm *c, void *buf, size_t n, ft_comm_dtype dt, ft_com
 #endif
     }
     /* single: the sum, max and average over one rank are the buffer itself */
-    c->stats.bytes_sent += 2.0 * (c->size - 1) / c->size * (double)(n * es);
-    c->stats.calls[FT_COMM_KIND_ALLREDUCE]++;
+    count_call(c, FT_COMM_KIND_ALLREDUCE, 2.0 * (c->size - 1) / c->size * (double)(n * es));
     *req = r;
     return 0;
 }
@@ -725,8 +734,7 @@ int ft_comm_ireduce_scatter_v(ft_comm *c, const void *send, void *recv, const si
     } else if (!c->mpi && copy_bytes(recv, (const char *)send + off * es, mine * es, err)) {
         return start_fail(r, err);
     }
-    c->stats.bytes_sent += (double)(c->size - 1) / c->size * (double)(total * es);
-    c->stats.calls[FT_COMM_KIND_REDUCE_SCATTER]++;
+    count_call(c, FT_COMM_KIND_REDUCE_SCATTER, (double)(c->size - 1) / c->size * (double)(total * es));
     *req = r;
     return 0;
 }
@@ -771,8 +779,7 @@ int ft_comm_iallgather_v(ft_comm *c, const void *send, void *recv, const size_t 
     } else if (!c->mpi && copy_bytes(block, send, mine * es, err)) {
         return start_fail(r, err);
     }
-    c->stats.bytes_sent += (double)(c->size - 1) / c->size * (double)(total * es);
-    c->stats.calls[FT_COMM_KIND_ALLGATHER]++;
+    count_call(c, FT_COMM_KIND_ALLGATHER, (double)(c->size - 1) / c->size * (double)(total * es));
     *req = r;
     return 0;
 }
@@ -814,9 +821,7 @@ int ft_comm_ibroadcast(ft_comm *c, void *buf, size_t n, ft_comm_dtype dt, int ro
 #endif
     }
     /* a ring (pipelined chain) broadcast forwards all n through every rank; alone, no one */
-    if (c->size > 1)
-        c->stats.bytes_sent += (double)(n * es);
-    c->stats.calls[FT_COMM_KIND_BROADCAST]++;
+    count_call(c, FT_COMM_KIND_BROADCAST, c->size > 1 ? (double)(n * es) : 0);
     *req = r;
     return 0;
 }
@@ -870,9 +875,7 @@ static int p2p(ft_comm *c, bool is_send, void *buf, size_t n, ft_comm_dtype dt, 
         }
 #endif
     }
-    if (is_send)
-        c->stats.bytes_sent += (double)(n * es);
-    c->stats.calls[is_send ? FT_COMM_KIND_SEND : FT_COMM_KIND_RECV]++;
+    count_call(c, is_send ? FT_COMM_KIND_SEND : FT_COMM_KIND_RECV, is_send ? (double)(n * es) : 0);
     *req = r;
     return 0;
 }

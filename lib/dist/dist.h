@@ -92,6 +92,7 @@ double ft_comm_bytes_sent(const ft_comm *c);
  *               communication that compute did not hide, plus time waiting for a slower
  *               rank to reach the collective (MPI's nonblocking collectives progress
  *               inside the wait, so on CPU ranks nearly all of their time shows here);
+ *   bytes       bytes_sent by kind (what each kind of collective moved);
  *   calls       requests started, by kind. A ring's latency is paid per hop: 2(N-1) hops
  *               per allreduce, N-1 per reduce-scatter, allgather or broadcast, one per
  *               send. A single process counts its calls too. */
@@ -109,6 +110,7 @@ typedef enum ft_comm_kind {
 typedef struct ft_comm_stats {
     double bytes_sent;
     double wait_s;
+    double bytes[FT_COMM_NKINDS];
     long calls[FT_COMM_NKINDS];
 } ft_comm_stats;
 

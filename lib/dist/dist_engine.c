@@ -73,6 +73,10 @@ static void write_profile(ft_engine *e, int n_micro, long tokens)
     for (int k = 0; k < FT_COMM_NKINDS; k++)
         fprintf(e->profile, "%s\"%s\": %ld", k ? ", " : "", ft_comm_kind_name((ft_comm_kind)k),
                 c->calls[k]);
+    fprintf(e->profile, "}, \"bytes\": {");
+    for (int k = 0; k < FT_COMM_NKINDS; k++)
+        fprintf(e->profile, "%s\"%s\": %.17g", k ? ", " : "", ft_comm_kind_name((ft_comm_kind)k),
+                c->bytes[k]);
     fprintf(e->profile, "}}\n");
     fflush(e->profile);
 }
@@ -194,6 +198,8 @@ int ft_engine_new(ft_engine **out, ft_comm *comm, const char *model_dir,
     e->ccomm = e->cdt == FT_F32 ? FT_COMM_F32 : FT_COMM_BF16;
     const char *split = getenv("FT_DIST_SPLIT_COMPUTE");
     e->split_compute = e->cdt != FT_F32 || (split && !strcmp(split, "1"));
+    e->gather_compute = e->cdt != FT_F32 && (o->strategy == FT_STRATEGY_ZERO1 ||
+                                             o->strategy == FT_STRATEGY_ZERO2);
     e->n_units = ft_model_n_units(e->m);
     ft_model_trainable(e->m, &e->n_train);
     e->n_frozen = ft_model_frozen_count(e->m);
@@ -280,6 +286,45 @@ static void begin_step(ft_engine *e)
     }
 }
 
+/* zero1 / zero2: buf (n_train elements of dt, whole on every rank) gets every rank's
+ * owned range from its owner. */
+static int gather_shards(ft_engine *e, float *buf, ft_comm_dtype dt, ft_err *err)
+{
+    size_t *counts = malloc((size_t)e->world * sizeof *counts);
+    if (!counts)
+        return ft_fail(err, "out of memory");
+    for (int r = 0; r < e->world; r++)
+        counts[r] = e->own[r + 1] - e->own[r];
+    size_t es = dt == FT_COMM_F32 ? sizeof(float) : e->cesize;
+    int rc = ft_comm_allgather_v(e->comm, (char *)buf + e->own[e->rank] * es, buf, counts, dt, err);
+    free(counts);
+    return rc;
+}
+
+/* zero1 / zero2 in bf16: the owner rounds its updated fp32 shard to its bf16 copy, and the
+ * copies travel (the bf16 the others get is the one the owner's master rounds to, as a
+ * gathered master rounded there would be: the same bits). The other ranks' masters are
+ * left stale here: nothing reads them but a save, which gathers them first. */
+static int gather_shards_compute(ft_engine *e, ft_err *err)
+{
+    float *copy = e->whole ? ft_model_trainable_compute(e->m) : e->train_c;
+    size_t b = e->own[e->rank], n = e->own[e->rank + 1] - b;
+    refresh(e, engine_at(e, copy, b), e->train + b, n);
+    e->masters_stale = e->world > 1;
+    return gather_shards(e, copy, e->ccomm, err);
+}
+
+/* Before a save of zero1 / zero2 in bf16: every rank's fp32 masters whole again. */
+static int gather_stale_masters(ft_engine *e, ft_err *err)
+{
+    if (!e->masters_stale)
+        return 0;
+    if (gather_shards(e, e->train, FT_COMM_F32, err))
+        return -1;
+    e->masters_stale = false;
+    return 0;
+}
+
 static int update(ft_engine *e, float lr, float coef, ft_err *err)
 {
     size_t n = e->opt_end - e->opt_begin;
@@ -300,18 +345,12 @@ static int update(ft_engine *e, float lr, float coef, ft_err *err)
     int rc = 0;
     switch (e->o.strategy) {
     case FT_STRATEGY_ZERO1:
-    case FT_STRATEGY_ZERO2: {
+    case FT_STRATEGY_ZERO2:
         /* every rank gets the updated shards of the others */
-        size_t *counts = malloc((size_t)e->world * sizeof *counts);
-        if (!counts)
-            return ft_fail(err, "out of memory");
-        for (int r = 0; r < e->world; r++)
-            counts[r] = e->own[r + 1] - e->own[r];
-        rc = ft_comm_allgather_v(e->comm, e->train + e->own[e->rank], e->train, counts,
-                                 FT_COMM_F32, err);
-        free(counts);
+        if (e->gather_compute)
+            return gather_shards_compute(e, err);
+        rc = gather_shards(e, e->train, FT_COMM_F32, err);
         break;
-    }
     case FT_STRATEGY_ZERO3:
     case FT_STRATEGY_FSDP:
         dp_invalidate(e); /* gathered windows hold the old values */
@@ -504,6 +543,8 @@ static int alloc_whole(gathered *g, size_t n, bool params, bool moments, ft_err 
 static int gather_all(ft_engine *e, gathered *g, bool moments, ft_err *err)
 {
     memset(g, 0, sizeof *g);
+    if (gather_stale_masters(e, err))
+        return -1;
     /* ddp (and zero1/2 for the weights) hold whole replicas */
     bool whole_params = e->train && !is_pipeline(e);
     bool whole_moments = e->opt_begin == 0 && e->opt_end == e->n_train;
@@ -619,6 +660,8 @@ int ft_engine_load_checkpoint(ft_engine *e, const char *path, ft_train_state *st
     }
     bind(e);
     engine_refresh_compute(e);
+    if (rc == 0)
+        e->masters_stale = false; /* every rank read the whole buffer */
     if (!is_pipeline(e))
         dp_invalidate(e);
     gathered_free(&g);

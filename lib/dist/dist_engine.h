@@ -45,7 +45,8 @@
  * per step to dir/rank-R.jsonl (dir is created), ft_engine_step_profile's figures:
  *   {"step": optimizer step, "rank": R, "world": N, "strategy": name, "micro_batches": n,
  *    "tokens": this rank's input tokens, "step_s": wall time of the step, "comm_wait_s":
- *    time blocked in communication, "comm_bytes": bytes sent, "calls": {kind: count}}
+ *    time blocked in communication, "comm_bytes": bytes sent, "calls": {kind: count},
+ *    "bytes": {kind: bytes sent}}
  * (make bench-dist reads them; on a cluster they show where a step's time goes). */
 #ifndef FT_DIST_ENGINE_H
 #define FT_DIST_ENGINE_H

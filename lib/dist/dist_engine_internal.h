@@ -53,6 +53,10 @@ struct ft_engine {
     size_t cesize;
     ft_comm_dtype ccomm;
     bool split_compute;
+    /* zero1 / zero2 in bf16: after the step each rank sends the others the bf16 copy of its
+     * shard, not the fp32 master (half the bytes); the fp32 masters of the other ranks'
+     * shards are then stale here (masters_stale) until a save gathers them. */
+    bool gather_compute, masters_stale;
     /* none, ddp, zero1: a whole replica in the model's own buffers (train, grad and frozen
      * point into them; the model is loaded bound and keeps its compute copy). The other
      * strategies load the model unbound and bind it to buffers of their own. */

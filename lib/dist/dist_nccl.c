@@ -15,6 +15,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "device/run_device.h"
+
 int ft_dist_on_device(const void *p)
 {
     if (!p)
@@ -132,11 +134,10 @@ void ft_nccl_finalize(ft_nccl *g)
     free(g);
 }
 
-/* This rank's half of the setup before the collective ncclCommInitRank: the device,
- * the comm stream and (rank 0) the unique id. */
-static int setup_local(ft_nccl *g, int count, int local_rank, ncclUniqueId *id, ft_err *err)
+/* This rank's half of the setup before the collective ncclCommInitRank: the device
+ * (already chosen), the comm stream and (rank 0) the unique id. */
+static int setup_local(ft_nccl *g, ncclUniqueId *id, ft_err *err)
 {
-    g->device = local_rank % count;
     CUDA_OK(cudaSetDevice(g->device), err);
     CUDA_OK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking), err);
     CUDA_OK(cudaEventCreateWithFlags(&g->ready, cudaEventDisableTiming), err);
@@ -145,6 +146,45 @@ static int setup_local(ft_nccl *g, int count, int local_rank, ncclUniqueId *id, 
         if (rc != ncclSuccess)
             return nccl_fail(NULL, err, "ncclGetUniqueId", rc);
     }
+    return 0;
+}
+
+/* NCCL refuses two ranks on one GPU. Which GPU a rank's ordinal is depends on what it
+ * sees: ranks that all see the node's GPUs take one each, a rank given one GPU of its own
+ * (Slurm's --gpus-per-task=1) sees it as device 0. So the ranks of a node compare the PCI
+ * bus ids of the GPUs they took. *shared (on every rank of the node) is the node-local
+ * rank another local rank shares this rank's GPU with, or -1; bus gets this rank's id. */
+static int shared_gpu(int device, int *shared, char *bus, size_t bus_len, ft_err *err)
+{
+    enum { ID = 32 };
+    *shared = -1;
+    if (cudaDeviceGetPCIBusId(bus, (int)bus_len, device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(bus, bus_len, "ordinal %d", device); /* compared as such: no better */
+    }
+    MPI_Comm node;
+    int rc = MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    if (rc != MPI_SUCCESS)
+        return ft_fail(err, "MPI_Comm_split_type while starting NCCL failed (error %d)", rc);
+    int n = 0, me = 0;
+    MPI_Comm_size(node, &n);
+    MPI_Comm_rank(node, &me);
+    char mine[ID] = {0}, *all = calloc((size_t)n, ID);
+    if (!all) {
+        MPI_Comm_free(&node);
+        return ft_fail(err, "out of memory");
+    }
+    snprintf(mine, sizeof mine, "%s", bus);
+    rc = MPI_Allgather(mine, ID, MPI_CHAR, all, ID, MPI_CHAR, node);
+    MPI_Comm_free(&node);
+    if (rc != MPI_SUCCESS) {
+        free(all);
+        return ft_fail(err, "MPI_Allgather of the GPUs' bus ids failed (error %d)", rc);
+    }
+    for (int r = 0; r < n && *shared < 0; r++)
+        if (r != me && !strncmp(all + (size_t)r * ID, mine, ID))
+            *shared = r;
+    free(all);
     return 0;
 }
 
@@ -157,20 +197,33 @@ int ft_nccl_init(ft_nccl **out, int rank, int size, int local_rank, int local_si
         (void)cudaGetLastError();
         count = 0;
     }
-    /* NCCL refuses two ranks on one GPU, so every node needs a GPU per local rank */
+    (void)local_size;
     int all = 0;
-    if (all_agree(size, count > 0 && local_size <= count, &all, err))
+    if (all_agree(size, count > 0, &all, err))
         return -1;
     if (!all) {
         if (!required)
             return 0;
         if (count == 0)
             return ft_fail(err, "FT_DIST_BACKEND=nccl, but rank %d sees no CUDA device", rank);
-        if (local_size > count)
-            return ft_fail(err, "FT_DIST_BACKEND=nccl, but %d ranks share %d GPU(s) on the "
-                                "node of rank %d (NCCL needs one GPU per rank)",
-                           local_size, count, rank);
-        return ft_fail(err, "FT_DIST_BACKEND=nccl, but another node has fewer GPUs than ranks");
+        return ft_fail(err, "FT_DIST_BACKEND=nccl, but another rank sees no CUDA device");
+    }
+    /* every rank a GPU of its own (the GPU the trainer will take too) */
+    int device = ft_gpu_for_rank(local_rank, count), shared = -1;
+    char bus[32];
+    if (size > 1 && shared_gpu(device, &shared, bus, sizeof bus, err))
+        return -1;
+    if (all_agree(size, shared < 0, &all, err))
+        return -1;
+    if (!all) {
+        if (!required)
+            return 0;
+        if (shared >= 0)
+            return ft_fail(err, "FT_DIST_BACKEND=nccl, but rank %d (local rank %d) and local "
+                                "rank %d share GPU %s (%d visible to each): NCCL needs one GPU "
+                                "per rank (fewer ranks per node, or CUDA_VISIBLE_DEVICES)",
+                           rank, local_rank, shared, bus, count);
+        return ft_fail(err, "FT_DIST_BACKEND=nccl, but ranks on another node share a GPU");
     }
 
     ft_nccl *g = calloc(1, sizeof *g);
@@ -178,10 +231,11 @@ int ft_nccl_init(ft_nccl **out, int rank, int size, int local_rank, int local_si
         return ft_fail(err, "out of memory");
     g->rank = rank;
     g->size = size;
+    g->device = device;
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
     ft_err local;
-    int ok = setup_local(g, count, local_rank, &id, &local) == 0;
+    int ok = setup_local(g, &id, &local) == 0;
     /* agree before ncclCommInitRank, which would wait forever for a rank that failed */
     if (all_agree(size, ok, &all, err))
         goto fail;

@@ -29,8 +29,10 @@ typedef struct ft_nccl ft_nccl;
 typedef struct ft_nccl_event ft_nccl_event;
 
 /* Collective over MPI_COMM_WORLD (MPI is up): every rank calls it with its place in the
- * run. NCCL starts only when every rank has a GPU of its own (local_size <= GPUs on its
- * node); then each takes GPU local_rank % count and *out is set. Otherwise *out = NULL
+ * run. Each rank takes GPU ft_gpu_for_rank(local_rank, GPUs it sees) (device/run_device.h,
+ * the trainer's rule), and NCCL starts only when every rank sees a GPU and no two ranks of
+ * a node took the same one (their PCI bus ids differ: one GPU per rank, whether each rank
+ * sees all of the node's GPUs or only its own); then *out is set. Otherwise *out = NULL
  * and 0 is returned, or -1 when required (FT_DIST_BACKEND=nccl). With size 1 no MPI call
  * is made (a single process, launched or not, gets a one-rank NCCL communicator). */
 int ft_nccl_init(ft_nccl **out, int rank, int size, int local_rank, int local_size,

@@ -118,7 +118,7 @@ int ft_memory_available(ft_mem_device dev, int device_index, int local_ranks,
         ft_gpu_probe *p = malloc(sizeof *p);
         if (!p)
             return ft_fail(err, "out of memory");
-        ft_gpu_probe_run(p);
+        ft_gpu_probe_run_device(p, device_index); /* a context on this rank's GPU only */
         int n = p->num_gpus < FT_GPU_MAX ? p->num_gpus : FT_GPU_MAX;
         int rc = 0;
         if (device_index < 0 || device_index >= n || !p->gpus[device_index].mem_free_known) {
@@ -348,8 +348,11 @@ int ft_resolve_batch(ft_run_config *cfg, ft_comm *comm, int world_size, FILE *lo
             ft_comm_allreduce(comm, &local, 1, FT_COMM_I64, FT_COMM_MAX, err))
             return -1;
         ft_mem_budget budget;
-        if (ft_rank_memory_budget(t, dev, comm ? ft_comm_local_rank(comm) : 0, (int)local,
-                                  &budget, err))
+        /* on a GPU, the one this rank takes (which is not local_rank when each rank sees
+         * only its own GPU) */
+        int local_rank = comm ? ft_comm_local_rank(comm) : 0;
+        int index = dev == FT_MEM_DEVICE_CUDA ? ft_rank_gpu(local_rank) : local_rank;
+        if (ft_rank_memory_budget(t, dev, index, (int)local, &budget, err))
             return -1;
         int64_t bytes = (int64_t)budget.bytes;
         if (comm && world > 1) {
@@ -360,9 +363,11 @@ int ft_resolve_batch(ft_run_config *cfg, ft_comm *comm, int world_size, FILE *lo
             bytes = -bytes;
             if ((size_t)bytes != budget.bytes) {
                 budget.bytes = (size_t)bytes;
-                snprintf(budget.source, sizeof budget.source, "another rank's MemAvailable x "
-                                                              "%.1f, the smallest",
-                         HOST_SHARE);
+                /* (what the other rank measured: its GPU's free memory on a GPU run) */
+                bool gpu = dev == FT_MEM_DEVICE_CUDA;
+                snprintf(budget.source, sizeof budget.source,
+                         "another rank's %s x %.1f, the smallest",
+                         gpu ? "free GPU memory" : "MemAvailable", gpu ? DEVICE_SHARE : HOST_SHARE);
             }
         }
         ft_model_config mc;

@@ -57,9 +57,10 @@ typedef struct ft_mem_budget {
 int ft_parse_size(const char *text, size_t *bytes);
 
 /* The memory the hardware leaves one rank: the seam between the auto batch size (and
- * the memory check) and the devices. dev and device_index (the node-local rank) say
- * where the rank's tensors live; local_ranks (>= 1) ranks share this node's host
- * memory. FT_MEM_DEVICE_CUDA: the device's free memory (gpu_probe.h) x 0.9; CPU:
+ * the memory check) and the devices. dev and device_index (the GPU ordinal the rank
+ * takes, ft_rank_gpu; ignored on the CPU) say where the rank's tensors live; local_ranks
+ * (>= 1) ranks share this node's host memory. FT_MEM_DEVICE_CUDA: the device's free
+ * memory (gpu_probe.h; a context on that GPU only) x 0.9; CPU:
  * MemAvailable x 0.8 / local_ranks. An error when the figure cannot be read. */
 int ft_memory_available(ft_mem_device dev, int device_index, int local_ranks,
                         ft_mem_budget *out, ft_err *err);

@@ -201,6 +201,10 @@ int ft_model_param_to_writer(ft_model *m, const ft_param *p, ft_st_writer *w, ft
 /* After the fp32 master weights changed (an optimizer step, a load): refreshes the bf16
  * copy of the trainable parameters the ops read. A no-op unless the model is bf16. */
 void ft_model_sync_compute(ft_model *m);
+/* The compute-dtype copy of the flat trainable buffer that sync_compute refreshes and the
+ * ops read (the master itself in fp32; NULL when unbound or without trainables): zero1
+ * gathers the other ranks' bf16 copies into it (lib/dist). */
+float *ft_model_trainable_compute(ft_model *m);
 
 /* Accumulates into the gradients d(grad_scale * loss_sum)/d(params) for the last
  * forward; grad_scale is usually 1 / (counted tokens of the whole accumulated batch).

@@ -114,6 +114,8 @@ void ft_model_sync_compute(ft_model *m)
             model_view(m, m->train_data, m->n_train, FT_F32), m->n_train);
 }
 
+float *ft_model_trainable_compute(ft_model *m) { return m->train_compute; }
+
 /* The batch arrays prepare_batch fills: the device arrays themselves on the CPU, the
  * host staging on the GPU (then model_upload_batch copies them over). */
 void model_batch_arrays(ft_model *m, int32_t **ids, int32_t **targets, int32_t **pos,

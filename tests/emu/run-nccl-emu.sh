@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The NCCL emulation of the emulated CUDA device (tests/emu/runtime/nccl_emu.cc) under real
-# Open MPI ranks:
-#   tests/emu/run-nccl-emu.sh [BIN]     BIN: test_nccl_emu (build/tests/nccl-emu/test_nccl_emu)
+# Open MPI ranks, on the emulated runtime (make CUDA=emu):
+#   tests/emu/run-nccl-emu.sh [BIN]     BIN: test_nccl_emu (default $FT_NCCL_EMU_BIN, else
+#                                       build-emu/tests/nccl-emu/test_nccl_emu)
+# (make test-nccl-emu, and make test-gpu-emu, which says FT_EMU_NCCL=0 for an emulated
+# build without the NCCL emulation: then this prints 0 passed, 0 failed.)
 #
 # test_nccl_emu runs alone (a one-rank communicator without MPI) and under mpirun -np 1, 2
 # and 3; its "N passed, N failed" lines are added up. Then the misuses, one check each:
@@ -10,7 +13,13 @@
 # so a bug cannot hang CI. Prints "nccl-emu: N passed, N failed"; exits non-zero on any
 # failure.
 set -u
-bin=${1:-build/tests/nccl-emu/test_nccl_emu}
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+bin=${1:-${FT_NCCL_EMU_BIN:-$repo/build-emu/tests/nccl-emu/test_nccl_emu}}
+if [ "${FT_EMU_NCCL:-1}" = 0 ]; then
+  echo "nccl-emu: 0 passed, 0 failed (skipped: this emulated build has no NCCL emulation)"
+  exit 0
+fi
+unset CUDA_VISIBLE_DEVICES # the emulated devices, all of them
 limit=${FT_NCCL_EMU_TEST_LIMIT:-120} # seconds any one run may take
 passed=0
 failed=0
@@ -39,11 +48,13 @@ run() {
   local vars=()
   while [ "$1" != "--" ]; do vars+=("$1"); shift; done
   shift
+  # (in a subshell whose stderr is dropped: bash's "Aborted" notes are not the test's)
   if [ "$np" -eq 0 ]; then
-    env -u OMPI_COMM_WORLD_SIZE -u PMI_SIZE -u PMIX_RANK "${vars[@]}" \
-      timeout "$limit" "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
+    ( env -u OMPI_COMM_WORLD_SIZE -u PMI_SIZE -u PMIX_RANK "${vars[@]}" \
+      timeout "$limit" "$bin" "$@" >"$tmp/out" 2>"$tmp/err"; exit $? ) 2>/dev/null
   else
-    env "${vars[@]}" timeout "$limit" "${mpirun[@]}" -np "$np" "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
+    ( env "${vars[@]}" timeout "$limit" "${mpirun[@]}" -np "$np" "$bin" "$@" >"$tmp/out" \
+      2>"$tmp/err"; exit $? ) 2>/dev/null
   fi
 }
 

@@ -8,7 +8,7 @@
  * (allgather, broadcast, send/recv) must be bit for bit, over every datatype; so must
  * reductions, over every datatype NCCL reduces and every op, in place and not.
  *
- * Buffers come from cudaMalloc (the emulated runtime's, or the test stand-in's).
+ * Buffers come from cudaMalloc (the emulated runtime's, make CUDA=emu).
  * `test_nccl_emu --fail=CASE` runs one misuse that must stop the process with a message
  * (the runner checks the exit and the message): see fail_case below. */
 #include <mpi.h>

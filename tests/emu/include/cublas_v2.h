@@ -71,6 +71,11 @@ cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode);
 cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t *mode);
 cublasStatus_t cublasSetPointerMode(cublasHandle_t handle, cublasPointerMode_t mode);
 cublasStatus_t cublasGetPointerMode(cublasHandle_t handle, cublasPointerMode_t *mode);
+/* The handle's workspace: device memory of the current device, or NULL / 0 for none. Until
+ * one is set, the first cublasGemmEx allocates the default (4 MiB, 32 MiB on sm_90, as the
+ * library does) with cudaMalloc, and fails with CUBLAS_STATUS_ALLOC_FAILED when the device
+ * memory (FT_EMU_MEM) has no room for it. */
+cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void *workspace, size_t workspaceSizeInBytes);
 const char *cublasGetStatusName(cublasStatus_t status);
 const char *cublasGetStatusString(cublasStatus_t status);
 

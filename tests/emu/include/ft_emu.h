@@ -35,6 +35,14 @@ void ft_emu_check_written(const void *p, size_t bytes, int elem_size, const char
 int ft_emu_device_count(void);
 int ft_emu_current_device(void);
 
+/* Whether this process has opened a context on visible device `device`: the first call
+ * that needs one there (cudaMalloc, cudaMemGetInfo, a stream or event, a launch,
+ * cublasCreate) opens it; cudaSetDevice and the property queries do not. With
+ * FT_EMU_CONTEXT_LOG=file each context opened appends "ft-emu: context: pid P rank R
+ * device D (ordinal O)" to file (D: the emulated machine's device, O: its ordinal here;
+ * R: OMPI_COMM_WORLD_RANK or -): how a test sees which devices each rank touched. */
+int ft_emu_context_open(int device);
+
 #ifdef __cplusplus
 }
 #endif

@@ -14,7 +14,11 @@
  * dimensions included), alpha and beta must be host memory (the default pointer mode) or
  * device memory (CUBLAS_POINTER_MODE_DEVICE), the elements A and B contribute (and C's
  * with beta != 0) must not hold the never-written pattern, and C's guard bytes are
- * checked after the write. */
+ * checked after the write.
+ *
+ * The workspace: a handle without one set (cublasSetWorkspace) allocates the library's
+ * default on its first GEMM, from the device memory, as the real library does; no room is
+ * CUBLAS_STATUS_ALLOC_FAILED there. */
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
@@ -24,6 +28,7 @@
 
 #include "cublas_v2.h"
 #include "emu_internal.h"
+#include "ft_emu.h"
 
 struct ft_emu_cublas {
     bool live;
@@ -31,6 +36,8 @@ struct ft_emu_cublas {
     cudaStream_t stream;
     cublasMath_t math;
     cublasPointerMode_t pointer_mode;
+    void *workspace;      /* set by cublasSetWorkspace, or the default (owned) */
+    bool workspace_set, workspace_owned;
 };
 
 namespace ft_emu {
@@ -186,18 +193,42 @@ cublasStatus_t cublasCreate(cublasHandle_t *handle)
     if (!handle)
         return CUBLAS_STATUS_INVALID_VALUE;
     cudaError_t err;
-    int dev = current_device(&err);
+    int dev = context_device(&err);
     if (dev < 0 || sticky())
         return CUBLAS_STATUS_NOT_INITIALIZED;
-    *handle = new ft_emu_cublas{true, dev, 0, CUBLAS_DEFAULT_MATH, CUBLAS_POINTER_MODE_HOST};
+    *handle = new ft_emu_cublas{true, dev, 0, CUBLAS_DEFAULT_MATH, CUBLAS_POINTER_MODE_HOST,
+                                nullptr, false, false};
     return CUBLAS_STATUS_SUCCESS;
+}
+
+static void drop_default_workspace(cublasHandle_t handle)
+{
+    if (handle->workspace_owned)
+        (void)cudaFree(handle->workspace);
+    handle->workspace = nullptr;
+    handle->workspace_owned = false;
 }
 
 cublasStatus_t cublasDestroy(cublasHandle_t handle)
 {
     if (!live(handle))
         return CUBLAS_STATUS_NOT_INITIALIZED;
+    drop_default_workspace(handle);
     handle->live = false; /* kept, so a stale handle is always caught */
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void *workspace, size_t workspaceSizeInBytes)
+{
+    if (!live(handle))
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (workspaceSizeInBytes && !workspace)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (workspaceSizeInBytes)
+        ft_emu_check_device(workspace, workspaceSizeInBytes, "cublasSetWorkspace", "workspace");
+    drop_default_workspace(handle);
+    handle->workspace = workspace;
+    handle->workspace_set = true;
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -338,6 +369,16 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
     if (!ok_op || m < 0 || n < 0 || k < 0)
         return CUBLAS_STATUS_INVALID_VALUE;
     const bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
+    /* the library's default workspace, on the first GEMM of a handle without one */
+    if (!handle->workspace_set && !handle->workspace_owned) {
+        size_t bytes = (size_t)(props(handle->device).major >= 9 ? 32 : 4) << 20;
+        if (cudaMalloc(&handle->workspace, bytes) != cudaSuccess) {
+            (void)cudaGetLastError(); /* the status says it */
+            handle->workspace = nullptr;
+            return CUBLAS_STATUS_ALLOC_FAILED;
+        }
+        handle->workspace_owned = true;
+    }
     /* A is stored ar x ac, B br x bc (column-major) */
     const int ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
     if (lda < (ar > 1 ? ar : 1) || ldb < (br > 1 ? br : 1) || ldc < (m > 1 ? m : 1))

@@ -1,8 +1,11 @@
 /* The emulated devices and the runtime's errors: device count, selection and properties
  * (FT_EMU_ARCH's), PCI bus ids, peer access, versions, the last error of each host thread
  * and the sticky error, and the names and texts of the error codes (the toolkit's). */
+#include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <mutex>
@@ -18,6 +21,7 @@ thread_local int current = 0;
 std::atomic<int> sticky_error{cudaSuccess};
 std::mutex peer_mu;
 bool peers[max_devices][max_devices];
+std::atomic<bool> context_open[max_devices];
 
 /* The device bus ids follow the emulated machine's numbering, so two processes that see
  * one emulated device under different ordinals still agree on which it is. */
@@ -49,6 +53,30 @@ int current_device(cudaError_t *err)
         return -1;
     }
     return current;
+}
+
+/* A real GPU's context costs ~500 MiB of its memory, so which devices a process opens one
+ * on matters (a rank should touch its own GPU only). The log line names the emulated
+ * machine's device, so the lines of ranks that see different devices compare. */
+int context_device(cudaError_t *err)
+{
+    int d = current_device(err);
+    if (d >= 0 && !context_open[d].exchange(true)) {
+        const char *log = getenv("FT_EMU_CONTEXT_LOG");
+        if (log && *log) {
+            char line[160];
+            const char *rank = getenv("OMPI_COMM_WORLD_RANK");
+            int n = snprintf(line, sizeof line, "ft-emu: context: pid %d rank %s device %d (ordinal %d)\n",
+                             (int)getpid(), rank ? rank : "-", cfg().visible[d], d);
+            int fd = open(log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+            if (fd >= 0) {
+                if (write(fd, line, (size_t)n) != n) { /* a test sees the line missing */
+                }
+                close(fd);
+            }
+        }
+    }
+    return d;
 }
 
 const cudaDeviceProp &props(int device)
@@ -97,6 +125,11 @@ using namespace ft_emu;
 extern "C" {
 
 int ft_emu_current_device(void) { return cfg().nvisible ? current : -1; }
+
+int ft_emu_context_open(int device)
+{
+    return device >= 0 && device < cfg().nvisible && context_open[device].load();
+}
 
 cudaError_t cudaGetLastError(void)
 {
@@ -263,7 +296,7 @@ cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags)
     if (flags)
         return fail(cudaErrorInvalidValue);
     cudaError_t err;
-    int d = current_device(&err);
+    int d = context_device(&err);
     if (d < 0)
         return fail(err);
     if (!valid(peerDevice) || peerDevice == d)
@@ -280,7 +313,7 @@ cudaError_t cudaDeviceSynchronize(void)
     if (cudaError_t s = sticky())
         return fail(s);
     cudaError_t err;
-    if (current_device(&err) < 0)
+    if (context_device(&err) < 0)
         return fail(err);
     check_all_guards("cudaDeviceSynchronize");
     return cudaSuccess;

@@ -92,6 +92,10 @@ void set_sticky(cudaError_t e);
 /* The current device of this host thread, or -1 (cudaErrorNoDevice recorded) when the
  * process sees none. */
 int current_device(cudaError_t *err);
+/* current_device for a call that needs the device's context (memory, streams, events,
+ * launches, cuBLAS): the first such call on a device opens the process's context there
+ * (counted; FT_EMU_CONTEXT_LOG names a file that gets one line per context opened). */
+int context_device(cudaError_t *err);
 const cudaDeviceProp &props(int device);
 bool peer_enabled(int device, int peer);
 

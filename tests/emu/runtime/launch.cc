@@ -85,7 +85,7 @@ launch *launch_begin(const launch_site &site)
         return nullptr;
     }
     cudaError_t err;
-    int dev = current_device(&err);
+    int dev = context_device(&err);
     if (dev < 0) {
         fail(err);
         return nullptr;
@@ -180,7 +180,7 @@ extern "C" cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttri
     if (!func)
         return fail(cudaErrorInvalidDeviceFunction);
     cudaError_t err;
-    int dev = current_device(&err);
+    int dev = context_device(&err);
     if (dev < 0)
         return fail(err);
     switch (attr) {

@@ -318,7 +318,7 @@ cudaError_t cudaMalloc(void **devPtr, size_t size)
     if (!devPtr)
         return fail(cudaErrorInvalidValue);
     cudaError_t err;
-    int dev = current_device(&err);
+    int dev = context_device(&err);
     if (dev < 0)
         return fail(err);
     if (size == 0) {
@@ -410,7 +410,7 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
     if (!free_bytes || !total)
         return fail(cudaErrorInvalidValue);
     cudaError_t err;
-    int dev = current_device(&err);
+    int dev = context_device(&err);
     if (dev < 0)
         return fail(err);
     std::lock_guard<std::mutex> lk(mu);

@@ -67,7 +67,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags)
     if (!stream || (flags & ~(unsigned)cudaStreamNonBlocking))
         return fail(cudaErrorInvalidValue);
     cudaError_t err;
-    int dev = current_device(&err);
+    int dev = context_device(&err);
     if (dev < 0)
         return fail(err);
     cudaStream_t s = new ft_emu_stream{flags, dev};
@@ -124,7 +124,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
     if (!event || (flags & ~(unsigned)(cudaEventBlockingSync | cudaEventDisableTiming | 0x4)))
         return fail(cudaErrorInvalidValue);
     cudaError_t err;
-    int dev = current_device(&err);
+    int dev = context_device(&err);
     if (dev < 0)
         return fail(err);
     cudaEvent_t e = new ft_emu_event{flags, dev, false, 0};
