@@ -65,14 +65,14 @@ int context_open(ft_err *err)
     if (cudaMalloc(&c.workspace, c.workspace_bytes) != cudaSuccess) {
         (void)cudaGetLastError();
         cublasDestroy(c.cublas);
-        return ft_fail_oom(err, "out of device memory on GPU %d for cuBLAS's workspace "
+        return ft_fail_oom(err, "out of GPU memory on GPU %d for cuBLAS's workspace "
                                 "(%zu MiB)", dev, c.workspace_bytes >> 20);
     }
     if (cudaMalloc(&c.scratch, FT_CUDA_SCRATCH_DOUBLES * sizeof(double)) != cudaSuccess) {
         (void)cudaGetLastError();
         cudaFree(c.workspace);
         cublasDestroy(c.cublas);
-        return ft_fail_oom(err, "out of device memory on GPU %d for the CUDA backend's "
+        return ft_fail_oom(err, "out of GPU memory on GPU %d for the CUDA backend's "
                                 "scratch (%zu KiB)", dev, FT_CUDA_SCRATCH_DOUBLES * sizeof(double) >> 10);
     }
     /* fp32 GEMMs stay fp32 (no TF32): the fp32 path is checked at 1e-5 against the CPU. */

@@ -208,26 +208,41 @@ def assert_oom_advice(out, what):
                                     "cannot shrink (FT_MEM_LIMIT above covers the advice)")
 @pytest.mark.parametrize("bf16", [True, False], ids=["bf16", "fp32"])
 def test_emulated_device_out_of_memory(workdir, bf16):
-    """The device itself out of memory (cudaMalloc fails past FT_EMU_MEM): at every size
-    from one that holds next to nothing, in steps of 32 KiB, up to the first that holds
-    the whole run, ft-train prints the memory plan and the overrides and exits 1,
-    whichever allocation (the weights, the optimizer state, the kernels' CUDA context, the
-    activations, a workspace) is the first that does not fit; then it trains."""
+    """The device itself out of memory (cudaMalloc fails past FT_EMU_MEM): ft-train prints
+    the memory plan and the overrides and exits 1, whichever allocation is the first that
+    does not fit (the backend's context with cuBLAS's workspace, the weights, the optimizer
+    state, the activations, a workspace); at the smallest size that holds the run, it
+    trains. Sizes: doubling from 32 KiB to one that trains, the boundary found by bisection
+    to 32 KiB, then every 32 KiB in the 2 MiB below it, where the run's own allocations
+    (everything after the context's fixed 33 MiB) meet the limit one by one."""
     cfg = write_config(workdir, f"emu_oom_{bf16}", max_steps=1, eval_strategy="no",
                        save_steps=10_000, device="cuda", bf16=str(bf16).lower())
-    failed = []
-    for kib in range(32, 2048 + 1, 32):
-        shutil.rmtree(workdir / f"emu_oom_{bf16}", ignore_errors=True)
-        out = subprocess.run([FT_TRAIN, "--config", str(cfg)], capture_output=True, text=True,
-                             env=gpu_env(FT_EMU_MEM=f"{kib}KiB"), timeout=120)
-        if out.returncode == 0:
-            break
-        assert_oom_advice(out, f"FT_EMU_MEM={kib}KiB")
-        failed.append(kib)
-    print(f"\nFT_EMU_MEM from 32 KiB, {'bf16' if bf16 else 'fp32'}: out of memory with the "
-          f"advice at {len(failed)} sizes up to {max(failed)} KiB, trains at {kib} KiB")
-    # the sweep spans the run: the smallest size holds nothing, the last all of it
-    assert failed and failed[0] == 32 and out.returncode == 0
+    tried = {}
+
+    def trains(kib):
+        if kib not in tried:
+            shutil.rmtree(workdir / f"emu_oom_{bf16}", ignore_errors=True)
+            out = subprocess.run([FT_TRAIN, "--config", str(cfg)], capture_output=True,
+                                 text=True, env=gpu_env(FT_EMU_MEM=f"{kib}KiB"), timeout=120)
+            if out.returncode != 0:
+                assert_oom_advice(out, f"FT_EMU_MEM={kib}KiB")
+            tried[kib] = out.returncode == 0
+        return tried[kib]
+
+    high = 32
+    while not trains(high):
+        assert high < 1 << 20, "no FT_EMU_MEM up to 1 GiB trains"
+        high *= 2
+    low = high // 2  # fails (or 16 KiB, below anything that could)
+    while high - low > 32:
+        mid = (low + high) // 2 // 32 * 32
+        low, high = (low, mid) if trains(mid) else (mid, high)
+    for kib in range(max(32, high - 2048), high, 32):
+        assert not trains(kib), f"FT_EMU_MEM={kib}KiB trains, below {high} KiB which was the least"
+    failed = sorted(k for k, ok in tried.items() if not ok)
+    print(f"\nFT_EMU_MEM, {'bf16' if bf16 else 'fp32'}: out of memory with the advice at "
+          f"{len(failed)} sizes from 32 KiB to {max(failed)} KiB, trains at {high} KiB")
+    assert failed and failed[0] == 32 and trains(high)
 
 
 _plain = {}
