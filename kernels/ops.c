@@ -203,19 +203,20 @@ void ft_embedding_backward(ft_tensor dtable, ft_tensor dout, ft_tensor ids, int 
 }
 
 void ft_rmsnorm_forward(ft_tensor out, ft_tensor rstd, ft_tensor x, ft_tensor w, int N,
-                        int C, float eps)
+                        int C, float eps, float w_offset)
 {
     opcheck c = begin("rmsnorm_forward", out);
     needf(c, "out", out, SZ(N, C));
     need(c, "rstd", rstd, N, FT_F32);
     needf(c, "x", x, SZ(N, C));
     needf(c, "w", w, C);
-    GPU_CALL(c, ft_cuda_rmsnorm_forward(out, rstd, x, w, N, C, eps));
-    ft_cpu_rmsnorm_forward(F(out), F(rstd), F(x), F(w), N, C, eps);
+    GPU_CALL(c, ft_cuda_rmsnorm_forward(out, rstd, x, w, N, C, eps, w_offset));
+    ft_cpu_rmsnorm_forward(F(out), F(rstd), F(x), F(w), N, C, eps, w_offset);
 }
 
 void ft_add_rmsnorm_forward(ft_tensor sum, ft_tensor out, ft_tensor rstd, ft_tensor x,
-                            ft_tensor res, ft_tensor w, int N, int C, float eps)
+                            ft_tensor res, ft_tensor w, int N, int C, float eps,
+                            float w_offset)
 {
     opcheck c = begin("add_rmsnorm_forward", out);
     needf(c, "sum", sum, SZ(N, C));
@@ -224,12 +225,13 @@ void ft_add_rmsnorm_forward(ft_tensor sum, ft_tensor out, ft_tensor rstd, ft_ten
     needf(c, "x", x, SZ(N, C));
     needf(c, "res", res, SZ(N, C));
     needf(c, "w", w, C);
-    GPU_CALL(c, ft_cuda_add_rmsnorm_forward(sum, out, rstd, x, res, w, N, C, eps));
-    ft_cpu_add_rmsnorm_forward(F(sum), F(out), F(rstd), F(x), F(res), F(w), N, C, eps);
+    GPU_CALL(c, ft_cuda_add_rmsnorm_forward(sum, out, rstd, x, res, w, N, C, eps, w_offset));
+    ft_cpu_add_rmsnorm_forward(F(sum), F(out), F(rstd), F(x), F(res), F(w), N, C, eps,
+                               w_offset);
 }
 
 void ft_rmsnorm_backward(ft_tensor dx, ft_tensor dw, ft_tensor dout, ft_tensor x,
-                         ft_tensor w, ft_tensor rstd, int N, int C)
+                         ft_tensor w, ft_tensor rstd, int N, int C, float w_offset)
 {
     opcheck c = begin("rmsnorm_backward", dout);
     maybef(c, "dx", dx, SZ(N, C));
@@ -238,8 +240,8 @@ void ft_rmsnorm_backward(ft_tensor dx, ft_tensor dw, ft_tensor dout, ft_tensor x
     needf(c, "x", x, SZ(N, C));
     needf(c, "w", w, C);
     need(c, "rstd", rstd, N, FT_F32);
-    GPU_CALL(c, ft_cuda_rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C));
-    ft_cpu_rmsnorm_backward(F(dx), F(dw), F(dout), F(x), F(w), F(rstd), N, C);
+    GPU_CALL(c, ft_cuda_rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C, w_offset));
+    ft_cpu_rmsnorm_backward(F(dx), F(dw), F(dout), F(x), F(w), F(rstd), N, C, w_offset);
 }
 
 void ft_rope_forward(ft_tensor x, ft_tensor pos, ft_tensor inv_freq, int N, int heads,
@@ -346,6 +348,29 @@ void ft_swiglu_backward(ft_tensor dgate, ft_tensor dup, ft_tensor dout, ft_tenso
     needf(c, "up", up, n);
     GPU_CALL(c, ft_cuda_swiglu_backward(dgate, dup, dout, gate, up, n));
     ft_cpu_swiglu_backward(F(dgate), F(dup), F(dout), F(gate), F(up), n);
+}
+
+void ft_geglu_forward(ft_tensor out, ft_tensor gate, ft_tensor up, size_t n)
+{
+    opcheck c = begin("geglu_forward", out);
+    needf(c, "out", out, n);
+    needf(c, "gate", gate, n);
+    needf(c, "up", up, n);
+    GPU_CALL(c, ft_cuda_geglu_forward(out, gate, up, n));
+    ft_cpu_geglu_forward(F(out), F(gate), F(up), n);
+}
+
+void ft_geglu_backward(ft_tensor dgate, ft_tensor dup, ft_tensor dout, ft_tensor gate,
+                       ft_tensor up, size_t n)
+{
+    opcheck c = begin("geglu_backward", dout);
+    maybef(c, "dgate", dgate, n);
+    maybef(c, "dup", dup, n);
+    needf(c, "dout", dout, n);
+    needf(c, "gate", gate, n);
+    needf(c, "up", up, n);
+    GPU_CALL(c, ft_cuda_geglu_backward(dgate, dup, dout, gate, up, n));
+    ft_cpu_geglu_backward(F(dgate), F(dup), F(dout), F(gate), F(up), n);
 }
 
 double ft_cross_entropy(ft_tensor dlogits, ft_tensor logits, ft_tensor targets, int N,

@@ -80,19 +80,22 @@ void ft_embedding_forward(ft_tensor out, ft_tensor ids, ft_tensor table, int N, 
 void ft_embedding_backward(ft_tensor dtable, ft_tensor dout, ft_tensor ids, int N, int V,
                            int C);
 
-/* ---- RMSNorm: rstd[n] = 1/sqrt(mean(x[n]^2) + eps); out = x * rstd[n] * w ------------
- * rstd [N] is saved for backward. backward: dx += ..., dw += sum_n dout * x * rstd. */
+/* ---- RMSNorm: rstd[n] = 1/sqrt(mean(x[n]^2) + eps); out = x * rstd[n] * (w_offset + w) --
+ * w_offset is 0 (Llama: the weight itself) or 1 (Gemma: weights stored as offsets from 1,
+ * applied as 1 + w in fp32). rstd [N] is saved for backward. backward: dx += ...,
+ * dw += sum_n dout * x * rstd (the offset does not change dw). */
 void ft_rmsnorm_forward(ft_tensor out, ft_tensor rstd, ft_tensor x, ft_tensor w, int N,
-                        int C, float eps);
+                        int C, float eps, float w_offset);
 void ft_rmsnorm_backward(ft_tensor dx, ft_tensor dw, ft_tensor dout, ft_tensor x,
-                         ft_tensor w, ft_tensor rstd, int N, int C);
+                         ft_tensor w, ft_tensor rstd, int N, int C, float w_offset);
 /* The residual add fused before the norm: sum = x + res (stored; sum may be x), then
  * ft_rmsnorm_forward(out, rstd, sum, w): one pass over the rows instead of ft_add's and
  * the norm's. The norm reads sum as stored (rounded to its dtype), so the result equals
  * the two ops in turn. Backward is ft_rmsnorm_backward on sum (the add passes its
  * gradient through). */
 void ft_add_rmsnorm_forward(ft_tensor sum, ft_tensor out, ft_tensor rstd, ft_tensor x,
-                            ft_tensor res, ft_tensor w, int N, int C, float eps);
+                            ft_tensor res, ft_tensor w, int N, int C, float eps,
+                            float w_offset);
 
 /* ---- RoPE, HF rotate-half convention, in place -------------------------------------
  * x [N, heads, D]; pos [N] (int32 positions); inv_freq [D/2].
@@ -125,6 +128,14 @@ void ft_attention_backward(ft_tensor dq, ft_tensor dk, ft_tensor dv, ft_tensor d
 void ft_swiglu_forward(ft_tensor out, ft_tensor gate, ft_tensor up, size_t n);
 void ft_swiglu_backward(ft_tensor dgate, ft_tensor dup, ft_tensor dout, ft_tensor gate,
                         ft_tensor up, size_t n);
+
+/* ---- GeGLU (Gemma's MLP): out = gelu_tanh(gate) * up; all [n] ------------------------
+ * gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) (torch's
+ * gelu(approximate="tanh"), transformers' gelu_pytorch_tanh).
+ * backward: dgate += dout * up * gelu_tanh'(gate); dup += dout * gelu_tanh(gate). */
+void ft_geglu_forward(ft_tensor out, ft_tensor gate, ft_tensor up, size_t n);
+void ft_geglu_backward(ft_tensor dgate, ft_tensor dup, ft_tensor dout, ft_tensor gate,
+                       ft_tensor up, size_t n);
 
 /* ---- cross-entropy over logits [N,V] with targets [N] (-100 = not counted) ----------
  * Returns sum over counted rows of -log softmax(logits[n])[targets[n]] (a double, so

@@ -23,12 +23,13 @@ void ft_cpu_embedding_backward(float *dtable, const float *dout, const int32_t *
                                int V, int C);
 
 void ft_cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N,
-                            int C, float eps);
+                            int C, float eps, float w_offset);
 /* sum = x + res (sum may be x), then the norm of sum */
 void ft_cpu_add_rmsnorm_forward(float *sum, float *out, float *rstd, const float *x,
-                                const float *res, const float *w, int N, int C, float eps);
+                                const float *res, const float *w, int N, int C, float eps,
+                                float w_offset);
 void ft_cpu_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x,
-                             const float *w, const float *rstd, int N, int C);
+                             const float *w, const float *rstd, int N, int C, float w_offset);
 
 void ft_cpu_rope_forward(float *x, const int32_t *pos, const float *inv_freq, int N,
                          int heads, int D);
@@ -47,6 +48,11 @@ void ft_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dou
 void ft_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
 void ft_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                             const float *up, size_t n);
+
+/* geglu.c */
+void ft_cpu_geglu_forward(float *out, const float *gate, const float *up, size_t n);
+void ft_cpu_geglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                           const float *up, size_t n);
 
 double ft_cpu_cross_entropy(float *dlogits, const float *logits, const int32_t *targets,
                             int N, int V, float grad_scale);

@@ -1,9 +1,11 @@
-/* RMSNorm (Llama), fp32 CPU reference.
+/* RMSNorm (Llama; Gemma with w_offset 1), fp32 CPU reference.
  *
- * Forward, for each row n of x [N,C]:
+ * Forward, for each row n of x [N,C], with the effective weight w'[c] = w_offset + w[c]
+ * (w_offset 0: Llama's weight itself; 1: Gemma's, stored as an offset from 1 and applied
+ * as 1 + w in fp32, as GemmaRMSNorm does):
  *   ms[n]   = mean_c x[n,c]^2
  *   rstd[n] = 1 / sqrt(ms[n] + eps)                               (saved, [N])
- *   out[n,c] = (x[n,c] * rstd[n]) * w[c]
+ *   out[n,c] = (x[n,c] * rstd[n]) * w'[c]
  * As transformers' LlamaRMSNorm in fp32: variance = x.pow(2).mean(-1) (fp32),
  * x * torch.rsqrt(variance + eps), then weight * that. The mean of squares is summed in
  * double and rounded once to float (closer to the exact value than torch's fp32 pairwise
@@ -20,6 +22,7 @@
  *   dL/dw_c = sum_n dout[n,c] x[n,c] r[n]
  * So: dx[n,c] += r (w_c dout[n,c] - x[n,c] r^2 mean_c(w_c dout[n,c] x[n,c])),
  *     dw[c]   += sum_n dout[n,c] x[n,c] rstd[n].
+ * Everything above holds with w' for w; dL/dw = dL/dw' since w' = w_offset + w.
  * dx or dw may be NULL. The row dot product and the dw column sums are in double.
  *
  * Parallelism: forward and dx over rows; dw over column blocks that a thread owns
@@ -31,7 +34,7 @@
 #define DW_BLOCK 64
 
 static void norm_row(float *on, float *rstd_n, const float *xn, const float *w, int C,
-                     float eps)
+                     float eps, float w_offset)
 {
     double ss = 0.0;
 #pragma omp simd reduction(+ : ss)
@@ -42,21 +45,22 @@ static void norm_row(float *on, float *rstd_n, const float *xn, const float *w, 
     *rstd_n = r;
 #pragma omp simd
     for (int c = 0; c < C; c++)
-        on[c] = (xn[c] * r) * w[c];
+        on[c] = (xn[c] * r) * (w_offset + w[c]);
 }
 
 void ft_cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N,
-                            int C, float eps)
+                            int C, float eps, float w_offset)
 {
     if (N <= 0 || C <= 0)
         return;
 #pragma omp parallel for schedule(static) if ((long)N * C >= 16384)
     for (int n = 0; n < N; n++)
-        norm_row(out + (size_t)n * C, rstd + n, x + (size_t)n * C, w, C, eps);
+        norm_row(out + (size_t)n * C, rstd + n, x + (size_t)n * C, w, C, eps, w_offset);
 }
 
 void ft_cpu_add_rmsnorm_forward(float *sum, float *out, float *rstd, const float *x,
-                                const float *res, const float *w, int N, int C, float eps)
+                                const float *res, const float *w, int N, int C, float eps,
+                                float w_offset)
 {
     if (N <= 0 || C <= 0)
         return;
@@ -66,12 +70,12 @@ void ft_cpu_add_rmsnorm_forward(float *sum, float *out, float *rstd, const float
 #pragma omp simd
         for (int c = 0; c < C; c++)
             sum[row + c] = x[row + c] + res[row + c];
-        norm_row(out + row, rstd + n, sum + row, w, C, eps);
+        norm_row(out + row, rstd + n, sum + row, w, C, eps, w_offset);
     }
 }
 
 void ft_cpu_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x,
-                             const float *w, const float *rstd, int N, int C)
+                             const float *w, const float *rstd, int N, int C, float w_offset)
 {
     if (N <= 0 || C <= 0)
         return;
@@ -85,12 +89,12 @@ void ft_cpu_rmsnorm_backward(float *dx, float *dw, const float *dout, const floa
             double dot = 0.0;
 #pragma omp simd reduction(+ : dot)
             for (int c = 0; c < C; c++)
-                dot += (double)(w[c] * gn[c]) * xn[c];
+                dot += (double)((w_offset + w[c]) * gn[c]) * xn[c];
             /* k = r^2 * mean(w dout x): the coefficient of x in the bracket. */
             float k = (float)((double)r * r * (dot / C));
 #pragma omp simd
             for (int c = 0; c < C; c++)
-                dxn[c] += r * (w[c] * gn[c] - xn[c] * k);
+                dxn[c] += r * ((w_offset + w[c]) * gn[c] - xn[c] * k);
         }
     }
     if (dw) {

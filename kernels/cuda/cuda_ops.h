@@ -37,11 +37,12 @@ void ft_cuda_embedding_backward(ft_tensor dtable, ft_tensor dout, ft_tensor ids,
 
 /* rmsnorm.cu (rstd is fp32) */
 void ft_cuda_rmsnorm_forward(ft_tensor out, ft_tensor rstd, ft_tensor x, ft_tensor w, int N,
-                             int C, float eps);
+                             int C, float eps, float w_offset);
 void ft_cuda_add_rmsnorm_forward(ft_tensor sum, ft_tensor out, ft_tensor rstd, ft_tensor x,
-                                 ft_tensor res, ft_tensor w, int N, int C, float eps);
+                                 ft_tensor res, ft_tensor w, int N, int C, float eps,
+                                 float w_offset);
 void ft_cuda_rmsnorm_backward(ft_tensor dx, ft_tensor dw, ft_tensor dout, ft_tensor x,
-                              ft_tensor w, ft_tensor rstd, int N, int C);
+                              ft_tensor w, ft_tensor rstd, int N, int C, float w_offset);
 
 /* rope.cu */
 void ft_cuda_rope_forward(ft_tensor x, ft_tensor pos, ft_tensor inv_freq, int N, int heads,
@@ -74,6 +75,11 @@ void ft_cuda_attention_backward(ft_tensor dq, ft_tensor dk, ft_tensor dv, ft_ten
 void ft_cuda_swiglu_forward(ft_tensor out, ft_tensor gate, ft_tensor up, size_t n);
 void ft_cuda_swiglu_backward(ft_tensor dgate, ft_tensor dup, ft_tensor dout, ft_tensor gate,
                              ft_tensor up, size_t n);
+
+/* geglu.cu */
+void ft_cuda_geglu_forward(ft_tensor out, ft_tensor gate, ft_tensor up, size_t n);
+void ft_cuda_geglu_backward(ft_tensor dgate, ft_tensor dup, ft_tensor dout, ft_tensor gate,
+                            ft_tensor up, size_t n);
 
 /* cross_entropy.cu: the loss is summed in double and read back (waits). */
 double ft_cuda_cross_entropy(ft_tensor dlogits, ft_tensor logits, ft_tensor targets, int N,

@@ -12,33 +12,34 @@ static void forward(rms_args a)
 }
 
 extern "C" void ft_cuda_rmsnorm_forward(ft_tensor out, ft_tensor rstd, ft_tensor x, ft_tensor w,
-                                        int N, int C, float eps)
+                                        int N, int C, float eps, float w_offset)
 {
     rms_args a = {};
     a.out = fv(out), a.x = fv(x), a.w = fv(w), a.rstd = (float *)rstd.data;
-    a.N = N, a.C = C, a.eps = eps;
+    a.N = N, a.C = C, a.eps = eps, a.w_off = w_offset;
     forward(a);
 }
 
 extern "C" void ft_cuda_add_rmsnorm_forward(ft_tensor sum, ft_tensor out, ft_tensor rstd,
                                             ft_tensor x, ft_tensor res, ft_tensor w, int N,
-                                            int C, float eps)
+                                            int C, float eps, float w_offset)
 {
     rms_args a = {};
     a.out = fv(out), a.x = fv(x), a.w = fv(w), a.res = fv(res), a.sum = fv(sum);
-    a.rstd = (float *)rstd.data, a.N = N, a.C = C, a.eps = eps;
+    a.rstd = (float *)rstd.data, a.N = N, a.C = C, a.eps = eps, a.w_off = w_offset;
     forward(a);
 }
 
 extern "C" void ft_cuda_rmsnorm_backward(ft_tensor dx, ft_tensor dw, ft_tensor dout, ft_tensor x,
-                                         ft_tensor w, ft_tensor rstd, int N, int C)
+                                         ft_tensor w, ft_tensor rstd, int N, int C,
+                                         float w_offset)
 {
     if (N <= 0 || C <= 0)
         return;
     cudaStream_t s = ft_cuda_stream();
     rms_args a = {};
     a.dx = fv(dx), a.dw = fv(dw), a.dout = fv(dout), a.x = fv(x), a.w = fv(w);
-    a.rstd = (float *)rstd.data, a.N = N, a.C = C;
+    a.rstd = (float *)rstd.data, a.N = N, a.C = C, a.w_off = w_offset;
     if (dx.data) {
         FT_LAUNCH(rmsnorm_backward_dx_kernel, N, RMS_THREADS, 0, s)(a);
         LAUNCH_CHECK();

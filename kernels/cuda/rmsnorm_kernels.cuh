@@ -1,6 +1,8 @@
 /* The RMSNorm kernels (kernels/cpu/rmsnorm.c's twins; the math is derived there), launched
  * by rmsnorm.cu and run on the host by tests/emu. fview, ld, st and block_sum come first
  * (cuda_common.cuh, or the emulation).
+ * w below is the effective weight w_off + w (w_off 0, or 1 for Gemma's offset weights,
+ * added in fp32; dw is the same either way).
  *   forward:  rstd[n] = 1 / sqrt(mean_c s[n,c]^2 + eps);  out = (s * rstd) * w, where s
  *             is x, or with a residual sum = x + res, stored (sum may be x itself)
  *   backward: dx[n,c] += r (w_c g_c - x_c k),  k = r^2 mean_c(w_c g_c x_c)   (g = dout)
@@ -23,6 +25,7 @@ struct rms_args {
     float *rstd;
     int N, C;
     float eps;
+    float w_off;    /* the weight applied is w_off + w */
     float *partial; /* dw's row-chunk sums (colsum.cuh), chunk_rows rows a chunk */
     int chunk_rows;
 };
@@ -47,7 +50,7 @@ __global__ void rmsnorm_forward_kernel(rms_args a)
     if (threadIdx.x == 0)
         a.rstd[blockIdx.x] = r;
     for (int c = threadIdx.x; c < a.C; c += blockDim.x)
-        st(a.out, row + c, __fmul_rn(ld(s, row + c), r) * ld(a.w, c));
+        st(a.out, row + c, __fmul_rn(ld(s, row + c), r) * (a.w_off + ld(a.w, c)));
 }
 
 __global__ void rmsnorm_backward_dx_kernel(rms_args a)
@@ -57,11 +60,11 @@ __global__ void rmsnorm_backward_dx_kernel(rms_args a)
     float r = a.rstd[blockIdx.x];
     float dot = 0.0f;
     for (int c = threadIdx.x; c < a.C; c += blockDim.x)
-        dot += (ld(a.w, c) * ld(a.dout, row + c)) * ld(a.x, row + c);
+        dot += ((a.w_off + ld(a.w, c)) * ld(a.dout, row + c)) * ld(a.x, row + c);
     dot = block_sum(dot, shm);
     float k = r * r * (dot / (float)a.C);
     for (int c = threadIdx.x; c < a.C; c += blockDim.x) {
-        float g = ld(a.w, c) * ld(a.dout, row + c);
+        float g = (a.w_off + ld(a.w, c)) * ld(a.dout, row + c);
         st(a.dx, row + c, ld(a.dx, row + c) + r * (g - ld(a.x, row + c) * k));
     }
 }

@@ -61,18 +61,27 @@
  * like num_heads * head_dim and vocab_size * hidden_size well inside 64 bits. */
 #define CFG_MAX_DIM (1 << 24)
 
+typedef enum family_kind { FAM_LLAMA = 0, FAM_MISTRAL, FAM_QWEN2, FAM_GRANITE, FAM_GEMMA } family_kind;
+
 typedef struct model_defaults {
     const char *model_type;
+    family_kind family;
     int max_position_embeddings;
     int kv_heads_if_absent;       /* 0: num_attention_heads */
     int sliding_window_if_absent; /* mistral only: the others do not read the key */
+    int head_dim_if_absent;       /* 0: hidden_size / num_attention_heads */
+    bool tie_if_absent;           /* tie_word_embeddings' default */
 } model_defaults;
 
 static const model_defaults MODEL_DEFAULTS[] = {
-    {"llama", 2048, 0, 0},
-    {"mistral", 4096 * 32, 8, 4096},
-    {"qwen2", 32768, 32, 0},
+    {"llama", FAM_LLAMA, 2048, 0, 0, 0, false},
+    {"mistral", FAM_MISTRAL, 4096 * 32, 8, 4096, 0, false},
+    {"qwen2", FAM_QWEN2, 32768, 32, 0, 0, false},
+    {"granite", FAM_GRANITE, 2048, 0, 0, 0, false},
+    {"gemma", FAM_GEMMA, 8192, 16, 0, 256, true},
 };
+
+#define SUPPORTED_TYPES "llama, mistral, qwen2, granite, gemma"
 
 /* Keys of other families that must be absent, neutral, or null (quantization_config:
  * or bitsandbytes'). */
@@ -235,17 +244,31 @@ static int read_eos(const char *path, const json_t *root, ft_model_config *cfg, 
     return 0;
 }
 
-static int check_foreign_keys(const char *path, const json_t *root, ft_err *err)
+/* Granite's own keys (read by read_granite), not foreign to it. */
+static bool family_owns(const model_defaults *md, const char *key)
+{
+    static const char *const granite[] = {"attention_multiplier", "embedding_multiplier",
+                                          "residual_multiplier", "logits_scaling"};
+    if (md->family != FAM_GRANITE)
+        return false;
+    for (size_t i = 0; i < sizeof granite / sizeof granite[0]; i++)
+        if (strcmp(key, granite[i]) == 0)
+            return true;
+    return false;
+}
+
+static int check_foreign_keys(const char *path, const json_t *root, const model_defaults *md,
+                              ft_err *err)
 {
     for (size_t i = 0; i < sizeof FOREIGN_KEYS / sizeof FOREIGN_KEYS[0]; i++) {
         const char *key = FOREIGN_KEYS[i].key;
         json_t *v = get_opt(root, key);
-        if (!v)
+        if (!v || family_owns(md, key))
             continue;
         switch (FOREIGN_KEYS[i].rule) {
         case MUST_BE_NULL:
-            return ft_fail(err, "%s: '%s' is set: not supported for the Llama family", path,
-                           key);
+            return ft_fail(err, "%s: '%s' is set: not supported for model_type '%s'", path,
+                           key, md->model_type);
         case MUST_BE_ONE:
             if (!json_is_number(v) || json_number_value(v) != 1.0)
                 return ft_fail(err, "%s: '%s' must be 1 (or absent): other values are not "
@@ -298,7 +321,7 @@ static const model_defaults *find_model_type(const char *path, const json_t *roo
     for (size_t i = 0; i < sizeof MODEL_DEFAULTS / sizeof MODEL_DEFAULTS[0]; i++)
         if (strcmp(type, MODEL_DEFAULTS[i].model_type) == 0)
             return &MODEL_DEFAULTS[i];
-    ft_fail(err, "%s: 'model_type': '%.64s' is not supported (supported: llama, mistral, qwen2)",
+    ft_fail(err, "%s: 'model_type': '%.64s' is not supported (supported: " SUPPORTED_TYPES ")",
             path, type);
     return NULL;
 }
@@ -322,9 +345,24 @@ static int read_heads(const char *path, const json_t *root, const model_defaults
                        kv ? "" : ", the model type's default when absent", cfg->num_heads);
 
     json_t *hd = get_opt(root, "head_dim");
-    if (hd) {
+    if (md->family == FAM_GRANITE) {
+        /* GraniteAttention takes hidden_size / num_attention_heads and ignores head_dim:
+         * a different head_dim in the file would describe another model. */
+        if (cfg->hidden_size % cfg->num_heads != 0)
+            return ft_fail(err, "%s: 'num_attention_heads' (%d) must divide hidden_size (%d) "
+                           "for granite", path, cfg->num_heads, cfg->hidden_size);
+        cfg->head_dim = cfg->hidden_size / cfg->num_heads;
+        int h;
+        if (hd && (read_dim(path, "head_dim", hd, &h, err) ||
+                   (h != cfg->head_dim &&
+                    ft_fail(err, "%s: 'head_dim' (%d) must be hidden_size / "
+                            "num_attention_heads (%d) for granite", path, h, cfg->head_dim))))
+            return -1;
+    } else if (hd) {
         if (read_dim(path, "head_dim", hd, &cfg->head_dim, err))
             return -1;
+    } else if (md->head_dim_if_absent) {
+        cfg->head_dim = md->head_dim_if_absent;
     } else {
         if (cfg->hidden_size % cfg->num_heads != 0)
             return ft_fail(err, "%s: 'head_dim' is absent and hidden_size (%d) is not a "
@@ -486,7 +524,11 @@ static int read_attention_options(const char *path, const json_t *root,
                        "(must be 0)", path, dropout);
 
     cfg->sliding_window = 0;
-    if (strcmp(type, "llama") == 0) {
+    if (md->family == FAM_LLAMA || md->family == FAM_GRANITE || md->family == FAM_GEMMA) {
+        /* attention_bias on q, k, v and o; mlp_bias on gate, up, down (not gemma's MLP) */
+        if (mlp_bias && md->family == FAM_GEMMA)
+            return ft_fail(err, "%s: 'mlp_bias' is true, but model_type '%s' has no such "
+                           "option", path, type);
         cfg->qkv_bias = cfg->o_bias = attention_bias;
         cfg->mlp_bias = mlp_bias;
         return 0;
@@ -539,6 +581,87 @@ static int read_dtype(const char *path, const json_t *root, ft_model_config *cfg
     return 0;
 }
 
+/* The MLP activation. llama, mistral, qwen2, granite: hidden_act silu (swish), the
+ * default. gemma: transformers 4.46's GemmaMLP applies hidden_activation, and
+ * gelu_pytorch_tanh when that is null (ignoring hidden_act, with a warning); later
+ * versions apply hidden_act (default gelu_pytorch_tanh). A file on which the two readings
+ * differ is refused rather than guessed. */
+static int read_activation(const char *path, const json_t *root, const model_defaults *md,
+                           ft_model_config *cfg, ft_err *err)
+{
+    json_t *v;
+    if (md->family != FAM_GEMMA) {
+        const char *act = "silu";
+        if ((v = json_object_get(root, "hidden_act")) &&
+            read_string(path, "hidden_act", v, &act, err))
+            return -1;
+        if (strcmp(act, "silu") != 0 && strcmp(act, "swish") != 0)
+            return ft_fail(err, "%s: 'hidden_act': '%.32s' is not supported for model_type "
+                           "'%s' (only silu)", path, act, md->model_type);
+        cfg->mlp_act = FT_ACT_SILU;
+        return 0;
+    }
+    const char *key = "hidden_activation", *act = NULL;
+    if ((v = get_opt(root, key)) && read_string(path, key, v, &act, err))
+        return -1;
+    if (!act) {
+        key = "hidden_act";
+        act = "gelu_pytorch_tanh";
+        if ((v = get_opt(root, key)) && read_string(path, key, v, &act, err))
+            return -1;
+    }
+    if (strcmp(act, "gelu_pytorch_tanh") != 0)
+        return ft_fail(err, "%s: '%s': '%.32s' is not supported for gemma (only "
+                       "gelu_pytorch_tanh)", path, key, act);
+    cfg->mlp_act = FT_ACT_GELU_TANH;
+    return 0;
+}
+
+/* A positive finite multiplier of the config (granite), 1 when absent or null. */
+static int read_multiplier(const char *path, const json_t *root, const char *key, double *out,
+                           ft_err *err)
+{
+    json_t *v = get_opt(root, key);
+    *out = 1.0;
+    return v ? read_positive(path, key, v, out, err) : 0;
+}
+
+/* The family's scalars and norm convention (see ft_model_config). */
+static int read_family_scales(const char *path, const json_t *root, const model_defaults *md,
+                              ft_model_config *cfg, ft_err *err)
+{
+    cfg->embed_scale = 1.0;
+    cfg->embed_scale_round = false;
+    cfg->residual_scale = 1.0f;
+    cfg->attention_scale = 1.0f / sqrtf((float)cfg->head_dim);
+    cfg->logits_scale = 1.0f;
+    cfg->norm_w_offset = 0.0f;
+    if (md->family == FAM_GRANITE) {
+        double emb, res, att, logit;
+        if (read_multiplier(path, root, "embedding_multiplier", &emb, err) ||
+            read_multiplier(path, root, "residual_multiplier", &res, err) ||
+            read_multiplier(path, root, "attention_multiplier", &att, err) ||
+            read_multiplier(path, root, "logits_scaling", &logit, err))
+            return -1;
+        /* the python floats meet fp32 tensors: torch rounds them to fp32 */
+        cfg->embed_scale = (float)emb;
+        cfg->residual_scale = (float)res;
+        cfg->attention_scale = (float)att;
+        cfg->logits_scale = (float)logit;
+    } else if (md->family == FAM_GEMMA) {
+        /* GemmaRotaryEmbedding (4.46) reads rope_theta only: a scaled RoPE in the file
+         * would run unscaled there and scaled in later versions. */
+        if (cfg->rope_kind != FT_ROPE_DEFAULT)
+            return ft_fail(err, "%s: 'rope_scaling': only the default rope type is supported "
+                           "for gemma", path);
+        /* normalizer = torch.tensor(hidden_size ** 0.5, dtype=activation dtype) */
+        cfg->embed_scale = sqrt((double)cfg->hidden_size);
+        cfg->embed_scale_round = true;
+        cfg->norm_w_offset = 1.0f;
+    }
+    return 0;
+}
+
 static int parse_config(const char *path, const json_t *root, ft_model_config *cfg, ft_err *err)
 {
     json_t *v;
@@ -547,7 +670,7 @@ static int parse_config(const char *path, const json_t *root, ft_model_config *c
         return -1;
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", md->model_type);
 
-    if (check_architectures(path, root, err) || check_foreign_keys(path, root, err))
+    if (check_architectures(path, root, err) || check_foreign_keys(path, root, md, err))
         return -1;
 
     if (read_required_dim(path, root, "vocab_size", &cfg->vocab_size, err) ||
@@ -557,11 +680,8 @@ static int parse_config(const char *path, const json_t *root, ft_model_config *c
         read_heads(path, root, md, cfg, err))
         return -1;
 
-    const char *act = "silu";
-    if ((v = json_object_get(root, "hidden_act")) && read_string(path, "hidden_act", v, &act, err))
+    if (read_activation(path, root, md, cfg, err))
         return -1;
-    if (strcmp(act, "silu") != 0 && strcmp(act, "swish") != 0)
-        return ft_fail(err, "%s: 'hidden_act': '%.32s' is not supported (only silu)", path, act);
 
     cfg->max_position_embeddings = md->max_position_embeddings;
     if ((v = json_object_get(root, "max_position_embeddings")) &&
@@ -575,13 +695,13 @@ static int parse_config(const char *path, const json_t *root, ft_model_config *c
         return -1;
     cfg->rms_norm_eps = (float)eps;
 
-    cfg->tie_word_embeddings = false;
+    cfg->tie_word_embeddings = md->tie_if_absent;
     if ((v = json_object_get(root, "tie_word_embeddings")) &&
         read_bool(path, "tie_word_embeddings", v, &cfg->tie_word_embeddings, err))
         return -1;
 
     if (read_rope(path, root, cfg, err) || read_attention_options(path, root, md, cfg, err) ||
-        check_layer_types(path, root, cfg, err))
+        check_layer_types(path, root, cfg, err) || read_family_scales(path, root, md, cfg, err))
         return -1;
 
     if (read_token_id(path, "bos_token_id", json_object_get(root, "bos_token_id"),

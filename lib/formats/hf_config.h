@@ -1,7 +1,7 @@
-/* Hugging Face config.json for Llama-family causal LMs: llama (incl. TinyLlama, SmolLM
- * and Llama 3 "llama3" rope scaling), mistral, qwen2. Every field that changes the
- * math is honoured or rejected with an error naming the file and key; nothing is
- * silently ignored. */
+/* Hugging Face config.json for the dense decoder families: llama (incl. TinyLlama, SmolLM
+ * and Llama 3 "llama3" rope scaling), mistral, qwen2, granite, gemma. Every field that
+ * changes the math is honoured or rejected with an error naming the file and key;
+ * nothing is silently ignored. */
 #ifndef FT_HF_CONFIG_H
 #define FT_HF_CONFIG_H
 
@@ -19,8 +19,14 @@ typedef enum ft_rope_kind {
 
 #define FT_MAX_EOS 8
 
+/* The MLP's gate activation: act(gate(x)) * up(x). */
+typedef enum ft_mlp_act {
+    FT_ACT_SILU = 0,  /* SwiGLU (llama, mistral, qwen2, granite) */
+    FT_ACT_GELU_TANH  /* GeGLU with gelu's tanh approximation (gemma) */
+} ft_mlp_act;
+
 typedef struct ft_model_config {
-    char model_type[32]; /* "llama", "mistral", "qwen2" */
+    char model_type[32]; /* "llama", "mistral", "qwen2", "granite", "gemma" */
     int vocab_size;
     int hidden_size;
     int intermediate_size;
@@ -45,6 +51,25 @@ typedef struct ft_model_config {
     int n_eos;
     int pad_token_id; /* -1 if absent */
     char torch_dtype[16]; /* "float32", "bfloat16", "float16" or "" */
+    /* The family's block description (a family is data: one forward reads these).
+     *   embed_scale        h0 = embed(ids) * embed_scale (granite embedding_multiplier;
+     *                      gemma sqrt(hidden_size), which the model rounds to its
+     *                      activation dtype as transformers does: embed_scale_round)
+     *   residual_scale     h += branch * residual_scale, for both branches (granite
+     *                      residual_multiplier)
+     *   attention_scale    the softmax scale: 1/sqrt(head_dim), or granite's
+     *                      attention_multiplier
+     *   logits_scale       logits = lm_head(h) / logits_scale (granite logits_scaling)
+     *   norm_w_offset      RMSNorm out = norm(x) * (norm_w_offset + w): 0, or 1 for gemma
+     *                      (its weights are stored as offsets from 1)
+     *   mlp_act            the MLP gate's activation */
+    double embed_scale;
+    bool embed_scale_round;
+    float residual_scale;
+    float attention_scale;
+    float logits_scale;
+    float norm_w_offset;
+    ft_mlp_act mlp_act;
     /* "quantization_config": the checkpoint holds bitsandbytes 4/8-bit weights
      * (present = false for a dense checkpoint) */
     ft_quant_config quant;

@@ -9,6 +9,7 @@
 
 #include "model/model_internal.h"
 #include "core/rng.h"
+#include "formats/safetensors.h"
 
 /* Views on the model's device (model_internal.h has the dtype rules): A_ weights and
  * activations of the compute dtype, F_ fp32 (gradients of parameters, rstd, lse,
@@ -18,6 +19,35 @@
 #define I_(p, n) model_view(m, (p), (size_t)(n), FT_I32)
 #define OPTA_(p, n) ((p) ? A_(p, n) : ft_none())
 #define OPTF_(p, n) ((p) ? F_(p, n) : ft_none())
+
+/* The embedding scale as the model applies it: granite's embedding_multiplier in fp32;
+ * gemma's sqrt(hidden_size) rounded to the activation dtype first, as transformers'
+ * torch.tensor(hidden_size ** 0.5, dtype=hidden_states.dtype) does. */
+static float embed_scale(const ft_model *m)
+{
+    float s = (float)m->cfg.embed_scale;
+    if (m->cfg.embed_scale_round && m->cdt == FT_BF16)
+        s = ft_bf16_to_f32(ft_f32_to_bf16(s));
+    return s;
+}
+
+/* y = branch * residual_scale (granite's residual_multiplier; 1: nothing to do). */
+static void scale_branch(ft_model *m, float *y, size_t n)
+{
+    if (m->cfg.residual_scale != 1.0f)
+        ft_scale(A_(y, n), m->cfg.residual_scale, n);
+}
+
+/* The gradient reaching a branch's output projection: d_h itself, or with a residual
+ * scale r, r * d_h in the scratch d_ln (free at both places this is called). */
+static const float *branch_grad(ft_model *m, size_t n)
+{
+    if (m->cfg.residual_scale == 1.0f)
+        return m->d_h;
+    ft_copy(A_(m->d_ln, n), A_(m->d_h, n), n);
+    ft_scale(A_(m->d_ln, n), m->cfg.residual_scale, n);
+    return m->d_ln;
+}
 
 /* Validates the token ids and fills ids, targets (labels shifted left by one),
  * positions and packed-sequence ids. */
@@ -157,7 +187,7 @@ static void layer_forward(ft_model *m, int l, const float *in, float *out)
     ft_tensor pos = I_(m->pos, N), inv = F_(m->inv_freq_dev, D / 2);
 
     ft_rmsnorm_forward(A_(a->ln1, nC), F_(a->rstd1, N), A_(in, nC), A_(w->ln1, C), N, C,
-                       c->rms_norm_eps);
+                       c->rms_norm_eps, c->norm_w_offset);
     proj_forward(m, l, FT_PROJ_Q, a->ln1, a->q);
     proj_forward(m, l, FT_PROJ_K, a->ln1, a->k);
     proj_forward(m, l, FT_PROJ_V, a->ln1, a->v);
@@ -165,20 +195,25 @@ static void layer_forward(ft_model *m, int l, const float *in, float *out)
     ft_rope_forward(A_(a->k, nK), pos, inv, N, Hkv, D);
     ft_attention_forward(A_(a->att, nQ), F_(a->lse, (size_t)N * Hq), A_(a->q, nQ),
                          A_(a->k, nK), A_(a->v, nK), m->has_seg ? I_(m->seg, N) : ft_none(),
-                         B, T, Hq, Hkv, D, 1.0f / sqrtf((float)D), c->sliding_window);
+                         B, T, Hq, Hkv, D, c->attention_scale, c->sliding_window);
     proj_forward(m, l, FT_PROJ_O, a->att, a->mid);
+    scale_branch(m, a->mid, nC);
     /* mid += in (the residual), then ln2 = norm(mid), in one pass */
     ft_add_rmsnorm_forward(A_(a->mid, nC), A_(a->ln2, nC), F_(a->rstd2, N), A_(a->mid, nC),
-                           A_(in, nC), A_(w->ln2, C), N, C, c->rms_norm_eps);
+                           A_(in, nC), A_(w->ln2, C), N, C, c->rms_norm_eps, c->norm_w_offset);
     proj_forward(m, l, FT_PROJ_GATE, a->ln2, a->gate);
     proj_forward(m, l, FT_PROJ_UP, a->ln2, a->up);
-    ft_swiglu_forward(A_(a->act, nI), A_(a->gate, nI), A_(a->up, nI), nI);
+    if (c->mlp_act == FT_ACT_GELU_TANH)
+        ft_geglu_forward(A_(a->act, nI), A_(a->gate, nI), A_(a->up, nI), nI);
+    else
+        ft_swiglu_forward(A_(a->act, nI), A_(a->gate, nI), A_(a->up, nI), nI);
     if (!out) {
         if (w->lora_a[FT_PROJ_DOWN])
             lora_h_forward(m, l, FT_PROJ_DOWN, a->act);
         return;
     }
     proj_forward(m, l, FT_PROJ_DOWN, a->act, out);
+    scale_branch(m, out, nC);
     ft_add(A_(out, nC), A_(a->mid, nC), nC);
 }
 
@@ -194,23 +229,27 @@ static void layer_backward(ft_model *m, int l)
            nI = (size_t)N * I;
     ft_tensor pos = I_(m->pos, N), inv = F_(m->inv_freq_dev, D / 2);
 
-    /* MLP: out = mid + down(silu(gate(ln2)) * up(ln2)) */
+    /* MLP: out = mid + r * down(act(gate(ln2)) * up(ln2)), r the residual scale */
     ft_zero(A_(m->d_act, nI), nI);
-    proj_backward(m, l, FT_PROJ_DOWN, a->act, m->d_h, m->d_act);
+    proj_backward(m, l, FT_PROJ_DOWN, a->act, branch_grad(m, nC), m->d_act);
     ft_zero(A_(m->d_gate, nI), nI);
     ft_zero(A_(m->d_up, nI), nI);
-    ft_swiglu_backward(A_(m->d_gate, nI), A_(m->d_up, nI), A_(m->d_act, nI), A_(a->gate, nI),
-                       A_(a->up, nI), nI);
+    if (c->mlp_act == FT_ACT_GELU_TANH)
+        ft_geglu_backward(A_(m->d_gate, nI), A_(m->d_up, nI), A_(m->d_act, nI),
+                          A_(a->gate, nI), A_(a->up, nI), nI);
+    else
+        ft_swiglu_backward(A_(m->d_gate, nI), A_(m->d_up, nI), A_(m->d_act, nI),
+                           A_(a->gate, nI), A_(a->up, nI), nI);
     ft_zero(A_(m->d_ln, nC), nC);
     proj_backward(m, l, FT_PROJ_GATE, a->ln2, m->d_gate, m->d_ln);
     proj_backward(m, l, FT_PROJ_UP, a->ln2, m->d_up, m->d_ln);
     /* the residual passes d_h through; the norm adds its part */
     ft_rmsnorm_backward(A_(m->d_h, nC), OPTF_(w->g_ln2, C), A_(m->d_ln, nC), A_(a->mid, nC),
-                        A_(w->ln2, C), F_(a->rstd2, N), N, C);
+                        A_(w->ln2, C), F_(a->rstd2, N), N, C, c->norm_w_offset);
 
-    /* attention: mid = in + o(attn(rope(q(ln1)), rope(k(ln1)), v(ln1))) */
+    /* attention: mid = in + r * o(attn(rope(q(ln1)), rope(k(ln1)), v(ln1))) */
     ft_zero(A_(m->d_att, nQ), nQ);
-    proj_backward(m, l, FT_PROJ_O, a->att, m->d_h, m->d_att);
+    proj_backward(m, l, FT_PROJ_O, a->att, branch_grad(m, nC), m->d_att);
     ft_zero(A_(m->d_q, nQ), nQ);
     ft_zero(A_(m->d_k, nK), nK);
     ft_zero(A_(m->d_v, nK), nK);
@@ -218,7 +257,7 @@ static void layer_backward(ft_model *m, int l)
                           A_(a->q, nQ), A_(a->k, nK), A_(a->v, nK), A_(a->att, nQ),
                           F_(a->lse, (size_t)N * Hq),
                           m->has_seg ? I_(m->seg, N) : ft_none(), B, T, Hq, Hkv, D,
-                          1.0f / sqrtf((float)D), c->sliding_window);
+                          c->attention_scale, c->sliding_window);
     ft_rope_backward(A_(m->d_q, nQ), pos, inv, N, Hq, D);
     ft_rope_backward(A_(m->d_k, nK), pos, inv, N, Hkv, D);
     ft_zero(A_(m->d_ln, nC), nC);
@@ -226,7 +265,7 @@ static void layer_backward(ft_model *m, int l)
     proj_backward(m, l, FT_PROJ_K, a->ln1, m->d_k, m->d_ln);
     proj_backward(m, l, FT_PROJ_V, a->ln1, m->d_v, m->d_ln);
     ft_rmsnorm_backward(A_(m->d_h, nC), OPTF_(w->g_ln1, C), A_(m->d_ln, nC), A_(a->in, nC),
-                        A_(w->ln1, C), F_(a->rstd1, N), N, C);
+                        A_(w->ln1, C), F_(a->rstd1, N), N, C, c->norm_w_offset);
 }
 
 static int acquire(ft_model *m, int unit, ft_unit_phase ph, ft_err *err)
@@ -261,13 +300,20 @@ static int release_head(ft_model *m, ft_unit_phase ph, ft_err *err)
     return release(m, L + 1, ph, bwd, err);
 }
 
+/* The head's GEMM factor: logits = lm_head(h) / logits_scale (granite's logits_scaling;
+ * 1 elsewhere), as alpha = 1 / logits_scale (within an ulp of the division). */
+static float head_alpha(const ft_model *m)
+{
+    return m->cfg.logits_scale == 1.0f ? 1.0f : 1.0f / m->cfg.logits_scale;
+}
+
 /* logits[0, rows) = lm_head(lnf rows [r0, r0 + rows)): one chunk of the head. */
 static void head_logits(ft_model *m, size_t r0, size_t rows)
 {
     size_t C = (size_t)m->cfg.hidden_size, V = (size_t)m->cfg.vocab_size;
     ft_tensor x = ft_slice(A_(m->lnf, (r0 + rows) * C), r0 * C, rows * C);
     ft_linear_forward(A_(m->logits, rows * V), x, A_(m->lm_head, V * C), ft_none(), (int)rows,
-                      (int)C, (int)V, 1.0f, 0);
+                      (int)C, (int)V, head_alpha(m), 0);
 }
 
 /* Layers this model computes: [*l0, *l1) (units l0+1 .. l1). */
@@ -301,6 +347,8 @@ int ft_model_forward(ft_model *m, const ft_batch *b, double *loss_sum, long *n_t
             return -1;
         ft_embedding_forward(A_(m->acts[0].in, nC), I_(m->ids, N),
                              A_(m->embed, (size_t)V * C), N, V, C);
+        if (embed_scale(m) != 1.0f) /* granite, gemma: h0 = embed * scale */
+            ft_scale(A_(m->acts[0].in, nC), embed_scale(m), nC);
         if (release(m, 0, FT_UNIT_FORWARD, false, err))
             return -1;
     } else if (m->hooks.recv_hidden(m->hooks.ctx, l0 < L ? m->acts[l0].in : m->final_in, nC,
@@ -322,7 +370,7 @@ int ft_model_forward(ft_model *m, const ft_batch *b, double *loss_sum, long *n_t
         if (acquire_head(m, FT_UNIT_FORWARD, err))
             return -1;
         ft_rmsnorm_forward(A_(m->lnf, nC), F_(m->rstdf, N), A_(m->final_in, nC),
-                           A_(m->norm_f, C), N, C, c->rms_norm_eps);
+                           A_(m->norm_f, C), N, C, c->rms_norm_eps, c->norm_w_offset);
         size_t R = ft_loss_chunk_rows(m->opt.loss_chunk_rows, (size_t)V, (size_t)N);
         for (size_t r0 = 0; r0 < (size_t)N; r0 += R) {
             size_t rows = (size_t)N - r0 < R ? (size_t)N - r0 : R;
@@ -376,11 +424,12 @@ int ft_model_backward(ft_model *m, float grad_scale, ft_err *err)
             ft_linear_backward(ft_slice(A_(m->d_ln, nC), r0 * C, rows * C),
                                OPTF_(m->g_lm_head, (size_t)V * C), ft_none(), dlogits,
                                ft_slice(A_(m->lnf, nC), r0 * C, rows * C),
-                               A_(m->lm_head, (size_t)V * C), (int)rows, C, V, 1.0f);
+                               A_(m->lm_head, (size_t)V * C), (int)rows, C, V, head_alpha(m));
         }
         ft_zero(A_(m->d_h, nC), nC);
         ft_rmsnorm_backward(A_(m->d_h, nC), OPTF_(m->g_norm_f, C), A_(m->d_ln, nC),
-                            A_(m->final_in, nC), A_(m->norm_f, C), F_(m->rstdf, N), N, C);
+                            A_(m->final_in, nC), A_(m->norm_f, C), F_(m->rstdf, N), N, C,
+                            c->norm_w_offset);
         if (release_head(m, FT_UNIT_BACKWARD, err))
             return -1;
     }
@@ -400,6 +449,8 @@ int ft_model_backward(ft_model *m, float grad_scale, ft_err *err)
     if (m->opt.mode == FT_TRAIN_FULL) {
         if (acquire(m, 0, FT_UNIT_BACKWARD, err))
             return -1;
+        if (embed_scale(m) != 1.0f) /* d embed = scale * d h0 (d_h is not needed after) */
+            ft_scale(A_(m->d_h, nC), embed_scale(m), nC);
         ft_embedding_backward(F_(m->g_embed, (size_t)V * C), A_(m->d_h, nC), I_(m->ids, N),
                               N, V, C);
         if (release(m, 0, FT_UNIT_BACKWARD, true, err))

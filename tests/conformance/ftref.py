@@ -21,6 +21,10 @@ from safetensors.torch import load_file
 import transformers
 from transformers import (
     AutoModelForCausalLM,
+    GemmaConfig,
+    GemmaForCausalLM,
+    GraniteConfig,
+    GraniteForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -54,7 +58,7 @@ SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_p
 @dataclass
 class Shape:
     name: str
-    arch: str  # llama | mistral | qwen2
+    arch: str  # llama | mistral | qwen2 | granite | gemma
     cfg: dict
     T: int = 12
     save_dtype: torch.dtype = torch.float32
@@ -144,13 +148,30 @@ SHAPES = {
         Shape("bf16_ckpt", "llama", _cfg(), save_dtype=torch.bfloat16),
         Shape("fp16_ckpt", "llama", _cfg(vocab_size=72), save_dtype=torch.float16),
         Shape("sharded", "llama", _cfg(), max_shard_size="20KB"),
+        Shape(
+            "granite",
+            "granite",
+            _cfg(embedding_multiplier=3.0, residual_multiplier=0.45, attention_multiplier=0.2,
+                 logits_scaling=2.5, rms_norm_eps=1e-6),
+            note="every multiplier away from 1; attention scale 0.2, not 1/sqrt(8)",
+        ),
+        Shape(
+            "gemma",
+            "gemma",
+            _cfg(head_dim=16, hidden_act="gelu_pytorch_tanh",
+                 hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+                 rms_norm_eps=1e-6, pad_token_id=0),
+            note="(1 + w) norms, sqrt(hidden) embedding scale, GeGLU (gelu tanh), head_dim 16 "
+                 "!= 32/4, tied",
+        ),
     ]
 }
 
 # fixed per-shape seeds (weights, and the base of each test's input seed)
 _SEEDS = {"llama_gqa": 0, "llama_mqa_odd": 10, "tied": 20, "qwen2": 30, "llama3_rope": 40,
           "mistral_sw": 50, "head_dim16": 60, "llama_bias": 70, "bf16_ckpt": 80,
-          "fp16_ckpt": 90, "sharded": 100, "rope_linear": 110}
+          "fp16_ckpt": 90, "sharded": 100, "rope_linear": 110, "granite": 120,
+          "gemma": 130}
 for _name, _s in SHAPES.items():
     _s.seed = _SEEDS[_name]
 
@@ -158,6 +179,8 @@ _ARCH = {
     "llama": (LlamaConfig, LlamaForCausalLM),
     "mistral": (MistralConfig, MistralForCausalLM),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "granite": (GraniteConfig, GraniteForCausalLM),
+    "gemma": (GemmaConfig, GemmaForCausalLM),
 }
 
 

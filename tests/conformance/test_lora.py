@@ -24,6 +24,9 @@ CASES = [
     ("llama_mqa_odd", "all7"),
     ("head_dim16", "all7"),
     ("tied", "qv"),
+    ("granite", "all7"),
+    ("gemma", "all7"),
+    ("gemma", "all-linear"),
 ]
 
 

@@ -30,6 +30,8 @@ CASES = [
     ("llama_gqa", "all-linear", dict(type="int8")),
     ("qwen2", "all7", dict(type="nf4", blocksize=128, double_quant=True)),
     ("tied", "qv", dict(type="nf4", blocksize=64, double_quant=True)),
+    ("granite", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
+    ("gemma", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
 ]
 
 

@@ -83,6 +83,8 @@ INIT_CASES = [
     ("llama_gqa", "q_proj,v_proj,down_proj", ["q_proj", "v_proj", "down_proj"], 8, 16, True),
     ("tied", "all-linear", ftref.SEVEN, 4, 8, False),
     ("qwen2", "k_proj,gate_proj", ["k_proj", "gate_proj"], 2, 3.5, False),
+    ("granite", "all-linear", ftref.SEVEN, 4, 8, False),
+    ("gemma", "all-linear", ftref.SEVEN, 4, 8, False),
 ]
 
 
@@ -204,6 +206,9 @@ MERGE_CASES = [
     ("llama_gqa", "rslora", "f16"),
     ("bf16_ckpt", "qv", None),  # default: config.json's torch_dtype (bfloat16)
     ("llama_gqa", "qv", None),  # saved in float32: float32
+    ("granite", "all7", "f32"),
+    ("gemma", "all7", "f32"),  # tied; norm weights stay Gemma's offsets from 1
+    ("gemma", "qv", "bf16"),
 ]
 
 _DT = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}

@@ -56,6 +56,14 @@ RUNS = [
          B=4, extra=dict(grad_accum=2, grad_ckpt=True)),
     dict(id="lora-cosine-accum2", model="qwen2", adapter="no_k", adapter_seed=3,
          train=_train(1e-2, max_grad_norm=1.0), B=4, extra=dict(grad_accum=2)),
+    # the families with their own block rules: five steps each, full and LoRA
+    dict(id="full-cosine-granite", model="granite", adapter=None,
+         train=_train(1e-3, max_grad_norm=0.5)),  # its multipliers make smaller norms
+    dict(id="full-cosine-gemma", model="gemma", adapter=None, train=_train(1e-3)),
+    dict(id="lora-cosine-granite", model="granite", adapter="no_k", adapter_seed=4,
+         train=_train(1e-2, max_grad_norm=0.5)),
+    dict(id="lora-cosine-gemma", model="gemma", adapter="no_k", adapter_seed=1,
+         train=_train(1e-2)),
 ]
 
 

@@ -88,7 +88,7 @@ static void forward_case(int N, int C, bool bf16, bool residual, bool in_place)
             s_ref[i] = bf16 ? round_bf16(xv[i] + rv[i]) : xv[i] + rv[i];
     std::vector<float> o_ref(n), r_ref((size_t)N);
     ft_rmsnorm_forward(ft_f32(o_ref.data(), n), ft_f32(r_ref.data(), (size_t)N),
-                       ft_f32(s_ref.data(), n), ft_f32(wv.data(), (size_t)C), N, C, 1e-5f);
+                       ft_f32(s_ref.data(), n), ft_f32(wv.data(), (size_t)C), N, C, 1e-5f, 0.0f);
     if (residual)
         expect_same(label, "sum", in_place ? x.values() : sum.values(), s_ref);
     expect_close(label, "out", out.values(), o_ref, bf16 ? 1e-2 : 1e-5);
@@ -98,7 +98,7 @@ static void forward_case(int N, int C, bool bf16, bool residual, bool in_place)
         ft_add_rmsnorm_forward(ft_f32(s2.data(), n), ft_f32(o2.data(), n),
                                ft_f32(r2.data(), (size_t)N), ft_f32(xv.data(), n),
                                ft_f32(rv.data(), n), ft_f32(wv.data(), (size_t)C), N, C,
-                               1e-5f);
+                               1e-5f, 0.0f);
         expect_same(label, "CPU fused sum", s2, s_ref);
         expect_same(label, "CPU fused out", o2, o_ref);
     }
@@ -114,7 +114,7 @@ static void backward_case(int N, int C)
                        dw0 = random((size_t)C, 0.5f, false);
     std::vector<float> out(n), rstd((size_t)N);
     ft_rmsnorm_forward(ft_f32(out.data(), n), ft_f32(rstd.data(), (size_t)N),
-                       ft_f32(x.data(), n), ft_f32(w.data(), (size_t)C), N, C, 1e-5f);
+                       ft_f32(x.data(), n), ft_f32(w.data(), (size_t)C), N, C, 1e-5f, 0.0f);
     std::vector<float> dx = dx0, dw = dw0, dx_ref = dx0, dw_ref = dw0;
     rms_args a = {};
     a.dx = fview{dx.data(), 0}, a.dw = fview{dw.data(), 0}, a.dout = fview{dout.data(), 0};
@@ -133,7 +133,7 @@ static void backward_case(int N, int C)
     }
     ft_rmsnorm_backward(ft_f32(dx_ref.data(), n), ft_f32(dw_ref.data(), (size_t)C),
                         ft_f32(dout.data(), n), ft_f32(x.data(), n),
-                        ft_f32(w.data(), (size_t)C), ft_f32(rstd.data(), (size_t)N), N, C);
+                        ft_f32(w.data(), (size_t)C), ft_f32(rstd.data(), (size_t)N), N, C, 0.0f);
     expect_close(label, "dx", dx, dx_ref, 1e-5);
     expect_close(label, "dw", dw, dw_ref, 1e-5);
 }

@@ -130,7 +130,7 @@ static void test_embedding(void)
 
 /* dw is a column sum over row chunks of at least 64 rows (colsum.cuh): 300 and 1000 rows
  * give several chunks, 1000 a ragged last one; 96 and 70 columns ragged 32-column tiles. */
-static void test_rmsnorm(void)
+static void rmsnorm_case(float off)
 {
     static const int shapes[][2] = {{1, 7}, {5, 64}, {64, 1000}, {33, 4096}, {300, 96},
                                     {1000, 70}};
@@ -145,10 +145,10 @@ static void test_rmsnorm(void)
             ft_tensor gx = dev_upload(x, n, d), gw = dev_upload(w, C, d);
             ft_tensor gout = dev_upload(out, n, d), grstd = dev_upload(rstd, N, FT_F32);
             ft_rmsnorm_forward(ft_f32(out, n), ft_f32(rstd, N), ft_f32(x, n), ft_f32(w, C), N,
-                               C, 1e-5f);
-            ft_rmsnorm_forward(gout, grstd, gx, gw, N, C, 1e-5f);
+                               C, 1e-5f, off);
+            ft_rmsnorm_forward(gout, grstd, gx, gw, N, C, 1e-5f, off);
             char what[96];
-            snprintf(what, sizeof what, "rmsnorm fwd out %dx%d %s", N, C, dtype_name(d));
+            snprintf(what, sizeof what, "rmsnorm fwd out %dx%d %s w+%g", N, C, dtype_name(d), off);
             check_dev(what, gout, out, tol_for(d));
             snprintf(what, sizeof what, "rmsnorm fwd rstd %dx%d %s", N, C, dtype_name(d));
             check_dev(what, grstd, rstd, TOL_F32);
@@ -161,18 +161,25 @@ static void test_rmsnorm(void)
             /* both backends from the same rstd (the CPU one) */
             ft_tensor grstd_ref = dev_upload(rstd, N, FT_F32);
             ft_rmsnorm_backward(ft_f32(dx, n), ft_f32(dw, C), ft_f32(dout, n), ft_f32(x, n),
-                                ft_f32(w, C), ft_f32(rstd, N), N, C);
-            ft_rmsnorm_backward(gdx, gdw, gdout, gx, gw, grstd_ref, N, C);
-            ft_rmsnorm_backward(ft_none(), gdw2, gdout, gx, gw, grstd_ref, N, C);
-            snprintf(what, sizeof what, "rmsnorm bwd dx %dx%d %s", N, C, dtype_name(d));
+                                ft_f32(w, C), ft_f32(rstd, N), N, C, off);
+            ft_rmsnorm_backward(gdx, gdw, gdout, gx, gw, grstd_ref, N, C, off);
+            ft_rmsnorm_backward(ft_none(), gdw2, gdout, gx, gw, grstd_ref, N, C, off);
+            snprintf(what, sizeof what, "rmsnorm bwd dx %dx%d %s w+%g", N, C, dtype_name(d), off);
             check_dev(what, gdx, dx, tol_for(d));
-            snprintf(what, sizeof what, "rmsnorm bwd dw %dx%d %s", N, C, dtype_name(d));
+            snprintf(what, sizeof what, "rmsnorm bwd dw %dx%d %s w+%g", N, C, dtype_name(d), off);
             check_dev(what, gdw, dw, TOL_F32);
             CHECK(dev_equal(gdw, gdw2));
             free(x), free(w), free(out), free(rstd), free(dout), free(dx), free(dw);
             dev_free(gx), dev_free(gw), dev_free(gout), dev_free(grstd), dev_free(gdout);
             dev_free(gdx), dev_free(gdw), dev_free(gdw2), dev_free(grstd_ref);
         }
+}
+
+/* w_offset 0 (Llama) and 1 (Gemma's 1 + w) */
+static void test_rmsnorm(void)
+{
+    rmsnorm_case(0.0f);
+    rmsnorm_case(1.0f);
 }
 
 /* The residual add fused before the norm: sum = x + res as stored (rounded to bf16 by
@@ -193,13 +200,14 @@ static void test_add_rmsnorm(void)
                 for (size_t i = 0; i < n; i++)
                     sum[i] = x[i] + res[i];
                 host_round(sum, n, d);
+                float off = (float)in_place; /* Gemma's 1 + w on the in-place runs */
                 ft_rmsnorm_forward(ft_f32(out, n), ft_f32(rstd, N), ft_f32(sum, n),
-                                   ft_f32(w, C), N, C, 1e-5f);
+                                   ft_f32(w, C), N, C, 1e-5f, off);
                 ft_tensor gx = dev_upload(x, n, d), gres = dev_upload(res, n, d);
                 ft_tensor gw = dev_upload(w, C, d), gout = dev_upload(out, n, d);
                 ft_tensor grstd = dev_upload(rstd, N, FT_F32);
                 ft_tensor gsum = in_place ? gx : dev_upload(out, n, d);
-                ft_add_rmsnorm_forward(gsum, gout, grstd, gx, gres, gw, N, C, 1e-5f);
+                ft_add_rmsnorm_forward(gsum, gout, grstd, gx, gres, gw, N, C, 1e-5f, off);
                 char what[96];
                 const char *ip = in_place ? " in place" : "";
                 snprintf(what, sizeof what, "add_rmsnorm sum %dx%d %s%s", N, C, dtype_name(d),
@@ -255,7 +263,11 @@ static void test_rope(void)
 
 /* ---- SwiGLU --------------------------------------------------------------------- */
 
-static void test_swiglu(void)
+typedef void (*glu_fwd)(ft_tensor, ft_tensor, ft_tensor, size_t);
+typedef void (*glu_bwd)(ft_tensor, ft_tensor, ft_tensor, ft_tensor, ft_tensor, size_t);
+
+/* SwiGLU and GeGLU (gelu tanh) share the shape and the checks. */
+static void glu_case(const char *name, glu_fwd fwd, glu_bwd bwd)
 {
     static const size_t sizes[] = {1, 1001, 65536 + 7};
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
@@ -263,34 +275,44 @@ static void test_swiglu(void)
             ft_dtype d = DTYPES[di];
             size_t n = sizes[s];
             float *gate = host_random(n, 8.0f);
-            gate[0] = n > 2 ? -100.0f : gate[0]; /* exp(-g) overflows: silu -> 0 */
+            gate[0] = n > 2 ? -100.0f : gate[0]; /* saturated: silu, gelu -> 0 */
             if (n > 2)
                 gate[1] = 100.0f;
             host_round(gate, n, d);
             float *up = rounded(host_random(n, 1.0f), n, d), *out = host_alloc(n);
             ft_tensor gg = dev_upload(gate, n, d), gu = dev_upload(up, n, d);
             ft_tensor go = dev_upload(out, n, d);
-            ft_swiglu_forward(ft_f32(out, n), ft_f32(gate, n), ft_f32(up, n), n);
-            ft_swiglu_forward(go, gg, gu, n);
+            fwd(ft_f32(out, n), ft_f32(gate, n), ft_f32(up, n), n);
+            fwd(go, gg, gu, n);
             char what[96];
-            snprintf(what, sizeof what, "swiglu fwd n=%zu %s", n, dtype_name(d));
+            snprintf(what, sizeof what, "%s fwd n=%zu %s", name, n, dtype_name(d));
             check_dev(what, go, out, tol_for(d));
             float *dout = rounded(host_random(n, 1.0f), n, d);
             float *dg = rounded(host_random(n, 1.0f), n, d);
             float *du = rounded(host_random(n, 1.0f), n, d);
             ft_tensor gdo = dev_upload(dout, n, d), gdg = dev_upload(dg, n, d);
             ft_tensor gdu = dev_upload(du, n, d);
-            ft_swiglu_backward(ft_f32(dg, n), ft_f32(du, n), ft_f32(dout, n), ft_f32(gate, n),
-                               ft_f32(up, n), n);
-            ft_swiglu_backward(gdg, gdu, gdo, gg, gu, n);
-            snprintf(what, sizeof what, "swiglu bwd dgate n=%zu %s", n, dtype_name(d));
+            bwd(ft_f32(dg, n), ft_f32(du, n), ft_f32(dout, n), ft_f32(gate, n),
+                ft_f32(up, n), n);
+            bwd(gdg, gdu, gdo, gg, gu, n);
+            snprintf(what, sizeof what, "%s bwd dgate n=%zu %s", name, n, dtype_name(d));
             check_dev(what, gdg, dg, tol_for(d));
-            snprintf(what, sizeof what, "swiglu bwd dup n=%zu %s", n, dtype_name(d));
+            snprintf(what, sizeof what, "%s bwd dup n=%zu %s", name, n, dtype_name(d));
             check_dev(what, gdu, du, tol_for(d));
             free(gate), free(up), free(out), free(dout), free(dg), free(du);
             dev_free(gg), dev_free(gu), dev_free(go), dev_free(gdo), dev_free(gdg);
             dev_free(gdu);
         }
+}
+
+static void test_swiglu(void)
+{
+    glu_case("swiglu", ft_swiglu_forward, ft_swiglu_backward);
+}
+
+static void test_geglu(void)
+{
+    glu_case("geglu", ft_geglu_forward, ft_geglu_backward);
 }
 
 /* ---- cross-entropy -------------------------------------------------------------- */
@@ -517,6 +539,7 @@ int main(void)
     RUN(test_add_rmsnorm);
     RUN(test_rope);
     RUN(test_swiglu);
+    RUN(test_geglu);
     RUN(test_cross_entropy);
     RUN(test_elementwise);
     RUN(test_dropout);

@@ -5,6 +5,7 @@
 #include "formats/hf_config.h"
 
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -362,6 +363,86 @@ static void test_llama_defaults_and_bias(void)
                &c, &e) == 0);
 }
 
+/* ibm-granite/granite-3.0-2b-instruct's multipliers; the llama rules otherwise. */
+static void test_granite(void)
+{
+    ft_model_config c;
+    ft_err e = {0};
+    CHECK(load("{\"model_type\": \"granite\", \"architectures\": [\"GraniteForCausalLM\"], "
+               REQ ", \"num_key_value_heads\": 2, \"attention_multiplier\": 0.015625,"
+               " \"embedding_multiplier\": 12.0, \"residual_multiplier\": 0.22,"
+               " \"logits_scaling\": 8.0, \"tie_word_embeddings\": true,"
+               " \"attention_bias\": false, \"mlp_bias\": false, \"hidden_act\": \"silu\"}",
+               &c, &e) == 0);
+    CHECK(strcmp(c.model_type, "granite") == 0 && c.head_dim == 32 && c.num_kv_heads == 2);
+    CHECK(c.attention_scale == 0.015625f && c.embed_scale == 12.0 && !c.embed_scale_round);
+    CHECK(c.residual_scale == 0.22f && c.logits_scale == 8.0f);
+    CHECK(c.norm_w_offset == 0.0f && c.mlp_act == FT_ACT_SILU && c.tie_word_embeddings);
+    /* absent multipliers are 1, the attention scale 1/sqrt(head_dim) */
+    CHECK(load("{\"model_type\": \"granite\", " REQ "}", &c, &e) == 0);
+    CHECK(c.attention_scale == 1.0f && c.embed_scale == 1.0 && c.residual_scale == 1.0f &&
+          c.logits_scale == 1.0f);
+    CHECK(load("{\"model_type\": \"llama\", " REQ "}", &c, &e) == 0);
+    CHECK(c.attention_scale == 1.0f / sqrtf(32.0f) && c.logits_scale == 1.0f);
+    EXPECT_ERROR("{\"model_type\": \"granite\", " REQ ", \"logits_scaling\": 0}",
+                 "logits_scaling");
+    EXPECT_ERROR("{\"model_type\": \"granite\", " REQ ", \"residual_multiplier\": \"x\"}",
+                 "residual_multiplier");
+    EXPECT_ERROR("{\"model_type\": \"granite\", " REQ ", \"head_dim\": 64}", "head_dim");
+    EXPECT_ERROR("{\"model_type\": \"granite\", " REQ ", \"hidden_act\": \"gelu\"}",
+                 "hidden_act");
+    EXPECT_ERROR("{\"model_type\": \"granite\", " REQ ", \"num_local_experts\": 8}",
+                 "num_local_experts");
+    /* granite's keys stay foreign to the other families */
+    EXPECT_ERROR("{\"model_type\": \"mistral\", " REQ ", \"logits_scaling\": 8.0}",
+                 "logits_scaling");
+}
+
+/* google/gemma-2b's config.json */
+static void test_gemma(void)
+{
+    ft_model_config c;
+    ft_err e = {0};
+    CHECK(load("{\"architectures\": [\"GemmaForCausalLM\"], \"attention_bias\": false,"
+               " \"attention_dropout\": 0.0, \"bos_token_id\": 2, \"eos_token_id\": 1,"
+               " \"head_dim\": 256, \"hidden_act\": \"gelu\","
+               " \"hidden_activation\": \"gelu_pytorch_tanh\", \"hidden_size\": 2048,"
+               " \"initializer_range\": 0.02, \"intermediate_size\": 16384,"
+               " \"max_position_embeddings\": 8192, \"model_type\": \"gemma\","
+               " \"num_attention_heads\": 8, \"num_hidden_layers\": 18,"
+               " \"num_key_value_heads\": 1, \"pad_token_id\": 0, \"rms_norm_eps\": 1e-06,"
+               " \"rope_scaling\": null, \"rope_theta\": 10000.0, \"torch_dtype\": \"bfloat16\","
+               " \"use_cache\": true, \"vocab_size\": 256000}",
+               &c, &e) == 0);
+    CHECK(strcmp(c.model_type, "gemma") == 0 && c.head_dim == 256 && c.num_kv_heads == 1);
+    CHECK(c.mlp_act == FT_ACT_GELU_TANH && c.norm_w_offset == 1.0f);
+    CHECK(c.tie_word_embeddings && c.embed_scale_round);
+    CHECK(fabs(c.embed_scale - sqrt(2048.0)) < 1e-12);
+    CHECK(c.attention_scale == 1.0f / sqrtf(256.0f) && c.logits_scale == 1.0f);
+    CHECK(!c.qkv_bias && !c.mlp_bias && c.max_position_embeddings == 8192);
+    /* GemmaConfig's defaults: head_dim 256, 16 kv heads, tied */
+    CHECK(load("{\"model_type\": \"gemma\", \"vocab_size\": 1000, \"hidden_size\": 256,"
+               " \"intermediate_size\": 512, \"num_hidden_layers\": 2,"
+               " \"num_attention_heads\": 16}", &c, &e) == 0);
+    CHECK(c.head_dim == 256 && c.num_kv_heads == 16 && c.tie_word_embeddings);
+    CHECK(c.mlp_act == FT_ACT_GELU_TANH);
+    /* the activation: hidden_activation wins; hidden_act only when that is null */
+    EXPECT_ERROR("{\"model_type\": \"gemma\", " REQ ", \"num_key_value_heads\": 8,"
+                 " \"hidden_activation\": \"gelu\"}", "hidden_activation");
+    EXPECT_ERROR("{\"model_type\": \"gemma\", " REQ ", \"num_key_value_heads\": 8,"
+                 " \"hidden_act\": \"gelu\"}", "hidden_act");
+    EXPECT_ERROR("{\"model_type\": \"gemma\", " REQ ", \"num_key_value_heads\": 8,"
+                 " \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2.0}}",
+                 "rope_scaling");
+    EXPECT_ERROR("{\"model_type\": \"gemma\", " REQ ", \"num_key_value_heads\": 8,"
+                 " \"mlp_bias\": true}", "mlp_bias");
+    /* Gemma 2's keys are refused by gemma */
+    EXPECT_ERROR("{\"model_type\": \"gemma\", " REQ ", \"num_key_value_heads\": 8,"
+                 " \"final_logit_softcapping\": 30.0}", "final_logit_softcapping");
+    EXPECT_ERROR("{\"model_type\": \"gemma\", " REQ ", \"num_key_value_heads\": 8,"
+                 " \"attention_multiplier\": 0.1}", "attention_multiplier");
+}
+
 static void test_file_errors(void)
 {
     ft_model_config c;
@@ -442,7 +523,7 @@ static void test_key_errors(void)
     EXPECT_ERROR("{" REQ "}", "model_type");
     EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ "}", "model_type");
     EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ "}", "qwen3");
-    EXPECT_ERROR("{\"model_type\": \"gemma\", " REQ "}", "gemma");
+    EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ "}", "gemma2");
     EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"hidden_act\": \"gelu\"}", "hidden_act");
     EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"num_key_value_heads\": 3}",
                  "num_key_value_heads");
@@ -584,6 +665,8 @@ int main(void)
     RUN(test_mistral);
     RUN(test_explicit_head_dim);
     RUN(test_llama_defaults_and_bias);
+    RUN(test_granite);
+    RUN(test_gemma);
     RUN(test_file_errors);
     RUN(test_key_errors);
     RUN(test_math_errors);

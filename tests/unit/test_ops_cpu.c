@@ -406,10 +406,12 @@ static void test_embedding(void)
 
 /* ---- RMSNorm ------------------------------------------------------------------------ */
 
+/* off: the weight offset (0 Llama, 1 Gemma: out = norm(x) * (off + w)) */
 typedef struct {
     int N, C;
     double eps;
     double *x, *w, *r;
+    double off;
 } rms_ctx;
 
 static void rms_ref(double *out, double *rstd, const rms_ctx *c)
@@ -423,7 +425,7 @@ static void rms_ref(double *out, double *rstd, const rms_ctx *c)
         if (rstd)
             rstd[n] = rs;
         for (int j = 0; j < c->C; j++)
-            out[(size_t)n * c->C + j] = xn[j] * rs * c->w[j];
+            out[(size_t)n * c->C + j] = xn[j] * rs * (c->off + c->w[j]);
     }
 }
 
@@ -440,7 +442,7 @@ static double rms_loss(const void *vc)
     return L;
 }
 
-static void test_rmsnorm_forward(void)
+static void rmsnorm_forward_case(float off)
 {
     /* Rows of ordinary scale, a large-scale row and a tiny row where eps matters. */
     const int N = 40, C = 300;
@@ -454,18 +456,24 @@ static void test_rmsnorm_forward(void)
         x[1 * C + j] *= 1000.0f;
         x[2 * C + j] *= 1e-3f;
     }
-    rms_ctx c = {N, C, eps, to_d(x, nx), to_d(w, C), NULL};
+    rms_ctx c = {N, C, eps, to_d(x, nx), to_d(w, C), NULL, off};
     double *ref = dnew(nx), *rref = dnew(N);
     rms_ref(ref, rref, &c);
-    ft_cpu_rmsnorm_forward(out, rstd, x, w, N, C, eps);
+    ft_cpu_rmsnorm_forward(out, rstd, x, w, N, C, eps, off);
     CHECK(close_arr("rmsnorm out", out, ref, nx, 1e-5, 0.0));
     CHECK(close_arr("rmsnorm rstd", rstd, rref, N, 1e-5, 0.0));
     free(x), free(w), free(out), free(rstd), free(c.x), free(c.w), free(ref), free(rref);
 }
 
+static void test_rmsnorm_forward(void)
+{
+    rmsnorm_forward_case(0.0f);
+    rmsnorm_forward_case(1.0f); /* Gemma's (1 + w) */
+}
+
 /* The fused residual add: sum = x + res, then the norm of sum; bit for bit the two ops
  * in turn, out of place and in place (sum = x). */
-static void test_add_rmsnorm_forward(void)
+static void add_rmsnorm_forward_case(float off)
 {
     const int N = 17, C = 130;
     const size_t nx = (size_t)N * C;
@@ -476,12 +484,13 @@ static void test_add_rmsnorm_forward(void)
     fill(w, C, 0.5, 1.5);
     float *sum_ref = fdup(x, nx), *out_ref = fnew(nx), *rstd_ref = fnew(N);
     ft_cpu_add(sum_ref, res, nx);
-    ft_cpu_rmsnorm_forward(out_ref, rstd_ref, sum_ref, w, N, C, 1e-5f);
+    ft_cpu_rmsnorm_forward(out_ref, rstd_ref, sum_ref, w, N, C, 1e-5f, off);
     for (int in_place = 0; in_place < 2; in_place++) {
         float *xi = fdup(x, nx), *sum = in_place ? xi : fnew(nx), *out = fnew(nx),
               *rstd = fnew(N);
         ft_add_rmsnorm_forward(ft_f32(sum, nx), ft_f32(out, nx), ft_f32(rstd, N),
-                               ft_f32(xi, nx), ft_f32(res, nx), ft_f32(w, C), N, C, 1e-5f);
+                               ft_f32(xi, nx), ft_f32(res, nx), ft_f32(w, C), N, C, 1e-5f,
+                               off);
         CHECK(memcmp(sum, sum_ref, nx * sizeof(float)) == 0);
         CHECK(memcmp(out, out_ref, nx * sizeof(float)) == 0);
         CHECK(memcmp(rstd, rstd_ref, N * sizeof(float)) == 0);
@@ -492,7 +501,13 @@ static void test_add_rmsnorm_forward(void)
     free(x), free(res), free(w), free(sum_ref), free(out_ref), free(rstd_ref);
 }
 
-static void test_rmsnorm_backward(void)
+static void test_add_rmsnorm_forward(void)
+{
+    add_rmsnorm_forward_case(0.0f);
+    add_rmsnorm_forward_case(1.0f);
+}
+
+static void rmsnorm_backward_case(float off)
 {
     /* C = 150: three dw column blocks, the last one partial. */
     const int N = 5, C = 150;
@@ -503,8 +518,8 @@ static void test_rmsnorm_backward(void)
     fill(x, nx, -2, 2);
     fill(w, C, 0.5, 1.5);
     fill(r, nx, -1, 1);
-    ft_cpu_rmsnorm_forward(out, rstd, x, w, N, C, eps);
-    rms_ctx c = {N, C, eps, to_d(x, nx), to_d(w, C), to_d(r, nx)};
+    ft_cpu_rmsnorm_forward(out, rstd, x, w, N, C, eps, off);
+    rms_ctx c = {N, C, eps, to_d(x, nx), to_d(w, C), to_d(r, nx), off};
     double *gx = dnew(nx), *gw = dnew(C);
     fd_grad(rms_loss, &c, c.x, nx, gx);
     fd_grad(rms_loss, &c, c.w, C, gw);
@@ -513,15 +528,15 @@ static void test_rmsnorm_backward(void)
     fill(dx0, nx, -1, 1);
     fill(dw0, C, -1, 1);
     float *dx = fdup(dx0, nx), *dw = fdup(dw0, C);
-    ft_cpu_rmsnorm_backward(dx, dw, r, x, w, rstd, N, C);
-    ft_cpu_rmsnorm_backward(dx, dw, r, x, w, rstd, N, C);
+    ft_cpu_rmsnorm_backward(dx, dw, r, x, w, rstd, N, C, off);
+    ft_cpu_rmsnorm_backward(dx, dw, r, x, w, rstd, N, C, off);
     double *ex = accum(dx0, gx, nx, 2), *ew = accum(dw0, gw, C, 2);
     CHECK(close_norm("rmsnorm dx (accumulated)", dx, ex, nx, 1e-5));
     CHECK(close_norm("rmsnorm dw (accumulated)", dw, ew, C, 1e-5));
 
     float *zx = fnew(nx), *zw = fnew(C);
-    ft_cpu_rmsnorm_backward(zx, NULL, r, x, w, rstd, N, C);
-    ft_cpu_rmsnorm_backward(NULL, zw, r, x, w, rstd, N, C);
+    ft_cpu_rmsnorm_backward(zx, NULL, r, x, w, rstd, N, C, off);
+    ft_cpu_rmsnorm_backward(NULL, zw, r, x, w, rstd, N, C, off);
     CHECK(close_norm("rmsnorm dx (alone)", zx, gx, nx, 1e-5));
     CHECK(close_norm("rmsnorm dw (alone)", zw, gw, C, 1e-5));
 
@@ -530,8 +545,14 @@ static void test_rmsnorm_backward(void)
     free(zx), free(zw);
 }
 
+static void test_rmsnorm_backward(void)
+{
+    rmsnorm_backward_case(0.0f);
+    rmsnorm_backward_case(1.0f);
+}
+
 /* Large backward (parallel rows and column blocks) against the closed form in double. */
-static void test_rmsnorm_backward_large(void)
+static void rmsnorm_backward_large_case(float off)
 {
     const int N = 64, C = 1000;
     const float eps = 1e-6f;
@@ -541,26 +562,33 @@ static void test_rmsnorm_backward_large(void)
     fill(x, nx, -2, 2);
     fill(w, C, -1.5, 1.5);
     fill(dout, nx, -1, 1);
-    ft_cpu_rmsnorm_forward(out, rstd, x, w, N, C, eps);
+    ft_cpu_rmsnorm_forward(out, rstd, x, w, N, C, eps, off);
     double *ex = dnew(nx), *ew = dnew(C);
     for (int n = 0; n < N; n++) {
         const float *xn = x + (size_t)n * C, *gn = dout + (size_t)n * C;
         double ss = 0.0, dot = 0.0;
         for (int j = 0; j < C; j++) {
             ss += (double)xn[j] * xn[j];
-            dot += (double)w[j] * gn[j] * xn[j];
+            dot += ((double)off + w[j]) * gn[j] * xn[j];
         }
         double rs = 1.0 / sqrt(ss / C + eps);
         for (int j = 0; j < C; j++) {
-            ex[(size_t)n * C + j] = rs * ((double)w[j] * gn[j] - xn[j] * rs * rs * dot / C);
+            ex[(size_t)n * C + j] =
+                rs * (((double)off + w[j]) * gn[j] - xn[j] * rs * rs * dot / C);
             ew[j] += (double)gn[j] * xn[j] * rs;
         }
     }
     float *dx = fnew(nx), *dw = fnew(C);
-    ft_cpu_rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
+    ft_cpu_rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C, off);
     CHECK(close_norm("rmsnorm dx (large)", dx, ex, nx, 1e-5));
     CHECK(close_norm("rmsnorm dw (large)", dw, ew, C, 1e-5));
     free(x), free(w), free(dout), free(out), free(rstd), free(ex), free(ew), free(dx), free(dw);
+}
+
+static void test_rmsnorm_backward_large(void)
+{
+    rmsnorm_backward_large_case(0.0f);
+    rmsnorm_backward_large_case(1.0f);
 }
 
 /* ---- SwiGLU ------------------------------------------------------------------------- */
@@ -634,6 +662,82 @@ static void test_swiglu_backward(void)
     ft_cpu_swiglu_backward(sdg, sdu, sd, sg, su, 3);
     CHECK(sdg[0] == 0.0f && sdg[1] == 0.0f && sdg[2] == 1.0f);
     CHECK(sdu[0] == 0.0f && sdu[1] == 0.0f && sdu[2] == 100.0f);
+
+    free(g), free(u), free(r), free(c.g), free(c.u), free(c.r), free(gg), free(gu);
+    free(dg0), free(du0), free(dg), free(du), free(eg), free(eu), free(zg), free(zu);
+}
+
+/* ---- GeGLU (gelu tanh) -------------------------------------------------------------- */
+
+/* gelu with the tanh approximation, in double */
+static double gelu_tanh_d(double g)
+{
+    return 0.5 * g * (1.0 + tanh(sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g)));
+}
+
+static double geg_loss(const void *vc)
+{
+    const swi_ctx *c = vc;
+    double L = 0.0;
+    for (size_t i = 0; i < c->n; i++)
+        L += gelu_tanh_d(c->g[i]) * c->u[i] * c->r[i];
+    return L;
+}
+
+static void test_geglu_forward(void)
+{
+    const size_t n = 100003;
+    rng_seed(19);
+    float *g = fnew(n), *u = fnew(n), *out = fnew(n);
+    fill(g, n, -8, 8);
+    fill(u, n, -2, 2);
+    /* saturated gates: gelu -> 0 or g, no NaN (g^3 overflows to -inf / inf at 1e20) */
+    g[0] = -1e20f, g[1] = -100.0f, g[2] = 100.0f, g[3] = 0.0f, g[4] = 1e20f;
+    double *ref = dnew(n);
+    for (size_t i = 0; i < n; i++)
+        ref[i] = gelu_tanh_d(g[i]) * u[i];
+    ft_cpu_geglu_forward(out, g, u, n);
+    /* For g < 0, 1 + tanh(inner) cancels: fp32 (as torch computes it) loses digits of the
+     * tiny result, up to |g u| 2^-23 absolute (g -8..8, u -2..2: 2e-6). */
+    CHECK(close_arr("geglu out", out, ref, n, 1e-5, 2e-6));
+    CHECK(out[0] == 0.0f && out[1] == 0.0f && out[2] == 100.0f * u[2]);
+    free(g), free(u), free(out), free(ref);
+}
+
+/* Against finite differences of the double reference, accumulated and alone, and
+ * saturated gates (finite gradients: gelu'(-inf) = 0, gelu'(+inf) = 1). */
+static void test_geglu_backward(void)
+{
+    const size_t n = 600;
+    rng_seed(20);
+    float *g = fnew(n), *u = fnew(n), *r = fnew(n);
+    fill(g, n, -6, 6);
+    fill(u, n, -2, 2);
+    fill(r, n, -1, 1);
+    swi_ctx c = {n, to_d(g, n), to_d(u, n), to_d(r, n)};
+    double *gg = dnew(n), *gu = dnew(n);
+    fd_grad(geg_loss, &c, c.g, n, gg);
+    fd_grad(geg_loss, &c, c.u, n, gu);
+    float *dg0 = fnew(n), *du0 = fnew(n);
+    fill(dg0, n, -1, 1);
+    fill(du0, n, -1, 1);
+    float *dg = fdup(dg0, n), *du = fdup(du0, n);
+    ft_cpu_geglu_backward(dg, du, r, g, u, n);
+    ft_cpu_geglu_backward(dg, du, r, g, u, n);
+    double *eg = accum(dg0, gg, n, 2), *eu = accum(du0, gu, n, 2);
+    CHECK(close_norm("geglu dgate (accumulated)", dg, eg, n, 1e-5));
+    CHECK(close_norm("geglu dup (accumulated)", du, eu, n, 1e-5));
+    float *zg = fnew(n), *zu = fnew(n);
+    ft_cpu_geglu_backward(zg, NULL, r, g, u, n);
+    ft_cpu_geglu_backward(NULL, zu, r, g, u, n);
+    CHECK(close_norm("geglu dgate (alone)", zg, gg, n, 1e-5));
+    CHECK(close_norm("geglu dup (alone)", zu, gu, n, 1e-5));
+
+    float sg[4] = {-1e20f, -100.0f, 100.0f, 1e20f}, su[4] = {1, 1, 1, 1}, sd[4] = {1, 1, 1, 1};
+    float sdg[4] = {0}, sdu[4] = {0};
+    ft_cpu_geglu_backward(sdg, sdu, sd, sg, su, 4);
+    CHECK(sdg[0] == 0.0f && sdg[1] == 0.0f && sdg[2] == 1.0f && sdg[3] == 1.0f);
+    CHECK(sdu[0] == 0.0f && sdu[1] == 0.0f && sdu[2] == 100.0f && sdu[3] == 1e20f);
 
     free(g), free(u), free(r), free(c.g), free(c.u), free(c.r), free(gg), free(gu);
     free(dg0), free(du0), free(dg), free(du), free(eg), free(eu), free(zg), free(zu);
@@ -950,6 +1054,8 @@ int main(void)
     RUN(test_rmsnorm_backward);
     RUN(test_rmsnorm_backward_large);
     RUN(test_swiglu_forward);
+    RUN(test_geglu_forward);
+    RUN(test_geglu_backward);
     RUN(test_swiglu_backward);
     RUN(test_cross_entropy);
     RUN(test_cross_entropy_fd);
