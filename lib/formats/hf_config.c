@@ -1,39 +1,54 @@
-/* Reads a Hugging Face config.json for the Llama family (model_type "llama", "mistral",
- * "qwen2") into ft_model_config, and computes the RoPE inverse frequencies the way
- * transformers does.
+/* Reads a Hugging Face config.json of the dense decoder families (model_type "llama",
+ * "mistral", "qwen2", "granite", "gemma") into ft_model_config, and computes the RoPE
+ * inverse frequencies the way transformers does.
  *
- * Defaults are those of transformers' LlamaConfig, MistralConfig and Qwen2Config, so a
- * config.json means here what it means to AutoModelForCausalLM:
+ * Defaults are those of transformers' LlamaConfig, MistralConfig, Qwen2Config,
+ * GraniteConfig and GemmaConfig, so a config.json means here what it means to
+ * AutoModelForCausalLM:
  *
- *   key                       llama        mistral       qwen2
- *   num_key_value_heads       = heads      8 (*)         32 (*)      null: = heads
- *   head_dim                  hidden / heads (must divide exactly when absent)
- *   max_position_embeddings   2048         131072        32768
- *   sliding_window            not read     4096 (null: none)  only with use_sliding_window
- *   rms_norm_eps 1e-6, rope_theta 10000, tie_word_embeddings false, hidden_act silu
+ *   key                       llama   mistral        qwen2    granite   gemma
+ *   num_key_value_heads       = heads 8 (*)          32 (*)   = heads   16 (*)   null: = heads
+ *   head_dim                  hidden / heads (must divide exactly when absent); gemma 256
+ *                             when absent; granite always hidden / heads (head_dim, when
+ *                             present, must equal it: GraniteAttention ignores the key)
+ *   max_position_embeddings   2048    131072         32768    2048      8192
+ *   sliding_window            not read 4096 (null: none)  only with use_sliding_window
+ *   tie_word_embeddings       false everywhere but gemma (true)
+ *   rms_norm_eps 1e-6, rope_theta 10000
  *   (*) absent only; an explicit null means "= num_attention_heads", as in transformers.
  *
- * Keys that change the math of these three architectures, and what happens to them:
+ * Keys that change the math, and what happens to them:
  *   honoured: vocab_size, hidden_size, intermediate_size, num_hidden_layers,
  *     num_attention_heads, num_key_value_heads, head_dim, rms_norm_eps, rope_theta,
  *     rope_scaling / rope_parameters (default, linear, llama3), tie_word_embeddings,
- *     attention_bias and mlp_bias (llama), sliding_window (mistral), the fixed q/k/v bias of
- *     qwen2.
- *   rejected unless neutral: hidden_act other than silu/swish; attention_dropout != 0
+ *     attention_bias and mlp_bias (llama, granite; attention_bias for gemma),
+ *     sliding_window (mistral), the fixed q/k/v bias of qwen2; granite's
+ *     embedding_multiplier, residual_multiplier, attention_multiplier (the softmax scale,
+ *     replacing 1/sqrt(head_dim)) and logits_scaling (logits divided by it), each a
+ *     positive number, 1 when absent; gemma's fixed rules: norm weights applied as 1 + w,
+ *     embeddings times sqrt(hidden_size) (rounded to the activation dtype), GeGLU.
+ *   the activation: hidden_act silu/swish (llama, mistral, qwen2, granite); for gemma,
+ *     transformers 4.46 applies hidden_activation (null: gelu_pytorch_tanh, hidden_act
+ *     ignored) and later versions hidden_act: it must be gelu_pytorch_tanh under the
+ *     installed reading (hidden_activation when set, else hidden_act, default
+ *     gelu_pytorch_tanh).
+ *   rejected unless neutral: other activations; attention_dropout != 0
  *     (training would drop attention weights); other rope types (dynamic, ntk, yarn,
- *     longrope, ...); partial_rotary_factor != 1; qwen2 use_sliding_window = true;
- *     layer_types with an entry the model cannot run (sliding layers in llama/qwen2, mixed
- *     layers in mistral); per-layer-type rope_parameters; attention_bias/mlp_bias = true for
- *     mistral and qwen2 (their modeling code has no such switch: the checkpoint would not
- *     match the model); quantization_config other than bitsandbytes' (lib/formats/quant_io.c
- *     reads that one: the weights stay quantized in the checkpoint).
- *   rejected when present (keys of other families, which the Llama code would silently
+ *     longrope, ...), and for gemma any but the default (4.46's Gemma reads rope_theta
+ *     only); partial_rotary_factor != 1; qwen2 use_sliding_window = true;
+ *     layer_types with an entry the model cannot run (sliding layers outside mistral,
+ *     mixed layers in mistral); per-layer-type rope_parameters; attention_bias/mlp_bias =
+ *     true where the family's modeling code has no such switch (mistral, qwen2; mlp_bias
+ *     for gemma): the checkpoint would not match the model; quantization_config other
+ *     than bitsandbytes' (lib/formats/quant_io.c reads that one: the weights stay
+ *     quantized in the checkpoint).
+ *   rejected when present (keys of other families, which the model would silently
  *     drop although the checkpoint was trained with them): attn_logit_softcapping,
  *     final_logit_softcapping, query_pre_attn_scalar (Gemma 2), attention_multiplier
- *     (Granite replaces 1/sqrt(head_dim) with it), scale_depth (MiniCPM), num_experts,
- *     num_local_experts (MoE); embedding_multiplier, residual_multiplier,
- *     logits_scaling, scale_emb unless 1; use_qk_norm, qk_layernorm,
- *     use_parallel_residual, scale_embeddings unless false.
+ *     (outside granite), scale_depth (MiniCPM), num_experts, num_local_experts (MoE);
+ *     embedding_multiplier, residual_multiplier, logits_scaling (outside granite),
+ *     scale_emb unless 1; use_qk_norm, qk_layernorm, use_parallel_residual,
+ *     scale_embeddings unless false.
  *   no effect on the math, read or ignored: architectures (must name a *ForCausalLM when
  *     present), torch_dtype / dtype, bos/eos/pad token ids, pretraining_tp (the split
  *     matmul of old LlamaAttention is the same product), max_window_layers (only with

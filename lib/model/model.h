@@ -7,7 +7,9 @@
  * May call: core, device, formats, kernels, quant, tokenizer.
  * (This is the folder's main header.) */
 
-/* A Llama-family causal LM (llama, mistral, qwen2) with explicit forward and backward.
+/* A dense decoder-only causal LM (llama, mistral, qwen2, granite, gemma) with explicit
+ * forward and backward. A family is data (ft_model_config's block description): one
+ * forward and backward read it.
  *
  * This is the library API the tools build on:
  *
@@ -19,8 +21,13 @@
  *         ft_model_backward(m, 1.0f / tokens_in_whole_batch, &err);
  *     then an optimizer step over ft_model_trainable(m) (see optim.h / train_step.h).
  *
- * Block (HF LlamaDecoderLayer):  h += o(attn(rope(q,k), v)(rmsnorm1(h)));
- *                                h += down(silu(gate(x)) * up(x)), x = rmsnorm2(h).
+ * Block (HF LlamaDecoderLayer):  h += r * o(attn(rope(q,k), v)(rmsnorm1(h)));
+ *                                h += r * down(act(gate(x)) * up(x)), x = rmsnorm2(h),
+ * with h0 = embed(ids) * e and logits = lm_head(rmsnorm_f(h)) / z. act is silu, or
+ * gelu-tanh for gemma; rmsnorm multiplies by w (by 1 + w for gemma); the attention scale
+ * is 1/sqrt(head_dim) or granite's attention_multiplier; r, e, z are 1 except for granite
+ * (residual_multiplier, embedding_multiplier, logits_scaling), and e = sqrt(hidden) for
+ * gemma (see ft_model_config).
  * A linear layer is y = x W^T + b, plus with LoRA: y += scaling * (dropout(x) A^T) B^T.
  *
  * Parameters live in two flat buffers (fp32; on a bf16 GPU model the frozen one is bf16

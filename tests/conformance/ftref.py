@@ -193,12 +193,15 @@ def make_config(shape, **override):
 
 def randomize_(model, seed):
     """Random values everywhere, so that no parameter is trivially 0 or 1: norm weights
-    1 + 0.2 N(0,1), biases 0.1 N(0,1); linears and embeddings keep HF's N(0, 0.1) init."""
+    1 + 0.2 N(0,1) as the norm applies them (Gemma stores w and applies 1 + w: there the
+    stored weights are 0.2 N(0,1)), biases 0.1 N(0,1); linears and embeddings keep HF's
+    N(0, 0.1) init."""
     g = torch.Generator().manual_seed(seed)
+    norm_base = 0.0 if model.config.model_type in ("gemma", "gemma2") else 1.0
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+                p.copy_(norm_base + 0.2 * torch.randn(p.shape, generator=g))
             elif name.endswith(".bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
 

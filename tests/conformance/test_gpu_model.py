@@ -28,7 +28,8 @@ pytestmark = pytest.mark.skipif(not (EMU or torch.cuda.is_available()),
                                 reason="no CUDA GPU (and not the emulated device: FT_EMU unset)")
 
 B = 2
-CASES = [("llama_gqa", "all7"), ("qwen2", "qv"), ("llama_mqa_odd", "all7"), ("tied", "qv")]
+CASES = [("llama_gqa", "all7"), ("qwen2", "qv"), ("llama_mqa_odd", "all7"), ("tied", "qv"),
+         ("granite", "all7"), ("gemma", "all7")]
 
 BF16_TOL_LOGITS = 2e-2
 BF16_TOL_LOSS = 1e-2

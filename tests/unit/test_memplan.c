@@ -18,7 +18,8 @@
 #include "model/model.h"
 #include "train/optim.h"
 
-static char root[256], llama_dir[300], qwen_dir[300], tied_dir[300];
+static char root[256], llama_dir[300], qwen_dir[300], tied_dir[300], granite_dir[300],
+    gemma_dir[300];
 
 /* The run config with sets applied (free() it). */
 static ft_run_config *make_config(const char *const *sets)
@@ -263,6 +264,16 @@ static void test_cpu_bias_and_tied_equal_measured(void)
     sweep(qwen_dir, "full", "all-linear", "0.05");
 }
 
+/* The families with their own block rules (scaled branches, GeGLU, (1 + w) norms) use
+ * the same buffers: the plan stays exact. */
+static void test_cpu_granite_gemma_equal_measured(void)
+{
+    sweep(granite_dir, "lora", "all-linear", "0.05");
+    sweep(granite_dir, "full", "all-linear", "0");
+    sweep(gemma_dir, "lora", "all-linear", "0.05");
+    sweep(gemma_dir, "full", "all-linear", "0");
+}
+
 /* The GPU rows follow the table in memplan.h. */
 static void test_gpu_formulas(void)
 {
@@ -473,6 +484,18 @@ int main(void)
     write_model(qwen_dir, 1, NULL, NULL, NULL);
     snprintf(tied_dir, sizeof tied_dir, "%s/tied", root);
     make_tied();
+    snprintf(granite_dir, sizeof granite_dir, "%s/granite", root);
+    write_tiny_model(granite_dir,
+                     &(tiny_model_opts){.model_type = "granite",
+                                        .extra_cfg = ", \"embedding_multiplier\": 4.0, "
+                                                     "\"residual_multiplier\": 0.5, "
+                                                     "\"attention_multiplier\": 0.3, "
+                                                     "\"logits_scaling\": 2.0"});
+    snprintf(gemma_dir, sizeof gemma_dir, "%s/gemma", root);
+    write_tiny_model(gemma_dir,
+                     &(tiny_model_opts){.model_type = "gemma", .tied = 1,
+                                        .extra_cfg = ", \"head_dim\": 4, \"hidden_activation\": "
+                                                     "\"gelu_pytorch_tanh\""});
 
     RUN(test_cpu_lora_equals_measured);
     RUN(test_cpu_full_equals_measured);
@@ -480,6 +503,7 @@ int main(void)
     RUN(test_cpu_qlora_equals_measured);
     RUN(test_compare_modes);
     RUN(test_cpu_bias_and_tied_equal_measured);
+    RUN(test_cpu_granite_gemma_equal_measured);
     RUN(test_gpu_formulas);
     RUN(test_real_model_sizes);
     RUN(test_batch_auto);
