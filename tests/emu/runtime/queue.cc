@@ -18,7 +18,8 @@
  * written yet.
  *
  * After a kernel traps (the sticky error), queued operations are dropped unrun, as a lost
- * context runs nothing more. One lock (recursive: an operation may finish others through
+ * context runs nothing more. Work still queued when the process exits runs then (atexit),
+ * so its checks still stop a run that never waited for it. One lock (recursive: an operation may finish others through
  * the calls it makes) serializes the queues; the work runs on the host thread that forced
  * it. */
 #include <stdlib.h>
@@ -74,6 +75,18 @@ void run_one(op &o)
     o.done = true;
 }
 
+/* A process that ends with work queued: the work runs (and is checked) as the device
+ * would finish it, so a kernel the host never waited for is still checked. */
+void run_at_exit()
+{
+    std::unique_lock<std::recursive_mutex> lk(mu, std::try_to_lock);
+    if (!lk.owns_lock()) /* exit() while another thread runs work: leave it */
+        return;
+    std::vector<op_ref> all(queued.begin(), queued.end());
+    for (const op_ref &o : all)
+        finish(o);
+}
+
 void prune()
 {
     queued.erase(std::remove_if(queued.begin(), queued.end(), [](const op_ref &o) { return o->done; }),
@@ -125,6 +138,8 @@ op_ref issue(const lane &l, const char *call, std::function<void()> run, const o
     }
     me.tail = o;
     queued.push_back(o);
+    static bool at_exit = atexit(run_at_exit) == 0;
+    (void)at_exit;
     return o;
 }
 
