@@ -145,6 +145,9 @@ void finish_lane(const lane &l);
 void finish_device(int device);
 /* The operations queued and not run yet. */
 size_t pending();
+/* Whether the queued work runs because the process exits (a copy into host memory then
+ * does nothing: its destination may be gone). */
+bool at_exit();
 
 } // namespace ft_emu
 

@@ -314,7 +314,10 @@ static cudaError_t copy(const char *call, void *dst, const void *src, size_t cou
         return cudaSuccess;
     }
     if (!blocking) {
-        issue(l, call, [dst, src, count] { memmove(dst, src, count); });
+        issue(l, call, [dst, src, count, dd] {
+            if (dd || !at_exit())
+                memmove(dst, src, count);
+        });
         return cudaSuccess;
     }
     if (!sd) { /* the blocking host-to-device copy: the stream first, the source now */

@@ -19,7 +19,8 @@
  *
  * After a kernel traps (the sticky error), queued operations are dropped unrun, as a lost
  * context runs nothing more. Work still queued when the process exits runs then (atexit),
- * so its checks still stop a run that never waited for it. One lock (recursive: an operation may finish others through
+ * so its checks still stop a run that never waited for it (copies into host memory are
+ * skipped then: their destination may be a stack frame that is gone). One lock (recursive: an operation may finish others through
  * the calls it makes) serializes the queues; the work runs on the host thread that forced
  * it. */
 #include <stdlib.h>
@@ -77,11 +78,14 @@ void run_one(op &o)
 
 /* A process that ends with work queued: the work runs (and is checked) as the device
  * would finish it, so a kernel the host never waited for is still checked. */
+bool exiting;
+
 void run_at_exit()
 {
     std::unique_lock<std::recursive_mutex> lk(mu, std::try_to_lock);
     if (!lk.owns_lock()) /* exit() while another thread runs work: leave it */
         return;
+    exiting = true;
     std::vector<op_ref> all(queued.begin(), queued.end());
     for (const op_ref &o : all)
         finish(o);
@@ -138,10 +142,12 @@ op_ref issue(const lane &l, const char *call, std::function<void()> run, const o
     }
     me.tail = o;
     queued.push_back(o);
-    static bool at_exit = atexit(run_at_exit) == 0;
-    (void)at_exit;
+    static bool registered = atexit(run_at_exit) == 0;
+    (void)registered;
     return o;
 }
+
+bool at_exit() { return exiting; }
 
 bool done(const op_ref &o)
 {
