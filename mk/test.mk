@@ -188,11 +188,15 @@ endif
 # test_dist_nccl runs (under mpirun, 1 to 3 ranks) when the build has the NCCL emulation.
 # Then the Python GPU tests (test_gpu_model.py, test_gpu_train.py) on the emulated build's
 # harness and tools, by the conformance venv's python (made here if test-conformance has
-# not made it): torch on the CPU as the reference.
+# not made it): torch on the CPU as the reference. All of it in the emulation's deferred
+# mode (FT_EMU_ASYNC=1: stream work runs only when the host waits for it, so a missing
+# synchronization shows as a wrong result); `make test-gpu-emu FT_EMU_ASYNC=0` runs every
+# call when issued.
+FT_EMU_ASYNC ?= 1
 ifeq ($(CUDA),emu)
 test-gpu-emu: $(GPU_BINS) $(EMU_CHECK_BINS) $(TOOLS) $(CONFORM_HARNESS)
 	scripts/setup-python.sh $(call q,$(VENV))
-	env -u CUDA_VISIBLE_DEVICES FT_EMU=1 FT_EMU_NCCL=$(NCCL) FT_GPU_TEST_SMALL=1 \
+	env -u CUDA_VISIBLE_DEVICES FT_EMU=1 FT_EMU_ASYNC=$(FT_EMU_ASYNC) FT_EMU_NCCL=$(NCCL) FT_GPU_TEST_SMALL=1 \
 	  FT_EMU_MISUSE=$(FT_BUILD)/tests/emu/checks/misuse FT_EMU_TRAIN=$(call q,$(abspath $(FT_BIN)/ft-train)) \
 	  FT_CONFORM=$(call q,$(abspath $(CONFORM_HARNESS))) FT_TRAIN=$(call q,$(abspath $(FT_BIN)/ft-train)) \
 	  FT_EVAL=$(call q,$(abspath $(FT_BIN)/ft-eval)) FT_QUANTIZE=$(call q,$(abspath $(FT_BIN)/ft-quantize)) \

@@ -2,7 +2,8 @@
  *
  * Owns: where a run computes and in what dtype (run_device.h), the tracked allocator of
  * host and GPU memory with its categories (alloc.h), what the GPUs are (gpu_probe.h:
- * count, memory, peer access, NCCL) and how busy they are (gpu_monitor.h: NVML).
+ * count, memory, peer access, NCCL) and how busy they are (gpu_monitor.h: NVML), and
+ * the clock of a timed span of device work (device_clock.h).
  * May call: core, config, kernels.
  * (This is the folder's main header.) */
 

@@ -8,39 +8,19 @@
  * bytes per category. LoRA is r=16, alpha=32 on all linear layers; qlora puts it on a
  * base quantized on load to NF4 with double quantization (blocks of 64). On the GPU the
  * compute is bf16 (--fp32: fp32); the clock is read after a device synchronize at both
- * ends, so the timing covers the work the GPU did (a step's own read-backs, the loss and
- * the gradient norm, do not wait for its optimizer update). */
+ * ends (ft_device_clock), so the timing covers the work the GPU did (a step's own
+ * read-backs, the loss and the gradient norm, do not wait for its optimizer update). */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#ifdef FT_HAVE_CUDA
-#include "cuda/cuda_ops.h"
-#endif
+#include "device/device_clock.h"
 #include "model/model.h"
 #include "train/optim.h"
 #include "core/rng.h"
 #include "train/schedule.h"
 #include "train/train_step.h"
-
-/* The clock, read once the work enqueued on the device so far has finished: the ops run
- * asynchronously to the host (a step waits only for the values it reads back: the loss
- * and the gradient norm, before the optimizer update), so without the wait the timer
- * would stop while the GPU still works on the last step. */
-static double now(ft_device device)
-{
-#ifdef FT_HAVE_CUDA
-    if (device == FT_DEV_CUDA)
-        ft_cuda_synchronize();
-#else
-    (void)device;
-#endif
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 int main(int argc, char **argv)
 {
@@ -112,13 +92,13 @@ int main(int argc, char **argv)
     double t0 = 0;
     for (int s = 0; s <= steps; s++) {
         if (s == 1)
-            t0 = now(opt.device);
+            t0 = ft_device_clock(opt.device);
         if (ft_train_step(m, &o, &sched, &batch, 1, 1.0, &st, &err)) {
             fprintf(stderr, "bench-train: error: %s\n", err.msg);
             return 1;
         }
     }
-    double dt = now(opt.device) - t0;
+    double dt = ft_device_clock(opt.device) - t0; /* both ends wait for the device */
     const ft_mem *mem = ft_model_mem(m);
     printf("{\"mode\": \"%s\", \"device\": \"%s\", \"dtype\": \"%s\", \"batch\": %d, "
            "\"seq\": %d, \"steps\": %d, \"ckpt\": %s, \"loss_chunk\": %zu, "

@@ -35,6 +35,9 @@ static float *dev_floats(size_t n, float v)
     for (size_t i = 0; i < n; i++)
         h[i] = v;
     ok(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+    /* the copy may land later (FT_EMU_ASYNC=1): the cases that check device memory from the
+     * host, as the NCCL emulation does after its stream's work, need it there */
+    ok(cudaStreamSynchronize(0), "cudaStreamSynchronize");
     free(h);
     return d;
 }
@@ -298,6 +301,7 @@ static void check_written_api(void)
     float *d;
     ok(cudaMalloc(&d, 16 * sizeof(float)), "cudaMalloc");
     ok(cudaMemset(d, 0, 8 * sizeof(float)), "cudaMemset");
+    ft_emu_stream_flush(NULL); /* as the NCCL emulation does: its stream's work first */
     ft_emu_check_written(d, 16 * sizeof(float), 4, "ncclAllReduce", "sendbuff");
 }
 
@@ -374,6 +378,54 @@ static void flash_attention_d128(void)
     free(x), free(g), free(hb), free(hg), free(out), free(lse), free(dq), free(dk), free(dv);
 }
 
+/* Host code that reads what asynchronous work writes before it waits for it: on a GPU it
+ * may see the old contents; under FT_EMU_ASYNC=1 it always does, and the program's own
+ * check of the value stops it (the emulation cannot see a host read). With `sync` the
+ * same thing done right. */
+static void async_read(bool sync)
+{
+    float *d = dev_floats(64, 2.0f), h[64] = {0};
+    cudaStream_t s;
+    ok(cudaStreamCreate(&s), "cudaStreamCreate");
+    LAUNCH(scale_kernel, 1, 32, 0, s)(d, 64);
+    ok(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
+    if (sync)
+        ok(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    if (h[0] != 4.0f || h[63] != 4.0f) {
+        fprintf(stderr, "misuse: the copy's destination read before the stream's work ran: "
+                        "%g, want 4\n", h[0]);
+        exit(4);
+    }
+    ok(cudaStreamDestroy(s), "cudaStreamDestroy");
+}
+
+/* Two non-blocking streams, a producer and a consumer, without the cudaStreamWaitEvent
+ * between them (`wait`: with it): the consumer's kernel runs first under FT_EMU_ASYNC=1. */
+static void stream_order(bool wait)
+{
+    float *a = dev_floats(64, 0.0f), *b = dev_floats(64, 1.0f), h[64];
+    cudaStream_t prod, cons;
+    cudaEvent_t ev;
+    ok(cudaStreamCreateWithFlags(&prod, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    ok(cudaStreamCreateWithFlags(&cons, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    ok(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    ok(cudaMemcpyAsync(a, b, 64 * sizeof(float), cudaMemcpyDeviceToDevice, prod),
+       "cudaMemcpyAsync"); /* a = 1 */
+    ok(cudaEventRecord(ev, prod), "cudaEventRecord");
+    if (wait)
+        ok(cudaStreamWaitEvent(cons, ev, 0), "cudaStreamWaitEvent");
+    LAUNCH(scale_kernel, 1, 32, 0, cons)(a, 64); /* a = 2, after the copy */
+    ok(cudaStreamSynchronize(cons), "cudaStreamSynchronize");
+    ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    ok(cudaMemcpy(h, a, sizeof h, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    if (h[0] != 2.0f) {
+        fprintf(stderr, "misuse: the consumer stream ran before the producer: a = %g, want 2\n",
+                h[0]);
+        exit(4);
+    }
+}
+
 /* the same things done right */
 static void ok_all(void)
 {
@@ -436,6 +488,10 @@ static const struct {
     {"check-device-short", check_device_api_short},
     {"check-written", check_written_api},
     {"flash-attention-d128", flash_attention_d128},
+    {"async-read-no-sync", [] { async_read(false); }},
+    {"ok-async-read", [] { async_read(true); }},
+    {"stream-no-wait", [] { stream_order(false); }},
+    {"ok-stream-wait", [] { stream_order(true); }},
     {"ok-all", ok_all},
 };
 

@@ -106,6 +106,19 @@ for arch in sm_89 sm_86; do
     printf '%s\n' "$out" | grep -E 'FAIL|error|ft-emu' | head -8 | sed 's/^/    /'
   fi
 done
+# a missing synchronization: host code that reads an async copy's destination before the
+# stream's work ran, a consumer stream without the wait for its producer. The program's own
+# check of the value stops it (the emulation does not see host reads) under FT_EMU_ASYNC=1,
+# where queued work runs only when the host waits; run as issued (FT_EMU_ASYNC=0) the
+# mistake does not show. The same done right runs to the end either way.
+FT_ANY_MESSAGE=1 expect async-read-no-sync "FT_EMU_ASYNC=1" "read before the stream's work ran: 0, want 4"
+FT_ANY_MESSAGE=1 expect stream-no-wait "FT_EMU_ASYNC=1" "the consumer stream ran before the producer: a = 1, want 2"
+expect async-read-no-sync "FT_EMU_ASYNC=0" ""
+expect stream-no-wait "FT_EMU_ASYNC=0" ""
+for mode in 0 1; do
+  expect ok-async-read "FT_EMU_ASYNC=$mode" ""
+  expect ok-stream-wait "FT_EMU_ASYNC=$mode" ""
+done
 expect ok-all "" ""
 echo "emu_checks: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

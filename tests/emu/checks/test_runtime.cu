@@ -213,6 +213,9 @@ static void test_memory(void)
     CHECK(cudaMemcpy(g.data(), h2.data(), 1000, cudaMemcpyHostToHost) == cudaSuccess && g == h2);
     cudaStream_t s;
     CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    /* the blocking copy to b may still be in flight (CUDA: "the DMA to final destination
+     * may not have completed"), and s does not wait for the legacy stream */
+    CHECK(cudaStreamSynchronize(0) == cudaSuccess);
     CHECK(cudaMemcpyAsync(a, b, 1000, cudaMemcpyDeviceToDevice, s) == cudaSuccess);
     CHECK(cudaMemsetAsync(b, 0, 1000, s) == cudaSuccess);
     CHECK(cudaMemcpyAsync(g.data(), a, 1000, cudaMemcpyDeviceToHost, s) == cudaSuccess);

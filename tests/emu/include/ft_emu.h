@@ -43,6 +43,20 @@ int ft_emu_current_device(void);
  * R: OMPI_COMM_WORLD_RANK or -): how a test sees which devices each rank touched. */
 int ft_emu_context_open(int device);
 
+/* With FT_EMU_ASYNC=1 the work issued on a stream (kernel launches, cudaMemcpyAsync,
+ * cudaMemsetAsync, the device-side cudaMemcpy and cudaMemset, cuBLAS calls, event records
+ * and stream waits) is queued and runs only when something forces it (docs/gpu.md, The
+ * emulated device). ft_emu_pending: how many such operations are queued and not run yet
+ * in this process (always 0 without FT_EMU_ASYNC): how a test sees that a function that
+ * must wait for the device did. */
+size_t ft_emu_pending(void);
+
+/* Runs what is queued on `stream` (NULL: the legacy default stream of the current device)
+ * and what that waits for, as cudaStreamSynchronize would, but without its checks: the
+ * NCCL emulation runs a collective when it is called, after the work of its stream. */
+struct ft_emu_stream;
+void ft_emu_stream_flush(struct ft_emu_stream *stream);
+
 #ifdef __cplusplus
 }
 #endif

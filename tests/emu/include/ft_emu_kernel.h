@@ -291,8 +291,9 @@ template <class T> void visit(launch &l, int arg, char *path, size_t len, const 
 /* ---- the launch ------------------------------------------------------------------------- */
 /* The runtime's side of a launch (launch.cc): begin validates the configuration and the
  * kernel's shared memory and returns false (the error recorded for cudaGetLastError)
- * when CUDA would refuse the launch; run runs the grid and then checks the guard bytes
- * of every allocation an argument pointed into. */
+ * when CUDA would refuse the launch; run issues the grid on the launch's stream (run now,
+ * or queued with FT_EMU_ASYNC), then checks the guard bytes of every allocation an
+ * argument pointed into; it owns arg from then on and hands it to drop when done. */
 struct launch_site {
     const void *kernel;
     const char *text, *file;
@@ -302,7 +303,7 @@ struct launch_site {
     void *stream;
 };
 launch *launch_begin(const launch_site &site);
-void launch_run(launch *l, void (*body)(void *), void *arg);
+void launch_run(launch *l, void (*body)(void *), void *arg, void (*drop)(void *));
 const char *launch_name(launch *l);
 
 template <class T> T implicit(T v) { return v; }
@@ -326,17 +327,24 @@ template <class... P> struct launcher {
         struct closure {
             void (*kernel)(P...);
             std::tuple<std::remove_cvref_t<P>...> args;
-        } c{kernel, {implicit<std::remove_cvref_t<P>>(std::forward<A>(a))...}};
+        };
+        /* the arguments are taken now, as a launch takes them (the kernel may run later:
+         * FT_EMU_ASYNC) */
+        closure *c = new closure{kernel, {implicit<std::remove_cvref_t<P>>(std::forward<A>(a))...}};
+        auto drop = [](void *p) { delete (closure *)p; };
         launch *l = launch_begin(site);
-        if (!l)
+        if (!l) {
+            drop(c);
             return;
-        std::apply([&](const auto &...x) { int i = 0; (visit_arg(*l, ++i, x), ...); }, c.args);
+        }
+        std::apply([&](const auto &...x) { int i = 0; (visit_arg(*l, ++i, x), ...); }, c->args);
         launch_run(
-            l, [](void *p) {
+            l,
+            [](void *p) {
                 closure *cl = (closure *)p;
                 std::apply(cl->kernel, cl->args); /* by value: each thread its own copy */
             },
-            &c);
+            c, drop);
     }
 };
 

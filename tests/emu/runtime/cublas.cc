@@ -181,6 +181,86 @@ float scalar(const ft_emu_cublas *h, const void *p, const char *what)
 
 bool live(cublasHandle_t h) { return h && h->live; }
 
+/* One cublasGemmEx, validated, as it runs on the device. */
+struct gemm {
+    bool ta, tb;
+    int m, n, k;
+    float al, be;
+    const float *alpha_dev, *beta_dev; /* CUBLAS_POINTER_MODE_DEVICE: read when it runs */
+    const void *A;
+    cudaDataType_t Atype;
+    int lda;
+    const void *B;
+    cudaDataType_t Btype;
+    int ldb;
+    void *C;
+    cudaDataType_t Ctype;
+    int ldc;
+    cublasComputeType_t computeType;
+    cublasMath_t math;
+};
+
+void gemm_run(const gemm &g)
+{
+    const bool ta = g.ta, tb = g.tb;
+    const int m = g.m, n = g.n, k = g.k, lda = g.lda, ldb = g.ldb, ldc = g.ldc;
+    const float al = g.alpha_dev ? *g.alpha_dev : g.al, be = g.beta_dev ? *g.beta_dev : g.be;
+    const void *A = g.A, *B = g.B;
+    void *C = g.C;
+    const cudaDataType_t Atype = g.Atype, Btype = g.Btype, Ctype = g.Ctype;
+    const cublasComputeType_t computeType = g.computeType;
+    const int ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+    const size_t ec = type_size(Ctype);
+    /* C as fp32, m x n contiguous: read only when beta != 0 */
+    std::vector<float> c((size_t)m * (size_t)n, 0.0f);
+    if (be != 0.0f)
+        c = widen(C, Ctype, m, n, ldc, "C (read: beta is not 0)");
+    if (k > 0 && al != 0.0f) {
+        std::vector<float> a = widen(A, Atype, ar, ac, lda, "A");
+        std::vector<float> b = widen(B, Btype, br, bc, ldb, "B");
+        /* what the fast modes allow the GPU to do to fp32 operands, it does here */
+        int keep = 23;
+        const unsigned mode = (unsigned)g.math &
+                              ~(unsigned)CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION;
+        if (Atype == CUDA_R_32F && computeType != CUBLAS_COMPUTE_32F_PEDANTIC &&
+            mode != CUBLAS_PEDANTIC_MATH) {
+            if (computeType == CUBLAS_COMPUTE_32F_FAST_TF32 ||
+                (computeType == CUBLAS_COMPUTE_32F && mode == CUBLAS_TF32_TENSOR_OP_MATH))
+                keep = 10;
+            else if (computeType == CUBLAS_COMPUTE_32F_FAST_16F)
+                keep = 10; /* fp16's mantissa (its range is not emulated) */
+            else if (computeType == CUBLAS_COMPUTE_32F_FAST_16BF)
+                keep = 7;
+        }
+        if (keep < 23) {
+            for (float &x : a)
+                x = round_mantissa(x, keep);
+            for (float &x : b)
+                x = round_mantissa(x, keep);
+        }
+        cblas_sgemm(CblasColMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                    m, n, k, al, a.data(), ar, b.data(), br, be, c.data(), m);
+    } else if (be != 1.0f) {
+        for (float &x : c)
+            x *= be;
+    }
+    unsigned char *cp = (unsigned char *)C;
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) {
+            float v = c[(size_t)j * (size_t)m + (size_t)i];
+            unsigned char *e = cp + ((size_t)j * (size_t)ldc + (size_t)i) * ec;
+            uint16_t h;
+            switch (Ctype) {
+            case CUDA_R_16BF: h = f32_to_bf16(v); memcpy(e, &h, 2); break;
+            case CUDA_R_16F: h = f32_to_f16(v); memcpy(e, &h, 2); break;
+            default: memcpy(e, &v, 4); break;
+            }
+        }
+    bool freed;
+    if (const alloc *a = find_alloc(C, &freed))
+        check_guards(a, "cublasGemmEx");
+}
+
 } // namespace
 } // namespace ft_emu
 
@@ -404,55 +484,13 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
         ft_emu_check_device(B, ((size_t)ldb * (size_t)(bc - 1) + (size_t)br) * ea, "cublasGemmEx", "B");
     }
     ft_emu_check_device(C, ((size_t)ldc * (size_t)(n - 1) + (size_t)m) * ec, "cublasGemmEx", "C");
-
-    /* C as fp32, m x n contiguous: read only when beta != 0 */
-    std::vector<float> c((size_t)m * (size_t)n, 0.0f);
-    if (be != 0.0f)
-        c = widen(C, Ctype, m, n, ldc, "C (read: beta is not 0)");
-    if (k > 0 && al != 0.0f) {
-        std::vector<float> a = widen(A, Atype, ar, ac, lda, "A");
-        std::vector<float> b = widen(B, Btype, br, bc, ldb, "B");
-        /* what the fast modes allow the GPU to do to fp32 operands, it does here */
-        int keep = 23;
-        const unsigned mode = (unsigned)handle->math &
-                              ~(unsigned)CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION;
-        if (Atype == CUDA_R_32F && computeType != CUBLAS_COMPUTE_32F_PEDANTIC &&
-            mode != CUBLAS_PEDANTIC_MATH) {
-            if (computeType == CUBLAS_COMPUTE_32F_FAST_TF32 ||
-                (computeType == CUBLAS_COMPUTE_32F && mode == CUBLAS_TF32_TENSOR_OP_MATH))
-                keep = 10;
-            else if (computeType == CUBLAS_COMPUTE_32F_FAST_16F)
-                keep = 10; /* fp16's mantissa (its range is not emulated) */
-            else if (computeType == CUBLAS_COMPUTE_32F_FAST_16BF)
-                keep = 7;
-        }
-        if (keep < 23) {
-            for (float &x : a)
-                x = round_mantissa(x, keep);
-            for (float &x : b)
-                x = round_mantissa(x, keep);
-        }
-        cblas_sgemm(CblasColMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                    m, n, k, al, a.data(), ar, b.data(), br, be, c.data(), m);
-    } else if (be != 1.0f) {
-        for (float &x : c)
-            x *= be;
-    }
-    unsigned char *cp = (unsigned char *)C;
-    for (int j = 0; j < n; j++)
-        for (int i = 0; i < m; i++) {
-            float v = c[(size_t)j * (size_t)m + (size_t)i];
-            unsigned char *e = cp + ((size_t)j * (size_t)ldc + (size_t)i) * ec;
-            uint16_t h;
-            switch (Ctype) {
-            case CUDA_R_16BF: h = f32_to_bf16(v); memcpy(e, &h, 2); break;
-            case CUDA_R_16F: h = f32_to_f16(v); memcpy(e, &h, 2); break;
-            default: memcpy(e, &v, 4); break;
-            }
-        }
-    bool freed;
-    if (const alloc *a = find_alloc(C, &freed))
-        check_guards(a, "cublasGemmEx");
+    /* the product runs on the handle's stream (queued with FT_EMU_ASYNC): host scalars are
+     * taken now, as cuBLAS takes them at the call; device ones when it runs */
+    const bool dev_scalars = handle->pointer_mode == CUBLAS_POINTER_MODE_DEVICE;
+    gemm g = {ta, tb, m, n, k, al, be, dev_scalars ? (const float *)alpha : nullptr,
+              dev_scalars ? (const float *)beta : nullptr, A, Atype, lda, B, Btype, ldb, C,
+              Ctype, ldc, computeType, handle->math};
+    issue(lane_of(handle->stream), "cublasGemmEx", [g] { gemm_run(g); });
     return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -313,10 +313,15 @@ cudaError_t cudaDeviceSynchronize(void)
     if (cudaError_t s = sticky())
         return fail(s);
     cudaError_t err;
-    if (context_device(&err) < 0)
+    int dev = context_device(&err);
+    if (dev < 0)
         return fail(err);
+    {
+        call_scope cs("cudaDeviceSynchronize");
+        finish_device(dev); /* FT_EMU_ASYNC: everything queued on the device */
+    }
     check_all_guards("cudaDeviceSynchronize");
-    return cudaSuccess;
+    return fail(sticky());
 }
 
 cudaError_t cudaDriverGetVersion(int *driverVersion)

@@ -4,7 +4,8 @@
  * The parts: context.cc (configuration, the stop message, symbols, the SIGSEGV handler),
  * exec.cc (the kernel engine: coroutines, barriers, shuffles), memory.cc (device memory
  * and its checks), device.cc (devices, errors, versions), stream.cc (streams, events),
- * launch.cc (kernel launches and their checks), cublas.cc. context.cc and exec.cc hold no
+ * launch.cc (kernel launches and their checks), queue.cc (the stream queues of
+ * FT_EMU_ASYNC=1), cublas.cc. context.cc and exec.cc hold no
  * CUDA API symbol, so the host tests of the normal build (tests/emu/test_*_emu.cc) link
  * them beside the real CUDA runtime. */
 #ifndef FT_EMU_INTERNAL_H
@@ -13,6 +14,11 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "cuda_runtime_api.h"
 
@@ -103,6 +109,45 @@ bool peer_enabled(int device, int peer);
 /* cudaSuccess for a stream handle a call may take now (0, the legacy and per-thread
  * handles, or a live created one), else cudaErrorInvalidResourceHandle. */
 cudaError_t check_stream(cudaStream_t s);
+
+/* Where a stream's work queues: the stream (key: the created handle, cudaStreamLegacy for
+ * 0 and the legacy handle, cudaStreamPerThread), its device (a created stream's own, else
+ * the current one), and how it synchronizes with the others. */
+struct lane {
+    const void *key;
+    int device;
+    bool legacy;   /* the legacy default stream */
+    bool blocking; /* synchronizes with the legacy default stream (not cudaStreamNonBlocking) */
+};
+/* For a stream check_stream accepted. */
+lane lane_of(cudaStream_t s);
+
+/* ---- the stream queues (queue.cc) ------------------------------------------------------ */
+/* FT_EMU_ASYNC set (and not 0): stream work is queued until something forces it. */
+bool deferred();
+struct op;
+typedef std::shared_ptr<op> op_ref;
+/* Issues work on a lane: deferred, queues it after what CUDA's stream order puts before it
+ * (and after `after`, when given: cudaStreamWaitEvent's event) and returns it; else runs
+ * it now and returns NULL. `call` names it in the stop messages while it runs. idle_now:
+ * runs it now (returns NULL) when nothing queued comes before it (an event record on an
+ * idle stream completes at once; a copy never does, so that a missing wait shows). */
+op_ref issue(const lane &l, const char *call, std::function<void()> run,
+             const op_ref &after = nullptr, bool idle_now = false);
+/* Whether o has run (NULL: yes). */
+bool done(const op_ref &o);
+/* Runs o, after what it transitively follows: the host waiting for it. */
+void finish(const op_ref &o);
+/* The last operation queued on a lane and not run yet, or NULL. */
+op_ref lane_tail(const lane &l);
+void finish_lane(const lane &l);
+/* Runs everything queued on a device (-1: on every device). */
+void finish_device(int device);
+/* The operations queued and not run yet. */
+size_t pending();
+/* Whether the queued work runs because the process exits (a copy into host memory then
+ * does nothing: its destination may be gone). */
+bool at_exit();
 
 } // namespace ft_emu
 

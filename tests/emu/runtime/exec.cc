@@ -30,7 +30,10 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional> /* before cuda_runtime.h, which defines __noinline__ */
+#include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 

@@ -16,7 +16,10 @@
 #include <string.h>
 
 #include <map>
+#include <functional> /* before cuda_runtime.h, which defines __noinline__ */
+#include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "cuda_runtime.h"
@@ -155,17 +158,31 @@ void check_pointer(launch &l, int arg, const char *path, const char *type, const
     ft_emu_abort(call, "argument %d (%s) is %p: %s", arg, argd, p, what);
 }
 
-void launch_run(launch *l, void (*body)(void *), void *arg)
+static void run_launch(const launch &l, void (*body)(void *), void *arg)
 {
-    grid_run run = {l->site.grid, l->site.block, l->site.smem, l->name, body, arg};
+    grid_run run = {l.site.grid, l.site.block, l.site.smem, l.name, body, arg};
     if (!run_grid(run)) { /* a trap: the context is lost, as on the GPU */
         set_sticky(cudaErrorLaunchFailure);
         return;
     }
     char after[320];
-    snprintf(after, sizeof after, "kernel %s", l->name);
-    for (const alloc *a : l->touched)
+    snprintf(after, sizeof after, "kernel %s", l.name);
+    for (const alloc *a : l.touched)
         check_guards(a, after);
+}
+
+void launch_run(launch *l, void (*body)(void *), void *arg, void (*drop)(void *))
+{
+    std::shared_ptr<void> args(arg, drop);
+    if (!deferred()) {
+        run_launch(*l, body, arg);
+        return;
+    }
+    auto queued = std::make_shared<launch>(*l); /* l is the thread's, reused by the next */
+    char call[320];
+    snprintf(call, sizeof call, "kernel %s (launched at %s:%d)", l->name, l->site.file, l->site.line);
+    issue(lane_of((cudaStream_t)l->site.stream), call,
+          [queued, body, args] { run_launch(*queued, body, args.get()); });
 }
 
 } // namespace ft_emu

@@ -19,7 +19,27 @@
  * remembers the call stack that made it (and freed it) for the messages.
  *
  * Device memory lives in host memory: host code that reads a device pointer directly is
- * not caught (the GPU would fault); the copies and kernels check their pointers. */
+ * not caught (the GPU would fault); the copies and kernels check their pointers.
+ *
+ * With FT_EMU_ASYNC=1 the copies and sets are stream work (queue.cc), queued as CUDA's
+ * "API synchronization behavior" allows at the most (all host memory here is pageable:
+ * the emulation has no pinned memory):
+ *   cudaMemcpyAsync, cudaMemsetAsync  queued on their stream; a host source is read and a
+ *                      host destination written when the copy runs (CUDA: "might be
+ *                      synchronous" for pageable memory, so code must not count on it);
+ *                      host to host runs now;
+ *   cudaMemcpy         on the legacy default stream: host to device waits for the
+ *                      stream's earlier work, takes the source then and queues the rest
+ *                      (the DMA "may not have completed" on return); device to host
+ *                      returns once the copy is done (so it waits for the stream, and
+ *                      through the legacy stream for every blocking stream); device to
+ *                      device is queued ("no host-side synchronization"); host to host
+ *                      runs now;
+ *   cudaMemset         queued on the legacy default stream (asynchronous to the host for
+ *                      device memory);
+ *   cudaFree           runs all queued work first (it synchronizes the device), so no
+ *                      queued operation touches freed memory.
+ * The pointers are checked when a call is issued; the guard bytes when the work runs. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -256,8 +276,9 @@ static const char *kind_name(cudaMemcpyKind k)
     return (unsigned)k < 5 ? n[k] : "an invalid kind";
 }
 
+/* blocking: cudaMemcpy (on the legacy default stream); else cudaMemcpyAsync on stream */
 static cudaError_t copy(const char *call, void *dst, const void *src, size_t count, cudaMemcpyKind kind,
-                 cudaStream_t stream)
+                 cudaStream_t stream, bool blocking)
 {
     call_scope cs(call);
     if (cudaError_t s = sticky())
@@ -283,8 +304,34 @@ static cudaError_t copy(const char *call, void *dst, const void *src, size_t cou
         check_side(dst, count, dd ? DEVICE : HOST, call, "dst", why);
         check_side(src, count, sd ? DEVICE : HOST, call, "src", why);
     }
-    memmove(dst, src, count);
-    return cudaSuccess;
+    bool dd = kind == cudaMemcpyDefault ? is_device(dst)
+                                        : kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+    bool sd = kind == cudaMemcpyDefault ? is_device(src)
+                                        : kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    lane l = lane_of(stream);
+    if (!dd && !sd) { /* host to host: fully synchronous */
+        memmove(dst, src, count);
+        return cudaSuccess;
+    }
+    if (!blocking) {
+        issue(l, call, [dst, src, count, dd] {
+            if (dd || !at_exit())
+                memmove(dst, src, count);
+        });
+        return cudaSuccess;
+    }
+    if (!sd) { /* the blocking host-to-device copy: the stream first, the source now */
+        finish_lane(l);
+        if (cudaError_t s = sticky())
+            return fail(s);
+        auto staged = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + count);
+        issue(l, call, [dst, staged] { memcpy(dst, staged->data(), staged->size()); });
+        return cudaSuccess;
+    }
+    op_ref o = issue(l, call, [dst, src, count] { memmove(dst, src, count); });
+    if (!dd) /* to the host: done when the call returns */
+        finish(o);
+    return fail(sticky());
 }
 
 static cudaError_t set(const char *call, void *p, int value, size_t count, cudaStream_t stream)
@@ -299,7 +346,7 @@ static cudaError_t set(const char *call, void *p, int value, size_t count, cudaS
     if (!p)
         return fail(cudaErrorInvalidValue);
     check_side(p, count, DEVICE, call, "devPtr", "it is what cudaMemset sets");
-    memset(p, value, count);
+    issue(lane_of(stream), call, [p, value, count] { memset(p, value, count); });
     return cudaSuccess;
 }
 
@@ -368,6 +415,7 @@ cudaError_t cudaFree(void *devPtr)
     call_scope cs("cudaFree");
     if (!devPtr)
         return cudaSuccess;
+    finish_device(-1); /* cudaFree synchronizes: no queued work may touch it afterwards */
     std::unique_lock<std::mutex> lk(mu);
     alloc *a = region_of(devPtr);
     if (!a || a->freed || (char *)devPtr != a->data) {
@@ -421,13 +469,13 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
 {
-    return copy("cudaMemcpy", dst, src, count, kind, 0);
+    return copy("cudaMemcpy", dst, src, count, kind, 0, true);
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
                             cudaStream_t stream)
 {
-    return copy("cudaMemcpyAsync", dst, src, count, kind, stream);
+    return copy("cudaMemcpyAsync", dst, src, count, kind, stream, false);
 }
 
 cudaError_t cudaMemset(void *devPtr, int value, size_t count)

@@ -11,10 +11,13 @@
  * communicator's, checks that every rank passed the same id and a distinct rank, and
  * fails (ncclInvalidUsage, ncclGetLastError says why) on every rank alike otherwise.
  *
- * Streams and groups. The emulated runtime executes all work synchronously in issue
- * order, so each call runs when it is called and has completed when it returns: the
- * stream argument needs nothing more (work queued on it before has already run; work
- * after it will run after). Calls between ncclGroupStart and ncclGroupEnd are queued and
+ * Streams and groups. Each call runs when it is called (a group: at its outermost
+ * ncclGroupEnd) and has completed when it returns. With FT_EMU_ASYNC=1, where the
+ * runtime queues the work of a stream (tests/emu/runtime/queue.cc), the work queued on
+ * the call's stream (and what it follows) runs first (ft_emu_stream_flush), so the
+ * collective sees what precedes it in stream order; the collective itself is not queued
+ * (its MPI traffic cannot wait for a later host call of this rank while the peers wait
+ * for it), so a missing wait for a collective's result does not show here. Calls between ncclGroupStart and ncclGroupEnd are queued and
  * run at the outermost ncclGroupEnd, as NCCL launches a group: first every send of the
  * group is posted, then the receives, then the group's collectives in the order they
  * were called, then the receives are waited for; so any set of sends and receives in one
@@ -544,6 +547,7 @@ struct Call {
     ncclRedOp_t op; /* -1 for moves */
     int root;       /* root or peer; -1 when none */
     ncclComm *comm;
+    cudaStream_t stream;
 };
 
 struct Group {
@@ -917,10 +921,12 @@ ncclResult_t submit(const Call &k)
             group.error = rc;
         return rc;
     }
-    if (group.depth)
+    if (group.depth) {
         group.calls.push_back(k);
-    else
+    } else {
+        ft_emu_stream_flush(k.stream);
         run_now(k);
+    }
     return ncclSuccess;
 }
 
@@ -1145,52 +1151,45 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                            cudaStream_t stream)
 {
-    (void)stream;
-    return submit({ALLREDUCE, sendbuff, recvbuff, count, datatype, op, -1, comm});
+    return submit({ALLREDUCE, sendbuff, recvbuff, count, datatype, op, -1, comm, stream});
 }
 
 ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
                                ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                cudaStream_t stream)
 {
-    (void)stream;
-    return submit({REDUCESCATTER, sendbuff, recvbuff, recvcount, datatype, op, -1, comm});
+    return submit({REDUCESCATTER, sendbuff, recvbuff, recvcount, datatype, op, -1, comm, stream});
 }
 
 ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
 {
-    (void)stream;
-    return submit({ALLGATHER, sendbuff, recvbuff, sendcount, datatype, (ncclRedOp_t)-1, -1, comm});
+    return submit({ALLGATHER, sendbuff, recvbuff, sendcount, datatype, (ncclRedOp_t)-1, -1, comm, stream});
 }
 
 ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
                            ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream)
 {
-    (void)stream;
-    return submit({BROADCAST, sendbuff, recvbuff, count, datatype, (ncclRedOp_t)-1, root, comm});
+    return submit({BROADCAST, sendbuff, recvbuff, count, datatype, (ncclRedOp_t)-1, root, comm, stream});
 }
 
 ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count,
                         ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
                         cudaStream_t stream)
 {
-    (void)stream;
-    return submit({REDUCE, sendbuff, recvbuff, count, datatype, op, root, comm});
+    return submit({REDUCE, sendbuff, recvbuff, count, datatype, op, root, comm, stream});
 }
 
 ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream)
 {
-    (void)stream;
-    return submit({SEND, sendbuff, NULL, count, datatype, (ncclRedOp_t)-1, peer, comm});
+    return submit({SEND, sendbuff, NULL, count, datatype, (ncclRedOp_t)-1, peer, comm, stream});
 }
 
 ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream)
 {
-    (void)stream;
-    return submit({RECV, NULL, recvbuff, count, datatype, (ncclRedOp_t)-1, peer, comm});
+    return submit({RECV, NULL, recvbuff, count, datatype, (ncclRedOp_t)-1, peer, comm, stream});
 }
 
 ncclResult_t ncclGroupStart(void)
@@ -1213,6 +1212,8 @@ ncclResult_t ncclGroupEnd(void)
     group.error = ncclSuccess;
     if (rc != ncclSuccess)
         return rc;
+    for (const Call &k : calls) /* NCCL enqueues the group's work on its streams here */
+        ft_emu_stream_flush(k.stream);
     run_group(calls);
     return ncclSuccess;
 }

@@ -1,13 +1,30 @@
-/* Streams and events of the emulated device. Every call runs synchronously when it is
- * issued, so work on any stream is complete when the call returns: a stream or event is
- * always ready (cudaStreamQuery, cudaEventQuery say cudaSuccess) and a wait is a check of
- * its handles. That is one schedule CUDA's stream order allows (the most serial one), so
- * code that is correct under CUDA's ordering is correct here; a missing wait between two
- * streams does not show.
+/* Streams and events of the emulated device.
+ *
+ * By default every call runs synchronously when it is issued, so work on any stream is
+ * complete when the call returns: a stream or event is always ready and a wait is a check
+ * of its handles. That is one schedule CUDA's stream order allows (the most serial one),
+ * so code that is correct under CUDA's ordering is correct here, but a missing
+ * synchronization does not show.
+ *
+ * With FT_EMU_ASYNC=1 the work of a stream is queued (queue.cc) and runs when the host
+ * waits for it, as CUDA defines the waits:
+ *   cudaStreamSynchronize   the stream's work (and what it follows: the legacy default
+ *                           stream's implicit synchronization, cudaStreamWaitEvent);
+ *   cudaEventSynchronize    the work before the event's record;
+ *   cudaDeviceSynchronize   all the device's work (device.cc);
+ *   cudaStreamQuery,        cudaErrorNotReady while work is queued (not recorded as the
+ *   cudaEventQuery          last error, as CUDA does not), and that work is started, so a
+ *                           polling loop ends: the device makes progress between polls;
+ *   cudaStreamWaitEvent     queues nothing but an order: the stream's later work follows
+ *                           the event's record;
+ *   cudaEventElapsedTime    cudaErrorNotReady while either record is queued; an event's
+ *                           time is the host's clock when its record runs.
+ * The blocking copies, cudaFree and cuBLAS, in memory.cc and cublas.cc.
  *
  * Handles are checked: a stream or event used after cudaStreamDestroy / cudaEventDestroy,
  * or never created, is cudaErrorInvalidResourceHandle (the handles are never reused, so a
- * stale one is always caught). */
+ * stale one is always caught). Work queued on a destroyed stream still runs when forced,
+ * as CUDA finishes it. */
 #include <time.h>
 
 #include <mutex>
@@ -24,7 +41,9 @@ struct ft_emu_event {
     unsigned flags;
     int device;
     bool recorded;
-    double when; /* host seconds at the record: the emulation has no device time */
+    double when;      /* host seconds when the record ran: the emulation has no device time */
+    ft_emu::op_ref op; /* the last record, while queued */
+    unsigned gen;     /* records so far: an older record that runs late changes nothing */
 };
 
 namespace ft_emu {
@@ -52,6 +71,19 @@ cudaError_t check_stream(cudaStream_t s)
         return cudaSuccess;
     std::lock_guard<std::mutex> lk(mu);
     return live_streams.count(s) ? cudaSuccess : cudaErrorInvalidResourceHandle;
+}
+
+lane lane_of(cudaStream_t s)
+{
+    if (s && s != cudaStreamLegacy && s != cudaStreamPerThread)
+        return {s, s->device, false, !(s->flags & cudaStreamNonBlocking)};
+    cudaError_t err;
+    int dev = current_device(&err);
+    if (dev < 0) /* no device: the caller's own checks report it */
+        dev = 0;
+    if (s == cudaStreamPerThread) /* one lane for all host threads: a serial choice */
+        return {cudaStreamPerThread, dev, false, true};
+    return {cudaStreamLegacy, dev, true, true};
 }
 
 } // namespace ft_emu
@@ -92,16 +124,27 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream)
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
+    call_scope cs("cudaStreamSynchronize");
     if (cudaError_t s = sticky())
         return fail(s);
-    return fail(check_stream(stream));
+    if (cudaError_t s = check_stream(stream))
+        return fail(s);
+    finish_lane(lane_of(stream));
+    return fail(sticky()); /* a kernel of it trapped */
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t stream)
 {
+    call_scope cs("cudaStreamQuery");
     if (cudaError_t s = sticky())
         return fail(s);
-    return fail(check_stream(stream));
+    if (cudaError_t s = check_stream(stream))
+        return fail(s);
+    if (op_ref t = lane_tail(lane_of(stream))) {
+        finish(t);
+        return cudaErrorNotReady;
+    }
+    return cudaSuccess;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags)
@@ -114,6 +157,8 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
         return fail(cudaErrorInvalidResourceHandle);
     if (flags & ~1u) /* cudaEventWaitDefault, cudaEventWaitExternal */
         return fail(cudaErrorInvalidValue);
+    if (!done(event->op))
+        issue(lane_of(stream), "cudaStreamWaitEvent", [] {}, event->op);
     return cudaSuccess;
 }
 
@@ -127,7 +172,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
     int dev = context_device(&err);
     if (dev < 0)
         return fail(err);
-    cudaEvent_t e = new ft_emu_event{flags, dev, false, 0};
+    cudaEvent_t e = new ft_emu_event{flags, dev, false, 0, nullptr, 0};
     std::lock_guard<std::mutex> lk(ft_emu::mu);
     live_events.insert(e);
     *event = e;
@@ -148,22 +193,37 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
     if (cudaError_t s = check_stream(stream))
         return fail(s);
     event->recorded = true;
-    event->when = now();
+    unsigned gen = ++event->gen;
+    event->op = issue(lane_of(stream), "cudaEventRecord", [event, gen] {
+        if (event->gen == gen)
+            event->when = now();
+    }, nullptr, true);
     return cudaSuccess;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t event)
 {
+    call_scope cs("cudaEventQuery");
     if (cudaError_t s = sticky())
         return fail(s);
     if (!live_event(event))
         return fail(cudaErrorInvalidResourceHandle);
-    return cudaSuccess; /* the work before it is done: it ran when it was issued */
+    if (!done(event->op)) {
+        finish(event->op);
+        return cudaErrorNotReady;
+    }
+    return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event)
 {
-    return cudaEventQuery(event);
+    call_scope cs("cudaEventSynchronize");
+    if (cudaError_t s = sticky())
+        return fail(s);
+    if (!live_event(event))
+        return fail(cudaErrorInvalidResourceHandle);
+    finish(event->op);
+    return fail(sticky());
 }
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
@@ -177,6 +237,8 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
     if ((start->flags | end->flags) & cudaEventDisableTiming || !start->recorded ||
         !end->recorded)
         return fail(cudaErrorInvalidResourceHandle);
+    if (!done(start->op) || !done(end->op))
+        return cudaErrorNotReady; /* not an error: as cudaEventQuery's */
     *ms = (float)((end->when - start->when) * 1e3);
     return cudaSuccess;
 }
