@@ -311,8 +311,28 @@ def test_resume_under_another_strategy(work):
                         w_atol=2e-4)
 
 
+def _parent_pid(pid):
+    """The parent of pid from /proc/<pid>/stat (None once it is gone). The command name,
+    field 2, is in parentheses and may hold spaces: the fields after its ')' are split."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
+def _descends_from(pid, ancestor):
+    while pid and pid > 1:
+        if pid == ancestor:
+            return True
+        pid = _parent_pid(pid)
+    return False
+
+
 def _rank_pids(parent_pid):
-    """pid of each rank's ft-train under mpirun, by OMPI_COMM_WORLD_RANK."""
+    """pid of each rank's ft-train under mpirun parent_pid, by OMPI_COMM_WORLD_RANK (only
+    this mpirun's: other ft-train runs on the machine, a test run beside this one, are
+    not touched)."""
     pids = {}
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
@@ -322,6 +342,8 @@ def _rank_pids(parent_pid):
                 continue
             env = (p / "environ").read_bytes().split(b"\0")
         except OSError:
+            continue
+        if not _descends_from(int(p.name), parent_pid):
             continue
         for kv in env:
             if kv.startswith(b"OMPI_COMM_WORLD_RANK="):
