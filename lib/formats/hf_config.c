@@ -814,12 +814,10 @@ int ft_read_model_config_json(const char *dir, json_t **out, ft_err *err)
 
 int ft_write_model_config(json_t *cfg, const char *dir, const char *torch_dtype, ft_err *err)
 {
-    if (torch_dtype) {
-        if (json_object_get(cfg, "dtype"))
-            json_object_set_new(cfg, "dtype", json_string(torch_dtype));
-        if (json_object_get(cfg, "torch_dtype") || !json_object_get(cfg, "dtype"))
-            json_object_set_new(cfg, "torch_dtype", json_string(torch_dtype));
-    }
+    /* both names: transformers 4 reads only torch_dtype, 5 reads dtype first */
+    if (torch_dtype && (json_object_set_new(cfg, "torch_dtype", json_string(torch_dtype)) ||
+                        json_object_set_new(cfg, "dtype", json_string(torch_dtype))))
+        return ft_fail(err, "%s: out of memory writing config.json", dir);
     char *text = json_dumps(cfg, JSON_INDENT(2));
     if (!text)
         return ft_fail(err, "%s: out of memory writing config.json", dir);
