@@ -40,6 +40,18 @@ if [ "$LOCK_MODE" = 0 ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(want)" ];
   exit 0
 fi
 
+# A link to a venv made elsewhere (shared by several checkouts) is used when it holds
+# exactly the lock's packages, and never rebuilt through the link.
+if [ -L "$VENV" ]; then
+  if [ "$LOCK_MODE" = 0 ] && [ -x "$VENV/bin/python" ] &&
+     [ "$("$VENV/bin/python" -m pip freeze --all --exclude pip 2>/dev/null | sort)" = \
+       "$(grep -v '^#' "$LOCK" | sort)" ]; then
+    exit 0
+  fi
+  die "$VENV is a link to $(readlink -f "$VENV"), which does not hold exactly the packages" \
+      "of $LOCK; not rebuilding a venv through a link (remove the link to make one here)"
+fi
+
 # A fresh site-packages: everything in VENV goes but the wheel cache.
 mkdir -p "$VENV" "$CACHE"
 CACHE=$(cd "$CACHE" && pwd)
