@@ -116,7 +116,8 @@ typedef enum {
     TK_SPLIT_CONTIGUOUS,
 } tk_split_behavior;
 
-/* Compiles pattern (literal when is_literal) with UTF|UCP and JIT. */
+/* Compiles pattern (literal when is_literal) with UTF|UCP and JIT, rewritten first to
+ * match what tokenizers' engine matches (tok_regex.c: \s, Unicode classes). */
 pcre2_code *tk_regex_compile(const char *pattern, bool is_literal, char *errbuf, size_t errlen);
 
 /* ---- normalizers (tok_normalize.c) ---- */
