@@ -226,7 +226,7 @@ FT_CONFORM_ENV = FT_CONFORM=$(call q,$(abspath $(CONFORM_HARNESS))) \
   FT_TRAIN=$(call q,$(abspath $(FT_BIN)/ft-train)) FT_LORA_INIT=$(call q,$(abspath $(FT_BIN)/ft-lora-init)) \
   FT_MERGE=$(call q,$(abspath $(FT_BIN)/ft-merge)) FT_EVAL=$(call q,$(abspath $(FT_BIN)/ft-eval)) \
   FT_TB=$(call q,$(abspath $(TB_HARNESS))) FT_QUANTIZE=$(call q,$(abspath $(FT_BIN)/ft-quantize)) \
-  FT_BNB_WHEELS=$(call q,$(abspath $(VENV))/wheels) OMP_NUM_THREADS=2 $(CPU_ONLY)
+  OMP_NUM_THREADS=2 $(CPU_ONLY)
 
 test-conformance: $(HARNESSES) $(TOOLS)
 	scripts/setup-python.sh $(call q,$(VENV))

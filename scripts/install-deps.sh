@@ -4,7 +4,8 @@
 #   scripts/install-deps.sh [build]   the C toolchain and libraries the build links
 #                                     (what `make`, and so `make train`, needs)
 #   scripts/install-deps.sh test      the build set plus what the test tiers need
-#                                     (python3 with venv and Debian's CPU torch)
+#                                     (python3 with venv; the Python packages, torch
+#                                     included, come from PyPI: scripts/setup-python.sh)
 #
 # A no-op when they are all present; otherwise apt-get (as root, or through sudo). Where
 # there is no dpkg (not Debian/Ubuntu), it checks the build's libraries with pkg-config
@@ -17,8 +18,8 @@ BUILD=(
   libjansson-dev libyaml-dev libopenblas-dev libpcre2-dev libutf8proc-dev
   libopenmpi-dev openmpi-bin
 )
-# conformance suite: Debian's CPU torch, used from a virtualenv (scripts/setup-python.sh)
-TEST=(python3 python3-venv python3-pip python3-torch python3-numpy)
+# conformance suite: a virtualenv (scripts/setup-python.sh) whose packages come from PyPI
+TEST=(python3 python3-venv)
 
 case "$SET" in
   build) PACKAGES=("${BUILD[@]}") ;;
@@ -38,7 +39,7 @@ if ! command -v dpkg-query > /dev/null 2>&1; then
     exit 1
   fi
   [ "$SET" = build ] || echo "install-deps: not a Debian/Ubuntu system: the tests also need" \
-                             "python3 with venv and torch (CPU)" >&2
+                             "python3 with venv (scripts/setup-python.sh installs the rest from PyPI)" >&2
   exit 0
 fi
 

@@ -29,9 +29,9 @@
  *     embeddings times sqrt(hidden_size) (rounded to the activation dtype), GeGLU.
  *   the activation: hidden_act silu/swish (llama, mistral, qwen2, granite); for gemma,
  *     transformers 4.46 applies hidden_activation (null: gelu_pytorch_tanh, hidden_act
- *     ignored) and later versions hidden_act: it must be gelu_pytorch_tanh under the
- *     installed reading (hidden_activation when set, else hidden_act, default
- *     gelu_pytorch_tanh).
+ *     ignored) and transformers 5 hidden_act (default gelu_pytorch_tanh, legacy "gelu"
+ *     read as it): it must be gelu_pytorch_tanh under both readings (4.46's:
+ *     hidden_activation when set, else hidden_act, default gelu_pytorch_tanh).
  *   rejected unless neutral: other activations; attention_dropout != 0
  *     (training would drop attention weights); other rope types (dynamic, ntk, yarn,
  *     longrope, ...), and for gemma any but the default (4.46's Gemma reads rope_theta
@@ -598,9 +598,10 @@ static int read_dtype(const char *path, const json_t *root, ft_model_config *cfg
 
 /* The MLP activation. llama, mistral, qwen2, granite: hidden_act silu (swish), the
  * default. gemma: transformers 4.46's GemmaMLP applies hidden_activation, and
- * gelu_pytorch_tanh when that is null (ignoring hidden_act, with a warning); later
- * versions apply hidden_act (default gelu_pytorch_tanh). A file on which the two readings
- * differ is refused rather than guessed. */
+ * gelu_pytorch_tanh when that is null (ignoring hidden_act, with a warning); transformers
+ * 5 applies hidden_act (default gelu_pytorch_tanh; its GemmaConfig turns the legacy
+ * "gelu" into gelu_pytorch_tanh) and ignores hidden_activation. A file on which the two
+ * readings differ is refused rather than guessed. */
 static int read_activation(const char *path, const json_t *root, const model_defaults *md,
                            ft_model_config *cfg, ft_err *err)
 {
@@ -628,6 +629,14 @@ static int read_activation(const char *path, const json_t *root, const model_def
     if (strcmp(act, "gelu_pytorch_tanh") != 0)
         return ft_fail(err, "%s: '%s': '%.32s' is not supported for gemma (only "
                        "gelu_pytorch_tanh)", path, key, act);
+    /* transformers 5's reading of the same file */
+    const char *act5 = "gelu_pytorch_tanh";
+    if ((v = get_opt(root, "hidden_act")) && read_string(path, "hidden_act", v, &act5, err))
+        return -1;
+    if (strcmp(act5, "gelu_pytorch_tanh") != 0 && strcmp(act5, "gelu") != 0)
+        return ft_fail(err, "%s: 'hidden_act': '%.32s' is what transformers 5 applies to gemma "
+                       "(4.46 applied '%s': gelu_pytorch_tanh); only gelu_pytorch_tanh is "
+                       "supported", path, act5, key);
     cfg->mlp_act = FT_ACT_GELU_TANH;
     return 0;
 }
@@ -814,12 +823,10 @@ int ft_read_model_config_json(const char *dir, json_t **out, ft_err *err)
 
 int ft_write_model_config(json_t *cfg, const char *dir, const char *torch_dtype, ft_err *err)
 {
-    if (torch_dtype) {
-        if (json_object_get(cfg, "dtype"))
-            json_object_set_new(cfg, "dtype", json_string(torch_dtype));
-        if (json_object_get(cfg, "torch_dtype") || !json_object_get(cfg, "dtype"))
-            json_object_set_new(cfg, "torch_dtype", json_string(torch_dtype));
-    }
+    /* both names: transformers 4 reads only torch_dtype, 5 reads dtype first */
+    if (torch_dtype && (json_object_set_new(cfg, "torch_dtype", json_string(torch_dtype)) ||
+                        json_object_set_new(cfg, "dtype", json_string(torch_dtype))))
+        return ft_fail(err, "%s: out of memory writing config.json", dir);
     char *text = json_dumps(cfg, JSON_INDENT(2));
     if (!text)
         return ft_fail(err, "%s: out of memory writing config.json", dir);

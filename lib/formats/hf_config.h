@@ -87,8 +87,8 @@ void ft_rope_inv_freq(const ft_model_config *cfg, float *inv_freq);
 int ft_read_model_config_json(const char *dir, json_t **out, ft_err *err);
 
 /* Writes cfg (a config.json's object) as dir/config.json, atomically, indented; with
- * torch_dtype (not NULL) its dtype key set first: "torch_dtype", and "dtype" too where
- * the model uses transformers 5's name. */
+ * torch_dtype (not NULL) its dtype set first under both names, "torch_dtype" (what
+ * transformers 4 reads) and "dtype" (transformers 5's, which it reads first). */
 int ft_write_model_config(json_t *cfg, const char *dir, const char *torch_dtype, ft_err *err);
 
 #endif

@@ -174,6 +174,13 @@ int tk_added_parse(tk_added *a, const void *json_array, const tk_bpe *model,
                 break;
             }
             rc = matcher_add(&a->norm, nb.data, nb.n, (int32_t)(a->n - 1));
+            if (!rc && !(t->text = malloc(nb.n + 1)))
+                rc = -1;
+            if (!rc) {
+                memcpy(t->text, nb.data, nb.n);
+                t->text[nb.n] = '\0';
+                t->text_len = nb.n;
+            }
         } else {
             rc = matcher_add(t->normalized ? &a->norm : &a->raw, t->content, t->len,
                              (int32_t)(a->n - 1));
@@ -207,8 +214,10 @@ int tk_added_parse(tk_added *a, const void *json_array, const tk_bpe *model,
 
 void tk_added_free(tk_added *a)
 {
-    for (size_t i = 0; i < a->n; i++)
+    for (size_t i = 0; i < a->n; i++) {
         free(a->toks[i].content);
+        free(a->toks[i].text);
+    }
     free(a->toks);
     free(a->raw.nodes);
     free(a->norm.nodes);

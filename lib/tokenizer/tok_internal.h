@@ -70,6 +70,14 @@ bool tk_is_whitespace(uint32_t cp);  /* Rust char::is_whitespace */
 /* Code points whose normalization tokenizers' older Unicode tables treat differently
  * (tok_unicode_compat.c, generated): normalizers pass them through as starters. */
 bool tk_unicode_opaque(uint32_t cp);
+/* A regex class whose code points differ between PCRE2's Unicode tables and those of
+ * tokenizers' regex engine (tok_unicode_compat.c, generated): name is a general category
+ * ("L", "Nd", ...) or "d" (\d); add and remove are PCRE2 class members ("\x{1C89}-..."),
+ * either may be empty. tk_unicode_class(name, len): NULL when the two agree. */
+typedef struct tk_uclass {
+    const char *name, *add, *remove;
+} tk_uclass;
+const tk_uclass *tk_unicode_class(const char *name, size_t len);
 bool tk_is_word_char(uint32_t cp);   /* Unicode word character, as single_word checks */
 
 /* ---- growable byte buffer and piece list ---- */
@@ -108,7 +116,8 @@ typedef enum {
     TK_SPLIT_CONTIGUOUS,
 } tk_split_behavior;
 
-/* Compiles pattern (literal when is_literal) with UTF|UCP and JIT. */
+/* Compiles pattern (literal when is_literal) with UTF|UCP and JIT, rewritten first to
+ * match what tokenizers' engine matches (tok_regex.c: \s, Unicode classes). */
 pcre2_code *tk_regex_compile(const char *pattern, bool is_literal, char *errbuf, size_t errlen);
 
 /* ---- normalizers (tok_normalize.c) ---- */
@@ -222,6 +231,10 @@ int tk_bpe_encode(const tk_bpe *m, const char *s, size_t len, ft_ids *out, ft_er
 typedef struct tk_added_token {
     char *content;
     size_t len;
+    /* A normalized=true token's content after the tokenizer's normalizer (NULL when there
+     * is none): what tokenizers >= 0.21 gives back for its id (id_to_token, decode). */
+    char *text;
+    size_t text_len;
     int32_t id;
     bool special, lstrip, rstrip, single_word, normalized;
 } tk_added_token;

@@ -411,7 +411,7 @@ int ft_tokenizer_decode(const ft_tokenizer *t, const int32_t *ids, size_t n, boo
     tk_strlist l = {0};
     for (size_t i = 0; i < n; i++) {
         const tk_added_token *a = added_of(t, ids[i]);
-        const char *s = a ? a->content : ft_tokenizer_id_to_token(t, ids[i]);
+        const char *s = ft_tokenizer_id_to_token(t, ids[i]);
         if (!s) {
             tk_strlist_free(&l);
             return ft_fail(err, "tokenizer: decode: id %d at position %zu is out of range "
@@ -420,7 +420,7 @@ int ft_tokenizer_decode(const ft_tokenizer *t, const int32_t *ids, size_t n, boo
         }
         if (skip_special && a && a->special)
             continue;
-        if (tk_strlist_push(&l, s, a ? a->len : strlen(s))) {
+        if (tk_strlist_push(&l, s, a ? (a->text ? a->text_len : a->len) : strlen(s))) {
             tk_strlist_free(&l);
             return ft_fail(err, "tokenizer: out of memory");
         }
@@ -462,8 +462,8 @@ int32_t ft_tokenizer_token_to_id(const ft_tokenizer *t, const char *token)
 const char *ft_tokenizer_id_to_token(const ft_tokenizer *t, int32_t id)
 {
     const tk_added_token *a = added_of(t, id);
-    if (a)
-        return a->content;
+    if (a) /* a normalized token as normalized, as tokenizers >= 0.21 gives it back */
+        return a->text ? a->text : a->content;
     if (id < 0 || (size_t)id >= t->bpe.nid)
         return NULL;
     return t->bpe.id_to_tok[id];

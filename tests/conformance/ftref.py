@@ -232,7 +232,7 @@ def build_model_dir(shape, out_dir, seed=None):
 def load_hf(model_dir):
     """HF's own reading of a checkpoint dir, in float32 with eager attention."""
     m = AutoModelForCausalLM.from_pretrained(
-        str(model_dir), torch_dtype=torch.float32, attn_implementation="eager"
+        str(model_dir), dtype=torch.float32, attn_implementation="eager"
     )
     m = m.float()
     m.eval()  # no dropout anywhere (grads still flow)

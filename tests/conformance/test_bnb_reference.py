@@ -1,12 +1,13 @@
 """Our quantization against bitsandbytes' own code, run on the CPU.
 
-bitsandbytes 0.50 needs torch >= 2.4 to import, and the suite runs Debian's torch 1.13,
-so the package is not installed: scripts/setup-python.sh downloads its wheel (no deps)
-and this test executes the functions that define the formats straight from the wheel's
-source: create_dynamic_map (functional.py) and the reference ("default") backend's
-quantize_4bit, dequantize_4bit, quantize_blockwise, dequantize_blockwise and
-int8_vectorwise_quant (backends/default/ops.py), whose op registration is replaced by a
-plain decorator. functional.quantize_4bit's double quantization (offset = mean(absmax),
+bitsandbytes (scripts/python-requirements.in) is installed in the conformance venv.
+create_dynamic_map, get_4bit_type and QuantState come from bitsandbytes.functional as
+they are; the quantize / dequantize kernels are those of its reference ("default")
+backend, backends/default/ops.py, executed from the installed package's source with its
+op registration replaced by a plain decorator (on the CPU, torch.ops.bitsandbytes would
+dispatch to the C library instead) and without its torch.compile wrapper (an optimization
+with an eager fallback: eager is the definition, and compiling costs minutes on 2 cores).
+functional.quantize_4bit's double quantization (offset = mean(absmax),
 quantize_blockwise(absmax - offset, dynamic map, 256)) is two lines, reproduced here.
 
 Checked, through the conformance harness (tests/conformance/harness.c, "quantize" spec):
@@ -18,55 +19,25 @@ follow) walks midpoint trees; the two agree except within fp32 rounding of a mid
 which random data does not hit: any difference fails the test.
 """
 
-import ast
-import os
-import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 
-WHEEL_DIR = Path(os.environ.get("FT_BNB_WHEELS", Path(__file__).resolve().parents[2] / ".venv" / "wheels"))
-
-
-def _wheel():
-    found = sorted(WHEEL_DIR.glob("bitsandbytes-*.whl"))
-    if not found:
-        pytest.skip(f"no bitsandbytes wheel in {WHEEL_DIR} (scripts/setup-python.sh downloads it)")
-    return zipfile.ZipFile(found[-1])
-
 
 @pytest.fixture(scope="module")
 def bnb():
-    z = _wheel()
-    ns = {"torch": torch, "__name__": "bnb_reference"}
-    # the code tables
-    utils = z.read("bitsandbytes/backends/utils.py").decode()
-    exec(compile(utils, "bitsandbytes/backends/utils.py", "exec"), ns)
-    # create_dynamic_map, extracted from functional.py (whose import needs the C library)
-    fsrc = z.read("bitsandbytes/functional.py").decode()
-    tree = ast.parse(fsrc)
-    wanted = ("create_dynamic_map", "get_4bit_type", "QuantState")
-    fns = [n for n in tree.body
-           if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in wanted]
-    assert len(fns) == 3, "functional.py no longer defines " + ", ".join(wanted)
-    exec("from typing import Any, Optional\nimport itertools", ns)
-    # QuantState.as_dict(packed=True) serializes with utils.pack_dict_to_tensor
-    usrc = z.read("bitsandbytes/utils.py").decode()
-    ufns = [n for n in ast.parse(usrc).body
-            if isinstance(n, ast.FunctionDef) and n.name in ("pack_dict_to_tensor",
-                                                            "unpack_tensor_to_dict")]
-    exec("import json", ns)
-    exec(compile(ast.Module(body=ufns, type_ignores=[]), "bitsandbytes/utils.py", "exec"), ns)
-    exec(compile(ast.Module(body=fns, type_ignores=[]), "bitsandbytes/functional.py", "exec"), ns)
-    # the reference backend, its registration decorator replaced
-    ops = z.read("bitsandbytes/backends/default/ops.py").decode()
-    ops = ops.replace("from ..._ops import register_kernel", "").replace(
-        "from ..utils import _get_4bit_code", "")
-    if torch.__version__ < "2":  # torch 1.13 indexes only with int64 tensors
-        ops = ops.replace("out_dq = torch.empty(A_flat.size(0) * 2, dtype=torch.int32",
-                          "out_dq = torch.empty(A_flat.size(0) * 2, dtype=torch.int64")
-        ops = ops.replace("q = order[q]", "q = order[q.long()]")
+    import bitsandbytes
+    from bitsandbytes import functional
+    from bitsandbytes.backends import utils as backend_utils
+    src = Path(bitsandbytes.__file__).parent / "backends" / "default" / "ops.py"
+    ops = src.read_text()
+    for old, new in [("from ..._ops import register_kernel", ""),
+                     ("from ..utils import _get_4bit_code", ""),
+                     ("@_try_torch_compile(dynamic=False)\n", ""),
+                     ("@_try_torch_compile\n", "")]:
+        assert old in ops, f"{src} no longer has {old!r}"
+        ops = ops.replace(old, new)
     kernels = {}
 
     def register_kernel(name, backend):
@@ -75,17 +46,12 @@ def bnb():
             return f
         return deco
 
-    torch_check = getattr(torch, "_check", None)
-    if torch_check is None:  # torch 1.13
-        torch._check = lambda cond, msg=None: None
-    if not hasattr(torch, "_check_is_size"):
-        torch._check_is_size = lambda x: None
-    ns2 = dict(ns, register_kernel=register_kernel,
-               _get_4bit_code=lambda qt, dev: ns["get_4bit_type"](qt, device=dev))
-    exec(compile(ops, "bitsandbytes/backends/default/ops.py", "exec"), ns2)
+    ns = {"__name__": "bnb_reference", "register_kernel": register_kernel,
+          "_get_4bit_code": backend_utils._get_4bit_code}
+    exec(compile(ops, str(src), "exec"), ns)
     k = {n.split("::")[1]: f for n, f in kernels.items()}
     for name in ("create_dynamic_map", "get_4bit_type", "QuantState"):
-        k[name] = ns[name]
+        k[name] = getattr(functional, name)
     return k
 
 

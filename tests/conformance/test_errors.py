@@ -67,3 +67,23 @@ def test_missing_shard(store, ft_raw, tmp_path):
 
 def test_missing_model_dir(ft_raw, tmp_path):
     _expect_failure(ft_raw, _spec(tmp_path / "no-such-model"), "no-model-dir", ["no-such-model"])
+
+
+def test_gemma_activation_read_as_transformers_5_reads_it(store, ft_raw, tmp_path):
+    """transformers 5's GemmaConfig applies hidden_act and ignores hidden_activation (which
+    4.46 applied): a file whose hidden_act is not gelu_pytorch_tanh is refused even when
+    its hidden_activation is; google/gemma-2b's pair (hidden_act "gelu", the legacy name
+    5 reads as gelu_pytorch_tanh) loads."""
+    from transformers import GemmaConfig
+    d = ftref.copy_model_dir(store.model("gemma"), tmp_path / "act")
+    p = d / "config.json"
+    c = json.loads(p.read_text())
+    c.update(hidden_activation="gelu_pytorch_tanh", hidden_act="silu")
+    assert GemmaConfig(**c).hidden_act == "silu"  # what transformers 5 would apply
+    p.write_text(json.dumps(c, indent=2))
+    _expect_failure(ft_raw, _spec(d, vocab=c["vocab_size"]), "gemma-act", ["hidden_act", "silu"])
+    c.update(hidden_act="gelu")
+    assert GemmaConfig(**c).hidden_act == "gelu_pytorch_tanh"
+    p.write_text(json.dumps(c, indent=2))
+    cp, _ = ft_raw(_spec(d, vocab=c["vocab_size"]), "gemma-act-legacy")
+    assert cp.returncode == 0, cp.stderr

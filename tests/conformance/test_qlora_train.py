@@ -149,6 +149,6 @@ def test_eval_and_merge_on_the_quantized_base(workdir, chain):
     bf = workdir / "q_merged"
     _tool("FT_MERGE", "--model", chain["q"], "--adapter", chain["adapter"], "--out", bf)
     cfg = json.loads((bf / "config.json").read_text())
-    assert "quantization_config" not in cfg and cfg["torch_dtype"] == "bfloat16"
-    m = LlamaForCausalLM.from_pretrained(bf, torch_dtype="auto")
+    assert "quantization_config" not in cfg and cfg["torch_dtype"] == cfg["dtype"] == "bfloat16"
+    m = LlamaForCausalLM.from_pretrained(bf, dtype="auto")
     assert m.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16

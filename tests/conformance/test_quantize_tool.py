@@ -31,7 +31,6 @@ Run:  FT_QUANTIZE=$PWD/bin/ft-quantize FT_CONFORM=$PWD/build/tests/ft-conform \\
       FT_EVAL=$PWD/bin/ft-eval .venv/bin/python -m pytest -q tests/conformance/test_quantize_tool.py
 """
 
-import importlib.metadata
 import json
 import math
 import shutil
@@ -96,6 +95,12 @@ def tokenizer_files(tmp_path_factory):
                                   pad_token="<pad>")
     d = tmp_path_factory.mktemp("tokenizer")
     tok.save_pretrained(d)
+    # transformers 5 no longer writes special_tokens_map.json; checkpoints saved by
+    # transformers 4 carry one, which ft-quantize copies like the other side files
+    stm = d / "special_tokens_map.json"
+    if not stm.exists():
+        stm.write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"},
+                                  indent=2))
     return d, tok
 
 
@@ -157,14 +162,9 @@ def expected_qconfig(qtype, double_quant, blocksize, skip, compute):
 
 
 @pytest.fixture
-def bnb_config_cls(monkeypatch):
-    """transformers' BitsAndBytesConfig, its bitsandbytes version check satisfied."""
+def bnb_config_cls():
+    """transformers' BitsAndBytesConfig (bitsandbytes is installed in the venv)."""
     from transformers import BitsAndBytesConfig
-    from transformers.utils import quantization_config as qc_mod
-
-    real = importlib.metadata.version
-    monkeypatch.setattr(qc_mod.importlib.metadata, "version",
-                        lambda name: "0.44.1" if name == "bitsandbytes" else real(name))
     return BitsAndBytesConfig
 
 
@@ -326,7 +326,7 @@ def converted_copy(src_dir, dst_dir, dtype):
     tensors = {k: v.to(dtype) for k, v in source_tensors(src_dir).items()}
     save_file(tensors, str(dst_dir / "model.safetensors"), metadata={"format": "pt"})
     cfg = json.loads((src_dir / "config.json").read_text())
-    cfg["torch_dtype"] = TORCH_NAME[dtype]
+    cfg["dtype"] = TORCH_NAME[dtype]
     (dst_dir / "config.json").write_text(json.dumps(cfg))
     return dst_dir
 
@@ -400,8 +400,8 @@ def test_quantize(case, source, quantize_exe, ft, bnb_config_cls, tmp_path):
     cfg_src = json.loads((src_dir / "config.json").read_text())
     cfg = json.loads((out / "config.json").read_text())
     qc = cfg.pop("quantization_config")
-    if to is not None:
-        cfg_src["torch_dtype"] = TORCH_NAME[to]
+    if to is not None:  # converted: the dtype under both names, transformers 4's and 5's
+        cfg_src["torch_dtype"] = cfg_src["dtype"] = TORCH_NAME[to]
     assert cfg == cfg_src
     want = expected_qconfig(qtype, dq, bs, skip if len(skip) > 1 else None,
                             TORCH_NAME[model_dtype])

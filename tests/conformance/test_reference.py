@@ -34,13 +34,21 @@ def test_mistral_sliding_window_is_honoured_by_hf_eager(store):
     assert ftref.rel_err(with_w[:, w:], without[:, w:]) > 1e-2
 
 
+def _without_rope_scaling(cfg):
+    """Drops the scaling under both names (rope_scaling, transformers 5's rope_parameters,
+    which also carries rope_theta)."""
+    cfg["rope_scaling"] = None
+    theta = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0))
+    cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
+
+
 def test_llama3_rope_scaling_changes_logits(store, tmp_path):
     shape = ftref.SHAPES["llama3_rope"]
     d = store.model(shape.name)
     cfg = json.loads((d / "config.json").read_text())
-    assert cfg["rope_scaling"]["rope_type"] == "llama3"
+    assert cfg["rope_parameters"]["rope_type"] == "llama3"  # transformers 5's name
     plain = ftref.copy_model_dir(d, tmp_path / "noscale")
-    cfg["rope_scaling"] = None
+    _without_rope_scaling(cfg)
     (plain / "config.json").write_text(json.dumps(cfg))
     e = ftref.rel_err(_logits(d, shape), _logits(plain, shape))
     assert e > 1e-3, f"llama3 rope scaling changes logits by only {e:.2e}"
@@ -52,7 +60,7 @@ def test_linear_rope_scaling_changes_logits(store, tmp_path):
     cfg = json.loads((d / "config.json").read_text())
     assert cfg["rope_scaling"] == {"type": "linear", "factor": 2.0}
     plain = ftref.copy_model_dir(d, tmp_path / "noscale")
-    cfg["rope_scaling"] = None
+    _without_rope_scaling(cfg)
     (plain / "config.json").write_text(json.dumps(cfg))
     e = ftref.rel_err(_logits(d, shape), _logits(plain, shape))
     assert e > 1e-3, f"linear rope scaling changes logits by only {e:.2e}"

@@ -553,3 +553,64 @@ def test_model_option_variant(exe, toks, variant_texts, tmp_path, variant):
     base, opts, needle = _MODEL_VARIANTS[variant]
     d = _mutated(toks, tmp_path, base, lambda j: j["model"].update(opts))
     print(f"[{variant}: {_check_variant(exe, d, variant_texts, needle)}]", end=" ")
+
+
+# Code points that tokenizers' regex engine (newer Unicode tables) puts in a category and
+# the system PCRE2 (Unicode 14) does not know: letters (U+1C89 Lu, U+A7CB, Cyrillic
+# Extended-D U+1E030.., Todhri U+105C0, CJK Extension H U+31350 Lo), Garay digits
+# (U+10D40 Nd), symbols (U+2427 So), format characters (U+13439 Cf).
+_NEW_UNICODE = ["\u1c89", "\u1c8a", "\ua7cb", "\U0001e030", "\U0001e06d", "\U000105c0",
+                "\U00031350", "\U00010d40", "\U00010d49", "\u2427", "\U00013439"]
+_CLASS_PATTERNS = [r"\p{L}+", r"\p{Lu}", r"\P{L}+", r"\p{^L}+", r"\p{N}+", r"\p{Nd}",
+                   r"[^\s\p{L}\p{N}]+", r"[\p{Lu}\p{Ll}]+", r"\d+", r"\D+", r"[\d]+",
+                   r"\p{S}+", r"\p{Cf}+", r"\p{Cn}+", r"\P{Cn}+", r"[\P{Cn}x]+",
+                   r"'(?:s|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+"]
+
+
+@pytest.mark.parametrize("pattern", _CLASS_PATTERNS)
+def test_unicode_classes_follow_tokenizers(exe, toks, tmp_path, pattern):
+    """Regex classes (\\p{X} of a general category, \\d) hold the code points that
+    tokenizers' Unicode tables add (lib/tokenizer/tok_regex.c)."""
+    from tokenizers import Regex, pre_tokenizers as P
+    hf = toks.hf("qwen2")
+    # "removed": what the class matches is dropped, so every code point it holds shows
+    hf.pre_tokenizer = P.Sequence([P.Split(Regex(pattern), behavior="removed"),
+                                   P.ByteLevel(add_prefix_space=False, use_regex=False)])
+    d = tmp_path / "tok"
+    d.mkdir()
+    hf.save(str(d / "tokenizer.json"))
+    texts = [f"ab{c}{c}'s 12{c}3 {c}x." for c in _NEW_UNICODE] + ["".join(_NEW_UNICODE) + "'re"]
+    want = [e.ids for e in hf.encode_batch(texts)]
+    got = tokref.ft_encode(exe, d, texts)
+    _compare(hf, texts, want, got, f"/{pattern}/")
+
+
+@pytest.mark.parametrize("pattern", [r"[\p{Cn}x]", r"[^\P{L}]", r"[\D]"])
+def test_unicode_class_without_a_pcre2_spelling_is_refused(exe, toks, tmp_path, pattern):
+    """A class inside [...] that would need code points taken out of a PCRE2 class (or a
+    negated one that would need code points added) is refused, naming it."""
+    d = _mutated(toks, tmp_path, "qwen2", lambda j: j.update(pre_tokenizer={
+        "type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated",
+        "invert": False}))
+    _expect_error(exe, d, "Split", "inside a character class")
+
+
+def test_normalized_added_token_decodes_as_normalized(exe, toks, tmp_path):
+    """An added token with normalized=true is given back (decode, id -> token) as its
+    content after the normalizer, as tokenizers >= 0.21 does: under Llama 2's normalizer
+    (Prepend "▁", spaces to "▁") "▁q▁" is "▁▁q▁", which the decoder turns into " q "."""
+    from tokenizers import AddedToken
+    hf = toks.hf("llama2")
+    hf.add_tokens([AddedToken("▁q▁", normalized=True), AddedToken("▁r▁", normalized=False),
+                   AddedToken("zz", normalized=True)])
+    d = tmp_path / "tok"
+    d.mkdir()
+    hf.save(str(d / "tokenizer.json"))
+    q, r, z = (hf.token_to_id(x) for x in ("▁q▁", "▁r▁", "zz"))
+    w = hf.encode("world", add_special_tokens=False).ids
+    ids = [[q], [r], [z], w + [q] + w, [q] + w, w + [z] + w, w + [r] + w]
+    assert hf.decode([q]) == " q "  # the case this checks: not "q " (content "▁q▁")
+    for skip in (False, True):
+        assert _ft(tokref.ft_decode, exe, d, ids, skip) == hf.decode_batch(
+            ids, skip_special_tokens=skip)
+    assert tokref.ft_tokens(exe, d, [[q, r, z]]) == [[hf.id_to_token(i) for i in (q, r, z)]]

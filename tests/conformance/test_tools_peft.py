@@ -236,9 +236,11 @@ def test_merge_matches_peft(store, merge_exe, tmp_path, model_name, variant, dty
         want_dt = shape.save_dtype
     cfg = json.loads((out / "config.json").read_text())
     base_cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    assert cfg["torch_dtype"] == _TORCH_NAME[want_dt]
-    assert {k: v for k, v in cfg.items() if k != "torch_dtype"} == \
-        {k: v for k, v in base_cfg.items() if k != "torch_dtype"}
+    # the dtype under both names: transformers 4 reads torch_dtype, 5 reads dtype first
+    assert cfg["torch_dtype"] == cfg["dtype"] == _TORCH_NAME[want_dt]
+    dtype_keys = ("torch_dtype", "dtype")
+    assert {k: v for k, v in cfg.items() if k not in dtype_keys} == \
+        {k: v for k, v in base_cfg.items() if k not in dtype_keys}
     if (Path(model_dir) / "generation_config.json").exists():
         assert (out / "generation_config.json").read_bytes() == \
             (Path(model_dir) / "generation_config.json").read_bytes()

@@ -494,8 +494,8 @@ int main(void)
     snprintf(gemma_dir, sizeof gemma_dir, "%s/gemma", root);
     write_tiny_model(gemma_dir,
                      &(tiny_model_opts){.model_type = "gemma", .tied = 1,
-                                        .extra_cfg = ", \"head_dim\": 4, \"hidden_activation\": "
-                                                     "\"gelu_pytorch_tanh\""});
+                                        .hidden_act = "gelu_pytorch_tanh",
+                                        .extra_cfg = ", \"head_dim\": 4"});
 
     RUN(test_cpu_lora_equals_measured);
     RUN(test_cpu_full_equals_measured);

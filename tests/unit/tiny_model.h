@@ -20,6 +20,7 @@ typedef struct tiny_model_opts {
     const char *bad_shape; /* a tensor written one row short */
     const char *extra_cfg; /* spliced into config.json: ", \"key\": value" */
     const char *model_type; /* NULL: llama, or qwen2 with qkv_bias */
+    const char *hidden_act; /* NULL: silu */
     uint64_t seed;         /* weight stream (0: 7) */
     float scale;           /* weights uniform in [-scale/2, scale/2) (0: 0.6) */
 } tiny_model_opts;
@@ -41,10 +42,10 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
             "{\"model_type\": \"%s\", \"vocab_size\": %d, \"hidden_size\": %d, "
             "\"intermediate_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d, "
             "\"num_key_value_heads\": %d, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, "
-            "\"hidden_act\": \"silu\", \"max_position_embeddings\": 64, "
+            "\"hidden_act\": \"%s\", \"max_position_embeddings\": 64, "
             "\"tie_word_embeddings\": %s%s}",
             o->model_type ? o->model_type : qkv_bias ? "qwen2" : "llama", V, C, I, L, HQ, HKV,
-            o->tied ? "true" : "false",
+            o->hidden_act ? o->hidden_act : "silu", o->tied ? "true" : "false",
             o->extra_cfg ? o->extra_cfg : "");
     fclose(f);
 
