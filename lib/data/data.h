@@ -3,7 +3,7 @@
  * Owns: JSONL records to token ids and labels, chat templates, shuffling, sharding,
  * padding and packing into batches (data.h, loader.c, chat_template.c), and the data a
  * run config names (data_setup.h).
- * May call: core, config, formats, model, tokenizer.
+ * May call: core, config, formats, jinja, model, tokenizer.
  * (This is the folder's main header.) */
 
 /* Datasets: JSONL records -> token ids and labels, as a transformers/TRL SFT pipeline
