@@ -74,10 +74,14 @@ int64_t jb_length(jctx *x, const jnode *at, jv v)
     switch (v.t) {
     case JV_UNDEF: return 0;
     case JV_STR: return (int64_t)cp_count(v.s);
-    case JV_LIST: return (int64_t)v.l->n;
+    case JV_LIST:
+        if (v.l->view == 'g')
+            break;
+        return (int64_t)v.l->n;
     case JV_DICT: case JV_NS: return (int64_t)v.d->n;
-    default: jx_fail(x, at, "object of type '%s' has no len()", jv_type_name(v));
+    default: break;
     }
+    jx_fail(x, at, "object of type '%s' has no len()", jv_type_name(v));
 }
 
 /* ---- strings -------------------------------------------------------------------------- */
@@ -330,6 +334,8 @@ jv jb_getattr(jctx *x, const jnode *at, jv obj, const char *name)
 
 jv jb_getitem(jctx *x, const jnode *at, jv obj, jv key)
 {
+    if (obj.t == JV_LIST && obj.l->view)
+        return jv_undef("that object is not subscriptable");
     if ((obj.t == JV_LIST || obj.t == JV_STR) && (key.t == JV_INT || key.t == JV_BOOL)) {
         int64_t i = key.t == JV_INT ? key.i : key.b;
         if (obj.t == JV_LIST) {
@@ -427,6 +433,8 @@ bool jb_test(jctx *x, const jnode *at, const char *name, jv v, jv *args, int nar
                 jv_type_name(a0));
     }
     if (IS("odd") || IS("even") || IS("divisibleby")) {
+        if (v.t == JV_BOOL)
+            v = jv_int(v.b);
         if (v.t != JV_INT)
             jx_fail(x, at, "test '%s' on a %s", name, jv_type_name(v));
         if (IS("odd")) return (v.i % 2) != 0;
@@ -558,6 +566,7 @@ static jv select_filter(jctx *x, const jnode *at, const char *name, jv v, jv *ar
             r.l->v[k++] = l->v[i];
     }
     r.l->n = k;
+    r.l->view = 'g';
     return r;
 }
 
@@ -726,6 +735,7 @@ jv jb_filter(jctx *x, const jnode *at, const char *name, jv v, jv *args, int nar
             p.l->v[1] = v.d->v[i];
             r.l->v[i] = p;
         }
+        r.l->view = 'g';
         return r;
     }
     if (IS("join")) return join(x, at, v, given(ARG(0, "d")) ? ARG(0, "d") : jv_cstr(A, ""),
@@ -733,6 +743,8 @@ jv jb_filter(jctx *x, const jnode *at, const char *name, jv v, jv *args, int nar
     if (IS("first") || IS("last")) {
         if (v.t == JV_UNDEF)
             return jv_undef("No first item, sequence was empty.");
+        if (IS("last") && v.t == JV_LIST && v.l->view == 'g')
+            jx_fail(x, at, "'generator' object is not reversible");
         jlist *l = jb_iter(x, at, v);
         if (!l->n)
             return jv_undef(IS("first") ? "No first item, sequence was empty."
@@ -758,6 +770,7 @@ jv jb_filter(jctx *x, const jnode *at, const char *name, jv v, jv *args, int nar
         jv r = jv_list(A, l->n);
         for (size_t i = 0; i < l->n; i++)
             r.l->v[i] = l->v[l->n - 1 - i];
+        r.l->view = 'g'; /* reversed(): an iterator */
         return r;
     }
     if (IS("int")) return to_int(x, v, ARG(0, "default"));
@@ -782,6 +795,7 @@ jv jb_filter(jctx *x, const jnode *at, const char *name, jv v, jv *args, int nar
                                       NULL, NULL, 0);
             }
         }
+        r.l->view = 'g';
         return r;
     }
     if (IS("select") || IS("reject") || IS("selectattr") || IS("rejectattr"))
@@ -804,6 +818,7 @@ jv jb_filter(jctx *x, const jnode *at, const char *name, jv v, jv *args, int nar
             }
         }
         r.l->n = k;
+        r.l->view = 'g';
         return r;
     }
     if (IS("dictsort") || IS("sort")) {
@@ -878,22 +893,26 @@ jv jb_filter(jctx *x, const jnode *at, const char *name, jv v, jv *args, int nar
     }
     if (IS("indent"))
         return do_indent(x, v, ARG(0, "width"), ARG(1, "first"), ARG(2, "blank"));
-    if (IS("round")) {
-        double f = v.t == JV_INT ? (double)v.i : v.t == JV_FLOAT ? v.f : 0;
+    if (IS("round")) { /* round(value, precision): half to even; ints stay ints */
         jv prec = ARG(0, "precision");
         jv method = ARG(1, "method");
         int64_t p = prec.t == JV_INT ? prec.i : 0;
-        double m = 1;
-        for (int64_t i = 0; i < p && i < 15; i++)
+        const char *how = method.t == JV_STR ? method.s->s : "common";
+        if (strcmp(how, "common") && strcmp(how, "floor") && strcmp(how, "ceil"))
+            jx_fail(x, at, "method must be common, ceil or floor");
+        if (v.t == JV_BOOL)
+            v = jv_int(v.b);
+        if (v.t == JV_INT && !strcmp(how, "common") && p >= 0)
+            return v;
+        if (v.t != JV_INT && v.t != JV_FLOAT)
+            jx_fail(x, at, "type %s doesn't define __round__ method", jv_type_name(v));
+        double f = v.t == JV_INT ? (double)v.i : v.f, m = 1;
+        for (int64_t i = 0; i < (p < 0 ? -p : p) && i < 308; i++)
             m *= 10;
-        double y = f * m;
-        if (method.t == JV_STR && !strcmp(method.s->s, "floor"))
-            y = __builtin_floor(y);
-        else if (method.t == JV_STR && !strcmp(method.s->s, "ceil"))
-            y = __builtin_ceil(y);
-        else
-            y = __builtin_round(y);
-        return jv_float(y / m);
+        double y = p >= 0 ? f * m : f / m;
+        y = !strcmp(how, "floor") ? __builtin_floor(y) : !strcmp(how, "ceil") ? __builtin_ceil(y)
+                                                                            : __builtin_rint(y);
+        return jv_float(p >= 0 ? y / m : y * m);
     }
     if (IS("wordcount")) return jv_int((int64_t)split(x, at, v, jv_none(), jv_undef(NULL)).l->n);
     if (IS("center") || IS("truncate") || IS("wordwrap") || IS("format") || IS("batch") ||
@@ -1018,6 +1037,7 @@ jv jb_call_builtin(jctx *x, const jnode *at, jfunc *fn, jv *args, int nargs,
         jdict *d = self.d;
         if (IS("items") || IS("keys") || IS("values")) {
             jv r = jv_list(A, d->n);
+            r.l->view = m[0] == 'k' ? 'k' : m[0] == 'v' ? 'v' : 'i';
             for (size_t i = 0; i < d->n; i++) {
                 if (IS("items")) {
                     jv p = jv_list(A, 2);

@@ -214,7 +214,8 @@ static jv arith(jctx *x, const jnode *n, jv a, jv b)
         jb_addn(&buf, b.s->s, b.s->n);
         return jb_value(&buf);
     }
-    if (op[0] == '+' && a.t == JV_LIST && b.t == JV_LIST && a.l->tuple == b.l->tuple) {
+    if (op[0] == '+' && a.t == JV_LIST && b.t == JV_LIST && a.l->tuple == b.l->tuple &&
+        !a.l->view && !b.l->view) {
         jv r = jv_list(A, a.l->n + b.l->n);
         memcpy(r.l->v, a.l->v, a.l->n * sizeof(jv));
         memcpy(r.l->v + a.l->n, b.l->v, b.l->n * sizeof(jv));
@@ -331,7 +332,7 @@ static size_t slice_indices(jctx *x, const jnode *n, jv *part, int64_t len, int6
 static jv slice(jctx *x, const jnode *n, jv obj, jv *part)
 {
     int64_t start, step;
-    if (obj.t == JV_LIST) {
+    if (obj.t == JV_LIST && !obj.l->view) {
         size_t k = slice_indices(x, n, part, (int64_t)obj.l->n, &start, &step);
         jv r = jv_list(&x->a, k);
         for (size_t i = 0; i < k; i++)
@@ -350,7 +351,8 @@ static jv slice(jctx *x, const jnode *n, jv obj, jv *part)
     }
     if (obj.t == JV_UNDEF)
         undefined_use(x, n, obj);
-    jx_fail(x, n, "'%s' object is not subscriptable", jv_type_name(obj));
+    /* jinja2's getitem gives an undefined value for what cannot be sliced */
+    return jv_undef("that object is not subscriptable");
 }
 
 /* Evaluates a call's arguments into fresh arrays. */

@@ -59,7 +59,12 @@ struct jv {
     };
 };
 
-struct jlist { size_t n; jv *v; bool tuple; };
+/* view: 0 for a list or tuple; 'k', 'v', 'i' for what dict.keys() / values() / items()
+ * return (Python writes them as dict_keys([...]) and so on); 'g' for what the filters
+ * that yield return (select, map, unique, items, reverse of a list ...): as a Python
+ * generator it is true even when empty and has no len() or items by index; rendering
+ * one is an error (jinja2 would write "<generator object ...>"). */
+struct jlist { size_t n; jv *v; bool tuple; char view; };
 struct jdict { size_t n, cap; jv *k, *v; };
 
 /* A callable that is not a macro: a global (range, namespace, ...) or a method bound to

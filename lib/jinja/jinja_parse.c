@@ -8,6 +8,7 @@
  * Statements: if/elif/else, for/else (loop filter), set (and block set), macro, call,
  * filter, with, generation, break, continue; raw and comments are gone in the lexer.
  * Nesting is bounded (MAX_NEST) so that a hostile template cannot exhaust the stack. */
+#include <stdio.h>
 #include <string.h>
 
 #include "jinja/jinja_internal.h"
@@ -300,10 +301,10 @@ static jnode *parse_subscript(parser *P, jnode *obj, const jtok *at)
         n->args = ja_alloc(P->a, 3 * sizeof *n->args);
         memcpy(n->args, part, sizeof part);
         n->nargs = 3;
-    } else {
-        if (!part[0])
-            pfail_at(P, at, "%s", "empty subscript");
+    } else if (part[0]) {
         n->b = part[0];
+    } else { /* x[] is x[()] in jinja2 */
+        n->b = node(P, E_TUPLE, at);
     }
     return n;
 }
@@ -350,8 +351,13 @@ static jnode *parse_filter(parser *P, jnode *n)
     /* after '|': name [(args)] */
     jtok *t = cur(P);
     const char *name = expect_name(P);
-    while (is_op(cur(P), ".")) { /* dotted filter names are not jinja2's builtins */
-        pfail_at(P, cur(P), "unsupported: dotted filter name after '%s'", name);
+    while (is_op(cur(P), ".")) { /* a dotted name (no builtin has one: an error if used) */
+        P->i++;
+        const char *part = expect_name(P);
+        size_t n = strlen(name) + strlen(part) + 2;
+        char *joined = ja_alloc(P->a, n);
+        snprintf(joined, n, "%s.%s", name, part);
+        name = joined;
     }
     jnode *f = node(P, E_FILTER, t);
     f->a = n;

@@ -233,7 +233,7 @@ bool jv_truthy(jv v)
     case JV_INT: return v.i != 0;
     case JV_FLOAT: return v.f != 0;
     case JV_STR: return v.s->n > 0;
-    case JV_LIST: return v.l->n > 0;
+    case JV_LIST: return v.l->view == 'g' || v.l->n > 0;
     case JV_DICT: return v.d->n > 0;
     default: return true;
     }
@@ -315,7 +315,10 @@ const char *jv_type_name(jv v)
     case JV_INT: return "int";
     case JV_FLOAT: return "float";
     case JV_STR: return "str";
-    case JV_LIST: return v.l->tuple ? "tuple" : "list";
+    case JV_LIST:
+        return v.l->view == 'g' ? "generator" : v.l->view == 'k' ? "dict_keys"
+             : v.l->view == 'v' ? "dict_values" : v.l->view == 'i' ? "dict_items"
+             : v.l->tuple ? "tuple" : "list";
     case JV_DICT: return "dict";
     case JV_NS: return "Namespace";
     case JV_MACRO: return "Macro";
@@ -445,6 +448,12 @@ void jv_write_repr(jbuf *b, jv v)
     switch (v.t) {
     case JV_STR: write_str_repr(b, v.s); return;
     case JV_LIST:
+        if (v.l->view == 'g')
+            ja_fail(b->a, 0, 0, "cannot render the generator a filter returns (select, map, "
+                                "unique, items, reverse ...): add |list");
+        if (v.l->view)
+            jb_add(b, v.l->view == 'k' ? "dict_keys(" : v.l->view == 'v' ? "dict_values("
+                                                                        : "dict_items(");
         jb_addc(b, v.l->tuple ? '(' : '[');
         for (size_t i = 0; i < v.l->n; i++) {
             if (i)
@@ -454,6 +463,8 @@ void jv_write_repr(jbuf *b, jv v)
         if (v.l->tuple && v.l->n == 1)
             jb_addc(b, ',');
         jb_addc(b, v.l->tuple ? ')' : ']');
+        if (v.l->view)
+            jb_addc(b, ')');
         return;
     case JV_DICT:
         jb_addc(b, '{');
@@ -554,6 +565,10 @@ void jv_write_json(jbuf *b, jv v, int indent, const char *istr, bool sort_keys, 
         return;
     case JV_STR: write_json_str(b, v.s->s, v.s->n); return;
     case JV_LIST:
+        if (v.l->view)
+            ja_fail(b->a, 0, 0, "tojson: Object of type %s is not JSON serializable",
+                    v.l->view == 'g' ? "generator" : v.l->view == 'k' ? "dict_keys"
+                    : v.l->view == 'v' ? "dict_values" : "dict_items");
         if (v.l->n == 0) { jb_add(b, "[]"); return; }
         jb_addc(b, '[');
         for (size_t i = 0; i < v.l->n; i++) {

@@ -144,6 +144,16 @@ static void test_tests_and_methods(void)
     EQ("{{ {'a': 1}.items() | list }} {{ {'a': 1}.keys() | list }} {{ {'a': 1}.values() | list }} "
        "{{ {'a': 1}.get('a') }} {{ {'a': 1}.get('b') }} {{ {'a': 1}.get('b', 7) }}",
        NULL, "[('a', 1)] ['a'] [1] 1 None 7");
+    /* what filters that yield return is a generator: true even when empty, no len() */
+    EQ("{{ [] | select | list }}{{ 'T' if ([] | select) else 'F' }} {{ {'a': 1}.keys() }} "
+       "{{ {'a': 1}.items() }} {{ [1, 2] | reverse | list }}",
+       NULL, "[]T dict_keys(['a']) dict_items([('a', 1)]) [2, 1]");
+    CHECK(fails_with("{{ [1] | select | length }}", NULL, "has no len()", NULL));
+    CHECK(fails_with("{{ [1] | map('string') }}", NULL, "add |list", NULL));
+    /* round as Python's: half to even, an int stays an int */
+    EQ("{{ 2.5 | round }} {{ 3.5 | round }} {{ 1 | round }} {{ 2.567 | round(2) }} "
+       "{{ 2.1 | round(0, 'ceil') }}",
+       NULL, "2.0 4.0 1 2.57 3.0");
 }
 
 static void test_statements(void)
