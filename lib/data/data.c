@@ -1,9 +1,9 @@
 /* Datasets: JSONL records -> (ids, labels) samples, following the rules in data.h.
  *
  * The format is set by the options or detected from the keys of the first record:
- * "messages" -> chat, "conversations" -> sharegpt, "input_ids" -> tokens, "instruction" + "output" -> alpaca,
- * "prompt" + "completion" -> prompt_completion, "text" -> text. Every later record is
- * checked against that format. Per-record errors name FILE:LINE; with skip_bad_lines the
+ * "messages" -> chat, "conversations" -> sharegpt, "input_ids" -> tokens, "instruction" +
+ * "output" -> alpaca, "prompt" + "completion" -> prompt_completion, "text" -> text. Every
+ * later record is checked against that format. Per-record errors name FILE:LINE; with skip_bad_lines the
  * record is counted in skipped_lines instead.
  *
  * Details the header leaves open:

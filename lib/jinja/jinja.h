@@ -61,9 +61,10 @@ typedef struct ft_jinja_span {
 /* Renders t with the variables of vars (a JSON object: each key a template variable).
  * *out is malloc'ed and NUL-terminated, *len its length (may be NULL). When spans is not
  * NULL, *spans (malloc'ed, NULL when none) and *n_spans receive the generation blocks'
- * ranges in order. limits may be NULL (the defaults). Errors: "line L: ..." for a failing
- * construct; a template's raise_exception(msg) fails with msg itself, prefixed
- * "raise_exception: ". */
+ * ranges in order. limits may be NULL (the defaults). Errors: "line L, column C: ..."
+ * for a failing construct (C: where the failing expression or filter starts); a
+ * template's raise_exception(msg) fails with "line L, column C: raise_exception: msg";
+ * a bound exceeded fails with a message naming the bound. */
 int ft_jinja_render(const ft_jinja *t, const json_t *vars, const ft_jinja_limits *limits,
                     char **out, size_t *len, ft_jinja_span **spans, size_t *n_spans,
                     ft_err *err);

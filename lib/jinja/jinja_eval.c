@@ -42,7 +42,7 @@ void jx_fail(jctx *x, const jnode *at, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    ja_fail(&x->a, at ? at->line : 0, 0, "%s", msg);
+    ja_fail(&x->a, at ? at->line : 0, at ? at->col : 0, "%s", msg);
 }
 
 void jx_step(jctx *x, const jnode *at)

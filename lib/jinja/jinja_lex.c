@@ -234,7 +234,10 @@ static void lex_string(lexer *L, size_t *pp)
 }
 
 static bool is_digit(char c) { return c >= '0' && c <= '9'; }
-static bool is_name0(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
+static bool is_name0(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+}
 
 static void lex_number(lexer *L, size_t *pp)
 {

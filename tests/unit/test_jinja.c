@@ -118,10 +118,12 @@ static void test_filters(void)
        "{{ nothing | length }}",
        NULL, "d e None 0");
     EQ("{{ {'k': [1, {'n': '\xc3\xa9\\n\"\\\\'}], 'f': 1.0, 'b': false, 'z': none} | tojson }}",
-       NULL, "{\"k\": [1, {\"n\": \"\xc3\xa9\\n\\\"\\\\\"}], \"f\": 1.0, \"b\": false, \"z\": null}");
+       NULL,
+       "{\"k\": [1, {\"n\": \"\xc3\xa9\\n\\\"\\\\\"}], \"f\": 1.0, \"b\": false, \"z\": null}");
     EQ("{{ {'k': [1], 'e': [], 'd': {}} | tojson(indent=2) }}", NULL,
        "{\n  \"k\": [\n    1\n  ],\n  \"e\": [],\n  \"d\": {}\n}");
-    EQ("{{ {'b': 1, 'a': 2} | tojson(sort_keys=true) }} {{ '\xc3\xbc' | tojson(ensure_ascii=true) }}",
+    EQ("{{ {'b': 1, 'a': 2} | tojson(sort_keys=true) }} "
+       "{{ '\xc3\xbc' | tojson(ensure_ascii=true) }}",
        NULL, "{\"a\": 2, \"b\": 1} \"\\u00fc\"");
     EQ("{{ range(3) | list }} {{ range(5, 0, -2) | list }} {{ [1,2,3] | sum }} "
        "{{ [3,1,2] | max }} {{ 'ab' | reverse }} {{ 'l1\\nl2\\n\\nl3' | indent(2) }}",
@@ -232,7 +234,8 @@ static void test_generation_spans(void)
 static void test_errors(void)
 {
     /* a construct the parser does not know names the line and column */
-    CHECK(fails_with("a\n{% include 'x' %}", NULL, "line 2, column 4", "unsupported statement 'include'"));
+    CHECK(fails_with("a\n{% include 'x' %}", NULL, "line 2, column 4",
+                     "unsupported statement 'include'"));
     CHECK(fails_with("{% for x in y recursive %}{% endfor %}", NULL, "line 1", "recursive"));
     CHECK(fails_with("\n\n{{ x | nosuchfilter }}", NULL, "line 3", "nosuchfilter"));
     CHECK(fails_with("{{ x is nosuchtest }}", NULL, "line 1", "nosuchtest"));
