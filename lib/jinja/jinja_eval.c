@@ -22,6 +22,8 @@ struct jctx {
     scope *root, *cur;
     long steps, max_steps;
     int depth, max_depth;
+    const char *stack_base; /* the renderer's first frame: nesting is bounded by the stack
+                               it takes (MAX_STACK), whatever mix of macros and blocks */
     int brk; /* 1: break, 2: continue pending */
     ft_jinja_span *spans;
     size_t n_spans, cap_spans;
@@ -45,11 +47,20 @@ void jx_fail(jctx *x, const jnode *at, const char *fmt, ...)
     ja_fail(&x->a, at ? at->line : 0, at ? at->col : 0, "%s", msg);
 }
 
+/* The C stack a render may take: nested macro calls times nested blocks could otherwise
+ * reach the stack's end before max_depth does. */
+enum { MAX_STACK = 1 << 20 };
+
 void jx_step(jctx *x, const jnode *at)
 {
+    char here;
     if (++x->steps > x->max_steps)
         jx_fail(x, at, "template step limit exceeded (%ld steps): a loop that does not end?",
                 x->max_steps);
+    uintptr_t a = (uintptr_t)x->stack_base, b = (uintptr_t)&here;
+    if ((a > b ? a - b : b - a) > MAX_STACK)
+        jx_fail(x, at, "template nested too deeply at run time (macro calls inside deep "
+                       "blocks)");
 }
 
 static jv lookup(jctx *x, const char *name)
@@ -834,6 +845,8 @@ int ft_jinja_render(const ft_jinja *t, const json_t *vars, const ft_jinja_limits
         free(x);
         return -1;
     }
+    char base;
+    x->stack_base = &base;
     x->top = (jbuf){.a = &x->a, .limit = x->max_output};
     x->out = &x->top;
     x->root = push_scope(x, NULL);

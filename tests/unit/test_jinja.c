@@ -286,6 +286,15 @@ static void test_limits(void)
     for (size_t i = 0; i < n; i++)
         strcat(deep, "{% if 1 %}");
     CHECK(!render_l(deep, NULL, &lim, &err) && strstr(err.msg, "nested too deeply"));
+    /* macro recursion inside deep blocks: bounded by the stack it takes, not a crash */
+    strcpy(deep, "{% macro f(d) %}");
+    for (int i = 0; i < 185; i++)
+        strcat(deep, "{% if true %}");
+    strcat(deep, "{{ f(d + 1) }}");
+    for (int i = 0; i < 185; i++)
+        strcat(deep, "{% endif %}");
+    strcat(deep, "{% endmacro %}{{ f(0) }}");
+    CHECK(!render_l(deep, NULL, NULL, &err) && strstr(err.msg, "nested too deeply"));
     free(deep);
 }
 
