@@ -81,8 +81,17 @@ const char *ft_chat_template_name(ft_chat_template t)
 
 struct ft_chat {
     ft_jinja *jinja;
-    json_t *special; /* {"bos_token": ..., ...} */
+    ft_jinja *tool_use; /* the list form's "tool_use" template, for chats with tools */
+    json_t *special;    /* {"bos_token": ..., ...} */
 };
+
+/* transformers' get_chat_template: the "tool_use" template when tools are given and the
+ * model has one, else the default. */
+static const ft_jinja *pick(const ft_chat *c, const json_t *extra)
+{
+    json_t *tools = extra ? json_object_get(extra, "tools") : NULL;
+    return c->tool_use && tools && !json_is_null(tools) ? c->tool_use : c->jinja;
+}
 
 int ft_chat_open_source(ft_chat **out, ft_chat_template t, const char *source,
                         const json_t *special, ft_err *err)
@@ -130,6 +139,13 @@ int ft_chat_open(ft_chat **out, ft_chat_template t, const ft_tokenizer *tok, ft_
     int rc = ft_chat_open_source(out, t, tok ? ft_tokenizer_chat_template(tok) : NULL,
                                  special, err);
     json_decref(special);
+    const char *tool_use = tok && t == FT_TMPL_AUTO
+                               ? ft_tokenizer_chat_template_named(tok, "tool_use") : NULL;
+    if (rc == 0 && tool_use && ft_jinja_compile(&(*out)->tool_use, tool_use, err)) {
+        ft_chat_free(*out);
+        *out = NULL;
+        return ft_fail_prefix(err, "chat template tool_use");
+    }
     return rc;
 }
 
@@ -138,11 +154,15 @@ void ft_chat_free(ft_chat *c)
     if (!c)
         return;
     ft_jinja_free(c->jinja);
+    ft_jinja_free(c->tool_use);
     json_decref(c->special);
     free(c);
 }
 
-bool ft_chat_has_generation(const ft_chat *c) { return c && ft_jinja_has_generation(c->jinja); }
+bool ft_chat_has_generation(const ft_chat *c, const json_t *extra)
+{
+    return c && ft_jinja_has_generation(pick(c, extra));
+}
 
 /* ---- rendering -------------------------------------------------------------------------- */
 
@@ -207,7 +227,7 @@ int ft_chat_render(const ft_chat *c, const json_t *messages, size_t count,
         json_object_set_new(vars, "documents", json_null());
     json_object_set_new(vars, "messages", msgs);
     json_object_set_new(vars, "add_generation_prompt", json_boolean(add_generation_prompt));
-    int rc = ft_jinja_render(c->jinja, vars, NULL, out, NULL, spans, n_spans, err);
+    int rc = ft_jinja_render(pick(c, extra), vars, NULL, out, NULL, spans, n_spans, err);
     json_decref(vars);
     if (rc)
         return ft_fail_prefix(err, "chat template");

@@ -243,7 +243,7 @@ static int chat_messages(const ctx *c, const json_t *rec, const json_t *msgs, ft
     char *text;
     ft_jinja_span *spans = NULL;
     size_t n_spans = 0;
-    bool marked = ft_chat_has_generation(c->chat);
+    bool marked = ft_chat_has_generation(c->chat, extra);
     if (ft_chat_render(c->chat, msgs, n, false, extra, &text, marked ? &spans : NULL,
                        &n_spans, err)) {
         json_decref(extra);

@@ -120,7 +120,8 @@ typedef struct ft_chat ft_chat;
 typedef struct json_t json_t;
 
 /* t = FT_TMPL_AUTO: the tokenizer's own template (an error when it has none, naming the
- * fallbacks); else the named fallback. tok may be NULL for a fallback. A template that
+ * fallbacks), and its "tool_use" template when the list form has one (used for chats
+ * given tools, as transformers picks it); else the named fallback. tok may be NULL for a fallback. A template that
  * does not compile is an error "chat template: line L, column C: ...". */
 int ft_chat_open(ft_chat **out, ft_chat_template t, const ft_tokenizer *tok, ft_err *err);
 /* The same from parts: source is the Jinja text (used when t is FT_TMPL_AUTO), special
@@ -128,8 +129,9 @@ int ft_chat_open(ft_chat **out, ft_chat_template t, const ft_tokenizer *tok, ft_
 int ft_chat_open_source(ft_chat **out, ft_chat_template t, const char *source,
                         const json_t *special, ft_err *err);
 void ft_chat_free(ft_chat *c);
-/* Whether the template marks assistant spans itself with {% generation %}. */
-bool ft_chat_has_generation(const ft_chat *c);
+/* Whether the template that renders a chat with these extra variables (see
+ * ft_chat_render; NULL: none) marks assistant spans itself with {% generation %}. */
+bool ft_chat_has_generation(const ft_chat *c, const json_t *extra);
 
 /* Renders the first count messages of `messages` (a JSON array of message objects:
  * "role" a string, "content" a string or a list of parts such as {"type": "text",

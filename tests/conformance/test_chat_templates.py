@@ -384,3 +384,38 @@ def test_sharegpt_loads_as_the_mapped_chat(trained, tmp_path):
     out = _load(d, tmp_path / "bad.jsonl", "--format", "sharegpt")
     assert out.returncode != 0
     assert "bad.jsonl:2" in out.stderr and "robot" in out.stderr
+
+
+def test_named_templates_tool_use(trained, tmp_path):
+    """A model with several templates: chats given tools use "tool_use", the others the
+    default, as apply_chat_template picks them; from the files transformers saves
+    (chat_template.jinja + additional_chat_templates/) and from the older list form of
+    tokenizer_config.json."""
+    from tokenizers import Tokenizer
+
+    default = (TEMPLATES / "qwen2.5.jinja").read_text()
+    tool_use = (TEMPLATES / "qwen3.jinja").read_text()
+    hf = _hf_tokenizer(default, None, "<|im_end|>", Tokenizer.from_str(trained))
+    hf.chat_template = {"default": default, "tool_use": tool_use}
+    saved = tmp_path / "saved"
+    hf.save_pretrained(saved)
+    listed = tmp_path / "listed"
+    hf.save_pretrained(listed)
+    for f in [listed / "chat_template.jinja", *(listed / "additional_chat_templates").glob("*")]:
+        f.unlink()
+    (listed / "additional_chat_templates").rmdir()
+    cfg = json.loads((listed / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = [{"name": "default", "template": default},
+                            {"name": "tool_use", "template": tool_use}]
+    (listed / "tokenizer_config.json").write_text(json.dumps(cfg))
+    chat = [S, U1, A1]
+    recs = [{"messages": chat}, {"messages": chat, "tools": TOOLS}]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    want = [_ids(hf.apply_chat_template(chat, tokenize=True)),
+            _ids(hf.apply_chat_template(chat, tools=TOOLS, tokenize=True))]
+    assert want[0] != want[1]
+    for d in (saved, listed):
+        out = _load(d, tmp_path / "d.jsonl", "--format", "chat", "--train-on-all")
+        assert out.returncode == 0, out.stderr
+        got = [json.loads(line)["input_ids"] for line in out.stdout.splitlines()]
+        assert got == want, d.name

@@ -611,14 +611,14 @@ static void test_generation_labels(void)
 {
     ft_chat *c;
     ft_err err;
-    CHECK(ft_chat_open(&c, FT_TMPL_AUTO, tok, &err) == 0 && !ft_chat_has_generation(c));
+    CHECK(ft_chat_open(&c, FT_TMPL_AUTO, tok, &err) == 0 && !ft_chat_has_generation(c, NULL));
     ft_chat_free(c);
     json_t *sp = json_pack("{s:s}", "eos_token", "</s>");
     CHECK(ft_chat_open_source(&c, FT_TMPL_AUTO,
                               "{% for m in messages %}<{{ m.role }}>{% if m.role == 'assistant' %}"
                               "{% generation %}{{ m.content }}{{ eos_token }}{% endgeneration %}"
                               "{% else %}{{ m.content }}{% endif %}{% endfor %}",
-                              sp, &err) == 0 && ft_chat_has_generation(c));
+                              sp, &err) == 0 && ft_chat_has_generation(c, NULL));
     json_t *m = json_loads("[{\"role\":\"user\",\"content\":\"q\"},"
                            "{\"role\":\"assistant\",\"content\":\"ab\"}]", 0, NULL);
     char *out;
