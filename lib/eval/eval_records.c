@@ -105,8 +105,15 @@ static int prompt_of(const ctx *c, const json_t *rec, ft_eval_record *r, bool *a
         else if (!ref)
             rc = ft_fail(err, "%s:%ld: the last assistant message has no string "
                               "\"content\"", c->path, c->line);
-        else if (ft_chat_render(c->chat, msgs, k - 1, true, NULL, &r->prompt, NULL, NULL, err))
+        json_t *extra = json_object(); /* the record's tools and documents, as in training */
+        if (json_object_get(rec, "tools"))
+            json_object_set(extra, "tools", json_object_get(rec, "tools"));
+        if (json_object_get(rec, "documents"))
+            json_object_set(extra, "documents", json_object_get(rec, "documents"));
+        if (rc == 0 &&
+            ft_chat_render(c->chat, msgs, k - 1, true, extra, &r->prompt, NULL, NULL, err))
             rc = ft_fail_prefix(err, "%s:%ld", c->path, c->line);
+        json_decref(extra);
         if (rc == 0)
             r->reference = str_dup(ref);
         json_decref(owned);
