@@ -93,6 +93,16 @@ CHATS = [
     [S, U1, A4],
     [UP, A1],
 ]
+# a tool call and its result (the templates that know tools render them)
+CALL = {"role": "assistant", "content": "", "tool_calls": [
+    {"id": "abcdefghi", "type": "function",
+     "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2.5]}}}]}
+RESULT = {"role": "tool", "tool_call_id": "abcdefghi", "name": "get_weather",
+          "content": "{\"sky\": \"sunny\"}"}
+TOOL_CHATS = [
+    [S, U1, CALL, RESULT, A2],
+    [U1, CALL, RESULT, RESULT, A2, U2],
+]
 # chats some templates refuse (transformers raises; we must refuse too)
 REFUSED = [
     [A1, U1],
@@ -180,6 +190,8 @@ def test_render_matches_transformers(fixture):
     path = TEMPLATES / fixture
     cases = [(c, agp, {}) for c in CHATS + REFUSED for agp in (False, True)]
     cases += [([S, U1, A1, U2], True, extra) for extra in EXTRAS[1:]]
+    cases += [(c, agp, extra) for c in TOOL_CHATS for agp in (False, True)
+              for extra in EXTRAS[:2]]
     cases += [([U1, A1], False, extra) for extra in EXTRAS[1:]]
     _compare("auto", bos, eos, path, path.read_text(), cases, 8)
 
