@@ -126,15 +126,12 @@ int ft_chat_open(ft_chat **out, ft_chat_template t, const ft_tokenizer *tok, ft_
     if (!special)
         return ft_fail(err, "out of memory");
     if (tok) {
-        const char *bos = ft_tokenizer_bos_token(tok), *eos = ft_tokenizer_eos_token(tok);
-        int32_t pad = ft_tokenizer_pad_id(tok);
-        const char *pad_s = pad >= 0 ? ft_tokenizer_id_to_token(tok, pad) : NULL;
-        if (bos)
-            json_object_set_new(special, "bos_token", json_string(bos));
-        if (eos)
-            json_object_set_new(special, "eos_token", json_string(eos));
-        if (pad_s)
-            json_object_set_new(special, "pad_token", json_string(pad_s));
+        const char *names[4] = {"bos_token", "eos_token", "unk_token", "pad_token"};
+        const char *vals[4] = {ft_tokenizer_bos_token(tok), ft_tokenizer_eos_token(tok),
+                               ft_tokenizer_unk_token(tok), ft_tokenizer_pad_token(tok)};
+        for (int i = 0; i < 4; i++)
+            if (vals[i])
+                json_object_set_new(special, names[i], json_string(vals[i]));
     }
     int rc = ft_chat_open_source(out, t, tok ? ft_tokenizer_chat_template(tok) : NULL,
                                  special, err);

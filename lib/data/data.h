@@ -114,8 +114,8 @@ int ft_dataset_split(ft_dataset *ds, ft_dataset *eval, double fraction, uint64_t
                      ft_err *err);
 
 /* A chat template ready to render: the compiled Jinja and the tokenizer's special
- * token strings (bos_token, eos_token, pad_token, unk_token: variables of the template, as
- * transformers passes tokenizer.special_tokens_map). */
+ * token strings (bos_token, eos_token, unk_token, pad_token when the tokenizer has them:
+ * variables of the template, as transformers passes tokenizer.special_tokens_map). */
 typedef struct ft_chat ft_chat;
 typedef struct json_t json_t;
 

@@ -528,6 +528,16 @@ const char *ft_tokenizer_eos_token(const ft_tokenizer *t)
     return t->eos;
 }
 
+const char *ft_tokenizer_pad_token(const ft_tokenizer *t)
+{
+    return t->pad;
+}
+
+const char *ft_tokenizer_unk_token(const ft_tokenizer *t)
+{
+    return t->unk;
+}
+
 const char *ft_tokenizer_chat_template(const ft_tokenizer *t)
 {
     return t->chat_template;

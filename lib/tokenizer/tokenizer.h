@@ -69,6 +69,8 @@ int32_t ft_tokenizer_pad_id(const ft_tokenizer *t);
 /* The token strings, NULL when absent. */
 const char *ft_tokenizer_bos_token(const ft_tokenizer *t);
 const char *ft_tokenizer_eos_token(const ft_tokenizer *t);
+const char *ft_tokenizer_pad_token(const ft_tokenizer *t);
+const char *ft_tokenizer_unk_token(const ft_tokenizer *t);
 
 /* The model's chat template (the Jinja source): tokenizer_config.json's "chat_template"
  * string, or the "default" entry of its list form, else chat_template.jinja beside it;
