@@ -163,11 +163,15 @@ static const ft_cfg_key schema[] = {
     {KEY(data.eval_fraction), FT_CFG_FLOAT, "0", NULL, false, 0, NONE,
      "held-out fraction of the training data when there is no eval_path", NULL},
     {KEY(data.format), FT_CFG_ENUM, "auto",
-     CHOICES("auto", "text", "prompt_completion", "alpaca", "chat", "tokens"), false, NONE, NONE,
-     "record format (auto: from the keys of the first record)", NULL},
+     CHOICES("auto", "text", "prompt_completion", "alpaca", "chat", "sharegpt", "tokens"), false,
+     NONE, NONE,
+     "record format (auto: from the keys of the first record; sharegpt: conversations of "
+     "from/value, human/gpt/system mapped to user/assistant/system)", NULL},
     {KEY(data.chat_template), FT_CFG_ENUM, "auto",
-     CHOICES("auto", "chatml", "llama3", "llama2", "mistral", "plain", "alpaca"), false, NONE, NONE,
-     "chat template (auto: detected from tokenizer_config.json)", NULL},
+     CHOICES("auto", "chatml", "plain", "alpaca"), false, NONE, NONE,
+     "chat template (auto: the model's own Jinja template from tokenizer_config.json or "
+     "chat_template.jinja, rendered as transformers renders it; chatml, plain, alpaca: "
+     "ours, for models that ship none)", NULL},
     {KEY(data.train_on_all), FT_CFG_BOOL, "false", NULL, false, NONE, NONE,
      "count prompt and user tokens in the loss too", NULL},
     {KEY(data.add_eos), FT_CFG_BOOL, "true", NULL, false, NONE, NONE, "text format: append EOS",

@@ -73,6 +73,7 @@ typedef enum ft_cfg_data_format {
     FT_CFG_FORMAT_PROMPT_COMPLETION,
     FT_CFG_FORMAT_ALPACA,
     FT_CFG_FORMAT_CHAT,
+    FT_CFG_FORMAT_SHAREGPT,
     FT_CFG_FORMAT_TOKENS
 } ft_cfg_data_format;
 
@@ -80,9 +81,6 @@ typedef enum ft_cfg_data_format {
 typedef enum ft_cfg_chat_template {
     FT_CFG_TMPL_AUTO = 0,
     FT_CFG_TMPL_CHATML,
-    FT_CFG_TMPL_LLAMA3,
-    FT_CFG_TMPL_LLAMA2,
-    FT_CFG_TMPL_MISTRAL,
     FT_CFG_TMPL_PLAIN,
     FT_CFG_TMPL_ALPACA
 } ft_cfg_chat_template;

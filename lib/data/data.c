@@ -1,9 +1,9 @@
 /* Datasets: JSONL records -> (ids, labels) samples, following the rules in data.h.
  *
  * The format is set by the options or detected from the keys of the first record:
- * "messages" -> chat, "input_ids" -> tokens, "instruction" + "output" -> alpaca,
- * "prompt" + "completion" -> prompt_completion, "text" -> text. Every later record is
- * checked against that format. Per-record errors name FILE:LINE; with skip_bad_lines the
+ * "messages" -> chat, "conversations" -> sharegpt, "input_ids" -> tokens, "instruction" +
+ * "output" -> alpaca, "prompt" + "completion" -> prompt_completion, "text" -> text. Every
+ * later record is checked against that format. Per-record errors name FILE:LINE; with skip_bad_lines the
  * record is counted in skipped_lines instead.
  *
  * Details the header leaves open:
@@ -14,11 +14,15 @@
  *     position t-1, so a label at position 0 never counts.
  *   - tokens format: ids must be in [0, vocab) when a tokenizer is given (>= 0 without);
  *     labels, when present, are -100 or a valid id. train_on_all counts every token.
- *   - chat: ids = encode(render(messages), add_special=false). The span of assistant turn
- *     k is [len(encode(render(messages[:k], generation prompt))),
- *     len(encode(render(messages[:k+1])))): its content and the template's end-of-turn
- *     marker. Each of those prefixes must encode to a prefix of the full ids (a BPE merge
- *     across the boundary would move the span): otherwise the line is an error. */
+ *   - chat (and sharegpt, mapped to messages): ids = encode(render(messages),
+ *     add_special=false). When the template has {% generation %} blocks, each block
+ *     [start, end) of the rendered text labels the tokens [len(encode(text[:start])),
+ *     len(encode(text[:end]))): the tokens return_assistant_tokens_mask marks. Otherwise
+ *     the span of assistant turn k is [len(encode(render(messages[:k], generation
+ *     prompt))), len(encode(render(messages[:k+1])))): its content and the template's
+ *     end-of-turn marker. Each of those prefixes must encode to a prefix of the full ids
+ *     (a BPE merge across the boundary would move the span): otherwise the line is an
+ *     error. */
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
@@ -32,7 +36,7 @@
 /* ---- names ---------------------------------------------------------------------------- */
 
 static const char *const fmt_names[] = {"auto", "text", "prompt_completion", "alpaca", "chat",
-                                        "tokens"};
+                                        "tokens", "sharegpt"};
 
 int ft_data_format_parse(const char *name, ft_data_format *f, ft_err *err)
 {
@@ -42,7 +46,7 @@ int ft_data_format_parse(const char *name, ft_data_format *f, ft_err *err)
             return 0;
         }
     return ft_fail(err, "unknown data format \"%s\" (known: auto, text, prompt_completion, "
-                        "alpaca, chat, tokens)", name);
+                        "alpaca, chat, sharegpt, tokens)", name);
 }
 
 const char *ft_data_format_name(ft_data_format f)
@@ -57,8 +61,7 @@ typedef struct ctx {
     const ft_tokenizer *tok;
     const ft_data_options *o;
     ft_data_format fmt;
-    ft_chat_template tmpl;
-    const char *src, *bos, *eos;
+    ft_chat *chat;
     int32_t eos_id;
     int vocab;
     long line;
@@ -81,6 +84,8 @@ static ft_data_format detect(const json_t *rec)
 {
     if (json_object_get(rec, "messages"))
         return FT_DATA_CHAT;
+    if (json_object_get(rec, "conversations"))
+        return FT_DATA_SHAREGPT;
     if (json_object_get(rec, "input_ids"))
         return FT_DATA_TOKENS;
     if (json_object_get(rec, "instruction") && json_object_get(rec, "output"))
@@ -169,24 +174,117 @@ out:
     return rc;
 }
 
-/* Encodes the first count messages (with the generation prompt when agp) and checks that
- * the ids are a prefix of full; *n = their number. */
-static int prefix_len(const ctx *c, const json_t *msgs, size_t count, bool agp,
-                      const ft_ids *full, size_t *n, ft_err *err)
+/* The template variables a chat record adds besides its messages. */
+static json_t *record_extra(const json_t *rec)
 {
-    char *text;
+    json_t *extra = json_object();
+    static const char *const KEYS[] = {"tools", "documents"};
+    for (int i = 0; i < 2; i++) {
+        json_t *v = json_object_get(rec, KEYS[i]);
+        if (v)
+            json_object_set(extra, KEYS[i], v);
+    }
+    return extra;
+}
+
+/* Encodes text[0..len) and checks that the ids are a prefix of full; *n = their number.
+ * what says which boundary it is, for the error. */
+static int prefix_ids(const ctx *c, const char *text, size_t len, const ft_ids *full,
+                      size_t *n, const char *what, size_t count, ft_err *err)
+{
     ft_ids ids = {0};
-    if (ft_chat_render_n(c->tmpl, c->src, c->bos, c->eos, msgs, count, agp, &text, err))
-        return ft_fail_prefix(err, "%s:%ld", c->path, c->line);
-    int rc = encode(c, text, false, &ids, err);
-    free(text);
+    int rc = 0;
+    if (ft_tokenizer_encode(c->tok, text, len, false, &ids, err))
+        rc = ft_fail_prefix(err, "%s:%ld", c->path, c->line);
     if (rc == 0 && (ids.n > full->n ||
                     memcmp(ids.data, full->data, ids.n * sizeof *ids.data) != 0))
-        rc = bad(c, err, "the tokens of the chat up to message %zu%s are not a prefix of "
-                         "the whole chat's tokens (a token spans the turn boundary), so the "
-                         "assistant span is ambiguous", count,
-                 agp ? " (with the generation prompt)" : "");
+        rc = bad(c, err, "the tokens of the chat up to %s %zu are not a prefix of the whole "
+                         "chat's tokens (a token spans the boundary), so the assistant span "
+                         "is ambiguous", what, count);
     *n = ids.n;
+    ft_ids_free(&ids);
+    return rc;
+}
+
+/* Renders the first count messages (with the generation prompt when agp) and measures
+ * their tokens (a prefix of full). */
+static int prefix_len(const ctx *c, const json_t *msgs, const json_t *extra, size_t count,
+                      bool agp, const ft_ids *full, size_t *n, ft_err *err)
+{
+    char *text;
+    if (ft_chat_render(c->chat, msgs, count, agp, extra, &text, NULL, NULL, err))
+        return ft_fail_prefix(err, "%s:%ld", c->path, c->line);
+    int rc = prefix_ids(c, text, strlen(text), full, n,
+                        agp ? "(with the generation prompt) message" : "message", count, err);
+    free(text);
+    return rc;
+}
+
+static int chat_messages(const ctx *c, const json_t *rec, const json_t *msgs, ft_sample *s,
+                         ft_err *err)
+{
+    size_t n = json_array_size(msgs);
+    if (n == 0)
+        return bad(c, err, "empty \"messages\"");
+    bool has_assistant = false;
+    for (size_t i = 0; i < n; i++) {
+        json_t *m = json_array_get(msgs, i), *r = json_object_get(m, "role");
+        if (!json_is_object(m))
+            return bad(c, err, "messages[%zu] is not an object", i);
+        if (!json_is_string(r))
+            return bad(c, err, "messages[%zu] has %s", i,
+                       r ? "a \"role\" that is not a string" : "no \"role\"");
+        if (strcmp(json_string_value(r), "assistant") == 0)
+            has_assistant = true;
+    }
+    if (!has_assistant)
+        return bad(c, err, "the chat has no assistant message (nothing to train on)");
+    json_t *extra = record_extra(rec);
+    char *text;
+    ft_jinja_span *spans = NULL;
+    size_t n_spans = 0;
+    bool marked = ft_chat_has_generation(c->chat, extra);
+    if (ft_chat_render(c->chat, msgs, n, false, extra, &text, marked ? &spans : NULL,
+                       &n_spans, err)) {
+        json_decref(extra);
+        return ft_fail_prefix(err, "%s:%ld", c->path, c->line);
+    }
+    ft_ids ids = {0};
+    int rc = encode(c, text, false, &ids, err);
+    if (rc == 0)
+        rc = fill_labels(s, &ids, err);
+    if (rc == 0 && !c->o->train_on_all) {
+        for (int i = 0; i < s->n; i++)
+            s->labels[i] = -100;
+        if (marked) {
+            /* the template's own assistant spans: the tokens of text[start, end) */
+            for (size_t k = 0; k < n_spans && rc == 0; k++) {
+                size_t a, b;
+                rc = prefix_ids(c, text, spans[k].start, &ids, &a, "generation block", k + 1,
+                                err);
+                if (rc == 0)
+                    rc = prefix_ids(c, text, spans[k].end, &ids, &b, "the end of generation "
+                                    "block", k + 1, err);
+                for (size_t i = a; rc == 0 && i < b; i++)
+                    s->labels[i] = ids.data[i];
+            }
+        } else {
+            for (size_t k = 0; k < n && rc == 0; k++) {
+                json_t *r = json_object_get(json_array_get(msgs, k), "role");
+                if (strcmp(json_string_value(r), "assistant") != 0)
+                    continue;
+                size_t a, b;
+                rc = prefix_len(c, msgs, extra, k, true, &ids, &a, err);
+                if (rc == 0)
+                    rc = prefix_len(c, msgs, extra, k + 1, false, &ids, &b, err);
+                for (size_t i = a; rc == 0 && i < b; i++)
+                    s->labels[i] = ids.data[i];
+            }
+        }
+    }
+    free(text);
+    free(spans);
+    json_decref(extra);
     ft_ids_free(&ids);
     return rc;
 }
@@ -198,43 +296,18 @@ static int chat(const ctx *c, const json_t *rec, ft_sample *s, ft_err *err)
         return bad(c, err, "missing \"messages\" (chat format)");
     if (!json_is_array(msgs))
         return bad(c, err, "\"messages\" is not an array (chat format)");
-    size_t n = json_array_size(msgs);
-    if (n == 0)
-        return bad(c, err, "empty \"messages\"");
-    bool has_assistant = false;
-    for (size_t i = 0; i < n; i++) {
-        json_t *r = json_object_get(json_array_get(msgs, i), "role");
-        if (json_is_string(r) && strcmp(json_string_value(r), "assistant") == 0)
-            has_assistant = true;
-    }
-    char *text;
-    if (ft_chat_render_n(c->tmpl, c->src, c->bos, c->eos, msgs, n, false, &text, err))
+    return chat_messages(c, rec, msgs, s, err);
+}
+
+static int sharegpt(const ctx *c, const json_t *rec, ft_sample *s, ft_err *err)
+{
+    json_t *conv = json_object_get(rec, "conversations"), *msgs;
+    if (!conv)
+        return bad(c, err, "missing \"conversations\" (sharegpt format)");
+    if (ft_sharegpt_messages(conv, &msgs, err))
         return ft_fail_prefix(err, "%s:%ld", c->path, c->line);
-    if (!has_assistant) {
-        free(text);
-        return bad(c, err, "the chat has no assistant message (nothing to train on)");
-    }
-    ft_ids ids = {0};
-    int rc = encode(c, text, false, &ids, err);
-    free(text);
-    if (rc == 0)
-        rc = fill_labels(s, &ids, err);
-    if (rc == 0 && !c->o->train_on_all) {
-        for (int i = 0; i < s->n; i++)
-            s->labels[i] = -100;
-        for (size_t k = 0; k < n && rc == 0; k++) {
-            json_t *r = json_object_get(json_array_get(msgs, k), "role");
-            if (strcmp(json_string_value(r), "assistant") != 0)
-                continue;
-            size_t a, b;
-            rc = prefix_len(c, msgs, k, true, &ids, &a, err);
-            if (rc == 0)
-                rc = prefix_len(c, msgs, k + 1, false, &ids, &b, err);
-            for (size_t i = a; rc == 0 && i < b; i++)
-                s->labels[i] = ids.data[i];
-        }
-    }
-    ft_ids_free(&ids);
+    int rc = chat_messages(c, rec, msgs, s, err);
+    json_decref(msgs);
     return rc;
 }
 
@@ -323,6 +396,8 @@ static int record(const ctx *c, const json_t *rec, ft_sample *s, ft_err *err)
     }
     case FT_DATA_CHAT:
         return chat(c, rec, s, err);
+    case FT_DATA_SHAREGPT:
+        return sharegpt(c, rec, s, err);
     case FT_DATA_TOKENS:
         return tokens(c, rec, s, err);
     default:
@@ -361,14 +436,9 @@ static int setup(ctx *c, ft_err *err)
     if (needs_eos && c->eos_id < 0)
         return ft_fail(err, "%s: the %s format appends EOS, and the tokenizer has no "
                             "eos_token", c->path, ft_data_format_name(c->fmt));
-    if (c->fmt == FT_DATA_CHAT) {
-        c->src = ft_tokenizer_chat_template(c->tok);
-        c->bos = ft_tokenizer_bos_token(c->tok);
-        c->eos = ft_tokenizer_eos_token(c->tok);
-        c->tmpl = c->o->chat_template;
-        if (c->tmpl == FT_TMPL_AUTO && ft_chat_template_detect_source(c->src, &c->tmpl, err))
-            return ft_fail_prefix(err, "%s", c->path);
-    }
+    if ((c->fmt == FT_DATA_CHAT || c->fmt == FT_DATA_SHAREGPT) &&
+        ft_chat_open(&c->chat, c->o->chat_template, c->tok, err))
+        return ft_fail_prefix(err, "%s", c->path);
     return 0;
 }
 
@@ -466,6 +536,7 @@ int ft_dataset_load(ft_dataset *ds, const char *path, const ft_tokenizer *tok,
         ds->samples[ds->n++] = s;
     }
     ft_jsonl_close(r);
+    ft_chat_free(c.chat);
     if (rc)
         ft_dataset_free(ds);
     return rc;

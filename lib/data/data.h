@@ -3,7 +3,7 @@
  * Owns: JSONL records to token ids and labels, chat templates, shuffling, sharding,
  * padding and packing into batches (data.h, loader.c, chat_template.c), and the data a
  * run config names (data_setup.h).
- * May call: core, config, formats, model, tokenizer.
+ * May call: core, config, formats, jinja, model, tokenizer.
  * (This is the folder's main header.) */
 
 /* Datasets: JSONL records -> token ids and labels, as a transformers/TRL SFT pipeline
@@ -18,11 +18,17 @@
  *                      loss).
  *   alpaca             {"instruction", "input"?, "output"}: rendered with the Alpaca
  *                      prompt format into prompt/completion, then as above.
- *   chat               {"messages": [{"role": "system"|"user"|"assistant", "content"}]}:
+ *   chat               {"messages": [{"role", "content", ...}], "tools"?, "documents"?}:
  *                      rendered by the chat template into text, encoded without adding
  *                      special tokens (the template writes them, as apply_chat_template
- *                      does); labels only on the assistant turns (their content and the
- *                      template's end-of-turn marker) unless train_on_all.
+ *                      does); labels only on the assistant turns unless train_on_all:
+ *                      the template's {% generation %} spans when it has them (as
+ *                      return_assistant_tokens_mask), else each assistant message's span
+ *                      between the prefix rendered up to it with the generation prompt
+ *                      and the prefix that includes it (its content and the template's
+ *                      end-of-turn marker).
+ *   sharegpt           {"conversations": [{"from": "human"|"gpt"|"system", "value"}]}:
+ *                      mapped to chat messages (ft_sharegpt_messages), then as chat.
  *   tokens             {"input_ids": [...], "labels"?: [...]} (same length, -100 = not
  *                      counted): no tokenizer needed.
  * Every sample is truncated to max_seq_len. A bad line (invalid JSON or UTF-8, a missing
@@ -40,6 +46,7 @@
 
 #include "core/ft_error.h"
 #include "model/model.h"
+#include "jinja/jinja.h"
 #include "tokenizer/tokenizer.h"
 
 typedef enum ft_data_format {
@@ -48,24 +55,28 @@ typedef enum ft_data_format {
     FT_DATA_PROMPT_COMPLETION,
     FT_DATA_ALPACA,
     FT_DATA_CHAT,
-    FT_DATA_TOKENS
+    FT_DATA_TOKENS,
+    FT_DATA_SHAREGPT
 } ft_data_format;
 
-/* Chat templates, each rendering exactly what transformers' apply_chat_template renders
- * with that model family's own template. */
+/* Chat templates. The model's own template is the one used (FT_TMPL_AUTO): the
+ * tokenizer's chat_template (tokenizer_config.json's string, the "default" entry of its
+ * list form, or chat_template.jinja beside it), interpreted by lib/jinja/ as transformers'
+ * apply_chat_template renders it. The others are ours, written in Jinja in
+ * chat_template.c, for models that ship no template: chatml (the plain ChatML layout,
+ * without a default system message), plain ("role: content" lines) and alpaca (the Alpaca
+ * prompt format for one user and one assistant turn). */
 typedef enum ft_chat_template {
-    FT_TMPL_AUTO = 0, /* detect from tokenizer_config.json's chat_template */
-    FT_TMPL_CHATML,   /* Qwen2 / Qwen2.5 */
-    FT_TMPL_LLAMA3,   /* Llama 3 / 3.1 / 3.2 */
-    FT_TMPL_LLAMA2,   /* Llama 2 chat [INST] <<SYS>> */
-    FT_TMPL_MISTRAL,  /* Mistral [INST] */
-    FT_TMPL_PLAIN,    /* "role: content" lines, no special tokens */
-    FT_TMPL_ALPACA    /* the Alpaca prompt format for chats of one user + assistant turn */
+    FT_TMPL_AUTO = 0, /* the model's own template */
+    FT_TMPL_CHATML,
+    FT_TMPL_PLAIN,
+    FT_TMPL_ALPACA
 } ft_chat_template;
 
-/* Names as in configs: "auto", "text", "prompt_completion", "alpaca", "chat", "tokens";
- * "auto", "chatml", "llama3", "llama2", "mistral", "plain", "alpaca". -1 with err naming
- * the value and the known ones. */
+/* Names as in configs: "auto", "text", "prompt_completion", "alpaca", "chat", "sharegpt",
+ * "tokens"; "auto", "chatml", "plain", "alpaca". -1 with err naming the value and the
+ * known ones (the old "llama3", "llama2" and "mistral" get a message saying that the
+ * model's own template is used instead). */
 int ft_data_format_parse(const char *name, ft_data_format *f, ft_err *err);
 int ft_chat_template_parse(const char *name, ft_chat_template *t, ft_err *err);
 
@@ -102,33 +113,48 @@ void ft_dataset_free(ft_dataset *ds);
 int ft_dataset_split(ft_dataset *ds, ft_dataset *eval, double fraction, uint64_t seed,
                      ft_err *err);
 
-/* Renders a chat ({"role","content"} objects in `messages`, a jansson array) as text.
- * add_generation_prompt appends the assistant header, as apply_chat_template does.
- * *out is malloc'ed. */
+/* A chat template ready to render: the compiled Jinja and the tokenizer's special
+ * token strings (bos_token, eos_token, unk_token, pad_token when the tokenizer has them:
+ * variables of the template, as transformers passes tokenizer.special_tokens_map). */
+typedef struct ft_chat ft_chat;
 typedef struct json_t json_t;
-int ft_chat_render(ft_chat_template tmpl, const ft_tokenizer *tok, const json_t *messages,
-                   bool add_generation_prompt, char **out, ft_err *err);
 
-/* The built-in template matching a tokenizer's chat_template source; error when there is
- * none or it is not recognised (then the config must name one). */
-int ft_chat_template_detect(const ft_tokenizer *tok, ft_chat_template *t, ft_err *err);
+/* t = FT_TMPL_AUTO: the tokenizer's own template (an error when it has none, naming the
+ * fallbacks), and its "tool_use" template when the list form has one (used for chats
+ * given tools, as transformers picks it); else the named fallback. tok may be NULL for a fallback. A template that
+ * does not compile is an error "chat template: line L, column C: ...". */
+int ft_chat_open(ft_chat **out, ft_chat_template t, const ft_tokenizer *tok, ft_err *err);
+/* The same from parts: source is the Jinja text (used when t is FT_TMPL_AUTO), special
+ * a JSON object of special token strings (may be NULL). */
+int ft_chat_open_source(ft_chat **out, ft_chat_template t, const char *source,
+                        const json_t *special, ft_err *err);
+void ft_chat_free(ft_chat *c);
+/* Whether the template that renders a chat with these extra variables (see
+ * ft_chat_render; NULL: none) marks assistant spans itself with {% generation %}. */
+bool ft_chat_has_generation(const ft_chat *c, const json_t *extra);
 
-/* The core of ft_chat_render, with what a tokenizer would give passed in: source is the
- * template's Jinja text (NULL: the newest variant of the family: Qwen2.5's default system
- * message, Llama 3.1's system header), bos / eos the token strings (NULL when absent; an
- * error for a template that writes them). ft_chat_render_n renders only the first count
- * messages (the prefixes that place assistant labels). */
-int ft_chat_render_with(ft_chat_template tmpl, const char *source, const char *bos,
-                        const char *eos, const json_t *messages, bool add_generation_prompt,
-                        char **out, ft_err *err);
-int ft_chat_render_n(ft_chat_template tmpl, const char *source, const char *bos,
-                     const char *eos, const json_t *messages, size_t count,
-                     bool add_generation_prompt, char **out, ft_err *err);
-/* ft_chat_template_detect on a Jinja source (NULL: error). */
-int ft_chat_template_detect_source(const char *source, ft_chat_template *t, ft_err *err);
-/* "chatml", "llama3", ... ("auto" for FT_TMPL_AUTO). */
+/* Renders the first count messages of `messages` (a JSON array of message objects:
+ * "role" a string, "content" a string or a list of parts such as {"type": "text",
+ * "text": ...}, any other keys as given) with add_generation_prompt, as
+ * apply_chat_template(messages[:count], tokenize=False) does: keys whose value is null
+ * are dropped, reasoning_content / thinking / reasoning are aliased as transformers
+ * aliases them. extra (a JSON object or NULL) adds template variables (tools,
+ * documents, enable_thinking, ...); tools and documents are none unless given. *out is
+ * malloc'ed; when spans is not NULL it receives the {% generation %} ranges of *out
+ * (malloc'ed, *n_spans of them). A template that raises fails with its message. */
+int ft_chat_render(const ft_chat *c, const json_t *messages, size_t count,
+                   bool add_generation_prompt, const json_t *extra, char **out,
+                   ft_jinja_span **spans, size_t *n_spans, ft_err *err);
+
+/* "chatml", "plain", ... ("auto" for FT_TMPL_AUTO). */
 const char *ft_chat_template_name(ft_chat_template t);
 const char *ft_data_format_name(ft_data_format f);
+
+/* ShareGPT's {"conversations": [{"from": "human"|"gpt"|"system", "value": text}]} as
+ * chat messages (human -> user, gpt -> assistant, system -> system): *messages is a new
+ * JSON array. An unknown "from", a missing or non-string field is an error naming the
+ * entry (the caller adds FILE:LINE). */
+int ft_sharegpt_messages(const json_t *conversations, json_t **messages, ft_err *err);
 
 /* The Alpaca prompt (Stanford Alpaca's, with or without an input when input is NULL or
  * empty), ending with "### Response:\n". *out is malloc'ed. */

@@ -13,6 +13,7 @@ static ft_data_format format_of(ft_cfg_data_format f)
     case FT_CFG_FORMAT_PROMPT_COMPLETION: return FT_DATA_PROMPT_COMPLETION;
     case FT_CFG_FORMAT_ALPACA: return FT_DATA_ALPACA;
     case FT_CFG_FORMAT_CHAT: return FT_DATA_CHAT;
+    case FT_CFG_FORMAT_SHAREGPT: return FT_DATA_SHAREGPT;
     case FT_CFG_FORMAT_TOKENS: return FT_DATA_TOKENS;
     case FT_CFG_FORMAT_AUTO: break;
     }
@@ -23,9 +24,6 @@ static ft_chat_template template_of(ft_cfg_chat_template t)
 {
     switch (t) {
     case FT_CFG_TMPL_CHATML: return FT_TMPL_CHATML;
-    case FT_CFG_TMPL_LLAMA3: return FT_TMPL_LLAMA3;
-    case FT_CFG_TMPL_LLAMA2: return FT_TMPL_LLAMA2;
-    case FT_CFG_TMPL_MISTRAL: return FT_TMPL_MISTRAL;
     case FT_CFG_TMPL_PLAIN: return FT_TMPL_PLAIN;
     case FT_CFG_TMPL_ALPACA: return FT_TMPL_ALPACA;
     case FT_CFG_TMPL_AUTO: break;

@@ -20,7 +20,7 @@ typedef struct ctx {
     long line;
     const ft_tokenizer *tok;
     ft_data_format fmt;
-    ft_chat_template tmpl;
+    ft_chat *chat;
 } ctx;
 
 static ft_data_format detect(const json_t *rec)
@@ -28,6 +28,8 @@ static ft_data_format detect(const json_t *rec)
     /* The same order as data.c's detection. */
     if (json_object_get(rec, "messages"))
         return FT_DATA_CHAT;
+    if (json_object_get(rec, "conversations"))
+        return FT_DATA_SHAREGPT;
     if (json_object_get(rec, "input_ids"))
         return FT_DATA_TOKENS;
     if (json_object_get(rec, "instruction") && json_object_get(rec, "output"))
@@ -79,9 +81,15 @@ static int prompt_of(const ctx *c, const json_t *rec, ft_eval_record *r, bool *a
         r->reference = str_dup(out);
         break;
     }
-    case FT_DATA_CHAT: {
+    case FT_DATA_CHAT:
+    case FT_DATA_SHAREGPT: {
         *add_special = false;
-        json_t *msgs = json_object_get(rec, "messages");
+        json_t *msgs = json_object_get(rec, "messages"), *owned = NULL;
+        if (c->fmt == FT_DATA_SHAREGPT &&
+            ft_sharegpt_messages(json_object_get(rec, "conversations"), &owned, err))
+            return ft_fail_prefix(err, "%s:%ld", c->path, c->line);
+        if (owned)
+            msgs = owned;
         size_t k = json_is_array(msgs) ? json_array_size(msgs) : 0;
         while (k > 0) {
             const char *role = str_field(json_array_get(msgs, k - 1), "role");
@@ -89,18 +97,28 @@ static int prompt_of(const ctx *c, const json_t *rec, ft_eval_record *r, bool *a
                 break;
             k--;
         }
+        const char *ref = k ? str_field(json_array_get(msgs, k - 1), "content") : NULL;
+        int rc = 0;
         if (k == 0)
-            return ft_fail(err, "%s:%ld: the chat has no assistant message to use as the "
-                                "reference", c->path, c->line);
-        const char *ref = str_field(json_array_get(msgs, k - 1), "content");
-        if (!ref)
-            return ft_fail(err, "%s:%ld: the last assistant message has no string "
-                                "\"content\"", c->path, c->line);
-        if (ft_chat_render_n(c->tmpl, ft_tokenizer_chat_template(c->tok),
-                             ft_tokenizer_bos_token(c->tok), ft_tokenizer_eos_token(c->tok),
-                             msgs, k - 1, true, &r->prompt, err))
-            return ft_fail_prefix(err, "%s:%ld", c->path, c->line);
-        r->reference = str_dup(ref);
+            rc = ft_fail(err, "%s:%ld: the chat has no assistant message to use as the "
+                              "reference", c->path, c->line);
+        else if (!ref)
+            rc = ft_fail(err, "%s:%ld: the last assistant message has no string "
+                              "\"content\"", c->path, c->line);
+        json_t *extra = json_object(); /* the record's tools and documents, as in training */
+        if (json_object_get(rec, "tools"))
+            json_object_set(extra, "tools", json_object_get(rec, "tools"));
+        if (json_object_get(rec, "documents"))
+            json_object_set(extra, "documents", json_object_get(rec, "documents"));
+        if (rc == 0 &&
+            ft_chat_render(c->chat, msgs, k - 1, true, extra, &r->prompt, NULL, NULL, err))
+            rc = ft_fail_prefix(err, "%s:%ld", c->path, c->line);
+        json_decref(extra);
+        if (rc == 0)
+            r->reference = str_dup(ref);
+        json_decref(owned);
+        if (rc)
+            return rc;
         break;
     }
     default:
@@ -168,10 +186,8 @@ int ft_eval_records_load(ft_eval_records *out, const char *path, const ft_tokeni
         if (!ready) {
             if (c.fmt == FT_DATA_AUTO)
                 c.fmt = detect(rec);
-            c.tmpl = o->chat_template;
-            if (c.fmt == FT_DATA_CHAT && c.tmpl == FT_TMPL_AUTO &&
-                ft_chat_template_detect_source(ft_tokenizer_chat_template(tok), &c.tmpl,
-                                               err)) {
+            if ((c.fmt == FT_DATA_CHAT || c.fmt == FT_DATA_SHAREGPT) &&
+                ft_chat_open(&c.chat, o->chat_template, tok, err)) {
                 json_decref(rec);
                 rc = ft_fail_prefix(err, "%s", c.path);
                 break;
@@ -209,6 +225,7 @@ int ft_eval_records_load(ft_eval_records *out, const char *path, const ft_tokeni
         out->r[out->n++] = r;
     }
     ft_jsonl_close(rd);
+    ft_chat_free(c.chat);
     if (rc)
         ft_eval_records_free(out);
     return rc;

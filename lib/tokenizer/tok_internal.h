@@ -8,6 +8,8 @@
 #ifndef FT_TOK_INTERNAL_H
 #define FT_TOK_INTERNAL_H
 
+#include <jansson.h>
+
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 #include <pthread.h>
@@ -317,6 +319,7 @@ struct ft_tokenizer {
     int vocab_size;
     char *bos, *eos, *pad, *unk;
     char *chat_template;
+    json_t *chat_templates; /* the list form's {"name": template} (NULL: not a list) */
 };
 
 #endif

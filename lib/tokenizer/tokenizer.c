@@ -157,12 +157,10 @@ static const char *token_string(const json_t *v)
     return NULL;
 }
 
-/* chat_template.jinja beside tokenizer.json, when there is one (where recent transformers
- * save the template). */
-static int read_template_file(ft_tokenizer *t, const char *dir, ft_err *err)
+/* A whole text file into *out (malloc'ed); *out = NULL when there is no such file. */
+static int read_text_file(const char *path, char **out, ft_err *err)
 {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+    *out = NULL;
     struct stat st;
     if (stat(path, &st) != 0)
         return 0;
@@ -186,7 +184,34 @@ static int read_template_file(ft_tokenizer *t, const char *dir, ft_err *err)
         return ft_fail(err, "%s: %s", path, rc ? "out of memory" : "read error");
     }
     fclose(f);
-    t->chat_template = b.data;
+    if (!b.data && tk_buf_append(&b, "", 0)) /* an empty file: "" */
+        return ft_fail(err, "%s: out of memory", path);
+    *out = b.data;
+    return 0;
+}
+
+/* chat_template.jinja beside tokenizer.json, when there is one (where recent transformers
+ * save the template), and additional_chat_templates/NAME.jinja (where they save the
+ * other named templates, e.g. tool_use). */
+static int read_template_file(ft_tokenizer *t, const char *dir, ft_err *err)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+    if (read_text_file(path, &t->chat_template, err))
+        return -1;
+    static const char *const NAMES[] = {"tool_use", "rag"};
+    for (size_t i = 0; i < sizeof NAMES / sizeof *NAMES; i++) {
+        char *s;
+        snprintf(path, sizeof path, "%s/additional_chat_templates/%s.jinja", dir, NAMES[i]);
+        if (read_text_file(path, &s, err))
+            return -1;
+        if (!s)
+            continue;
+        if (!t->chat_templates)
+            t->chat_templates = json_object();
+        json_object_set_new(t->chat_templates, NAMES[i], json_string(s));
+        free(s);
+    }
     return 0;
 }
 
@@ -220,10 +245,13 @@ static int read_configs(ft_tokenizer *t, const char *dir, ft_err *err)
     if (json_is_string(ct)) {
         t->chat_template = strdup(json_string_value(ct));
     } else if (json_is_array(ct)) {
+        t->chat_templates = json_object();
         for (size_t i = 0; i < json_array_size(ct); i++) {
             json_t *e = json_array_get(ct, i);
             const char *name = json_string_value(json_object_get(e, "name"));
             const char *tpl = json_string_value(json_object_get(e, "template"));
+            if (name && tpl)
+                json_object_set_new(t->chat_templates, name, json_string(tpl));
             if (name && tpl && !strcmp(name, "default"))
                 t->chat_template = strdup(tpl);
         }
@@ -331,6 +359,7 @@ void ft_tokenizer_free(ft_tokenizer *t)
     free(t->pad);
     free(t->unk);
     free(t->chat_template);
+    json_decref(t->chat_templates);
     free(t);
 }
 
@@ -499,9 +528,24 @@ const char *ft_tokenizer_eos_token(const ft_tokenizer *t)
     return t->eos;
 }
 
+const char *ft_tokenizer_pad_token(const ft_tokenizer *t)
+{
+    return t->pad;
+}
+
+const char *ft_tokenizer_unk_token(const ft_tokenizer *t)
+{
+    return t->unk;
+}
+
 const char *ft_tokenizer_chat_template(const ft_tokenizer *t)
 {
     return t->chat_template;
+}
+
+const char *ft_tokenizer_chat_template_named(const ft_tokenizer *t, const char *name)
+{
+    return json_string_value(json_object_get(t->chat_templates, name));
 }
 
 bool ft_tokenizer_adds_bos(const ft_tokenizer *t)

@@ -69,10 +69,16 @@ int32_t ft_tokenizer_pad_id(const ft_tokenizer *t);
 /* The token strings, NULL when absent. */
 const char *ft_tokenizer_bos_token(const ft_tokenizer *t);
 const char *ft_tokenizer_eos_token(const ft_tokenizer *t);
+const char *ft_tokenizer_pad_token(const ft_tokenizer *t);
+const char *ft_tokenizer_unk_token(const ft_tokenizer *t);
 
-/* tokenizer_config.json's "chat_template" (the Jinja source), NULL when absent. Used to
- * detect which built-in template a model uses. */
+/* The model's chat template (the Jinja source): tokenizer_config.json's "chat_template"
+ * string, or the "default" entry of its list form, else chat_template.jinja beside it;
+ * NULL when there is none. lib/data renders it. */
 const char *ft_tokenizer_chat_template(const ft_tokenizer *t);
+/* The template named name in the list form of tokenizer_config.json's chat_template
+ * ([{"name", "template"}], e.g. "tool_use"); NULL when absent or not a list. */
+const char *ft_tokenizer_chat_template_named(const ft_tokenizer *t, const char *name);
 
 /* Whether the post-processor adds a BOS token at the start (as Llama's does). */
 bool ft_tokenizer_adds_bos(const ft_tokenizer *t);

@@ -1,13 +1,12 @@
 /* ft-data: the conformance suite's window on lib/data/data.c and lib/data/chat_template.c.
  *
  *   ft-data render TEMPLATE BOS EOS [SOURCE.jinja] < chats.jsonl
- *       TEMPLATE: chatml, llama3, llama2, mistral, plain, alpaca, or auto (detected from
- *       SOURCE, which also picks the family's variant). Each input line is
- *       {"messages": [...], "add_generation_prompt": bool}; each output line is the
- *       rendered text as a JSON string, or {"error": "..."} when the template refuses the
- *       chat.
- *   ft-data detect SOURCE.jinja
- *       prints the detected template name.
+ *       TEMPLATE: auto (SOURCE, the model's own template), or a fallback of ours: chatml,
+ *       plain, alpaca. BOS / EOS are the special token strings ("" for none). Each input
+ *       line is {"messages": [...], "add_generation_prompt": bool, "extra"?: {...}}
+ *       (extra: more template variables: tools, documents, enable_thinking, ...); each
+ *       output line is the rendered text as a JSON string, or {"error": "..."} when the
+ *       template fails (it does not compile, or it raises).
  *   ft-data load TOKENIZER_DIR DATA.jsonl [--format F] [--template T] [--max-seq-len N]
  *                [--train-on-all] [--skip-bad-lines] [--no-eos]
  *       one {"input_ids": [...], "labels": [...]} line per sample; then on stderr a line
@@ -57,8 +56,15 @@ static int cmd_render(int argc, char **argv)
         return die("cannot read the template source");
     if (ft_chat_template_parse(argv[2], &t, &err))
         return die(err.msg);
-    if (t == FT_TMPL_AUTO && ft_chat_template_detect_source(src, &t, &err))
-        return die(err.msg);
+    json_t *special = json_object();
+    if (argv[3][0])
+        json_object_set_new(special, "bos_token", json_string(argv[3]));
+    if (argv[4][0])
+        json_object_set_new(special, "eos_token", json_string(argv[4]));
+    ft_chat *chat = NULL;
+    int open_rc = ft_chat_open_source(&chat, t, src, special, &err);
+    ft_err open_err = err;
+    json_decref(special);
     char *line = NULL;
     size_t cap = 0;
     ssize_t n;
@@ -69,9 +75,13 @@ static int cmd_render(int argc, char **argv)
             return die(je.text);
         char *out;
         json_t *res;
-        if (ft_chat_render_with(t, src, argv[3], argv[4], json_object_get(rec, "messages"),
-                                json_is_true(json_object_get(rec, "add_generation_prompt")),
-                                &out, &err) == 0) {
+        json_t *msgs = json_object_get(rec, "messages");
+        if (open_rc) {
+            res = json_pack("{s:s}", "error", open_err.msg);
+        } else if (ft_chat_render(chat, msgs, json_array_size(msgs),
+                                  json_is_true(json_object_get(rec, "add_generation_prompt")),
+                                  json_object_get(rec, "extra"), &out, NULL, NULL,
+                                  &err) == 0) {
             res = json_string(out);
             free(out);
         } else {
@@ -85,23 +95,7 @@ static int cmd_render(int argc, char **argv)
     }
     free(line);
     free(src);
-    return 0;
-}
-
-static int cmd_detect(int argc, char **argv)
-{
-    if (argc < 3)
-        return die("usage: ft-data detect SOURCE.jinja");
-    char *src = slurp(argv[2]);
-    if (!src)
-        return die("cannot read the template source");
-    ft_err err;
-    ft_chat_template t;
-    int rc = ft_chat_template_detect_source(src, &t, &err);
-    free(src);
-    if (rc)
-        return die(err.msg);
-    puts(ft_chat_template_name(t));
+    ft_chat_free(chat);
     return 0;
 }
 
@@ -167,9 +161,7 @@ int main(int argc, char **argv)
 {
     if (argc >= 2 && !strcmp(argv[1], "render"))
         return cmd_render(argc, argv);
-    if (argc >= 2 && !strcmp(argv[1], "detect"))
-        return cmd_detect(argc, argv);
     if (argc >= 2 && !strcmp(argv[1], "load"))
         return cmd_load(argc, argv);
-    return die("usage: ft-data render|detect|load ...");
+    return die("usage: ft-data render|load ...");
 }

@@ -1,14 +1,25 @@
-"""Chat templates: ftkit's renderer (lib/data/chat_template.c, through the ft-data harness)
-against transformers' apply_chat_template(messages, tokenize=False,
-add_generation_prompt=...) with the real Jinja templates of each family
-(tests/conformance/templates/*.jinja, copied from the models' tokenizer_config.json).
+"""Chat templates: ftkit's Jinja interpreter (lib/jinja/, through lib/data/chat_template.c
+and the ft-data harness) against transformers' apply_chat_template, for the real templates
+of every supported family (tests/conformance/templates/*.jinja, see SOURCES.md) and for
+hand-written templates that exercise each construct (templates/constructs/*.jinja):
 
-Run:  FT_DATA=$PWD/build/tests/ft-data .venv/bin/python -m pytest -q \
-          tests/conformance/test_chat_templates.py
+  - the rendered text equals apply_chat_template(tokenize=False), and a chat the template
+    refuses (raise_exception) is refused by both, with the template's message;
+  - the ids of `ft-data load` equal apply_chat_template(tokenize=True), id for id, with a
+    tokenizer that has the family's special tokens;
+  - the completion-only labels equal the reference: return_assistant_tokens_mask for a
+    template with {% generation %} blocks, else the assistant spans found by rendering
+    prefixes (test_data_pipeline.py's rule);
+  - a construct the interpreter does not support is an error naming the template line;
+  - ShareGPT records load as the chat they map to.
+
+Run:  make CUDA=0 build/tests/ft-data; FT_DATA=$PWD/build/tests/ft-data \\
+          .venv/bin/python -m pytest -q tests/conformance/test_chat_templates.py
 """
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -26,16 +37,36 @@ except ImportError as e:  # pragma: no cover
 
 pytestmark = pytest.mark.skipif(not FT_DATA, reason="FT_DATA (the ft-data harness) not set")
 
-# fixture -> (detected name, bos, eos)
+# fixture -> (bos, eos)
 FIXTURES = {
-    "qwen2.5.jinja": ("chatml", None, "<|im_end|>"),
-    "qwen2.jinja": ("chatml", None, "<|im_end|>"),
-    "llama3.jinja": ("llama3", "<|begin_of_text|>", "<|eot_id|>"),
-    "llama3.1.jinja": ("llama3", "<|begin_of_text|>", "<|eot_id|>"),
-    "llama2.jinja": ("llama2", "<s>", "</s>"),
-    "mistral-v0.1.jinja": ("mistral", "<s>", "</s>"),
-    "mistral-v0.2.jinja": ("mistral", "<s>", "</s>"),
+    "qwen2.jinja": (None, "<|im_end|>"),
+    "qwen2.5.jinja": (None, "<|im_end|>"),
+    "qwen3.jinja": (None, "<|im_end|>"),
+    "llama2.jinja": ("<s>", "</s>"),
+    "llama3.jinja": ("<|begin_of_text|>", "<|eot_id|>"),
+    "llama3.1.jinja": ("<|begin_of_text|>", "<|eot_id|>"),
+    "llama3.2.jinja": ("<|begin_of_text|>", "<|eot_id|>"),
+    "mistral-v0.1.jinja": ("<s>", "</s>"),
+    "mistral-v0.2.jinja": ("<s>", "</s>"),
+    "mistral-nemo.jinja": ("<s>", "</s>"),
+    "gemma2.jinja": ("<bos>", "<eos>"),
+    "gemma3.jinja": ("<bos>", "<eos>"),
+    "phi3.5.jinja": ("<s>", "<|endoftext|>"),
+    "phi4.jinja": (None, "<|im_end|>"),
+    "olmo2.jinja": ("<|endoftext|>", "<|endoftext|>"),
+    "granite3.3.jinja": (None, "<|end_of_text|>"),
+    "smollm3.jinja": (None, "<|im_end|>"),
 }
+
+# the special tokens of those families, added to the test tokenizer so that the
+# templates' markers tokenize as single tokens, as with the real models
+SPECIALS = sorted({
+    "<s>", "</s>", "<bos>", "<eos>", "<|endoftext|>", "<|im_start|>", "<|im_end|>",
+    "<|im_sep|>", "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+    "<|end_header_id|>", "<|eot_id|>", "<start_of_turn>", "<end_of_turn>", "<|system|>",
+    "<|user|>", "<|assistant|>", "<|end|>", "<|start_of_role|>", "<|end_of_role|>",
+    "[INST]", "[/INST]", "<think>", "</think>", "<tool_call>", "</tool_call>",
+})
 
 S = {"role": "system", "content": "You are terse.  "}
 U1 = {"role": "user", "content": "Hello, who are you?"}
@@ -43,6 +74,10 @@ A1 = {"role": "assistant", "content": "  A model. \n"}
 U2 = {"role": "user", "content": "Ünïcödé ✓ 日本語 🙂\n\tend "}
 A2 = {"role": "assistant", "content": "Réponse: «ok»"}
 U3 = {"role": "user", "content": ""}
+A3 = {"role": "assistant", "content": "<think>\nsome thought\n</think>\n\nThe answer."}
+A4 = {"role": "assistant", "content": "Plain.", "reasoning_content": "Reasoned."}
+UP = {"role": "user", "content": [{"type": "text", "text": "Parts: one"},
+                                  {"type": "text", "text": "two"}]}
 
 CHATS = [
     [U1],
@@ -53,46 +88,74 @@ CHATS = [
     [S, U2],
     [U3, A1],
     [S, U1, A1, U2],
+    [U1, A3],
+    [U1, A1, U2, A3],
+    [S, U1, A4],
+    [UP, A1],
 ]
-# chats some templates refuse (transformers raises; we must error too)
+# a tool call and its result (the templates that know tools render them)
+CALL = {"role": "assistant", "content": "", "tool_calls": [
+    {"id": "abcdefghi", "type": "function",
+     "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2.5]}}}]}
+RESULT = {"role": "tool", "tool_call_id": "abcdefghi", "name": "get_weather",
+          "content": "{\"sky\": \"sunny\"}"}
+TOOL_CHATS = [
+    [S, U1, CALL, RESULT, A2],
+    [U1, CALL, RESULT, RESULT, A2, U2],
+]
+# chats some templates refuse (transformers raises; we must refuse too)
 REFUSED = [
     [A1, U1],
     [U1, U2],
     [S, A1],
 ]
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather «now» in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]
+DOCS = [{"title": "Doc A", "text": "Alpha text.", "doc_id": 1}, {"text": "Beta", "doc_id": 2}]
+# template variables beyond the messages, as apply_chat_template(**kwargs) passes them
+EXTRAS = [
+    {},
+    {"tools": TOOLS},
+    {"documents": DOCS},
+    {"enable_thinking": False},
+]
 
 
-def _hf_tokenizer(source, bos, eos):
-    """A transformers tokenizer object built offline around a tiny tokenizers model; only
-    the chat template and the special token strings matter here."""
+def _hf_tokenizer(source, bos, eos, trained=None):
+    """A transformers tokenizer built offline: a WordLevel one when only the text
+    matters, or `trained` (a tokenizers.Tokenizer) for ids."""
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {"<unk>": 0}
-    for t in (bos, eos):
-        if t:
-            vocab.setdefault(t, len(vocab))
-    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    kw = {"unk_token": "<unk>"}
+    if trained is None:
+        vocab = {"<unk>": 0}
+        for t in (bos, eos):
+            if t:
+                vocab.setdefault(t, len(vocab))
+        trained = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    kw = {}
     if bos:
         kw["bos_token"] = bos
     if eos:
         kw["eos_token"] = eos
-    hf = PreTrainedTokenizerFast(tokenizer_object=tk, **kw)
+    hf = PreTrainedTokenizerFast(tokenizer_object=trained, **kw)
     hf.chat_template = source
     return hf
 
 
-def _hf_render(hf, chat, agp):
+def _hf_render(hf, chat, agp, extra):
     try:
-        return hf.apply_chat_template(chat, tokenize=False, add_generation_prompt=agp)
-    except Exception as e:  # jinja2 TemplateError from raise_exception
+        return hf.apply_chat_template(chat, tokenize=False, add_generation_prompt=agp,
+                                      **extra)
+    except Exception as e:  # jinja2 TemplateError from raise_exception, or its own error
         return {"error": str(e)}
 
 
 def _ft_render(name, bos, eos, source_path, cases):
-    inp = "".join(json.dumps({"messages": c, "add_generation_prompt": agp}) + "\n"
-                  for c, agp in cases)
+    inp = "".join(json.dumps({"messages": c, "add_generation_prompt": agp, "extra": extra})
+                  + "\n" for c, agp, extra in cases)
     args = [FT_DATA, "render", name, bos or "", eos or ""]
     if source_path:
         args.append(str(source_path))
@@ -100,39 +163,271 @@ def _ft_render(name, bos, eos, source_path, cases):
     return [json.loads(line) for line in out.stdout.splitlines()]
 
 
-@pytest.mark.parametrize("fixture", sorted(FIXTURES))
-def test_detect(fixture):
-    out = subprocess.run([FT_DATA, "detect", str(TEMPLATES / fixture)], capture_output=True,
-                         text=True, check=True)
-    assert out.stdout.strip() == FIXTURES[fixture][0]
+def _compare(name, bos, eos, path, source, cases, min_rendered):
+    hf = _hf_tokenizer(source, bos, eos)
+    ours = _ft_render(name, bos, eos, path, cases)
+    assert len(ours) == len(cases)
+    n_rendered = 0
+    for (chat, agp, extra), got in zip(cases, ours):
+        want = _hf_render(hf, chat, agp, extra)
+        where = f"{path.name if path else name}, add_generation_prompt={agp}, extra={extra}, " \
+                f"chat={chat}"
+        if isinstance(want, dict):
+            assert isinstance(got, dict), f"{where}: transformers raises ({want['error']}) " \
+                                          f"but we rendered {got!r}"
+            # a template's own raise_exception message comes through
+            if "raise_exception" in got["error"]:
+                assert want["error"] in got["error"], where
+            continue
+        assert got == want, where
+        n_rendered += 1
+    assert n_rendered >= min_rendered
 
 
 @pytest.mark.parametrize("fixture", sorted(FIXTURES))
 def test_render_matches_transformers(fixture):
-    name, bos, eos = FIXTURES[fixture]
-    source = (TEMPLATES / fixture).read_text()
-    hf = _hf_tokenizer(source, bos, eos)
-    cases = [(c, agp) for c in CHATS + REFUSED for agp in (False, True)]
-    ours = _ft_render("auto", bos, eos, TEMPLATES / fixture, cases)
-    assert len(ours) == len(cases)
-    n_rendered = 0
-    for (chat, agp), got in zip(cases, ours):
-        want = _hf_render(hf, chat, agp)
-        if isinstance(want, dict):
-            assert isinstance(got, dict), f"{fixture}: transformers raises ({want['error']}) " \
-                                          f"but we rendered {got!r} for {chat}"
+    bos, eos = FIXTURES[fixture]
+    path = TEMPLATES / fixture
+    cases = [(c, agp, {}) for c in CHATS + REFUSED for agp in (False, True)]
+    cases += [([S, U1, A1, U2], True, extra) for extra in EXTRAS[1:]]
+    cases += [(c, agp, extra) for c in TOOL_CHATS for agp in (False, True)
+              for extra in EXTRAS[:2]]
+    cases += [([U1, A1], False, extra) for extra in EXTRAS[1:]]
+    _compare("auto", bos, eos, path, path.read_text(), cases, 8)
+
+
+def test_every_fixture_is_tested():
+    on_disk = {p.name for p in TEMPLATES.glob("*.jinja")}
+    assert on_disk == set(FIXTURES), "a fixture without a row in FIXTURES (or the reverse)"
+
+
+# ---- the hand-written templates: every construct -------------------------------------
+
+CONSTRUCT_CHATS = [
+    [S, U1, A1, U2],
+    [U1, A4, UP, A3],
+    [{"role": "user", "content": "x", "name": "ann"},
+     {"role": "assistant", "content": "", "tool_calls": [
+         {"type": "function", "function": {"name": "f", "arguments": {"a": 1, "b": [True, None]}}}]},
+     {"role": "tool", "content": "42"}],
+    [U1] * 7,
+]
+
+
+@pytest.mark.parametrize("fixture", sorted(p.name for p in (TEMPLATES / "constructs").glob("*.jinja")))
+def test_constructs_match_transformers(fixture):
+    path = TEMPLATES / "constructs" / fixture
+    cases = [(c, agp, extra) for c in CONSTRUCT_CHATS for agp in (False, True)
+             for extra in EXTRAS[:3]]
+    _compare("auto", "<s>", "</s>", path, path.read_text(), cases, 6)
+
+
+# ---- errors --------------------------------------------------------------------------
+
+ERRORS = [
+    # (template, what the error must say); every one fails in transformers too, except
+    # the constructs jinja2 has and we do not (UNSUPPORTED)
+    ("ok\n{% include 'other.jinja' %}", ["line 2", "unsupported statement 'include'"]),
+    ("{% for m in messages %}\n{{ m | frobnicate }}\n{% endfor %}", ["line 2", "frobnicate"]),
+    ("{% extends 'base' %}", ["line 1", "extends"]),
+    ("a\nb\n{% if messages %}no end", ["line 3", "endif"]),
+    ("{{ messages[0].role is frobbed }}", ["line 1", "frobbed"]),
+    ("\n{{ 'x' % 3 }}", ["line 2", "formatting"]),
+    ("{{ messages.append(1) }}", ["line 1", "append"]),
+    ("{% set d = {} %}\n\n{{ d.update({'a': 1}) }}", ["line 3", "update"]),
+    ("{{ raise_exception('Roles must alternate! (' ~ messages | length ~ ')') }}",
+     ["Roles must alternate! (1)"]),
+    ("{{ nothing.field }}", ["line 1", "'nothing' is undefined"]),
+]
+
+
+UNSUPPORTED = [
+    ("\n{% for m in messages recursive %}{{ loop(m) }}{% endfor %}", ["line 2", "recursive"]),
+    ("{{ messages | groupby('role') | list }}", ["line 1", "unsupported filter 'groupby'"]),
+    ("{% set x = 1 %}\n{{ '%s' % x }}", ["line 2", "formatting"]),
+]
+
+
+@pytest.mark.parametrize("i", range(len(ERRORS) + len(UNSUPPORTED)))
+def test_errors_name_the_line(i, tmp_path):
+    src, parts = (ERRORS + UNSUPPORTED)[i]
+    p = tmp_path / "t.jinja"
+    p.write_text(src)
+    hf = _hf_tokenizer(src, "<s>", "</s>")
+    if i < len(ERRORS):
+        with pytest.raises(Exception):  # transformers fails too
+            hf.apply_chat_template([U1], tokenize=False)
+    got = _ft_render("auto", "<s>", "</s>", p, [([U1], False, {})])[0]
+    assert isinstance(got, dict), got
+    for part in parts:
+        assert part in got["error"], (part, got["error"])
+
+
+def test_fallbacks():
+    """chatml is transformers' documented ChatML template; a model without a template
+    is refused under auto, with the fallbacks named."""
+    chatml = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+              "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if "
+              "add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    cases = [(c, agp, {}) for c in CHATS if all(isinstance(m["content"], str) for m in c)
+             for agp in (False, True)]
+    _compare("chatml", None, "<|im_end|>", None, chatml, cases, 8)
+    got = _ft_render("auto", None, None, None, [([U1], False, {})])[0]
+    assert "no chat_template" in got["error"] and "chatml" in got["error"]
+    out = subprocess.run([FT_DATA, "render", "llama3", "", ""], input="", capture_output=True,
+                         text=True)
+    assert out.returncode != 0 and "auto" in out.stderr
+
+
+# ---- ids and labels through the data pipeline -----------------------------------------
+
+CORPUS = [
+    "Hello, who are you? I am a small model trained for tests.",
+    "The quick brown fox jumps over the lazy dog. 0123456789",
+    "Ünïcödé ✓ 日本語 🙂 Réponse: «ok» and more text to merge.",
+    "user assistant system model You are a helpful assistant. Knowledge Cutoff Date",
+] * 20
+
+
+@pytest.fixture(scope="module")
+def trained():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=500, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tk.train_from_iterator(CORPUS, trainer)
+    tk.post_processor = processors.ByteLevel(trim_offsets=False)
+    return tk.to_str()
+
+
+def _ids(out):
+    return out["input_ids"] if hasattr(out, "keys") else out
+
+
+def _ref_labels(hf, msgs, ids):
+    """Completion-only labels as transformers makes them: the {% generation %} mask, or
+    the prefix rule (None when the prefix rule has no answer: ftkit must refuse)."""
+    if re.search(r"\{%-?\s*generation\s*-?%\}", hf.chat_template):
+        out = hf.apply_chat_template(msgs, tokenize=True, return_dict=True,
+                                     return_assistant_tokens_mask=True)
+        return [t if m else -100 for t, m in zip(out["input_ids"], out["assistant_masks"])]
+    labels = [-100] * len(ids)
+    for k, m in enumerate(msgs):
+        if m["role"] != "assistant":
             continue
-        assert got == want, f"{fixture}, add_generation_prompt={agp}, chat={chat}"
-        n_rendered += 1
-    assert n_rendered >= 8
+        a = _ids(hf.apply_chat_template(msgs[:k], tokenize=True, add_generation_prompt=True))
+        b = _ids(hf.apply_chat_template(msgs[:k + 1], tokenize=True))
+        if ids[:len(a)] != a or ids[:len(b)] != b:
+            return None
+        labels[len(a):len(b)] = ids[len(a):len(b)]
+    return labels
 
 
-def test_named_template_without_source_is_newest_variant():
-    """Naming the family without a source renders Qwen2.5 and Llama 3.1."""
-    for fixture, name in (("qwen2.5.jinja", "chatml"), ("llama3.1.jinja", "llama3")):
-        _, bos, eos = FIXTURES[fixture]
-        hf = _hf_tokenizer((TEMPLATES / fixture).read_text(), bos, eos)
-        cases = [(c, agp) for c in CHATS for agp in (False, True)]
-        ours = _ft_render(name, bos, eos, None, cases)
-        for (chat, agp), got in zip(cases, ours):
-            assert got == _hf_render(hf, chat, agp)
+def _load(d, data, *args):
+    out = subprocess.run([FT_DATA, "load", str(d), str(data), *args], capture_output=True,
+                         text=True)
+    return out
+
+
+@pytest.mark.parametrize("fixture", sorted(FIXTURES))
+def test_ids_and_labels_match_transformers(fixture, trained, tmp_path):
+    from tokenizers import Tokenizer
+
+    bos, eos = FIXTURES[fixture]
+    source = (TEMPLATES / fixture).read_text()
+    hf = _hf_tokenizer(source, bos, eos, Tokenizer.from_str(trained))
+    d = tmp_path / "tok"
+    hf.save_pretrained(d)
+    n_checked = n_labels = 0
+    for chat in CHATS:
+        if not any(m["role"] == "assistant" for m in chat):
+            continue
+        if isinstance(_hf_render(hf, chat, False, {}), dict):
+            continue  # the template refuses it (test_render covers that)
+        want = _ids(hf.apply_chat_template(chat, tokenize=True))
+        data = tmp_path / "chat.jsonl"
+        data.write_text(json.dumps({"messages": chat}) + "\n")
+        out = _load(d, data, "--format", "chat", "--train-on-all")
+        assert out.returncode == 0, out.stderr
+        got = json.loads(out.stdout.splitlines()[0])
+        assert got["input_ids"] == want, f"{fixture}: {chat}"
+        n_checked += 1
+        ref = _ref_labels(hf, chat, want)
+        out = _load(d, data, "--format", "chat")
+        if ref is None:
+            assert out.returncode != 0 and "ambiguous" in out.stderr, (fixture, chat)
+            continue
+        if all(x == -100 for x in ref[1:]):
+            continue  # dropped as empty by both rules
+        assert out.returncode == 0, out.stderr
+        got = json.loads(out.stdout.splitlines()[0])
+        assert got["labels"] == ref, f"{fixture}: labels of {chat}"
+        n_labels += 1
+    assert n_checked >= 4 and n_labels >= 1
+
+
+def test_sharegpt_loads_as_the_mapped_chat(trained, tmp_path):
+    from tokenizers import Tokenizer
+
+    hf = _hf_tokenizer((TEMPLATES / "qwen2.5.jinja").read_text(), None, "<|im_end|>",
+                       Tokenizer.from_str(trained))
+    d = tmp_path / "tok"
+    hf.save_pretrained(d)
+    conv = [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hi"},
+            {"from": "gpt", "value": "Hello."}, {"from": "human", "value": "Bye"},
+            {"from": "gpt", "value": "Bye."}]
+    msgs = [{"role": {"system": "system", "human": "user", "gpt": "assistant"}[e["from"]],
+             "content": e["value"]} for e in conv]
+    (tmp_path / "sg.jsonl").write_text(json.dumps({"conversations": conv}) + "\n")
+    (tmp_path / "chat.jsonl").write_text(json.dumps({"messages": msgs}) + "\n")
+    a = _load(d, tmp_path / "sg.jsonl")  # detected from the "conversations" key
+    b = _load(d, tmp_path / "chat.jsonl", "--format", "chat")
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    assert a.stdout == b.stdout
+    want = _ids(hf.apply_chat_template(msgs, tokenize=True))
+    assert json.loads(a.stdout.splitlines()[0])["input_ids"] == want
+    bad = [{"from": "human", "value": "Hi"}, {"from": "robot", "value": "beep"}]
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"conversations": conv}) + "\n" +
+                                        json.dumps({"conversations": bad}) + "\n")
+    out = _load(d, tmp_path / "bad.jsonl", "--format", "sharegpt")
+    assert out.returncode != 0
+    assert "bad.jsonl:2" in out.stderr and "robot" in out.stderr
+
+
+def test_named_templates_tool_use(trained, tmp_path):
+    """A model with several templates: chats given tools use "tool_use", the others the
+    default, as apply_chat_template picks them; from the files transformers saves
+    (chat_template.jinja + additional_chat_templates/) and from the older list form of
+    tokenizer_config.json."""
+    from tokenizers import Tokenizer
+
+    default = (TEMPLATES / "qwen2.5.jinja").read_text()
+    tool_use = (TEMPLATES / "qwen3.jinja").read_text()
+    hf = _hf_tokenizer(default, None, "<|im_end|>", Tokenizer.from_str(trained))
+    hf.chat_template = {"default": default, "tool_use": tool_use}
+    saved = tmp_path / "saved"
+    hf.save_pretrained(saved)
+    listed = tmp_path / "listed"
+    hf.save_pretrained(listed)
+    for f in [listed / "chat_template.jinja", *(listed / "additional_chat_templates").glob("*")]:
+        f.unlink()
+    (listed / "additional_chat_templates").rmdir()
+    cfg = json.loads((listed / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = [{"name": "default", "template": default},
+                            {"name": "tool_use", "template": tool_use}]
+    (listed / "tokenizer_config.json").write_text(json.dumps(cfg))
+    chat = [S, U1, A1]
+    recs = [{"messages": chat}, {"messages": chat, "tools": TOOLS}]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    want = [_ids(hf.apply_chat_template(chat, tokenize=True)),
+            _ids(hf.apply_chat_template(chat, tools=TOOLS, tokenize=True))]
+    assert want[0] != want[1]
+    for d in (saved, listed):
+        out = _load(d, tmp_path / "d.jsonl", "--format", "chat", "--train-on-all")
+        assert out.returncode == 0, out.stderr
+        got = [json.loads(line)["input_ids"] for line in out.stdout.splitlines()]
+        assert got == want, d.name

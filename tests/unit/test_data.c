@@ -212,8 +212,12 @@ static void test_names(void)
     CHECK(ft_data_format_parse("tokens", &f, &err) == 0 && f == FT_DATA_TOKENS);
     CHECK(ft_data_format_parse("json", &f, &err) == -1 && has(err.msg, "\"json\"") &&
           has(err.msg, "prompt_completion"));
-    CHECK(ft_chat_template_parse("llama3", &t, &err) == 0 && t == FT_TMPL_LLAMA3);
-    CHECK(ft_chat_template_parse("mistral", &t, &err) == 0 && t == FT_TMPL_MISTRAL);
+    CHECK(ft_data_format_parse("sharegpt", &f, &err) == 0 && f == FT_DATA_SHAREGPT);
+    CHECK(ft_chat_template_parse("auto", &t, &err) == 0 && t == FT_TMPL_AUTO);
+    CHECK(ft_chat_template_parse("alpaca", &t, &err) == 0 && t == FT_TMPL_ALPACA);
+    /* the family templates written in C are gone: the model's own is rendered */
+    CHECK(ft_chat_template_parse("llama3", &t, &err) == -1 && has(err.msg, "auto") &&
+          has(err.msg, "own template"));
     CHECK(ft_chat_template_parse("vicuna", &t, &err) == -1 && has(err.msg, "vicuna") &&
           has(err.msg, "chatml"));
 }
@@ -467,26 +471,55 @@ static void test_chat_format(void)
     CHECK(load_fails(text, 0, tok, "bad.jsonl:2:", "empty \"messages\""));
     snprintf(text, sizeof text, "{\"messages\": [%s, %s]}\n{\"messages\": [%s]}\n", u, a, u);
     CHECK(load_fails(text, 0, tok, "bad.jsonl:2:", "no assistant message"));
-    snprintf(text, sizeof text, "{\"messages\": [%s, {\"role\": \"bot\", \"content\": \"x\"}]}\n",
-             u);
-    CHECK(load_fails(text, 0, tok, "bad.jsonl:1:", "unknown role \"bot\""));
+    /* the template decides what a message may hold: ChatML concatenates the content */
     snprintf(text, sizeof text, "{\"messages\": [%s, {\"role\": \"assistant\", \"content\": 1}]}\n",
              u);
-    CHECK(load_fails(text, 0, tok, "bad.jsonl:1:", "\"content\" that is not a string"));
+    CHECK(load_fails(text, 0, tok, "bad.jsonl:1:", "line 1"));
+    CHECK(load_fails(text, 0, tok, "bad.jsonl:1:", "unsupported operand types for +"));
     snprintf(text, sizeof text, "{\"messages\": [%s, {\"content\": \"x\"}]}\n", u);
     CHECK(load_fails(text, 0, tok, "bad.jsonl:1:", "no \"role\""));
     CHECK(load_fails("{\"messages\": {}}\n", 0, tok, "bad.jsonl:1:", "not an array"));
-    snprintf(text, sizeof text, "{\"messages\": [%s, %s]}\n{\"messages\": [%s, %s]}\n", u, a,
-             a, u);
-    ft_dataset_free(&ds);
-    /* mistral raises on roles that do not alternate from user */
+    /* a template that raises: the line is an error with the template's message, or is
+     * skipped with skip_bad_lines */
+    snprintf(text, sizeof text, "{\"messages\": [%s, %s]}\n{\"messages\": [%s, %s, %s]}\n", u,
+             a, u, a, u);
     p = write_file("m.jsonl", text);
-    o.chat_template = FT_TMPL_MISTRAL;
+    o.chat_template = FT_TMPL_ALPACA;
     CHECK(ft_dataset_load(&ds, p, tok, &o, &err) == -1 && has(err.msg, "m.jsonl:2:") &&
-          has(err.msg, "alternate"));
+          has(err.msg, "raise_exception: alpaca chat template: expected an optional system"));
     o.skip_bad_lines = true;
     CHECK(ft_dataset_load(&ds, p, tok, &o, &err) == 0 && ds.n == 1 && ds.skipped_lines == 1);
     ft_dataset_free(&ds);
+}
+
+/* ShareGPT records are the chat they map to; an unknown "from" names the line. */
+static void test_sharegpt_format(void)
+{
+    const char *sg = write_file(
+        "sg.jsonl",
+        "{\"conversations\": [{\"from\": \"system\", \"value\": \"S\"}, {\"from\": \"human\","
+        " \"value\": \"hi\"}, {\"from\": \"gpt\", \"value\": \"yo\"}]}\n");
+    const char *ch = write_file(
+        "ch.jsonl",
+        "{\"messages\": [{\"role\": \"system\", \"content\": \"S\"}, {\"role\": \"user\","
+        " \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}]}\n");
+    ft_dataset a, b;
+    ft_err err;
+    ft_data_options o = opts(FT_DATA_AUTO);
+    CHECK(ft_dataset_load(&a, sg, tok, &o, &err) == 0 && a.n == 1);
+    CHECK(ft_dataset_load(&b, ch, tok, &o, &err) == 0 && b.n == 1);
+    if (a.n == 1 && b.n == 1)
+        CHECK(a.samples[0].n == b.samples[0].n &&
+              !memcmp(a.samples[0].ids, b.samples[0].ids, (size_t)a.samples[0].n * 4) &&
+              !memcmp(a.samples[0].labels, b.samples[0].labels, (size_t)a.samples[0].n * 4));
+    ft_dataset_free(&a);
+    ft_dataset_free(&b);
+    CHECK(load_fails("{\"conversations\": [{\"from\": \"human\", \"value\": \"q\"}, "
+                     "{\"from\": \"gpt\", \"value\": \"r\"}]}\n{\"conversations\": [{\"from\": "
+                     "\"bot\", \"value\": \"x\"}]}\n", 0, tok, "bad.jsonl:2:",
+                     "unknown \"from\": \"bot\""));
+    CHECK(load_fails("{\"conversations\": [{\"from\": \"human\"}]}\n", 0, tok, "bad.jsonl:1:",
+                     "no \"value\""));
 }
 
 /* ---- chat rendering ---------------------------------------------------------------------- */
@@ -495,10 +528,16 @@ static char *render(ft_chat_template t, const char *src, const char *msgs, bool 
                     ft_err *err)
 {
     json_t *m = json_loads(msgs, 0, NULL);
-    FT_CHECK(m);
+    json_t *special = json_pack("{s:s,s:s}", "bos_token", "<s>", "eos_token", "</s>");
+    FT_CHECK(m && special);
     char *out = NULL;
-    if (ft_chat_render_with(t, src, "<s>", "</s>", m, agp, &out, err))
-        out = NULL;
+    ft_chat *c;
+    if (ft_chat_open_source(&c, t, src, special, err) == 0) {
+        if (ft_chat_render(c, m, json_array_size(m), agp, NULL, &out, NULL, NULL, err))
+            out = NULL;
+        ft_chat_free(c);
+    }
+    json_decref(special);
     json_decref(m);
     return out;
 }
@@ -516,39 +555,19 @@ static bool render_is(ft_chat_template t, const char *src, const char *msgs, boo
     return ok;
 }
 
+/* The fallbacks of ours (chatml, plain, alpaca) and what the renderer hands the model's
+ * template (null keys dropped, reasoning aliased, tools and documents none); the model
+ * templates themselves are compared with transformers in test_chat_templates.py. */
 static void test_render(void)
 {
     const char *su = "[{\"role\":\"system\",\"content\":\" S \"},{\"role\":\"user\",\"content\":"
                      "\" hi\\u00a0\"},{\"role\":\"assistant\",\"content\":\"yo \"}]";
     const char *u = "[{\"role\":\"user\",\"content\":\"hi\"}]";
     CHECK(render_is(FT_TMPL_CHATML, NULL, u, true,
-                    "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a "
-                    "helpful assistant.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
-                    "<|im_start|>assistant\n"));
-    CHECK(render_is(FT_TMPL_CHATML, "... You are a helpful assistant. ...", u, false,
-                    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-                    "<|im_start|>user\nhi<|im_end|>\n"));
+                    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"));
     CHECK(render_is(FT_TMPL_CHATML, NULL, su, false,
                     "<|im_start|>system\n S <|im_end|>\n<|im_start|>user\n hi\xC2\xA0<|im_end|>"
                     "\n<|im_start|>assistant\nyo <|im_end|>\n"));
-    CHECK(render_is(FT_TMPL_LLAMA3, "{{ bos_token }}", su, true,
-                    "<s><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
-                    "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
-                    "<|start_header_id|>assistant<|end_header_id|>\n\nyo<|eot_id|>"
-                    "<|start_header_id|>assistant<|end_header_id|>\n\n"));
-    CHECK(render_is(FT_TMPL_LLAMA3, "Cutting Knowledge Date", u, false,
-                    "<s><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: "
-                    "December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|>"
-                    "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"));
-    CHECK(render_is(FT_TMPL_LLAMA2, NULL, su, true,
-                    "<s>[INST] <<SYS>>\n S \n<</SYS>>\n\n hi [/INST] yo </s>"));
-    CHECK(render_is(FT_TMPL_MISTRAL, NULL,
-                    "[{\"role\":\"user\",\"content\":\"a \"},{\"role\":\"assistant\",\"content\":"
-                    "\"b\"},{\"role\":\"user\",\"content\":\"c\"}]", true,
-                    "<s>[INST] a  [/INST]b</s>[INST] c [/INST]"));
-    CHECK(render_is(FT_TMPL_MISTRAL, "eos_token + ' '",
-                    "[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":"
-                    "\"b\"}]", false, "<s>[INST] a [/INST]b</s> "));
     CHECK(render_is(FT_TMPL_PLAIN, NULL, su, true,
                     "system:  S \nuser:  hi\xC2\xA0\nassistant: yo \nassistant: "));
     CHECK(render_is(FT_TMPL_ALPACA, NULL,
@@ -557,38 +576,62 @@ static void test_render(void)
                     "Below is an instruction that describes a task. Write a response that "
                     "appropriately completes the request.\n\n### Instruction:\nDo.\n\n"
                     "### Response:\nDone</s>"));
+    CHECK(render_is(FT_TMPL_ALPACA, NULL,
+                    "[{\"role\":\"system\",\"content\":\"Pre.\"},{\"role\":\"user\","
+                    "\"content\":\"Do.\"}]", true,
+                    "Pre.\n\n### Instruction:\nDo.\n\n### Response:\n"));
+    CHECK(render_is(FT_TMPL_ALPACA, NULL, "[{\"role\":\"user\",\"content\":\"Do.\"}]", false,
+                    "Below is an instruction that describes a task. Write a response that "
+                    "appropriately completes the request.\n\n### Instruction:\nDo.\n\n"));
+    /* the variables transformers gives */
+    CHECK(render_is(FT_TMPL_AUTO,
+                    "{{ bos_token }}{{ tools is none }}{{ documents is none }}"
+                    "{% for m in messages %}|{{ m.role }}:{{ m.content }}:"
+                    "{{ m.keys() | list | join(',') }}{% endfor %}{{ add_generation_prompt }}",
+                    "[{\"role\":\"user\",\"content\":\"q\",\"name\":null},"
+                    "{\"role\":\"assistant\",\"content\":\"a\",\"reasoning\":\"r\"}]", true,
+                    "<s>TrueTrue|user:q:role,content|assistant:a:thinking,role,content,"
+                    "reasoning,reasoning_contentTrue"));
 
     ft_err err = {0};
-    char *s = render(FT_TMPL_MISTRAL, NULL, su, false, &err);
-    CHECK(!s && has(err.msg, "alternate") && has(err.msg, "system"));
-    s = render(FT_TMPL_LLAMA2, NULL, "[{\"role\":\"assistant\",\"content\":\"x\"}]", false, &err);
-    CHECK(!s && has(err.msg, "alternate"));
-    s = render(FT_TMPL_ALPACA, NULL, "[{\"role\":\"user\",\"content\":\"x\"},{\"role\":"
-                                     "\"assistant\",\"content\":\"x\"},{\"role\":\"user\","
-                                     "\"content\":\"x\"}]", false, &err);
+    char *s = render(FT_TMPL_ALPACA, NULL, "[{\"role\":\"user\",\"content\":\"x\"},{\"role\":"
+                                         "\"assistant\",\"content\":\"x\"},{\"role\":\"user\","
+                                         "\"content\":\"x\"}]", false, &err);
     CHECK(!s && has(err.msg, "alpaca"));
-    json_t *m = json_loads(u, 0, NULL);
-    CHECK(ft_chat_render_with(FT_TMPL_LLAMA3, NULL, NULL, NULL, m, false, &s, &err) == -1 &&
-          has(err.msg, "bos_token"));
-    json_decref(m);
+    /* a template that does not compile names its line and column */
+    s = render(FT_TMPL_AUTO, "ok\n{% include 'x' %}", u, false, &err);
+    CHECK(!s && has(err.msg, "chat template: line 2, column 4") && has(err.msg, "include"));
+    /* a model without a template is refused under auto, naming the fallbacks */
+    s = render(FT_TMPL_AUTO, NULL, u, false, &err);
+    CHECK(!s && has(err.msg, "no chat_template") && has(err.msg, "chatml"));
 }
 
-static void test_detect(void)
+/* A template with {% generation %} marks the labels itself. */
+static void test_generation_labels(void)
 {
-    ft_chat_template t;
+    ft_chat *c;
     ft_err err;
-    CHECK(ft_chat_template_detect_source("{{'<|im_start|>' + m}}", &t, &err) == 0 &&
-          t == FT_TMPL_CHATML);
-    CHECK(ft_chat_template_detect_source("<|start_header_id|>", &t, &err) == 0 &&
-          t == FT_TMPL_LLAMA3);
-    CHECK(ft_chat_template_detect_source("'<<SYS>>\\n' [INST]", &t, &err) == 0 &&
-          t == FT_TMPL_LLAMA2);
-    CHECK(ft_chat_template_detect_source("{{ '[INST] ' + message['content'] + ' [/INST]' }}"
-                                         "{% elif x %}", &t, &err) == 0 && t == FT_TMPL_MISTRAL);
-    CHECK(ft_chat_template_detect_source("<start_of_turn>", &t, &err) == -1 &&
-          has(err.msg, "not recognised"));
-    CHECK(ft_chat_template_detect_source(NULL, &t, &err) == -1 && has(err.msg, "no chat_template"));
-    CHECK(ft_chat_template_detect(tok, &t, &err) == 0 && t == FT_TMPL_CHATML);
+    CHECK(ft_chat_open(&c, FT_TMPL_AUTO, tok, &err) == 0 && !ft_chat_has_generation(c, NULL));
+    ft_chat_free(c);
+    json_t *sp = json_pack("{s:s}", "eos_token", "</s>");
+    CHECK(ft_chat_open_source(&c, FT_TMPL_AUTO,
+                              "{% for m in messages %}<{{ m.role }}>{% if m.role == 'assistant' %}"
+                              "{% generation %}{{ m.content }}{{ eos_token }}{% endgeneration %}"
+                              "{% else %}{{ m.content }}{% endif %}{% endfor %}",
+                              sp, &err) == 0 && ft_chat_has_generation(c, NULL));
+    json_t *m = json_loads("[{\"role\":\"user\",\"content\":\"q\"},"
+                           "{\"role\":\"assistant\",\"content\":\"ab\"}]", 0, NULL);
+    char *out;
+    ft_jinja_span *spans;
+    size_t n;
+    CHECK(ft_chat_render(c, m, 2, false, NULL, &out, &spans, &n, &err) == 0);
+    CHECK(!strcmp(out, "<user>q<assistant>ab</s>") && n == 1 && spans[0].start == 18 &&
+          spans[0].end == 24);
+    free(out);
+    free(spans);
+    json_decref(m);
+    json_decref(sp);
+    ft_chat_free(c);
 }
 
 /* ---- loader ------------------------------------------------------------------------------- */
@@ -807,8 +850,9 @@ int main(void)
     RUN(test_prompt_completion);
     RUN(test_alpaca);
     RUN(test_chat_format);
+    RUN(test_sharegpt_format);
     RUN(test_render);
-    RUN(test_detect);
+    RUN(test_generation_labels);
     RUN(test_loader_shuffle_shard);
     RUN(test_loader_padding);
     RUN(test_loader_packing);

@@ -413,7 +413,11 @@ static void test_config_files(void)
     CHECK(ft_tokenizer_pad_id(t) == 2);
     CHECK(!strcmp(ft_tokenizer_bos_token(t), "<s>"));
     CHECK(!strcmp(ft_tokenizer_eos_token(t), "</s>"));
+    CHECK(ft_tokenizer_pad_token(t) && !strcmp(ft_tokenizer_pad_token(t), "</s>"));
     CHECK(ft_tokenizer_chat_template(t) && !strcmp(ft_tokenizer_chat_template(t), "D"));
+    CHECK(ft_tokenizer_chat_template_named(t, "tool_use") &&
+          !strcmp(ft_tokenizer_chat_template_named(t, "tool_use"), "T"));
+    CHECK(!ft_tokenizer_chat_template_named(t, "rag"));
     ft_tokenizer_free(t);
     /* loading the tokenizer.json file path directly finds the config beside it */
     char path[400];
