@@ -85,6 +85,8 @@ INIT_CASES = [
     ("qwen2", "k_proj,gate_proj", ["k_proj", "gate_proj"], 2, 3.5, False),
     ("granite", "all-linear", ftref.SEVEN, 4, 8, False),
     ("gemma", "all-linear", ftref.SEVEN, 4, 8, False),
+    ("phi3", "all-linear", ftref.PHI3_FOUR, 4, 8, False),
+    ("phi4_mini", "qkv,gate_up", ["qkv_proj", "gate_up_proj"], 2, 4, True),
 ]
 
 
@@ -209,6 +211,10 @@ MERGE_CASES = [
     ("granite", "all7", "f32"),
     ("gemma", "all7", "f32"),  # tied; norm weights stay Gemma's offsets from 1
     ("gemma", "qv", "bf16"),
+    ("phi3", "all4", "f32"),  # fused qkv_proj / gate_up_proj written back fused
+    ("phi3_longrope", "qkv_down", "f32"),
+    ("phi4_mini", "all-linear", "f32"),  # tied
+    ("phi4_mini", "qkv_down", "bf16"),
 ]
 
 _DT = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
@@ -236,9 +242,11 @@ def test_merge_matches_peft(store, merge_exe, tmp_path, model_name, variant, dty
         want_dt = shape.save_dtype
     cfg = json.loads((out / "config.json").read_text())
     base_cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    assert cfg["torch_dtype"] == _TORCH_NAME[want_dt]
-    assert {k: v for k, v in cfg.items() if k != "torch_dtype"} == \
-        {k: v for k, v in base_cfg.items() if k != "torch_dtype"}
+    # transformers 5 names the key "dtype" (4.x: "torch_dtype"); the merge keeps the name
+    dkey = "dtype" if "dtype" in base_cfg else "torch_dtype"
+    assert cfg[dkey] == _TORCH_NAME[want_dt]
+    assert {k: v for k, v in cfg.items() if k != dkey} == \
+        {k: v for k, v in base_cfg.items() if k != dkey}
     if (Path(model_dir) / "generation_config.json").exists():
         assert (out / "generation_config.json").read_bytes() == \
             (Path(model_dir) / "generation_config.json").read_bytes()
