@@ -82,7 +82,8 @@ typedef enum family_kind {
     FAM_QWEN2,
     FAM_GRANITE,
     FAM_GEMMA,
-    FAM_PHI3
+    FAM_PHI3,
+    FAM_SMOLLM3
 } family_kind;
 
 typedef struct model_defaults {
@@ -103,9 +104,10 @@ static const model_defaults MODEL_DEFAULTS[] = {
     {"granite", FAM_GRANITE, 2048, 0, 0, 0, false, 0},
     {"gemma", FAM_GEMMA, 8192, 16, 0, 256, true, 0},
     {"phi3", FAM_PHI3, 4096, 0, 0, 0, false, 1e-5},
+    {"smollm3", FAM_SMOLLM3, 32768, 4, 0, 0, true, 0},
 };
 
-#define SUPPORTED_TYPES "llama, mistral, qwen2, granite, gemma, phi3"
+#define SUPPORTED_TYPES "llama, mistral, qwen2, granite, gemma, phi3, smollm3"
 
 /* Keys of other families that must be absent, neutral, or null (quantization_config:
  * or bitsandbytes'). */
@@ -655,7 +657,8 @@ static int read_attention_options(const char *path, const json_t *root,
                        "(must be 0)", path, dropout);
 
     cfg->sliding_window = 0;
-    if (md->family == FAM_LLAMA || md->family == FAM_GRANITE || md->family == FAM_GEMMA) {
+    if (md->family == FAM_LLAMA || md->family == FAM_GRANITE || md->family == FAM_GEMMA ||
+        md->family == FAM_SMOLLM3) {
         /* attention_bias on q, k, v and o; mlp_bias on gate, up, down (not gemma's MLP) */
         if (mlp_bias && md->family == FAM_GEMMA)
             return ft_fail(err, "%s: 'mlp_bias' is true, but model_type '%s' has no such "
@@ -747,6 +750,61 @@ static int read_activation(const char *path, const json_t *root, const model_def
                        "gelu_pytorch_tanh)", path, key, act);
     cfg->mlp_act = FT_ACT_GELU_TANH;
     return 0;
+}
+
+/* smollm3: no_rope_layers[l] (1: layer l applies RoPE, 0: it does not), or when absent
+ * or null SmolLM3Config's rule, layer l has RoPE unless (l + 1) % no_rope_layer_interval
+ * == 0 (default interval 4: every fourth layer is NoPE). use_sliding_window (sliding
+ * attention on the NoPE layers only) is refused: one window for every layer is all this
+ * model runs. */
+static int read_nope_layers(const char *path, const json_t *root, const model_defaults *md,
+                            ft_model_config *cfg, ft_err *err)
+{
+    memset(cfg->nope_layers, 0, sizeof cfg->nope_layers);
+    if (md->family != FAM_SMOLLM3)
+        return 0;
+    json_t *v;
+    bool use_sw = false;
+    if ((v = get_opt(root, "use_sliding_window")) &&
+        read_bool(path, "use_sliding_window", v, &use_sw, err))
+        return -1;
+    if (use_sw)
+        return ft_fail(err, "%s: 'use_sliding_window' is true: SmolLM3's sliding-window layers "
+                       "are not supported", path);
+    int L = cfg->num_layers, interval = 4;
+    if (L > FT_MAX_NOPE_LAYERS)
+        return ft_fail(err, "%s: 'num_hidden_layers': %d layers, at most %d supported for "
+                       "smollm3", path, L, FT_MAX_NOPE_LAYERS);
+    json_t *list = get_opt(root, "no_rope_layers");
+    if (!list) {
+        if ((v = get_opt(root, "no_rope_layer_interval")) &&
+            read_int(path, "no_rope_layer_interval", v, 1, INT_MAX, &interval, err))
+            return -1;
+        for (int l = 0; l < L; l++)
+            if ((l + 1) % interval == 0)
+                cfg->nope_layers[l / 64] |= 1ull << (l % 64);
+        return 0;
+    }
+    if (!json_is_array(list) || json_array_size(list) != (size_t)L)
+        return ft_fail(err, "%s: 'no_rope_layers': expected a list of num_hidden_layers (%d) "
+                       "entries, 0 or 1", path, L);
+    for (int l = 0; l < L; l++) {
+        int use;
+        char key[64];
+        snprintf(key, sizeof key, "no_rope_layers[%d]", l);
+        if (read_int(path, key, json_array_get(list, (size_t)l), 0, 1, &use, err))
+            return -1;
+        if (!use)
+            cfg->nope_layers[l / 64] |= 1ull << (l % 64);
+    }
+    return 0;
+}
+
+bool ft_layer_uses_rope(const ft_model_config *cfg, int layer)
+{
+    if (layer < 0 || layer >= FT_MAX_NOPE_LAYERS)
+        return true;
+    return !(cfg->nope_layers[layer / 64] >> (layer % 64) & 1);
 }
 
 /* phi3's residual and embedding dropouts: training would drop activations, so they must
@@ -851,7 +909,7 @@ static int parse_config(const char *path, const json_t *root, ft_model_config *c
         read_bool(path, "tie_word_embeddings", v, &cfg->tie_word_embeddings, err))
         return -1;
 
-    if (read_rope(path, root, md, cfg, err) || read_attention_options(path, root, md, cfg, err) ||
+    if (read_rope(path, root, md, cfg, err) || read_nope_layers(path, root, md, cfg, err) || read_attention_options(path, root, md, cfg, err) ||
         check_layer_types(path, root, cfg, err) || read_family_scales(path, root, md, cfg, err))
         return -1;
 

@@ -1,6 +1,6 @@
 /* Hugging Face config.json for the dense decoder families: llama (incl. TinyLlama, SmolLM
  * and Llama 3 "llama3" rope scaling), mistral, qwen2, granite, gemma, phi3 (Phi-3,
- * Phi-4; "longrope" scaling, partial rotary). Every field that
+ * Phi-4; "longrope" scaling, partial rotary), smollm3 (layers without RoPE). Every field that
  * changes the math is honoured or rejected with an error naming the file and key;
  * nothing is silently ignored. */
 #ifndef FT_HF_CONFIG_H
@@ -8,6 +8,7 @@
 
 #include <jansson.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "core/ft_error.h"
 #include "formats/lora.h"
@@ -23,6 +24,8 @@ typedef enum ft_rope_kind {
 #define FT_MAX_EOS 8
 /* The most RoPE frequencies (rotary_dim / 2) a longrope config may list. */
 #define FT_MAX_ROPE_FREQS 512
+/* The most layers a per-layer RoPE list (smollm3's no_rope_layers) may describe. */
+#define FT_MAX_NOPE_LAYERS 1024
 
 /* The MLP's gate activation: act(gate(x)) * up(x). */
 typedef enum ft_mlp_act {
@@ -31,7 +34,8 @@ typedef enum ft_mlp_act {
 } ft_mlp_act;
 
 typedef struct ft_model_config {
-    char model_type[32]; /* "llama", "mistral", "qwen2", "granite", "gemma", "phi3" */
+    char model_type[32]; /* "llama", "mistral", "qwen2", "granite", "gemma", "phi3",
+                          * "smollm3" */
     int vocab_size;
     int hidden_size;
     int intermediate_size;
@@ -55,6 +59,9 @@ typedef struct ft_model_config {
      * rope_attention_factor (1 for the other kinds). */
     float rope_short_factor[FT_MAX_ROPE_FREQS], rope_long_factor[FT_MAX_ROPE_FREQS];
     float rope_attention_factor;
+    /* Bit l set: layer l applies no RoPE (NoPE: q and k enter attention unrotated;
+     * smollm3's no_rope_layers[l] == 0). Read it with ft_layer_uses_rope. */
+    uint64_t nope_layers[FT_MAX_NOPE_LAYERS / 64];
     bool tie_word_embeddings;
     bool qkv_bias; /* bias on q, k, v projections (attention_bias, or qwen2) */
     bool o_bias;   /* bias on o_proj (attention_bias) */
@@ -104,6 +111,9 @@ void ft_rope_inv_freq_long(const ft_model_config *cfg, float *inv_freq);
 /* Whether a forward whose largest position id is max_pos uses the long set: longrope and
  * max_pos + 1 > rope_original_max_position (transformers' longrope_frequency_update). */
 bool ft_rope_uses_long(const ft_model_config *cfg, long max_pos);
+
+/* Whether decoder layer l rotates q and k (false for smollm3's NoPE layers). */
+bool ft_layer_uses_rope(const ft_model_config *cfg, int layer);
 
 /* The linear modules of the block (bitmask of 1u << ft_proj): q, k, v, o, gate, up,
  * down, or with fused_proj qkv, o, gate_up, down. */

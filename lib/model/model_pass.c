@@ -240,8 +240,10 @@ static void layer_forward(ft_model *m, int l, const float *in, float *out)
     proj_forward(m, l, FT_PROJ_Q, a->ln1, a->q);
     proj_forward(m, l, FT_PROJ_K, a->ln1, a->k);
     proj_forward(m, l, FT_PROJ_V, a->ln1, a->v);
-    ft_rope_forward(A_(a->q, nQ), pos, inv, N, Hq, D, rd, rs);
-    ft_rope_forward(A_(a->k, nK), pos, inv, N, Hkv, D, rd, rs);
+    if (ft_layer_uses_rope(c, l)) { /* (smollm3's NoPE layers: q, k unrotated) */
+        ft_rope_forward(A_(a->q, nQ), pos, inv, N, Hq, D, rd, rs);
+        ft_rope_forward(A_(a->k, nK), pos, inv, N, Hkv, D, rd, rs);
+    }
     ft_attention_forward(A_(a->att, nQ), F_(a->lse, (size_t)N * Hq), A_(a->q, nQ),
                          A_(a->k, nK), A_(a->v, nK), m->has_seg ? I_(m->seg, N) : ft_none(),
                          B, T, Hq, Hkv, D, c->attention_scale, c->sliding_window);
@@ -311,8 +313,10 @@ static void layer_backward(ft_model *m, int l)
                           F_(a->lse, (size_t)N * Hq),
                           m->has_seg ? I_(m->seg, N) : ft_none(), B, T, Hq, Hkv, D,
                           c->attention_scale, c->sliding_window);
-    ft_rope_backward(A_(m->d_q, nQ), pos, inv, N, Hq, D, rd, rs);
-    ft_rope_backward(A_(m->d_k, nK), pos, inv, N, Hkv, D, rd, rs);
+    if (ft_layer_uses_rope(c, l)) {
+        ft_rope_backward(A_(m->d_q, nQ), pos, inv, N, Hq, D, rd, rs);
+        ft_rope_backward(A_(m->d_k, nK), pos, inv, N, Hkv, D, rd, rs);
+    }
     ft_zero(A_(m->d_ln, nC), nC);
     proj_backward(m, l, FT_PROJ_Q, a->ln1, m->d_q, m->d_ln);
     proj_backward(m, l, FT_PROJ_K, a->ln1, m->d_k, m->d_ln);

@@ -31,6 +31,8 @@ from transformers import (
     MistralForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
@@ -67,7 +69,7 @@ def linear_modules(shape):
 @dataclass
 class Shape:
     name: str
-    arch: str  # llama | mistral | qwen2 | granite | gemma | phi3
+    arch: str  # llama | mistral | qwen2 | granite | gemma | phi3 | smollm3
     cfg: dict
     T: int = 12
     save_dtype: torch.dtype = torch.float32
@@ -203,6 +205,21 @@ SHAPES = {
             note="Phi-4-mini-like: tied, partial rotary 0.75, longrope within the original "
                  "16 positions (T 12: the short factors)",
         ),
+        Shape("smollm3", "smollm3", _cfg(tie_word_embeddings=True, no_rope_layers=[1, 0],
+                                          rope_theta=50000.0),
+              note="tied, GQA, layer 1 without RoPE (no_rope_layers [1, 0])"),
+        Shape(
+            "smollm3_interval",
+            "smollm3",
+            _cfg(num_hidden_layers=4, num_key_value_heads=1, no_rope_layer_interval=2,
+                 tie_word_embeddings=True, mlp_bias=True),
+            # null: the layers come from the interval (1 and 3 without RoPE), as
+            # SmolLM3Config derives them
+            config_patch={"no_rope_layers": None},
+            # (no attention_bias: in a NoPE layer the k bias gradient is exactly 0, a
+            # constant key shift leaving the softmax unchanged, and both sides hold noise)
+            note="NoPE layers 1 and 3 from no_rope_layer_interval 2, MQA, mlp biases",
+        ),
     ]
 }
 
@@ -210,7 +227,8 @@ SHAPES = {
 _SEEDS = {"llama_gqa": 0, "llama_mqa_odd": 10, "tied": 20, "qwen2": 30, "llama3_rope": 40,
           "mistral_sw": 50, "head_dim16": 60, "llama_bias": 70, "bf16_ckpt": 80,
           "fp16_ckpt": 90, "sharded": 100, "rope_linear": 110, "granite": 120,
-          "gemma": 130, "phi3": 140, "phi3_longrope": 150, "phi4_mini": 160}
+          "gemma": 130, "phi3": 140, "phi3_longrope": 150, "phi4_mini": 160, "smollm3": 170,
+          "smollm3_interval": 180}
 for _name, _s in SHAPES.items():
     _s.seed = _SEEDS[_name]
 
@@ -221,6 +239,7 @@ _ARCH = {
     "granite": (GraniteConfig, GraniteForCausalLM),
     "gemma": (GemmaConfig, GemmaForCausalLM),
     "phi3": (Phi3Config, Phi3ForCausalLM),
+    "smollm3": (SmolLM3Config, SmolLM3ForCausalLM),
 }
 
 

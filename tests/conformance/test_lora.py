@@ -33,6 +33,8 @@ CASES = [
     ("phi3", "phi_paths"),
     ("phi3_longrope", "all4"),
     ("phi4_mini", "qkv_down"),
+    ("smollm3", "all7"),
+    ("smollm3_interval", "qv"),
 ]
 
 

@@ -34,6 +34,7 @@ CASES = [
     ("gemma", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
     ("phi3", "all4", dict(type="nf4", blocksize=64, double_quant=True)),
     ("phi4_mini", "qkv_down", dict(type="int8")),
+    ("smollm3", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
 ]
 
 

@@ -87,6 +87,7 @@ INIT_CASES = [
     ("gemma", "all-linear", ftref.SEVEN, 4, 8, False),
     ("phi3", "all-linear", ftref.PHI3_FOUR, 4, 8, False),
     ("phi4_mini", "qkv,gate_up", ["qkv_proj", "gate_up_proj"], 2, 4, True),
+    ("smollm3", "all-linear", ftref.SEVEN, 4, 8, False),
 ]
 
 
@@ -215,6 +216,8 @@ MERGE_CASES = [
     ("phi3_longrope", "qkv_down", "f32"),
     ("phi4_mini", "all-linear", "f32"),  # tied
     ("phi4_mini", "qkv_down", "bf16"),
+    ("smollm3", "all7", "f32"),  # tied; NoPE layer
+    ("smollm3_interval", "all-linear", "f32"),
 ]
 
 _DT = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}

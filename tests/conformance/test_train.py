@@ -74,6 +74,10 @@ RUNS = [
          train=_train(1e-2)),
     dict(id="lora-cosine-phi4-mini", model="phi4_mini", adapter="no_qkv", adapter_seed=1,
          train=_train(1e-2)),
+    # SmolLM3: layers without RoPE
+    dict(id="full-cosine-smollm3", model="smollm3", adapter=None, train=_train(1e-3)),
+    dict(id="lora-cosine-smollm3", model="smollm3_interval", adapter="no_k", adapter_seed=1,
+         train=_train(1e-2, max_grad_norm=1.0)),
 ]
 
 

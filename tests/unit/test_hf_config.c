@@ -526,6 +526,59 @@ static void test_phi3(void)
                  " \"short_factor\": [1], \"long_factor\": [1]}}", "rope_scaling.type");
 }
 
+/* SmolLM3 (HuggingFaceTB/SmolLM3-3B's keys, fewer layers): the per-layer RoPE list, the
+ * interval rule when it is absent or null, SmolLM3Config's defaults; what it refuses. */
+static void test_smollm3(void)
+{
+    ft_model_config c;
+    ft_err e = {0};
+    CHECK(load("{\"architectures\": [\"SmolLM3ForCausalLM\"], \"model_type\": \"smollm3\","
+               " \"vocab_size\": 128256, \"hidden_size\": 2048, \"intermediate_size\": 11008,"
+               " \"num_hidden_layers\": 4, \"num_attention_heads\": 16,"
+               " \"num_key_value_heads\": 4, \"no_rope_layers\": [1, 1, 1, 0],"
+               " \"no_rope_layer_interval\": 4, \"rope_theta\": 5000000.0,"
+               " \"use_sliding_window\": false, \"sliding_window\": null,"
+               " \"layer_types\": [\"full_attention\", \"full_attention\", \"full_attention\","
+               " \"full_attention\"], \"attention_bias\": false, \"mlp_bias\": false,"
+               " \"max_position_embeddings\": 65536, \"rms_norm_eps\": 1e-06,"
+               " \"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\"}",
+               &c, &e) == 0);
+    CHECK(strcmp(c.model_type, "smollm3") == 0 && !c.fused_proj && c.tie_word_embeddings);
+    CHECK(c.head_dim == 128 && c.rotary_dim == 128 && c.num_kv_heads == 4);
+    CHECK(ft_layer_uses_rope(&c, 0) && ft_layer_uses_rope(&c, 2) && !ft_layer_uses_rope(&c, 3));
+    /* absent (or null): every interval-th layer is NoPE; defaults of SmolLM3Config */
+    CHECK(load("{\"model_type\": \"smollm3\", \"vocab_size\": 1000, \"hidden_size\": 256,"
+               " \"intermediate_size\": 512, \"num_hidden_layers\": 8,"
+               " \"num_attention_heads\": 8}", &c, &e) == 0);
+    for (int l = 0; l < 8; l++)
+        CHECK(ft_layer_uses_rope(&c, l) == (l != 3 && l != 7));
+    CHECK(c.num_kv_heads == 4 && c.tie_word_embeddings && c.max_position_embeddings == 32768);
+    CHECK(load("{\"model_type\": \"smollm3\", \"vocab_size\": 1000, \"hidden_size\": 256,"
+               " \"intermediate_size\": 512, \"num_hidden_layers\": 5,"
+               " \"num_attention_heads\": 8, \"no_rope_layers\": null,"
+               " \"no_rope_layer_interval\": 2}", &c, &e) == 0);
+    for (int l = 0; l < 5; l++)
+        CHECK(ft_layer_uses_rope(&c, l) == (l % 2 == 0));
+    /* other families rotate every layer */
+    CHECK(load("{\"model_type\": \"llama\", \"vocab_size\": 1000, \"hidden_size\": 256,"
+               " \"intermediate_size\": 512, \"num_hidden_layers\": 8,"
+               " \"num_attention_heads\": 8}", &c, &e) == 0);
+    CHECK(ft_layer_uses_rope(&c, 3) && ft_layer_uses_rope(&c, 7));
+
+    EXPECT_ERROR("{\"model_type\": \"smollm3\", " REQ ", \"no_rope_layers\": [1]}",
+                 "no_rope_layers");
+    EXPECT_ERROR("{\"model_type\": \"smollm3\", " REQ ", \"no_rope_layers\": [1, 2]}",
+                 "no_rope_layers[1]");
+    EXPECT_ERROR("{\"model_type\": \"smollm3\", " REQ ", \"no_rope_layer_interval\": 0}",
+                 "no_rope_layer_interval");
+    EXPECT_ERROR("{\"model_type\": \"smollm3\", " REQ ", \"use_sliding_window\": true,"
+                 " \"sliding_window\": 4096}", "use_sliding_window");
+    EXPECT_ERROR("{\"model_type\": \"smollm3\", " REQ ", \"layer_types\": [\"full_attention\","
+                 " \"sliding_attention\"]}", "layer_types");
+    EXPECT_ERROR("{\"model_type\": \"smollm3\", " REQ ", \"hidden_act\": \"gelu\"}",
+                 "hidden_act");
+}
+
 static void test_file_errors(void)
 {
     ft_model_config c;
@@ -751,6 +804,7 @@ int main(void)
     RUN(test_granite);
     RUN(test_gemma);
     RUN(test_phi3);
+    RUN(test_smollm3);
     RUN(test_file_errors);
     RUN(test_key_errors);
     RUN(test_math_errors);

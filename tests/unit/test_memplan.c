@@ -19,7 +19,7 @@
 #include "train/optim.h"
 
 static char root[256], llama_dir[300], qwen_dir[300], tied_dir[300], granite_dir[300],
-    gemma_dir[300], phi3_dir[300];
+    gemma_dir[300], phi3_dir[300], smollm3_dir[300];
 
 /* The run config with sets applied (free() it). */
 static ft_run_config *make_config(const char *const *sets)
@@ -284,6 +284,13 @@ static void test_cpu_phi3_equal_measured(void)
     sweep(phi3_dir, "full", "all-linear", "0");
 }
 
+/* SmolLM3: a layer without RoPE computes the same buffers. */
+static void test_cpu_smollm3_equal_measured(void)
+{
+    sweep(smollm3_dir, "lora", "all-linear", "0.05");
+    sweep(smollm3_dir, "full", "all-linear", "0");
+}
+
 /* The GPU rows follow the table in memplan.h. */
 static void test_gpu_formulas(void)
 {
@@ -506,6 +513,9 @@ int main(void)
                      &(tiny_model_opts){.model_type = "gemma", .tied = 1,
                                         .extra_cfg = ", \"head_dim\": 4, \"hidden_activation\": "
                                                      "\"gelu_pytorch_tanh\""});
+    snprintf(smollm3_dir, sizeof smollm3_dir, "%s/smollm3", root);
+    write_tiny_model(smollm3_dir, &(tiny_model_opts){.model_type = "smollm3", .tied = 1,
+                                                     .extra_cfg = ", \"no_rope_layers\": [1, 0]"});
     snprintf(phi3_dir, sizeof phi3_dir, "%s/phi3", root);
     write_tiny_model(phi3_dir,
                      &(tiny_model_opts){.model_type = "phi3", .tied = 1,
@@ -523,6 +533,7 @@ int main(void)
     RUN(test_cpu_bias_and_tied_equal_measured);
     RUN(test_cpu_granite_gemma_equal_measured);
     RUN(test_cpu_phi3_equal_measured);
+    RUN(test_cpu_smollm3_equal_measured);
     RUN(test_gpu_formulas);
     RUN(test_real_model_sizes);
     RUN(test_batch_auto);
