@@ -1,20 +1,22 @@
 /* Reads a Hugging Face config.json of the dense decoder families (model_type "llama",
- * "mistral", "qwen2", "granite", "gemma") into ft_model_config, and computes the RoPE
- * inverse frequencies the way transformers does.
+ * "mistral", "qwen2", "granite", "gemma", "phi3", "smollm3") into ft_model_config, and
+ * computes the RoPE inverse frequencies the way transformers does.
  *
  * Defaults are those of transformers' LlamaConfig, MistralConfig, Qwen2Config,
- * GraniteConfig and GemmaConfig, so a config.json means here what it means to
- * AutoModelForCausalLM:
+ * GraniteConfig, GemmaConfig, Phi3Config and SmolLM3Config, so a config.json means here
+ * what it means to AutoModelForCausalLM:
  *
- *   key                       llama   mistral        qwen2    granite   gemma
- *   num_key_value_heads       = heads 8 (*)          32 (*)   = heads   16 (*)   null: = heads
+ *   key                       llama   mistral        qwen2    granite   gemma   phi3  smollm3
+ *   num_key_value_heads       = heads 8 (*)          32 (*)   = heads   16 (*)  = h.  4 (*)
+ *                             (null: = heads)
  *   head_dim                  hidden / heads (must divide exactly when absent); gemma 256
  *                             when absent; granite always hidden / heads (head_dim, when
  *                             present, must equal it: GraniteAttention ignores the key)
- *   max_position_embeddings   2048    131072         32768    2048      8192
+ *   max_position_embeddings   2048    131072         32768    2048      8192    4096  32768
  *   sliding_window            not read 4096 (null: none)  only with use_sliding_window
- *   tie_word_embeddings       false everywhere but gemma (true)
- *   rms_norm_eps 1e-6, rope_theta 10000
+ *                             (phi3: none when absent; smollm3: use_sliding_window refused)
+ *   tie_word_embeddings       false, but gemma and smollm3 (true)
+ *   rms_norm_eps 1e-6 (phi3 1e-5), rope_theta 10000
  *   (*) absent only; an explicit null means "= num_attention_heads", as in transformers.
  *
  * Keys that change the math, and what happens to them:
@@ -26,20 +28,26 @@
  *     embedding_multiplier, residual_multiplier, attention_multiplier (the softmax scale,
  *     replacing 1/sqrt(head_dim)) and logits_scaling (logits divided by it), each a
  *     positive number, 1 when absent; gemma's fixed rules: norm weights applied as 1 + w,
- *     embeddings times sqrt(hidden_size) (rounded to the activation dtype), GeGLU.
+ *     embeddings times sqrt(hidden_size) (rounded to the activation dtype), GeGLU;
+ *     phi3: fused qkv_proj / gate_up_proj weights (fixed), partial_rotary_factor (rope
+ *     dict, else top level), rope type longrope (su, yarn: its old names; read_longrope
+ *     says how), sliding_window; smollm3: no_rope_layers / no_rope_layer_interval
+ *     (read_nope_layers), attention_bias and mlp_bias.
  *   the activation: hidden_act silu/swish (llama, mistral, qwen2, granite); for gemma,
  *     transformers 4.46 applies hidden_activation (null: gelu_pytorch_tanh, hidden_act
  *     ignored) and later versions hidden_act: it must be gelu_pytorch_tanh under the
  *     installed reading (hidden_activation when set, else hidden_act, default
  *     gelu_pytorch_tanh).
  *   rejected unless neutral: other activations; attention_dropout != 0
- *     (training would drop attention weights); other rope types (dynamic, ntk, yarn,
- *     longrope, ...), and for gemma any but the default (4.46's Gemma reads rope_theta
- *     only); partial_rotary_factor != 1; qwen2 use_sliding_window = true;
+ *     (training would drop attention weights), phi3's resid_pdrop and embd_pdrop != 0;
+ *     other rope types (dynamic, ntk, yarn, longrope outside phi3, ...), for gemma any
+ *     but the default (4.46's Gemma reads rope_theta only), for phi3 any but default and
+ *     longrope (Phi3Config's rule); partial_rotary_factor != 1 outside phi3; qwen2 and
+ *     smollm3 use_sliding_window = true;
  *     layer_types with an entry the model cannot run (sliding layers outside mistral,
  *     mixed layers in mistral); per-layer-type rope_parameters; attention_bias/mlp_bias =
- *     true where the family's modeling code has no such switch (mistral, qwen2; mlp_bias
- *     for gemma): the checkpoint would not match the model; quantization_config other
+ *     true where the family's modeling code has no such switch (mistral, qwen2, phi3;
+ *     mlp_bias for gemma): the checkpoint would not match the model; quantization_config other
  *     than bitsandbytes' (lib/formats/quant_io.c reads that one: the weights stay
  *     quantized in the checkpoint).
  *   rejected when present (keys of other families, which the model would silently
