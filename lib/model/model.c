@@ -434,9 +434,12 @@ static int lora_layers(ft_model *m, ft_err *err)
         if (lc->layers[i] < 0 || lc->layers[i] >= m->cfg.num_layers)
             return ft_fail(err, "LoRA layers_to_transform names layer %d; the model has %d",
                            lc->layers[i], m->cfg.num_layers);
+    /* A module name the block lacks: an error in settings given here; in an adapter's
+     * config, as for PEFT, fine while the targets select something (an adapter may list
+     * the names of several families). */
     unsigned projs = ft_block_projections(&m->cfg);
     unsigned absent = lc->targets & ~projs;
-    if (lc->targets != FT_LORA_ALL_LINEAR && absent)
+    if (lc->targets != FT_LORA_ALL_LINEAR && absent && !lc->source[0])
         for (int p = 0; p < FT_NPROJ; p++)
             if (absent & (1u << p))
                 return ft_fail(err, "LoRA target module '%s' is not a linear layer of "
@@ -533,7 +536,7 @@ int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, 
     }
     m->layers = calloc((size_t)m->cfg.num_layers, sizeof *m->layers);
     m->acts = calloc((size_t)m->cfg.num_layers, sizeof *m->acts);
-    m->inv_freq = malloc((size_t)m->cfg.rotary_dim * sizeof(float)); /* two sets */
+    m->inv_freq = malloc(model_rope_sets(m) * (size_t)(m->cfg.rotary_dim / 2) * sizeof(float));
     layout lo = {m, 0};
     int rc = -1;
     if (!m->layers || !m->acts || !m->inv_freq || build_layout(&lo)) {
@@ -543,7 +546,8 @@ int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, 
     if (assign_buffers(m, err))
         goto done;
     ft_rope_inv_freq(&m->cfg, m->inv_freq);
-    ft_rope_inv_freq_long(&m->cfg, m->inv_freq + m->cfg.rotary_dim / 2);
+    if (model_rope_sets(m) == 2)
+        ft_rope_inv_freq_long(&m->cfg, m->inv_freq + m->cfg.rotary_dim / 2);
     if (model_upload_inv_freq(m, err))
         goto done;
     if (!opt->unbound) {

@@ -97,8 +97,8 @@ struct ft_model {
     float *norm_f, *g_norm_f;
     float *lm_head, *g_lm_head; /* = embed when tied */
     layer_weights *layers;
-    float *inv_freq; /* [2][rotary_dim/2] on the host: the RoPE frequencies, then longrope's
-                      * long-context set (= the first for the other kinds) */
+    float *inv_freq; /* [model_rope_sets][rotary_dim/2] on the host: the RoPE frequencies,
+                      * then (longrope) the long-context set */
     float *inv_freq_dev; /* the same on the model's device (= inv_freq on the CPU) */
     int32_t *batch_h;    /* GPU: host staging of ids, targets, pos, seg ([4][max_rows]) */
     float *logits_h;     /* GPU: the logits copied to the host for ft_model_logits */
@@ -165,6 +165,12 @@ static inline int proj_has_bias(const ft_model_config *c, ft_proj p)
     if (p == FT_PROJ_O)
         return c->o_bias;
     return c->mlp_bias;
+}
+
+/* The RoPE frequency sets inv_freq holds: 2 for longrope (short, long), else 1. */
+static inline size_t model_rope_sets(const ft_model *m)
+{
+    return m->cfg.rope_kind == FT_ROPE_LONGROPE ? 2 : 1;
 }
 
 /* Reads the base weights of unit (-1: every unit) from dir into the bound storage. */

@@ -74,6 +74,8 @@ RUNS = [
          train=_train(1e-2)),
     dict(id="lora-cosine-phi4-mini", model="phi4_mini", adapter="no_qkv", adapter_seed=1,
          train=_train(1e-2)),
+    dict(id="full-cosine-phi3-longrope-accum2-ckpt", model="phi3_longrope", adapter=None,
+         train=_train(1e-3), B=4, extra=dict(grad_accum=2, grad_ckpt=True)),
     # SmolLM3: layers without RoPE
     dict(id="full-cosine-smollm3", model="smollm3", adapter=None, train=_train(1e-3)),
     dict(id="lora-cosine-smollm3", model="smollm3_interval", adapter="no_k", adapter_seed=1,

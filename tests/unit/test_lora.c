@@ -189,6 +189,20 @@ static void test_fused_module_names(void)
         }
         ft_model_free(m);
     }
+    /* an adapter's config may name modules of several families, as PEFT allows, as long
+     * as something is selected */
+    const char *multi = write_config("multi", "{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 4,"
+                                              " \"target_modules\": [\"q_proj\", \"k_proj\","
+                                              " \"qkv_proj\", \"o_proj\"]}");
+    ft_model_options opt = {.mode = FT_TRAIN_LORA};
+    CHECK(ft_lora_config_load(&opt.lora, multi, &err) == 0);
+    ft_model *m = NULL;
+    CHECK(ft_model_load(&m, phi3, &opt, &err) == 0);
+    size_t n = 0;
+    ft_model_trainable(m, &n);
+    CHECK(n == (size_t)L * 2 * (C + (HQ + 2 * HKV) * D + HQ * D + C)); /* r 2: qkv, o */
+    ft_model_free(m);
+    expect_model_error(phi3, write_config("phi_none", "{" GOOD "}"), "select no linear layer");
 }
 
 int main(void)
