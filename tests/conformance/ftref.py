@@ -205,6 +205,11 @@ SHAPES = {
             note="Phi-4-mini-like: tied, partial rotary 0.75, longrope within the original "
                  "16 positions (T 12: the short factors)",
         ),
+        Shape("phi3_sw_partial", "phi3",
+              _cfg(partial_rotary_factor=0.5, sliding_window=5, rope_theta=500000.0),
+              T=12,
+              note="default RoPE on half of each head (head_dim 8: rotary_dim 4), sliding "
+                   "window 5 < T 12 (Phi-3-mini-4k has 2047)"),
         Shape("smollm3", "smollm3", _cfg(tie_word_embeddings=True, no_rope_layers=[1, 0],
                                           rope_theta=50000.0),
               note="tied, GQA, layer 1 without RoPE (no_rope_layers [1, 0])"),
@@ -228,7 +233,7 @@ _SEEDS = {"llama_gqa": 0, "llama_mqa_odd": 10, "tied": 20, "qwen2": 30, "llama3_
           "mistral_sw": 50, "head_dim16": 60, "llama_bias": 70, "bf16_ckpt": 80,
           "fp16_ckpt": 90, "sharded": 100, "rope_linear": 110, "granite": 120,
           "gemma": 130, "phi3": 140, "phi3_longrope": 150, "phi4_mini": 160, "smollm3": 170,
-          "smollm3_interval": 180}
+          "smollm3_interval": 180, "phi3_sw_partial": 190}
 for _name, _s in SHAPES.items():
     _s.seed = _SEEDS[_name]
 

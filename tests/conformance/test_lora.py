@@ -33,6 +33,7 @@ CASES = [
     ("phi3", "phi_paths"),
     ("phi3_longrope", "all4"),
     ("phi4_mini", "qkv_down"),
+    ("phi3_sw_partial", "all-linear"),
     ("smollm3", "all7"),
     ("smollm3_interval", "qv"),
 ]
