@@ -132,11 +132,16 @@ static proj_view proj_view_of(ft_model *m, int l, ft_proj p)
     return v;
 }
 
-/* dropout(x) for LoRA pair p of layer l: the mask is a pure function of the forward's
- * seed, the layer and the projection, so backward regenerates it. */
+/* dropout(x) for LoRA pair p (a module) of layer l: the mask is a pure function of the
+ * forward's seed, the layer and the module, so backward regenerates it. The seven
+ * Llama-family modules keep the numbering l * 7 + p + 1 of the versions before the fused
+ * ones (a resumed run draws the masks it would have drawn); qkv_proj and gate_up_proj
+ * number from 2^40. */
 static uint64_t lora_dropout_seed(const ft_model *m, int l, ft_proj p)
 {
-    return ft_mix64(m->dropout_seed ^ ((uint64_t)l * FT_NPROJ + (uint64_t)p + 1));
+    uint64_t k = p < FT_PROJ_QKV ? (uint64_t)l * FT_PROJ_QKV + (uint64_t)p + 1
+                                 : (1ull << 40) + (uint64_t)l * 2 + (uint64_t)(p - FT_PROJ_QKV);
+    return ft_mix64(m->dropout_seed ^ k);
 }
 
 static const float *lora_input(ft_model *m, int l, ft_proj p, const float *x, size_t n)
