@@ -244,26 +244,37 @@ void ft_rmsnorm_backward(ft_tensor dx, ft_tensor dw, ft_tensor dout, ft_tensor x
     ft_cpu_rmsnorm_backward(F(dx), F(dw), F(dout), F(x), F(w), F(rstd), N, C, w_offset);
 }
 
+static void rope_dims(opcheck c, int D, int rd)
+{
+    if (rd < 2 || rd > D || rd % 2 != 0) {
+        fprintf(stderr, "%s: %d rotary dims: need an even number in [2, head_dim = %d]\n",
+                c.op, rd, D);
+        abort();
+    }
+}
+
 void ft_rope_forward(ft_tensor x, ft_tensor pos, ft_tensor inv_freq, int N, int heads,
-                     int D)
+                     int D, int rd, float scale)
 {
     opcheck c = begin("rope_forward", x);
+    rope_dims(c, D, rd);
     needf(c, "x", x, SZ(N, heads) * (size_t)D);
     need(c, "pos", pos, N, FT_I32);
-    need(c, "inv_freq", inv_freq, (size_t)D / 2, FT_F32);
-    GPU_CALL(c, ft_cuda_rope_forward(x, pos, inv_freq, N, heads, D));
-    ft_cpu_rope_forward(F(x), I(pos), F(inv_freq), N, heads, D);
+    need(c, "inv_freq", inv_freq, (size_t)rd / 2, FT_F32);
+    GPU_CALL(c, ft_cuda_rope_forward(x, pos, inv_freq, N, heads, D, rd, scale));
+    ft_cpu_rope_forward(F(x), I(pos), F(inv_freq), N, heads, D, rd, scale);
 }
 
 void ft_rope_backward(ft_tensor dx, ft_tensor pos, ft_tensor inv_freq, int N, int heads,
-                      int D)
+                      int D, int rd, float scale)
 {
     opcheck c = begin("rope_backward", dx);
+    rope_dims(c, D, rd);
     needf(c, "dx", dx, SZ(N, heads) * (size_t)D);
     need(c, "pos", pos, N, FT_I32);
-    need(c, "inv_freq", inv_freq, (size_t)D / 2, FT_F32);
-    GPU_CALL(c, ft_cuda_rope_backward(dx, pos, inv_freq, N, heads, D));
-    ft_cpu_rope_backward(F(dx), I(pos), F(inv_freq), N, heads, D);
+    need(c, "inv_freq", inv_freq, (size_t)rd / 2, FT_F32);
+    GPU_CALL(c, ft_cuda_rope_backward(dx, pos, inv_freq, N, heads, D, rd, scale));
+    ft_cpu_rope_backward(F(dx), I(pos), F(inv_freq), N, heads, D, rd, scale);
 }
 
 static void attention_heads(opcheck c, int Hq, int Hkv, int D)

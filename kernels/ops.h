@@ -98,14 +98,18 @@ void ft_add_rmsnorm_forward(ft_tensor sum, ft_tensor out, ft_tensor rstd, ft_ten
                             float w_offset);
 
 /* ---- RoPE, HF rotate-half convention, in place -------------------------------------
- * x [N, heads, D]; pos [N] (int32 positions); inv_freq [D/2].
- * angle = pos[n] * inv_freq[i] (fp32 product, as HF); c = cos, s = sin, i < D/2:
- *   y[i] = x[i] c - x[i+D/2] s;   y[i+D/2] = x[i+D/2] c + x[i] s.
- * backward (in place on the gradient): the transpose rotation (angle -> -angle). */
+ * x [N, heads, D]; pos [N] (int32 positions); inv_freq [rd/2]. Only the first rd dims
+ * of each head rotate (rd even, 2 <= rd <= D: partial rotary; rd = D the usual case);
+ * dims rd..D-1 pass through. With h = rd/2, angle = pos[n] * inv_freq[i] (fp32 product,
+ * as HF); c = fl(cos * scale), s = fl(sin * scale) (scale: longrope's attention factor,
+ * else 1), i < h:
+ *   y[i] = x[i] c - x[i+h] s;   y[i+h] = x[i+h] c + x[i] s.
+ * backward (in place on the gradient): the transpose, dx[i] = dy[i] c + dy[i+h] s,
+ * dx[i+h] = dy[i+h] c - dy[i] s; the pass-through dims keep their gradient. */
 void ft_rope_forward(ft_tensor x, ft_tensor pos, ft_tensor inv_freq, int N, int heads,
-                     int D);
+                     int D, int rd, float scale);
 void ft_rope_backward(ft_tensor dx, ft_tensor pos, ft_tensor inv_freq, int N, int heads,
-                      int D);
+                      int D, int rd, float scale);
 
 /* ---- causal grouped-query attention -----------------------------------------------
  * q [B,T,Hq,D], k and v [B,T,Hkv,D] (Hq % Hkv == 0; query head h reads kv head

@@ -25,7 +25,8 @@ static const char usage[] =
     "  --alpha X          lora_alpha (default 32)\n"
     "  --dropout X        lora_dropout, in [0, 1) (default 0.05)\n"
     "  --target LIST      modules, comma-separated (q_proj,k_proj,v_proj,o_proj,gate_proj,\n"
-    "                     up_proj,down_proj) or all-linear (default all-linear)\n"
+    "                     up_proj,down_proj; phi3: qkv_proj,o_proj,gate_up_proj,down_proj)\n"
+    "                     or all-linear (default all-linear)\n"
     "  --rslora           rank-stabilised scaling alpha/sqrt(r) instead of alpha/r\n"
     "  --seed N           seed of A's init (default 42)\n"
     "  --help             print this help\n";

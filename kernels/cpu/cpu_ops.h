@@ -32,9 +32,9 @@ void ft_cpu_rmsnorm_backward(float *dx, float *dw, const float *dout, const floa
                              const float *w, const float *rstd, int N, int C, float w_offset);
 
 void ft_cpu_rope_forward(float *x, const int32_t *pos, const float *inv_freq, int N,
-                         int heads, int D);
+                         int heads, int D, int rd, float scale);
 void ft_cpu_rope_backward(float *dx, const int32_t *pos, const float *inv_freq, int N,
-                          int heads, int D);
+                          int heads, int D, int rd, float scale);
 
 void ft_cpu_attention_forward(float *out, float *lse, const float *q, const float *k,
                               const float *v, const int32_t *seg, int B, int T, int Hq,

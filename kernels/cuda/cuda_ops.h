@@ -46,9 +46,9 @@ void ft_cuda_rmsnorm_backward(ft_tensor dx, ft_tensor dw, ft_tensor dout, ft_ten
 
 /* rope.cu */
 void ft_cuda_rope_forward(ft_tensor x, ft_tensor pos, ft_tensor inv_freq, int N, int heads,
-                          int D);
+                          int D, int rd, float scale);
 void ft_cuda_rope_backward(ft_tensor dx, ft_tensor pos, ft_tensor inv_freq, int N,
-                           int heads, int D);
+                           int heads, int D, int rd, float scale);
 
 /* attention.cu (lse is fp32; D <= FT_CUDA_ATT_MAX_D). Two kernels: the tensor-core
  * kernels of flash_attention.cu for bf16 operands and D a multiple of 16 up to 128, and

@@ -1,20 +1,22 @@
 /* Reads a Hugging Face config.json of the dense decoder families (model_type "llama",
- * "mistral", "qwen2", "granite", "gemma") into ft_model_config, and computes the RoPE
- * inverse frequencies the way transformers does.
+ * "mistral", "qwen2", "granite", "gemma", "phi3", "smollm3") into ft_model_config, and
+ * computes the RoPE inverse frequencies the way transformers does.
  *
  * Defaults are those of transformers' LlamaConfig, MistralConfig, Qwen2Config,
- * GraniteConfig and GemmaConfig, so a config.json means here what it means to
- * AutoModelForCausalLM:
+ * GraniteConfig, GemmaConfig, Phi3Config and SmolLM3Config, so a config.json means here
+ * what it means to AutoModelForCausalLM:
  *
- *   key                       llama   mistral        qwen2    granite   gemma
- *   num_key_value_heads       = heads 8 (*)          32 (*)   = heads   16 (*)   null: = heads
+ *   key                       llama   mistral        qwen2    granite   gemma   phi3  smollm3
+ *   num_key_value_heads       = heads 8 (*)          32 (*)   = heads   16 (*)  = h.  4 (*)
+ *                             (null: = heads)
  *   head_dim                  hidden / heads (must divide exactly when absent); gemma 256
  *                             when absent; granite always hidden / heads (head_dim, when
  *                             present, must equal it: GraniteAttention ignores the key)
- *   max_position_embeddings   2048    131072         32768    2048      8192
+ *   max_position_embeddings   2048    131072         32768    2048      8192    4096  32768
  *   sliding_window            not read 4096 (null: none)  only with use_sliding_window
- *   tie_word_embeddings       false everywhere but gemma (true)
- *   rms_norm_eps 1e-6, rope_theta 10000
+ *                             (phi3: none when absent; smollm3: use_sliding_window refused)
+ *   tie_word_embeddings       false, but gemma and smollm3 (true)
+ *   rms_norm_eps 1e-6 (phi3 1e-5), rope_theta 10000
  *   (*) absent only; an explicit null means "= num_attention_heads", as in transformers.
  *
  * Keys that change the math, and what happens to them:
@@ -26,20 +28,26 @@
  *     embedding_multiplier, residual_multiplier, attention_multiplier (the softmax scale,
  *     replacing 1/sqrt(head_dim)) and logits_scaling (logits divided by it), each a
  *     positive number, 1 when absent; gemma's fixed rules: norm weights applied as 1 + w,
- *     embeddings times sqrt(hidden_size) (rounded to the activation dtype), GeGLU.
+ *     embeddings times sqrt(hidden_size) (rounded to the activation dtype), GeGLU;
+ *     phi3: fused qkv_proj / gate_up_proj weights (fixed), partial_rotary_factor (rope
+ *     dict, else top level), rope type longrope (su, yarn: its old names; read_longrope
+ *     says how), sliding_window; smollm3: no_rope_layers / no_rope_layer_interval
+ *     (read_nope_layers), attention_bias and mlp_bias.
  *   the activation: hidden_act silu/swish (llama, mistral, qwen2, granite); for gemma,
  *     transformers 4.46 applies hidden_activation (null: gelu_pytorch_tanh, hidden_act
  *     ignored) and transformers 5 hidden_act (default gelu_pytorch_tanh, legacy "gelu"
  *     read as it): it must be gelu_pytorch_tanh under both readings (4.46's:
  *     hidden_activation when set, else hidden_act, default gelu_pytorch_tanh).
  *   rejected unless neutral: other activations; attention_dropout != 0
- *     (training would drop attention weights); other rope types (dynamic, ntk, yarn,
- *     longrope, ...), and for gemma any but the default (4.46's Gemma reads rope_theta
- *     only); partial_rotary_factor != 1; qwen2 use_sliding_window = true;
+ *     (training would drop attention weights), phi3's resid_pdrop and embd_pdrop != 0;
+ *     other rope types (dynamic, ntk, yarn, longrope outside phi3, ...), for gemma any
+ *     but the default (4.46's Gemma reads rope_theta only), for phi3 any but default and
+ *     longrope (Phi3Config's rule); partial_rotary_factor != 1 outside phi3; qwen2 and
+ *     smollm3 use_sliding_window = true;
  *     layer_types with an entry the model cannot run (sliding layers outside mistral,
  *     mixed layers in mistral); per-layer-type rope_parameters; attention_bias/mlp_bias =
- *     true where the family's modeling code has no such switch (mistral, qwen2; mlp_bias
- *     for gemma): the checkpoint would not match the model; quantization_config other
+ *     true where the family's modeling code has no such switch (mistral, qwen2, phi3;
+ *     mlp_bias for gemma): the checkpoint would not match the model; quantization_config other
  *     than bitsandbytes' (lib/formats/quant_io.c reads that one: the weights stay
  *     quantized in the checkpoint).
  *   rejected when present (keys of other families, which the model would silently
@@ -76,7 +84,15 @@
  * like num_heads * head_dim and vocab_size * hidden_size well inside 64 bits. */
 #define CFG_MAX_DIM (1 << 24)
 
-typedef enum family_kind { FAM_LLAMA = 0, FAM_MISTRAL, FAM_QWEN2, FAM_GRANITE, FAM_GEMMA } family_kind;
+typedef enum family_kind {
+    FAM_LLAMA = 0,
+    FAM_MISTRAL,
+    FAM_QWEN2,
+    FAM_GRANITE,
+    FAM_GEMMA,
+    FAM_PHI3,
+    FAM_SMOLLM3
+} family_kind;
 
 typedef struct model_defaults {
     const char *model_type;
@@ -86,17 +102,20 @@ typedef struct model_defaults {
     int sliding_window_if_absent; /* mistral only: the others do not read the key */
     int head_dim_if_absent;       /* 0: hidden_size / num_attention_heads */
     bool tie_if_absent;           /* tie_word_embeddings' default */
+    double rms_eps_if_absent;     /* 0: 1e-6 */
 } model_defaults;
 
 static const model_defaults MODEL_DEFAULTS[] = {
-    {"llama", FAM_LLAMA, 2048, 0, 0, 0, false},
-    {"mistral", FAM_MISTRAL, 4096 * 32, 8, 4096, 0, false},
-    {"qwen2", FAM_QWEN2, 32768, 32, 0, 0, false},
-    {"granite", FAM_GRANITE, 2048, 0, 0, 0, false},
-    {"gemma", FAM_GEMMA, 8192, 16, 0, 256, true},
+    {"llama", FAM_LLAMA, 2048, 0, 0, 0, false, 0},
+    {"mistral", FAM_MISTRAL, 4096 * 32, 8, 4096, 0, false, 0},
+    {"qwen2", FAM_QWEN2, 32768, 32, 0, 0, false, 0},
+    {"granite", FAM_GRANITE, 2048, 0, 0, 0, false, 0},
+    {"gemma", FAM_GEMMA, 8192, 16, 0, 256, true, 0},
+    {"phi3", FAM_PHI3, 4096, 0, 0, 0, false, 1e-5},
+    {"smollm3", FAM_SMOLLM3, 32768, 4, 0, 0, true, 0},
 };
 
-#define SUPPORTED_TYPES "llama, mistral, qwen2, granite, gemma"
+#define SUPPORTED_TYPES "llama, mistral, qwen2, granite, gemma, phi3, smollm3"
 
 /* Keys of other families that must be absent, neutral, or null (quantization_config:
  * or bitsandbytes'). */
@@ -259,11 +278,14 @@ static int read_eos(const char *path, const json_t *root, ft_model_config *cfg, 
     return 0;
 }
 
-/* Granite's own keys (read by read_granite), not foreign to it. */
+/* Granite's own keys (read by read_family_scales) and phi3's partial_rotary_factor (read
+ * by read_rope), not foreign to them. */
 static bool family_owns(const model_defaults *md, const char *key)
 {
     static const char *const granite[] = {"attention_multiplier", "embedding_multiplier",
                                           "residual_multiplier", "logits_scaling"};
+    if (md->family == FAM_PHI3)
+        return strcmp(key, "partial_rotary_factor") == 0;
     if (md->family != FAM_GRANITE)
         return false;
     for (size_t i = 0; i < sizeof granite / sizeof granite[0]; i++)
@@ -406,11 +428,108 @@ static int rope_param(const char *path, const char *name, const json_t *rope, co
     return read_positive(path, full, v, out, err);
 }
 
+/* partial_rotary_factor: phi3 reads it from the rope dict, else from the top level (1
+ * when absent); rotary_dim = int(head_dim * factor), as transformers truncates it. Other
+ * families: it must be 1 (the top-level key is checked with the foreign keys). */
+static int read_partial_rotary(const char *path, const json_t *root, const model_defaults *md,
+                               const json_t *rope, const char *name, ft_model_config *cfg,
+                               ft_err *err)
+{
+    char key[128];
+    json_t *prf = rope ? get_opt(rope, "partial_rotary_factor") : NULL;
+    snprintf(key, sizeof key, "%s.partial_rotary_factor", name);
+    if (!prf && md->family == FAM_PHI3) {
+        prf = get_opt(root, "partial_rotary_factor");
+        snprintf(key, sizeof key, "partial_rotary_factor");
+    }
+    if (!prf)
+        return 0;
+    double f;
+    if (read_positive(path, key, prf, &f, err))
+        return -1;
+    if (md->family != FAM_PHI3) {
+        if (f != 1.0)
+            return ft_fail(err, "%s: '%s' must be 1: partial rotary embeddings are not "
+                           "supported for model_type '%s'", path, key, md->model_type);
+        return 0;
+    }
+    double rd = floor((double)cfg->head_dim * f);
+    if (f > 1.0 || rd < 2 || (long)rd % 2 != 0)
+        return ft_fail(err, "%s: '%s' is %g: head_dim (%d) times it must give an even "
+                       "rotary dimension in [2, head_dim]", path, key, f, cfg->head_dim);
+    cfg->rotary_dim = (int)rd;
+    return 0;
+}
+
+/* A list of rotary_dim / 2 finite numbers (longrope's short_factor / long_factor). */
+static int read_factor_list(const char *path, const json_t *rope, const char *name,
+                            const char *k, int n, float *out, ft_err *err)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", name, k);
+    json_t *v = get_opt(rope, k);
+    if (!v)
+        return ft_fail(err, "%s: '%s' is required for rope type 'longrope'", path, key);
+    if (!json_is_array(v) || json_array_size(v) != (size_t)n)
+        return ft_fail(err, "%s: '%s': expected a list of %d numbers (rotary_dim / 2)", path,
+                       key, n);
+    for (int i = 0; i < n; i++) {
+        double x;
+        if (read_positive(path, key, json_array_get(v, (size_t)i), &x, err))
+            return -1;
+        out[i] = (float)x; /* torch.tensor(list, dtype=float32) */
+    }
+    return 0;
+}
+
+/* longrope (phi3), as transformers' _compute_longrope_parameters reads it: the factor
+ * lists; original_max_position_embeddings from the top level (Phi3Config has it, 4096 by
+ * default, and standardize_rope_params gives it priority over the dict's); factor from
+ * the dict or max_position_embeddings / original; attention_factor from the dict or
+ * sqrt(1 + ln(factor) / ln(original)) when factor > 1, else 1. */
+static int read_longrope(const char *path, const json_t *root, const json_t *rope,
+                         const char *name, ft_model_config *cfg, ft_err *err)
+{
+    int n = cfg->rotary_dim / 2;
+    if (n > FT_MAX_ROPE_FREQS)
+        return ft_fail(err, "%s: '%s': longrope with %d frequencies (at most %d supported)",
+                       path, name, n, FT_MAX_ROPE_FREQS);
+    if (read_factor_list(path, rope, name, "short_factor", n, cfg->rope_short_factor, err) ||
+        read_factor_list(path, rope, name, "long_factor", n, cfg->rope_long_factor, err))
+        return -1;
+    cfg->rope_original_max_position = 4096;
+    json_t *v = get_opt(root, "original_max_position_embeddings");
+    if (v && read_int(path, "original_max_position_embeddings", v, 2, INT_MAX,
+                      &cfg->rope_original_max_position, err))
+        return -1;
+    char key[128];
+    double orig = cfg->rope_original_max_position, factor, att;
+    snprintf(key, sizeof key, "%s.factor", name);
+    if ((v = get_opt(rope, "factor"))) {
+        if (read_positive(path, key, v, &factor, err))
+            return -1;
+    } else {
+        factor = (double)cfg->max_position_embeddings / orig;
+    }
+    snprintf(key, sizeof key, "%s.attention_factor", name);
+    if ((v = get_opt(rope, "attention_factor"))) {
+        if (read_positive(path, key, v, &att, err))
+            return -1;
+    } else {
+        att = factor <= 1.0 ? 1.0 : sqrt(1.0 + log(factor) / log(orig));
+    }
+    cfg->rope_kind = FT_ROPE_LONGROPE;
+    cfg->rope_factor = (float)factor;
+    cfg->rope_attention_factor = (float)att; /* cos * python float: an fp32 product */
+    return 0;
+}
+
 /* rope_scaling (transformers 4) or rope_parameters (transformers 5; it also carries
  * rope_theta and may carry partial_rotary_factor). rope_scaling wins when both are set, as
  * in transformers' convert_rope_params_to_dict; rope_theta inside the dict wins over the
  * top-level key. */
-static int read_rope(const char *path, const json_t *root, ft_model_config *cfg, ft_err *err)
+static int read_rope(const char *path, const json_t *root, const model_defaults *md,
+                     ft_model_config *cfg, ft_err *err)
 {
     const char *name = "rope_scaling";
     json_t *rope = get_opt(root, name);
@@ -435,6 +554,8 @@ static int read_rope(const char *path, const json_t *root, ft_model_config *cfg,
     cfg->rope_factor = 1.0f;
     cfg->rope_low_freq_factor = cfg->rope_high_freq_factor = 0.0f;
     cfg->rope_original_max_position = 0;
+    cfg->rope_attention_factor = 1.0f;
+    cfg->rotary_dim = cfg->head_dim;
 
     json_t *theta = json_object_get(root, "rope_theta");
     char key[128];
@@ -445,13 +566,10 @@ static int read_rope(const char *path, const json_t *root, ft_model_config *cfg,
     } else if (theta && read_positive(path, "rope_theta", theta, &cfg->rope_theta, err)) {
         return -1;
     }
+    if (read_partial_rotary(path, root, md, rope, name, cfg, err))
+        return -1;
     if (!rope)
         return 0;
-
-    json_t *prf = get_opt(rope, "partial_rotary_factor");
-    if (prf && (!json_is_number(prf) || json_number_value(prf) != 1.0))
-        return ft_fail(err, "%s: '%s.partial_rotary_factor' must be 1: partial rotary "
-                       "embeddings are not supported", path, name);
 
     json_t *tv = get_opt(rope, "rope_type");
     snprintf(key, sizeof key, "%s.rope_type", name);
@@ -466,6 +584,14 @@ static int read_rope(const char *path, const json_t *root, ft_model_config *cfg,
     double f, lo, hi;
     if (strcmp(type, "default") == 0)
         return 0;
+    if (md->family == FAM_PHI3) {
+        /* Phi3Config: "su" and "yarn" are old names of longrope; no other type */
+        if (strcmp(type, "longrope") == 0 || strcmp(type, "su") == 0 ||
+            strcmp(type, "yarn") == 0)
+            return read_longrope(path, root, rope, name, cfg, err);
+        return ft_fail(err, "%s: '%s': %s type '%.64s' is not supported for phi3 (supported: "
+                       "default, longrope)", path, key, name, type);
+    }
     if (strcmp(type, "linear") == 0) {
         if (rope_param(path, name, rope, type, "factor", &f, err))
             return -1;
@@ -539,7 +665,8 @@ static int read_attention_options(const char *path, const json_t *root,
                        "(must be 0)", path, dropout);
 
     cfg->sliding_window = 0;
-    if (md->family == FAM_LLAMA || md->family == FAM_GRANITE || md->family == FAM_GEMMA) {
+    if (md->family == FAM_LLAMA || md->family == FAM_GRANITE || md->family == FAM_GEMMA ||
+        md->family == FAM_SMOLLM3) {
         /* attention_bias on q, k, v and o; mlp_bias on gate, up, down (not gemma's MLP) */
         if (mlp_bias && md->family == FAM_GEMMA)
             return ft_fail(err, "%s: 'mlp_bias' is true, but model_type '%s' has no such "
@@ -554,7 +681,8 @@ static int read_attention_options(const char *path, const json_t *root,
     if (mlp_bias)
         return ft_fail(err, "%s: 'mlp_bias' is true, but model_type '%s' has no such option",
                        path, type);
-    if (strcmp(type, "mistral") == 0) {
+    if (md->family == FAM_MISTRAL || md->family == FAM_PHI3) {
+        /* (phi3: a sliding-window mask when the key is set, as for mistral) */
         v = json_object_get(root, "sliding_window");
         if (!v)
             cfg->sliding_window = md->sliding_window_if_absent;
@@ -641,6 +769,79 @@ static int read_activation(const char *path, const json_t *root, const model_def
     return 0;
 }
 
+/* smollm3: no_rope_layers[l] (1: layer l applies RoPE, 0: it does not), or when absent
+ * or null SmolLM3Config's rule, layer l has RoPE unless (l + 1) % no_rope_layer_interval
+ * == 0 (default interval 4: every fourth layer is NoPE). use_sliding_window (sliding
+ * attention on the NoPE layers only) is refused: one window for every layer is all this
+ * model runs. */
+static int read_nope_layers(const char *path, const json_t *root, const model_defaults *md,
+                            ft_model_config *cfg, ft_err *err)
+{
+    memset(cfg->nope_layers, 0, sizeof cfg->nope_layers);
+    if (md->family != FAM_SMOLLM3)
+        return 0;
+    json_t *v;
+    bool use_sw = false;
+    if ((v = get_opt(root, "use_sliding_window")) &&
+        read_bool(path, "use_sliding_window", v, &use_sw, err))
+        return -1;
+    if (use_sw)
+        return ft_fail(err, "%s: 'use_sliding_window' is true: SmolLM3's sliding-window layers "
+                       "are not supported", path);
+    int L = cfg->num_layers, interval = 4;
+    if (L > FT_MAX_NOPE_LAYERS)
+        return ft_fail(err, "%s: 'num_hidden_layers': %d layers, at most %d supported for "
+                       "smollm3", path, L, FT_MAX_NOPE_LAYERS);
+    json_t *list = get_opt(root, "no_rope_layers");
+    if (!list) {
+        if ((v = get_opt(root, "no_rope_layer_interval")) &&
+            read_int(path, "no_rope_layer_interval", v, 1, INT_MAX, &interval, err))
+            return -1;
+        for (int l = 0; l < L; l++)
+            if ((l + 1) % interval == 0)
+                cfg->nope_layers[l / 64] |= 1ull << (l % 64);
+        return 0;
+    }
+    if (!json_is_array(list) || json_array_size(list) != (size_t)L)
+        return ft_fail(err, "%s: 'no_rope_layers': expected a list of num_hidden_layers (%d) "
+                       "entries, 0 or 1", path, L);
+    for (int l = 0; l < L; l++) {
+        int use;
+        char key[64];
+        snprintf(key, sizeof key, "no_rope_layers[%d]", l);
+        if (read_int(path, key, json_array_get(list, (size_t)l), 0, 1, &use, err))
+            return -1;
+        if (!use)
+            cfg->nope_layers[l / 64] |= 1ull << (l % 64);
+    }
+    return 0;
+}
+
+bool ft_layer_uses_rope(const ft_model_config *cfg, int layer)
+{
+    if (layer < 0 || layer >= FT_MAX_NOPE_LAYERS)
+        return true;
+    return !(cfg->nope_layers[layer / 64] >> (layer % 64) & 1);
+}
+
+/* phi3's residual and embedding dropouts: training would drop activations, so they must
+ * be 0 (the released models' value). */
+static int read_phi3_dropouts(const char *path, const json_t *root, const model_defaults *md,
+                              ft_err *err)
+{
+    static const char *const keys[] = {"resid_pdrop", "embd_pdrop"};
+    for (size_t i = 0; md->family == FAM_PHI3 && i < 2; i++) {
+        json_t *v = get_opt(root, keys[i]);
+        double p = 0;
+        if (v && read_number(path, keys[i], v, &p, err))
+            return -1;
+        if (p != 0)
+            return ft_fail(err, "%s: '%s' is %g: dropout on the residual stream is not "
+                           "supported (must be 0)", path, keys[i], p);
+    }
+    return 0;
+}
+
 /* A positive finite multiplier of the config (granite), 1 when absent or null. */
 static int read_multiplier(const char *path, const json_t *root, const char *key, double *out,
                            ft_err *err)
@@ -704,8 +905,9 @@ static int parse_config(const char *path, const json_t *root, ft_model_config *c
         read_heads(path, root, md, cfg, err))
         return -1;
 
-    if (read_activation(path, root, md, cfg, err))
+    if (read_activation(path, root, md, cfg, err) || read_phi3_dropouts(path, root, md, err))
         return -1;
+    cfg->fused_proj = md->family == FAM_PHI3;
 
     cfg->max_position_embeddings = md->max_position_embeddings;
     if ((v = json_object_get(root, "max_position_embeddings")) &&
@@ -713,7 +915,7 @@ static int parse_config(const char *path, const json_t *root, ft_model_config *c
                  err))
         return -1;
 
-    double eps = 1e-6;
+    double eps = md->rms_eps_if_absent > 0 ? md->rms_eps_if_absent : 1e-6;
     if ((v = json_object_get(root, "rms_norm_eps")) &&
         read_positive(path, "rms_norm_eps", v, &eps, err))
         return -1;
@@ -724,7 +926,7 @@ static int parse_config(const char *path, const json_t *root, ft_model_config *c
         read_bool(path, "tie_word_embeddings", v, &cfg->tie_word_embeddings, err))
         return -1;
 
-    if (read_rope(path, root, cfg, err) || read_attention_options(path, root, md, cfg, err) ||
+    if (read_rope(path, root, md, cfg, err) || read_nope_layers(path, root, md, cfg, err) || read_attention_options(path, root, md, cfg, err) ||
         check_layer_types(path, root, cfg, err) || read_family_scales(path, root, md, cfg, err))
         return -1;
 
@@ -788,18 +990,87 @@ static float llama3_inv_freq(const ft_model_config *cfg, float inv)
     return (1.0f - smooth) * scaled / factor + smooth * scaled;
 }
 
+/* _compute_longrope_parameters: 1.0 / (ext_factors * base ** (arange(0, d, 2).float() / d)),
+ * each an fp32 tensor op. */
+static void longrope_inv_freq(const ft_model_config *cfg, const float *ext, float *inv_freq)
+{
+    const int d = cfg->rotary_dim;
+    const float base = (float)cfg->rope_theta;
+    for (int i = 0; i < d / 2; i++)
+        inv_freq[i] = 1.0f / (ext[i] * powf(base, (float)(2 * i) / (float)d));
+}
+
 void ft_rope_inv_freq(const ft_model_config *cfg, float *inv_freq)
 {
-    const int d = cfg->head_dim;
+    const int d = cfg->rotary_dim;
     const float base = (float)cfg->rope_theta;
+    if (cfg->rope_kind == FT_ROPE_LONGROPE) {
+        longrope_inv_freq(cfg, cfg->rope_short_factor, inv_freq);
+        return;
+    }
     for (int i = 0; i < d / 2; i++) {
         float inv = default_inv_freq(base, i, d);
         switch (cfg->rope_kind) {
-        case FT_ROPE_DEFAULT: break;
+        case FT_ROPE_DEFAULT:
+        case FT_ROPE_LONGROPE: break;
         case FT_ROPE_LINEAR: inv /= cfg->rope_factor; break;
         case FT_ROPE_LLAMA3: inv = llama3_inv_freq(cfg, inv); break;
         }
         inv_freq[i] = inv;
+    }
+}
+
+void ft_rope_inv_freq_long(const ft_model_config *cfg, float *inv_freq)
+{
+    if (cfg->rope_kind == FT_ROPE_LONGROPE)
+        longrope_inv_freq(cfg, cfg->rope_long_factor, inv_freq);
+    else
+        ft_rope_inv_freq(cfg, inv_freq);
+}
+
+bool ft_rope_uses_long(const ft_model_config *cfg, long max_pos)
+{
+    return cfg->rope_kind == FT_ROPE_LONGROPE && max_pos + 1 > cfg->rope_original_max_position;
+}
+
+unsigned ft_block_projections(const ft_model_config *cfg)
+{
+    unsigned o = 1u << FT_PROJ_O, down = 1u << FT_PROJ_DOWN;
+    if (cfg->fused_proj)
+        return (1u << FT_PROJ_QKV) | o | (1u << FT_PROJ_GATE_UP) | down;
+    return (1u << FT_PROJ_Q) | (1u << FT_PROJ_K) | (1u << FT_PROJ_V) | o |
+           (1u << FT_PROJ_GATE) | (1u << FT_PROJ_UP) | down;
+}
+
+void ft_proj_dims(const ft_model_config *c, ft_proj p, int *in, int *out)
+{
+    int q = c->num_heads * c->head_dim, kv = c->num_kv_heads * c->head_dim;
+    switch (p) {
+    case FT_PROJ_Q: *in = c->hidden_size; *out = q; break;
+    case FT_PROJ_K:
+    case FT_PROJ_V: *in = c->hidden_size; *out = kv; break;
+    case FT_PROJ_O: *in = q; *out = c->hidden_size; break;
+    case FT_PROJ_GATE:
+    case FT_PROJ_UP: *in = c->hidden_size; *out = c->intermediate_size; break;
+    case FT_PROJ_QKV: *in = c->hidden_size; *out = q + 2 * kv; break;
+    case FT_PROJ_GATE_UP: *in = c->hidden_size; *out = 2 * c->intermediate_size; break;
+    default: *in = c->intermediate_size; *out = c->hidden_size; break;
+    }
+}
+
+ft_proj ft_proj_module(const ft_model_config *c, ft_proj p, int *row0)
+{
+    int q = c->num_heads * c->head_dim, kv = c->num_kv_heads * c->head_dim;
+    *row0 = 0;
+    if (!c->fused_proj)
+        return p;
+    switch (p) {
+    case FT_PROJ_Q: return FT_PROJ_QKV;
+    case FT_PROJ_K: *row0 = q; return FT_PROJ_QKV;
+    case FT_PROJ_V: *row0 = q + kv; return FT_PROJ_QKV;
+    case FT_PROJ_GATE: return FT_PROJ_GATE_UP;
+    case FT_PROJ_UP: *row0 = c->intermediate_size; return FT_PROJ_GATE_UP;
+    default: return p;
     }
 }
 

@@ -1,5 +1,6 @@
 /* Hugging Face config.json for the dense decoder families: llama (incl. TinyLlama, SmolLM
- * and Llama 3 "llama3" rope scaling), mistral, qwen2, granite, gemma. Every field that
+ * and Llama 3 "llama3" rope scaling), mistral, qwen2, granite, gemma, phi3 (Phi-3,
+ * Phi-4; "longrope" scaling, partial rotary), smollm3 (layers without RoPE). Every field that
  * changes the math is honoured or rejected with an error naming the file and key;
  * nothing is silently ignored. */
 #ifndef FT_HF_CONFIG_H
@@ -7,17 +8,24 @@
 
 #include <jansson.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "core/ft_error.h"
+#include "formats/lora.h"
 #include "formats/quant_io.h"
 
 typedef enum ft_rope_kind {
     FT_ROPE_DEFAULT = 0,
     FT_ROPE_LINEAR, /* positions / factor (inv_freq / factor) */
-    FT_ROPE_LLAMA3
+    FT_ROPE_LLAMA3,
+    FT_ROPE_LONGROPE /* phi3: per-frequency short/long factors, cos/sin scaled */
 } ft_rope_kind;
 
 #define FT_MAX_EOS 8
+/* The most RoPE frequencies (rotary_dim / 2) a longrope config may list. */
+#define FT_MAX_ROPE_FREQS 512
+/* The most layers a per-layer RoPE list (smollm3's no_rope_layers) may describe. */
+#define FT_MAX_NOPE_LAYERS 1024
 
 /* The MLP's gate activation: act(gate(x)) * up(x). */
 typedef enum ft_mlp_act {
@@ -26,7 +34,8 @@ typedef enum ft_mlp_act {
 } ft_mlp_act;
 
 typedef struct ft_model_config {
-    char model_type[32]; /* "llama", "mistral", "qwen2", "granite", "gemma" */
+    char model_type[32]; /* "llama", "mistral", "qwen2", "granite", "gemma", "phi3",
+                          * "smollm3" */
     int vocab_size;
     int hidden_size;
     int intermediate_size;
@@ -41,6 +50,18 @@ typedef struct ft_model_config {
     float rope_factor;
     float rope_low_freq_factor, rope_high_freq_factor;
     int rope_original_max_position;
+    /* RoPE rotates the first rotary_dim dims of each head (head_dim * partial_rotary_factor,
+     * even); the rest pass through. */
+    int rotary_dim;
+    /* longrope: inv_freq[i] = 1 / (factor[i] * theta^(2i/rotary_dim)), with the long
+     * factors when a forward's largest position + 1 exceeds rope_original_max_position,
+     * else the short ones (transformers' dynamic update); cos and sin are multiplied by
+     * rope_attention_factor (1 for the other kinds). */
+    float rope_short_factor[FT_MAX_ROPE_FREQS], rope_long_factor[FT_MAX_ROPE_FREQS];
+    float rope_attention_factor;
+    /* Bit l set: layer l applies no RoPE (NoPE: q and k enter attention unrotated;
+     * smollm3's no_rope_layers[l] == 0). Read it with ft_layer_uses_rope. */
+    uint64_t nope_layers[FT_MAX_NOPE_LAYERS / 64];
     bool tie_word_embeddings;
     bool qkv_bias; /* bias on q, k, v projections (attention_bias, or qwen2) */
     bool o_bias;   /* bias on o_proj (attention_bias) */
@@ -62,7 +83,10 @@ typedef struct ft_model_config {
      *   logits_scale       logits = lm_head(h) / logits_scale (granite logits_scaling)
      *   norm_w_offset      RMSNorm out = norm(x) * (norm_w_offset + w): 0, or 1 for gemma
      *                      (its weights are stored as offsets from 1)
-     *   mlp_act            the MLP gate's activation */
+     *   mlp_act            the MLP gate's activation
+     *   fused_proj         the checkpoint holds q, k, v as one self_attn.qkv_proj weight
+     *                      (rows [q; k; v]) and gate, up as one mlp.gate_up_proj (rows
+     *                      [gate; up]), and LoRA targets those modules (phi3) */
     double embed_scale;
     bool embed_scale_round;
     float residual_scale;
@@ -70,6 +94,7 @@ typedef struct ft_model_config {
     float logits_scale;
     float norm_w_offset;
     ft_mlp_act mlp_act;
+    bool fused_proj;
     /* "quantization_config": the checkpoint holds bitsandbytes 4/8-bit weights
      * (present = false for a dense checkpoint) */
     ft_quant_config quant;
@@ -78,9 +103,27 @@ typedef struct ft_model_config {
 /* Reads and validates path (a config.json). */
 int ft_model_config_load(ft_model_config *cfg, const char *path, ft_err *err);
 
-/* The RoPE inverse frequencies, [head_dim/2], as transformers computes them in fp32,
- * with the configured scaling applied. */
+/* The RoPE inverse frequencies, [rotary_dim/2], as transformers computes them in fp32,
+ * with the configured scaling applied (longrope: the short factors). */
 void ft_rope_inv_freq(const ft_model_config *cfg, float *inv_freq);
+/* longrope's long-context set, [rotary_dim/2]. */
+void ft_rope_inv_freq_long(const ft_model_config *cfg, float *inv_freq);
+/* Whether a forward whose largest position id is max_pos uses the long set: longrope and
+ * max_pos + 1 > rope_original_max_position (transformers' longrope_frequency_update). */
+bool ft_rope_uses_long(const ft_model_config *cfg, long max_pos);
+
+/* Whether decoder layer l rotates q and k (false for smollm3's NoPE layers). */
+bool ft_layer_uses_rope(const ft_model_config *cfg, int layer);
+
+/* The linear modules of the block (bitmask of 1u << ft_proj): q, k, v, o, gate, up,
+ * down, or with fused_proj qkv, o, gate_up, down. */
+unsigned ft_block_projections(const ft_model_config *cfg);
+/* In and out features of projection p (any of the nine: q, k, v, gate, up are also the
+ * row blocks of a fused weight). */
+void ft_proj_dims(const ft_model_config *cfg, ft_proj p, int *in, int *out);
+/* The fused module holding p's rows, and their first row there (p itself and 0 when the
+ * block does not fuse p). */
+ft_proj ft_proj_module(const ft_model_config *cfg, ft_proj p, int *row0);
 
 /* Reads dir/config.json as a JSON object into *out (the caller's reference): for tools
  * that copy it with changes. Errors name the file and line. */

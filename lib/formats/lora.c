@@ -13,12 +13,16 @@
 #include "core/fsutil.h"
 #include "formats/json_file.h"
 
-static const char *const proj_names[FT_NPROJ] = {"q_proj",    "k_proj",  "v_proj",
-                                                 "o_proj",    "gate_proj", "up_proj",
-                                                 "down_proj"};
+static const char *const proj_names[FT_NPROJ] = {
+    "q_proj",    "k_proj",  "v_proj",    "o_proj",      "gate_proj",
+    "up_proj",   "down_proj", "qkv_proj", "gate_up_proj"};
 static const char *const proj_paths[FT_NPROJ] = {
-    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-    "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+    "self_attn.q_proj", "self_attn.k_proj",   "self_attn.v_proj",
+    "self_attn.o_proj", "mlp.gate_proj",      "mlp.up_proj",
+    "mlp.down_proj",    "self_attn.qkv_proj", "mlp.gate_up_proj"};
+
+#define KNOWN_MODULES "q_proj k_proj v_proj o_proj gate_proj up_proj down_proj qkv_proj " \
+                      "gate_up_proj"
 
 const char *ft_proj_name(ft_proj p)
 {
@@ -36,9 +40,10 @@ float ft_lora_scaling(const ft_lora_config *c)
 }
 
 /* PEFT matches a target key against a module name when the name equals it or ends with
- * "." + key; for our seven modules that means the key is the module's last component or
- * a suffix path of it ("q_proj", "self_attn.q_proj"). The short forms "q", "k", ... and
- * "gate", "up", "down" are accepted on the command line. */
+ * "." + key; for our modules that means the key is the module's last component or a
+ * suffix path of it ("q_proj", "self_attn.q_proj"). The short forms (the name without
+ * "_proj": "q", "k", ..., "gate", "up", "down", "qkv", "gate_up") are accepted on the
+ * command line. */
 static int match_target(const char *key, unsigned *targets)
 {
     for (int p = 0; p < FT_NPROJ; p++) {
@@ -48,7 +53,7 @@ static int match_target(const char *key, unsigned *targets)
                      (lk == lp || path[lp - lk - 1] == '.');
         char shortname[16];
         snprintf(shortname, sizeof shortname, "%s", proj_names[p]);
-        *strchr(shortname, '_') = '\0';
+        shortname[strlen(shortname) - strlen("_proj")] = '\0';
         if (suffix || strcmp(key, shortname) == 0) {
             *targets |= 1u << p;
             return 0;
@@ -98,8 +103,8 @@ int ft_lora_targets_parse(const char *list, unsigned *targets, ft_err *err)
          tok = strtok_r(NULL, ", ", &save)) {
         if (match_target(tok, targets) != 0)
             return ft_fail(err,
-                           "unknown LoRA target module '%s' (known: q_proj k_proj v_proj "
-                           "o_proj gate_proj up_proj down_proj, or all-linear)",
+                           "unknown LoRA target module '%s' (known: " KNOWN_MODULES
+                           ", or all-linear)",
                            tok);
     }
     if (!*targets)
@@ -234,9 +239,8 @@ int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
             if (!json_is_string(item) || (match_target(json_string_value(item), &c->targets) &&
                                           match_layer_path(json_string_value(item), c))) {
                 ft_fail(err,
-                        "%s: key 'target_modules': unknown module %s (known: q_proj k_proj "
-                        "v_proj o_proj gate_proj up_proj down_proj, or one layer's, "
-                        "model.layers.N.self_attn.q_proj)",
+                        "%s: key 'target_modules': unknown module %s (known: " KNOWN_MODULES
+                        ", or one layer's, model.layers.N.self_attn.q_proj)",
                         path, json_is_string(item) ? json_string_value(item) : "(not a string)");
                 goto out;
             }

@@ -10,7 +10,10 @@
 
 #include "core/ft_error.h"
 
-/* The seven linear layers of a Llama-family block, in PEFT's module names. */
+/* The linear layers of a decoder block, in PEFT's module names: the seven of a
+ * Llama-family block, and the two fused modules of Phi-3 (qkv_proj holds q, k, v as row
+ * blocks [q; k; v]; gate_up_proj holds [gate; up]), which replace q, k, v and gate, up
+ * there. A model has either set (ft_block_projections in hf_config.h says which). */
 typedef enum ft_proj {
     FT_PROJ_Q = 0,
     FT_PROJ_K,
@@ -19,6 +22,8 @@ typedef enum ft_proj {
     FT_PROJ_GATE,
     FT_PROJ_UP,
     FT_PROJ_DOWN,
+    FT_PROJ_QKV,
+    FT_PROJ_GATE_UP,
     FT_NPROJ
 } ft_proj;
 
@@ -27,6 +32,7 @@ const char *ft_proj_name(ft_proj p);
 /* The module path below "model.layers.N.": "self_attn.q_proj", "mlp.down_proj", ... */
 const char *ft_proj_path(ft_proj p);
 
+/* "all-linear": every module bit; a model keeps those of its block (the nine bits, 0x1ff). */
 #define FT_LORA_ALL_LINEAR ((1u << FT_NPROJ) - 1)
 
 #define FT_LORA_MAX_LAYER_LIST 256
@@ -65,8 +71,8 @@ int ft_lora_layer_mask(const ft_lora_config *c, int layer, unsigned *mask, ft_er
 /* alpha / r, or alpha / sqrt(r) with rsLoRA. */
 float ft_lora_scaling(const ft_lora_config *c);
 
-/* Parses a target list: names separated by commas ("q_proj,v_proj", also "q,v"), or
- * "all-linear". Error names the unknown module. */
+/* Parses a target list: names separated by commas ("q_proj,v_proj", also "q,v",
+ * "qkv", "gate_up"), or "all-linear". Error names the unknown module. */
 int ft_lora_targets_parse(const char *list, unsigned *targets, ft_err *err);
 
 /* Reads <dir>/adapter_config.json (a regular file; a key given twice is an error). Every
@@ -74,7 +80,7 @@ int ft_lora_targets_parse(const char *list, unsigned *targets, ft_err *err);
  * peft_type other than LORA, use_dora, bias other than "none", fan_in_fan_out,
  * modules_to_save, non-empty rank_pattern / alpha_pattern, layer_replication, a
  * layers_pattern other than "layers", and target_modules naming modules other than the
- * seven projections; and values out of range (r not a positive int, a lora_alpha that
+ * nine projections; and values out of range (r not a positive int, a lora_alpha that
  * does not fit a float, a layer index that is negative or not an int). target_modules
  * may be a list, "all-linear" or a regex string. Sets c->source to the file's path. */
 int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err);

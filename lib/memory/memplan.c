@@ -102,24 +102,20 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora)
     const ft_model_config *c = p->mc;
     bool full = p->mode == MODE_FULL;
     size_t L = (size_t)c->num_layers, C = (size_t)c->hidden_size, V = (size_t)c->vocab_size;
+    unsigned projs = ft_block_projections(c);
     add_tensor(p, 0, V * C, full, false, 0, 0);
     for (size_t l = 0; l < L; l++) {
         int unit = (int)l + 1;
         add_tensor(p, unit, C, full, false, 0, 0); /* input_layernorm */
         add_tensor(p, unit, C, full, false, 0, 0); /* post_attention_layernorm */
         for (int j = 0; j < FT_NPROJ; j++) {
-            int q = c->num_heads * c->head_dim, kv = c->num_kv_heads * c->head_dim;
+            if (!(projs & (1u << j)))
+                continue; /* (phi3: fused qkv / gate_up modules instead of q, k, v, ...) */
             int in, out;
-            bool bias;
-            switch ((ft_proj)j) {
-            case FT_PROJ_Q: in = c->hidden_size; out = q; bias = c->qkv_bias; break;
-            case FT_PROJ_K:
-            case FT_PROJ_V: in = c->hidden_size; out = kv; bias = c->qkv_bias; break;
-            case FT_PROJ_O: in = q; out = c->hidden_size; bias = c->o_bias; break;
-            case FT_PROJ_GATE:
-            case FT_PROJ_UP: in = c->hidden_size; out = c->intermediate_size; bias = c->mlp_bias; break;
-            default: in = c->intermediate_size; out = c->hidden_size; bias = c->mlp_bias; break;
-            }
+            ft_proj_dims(c, (ft_proj)j, &in, &out);
+            bool bias = j == FT_PROJ_O ? c->o_bias
+                        : j <= FT_PROJ_V || j == FT_PROJ_QKV ? c->qkv_bias
+                                                             : c->mlp_bias;
             char path[160];
             snprintf(path, sizeof path, "model.layers.%zu.%s", l, ft_proj_path((ft_proj)j));
             bool quant = p->quant.type != FT_QUANT_NONE && !ft_quant_skipped(p->quant_skip, path);
@@ -438,6 +434,7 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
                 free(mask);
                 return ft_fail_prefix(err, "config: key 'tuning.lora.target_modules'");
             }
+            mask[l] &= ft_block_projections(mc);
             lora_union |= mask[l];
         }
         if (!lora_union) {

@@ -21,7 +21,7 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
         unsigned mask;
         if (ft_lora_layer_mask(&cfg, l, &mask, err))
             return ft_fail_prefix(err, "%s/adapter_config.json", dir);
-        same_layers &= mask == m->lora_mask[l];
+        same_layers &= (mask & ft_block_projections(&m->cfg)) == m->lora_mask[l];
     }
     if (cfg.r != want->r || !same_layers || cfg.rslora != want->rslora ||
         fabsf(cfg.alpha - want->alpha) > 0)
@@ -83,7 +83,10 @@ int ft_model_save_adapter(ft_model *m, const char *dir, const char *base_model, 
     if (rc == 0)
         rc = ft_st_writer_save(w, path, err);
     ft_st_writer_free(w);
+    /* target_modules names the model's own modules ("all-linear" holds every bit) */
+    ft_lora_config lc = m->opt.lora;
+    lc.targets &= ft_block_projections(&m->cfg);
     if (rc == 0)
-        rc = ft_lora_config_save(&m->opt.lora, dir, base_model, err);
+        rc = ft_lora_config_save(&lc, dir, base_model, err);
     return rc;
 }

@@ -78,6 +78,7 @@ static int build_layout(layout *lo)
     bool full = m->opt.mode == FT_TRAIN_FULL;
     bool lora = m->opt.mode == FT_TRAIN_LORA;
     int L = c->num_layers, C = c->hidden_size, V = c->vocab_size;
+    unsigned projs = ft_block_projections(c);
     int rc = 0;
 
     rc |= add_param(lo, 0, full, false, &m->embed, &m->g_embed, 2, V, C,
@@ -88,8 +89,10 @@ static int build_layout(layout *lo)
                         "model.layers.%d.input_layernorm.weight", l);
         for (int p = 0; p < FT_NPROJ; p++) {
             int in, out;
+            if (!(projs & (1u << p)))
+                continue;
             proj_dims(c, (ft_proj)p, &in, &out);
-            if (p == FT_PROJ_GATE)
+            if (p == FT_PROJ_GATE || p == FT_PROJ_GATE_UP)
                 rc |= add_param(lo, l + 1, full, false, &w->ln2, &w->g_ln2, 1, C, 0,
                                 "model.layers.%d.post_attention_layernorm.weight", l);
             rc |= add_param(lo, l + 1, full, false, &w->w[p], &w->gw[p], 2, out, in,
@@ -431,9 +434,21 @@ static int lora_layers(ft_model *m, ft_err *err)
         if (lc->layers[i] < 0 || lc->layers[i] >= m->cfg.num_layers)
             return ft_fail(err, "LoRA layers_to_transform names layer %d; the model has %d",
                            lc->layers[i], m->cfg.num_layers);
+    /* A module name the block lacks: an error in settings given here; in an adapter's
+     * config, as for PEFT, fine while the targets select something (an adapter may list
+     * the names of several families). */
+    unsigned projs = ft_block_projections(&m->cfg);
+    unsigned absent = lc->targets & ~projs;
+    if (lc->targets != FT_LORA_ALL_LINEAR && absent && !lc->source[0])
+        for (int p = 0; p < FT_NPROJ; p++)
+            if (absent & (1u << p))
+                return ft_fail(err, "LoRA target module '%s' is not a linear layer of "
+                               "model_type '%s'", ft_proj_name((ft_proj)p),
+                               m->cfg.model_type);
     for (int l = 0; l < m->cfg.num_layers; l++) {
         if (ft_lora_layer_mask(lc, l, &m->lora_mask[l], err))
             return -1;
+        m->lora_mask[l] &= projs;
         m->lora_union |= m->lora_mask[l];
     }
     if (!m->lora_union)
@@ -521,7 +536,7 @@ int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, 
     }
     m->layers = calloc((size_t)m->cfg.num_layers, sizeof *m->layers);
     m->acts = calloc((size_t)m->cfg.num_layers, sizeof *m->acts);
-    m->inv_freq = malloc((size_t)m->cfg.head_dim / 2 * sizeof(float));
+    m->inv_freq = malloc(model_rope_sets(m) * (size_t)(m->cfg.rotary_dim / 2) * sizeof(float));
     layout lo = {m, 0};
     int rc = -1;
     if (!m->layers || !m->acts || !m->inv_freq || build_layout(&lo)) {
@@ -531,6 +546,8 @@ int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, 
     if (assign_buffers(m, err))
         goto done;
     ft_rope_inv_freq(&m->cfg, m->inv_freq);
+    if (model_rope_sets(m) == 2)
+        ft_rope_inv_freq_long(&m->cfg, m->inv_freq + m->cfg.rotary_dim / 2);
     if (model_upload_inv_freq(m, err))
         goto done;
     if (!opt->unbound) {
@@ -808,7 +825,7 @@ static void save_slot(const ft_model *m, act_slot *s)
     *s = (act_slot){m->B,        m->T,      m->max_rows,  m->acts,         m->final_in,
                     m->lnf,      m->rstdf,  m->logits,    m->logits_first, m->ids,
                     m->targets,  m->pos,    m->seg,       m->has_seg,      m->logits_valid,
-                    m->can_backward, m->dropout_seed};
+                    m->can_backward, m->dropout_seed, m->rope_long};
 }
 
 static void load_slot(ft_model *m, const act_slot *s)
@@ -830,6 +847,7 @@ static void load_slot(ft_model *m, const act_slot *s)
     m->logits_valid = s->logits_valid;
     m->can_backward = s->can_backward;
     m->dropout_seed = s->dropout_seed;
+    m->rope_long = s->rope_long;
 }
 
 int ft_model_set_activation_slots(ft_model *m, int k, ft_err *err)

@@ -7,8 +7,8 @@
  * May call: core, device, formats, kernels, quant, tokenizer.
  * (This is the folder's main header.) */
 
-/* A dense decoder-only causal LM (llama, mistral, qwen2, granite, gemma) with explicit
- * forward and backward. A family is data (ft_model_config's block description): one
+/* A dense decoder-only causal LM (llama, mistral, qwen2, granite, gemma, phi3, smollm3)
+ * with explicit forward and backward. A family is data (ft_model_config's block description): one
  * forward and backward read it.
  *
  * This is the library API the tools build on:
@@ -27,7 +27,11 @@
  * gelu-tanh for gemma; rmsnorm multiplies by w (by 1 + w for gemma); the attention scale
  * is 1/sqrt(head_dim) or granite's attention_multiplier; r, e, z are 1 except for granite
  * (residual_multiplier, embedding_multiplier, logits_scaling), and e = sqrt(hidden) for
- * gemma (see ft_model_config).
+ * gemma (see ft_model_config). rope rotates the first rotary_dim dims of each head (all
+ * but phi3's partial rotary), with cos and sin times longrope's attention factor (phi3),
+ * and is skipped in smollm3's NoPE layers. phi3's checkpoint fuses q, k, v into one
+ * qkv_proj weight and gate, up into gate_up_proj: the ops read their row blocks, and a
+ * LoRA pair sits on the fused module (one A; B's row blocks).
  * A linear layer is y = x W^T + b, plus with LoRA: y += scaling * (dropout(x) A^T) B^T.
  *
  * Parameters live in two flat buffers (fp32; on a bf16 GPU model the frozen one is bf16

@@ -150,7 +150,7 @@ int model_upload_inv_freq(ft_model *m, ft_err *err)
         m->inv_freq_dev = m->inv_freq;
         return 0;
     }
-    size_t n = (size_t)m->cfg.head_dim / 2;
+    size_t n = model_rope_sets(m) * (size_t)(m->cfg.rotary_dim / 2);
     m->inv_freq_dev = ft_alloc_on(&m->mem, m->dev, FT_MEM_WEIGHTS, n * sizeof(float));
     if (!m->inv_freq_dev)
         return ft_mem_fail(err, &m->mem, m->dev, "the RoPE frequencies");

@@ -12,7 +12,9 @@
  * (fp32 on the CPU; fp32 or bf16 on the GPU) whatever their C type says; gradients,
  * rstd, lse and inv_freq are always fp32; ids, targets, pos, seg int32. */
 
-/* Weights of one decoder layer: views into the flat buffers; grads NULL when frozen. */
+/* Weights of one decoder layer: views into the flat buffers; grads NULL when frozen.
+ * Indexed by module (ft_proj): a block with fused_proj has qkv and gate_up entries and no
+ * q, k, v, gate, up ones (model_pass.c views their row blocks). */
 typedef struct layer_weights {
     float *ln1, *ln2;
     float *w[FT_NPROJ], *b[FT_NPROJ];   /* b NULL when the projection has no bias */
@@ -36,11 +38,11 @@ typedef struct layer_acts {
     float *rstd2;         /* [N] */
     float *gate, *up;     /* [N, I] */
     float *act;           /* [N, I] silu(gate) * up */
-    float *lora_h[FT_NPROJ]; /* [N, r] dropout(x) A^T of each LoRA target */
+    float *lora_h[FT_NPROJ]; /* [N, r] dropout(x) A^T of each LoRA target module */
 } layer_acts;
 
 /* The activations of one forward (a GPipe activation slot; see ft_model_use_activation_slot):
- * the fields of ft_model from B to dropout_seed, saved while another slot is current. */
+ * the fields of ft_model from B to rope_long, saved while another slot is current. */
 typedef struct act_slot {
     int B, T;
     size_t max_rows;
@@ -50,6 +52,7 @@ typedef struct act_slot {
     int32_t *ids, *targets, *pos, *seg;
     bool has_seg, logits_valid, can_backward;
     uint64_t dropout_seed;
+    bool rope_long;
 } act_slot;
 
 struct ft_model {
@@ -94,7 +97,8 @@ struct ft_model {
     float *norm_f, *g_norm_f;
     float *lm_head, *g_lm_head; /* = embed when tied */
     layer_weights *layers;
-    float *inv_freq; /* [D/2] on the host */
+    float *inv_freq; /* [model_rope_sets][rotary_dim/2] on the host: the RoPE frequencies,
+                      * then (longrope) the long-context set */
     float *inv_freq_dev; /* the same on the model's device (= inv_freq on the CPU) */
     int32_t *batch_h;    /* GPU: host staging of ids, targets, pos, seg ([4][max_rows]) */
     float *logits_h;     /* GPU: the logits copied to the host for ft_model_logits */
@@ -114,6 +118,8 @@ struct ft_model {
     bool logits_valid, can_backward;
     bool eval_mode;       /* ft_model_set_training(m, false): no dropout */
     uint64_t dropout_seed; /* of the last forward (a fresh one each forward) */
+    bool rope_long;        /* the forward's batch rotates with inv_freq's second set
+                            * (longrope beyond the original context) */
     uint64_t n_forward;
     act_slot *slots;      /* [n_slots]: the saved state of every slot (cur's is stale) */
     int n_slots, cur_slot;
@@ -149,25 +155,22 @@ static inline ft_tensor model_view(const ft_model *m, const void *p, size_t n, f
 /* Shape of projection p: in and out features. */
 static inline void proj_dims(const ft_model_config *c, ft_proj p, int *in, int *out)
 {
-    int q = c->num_heads * c->head_dim, kv = c->num_kv_heads * c->head_dim;
-    switch (p) {
-    case FT_PROJ_Q: *in = c->hidden_size; *out = q; break;
-    case FT_PROJ_K:
-    case FT_PROJ_V: *in = c->hidden_size; *out = kv; break;
-    case FT_PROJ_O: *in = q; *out = c->hidden_size; break;
-    case FT_PROJ_GATE:
-    case FT_PROJ_UP: *in = c->hidden_size; *out = c->intermediate_size; break;
-    default: *in = c->intermediate_size; *out = c->hidden_size; break;
-    }
+    ft_proj_dims(c, p, in, out);
 }
 
 static inline int proj_has_bias(const ft_model_config *c, ft_proj p)
 {
-    if (p == FT_PROJ_Q || p == FT_PROJ_K || p == FT_PROJ_V)
+    if (p == FT_PROJ_Q || p == FT_PROJ_K || p == FT_PROJ_V || p == FT_PROJ_QKV)
         return c->qkv_bias;
     if (p == FT_PROJ_O)
         return c->o_bias;
     return c->mlp_bias;
+}
+
+/* The RoPE frequency sets inv_freq holds: 2 for longrope (short, long), else 1. */
+static inline size_t model_rope_sets(const ft_model *m)
+{
+    return m->cfg.rope_kind == FT_ROPE_LONGROPE ? 2 : 1;
 }
 
 /* Reads the base weights of unit (-1: every unit) from dir into the bound storage. */

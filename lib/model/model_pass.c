@@ -54,7 +54,7 @@ static const float *branch_grad(ft_model *m, size_t n)
 static int prepare_batch(ft_model *m, const ft_batch *b, long *n_tokens, ft_err *err)
 {
     int V = m->cfg.vocab_size, B = b->B, T = b->T;
-    long counted = 0;
+    long counted = 0, max_pos = 0;
     int32_t *ids, *targets, *positions, *seg;
     model_batch_arrays(m, &ids, &targets, &positions, &seg);
     m->has_seg = false;
@@ -74,6 +74,7 @@ static int prepare_batch(ft_model *m, const ft_batch *b, long *n_tokens, ft_err 
                 return ft_fail(err, "position_ids[%d][%d] = %d is negative", r, t, pos);
             ids[i] = id;
             positions[i] = pos;
+            max_pos = pos > max_pos ? pos : max_pos;
             seg[i] = t == 0 ? 0 : seg[i - 1] + (pos == 0);
             if (seg[i])
                 m->has_seg = true;
@@ -86,14 +87,61 @@ static int prepare_batch(ft_model *m, const ft_batch *b, long *n_tokens, ft_err 
     }
     if (n_tokens)
         *n_tokens = counted;
+    m->rope_long = ft_rope_uses_long(&m->cfg, max_pos);
     return model_upload_batch(m, err);
 }
 
-/* dropout(x) for LoRA pair p of layer l: the mask is a pure function of the forward's
- * seed, the layer and the projection, so backward regenerates it. */
+/* Projection p of layer l as the ops see it. A fused checkpoint weight (phi3's qkv_proj,
+ * gate_up_proj: ft_proj_module) holds q, k, v (gate, up) as row blocks, so each
+ * projection is its block of rows: of W, of the bias, of LoRA's B (and of their
+ * gradients); the LoRA pair's A, its h = dropout(x) A^T and its dropout mask belong to
+ * the module and are shared by its blocks. Since y_block = x W_block^T + s h B_block^T,
+ * the per-block forward and backward below are exactly the fused module's, with A's
+ * gradient and dx accumulated over the blocks. */
+typedef struct proj_view {
+    ft_proj mod;      /* the module carrying the weights (p when not fused) */
+    bool first_block; /* the module's first block: the forward computes h here */
+    int in, out;      /* p's features */
+    float *w, *b, *lora_a, *lora_b, *lora_h; /* compute dtype */
+    float *gw, *gb, *g_lora_a, *g_lora_b;    /* fp32, NULL when frozen */
+} proj_view;
+
+static float *f32_at(float *p, size_t i)
+{
+    return p ? p + i : NULL;
+}
+
+static proj_view proj_view_of(ft_model *m, int l, ft_proj p)
+{
+    const layer_weights *w = &m->layers[l];
+    proj_view v;
+    int row0, r = m->opt.lora.r;
+    v.mod = ft_proj_module(&m->cfg, p, &row0);
+    v.first_block = row0 == 0;
+    proj_dims(&m->cfg, p, &v.in, &v.out);
+    size_t wo = (size_t)row0 * v.in, bo = (size_t)row0, lo = (size_t)row0 * r;
+    v.w = model_at(m, w->w[v.mod], wo);
+    v.gw = f32_at(w->gw[v.mod], wo);
+    v.b = model_at(m, w->b[v.mod], bo);
+    v.gb = f32_at(w->gb[v.mod], bo);
+    v.lora_a = w->lora_a[v.mod];
+    v.g_lora_a = w->g_lora_a[v.mod];
+    v.lora_b = model_at(m, w->lora_b[v.mod], lo);
+    v.g_lora_b = f32_at(w->g_lora_b[v.mod], lo);
+    v.lora_h = m->acts[l].lora_h[v.mod];
+    return v;
+}
+
+/* dropout(x) for LoRA pair p (a module) of layer l: the mask is a pure function of the
+ * forward's seed, the layer and the module, so backward regenerates it. The seven
+ * Llama-family modules keep the numbering l * 7 + p + 1 of the versions before the fused
+ * ones (a resumed run draws the masks it would have drawn); qkv_proj and gate_up_proj
+ * number from 2^40. */
 static uint64_t lora_dropout_seed(const ft_model *m, int l, ft_proj p)
 {
-    return ft_mix64(m->dropout_seed ^ ((uint64_t)l * FT_NPROJ + (uint64_t)p + 1));
+    uint64_t k = p < FT_PROJ_QKV ? (uint64_t)l * FT_PROJ_QKV + (uint64_t)p + 1
+                                 : (1ull << 40) + (uint64_t)l * 2 + (uint64_t)(p - FT_PROJ_QKV);
+    return ft_mix64(m->dropout_seed ^ k);
 }
 
 static const float *lora_input(ft_model *m, int l, ft_proj p, const float *x, size_t n)
@@ -105,72 +153,76 @@ static const float *lora_input(ft_model *m, int l, ft_proj p, const float *x, si
     return m->x_drop;
 }
 
-/* h = dropout(x) A^T of LoRA pair p: the part of the LoRA path backward needs. */
-static void lora_h_forward(ft_model *m, int l, ft_proj p, const float *x)
+/* h = dropout(x) A^T of the LoRA pair of v's module: the part of the LoRA path backward
+ * needs. */
+static void lora_h_forward(ft_model *m, int l, const proj_view *v, const float *x)
 {
-    const layer_weights *w = &m->layers[l];
-    layer_acts *a = &m->acts[l];
-    int N = m->B * m->T, in, out, r = m->opt.lora.r;
-    proj_dims(&m->cfg, p, &in, &out);
-    const float *xd = lora_input(m, l, p, x, (size_t)N * in);
-    ft_linear_forward(A_(a->lora_h[p], (size_t)N * r), A_(xd, (size_t)N * in),
-                      A_(w->lora_a[p], (size_t)r * in), ft_none(), N, in, r, 1.0f, 0);
+    int N = m->B * m->T, in = v->in, r = m->opt.lora.r;
+    const float *xd = lora_input(m, l, v->mod, x, (size_t)N * in);
+    ft_linear_forward(A_(v->lora_h, (size_t)N * r), A_(xd, (size_t)N * in),
+                      A_(v->lora_a, (size_t)r * in), ft_none(), N, in, r, 1.0f, 0);
 }
 
 /* y = x W^T + b, plus the LoRA path scaling * (dropout(x) A^T) B^T. */
 static void proj_forward(ft_model *m, int l, ft_proj p, const float *x, float *y)
 {
-    const layer_weights *w = &m->layers[l];
-    int N = m->B * m->T, in, out;
-    proj_dims(&m->cfg, p, &in, &out);
+    const proj_view v = proj_view_of(m, l, p);
+    int N = m->B * m->T, in = v.in, out = v.out;
     ft_linear_forward(A_(y, (size_t)N * out), A_(x, (size_t)N * in),
-                      A_(w->w[p], (size_t)out * in), OPTA_(w->b[p], out), N, in, out, 1.0f, 0);
-    if (!w->lora_a[p])
+                      A_(v.w, (size_t)out * in), OPTA_(v.b, out), N, in, out, 1.0f, 0);
+    if (!v.lora_a)
         return;
     int r = m->opt.lora.r;
-    lora_h_forward(m, l, p, x);
-    ft_linear_forward(A_(y, (size_t)N * out), A_(m->acts[l].lora_h[p], (size_t)N * r),
-                      A_(w->lora_b[p], (size_t)out * r), ft_none(), N, r, out, m->lora_scaling,
-                      1);
+    if (v.first_block) /* a fused module's later blocks reuse its h */
+        lora_h_forward(m, l, &v, x);
+    ft_linear_forward(A_(y, (size_t)N * out), A_(v.lora_h, (size_t)N * r),
+                      A_(v.lora_b, (size_t)out * r), ft_none(), N, r, out, m->lora_scaling, 1);
 }
 
 /* dx += dy W (+ the LoRA path); dW, db, dA, dB accumulate where trainable. */
 static void proj_backward(ft_model *m, int l, ft_proj p, const float *x, const float *dy,
                           float *dx)
 {
-    const layer_weights *w = &m->layers[l];
-    const layer_acts *a = &m->acts[l];
-    int N = m->B * m->T, in, out;
-    proj_dims(&m->cfg, p, &in, &out);
+    const proj_view v = proj_view_of(m, l, p);
+    int N = m->B * m->T, in = v.in, out = v.out;
     size_t nx = (size_t)N * in, ny = (size_t)N * out;
-    ft_linear_backward(A_(dx, nx), OPTF_(w->gw[p], (size_t)out * in), OPTF_(w->gb[p], out),
-                       A_(dy, ny), A_(x, nx), A_(w->w[p], (size_t)out * in), N, in, out, 1.0f);
-    if (!w->lora_a[p])
+    ft_linear_backward(A_(dx, nx), OPTF_(v.gw, (size_t)out * in), OPTF_(v.gb, out),
+                       A_(dy, ny), A_(x, nx), A_(v.w, (size_t)out * in), N, in, out, 1.0f);
+    if (!v.lora_a)
         return;
     int r = m->opt.lora.r;
     float s = m->lora_scaling;
     size_t nh = (size_t)N * r;
     /* y_lora = s * h B^T with h = xd A^T: dB += s dy^T h; dh = s dy B; dA += dh^T xd;
      * dxd = dh A, and dx += dropout'(dxd). */
-    ft_linear_backward(ft_none(), F_(w->g_lora_b[p], (size_t)out * r), ft_none(), A_(dy, ny),
-                       A_(a->lora_h[p], nh), A_(w->lora_b[p], (size_t)out * r), N, r, out, s);
+    ft_linear_backward(ft_none(), F_(v.g_lora_b, (size_t)out * r), ft_none(), A_(dy, ny),
+                       A_(v.lora_h, nh), A_(v.lora_b, (size_t)out * r), N, r, out, s);
     ft_zero(A_(m->d_lora_h, nh), nh);
     ft_linear_backward(A_(m->d_lora_h, nh), ft_none(), ft_none(), A_(dy, ny),
-                       A_(a->lora_h[p], nh), A_(w->lora_b[p], (size_t)out * r), N, r, out, s);
+                       A_(v.lora_h, nh), A_(v.lora_b, (size_t)out * r), N, r, out, s);
     float pd = m->eval_mode ? 0.0f : m->opt.lora.dropout;
-    const float *xd = lora_input(m, l, p, x, nx);
-    ft_linear_backward(ft_none(), F_(w->g_lora_a[p], (size_t)r * in), ft_none(),
-                       A_(m->d_lora_h, nh), A_(xd, nx), A_(w->lora_a[p], (size_t)r * in), N, in,
+    const float *xd = lora_input(m, l, v.mod, x, nx);
+    ft_linear_backward(ft_none(), F_(v.g_lora_a, (size_t)r * in), ft_none(),
+                       A_(m->d_lora_h, nh), A_(xd, nx), A_(v.lora_a, (size_t)r * in), N, in,
                        r, 1.0f);
     if (pd <= 0) {
         ft_linear_backward(A_(dx, nx), ft_none(), ft_none(), A_(m->d_lora_h, nh), A_(x, nx),
-                           A_(w->lora_a[p], (size_t)r * in), N, in, r, 1.0f);
+                           A_(v.lora_a, (size_t)r * in), N, in, r, 1.0f);
         return;
     }
     ft_zero(A_(m->x_drop, nx), nx);
     ft_linear_backward(A_(m->x_drop, nx), ft_none(), ft_none(), A_(m->d_lora_h, nh),
-                       A_(x, nx), A_(w->lora_a[p], (size_t)r * in), N, in, r, 1.0f);
-    ft_dropout_backward(A_(dx, nx), A_(m->x_drop, nx), nx, pd, lora_dropout_seed(m, l, p), 0);
+                       A_(x, nx), A_(v.lora_a, (size_t)r * in), N, in, r, 1.0f);
+    ft_dropout_backward(A_(dx, nx), A_(m->x_drop, nx), nx, pd,
+                        lora_dropout_seed(m, l, v.mod), 0);
+}
+
+/* The RoPE frequencies of the current forward: [rotary_dim/2], the short or (longrope
+ * beyond the original context) the long set. */
+static ft_tensor rope_freqs(ft_model *m)
+{
+    size_t h = (size_t)m->cfg.rotary_dim / 2;
+    return F_(m->inv_freq_dev + (m->rope_long ? h : 0), h);
 }
 
 /* One decoder layer: in -> out. out NULL recomputes only what backward needs (a
@@ -184,15 +236,19 @@ static void layer_forward(ft_model *m, int l, const float *in, float *out)
     int Hq = c->num_heads, Hkv = c->num_kv_heads, D = c->head_dim;
     size_t nC = (size_t)N * C, nQ = (size_t)N * Hq * D, nK = (size_t)N * Hkv * D,
            nI = (size_t)N * I;
-    ft_tensor pos = I_(m->pos, N), inv = F_(m->inv_freq_dev, D / 2);
+    ft_tensor pos = I_(m->pos, N), inv = rope_freqs(m);
+    int rd = c->rotary_dim;
+    float rs = c->rope_attention_factor;
 
     ft_rmsnorm_forward(A_(a->ln1, nC), F_(a->rstd1, N), A_(in, nC), A_(w->ln1, C), N, C,
                        c->rms_norm_eps, c->norm_w_offset);
     proj_forward(m, l, FT_PROJ_Q, a->ln1, a->q);
     proj_forward(m, l, FT_PROJ_K, a->ln1, a->k);
     proj_forward(m, l, FT_PROJ_V, a->ln1, a->v);
-    ft_rope_forward(A_(a->q, nQ), pos, inv, N, Hq, D);
-    ft_rope_forward(A_(a->k, nK), pos, inv, N, Hkv, D);
+    if (ft_layer_uses_rope(c, l)) { /* (smollm3's NoPE layers: q, k unrotated) */
+        ft_rope_forward(A_(a->q, nQ), pos, inv, N, Hq, D, rd, rs);
+        ft_rope_forward(A_(a->k, nK), pos, inv, N, Hkv, D, rd, rs);
+    }
     ft_attention_forward(A_(a->att, nQ), F_(a->lse, (size_t)N * Hq), A_(a->q, nQ),
                          A_(a->k, nK), A_(a->v, nK), m->has_seg ? I_(m->seg, N) : ft_none(),
                          B, T, Hq, Hkv, D, c->attention_scale, c->sliding_window);
@@ -208,8 +264,10 @@ static void layer_forward(ft_model *m, int l, const float *in, float *out)
     else
         ft_swiglu_forward(A_(a->act, nI), A_(a->gate, nI), A_(a->up, nI), nI);
     if (!out) {
-        if (w->lora_a[FT_PROJ_DOWN])
-            lora_h_forward(m, l, FT_PROJ_DOWN, a->act);
+        if (w->lora_a[FT_PROJ_DOWN]) {
+            const proj_view v = proj_view_of(m, l, FT_PROJ_DOWN);
+            lora_h_forward(m, l, &v, a->act);
+        }
         return;
     }
     proj_forward(m, l, FT_PROJ_DOWN, a->act, out);
@@ -227,7 +285,9 @@ static void layer_backward(ft_model *m, int l)
     int Hq = c->num_heads, Hkv = c->num_kv_heads, D = c->head_dim;
     size_t nC = (size_t)N * C, nQ = (size_t)N * Hq * D, nK = (size_t)N * Hkv * D,
            nI = (size_t)N * I;
-    ft_tensor pos = I_(m->pos, N), inv = F_(m->inv_freq_dev, D / 2);
+    ft_tensor pos = I_(m->pos, N), inv = rope_freqs(m);
+    int rd = c->rotary_dim;
+    float rs = c->rope_attention_factor;
 
     /* MLP: out = mid + r * down(act(gate(ln2)) * up(ln2)), r the residual scale */
     ft_zero(A_(m->d_act, nI), nI);
@@ -258,8 +318,10 @@ static void layer_backward(ft_model *m, int l)
                           F_(a->lse, (size_t)N * Hq),
                           m->has_seg ? I_(m->seg, N) : ft_none(), B, T, Hq, Hkv, D,
                           c->attention_scale, c->sliding_window);
-    ft_rope_backward(A_(m->d_q, nQ), pos, inv, N, Hq, D);
-    ft_rope_backward(A_(m->d_k, nK), pos, inv, N, Hkv, D);
+    if (ft_layer_uses_rope(c, l)) {
+        ft_rope_backward(A_(m->d_q, nQ), pos, inv, N, Hq, D, rd, rs);
+        ft_rope_backward(A_(m->d_k, nK), pos, inv, N, Hkv, D, rd, rs);
+    }
     ft_zero(A_(m->d_ln, nC), nC);
     proj_backward(m, l, FT_PROJ_Q, a->ln1, m->d_q, m->d_ln);
     proj_backward(m, l, FT_PROJ_K, a->ln1, m->d_k, m->d_ln);

@@ -84,6 +84,13 @@ LORA_VARIANTS = {
     "patterns": dict(target_modules=["q_proj", "v_proj", "down_proj"],
                      rank_pattern={"v_proj": 2}, alpha_pattern={"q_proj": 16}),
     "dora": dict(target_modules=["q_proj", "v_proj"], use_dora=True),
+    # Phi-3's fused modules (qkv_proj: one A, B over [q; k; v] rows; gate_up_proj likewise)
+    "all4": dict(target_modules=list(ftref.PHI3_FOUR)),
+    "qkv_down": dict(target_modules=["qkv_proj", "down_proj"]),
+    # without qkv_proj: for training runs (k rows, as test_train.py says of k_proj)
+    "no_qkv": dict(target_modules=["o_proj", "gate_up_proj", "down_proj"]),
+    "phi_paths": dict(target_modules=["model.layers.0.self_attn.qkv_proj",
+                                      "layers.1.mlp.gate_up_proj", "o_proj"]),
 }
 
 

@@ -29,6 +29,10 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
@@ -50,6 +54,13 @@ TOL_SELF = 1e-5
 HARNESS_TIMEOUT_S = 120
 
 SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# Phi-3's linear modules: q, k, v fused in qkv_proj, gate and up in gate_up_proj
+PHI3_FOUR = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
+
+
+def linear_modules(shape):
+    """The block's LoRA-targetable module names (PEFT's all-linear)."""
+    return PHI3_FOUR if shape.arch == "phi3" else SEVEN
 
 # --------------------------------------------------------------------------------------
 # model shapes
@@ -58,7 +69,7 @@ SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_p
 @dataclass
 class Shape:
     name: str
-    arch: str  # llama | mistral | qwen2 | granite | gemma
+    arch: str  # llama | mistral | qwen2 | granite | gemma | phi3 | smollm3
     cfg: dict
     T: int = 12
     save_dtype: torch.dtype = torch.float32
@@ -90,6 +101,13 @@ def _cfg(**kw):
     c = dict(_BASE)
     c.update(kw)
     return c
+
+
+def _longrope(n, theta=10000.0):
+    """Phi-3 longrope parameters with n = rotary_dim / 2 distinct short and long factors."""
+    return {"rope_type": "longrope", "rope_theta": theta,
+            "short_factor": [1.0 + 0.15 * i for i in range(n)],
+            "long_factor": [2.0 + 1.7 * i for i in range(n)]}
 
 
 LLAMA3_ROPE = {
@@ -164,6 +182,49 @@ SHAPES = {
             note="(1 + w) norms, sqrt(hidden) embedding scale, GeGLU (gelu tanh), head_dim 16 "
                  "!= 32/4, tied",
         ),
+        Shape("phi3", "phi3", _cfg(pad_token_id=None),
+              note="fused qkv_proj and gate_up_proj weights, untied"),
+        Shape(
+            "phi3_longrope",
+            "phi3",
+            _cfg(num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+                 original_max_position_embeddings=8, partial_rotary_factor=0.75,
+                 rope_parameters=_longrope(6)),
+            T=12,
+            note="head_dim 16, rotary_dim 12 (partial 0.75), longrope beyond the original 8 "
+                 "positions (T 12: the long factors), attention factor from 32 / 8",
+        ),
+        Shape(
+            "phi4_mini",
+            "phi3",
+            _cfg(num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                 original_max_position_embeddings=16, partial_rotary_factor=0.75,
+                 rope_parameters=_longrope(6, theta=250000.0), tie_word_embeddings=True,
+                 vocab_size=80),
+            T=12,
+            note="Phi-4-mini-like: tied, partial rotary 0.75, longrope within the original "
+                 "16 positions (T 12: the short factors)",
+        ),
+        Shape("phi3_sw_partial", "phi3",
+              _cfg(partial_rotary_factor=0.5, sliding_window=5, rope_theta=500000.0),
+              T=12,
+              note="default RoPE on half of each head (head_dim 8: rotary_dim 4), sliding "
+                   "window 5 < T 12 (Phi-3-mini-4k has 2047)"),
+        Shape("smollm3", "smollm3", _cfg(tie_word_embeddings=True, no_rope_layers=[1, 0],
+                                          rope_theta=50000.0),
+              note="tied, GQA, layer 1 without RoPE (no_rope_layers [1, 0])"),
+        Shape(
+            "smollm3_interval",
+            "smollm3",
+            _cfg(num_hidden_layers=4, num_key_value_heads=1, no_rope_layer_interval=2,
+                 tie_word_embeddings=True, mlp_bias=True),
+            # null: the layers come from the interval (1 and 3 without RoPE), as
+            # SmolLM3Config derives them
+            config_patch={"no_rope_layers": None},
+            # (no attention_bias: in a NoPE layer the k bias gradient is exactly 0, a
+            # constant key shift leaving the softmax unchanged, and both sides hold noise)
+            note="NoPE layers 1 and 3 from no_rope_layer_interval 2, MQA, mlp biases",
+        ),
     ]
 }
 
@@ -171,7 +232,8 @@ SHAPES = {
 _SEEDS = {"llama_gqa": 0, "llama_mqa_odd": 10, "tied": 20, "qwen2": 30, "llama3_rope": 40,
           "mistral_sw": 50, "head_dim16": 60, "llama_bias": 70, "bf16_ckpt": 80,
           "fp16_ckpt": 90, "sharded": 100, "rope_linear": 110, "granite": 120,
-          "gemma": 130}
+          "gemma": 130, "phi3": 140, "phi3_longrope": 150, "phi4_mini": 160, "smollm3": 170,
+          "smollm3_interval": 180, "phi3_sw_partial": 190}
 for _name, _s in SHAPES.items():
     _s.seed = _SEEDS[_name]
 
@@ -181,6 +243,8 @@ _ARCH = {
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
     "granite": (GraniteConfig, GraniteForCausalLM),
     "gemma": (GemmaConfig, GemmaForCausalLM),
+    "phi3": (Phi3Config, Phi3ForCausalLM),
+    "smollm3": (SmolLM3Config, SmolLM3ForCausalLM),
 }
 
 

@@ -29,7 +29,8 @@ pytestmark = pytest.mark.skipif(not (EMU or torch.cuda.is_available()),
 
 B = 2
 CASES = [("llama_gqa", "all7"), ("qwen2", "qv"), ("llama_mqa_odd", "all7"), ("tied", "qv"),
-         ("granite", "all7"), ("gemma", "all7")]
+         ("granite", "all7"), ("gemma", "all7"), ("phi3", "all4"), ("phi3_longrope", "all4"),
+         ("phi4_mini", "qkv_down"), ("smollm3", "all7"), ("smollm3_interval", "qv")]
 
 BF16_TOL_LOGITS = 2e-2
 BF16_TOL_LOSS = 1e-2

@@ -27,6 +27,15 @@ CASES = [
     ("granite", "all7"),
     ("gemma", "all7"),
     ("gemma", "all-linear"),
+    ("phi3", "all4"),
+    ("phi3", "all-linear"),
+    ("phi3", "all-linear-literal"),
+    ("phi3", "phi_paths"),
+    ("phi3_longrope", "all4"),
+    ("phi4_mini", "qkv_down"),
+    ("phi3_sw_partial", "all-linear"),
+    ("smollm3", "all7"),
+    ("smollm3_interval", "qv"),
 ]
 
 

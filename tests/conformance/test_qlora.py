@@ -32,6 +32,9 @@ CASES = [
     ("tied", "qv", dict(type="nf4", blocksize=64, double_quant=True)),
     ("granite", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
     ("gemma", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
+    ("phi3", "all4", dict(type="nf4", blocksize=64, double_quant=True)),
+    ("phi4_mini", "qkv_down", dict(type="int8")),
+    ("smollm3", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
 ]
 
 
@@ -75,14 +78,16 @@ def case(request, store, ft, tmp_path_factory):
     ref = ftref.lora_mode_model(ref_dir, adapter_dir)
     logits, loss, grads = ftref.hf_grads(ref, ids, labels, key=ftref.peft_key)
     return dict(q=q, out=out, deq=deq, orig=ftref.load_hf(model_dir).state_dict(),
-                logits=logits, loss=loss, grads=grads, layers=m.config.num_hidden_layers)
+                logits=logits, loss=loss, grads=grads, layers=m.config.num_hidden_layers,
+                modules=ftref.linear_modules(shape))
 
 
 def test_every_layer_linear_is_quantized(case):
     paths = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
-             "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+             "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp",
+             "qkv_proj": "self_attn", "gate_up_proj": "mlp"}
     want = {f"model.layers.{l}.{paths[p]}.{p}.weight" for l in range(case["layers"])
-            for p in ftref.SEVEN}
+            for p in case["modules"]}
     assert set(case["deq"]) == want
 
 

@@ -85,6 +85,9 @@ INIT_CASES = [
     ("qwen2", "k_proj,gate_proj", ["k_proj", "gate_proj"], 2, 3.5, False),
     ("granite", "all-linear", ftref.SEVEN, 4, 8, False),
     ("gemma", "all-linear", ftref.SEVEN, 4, 8, False),
+    ("phi3", "all-linear", ftref.PHI3_FOUR, 4, 8, False),
+    ("phi4_mini", "qkv,gate_up", ["qkv_proj", "gate_up_proj"], 2, 4, True),
+    ("smollm3", "all-linear", ftref.SEVEN, 4, 8, False),
 ]
 
 
@@ -209,6 +212,12 @@ MERGE_CASES = [
     ("granite", "all7", "f32"),
     ("gemma", "all7", "f32"),  # tied; norm weights stay Gemma's offsets from 1
     ("gemma", "qv", "bf16"),
+    ("phi3", "all4", "f32"),  # fused qkv_proj / gate_up_proj written back fused
+    ("phi3_longrope", "qkv_down", "f32"),
+    ("phi4_mini", "all-linear", "f32"),  # tied
+    ("phi4_mini", "qkv_down", "bf16"),
+    ("smollm3", "all7", "f32"),  # tied; NoPE layer
+    ("smollm3_interval", "all-linear", "f32"),
 ]
 
 _DT = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}

@@ -64,6 +64,22 @@ RUNS = [
          train=_train(1e-2, max_grad_norm=0.5)),
     dict(id="lora-cosine-gemma", model="gemma", adapter="no_k", adapter_seed=1,
          train=_train(1e-2)),
+    # Phi-3 / Phi-4: fused weights, partial rotary, longrope (long and short factors)
+    dict(id="full-cosine-phi3", model="phi3", adapter=None, train=_train(1e-3)),
+    dict(id="full-cosine-phi3-longrope", model="phi3_longrope", adapter=None,
+         train=_train(1e-3)),
+    dict(id="full-cosine-phi4-mini", model="phi4_mini", adapter=None, train=_train(1e-3)),
+    # (no qkv_proj: its k rows, as k_proj above)
+    dict(id="lora-cosine-phi3", model="phi3", adapter="no_qkv", adapter_seed=1,
+         train=_train(1e-2)),
+    dict(id="lora-cosine-phi4-mini", model="phi4_mini", adapter="no_qkv", adapter_seed=1,
+         train=_train(1e-2)),
+    dict(id="full-cosine-phi3-longrope-accum2-ckpt", model="phi3_longrope", adapter=None,
+         train=_train(1e-3), B=4, extra=dict(grad_accum=2, grad_ckpt=True)),
+    # SmolLM3: layers without RoPE
+    dict(id="full-cosine-smollm3", model="smollm3", adapter=None, train=_train(1e-3)),
+    dict(id="lora-cosine-smollm3", model="smollm3_interval", adapter="no_k", adapter_seed=1,
+         train=_train(1e-2, max_grad_norm=1.0)),
 ]
 
 

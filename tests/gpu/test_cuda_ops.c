@@ -230,31 +230,41 @@ static void test_add_rmsnorm(void)
 
 static void test_rope(void)
 {
-    static const int shapes[][3] = {{13, 3, 8}, {40, 4, 64}, {7, 32, 128}, {5, 2, 6}};
+    /* N, heads, head_dim, rotary dims; scale: longrope's cos/sin factor (1 otherwise) */
+    static const struct {
+        int N, H, D, rd;
+        float scale;
+    } shapes[] = {{13, 3, 8, 8, 1.0f},   {40, 4, 64, 64, 1.0f},     {7, 32, 128, 128, 1.0f},
+                  {5, 2, 6, 6, 1.0f},    {11, 3, 16, 12, 1.0f},     {9, 4, 128, 96, 1.1902f},
+                  {6, 2, 12, 2, 0.75f}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int di = 0; di < 2; di++) {
             ft_dtype d = DTYPES[di];
-            int N = shapes[s][0], H = shapes[s][1], D = shapes[s][2];
+            int N = shapes[s].N, H = shapes[s].H, D = shapes[s].D, rd = shapes[s].rd;
+            float sc = shapes[s].scale;
             size_t n = (size_t)N * H * D;
             int32_t *pos = malloc(sizeof(int32_t) * N);
             for (int i = 0; i < N; i++)
                 pos[i] = (i * 613) % 4099; /* up to 4098: large angles */
-            float *inv = host_alloc(D / 2);
-            for (int i = 0; i < D / 2; i++)
-                inv[i] = (float)(1.0 / pow(10000.0, 2.0 * i / D));
+            float *inv = host_alloc(rd / 2);
+            for (int i = 0; i < rd / 2; i++)
+                inv[i] = (float)(1.0 / pow(10000.0, 2.0 * i / rd));
             float *x = rounded(host_random(n, 1.0f), n, d);
             ft_tensor gx = dev_upload(x, n, d), gp = dev_upload_raw(pos, N, 4, FT_I32);
-            ft_tensor ginv = dev_upload(inv, D / 2, FT_F32);
-            ft_rope_forward(ft_f32(x, n), ft_i32(pos, N), ft_f32(inv, D / 2), N, H, D);
-            ft_rope_forward(gx, gp, ginv, N, H, D);
+            ft_tensor ginv = dev_upload(inv, rd / 2, FT_F32);
+            ft_rope_forward(ft_f32(x, n), ft_i32(pos, N), ft_f32(inv, rd / 2), N, H, D, rd, sc);
+            ft_rope_forward(gx, gp, ginv, N, H, D, rd, sc);
             char what[96];
-            snprintf(what, sizeof what, "rope fwd %dx%dx%d %s", N, H, D, dtype_name(d));
+            snprintf(what, sizeof what, "rope fwd %dx%dx%d rd %d %s", N, H, D, rd,
+                     dtype_name(d));
             check_dev(what, gx, x, tol_for(d));
             float *g = rounded(host_random(n, 1.0f), n, d);
             ft_tensor gg = dev_upload(g, n, d);
-            ft_rope_backward(ft_f32(g, n), ft_i32(pos, N), ft_f32(inv, D / 2), N, H, D);
-            ft_rope_backward(gg, gp, ginv, N, H, D);
-            snprintf(what, sizeof what, "rope bwd %dx%dx%d %s", N, H, D, dtype_name(d));
+            ft_rope_backward(ft_f32(g, n), ft_i32(pos, N), ft_f32(inv, rd / 2), N, H, D, rd,
+                             sc);
+            ft_rope_backward(gg, gp, ginv, N, H, D, rd, sc);
+            snprintf(what, sizeof what, "rope bwd %dx%dx%d rd %d %s", N, H, D, rd,
+                     dtype_name(d));
             check_dev(what, gg, g, tol_for(d));
             free(pos), free(inv), free(x), free(g);
             dev_free(gx), dev_free(gp), dev_free(ginv), dev_free(gg);

@@ -75,23 +75,32 @@ static void make_inv_freq(float *inv_freq, int D, double theta)
 
 /* ---- RoPE reference ------------------------------------------------------------ */
 
-/* y = rope(x) in double, from the same fp32 angle the op uses. */
-static void rope_ref(double *y, const double *x, const int32_t *pos, const float *inv_freq,
-                     int N, int heads, int D)
+/* y = rope(x) in double, from the same fp32 angle the op uses: the first rd dims of
+ * each head rotate (cos and sin times scale), the rest are copied. */
+static void rope_ref_rd(double *y, const double *x, const int32_t *pos, const float *inv_freq,
+                        int N, int heads, int D, int rd, double scale)
 {
-    const int h = D / 2;
+    const int h = rd / 2;
     for (int n = 0; n < N; n++) {
         for (int hd = 0; hd < heads; hd++) {
             const double *xr = x + ((size_t)n * heads + hd) * D;
             double *yr = y + ((size_t)n * heads + hd) * D;
             for (int i = 0; i < h; i++) {
                 const float a = (float)pos[n] * inv_freq[i];
-                const double c = cos((double)a), s = sin((double)a);
+                const double c = cos((double)a) * scale, s = sin((double)a) * scale;
                 yr[i] = xr[i] * c - xr[i + h] * s;
                 yr[i + h] = xr[i + h] * c + xr[i] * s;
             }
+            for (int i = rd; i < D; i++)
+                yr[i] = xr[i];
         }
     }
+}
+
+static void rope_ref(double *y, const double *x, const int32_t *pos, const float *inv_freq,
+                     int N, int heads, int D)
+{
+    rope_ref_rd(y, x, pos, inv_freq, N, heads, D, D, 1.0);
 }
 
 /* Shapes for the RoPE tests: D = 300 exercises more than one cos/sin chunk. */
@@ -112,7 +121,7 @@ static void test_rope_forward(void)
             double *xd = to_double(x, n);
             double *yd = malloc(n * sizeof(double));
             rope_ref(yd, xd, rope_pos, inv_freq, ROPE_N, ROPE_HEADS, D);
-            ft_cpu_rope_forward(x, rope_pos, inv_freq, ROPE_N, ROPE_HEADS, D);
+            ft_cpu_rope_forward(x, rope_pos, inv_freq, ROPE_N, ROPE_HEADS, D, D, 1.0f);
             for (size_t i = 0; i < n; i++) {
                 CHECK_CLOSE(x[i], yd[i], 1e-6);
             }
@@ -137,7 +146,7 @@ static void test_rope_backward_fd(void)
 
         /* analytic: dL/dx = rope_backward(r) */
         float *g = copy_buf(r, n);
-        ft_cpu_rope_backward(g, rope_pos, inv_freq, ROPE_N, ROPE_HEADS, D);
+        ft_cpu_rope_backward(g, rope_pos, inv_freq, ROPE_N, ROPE_HEADS, D, D, 1.0f);
 
         const double step = 1e-3;
         for (size_t e = 0; e < n; e++) {
@@ -159,8 +168,8 @@ static void test_rope_backward_fd(void)
 
         /* backward undoes forward (the rotation is orthogonal) */
         float *y = copy_buf(x, n);
-        ft_cpu_rope_forward(y, rope_pos, inv_freq, ROPE_N, ROPE_HEADS, D);
-        ft_cpu_rope_backward(y, rope_pos, inv_freq, ROPE_N, ROPE_HEADS, D);
+        ft_cpu_rope_forward(y, rope_pos, inv_freq, ROPE_N, ROPE_HEADS, D, D, 1.0f);
+        ft_cpu_rope_backward(y, rope_pos, inv_freq, ROPE_N, ROPE_HEADS, D, D, 1.0f);
         for (size_t i = 0; i < n; i++) {
             CHECK_CLOSE(y[i], x[i], 1e-6);
         }
@@ -181,7 +190,7 @@ static void test_rope_norm_and_identity(void)
     make_inv_freq(inv_freq, D, 10000.0);
     float *x = rand_buf(n, 3.0f);
     float *y = copy_buf(x, n);
-    ft_cpu_rope_forward(y, rope_pos, inv_freq, ROPE_N, ROPE_HEADS, D);
+    ft_cpu_rope_forward(y, rope_pos, inv_freq, ROPE_N, ROPE_HEADS, D, D, 1.0f);
     for (int row = 0; row < ROPE_N * ROPE_HEADS; row++) {
         const float *xr = x + (size_t)row * D, *yr = y + (size_t)row * D;
         for (int i = 0; i < h; i++) {
@@ -194,12 +203,65 @@ static void test_rope_norm_and_identity(void)
     /* position 0 is the identity, bitwise, forward and backward */
     int32_t zeros[ROPE_N] = {0};
     memcpy(y, x, n * sizeof(float));
-    ft_cpu_rope_forward(y, zeros, inv_freq, ROPE_N, ROPE_HEADS, D);
+    ft_cpu_rope_forward(y, zeros, inv_freq, ROPE_N, ROPE_HEADS, D, D, 1.0f);
     CHECK(memcmp(x, y, n * sizeof(float)) == 0);
-    ft_cpu_rope_backward(y, zeros, inv_freq, ROPE_N, ROPE_HEADS, D);
+    ft_cpu_rope_backward(y, zeros, inv_freq, ROPE_N, ROPE_HEADS, D, D, 1.0f);
     CHECK(memcmp(x, y, n * sizeof(float)) == 0);
     free(x);
     free(y);
+}
+
+/* Partial rotary (rd < D: Phi-4-mini's 0.75) with longrope's cos/sin scale: forward
+ * against the double reference (the pass-through dims bitwise), backward against central
+ * finite differences of L = sum(rope(x) * r), and forward then backward is the identity
+ * times scale^2 on the rotated dims (a scaled rotation). */
+static void test_rope_partial_scaled(void)
+{
+    static const struct {
+        int D, rd;
+        float scale;
+    } cases[] = {{8, 6, 1.0f}, {16, 12, 1.1902f}, {12, 2, 0.75f}, {300, 226, 1.0f},
+                 {64, 64, 1.3f}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int D = cases[c].D, rd = cases[c].rd;
+        const float sc = cases[c].scale;
+        const size_t n = (size_t)ROPE_N * ROPE_HEADS * D;
+        float inv_freq[150];
+        make_inv_freq(inv_freq, rd, 10000.0);
+        float *x = rand_buf(n, 1.0f);
+        float *r = rand_buf(n, 1.0f);
+        double *xd = to_double(x, n);
+        double *yd = malloc(n * sizeof(double));
+        float *y = copy_buf(x, n);
+        ft_cpu_rope_forward(y, rope_pos, inv_freq, ROPE_N, ROPE_HEADS, D, rd, sc);
+        rope_ref_rd(yd, xd, rope_pos, inv_freq, ROPE_N, ROPE_HEADS, D, rd, sc);
+        for (size_t i = 0; i < n; i++) {
+            CHECK_CLOSE(y[i], yd[i], 2e-6);
+            if ((int)(i % D) >= rd)
+                CHECK(y[i] == x[i]);
+        }
+        float *g = copy_buf(r, n);
+        ft_cpu_rope_backward(g, rope_pos, inv_freq, ROPE_N, ROPE_HEADS, D, rd, sc);
+        const double step = 1e-3;
+        for (size_t e = 0; e < n; e += (D > 64 ? 7 : 1)) {
+            double lp = 0.0, lm = 0.0;
+            const double x0 = xd[e];
+            xd[e] = x0 + step;
+            rope_ref_rd(yd, xd, rope_pos, inv_freq, ROPE_N, ROPE_HEADS, D, rd, sc);
+            for (size_t i = 0; i < n; i++)
+                lp += yd[i] * r[i];
+            xd[e] = x0 - step;
+            rope_ref_rd(yd, xd, rope_pos, inv_freq, ROPE_N, ROPE_HEADS, D, rd, sc);
+            for (size_t i = 0; i < n; i++)
+                lm += yd[i] * r[i];
+            xd[e] = x0;
+            CHECK_CLOSE(g[e], (lp - lm) / (2.0 * step), 2e-6);
+        }
+        ft_cpu_rope_backward(y, rope_pos, inv_freq, ROPE_N, ROPE_HEADS, D, rd, sc);
+        for (size_t i = 0; i < n; i++)
+            CHECK_CLOSE(y[i], (int)(i % D) < rd ? x[i] * (double)sc * sc : x[i], 2e-6);
+        free(x), free(r), free(xd), free(yd), free(y), free(g);
+    }
 }
 
 /* ---- attention reference ------------------------------------------------------- */
@@ -530,8 +592,8 @@ static void check_packed_vs_separate(int window)
     float *q = rand_buf(nq, 1.5f), *k = rand_buf(nk, 1.5f), *v = rand_buf(nk, 1.0f);
     float *r = rand_buf(nq, 1.0f);
     float *qp = copy_buf(q, nq), *kp = copy_buf(k, nk);
-    ft_cpu_rope_forward(qp, pos, inv_freq, T, Hq, D);
-    ft_cpu_rope_forward(kp, pos, inv_freq, T, Hkv, D);
+    ft_cpu_rope_forward(qp, pos, inv_freq, T, Hq, D, D, 1.0f);
+    ft_cpu_rope_forward(kp, pos, inv_freq, T, Hkv, D, D, 1.0f);
     float out[T * Hq * D], lse[Hq * T];
     float dq[T * Hq * D] = {0}, dk[T * Hkv * D] = {0}, dv[T * Hkv * D] = {0};
     ft_cpu_attention_forward(out, lse, qp, kp, v, seg, 1, T, Hq, Hkv, D, scale, window);
@@ -548,8 +610,8 @@ static void check_packed_vs_separate(int window)
         float *ks = copy_buf(k + (size_t)t0 * Hkv * D, (size_t)L * Hkv * D);
         const float *vs = v + (size_t)t0 * Hkv * D;
         const float *rs = r + (size_t)t0 * Hq * D;
-        ft_cpu_rope_forward(qs, ps, inv_freq, L, Hq, D);
-        ft_cpu_rope_forward(ks, ps, inv_freq, L, Hkv, D);
+        ft_cpu_rope_forward(qs, ps, inv_freq, L, Hq, D, D, 1.0f);
+        ft_cpu_rope_forward(ks, ps, inv_freq, L, Hkv, D, D, 1.0f);
         float os[T * Hq * D], ls[Hq * T];
         float dqs[T * Hq * D] = {0}, dks[T * Hkv * D] = {0}, dvs[T * Hkv * D] = {0};
         ft_cpu_attention_forward(os, ls, qs, ks, vs, NULL, 1, L, Hq, Hkv, D, scale,
@@ -589,6 +651,7 @@ static void test_packed_equals_separate(void)
 int main(void)
 {
     RUN(test_rope_forward);
+    RUN(test_rope_partial_scaled);
     RUN(test_rope_backward_fd);
     RUN(test_rope_norm_and_identity);
     RUN(test_attention_forward);

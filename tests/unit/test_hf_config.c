@@ -443,6 +443,142 @@ static void test_gemma(void)
                  " \"attention_multiplier\": 0.1}", "attention_multiplier");
 }
 
+/* A Phi-3.5 / Phi-4-mini-like config: fused projections, partial rotary 0.75 (head_dim 64:
+ * rotary_dim 48, 24 factors), longrope with the attention factor from 131072 / 4096;
+ * frequencies from transformers 5.24 (_compute_longrope_parameters; short: seq_len
+ * None, long: 4097). Then what phi3 refuses. */
+/* 16 factors: rotary_dim / 2 for REQ's head_dim 32 */
+#define F16_1 "1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1"
+#define F16_2 "2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2"
+
+static void test_phi3(void)
+{
+    ft_model_config c;
+    ft_err e = {0};
+    CHECK(load("{\"model_type\": \"phi3\", \"vocab_size\": 1000, \"hidden_size\": 256,"
+               " \"intermediate_size\": 512, \"num_hidden_layers\": 2,"
+               " \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+               " \"max_position_embeddings\": 131072,"
+               " \"original_max_position_embeddings\": 4096, \"partial_rotary_factor\": 0.75,"
+               " \"resid_pdrop\": 0.0, \"embd_pdrop\": 0.0, \"sliding_window\": 262144,"
+               " \"rope_scaling\": {\"type\": \"longrope\", \"short_factor\": "
+               "[1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.35, 1.4, 1.45, 1.5, 1.55, 1.6, 1.65, 1.7, 1.75, 1.8, 1.85, 1.9, 1.95, 2.0, 2.05, 2.1, 2.15],"
+               " \"long_factor\": "
+               "[1.0, 1.9, 2.8, 3.7, 4.6, 5.5, 6.4, 7.3, 8.2, 9.1, 10.0, 10.9, 11.8, 12.7, 13.6, 14.5, 15.4, 16.3, 17.2, 18.1, 19.0, 19.9, 20.8, 21.7]}}",
+               &c, &e) == 0);
+    CHECK(strcmp(c.model_type, "phi3") == 0 && c.fused_proj);
+    CHECK(c.head_dim == 64 && c.rotary_dim == 48 && c.rope_kind == FT_ROPE_LONGROPE);
+    CHECK(!c.qkv_bias && !c.o_bias && !c.mlp_bias && !c.tie_word_embeddings);
+    CHECK(c.rms_norm_eps == 1e-5f); /* Phi3Config's default */
+    CHECK(c.sliding_window == 262144 && c.rope_original_max_position == 4096);
+    CHECK(c.rope_attention_factor == (float)1.1902380714238083);
+    float s[24], l[24];
+    ft_rope_inv_freq(&c, s);
+    ft_rope_inv_freq_long(&c, l);
+    CHECK(s[0] == 1.0f && l[0] == 1.0f);
+    CHECK_REL(s[5], 0.11742394417524338, 1e-6);
+    CHECK_REL(l[5], 0.02668726071715355, 1e-6);
+    CHECK_REL(s[23], 6.826974276918918e-05, 1e-6);
+    CHECK_REL(l[23], 6.764052614016691e-06, 1e-6);
+    /* transformers' dynamic update: long once max(position_ids) + 1 > 4096 */
+    CHECK(!ft_rope_uses_long(&c, 4095) && ft_rope_uses_long(&c, 4096));
+    CHECK(ft_block_projections(&c) == ((1u << FT_PROJ_QKV) | (1u << FT_PROJ_O) |
+                                       (1u << FT_PROJ_GATE_UP) | (1u << FT_PROJ_DOWN)));
+    int in, out, row0;
+    ft_proj_dims(&c, FT_PROJ_QKV, &in, &out);
+    CHECK(in == 256 && out == 4 * 64 + 2 * 2 * 64);
+    CHECK(ft_proj_module(&c, FT_PROJ_V, &row0) == FT_PROJ_QKV && row0 == 4 * 64 + 2 * 64);
+    CHECK(ft_proj_module(&c, FT_PROJ_UP, &row0) == FT_PROJ_GATE_UP && row0 == 512);
+
+    /* plain phi3: default rope on every dim; the dict's partial_rotary_factor wins over
+     * the top level (transformers' setdefault), explicit factor and attention_factor */
+    CHECK(load("{\"model_type\": \"phi3\", " REQ ", \"partial_rotary_factor\": 0.5}", &c,
+               &e) == 0);
+    CHECK(c.rotary_dim == c.head_dim / 2 && c.rope_kind == FT_ROPE_DEFAULT);
+    CHECK(c.rope_attention_factor == 1.0f && c.max_position_embeddings == 4096);
+    CHECK(load("{\"model_type\": \"phi3\", " REQ ", \"partial_rotary_factor\": 0.5,"
+               " \"rope_parameters\": {\"rope_type\": \"longrope\", \"partial_rotary_factor\": 1.0,"
+               " \"short_factor\": [" F16_1 "], \"long_factor\": [" F16_2 "],"
+               " \"factor\": 2.0, \"attention_factor\": 0.9}}", &c, &e) == 0);
+    CHECK(c.rotary_dim == c.head_dim && c.rope_attention_factor == 0.9f);
+    CHECK(c.rope_original_max_position == 4096); /* Phi3Config's default */
+
+    EXPECT_ERROR("{\"model_type\": \"phi3\", " REQ ", \"resid_pdrop\": 0.1}", "resid_pdrop");
+    EXPECT_ERROR("{\"model_type\": \"phi3\", " REQ ", \"embd_pdrop\": 0.1}", "embd_pdrop");
+    EXPECT_ERROR("{\"model_type\": \"phi3\", " REQ ", \"attention_bias\": true}",
+                 "attention_bias");
+    EXPECT_ERROR("{\"model_type\": \"phi3\", " REQ ", \"hidden_act\": \"gelu\"}", "hidden_act");
+    EXPECT_ERROR("{\"model_type\": \"phi3\", " REQ ", \"rope_scaling\": {\"type\": \"linear\","
+                 " \"factor\": 2.0}}", "rope_scaling.type");
+    EXPECT_ERROR("{\"model_type\": \"phi3\", " REQ ", \"rope_scaling\": {\"type\": \"longrope\","
+                 " \"short_factor\": [1, 1, 1], \"long_factor\": [2, 2, 2, 2]}}",
+                 "rope_scaling.short_factor");
+    EXPECT_ERROR("{\"model_type\": \"phi3\", " REQ ", \"rope_scaling\": {\"type\": \"su\","
+                 " \"short_factor\": [" F16_1 "]}}", "rope_scaling.long_factor");
+    EXPECT_ERROR("{\"model_type\": \"phi3\", " REQ ", \"partial_rotary_factor\": 0.3}",
+                 "partial_rotary_factor");
+    EXPECT_ERROR("{\"model_type\": \"phi3\", " REQ ", \"partial_rotary_factor\": 1.5}",
+                 "partial_rotary_factor");
+    /* other families: partial rotary stays refused */
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"partial_rotary_factor\": 0.5}",
+                 "partial_rotary_factor");
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"rope_scaling\": {\"type\": \"longrope\","
+                 " \"short_factor\": [1], \"long_factor\": [1]}}", "rope_scaling.type");
+}
+
+/* SmolLM3 (HuggingFaceTB/SmolLM3-3B's keys, fewer layers): the per-layer RoPE list, the
+ * interval rule when it is absent or null, SmolLM3Config's defaults; what it refuses. */
+static void test_smollm3(void)
+{
+    ft_model_config c;
+    ft_err e = {0};
+    CHECK(load("{\"architectures\": [\"SmolLM3ForCausalLM\"], \"model_type\": \"smollm3\","
+               " \"vocab_size\": 128256, \"hidden_size\": 2048, \"intermediate_size\": 11008,"
+               " \"num_hidden_layers\": 4, \"num_attention_heads\": 16,"
+               " \"num_key_value_heads\": 4, \"no_rope_layers\": [1, 1, 1, 0],"
+               " \"no_rope_layer_interval\": 4, \"rope_theta\": 5000000.0,"
+               " \"use_sliding_window\": false, \"sliding_window\": null,"
+               " \"layer_types\": [\"full_attention\", \"full_attention\", \"full_attention\","
+               " \"full_attention\"], \"attention_bias\": false, \"mlp_bias\": false,"
+               " \"max_position_embeddings\": 65536, \"rms_norm_eps\": 1e-06,"
+               " \"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\"}",
+               &c, &e) == 0);
+    CHECK(strcmp(c.model_type, "smollm3") == 0 && !c.fused_proj && c.tie_word_embeddings);
+    CHECK(c.head_dim == 128 && c.rotary_dim == 128 && c.num_kv_heads == 4);
+    CHECK(ft_layer_uses_rope(&c, 0) && ft_layer_uses_rope(&c, 2) && !ft_layer_uses_rope(&c, 3));
+    /* absent (or null): every interval-th layer is NoPE; defaults of SmolLM3Config */
+    CHECK(load("{\"model_type\": \"smollm3\", \"vocab_size\": 1000, \"hidden_size\": 256,"
+               " \"intermediate_size\": 512, \"num_hidden_layers\": 8,"
+               " \"num_attention_heads\": 8}", &c, &e) == 0);
+    for (int l = 0; l < 8; l++)
+        CHECK(ft_layer_uses_rope(&c, l) == (l != 3 && l != 7));
+    CHECK(c.num_kv_heads == 4 && c.tie_word_embeddings && c.max_position_embeddings == 32768);
+    CHECK(load("{\"model_type\": \"smollm3\", \"vocab_size\": 1000, \"hidden_size\": 256,"
+               " \"intermediate_size\": 512, \"num_hidden_layers\": 5,"
+               " \"num_attention_heads\": 8, \"no_rope_layers\": null,"
+               " \"no_rope_layer_interval\": 2}", &c, &e) == 0);
+    for (int l = 0; l < 5; l++)
+        CHECK(ft_layer_uses_rope(&c, l) == (l % 2 == 0));
+    /* other families rotate every layer */
+    CHECK(load("{\"model_type\": \"llama\", \"vocab_size\": 1000, \"hidden_size\": 256,"
+               " \"intermediate_size\": 512, \"num_hidden_layers\": 8,"
+               " \"num_attention_heads\": 8}", &c, &e) == 0);
+    CHECK(ft_layer_uses_rope(&c, 3) && ft_layer_uses_rope(&c, 7));
+
+    EXPECT_ERROR("{\"model_type\": \"smollm3\", " REQ ", \"no_rope_layers\": [1]}",
+                 "no_rope_layers");
+    EXPECT_ERROR("{\"model_type\": \"smollm3\", " REQ ", \"no_rope_layers\": [1, 2]}",
+                 "no_rope_layers[1]");
+    EXPECT_ERROR("{\"model_type\": \"smollm3\", " REQ ", \"no_rope_layer_interval\": 0}",
+                 "no_rope_layer_interval");
+    EXPECT_ERROR("{\"model_type\": \"smollm3\", " REQ ", \"use_sliding_window\": true,"
+                 " \"sliding_window\": 4096}", "use_sliding_window");
+    EXPECT_ERROR("{\"model_type\": \"smollm3\", " REQ ", \"layer_types\": [\"full_attention\","
+                 " \"sliding_attention\"]}", "layer_types");
+    EXPECT_ERROR("{\"model_type\": \"smollm3\", " REQ ", \"hidden_act\": \"gelu\"}",
+                 "hidden_act");
+}
+
 static void test_file_errors(void)
 {
     ft_model_config c;
@@ -667,6 +803,8 @@ int main(void)
     RUN(test_llama_defaults_and_bias);
     RUN(test_granite);
     RUN(test_gemma);
+    RUN(test_phi3);
+    RUN(test_smollm3);
     RUN(test_file_errors);
     RUN(test_key_errors);
     RUN(test_math_errors);

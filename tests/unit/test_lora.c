@@ -146,6 +146,65 @@ static void test_model_checks_name_file(void)
           !strstr(err.msg, "adapter_config.json"));
 }
 
+/* The nine module names: short forms ("gate_up" is not "gate"), all-linear's bits, and
+ * a model refusing a module its block lacks (phi3 has no q_proj; llama no qkv_proj),
+ * naming it, while all-linear keeps each block's own. */
+static void test_fused_module_names(void)
+{
+    unsigned t;
+    ft_err err = {0};
+    CHECK(ft_lora_targets_parse("qkv,gate_up", &t, &err) == 0);
+    CHECK(t == ((1u << FT_PROJ_QKV) | (1u << FT_PROJ_GATE_UP)));
+    CHECK(ft_lora_targets_parse("gate,up", &t, &err) == 0);
+    CHECK(t == ((1u << FT_PROJ_GATE) | (1u << FT_PROJ_UP)));
+    CHECK(ft_lora_targets_parse("self_attn.qkv_proj,gate_up_proj", &t, &err) == 0);
+    CHECK(t == ((1u << FT_PROJ_QKV) | (1u << FT_PROJ_GATE_UP)));
+    CHECK(ft_lora_targets_parse("all-linear", &t, &err) == 0 && t == 0x1ffu);
+    CHECK(ft_lora_targets_parse("qk_proj", &t, &err) == -1 && strstr(err.msg, "qkv_proj"));
+    CHECK(strcmp(ft_proj_path(FT_PROJ_GATE_UP), "mlp.gate_up_proj") == 0);
+
+    char phi3[300], llama[300];
+    snprintf(phi3, sizeof phi3, "%s/phi3", root);
+    write_tiny_model(phi3, &(tiny_model_opts){.model_type = "phi3"});
+    snprintf(llama, sizeof llama, "%s/llama", root);
+    write_tiny_model(llama, &(tiny_model_opts){0});
+    static const struct {
+        const char *model, *targets, *refused; /* refused NULL: loads */
+    } cases[] = {{"phi3", "q_proj,o_proj", "'q_proj'"}, {"phi3", "all-linear", NULL},
+                 {"phi3", "qkv_proj,gate_up_proj", NULL}, {"llama", "gate_up", "'gate_up_proj'"},
+                 {"llama", "all-linear", NULL}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ft_model_options opt = {.mode = FT_TRAIN_LORA, .lora = {.r = 2, .alpha = 4}};
+        CHECK(ft_lora_targets_parse(cases[i].targets, &opt.lora.targets, &err) == 0);
+        ft_model *m = NULL;
+        int rc = ft_model_load(&m, strcmp(cases[i].model, "phi3") ? llama : phi3, &opt, &err);
+        if (cases[i].refused) {
+            CHECK(rc == -1 && strstr(err.msg, cases[i].refused) &&
+                  strstr(err.msg, "not a linear layer"));
+        } else {
+            CHECK(rc == 0);
+            size_t n = 0;
+            ft_model_trainable(m, &n);
+            CHECK(n > 0);
+        }
+        ft_model_free(m);
+    }
+    /* an adapter's config may name modules of several families, as PEFT allows, as long
+     * as something is selected */
+    const char *multi = write_config("multi", "{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 4,"
+                                              " \"target_modules\": [\"q_proj\", \"k_proj\","
+                                              " \"qkv_proj\", \"o_proj\"]}");
+    ft_model_options opt = {.mode = FT_TRAIN_LORA};
+    CHECK(ft_lora_config_load(&opt.lora, multi, &err) == 0);
+    ft_model *m = NULL;
+    CHECK(ft_model_load(&m, phi3, &opt, &err) == 0);
+    size_t n = 0;
+    ft_model_trainable(m, &n);
+    CHECK(n == (size_t)L * 2 * (C + (HQ + 2 * HKV) * D + HQ * D + C)); /* r 2: qkv, o */
+    ft_model_free(m);
+    expect_model_error(phi3, write_config("phi_none", "{" GOOD "}"), "select no linear layer");
+}
+
 int main(void)
 {
     snprintf(root, sizeof root, "/tmp/ft_lora_test_XXXXXX");
@@ -155,6 +214,7 @@ int main(void)
     }
     RUN(test_config_errors);
     RUN(test_model_checks_name_file);
+    RUN(test_fused_module_names);
     ft_remove_tree(root);
     return check_summary("lora");
 }

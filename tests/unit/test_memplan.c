@@ -19,7 +19,7 @@
 #include "train/optim.h"
 
 static char root[256], llama_dir[300], qwen_dir[300], tied_dir[300], granite_dir[300],
-    gemma_dir[300];
+    gemma_dir[300], phi3_dir[300], smollm3_dir[300];
 
 /* The run config with sets applied (free() it). */
 static ft_run_config *make_config(const char *const *sets)
@@ -189,6 +189,7 @@ static void test_cpu_qlora_equals_measured(void)
                                       quants[q][1], quants[q][2], quants[q][3], NULL};
                 compare(llama_dir, sets);
                 compare(qwen_dir, sets);
+                compare(phi3_dir, sets); /* fused weights quantized whole */
             }
 }
 
@@ -272,6 +273,22 @@ static void test_cpu_granite_gemma_equal_measured(void)
     sweep(granite_dir, "full", "all-linear", "0");
     sweep(gemma_dir, "lora", "all-linear", "0.05");
     sweep(gemma_dir, "full", "all-linear", "0");
+}
+
+/* Phi-3: fused qkv_proj / gate_up_proj weights and LoRA pairs (one A per fused module),
+ * partial rotary with longrope, tied: the plan stays exact. */
+static void test_cpu_phi3_equal_measured(void)
+{
+    sweep(phi3_dir, "lora", "all-linear", "0.05");
+    sweep(phi3_dir, "lora", "qkv_proj,down_proj", "0");
+    sweep(phi3_dir, "full", "all-linear", "0");
+}
+
+/* SmolLM3: a layer without RoPE computes the same buffers. */
+static void test_cpu_smollm3_equal_measured(void)
+{
+    sweep(smollm3_dir, "lora", "all-linear", "0.05");
+    sweep(smollm3_dir, "full", "all-linear", "0");
 }
 
 /* The GPU rows follow the table in memplan.h. */
@@ -496,6 +513,17 @@ int main(void)
                      &(tiny_model_opts){.model_type = "gemma", .tied = 1,
                                         .hidden_act = "gelu_pytorch_tanh",
                                         .extra_cfg = ", \"head_dim\": 4"});
+    snprintf(smollm3_dir, sizeof smollm3_dir, "%s/smollm3", root);
+    write_tiny_model(smollm3_dir, &(tiny_model_opts){.model_type = "smollm3", .tied = 1,
+                                                     .extra_cfg = ", \"no_rope_layers\": [1, 0]"});
+    snprintf(phi3_dir, sizeof phi3_dir, "%s/phi3", root);
+    write_tiny_model(phi3_dir,
+                     &(tiny_model_opts){.model_type = "phi3", .tied = 1,
+                                        .extra_cfg = ", \"partial_rotary_factor\": 0.5, "
+                                                     "\"original_max_position_embeddings\": 8, "
+                                                     "\"rope_scaling\": {\"type\": \"longrope\", "
+                                                     "\"short_factor\": [1.5], "
+                                                     "\"long_factor\": [3]}"});
 
     RUN(test_cpu_lora_equals_measured);
     RUN(test_cpu_full_equals_measured);
@@ -504,6 +532,8 @@ int main(void)
     RUN(test_compare_modes);
     RUN(test_cpu_bias_and_tied_equal_measured);
     RUN(test_cpu_granite_gemma_equal_measured);
+    RUN(test_cpu_phi3_equal_measured);
+    RUN(test_cpu_smollm3_equal_measured);
     RUN(test_gpu_formulas);
     RUN(test_real_model_sizes);
     RUN(test_batch_auto);

@@ -65,6 +65,8 @@ static void check_fd(ft_model *m)
     ft_model_zero_grad(m);
     double sum;
     long n;
+    /* every forward draws LoRA dropout masks from the same point of the stream */
+    uint64_t rng = ft_model_rng_counter(m);
     CHECK(ft_model_forward(m, &b, &sum, &n, &err) == 0);
     CHECK(ft_model_backward(m, (float)(1.0 / n), &err) == 0);
     int checked = 0, bad = 0;
@@ -76,8 +78,10 @@ static void check_fd(ft_model *m)
             size_t j = (size_t)(ft_uniform(5, i * 3 + s) * p->numel);
             float keep = p->data[j], h = 1e-2f;
             p->data[j] = keep + h;
+            ft_model_set_rng_counter(m, rng);
             double up = mean_loss(m, &b);
             p->data[j] = keep - h;
+            ft_model_set_rng_counter(m, rng);
             double down = mean_loss(m, &b);
             p->data[j] = keep;
             double fd = (up - down) / (2 * h), an = p->grad[j];
@@ -153,10 +157,8 @@ static float *grads_of(ft_model *m, const ft_batch *b, int n_micro, size_t *n)
     return copy;
 }
 
-static void check_ckpt_identical(ft_train_mode mode, float dropout)
+static void check_ckpt_identical_in(const char *dir, ft_train_mode mode, float dropout)
 {
-    char dir[300];
-    snprintf(dir, sizeof dir, "%s/full", root);
     ft_batch b = {B, T, ids, labels, NULL};
     ft_model *plain = load(dir, mode, 0, dropout), *ckpt = load(dir, mode, 1, dropout);
     size_t n1, n2;
@@ -173,8 +175,56 @@ static void check_ckpt_identical(ft_train_mode mode, float dropout)
     ft_model_free(ckpt);
 }
 
+static void check_ckpt_identical(ft_train_mode mode, float dropout)
+{
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/full", root);
+    check_ckpt_identical_in(dir, mode, dropout);
+}
+
 static void test_ckpt_full(void) { check_ckpt_identical(FT_TRAIN_FULL, 0); }
 static void test_ckpt_lora_dropout(void) { check_ckpt_identical(FT_TRAIN_LORA, 0.3f); }
+
+/* Phi-3 (fused qkv_proj / gate_up_proj, partial rotary, longrope: T 6 > original 4 picks
+ * the long factors) and SmolLM3 (layer 1 without RoPE): full and LoRA gradients against
+ * finite differences, LoRA with dropout (one mask per fused module, regenerated in
+ * backward), gradient checkpointing bitwise identical. */
+static void test_phi3_smollm3_gradients(void)
+{
+    char phi3[300], smol[300];
+    snprintf(phi3, sizeof phi3, "%s/phi3", root);
+    write_tiny_model(phi3, &(tiny_model_opts){
+                               .model_type = "phi3",
+                               .extra_cfg = ", \"partial_rotary_factor\": 0.5, "
+                                            "\"original_max_position_embeddings\": 4, "
+                                            "\"rope_scaling\": {\"type\": \"longrope\", "
+                                            "\"short_factor\": [1.5], \"long_factor\": [3]}"});
+    snprintf(smol, sizeof smol, "%s/smollm3", root);
+    write_tiny_model(smol, &(tiny_model_opts){.model_type = "smollm3", .tied = 1,
+                                              .extra_cfg = ", \"no_rope_layers\": [1, 0]"});
+    const struct {
+        const char *dir;
+        ft_train_mode mode;
+        float dropout;
+    } cases[] = {{phi3, FT_TRAIN_FULL, 0}, {phi3, FT_TRAIN_LORA, 0},
+                 {phi3, FT_TRAIN_LORA, 0.3f}, {smol, FT_TRAIN_FULL, 0},
+                 {smol, FT_TRAIN_LORA, 0.3f}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ft_model *m = load(cases[i].dir, cases[i].mode, 0, cases[i].dropout);
+        CHECK(m != NULL);
+        if (m)
+            check_fd(m);
+        ft_model_free(m);
+    }
+    ft_model *m = load(phi3, FT_TRAIN_LORA, 0, 0);
+    CHECK(m && ft_model_find_param(m, "base_model.model.model.layers.1.mlp.gate_up_proj."
+                                      "lora_B.weight") &&
+          !ft_model_find_param(m, "model.layers.0.self_attn.q_proj.weight"));
+    ft_model_free(m);
+    check_ckpt_identical_in(phi3, FT_TRAIN_LORA, 0.3f);
+    check_ckpt_identical_in(phi3, FT_TRAIN_FULL, 0);
+    check_ckpt_identical_in(smol, FT_TRAIN_LORA, 0.3f);
+}
 
 static void test_grad_accumulation(void)
 {
@@ -306,7 +356,10 @@ static void test_adapter_round_trip(void)
     CHECK(na == n && memcmp(wa, wb, n * sizeof(float)) == 0);
     ft_lora_config cfg;
     CHECK(ft_lora_config_load(&cfg, adir, &err) == 0);
-    CHECK(cfg.r == 2 && cfg.alpha == 4 && cfg.targets == FT_LORA_ALL_LINEAR);
+    /* all-linear is written out as the block's module names, as PEFT does */
+    CHECK(cfg.r == 2 && cfg.alpha == 4 &&
+          cfg.targets == ft_block_projections(ft_model_cfg(a)) &&
+          cfg.targets == (FT_LORA_ALL_LINEAR & ~((1u << FT_PROJ_QKV) | (1u << FT_PROJ_GATE_UP))));
     ft_model_free(a);
     ft_model_free(b);
 }
@@ -537,6 +590,7 @@ int main(void)
     RUN(test_lora_gradients);
     RUN(test_ckpt_full);
     RUN(test_ckpt_lora_dropout);
+    RUN(test_phi3_smollm3_gradients);
     RUN(test_grad_accumulation);
     RUN(test_packed_rows);
     RUN(test_chunked_head);

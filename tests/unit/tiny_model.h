@@ -19,7 +19,8 @@ typedef struct tiny_model_opts {
     const char *extra;     /* a tensor [C] added */
     const char *bad_shape; /* a tensor written one row short */
     const char *extra_cfg; /* spliced into config.json: ", \"key\": value" */
-    const char *model_type; /* NULL: llama, or qwen2 with qkv_bias */
+    const char *model_type; /* NULL: llama, or qwen2 with qkv_bias; "phi3": fused
+                             * qkv_proj and gate_up_proj tensors */
     const char *hidden_act; /* NULL: silu */
     uint64_t seed;         /* weight stream (0: 7) */
     float scale;           /* weights uniform in [-scale/2, scale/2) (0: 0.6) */
@@ -49,7 +50,8 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
             o->extra_cfg ? o->extra_cfg : "");
     fclose(f);
 
-    static float store[64][V * C > I * C ? V * C : I * C];
+    static float store[64][V * C > 2 * I * C ? V * C : 2 * I * C];
+    int fused = o->model_type && strcmp(o->model_type, "phi3") == 0;
     int n = 0;
     ft_st_writer *w = ft_st_writer_new();
     char names[64][96];
@@ -66,6 +68,14 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
     ADD(2, V, C, "model.embed_tokens.weight");
     for (int l = 0; l < L; l++) {
         ADD(1, C, 0, "model.layers.%d.input_layernorm.weight", l);
+        if (fused) {
+            ADD(2, (HQ + 2 * HKV) * D, C, "model.layers.%d.self_attn.qkv_proj.weight", l);
+            ADD(2, C, HQ * D, "model.layers.%d.self_attn.o_proj.weight", l);
+            ADD(1, C, 0, "model.layers.%d.post_attention_layernorm.weight", l);
+            ADD(2, 2 * I, C, "model.layers.%d.mlp.gate_up_proj.weight", l);
+            ADD(2, C, I, "model.layers.%d.mlp.down_proj.weight", l);
+            continue;
+        }
         ADD(2, HQ * D, C, "model.layers.%d.self_attn.q_proj.weight", l);
         ADD(2, HKV * D, C, "model.layers.%d.self_attn.k_proj.weight", l);
         ADD(2, HKV * D, C, "model.layers.%d.self_attn.v_proj.weight", l);
