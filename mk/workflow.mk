@@ -116,12 +116,14 @@ if [ -z "$$adapter" ] && [ -d "$$run/final" ]; then adapter="$$run/final"; fi; \
 [ "$$adapter" != none ] || adapter=; \
 maxlen=$(call ft_get,model.max_seq_len); fmt=$(call ft_get,data.format); \
 tmpl=$(call ft_get,data.chat_template); tok=$(call ft_get,model.tokenizer); \
+tname=$(call ft_get,data.chat_template_name); tkw=$(call ft_get,data.chat_template_kwargs); \
 dev=$(call ft_get,train.device); maxnew=$(call ft_get,train.generation_max_new_tokens); \
 all=; [ "$(call ft_get,data.train_on_all)" = false ] || all=--train-on-all; \
 noeos=; [ "$(call ft_get,data.add_eos)" = true ] || noeos=--no-add-eos; \
 fp32=; [ "$(call ft_get,train.bf16)" = true ] || fp32=--fp32; \
 gen=; [ "$(call ft_get,train.predict_with_generate)" != true ] || gen=1; \
 ft_eval() { "$$@" --max-seq-len "$$maxlen" --format "$$fmt" --template "$$tmpl" \
+  $${tname:+--template-name "$$tname"} --template-kwargs "$$tkw" \
   $${tok:+--tokenizer "$$tok"} $$all $$noeos --device "$$dev" $$fp32 \
   $${gen:+--generate --max-new-tokens "$$maxnew"}; }
 endef

@@ -54,6 +54,13 @@ static const char usage[] =
     "                         (data.format)\n"
     "  --template T           auto (the model's own)|chatml|plain|alpaca\n"
     "                         (data.chat_template)\n"
+    "  --template-name NAME   with auto: the model's template of that name for every chat\n"
+    "                         (default, tool_use, rag, ...; data.chat_template_name;\n"
+    "                         default: tool_use for records with tools when the model\n"
+    "                         has it, else default)\n"
+    "  --template-kwargs JSON\n"
+    "                         more template variables, a JSON object, e.g.\n"
+    "                         '{\"enable_thinking\": false}' (data.chat_template_kwargs)\n"
     "  --max-seq-len N        truncate samples to N tokens (model.max_seq_len, default 2048)\n"
     "  --train-on-all         count prompt / user tokens too (data.train_on_all)\n"
     "  --no-add-eos           text format: do not append EOS (data.add_eos=false)\n"
@@ -98,7 +105,8 @@ typedef struct args {
 enum {
     OPT_HELP, OPT_JSON, OPT_FP32, OPT_GENERATE, OPT_TRAIN_ON_ALL, OPT_NO_ADD_EOS,
     OPT_SKIP_BAD_LINES, OPT_MODEL, OPT_DEVICE, OPT_ADAPTER, OPT_TOKENIZER, OPT_DATA,
-    OPT_PREDICTIONS, OPT_FORMAT, OPT_TEMPLATE, OPT_MAX_SEQ_LEN, OPT_BATCH_SIZE,
+    OPT_PREDICTIONS, OPT_FORMAT, OPT_TEMPLATE, OPT_TEMPLATE_NAME, OPT_TEMPLATE_KWARGS,
+    OPT_MAX_SEQ_LEN, OPT_BATCH_SIZE,
     OPT_MAX_NEW_TOKENS
 };
 
@@ -118,6 +126,8 @@ static const ft_cli_option options[] = {
     {"--predictions", 0, FT_CLI_VALUE, OPT_PREDICTIONS},
     {"--format", 0, FT_CLI_VALUE, OPT_FORMAT},
     {"--template", 0, FT_CLI_VALUE, OPT_TEMPLATE},
+    {"--template-name", 0, FT_CLI_VALUE, OPT_TEMPLATE_NAME},
+    {"--template-kwargs", 0, FT_CLI_VALUE, OPT_TEMPLATE_KWARGS},
     {"--max-seq-len", 0, FT_CLI_VALUE, OPT_MAX_SEQ_LEN},
     {"--batch-size", 0, FT_CLI_VALUE, OPT_BATCH_SIZE},
     {"--max-new-tokens", 0, FT_CLI_VALUE, OPT_MAX_NEW_TOKENS},
@@ -194,6 +204,17 @@ static int parse_args(int argc, char **argv, args *a)
             if (ft_chat_template_parse(val, &a->data_opt.chat_template, &err))
                 return usage_error("--template: %s", err.msg);
             break;
+        case OPT_TEMPLATE_NAME:
+            a->data_opt.chat_template_name = val;
+            break;
+        case OPT_TEMPLATE_KWARGS: {
+            json_t *kw;
+            if (ft_chat_kwargs_parse(val, NULL, &kw, &err))
+                return usage_error("--template-kwargs: %s", err.msg);
+            json_decref(kw);
+            a->data_opt.chat_template_kwargs = val;
+            break;
+        }
         case OPT_MAX_SEQ_LEN:
             if (parse_count(val, &a->data_opt.max_seq_len))
                 return usage_error("--max-seq-len: '%s' is not an integer >= 1", val);
@@ -215,6 +236,11 @@ static int parse_args(int argc, char **argv, args *a)
         return usage_error("%s is required", "--model DIR");
     if (!a->data)
         return usage_error("%s is required", "--data FILE|-");
+    if (a->data_opt.chat_template_name && *a->data_opt.chat_template_name &&
+        a->data_opt.chat_template != FT_TMPL_AUTO)
+        return usage_error("--template-name names one of the model's templates: it needs "
+                           "--template auto, not %s",
+                           ft_chat_template_name(a->data_opt.chat_template));
     if (!a->generate && (a->predictions || max_new_set))
         return usage_error("%s need --generate", "--predictions and --max-new-tokens");
     return -1; /* go on */
@@ -353,6 +379,19 @@ static int run(const args *a, const char *data_path, ft_comm *comm)
             fail(err.msg);
             goto out;
         }
+        /* the template choices, checked against the model before any data is read */
+        json_t *kw = NULL;
+        const char *bad = NULL;
+        if (ft_chat_check_name(tok, a->data_opt.chat_template, a->data_opt.chat_template_name,
+                               &err))
+            bad = "--template-name";
+        else if (ft_chat_kwargs_parse(a->data_opt.chat_template_kwargs, tok, &kw, &err))
+            bad = "--template-kwargs";
+        if (bad) {
+            fprintf(stderr, "ft-eval: error: %s: %s\n", bad, err.msg);
+            goto out;
+        }
+        json_decref(kw);
     }
     if (ft_dataset_load(&ds, data_path, tok, &a->data_opt, &err)) {
         fail_data(a, data_path, &err);

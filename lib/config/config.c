@@ -9,6 +9,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include <jansson.h>
+
 #include "core/numparse.h"
 
 struct ft_config {
@@ -75,6 +77,33 @@ static int choice_index(const ft_cfg_key *k, const char *t)
     return -1;
 }
 
+/* A JSON key's text: a JSON object (duplicate names refused) that holds none of the
+ * key's reserved names and fits the field. */
+static int check_json(const ft_cfg_key *k, const char *text, const char *where, ft_err *err)
+{
+    if (strlen(text) >= k->size)
+        return ft_fail(err, "%s: key '%s' is longer than %zu bytes", where, k->name,
+                       k->size - 1);
+    json_error_t je;
+    json_t *j = json_loads(text, JSON_REJECT_DUPLICATES, &je);
+    if (!j)
+        return ft_fail(err, "%s: key '%s' must be a JSON object: %s (column %d)", where,
+                       k->name, je.text, je.column);
+    int rc = 0;
+    if (!json_is_object(j))
+        rc = ft_fail(err, "%s: key '%s' must be a JSON object (a mapping of names to "
+                          "values), got '%s'", where, k->name, text);
+    for (int i = 0; rc == 0 && k->choices && k->choices[i]; i++)
+        if (json_object_get(j, k->choices[i])) {
+            char names[1024];
+            ft_config_choices_text(k, ", ", names, sizeof names);
+            rc = ft_fail(err, "%s: key '%s' may not set '%s' (reserved: %s)", where, k->name,
+                         k->choices[i], names);
+        }
+    json_decref(j);
+    return rc;
+}
+
 /* Validates text for key k and stores it in k's field of v; an invalid text leaves the
  * field as it was. where names the source in the error. */
 static int store(ft_run_config *v, const ft_cfg_key *k, const char *text, const char *where,
@@ -130,6 +159,11 @@ static int store(ft_run_config *v, const ft_cfg_key *k, const char *text, const 
         if (strlen(text) >= k->size)
             return ft_fail(err, "%s: key '%s' is longer than %zu bytes", where, k->name,
                            k->size - 1);
+        memcpy(f, text, strlen(text) + 1);
+        return 0;
+    case FT_CFG_JSON:
+        if (check_json(k, text, where, err))
+            return -1;
         memcpy(f, text, strlen(text) + 1);
         return 0;
     }
@@ -239,6 +273,19 @@ int ft_config_set_key(ft_config *c, const char *key, const char *value, const ch
     return 0;
 }
 
+int ft_config_check_value(const char *key, const char *text, const char *where, ft_err *err)
+{
+    const ft_cfg_key *k = ft_config_find_key(key);
+    if (!k)
+        return unknown_key(where, key, err);
+    ft_run_config *scratch = malloc(sizeof *scratch);
+    if (!scratch)
+        return ft_fail(err, "out of memory");
+    int rc = store(scratch, k, text, where, err);
+    free(scratch);
+    return rc;
+}
+
 void ft_config_reset_key(ft_config *c, const char *key)
 {
     int i = key_index(key);
@@ -322,7 +369,8 @@ int ft_config_set_var(ft_config *c, const char *assignment, FILE *notes, ft_err 
 static const ft_cfg_key *typed_key(const char *key, ft_cfg_type want)
 {
     const ft_cfg_key *k = ft_config_find_key(key);
-    if (!k || (k->type != want && !(want == FT_CFG_STRING && k->type == FT_CFG_ENUM))) {
+    if (!k || (k->type != want &&
+               !(want == FT_CFG_STRING && (k->type == FT_CFG_ENUM || k->type == FT_CFG_JSON)))) {
         fprintf(stderr, "internal error: config key '%s' read as the wrong type\n", key);
         abort();
     }
@@ -332,7 +380,8 @@ static const ft_cfg_key *typed_key(const char *key, ft_cfg_type want)
 bool ft_config_has(const ft_config *c, const char *key)
 {
     const ft_cfg_key *k = ft_config_find_key(key);
-    return k && (k->type != FT_CFG_STRING || *(const char *)cfield(&c->v, k));
+    return k && (k->type != FT_CFG_STRING || *(const char *)cfield(&c->v, k)) &&
+           (k->type != FT_CFG_JSON || strcmp(cfield(&c->v, k), "{}") != 0);
 }
 
 bool ft_config_is_explicit(const ft_config *c, const char *key)

@@ -25,7 +25,9 @@ typedef enum ft_cfg_type {
     FT_CFG_FLOAT,   /* a double field (finite) */
     FT_CFG_BOOL,    /* a bool field */
     FT_CFG_STRING,  /* a char array field */
-    FT_CFG_ENUM     /* an enum field: the index of the value in choices */
+    FT_CFG_ENUM,    /* an enum field: the index of the value in choices */
+    FT_CFG_JSON     /* a char array field holding the text of a JSON object (YAML: a
+                     * mapping, or that text); "{}" = empty */
 } ft_cfg_type;
 
 /* One key of the schema. */
@@ -35,7 +37,8 @@ typedef struct ft_cfg_key {
     ft_cfg_type type;
     const char *dflt;           /* default as text; NULL = no default (required where used;
                                  * string keys only) */
-    const char *const *choices; /* FT_CFG_ENUM: the names, NULL-terminated, in enum order */
+    const char *const *choices; /* FT_CFG_ENUM: the names, NULL-terminated, in enum order;
+                                 * FT_CFG_JSON: the names the object may not hold */
     bool allow_auto;            /* "auto" is accepted (int keys with min >= 0, strings) */
     double min;                 /* numeric lower bound (inclusive); NAN = none */
     double max;                 /* numeric upper bound (inclusive); NAN = none */
@@ -64,6 +67,11 @@ const ft_run_config *ft_config_values(const ft_config *c);
 /* Reads a YAML file of nested mappings onto c. Notices for moot keys go to `notes`
  * (may be NULL). A YAML null resets a key to its default. */
 int ft_config_load_yaml(ft_config *c, const char *path, FILE *notes, ft_err *err);
+
+/* Checks that text is a valid value of key, as setting it would (nothing is stored);
+ * `where` names the source in the error (a command-line option that stands for the
+ * key). */
+int ft_config_check_value(const char *key, const char *text, const char *where, ft_err *err);
 
 /* Applies "key=value" (a --set argument). */
 int ft_config_set(ft_config *c, const char *assignment, FILE *notes, ft_err *err);

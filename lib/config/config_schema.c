@@ -13,6 +13,17 @@
 #define KEY(field) #field, offsetof(ft_run_config, field), sizeof(((ft_run_config *)0)->field)
 #define CHOICES(...) ((const char *const[]){__VA_ARGS__, NULL})
 
+/* apply_chat_template's own parameters and the template variables it sets (render's
+ * messages, tools, documents, add_generation_prompt; special_tokens_map's names): a
+ * template kwarg of one of these names would be taken by transformers as that parameter,
+ * be refused by it, or replace a special token. */
+const char *const ft_chat_template_reserved[] = {
+    "messages", "tools", "documents", "add_generation_prompt", "continue_final_message",
+    "conversation", "chat_template", "tokenize", "sanitize_control_tokens", "padding",
+    "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs", "bos_token", "eos_token",
+    "unk_token", "sep_token", "pad_token", "cls_token", "mask_token", NULL};
+
 static const ft_cfg_key schema[] = {
     /* model */
     {KEY(model.name), FT_CFG_STRING, NULL, NULL, false, NONE, NONE,
@@ -173,6 +184,18 @@ static const ft_cfg_key schema[] = {
      "chat template (auto: the model's own Jinja template from tokenizer_config.json or "
      "chat_template.jinja, rendered as transformers renders it; chatml, plain, alpaca: "
      "ours, for models that ship none)", NULL},
+    {KEY(data.chat_template_name), FT_CFG_STRING, "", NULL, false, NONE, NONE,
+     "with chat_template auto: which of the model's named templates renders every chat, as "
+     "apply_chat_template(chat_template=NAME) (default, tool_use, rag, ...: the names of "
+     "tokenizer_config.json's list form and additional_chat_templates/NAME.jinja); empty: "
+     "transformers' choice (tool_use for a record with tools when the model has it, else "
+     "default)", NULL},
+    {KEY(data.chat_template_kwargs), FT_CFG_JSON, "{}", ft_chat_template_reserved, false, NONE,
+     NONE,
+     "more variables for the chat template, as apply_chat_template(**kwargs): a mapping of "
+     "names to values of any JSON type, e.g. {\"enable_thinking\": false}; names "
+     "transformers sets itself (messages, tools, documents, add_generation_prompt, the "
+     "special tokens, ...) are refused", NULL},
     {KEY(data.train_on_all), FT_CFG_BOOL, "false", NULL, false, NONE, NONE,
      "count prompt and user tokens in the loss too", NULL},
     {KEY(data.add_eos), FT_CFG_BOOL, "true", NULL, false, NONE, NONE, "text format: append EOS",

@@ -100,6 +100,9 @@ static void write_value(FILE *out, const ft_run_config *rc, const ft_cfg_key *k)
         else
             write_quoted(out, f);
         break;
+    case FT_CFG_JSON: /* the JSON text as a YAML string: it reads back as it is */
+        write_quoted(out, f);
+        break;
     }
 }
 
@@ -156,14 +159,16 @@ int ft_run_config_key_text(const ft_run_config *rc, const char *key, char *out, 
     case FT_CFG_FLOAT: snprintf(out, n, "%.15g", *(const double *)f); break;
     case FT_CFG_BOOL: snprintf(out, n, "%s", *(const bool *)f ? "true" : "false"); break;
     case FT_CFG_ENUM: snprintf(out, n, "%s", k->choices[*(const int *)f]); break;
-    case FT_CFG_STRING: snprintf(out, n, "%s", (const char *)f); break;
+    case FT_CFG_STRING:
+    case FT_CFG_JSON: snprintf(out, n, "%s", (const char *)f); break;
     }
     return 0;
 }
 
 void ft_run_config_write_reference(FILE *out)
 {
-    static const char *const types[] = {"int", "float", "bool", "string", "enum"};
+    static const char *const types[] = {"int", "float", "bool", "string", "enum",
+                                        "JSON object"};
     fprintf(out,
             "# Run config reference\n\n"
             "`ft-train --config FILE.yaml` reads a YAML file of sections (model, tuning, train,\n"
@@ -176,6 +181,8 @@ void ft_run_config_write_reference(FILE *out)
         char type[256];
         if (k->type == FT_CFG_ENUM)
             ft_config_choices_text(k, "/", type, sizeof type);
+        else if (k->type == FT_CFG_JSON)
+            snprintf(type, sizeof type, "%s (YAML: a mapping)", types[k->type]);
         else
             snprintf(type, sizeof type, "%s%s", types[k->type], k->allow_auto ? " or auto" : "");
         const char *dflt = !k->dflt ? "required" : k->dflt[0] ? k->dflt : "\"\"";

@@ -17,7 +17,7 @@
  *
  * Field types follow the schema's: int keys are long, float keys double, bool keys bool,
  * enum keys the enums below (their order is the order of the schema's choices), string
- * keys NUL-terminated char arrays ("" = not set). An int key that allows "auto" holds
+ * keys NUL-terminated char arrays ("" = not set), JSON keys the text of a JSON object. An int key that allows "auto" holds
  * FT_CFG_AUTO while it is auto; the one string key that does (train.memory_budget) holds
  * the text "auto". Keys accepted without effect (moot) have fields too, so the resolved
  * config shows what was given. */
@@ -35,6 +35,7 @@
 /* Sizes of the string fields, NUL included; a longer value is an error naming the key. */
 #define FT_CFG_PATH_MAX 4096
 #define FT_CFG_LIST_MAX 1024
+#define FT_CFG_JSON_MAX 8192
 
 /* tuning.mode */
 typedef enum ft_tuning_mode { FT_TUNING_LORA = 0, FT_TUNING_QLORA, FT_TUNING_FULL } ft_tuning_mode;
@@ -168,6 +169,8 @@ typedef struct ft_data_section {
     double eval_fraction;
     ft_cfg_data_format format;
     ft_cfg_chat_template chat_template;
+    char chat_template_name[256];             /* "" = transformers' choice */
+    char chat_template_kwargs[FT_CFG_JSON_MAX]; /* a JSON object's text */
     bool train_on_all, add_eos, packing, shuffle, skip_bad_lines;
 } ft_data_section;
 
@@ -223,6 +226,11 @@ int ft_run_config_key_text(const ft_run_config *rc, const char *key, char *out, 
 
 /* The reference of every key as a Markdown table (configs/README.md is this output). */
 void ft_run_config_write_reference(FILE *out);
+
+/* The names data.chat_template_kwargs may not set, NULL-terminated: the template
+ * variables and the parameters of apply_chat_template that transformers sets itself
+ * (messages, tools, documents, add_generation_prompt, the special token names, ...). */
+extern const char *const ft_chat_template_reserved[];
 
 /* The Make-style variable of a key: "train.batch_size" -> "TRAIN_BATCH_SIZE". */
 void ft_config_var_name(const char *key, char *out, size_t n);

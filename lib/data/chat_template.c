@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config/run_config.h"
 #include "data/data.h"
 
 /* ---- the fallbacks -------------------------------------------------------------------- */
@@ -81,8 +82,10 @@ const char *ft_chat_template_name(ft_chat_template t)
 
 struct ft_chat {
     ft_jinja *jinja;
-    ft_jinja *tool_use; /* the list form's "tool_use" template, for chats with tools */
-    json_t *special;    /* {"bos_token": ..., ...} */
+    ft_jinja *tool_use; /* the model's "tool_use" template, for chats with tools (no name
+                         * chosen) */
+    json_t *special;    /* {"bos_token": ..., ...}: the tokenizer's special_tokens_map */
+    json_t *kwargs;     /* more template variables (data.chat_template_kwargs), or NULL */
 };
 
 /* transformers' get_chat_template: the "tool_use" template when tools are given and the
@@ -120,30 +123,108 @@ int ft_chat_open_source(ft_chat **out, ft_chat_template t, const char *source,
     return 0;
 }
 
-int ft_chat_open(ft_chat **out, ft_chat_template t, const ft_tokenizer *tok, ft_err *err)
+/* "a, b, c": the names of tok's templates, into out. */
+static void template_names(const ft_tokenizer *tok, char *out, size_t n)
 {
-    json_t *special = json_object();
-    if (!special)
-        return ft_fail(err, "out of memory");
-    if (tok) {
-        const char *names[4] = {"bos_token", "eos_token", "unk_token", "pad_token"};
-        const char *vals[4] = {ft_tokenizer_bos_token(tok), ft_tokenizer_eos_token(tok),
-                               ft_tokenizer_unk_token(tok), ft_tokenizer_pad_token(tok)};
-        for (int i = 0; i < 4; i++)
-            if (vals[i])
-                json_object_set_new(special, names[i], json_string(vals[i]));
+    const char *names[64];
+    size_t count = ft_tokenizer_chat_template_names(tok, names, 64), len = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < count && i < 64 && len < n; i++)
+        len += (size_t)snprintf(out + len, n - len, "%s%s", i ? ", " : "", names[i]);
+}
+
+int ft_chat_check_name(const ft_tokenizer *tok, ft_chat_template t, const char *name,
+                       ft_err *err)
+{
+    if (!name || !*name)
+        return 0;
+    if (t != FT_TMPL_AUTO)
+        return ft_fail(err, "'%s' names one of the model's templates, which chat template "
+                            "%s (ours) does not use: set the chat template to auto, or "
+                            "leave the name empty", name, ft_chat_template_name(t));
+    if (tok && ft_tokenizer_chat_template_named(tok, name))
+        return 0;
+    char names[1024];
+    if (tok)
+        template_names(tok, names, sizeof names);
+    if (!tok || !names[0])
+        return ft_fail(err, "the model has no chat template named '%s' (it has no chat "
+                            "template at all)", name);
+    return ft_fail(err, "the model has no chat template named '%s' (its templates: %s)", name,
+                   names);
+}
+
+int ft_chat_kwargs_parse(const char *text, const ft_tokenizer *tok, json_t **out, ft_err *err)
+{
+    *out = NULL;
+    if (!text || !*text)
+        return 0;
+    json_error_t je;
+    json_t *j = json_loads(text, JSON_REJECT_DUPLICATES, &je);
+    if (!j)
+        return ft_fail(err, "not JSON: %s (column %d)", je.text, je.column);
+    if (!json_is_object(j)) {
+        json_decref(j);
+        return ft_fail(err, "not a JSON object (a mapping of names to values)");
     }
-    int rc = ft_chat_open_source(out, t, tok ? ft_tokenizer_chat_template(tok) : NULL,
-                                 special, err);
-    json_decref(special);
-    const char *tool_use = tok && t == FT_TMPL_AUTO
+    const json_t *special = tok ? ft_tokenizer_special_tokens(tok) : NULL;
+    const char *k;
+    json_t *v;
+    json_object_foreach(j, k, v) {
+        (void)v;
+        for (size_t i = 0; ft_chat_template_reserved[i]; i++)
+            if (!strcmp(k, ft_chat_template_reserved[i])) {
+                json_decref(j);
+                return ft_fail(err, "'%s' is a variable transformers' apply_chat_template "
+                                    "sets itself (or one of its parameters), not a template "
+                                    "kwarg", k);
+            }
+        if (json_object_get(special, k)) {
+            json_decref(j);
+            return ft_fail(err, "'%s' is a special token of the tokenizer, which "
+                                "apply_chat_template gives the template itself", k);
+        }
+    }
+    *out = j;
+    return 0;
+}
+
+int ft_chat_open(ft_chat **out, ft_chat_template t, const char *name, const char *kwargs,
+                 const ft_tokenizer *tok, ft_err *err)
+{
+    *out = NULL;
+    json_t *kw = NULL;
+    if (ft_chat_check_name(tok, t, name, err))
+        return ft_fail_prefix(err, "chat template name");
+    if (ft_chat_kwargs_parse(kwargs, tok, &kw, err))
+        return ft_fail_prefix(err, "chat template kwargs");
+    bool named = name && *name;
+    const char *src = NULL;
+    if (tok && t == FT_TMPL_AUTO) {
+        src = ft_tokenizer_chat_template_named(tok, named ? name : "default");
+        char names[1024];
+        template_names(tok, names, sizeof names);
+        if (!src && names[0]) {
+            json_decref(kw);
+            return ft_fail(err, "the model's chat templates have no default (its templates: "
+                                "%s): name one with data.chat_template_name", names);
+        }
+    }
+    int rc = ft_chat_open_source(out, t, src, tok ? ft_tokenizer_special_tokens(tok) : NULL,
+                                 err);
+    if (rc) {
+        json_decref(kw);
+        return rc;
+    }
+    (*out)->kwargs = kw;
+    const char *tool_use = tok && t == FT_TMPL_AUTO && !named
                                ? ft_tokenizer_chat_template_named(tok, "tool_use") : NULL;
-    if (rc == 0 && tool_use && ft_jinja_compile(&(*out)->tool_use, tool_use, err)) {
+    if (tool_use && ft_jinja_compile(&(*out)->tool_use, tool_use, err)) {
         ft_chat_free(*out);
         *out = NULL;
         return ft_fail_prefix(err, "chat template tool_use");
     }
-    return rc;
+    return 0;
 }
 
 void ft_chat_free(ft_chat *c)
@@ -153,6 +234,7 @@ void ft_chat_free(ft_chat *c)
     ft_jinja_free(c->jinja);
     ft_jinja_free(c->tool_use);
     json_decref(c->special);
+    json_decref(c->kwargs);
     free(c);
 }
 
@@ -212,6 +294,8 @@ int ft_chat_render(const ft_chat *c, const json_t *messages, size_t count,
     /* template_kwargs = {**special_tokens_map, **kwargs}; then messages, tools,
      * documents and add_generation_prompt */
     json_t *vars = json_deep_copy(c->special);
+    if (c->kwargs)
+        json_object_update(vars, c->kwargs);
     if (extra) {
         const char *k;
         json_t *v;

@@ -437,7 +437,8 @@ static int setup(ctx *c, ft_err *err)
         return ft_fail(err, "%s: the %s format appends EOS, and the tokenizer has no "
                             "eos_token", c->path, ft_data_format_name(c->fmt));
     if ((c->fmt == FT_DATA_CHAT || c->fmt == FT_DATA_SHAREGPT) &&
-        ft_chat_open(&c->chat, c->o->chat_template, c->tok, err))
+        ft_chat_open(&c->chat, c->o->chat_template, c->o->chat_template_name,
+                     c->o->chat_template_kwargs, c->tok, err))
         return ft_fail_prefix(err, "%s", c->path);
     return 0;
 }

@@ -61,8 +61,9 @@ typedef enum ft_data_format {
 
 /* Chat templates. The model's own template is the one used (FT_TMPL_AUTO): the
  * tokenizer's chat_template (tokenizer_config.json's string, the "default" entry of its
- * list form, or chat_template.jinja beside it), interpreted by lib/jinja/ as transformers'
- * apply_chat_template renders it. The others are ours, written in Jinja in
+ * list form, or chat_template.jinja beside it; or the named one chosen, as
+ * apply_chat_template(chat_template=NAME) picks it), interpreted by lib/jinja/ as
+ * transformers' apply_chat_template renders it. The others are ours, written in Jinja in
  * chat_template.c, for models that ship no template: chatml (the plain ChatML layout,
  * without a default system message), plain ("role: content" lines) and alpaca (the Alpaca
  * prompt format for one user and one assistant turn). */
@@ -83,6 +84,12 @@ int ft_chat_template_parse(const char *name, ft_chat_template *t, ft_err *err);
 typedef struct ft_data_options {
     ft_data_format format;
     ft_chat_template chat_template;
+    /* with FT_TMPL_AUTO: one of the model's named templates for every chat (NULL or "":
+     * transformers' choice; data.chat_template_name) */
+    const char *chat_template_name;
+    /* more template variables: a JSON object's text (NULL or "": none;
+     * data.chat_template_kwargs) */
+    const char *chat_template_kwargs;
     int max_seq_len;
     bool train_on_all;   /* count prompt / user tokens too */
     bool add_eos;        /* text format: append EOS (default true) */
@@ -113,17 +120,34 @@ void ft_dataset_free(ft_dataset *ds);
 int ft_dataset_split(ft_dataset *ds, ft_dataset *eval, double fraction, uint64_t seed,
                      ft_err *err);
 
-/* A chat template ready to render: the compiled Jinja and the tokenizer's special
- * token strings (bos_token, eos_token, unk_token, pad_token when the tokenizer has them:
- * variables of the template, as transformers passes tokenizer.special_tokens_map). */
+/* A chat template ready to render: the compiled Jinja, the tokenizer's special token
+ * strings (its special_tokens_map: bos, eos, unk, sep, pad, cls, mask_token and its
+ * model-specific ones, those it has; variables of the template, as transformers passes
+ * them) and the template kwargs. */
 typedef struct ft_chat ft_chat;
 typedef struct json_t json_t;
 
 /* t = FT_TMPL_AUTO: the tokenizer's own template (an error when it has none, naming the
- * fallbacks), and its "tool_use" template when the list form has one (used for chats
- * given tools, as transformers picks it); else the named fallback. tok may be NULL for a fallback. A template that
- * does not compile is an error "chat template: line L, column C: ...". */
-int ft_chat_open(ft_chat **out, ft_chat_template t, const ft_tokenizer *tok, ft_err *err);
+ * fallbacks); with name (not NULL or ""), the template of that name (as
+ * apply_chat_template(chat_template=NAME)); without, the default, and the model's
+ * "tool_use" template when it has one for chats given tools, as transformers picks it.
+ * Else the named fallback (a name is then an error). kwargs: a JSON object's text of more
+ * template variables (NULL or "": none), checked by ft_chat_kwargs_parse. tok may be NULL
+ * for a fallback. A template that does not compile is an error "chat template: line L,
+ * column C: ...". */
+int ft_chat_open(ft_chat **out, ft_chat_template t, const char *name, const char *kwargs,
+                 const ft_tokenizer *tok, ft_err *err);
+/* The checks ft_chat_open makes of a template name: none (NULL or "") passes; a name
+ * with a fallback of ours, or one the model has no template of, is an error listing the
+ * model's template names. */
+int ft_chat_check_name(const ft_tokenizer *tok, ft_chat_template t, const char *name,
+                       ft_err *err);
+/* Template kwargs from a JSON object's text (*out = NULL for NULL or ""): an error when
+ * it is not a JSON object, or it names a variable transformers sets itself
+ * (ft_chat_template_reserved: messages, tools, ..., the seven special token names) or,
+ * tok given, one of the tokenizer's special tokens. *out is a new reference. */
+int ft_chat_kwargs_parse(const char *text, const ft_tokenizer *tok, json_t **out,
+                         ft_err *err);
 /* The same from parts: source is the Jinja text (used when t is FT_TMPL_AUTO), special
  * a JSON object of special token strings (may be NULL). */
 int ft_chat_open_source(ft_chat **out, ft_chat_template t, const char *source,
@@ -138,9 +162,10 @@ bool ft_chat_has_generation(const ft_chat *c, const json_t *extra);
  * "text": ...}, any other keys as given) with add_generation_prompt, as
  * apply_chat_template(messages[:count], tokenize=False) does: keys whose value is null
  * are dropped, reasoning_content / thinking / reasoning are aliased as transformers
- * aliases them. extra (a JSON object or NULL) adds template variables (tools,
- * documents, enable_thinking, ...); tools and documents are none unless given. *out is
- * malloc'ed; when spans is not NULL it receives the {% generation %} ranges of *out
+ * aliases them. extra (a JSON object or NULL) adds template variables (a record's tools
+ * and documents); tools and documents are none unless given. The variables are, as in
+ * transformers: the special tokens, then the kwargs, then extra, messages and
+ * add_generation_prompt, each replacing the ones before. *out is malloc'ed; when spans is not NULL it receives the {% generation %} ranges of *out
  * (malloc'ed, *n_spans of them). A template that raises fails with its message. */
 int ft_chat_render(const ft_chat *c, const json_t *messages, size_t count,
                    bool add_generation_prompt, const json_t *extra, char **out,

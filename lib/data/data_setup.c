@@ -1,5 +1,6 @@
 #include "data/data_setup.h"
 
+#include <jansson.h>
 #include <string.h>
 
 #include "formats/model_path.h"
@@ -36,6 +37,8 @@ ft_data_options ft_run_data_options(const ft_run_config *c)
     return (ft_data_options){.max_seq_len = (int)c->model.max_seq_len,
                              .format = format_of(c->data.format),
                              .chat_template = template_of(c->data.chat_template),
+                             .chat_template_name = c->data.chat_template_name,
+                             .chat_template_kwargs = c->data.chat_template_kwargs,
                              .train_on_all = c->data.train_on_all,
                              .add_eos = c->data.add_eos,
                              .skip_bad_lines = c->data.skip_bad_lines};
@@ -58,6 +61,18 @@ int ft_run_data_load(ft_run_data *d, const ft_run_config *c, FILE *log, ft_err *
             return -1;
         if (ft_tokenizer_load(&d->tok, tp, err))
             return ft_fail_prefix(err, "tokenizer");
+        /* the template choices, checked against the model before any data is read */
+        json_t *kw = NULL;
+        int rc = 0;
+        if (ft_chat_check_name(d->tok, o.chat_template, o.chat_template_name, err))
+            rc = ft_fail_prefix(err, "config: key 'data.chat_template_name'");
+        else if (ft_chat_kwargs_parse(o.chat_template_kwargs, d->tok, &kw, err))
+            rc = ft_fail_prefix(err, "config: key 'data.chat_template_kwargs'");
+        json_decref(kw);
+        if (rc) {
+            ft_run_data_free(d);
+            return -1;
+        }
     }
     d->pad_id = 0;
     if (d->tok) {

@@ -187,7 +187,8 @@ int ft_eval_records_load(ft_eval_records *out, const char *path, const ft_tokeni
             if (c.fmt == FT_DATA_AUTO)
                 c.fmt = detect(rec);
             if ((c.fmt == FT_DATA_CHAT || c.fmt == FT_DATA_SHAREGPT) &&
-                ft_chat_open(&c.chat, o->chat_template, tok, err)) {
+                ft_chat_open(&c.chat, o->chat_template, o->chat_template_name,
+                             o->chat_template_kwargs, tok, err)) {
                 json_decref(rec);
                 rc = ft_fail_prefix(err, "%s", c.path);
                 break;

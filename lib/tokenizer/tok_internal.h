@@ -318,8 +318,9 @@ struct ft_tokenizer {
     ft_ids prefix, suffix;
     int vocab_size;
     char *bos, *eos, *pad, *unk;
-    char *chat_template;
-    json_t *chat_templates; /* the list form's {"name": template} (NULL: not a list) */
+    json_t *special;        /* transformers' special_tokens_map: {"bos_token": "<s>", ...} */
+    char *chat_template;    /* the default template (NULL: none) */
+    json_t *chat_templates; /* every template by name ("default" included), or NULL */
 };
 
 #endif

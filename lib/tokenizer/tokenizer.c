@@ -7,6 +7,7 @@
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -190,29 +191,138 @@ static int read_text_file(const char *path, char **out, ft_err *err)
     return 0;
 }
 
-/* chat_template.jinja beside tokenizer.json, when there is one (where recent transformers
- * save the template), and additional_chat_templates/NAME.jinja (where they save the
- * other named templates, e.g. tool_use). */
-static int read_template_file(ft_tokenizer *t, const char *dir, ft_err *err)
+/* A template of t's by name (chat_templates created on first use). */
+static int add_template(ft_tokenizer *t, const char *name, const char *src, ft_err *err)
+{
+    if (!t->chat_templates && !(t->chat_templates = json_object()))
+        return ft_fail(err, "out of memory");
+    if (json_object_set_new(t->chat_templates, name, json_string(src)))
+        return ft_fail(err, "chat template '%s': not valid UTF-8 or out of memory", name);
+    return 0;
+}
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* chat_template.jinja beside tokenizer.json (the "default" template, where recent
+ * transformers save it) and additional_chat_templates/NAME.jinja (every other named
+ * template): *found tells whether there was any, as transformers 5's from_pretrained
+ * reads them (they take priority over tokenizer_config.json's chat_template). */
+static int read_template_files(ft_tokenizer *t, const char *dir, bool *found, ft_err *err)
 {
     char path[4200];
+    *found = false;
+    char *s;
     snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
-    if (read_text_file(path, &t->chat_template, err))
+    if (read_text_file(path, &s, err))
         return -1;
-    static const char *const NAMES[] = {"tool_use", "rag"};
-    for (size_t i = 0; i < sizeof NAMES / sizeof *NAMES; i++) {
-        char *s;
-        snprintf(path, sizeof path, "%s/additional_chat_templates/%s.jinja", dir, NAMES[i]);
-        if (read_text_file(path, &s, err))
-            return -1;
-        if (!s)
-            continue;
-        if (!t->chat_templates)
-            t->chat_templates = json_object();
-        json_object_set_new(t->chat_templates, NAMES[i], json_string(s));
+    if (s) {
+        *found = true;
+        int rc = add_template(t, "default", s, err);
         free(s);
+        if (rc)
+            return -1;
+    }
+    snprintf(path, sizeof path, "%s/additional_chat_templates", dir);
+    DIR *d = opendir(path);
+    if (!d)
+        return 0;
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0;
+    for (struct dirent *e; rc == 0 && (e = readdir(d));) {
+        size_t len = strlen(e->d_name);
+        if (len <= 6 || strcmp(e->d_name + len - 6, ".jinja") != 0)
+            continue;
+        if (n == cap) {
+            char **nn = realloc(names, (cap = cap ? 2 * cap : 8) * sizeof *nn);
+            if (!nn) {
+                rc = ft_fail(err, "out of memory");
+                break;
+            }
+            names = nn;
+        }
+        if (!(names[n] = strndup(e->d_name, len - 6)))
+            rc = ft_fail(err, "out of memory");
+        else
+            n++;
+    }
+    closedir(d);
+    qsort(names, n, sizeof *names, by_name); /* readdir's order is the file system's */
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        snprintf(path, sizeof path, "%s/additional_chat_templates/%s.jinja", dir, names[i]);
+        if ((rc = read_text_file(path, &s, err)) == 0 && s) {
+            *found = true;
+            rc = add_template(t, names[i], s, err);
+            free(s);
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    return rc;
+}
+
+/* tokenizer_config.json's chat_template: a string (the default) or the list form
+ * [{"name", "template"}]. */
+static int read_config_templates(ft_tokenizer *t, const json_t *ct, ft_err *err)
+{
+    if (json_is_string(ct))
+        return add_template(t, "default", json_string_value(ct), err);
+    for (size_t i = 0; json_is_array(ct) && i < json_array_size(ct); i++) {
+        json_t *e = json_array_get(ct, i);
+        const char *name = json_string_value(json_object_get(e, "name"));
+        const char *tpl = json_string_value(json_object_get(e, "template"));
+        if (name && tpl && add_template(t, name, tpl, err))
+            return -1;
     }
     return 0;
+}
+
+/* The seven named special tokens transformers 5 keeps (SPECIAL_TOKENS_ATTRIBUTES), in
+ * its order. */
+static const char *const SPECIAL_NAMES[] = {"bos_token", "eos_token", "unk_token", "sep_token",
+                                            "pad_token", "cls_token", "mask_token"};
+
+/* A model-specific special token of a config (transformers 5 keeps every "*_token" key
+ * whose value is a string or an AddedToken: in tokenizer_config.json an object with
+ * "__type": "AddedToken", in special_tokens_map.json any object): its string, else NULL. */
+static const char *model_token(const char *key, const json_t *v, bool any_object)
+{
+    size_t len = strlen(key);
+    if (len < 6 || strcmp(key + len - 6, "_token") != 0)
+        return NULL;
+    for (size_t i = 0; i < sizeof SPECIAL_NAMES / sizeof *SPECIAL_NAMES; i++)
+        if (!strcmp(key, SPECIAL_NAMES[i]))
+            return NULL;
+    const char *type = json_string_value(json_object_get(v, "__type"));
+    if (json_is_object(v) && !any_object && !(type && !strcmp(type, "AddedToken")))
+        return NULL;
+    return token_string(v);
+}
+
+/* Adds the special tokens of src (tokenizer_config.json, or special_tokens_map.json when
+ * is_stm) to map, replacing those there. */
+static void add_specials(json_t *map, const json_t *src, bool is_stm)
+{
+    for (size_t i = 0; i < sizeof SPECIAL_NAMES / sizeof *SPECIAL_NAMES; i++) {
+        const char *s = token_string(json_object_get(src, SPECIAL_NAMES[i]));
+        if (s)
+            json_object_set_new(map, SPECIAL_NAMES[i], json_string(s));
+    }
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)src, k, v) {
+        const char *s = model_token(k, v, is_stm);
+        if (s)
+            json_object_set_new(map, k, json_string(s));
+    }
+    json_t *extra = json_object_get(src, "extra_special_tokens");
+    json_object_foreach(json_is_object(extra) ? extra : NULL, k, v)
+        if (token_string(v))
+            json_object_set_new(map, k, json_string(token_string(v)));
 }
 
 static int read_configs(ft_tokenizer *t, const char *dir, ft_err *err)
@@ -230,35 +340,44 @@ static int read_configs(ft_tokenizer *t, const char *dir, ft_err *err)
         json_decref(cfg);
         return ft_fail(err, "%s", e2.msg);
     }
+    /* transformers 5 reads special_tokens_map.json (a legacy file) only when
+     * tokenizer_config.json has no added_tokens_decoder, and then its entries win */
+    if (!(t->special = json_object())) {
+        json_decref(cfg);
+        json_decref(stm);
+        return ft_fail(err, "out of memory");
+    }
+    add_specials(t->special, cfg, false);
+    if (!json_object_get(cfg, "added_tokens_decoder"))
+        add_specials(t->special, stm, true);
+    if (!json_object_get(t->special, "unk_token") && t->bpe.unk_token)
+        json_object_set_new(t->special, "unk_token", json_string(t->bpe.unk_token));
+    /* the special_tokens_map as the map in SPECIAL_NAMES' order, then the others */
+    json_t *ordered = json_object();
+    for (size_t i = 0; ordered && i < sizeof SPECIAL_NAMES / sizeof *SPECIAL_NAMES; i++)
+        if (json_object_get(t->special, SPECIAL_NAMES[i]))
+            json_object_set(ordered, SPECIAL_NAMES[i],
+                            json_object_get(t->special, SPECIAL_NAMES[i]));
+    json_object_update_missing(ordered, t->special);
+    json_decref(t->special);
+    t->special = ordered;
     const char *names[4] = {"bos_token", "eos_token", "pad_token", "unk_token"};
     char **dst[4] = {&t->bos, &t->eos, &t->pad, &t->unk};
-    for (int i = 0; i < 4; i++) {
-        const char *s = token_string(json_object_get(cfg, names[i]));
-        if (!s)
-            s = token_string(json_object_get(stm, names[i]));
+    for (int i = 0; i < 4 && ordered; i++) {
+        const char *s = json_string_value(json_object_get(ordered, names[i]));
         if (s)
             *dst[i] = strdup(s);
     }
-    if (!t->unk && t->bpe.unk_token)
-        t->unk = strdup(t->bpe.unk_token);
-    json_t *ct = json_object_get(cfg, "chat_template");
-    if (json_is_string(ct)) {
-        t->chat_template = strdup(json_string_value(ct));
-    } else if (json_is_array(ct)) {
-        t->chat_templates = json_object();
-        for (size_t i = 0; i < json_array_size(ct); i++) {
-            json_t *e = json_array_get(ct, i);
-            const char *name = json_string_value(json_object_get(e, "name"));
-            const char *tpl = json_string_value(json_object_get(e, "template"));
-            if (name && tpl)
-                json_object_set_new(t->chat_templates, name, json_string(tpl));
-            if (name && tpl && !strcmp(name, "default"))
-                t->chat_template = strdup(tpl);
-        }
-    }
+    bool files = false;
+    int rc = ordered ? read_template_files(t, dir, &files, err) : ft_fail(err, "out of memory");
+    if (rc == 0 && !files)
+        rc = read_config_templates(t, json_object_get(cfg, "chat_template"), err);
+    const char *dflt = json_string_value(json_object_get(t->chat_templates, "default"));
+    if (rc == 0 && dflt && !(t->chat_template = strdup(dflt)))
+        rc = ft_fail(err, "out of memory");
     json_decref(cfg);
     json_decref(stm);
-    return t->chat_template ? 0 : read_template_file(t, dir, err);
+    return rc;
 }
 
 int ft_tokenizer_load(ft_tokenizer **out, const char *path, ft_err *err)
@@ -360,6 +479,7 @@ void ft_tokenizer_free(ft_tokenizer *t)
     free(t->unk);
     free(t->chat_template);
     json_decref(t->chat_templates);
+    json_decref(t->special);
     free(t);
 }
 
@@ -546,6 +666,25 @@ const char *ft_tokenizer_chat_template(const ft_tokenizer *t)
 const char *ft_tokenizer_chat_template_named(const ft_tokenizer *t, const char *name)
 {
     return json_string_value(json_object_get(t->chat_templates, name));
+}
+
+size_t ft_tokenizer_chat_template_names(const ft_tokenizer *t, const char **names, size_t max)
+{
+    size_t n = 0;
+    const char *k;
+    json_t *v;
+    json_object_foreach(t->chat_templates, k, v) {
+        (void)v;
+        if (n < max)
+            names[n] = k;
+        n++;
+    }
+    return n;
+}
+
+const json_t *ft_tokenizer_special_tokens(const ft_tokenizer *t)
+{
+    return t->special;
 }
 
 bool ft_tokenizer_adds_bos(const ft_tokenizer *t)

@@ -72,13 +72,27 @@ const char *ft_tokenizer_eos_token(const ft_tokenizer *t);
 const char *ft_tokenizer_pad_token(const ft_tokenizer *t);
 const char *ft_tokenizer_unk_token(const ft_tokenizer *t);
 
-/* The model's chat template (the Jinja source): tokenizer_config.json's "chat_template"
- * string, or the "default" entry of its list form, else chat_template.jinja beside it;
- * NULL when there is none. lib/data renders it. */
+/* The special tokens a chat template sees, as transformers 5's special_tokens_map has
+ * them: {"bos_token": "<s>", ...} for those of bos, eos, unk, sep, pad, cls and
+ * mask_token the tokenizer defines (tokenizer_config.json, then special_tokens_map.json
+ * when the config has no added_tokens_decoder; unk_token also from the BPE model), then
+ * its model-specific ones (every other "*_token" key holding a token, and the entries of
+ * an extra_special_tokens mapping). A jansson object owned by the tokenizer. */
+typedef struct json_t json_t;
+const json_t *ft_tokenizer_special_tokens(const ft_tokenizer *t);
+
+/* The model's chat templates (Jinja sources), read as transformers 5 reads them:
+ * chat_template.jinja beside tokenizer.json ("default") and
+ * additional_chat_templates/NAME.jinja, when any of these files exists; else
+ * tokenizer_config.json's "chat_template", a string ("default") or a list of
+ * {"name", "template"}. ft_tokenizer_chat_template: the default, NULL when there is
+ * none. lib/data renders them. */
 const char *ft_tokenizer_chat_template(const ft_tokenizer *t);
-/* The template named name in the list form of tokenizer_config.json's chat_template
- * ([{"name", "template"}], e.g. "tool_use"); NULL when absent or not a list. */
+/* The template named name ("default", "tool_use", ...); NULL when absent. */
 const char *ft_tokenizer_chat_template_named(const ft_tokenizer *t, const char *name);
+/* The names of the templates (at most max of them into names, valid while t lives);
+ * returns how many there are. */
+size_t ft_tokenizer_chat_template_names(const ft_tokenizer *t, const char **names, size_t max);
 
 /* Whether the post-processor adds a BOS token at the start (as Llama's does). */
 bool ft_tokenizer_adds_bos(const ft_tokenizer *t);

@@ -8,6 +8,7 @@
  *       output line is the rendered text as a JSON string, or {"error": "..."} when the
  *       template fails (it does not compile, or it raises).
  *   ft-data load TOKENIZER_DIR DATA.jsonl [--format F] [--template T] [--max-seq-len N]
+ *                [--template-name NAME] [--template-kwargs JSON]
  *                [--train-on-all] [--skip-bad-lines] [--no-eos]
  *       one {"input_ids": [...], "labels": [...]} line per sample; then on stderr a line
  *       "samples N skipped N dropped N".
@@ -120,6 +121,10 @@ static int cmd_load(int argc, char **argv)
         } else if (!strcmp(a, "--template") && i + 1 < argc) {
             if (ft_chat_template_parse(argv[++i], &o.chat_template, &err))
                 return die(err.msg);
+        } else if (!strcmp(a, "--template-name") && i + 1 < argc) {
+            o.chat_template_name = argv[++i];
+        } else if (!strcmp(a, "--template-kwargs") && i + 1 < argc) {
+            o.chat_template_kwargs = argv[++i];
         } else if (!strcmp(a, "--max-seq-len") && i + 1 < argc) {
             o.max_seq_len = atoi(argv[++i]);
         } else if (!strcmp(a, "--train-on-all")) {

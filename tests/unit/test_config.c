@@ -348,6 +348,123 @@ static void test_key_text(void)
     ft_config_free(c);
 }
 
+/* data.chat_template_kwargs: a JSON object from --set (its text) or from YAML (a
+ * mapping, turned into JSON by YAML 1.2's core schema, or the JSON text as a string);
+ * anything else, and the names transformers sets itself, are errors naming the key. */
+static void test_json_key(void)
+{
+    const char *K = "data.chat_template_kwargs";
+    ft_config *c = ft_config_new();
+    ft_err err = {0};
+    CHECK(strcmp(ft_config_str(c, K), "{}") == 0 && !ft_config_has(c, K));
+    CHECK(ft_config_set(c, "data.chat_template_kwargs={\"enable_thinking\": false}", NULL,
+                        &err) == 0);
+    CHECK(strcmp(ft_config_str(c, K), "{\"enable_thinking\": false}") == 0);
+    CHECK(ft_config_has(c, K));
+    static const struct {
+        const char *value, *needle;
+    } bad[] = {
+        {"[1, 2]", "must be a JSON object"},
+        {"true", "must be a JSON object"},
+        {"{\"a\": 1,}", "must be a JSON object:"},
+        {"{\"a\": 1, \"a\": 2}", "duplicate"},
+        {"{\"messages\": []}", "may not set 'messages'"},
+        {"{\"x\": 1, \"add_generation_prompt\": true}", "may not set 'add_generation_prompt'"},
+        {"{\"bos_token\": \"<s>\"}", "may not set 'bos_token'"},
+        {"{\"mask_token\": \"<m>\"}", "may not set 'mask_token'"},
+        {"{\"tools\": null}", "reserved: messages, tools"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char set[256];
+        snprintf(set, sizeof set, "%s=%s", K, bad[i].value);
+        err.msg[0] = '\0';
+        CHECK(ft_config_set(c, set, NULL, &err) != 0);
+        if (!strstr(err.msg, bad[i].needle) || !strstr(err.msg, K)) {
+            fprintf(stderr, "  %s: message '%s' lacks '%s'\n", bad[i].value, err.msg,
+                    bad[i].needle);
+            CHECK(0);
+        }
+        /* a refused value leaves the key as it was */
+        CHECK(strcmp(ft_config_str(c, K), "{\"enable_thinking\": false}") == 0);
+    }
+    CHECK(ft_config_check_value(K, "{\"tokenize\": 1}", "--template-kwargs", &err) != 0 &&
+          strstr(err.msg, "--template-kwargs") && strstr(err.msg, "tokenize"));
+    CHECK(ft_config_check_value(K, "{\"reasoning_mode\": \"/think\"}", "x", &err) == 0);
+    ft_config_free(c);
+
+    /* YAML: a mapping (block or flow) of every JSON type */
+    c = ft_config_new();
+    const char *path = write_yaml("kw.yaml",
+        "data:\n"
+        "  chat_template_kwargs:\n"
+        "    enable_thinking: false\n"
+        "    t: True\n"
+        "    n: ~\n"
+        "    e:\n"
+        "    i: -12\n"
+        "    h: 0x1F\n"
+        "    o: 0o17\n"
+        "    f: 2.50\n"
+        "    g: 1e3\n"
+        "    s: plain words\n"
+        "    q: 'true'\n"
+        "    u: \"Ünï \\\"q\\\" \\t\"\n"
+        "    l: [1, two, {k: 3.5}]\n"
+        "    d: {a: [], b: {}}\n"
+        "    \"quoted key\": \"07\"\n");
+    CHECK(ft_config_load_yaml(c, path, NULL, &err) == 0);
+    const char *want = "{\"enable_thinking\": false, \"t\": true, \"n\": null, \"e\": null, "
+                       "\"i\": -12, \"h\": 31, \"o\": 15, \"f\": 2.5, \"g\": 1000.0, "
+                       "\"s\": \"plain words\", \"q\": \"true\", "
+                       "\"u\": \"Ünï \\\"q\\\" \\t\", \"l\": [1, \"two\", {\"k\": 3.5}], "
+                       "\"d\": {\"a\": [], \"b\": {}}, \"quoted key\": \"07\"}";
+    if (strcmp(ft_config_str(c, K), want) != 0) {
+        fprintf(stderr, "  got  %s\n  want %s\n", ft_config_str(c, K), want);
+        CHECK(0);
+    }
+    /* the resolved config reads back to the same text */
+    char out[128];
+    snprintf(out, sizeof out, "%s/kw_resolved.yaml", dir);
+    FILE *f = fopen(out, "w");
+    CHECK(ft_run_config_write_yaml(ft_config_values(c), f, &err) == 0);
+    fclose(f);
+    ft_config *b = ft_config_new();
+    CHECK(ft_config_set(b, "model.name=x", NULL, &err) == 0);
+    CHECK(ft_config_load_yaml(b, out, NULL, &err) == 0);
+    CHECK(strcmp(ft_config_str(b, K), want) == 0);
+    char t[FT_CFG_JSON_MAX];
+    CHECK(ft_run_config_key_text(ft_config_values(b), K, t, sizeof t, &err) == 0 &&
+          strcmp(t, want) == 0);
+    ft_config_free(b);
+    ft_config_free(c);
+    /* the JSON text as a YAML string; a flow mapping */
+    c = ft_config_new();
+    path = write_yaml("kw2.yaml", "data:\n  chat_template_kwargs: '{\"a\": [1]}'\n");
+    CHECK(ft_config_load_yaml(c, path, NULL, &err) == 0 &&
+          strcmp(ft_config_str(c, K), "{\"a\": [1]}") == 0);
+    path = write_yaml("kw3.yaml", "data: {chat_template_kwargs: {x: 1}}\n");
+    CHECK(ft_config_load_yaml(c, path, NULL, &err) == 0 &&
+          strcmp(ft_config_str(c, K), "{\"x\": 1}") == 0);
+    ft_config_free(c);
+
+    expect_error("data:\n  chat_template_kwargs:\n    messages: []\n", "bad.yaml:2",
+                 "may not set 'messages'");
+    expect_error("data:\n  chat_template_kwargs: [a, b]\n", "bad.yaml:2",
+                 "must be a JSON object");
+    expect_error("data:\n  chat_template_kwargs: plain\n", "chat_template_kwargs",
+                 "must be a JSON object");
+    expect_error("data:\n  chat_template_kwargs:\n    a: 1\n    a: 2\n", "bad.yaml",
+                 "duplicate");
+    expect_error("data:\n  chat_template_kwargs:\n    think: yes\n", "bad.yaml:3",
+                 "YAML 1.1");
+    expect_error("data:\n  chat_template_kwargs:\n    x: .inf\n", "bad.yaml:3", "no JSON form");
+    expect_error("data:\n  chat_template_kwargs:\n    x: 1e999\n", "bad.yaml:3", "out of range");
+    expect_error("data:\n  chat_template_kwargs:\n    x: 99999999999999999999\n", "bad.yaml:3",
+                 "out of range");
+    expect_error("data:\n  chat_template_kwargs:\n    x: &a 1\n    y: *a\n", "bad.yaml",
+                 "aliases");
+}
+
 int main(void)
 {
     snprintf(dir, sizeof dir, "/tmp/ft-test-config-XXXXXX");
@@ -363,6 +480,7 @@ int main(void)
     RUN(test_typed_values);
     RUN(test_load_order);
     RUN(test_key_text);
+    RUN(test_json_key);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)

@@ -611,7 +611,8 @@ static void test_generation_labels(void)
 {
     ft_chat *c;
     ft_err err;
-    CHECK(ft_chat_open(&c, FT_TMPL_AUTO, tok, &err) == 0 && !ft_chat_has_generation(c, NULL));
+    CHECK(ft_chat_open(&c, FT_TMPL_AUTO, NULL, NULL, tok, &err) == 0 &&
+          !ft_chat_has_generation(c, NULL));
     ft_chat_free(c);
     json_t *sp = json_pack("{s:s}", "eos_token", "</s>");
     CHECK(ft_chat_open_source(&c, FT_TMPL_AUTO,
@@ -632,6 +633,114 @@ static void test_generation_labels(void)
     json_decref(m);
     json_decref(sp);
     ft_chat_free(c);
+}
+
+/* A template chosen by name (as apply_chat_template(chat_template=NAME)), template
+ * kwargs, and the special tokens the template sees; and the errors of each. */
+static void test_chat_choice(void)
+{
+    char dir[128];
+    snprintf(dir, sizeof dir, "%s/named", tmp_dir);
+    FT_CHECK(mkdir(dir, 0700) == 0 && write_tokenizer(dir) == 0);
+    json_t *cfg = json_pack(
+        "{s:s,s:s,s:s,s:s,s:{s:s,s:s},s:s,s:[{s:s,s:s},{s:s,s:s},{s:s,s:s}]}", "bos_token",
+        "<s>", "eos_token", "</s>", "sep_token", "<|im_end|>", "image_token", "<|im_start|>",
+        "mask_token", "__type", "AddedToken", "content", "</s>", "cls_token", "<s>",
+        "chat_template", "name", "default", "template", "D{{ messages | length }}",
+        "name", "tool_use", "template", "T{{ tools | length }}", "name", "other", "template",
+        "O{{ sep_token }}{{ cls_token }}{{ mask_token }}{{ image_token }}{{ bos_token }}"
+        "{{ x if x is defined }}");
+    char p[256];
+    snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
+    FT_CHECK(json_dump_file(cfg, p, 0) == 0);
+    json_decref(cfg);
+    ft_tokenizer *t;
+    ft_err err = {0};
+    FT_CHECK(ft_tokenizer_load(&t, dir, &err) == 0);
+    json_t *m = json_loads("[{\"role\":\"user\",\"content\":\"q\"}]", 0, NULL);
+    json_t *tools = json_loads("{\"tools\": [{\"name\": \"f\"}, {\"name\": \"g\"}]}", 0, NULL);
+    struct {
+        const char *name, *kwargs;
+        bool tools;
+        const char *want;
+    } cases[] = {
+        {NULL, NULL, false, "D1"},
+        {NULL, NULL, true, "T2"}, /* transformers' rule: tool_use for a chat with tools */
+        {"", "{}", true, "T2"},
+        {"default", NULL, true, "D1"}, /* a name holds for every chat */
+        {"other", NULL, false, "O<|im_end|><s></s><|im_start|><s>"},
+        {"other", "{\"x\": [1, 2.5, \"s\", null, true, {\"k\": \"v\"}]}", true,
+         "O<|im_end|><s></s><|im_start|><s>[1, 2.5, 's', None, True, {'k': 'v'}]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        ft_chat *c = NULL;
+        char *out = NULL;
+        CHECK(ft_chat_open(&c, FT_TMPL_AUTO, cases[i].name, cases[i].kwargs, t, &err) == 0);
+        if (c && ft_chat_render(c, m, 1, false, cases[i].tools ? tools : NULL, &out, NULL,
+                                NULL, &err) == 0) {
+            if (strcmp(out, cases[i].want) != 0) {
+                fprintf(stderr, "  case %zu: got '%s', want '%s'\n", i, out, cases[i].want);
+                CHECK(0);
+            }
+        } else {
+            fprintf(stderr, "  case %zu: %s\n", i, err.msg);
+            CHECK(0);
+        }
+        free(out);
+        ft_chat_free(c);
+    }
+    /* errors */
+    ft_chat *c = NULL;
+    CHECK(ft_chat_open(&c, FT_TMPL_AUTO, "nope", NULL, t, &err) != 0 && !c &&
+          has(err.msg, "no chat template named 'nope'") &&
+          has(err.msg, "its templates: default, tool_use, other"));
+    CHECK(ft_chat_open(&c, FT_TMPL_CHATML, "other", NULL, t, &err) != 0 &&
+          has(err.msg, "chatml") && has(err.msg, "auto"));
+    CHECK(ft_chat_open(&c, FT_TMPL_AUTO, "x", NULL, tok, &err) != 0 &&
+          has(err.msg, "its templates: default"));
+    CHECK(ft_chat_check_name(NULL, FT_TMPL_AUTO, "x", &err) != 0 &&
+          has(err.msg, "no chat template at all"));
+    static const struct {
+        const char *kwargs, *needle;
+    } bad[] = {
+        {"[1]", "not a JSON object"},
+        {"{", "not JSON"},
+        {"{\"add_generation_prompt\": true}", "'add_generation_prompt'"},
+        {"{\"documents\": []}", "'documents'"},
+        {"{\"cls_token\": \"x\"}", "'cls_token'"},
+        {"{\"image_token\": \"x\"}", "special token of the tokenizer"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        CHECK(ft_chat_open(&c, FT_TMPL_AUTO, NULL, bad[i].kwargs, t, &err) != 0 && !c &&
+              has(err.msg, "chat template kwargs") && has(err.msg, bad[i].needle));
+    }
+    /* without the tokenizer only the fixed names are known */
+    json_t *kw;
+    CHECK(ft_chat_kwargs_parse("{\"image_token\": 1}", NULL, &kw, &err) == 0 && kw);
+    json_decref(kw);
+    /* through the data options */
+    const char *data = write_file("named.jsonl", "{\"messages\": [{\"role\": \"user\", "
+                                                 "\"content\": \"q\"}, {\"role\": "
+                                                 "\"assistant\", \"content\": \"a\"}]}\n");
+    ft_data_options o = opts(FT_DATA_CHAT);
+    o.train_on_all = true;
+    o.chat_template_name = "other";
+    o.chat_template_kwargs = "{\"x\": \"!\"}";
+    ft_dataset ds;
+    CHECK(ft_dataset_load(&ds, data, t, &o, &err) == 0);
+    if (ds.n == 1) {
+        ft_ids want = enc("O<|im_end|><s></s><|im_start|><s>!", false);
+        CHECK(ds.samples[0].n == (int)want.n &&
+              !memcmp(ds.samples[0].ids, want.data, want.n * sizeof *want.data));
+        ft_ids_free(&want);
+    }
+    ft_dataset_free(&ds);
+    o.chat_template_name = "rag";
+    CHECK(ft_dataset_load(&ds, data, t, &o, &err) != 0 && has(err.msg, "named.jsonl") &&
+          has(err.msg, "'rag'"));
+    json_decref(m);
+    json_decref(tools);
+    ft_tokenizer_free(t);
 }
 
 /* ---- loader ------------------------------------------------------------------------------- */
@@ -853,6 +962,7 @@ int main(void)
     RUN(test_sharegpt_format);
     RUN(test_render);
     RUN(test_generation_labels);
+    RUN(test_chat_choice);
     RUN(test_loader_shuffle_shard);
     RUN(test_loader_padding);
     RUN(test_loader_packing);

@@ -395,10 +395,21 @@ static void test_added_tokens(void)
     ft_tokenizer_free(t);
 }
 
+/* The special token named name in t's special_tokens_map, or NULL. */
+static const char *special(const ft_tokenizer *t, const char *name)
+{
+    return json_string_value(json_object_get(ft_tokenizer_special_tokens(t), name));
+}
+
 static void test_config_files(void)
 {
+    /* with added_tokens_decoder (transformers 5 then ignores special_tokens_map.json) */
     write_tok("cfg", "tokenizer_config.json",
-              "{'bos_token': {'content': '<s>', 'lstrip': false}, 'eos_token': '</s>',"
+              "{'bos_token': {'__type': 'AddedToken', 'content': '<s>', 'lstrip': false},"
+              " 'eos_token': '</s>', 'added_tokens_decoder': {},"
+              " 'sep_token': '</s>', 'image_token': '<s>', 'add_bos_token': true,"
+              " 'odd_token': {'content': 'no __type: not a token'},"
+              " 'extra_special_tokens': {'boi': '</s>'},"
               " 'chat_template': [{'name': 'tool_use', 'template': 'T'},"
               "                   {'name': 'default', 'template': 'D'}]}");
     write_tok("cfg", "special_tokens_map.json", "{'pad_token': '</s>', 'eos_token': '<s>'}");
@@ -410,14 +421,24 @@ static void test_config_files(void)
         return;
     CHECK(ft_tokenizer_bos_id(t) == 1);
     CHECK(ft_tokenizer_eos_id(t) == 2);
-    CHECK(ft_tokenizer_pad_id(t) == 2);
+    CHECK(ft_tokenizer_pad_id(t) == -1);
     CHECK(!strcmp(ft_tokenizer_bos_token(t), "<s>"));
     CHECK(!strcmp(ft_tokenizer_eos_token(t), "</s>"));
-    CHECK(ft_tokenizer_pad_token(t) && !strcmp(ft_tokenizer_pad_token(t), "</s>"));
+    CHECK(!ft_tokenizer_pad_token(t));
+    /* the special_tokens_map: the seven named ones it has, then the model-specific ones */
+    CHECK(json_object_size(ft_tokenizer_special_tokens(t)) == 6);
+    CHECK(special(t, "sep_token") && !strcmp(special(t, "sep_token"), "</s>"));
+    CHECK(special(t, "unk_token") && !strcmp(special(t, "unk_token"), "<unk>"));
+    CHECK(special(t, "image_token") && !strcmp(special(t, "image_token"), "<s>"));
+    CHECK(special(t, "boi") && !strcmp(special(t, "boi"), "</s>"));
+    CHECK(!special(t, "odd_token") && !special(t, "add_bos_token"));
     CHECK(ft_tokenizer_chat_template(t) && !strcmp(ft_tokenizer_chat_template(t), "D"));
     CHECK(ft_tokenizer_chat_template_named(t, "tool_use") &&
           !strcmp(ft_tokenizer_chat_template_named(t, "tool_use"), "T"));
     CHECK(!ft_tokenizer_chat_template_named(t, "rag"));
+    const char *names[4];
+    CHECK(ft_tokenizer_chat_template_names(t, names, 4) == 2 && !strcmp(names[0], "tool_use") &&
+          !strcmp(names[1], "default"));
     ft_tokenizer_free(t);
     /* loading the tokenizer.json file path directly finds the config beside it */
     char path[400];
@@ -426,6 +447,33 @@ static void test_config_files(void)
     CHECK(ft_tokenizer_load(&t, path, &err) == 0);
     if (t)
         CHECK(ft_tokenizer_bos_id(t) == 1);
+    ft_tokenizer_free(t);
+
+    /* without added_tokens_decoder special_tokens_map.json is read, and its entries win
+     * (its objects are tokens); template files replace the config's templates: the
+     * default from chat_template.jinja, the others from additional_chat_templates/ */
+    write_tok("cfg2", "tokenizer_config.json",
+              "{'eos_token': '</s>', 'chat_template': 'CONFIG'}");
+    write_tok("cfg2", "special_tokens_map.json",
+              "{'pad_token': '</s>', 'eos_token': '<s>', 'mask_token': {'content': '<unk>'},"
+              " 'foo_token': {'content': '<s>', 'special': true}}");
+    write_tok("cfg2", "chat_template.jinja", "FILE");
+    write_tok("cfg2/additional_chat_templates", "rag.jinja", "RAG");
+    write_tok("cfg2/additional_chat_templates", "a_b.jinja", "AB");
+    write_tok("cfg2/additional_chat_templates", "notes.txt", "not a template");
+    t = load("cfg2", json);
+    CHECK(t);
+    if (!t)
+        return;
+    CHECK(!strcmp(ft_tokenizer_eos_token(t), "<s>") && ft_tokenizer_eos_id(t) == 1);
+    CHECK(ft_tokenizer_pad_token(t) && !strcmp(ft_tokenizer_pad_token(t), "</s>"));
+    CHECK(special(t, "mask_token") && !strcmp(special(t, "mask_token"), "<unk>"));
+    CHECK(special(t, "foo_token") && !strcmp(special(t, "foo_token"), "<s>"));
+    CHECK(ft_tokenizer_chat_template(t) && !strcmp(ft_tokenizer_chat_template(t), "FILE"));
+    CHECK(ft_tokenizer_chat_template_named(t, "rag") &&
+          !strcmp(ft_tokenizer_chat_template_named(t, "rag"), "RAG"));
+    CHECK(ft_tokenizer_chat_template_names(t, names, 4) == 3 && !strcmp(names[1], "a_b") &&
+          !strcmp(names[2], "rag"));
     ft_tokenizer_free(t);
 }
 
