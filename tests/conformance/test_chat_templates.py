@@ -11,7 +11,11 @@ hand-written templates that exercise each construct (templates/constructs/*.jinj
     template with {% generation %} blocks, else the assistant spans found by rendering
     prefixes (test_data_pipeline.py's rule);
   - a construct the interpreter does not support is an error naming the template line;
-  - ShareGPT records load as the chat they map to.
+  - ShareGPT records load as the chat they map to;
+  - a named template (--template-name, data.chat_template_name) and template kwargs
+    (--template-kwargs, data.chat_template_kwargs) give the ids and labels of
+    apply_chat_template(chat_template=NAME, **kwargs), and the template sees every
+    special token of the tokenizer's special_tokens_map.
 
 Run:  make CUDA=0 build/tests/ft-data; FT_DATA=$PWD/build/tests/ft-data \\
           .venv/bin/python -m pytest -q tests/conformance/test_chat_templates.py
@@ -308,19 +312,22 @@ def _ids(out):
     return out["input_ids"] if hasattr(out, "keys") else out
 
 
-def _ref_labels(hf, msgs, ids):
+def _ref_labels(hf, msgs, ids, **kw):
     """Completion-only labels as transformers makes them: the {% generation %} mask, or
-    the prefix rule (None when the prefix rule has no answer: ftkit must refuse)."""
-    if re.search(r"\{%-?\s*generation\s*-?%\}", hf.chat_template):
+    the prefix rule (None when the prefix rule has no answer: ftkit must refuse). kw:
+    more arguments of apply_chat_template (chat_template=NAME, tools, template kwargs)."""
+    source = hf.get_chat_template(kw.get("chat_template"), kw.get("tools"))
+    if re.search(r"\{%-?\s*generation\s*-?%\}", source):
         out = hf.apply_chat_template(msgs, tokenize=True, return_dict=True,
-                                     return_assistant_tokens_mask=True)
+                                     return_assistant_tokens_mask=True, **kw)
         return [t if m else -100 for t, m in zip(out["input_ids"], out["assistant_masks"])]
     labels = [-100] * len(ids)
     for k, m in enumerate(msgs):
         if m["role"] != "assistant":
             continue
-        a = _ids(hf.apply_chat_template(msgs[:k], tokenize=True, add_generation_prompt=True))
-        b = _ids(hf.apply_chat_template(msgs[:k + 1], tokenize=True))
+        a = _ids(hf.apply_chat_template(msgs[:k], tokenize=True, add_generation_prompt=True,
+                                        **kw))
+        b = _ids(hf.apply_chat_template(msgs[:k + 1], tokenize=True, **kw))
         if ids[:len(a)] != a or ids[:len(b)] != b:
             return None
         labels[len(a):len(b)] = ids[len(a):len(b)]
@@ -431,3 +438,186 @@ def test_named_templates_tool_use(trained, tmp_path):
         assert out.returncode == 0, out.stderr
         got = [json.loads(line)["input_ids"] for line in out.stdout.splitlines()]
         assert got == want, d.name
+
+
+# ---- a named template, template kwargs, the special tokens ------------------------------
+
+def _check_ids_and_labels(hf, d, tmp_path, chats, args=(), tools=None, kw=None):
+    """For each chat (a record, with "tools" when given): the ids of `ft-data load ARGS`
+    equal apply_chat_template(chat, tools=tools, **kw), id for id, and the completion-only
+    labels the reference's (or both refuse: the prefix rule has no answer). Returns how
+    many chats had labels compared."""
+    n_labels = 0
+    kw = dict(kw or {})
+    if tools is not None:
+        kw["tools"] = tools
+    for chat in chats:
+        rec = {"messages": chat, **({"tools": tools} if tools is not None else {})}
+        data = tmp_path / "chat.jsonl"
+        data.write_text(json.dumps(rec) + "\n")
+        out = _load(d, data, "--format", "chat", "--train-on-all", *args)
+        try:
+            want = _ids(hf.apply_chat_template(chat, tokenize=True, **kw))
+        except Exception:  # the template refuses the chat: so must we
+            assert out.returncode != 0, f"{args}: transformers refuses {chat}"
+            continue
+        assert out.returncode == 0, out.stderr
+        got = json.loads(out.stdout.splitlines()[0])
+        assert got["input_ids"] == want, f"{args}: {chat}"
+        ref = _ref_labels(hf, chat, want, **kw)
+        out = _load(d, data, "--format", "chat", *args)
+        if ref is None:
+            assert out.returncode != 0 and "ambiguous" in out.stderr, (args, chat)
+            continue
+        if all(x == -100 for x in ref[1:]):
+            continue  # dropped as empty by both rules
+        assert out.returncode == 0, out.stderr
+        got = json.loads(out.stdout.splitlines()[0])
+        assert got["labels"] == ref, f"{args}: labels of {chat}"
+        n_labels += 1
+    return n_labels
+
+
+def _named_dirs(hf, tmp_path, templates):
+    """The tokenizer saved with several templates in both of the forms transformers
+    reads: the files of save_pretrained (chat_template.jinja for "default",
+    additional_chat_templates/NAME.jinja for the others), and the older list form of
+    tokenizer_config.json's chat_template."""
+    hf.chat_template = dict(templates)
+    saved = tmp_path / "saved"
+    hf.save_pretrained(saved)
+    assert (saved / "additional_chat_templates").is_dir()
+    listed = tmp_path / "listed"
+    hf.save_pretrained(listed)
+    for f in [listed / "chat_template.jinja", *(listed / "additional_chat_templates").glob("*")]:
+        f.unlink(missing_ok=True)
+    (listed / "additional_chat_templates").rmdir()
+    cfg = json.loads((listed / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = [{"name": k, "template": v} for k, v in templates.items()]
+    (listed / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return saved, listed
+
+
+NAMED_CHATS = [[S, U1, A1], [U1, A1, U2, A2], [UP, A1]]
+
+
+def test_named_template_matches_transformers(trained, tmp_path):
+    """--template-name NAME (data.chat_template_name) renders every chat with the model's
+    template of that name, as apply_chat_template(chat_template=NAME): ids and labels,
+    with and without tools (a name holds for chats with tools too), for a model whose
+    templates are files and one whose templates are tokenizer_config.json's list."""
+    from transformers import AutoTokenizer
+    from tokenizers import Tokenizer
+
+    templates = {
+        "default": (TEMPLATES / "qwen2.5.jinja").read_text(),
+        "tool_use": (TEMPLATES / "qwen3.jinja").read_text(),
+        "chatml_plain": (TEMPLATES / "qwen2.jinja").read_text(),
+        "marked": ("{% for m in messages %}<|im_start|>{{ m.role }}\n"
+                   "{% if m.role == 'assistant' %}{% generation %}{{ m.content }}<|im_end|>"
+                   "{% endgeneration %}{% else %}{{ m.content }}<|im_end|>{% endif %}\n"
+                   "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+                   "{% endif %}"),
+    }
+    hf = _hf_tokenizer(templates["default"], None, "<|im_end|>", Tokenizer.from_str(trained))
+    for d in _named_dirs(hf, tmp_path, templates):
+        ref = AutoTokenizer.from_pretrained(d)  # the templates as transformers reads them
+        assert sorted(ref.chat_template) == sorted(templates), d.name
+        n = 0
+        for name in templates:
+            for tools in (None, TOOLS):
+                n += _check_ids_and_labels(ref, d, tmp_path, NAMED_CHATS,
+                                           ("--template-name", name), tools=tools,
+                                           kw={"chat_template": name})
+        assert n >= 8, d.name
+        # no name: transformers' rule (tool_use for a record with tools)
+        _check_ids_and_labels(ref, d, tmp_path, NAMED_CHATS[:1], tools=TOOLS)
+        _check_ids_and_labels(ref, d, tmp_path, NAMED_CHATS[:1])
+        # a name the model has no template of is refused, naming them all (transformers
+        # would render the name itself as a template)
+        data = tmp_path / "chat.jsonl"
+        data.write_text(json.dumps({"messages": NAMED_CHATS[0]}) + "\n")
+        out = _load(d, data, "--format", "chat", "--template-name", "rag")
+        assert out.returncode != 0
+        assert "no chat template named 'rag'" in out.stderr
+        for name in templates:
+            assert name in out.stderr
+        out = _load(d, data, "--format", "chat", "--template", "chatml", "--template-name",
+                    "default")
+        assert out.returncode != 0 and "auto" in out.stderr
+
+
+def test_template_kwargs_match_transformers(trained, tmp_path):
+    """--template-kwargs JSON (data.chat_template_kwargs) gives the template more
+    variables, as apply_chat_template(**kwargs): Qwen3's enable_thinking, and a
+    hand-written template reading a kwarg of each JSON type."""
+    from tokenizers import Tokenizer
+
+    qwen3 = (TEMPLATES / "qwen3.jinja").read_text()
+    hf = _hf_tokenizer(qwen3, None, "<|im_end|>", Tokenizer.from_str(trained))
+    d = tmp_path / "qwen3"
+    hf.save_pretrained(d)
+    chats = [[U1, A1], [S, U1, A3], [U1, A4], [U1, A1, U2, A2]]
+    texts = set()
+    for kw in ({"enable_thinking": False}, {"enable_thinking": True}, {}):
+        _check_ids_and_labels(hf, d, tmp_path, chats, ("--template-kwargs", json.dumps(kw)),
+                              kw=kw)
+        texts.add(hf.apply_chat_template([U1], tokenize=False, add_generation_prompt=True,
+                                         **kw))
+    # enable_thinking false renders the generation prompt (so the label spans) differently
+    assert len(texts) == 2
+
+    typed = ("{%- for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor -%}"
+             "s={{ s }}|{{ s | upper }} i={{ i + 1 }} {{ i // 2 }} f={{ f * 2 }} {{ f }}"
+             " b={{ b }}{% if b %} yes{% endif %} n={{ n is none }}{{ n }}"
+             " l={{ l | length }} {{ l[1] }} {{ l }} {{ l | tojson }}"
+             " d={{ d.k }} {{ d['z'] }} {{ d | tojson }} {{ d | dictsort }}"
+             "{% if add_generation_prompt %}assistant:{% endif %}")
+    hf = _hf_tokenizer(typed, "<s>", "</s>", Tokenizer.from_str(trained))
+    d = tmp_path / "typed"
+    hf.save_pretrained(d)
+    kw = {"s": "str «x» \"q\"", "i": 41, "f": 1.25, "b": True, "n": None,
+          "l": [1, "two", [3.5, False]], "d": {"z": [None, {"y": 0}], "k": "v"}}
+    text = hf.apply_chat_template([U1, A1], tokenize=False, **kw)
+    assert "i=42 20 f=2.5 1.25 b=True yes n=TrueNone l=3 two" in text, text
+    _check_ids_and_labels(hf, d, tmp_path, [[U1, A1], [S, U1, A1]],
+                          ("--template-kwargs", json.dumps(kw)), kw=kw)
+    # the names transformers sets itself are refused, naming the name
+    data = tmp_path / "chat.jsonl"
+    data.write_text(json.dumps({"messages": [U1, A1]}) + "\n")
+    for bad in ({"add_generation_prompt": True}, {"messages": []}, {"eos_token": "x"},
+                {"tools": []}):
+        out = _load(d, data, "--format", "chat", "--template-kwargs", json.dumps(bad))
+        assert out.returncode != 0 and f"'{next(iter(bad))}'" in out.stderr, out.stderr
+
+
+def test_special_tokens_reach_the_template(trained, tmp_path):
+    """The template sees every special token of the tokenizer's special_tokens_map: bos,
+    eos, unk, sep, pad, cls, mask and model-specific ones, as transformers passes them."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from tokenizers import Tokenizer
+
+    names = ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
+             "mask_token", "image_token", "boi_token"]
+    src = ("{%- for m in messages %}" + "".join(
+        "{{ %s if %s is defined else '[no %s]' }}" % (n, n, n) for n in names) +
+        "{{ m.role }}: {{ m.content }}\n{% endfor %}")
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(trained), bos_token="<s>", eos_token="</s>",
+        sep_token="<|im_sep|>", cls_token="<|system|>", mask_token="<|user|>",
+        pad_token="<|end|>", extra_special_tokens={"image_token": "<|assistant|>"})
+    hf.chat_template = src
+    d = tmp_path / "tok"
+    hf.save_pretrained(d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["boi_token"] = {"__type": "AddedToken", "content": "<bos>", "lstrip": False,
+                        "normalized": False, "rstrip": False, "single_word": False,
+                        "special": True}
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    ref = AutoTokenizer.from_pretrained(d)
+    assert {"sep_token", "cls_token", "mask_token", "image_token", "boi_token"} <= \
+        set(ref.special_tokens_map), ref.special_tokens_map
+    text = ref.apply_chat_template([U1, A1], tokenize=False)
+    assert "<|im_sep|><|end|><|system|><|user|><|assistant|><bos>" in text, text
+    n = _check_ids_and_labels(ref, d, tmp_path, [[U1, A1]])
+    assert n == 1
