@@ -35,7 +35,7 @@
 /* Sizes of the string fields, NUL included; a longer value is an error naming the key. */
 #define FT_CFG_PATH_MAX 4096
 #define FT_CFG_LIST_MAX 1024
-#define FT_CFG_JSON_MAX 8192
+#define FT_CFG_JSON_MAX 4096 /* no longer than a path: ft-train --get prints either */
 
 /* tuning.mode */
 typedef enum ft_tuning_mode { FT_TUNING_LORA = 0, FT_TUNING_QLORA, FT_TUNING_FULL } ft_tuning_mode;

@@ -621,3 +621,60 @@ def test_special_tokens_reach_the_template(trained, tmp_path):
     assert "<|im_sep|><|end|><|system|><|user|><|assistant|><bos>" in text, text
     n = _check_ids_and_labels(ref, d, tmp_path, [[U1, A1]])
     assert n == 1
+
+
+FT_TRAIN = os.environ.get("FT_TRAIN")
+
+
+@pytest.mark.skipif(not FT_TRAIN, reason="FT_TRAIN (bin/ft-train) not set")
+def test_run_config_keys(trained, tmp_path):
+    """The run config's data.chat_template_name and data.chat_template_kwargs (a YAML
+    mapping) reach the data ft-train prepares (--dump-data), equal to
+    apply_chat_template(chat_template=NAME, **kwargs); a bad name or a reserved kwarg is
+    an error naming the key (and for the file, its line)."""
+    from transformers import AutoTokenizer
+    from tokenizers import Tokenizer
+
+    other = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+             "{% endfor %}{{ x | tojson }} {{ sep_token }} "
+             "{{ 'thinking' if enable_thinking else 'quiet' }}")
+    templates = {"default": (TEMPLATES / "qwen3.jinja").read_text(), "other": other}
+    hf = _hf_tokenizer(templates["default"], None, "<|im_end|>", Tokenizer.from_str(trained))
+    hf.sep_token = "<|im_sep|>"
+    saved, _ = _named_dirs(hf, tmp_path, templates)
+    ref = AutoTokenizer.from_pretrained(saved)
+    chats = [[S, U1, A1], [U1, A1, U2, A2]]
+    kw = {"enable_thinking": False, "x": [1, 2.5, {"k": None}]}
+
+    def run(data_yaml, *extra):
+        cfg = tmp_path / "run.yaml"
+        cfg.write_text(f"model:\n  name: {saved}\ntrain:\n  batch_size: 1\n"
+                       "data:\n  train_path: \"-\"\n  shuffle: false\n  format: chat\n"
+                       "  train_on_all: true\n" + data_yaml)
+        recs = "".join(json.dumps({"messages": c}) + "\n" for c in chats)
+        return subprocess.run([FT_TRAIN, "--config", str(cfg), *extra], input=recs,
+                              capture_output=True, text=True)
+
+    out = run("  chat_template_name: other\n  chat_template_kwargs:\n"
+              "    enable_thinking: false\n    x: [1, 2.5, {k: null}]\n", "--dump-data", "-")
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line)["input_ids"] for line in out.stdout.splitlines()]
+    want = [_ids(ref.apply_chat_template(c, tokenize=True, chat_template="other", **kw))
+            for c in chats]
+    assert rows == want
+    assert "quiet" in ref.apply_chat_template(chats[0], tokenize=False, chat_template="other",
+                                              **kw)
+    # the resolved config keeps the kwargs as their JSON text
+    out = run("  chat_template_kwargs: {enable_thinking: false}\n", "--get",
+              "data.chat_template_kwargs")
+    assert out.returncode == 0 and json.loads(out.stdout) == {"enable_thinking": False}
+    out = run("  chat_template_name: rag\n", "--dump-data", "-")
+    assert out.returncode != 0
+    assert "data.chat_template_name" in out.stderr and "default, other" in out.stderr
+    out = run("  chat_template_kwargs:\n    tools: []\n", "--dump-data", "-")
+    assert out.returncode != 0
+    assert "run.yaml:10" in out.stderr and "data.chat_template_kwargs" in out.stderr
+    assert "'tools'" in out.stderr
+    out = run("", "--dump-data", "-", "--set",
+              'data.chat_template_kwargs={"sep_token": "x"}')
+    assert out.returncode != 0 and "'sep_token'" in out.stderr
