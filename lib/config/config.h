@@ -94,8 +94,8 @@ const char *ft_config_key_for_var(const char *var);
 
 /* Getters by key, for this folder (the DeepSpeed mapping) and the tests. Asking for a key
  * that is not in the schema, or with the wrong type, is a programming error and aborts.
- * ft_config_has: a string key holds a non-empty value (every other key always holds
- * one). */
+ * ft_config_has: a string key holds a non-empty value, a JSON key a non-empty object
+ * (every other key always holds one). */
 bool ft_config_has(const ft_config *c, const char *key);
 bool ft_config_is_auto(const ft_config *c, const char *key);
 /* True when the key was given a value (a config file, --set, --set-var or

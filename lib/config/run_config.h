@@ -17,10 +17,10 @@
  *
  * Field types follow the schema's: int keys are long, float keys double, bool keys bool,
  * enum keys the enums below (their order is the order of the schema's choices), string
- * keys NUL-terminated char arrays ("" = not set), JSON keys the text of a JSON object. An int key that allows "auto" holds
- * FT_CFG_AUTO while it is auto; the one string key that does (train.memory_budget) holds
- * the text "auto". Keys accepted without effect (moot) have fields too, so the resolved
- * config shows what was given. */
+ * keys NUL-terminated char arrays ("" = not set), JSON keys the text of a JSON object.
+ * An int key that allows "auto" holds FT_CFG_AUTO while it is auto; the one string key
+ * that does (train.memory_budget) holds the text "auto". Keys accepted without effect
+ * (moot) have fields too, so the resolved config shows what was given. */
 #ifndef FT_RUN_CONFIG_H
 #define FT_RUN_CONFIG_H
 

@@ -165,8 +165,9 @@ bool ft_chat_has_generation(const ft_chat *c, const json_t *extra);
  * aliases them. extra (a JSON object or NULL) adds template variables (a record's tools
  * and documents); tools and documents are none unless given. The variables are, as in
  * transformers: the special tokens, then the kwargs, then extra, messages and
- * add_generation_prompt, each replacing the ones before. *out is malloc'ed; when spans is not NULL it receives the {% generation %} ranges of *out
- * (malloc'ed, *n_spans of them). A template that raises fails with its message. */
+ * add_generation_prompt, each replacing the ones before. *out is malloc'ed; when spans
+ * is not NULL it receives the {% generation %} ranges of *out (malloc'ed, *n_spans of
+ * them). A template that raises fails with its message. */
 int ft_chat_render(const ft_chat *c, const json_t *messages, size_t count,
                    bool add_generation_prompt, const json_t *extra, char **out,
                    ft_jinja_span **spans, size_t *n_spans, ft_err *err);
