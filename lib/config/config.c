@@ -273,19 +273,6 @@ int ft_config_set_key(ft_config *c, const char *key, const char *value, const ch
     return 0;
 }
 
-int ft_config_check_value(const char *key, const char *text, const char *where, ft_err *err)
-{
-    const ft_cfg_key *k = ft_config_find_key(key);
-    if (!k)
-        return unknown_key(where, key, err);
-    ft_run_config *scratch = malloc(sizeof *scratch);
-    if (!scratch)
-        return ft_fail(err, "out of memory");
-    int rc = store(scratch, k, text, where, err);
-    free(scratch);
-    return rc;
-}
-
 void ft_config_reset_key(ft_config *c, const char *key)
 {
     int i = key_index(key);

@@ -68,11 +68,6 @@ const ft_run_config *ft_config_values(const ft_config *c);
  * (may be NULL). A YAML null resets a key to its default. */
 int ft_config_load_yaml(ft_config *c, const char *path, FILE *notes, ft_err *err);
 
-/* Checks that text is a valid value of key, as setting it would (nothing is stored);
- * `where` names the source in the error (a command-line option that stands for the
- * key). */
-int ft_config_check_value(const char *key, const char *text, const char *where, ft_err *err);
-
 /* Applies "key=value" (a --set argument). */
 int ft_config_set(ft_config *c, const char *assignment, FILE *notes, ft_err *err);
 
