@@ -391,3 +391,44 @@ def test_device_option(ft_eval, env, tmp_path):
                       "--device", "cpu"), want, n, len(samples))
     out = _run(ft_eval, "--model", d, "--data", data, "--device", "tpu", rc=2)
     assert "--device: 'tpu' is not auto, cpu or cuda" in out.stderr
+
+
+def test_generate_chat_named_template_and_kwargs(ft_eval, env, tmp_path):
+    """--template-name picks a named template of the model (additional_chat_templates/
+    NAME.jinja) and --template-kwargs gives it variables: the prompt of each chat is what
+    apply_chat_template(messages[:-1], chat_template=NAME, add_generation_prompt=True,
+    **kwargs) renders; the default template would render another one."""
+    from transformers import AutoTokenizer
+    d, _, _ = env
+    model_dir = tmp_path / "model"
+    shutil.copytree(d, model_dir)
+    (model_dir / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}")
+    (model_dir / "additional_chat_templates").mkdir()
+    (model_dir / "additional_chat_templates" / "terse.jinja").write_text(
+        "{% for m in messages %}{{ m.role[0] | upper }}> {{ m.content | trim }}"
+        "{% if shout %}!{% endif %}{{ sep | default('|') }}{% endfor %}"
+        "{% if add_generation_prompt %}A> {% endif %}")
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    chats = [[{"role": "user", "content": " Hello, who are you? "},
+              {"role": "assistant", "content": "I am a small model."}],
+             [{"role": "system", "content": "You are terse."},
+              {"role": "user", "content": "The quick"},
+              {"role": "assistant", "content": "brown fox"}]]
+    data = _write(tmp_path / "chat.jsonl", [{"messages": m} for m in chats])
+    kwargs = {"shout": True, "sep": " / "}
+    preds_path = tmp_path / "pred.jsonl"
+    _json(ft_eval, "--model", model_dir, "--data", data, "--generate", "--max-new-tokens", 2,
+          "--template-name", "terse", "--template-kwargs", json.dumps(kwargs),
+          "--predictions", preds_path)
+    preds = [json.loads(x) for x in preds_path.read_text().splitlines()]
+    want = [tok.apply_chat_template(c[:-1], chat_template="terse", add_generation_prompt=True,
+                                    tokenize=False, **kwargs) for c in chats]
+    default = [tok.apply_chat_template(c[:-1], add_generation_prompt=True, tokenize=False)
+               for c in chats]
+    assert want != default
+    assert [p["prompt"] for p in preds] == want
+    out = _run(ft_eval, "--model", model_dir, "--data", data, "--template-name", "nosuch",
+               rc=1)
+    assert "nosuch" in out.stderr and "terse" in out.stderr, out.stderr
