@@ -76,14 +76,21 @@
  * like num_heads * head_dim and vocab_size * hidden_size well inside 64 bits. */
 #define CFG_MAX_DIM (1 << 24)
 
-typedef enum family_kind { FAM_LLAMA = 0, FAM_MISTRAL, FAM_QWEN2, FAM_GRANITE, FAM_GEMMA } family_kind;
+typedef enum family_kind {
+    FAM_LLAMA = 0,
+    FAM_MISTRAL,
+    FAM_QWEN2,
+    FAM_GRANITE,
+    FAM_GEMMA,
+    FAM_GEMMA2
+} family_kind;
 
 typedef struct model_defaults {
     const char *model_type;
     family_kind family;
     int max_position_embeddings;
     int kv_heads_if_absent;       /* 0: num_attention_heads */
-    int sliding_window_if_absent; /* mistral only: the others do not read the key */
+    int sliding_window_if_absent; /* mistral, gemma2: the others do not read the key */
     int head_dim_if_absent;       /* 0: hidden_size / num_attention_heads */
     bool tie_if_absent;           /* tie_word_embeddings' default */
 } model_defaults;
@@ -94,9 +101,10 @@ static const model_defaults MODEL_DEFAULTS[] = {
     {"qwen2", FAM_QWEN2, 32768, 32, 0, 0, false},
     {"granite", FAM_GRANITE, 2048, 0, 0, 0, false},
     {"gemma", FAM_GEMMA, 8192, 16, 0, 256, true},
+    {"gemma2", FAM_GEMMA2, 8192, 4, 4096, 256, true},
 };
 
-#define SUPPORTED_TYPES "llama, mistral, qwen2, granite, gemma"
+#define SUPPORTED_TYPES "llama, mistral, qwen2, granite, gemma, gemma2"
 
 /* Keys of other families that must be absent, neutral, or null (quantization_config:
  * or bitsandbytes'). */
@@ -259,15 +267,19 @@ static int read_eos(const char *path, const json_t *root, ft_model_config *cfg, 
     return 0;
 }
 
-/* Granite's own keys (read by read_granite), not foreign to it. */
+/* A family's own keys (read by read_family_scales), not foreign to it: granite's
+ * multipliers, gemma2's soft-caps and query_pre_attn_scalar. */
 static bool family_owns(const model_defaults *md, const char *key)
 {
     static const char *const granite[] = {"attention_multiplier", "embedding_multiplier",
-                                          "residual_multiplier", "logits_scaling"};
-    if (md->family != FAM_GRANITE)
-        return false;
-    for (size_t i = 0; i < sizeof granite / sizeof granite[0]; i++)
-        if (strcmp(key, granite[i]) == 0)
+                                          "residual_multiplier", "logits_scaling", NULL};
+    static const char *const gemma2[] = {"attn_logit_softcapping", "final_logit_softcapping",
+                                         "query_pre_attn_scalar", NULL};
+    const char *const *own = md->family == FAM_GRANITE ? granite
+                             : md->family == FAM_GEMMA2 ? gemma2
+                                                        : NULL;
+    for (size_t i = 0; own && own[i]; i++)
+        if (strcmp(key, own[i]) == 0)
             return true;
     return false;
 }
@@ -502,7 +514,7 @@ static int check_layer_types(const char *path, const json_t *root, const ft_mode
                              ft_err *err)
 {
     json_t *v = get_opt(root, "layer_types");
-    if (!v)
+    if (!v || strcmp(cfg->model_type, "gemma2") == 0) /* gemma2: read_gemma2_layers */
         return 0;
     if (!json_is_array(v))
         return ft_fail(err, "%s: 'layer_types': expected an array, got %s", path, json_kind(v));
@@ -514,6 +526,48 @@ static int check_layer_types(const char *path, const json_t *root, const ft_mode
         if (!t || strcmp(t, want) != 0)
             return ft_fail(err, "%s: 'layer_types'[%zu]: only '%s' layers are supported here "
                            "(got %s)", path, i, want, t ? t : json_kind(e));
+    }
+    return 0;
+}
+
+/* gemma2's windows: sliding_window (default 4096) on the layers layer_types calls
+ * "sliding_attention". transformers 4.46 ignores layer_types and slides on the even
+ * layers (0, 2, ...), which is also the list later versions write when it is absent:
+ * a list that differs from it would be read two ways, and is refused. */
+static int read_gemma2_layers(const char *path, const json_t *root, ft_model_config *cfg,
+                              ft_err *err)
+{
+    json_t *v = json_object_get(root, "sliding_window");
+    cfg->sliding_window = 4096;
+    if (v && json_is_null(v))
+        return ft_fail(err, "%s: 'sliding_window' is null: gemma2 without a window on its "
+                       "sliding layers is not supported", path);
+    if (v && read_int(path, "sliding_window", v, 1, INT_MAX, &cfg->sliding_window, err))
+        return -1;
+    if (cfg->num_layers > FT_MAX_LAYER_TYPES)
+        return ft_fail(err, "%s: 'num_hidden_layers': %d layers with per-layer attention types "
+                       "are more than the %d supported", path, cfg->num_layers,
+                       FT_MAX_LAYER_TYPES);
+    for (int l = 0; l < cfg->num_layers; l++)
+        cfg->layer_full_attention[l] = l % 2 != 0;
+    v = get_opt(root, "layer_types");
+    if (!v)
+        return 0;
+    if (!json_is_array(v))
+        return ft_fail(err, "%s: 'layer_types': expected an array, got %s", path, json_kind(v));
+    if (json_array_size(v) != (size_t)cfg->num_layers)
+        return ft_fail(err, "%s: 'layer_types': %zu entries for %d layers", path,
+                       json_array_size(v), cfg->num_layers);
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e) {
+        const char *t = json_string_value(e);
+        const char *want = i % 2 ? "full_attention" : "sliding_attention";
+        if (!t || strcmp(t, want) != 0)
+            return ft_fail(err, "%s: 'layer_types'[%zu]: %s, but only gemma2's alternation "
+                           "(sliding_attention on even layers, full_attention on odd ones, "
+                           "which transformers 4.46 applies whatever the list says) is "
+                           "supported", path, i, t ? t : json_kind(e));
     }
     return 0;
 }
@@ -539,14 +593,15 @@ static int read_attention_options(const char *path, const json_t *root,
                        "(must be 0)", path, dropout);
 
     cfg->sliding_window = 0;
-    if (md->family == FAM_LLAMA || md->family == FAM_GRANITE || md->family == FAM_GEMMA) {
+    if (md->family == FAM_LLAMA || md->family == FAM_GRANITE || md->family == FAM_GEMMA ||
+        md->family == FAM_GEMMA2) {
         /* attention_bias on q, k, v and o; mlp_bias on gate, up, down (not gemma's MLP) */
-        if (mlp_bias && md->family == FAM_GEMMA)
+        if (mlp_bias && (md->family == FAM_GEMMA || md->family == FAM_GEMMA2))
             return ft_fail(err, "%s: 'mlp_bias' is true, but model_type '%s' has no such "
                            "option", path, type);
         cfg->qkv_bias = cfg->o_bias = attention_bias;
         cfg->mlp_bias = mlp_bias;
-        return 0;
+        return md->family == FAM_GEMMA2 ? read_gemma2_layers(path, root, cfg, err) : 0;
     }
     if (attention_bias)
         return ft_fail(err, "%s: 'attention_bias' is true, but model_type '%s' has no such "
@@ -605,6 +660,18 @@ static int read_activation(const char *path, const json_t *root, const model_def
                            ft_model_config *cfg, ft_err *err)
 {
     json_t *v;
+    if (md->family == FAM_GEMMA2) {
+        /* Gemma2MLP (4.46 and later) applies hidden_activation; hidden_act is not read */
+        const char *act = "gelu_pytorch_tanh";
+        if ((v = get_opt(root, "hidden_activation")) &&
+            read_string(path, "hidden_activation", v, &act, err))
+            return -1;
+        if (strcmp(act, "gelu_pytorch_tanh") != 0)
+            return ft_fail(err, "%s: 'hidden_activation': '%.32s' is not supported for gemma2 "
+                           "(only gelu_pytorch_tanh)", path, act);
+        cfg->mlp_act = FT_ACT_GELU_TANH;
+        return 0;
+    }
     if (md->family != FAM_GEMMA) {
         const char *act = "silu";
         if ((v = json_object_get(root, "hidden_act")) &&
@@ -641,6 +708,45 @@ static int read_multiplier(const char *path, const json_t *root, const char *key
     return v ? read_positive(path, key, v, out, err) : 0;
 }
 
+/* A soft-cap of gemma2: default when absent, 0 (none) when null, else positive. */
+static int read_softcap(const char *path, const json_t *root, const char *key, double dflt,
+                        float *out, ft_err *err)
+{
+    json_t *v = json_object_get(root, key);
+    double c = dflt;
+    if (v && json_is_null(v))
+        c = 0.0;
+    else if (v && read_positive(path, key, v, &c, err))
+        return -1;
+    *out = (float)c; /* the python float meets fp32 tensors */
+    return 0;
+}
+
+/* gemma2: attention scale query_pre_attn_scalar^-0.5 (default 256), the two soft-caps
+ * (defaults 50 and 30), and causal attention only. */
+static int read_gemma2_scales(const char *path, const json_t *root, ft_model_config *cfg,
+                              ft_err *err)
+{
+    double qpas = 256;
+    json_t *v;
+    if ((v = json_object_get(root, "query_pre_attn_scalar")) &&
+        read_positive(path, "query_pre_attn_scalar", v, &qpas, err))
+        return -1;
+    cfg->attention_scale = (float)pow(qpas, -0.5);
+    bool bidir = false;
+    if ((v = get_opt(root, "use_bidirectional_attention")) &&
+        read_bool(path, "use_bidirectional_attention", v, &bidir, err))
+        return -1;
+    if (bidir)
+        return ft_fail(err, "%s: 'use_bidirectional_attention' is true: only causal attention "
+                       "is supported", path);
+    return read_softcap(path, root, "attn_logit_softcapping", 50.0, &cfg->attn_softcap, err) ||
+                   read_softcap(path, root, "final_logit_softcapping", 30.0,
+                                &cfg->final_softcap, err)
+               ? -1
+               : 0;
+}
+
 /* The family's scalars and norm convention (see ft_model_config). */
 static int read_family_scales(const char *path, const json_t *root, const model_defaults *md,
                               ft_model_config *cfg, ft_err *err)
@@ -651,6 +757,7 @@ static int read_family_scales(const char *path, const json_t *root, const model_
     cfg->attention_scale = 1.0f / sqrtf((float)cfg->head_dim);
     cfg->logits_scale = 1.0f;
     cfg->norm_w_offset = 0.0f;
+    cfg->attn_softcap = cfg->final_softcap = 0.0f;
     if (md->family == FAM_GRANITE) {
         double emb, res, att, logit;
         if (read_multiplier(path, root, "embedding_multiplier", &emb, err) ||
@@ -663,12 +770,14 @@ static int read_family_scales(const char *path, const json_t *root, const model_
         cfg->residual_scale = (float)res;
         cfg->attention_scale = (float)att;
         cfg->logits_scale = (float)logit;
-    } else if (md->family == FAM_GEMMA) {
+    } else if (md->family == FAM_GEMMA || md->family == FAM_GEMMA2) {
         /* GemmaRotaryEmbedding (4.46) reads rope_theta only: a scaled RoPE in the file
-         * would run unscaled there and scaled in later versions. */
+         * would run unscaled there and scaled in later versions (Gemma 2 likewise). */
         if (cfg->rope_kind != FT_ROPE_DEFAULT)
             return ft_fail(err, "%s: 'rope_scaling': only the default rope type is supported "
-                           "for gemma", path);
+                           "for %s", path, md->model_type);
+        if (md->family == FAM_GEMMA2 && read_gemma2_scales(path, root, cfg, err))
+            return -1;
         /* normalizer = torch.tensor(hidden_size ** 0.5, dtype=activation dtype) */
         cfg->embed_scale = sqrt((double)cfg->hidden_size);
         cfg->embed_scale_round = true;
@@ -727,6 +836,13 @@ static int parse_config(const char *path, const json_t *root, ft_model_config *c
         return -1;
 
     return read_dtype(path, root, cfg, err);
+}
+
+int ft_layer_window(const ft_model_config *cfg, int l)
+{
+    if (l >= 0 && l < FT_MAX_LAYER_TYPES && cfg->layer_full_attention[l])
+        return 0;
+    return cfg->sliding_window;
 }
 
 int ft_model_config_load(ft_model_config *cfg, const char *path, ft_err *err)

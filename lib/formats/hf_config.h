@@ -1,5 +1,5 @@
 /* Hugging Face config.json for the dense decoder families: llama (incl. TinyLlama, SmolLM
- * and Llama 3 "llama3" rope scaling), mistral, qwen2, granite, gemma. Every field that
+ * and Llama 3 "llama3" rope scaling), mistral, qwen2, granite, gemma, gemma2. Every field that
  * changes the math is honoured or rejected with an error naming the file and key;
  * nothing is silently ignored. */
 #ifndef FT_HF_CONFIG_H
@@ -18,6 +18,8 @@ typedef enum ft_rope_kind {
 } ft_rope_kind;
 
 #define FT_MAX_EOS 8
+/* The most layers a config with per-layer attention types (layer_types) may have. */
+#define FT_MAX_LAYER_TYPES 1024
 
 /* The MLP's gate activation: act(gate(x)) * up(x). */
 typedef enum ft_mlp_act {
@@ -26,7 +28,7 @@ typedef enum ft_mlp_act {
 } ft_mlp_act;
 
 typedef struct ft_model_config {
-    char model_type[32]; /* "llama", "mistral", "qwen2", "granite", "gemma" */
+    char model_type[32]; /* "llama", "mistral", "qwen2", "granite", "gemma", "gemma2" */
     int vocab_size;
     int hidden_size;
     int intermediate_size;
@@ -45,7 +47,11 @@ typedef struct ft_model_config {
     bool qkv_bias; /* bias on q, k, v projections (attention_bias, or qwen2) */
     bool o_bias;   /* bias on o_proj (attention_bias) */
     bool mlp_bias; /* bias on gate, up, down (llama mlp_bias) */
-    int sliding_window; /* 0 = full causal attention */
+    int sliding_window; /* 0 = full causal attention; else the window of the sliding
+                         * layers (every layer but those of layer_full_attention) */
+    /* layers that attend fully although sliding_window > 0 (gemma2's alternating layers,
+     * config layer_types); read it through ft_layer_window */
+    bool layer_full_attention[FT_MAX_LAYER_TYPES];
     int bos_token_id;   /* -1 if absent */
     int eos_token_ids[FT_MAX_EOS];
     int n_eos;
@@ -61,8 +67,14 @@ typedef struct ft_model_config {
      *                      attention_multiplier
      *   logits_scale       logits = lm_head(h) / logits_scale (granite logits_scaling)
      *   norm_w_offset      RMSNorm out = norm(x) * (norm_w_offset + w): 0, or 1 for gemma
-     *                      (its weights are stored as offsets from 1)
-     *   mlp_act            the MLP gate's activation */
+     *                      and gemma2 (their weights are stored as offsets from 1)
+     *   mlp_act            the MLP gate's activation
+     *   attn_softcap       0, or the attention scores are capped: S = c tanh(S / c) after
+     *                      the scale, before mask and softmax (gemma2
+     *                      attn_logit_softcapping)
+     *   final_softcap      0, or the logits are capped: c tanh(logits / c) (gemma2
+     *                      final_logit_softcapping)
+     * gemma2's attention scale is query_pre_attn_scalar^-0.5 (attention_scale). */
     double embed_scale;
     bool embed_scale_round;
     float residual_scale;
@@ -70,10 +82,16 @@ typedef struct ft_model_config {
     float logits_scale;
     float norm_w_offset;
     ft_mlp_act mlp_act;
+    float attn_softcap;
+    float final_softcap;
     /* "quantization_config": the checkpoint holds bitsandbytes 4/8-bit weights
      * (present = false for a dense checkpoint) */
     ft_quant_config quant;
 } ft_model_config;
+
+/* The attention window of layer l (0-based): sliding_window, or 0 (full causal attention)
+ * for a full-attention layer of a model with per-layer types. */
+int ft_layer_window(const ft_model_config *cfg, int l);
 
 /* Reads and validates path (a config.json). */
 int ft_model_config_load(ft_model_config *cfg, const char *path, ft_err *err);

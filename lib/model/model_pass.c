@@ -195,7 +195,8 @@ static void layer_forward(ft_model *m, int l, const float *in, float *out)
     ft_rope_forward(A_(a->k, nK), pos, inv, N, Hkv, D);
     ft_attention_forward(A_(a->att, nQ), F_(a->lse, (size_t)N * Hq), A_(a->q, nQ),
                          A_(a->k, nK), A_(a->v, nK), m->has_seg ? I_(m->seg, N) : ft_none(),
-                         B, T, Hq, Hkv, D, c->attention_scale, c->sliding_window);
+                         B, T, Hq, Hkv, D, c->attention_scale, ft_layer_window(c, l),
+                         c->attn_softcap);
     proj_forward(m, l, FT_PROJ_O, a->att, a->mid);
     scale_branch(m, a->mid, nC);
     /* mid += in (the residual), then ln2 = norm(mid), in one pass */
@@ -257,7 +258,7 @@ static void layer_backward(ft_model *m, int l)
                           A_(a->q, nQ), A_(a->k, nK), A_(a->v, nK), A_(a->att, nQ),
                           F_(a->lse, (size_t)N * Hq),
                           m->has_seg ? I_(m->seg, N) : ft_none(), B, T, Hq, Hkv, D,
-                          c->attention_scale, c->sliding_window);
+                          c->attention_scale, ft_layer_window(c, l), c->attn_softcap);
     ft_rope_backward(A_(m->d_q, nQ), pos, inv, N, Hq, D);
     ft_rope_backward(A_(m->d_k, nK), pos, inv, N, Hkv, D);
     ft_zero(A_(m->d_ln, nC), nC);
@@ -307,13 +308,17 @@ static float head_alpha(const ft_model *m)
     return m->cfg.logits_scale == 1.0f ? 1.0f : 1.0f / m->cfg.logits_scale;
 }
 
-/* logits[0, rows) = lm_head(lnf rows [r0, r0 + rows)): one chunk of the head. */
+/* logits[0, rows) = lm_head(lnf rows [r0, r0 + rows)): one chunk of the head, soft-capped
+ * where the family caps its logits (gemma2: c tanh(logits / c); the cross-entropy's
+ * softcap argument then takes the gradient through the tanh). */
 static void head_logits(ft_model *m, size_t r0, size_t rows)
 {
     size_t C = (size_t)m->cfg.hidden_size, V = (size_t)m->cfg.vocab_size;
     ft_tensor x = ft_slice(A_(m->lnf, (r0 + rows) * C), r0 * C, rows * C);
     ft_linear_forward(A_(m->logits, rows * V), x, A_(m->lm_head, V * C), ft_none(), (int)rows,
                       (int)C, (int)V, head_alpha(m), 0);
+    if (m->cfg.final_softcap > 0.0f)
+        ft_softcap(A_(m->logits, rows * V), m->cfg.final_softcap, rows * V);
 }
 
 /* Layers this model computes: [*l0, *l1) (units l0+1 .. l1). */
@@ -376,7 +381,8 @@ int ft_model_forward(ft_model *m, const ft_batch *b, double *loss_sum, long *n_t
             size_t rows = (size_t)N - r0 < R ? (size_t)N - r0 : R;
             head_logits(m, r0, rows);
             loss += ft_cross_entropy(ft_none(), A_(m->logits, rows * V),
-                                     ft_slice(I_(m->targets, N), r0, rows), (int)rows, V, 0.0f);
+                                     ft_slice(I_(m->targets, N), r0, rows), (int)rows, V, 0.0f,
+                                     c->final_softcap);
             m->logits_first = r0; /* the buffer ends with the last chunk */
         }
         if (release_head(m, FT_UNIT_FORWARD, err))
@@ -417,10 +423,10 @@ int ft_model_backward(ft_model *m, float grad_scale, ft_err *err)
             size_t rows = (size_t)N - r0 < R ? (size_t)N - r0 : R;
             if (R < (size_t)N)
                 head_logits(m, r0, rows);
-            /* dlogits overwrite the logits in place */
+            /* dlogits overwrite the logits in place (w.r.t. the uncapped logits) */
             ft_tensor dlogits = A_(m->logits, rows * V);
             ft_cross_entropy(dlogits, dlogits, ft_slice(I_(m->targets, N), r0, rows), (int)rows,
-                             V, grad_scale);
+                             V, grad_scale, c->final_softcap);
             ft_linear_backward(ft_slice(A_(m->d_ln, nC), r0 * C, rows * C),
                                OPTF_(m->g_lm_head, (size_t)V * C), ft_none(), dlogits,
                                ft_slice(A_(m->lnf, nC), r0 * C, rows * C),

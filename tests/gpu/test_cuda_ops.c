@@ -320,13 +320,20 @@ static void test_geglu(void)
 static void test_cross_entropy(void)
 {
     static const int shapes[][2] = {{1, 5}, {37, 1000}, {300, 257}, {9, 32001}};
+    /* softcap 4: the logits are capped ones (Gemma 2), dlogits w.r.t. the uncapped */
+    static const float caps[] = {0.0f, 4.0f};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int di = 0; di < 2; di++)
-            for (int inplace = 0; inplace < 2; inplace++) {
+            for (int inplace = 0; inplace < 4; inplace++) {
                 ft_dtype d = DTYPES[di];
+                float cap = caps[inplace / 2];
                 int N = shapes[s][0], V = shapes[s][1];
                 size_t n = (size_t)N * V;
-                float *logits = rounded(host_random(n, 6.0f), n, d);
+                float *raw = host_random(n, 6.0f);
+                if (cap > 0.0f)
+                    ft_softcap(ft_f32(raw, n), cap, n);
+                float *logits = rounded(raw, n, d);
+                free(raw);
                 int32_t *tg = malloc(sizeof(int32_t) * N);
                 int counted = 0;
                 for (int i = 0; i < N; i++) {
@@ -336,24 +343,24 @@ static void test_cross_entropy(void)
                 float gs = counted ? 1.0f / counted : 1.0f;
                 float *dl = host_alloc(n);
                 ft_tensor gl = dev_upload(logits, n, d), gt = dev_upload_raw(tg, N, 4, FT_I32);
-                ft_tensor gdl = inplace ? gl : dev_upload(dl, n, d);
+                ft_tensor gdl = inplace % 2 ? gl : dev_upload(dl, n, d);
                 double ref = ft_cross_entropy(ft_f32(dl, n), ft_f32(logits, n), ft_i32(tg, N),
-                                              N, V, gs);
-                double got = ft_cross_entropy(gdl, gl, gt, N, V, gs);
+                                              N, V, gs, cap);
+                double got = ft_cross_entropy(gdl, gl, gt, N, V, gs, cap);
                 char what[96];
-                snprintf(what, sizeof what, "cross_entropy loss %dx%d %s%s", N, V,
-                         dtype_name(d), inplace ? " in place" : "");
+                snprintf(what, sizeof what, "cross_entropy loss %dx%d %s%s softcap %g", N, V,
+                         dtype_name(d), inplace % 2 ? " in place" : "", cap);
                 float fg = (float)got, fr = (float)ref;
                 CHECK_REL(what, &fg, &fr, 1, TOL_F32);
-                snprintf(what, sizeof what, "cross_entropy dlogits %dx%d %s%s", N, V,
-                         dtype_name(d), inplace ? " in place" : "");
+                snprintf(what, sizeof what, "cross_entropy dlogits %dx%d %s%s softcap %g", N,
+                         V, dtype_name(d), inplace % 2 ? " in place" : "", cap);
                 check_dev(what, gdl, dl, tol_for(d));
                 /* a rerun gives the same loss to the bit (not in place: logits intact) */
-                if (!inplace)
-                    CHECK(ft_cross_entropy(ft_none(), gl, gt, N, V, gs) == got);
+                if (!(inplace % 2))
+                    CHECK(ft_cross_entropy(ft_none(), gl, gt, N, V, gs, cap) == got);
                 free(logits), free(tg), free(dl);
                 dev_free(gl), dev_free(gt);
-                if (!inplace)
+                if (!(inplace % 2))
                     dev_free(gdl);
             }
 }
@@ -383,6 +390,12 @@ static void test_elementwise(void)
             ft_scale(ft_f32(y, n), -1.7f, n);
             ft_scale(gy, -1.7f, n);
             snprintf(what, sizeof what, "scale n=%zu %s", n, dtype_name(d));
+            check_dev(what, gy, y, tol_for(d));
+
+            /* y = 2 tanh(y / 2) (values of +-5: the cap bends them) */
+            ft_softcap(ft_f32(y, n), 2.0f, n);
+            ft_softcap(gy, 2.0f, n);
+            snprintf(what, sizeof what, "softcap n=%zu %s", n, dtype_name(d));
             check_dev(what, gy, y, tol_for(d));
 
             double ref = ft_sumsq(ft_f32(x, n), n), got = ft_sumsq(gx, n);

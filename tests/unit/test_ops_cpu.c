@@ -807,7 +807,7 @@ static void test_cross_entropy(void)
 
     for (size_t i = 0; i < nl; i++)
         d[i] = 123.0f; /* ignored rows must be overwritten with 0 */
-    double loss = ft_cpu_cross_entropy(d, logits, t, N, V, scale);
+    double loss = ft_cpu_cross_entropy(d, logits, t, N, V, scale, 0.0f);
     CHECK_CLOSE(loss / lref, 1.0, 1e-6);
     CHECK(close_norm("ce dlogits", d, ed, nl, 1e-5));
     int zero_ok = 1;
@@ -818,12 +818,12 @@ static void test_cross_entropy(void)
     CHECK(zero_ok);
 
     /* Without dlogits: the same loss, bit for bit. */
-    double loss2 = ft_cpu_cross_entropy(NULL, logits, t, N, V, scale);
+    double loss2 = ft_cpu_cross_entropy(NULL, logits, t, N, V, scale, 0.0f);
     CHECK(loss2 == loss);
 
     /* In place: dlogits aliasing logits gives the same bits as out of place. */
     float *inplace = fdup(logits, nl);
-    double loss3 = ft_cpu_cross_entropy(inplace, inplace, t, N, V, scale);
+    double loss3 = ft_cpu_cross_entropy(inplace, inplace, t, N, V, scale, 0.0f);
     CHECK(loss3 == loss);
     CHECK(bitwise_eq(inplace, d, nl));
 
@@ -833,7 +833,7 @@ static void test_cross_entropy(void)
         none[n] = -100;
     for (size_t i = 0; i < nl; i++)
         d[i] = 123.0f;
-    double loss0 = ft_cpu_cross_entropy(d, logits, none, N, V, 1.0f);
+    double loss0 = ft_cpu_cross_entropy(d, logits, none, N, V, 1.0f, 0.0f);
     CHECK(loss0 == 0.0);
     int all_zero = 1;
     for (size_t i = 0; i < nl; i++)
@@ -846,7 +846,7 @@ static void test_cross_entropy(void)
     free(ld);
     ld = to_d(logits, nl);
     lref = ce_ref(ed, ld, t, N, V, scale);
-    loss = ft_cpu_cross_entropy(d, logits, t, N, V, scale);
+    loss = ft_cpu_cross_entropy(d, logits, t, N, V, scale, 0.0f);
     CHECK(isfinite(loss));
     CHECK_CLOSE(loss / lref, 1.0, 1e-6);
     CHECK(close_norm("ce dlogits (wide)", d, ed, nl, 1e-5));
@@ -869,9 +869,66 @@ static void test_cross_entropy_fd(void)
     fd_grad(ce_loss, &c, c.logits, nl, g);
     for (size_t i = 0; i < nl; i++)
         g[i] *= scale;
-    ft_cpu_cross_entropy(d, logits, t, N, V, scale);
+    ft_cpu_cross_entropy(d, logits, t, N, V, scale, 0.0f);
     CHECK(close_norm("ce dlogits (FD)", d, g, nl, 1e-5));
     free(logits), free(d), free(c.logits), free(g);
+}
+
+/* Soft-capped logits (Gemma 2's final_logit_softcapping): the loss of z = c tanh(x / c)
+ * as a function of the uncapped x, in double. */
+typedef struct cap_ctx {
+    int N, V;
+    const int32_t *t;
+    double *x;
+    double cap;
+} cap_ctx;
+
+static double cap_loss(const void *vc)
+{
+    const cap_ctx *c = vc;
+    size_t n = (size_t)c->N * c->V;
+    double *z = dnew(n);
+    for (size_t i = 0; i < n; i++)
+        z[i] = c->cap * tanh(c->x[i] / c->cap);
+    double L = ce_ref(NULL, z, c->t, c->N, c->V, 1.0);
+    free(z);
+    return L;
+}
+
+static void test_softcap_cross_entropy_fd(void)
+{
+    /* ft_cpu_softcap, then the loss of the capped logits and dlogits w.r.t. the uncapped
+     * ones (cap 4 on logits of +-8: well into tanh's bend), against finite differences;
+     * in place the same bits. */
+    const int N = 6, V = 50;
+    const size_t nl = (size_t)N * V;
+    const float scale = 0.25f, cap = 4.0f;
+    rng_seed(14);
+    float *x = fnew(nl), *z = fnew(nl), *d = fnew(nl);
+    fill(x, nl, -8, 8);
+    int32_t t[6] = {3, -100, 49, 0, 17, -100};
+    cap_ctx c = {N, V, t, to_d(x, nl), cap};
+    memcpy(z, x, nl * sizeof(float));
+    ft_cpu_softcap(z, cap, nl);
+    int cap_ok = 1;
+    for (size_t i = 0; i < nl; i++)
+        cap_ok &= z[i] == tanhf(x[i] / cap) * cap && fabsf(z[i]) < cap;
+    CHECK(cap_ok);
+    double *g = dnew(nl);
+    fd_grad(cap_loss, &c, c.x, nl, g);
+    for (size_t i = 0; i < nl; i++)
+        g[i] *= scale;
+    double loss = ft_cpu_cross_entropy(d, z, t, N, V, scale, cap);
+    CHECK_CLOSE(loss / cap_loss(&c), 1.0, 1e-6);
+    CHECK(close_norm("softcapped ce dlogits (FD)", d, g, nl, 1e-5));
+    /* without the cap's factor the gradient is another one (the test can fail) */
+    float *d0 = fnew(nl);
+    ft_cpu_cross_entropy(d0, z, t, N, V, scale, 0.0f);
+    CHECK(!close_norm("(uncapped gradient, expected to differ)", d0, g, nl, 1e-3));
+    float *inplace = fdup(z, nl);
+    CHECK(ft_cpu_cross_entropy(inplace, inplace, t, N, V, scale, cap) == loss);
+    CHECK(bitwise_eq(inplace, d, nl));
+    free(x), free(z), free(d), free(d0), free(c.x), free(g), free(inplace);
 }
 
 /* ---- elementwise -------------------------------------------------------------------- */
@@ -1059,6 +1116,7 @@ int main(void)
     RUN(test_swiglu_backward);
     RUN(test_cross_entropy);
     RUN(test_cross_entropy_fd);
+    RUN(test_softcap_cross_entropy_fd);
     RUN(test_elementwise);
     RUN(test_dropout);
     RUN(test_adamw);
