@@ -835,7 +835,12 @@ static int parse_config(const char *path, const json_t *root, ft_model_config *c
         read_eos(path, root, cfg, err))
         return -1;
 
-    return read_dtype(path, root, cfg, err);
+    if (read_dtype(path, root, cfg, err))
+        return -1;
+    if (md->family == FAM_GEMMA2) /* (until the block runs them) */
+        return ft_fail(err, "%s: 'model_type': gemma2 is not supported yet: its layers' "
+                       "post-attention and post-feedforward norms are not implemented", path);
+    return 0;
 }
 
 int ft_layer_window(const ft_model_config *cfg, int l)

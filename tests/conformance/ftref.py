@@ -21,6 +21,8 @@ from safetensors.torch import load_file
 import transformers
 from transformers import (
     AutoModelForCausalLM,
+    Gemma2Config,
+    Gemma2ForCausalLM,
     GemmaConfig,
     GemmaForCausalLM,
     GraniteConfig,
@@ -58,7 +60,7 @@ SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_p
 @dataclass
 class Shape:
     name: str
-    arch: str  # llama | mistral | qwen2 | granite | gemma
+    arch: str  # llama | mistral | qwen2 | granite | gemma | gemma2
     cfg: dict
     T: int = 12
     save_dtype: torch.dtype = torch.float32
@@ -164,6 +166,18 @@ SHAPES = {
             note="(1 + w) norms, sqrt(hidden) embedding scale, GeGLU (gelu tanh), head_dim 16 "
                  "!= 32/4, tied",
         ),
+        Shape(
+            "gemma2",
+            "gemma2",
+            _cfg(num_hidden_layers=3, head_dim=16, hidden_activation="gelu_pytorch_tanh",
+                 tie_word_embeddings=True, rms_norm_eps=1e-6, pad_token_id=0,
+                 query_pre_attn_scalar=24, attn_logit_softcapping=0.5,
+                 final_logit_softcapping=1.5, sliding_window=4),
+            note="Gemma's rules plus: four norms a layer (pre and post each branch), "
+                 "attention and final logit soft-caps small enough to bend the scores and "
+                 "logits of this tiny model, attention scale 24^-0.5 (not 16^-0.5), sliding "
+                 "window 4 < T 12 on layers 0 and 2, full attention on layer 1",
+        ),
     ]
 }
 
@@ -171,7 +185,7 @@ SHAPES = {
 _SEEDS = {"llama_gqa": 0, "llama_mqa_odd": 10, "tied": 20, "qwen2": 30, "llama3_rope": 40,
           "mistral_sw": 50, "head_dim16": 60, "llama_bias": 70, "bf16_ckpt": 80,
           "fp16_ckpt": 90, "sharded": 100, "rope_linear": 110, "granite": 120,
-          "gemma": 130}
+          "gemma": 130, "gemma2": 140}
 for _name, _s in SHAPES.items():
     _s.seed = _SEEDS[_name]
 
@@ -181,6 +195,7 @@ _ARCH = {
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
     "granite": (GraniteConfig, GraniteForCausalLM),
     "gemma": (GemmaConfig, GemmaForCausalLM),
+    "gemma2": (Gemma2Config, Gemma2ForCausalLM),
 }
 
 

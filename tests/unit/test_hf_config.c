@@ -443,6 +443,83 @@ static void test_gemma(void)
                  " \"attention_multiplier\": 0.1}", "attention_multiplier");
 }
 
+/* google/gemma-2-2b's config.json (transformers 4.42), and gemma-2-27b's attention scale */
+static void test_gemma2(void)
+{
+    ft_model_config c;
+    ft_err e = {0};
+    CHECK(load("{\"architectures\": [\"Gemma2ForCausalLM\"], \"attention_bias\": false,"
+               " \"attention_dropout\": 0.0, \"attn_logit_softcapping\": 50.0,"
+               " \"bos_token_id\": 2, \"cache_implementation\": \"hybrid\","
+               " \"eos_token_id\": [1, 107], \"final_logit_softcapping\": 30.0,"
+               " \"head_dim\": 256, \"hidden_act\": \"gelu_pytorch_tanh\","
+               " \"hidden_activation\": \"gelu_pytorch_tanh\", \"hidden_size\": 2304,"
+               " \"initializer_range\": 0.02, \"intermediate_size\": 9216,"
+               " \"max_position_embeddings\": 8192, \"model_type\": \"gemma2\","
+               " \"num_attention_heads\": 8, \"num_hidden_layers\": 26,"
+               " \"num_key_value_heads\": 4, \"pad_token_id\": 0,"
+               " \"query_pre_attn_scalar\": 256, \"rms_norm_eps\": 1e-06,"
+               " \"rope_theta\": 10000.0, \"sliding_window\": 4096,"
+               " \"torch_dtype\": \"float32\", \"transformers_version\": \"4.42.4\","
+               " \"use_cache\": true, \"vocab_size\": 256000}",
+               &c, &e) == 0);
+    if (e.msg[0])
+        fprintf(stderr, "  %s\n", e.msg);
+    CHECK(strcmp(c.model_type, "gemma2") == 0 && c.head_dim == 256 && c.num_kv_heads == 4);
+    CHECK(c.mlp_act == FT_ACT_GELU_TANH && c.norm_w_offset == 1.0f);
+    CHECK(c.tie_word_embeddings && c.embed_scale_round);
+    CHECK(fabs(c.embed_scale - sqrt(2304.0)) < 1e-12);
+    CHECK(c.attention_scale == 1.0f / 16.0f && c.logits_scale == 1.0f);
+    CHECK(c.attn_softcap == 50.0f && c.final_softcap == 30.0f);
+    CHECK(c.sliding_window == 4096 && c.num_layers == 26);
+    /* sliding on the even layers, full attention on the odd ones */
+    for (int l = 0; l < 26; l++)
+        CHECK(ft_layer_window(&c, l) == (l % 2 ? 0 : 4096));
+    /* Gemma2Config's defaults; gemma-2-27b's query_pre_attn_scalar 144 with head_dim 128;
+     * transformers 5's layer_types spelled out */
+    CHECK(load("{\"model_type\": \"gemma2\", \"vocab_size\": 1000, \"hidden_size\": 256,"
+               " \"intermediate_size\": 512, \"num_hidden_layers\": 3,"
+               " \"num_attention_heads\": 8, \"head_dim\": 128,"
+               " \"query_pre_attn_scalar\": 144, \"layer_types\": [\"sliding_attention\","
+               " \"full_attention\", \"sliding_attention\"]}", &c, &e) == 0);
+    CHECK(c.num_kv_heads == 4 && c.tie_word_embeddings && c.sliding_window == 4096);
+    CHECK(c.attention_scale == (float)(1.0 / 12.0) && c.head_dim == 128);
+    CHECK(c.attn_softcap == 50.0f && c.final_softcap == 30.0f);
+    CHECK(ft_layer_window(&c, 0) == 4096 && ft_layer_window(&c, 1) == 0 &&
+          ft_layer_window(&c, 2) == 4096);
+    /* null soft-caps: none */
+    CHECK(load("{\"model_type\": \"gemma2\", " REQ ", \"attn_logit_softcapping\": null,"
+               " \"final_logit_softcapping\": null}", &c, &e) == 0);
+    CHECK(c.attn_softcap == 0.0f && c.final_softcap == 0.0f);
+    /* other families' sliding layers are not per layer */
+    CHECK(load(MISTRAL(", \"num_key_value_heads\": 8, \"sliding_window\": 4096"), &c, &e) == 0);
+    CHECK(ft_layer_window(&c, 0) == 4096 && ft_layer_window(&c, 1) == 4096);
+
+    EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ ", \"sliding_window\": null}",
+                 "sliding_window");
+    EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ ", \"layer_types\": [\"full_attention\","
+                 " \"full_attention\"]}", "layer_types");
+    EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ ", \"layer_types\": [\"sliding_attention\"]}",
+                 "layer_types");
+    EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ ", \"attn_logit_softcapping\": 0}",
+                 "attn_logit_softcapping");
+    EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ ", \"final_logit_softcapping\": -1.0}",
+                 "final_logit_softcapping");
+    EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ ", \"query_pre_attn_scalar\": 0}",
+                 "query_pre_attn_scalar");
+    EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ ", \"use_bidirectional_attention\": true}",
+                 "use_bidirectional_attention");
+    EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ ", \"hidden_activation\": \"gelu\"}",
+                 "hidden_activation");
+    EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ ", \"mlp_bias\": true}", "mlp_bias");
+    EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ ","
+                 " \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2.0}}",
+                 "rope_scaling");
+    /* Gemma 2's keys stay foreign to the others */
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"query_pre_attn_scalar\": 256}",
+                 "query_pre_attn_scalar");
+}
+
 static void test_file_errors(void)
 {
     ft_model_config c;
@@ -523,7 +600,7 @@ static void test_key_errors(void)
     EXPECT_ERROR("{" REQ "}", "model_type");
     EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ "}", "model_type");
     EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ "}", "qwen3");
-    EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ "}", "gemma2");
+    EXPECT_ERROR("{\"model_type\": \"falcon\", " REQ "}", "falcon");
     EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"hidden_act\": \"gelu\"}", "hidden_act");
     EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"num_key_value_heads\": 3}",
                  "num_key_value_heads");
@@ -667,6 +744,7 @@ int main(void)
     RUN(test_llama_defaults_and_bias);
     RUN(test_granite);
     RUN(test_gemma);
+    RUN(test_gemma2);
     RUN(test_file_errors);
     RUN(test_key_errors);
     RUN(test_math_errors);
