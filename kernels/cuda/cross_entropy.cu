@@ -5,8 +5,9 @@
  *   dlogits[j] = grad_scale * exp(logits[j] - m) / S - [j == t] grad_scale
  * and dlogits = 0 on rows not counted. softcap > 0: the logits are capped values
  * z = softcap tanh(x / softcap) and dlogits[j] is also multiplied by 1 - (z_j / softcap)^2,
- * the gradient w.r.t. x (each thread reads its z_j just before it overwrites it). dlogits may alias logits: every thread reads the
- * row (max, then S) before any thread writes it, the block sums' barriers in between.
+ * the gradient w.r.t. x (each thread reads its z_j just before it overwrites it).
+ * dlogits may alias logits: every thread reads the row (max, then S) before any thread
+ * writes it, the block sums' barriers in between.
  *
  * Determinism, as on the CPU: the rows are cut into CE_BLOCKS fixed contiguous ranges,
  * one block each; a block adds its rows' losses in order (double) into the scratch, and

@@ -217,7 +217,8 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS) fa_forward_kernel
             int col = half * 32 + c;
             bool ok = fa_allowed(i, j0 + col, a.T, a.window, segq[r], segk[col]);
             float unused;
-            s[c] = ok ? att_score(a.scale * Ss[r * FA_LS + col], a.softcap, &unused) : -INFINITY;
+            s[c] = ok ? att_score(a.scale * Ss[r * FA_LS + col], a.softcap, &unused)
+                      : -INFINITY;
             tile_max = fmaxf(tile_max, s[c]);
         }
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));

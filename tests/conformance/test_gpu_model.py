@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(not (EMU or torch.cuda.is_available()),
 
 B = 2
 CASES = [("llama_gqa", "all7"), ("qwen2", "qv"), ("llama_mqa_odd", "all7"), ("tied", "qv"),
-         ("granite", "all7"), ("gemma", "all7")]
+         ("granite", "all7"), ("gemma", "all7"), ("gemma2", "all7")]
 
 BF16_TOL_LOGITS = 2e-2
 BF16_TOL_LOSS = 1e-2

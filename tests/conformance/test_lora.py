@@ -27,6 +27,7 @@ CASES = [
     ("granite", "all7"),
     ("gemma", "all7"),
     ("gemma", "all-linear"),
+    ("gemma2", "all7"),
 ]
 
 

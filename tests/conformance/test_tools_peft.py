@@ -85,6 +85,7 @@ INIT_CASES = [
     ("qwen2", "k_proj,gate_proj", ["k_proj", "gate_proj"], 2, 3.5, False),
     ("granite", "all-linear", ftref.SEVEN, 4, 8, False),
     ("gemma", "all-linear", ftref.SEVEN, 4, 8, False),
+    ("gemma2", "all-linear", ftref.SEVEN, 4, 8, False),
 ]
 
 
@@ -209,6 +210,7 @@ MERGE_CASES = [
     ("granite", "all7", "f32"),
     ("gemma", "all7", "f32"),  # tied; norm weights stay Gemma's offsets from 1
     ("gemma", "qv", "bf16"),
+    ("gemma2", "all7", "f32"),  # four norms a layer, all offsets from 1
 ]
 
 _DT = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}

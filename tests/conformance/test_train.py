@@ -64,6 +64,9 @@ RUNS = [
          train=_train(1e-2, max_grad_norm=0.5)),
     dict(id="lora-cosine-gemma", model="gemma", adapter="no_k", adapter_seed=1,
          train=_train(1e-2)),
+    dict(id="full-cosine-gemma2", model="gemma2", adapter=None, train=_train(1e-3)),
+    dict(id="lora-cosine-gemma2", model="gemma2", adapter="no_k", adapter_seed=2,
+         train=_train(1e-2)),
 ]
 
 

@@ -499,8 +499,8 @@ static void test_gemma2(void)
                  "sliding_window");
     EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ ", \"layer_types\": [\"full_attention\","
                  " \"full_attention\"]}", "layer_types");
-    EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ ", \"layer_types\": [\"sliding_attention\"]}",
-                 "layer_types");
+    EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ ","
+                 " \"layer_types\": [\"sliding_attention\"]}", "layer_types");
     EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ ", \"attn_logit_softcapping\": 0}",
                  "attn_logit_softcapping");
     EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ ", \"final_logit_softcapping\": -1.0}",
