@@ -1,10 +1,12 @@
 /* Reads a Hugging Face config.json of the dense decoder families (model_type "llama",
- * "mistral", "qwen2", "granite", "gemma") into ft_model_config, and computes the RoPE
- * inverse frequencies the way transformers does.
+ * "mistral", "qwen2", "granite", "gemma", "gemma2") into ft_model_config, and computes the
+ * RoPE inverse frequencies the way transformers does.
  *
  * Defaults are those of transformers' LlamaConfig, MistralConfig, Qwen2Config,
- * GraniteConfig and GemmaConfig, so a config.json means here what it means to
- * AutoModelForCausalLM:
+ * GraniteConfig, GemmaConfig and Gemma2Config, so a config.json means here what it means
+ * to AutoModelForCausalLM (gemma2: as gemma where not said otherwise, with 4 kv heads, and
+ * sliding_window 4096 on every even layer, query_pre_attn_scalar 256,
+ * attn_logit_softcapping 50, final_logit_softcapping 30 when absent):
  *
  *   key                       llama   mistral        qwen2    granite   gemma
  *   num_key_value_heads       = heads 8 (*)          32 (*)   = heads   16 (*)   null: = heads
@@ -13,7 +15,7 @@
  *                             present, must equal it: GraniteAttention ignores the key)
  *   max_position_embeddings   2048    131072         32768    2048      8192
  *   sliding_window            not read 4096 (null: none)  only with use_sliding_window
- *   tie_word_embeddings       false everywhere but gemma (true)
+ *   tie_word_embeddings       false everywhere but gemma and gemma2 (true)
  *   rms_norm_eps 1e-6, rope_theta 10000
  *   (*) absent only; an explicit null means "= num_attention_heads", as in transformers.
  *
@@ -26,7 +28,12 @@
  *     embedding_multiplier, residual_multiplier, attention_multiplier (the softmax scale,
  *     replacing 1/sqrt(head_dim)) and logits_scaling (logits divided by it), each a
  *     positive number, 1 when absent; gemma's fixed rules: norm weights applied as 1 + w,
- *     embeddings times sqrt(hidden_size) (rounded to the activation dtype), GeGLU.
+ *     embeddings times sqrt(hidden_size) (rounded to the activation dtype), GeGLU;
+ *     gemma2's, the same plus a pre- and a post-norm on each branch, and its keys:
+ *     query_pre_attn_scalar (attention scale query_pre_attn_scalar^-0.5),
+ *     attn_logit_softcapping and final_logit_softcapping (null: no cap), sliding_window
+ *     with layer_types (which must be the alternation 4.46 applies: sliding on even
+ *     layers), hidden_activation (gelu_pytorch_tanh only; hidden_act is not read).
  *   the activation: hidden_act silu/swish (llama, mistral, qwen2, granite); for gemma,
  *     transformers 4.46 applies hidden_activation (null: gelu_pytorch_tanh, hidden_act
  *     ignored) and later versions hidden_act: it must be gelu_pytorch_tanh under the
@@ -34,17 +41,18 @@
  *     gelu_pytorch_tanh).
  *   rejected unless neutral: other activations; attention_dropout != 0
  *     (training would drop attention weights); other rope types (dynamic, ntk, yarn,
- *     longrope, ...), and for gemma any but the default (4.46's Gemma reads rope_theta
+ *     longrope, ...), and for gemma(2) any but the default (4.46's Gemma reads rope_theta
  *     only); partial_rotary_factor != 1; qwen2 use_sliding_window = true;
- *     layer_types with an entry the model cannot run (sliding layers outside mistral,
- *     mixed layers in mistral); per-layer-type rope_parameters; attention_bias/mlp_bias =
+ *     layer_types with an entry the model cannot run (sliding layers outside mistral and
+ *     gemma2, mixed layers in mistral, another pattern in gemma2); per-layer-type
+ *     rope_parameters; gemma2 sliding_window null, use_bidirectional_attention true; attention_bias/mlp_bias =
  *     true where the family's modeling code has no such switch (mistral, qwen2; mlp_bias
- *     for gemma): the checkpoint would not match the model; quantization_config other
+ *     for gemma, gemma2): the checkpoint would not match the model; quantization_config other
  *     than bitsandbytes' (lib/formats/quant_io.c reads that one: the weights stay
  *     quantized in the checkpoint).
  *   rejected when present (keys of other families, which the model would silently
  *     drop although the checkpoint was trained with them): attn_logit_softcapping,
- *     final_logit_softcapping, query_pre_attn_scalar (Gemma 2), attention_multiplier
+ *     final_logit_softcapping, query_pre_attn_scalar (outside gemma2), attention_multiplier
  *     (outside granite), scale_depth (MiniCPM), num_experts, num_local_experts (MoE);
  *     embedding_multiplier, residual_multiplier, logits_scaling (outside granite),
  *     scale_emb unless 1; use_qk_norm, qk_layernorm, use_parallel_residual,
