@@ -1,33 +1,41 @@
 /* Reads a Hugging Face config.json of the dense decoder families (model_type "llama",
- * "mistral", "qwen2", "granite", "gemma") into ft_model_config, and computes the RoPE
- * inverse frequencies the way transformers does.
+ * "mistral", "qwen2", "granite", "gemma", "olmo2") into ft_model_config, and computes
+ * the RoPE inverse frequencies the way transformers does.
  *
  * Defaults are those of transformers' LlamaConfig, MistralConfig, Qwen2Config,
- * GraniteConfig and GemmaConfig, so a config.json means here what it means to
- * AutoModelForCausalLM:
+ * GraniteConfig, GemmaConfig and Olmo2Config, so a config.json means here what it means
+ * to AutoModelForCausalLM:
  *
- *   key                       llama   mistral        qwen2    granite   gemma
- *   num_key_value_heads       = heads 8 (*)          32 (*)   = heads   16 (*)   null: = heads
- *   head_dim                  hidden / heads (must divide exactly when absent); gemma 256
- *                             when absent; granite always hidden / heads (head_dim, when
- *                             present, must equal it: GraniteAttention ignores the key)
- *   max_position_embeddings   2048    131072         32768    2048      8192
- *   sliding_window            not read 4096 (null: none)  only with use_sliding_window
- *   tie_word_embeddings       false everywhere but gemma (true)
- *   rms_norm_eps 1e-6, rope_theta 10000
+ *   key                      llama  mistral  qwen2   granite  gemma   olmo2
+ *   num_key_value_heads      =heads 8 (*)    32 (*)  =heads   16 (*)  =heads
+ *                            (null: = heads everywhere)
+ *   head_dim                 hidden / heads (must divide exactly when absent); gemma 256
+ *                            when absent; granite always hidden / heads (head_dim, when
+ *                            present, must equal it: GraniteAttention ignores the key)
+ *   max_position_embeddings  2048   131072   32768   2048     8192    2048
+ *   sliding_window           mistral 4096 (null: none); qwen2 only with
+ *                            use_sliding_window; the others do not read it
+ *   rms_norm_eps             1e-6, but olmo2 1e-5
+ *   tie_word_embeddings false everywhere but gemma (true); rope_theta 10000
  *   (*) absent only; an explicit null means "= num_attention_heads", as in transformers.
+ *
+ * The block: llama's RMSNorms before the attention (input_layernorm) and the MLP
+ * (post_attention_layernorm) everywhere but olmo2, whose norms are after each branch
+ * (post_attention_layernorm, post_feedforward_layernorm; no pre-norms); q and k RMSNorm
+ * before RoPE in olmo2 (self_attn.q_norm / k_norm, over the whole projection). These are
+ * fixed by model_type, no key switches them.
  *
  * Keys that change the math, and what happens to them:
  *   honoured: vocab_size, hidden_size, intermediate_size, num_hidden_layers,
  *     num_attention_heads, num_key_value_heads, head_dim, rms_norm_eps, rope_theta,
  *     rope_scaling / rope_parameters (default, linear, llama3), tie_word_embeddings,
- *     attention_bias and mlp_bias (llama, granite; attention_bias for gemma),
+ *     attention_bias and mlp_bias (llama, granite; attention_bias for gemma, olmo2),
  *     sliding_window (mistral), the fixed q/k/v bias of qwen2; granite's
  *     embedding_multiplier, residual_multiplier, attention_multiplier (the softmax scale,
  *     replacing 1/sqrt(head_dim)) and logits_scaling (logits divided by it), each a
  *     positive number, 1 when absent; gemma's fixed rules: norm weights applied as 1 + w,
  *     embeddings times sqrt(hidden_size) (rounded to the activation dtype), GeGLU.
- *   the activation: hidden_act silu/swish (llama, mistral, qwen2, granite); for gemma,
+ *   the activation: hidden_act silu/swish (all but gemma); for gemma,
  *     transformers 4.46 applies hidden_activation (null: gelu_pytorch_tanh, hidden_act
  *     ignored) and later versions hidden_act: it must be gelu_pytorch_tanh under the
  *     installed reading (hidden_activation when set, else hidden_act, default
@@ -39,7 +47,8 @@
  *     layer_types with an entry the model cannot run (sliding layers outside mistral,
  *     mixed layers in mistral); per-layer-type rope_parameters; attention_bias/mlp_bias =
  *     true where the family's modeling code has no such switch (mistral, qwen2; mlp_bias
- *     for gemma): the checkpoint would not match the model; quantization_config other
+ *     for gemma, olmo2): the checkpoint would not match the model;
+ *     quantization_config other
  *     than bitsandbytes' (lib/formats/quant_io.c reads that one: the weights stay
  *     quantized in the checkpoint).
  *   rejected when present (keys of other families, which the model would silently
@@ -76,7 +85,14 @@
  * like num_heads * head_dim and vocab_size * hidden_size well inside 64 bits. */
 #define CFG_MAX_DIM (1 << 24)
 
-typedef enum family_kind { FAM_LLAMA = 0, FAM_MISTRAL, FAM_QWEN2, FAM_GRANITE, FAM_GEMMA } family_kind;
+typedef enum family_kind {
+    FAM_LLAMA = 0,
+    FAM_MISTRAL,
+    FAM_QWEN2,
+    FAM_GRANITE,
+    FAM_GEMMA,
+    FAM_OLMO2
+} family_kind;
 
 typedef struct model_defaults {
     const char *model_type;
@@ -86,17 +102,31 @@ typedef struct model_defaults {
     int sliding_window_if_absent; /* mistral only: the others do not read the key */
     int head_dim_if_absent;       /* 0: hidden_size / num_attention_heads */
     bool tie_if_absent;           /* tie_word_embeddings' default */
+    double rms_norm_eps_if_absent;
+    /* the block: its branch norms' module names (ft_model_config.norm_name) and q/k norm */
+    const char *const *norms;
+    ft_qk_norm qk_norm;
 } model_defaults;
 
+/* Branch norms (ft_branch_norm order: attention pre, attention post, MLP pre, MLP post).
+ * Llama's block norms each branch's input; OLMo2's each branch's output, under the names
+ * llama gives its pre-norms (post_attention_layernorm is the attention's post-norm there,
+ * the MLP's pre-norm in llama). */
+static const char *const PRE_NORMS[FT_NBRANCH_NORMS] = {"input_layernorm", "",
+                                                        "post_attention_layernorm", ""};
+static const char *const OLMO2_NORMS[FT_NBRANCH_NORMS] = {"", "post_attention_layernorm", "",
+                                                          "post_feedforward_layernorm"};
+
 static const model_defaults MODEL_DEFAULTS[] = {
-    {"llama", FAM_LLAMA, 2048, 0, 0, 0, false},
-    {"mistral", FAM_MISTRAL, 4096 * 32, 8, 4096, 0, false},
-    {"qwen2", FAM_QWEN2, 32768, 32, 0, 0, false},
-    {"granite", FAM_GRANITE, 2048, 0, 0, 0, false},
-    {"gemma", FAM_GEMMA, 8192, 16, 0, 256, true},
+    {"llama", FAM_LLAMA, 2048, 0, 0, 0, false, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
+    {"mistral", FAM_MISTRAL, 4096 * 32, 8, 4096, 0, false, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
+    {"qwen2", FAM_QWEN2, 32768, 32, 0, 0, false, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
+    {"granite", FAM_GRANITE, 2048, 0, 0, 0, false, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
+    {"gemma", FAM_GEMMA, 8192, 16, 0, 256, true, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
+    {"olmo2", FAM_OLMO2, 2048, 0, 0, 0, false, 1e-5, OLMO2_NORMS, FT_QK_NORM_PROJ},
 };
 
-#define SUPPORTED_TYPES "llama, mistral, qwen2, granite, gemma"
+#define SUPPORTED_TYPES "llama, mistral, qwen2, granite, gemma, olmo2"
 
 /* Keys of other families that must be absent, neutral, or null (quantization_config:
  * or bitsandbytes'). */
@@ -518,6 +548,23 @@ static int check_layer_types(const char *path, const json_t *root, const ft_mode
     return 0;
 }
 
+/* Qwen2: sliding_window is read only with use_sliding_window, which is refused (its
+ * sliding layers are not implemented); a window size beside use_sliding_window false, as
+ * its checkpoints carry it, means nothing. */
+static int check_use_sliding_window(const char *path, const json_t *root, const char *type,
+                                    ft_err *err)
+{
+    bool use_sw = false;
+    json_t *v;
+    if ((v = get_opt(root, "use_sliding_window")) &&
+        read_bool(path, "use_sliding_window", v, &use_sw, err))
+        return -1;
+    if (use_sw)
+        return ft_fail(err, "%s: 'use_sliding_window' is true: sliding-window attention is "
+                       "not supported for model_type '%s'", path, type);
+    return 0;
+}
+
 static int read_attention_options(const char *path, const json_t *root,
                                   const model_defaults *md, ft_model_config *cfg, ft_err *err)
 {
@@ -539,9 +586,10 @@ static int read_attention_options(const char *path, const json_t *root,
                        "(must be 0)", path, dropout);
 
     cfg->sliding_window = 0;
-    if (md->family == FAM_LLAMA || md->family == FAM_GRANITE || md->family == FAM_GEMMA) {
-        /* attention_bias on q, k, v and o; mlp_bias on gate, up, down (not gemma's MLP) */
-        if (mlp_bias && md->family == FAM_GEMMA)
+    bool has_mlp_bias = md->family == FAM_LLAMA || md->family == FAM_GRANITE;
+    if (has_mlp_bias || md->family == FAM_GEMMA || md->family == FAM_OLMO2) {
+        /* attention_bias on q, k, v and o; mlp_bias on gate, up, down (llama, granite) */
+        if (mlp_bias && !has_mlp_bias)
             return ft_fail(err, "%s: 'mlp_bias' is true, but model_type '%s' has no such "
                            "option", path, type);
         cfg->qkv_bias = cfg->o_bias = attention_bias;
@@ -565,14 +613,7 @@ static int read_attention_options(const char *path, const json_t *root,
     }
     /* qwen2: bias on q, k, v (not o); sliding window only with use_sliding_window. */
     cfg->qkv_bias = true;
-    bool use_sw = false;
-    if ((v = get_opt(root, "use_sliding_window")) &&
-        read_bool(path, "use_sliding_window", v, &use_sw, err))
-        return -1;
-    if (use_sw)
-        return ft_fail(err, "%s: 'use_sliding_window' is true: Qwen2 sliding-window attention "
-                       "is not supported", path);
-    return 0;
+    return check_use_sliding_window(path, root, type, err);
 }
 
 static int read_dtype(const char *path, const json_t *root, ft_model_config *cfg, ft_err *err)
@@ -684,6 +725,9 @@ static int parse_config(const char *path, const json_t *root, ft_model_config *c
     if (!md)
         return -1;
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", md->model_type);
+    for (int i = 0; i < FT_NBRANCH_NORMS; i++)
+        snprintf(cfg->norm_name[i], sizeof cfg->norm_name[i], "%s", md->norms[i]);
+    cfg->qk_norm = md->qk_norm;
 
     if (check_architectures(path, root, err) || check_foreign_keys(path, root, md, err))
         return -1;
@@ -704,7 +748,7 @@ static int parse_config(const char *path, const json_t *root, ft_model_config *c
                  err))
         return -1;
 
-    double eps = 1e-6;
+    double eps = md->rms_norm_eps_if_absent;
     if ((v = json_object_get(root, "rms_norm_eps")) &&
         read_positive(path, "rms_norm_eps", v, &eps, err))
         return -1;

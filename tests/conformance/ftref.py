@@ -29,6 +29,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Olmo2Config,
+    Olmo2ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
@@ -58,7 +60,7 @@ SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_p
 @dataclass
 class Shape:
     name: str
-    arch: str  # llama | mistral | qwen2 | granite | gemma
+    arch: str  # llama | mistral | qwen2 | granite | gemma | olmo2
     cfg: dict
     T: int = 12
     save_dtype: torch.dtype = torch.float32
@@ -164,6 +166,13 @@ SHAPES = {
             note="(1 + w) norms, sqrt(hidden) embedding scale, GeGLU (gelu tanh), head_dim 16 "
                  "!= 32/4, tied",
         ),
+        Shape(
+            "olmo2",
+            "olmo2",
+            _cfg(rms_norm_eps=1e-6, rope_theta=500000.0),
+            note="norms after attention and MLP (no pre-norms), q/k norm over the whole "
+                 "projection (widths 32 and 16), GQA",
+        ),
     ]
 }
 
@@ -171,7 +180,7 @@ SHAPES = {
 _SEEDS = {"llama_gqa": 0, "llama_mqa_odd": 10, "tied": 20, "qwen2": 30, "llama3_rope": 40,
           "mistral_sw": 50, "head_dim16": 60, "llama_bias": 70, "bf16_ckpt": 80,
           "fp16_ckpt": 90, "sharded": 100, "rope_linear": 110, "granite": 120,
-          "gemma": 130}
+          "gemma": 130, "olmo2": 140}
 for _name, _s in SHAPES.items():
     _s.seed = _SEEDS[_name]
 
@@ -181,6 +190,7 @@ _ARCH = {
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
     "granite": (GraniteConfig, GraniteForCausalLM),
     "gemma": (GemmaConfig, GemmaForCausalLM),
+    "olmo2": (Olmo2Config, Olmo2ForCausalLM),
 }
 
 

@@ -27,6 +27,8 @@ CASES = [
     ("granite", "all7"),
     ("gemma", "all7"),
     ("gemma", "all-linear"),
+    ("olmo2", "all7"),
+    ("olmo2", "all-linear"),
 ]
 
 

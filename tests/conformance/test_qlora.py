@@ -32,6 +32,7 @@ CASES = [
     ("tied", "qv", dict(type="nf4", blocksize=64, double_quant=True)),
     ("granite", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
     ("gemma", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
+    ("olmo2", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
 ]
 
 

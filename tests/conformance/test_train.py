@@ -64,6 +64,10 @@ RUNS = [
          train=_train(1e-2, max_grad_norm=0.5)),
     dict(id="lora-cosine-gemma", model="gemma", adapter="no_k", adapter_seed=1,
          train=_train(1e-2)),
+    # q/k norms (trained in full mode) and post-norms
+    dict(id="full-cosine-olmo2", model="olmo2", adapter=None, train=_train(1e-3)),
+    dict(id="lora-cosine-olmo2", model="olmo2", adapter="no_k", adapter_seed=4,
+         train=_train(1e-2)),
 ]
 
 
