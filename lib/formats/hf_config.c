@@ -1,40 +1,52 @@
 /* Reads a Hugging Face config.json of the dense decoder families (model_type "llama",
- * "mistral", "qwen2", "granite", "gemma", "gemma2") into ft_model_config, and computes the
- * RoPE inverse frequencies the way transformers does.
+ * "mistral", "qwen2", "granite", "gemma", "gemma2", "olmo2") into ft_model_config, and
+ * computes the RoPE inverse frequencies the way transformers does.
  *
  * Defaults are those of transformers' LlamaConfig, MistralConfig, Qwen2Config,
- * GraniteConfig, GemmaConfig and Gemma2Config, so a config.json means here what it means
- * to AutoModelForCausalLM (gemma2: as gemma where not said otherwise, with 4 kv heads, and
- * sliding_window 4096 on every even layer, query_pre_attn_scalar 256,
- * attn_logit_softcapping 50, final_logit_softcapping 30 when absent):
+ * GraniteConfig, GemmaConfig, Gemma2Config and Olmo2Config, so a config.json means here
+ * what it means to AutoModelForCausalLM (gemma2: as gemma where not said otherwise):
  *
- *   key                       llama   mistral        qwen2    granite   gemma
- *   num_key_value_heads       = heads 8 (*)          32 (*)   = heads   16 (*)   null: = heads
- *   head_dim                  hidden / heads (must divide exactly when absent); gemma 256
- *                             when absent; granite always hidden / heads (head_dim, when
- *                             present, must equal it: GraniteAttention ignores the key)
- *   max_position_embeddings   2048    131072         32768    2048      8192
- *   sliding_window            not read 4096 (null: none)  only with use_sliding_window
- *   tie_word_embeddings       false everywhere but gemma and gemma2 (true)
- *   rms_norm_eps 1e-6, rope_theta 10000
+ *   key                      llama  mistral  qwen2   granite  gemma   gemma2  olmo2
+ *   num_key_value_heads      =heads 8 (*)    32 (*)  =heads   16 (*)  4 (*)   =heads
+ *                            (null: = heads everywhere)
+ *   head_dim                 hidden / heads (must divide exactly when absent); gemma and
+ *                            gemma2 256 when absent; granite always hidden / heads
+ *                            (head_dim, when present, must equal it: GraniteAttention
+ *                            ignores the key)
+ *   max_position_embeddings  2048   131072   32768   2048     8192    8192    2048
+ *   sliding_window           mistral 4096 (null: none); gemma2 4096 on its even layers
+ *                            (null refused); qwen2 only with use_sliding_window; the
+ *                            others do not read it
+ *   rms_norm_eps             1e-6, but olmo2 1e-5
+ *   tie_word_embeddings false everywhere but gemma and gemma2 (true); rope_theta 10000
+ *   gemma2: query_pre_attn_scalar 256, attn_logit_softcapping 50,
+ *           final_logit_softcapping 30
  *   (*) absent only; an explicit null means "= num_attention_heads", as in transformers.
+ *
+ * The block: llama's RMSNorms before the attention (input_layernorm) and the MLP
+ * (post_attention_layernorm) everywhere but olmo2 and gemma2. olmo2's norms are after each
+ * branch (post_attention_layernorm, post_feedforward_layernorm; no pre-norms); gemma2 has
+ * both on each branch (input_layernorm, post_attention_layernorm,
+ * pre_feedforward_layernorm, post_feedforward_layernorm); q and k RMSNorm
+ * before RoPE in olmo2 (self_attn.q_norm / k_norm, over the whole projection). These are
+ * fixed by model_type, no key switches them.
  *
  * Keys that change the math, and what happens to them:
  *   honoured: vocab_size, hidden_size, intermediate_size, num_hidden_layers,
  *     num_attention_heads, num_key_value_heads, head_dim, rms_norm_eps, rope_theta,
  *     rope_scaling / rope_parameters (default, linear, llama3), tie_word_embeddings,
- *     attention_bias and mlp_bias (llama, granite; attention_bias for gemma),
- *     sliding_window (mistral), the fixed q/k/v bias of qwen2; granite's
+ *     attention_bias and mlp_bias (llama, granite; attention_bias for gemma, gemma2,
+ *     olmo2), sliding_window (mistral, gemma2), the fixed q/k/v bias of qwen2; granite's
  *     embedding_multiplier, residual_multiplier, attention_multiplier (the softmax scale,
  *     replacing 1/sqrt(head_dim)) and logits_scaling (logits divided by it), each a
  *     positive number, 1 when absent; gemma's fixed rules: norm weights applied as 1 + w,
  *     embeddings times sqrt(hidden_size) (rounded to the activation dtype), GeGLU;
- *     gemma2's, the same plus a pre- and a post-norm on each branch, and its keys:
- *     query_pre_attn_scalar (attention scale query_pre_attn_scalar^-0.5),
- *     attn_logit_softcapping and final_logit_softcapping (null: no cap), sliding_window
- *     with layer_types (which must be the alternation 4.46 applies: sliding on even
- *     layers), hidden_activation (gelu_pytorch_tanh only; hidden_act is not read).
- *   the activation: hidden_act silu/swish (llama, mistral, qwen2, granite); for gemma,
+ *     gemma2's, the same plus its keys: query_pre_attn_scalar (attention scale
+ *     query_pre_attn_scalar^-0.5), attn_logit_softcapping and final_logit_softcapping
+ *     (null: no cap), sliding_window with layer_types (which must be the alternation 4.46
+ *     applies: sliding on even layers), hidden_activation (gelu_pytorch_tanh only;
+ *     hidden_act is not read).
+ *   the activation: hidden_act silu/swish (all but gemma and gemma2); for gemma,
  *     transformers 4.46 applies hidden_activation (null: gelu_pytorch_tanh, hidden_act
  *     ignored) and later versions hidden_act: it must be gelu_pytorch_tanh under the
  *     installed reading (hidden_activation when set, else hidden_act, default
@@ -45,11 +57,11 @@
  *     only); partial_rotary_factor != 1; qwen2 use_sliding_window = true;
  *     layer_types with an entry the model cannot run (sliding layers outside mistral and
  *     gemma2, mixed layers in mistral, another pattern in gemma2); per-layer-type
- *     rope_parameters; gemma2 sliding_window null, use_bidirectional_attention true; attention_bias/mlp_bias =
- *     true where the family's modeling code has no such switch (mistral, qwen2; mlp_bias
- *     for gemma, gemma2): the checkpoint would not match the model; quantization_config other
- *     than bitsandbytes' (lib/formats/quant_io.c reads that one: the weights stay
- *     quantized in the checkpoint).
+ *     rope_parameters; gemma2 sliding_window null, use_bidirectional_attention true;
+ *     attention_bias/mlp_bias = true where the family's modeling code has no such switch
+ *     (mistral, qwen2; mlp_bias for gemma, gemma2, olmo2): the checkpoint would not match
+ *     the model; quantization_config other than bitsandbytes' (lib/formats/quant_io.c
+ *     reads that one: the weights stay quantized in the checkpoint).
  *   rejected when present (keys of other families, which the model would silently
  *     drop although the checkpoint was trained with them): attn_logit_softcapping,
  *     final_logit_softcapping, query_pre_attn_scalar (outside gemma2), attention_multiplier
@@ -90,7 +102,8 @@ typedef enum family_kind {
     FAM_QWEN2,
     FAM_GRANITE,
     FAM_GEMMA,
-    FAM_GEMMA2
+    FAM_GEMMA2,
+    FAM_OLMO2
 } family_kind;
 
 typedef struct model_defaults {
@@ -101,18 +114,37 @@ typedef struct model_defaults {
     int sliding_window_if_absent; /* mistral, gemma2: the others do not read the key */
     int head_dim_if_absent;       /* 0: hidden_size / num_attention_heads */
     bool tie_if_absent;           /* tie_word_embeddings' default */
+    double rms_norm_eps_if_absent;
+    /* the block: its branch norms' module names (ft_model_config.norm_name) and q/k norm */
+    const char *const *norms;
+    ft_qk_norm qk_norm;
 } model_defaults;
 
+/* Branch norms (ft_branch_norm order: attention pre, attention post, MLP pre, MLP post).
+ * Llama's block norms each branch's input; OLMo2's each branch's output, under the names
+ * llama gives its pre-norms (post_attention_layernorm is the attention's post-norm there,
+ * the MLP's pre-norm in llama). */
+static const char *const PRE_NORMS[FT_NBRANCH_NORMS] = {"input_layernorm", "",
+                                                        "post_attention_layernorm", ""};
+static const char *const OLMO2_NORMS[FT_NBRANCH_NORMS] = {"", "post_attention_layernorm", "",
+                                                          "post_feedforward_layernorm"};
+/* Gemma 2: both on each branch (post_attention_layernorm is the attention's post-norm, as
+ * in OLMo2, and pre_feedforward_layernorm the MLP's pre-norm). */
+static const char *const GEMMA2_NORMS[FT_NBRANCH_NORMS] = {
+    "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+    "post_feedforward_layernorm"};
+
 static const model_defaults MODEL_DEFAULTS[] = {
-    {"llama", FAM_LLAMA, 2048, 0, 0, 0, false},
-    {"mistral", FAM_MISTRAL, 4096 * 32, 8, 4096, 0, false},
-    {"qwen2", FAM_QWEN2, 32768, 32, 0, 0, false},
-    {"granite", FAM_GRANITE, 2048, 0, 0, 0, false},
-    {"gemma", FAM_GEMMA, 8192, 16, 0, 256, true},
-    {"gemma2", FAM_GEMMA2, 8192, 4, 4096, 256, true},
+    {"llama", FAM_LLAMA, 2048, 0, 0, 0, false, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
+    {"mistral", FAM_MISTRAL, 4096 * 32, 8, 4096, 0, false, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
+    {"qwen2", FAM_QWEN2, 32768, 32, 0, 0, false, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
+    {"granite", FAM_GRANITE, 2048, 0, 0, 0, false, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
+    {"gemma", FAM_GEMMA, 8192, 16, 0, 256, true, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
+    {"gemma2", FAM_GEMMA2, 8192, 4, 4096, 256, true, 1e-6, GEMMA2_NORMS, FT_QK_NORM_NONE},
+    {"olmo2", FAM_OLMO2, 2048, 0, 0, 0, false, 1e-5, OLMO2_NORMS, FT_QK_NORM_PROJ},
 };
 
-#define SUPPORTED_TYPES "llama, mistral, qwen2, granite, gemma, gemma2"
+#define SUPPORTED_TYPES "llama, mistral, qwen2, granite, gemma, gemma2, olmo2"
 
 /* Keys of other families that must be absent, neutral, or null (quantization_config:
  * or bitsandbytes'). */
@@ -580,6 +612,23 @@ static int read_gemma2_layers(const char *path, const json_t *root, ft_model_con
     return 0;
 }
 
+/* Qwen2: sliding_window is read only with use_sliding_window, which is refused (its
+ * sliding layers are not implemented); a window size beside use_sliding_window false, as
+ * its checkpoints carry it, means nothing. */
+static int check_use_sliding_window(const char *path, const json_t *root, const char *type,
+                                    ft_err *err)
+{
+    bool use_sw = false;
+    json_t *v;
+    if ((v = get_opt(root, "use_sliding_window")) &&
+        read_bool(path, "use_sliding_window", v, &use_sw, err))
+        return -1;
+    if (use_sw)
+        return ft_fail(err, "%s: 'use_sliding_window' is true: sliding-window attention is "
+                       "not supported for model_type '%s'", path, type);
+    return 0;
+}
+
 static int read_attention_options(const char *path, const json_t *root,
                                   const model_defaults *md, ft_model_config *cfg, ft_err *err)
 {
@@ -601,10 +650,11 @@ static int read_attention_options(const char *path, const json_t *root,
                        "(must be 0)", path, dropout);
 
     cfg->sliding_window = 0;
-    if (md->family == FAM_LLAMA || md->family == FAM_GRANITE || md->family == FAM_GEMMA ||
-        md->family == FAM_GEMMA2) {
-        /* attention_bias on q, k, v and o; mlp_bias on gate, up, down (not gemma's MLP) */
-        if (mlp_bias && (md->family == FAM_GEMMA || md->family == FAM_GEMMA2))
+    bool has_mlp_bias = md->family == FAM_LLAMA || md->family == FAM_GRANITE;
+    if (has_mlp_bias || md->family == FAM_GEMMA || md->family == FAM_GEMMA2 ||
+        md->family == FAM_OLMO2) {
+        /* attention_bias on q, k, v and o; mlp_bias on gate, up, down (llama, granite) */
+        if (mlp_bias && !has_mlp_bias)
             return ft_fail(err, "%s: 'mlp_bias' is true, but model_type '%s' has no such "
                            "option", path, type);
         cfg->qkv_bias = cfg->o_bias = attention_bias;
@@ -628,14 +678,7 @@ static int read_attention_options(const char *path, const json_t *root,
     }
     /* qwen2: bias on q, k, v (not o); sliding window only with use_sliding_window. */
     cfg->qkv_bias = true;
-    bool use_sw = false;
-    if ((v = get_opt(root, "use_sliding_window")) &&
-        read_bool(path, "use_sliding_window", v, &use_sw, err))
-        return -1;
-    if (use_sw)
-        return ft_fail(err, "%s: 'use_sliding_window' is true: Qwen2 sliding-window attention "
-                       "is not supported", path);
-    return 0;
+    return check_use_sliding_window(path, root, type, err);
 }
 
 static int read_dtype(const char *path, const json_t *root, ft_model_config *cfg, ft_err *err)
@@ -801,6 +844,9 @@ static int parse_config(const char *path, const json_t *root, ft_model_config *c
     if (!md)
         return -1;
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", md->model_type);
+    for (int i = 0; i < FT_NBRANCH_NORMS; i++)
+        snprintf(cfg->norm_name[i], sizeof cfg->norm_name[i], "%s", md->norms[i]);
+    cfg->qk_norm = md->qk_norm;
 
     if (check_architectures(path, root, err) || check_foreign_keys(path, root, md, err))
         return -1;
@@ -821,7 +867,7 @@ static int parse_config(const char *path, const json_t *root, ft_model_config *c
                  err))
         return -1;
 
-    double eps = 1e-6;
+    double eps = md->rms_norm_eps_if_absent;
     if ((v = json_object_get(root, "rms_norm_eps")) &&
         read_positive(path, "rms_norm_eps", v, &eps, err))
         return -1;
@@ -843,12 +889,7 @@ static int parse_config(const char *path, const json_t *root, ft_model_config *c
         read_eos(path, root, cfg, err))
         return -1;
 
-    if (read_dtype(path, root, cfg, err))
-        return -1;
-    if (md->family == FAM_GEMMA2) /* (until the block runs them) */
-        return ft_fail(err, "%s: 'model_type': gemma2 is not supported yet: its layers' "
-                       "post-attention and post-feedforward norms are not implemented", path);
-    return 0;
+    return read_dtype(path, root, cfg, err);
 }
 
 int ft_layer_window(const ft_model_config *cfg, int l)

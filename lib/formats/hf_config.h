@@ -1,7 +1,7 @@
 /* Hugging Face config.json for the dense decoder families: llama (incl. TinyLlama, SmolLM
- * and Llama 3 "llama3" rope scaling), mistral, qwen2, granite, gemma, gemma2. Every field that
- * changes the math is honoured or rejected with an error naming the file and key;
- * nothing is silently ignored. */
+ * and Llama 3 "llama3" rope scaling), mistral, qwen2, granite, gemma, gemma2, olmo2. Every
+ * field that changes the math is honoured or rejected with an error naming the file and
+ * key; nothing is silently ignored. */
 #ifndef FT_HF_CONFIG_H
 #define FT_HF_CONFIG_H
 
@@ -27,8 +27,30 @@ typedef enum ft_mlp_act {
     FT_ACT_GELU_TANH  /* GeGLU with gelu's tanh approximation (gemma) */
 } ft_mlp_act;
 
+/* The RMSNorms around a decoder layer's two branches (attention, MLP). A branch may have
+ * a norm on its input (pre), on its output before the residual add (post), or both:
+ *   h += post(branch(pre(h)))
+ * (a missing norm is the identity). */
+typedef enum ft_branch_norm {
+    FT_NORM_ATTN_PRE = 0, /* llama input_layernorm */
+    FT_NORM_ATTN_POST,    /* olmo2 post_attention_layernorm */
+    FT_NORM_MLP_PRE,      /* llama post_attention_layernorm */
+    FT_NORM_MLP_POST,     /* olmo2 post_feedforward_layernorm */
+    FT_NBRANCH_NORMS
+} ft_branch_norm;
+
+/* RMSNorm of the attention's q and k projections, before RoPE. */
+typedef enum ft_qk_norm {
+    FT_QK_NORM_NONE = 0,
+    FT_QK_NORM_HEAD, /* over each head's head_dim, one weight [head_dim] shared by the heads
+                      * (Qwen3's, Gemma 3's) */
+    FT_QK_NORM_PROJ  /* over the whole projection: q's [num_heads * head_dim], k's
+                      * [num_kv_heads * head_dim] (olmo2) */
+} ft_qk_norm;
+
 typedef struct ft_model_config {
-    char model_type[32]; /* "llama", "mistral", "qwen2", "granite", "gemma", "gemma2" */
+    char model_type[32]; /* "llama", "mistral", "qwen2", "granite", "gemma", "gemma2",
+                          * "olmo2" */
     int vocab_size;
     int hidden_size;
     int intermediate_size;
@@ -69,6 +91,16 @@ typedef struct ft_model_config {
      *   norm_w_offset      RMSNorm out = norm(x) * (norm_w_offset + w): 0, or 1 for gemma
      *                      and gemma2 (their weights are stored as offsets from 1)
      *   mlp_act            the MLP gate's activation
+     *   norm_name          each branch norm's module name in the layer, as the family's
+     *                      checkpoints name it (model.layers.N.<name>.weight), "" where the
+     *                      branch has no such norm: llama input_layernorm (attention pre)
+     *                      and post_attention_layernorm (MLP pre); olmo2
+     *                      post_attention_layernorm (attention post) and
+     *                      post_feedforward_layernorm (MLP post); gemma2 all four:
+     *                      input_layernorm, post_attention_layernorm,
+     *                      pre_feedforward_layernorm, post_feedforward_layernorm
+     *   qk_norm            q/k RMSNorm before RoPE (self_attn.q_norm, self_attn.k_norm):
+     *                      none; per head; over the whole projection (olmo2)
      *   attn_softcap       0, or the attention scores are capped: S = c tanh(S / c) after
      *                      the scale, before mask and softmax (gemma2
      *                      attn_logit_softcapping)
@@ -84,6 +116,8 @@ typedef struct ft_model_config {
     ft_mlp_act mlp_act;
     float attn_softcap;
     float final_softcap;
+    char norm_name[FT_NBRANCH_NORMS][32];
+    ft_qk_norm qk_norm;
     /* "quantization_config": the checkpoint holds bitsandbytes 4/8-bit weights
      * (present = false for a dense checkpoint) */
     ft_quant_config quant;
@@ -92,6 +126,11 @@ typedef struct ft_model_config {
 /* The attention window of layer l (0-based): sliding_window, or 0 (full causal attention)
  * for a full-attention layer of a model with per-layer types. */
 int ft_layer_window(const ft_model_config *cfg, int l);
+/* Whether the layer has branch norm n (its name is set). */
+static inline bool ft_has_branch_norm(const ft_model_config *cfg, ft_branch_norm n)
+{
+    return cfg->norm_name[n][0] != '\0';
+}
 
 /* Reads and validates path (a config.json). */
 int ft_model_config_load(ft_model_config *cfg, const char *path, ft_err *err);

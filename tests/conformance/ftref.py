@@ -31,6 +31,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Olmo2Config,
+    Olmo2ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
@@ -60,7 +62,7 @@ SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_p
 @dataclass
 class Shape:
     name: str
-    arch: str  # llama | mistral | qwen2 | granite | gemma | gemma2
+    arch: str  # llama | mistral | qwen2 | granite | gemma | gemma2 | olmo2
     cfg: dict
     T: int = 12
     save_dtype: torch.dtype = torch.float32
@@ -178,6 +180,13 @@ SHAPES = {
                  "logits of this tiny model, attention scale 24^-0.5 (not 16^-0.5), sliding "
                  "window 4 < T 12 on layers 0 and 2, full attention on layer 1",
         ),
+        Shape(
+            "olmo2",
+            "olmo2",
+            _cfg(rms_norm_eps=1e-6, rope_theta=500000.0),
+            note="norms after attention and MLP (no pre-norms), q/k norm over the whole "
+                 "projection (widths 32 and 16), GQA",
+        ),
     ]
 }
 
@@ -185,7 +194,7 @@ SHAPES = {
 _SEEDS = {"llama_gqa": 0, "llama_mqa_odd": 10, "tied": 20, "qwen2": 30, "llama3_rope": 40,
           "mistral_sw": 50, "head_dim16": 60, "llama_bias": 70, "bf16_ckpt": 80,
           "fp16_ckpt": 90, "sharded": 100, "rope_linear": 110, "granite": 120,
-          "gemma": 130, "gemma2": 140}
+          "gemma": 130, "olmo2": 140, "gemma2": 150}
 for _name, _s in SHAPES.items():
     _s.seed = _SEEDS[_name]
 
@@ -196,6 +205,7 @@ _ARCH = {
     "granite": (GraniteConfig, GraniteForCausalLM),
     "gemma": (GemmaConfig, GemmaForCausalLM),
     "gemma2": (Gemma2Config, Gemma2ForCausalLM),
+    "olmo2": (Olmo2Config, Olmo2ForCausalLM),
 }
 
 

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(not (EMU or torch.cuda.is_available()),
 
 B = 2
 CASES = [("llama_gqa", "all7"), ("qwen2", "qv"), ("llama_mqa_odd", "all7"), ("tied", "qv"),
-         ("granite", "all7"), ("gemma", "all7"), ("gemma2", "all7")]
+         ("granite", "all7"), ("gemma", "all7"), ("gemma2", "all7"), ("olmo2", "all7")]
 
 BF16_TOL_LOGITS = 2e-2
 BF16_TOL_LOSS = 1e-2
@@ -102,6 +102,39 @@ def test_gpu_vs_cpu_reference(case):
     else:
         ftref.assert_close("bf16 logits vs CPU", case.out["logits"], case.cpu["logits"],
                            BF16_TOL_LOGITS)
+
+
+# Full fine-tuning on the GPU: every weight's gradient (norms, q/k norms included) against
+# our CPU model's, which test_models.py holds against transformers. The families whose
+# blocks have more than llama's norms (post-norms, q/k norms).
+FULL_CASES = ["olmo2", "gemma2"]
+
+
+@pytest.fixture(scope="module", params=[(m, d) for m in FULL_CASES for d in ("fp32", "bf16")],
+                ids=[f"{m}-full-{d}" for m in FULL_CASES for d in ("fp32", "bf16")])
+def fcase(request, store, ft):
+    model_name, dtype = request.param
+    c = type("FCase", (), {})()
+    c.dtype = dtype
+    shape = ftref.SHAPES[model_name]
+    ids, labels = ftref.make_batch(ftref.make_config(shape).vocab_size, B, shape.T,
+                                   shape.seed + 1)
+    spec = dict(model_dir=store.model(model_name), mode="full", input_ids=ids, labels=labels)
+    c.cpu = ft(spec, f"gpu-full-cpu-{model_name}")
+    c.out = ft(dict(spec, device="cuda", dtype=dtype), f"gpu-full-{model_name}-{dtype}")
+    return c
+
+
+def test_gpu_full_vs_cpu_reference(fcase):
+    if fcase.dtype == "fp32":
+        tl, tg = ftref.TOL_LOGITS, ftref.TOL_GRAD
+    else:
+        tl, tg = BF16_TOL_LOGITS, BF16_TOL_GRAD
+    ftref.assert_close(f"full {fcase.dtype} logits vs CPU", fcase.out["logits"],
+                       fcase.cpu["logits"], tl)
+    grads = {k[len("grad."):]: v for k, v in fcase.cpu.items() if k.startswith("grad.")}
+    assert any("q_norm" in k for k in grads), sorted(grads)
+    ftref.assert_tensor_dict_close("grad.", fcase.out, grads, tg)
 
 
 # --------------------------------------------------------------------------------------
@@ -198,3 +231,32 @@ def test_gpu_qlora_vs_cpu_qlora(qcase):
     grads = {k[len("grad."):]: v for k, v in qcase.cpu.items() if k.startswith("grad.")}
     assert grads
     ftref.assert_tensor_dict_close("grad.", qcase.out, grads, tg)
+
+
+# Gradient checkpointing on the GPU changes memory, not numbers: the recompute of a layer
+# (olmo2, gemma2: its MLP's down_proj output too, the post-norm's input) gives
+# bit-identical logits, loss and gradients, in fp32 and bf16, LoRA and full.
+CKPT_CASES = [("olmo2", "all7"), ("olmo2", None), ("gemma2", "all7"),
+              ("gemma2", None)]
+
+
+@pytest.mark.parametrize("model_name,variant,dtype",
+                         [(m, v, d) for m, v in CKPT_CASES for d in ("fp32", "bf16")],
+                         ids=[f"{m}-{v or 'full'}-{d}" for m, v in CKPT_CASES
+                              for d in ("fp32", "bf16")])
+def test_gpu_grad_ckpt_identical(store, ft, model_name, variant, dtype):
+    shape = ftref.SHAPES[model_name]
+    ids, labels = ftref.make_batch(ftref.make_config(shape).vocab_size, B, shape.T,
+                                   shape.seed + 3)
+    spec = dict(model_dir=store.model(model_name), input_ids=ids, labels=labels,
+                device="cuda", dtype=dtype, mode="full")
+    if variant:
+        spec.update(adapter_dir=store.adapter(model_name, variant), mode="lora")
+    tag = f"gpu-ckpt-{model_name}-{variant or 'full'}-{dtype}"
+    off = ft(dict(spec, grad_ckpt=False), tag + "-off")
+    on = ft(dict(spec, grad_ckpt=True), tag + "-on")
+    grads = sorted(k for k in off if k.startswith("grad."))
+    assert grads and sorted(k for k in on if k.startswith("grad.")) == grads
+    bad = [f"{k}: {ftref.describe(on[k], off[k])}" for k in ["logits", "loss"] + grads
+           if not torch.equal(on[k], off[k])]
+    assert not bad, "grad_ckpt on != off:\n" + "\n".join(bad)

@@ -28,6 +28,8 @@ CASES = [
     ("gemma", "all7"),
     ("gemma", "all-linear"),
     ("gemma2", "all7"),
+    ("olmo2", "all7"),
+    ("olmo2", "all-linear"),
 ]
 
 

@@ -33,6 +33,7 @@ CASES = [
     ("granite", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
     ("gemma", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
     ("gemma2", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
+    ("olmo2", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
 ]
 
 

@@ -86,6 +86,7 @@ INIT_CASES = [
     ("granite", "all-linear", ftref.SEVEN, 4, 8, False),
     ("gemma", "all-linear", ftref.SEVEN, 4, 8, False),
     ("gemma2", "all-linear", ftref.SEVEN, 4, 8, False),
+    ("olmo2", "all-linear", ftref.SEVEN, 4, 8, False),
 ]
 
 
@@ -211,6 +212,7 @@ MERGE_CASES = [
     ("gemma", "all7", "f32"),  # tied; norm weights stay Gemma's offsets from 1
     ("gemma", "qv", "bf16"),
     ("gemma2", "all7", "f32"),  # four norms a layer, all offsets from 1
+    ("olmo2", "all7", "f32"),  # q_norm / k_norm and the post-norms carried through
 ]
 
 _DT = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
@@ -238,9 +240,11 @@ def test_merge_matches_peft(store, merge_exe, tmp_path, model_name, variant, dty
         want_dt = shape.save_dtype
     cfg = json.loads((out / "config.json").read_text())
     base_cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    assert cfg["torch_dtype"] == _TORCH_NAME[want_dt]
-    assert {k: v for k, v in cfg.items() if k != "torch_dtype"} == \
-        {k: v for k, v in base_cfg.items() if k != "torch_dtype"}
+    # transformers 5 writes the dtype as "dtype", 4 as "torch_dtype"
+    dkey = "dtype" if "dtype" in base_cfg else "torch_dtype"
+    assert cfg[dkey] == _TORCH_NAME[want_dt]
+    assert {k: v for k, v in cfg.items() if k != dkey} == \
+        {k: v for k, v in base_cfg.items() if k != dkey}
     if (Path(model_dir) / "generation_config.json").exists():
         assert (out / "generation_config.json").read_bytes() == \
             (Path(model_dir) / "generation_config.json").read_bytes()

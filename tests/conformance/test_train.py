@@ -67,6 +67,10 @@ RUNS = [
     dict(id="full-cosine-gemma2", model="gemma2", adapter=None, train=_train(1e-3)),
     dict(id="lora-cosine-gemma2", model="gemma2", adapter="no_k", adapter_seed=2,
          train=_train(1e-2)),
+    # q/k norms (trained in full mode) and post-norms
+    dict(id="full-cosine-olmo2", model="olmo2", adapter=None, train=_train(1e-3)),
+    dict(id="lora-cosine-olmo2", model="olmo2", adapter="no_k", adapter_seed=4,
+         train=_train(1e-2)),
 ]
 
 

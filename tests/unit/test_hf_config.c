@@ -520,6 +520,43 @@ static void test_gemma2(void)
                  "query_pre_attn_scalar");
 }
 
+/* allenai/OLMo-2-1124-7B's config.json */
+static void test_olmo2(void)
+{
+    ft_model_config c;
+    ft_err e = {0};
+    CHECK(load("{\"architectures\": [\"Olmo2ForCausalLM\"], \"attention_bias\": false,"
+               " \"attention_dropout\": 0.0, \"eos_token_id\": 100257, \"hidden_act\": \"silu\","
+               " \"hidden_size\": 4096, \"initializer_range\": 0.02,"
+               " \"intermediate_size\": 11008, \"max_position_embeddings\": 4096,"
+               " \"model_type\": \"olmo2\", \"num_attention_heads\": 32,"
+               " \"num_hidden_layers\": 32, \"num_key_value_heads\": 32,"
+               " \"pad_token_id\": 100277, \"rms_norm_eps\": 1e-06, \"rope_scaling\": null,"
+               " \"rope_theta\": 500000, \"tie_word_embeddings\": false,"
+               " \"torch_dtype\": \"float32\", \"transformers_version\": \"4.47.0.dev0\","
+               " \"use_cache\": true, \"vocab_size\": 100352}",
+               &c, &e) == 0);
+    CHECK(strcmp(c.model_type, "olmo2") == 0);
+    CHECK(c.num_heads == 32 && c.num_kv_heads == 32 && c.head_dim == 128);
+    CHECK(c.qk_norm == FT_QK_NORM_PROJ);
+    /* norms after each branch, under the names llama gives its pre-norms */
+    CHECK(!ft_has_branch_norm(&c, FT_NORM_ATTN_PRE) && !ft_has_branch_norm(&c, FT_NORM_MLP_PRE));
+    CHECK(strcmp(c.norm_name[FT_NORM_ATTN_POST], "post_attention_layernorm") == 0);
+    CHECK(strcmp(c.norm_name[FT_NORM_MLP_POST], "post_feedforward_layernorm") == 0);
+    CHECK(!c.qkv_bias && !c.o_bias && !c.mlp_bias && !c.tie_word_embeddings);
+    CHECK(c.rms_norm_eps == 1e-6f && c.rope_theta == 5e5 && c.pad_token_id == 100277);
+    /* Olmo2Config's defaults: rms_norm_eps 1e-5 (not llama's 1e-6), kv heads = heads */
+    CHECK(load("{\"model_type\": \"olmo2\", " REQ "}", &c, &e) == 0);
+    CHECK(c.rms_norm_eps == 1e-5f && c.num_kv_heads == 8 && c.head_dim == 32);
+    CHECK(c.max_position_embeddings == 2048 && !c.tie_word_embeddings);
+    CHECK(load("{\"model_type\": \"olmo2\", " REQ ", \"attention_bias\": true}", &c, &e) == 0);
+    CHECK(c.qkv_bias && c.o_bias && !c.mlp_bias);
+    EXPECT_ERROR("{\"model_type\": \"olmo2\", " REQ ", \"mlp_bias\": true}", "mlp_bias");
+    EXPECT_ERROR("{\"model_type\": \"olmo2\", " REQ ", \"hidden_act\": \"gelu\"}", "hidden_act");
+    EXPECT_ERROR("{\"model_type\": \"olmo2\", " REQ ", \"layer_types\": [\"sliding_attention\","
+                 " \"full_attention\"]}", "layer_types");
+}
+
 static void test_file_errors(void)
 {
     ft_model_config c;
@@ -601,6 +638,7 @@ static void test_key_errors(void)
     EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ "}", "model_type");
     EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ "}", "qwen3");
     EXPECT_ERROR("{\"model_type\": \"falcon\", " REQ "}", "falcon");
+    EXPECT_ERROR("{\"model_type\": \"olmo\", " REQ "}", "olmo");
     EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"hidden_act\": \"gelu\"}", "hidden_act");
     EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"num_key_value_heads\": 3}",
                  "num_key_value_heads");
@@ -745,6 +783,7 @@ int main(void)
     RUN(test_granite);
     RUN(test_gemma);
     RUN(test_gemma2);
+    RUN(test_olmo2);
     RUN(test_file_errors);
     RUN(test_key_errors);
     RUN(test_math_errors);

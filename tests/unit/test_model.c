@@ -176,6 +176,50 @@ static void check_ckpt_identical(ft_train_mode mode, float dropout)
 static void test_ckpt_full(void) { check_ckpt_identical(FT_TRAIN_FULL, 0); }
 static void test_ckpt_lora_dropout(void) { check_ckpt_identical(FT_TRAIN_LORA, 0.3f); }
 
+/* The families with other norms: olmo2 (post-norms in place of llama's pre-norms, q/k
+ * norm over the whole projection): every weight's gradient, the norms' included, against
+ * finite differences, with and without gradient checkpointing (bitwise equal), LoRA with
+ * dropout too. */
+static void family_gradients(const char *type)
+{
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/%s", root, type);
+    write_tiny_model(dir, &(tiny_model_opts){.model_type = type});
+    int olmo2 = strcmp(type, "olmo2") == 0;
+    ft_model *m = load(dir, FT_TRAIN_FULL, 0, 0);
+    CHECK(m != NULL);
+    if (!m)
+        return;
+    ft_param *qn = ft_model_find_param(m, "model.layers.1.self_attn.q_norm.weight");
+    ft_param *kn = ft_model_find_param(m, "model.layers.1.self_attn.k_norm.weight");
+    CHECK(qn && qn->trainable && qn->numel == (size_t)(olmo2 ? HQ * D : D));
+    CHECK(kn && kn->trainable && kn->numel == (size_t)(olmo2 ? HKV * D : D));
+    bool pre = ft_model_find_param(m, "model.layers.0.input_layernorm.weight") != NULL;
+    bool post = ft_model_find_param(m, "model.layers.0.post_feedforward_layernorm.weight");
+    CHECK(pre == !olmo2 && post == olmo2);
+    check_fd(m);
+    ft_model_free(m);
+    m = load(dir, FT_TRAIN_LORA, 0, 0);
+    CHECK(m != NULL);
+    if (m)
+        check_fd(m);
+    ft_model_free(m);
+    ft_batch b = {B, T, ids, labels, NULL};
+    for (int mode = 0; mode < 2; mode++) {
+        ft_train_mode tm = mode ? FT_TRAIN_LORA : FT_TRAIN_FULL;
+        ft_model *plain = load(dir, tm, 0, 0.3f), *ckpt = load(dir, tm, 1, 0.3f);
+        size_t n1, n2;
+        float *g1 = grads_of(plain, &b, 1, &n1), *g2 = grads_of(ckpt, &b, 1, &n2);
+        CHECK(n1 == n2 && n1 > 0 && memcmp(g1, g2, n1 * sizeof(float)) == 0);
+        free(g1);
+        free(g2);
+        ft_model_free(plain);
+        ft_model_free(ckpt);
+    }
+}
+
+static void test_olmo2_gradients(void) { family_gradients("olmo2"); }
+
 static void test_grad_accumulation(void)
 {
     char dir[300];
@@ -535,6 +579,7 @@ int main(void)
     RUN(test_full_gradients);
     RUN(test_qwen2_bias_gradients);
     RUN(test_lora_gradients);
+    RUN(test_olmo2_gradients);
     RUN(test_ckpt_full);
     RUN(test_ckpt_lora_dropout);
     RUN(test_grad_accumulation);

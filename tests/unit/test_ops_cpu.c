@@ -591,6 +591,108 @@ static void test_rmsnorm_backward_large(void)
     rmsnorm_backward_large_case(1.0f);
 }
 
+/* ---- q/k norm: RMSNorm of the attention's q or k, then RoPE ----------------------------
+ *
+ * x [N, H, D] (a q or k projection). Per head (qwen3): each head's D values are a norm
+ * row, one weight [D] shared by the heads; whole (olmo2): each token's H * D values, a
+ * weight [H * D]. Then RoPE at position pos[n]. The model runs the RMSNorm op on N * H
+ * rows of D, or N rows of H * D, and the RoPE op; here that chain, forward and backward
+ * (the RoPE backward into the norm's backward), against a double loop and its finite
+ * differences (the weight's gradient sums over every row: tokens and heads). */
+typedef struct {
+    int N, H, D, per_head;
+    double eps, off;
+    double *x, *w, *r;
+    const int32_t *pos;
+    const float *inv;
+} qkn_ctx;
+
+static void qkn_ref(double *out, const qkn_ctx *c)
+{
+    int W = c->per_head ? c->D : c->H * c->D, D = c->D;
+    size_t rows = (size_t)c->N * c->H * c->D / W;
+    for (size_t r = 0; r < rows; r++) {
+        const double *xr = c->x + r * W;
+        double ss = 0.0;
+        for (int j = 0; j < W; j++)
+            ss += xr[j] * xr[j];
+        double rs = 1.0 / sqrt(ss / W + c->eps);
+        for (int j = 0; j < W; j++)
+            out[r * W + j] = xr[j] * rs * (c->off + c->w[j]);
+    }
+    for (int n = 0; n < c->N; n++)
+        for (int h = 0; h < c->H; h++) {
+            double *y = out + ((size_t)n * c->H + h) * D;
+            for (int i = 0; i < D / 2; i++) {
+                double a = (double)((float)c->pos[n] * c->inv[i]); /* fp32 angle, as HF */
+                double co = cos(a), si = sin(a), y1 = y[i], y2 = y[i + D / 2];
+                y[i] = y1 * co - y2 * si;
+                y[i + D / 2] = y2 * co + y1 * si;
+            }
+        }
+}
+
+static double qkn_loss(const void *vc)
+{
+    const qkn_ctx *c = vc;
+    size_t n = (size_t)c->N * c->H * c->D;
+    double *out = dnew(n);
+    qkn_ref(out, c);
+    double L = 0.0;
+    for (size_t i = 0; i < n; i++)
+        L += out[i] * c->r[i];
+    free(out);
+    return L;
+}
+
+static void qk_norm_case(int per_head, float off)
+{
+    const int N = 6, H = 3, D = 8, W = per_head ? D : H * D;
+    const int rows = N * H * D / W;
+    const size_t nx = (size_t)N * H * D;
+    const float eps = 1e-6f;
+    const int32_t pos[6] = {0, 1, 2, 7, 31, 3};
+    float inv[4];
+    for (int i = 0; i < D / 2; i++)
+        inv[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)D);
+    rng_seed(21 + per_head);
+    float *x = fnew(nx), *w = fnew(W), *r = fnew(nx), *out = fnew(nx), *rstd = fnew(rows);
+    fill(x, nx, -2, 2);
+    fill(w, W, 0.5, 1.5);
+    fill(r, nx, -1, 1);
+    qkn_ctx c = {N, H, D, per_head, eps, off, to_d(x, nx), to_d(w, W), to_d(r, nx), pos, inv};
+
+    /* forward: the norm over `rows` rows of W, then RoPE over N tokens of H heads */
+    ft_cpu_rmsnorm_forward(out, rstd, x, w, rows, W, eps, off);
+    ft_cpu_rope_forward(out, pos, inv, N, H, D);
+    double *ref = dnew(nx);
+    qkn_ref(ref, &c);
+    CHECK(close_norm(per_head ? "q/k norm per head fwd" : "q/k norm whole fwd", out, ref, nx,
+                     1e-5));
+
+    /* backward: dL/d(out) = r through RoPE's backward, then the norm's */
+    double *gx = dnew(nx), *gw = dnew(W);
+    fd_grad(qkn_loss, &c, c.x, nx, gx);
+    fd_grad(qkn_loss, &c, c.w, W, gw);
+    float *d = fdup(r, nx), *dx = fnew(nx), *dw = fnew(W);
+    ft_cpu_rope_backward(d, pos, inv, N, H, D);
+    ft_cpu_rmsnorm_backward(dx, dw, d, x, w, rstd, rows, W, off);
+    CHECK(close_norm(per_head ? "q/k norm per head dx" : "q/k norm whole dx", dx, gx, nx, 1e-5));
+    CHECK(close_norm(per_head ? "q/k norm per head dw" : "q/k norm whole dw", dw, gw, W, 1e-5));
+
+    free(x), free(w), free(r), free(out), free(rstd), free(c.x), free(c.w), free(c.r);
+    free(ref), free(gx), free(gw), free(d), free(dx), free(dw);
+}
+
+/* qwen3 (per head, weight [D] shared by the heads) and olmo2 (the whole projection);
+ * Gemma 3's q/k norms are per head with (1 + w) */
+static void test_qk_norm(void)
+{
+    qk_norm_case(1, 0.0f);
+    qk_norm_case(0, 0.0f);
+    qk_norm_case(1, 1.0f);
+}
+
 /* ---- SwiGLU ------------------------------------------------------------------------- */
 
 typedef struct {
@@ -1110,6 +1212,7 @@ int main(void)
     RUN(test_add_rmsnorm_forward);
     RUN(test_rmsnorm_backward);
     RUN(test_rmsnorm_backward_large);
+    RUN(test_qk_norm);
     RUN(test_swiglu_forward);
     RUN(test_geglu_forward);
     RUN(test_geglu_backward);

@@ -19,7 +19,8 @@ typedef struct tiny_model_opts {
     const char *extra;     /* a tensor [C] added */
     const char *bad_shape; /* a tensor written one row short */
     const char *extra_cfg; /* spliced into config.json: ", \"key\": value" */
-    const char *model_type; /* NULL: llama, or qwen2 with qkv_bias */
+    const char *model_type; /* NULL: llama, or qwen2 with qkv_bias; "olmo2" gets its q/k
+                             * norms, and post-norms in place of llama's norms */
     uint64_t seed;         /* weight stream (0: 7) */
     float scale;           /* weights uniform in [-scale/2, scale/2) (0: 0.6) */
 } tiny_model_opts;
@@ -30,6 +31,8 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
 {
     int qkv_bias = o->qkv_bias;
     const char *skip = o->skip, *extra = o->extra, *bad_shape = o->bad_shape;
+    const char *type = o->model_type ? o->model_type : qkv_bias ? "qwen2" : "llama";
+    int olmo2 = strcmp(type, "olmo2") == 0;
     uint64_t seed = o->seed ? o->seed : 7;
     float scale = o->scale > 0 ? o->scale : 0.6f;
     ft_err err;
@@ -43,8 +46,7 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
             "\"num_key_value_heads\": %d, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, "
             "\"hidden_act\": \"silu\", \"max_position_embeddings\": 64, "
             "\"tie_word_embeddings\": %s%s}",
-            o->model_type ? o->model_type : qkv_bias ? "qwen2" : "llama", V, C, I, L, HQ, HKV,
-            o->tied ? "true" : "false",
+            type, V, C, I, L, HQ, HKV, o->tied ? "true" : "false",
             o->extra_cfg ? o->extra_cfg : "");
     fclose(f);
 
@@ -64,7 +66,8 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
     } while (0)
     ADD(2, V, C, "model.embed_tokens.weight");
     for (int l = 0; l < L; l++) {
-        ADD(1, C, 0, "model.layers.%d.input_layernorm.weight", l);
+        if (!olmo2)
+            ADD(1, C, 0, "model.layers.%d.input_layernorm.weight", l);
         ADD(2, HQ * D, C, "model.layers.%d.self_attn.q_proj.weight", l);
         ADD(2, HKV * D, C, "model.layers.%d.self_attn.k_proj.weight", l);
         ADD(2, HKV * D, C, "model.layers.%d.self_attn.v_proj.weight", l);
@@ -74,10 +77,16 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
             ADD(1, HKV * D, 0, "model.layers.%d.self_attn.v_proj.bias", l);
         }
         ADD(2, C, HQ * D, "model.layers.%d.self_attn.o_proj.weight", l);
+        if (olmo2) { /* over the whole projection */
+            ADD(1, HQ * D, 0, "model.layers.%d.self_attn.q_norm.weight", l);
+            ADD(1, HKV * D, 0, "model.layers.%d.self_attn.k_norm.weight", l);
+        }
         ADD(1, C, 0, "model.layers.%d.post_attention_layernorm.weight", l);
         ADD(2, I, C, "model.layers.%d.mlp.gate_proj.weight", l);
         ADD(2, I, C, "model.layers.%d.mlp.up_proj.weight", l);
         ADD(2, C, I, "model.layers.%d.mlp.down_proj.weight", l);
+        if (olmo2)
+            ADD(1, C, 0, "model.layers.%d.post_feedforward_layernorm.weight", l);
     }
     ADD(1, C, 0, "model.norm.weight");
     if (!o->tied)
