@@ -1,19 +1,20 @@
 /* Reads a Hugging Face config.json of the dense decoder families (model_type "llama",
- * "mistral", "qwen2", "granite", "gemma", "olmo2") into ft_model_config, and computes
- * the RoPE inverse frequencies the way transformers does.
+ * "mistral", "qwen2", "qwen3", "granite", "gemma", "olmo2") into ft_model_config, and
+ * computes the RoPE inverse frequencies the way transformers does.
  *
  * Defaults are those of transformers' LlamaConfig, MistralConfig, Qwen2Config,
- * GraniteConfig, GemmaConfig and Olmo2Config, so a config.json means here what it means
- * to AutoModelForCausalLM:
+ * Qwen3Config, GraniteConfig, GemmaConfig and Olmo2Config, so a config.json means here
+ * what it means to AutoModelForCausalLM:
  *
- *   key                      llama  mistral  qwen2   granite  gemma   olmo2
- *   num_key_value_heads      =heads 8 (*)    32 (*)  =heads   16 (*)  =heads
+ *   key                      llama  mistral  qwen2   qwen3   granite  gemma   olmo2
+ *   num_key_value_heads      =heads 8 (*)    32 (*)  32 (*)  =heads   16 (*)  =heads
  *                            (null: = heads everywhere)
  *   head_dim                 hidden / heads (must divide exactly when absent); gemma 256
- *                            when absent; granite always hidden / heads (head_dim, when
- *                            present, must equal it: GraniteAttention ignores the key)
- *   max_position_embeddings  2048   131072   32768   2048     8192    2048
- *   sliding_window           mistral 4096 (null: none); qwen2 only with
+ *                            and qwen3 128 when absent; granite always hidden / heads
+ *                            (head_dim, when present, must equal it: GraniteAttention
+ *                            ignores the key)
+ *   max_position_embeddings  2048   131072   32768   32768   2048     8192    2048
+ *   sliding_window           mistral 4096 (null: none); qwen2, qwen3 only with
  *                            use_sliding_window; the others do not read it
  *   rms_norm_eps             1e-6, but olmo2 1e-5
  *   tie_word_embeddings false everywhere but gemma (true); rope_theta 10000
@@ -22,15 +23,15 @@
  * The block: llama's RMSNorms before the attention (input_layernorm) and the MLP
  * (post_attention_layernorm) everywhere but olmo2, whose norms are after each branch
  * (post_attention_layernorm, post_feedforward_layernorm; no pre-norms); q and k RMSNorm
- * before RoPE in olmo2 (self_attn.q_norm / k_norm, over the whole projection). These are
- * fixed by model_type, no key switches them.
+ * before RoPE in qwen3 (self_attn.q_norm / k_norm, each head's head_dim) and olmo2 (the
+ * whole projection). These are fixed by model_type, no key switches them.
  *
  * Keys that change the math, and what happens to them:
  *   honoured: vocab_size, hidden_size, intermediate_size, num_hidden_layers,
  *     num_attention_heads, num_key_value_heads, head_dim, rms_norm_eps, rope_theta,
  *     rope_scaling / rope_parameters (default, linear, llama3), tie_word_embeddings,
- *     attention_bias and mlp_bias (llama, granite; attention_bias for gemma, olmo2),
- *     sliding_window (mistral), the fixed q/k/v bias of qwen2; granite's
+ *     attention_bias and mlp_bias (llama, granite; attention_bias for gemma, qwen3,
+ *     olmo2), sliding_window (mistral), the fixed q/k/v bias of qwen2; granite's
  *     embedding_multiplier, residual_multiplier, attention_multiplier (the softmax scale,
  *     replacing 1/sqrt(head_dim)) and logits_scaling (logits divided by it), each a
  *     positive number, 1 when absent; gemma's fixed rules: norm weights applied as 1 + w,
@@ -43,11 +44,11 @@
  *   rejected unless neutral: other activations; attention_dropout != 0
  *     (training would drop attention weights); other rope types (dynamic, ntk, yarn,
  *     longrope, ...), and for gemma any but the default (4.46's Gemma reads rope_theta
- *     only); partial_rotary_factor != 1; qwen2 use_sliding_window = true;
+ *     only); partial_rotary_factor != 1; qwen2 and qwen3 use_sliding_window = true;
  *     layer_types with an entry the model cannot run (sliding layers outside mistral,
  *     mixed layers in mistral); per-layer-type rope_parameters; attention_bias/mlp_bias =
  *     true where the family's modeling code has no such switch (mistral, qwen2; mlp_bias
- *     for gemma, olmo2): the checkpoint would not match the model;
+ *     for gemma, qwen3, olmo2): the checkpoint would not match the model;
  *     quantization_config other
  *     than bitsandbytes' (lib/formats/quant_io.c reads that one: the weights stay
  *     quantized in the checkpoint).
@@ -89,6 +90,7 @@ typedef enum family_kind {
     FAM_LLAMA = 0,
     FAM_MISTRAL,
     FAM_QWEN2,
+    FAM_QWEN3,
     FAM_GRANITE,
     FAM_GEMMA,
     FAM_OLMO2
@@ -121,12 +123,13 @@ static const model_defaults MODEL_DEFAULTS[] = {
     {"llama", FAM_LLAMA, 2048, 0, 0, 0, false, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
     {"mistral", FAM_MISTRAL, 4096 * 32, 8, 4096, 0, false, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
     {"qwen2", FAM_QWEN2, 32768, 32, 0, 0, false, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
+    {"qwen3", FAM_QWEN3, 32768, 32, 0, 128, false, 1e-6, PRE_NORMS, FT_QK_NORM_HEAD},
     {"granite", FAM_GRANITE, 2048, 0, 0, 0, false, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
     {"gemma", FAM_GEMMA, 8192, 16, 0, 256, true, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
     {"olmo2", FAM_OLMO2, 2048, 0, 0, 0, false, 1e-5, OLMO2_NORMS, FT_QK_NORM_PROJ},
 };
 
-#define SUPPORTED_TYPES "llama, mistral, qwen2, granite, gemma, olmo2"
+#define SUPPORTED_TYPES "llama, mistral, qwen2, qwen3, granite, gemma, olmo2"
 
 /* Keys of other families that must be absent, neutral, or null (quantization_config:
  * or bitsandbytes'). */
@@ -548,9 +551,9 @@ static int check_layer_types(const char *path, const json_t *root, const ft_mode
     return 0;
 }
 
-/* Qwen2: sliding_window is read only with use_sliding_window, which is refused (its
- * sliding layers are not implemented); a window size beside use_sliding_window false, as
- * its checkpoints carry it, means nothing. */
+/* Qwen2 and Qwen3: sliding_window is read only with use_sliding_window, which is refused
+ * (their sliding layers are not implemented); a window size beside use_sliding_window
+ * false, as their checkpoints carry it, means nothing. */
 static int check_use_sliding_window(const char *path, const json_t *root, const char *type,
                                     ft_err *err)
 {
@@ -587,14 +590,15 @@ static int read_attention_options(const char *path, const json_t *root,
 
     cfg->sliding_window = 0;
     bool has_mlp_bias = md->family == FAM_LLAMA || md->family == FAM_GRANITE;
-    if (has_mlp_bias || md->family == FAM_GEMMA || md->family == FAM_OLMO2) {
+    if (has_mlp_bias || md->family == FAM_GEMMA || md->family == FAM_QWEN3 ||
+        md->family == FAM_OLMO2) {
         /* attention_bias on q, k, v and o; mlp_bias on gate, up, down (llama, granite) */
         if (mlp_bias && !has_mlp_bias)
             return ft_fail(err, "%s: 'mlp_bias' is true, but model_type '%s' has no such "
                            "option", path, type);
         cfg->qkv_bias = cfg->o_bias = attention_bias;
         cfg->mlp_bias = mlp_bias;
-        return 0;
+        return md->family == FAM_QWEN3 ? check_use_sliding_window(path, root, type, err) : 0;
     }
     if (attention_bias)
         return ft_fail(err, "%s: 'attention_bias' is true, but model_type '%s' has no such "

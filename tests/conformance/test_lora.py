@@ -29,6 +29,8 @@ CASES = [
     ("gemma", "all-linear"),
     ("olmo2", "all7"),
     ("olmo2", "all-linear"),
+    ("qwen3", "all7"),
+    ("qwen3_tied", "qv"),
 ]
 
 

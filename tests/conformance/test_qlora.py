@@ -33,6 +33,8 @@ CASES = [
     ("granite", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
     ("gemma", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
     ("olmo2", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
+    ("qwen3", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
+    ("qwen3_tied", "all-linear", dict(type="int8")),
 ]
 
 

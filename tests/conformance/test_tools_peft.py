@@ -86,6 +86,7 @@ INIT_CASES = [
     ("granite", "all-linear", ftref.SEVEN, 4, 8, False),
     ("gemma", "all-linear", ftref.SEVEN, 4, 8, False),
     ("olmo2", "all-linear", ftref.SEVEN, 4, 8, False),
+    ("qwen3_tied", "all-linear", ftref.SEVEN, 4, 8, False),
 ]
 
 
@@ -211,6 +212,9 @@ MERGE_CASES = [
     ("gemma", "all7", "f32"),  # tied; norm weights stay Gemma's offsets from 1
     ("gemma", "qv", "bf16"),
     ("olmo2", "all7", "f32"),  # q_norm / k_norm and the post-norms carried through
+    ("qwen3", "all7", "f32"),
+    ("qwen3_tied", "all7", "f32"),
+    ("qwen3_tied", "qv", "bf16"),
 ]
 
 _DT = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
