@@ -1,22 +1,23 @@
 /* Reads a Hugging Face config.json of the dense decoder families (model_type "llama",
- * "mistral", "qwen2", "granite", "gemma", "gemma2", "olmo2") into ft_model_config, and
- * computes the RoPE inverse frequencies the way transformers does.
+ * "mistral", "qwen2", "qwen3", "granite", "gemma", "gemma2", "olmo2") into ft_model_config,
+ * and computes the RoPE inverse frequencies the way transformers does.
  *
  * Defaults are those of transformers' LlamaConfig, MistralConfig, Qwen2Config,
- * GraniteConfig, GemmaConfig, Gemma2Config and Olmo2Config, so a config.json means here
- * what it means to AutoModelForCausalLM (gemma2: as gemma where not said otherwise):
+ * Qwen3Config, GraniteConfig, GemmaConfig, Gemma2Config and Olmo2Config, so a config.json
+ * means here what it means to AutoModelForCausalLM (gemma2: as gemma where not said
+ * otherwise):
  *
- *   key                      llama  mistral  qwen2   granite  gemma   gemma2  olmo2
- *   num_key_value_heads      =heads 8 (*)    32 (*)  =heads   16 (*)  4 (*)   =heads
+ *   key                      llama  mistral  qwen2   qwen3   granite  gemma   gemma2  olmo2
+ *   num_key_value_heads      =heads 8 (*)    32 (*)  32 (*)  =heads   16 (*)  4 (*)   =heads
  *                            (null: = heads everywhere)
  *   head_dim                 hidden / heads (must divide exactly when absent); gemma and
- *                            gemma2 256 when absent; granite always hidden / heads
- *                            (head_dim, when present, must equal it: GraniteAttention
- *                            ignores the key)
- *   max_position_embeddings  2048   131072   32768   2048     8192    8192    2048
+ *                            gemma2 256 and qwen3 128 when absent; granite always
+ *                            hidden / heads (head_dim, when present, must equal it:
+ *                            GraniteAttention ignores the key)
+ *   max_position_embeddings  2048   131072   32768   32768   2048     8192    8192    2048
  *   sliding_window           mistral 4096 (null: none); gemma2 4096 on its even layers
- *                            (null refused); qwen2 only with use_sliding_window; the
- *                            others do not read it
+ *                            (null refused); qwen2, qwen3 only with use_sliding_window;
+ *                            the others do not read it
  *   rms_norm_eps             1e-6, but olmo2 1e-5
  *   tie_word_embeddings false everywhere but gemma and gemma2 (true); rope_theta 10000
  *   gemma2: query_pre_attn_scalar 256, attn_logit_softcapping 50,
@@ -27,18 +28,18 @@
  * (post_attention_layernorm) everywhere but olmo2 and gemma2. olmo2's norms are after each
  * branch (post_attention_layernorm, post_feedforward_layernorm; no pre-norms); gemma2 has
  * both on each branch (input_layernorm, post_attention_layernorm,
- * pre_feedforward_layernorm, post_feedforward_layernorm); q and k RMSNorm
- * before RoPE in olmo2 (self_attn.q_norm / k_norm, over the whole projection). These are
- * fixed by model_type, no key switches them.
+ * pre_feedforward_layernorm, post_feedforward_layernorm); q and k RMSNorm before RoPE in
+ * qwen3 (self_attn.q_norm / k_norm, each head's head_dim) and olmo2 (the whole
+ * projection). These are fixed by model_type, no key switches them.
  *
  * Keys that change the math, and what happens to them:
  *   honoured: vocab_size, hidden_size, intermediate_size, num_hidden_layers,
  *     num_attention_heads, num_key_value_heads, head_dim, rms_norm_eps, rope_theta,
  *     rope_scaling / rope_parameters (default, linear, llama3), tie_word_embeddings,
  *     attention_bias and mlp_bias (llama, granite; attention_bias for gemma, gemma2,
- *     olmo2), sliding_window (mistral, gemma2), the fixed q/k/v bias of qwen2; granite's
- *     embedding_multiplier, residual_multiplier, attention_multiplier (the softmax scale,
- *     replacing 1/sqrt(head_dim)) and logits_scaling (logits divided by it), each a
+ *     qwen3, olmo2), sliding_window (mistral, gemma2), the fixed q/k/v bias of qwen2;
+ *     granite's embedding_multiplier, residual_multiplier, attention_multiplier (the
+ *     softmax scale, replacing 1/sqrt(head_dim)) and logits_scaling (logits divided by it), each a
  *     positive number, 1 when absent; gemma's fixed rules: norm weights applied as 1 + w,
  *     embeddings times sqrt(hidden_size) (rounded to the activation dtype), GeGLU;
  *     gemma2's, the same plus its keys: query_pre_attn_scalar (attention scale
@@ -54,13 +55,13 @@
  *   rejected unless neutral: other activations; attention_dropout != 0
  *     (training would drop attention weights); other rope types (dynamic, ntk, yarn,
  *     longrope, ...), and for gemma(2) any but the default (4.46's Gemma reads rope_theta
- *     only); partial_rotary_factor != 1; qwen2 use_sliding_window = true;
+ *     only); partial_rotary_factor != 1; qwen2 and qwen3 use_sliding_window = true;
  *     layer_types with an entry the model cannot run (sliding layers outside mistral and
  *     gemma2, mixed layers in mistral, another pattern in gemma2); per-layer-type
  *     rope_parameters; gemma2 sliding_window null, use_bidirectional_attention true;
  *     attention_bias/mlp_bias = true where the family's modeling code has no such switch
- *     (mistral, qwen2; mlp_bias for gemma, gemma2, olmo2): the checkpoint would not match
- *     the model; quantization_config other than bitsandbytes' (lib/formats/quant_io.c
+ *     (mistral, qwen2; mlp_bias for gemma, gemma2, qwen3, olmo2): the checkpoint would not
+ *     match the model; quantization_config other than bitsandbytes' (lib/formats/quant_io.c
  *     reads that one: the weights stay quantized in the checkpoint).
  *   rejected when present (keys of other families, which the model would silently
  *     drop although the checkpoint was trained with them): attn_logit_softcapping,
@@ -100,6 +101,7 @@ typedef enum family_kind {
     FAM_LLAMA = 0,
     FAM_MISTRAL,
     FAM_QWEN2,
+    FAM_QWEN3,
     FAM_GRANITE,
     FAM_GEMMA,
     FAM_GEMMA2,
@@ -138,13 +140,14 @@ static const model_defaults MODEL_DEFAULTS[] = {
     {"llama", FAM_LLAMA, 2048, 0, 0, 0, false, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
     {"mistral", FAM_MISTRAL, 4096 * 32, 8, 4096, 0, false, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
     {"qwen2", FAM_QWEN2, 32768, 32, 0, 0, false, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
+    {"qwen3", FAM_QWEN3, 32768, 32, 0, 128, false, 1e-6, PRE_NORMS, FT_QK_NORM_HEAD},
     {"granite", FAM_GRANITE, 2048, 0, 0, 0, false, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
     {"gemma", FAM_GEMMA, 8192, 16, 0, 256, true, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
     {"gemma2", FAM_GEMMA2, 8192, 4, 4096, 256, true, 1e-6, GEMMA2_NORMS, FT_QK_NORM_NONE},
     {"olmo2", FAM_OLMO2, 2048, 0, 0, 0, false, 1e-5, OLMO2_NORMS, FT_QK_NORM_PROJ},
 };
 
-#define SUPPORTED_TYPES "llama, mistral, qwen2, granite, gemma, gemma2, olmo2"
+#define SUPPORTED_TYPES "llama, mistral, qwen2, qwen3, granite, gemma, gemma2, olmo2"
 
 /* Keys of other families that must be absent, neutral, or null (quantization_config:
  * or bitsandbytes'). */
@@ -612,9 +615,9 @@ static int read_gemma2_layers(const char *path, const json_t *root, ft_model_con
     return 0;
 }
 
-/* Qwen2: sliding_window is read only with use_sliding_window, which is refused (its
- * sliding layers are not implemented); a window size beside use_sliding_window false, as
- * its checkpoints carry it, means nothing. */
+/* Qwen2 and Qwen3: sliding_window is read only with use_sliding_window, which is refused
+ * (their sliding layers are not implemented); a window size beside use_sliding_window
+ * false, as their checkpoints carry it, means nothing. */
 static int check_use_sliding_window(const char *path, const json_t *root, const char *type,
                                     ft_err *err)
 {
@@ -652,14 +655,16 @@ static int read_attention_options(const char *path, const json_t *root,
     cfg->sliding_window = 0;
     bool has_mlp_bias = md->family == FAM_LLAMA || md->family == FAM_GRANITE;
     if (has_mlp_bias || md->family == FAM_GEMMA || md->family == FAM_GEMMA2 ||
-        md->family == FAM_OLMO2) {
+        md->family == FAM_QWEN3 || md->family == FAM_OLMO2) {
         /* attention_bias on q, k, v and o; mlp_bias on gate, up, down (llama, granite) */
         if (mlp_bias && !has_mlp_bias)
             return ft_fail(err, "%s: 'mlp_bias' is true, but model_type '%s' has no such "
                            "option", path, type);
         cfg->qkv_bias = cfg->o_bias = attention_bias;
         cfg->mlp_bias = mlp_bias;
-        return md->family == FAM_GEMMA2 ? read_gemma2_layers(path, root, cfg, err) : 0;
+        if (md->family == FAM_GEMMA2)
+            return read_gemma2_layers(path, root, cfg, err);
+        return md->family == FAM_QWEN3 ? check_use_sliding_window(path, root, type, err) : 0;
     }
     if (attention_bias)
         return ft_fail(err, "%s: 'attention_bias' is true, but model_type '%s' has no such "

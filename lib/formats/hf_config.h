@@ -1,7 +1,7 @@
 /* Hugging Face config.json for the dense decoder families: llama (incl. TinyLlama, SmolLM
- * and Llama 3 "llama3" rope scaling), mistral, qwen2, granite, gemma, gemma2, olmo2. Every
- * field that changes the math is honoured or rejected with an error naming the file and
- * key; nothing is silently ignored. */
+ * and Llama 3 "llama3" rope scaling), mistral, qwen2, qwen3, granite, gemma, gemma2, olmo2.
+ * Every field that changes the math is honoured or rejected with an error naming the file
+ * and key; nothing is silently ignored. */
 #ifndef FT_HF_CONFIG_H
 #define FT_HF_CONFIG_H
 
@@ -43,14 +43,14 @@ typedef enum ft_branch_norm {
 typedef enum ft_qk_norm {
     FT_QK_NORM_NONE = 0,
     FT_QK_NORM_HEAD, /* over each head's head_dim, one weight [head_dim] shared by the heads
-                      * (Qwen3's, Gemma 3's) */
+                      * (qwen3) */
     FT_QK_NORM_PROJ  /* over the whole projection: q's [num_heads * head_dim], k's
                       * [num_kv_heads * head_dim] (olmo2) */
 } ft_qk_norm;
 
 typedef struct ft_model_config {
-    char model_type[32]; /* "llama", "mistral", "qwen2", "granite", "gemma", "gemma2",
-                          * "olmo2" */
+    char model_type[32]; /* "llama", "mistral", "qwen2", "qwen3", "granite", "gemma",
+                          * "gemma2", "olmo2" */
     int vocab_size;
     int hidden_size;
     int intermediate_size;
@@ -100,7 +100,7 @@ typedef struct ft_model_config {
      *                      input_layernorm, post_attention_layernorm,
      *                      pre_feedforward_layernorm, post_feedforward_layernorm
      *   qk_norm            q/k RMSNorm before RoPE (self_attn.q_norm, self_attn.k_norm):
-     *                      none; per head; over the whole projection (olmo2)
+     *                      none; per head (qwen3); over the whole projection (olmo2)
      *   attn_softcap       0, or the attention scores are capped: S = c tanh(S / c) after
      *                      the scale, before mask and softmax (gemma2
      *                      attn_logit_softcapping)

@@ -7,8 +7,8 @@
  * May call: core, device, formats, kernels, quant, tokenizer.
  * (This is the folder's main header.) */
 
-/* A dense decoder-only causal LM (llama, mistral, qwen2, granite, gemma, olmo2) with
- * explicit forward and backward. A family is data (ft_model_config's block
+/* A dense decoder-only causal LM (llama, mistral, qwen2, qwen3, granite, gemma, olmo2)
+ * with explicit forward and backward. A family is data (ft_model_config's block
  * description): one forward and backward read it.
  *
  * This is the library API the tools build on:
@@ -30,7 +30,7 @@
  * gemma (see ft_model_config). In general each branch has an optional norm before it and
  * one after it: h += r * post(branch(pre(h))) (olmo2: post-norms only, named
  * post_attention_layernorm and post_feedforward_layernorm), and q and k may be RMSNorm'd
- * before RoPE, per head (weight [head_dim]) or over the whole projection (olmo2):
+ * before RoPE, per head (qwen3, weight [head_dim]) or over the whole projection (olmo2):
  * ft_model_config.norm_name and qk_norm.
  * A linear layer is y = x W^T + b, plus with LoRA: y += scaling * (dropout(x) A^T) B^T.
  *

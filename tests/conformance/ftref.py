@@ -35,6 +35,8 @@ from transformers import (
     Olmo2ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 transformers.logging.set_verbosity_error()
@@ -62,7 +64,7 @@ SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_p
 @dataclass
 class Shape:
     name: str
-    arch: str  # llama | mistral | qwen2 | granite | gemma | gemma2 | olmo2
+    arch: str  # llama | mistral | qwen2 | qwen3 | granite | gemma | gemma2 | olmo2
     cfg: dict
     T: int = 12
     save_dtype: torch.dtype = torch.float32
@@ -187,6 +189,24 @@ SHAPES = {
             note="norms after attention and MLP (no pre-norms), q/k norm over the whole "
                  "projection (widths 32 and 16), GQA",
         ),
+        Shape(
+            "qwen3",
+            "qwen3",
+            _cfg(head_dim=16, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                 use_sliding_window=False),
+            # as Qwen3 checkpoints on the Hub carry it: the window off, its keys present
+            config_patch={"sliding_window": None, "use_sliding_window": False,
+                          "max_window_layers": 1},
+            note="q/k norm per head (weight [head_dim]) before RoPE, head_dim 16 != 32/4, "
+                 "GQA, no biases",
+        ),
+        Shape(
+            "qwen3_tied",
+            "qwen3",
+            _cfg(vocab_size=64, head_dim=16, num_key_value_heads=1, tie_word_embeddings=True,
+                 rms_norm_eps=1e-6, rope_theta=1000000.0),
+            note="Qwen3-0.6B-like: tied embeddings, q/k norm per head, one kv head",
+        ),
     ]
 }
 
@@ -194,7 +214,7 @@ SHAPES = {
 _SEEDS = {"llama_gqa": 0, "llama_mqa_odd": 10, "tied": 20, "qwen2": 30, "llama3_rope": 40,
           "mistral_sw": 50, "head_dim16": 60, "llama_bias": 70, "bf16_ckpt": 80,
           "fp16_ckpt": 90, "sharded": 100, "rope_linear": 110, "granite": 120,
-          "gemma": 130, "olmo2": 140, "gemma2": 150}
+          "gemma": 130, "olmo2": 140, "qwen3": 150, "qwen3_tied": 160, "gemma2": 170}
 for _name, _s in SHAPES.items():
     _s.seed = _SEEDS[_name]
 
@@ -206,6 +226,7 @@ _ARCH = {
     "gemma": (GemmaConfig, GemmaForCausalLM),
     "gemma2": (Gemma2Config, Gemma2ForCausalLM),
     "olmo2": (Olmo2Config, Olmo2ForCausalLM),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
 }
 
 

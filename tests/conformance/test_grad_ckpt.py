@@ -15,6 +15,7 @@ CASES = [
     # post-norms (the MLP's needs its input recomputed) and q/k norms
     ("olmo2", None),
     ("olmo2", "all7"),
+    ("qwen3", "all7"),
 ]
 
 

@@ -30,6 +30,8 @@ CASES = [
     ("gemma2", "all7"),
     ("olmo2", "all7"),
     ("olmo2", "all-linear"),
+    ("qwen3", "all7"),
+    ("qwen3_tied", "qv"),
 ]
 
 

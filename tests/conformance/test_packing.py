@@ -59,7 +59,7 @@ def _reference(model, samples):
 
 
 CASES = [("llama_gqa", None), ("llama_gqa", "all7"), ("qwen2", None), ("mistral_sw", None),
-         ("olmo2", "all7")]
+         ("olmo2", "all7"), ("qwen3", None)]
 
 
 @pytest.mark.parametrize("model_name,adapter", CASES,

@@ -34,6 +34,8 @@ CASES = [
     ("gemma", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
     ("gemma2", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
     ("olmo2", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
+    ("qwen3", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
+    ("qwen3_tied", "all-linear", dict(type="int8")),
 ]
 
 

@@ -87,6 +87,7 @@ INIT_CASES = [
     ("gemma", "all-linear", ftref.SEVEN, 4, 8, False),
     ("gemma2", "all-linear", ftref.SEVEN, 4, 8, False),
     ("olmo2", "all-linear", ftref.SEVEN, 4, 8, False),
+    ("qwen3_tied", "all-linear", ftref.SEVEN, 4, 8, False),
 ]
 
 
@@ -213,6 +214,9 @@ MERGE_CASES = [
     ("gemma", "qv", "bf16"),
     ("gemma2", "all7", "f32"),  # four norms a layer, all offsets from 1
     ("olmo2", "all7", "f32"),  # q_norm / k_norm and the post-norms carried through
+    ("qwen3", "all7", "f32"),
+    ("qwen3_tied", "all7", "f32"),
+    ("qwen3_tied", "qv", "bf16"),
 ]
 
 _DT = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}

@@ -520,6 +520,68 @@ static void test_gemma2(void)
                  "query_pre_attn_scalar");
 }
 
+/* Qwen/Qwen3-0.6B's config.json (transformers 4.51), and Qwen3-8B's with layer_types as
+ * transformers 5 writes it */
+static void test_qwen3(void)
+{
+    ft_model_config c;
+    ft_err e = {0};
+    CHECK(load("{\"architectures\": [\"Qwen3ForCausalLM\"], \"attention_bias\": false,"
+               " \"attention_dropout\": 0.0, \"bos_token_id\": 151643, \"eos_token_id\": 151645,"
+               " \"head_dim\": 128, \"hidden_act\": \"silu\", \"hidden_size\": 1024,"
+               " \"initializer_range\": 0.02, \"intermediate_size\": 3072,"
+               " \"max_position_embeddings\": 40960, \"max_window_layers\": 28,"
+               " \"model_type\": \"qwen3\", \"num_attention_heads\": 16,"
+               " \"num_hidden_layers\": 28, \"num_key_value_heads\": 8, \"rms_norm_eps\": 1e-06,"
+               " \"rope_scaling\": null, \"rope_theta\": 1000000, \"sliding_window\": null,"
+               " \"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\","
+               " \"transformers_version\": \"4.51.0\", \"use_cache\": true,"
+               " \"use_sliding_window\": false, \"vocab_size\": 151936}",
+               &c, &e) == 0);
+    CHECK(strcmp(c.model_type, "qwen3") == 0);
+    /* head_dim 128 != 1024 / 16 */
+    CHECK(c.num_heads == 16 && c.num_kv_heads == 8 && c.head_dim == 128);
+    CHECK(c.qk_norm == FT_QK_NORM_HEAD);
+    CHECK(strcmp(c.norm_name[FT_NORM_ATTN_PRE], "input_layernorm") == 0);
+    CHECK(strcmp(c.norm_name[FT_NORM_MLP_PRE], "post_attention_layernorm") == 0);
+    CHECK(!ft_has_branch_norm(&c, FT_NORM_ATTN_POST) && !ft_has_branch_norm(&c, FT_NORM_MLP_POST));
+    CHECK(!c.qkv_bias && !c.o_bias && !c.mlp_bias && c.sliding_window == 0);
+    CHECK(c.tie_word_embeddings && c.rope_theta == 1e6 && c.max_position_embeddings == 40960);
+    CHECK(c.attention_scale == 1.0f / sqrtf(128.0f) && c.norm_w_offset == 0.0f);
+    CHECK(load("{\"model_type\": \"qwen3\", \"architectures\": [\"Qwen3ForCausalLM\"], " REQ
+               ", \"num_key_value_heads\": 8, \"head_dim\": 128, \"tie_word_embeddings\": false,"
+               " \"use_sliding_window\": false, \"sliding_window\": null,"
+               " \"max_window_layers\": 36, \"layer_types\": [\"full_attention\","
+               " \"full_attention\"], \"rope_parameters\": {\"rope_theta\": 1000000,"
+               " \"rope_type\": \"default\"}}", &c, &e) == 0);
+    CHECK(!c.tie_word_embeddings && c.sliding_window == 0 && c.rope_theta == 1e6);
+    /* Qwen3Config's defaults: head_dim 128, 32 kv heads (so 8 heads need the key) */
+    CHECK(load("{\"model_type\": \"qwen3\", " REQ ", \"num_key_value_heads\": 4}", &c, &e) == 0);
+    CHECK(c.head_dim == 128 && c.max_position_embeddings == 32768 && c.rms_norm_eps == 1e-6f);
+    CHECK(!c.tie_word_embeddings && !c.qkv_bias);
+    EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ "}", "num_key_value_heads");
+    /* attention_bias: on q, k, v and o, as Qwen3Attention has it */
+    CHECK(load("{\"model_type\": \"qwen3\", " REQ ", \"num_key_value_heads\": 4,"
+               " \"attention_bias\": true}", &c, &e) == 0);
+    CHECK(c.qkv_bias && c.o_bias && !c.mlp_bias);
+    EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ ", \"num_key_value_heads\": 4,"
+                 " \"mlp_bias\": true}", "mlp_bias");
+    /* sliding windows: accepted when off, refused when on */
+    EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ ", \"num_key_value_heads\": 4,"
+                 " \"use_sliding_window\": true, \"sliding_window\": 4096,"
+                 " \"max_window_layers\": 1}", "use_sliding_window");
+    EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ ", \"num_key_value_heads\": 4,"
+                 " \"use_sliding_window\": true, \"sliding_window\": 4096}", "qwen3");
+    EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ ", \"num_key_value_heads\": 4,"
+                 " \"layer_types\": [\"full_attention\", \"sliding_attention\"]}",
+                 "layer_types");
+    EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ ", \"num_key_value_heads\": 4,"
+                 " \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0,"
+                 " \"original_max_position_embeddings\": 32768}}", "yarn");
+    EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ ", \"num_key_value_heads\": 4,"
+                 " \"head_dim\": 127}", "head_dim");
+}
+
 /* allenai/OLMo-2-1124-7B's config.json */
 static void test_olmo2(void)
 {
@@ -635,8 +697,8 @@ static void test_key_errors(void)
                  " \"num_attention_heads\": 8}",
                  "vocab_size");
     EXPECT_ERROR("{" REQ "}", "model_type");
-    EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ "}", "model_type");
-    EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ "}", "qwen3");
+    EXPECT_ERROR("{\"model_type\": \"qwen3_moe\", " REQ "}", "model_type");
+    EXPECT_ERROR("{\"model_type\": \"qwen3_moe\", " REQ "}", "qwen3_moe");
     EXPECT_ERROR("{\"model_type\": \"falcon\", " REQ "}", "falcon");
     EXPECT_ERROR("{\"model_type\": \"olmo\", " REQ "}", "olmo");
     EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"hidden_act\": \"gelu\"}", "hidden_act");
@@ -783,6 +845,7 @@ int main(void)
     RUN(test_granite);
     RUN(test_gemma);
     RUN(test_gemma2);
+    RUN(test_qwen3);
     RUN(test_olmo2);
     RUN(test_file_errors);
     RUN(test_key_errors);

@@ -19,7 +19,7 @@
 #include "train/optim.h"
 
 static char root[256], llama_dir[300], qwen_dir[300], tied_dir[300], granite_dir[300],
-    gemma_dir[300], olmo2_dir[300];
+    gemma_dir[300], olmo2_dir[300], qwen3_dir[300];
 
 /* The run config with sets applied (free() it). */
 static ft_run_config *make_config(const char *const *sets)
@@ -275,13 +275,16 @@ static void test_cpu_granite_gemma_equal_measured(void)
 }
 
 /* Blocks with other norms: olmo2 (post-norms instead of pre-norms: other activations and
- * a scratch for the post-norms' backward; q/k norms over the whole projection: their
- * inputs and rstd). */
-static void test_cpu_olmo2_equal_measured(void)
+ * a scratch for the post-norms' backward; q/k norms over the whole projection) and qwen3
+ * (q/k norms per head: their inputs and per-head rstd). */
+static void test_cpu_olmo2_qwen3_equal_measured(void)
 {
     sweep(olmo2_dir, "lora", "all-linear", "0.05");
     sweep(olmo2_dir, "full", "all-linear", "0");
     sweep(olmo2_dir, "qlora", "all-linear", "0");
+    sweep(qwen3_dir, "lora", "all-linear", "0.05");
+    sweep(qwen3_dir, "full", "all-linear", "0");
+    sweep(qwen3_dir, "qlora", "q_proj,v_proj", "0.1");
 }
 
 /* The GPU rows follow the table in memplan.h. */
@@ -508,7 +511,8 @@ int main(void)
                                                      "\"gelu_pytorch_tanh\""});
     snprintf(olmo2_dir, sizeof olmo2_dir, "%s/olmo2", root);
     write_tiny_model(olmo2_dir, &(tiny_model_opts){.model_type = "olmo2"});
-
+    snprintf(qwen3_dir, sizeof qwen3_dir, "%s/qwen3", root);
+    write_tiny_model(qwen3_dir, &(tiny_model_opts){.model_type = "qwen3", .tied = 1});
 
     RUN(test_cpu_lora_equals_measured);
     RUN(test_cpu_full_equals_measured);
@@ -517,7 +521,7 @@ int main(void)
     RUN(test_compare_modes);
     RUN(test_cpu_bias_and_tied_equal_measured);
     RUN(test_cpu_granite_gemma_equal_measured);
-    RUN(test_cpu_olmo2_equal_measured);
+    RUN(test_cpu_olmo2_qwen3_equal_measured);
     RUN(test_gpu_formulas);
     RUN(test_real_model_sizes);
     RUN(test_batch_auto);

@@ -177,9 +177,9 @@ static void test_ckpt_full(void) { check_ckpt_identical(FT_TRAIN_FULL, 0); }
 static void test_ckpt_lora_dropout(void) { check_ckpt_identical(FT_TRAIN_LORA, 0.3f); }
 
 /* The families with other norms: olmo2 (post-norms in place of llama's pre-norms, q/k
- * norm over the whole projection): every weight's gradient, the norms' included, against
- * finite differences, with and without gradient checkpointing (bitwise equal), LoRA with
- * dropout too. */
+ * norm over the whole projection) and qwen3 (q/k norm per head, weight [head_dim]): every
+ * weight's gradient, the norms' included, against finite differences, with and without
+ * gradient checkpointing (bitwise equal), LoRA with dropout too. */
 static void family_gradients(const char *type)
 {
     char dir[300];
@@ -219,6 +219,7 @@ static void family_gradients(const char *type)
 }
 
 static void test_olmo2_gradients(void) { family_gradients("olmo2"); }
+static void test_qwen3_gradients(void) { family_gradients("qwen3"); }
 
 static void test_grad_accumulation(void)
 {
@@ -580,6 +581,7 @@ int main(void)
     RUN(test_qwen2_bias_gradients);
     RUN(test_lora_gradients);
     RUN(test_olmo2_gradients);
+    RUN(test_qwen3_gradients);
     RUN(test_ckpt_full);
     RUN(test_ckpt_lora_dropout);
     RUN(test_grad_accumulation);
