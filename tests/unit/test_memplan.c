@@ -19,7 +19,7 @@
 #include "train/optim.h"
 
 static char root[256], llama_dir[300], qwen_dir[300], tied_dir[300], granite_dir[300],
-    gemma_dir[300], olmo2_dir[300], qwen3_dir[300];
+    gemma_dir[300], olmo2_dir[300], qwen3_dir[300], gemma2_dir[300];
 
 /* The run config with sets applied (free() it). */
 static ft_run_config *make_config(const char *const *sets)
@@ -287,6 +287,16 @@ static void test_cpu_olmo2_qwen3_equal_measured(void)
     sweep(qwen3_dir, "qlora", "q_proj,v_proj", "0.1");
 }
 
+/* gemma2: pre- and post-norms on both branches (every norm activation at once), soft-capped
+ * logits (no buffer of their own: the head's chunks and the in-place cross-entropy), and
+ * windows on alternate layers. */
+static void test_cpu_gemma2_equal_measured(void)
+{
+    sweep(gemma2_dir, "lora", "all-linear", "0.05");
+    sweep(gemma2_dir, "full", "all-linear", "0");
+    sweep(gemma2_dir, "qlora", "all-linear", "0");
+}
+
 /* The GPU rows follow the table in memplan.h. */
 static void test_gpu_formulas(void)
 {
@@ -513,6 +523,11 @@ int main(void)
     write_tiny_model(olmo2_dir, &(tiny_model_opts){.model_type = "olmo2"});
     snprintf(qwen3_dir, sizeof qwen3_dir, "%s/qwen3", root);
     write_tiny_model(qwen3_dir, &(tiny_model_opts){.model_type = "qwen3", .tied = 1});
+    snprintf(gemma2_dir, sizeof gemma2_dir, "%s/gemma2", root);
+    write_tiny_model(gemma2_dir,
+                     &(tiny_model_opts){.model_type = "gemma2", .tied = 1,
+                                        .extra_cfg = ", \"head_dim\": 4, \"sliding_window\": 3,"
+                                                     " \"query_pre_attn_scalar\": 6"});
 
     RUN(test_cpu_lora_equals_measured);
     RUN(test_cpu_full_equals_measured);
@@ -522,6 +537,7 @@ int main(void)
     RUN(test_cpu_bias_and_tied_equal_measured);
     RUN(test_cpu_granite_gemma_equal_measured);
     RUN(test_cpu_olmo2_qwen3_equal_measured);
+    RUN(test_cpu_gemma2_equal_measured);
     RUN(test_gpu_formulas);
     RUN(test_real_model_sizes);
     RUN(test_batch_auto);

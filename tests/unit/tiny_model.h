@@ -21,7 +21,8 @@ typedef struct tiny_model_opts {
     const char *extra_cfg; /* spliced into config.json: ", \"key\": value" */
     const char *model_type; /* NULL: llama, or qwen2 with qkv_bias; "qwen3" and "olmo2"
                              * get their q/k norms (and head_dim D for qwen3), olmo2 its
-                             * post-norms in place of llama's norms */
+                             * post-norms in place of llama's norms, gemma2 its four norms
+                             * (pre and post on each branch) */
     uint64_t seed;         /* weight stream (0: 7) */
     float scale;           /* weights uniform in [-scale/2, scale/2) (0: 0.6) */
 } tiny_model_opts;
@@ -34,6 +35,7 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
     const char *skip = o->skip, *extra = o->extra, *bad_shape = o->bad_shape;
     const char *type = o->model_type ? o->model_type : qkv_bias ? "qwen2" : "llama";
     int olmo2 = strcmp(type, "olmo2") == 0, qwen3 = strcmp(type, "qwen3") == 0;
+    int gemma2 = strcmp(type, "gemma2") == 0;
     char head_dim[32] = ""; /* qwen3's default (128) is not D */
     if (qwen3)
         snprintf(head_dim, sizeof head_dim, ", \"head_dim\": %d", D);
@@ -86,10 +88,12 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
             ADD(1, olmo2 ? HKV * D : D, 0, "model.layers.%d.self_attn.k_norm.weight", l);
         }
         ADD(1, C, 0, "model.layers.%d.post_attention_layernorm.weight", l);
+        if (gemma2)
+            ADD(1, C, 0, "model.layers.%d.pre_feedforward_layernorm.weight", l);
         ADD(2, I, C, "model.layers.%d.mlp.gate_proj.weight", l);
         ADD(2, I, C, "model.layers.%d.mlp.up_proj.weight", l);
         ADD(2, C, I, "model.layers.%d.mlp.down_proj.weight", l);
-        if (olmo2)
+        if (olmo2 || gemma2)
             ADD(1, C, 0, "model.layers.%d.post_feedforward_layernorm.weight", l);
     }
     ADD(1, C, 0, "model.norm.weight");
