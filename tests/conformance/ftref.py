@@ -175,8 +175,11 @@ SHAPES = {
             "gemma2",
             _cfg(num_hidden_layers=3, head_dim=16, hidden_activation="gelu_pytorch_tanh",
                  tie_word_embeddings=True, rms_norm_eps=1e-6, pad_token_id=0,
-                 query_pre_attn_scalar=24, attn_logit_softcapping=0.5,
+                 query_pre_attn_scalar=24, attn_logit_softcapping=1.0,
                  final_logit_softcapping=1.5, sliding_window=4),
+            # caps of 1 and 1.5 bend this tiny model's scores (up to ~1.2) and logits (up
+            # to ~2.3); a smaller attention cap saturates tanh and shrinks q/k gradients
+            # to where bf16 noise (test_gpu_model) dominates them
             note="Gemma's rules plus: four norms a layer (pre and post each branch), "
                  "attention and final logit soft-caps small enough to bend the scores and "
                  "logits of this tiny model, attention scale 24^-0.5 (not 16^-0.5), sliding "
