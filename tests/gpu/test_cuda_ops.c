@@ -263,9 +263,9 @@ static void test_qk_norm(void)
             ft_tensor gp = dev_upload_raw(pos, N, 4, FT_I32), ginv = dev_upload(inv, D / 2, FT_F32);
             ft_rmsnorm_forward(ft_f32(out, n), ft_f32(rstd, rows), ft_f32(x, n), ft_f32(w, W),
                                rows, W, 1e-6f, 0.0f);
-            ft_rope_forward(ft_f32(out, n), ft_i32(pos, N), ft_f32(inv, D / 2), N, H, D);
+            ft_rope_forward(ft_f32(out, n), ft_i32(pos, N), ft_f32(inv, D / 2), N, H, D, D, 1.0f);
             ft_rmsnorm_forward(gout, grstd, gx, gw, rows, W, 1e-6f, 0.0f);
-            ft_rope_forward(gout, gp, ginv, N, H, D);
+            ft_rope_forward(gout, gp, ginv, N, H, D, D, 1.0f);
             char what[96];
             const char *kind = per_head ? "per head" : "whole";
             snprintf(what, sizeof what, "q/k norm %s fwd %dx%dx%d %s", kind, N, H, D,
@@ -279,10 +279,10 @@ static void test_qk_norm(void)
             float *dx = host_alloc(n), *dw = host_random(W, 1.0f);
             ft_tensor gdout = dev_upload(dout, n, d), gdx = dev_upload(dx, n, d);
             ft_tensor gdw = dev_upload(dw, W, FT_F32), grstd_ref = dev_upload(rstd, rows, FT_F32);
-            ft_rope_backward(ft_f32(dout, n), ft_i32(pos, N), ft_f32(inv, D / 2), N, H, D);
+            ft_rope_backward(ft_f32(dout, n), ft_i32(pos, N), ft_f32(inv, D / 2), N, H, D, D, 1.0f);
             ft_rmsnorm_backward(ft_f32(dx, n), ft_f32(dw, W), ft_f32(dout, n), ft_f32(x, n),
                                 ft_f32(w, W), ft_f32(rstd, rows), rows, W, 0.0f);
-            ft_rope_backward(gdout, gp, ginv, N, H, D);
+            ft_rope_backward(gdout, gp, ginv, N, H, D, D, 1.0f);
             ft_rmsnorm_backward(gdx, gdw, gdout, gx, gw, grstd_ref, rows, W, 0.0f);
             snprintf(what, sizeof what, "q/k norm %s bwd dx %dx%dx%d %s", kind, N, H, D,
                      dtype_name(d));
