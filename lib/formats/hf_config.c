@@ -832,12 +832,13 @@ static int read_dtype(const char *path, const json_t *root, ft_model_config *cfg
     return 0;
 }
 
-/* The MLP activation. llama, mistral, qwen2, granite: hidden_act silu (swish), the
- * default. gemma: transformers 4.46's GemmaMLP applies hidden_activation, and
- * gelu_pytorch_tanh when that is null (ignoring hidden_act, with a warning); transformers
- * 5 applies hidden_act (default gelu_pytorch_tanh; its GemmaConfig turns the legacy
- * "gelu" into gelu_pytorch_tanh) and ignores hidden_activation. A file on which the two
- * readings differ is refused rather than guessed. */
+/* The MLP activation. Every family but gemma and gemma2: hidden_act silu (swish), the
+ * default. gemma2: hidden_activation (see below). gemma: transformers 4.46's GemmaMLP
+ * applies hidden_activation, and gelu_pytorch_tanh when that is null (ignoring hidden_act,
+ * with a warning); transformers 5 applies hidden_act (default gelu_pytorch_tanh; its
+ * GemmaConfig turns the legacy "gelu" into gelu_pytorch_tanh) and ignores
+ * hidden_activation. A file on which the two readings differ is refused rather than
+ * guessed. */
 static int read_activation(const char *path, const json_t *root, const model_defaults *md,
                            ft_model_config *cfg, ft_err *err)
 {
