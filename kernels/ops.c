@@ -297,7 +297,7 @@ static void attention_heads(opcheck c, int Hq, int Hkv, int D)
 
 void ft_attention_forward(ft_tensor out, ft_tensor lse, ft_tensor q, ft_tensor k,
                           ft_tensor v, ft_tensor seg, int B, int T, int Hq, int Hkv, int D,
-                          float scale, int window)
+                          float scale, int window, float softcap)
 {
     opcheck c = begin("attention_forward", out);
     size_t nq = SZ(B, T) * SZ(Hq, D), nkv = SZ(B, T) * SZ(Hkv, D);
@@ -309,15 +309,15 @@ void ft_attention_forward(ft_tensor out, ft_tensor lse, ft_tensor q, ft_tensor k
     needf(c, "v", v, nkv);
     maybe(c, "seg", seg, SZ(B, T), FT_I32);
     GPU_CALL(c, ft_cuda_attention_forward(out, lse, q, k, v, seg, B, T, Hq, Hkv, D, scale,
-                                          window));
+                                          window, softcap));
     ft_cpu_attention_forward(F(out), F(lse), F(q), F(k), F(v), I(seg), B, T, Hq, Hkv, D,
-                             scale, window);
+                             scale, window, softcap);
 }
 
 void ft_attention_backward(ft_tensor dq, ft_tensor dk, ft_tensor dv, ft_tensor dout,
                            ft_tensor q, ft_tensor k, ft_tensor v, ft_tensor out,
                            ft_tensor lse, ft_tensor seg, int B, int T, int Hq, int Hkv,
-                           int D, float scale, int window)
+                           int D, float scale, int window, float softcap)
 {
     opcheck c = begin("attention_backward", dout);
     size_t nq = SZ(B, T) * SZ(Hq, D), nkv = SZ(B, T) * SZ(Hkv, D);
@@ -333,9 +333,9 @@ void ft_attention_backward(ft_tensor dq, ft_tensor dk, ft_tensor dv, ft_tensor d
     need(c, "lse", lse, SZ(B, Hq) * (size_t)T, FT_F32);
     maybe(c, "seg", seg, SZ(B, T), FT_I32);
     GPU_CALL(c, ft_cuda_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, seg, B, T,
-                                           Hq, Hkv, D, scale, window));
+                                           Hq, Hkv, D, scale, window, softcap));
     ft_cpu_attention_backward(F(dq), F(dk), F(dv), F(dout), F(q), F(k), F(v), F(out),
-                              F(lse), I(seg), B, T, Hq, Hkv, D, scale, window);
+                              F(lse), I(seg), B, T, Hq, Hkv, D, scale, window, softcap);
 }
 
 void ft_swiglu_forward(ft_tensor out, ft_tensor gate, ft_tensor up, size_t n)
@@ -385,14 +385,14 @@ void ft_geglu_backward(ft_tensor dgate, ft_tensor dup, ft_tensor dout, ft_tensor
 }
 
 double ft_cross_entropy(ft_tensor dlogits, ft_tensor logits, ft_tensor targets, int N,
-                        int V, float grad_scale)
+                        int V, float grad_scale, float softcap)
 {
     opcheck c = begin("cross_entropy", logits);
     maybef(c, "dlogits", dlogits, SZ(N, V));
     needf(c, "logits", logits, SZ(N, V));
     need(c, "targets", targets, N, FT_I32);
-    GPU_RETURN(c, ft_cuda_cross_entropy(dlogits, logits, targets, N, V, grad_scale));
-    return ft_cpu_cross_entropy(F(dlogits), F(logits), I(targets), N, V, grad_scale);
+    GPU_RETURN(c, ft_cuda_cross_entropy(dlogits, logits, targets, N, V, grad_scale, softcap));
+    return ft_cpu_cross_entropy(F(dlogits), F(logits), I(targets), N, V, grad_scale, softcap);
 }
 
 void ft_add(ft_tensor y, ft_tensor x, size_t n)
@@ -435,6 +435,18 @@ void ft_scale(ft_tensor x, float s, size_t n)
     needf(c, "x", x, n);
     GPU_CALL(c, ft_cuda_scale(x, s, n));
     ft_cpu_scale(F(x), s, n);
+}
+
+void ft_softcap(ft_tensor x, float cap, size_t n)
+{
+    opcheck c = begin("softcap", x);
+    needf(c, "x", x, n);
+    if (!(cap > 0.0f)) {
+        fprintf(stderr, "softcap: cap %g is not positive\n", cap);
+        abort();
+    }
+    GPU_CALL(c, ft_cuda_softcap(x, cap, n));
+    ft_cpu_softcap(F(x), cap, n);
 }
 
 void ft_dropout_forward(ft_tensor out, ft_tensor x, size_t n, float p, uint64_t seed,

@@ -118,14 +118,16 @@ void ft_rope_backward(ft_tensor dx, ft_tensor pos, ft_tensor inv_freq, int N, in
  * Token i of a row attends to token j when j <= i, seg[b,j] == seg[b,i] (packed
  * sequences stay apart; seg may be ft_none() for one sequence a row) and, when
  * window > 0, i - j < window (sliding-window attention). scale is usually 1/sqrt(D).
+ * softcap > 0 caps the scores (Gemma 2's attn_logit_softcapping): S = softcap *
+ * tanh(scale q.k / softcap) before the mask and the softmax; 0: S = scale q.k.
  * backward: dq, dk, dv += ... (dk, dv summed over the query heads sharing a kv head). */
 void ft_attention_forward(ft_tensor out, ft_tensor lse, ft_tensor q, ft_tensor k,
                           ft_tensor v, ft_tensor seg, int B, int T, int Hq, int Hkv, int D,
-                          float scale, int window);
+                          float scale, int window, float softcap);
 void ft_attention_backward(ft_tensor dq, ft_tensor dk, ft_tensor dv, ft_tensor dout,
                            ft_tensor q, ft_tensor k, ft_tensor v, ft_tensor out,
                            ft_tensor lse, ft_tensor seg, int B, int T, int Hq, int Hkv,
-                           int D, float scale, int window);
+                           int D, float scale, int window, float softcap);
 
 /* ---- SwiGLU: out = silu(gate) * up, silu(g) = g / (1 + exp(-g)); all [n] -------------
  * backward: dgate += dout * up * silu'(gate); dup += dout * silu(gate). */
@@ -147,9 +149,13 @@ void ft_geglu_backward(ft_tensor dgate, ft_tensor dup, ft_tensor dout, ft_tensor
  * tokens). When dlogits is not ft_none(), also writes (overwrites)
  *   dlogits[n] = grad_scale * (softmax(logits[n]) - onehot(targets[n]))
  * for counted rows and 0 for the others; grad_scale is d(loss)/d(sum), e.g. 1/count.
- * dlogits may alias logits (computed in place). Targets must be -100 or in [0, V). */
+ * dlogits may alias logits (computed in place). Targets must be -100 or in [0, V).
+ * softcap > 0: the logits are soft-capped, z = softcap tanh(x / softcap) (ft_softcap,
+ * Gemma 2's final_logit_softcapping), and dlogits is the gradient w.r.t. the uncapped x:
+ * the above times 1 - (z / softcap)^2 (tanh' from tanh's value, as torch's autograd
+ * takes it). 0: no cap. */
 double ft_cross_entropy(ft_tensor dlogits, ft_tensor logits, ft_tensor targets, int N,
-                        int V, float grad_scale);
+                        int V, float grad_scale, float softcap);
 
 /* ---- elementwise ------------------------------------------------------------------ */
 /* y += x */
@@ -162,6 +168,9 @@ void ft_zero(ft_tensor y, size_t n);
 double ft_sumsq(ft_tensor x, size_t n);
 /* x *= s */
 void ft_scale(ft_tensor x, float s, size_t n);
+/* x = cap * tanh(x / cap), cap > 0 (soft-capping; its gradient: ft_cross_entropy's
+ * softcap). */
+void ft_softcap(ft_tensor x, float cap, size_t n);
 
 /* ---- dropout: out = x * keep / (1 - p), keep decided by a counter-based RNG ----------
  * keep(i) is a pure function of (seed, offset + i), so backward and a gradient-

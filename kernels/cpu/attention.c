@@ -13,7 +13,8 @@
  * j = i is always allowed, so no softmax row is empty.
  *
  * Forward, per (b, h, i), over allowed j:
- *   S_ij = scale * q_i . k_j
+ *   S_ij = scale * q_i . k_j, or with softcap c > 0 (Gemma 2's attn_logit_softcapping)
+ *   S_ij = c * tanh(scale * q_i . k_j / c)
  *   lse_i = log sum_j exp(S_ij)                   (saved for backward)
  *   P_ij = exp(S_ij - lse_i)
  *   o_i  = sum_j P_ij v_j
@@ -27,6 +28,8 @@
  *   Dlt_i = dO_i . o_i                            (= sum_j P_ij dP_ij)
  *   dP_ij = dO_i . v_j
  *   dS_ij = P_ij (dP_ij - Dlt_i)                  (softmax backward)
+ *           times 1 - tanh^2(scale * q_i . k_j / c) with a softcap (the chain rule
+ *           through c tanh(x / c))
  *   dq_i += scale sum_j dS_ij k_j
  *   dk_j += scale sum_{h in group} sum_i dS_ij q_i
  *   dv_j +=       sum_{h in group} sum_i P_ij dO_i
@@ -149,6 +152,20 @@ static inline int att_any_in_seg(const int32_t *sb, int t0, int n, int32_t id)
     return 0;
 }
 
+/* The score of a scaled dot product x: x itself, or c tanh(x / c) with a softcap
+ * c > 0 (divided, then multiplied, as transformers' eager attention does); *dx gets
+ * d score / d x. */
+static inline float att_score(float x, float cap, float *dx)
+{
+    if (cap <= 0.0f) {
+        *dx = 1.0f;
+        return x;
+    }
+    const float t = tanhf(x / cap);
+    *dx = 1.0f - t * t;
+    return cap * t;
+}
+
 /* First key token query i may see (the causal upper bound is i itself). */
 static inline int att_first_key(int i, int window)
 {
@@ -163,7 +180,7 @@ static inline int att_last_query(int j, int T, int window)
 
 void ft_cpu_attention_forward(float *out, float *lse, const float *q, const float *k,
                               const float *v, const int32_t *seg, int B, int T, int Hq,
-                              int Hkv, int D, float scale, int window)
+                              int Hkv, int D, float scale, int window, float softcap)
 {
     const int G = Hq / Hkv;
     const size_t qstride = (size_t)Hq * D;  /* between tokens in q / out */
@@ -197,7 +214,10 @@ void ft_cpu_attention_forward(float *out, float *lse, const float *q, const floa
                     }
                     float bm = -INFINITY;
                     for (int jj = 0; jj < jn; jj++) {
-                        s[jj] = (sb && sb[j0 + jj] != si) ? -INFINITY : scale * s[jj];
+                        float unused;
+                        s[jj] = (sb && sb[j0 + jj] != si)
+                                    ? -INFINITY
+                                    : att_score(scale * s[jj], softcap, &unused);
                         bm = s[jj] > bm ? s[jj] : bm;
                     }
                     if (bm == -INFINITY) {
@@ -240,7 +260,7 @@ void ft_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dou
                                const float *q, const float *k, const float *v,
                                const float *out, const float *lse, const int32_t *seg,
                                int B, int T, int Hq, int Hkv, int D, float scale,
-                               int window)
+                               int window, float softcap)
 {
     const int G = Hq / Hkv;
     const size_t qstride = (size_t)Hq * D;
@@ -290,10 +310,14 @@ void ft_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dou
                         att_dot_n(qi, kb + (size_t)j0 * kstride, kstride, D, n, sc);
                         att_dot_n(doi, vb + (size_t)j0 * kstride, kstride, D, n, dp);
                         for (int c = 0; c < n; c++) {
-                            const float p = (sb && sb[j0 + c] != si)
-                                                ? 0.0f
-                                                : expf(scale * sc[c] - lse_i);
-                            ds[c] = scale * p * (dp[c] - dlt_i);
+                            if (sb && sb[j0 + c] != si) {
+                                ds[c] = 0.0f;
+                                continue;
+                            }
+                            float dx;
+                            const float x = att_score(scale * sc[c], softcap, &dx);
+                            const float p = expf(x - lse_i);
+                            ds[c] = scale * p * (dp[c] - dlt_i) * dx;
                         }
                         att_axpy_n(dqi, ds, kb + (size_t)j0 * kstride, kstride, D, n);
                     }
@@ -338,8 +362,10 @@ void ft_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dou
                                 const size_t oc = off + (size_t)c * qstride;
                                 const float dlt_i =
                                     dlt_bh ? dlt_bh[i] : att_dot(dout + oc, out + oc, D);
-                                p[c] = expf(scale * sc[c] - lse_bh[i]);
-                                ds[c] = scale * p[c] * (dp[c] - dlt_i);
+                                float dx;
+                                const float x = att_score(scale * sc[c], softcap, &dx);
+                                p[c] = expf(x - lse_bh[i]);
+                                ds[c] = scale * p[c] * (dp[c] - dlt_i) * dx;
                             }
                             if (dv) {
                                 att_axpy_n(dv + koff, p, dout + off, qstride, D, n);

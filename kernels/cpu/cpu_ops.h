@@ -38,12 +38,12 @@ void ft_cpu_rope_backward(float *dx, const int32_t *pos, const float *inv_freq, 
 
 void ft_cpu_attention_forward(float *out, float *lse, const float *q, const float *k,
                               const float *v, const int32_t *seg, int B, int T, int Hq,
-                              int Hkv, int D, float scale, int window);
+                              int Hkv, int D, float scale, int window, float softcap);
 void ft_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                                const float *q, const float *k, const float *v,
                                const float *out, const float *lse, const int32_t *seg,
                                int B, int T, int Hq, int Hkv, int D, float scale,
-                               int window);
+                               int window, float softcap);
 
 void ft_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
 void ft_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
@@ -55,13 +55,14 @@ void ft_cpu_geglu_backward(float *dgate, float *dup, const float *dout, const fl
                            const float *up, size_t n);
 
 double ft_cpu_cross_entropy(float *dlogits, const float *logits, const int32_t *targets,
-                            int N, int V, float grad_scale);
+                            int N, int V, float grad_scale, float softcap);
 
 void ft_cpu_add(float *y, const float *x, size_t n);
 void ft_cpu_copy(float *y, const float *x, size_t n);
 void ft_cpu_zero(float *y, size_t n);
 double ft_cpu_sumsq(const float *x, size_t n);
 void ft_cpu_scale(float *x, float s, size_t n);
+void ft_cpu_softcap(float *x, float cap, size_t n);
 
 void ft_cpu_dropout_forward(float *out, const float *x, size_t n, float p, uint64_t seed,
                             uint64_t offset);

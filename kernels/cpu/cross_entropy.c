@@ -11,6 +11,10 @@
  *   dlogits[n,j] = grad_scale * (p_j - [j == t])   for counted rows,
  *   dlogits[n,j] = 0                               for ignored rows.
  * Subtracting the row max keeps every exp in (0, 1]: no overflow for any finite logits.
+ * With softcap c > 0 the logits are capped values z = c tanh(x / c) and the gradient is
+ * w.r.t. x: dlogits[n,j] is also multiplied by 1 - (z_j / c)^2 (tanh' = 1 - tanh^2);
+ * then the first pass only sums and the second recomputes e_j from z_j, which it reads
+ * just before it overwrites it.
  *
  * In place: dlogits may equal logits. Each row reads logits[n,t] first, then the first
  * pass stores e_j = exp(logits[n,j] - m) over element j (read, then write of the same
@@ -29,7 +33,7 @@
 
 /* -log softmax(row)[t]; with d != NULL also writes scale * (softmax - onehot(t)) to d
  * (d may equal row). */
-static double ce_row(float *d, const float *row, int t, int V, float scale)
+static double ce_row(float *d, const float *row, int t, int V, float scale, float cap)
 {
     float xt = row[t];
     float m = row[0];
@@ -37,7 +41,16 @@ static double ce_row(float *d, const float *row, int t, int V, float scale)
     for (int j = 1; j < V; j++)
         m = row[j] > m ? row[j] : m;
     double S = 0.0;
-    if (d) {
+    if (d && cap > 0.0f) {
+        for (int j = 0; j < V; j++)
+            S += expf(row[j] - m);
+        float k = (float)(scale / S);
+        for (int j = 0; j < V; j++) {
+            float z = row[j], u = z / cap;
+            float g = expf(z - m) * k - (j == t ? scale : 0.0f);
+            d[j] = g * (1.0f - u * u);
+        }
+    } else if (d) {
         for (int j = 0; j < V; j++) {
             float e = expf(row[j] - m);
             d[j] = e;
@@ -56,7 +69,7 @@ static double ce_row(float *d, const float *row, int t, int V, float scale)
 }
 
 double ft_cpu_cross_entropy(float *dlogits, const float *logits, const int32_t *targets,
-                            int N, int V, float grad_scale)
+                            int N, int V, float grad_scale, float softcap)
 {
     if (N <= 0 || V <= 0)
         return 0.0;
@@ -76,7 +89,7 @@ double ft_cpu_cross_entropy(float *dlogits, const float *logits, const int32_t *
                         d[j] = 0.0f;
                 continue;
             }
-            acc += ce_row(d, row, t, V, grad_scale);
+            acc += ce_row(d, row, t, V, grad_scale, softcap);
         }
         partial[b] = acc;
     }

@@ -2,12 +2,14 @@
  *
  *   add:   y += x          copy:  y = x          zero:  y = 0
  *   scale: x *= s          sumsq: sum_i x_i^2, accumulated in double (global grad norm)
+ *   softcap: x = cap * tanh(x / cap) (divided, then multiplied, as transformers does)
  *
  * These are memory-bound; OpenMP splits them across threads only when n is large enough
  * to pay for the fork. sumsq must give the same bits whatever the thread count (the grad
  * norm feeds clipping, and a resumed run must repeat its steps exactly): the range is cut
  * into SUMSQ_BLOCKS fixed contiguous pieces, each summed on its own (vectorised within
  * the piece, in a fixed lane order), and the piece sums are added in order. */
+#include <math.h>
 #include <string.h>
 
 #include "cpu_ops.h"
@@ -75,6 +77,14 @@ double ft_cpu_sumsq(const float *x, size_t n)
     for (int b = 0; b < nblocks; b++)
         s += partial[b];
     return s;
+}
+
+void ft_cpu_softcap(float *x, float cap, size_t n)
+{
+    long len = (long)n;
+#pragma omp parallel for schedule(static) if (len >= PAR_MIN)
+    for (long i = 0; i < len; i++)
+        x[i] = tanhf(x[i] / cap) * cap;
 }
 
 void ft_cpu_scale(float *x, float s, size_t n)

@@ -12,6 +12,8 @@
  *
  * Mask: query token i of row b attends to key token j when j <= i, seg[b,j] == seg[b,i]
  * (with seg ids) and i - j < window (when window > 0). j = i is always allowed.
+ * With softcap > 0 every S_ij below is softcap * tanh(scale q_i . k_j / softcap), and
+ * the backward's dS_ij is multiplied by its derivative 1 - tanh^2 (att_score).
  *
  * Forward, per (b, h, i), over allowed j in increasing order:
  *   S_ij = scale * q_i . k_j,   lse_i = log sum_j exp(S_ij),   o_i = sum_j P_ij v_j
@@ -128,7 +130,8 @@ template <int NT> __global__ void __launch_bounds__(ATT_THREADS) att_forward_ker
             continue;
         const size_t koff = kbase + (size_t)j * kstride;
         att_load(kr, a.k, koff, lane, D);
-        const float s = a.scale * att_dot(qr, kr);
+        float unused;
+        const float s = att_score(a.scale * att_dot(qr, kr), a.softcap, &unused);
         float p;
         if (s > m) {
             /* exp(-inf) = 0 on the first key: acc and l are still 0. */
@@ -195,9 +198,10 @@ template <int NT> __global__ void __launch_bounds__(ATT_THREADS) att_dq_kernel(a
         const size_t koff = kbase + (size_t)j * kstride;
         att_load(kr, a.k, koff, lane, D);
         att_load(vr, a.v, koff, lane, D);
-        const float s = a.scale * att_dot(qr, kr);
+        float dx;
+        const float s = att_score(a.scale * att_dot(qr, kr), a.softcap, &dx);
         const float dp = att_dot(dor, vr);
-        const float ds = expf(s - lse_i) * (dp - dlt);
+        const float ds = expf(s - lse_i) * (dp - dlt) * dx;
 #pragma unroll
         for (int t = 0; t < NT; t++)
             acc[t] += ds * kr[t];
@@ -247,11 +251,12 @@ template <int NT> __global__ void __launch_bounds__(ATT_THREADS) att_dkdv_kernel
             att_load(qr, a.q, qoff, lane, D);
             att_load(dor, a.dout, qoff, lane, D);
             att_load(orow, a.out, qoff, lane, D);
-            const float s = a.scale * att_dot(kr, qr);
+            float dx;
+            const float s = att_score(a.scale * att_dot(kr, qr), a.softcap, &dx);
             const float dp = att_dot(vr, dor);
             const float dlt = att_dot(dor, orow);
             const float p = expf(s - lse_bh[i]);
-            const float ds = p * (dp - dlt);
+            const float ds = p * (dp - dlt) * dx;
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 dv_acc[t] += p * dor[t];
@@ -301,7 +306,7 @@ void att_launch(const att_kernel *kernels, const att_args &a, size_t nrows)
 
 /* The shared part of both entry points; returns 0 when there is nothing to do. */
 int att_setup(att_args &a, ft_tensor seg, int B, int T, int Hq, int Hkv, int D,
-              float scale, int window)
+              float scale, int window, float softcap)
 {
     if (B <= 0 || T <= 0 || Hq <= 0 || Hkv <= 0 || D <= 0)
         return 0;
@@ -318,6 +323,7 @@ int att_setup(att_args &a, ft_tensor seg, int B, int T, int Hq, int Hkv, int D,
     a.D = D;
     a.scale = scale;
     a.window = window;
+    a.softcap = softcap;
     return 1;
 }
 
@@ -338,10 +344,10 @@ const char *ft_cuda_attention_kernel(ft_dtype dtype, int D)
 
 void ft_cuda_attention_forward(ft_tensor out, ft_tensor lse, ft_tensor q, ft_tensor k,
                                ft_tensor v, ft_tensor seg, int B, int T, int Hq, int Hkv,
-                               int D, float scale, int window)
+                               int D, float scale, int window, float softcap)
 {
     att_args a = {};
-    if (!att_setup(a, seg, B, T, Hq, Hkv, D, scale, window))
+    if (!att_setup(a, seg, B, T, Hq, Hkv, D, scale, window, softcap))
         return;
     a.q = fv(q);
     a.k = fv(k);
@@ -358,10 +364,10 @@ void ft_cuda_attention_forward(ft_tensor out, ft_tensor lse, ft_tensor q, ft_ten
 void ft_cuda_attention_backward(ft_tensor dq, ft_tensor dk, ft_tensor dv, ft_tensor dout,
                                 ft_tensor q, ft_tensor k, ft_tensor v, ft_tensor out,
                                 ft_tensor lse, ft_tensor seg, int B, int T, int Hq, int Hkv,
-                                int D, float scale, int window)
+                                int D, float scale, int window, float softcap)
 {
     att_args a = {};
-    if (!att_setup(a, seg, B, T, Hq, Hkv, D, scale, window))
+    if (!att_setup(a, seg, B, T, Hq, Hkv, D, scale, window, softcap))
         return;
     a.q = fv(q);
     a.k = fv(k);

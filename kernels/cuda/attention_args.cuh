@@ -16,7 +16,22 @@ struct att_args {
     int B, T, Hq, Hkv, G, D;
     float scale;
     int window;
+    float softcap; /* > 0: S = softcap * tanh(scale q.k / softcap) */
 };
+
+/* The score of a scaled dot product x: x, or softcap * tanh(x / softcap) (divided, then
+ * multiplied, as transformers' eager attention does); *dx gets d score / d x
+ * (1 - tanh^2), the factor the backward applies to dS. */
+__device__ __forceinline__ float att_score(float x, float softcap, float *dx)
+{
+    if (softcap <= 0.0f) {
+        *dx = 1.0f;
+        return x;
+    }
+    const float t = tanhf(x / softcap);
+    *dx = 1.0f - t * t;
+    return softcap * t;
+}
 
 /* First key token query i may see (the causal upper bound is i itself). */
 __device__ __forceinline__ int att_first_key(int i, int window)

@@ -3,8 +3,11 @@
  * with target t and m = max_j logits[j]:
  *   S = sum_j exp(logits[j] - m) (double),  loss = (m - logits[t]) + log S
  *   dlogits[j] = grad_scale * exp(logits[j] - m) / S - [j == t] grad_scale
- * and dlogits = 0 on rows not counted. dlogits may alias logits: every thread reads the
- * row (max, then S) before any thread writes it, the block sums' barriers in between.
+ * and dlogits = 0 on rows not counted. softcap > 0: the logits are capped values
+ * z = softcap tanh(x / softcap) and dlogits[j] is also multiplied by 1 - (z_j / softcap)^2,
+ * the gradient w.r.t. x (each thread reads its z_j just before it overwrites it).
+ * dlogits may alias logits: every thread reads the row (max, then S) before any thread
+ * writes it, the block sums' barriers in between.
  *
  * Determinism, as on the CPU: the rows are cut into CE_BLOCKS fixed contiguous ranges,
  * one block each; a block adds its rows' losses in order (double) into the scratch, and
@@ -17,7 +20,7 @@
 
 __global__ void cross_entropy_kernel(double *partial, fview dlogits, fview logits,
                                      const int32_t *targets, int N, int V, float grad_scale,
-                                     int nblocks)
+                                     float softcap, int nblocks)
 {
     __shared__ float shm_f[32];
     __shared__ double shm_d[32];
@@ -45,8 +48,14 @@ __global__ void cross_entropy_kernel(double *partial, fview dlogits, fview logit
         if (dlogits.p) {
             float k = (float)(grad_scale / S);
             for (int j = threadIdx.x; j < V; j += blockDim.x) {
-                float d = __fmul_rn(expf(ld(logits, row + j) - m), k);
-                st(dlogits, row + j, j == t ? d - grad_scale : d);
+                float z = ld(logits, row + j);
+                float d = __fmul_rn(expf(z - m), k);
+                d = j == t ? d - grad_scale : d;
+                if (softcap > 0.0f) {
+                    float u = z / softcap;
+                    d *= 1.0f - u * u;
+                }
+                st(dlogits, row + j, d);
             }
             /* the next row's reads must not pass this row's writes (in-place) */
             __syncthreads();
@@ -58,7 +67,7 @@ __global__ void cross_entropy_kernel(double *partial, fview dlogits, fview logit
 }
 
 extern "C" double ft_cuda_cross_entropy(ft_tensor dlogits, ft_tensor logits, ft_tensor targets,
-                                        int N, int V, float grad_scale)
+                                        int N, int V, float grad_scale, float softcap)
 {
     if (N <= 0 || V <= 0)
         return 0.0;
@@ -67,7 +76,7 @@ extern "C" double ft_cuda_cross_entropy(ft_tensor dlogits, ft_tensor logits, ft_
     int nblocks = N < CE_BLOCKS ? N : CE_BLOCKS;
     FT_LAUNCH(cross_entropy_kernel, nblocks, CE_THREADS, 0, s)(
         partial, fv(dlogits), fv(logits), (const int32_t *)targets.data, N, V, grad_scale,
-        nblocks);
+        softcap, nblocks);
     LAUNCH_CHECK();
     return ft_cuda_sum_partials(partial, nblocks);
 }

@@ -65,11 +65,11 @@ const char *ft_cuda_attention_kernel(ft_dtype dtype, int D);
 size_t ft_cuda_flash_attention_smem(int D);
 void ft_cuda_attention_forward(ft_tensor out, ft_tensor lse, ft_tensor q, ft_tensor k,
                                ft_tensor v, ft_tensor seg, int B, int T, int Hq, int Hkv,
-                               int D, float scale, int window);
+                               int D, float scale, int window, float softcap);
 void ft_cuda_attention_backward(ft_tensor dq, ft_tensor dk, ft_tensor dv, ft_tensor dout,
                                 ft_tensor q, ft_tensor k, ft_tensor v, ft_tensor out,
                                 ft_tensor lse, ft_tensor seg, int B, int T, int Hq, int Hkv,
-                                int D, float scale, int window);
+                                int D, float scale, int window, float softcap);
 
 /* swiglu.cu */
 void ft_cuda_swiglu_forward(ft_tensor out, ft_tensor gate, ft_tensor up, size_t n);
@@ -83,7 +83,7 @@ void ft_cuda_geglu_backward(ft_tensor dgate, ft_tensor dup, ft_tensor dout, ft_t
 
 /* cross_entropy.cu: the loss is summed in double and read back (waits). */
 double ft_cuda_cross_entropy(ft_tensor dlogits, ft_tensor logits, ft_tensor targets, int N,
-                             int V, float grad_scale);
+                             int V, float grad_scale, float softcap);
 
 /* elementwise.cu: copy converts between fp32 and bf16; sumsq waits for its result. */
 void ft_cuda_add(ft_tensor y, ft_tensor x, size_t n);
@@ -91,6 +91,7 @@ void ft_cuda_copy(ft_tensor y, ft_tensor x, size_t n);
 void ft_cuda_zero(ft_tensor y, size_t n);
 double ft_cuda_sumsq(ft_tensor x, size_t n);
 void ft_cuda_scale(ft_tensor x, float s, size_t n);
+void ft_cuda_softcap(ft_tensor x, float cap, size_t n);
 
 /* dropout.cu: the same counter-based mask as kernels/cpu/dropout.c, bit for bit. */
 void ft_cuda_dropout_forward(ft_tensor out, ft_tensor x, size_t n, float p, uint64_t seed,

@@ -1,5 +1,6 @@
 /* Elementwise ops on the GPU (kernels/cpu/elementwise.c's twin):
  *   add: y += x   copy: y = x (also fp32 <-> bf16)   zero: y = 0   scale: x *= s
+ *   softcap: x = cap * tanh(x / cap)
  *   sumsq: sum_i x_i^2 in double
  * sumsq feeds gradient clipping, so it must not change from run to run: a fixed grid of
  * SUMSQ_BLOCKS blocks (so each thread's grid-stride share is fixed) sums in double into
@@ -27,6 +28,12 @@ __global__ void scale_kernel(fview x, float s, size_t n)
 {
     GRID_STRIDE(i, n)
     st(x, i, ld(x, i) * s);
+}
+
+__global__ void softcap_kernel(fview x, float cap, size_t n)
+{
+    GRID_STRIDE(i, n)
+    st(x, i, tanhf(ld(x, i) / cap) * cap);
 }
 
 __global__ void sumsq_partial_kernel(double *partial, fview x, size_t n)
@@ -81,6 +88,15 @@ extern "C" void ft_cuda_scale(ft_tensor x, float s, size_t n)
         return;
     FT_LAUNCH(scale_kernel, grid_for(n, EW_THREADS), EW_THREADS, 0, ft_cuda_stream())(fv(x), s,
                                                                                     n);
+    LAUNCH_CHECK();
+}
+
+extern "C" void ft_cuda_softcap(ft_tensor x, float cap, size_t n)
+{
+    if (n == 0)
+        return;
+    FT_LAUNCH(softcap_kernel, grid_for(n, EW_THREADS), EW_THREADS, 0, ft_cuda_stream())(
+        fv(x), cap, n);
     LAUNCH_CHECK();
 }
 

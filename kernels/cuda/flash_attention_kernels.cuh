@@ -18,6 +18,8 @@
  *            dP^T = V dO^T, P^T and dS^T rounded to bf16,
  *            dV += P^T dO, dK += dS^T Q                     (dK, dV in registers)
  * with Dlt_i = dO_i . o_i recomputed from out and dout for each tile (no workspace).
+ * With a softcap (att_args.softcap > 0) each scaled score goes through att_score before
+ * the mask and softmax, in fp32, and dS is multiplied by its derivative.
  * Like attention.cu, the backward has no atomics: dq is summed by the block of its
  * query rows and dk, dv by the block of their keys, in a fixed order, so a backward
  * repeats bit for bit. The scores are computed twice in backward (once per pass),
@@ -214,7 +216,9 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS) fa_forward_kernel
         for (int c = 0; c < 32; c++) {
             int col = half * 32 + c;
             bool ok = fa_allowed(i, j0 + col, a.T, a.window, segq[r], segk[col]);
-            s[c] = ok ? a.scale * Ss[r * FA_LS + col] : -INFINITY;
+            float unused;
+            s[c] = ok ? att_score(a.scale * Ss[r * FA_LS + col], a.softcap, &unused)
+                      : -INFINITY;
             tile_max = fmaxf(tile_max, s[c]);
         }
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
@@ -302,8 +306,10 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS) fa_dq_kernel(att_
             int col = half * 32 + c;
             float ds = 0.0f;
             if (fa_allowed(i, j0 + col, a.T, a.window, segq[r], segk[col])) {
-                float p = __expf(a.scale * Ss[r * FA_LS + col] - lse_s[r]);
-                ds = p * (dPs[r * FA_LS + col] - dlt_s[r]);
+                float dx;
+                float p = __expf(att_score(a.scale * Ss[r * FA_LS + col], a.softcap, &dx) -
+                                 lse_s[r]);
+                ds = p * (dPs[r * FA_LS + col] - dlt_s[r]) * dx;
             }
             dSs[r * FA_LP + col] = __float2bfloat16_rn(ds);
         }
@@ -364,8 +370,10 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS) fa_dkdv_kernel(at
                 int col = half * 32 + c; /* query i0 + col */
                 float p = 0.0f, ds = 0.0f;
                 if (j < a.T && fa_allowed(i0 + col, j, a.T, a.window, segq[col], segk[r])) {
-                    p = __expf(a.scale * Ss[r * FA_LS + col] - lse_s[col]);
-                    ds = p * (dPs[r * FA_LS + col] - dlt_s[col]);
+                    float dx;
+                    p = __expf(att_score(a.scale * Ss[r * FA_LS + col], a.softcap, &dx) -
+                               lse_s[col]);
+                    ds = p * (dPs[r * FA_LS + col] - dlt_s[col]) * dx;
                 }
                 Ps[r * FA_LP + col] = __float2bfloat16_rn(p);
                 dSs[r * FA_LP + col] = __float2bfloat16_rn(ds);

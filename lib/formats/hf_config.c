@@ -1,58 +1,81 @@
 /* Reads a Hugging Face config.json of the dense decoder families (model_type "llama",
- * "mistral", "qwen2", "granite", "gemma", "phi3", "smollm3") into ft_model_config, and
- * computes the RoPE inverse frequencies the way transformers does.
+ * "mistral", "qwen2", "qwen3", "granite", "gemma", "gemma2", "olmo2", "phi3", "smollm3") into
+ * ft_model_config, and computes the RoPE inverse frequencies the way transformers does.
  *
  * Defaults are those of transformers' LlamaConfig, MistralConfig, Qwen2Config,
- * GraniteConfig, GemmaConfig, Phi3Config and SmolLM3Config, so a config.json means here
- * what it means to AutoModelForCausalLM:
+ * Qwen3Config, GraniteConfig, GemmaConfig, Gemma2Config, Olmo2Config, Phi3Config and
+ * SmolLM3Config, so a config.json means here what it means to AutoModelForCausalLM (gemma2:
+ * as gemma where not said otherwise):
  *
- *   key                       llama   mistral        qwen2    granite   gemma   phi3  smollm3
- *   num_key_value_heads       = heads 8 (*)          32 (*)   = heads   16 (*)  = h.  4 (*)
- *                             (null: = heads)
- *   head_dim                  hidden / heads (must divide exactly when absent); gemma 256
- *                             when absent; granite always hidden / heads (head_dim, when
- *                             present, must equal it: GraniteAttention ignores the key)
- *   max_position_embeddings   2048    131072         32768    2048      8192    4096  32768
- *   sliding_window            not read 4096 (null: none)  only with use_sliding_window
- *                             (phi3: none when absent; smollm3: use_sliding_window refused)
- *   tie_word_embeddings       false, but gemma and smollm3 (true)
- *   rms_norm_eps 1e-6 (phi3 1e-5), rope_theta 10000
+ *   key                      llama  mistral  qwen2   qwen3   granite  gemma   gemma2  olmo2
+ *   num_key_value_heads      =heads 8 (*)    32 (*)  32 (*)  =heads   16 (*)  4 (*)   =heads
+ *                            phi3 =heads, smollm3 4 (*) (null: = heads everywhere)
+ *   head_dim                 hidden / heads (must divide exactly when absent); gemma and
+ *                            gemma2 256 and qwen3 128 when absent; granite always
+ *                            hidden / heads (head_dim, when present, must equal it:
+ *                            GraniteAttention ignores the key)
+ *   max_position_embeddings  2048   131072   32768   32768   2048     8192    8192    2048
+ *                            phi3 4096, smollm3 32768
+ *   sliding_window           mistral 4096 (null: none); phi3 none when absent; gemma2 4096
+ *                            on its even layers (null refused); qwen2, qwen3 only with
+ *                            use_sliding_window; smollm3's use_sliding_window refused; the
+ *                            others do not read it
+ *   rms_norm_eps             1e-6, but olmo2 and phi3 1e-5
+ *   tie_word_embeddings false everywhere but gemma, gemma2 and smollm3 (true); rope_theta
+ *                            10000
+ *   gemma2: query_pre_attn_scalar 256, attn_logit_softcapping 50,
+ *           final_logit_softcapping 30
  *   (*) absent only; an explicit null means "= num_attention_heads", as in transformers.
+ *
+ * The block: llama's RMSNorms before the attention (input_layernorm) and the MLP
+ * (post_attention_layernorm) everywhere but olmo2 and gemma2. olmo2's norms are after each
+ * branch (post_attention_layernorm, post_feedforward_layernorm; no pre-norms); gemma2 has
+ * both on each branch (input_layernorm, post_attention_layernorm,
+ * pre_feedforward_layernorm, post_feedforward_layernorm); q and k RMSNorm before RoPE in
+ * qwen3 (self_attn.q_norm / k_norm, each head's head_dim) and olmo2 (the whole
+ * projection). These are fixed by model_type, no key switches them.
  *
  * Keys that change the math, and what happens to them:
  *   honoured: vocab_size, hidden_size, intermediate_size, num_hidden_layers,
  *     num_attention_heads, num_key_value_heads, head_dim, rms_norm_eps, rope_theta,
  *     rope_scaling / rope_parameters (default, linear, llama3), tie_word_embeddings,
- *     attention_bias and mlp_bias (llama, granite; attention_bias for gemma),
- *     sliding_window (mistral), the fixed q/k/v bias of qwen2; granite's
- *     embedding_multiplier, residual_multiplier, attention_multiplier (the softmax scale,
- *     replacing 1/sqrt(head_dim)) and logits_scaling (logits divided by it), each a
+ *     attention_bias and mlp_bias (llama, granite; attention_bias for gemma, gemma2,
+ *     qwen3, olmo2), sliding_window (mistral, gemma2), the fixed q/k/v bias of qwen2;
+ *     granite's embedding_multiplier, residual_multiplier, attention_multiplier (the
+ *     softmax scale, replacing 1/sqrt(head_dim)) and logits_scaling (logits divided by it), each a
  *     positive number, 1 when absent; gemma's fixed rules: norm weights applied as 1 + w,
  *     embeddings times sqrt(hidden_size) (rounded to the activation dtype), GeGLU;
+ *     gemma2's, the same plus its keys: query_pre_attn_scalar (attention scale
+ *     query_pre_attn_scalar^-0.5), attn_logit_softcapping and final_logit_softcapping
+ *     (null: no cap), sliding_window with layer_types (which must be the alternation 4.46
+ *     applies: sliding on even layers), hidden_activation (gelu_pytorch_tanh only;
+ *     hidden_act is not read);
  *     phi3: fused qkv_proj / gate_up_proj weights (fixed), partial_rotary_factor (rope
  *     dict, else top level), rope type longrope (su, yarn: its old names; read_longrope
  *     says how), sliding_window; smollm3: no_rope_layers / no_rope_layer_interval
  *     (read_nope_layers), attention_bias and mlp_bias.
- *   the activation: hidden_act silu/swish (llama, mistral, qwen2, granite); for gemma,
+ *   the activation: hidden_act silu/swish (all but gemma and gemma2); for gemma,
  *     transformers 4.46 applies hidden_activation (null: gelu_pytorch_tanh, hidden_act
  *     ignored) and transformers 5 hidden_act (default gelu_pytorch_tanh, legacy "gelu"
  *     read as it): it must be gelu_pytorch_tanh under both readings (4.46's:
  *     hidden_activation when set, else hidden_act, default gelu_pytorch_tanh).
  *   rejected unless neutral: other activations; attention_dropout != 0
  *     (training would drop attention weights), phi3's resid_pdrop and embd_pdrop != 0;
- *     other rope types (dynamic, ntk, yarn, longrope outside phi3, ...), for gemma any
+ *     other rope types (dynamic, ntk, yarn, longrope outside phi3, ...), for gemma(2) any
  *     but the default (4.46's Gemma reads rope_theta only), for phi3 any but default and
- *     longrope (Phi3Config's rule); partial_rotary_factor != 1 outside phi3; qwen2 and
- *     smollm3 use_sliding_window = true;
- *     layer_types with an entry the model cannot run (sliding layers outside mistral,
- *     mixed layers in mistral); per-layer-type rope_parameters; attention_bias/mlp_bias =
- *     true where the family's modeling code has no such switch (mistral, qwen2, phi3;
- *     mlp_bias for gemma): the checkpoint would not match the model; quantization_config other
+ *     longrope (Phi3Config's rule); partial_rotary_factor != 1 outside phi3; qwen2, qwen3
+ *     and smollm3 use_sliding_window = true;
+ *     layer_types with an entry the model cannot run (sliding layers outside mistral, phi3
+ *     and gemma2, mixed layers in mistral and phi3, another pattern in gemma2);
+ *     per-layer-type rope_parameters; gemma2 sliding_window null,
+ *     use_bidirectional_attention true; attention_bias/mlp_bias = true where the family's
+ *     modeling code has no such switch (mistral, qwen2, phi3; mlp_bias for gemma, gemma2,
+ *     qwen3, olmo2): the checkpoint would not match the model; quantization_config other
  *     than bitsandbytes' (lib/formats/quant_io.c reads that one: the weights stay
  *     quantized in the checkpoint).
  *   rejected when present (keys of other families, which the model would silently
  *     drop although the checkpoint was trained with them): attn_logit_softcapping,
- *     final_logit_softcapping, query_pre_attn_scalar (Gemma 2), attention_multiplier
+ *     final_logit_softcapping, query_pre_attn_scalar (outside gemma2), attention_multiplier
  *     (outside granite), scale_depth (MiniCPM), num_experts, num_local_experts (MoE);
  *     embedding_multiplier, residual_multiplier, logits_scaling (outside granite),
  *     scale_emb unless 1; use_qk_norm, qk_layernorm, use_parallel_residual,
@@ -88,8 +111,11 @@ typedef enum family_kind {
     FAM_LLAMA = 0,
     FAM_MISTRAL,
     FAM_QWEN2,
+    FAM_QWEN3,
     FAM_GRANITE,
     FAM_GEMMA,
+    FAM_GEMMA2,
+    FAM_OLMO2,
     FAM_PHI3,
     FAM_SMOLLM3
 } family_kind;
@@ -99,23 +125,44 @@ typedef struct model_defaults {
     family_kind family;
     int max_position_embeddings;
     int kv_heads_if_absent;       /* 0: num_attention_heads */
-    int sliding_window_if_absent; /* mistral only: the others do not read the key */
+    int sliding_window_if_absent; /* mistral, gemma2: the others do not read the key */
     int head_dim_if_absent;       /* 0: hidden_size / num_attention_heads */
     bool tie_if_absent;           /* tie_word_embeddings' default */
-    double rms_eps_if_absent;     /* 0: 1e-6 */
+    double rms_norm_eps_if_absent;
+    /* the block: its branch norms' module names (ft_model_config.norm_name) and q/k norm */
+    const char *const *norms;
+    ft_qk_norm qk_norm;
 } model_defaults;
 
+/* Branch norms (ft_branch_norm order: attention pre, attention post, MLP pre, MLP post).
+ * Llama's block norms each branch's input; OLMo2's each branch's output, under the names
+ * llama gives its pre-norms (post_attention_layernorm is the attention's post-norm there,
+ * the MLP's pre-norm in llama). */
+static const char *const PRE_NORMS[FT_NBRANCH_NORMS] = {"input_layernorm", "",
+                                                        "post_attention_layernorm", ""};
+static const char *const OLMO2_NORMS[FT_NBRANCH_NORMS] = {"", "post_attention_layernorm", "",
+                                                          "post_feedforward_layernorm"};
+/* Gemma 2: both on each branch (post_attention_layernorm is the attention's post-norm, as
+ * in OLMo2, and pre_feedforward_layernorm the MLP's pre-norm). */
+static const char *const GEMMA2_NORMS[FT_NBRANCH_NORMS] = {
+    "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+    "post_feedforward_layernorm"};
+
 static const model_defaults MODEL_DEFAULTS[] = {
-    {"llama", FAM_LLAMA, 2048, 0, 0, 0, false, 0},
-    {"mistral", FAM_MISTRAL, 4096 * 32, 8, 4096, 0, false, 0},
-    {"qwen2", FAM_QWEN2, 32768, 32, 0, 0, false, 0},
-    {"granite", FAM_GRANITE, 2048, 0, 0, 0, false, 0},
-    {"gemma", FAM_GEMMA, 8192, 16, 0, 256, true, 0},
-    {"phi3", FAM_PHI3, 4096, 0, 0, 0, false, 1e-5},
-    {"smollm3", FAM_SMOLLM3, 32768, 4, 0, 0, true, 0},
+    {"llama", FAM_LLAMA, 2048, 0, 0, 0, false, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
+    {"mistral", FAM_MISTRAL, 4096 * 32, 8, 4096, 0, false, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
+    {"qwen2", FAM_QWEN2, 32768, 32, 0, 0, false, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
+    {"qwen3", FAM_QWEN3, 32768, 32, 0, 128, false, 1e-6, PRE_NORMS, FT_QK_NORM_HEAD},
+    {"granite", FAM_GRANITE, 2048, 0, 0, 0, false, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
+    {"gemma", FAM_GEMMA, 8192, 16, 0, 256, true, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
+    {"gemma2", FAM_GEMMA2, 8192, 4, 4096, 256, true, 1e-6, GEMMA2_NORMS, FT_QK_NORM_NONE},
+    {"olmo2", FAM_OLMO2, 2048, 0, 0, 0, false, 1e-5, OLMO2_NORMS, FT_QK_NORM_PROJ},
+    {"phi3", FAM_PHI3, 4096, 0, 0, 0, false, 1e-5, PRE_NORMS, FT_QK_NORM_NONE},
+    {"smollm3", FAM_SMOLLM3, 32768, 4, 0, 0, true, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
 };
 
-#define SUPPORTED_TYPES "llama, mistral, qwen2, granite, gemma, phi3, smollm3"
+#define SUPPORTED_TYPES                                                                        \
+    "llama, mistral, qwen2, qwen3, granite, gemma, gemma2, olmo2, phi3, smollm3"
 
 /* Keys of other families that must be absent, neutral, or null (quantization_config:
  * or bitsandbytes'). */
@@ -278,18 +325,22 @@ static int read_eos(const char *path, const json_t *root, ft_model_config *cfg, 
     return 0;
 }
 
-/* Granite's own keys (read by read_family_scales) and phi3's partial_rotary_factor (read
- * by read_rope), not foreign to them. */
+/* A family's own keys, not foreign to it: granite's multipliers and gemma2's soft-caps and
+ * query_pre_attn_scalar (read by read_family_scales), phi3's partial_rotary_factor (read by
+ * read_rope). */
 static bool family_owns(const model_defaults *md, const char *key)
 {
     static const char *const granite[] = {"attention_multiplier", "embedding_multiplier",
-                                          "residual_multiplier", "logits_scaling"};
-    if (md->family == FAM_PHI3)
-        return strcmp(key, "partial_rotary_factor") == 0;
-    if (md->family != FAM_GRANITE)
-        return false;
-    for (size_t i = 0; i < sizeof granite / sizeof granite[0]; i++)
-        if (strcmp(key, granite[i]) == 0)
+                                          "residual_multiplier", "logits_scaling", NULL};
+    static const char *const gemma2[] = {"attn_logit_softcapping", "final_logit_softcapping",
+                                         "query_pre_attn_scalar", NULL};
+    static const char *const phi3[] = {"partial_rotary_factor", NULL};
+    const char *const *own = md->family == FAM_GRANITE ? granite
+                             : md->family == FAM_GEMMA2 ? gemma2
+                             : md->family == FAM_PHI3   ? phi3
+                                                        : NULL;
+    for (size_t i = 0; own && own[i]; i++)
+        if (strcmp(key, own[i]) == 0)
             return true;
     return false;
 }
@@ -628,7 +679,7 @@ static int check_layer_types(const char *path, const json_t *root, const ft_mode
                              ft_err *err)
 {
     json_t *v = get_opt(root, "layer_types");
-    if (!v)
+    if (!v || strcmp(cfg->model_type, "gemma2") == 0) /* gemma2: read_gemma2_layers */
         return 0;
     if (!json_is_array(v))
         return ft_fail(err, "%s: 'layer_types': expected an array, got %s", path, json_kind(v));
@@ -641,6 +692,65 @@ static int check_layer_types(const char *path, const json_t *root, const ft_mode
             return ft_fail(err, "%s: 'layer_types'[%zu]: only '%s' layers are supported here "
                            "(got %s)", path, i, want, t ? t : json_kind(e));
     }
+    return 0;
+}
+
+/* gemma2's windows: sliding_window (default 4096) on the layers layer_types calls
+ * "sliding_attention". transformers 4.46 ignores layer_types and slides on the even
+ * layers (0, 2, ...), which is also the list later versions write when it is absent:
+ * a list that differs from it would be read two ways, and is refused. */
+static int read_gemma2_layers(const char *path, const json_t *root, ft_model_config *cfg,
+                              ft_err *err)
+{
+    json_t *v = json_object_get(root, "sliding_window");
+    cfg->sliding_window = 4096;
+    if (v && json_is_null(v))
+        return ft_fail(err, "%s: 'sliding_window' is null: gemma2 without a window on its "
+                       "sliding layers is not supported", path);
+    if (v && read_int(path, "sliding_window", v, 1, INT_MAX, &cfg->sliding_window, err))
+        return -1;
+    if (cfg->num_layers > FT_MAX_LAYER_TYPES)
+        return ft_fail(err, "%s: 'num_hidden_layers': %d layers with per-layer attention types "
+                       "are more than the %d supported", path, cfg->num_layers,
+                       FT_MAX_LAYER_TYPES);
+    for (int l = 0; l < cfg->num_layers; l++)
+        cfg->layer_full_attention[l] = l % 2 != 0;
+    v = get_opt(root, "layer_types");
+    if (!v)
+        return 0;
+    if (!json_is_array(v))
+        return ft_fail(err, "%s: 'layer_types': expected an array, got %s", path, json_kind(v));
+    if (json_array_size(v) != (size_t)cfg->num_layers)
+        return ft_fail(err, "%s: 'layer_types': %zu entries for %d layers", path,
+                       json_array_size(v), cfg->num_layers);
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e) {
+        const char *t = json_string_value(e);
+        const char *want = i % 2 ? "full_attention" : "sliding_attention";
+        if (!t || strcmp(t, want) != 0)
+            return ft_fail(err, "%s: 'layer_types'[%zu]: %s, but only gemma2's alternation "
+                           "(sliding_attention on even layers, full_attention on odd ones, "
+                           "which transformers 4.46 applies whatever the list says) is "
+                           "supported", path, i, t ? t : json_kind(e));
+    }
+    return 0;
+}
+
+/* Qwen2 and Qwen3: sliding_window is read only with use_sliding_window, which is refused
+ * (their sliding layers are not implemented); a window size beside use_sliding_window
+ * false, as their checkpoints carry it, means nothing. */
+static int check_use_sliding_window(const char *path, const json_t *root, const char *type,
+                                    ft_err *err)
+{
+    bool use_sw = false;
+    json_t *v;
+    if ((v = get_opt(root, "use_sliding_window")) &&
+        read_bool(path, "use_sliding_window", v, &use_sw, err))
+        return -1;
+    if (use_sw)
+        return ft_fail(err, "%s: 'use_sliding_window' is true: sliding-window attention is "
+                       "not supported for model_type '%s'", path, type);
     return 0;
 }
 
@@ -665,15 +775,20 @@ static int read_attention_options(const char *path, const json_t *root,
                        "(must be 0)", path, dropout);
 
     cfg->sliding_window = 0;
-    if (md->family == FAM_LLAMA || md->family == FAM_GRANITE || md->family == FAM_GEMMA ||
-        md->family == FAM_SMOLLM3) {
-        /* attention_bias on q, k, v and o; mlp_bias on gate, up, down (not gemma's MLP) */
-        if (mlp_bias && md->family == FAM_GEMMA)
+    bool has_mlp_bias = md->family == FAM_LLAMA || md->family == FAM_GRANITE ||
+                        md->family == FAM_SMOLLM3;
+    if (has_mlp_bias || md->family == FAM_GEMMA || md->family == FAM_GEMMA2 ||
+        md->family == FAM_QWEN3 || md->family == FAM_OLMO2) {
+        /* attention_bias on q, k, v and o; mlp_bias on gate, up, down (llama, granite,
+         * smollm3) */
+        if (mlp_bias && !has_mlp_bias)
             return ft_fail(err, "%s: 'mlp_bias' is true, but model_type '%s' has no such "
                            "option", path, type);
         cfg->qkv_bias = cfg->o_bias = attention_bias;
         cfg->mlp_bias = mlp_bias;
-        return 0;
+        if (md->family == FAM_GEMMA2)
+            return read_gemma2_layers(path, root, cfg, err);
+        return md->family == FAM_QWEN3 ? check_use_sliding_window(path, root, type, err) : 0;
     }
     if (attention_bias)
         return ft_fail(err, "%s: 'attention_bias' is true, but model_type '%s' has no such "
@@ -693,14 +808,7 @@ static int read_attention_options(const char *path, const json_t *root,
     }
     /* qwen2: bias on q, k, v (not o); sliding window only with use_sliding_window. */
     cfg->qkv_bias = true;
-    bool use_sw = false;
-    if ((v = get_opt(root, "use_sliding_window")) &&
-        read_bool(path, "use_sliding_window", v, &use_sw, err))
-        return -1;
-    if (use_sw)
-        return ft_fail(err, "%s: 'use_sliding_window' is true: Qwen2 sliding-window attention "
-                       "is not supported", path);
-    return 0;
+    return check_use_sliding_window(path, root, type, err);
 }
 
 static int read_dtype(const char *path, const json_t *root, ft_model_config *cfg, ft_err *err)
@@ -724,16 +832,29 @@ static int read_dtype(const char *path, const json_t *root, ft_model_config *cfg
     return 0;
 }
 
-/* The MLP activation. llama, mistral, qwen2, granite: hidden_act silu (swish), the
- * default. gemma: transformers 4.46's GemmaMLP applies hidden_activation, and
- * gelu_pytorch_tanh when that is null (ignoring hidden_act, with a warning); transformers
- * 5 applies hidden_act (default gelu_pytorch_tanh; its GemmaConfig turns the legacy
- * "gelu" into gelu_pytorch_tanh) and ignores hidden_activation. A file on which the two
- * readings differ is refused rather than guessed. */
+/* The MLP activation. Every family but gemma and gemma2: hidden_act silu (swish), the
+ * default. gemma2: hidden_activation (see below). gemma: transformers 4.46's GemmaMLP
+ * applies hidden_activation, and gelu_pytorch_tanh when that is null (ignoring hidden_act,
+ * with a warning); transformers 5 applies hidden_act (default gelu_pytorch_tanh; its
+ * GemmaConfig turns the legacy "gelu" into gelu_pytorch_tanh) and ignores
+ * hidden_activation. A file on which the two readings differ is refused rather than
+ * guessed. */
 static int read_activation(const char *path, const json_t *root, const model_defaults *md,
                            ft_model_config *cfg, ft_err *err)
 {
     json_t *v;
+    if (md->family == FAM_GEMMA2) {
+        /* Gemma2MLP (4.46 and later) applies hidden_activation; hidden_act is not read */
+        const char *act = "gelu_pytorch_tanh";
+        if ((v = get_opt(root, "hidden_activation")) &&
+            read_string(path, "hidden_activation", v, &act, err))
+            return -1;
+        if (strcmp(act, "gelu_pytorch_tanh") != 0)
+            return ft_fail(err, "%s: 'hidden_activation': '%.32s' is not supported for gemma2 "
+                           "(only gelu_pytorch_tanh)", path, act);
+        cfg->mlp_act = FT_ACT_GELU_TANH;
+        return 0;
+    }
     if (md->family != FAM_GEMMA) {
         const char *act = "silu";
         if ((v = json_object_get(root, "hidden_act")) &&
@@ -851,6 +972,45 @@ static int read_multiplier(const char *path, const json_t *root, const char *key
     return v ? read_positive(path, key, v, out, err) : 0;
 }
 
+/* A soft-cap of gemma2: default when absent, 0 (none) when null, else positive. */
+static int read_softcap(const char *path, const json_t *root, const char *key, double dflt,
+                        float *out, ft_err *err)
+{
+    json_t *v = json_object_get(root, key);
+    double c = dflt;
+    if (v && json_is_null(v))
+        c = 0.0;
+    else if (v && read_positive(path, key, v, &c, err))
+        return -1;
+    *out = (float)c; /* the python float meets fp32 tensors */
+    return 0;
+}
+
+/* gemma2: attention scale query_pre_attn_scalar^-0.5 (default 256), the two soft-caps
+ * (defaults 50 and 30), and causal attention only. */
+static int read_gemma2_scales(const char *path, const json_t *root, ft_model_config *cfg,
+                              ft_err *err)
+{
+    double qpas = 256;
+    json_t *v;
+    if ((v = json_object_get(root, "query_pre_attn_scalar")) &&
+        read_positive(path, "query_pre_attn_scalar", v, &qpas, err))
+        return -1;
+    cfg->attention_scale = (float)pow(qpas, -0.5);
+    bool bidir = false;
+    if ((v = get_opt(root, "use_bidirectional_attention")) &&
+        read_bool(path, "use_bidirectional_attention", v, &bidir, err))
+        return -1;
+    if (bidir)
+        return ft_fail(err, "%s: 'use_bidirectional_attention' is true: only causal attention "
+                       "is supported", path);
+    return read_softcap(path, root, "attn_logit_softcapping", 50.0, &cfg->attn_softcap, err) ||
+                   read_softcap(path, root, "final_logit_softcapping", 30.0,
+                                &cfg->final_softcap, err)
+               ? -1
+               : 0;
+}
+
 /* The family's scalars and norm convention (see ft_model_config). */
 static int read_family_scales(const char *path, const json_t *root, const model_defaults *md,
                               ft_model_config *cfg, ft_err *err)
@@ -861,6 +1021,7 @@ static int read_family_scales(const char *path, const json_t *root, const model_
     cfg->attention_scale = 1.0f / sqrtf((float)cfg->head_dim);
     cfg->logits_scale = 1.0f;
     cfg->norm_w_offset = 0.0f;
+    cfg->attn_softcap = cfg->final_softcap = 0.0f;
     if (md->family == FAM_GRANITE) {
         double emb, res, att, logit;
         if (read_multiplier(path, root, "embedding_multiplier", &emb, err) ||
@@ -873,12 +1034,14 @@ static int read_family_scales(const char *path, const json_t *root, const model_
         cfg->residual_scale = (float)res;
         cfg->attention_scale = (float)att;
         cfg->logits_scale = (float)logit;
-    } else if (md->family == FAM_GEMMA) {
+    } else if (md->family == FAM_GEMMA || md->family == FAM_GEMMA2) {
         /* GemmaRotaryEmbedding (4.46) reads rope_theta only: a scaled RoPE in the file
-         * would run unscaled there and scaled in later versions. */
+         * would run unscaled there and scaled in later versions (Gemma 2 likewise). */
         if (cfg->rope_kind != FT_ROPE_DEFAULT)
             return ft_fail(err, "%s: 'rope_scaling': only the default rope type is supported "
-                           "for gemma", path);
+                           "for %s", path, md->model_type);
+        if (md->family == FAM_GEMMA2 && read_gemma2_scales(path, root, cfg, err))
+            return -1;
         /* normalizer = torch.tensor(hidden_size ** 0.5, dtype=activation dtype) */
         cfg->embed_scale = sqrt((double)cfg->hidden_size);
         cfg->embed_scale_round = true;
@@ -894,6 +1057,9 @@ static int parse_config(const char *path, const json_t *root, ft_model_config *c
     if (!md)
         return -1;
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", md->model_type);
+    for (int i = 0; i < FT_NBRANCH_NORMS; i++)
+        snprintf(cfg->norm_name[i], sizeof cfg->norm_name[i], "%s", md->norms[i]);
+    cfg->qk_norm = md->qk_norm;
 
     if (check_architectures(path, root, err) || check_foreign_keys(path, root, md, err))
         return -1;
@@ -915,7 +1081,7 @@ static int parse_config(const char *path, const json_t *root, ft_model_config *c
                  err))
         return -1;
 
-    double eps = md->rms_eps_if_absent > 0 ? md->rms_eps_if_absent : 1e-6;
+    double eps = md->rms_norm_eps_if_absent;
     if ((v = json_object_get(root, "rms_norm_eps")) &&
         read_positive(path, "rms_norm_eps", v, &eps, err))
         return -1;
@@ -926,7 +1092,8 @@ static int parse_config(const char *path, const json_t *root, ft_model_config *c
         read_bool(path, "tie_word_embeddings", v, &cfg->tie_word_embeddings, err))
         return -1;
 
-    if (read_rope(path, root, md, cfg, err) || read_nope_layers(path, root, md, cfg, err) || read_attention_options(path, root, md, cfg, err) ||
+    if (read_rope(path, root, md, cfg, err) || read_nope_layers(path, root, md, cfg, err) ||
+        read_attention_options(path, root, md, cfg, err) ||
         check_layer_types(path, root, cfg, err) || read_family_scales(path, root, md, cfg, err))
         return -1;
 
@@ -938,6 +1105,13 @@ static int parse_config(const char *path, const json_t *root, ft_model_config *c
         return -1;
 
     return read_dtype(path, root, cfg, err);
+}
+
+int ft_layer_window(const ft_model_config *cfg, int l)
+{
+    if (l >= 0 && l < FT_MAX_LAYER_TYPES && cfg->layer_full_attention[l])
+        return 0;
+    return cfg->sliding_window;
 }
 
 int ft_model_config_load(ft_model_config *cfg, const char *path, ft_err *err)

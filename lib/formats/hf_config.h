@@ -1,8 +1,8 @@
 /* Hugging Face config.json for the dense decoder families: llama (incl. TinyLlama, SmolLM
- * and Llama 3 "llama3" rope scaling), mistral, qwen2, granite, gemma, phi3 (Phi-3,
- * Phi-4; "longrope" scaling, partial rotary), smollm3 (layers without RoPE). Every field that
- * changes the math is honoured or rejected with an error naming the file and key;
- * nothing is silently ignored. */
+ * and Llama 3 "llama3" rope scaling), mistral, qwen2, qwen3, granite, gemma, gemma2, olmo2,
+ * phi3 (Phi-3, Phi-4; "longrope" scaling, partial rotary), smollm3 (layers without RoPE).
+ * Every field that changes the math is honoured or rejected with an error naming the file
+ * and key; nothing is silently ignored. */
 #ifndef FT_HF_CONFIG_H
 #define FT_HF_CONFIG_H
 
@@ -26,6 +26,8 @@ typedef enum ft_rope_kind {
 #define FT_MAX_ROPE_FREQS 512
 /* The most layers a per-layer RoPE list (smollm3's no_rope_layers) may describe. */
 #define FT_MAX_NOPE_LAYERS 1024
+/* The most layers a config with per-layer attention types (layer_types) may have. */
+#define FT_MAX_LAYER_TYPES 1024
 
 /* The MLP's gate activation: act(gate(x)) * up(x). */
 typedef enum ft_mlp_act {
@@ -33,9 +35,30 @@ typedef enum ft_mlp_act {
     FT_ACT_GELU_TANH  /* GeGLU with gelu's tanh approximation (gemma) */
 } ft_mlp_act;
 
+/* The RMSNorms around a decoder layer's two branches (attention, MLP). A branch may have
+ * a norm on its input (pre), on its output before the residual add (post), or both:
+ *   h += post(branch(pre(h)))
+ * (a missing norm is the identity). */
+typedef enum ft_branch_norm {
+    FT_NORM_ATTN_PRE = 0, /* llama input_layernorm */
+    FT_NORM_ATTN_POST,    /* olmo2 post_attention_layernorm */
+    FT_NORM_MLP_PRE,      /* llama post_attention_layernorm */
+    FT_NORM_MLP_POST,     /* olmo2 post_feedforward_layernorm */
+    FT_NBRANCH_NORMS
+} ft_branch_norm;
+
+/* RMSNorm of the attention's q and k projections, before RoPE. */
+typedef enum ft_qk_norm {
+    FT_QK_NORM_NONE = 0,
+    FT_QK_NORM_HEAD, /* over each head's head_dim, one weight [head_dim] shared by the heads
+                      * (qwen3) */
+    FT_QK_NORM_PROJ  /* over the whole projection: q's [num_heads * head_dim], k's
+                      * [num_kv_heads * head_dim] (olmo2) */
+} ft_qk_norm;
+
 typedef struct ft_model_config {
-    char model_type[32]; /* "llama", "mistral", "qwen2", "granite", "gemma", "phi3",
-                          * "smollm3" */
+    char model_type[32]; /* "llama", "mistral", "qwen2", "qwen3", "granite", "gemma",
+                          * "gemma2", "olmo2", "phi3", "smollm3" */
     int vocab_size;
     int hidden_size;
     int intermediate_size;
@@ -66,7 +89,11 @@ typedef struct ft_model_config {
     bool qkv_bias; /* bias on q, k, v projections (attention_bias, or qwen2) */
     bool o_bias;   /* bias on o_proj (attention_bias) */
     bool mlp_bias; /* bias on gate, up, down (llama mlp_bias) */
-    int sliding_window; /* 0 = full causal attention */
+    int sliding_window; /* 0 = full causal attention; else the window of the sliding
+                         * layers (every layer but those of layer_full_attention) */
+    /* layers that attend fully although sliding_window > 0 (gemma2's alternating layers,
+     * config layer_types); read it through ft_layer_window */
+    bool layer_full_attention[FT_MAX_LAYER_TYPES];
     int bos_token_id;   /* -1 if absent */
     int eos_token_ids[FT_MAX_EOS];
     int n_eos;
@@ -82,11 +109,27 @@ typedef struct ft_model_config {
      *                      attention_multiplier
      *   logits_scale       logits = lm_head(h) / logits_scale (granite logits_scaling)
      *   norm_w_offset      RMSNorm out = norm(x) * (norm_w_offset + w): 0, or 1 for gemma
-     *                      (its weights are stored as offsets from 1)
+     *                      and gemma2 (their weights are stored as offsets from 1)
      *   mlp_act            the MLP gate's activation
      *   fused_proj         the checkpoint holds q, k, v as one self_attn.qkv_proj weight
      *                      (rows [q; k; v]) and gate, up as one mlp.gate_up_proj (rows
-     *                      [gate; up]), and LoRA targets those modules (phi3) */
+     *                      [gate; up]), and LoRA targets those modules (phi3)
+     *   norm_name          each branch norm's module name in the layer, as the family's
+     *                      checkpoints name it (model.layers.N.<name>.weight), "" where the
+     *                      branch has no such norm: llama input_layernorm (attention pre)
+     *                      and post_attention_layernorm (MLP pre); olmo2
+     *                      post_attention_layernorm (attention post) and
+     *                      post_feedforward_layernorm (MLP post); gemma2 all four:
+     *                      input_layernorm, post_attention_layernorm,
+     *                      pre_feedforward_layernorm, post_feedforward_layernorm
+     *   qk_norm            q/k RMSNorm before RoPE (self_attn.q_norm, self_attn.k_norm):
+     *                      none; per head (qwen3); over the whole projection (olmo2)
+     *   attn_softcap       0, or the attention scores are capped: S = c tanh(S / c) after
+     *                      the scale, before mask and softmax (gemma2
+     *                      attn_logit_softcapping)
+     *   final_softcap      0, or the logits are capped: c tanh(logits / c) (gemma2
+     *                      final_logit_softcapping)
+     * gemma2's attention scale is query_pre_attn_scalar^-0.5 (attention_scale). */
     double embed_scale;
     bool embed_scale_round;
     float residual_scale;
@@ -95,10 +138,23 @@ typedef struct ft_model_config {
     float norm_w_offset;
     ft_mlp_act mlp_act;
     bool fused_proj;
+    float attn_softcap;
+    float final_softcap;
+    char norm_name[FT_NBRANCH_NORMS][32];
+    ft_qk_norm qk_norm;
     /* "quantization_config": the checkpoint holds bitsandbytes 4/8-bit weights
      * (present = false for a dense checkpoint) */
     ft_quant_config quant;
 } ft_model_config;
+
+/* The attention window of layer l (0-based): sliding_window, or 0 (full causal attention)
+ * for a full-attention layer of a model with per-layer types. */
+int ft_layer_window(const ft_model_config *cfg, int l);
+/* Whether the layer has branch norm n (its name is set). */
+static inline bool ft_has_branch_norm(const ft_model_config *cfg, ft_branch_norm n)
+{
+    return cfg->norm_name[n][0] != '\0';
+}
 
 /* Reads and validates path (a config.json). */
 int ft_model_config_load(ft_model_config *cfg, const char *path, ft_err *err);

@@ -103,11 +103,24 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora)
     bool full = p->mode == MODE_FULL;
     size_t L = (size_t)c->num_layers, C = (size_t)c->hidden_size, V = (size_t)c->vocab_size;
     unsigned projs = ft_block_projections(c);
+    size_t n_norms = 0; /* the block's branch norms */
+    for (int n = 0; n < FT_NBRANCH_NORMS; n++)
+        n_norms += ft_has_branch_norm(c, (ft_branch_norm)n);
+    size_t qk_q = 0, qk_k = 0; /* q_norm, k_norm */
+    if (c->qk_norm != FT_QK_NORM_NONE) {
+        bool head = c->qk_norm == FT_QK_NORM_HEAD;
+        qk_q = (size_t)c->head_dim * (head ? 1 : (size_t)c->num_heads);
+        qk_k = (size_t)c->head_dim * (head ? 1 : (size_t)c->num_kv_heads);
+    }
     add_tensor(p, 0, V * C, full, false, 0, 0);
     for (size_t l = 0; l < L; l++) {
         int unit = (int)l + 1;
-        add_tensor(p, unit, C, full, false, 0, 0); /* input_layernorm */
-        add_tensor(p, unit, C, full, false, 0, 0); /* post_attention_layernorm */
+        for (size_t n = 0; n < n_norms; n++) /* input_layernorm, ... */
+            add_tensor(p, unit, C, full, false, 0, 0);
+        if (qk_q) {
+            add_tensor(p, unit, qk_q, full, false, 0, 0);
+            add_tensor(p, unit, qk_k, full, false, 0, 0);
+        }
         for (int j = 0; j < FT_NPROJ; j++) {
             if (!(projs & (1u << j)))
                 continue; /* (phi3: fused qkv / gate_up modules instead of q, k, v, ...) */
@@ -160,11 +173,22 @@ static void count_activations(const ft_model_config *c, size_t N, const act_spec
     memset(act, 0, sizeof *act);
     memset(ws, 0, sizeof *ws);
 
-    /* one layer set: ln1, q, k, v, att, mid, ln2, gate, up, act (+ lora_h), rstd1, rstd2,
-     * lse */
+    /* one layer set (alloc_layer_set): q, k, v, att, mid, gate, up, act (+ lora_h), lse;
+     * ln1 and rstd1, ln2 and rstd2 with the pre-norms; ao and rstd_ao, mo and rstd_mo with
+     * the post-norms; qr, kr, rstd_q, rstd_k with a q/k norm */
     act_counts set = {0};
-    set.tensor = N * C * 3 + N * QD * 2 + N * KD * 2 + N * I * 3;
-    set.stat = N * 2 + N * (size_t)c->num_heads;
+    set.tensor = N * C + N * QD * 2 + N * KD * 2 + N * I * 3;
+    set.stat = N * (size_t)c->num_heads;
+    for (int n = 0; n < FT_NBRANCH_NORMS; n++)
+        if (ft_has_branch_norm(c, (ft_branch_norm)n)) {
+            set.tensor += N * C;
+            set.stat += N;
+        }
+    if (c->qk_norm != FT_QK_NORM_NONE) {
+        bool head = c->qk_norm == FT_QK_NORM_HEAD;
+        set.tensor += N * QD + N * KD;
+        set.stat += head ? N * (size_t)c->num_heads + N * (size_t)c->num_kv_heads : 2 * N;
+    }
     if (sp->lora)
         for (int j = 0; j < FT_NPROJ; j++)
             if (sp->lora_union & (1u << j))
@@ -193,6 +217,8 @@ static void count_activations(const ft_model_config *c, size_t N, const act_spec
 
     ws->tensor = 2 * N * C + 2 * N * QD + 2 * N * KD + 3 * N * I; /* d_h d_ln d_att d_q d_k
                                                                      d_v d_act d_gate d_up */
+    if (ft_has_branch_norm(c, FT_NORM_ATTN_POST) || ft_has_branch_norm(c, FT_NORM_MLP_POST))
+        ws->tensor += N * C; /* d_br */
     if (sp->lora) {
         ws->tensor += N * (size_t)sp->r_lora; /* d_lora_h */
         if (sp->lora_dropout) {

@@ -70,7 +70,23 @@ static bool quantized_weight(const ft_model *m, int l, ft_proj p)
     return m->quant.type != FT_QUANT_NONE && !ft_quant_skipped(m->quant_skip, path);
 }
 
-/* Lists every parameter in unit order (see model.h). */
+/* Branch norm n of layer l (when the block has it), named as the family names it. */
+static int add_branch_norm(layout *lo, int l, ft_branch_norm n)
+{
+    ft_model *m = lo->m;
+    layer_weights *w = &m->layers[l];
+    if (!ft_has_branch_norm(&m->cfg, n))
+        return 0;
+    return add_param(lo, l + 1, m->opt.mode == FT_TRAIN_FULL, false, &w->norm[n],
+                     &w->g_norm[n], 1, m->cfg.hidden_size, 0, "model.layers.%d.%s.weight", l,
+                     m->cfg.norm_name[n]);
+}
+
+/* Lists every parameter in unit order (see model.h). A layer: the attention's pre-norm,
+ * q, k, v, o (with biases), q_norm, k_norm, the attention's post-norm, the MLP's pre-norm,
+ * gate, up, down, the MLP's post-norm (each norm where the block has it), then LoRA. The
+ * modules come in ft_proj order: a fused block (phi3) has o, down, qkv, then the norms,
+ * gate_up. */
 static int build_layout(layout *lo)
 {
     ft_model *m = lo->m;
@@ -85,16 +101,26 @@ static int build_layout(layout *lo)
                     "model.embed_tokens.weight");
     for (int l = 0; l < L; l++) {
         layer_weights *w = &m->layers[l];
-        rc |= add_param(lo, l + 1, full, false, &w->ln1, &w->g_ln1, 1, C, 0,
-                        "model.layers.%d.input_layernorm.weight", l);
+        rc |= add_branch_norm(lo, l, FT_NORM_ATTN_PRE);
         for (int p = 0; p < FT_NPROJ; p++) {
             int in, out;
             if (!(projs & (1u << p)))
                 continue;
             proj_dims(c, (ft_proj)p, &in, &out);
-            if (p == FT_PROJ_GATE || p == FT_PROJ_GATE_UP)
-                rc |= add_param(lo, l + 1, full, false, &w->ln2, &w->g_ln2, 1, C, 0,
-                                "model.layers.%d.post_attention_layernorm.weight", l);
+            if (p == FT_PROJ_GATE || p == FT_PROJ_GATE_UP) {
+                if (c->qk_norm != FT_QK_NORM_NONE) {
+                    bool head = c->qk_norm == FT_QK_NORM_HEAD;
+                    int D = c->head_dim;
+                    rc |= add_param(lo, l + 1, full, false, &w->q_norm, &w->g_q_norm, 1,
+                                    head ? D : c->num_heads * D, 0,
+                                    "model.layers.%d.self_attn.q_norm.weight", l);
+                    rc |= add_param(lo, l + 1, full, false, &w->k_norm, &w->g_k_norm, 1,
+                                    head ? D : c->num_kv_heads * D, 0,
+                                    "model.layers.%d.self_attn.k_norm.weight", l);
+                }
+                rc |= add_branch_norm(lo, l, FT_NORM_ATTN_POST);
+                rc |= add_branch_norm(lo, l, FT_NORM_MLP_PRE);
+            }
             rc |= add_param(lo, l + 1, full, false, &w->w[p], &w->gw[p], 2, out, in,
                             "model.layers.%d.%s.weight", l, ft_proj_path((ft_proj)p));
             if (rc == 0)
@@ -103,6 +129,7 @@ static int build_layout(layout *lo)
                 rc |= add_param(lo, l + 1, full, false, &w->b[p], &w->gb[p], 1, out, 0,
                                 "model.layers.%d.%s.bias", l, ft_proj_path((ft_proj)p));
         }
+        rc |= add_branch_norm(lo, l, FT_NORM_MLP_POST);
         if (lora) {
             int r = m->opt.lora.r;
             for (int p = 0; p < FT_NPROJ; p++) {
@@ -576,8 +603,9 @@ size_t ft_loss_chunk_rows(int opt, size_t V, size_t N)
 static void free_activations(ft_model *m)
 {
     float **scratch[] = {&m->final_in, &m->lnf,   &m->rstdf, &m->logits, &m->d_h,
-                         &m->d_ln,     &m->d_att, &m->d_q,   &m->d_k,    &m->d_v,
-                         &m->d_act,    &m->d_gate, &m->d_up, &m->d_lora_h, &m->x_drop};
+                         &m->d_ln,     &m->d_br,  &m->d_att, &m->d_q,    &m->d_k,
+                         &m->d_v,      &m->d_act, &m->d_gate, &m->d_up,  &m->d_lora_h,
+                         &m->x_drop};
     for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++) {
         ft_free_on(&m->mem, m->dev, *scratch[i]);
         *scratch[i] = NULL;
@@ -588,18 +616,20 @@ static void free_activations(ft_model *m)
         *ints[i] = NULL;
     }
     /* Layer activations: either one set per layer or one shared scratch set (and none
-     * outside a pipeline stage); free each distinct pointer once. */
+     * outside a pipeline stage); free each distinct pointer once (a set is known by its
+     * q, which every set has). */
     int L = m->cfg.num_layers;
     float *first_set = NULL;
     for (int l = 0; l < L; l++) {
         layer_acts *a = &m->acts[l];
         ft_free_on(&m->mem, m->dev, a->in);
-        if (!a->ln1 || a->ln1 == first_set)
+        if (!a->q || a->q == first_set)
             continue;
         if (!first_set)
-            first_set = a->ln1;
-        float *bufs[] = {a->ln1, a->rstd1, a->q,   a->k,   a->v,  a->att, a->lse,
-                         a->mid, a->ln2,   a->rstd2, a->gate, a->up, a->act};
+            first_set = a->q;
+        float *bufs[] = {a->ln1, a->rstd1, a->qr,  a->kr,   a->rstd_q, a->rstd_k, a->q,
+                         a->k,   a->v,     a->att, a->lse,  a->ao,     a->rstd_ao,  a->mid,
+                         a->ln2, a->rstd2, a->gate, a->up,  a->act,    a->mo,       a->rstd_mo};
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
             ft_free_on(&m->mem, m->dev, bufs[i]);
         for (int p = 0; p < FT_NPROJ; p++)
@@ -617,16 +647,34 @@ static int alloc_layer_set(ft_model *m, layer_acts *a, size_t N)
     const ft_model_config *c = &m->cfg;
     size_t C = c->hidden_size, I = c->intermediate_size, e = model_esize(m), f = sizeof(float);
     size_t QD = (size_t)c->num_heads * c->head_dim, KD = (size_t)c->num_kv_heads * c->head_dim;
+    bool attn_pre = ft_has_branch_norm(c, FT_NORM_ATTN_PRE);
+    bool attn_post = ft_has_branch_norm(c, FT_NORM_ATTN_POST);
+    bool mlp_pre = ft_has_branch_norm(c, FT_NORM_MLP_PRE);
+    bool mlp_post = ft_has_branch_norm(c, FT_NORM_MLP_POST);
+    bool qk = c->qk_norm != FT_QK_NORM_NONE;
+    size_t q_rows, k_rows;
+    int width;
+    qk_norm_rows(c, c->num_heads, N, &q_rows, &width);
+    qk_norm_rows(c, c->num_kv_heads, N, &k_rows, &width);
     struct {
         float **p;
         size_t bytes;
-    } bufs[] = {{&a->ln1, N * C * e},  {&a->rstd1, N * f},  {&a->q, N * QD * e},
-                {&a->k, N * KD * e},   {&a->v, N * KD * e}, {&a->att, N * QD * e},
-                {&a->lse, N * c->num_heads * f},             {&a->mid, N * C * e},
-                {&a->ln2, N * C * e},  {&a->rstd2, N * f},  {&a->gate, N * I * e},
-                {&a->up, N * I * e},   {&a->act, N * I * e}};
+        bool need;
+    } bufs[] = {/* q first: free_activations knows a set by it, a partial one too */
+                {&a->q, N * QD * e, true},          {&a->k, N * KD * e, true},
+                {&a->ln1, N * C * e, attn_pre},     {&a->rstd1, N * f, attn_pre},
+                {&a->qr, N * QD * e, qk},           {&a->kr, N * KD * e, qk},
+                {&a->rstd_q, q_rows * f, qk},       {&a->rstd_k, k_rows * f, qk},
+                {&a->v, N * KD * e, true},          {&a->att, N * QD * e, true},
+                {&a->lse, N * c->num_heads * f, true},
+                {&a->ao, N * C * e, attn_post},     {&a->rstd_ao, N * f, attn_post},
+                {&a->mid, N * C * e, true},         {&a->ln2, N * C * e, mlp_pre},
+                {&a->rstd2, N * f, mlp_pre},        {&a->gate, N * I * e, true},
+                {&a->up, N * I * e, true},          {&a->act, N * I * e, true},
+                {&a->mo, N * C * e, mlp_post},      {&a->rstd_mo, N * f, mlp_post}};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
-        if (!(*bufs[i].p = ft_alloc_on(&m->mem, m->dev, FT_MEM_ACTIVATIONS, bufs[i].bytes)))
+        if (bufs[i].need &&
+            !(*bufs[i].p = ft_alloc_on(&m->mem, m->dev, FT_MEM_ACTIVATIONS, bufs[i].bytes)))
             return -1;
     if (m->opt.mode == FT_TRAIN_LORA)
         for (int p = 0; p < FT_NPROJ; p++)
@@ -691,6 +739,10 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
          FT_MEM_ACTIVATIONS, false},
         {&m->d_h, NS * C, train, FT_MEM_WORKSPACE, false},
         {&m->d_ln, NS * C, train, FT_MEM_WORKSPACE, false},
+        {&m->d_br, NS * C,
+         train && (ft_has_branch_norm(c, FT_NORM_ATTN_POST) ||
+                   ft_has_branch_norm(c, FT_NORM_MLP_POST)),
+         FT_MEM_WORKSPACE, false},
         {&m->d_att, NS * QD, train, FT_MEM_WORKSPACE, false},
         {&m->d_q, NS * QD, train, FT_MEM_WORKSPACE, false},
         {&m->d_k, NS * KD, train, FT_MEM_WORKSPACE, false},

@@ -7,9 +7,9 @@
  * May call: core, device, formats, kernels, quant, tokenizer.
  * (This is the folder's main header.) */
 
-/* A dense decoder-only causal LM (llama, mistral, qwen2, granite, gemma, phi3, smollm3)
- * with explicit forward and backward. A family is data (ft_model_config's block description): one
- * forward and backward read it.
+/* A dense decoder-only causal LM (llama, mistral, qwen2, qwen3, granite, gemma, gemma2,
+ * olmo2, phi3, smollm3) with explicit forward and backward. A family is data
+ * (ft_model_config's block description): one forward and backward read it.
  *
  * This is the library API the tools build on:
  *
@@ -24,14 +24,22 @@
  * Block (HF LlamaDecoderLayer):  h += r * o(attn(rope(q,k), v)(rmsnorm1(h)));
  *                                h += r * down(act(gate(x)) * up(x)), x = rmsnorm2(h),
  * with h0 = embed(ids) * e and logits = lm_head(rmsnorm_f(h)) / z. act is silu, or
- * gelu-tanh for gemma; rmsnorm multiplies by w (by 1 + w for gemma); the attention scale
- * is 1/sqrt(head_dim) or granite's attention_multiplier; r, e, z are 1 except for granite
- * (residual_multiplier, embedding_multiplier, logits_scaling), and e = sqrt(hidden) for
- * gemma (see ft_model_config). rope rotates the first rotary_dim dims of each head (all
- * but phi3's partial rotary), with cos and sin times longrope's attention factor (phi3),
- * and is skipped in smollm3's NoPE layers. phi3's checkpoint fuses q, k, v into one
- * qkv_proj weight and gate, up into gate_up_proj: the ops read their row blocks, and a
- * LoRA pair sits on the fused module (one A; B's row blocks).
+ * gelu-tanh for gemma(2); rmsnorm multiplies by w (by 1 + w for gemma(2)); the attention
+ * scale is 1/sqrt(head_dim), granite's attention_multiplier or gemma2's
+ * query_pre_attn_scalar^-0.5; r, e, z are 1 except for granite (residual_multiplier,
+ * embedding_multiplier, logits_scaling), and e = sqrt(hidden) for gemma(2) (see
+ * ft_model_config). In general each branch has an optional norm before it and one after
+ * it: h += r * post(branch(pre(h))) (olmo2: post-norms only, named
+ * post_attention_layernorm and post_feedforward_layernorm; gemma2: both on each branch),
+ * and q and k may be RMSNorm'd before RoPE, per head (qwen3, weight [head_dim]) or over
+ * the whole projection (olmo2): ft_model_config.norm_name and qk_norm. gemma2 also caps
+ * the attention scores, S = c tanh(S / c) before the mask, and the logits likewise
+ * (attn_softcap, final_softcap), and attends within a window on every other layer
+ * (ft_layer_window). rope rotates the first rotary_dim dims of each head (all but phi3's
+ * partial rotary), with cos and sin times longrope's attention factor (phi3), and is
+ * skipped in smollm3's NoPE layers. phi3's checkpoint fuses q, k, v into one qkv_proj
+ * weight and gate, up into gate_up_proj: the ops read their row blocks, and a LoRA pair
+ * sits on the fused module (one A; B's row blocks).
  * A linear layer is y = x W^T + b, plus with LoRA: y += scaling * (dropout(x) A^T) B^T.
  *
  * Parameters live in two flat buffers (fp32; on a bf16 GPU model the frozen one is bf16

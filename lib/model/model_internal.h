@@ -16,28 +16,37 @@
  * Indexed by module (ft_proj): a block with fused_proj has qkv and gate_up entries and no
  * q, k, v, gate, up ones (model_pass.c views their row blocks). */
 typedef struct layer_weights {
-    float *ln1, *ln2;
+    float *norm[FT_NBRANCH_NORMS];      /* [C]; NULL where the block has no such norm */
+    float *q_norm, *k_norm;             /* q/k norm weights (NULL without) */
     float *w[FT_NPROJ], *b[FT_NPROJ];   /* b NULL when the projection has no bias */
     float *lora_a[FT_NPROJ], *lora_b[FT_NPROJ]; /* NULL when not a LoRA target */
-    float *g_ln1, *g_ln2;
+    float *g_norm[FT_NBRANCH_NORMS];
+    float *g_q_norm, *g_k_norm;
     float *gw[FT_NPROJ], *gb[FT_NPROJ];
     float *g_lora_a[FT_NPROJ], *g_lora_b[FT_NPROJ];
 } layer_weights;
 
 /* What backward needs from one layer's forward. With gradient checkpointing every layer
- * points at the same scratch set and only `in` (the layer input) is kept per layer. */
+ * points at the same scratch set and only `in` (the layer input) is kept per layer.
+ * Buffers of a norm the block does not have are NULL (see alloc_layer_set). */
 typedef struct layer_acts {
     float *in;            /* [N, C] residual stream entering the layer */
-    float *ln1;           /* [N, C] */
+    float *ln1;           /* [N, C] attention pre-norm output */
     float *rstd1;         /* [N] */
+    float *qr, *kr;       /* [N, Hq*D], [N, Hkv*D]: q and k before their norm */
+    float *rstd_q, *rstd_k; /* per norm row: [N * Hq], [N * Hkv] per head; [N] whole */
     float *q, *k, *v;     /* [N, Hq*D], [N, Hkv*D] x2, after RoPE */
     float *att;           /* [N, Hq*D] attention output before o_proj */
     float *lse;           /* [B, Hq, T] */
+    float *ao;            /* [N, C] o_proj output before the attention post-norm */
+    float *rstd_ao;       /* [N] */
     float *mid;           /* [N, C] residual after attention */
-    float *ln2;           /* [N, C] */
+    float *ln2;           /* [N, C] MLP pre-norm output */
     float *rstd2;         /* [N] */
     float *gate, *up;     /* [N, I] */
     float *act;           /* [N, I] silu(gate) * up */
+    float *mo;            /* [N, C] down_proj output before the MLP post-norm */
+    float *rstd_mo;       /* [N] */
     float *lora_h[FT_NPROJ]; /* [N, r] dropout(x) A^T of each LoRA target module */
 } layer_acts;
 
@@ -128,6 +137,8 @@ struct ft_model {
      * rows any slot has reserved (a smaller slot must not shrink it under a larger one) */
     size_t scratch_rows;
     float *d_h, *d_ln;           /* [N, C] */
+    float *d_br;                 /* [N, C]: a branch output's gradient before its post-norm
+                                  * (allocated only when the block has one) */
     float *d_att, *d_q, *d_k, *d_v; /* [N, Hq*D], [N, Hkv*D] */
     float *d_act, *d_gate, *d_up;   /* [N, I] */
     float *d_lora_h;             /* [N, r] */
@@ -156,6 +167,16 @@ static inline ft_tensor model_view(const ft_model *m, const void *p, size_t n, f
 static inline void proj_dims(const ft_model_config *c, ft_proj p, int *in, int *out)
 {
     ft_proj_dims(c, p, in, out);
+}
+
+/* The rows and width of the q/k norm of a projection with `heads` heads over N tokens:
+ * N * heads rows of head_dim (per head), or N rows of heads * head_dim (whole). */
+static inline void qk_norm_rows(const ft_model_config *c, int heads, size_t N, size_t *rows,
+                                int *width)
+{
+    bool per_head = c->qk_norm == FT_QK_NORM_HEAD;
+    *rows = per_head ? N * (size_t)heads : N;
+    *width = per_head ? c->head_dim : heads * c->head_dim;
 }
 
 static inline int proj_has_bias(const ft_model_config *c, ft_proj p)

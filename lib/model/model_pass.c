@@ -225,8 +225,50 @@ static ft_tensor rope_freqs(ft_model *m)
     return F_(m->inv_freq_dev + (m->rope_long ? h : 0), h);
 }
 
+/* q or k (proj Q or K) of layer l: its projection of x into y, or with a q/k norm into
+ * the pre-norm buffer raw, then normalized into y (rows of the whole projection, or of
+ * each head: see qk_norm_rows). */
+static void qk_forward(ft_model *m, int l, ft_proj p, const float *x, float *raw, float *rstd,
+                       float *y)
+{
+    const ft_model_config *c = &m->cfg;
+    const layer_weights *w = &m->layers[l];
+    if (c->qk_norm == FT_QK_NORM_NONE) {
+        proj_forward(m, l, p, x, y);
+        return;
+    }
+    int heads = p == FT_PROJ_Q ? c->num_heads : c->num_kv_heads, width;
+    size_t rows, N = (size_t)m->B * m->T, n = N * heads * c->head_dim;
+    qk_norm_rows(c, heads, N, &rows, &width);
+    proj_forward(m, l, p, x, raw);
+    ft_rmsnorm_forward(A_(y, n), F_(rstd, rows), A_(raw, n),
+                       A_(p == FT_PROJ_Q ? w->q_norm : w->k_norm, width), (int)rows, width,
+                       c->rms_norm_eps, c->norm_w_offset);
+}
+
+/* dx += the gradient of q or k's norm (dy: the gradient of its output), and the norm
+ * weight's gradient where it trains. */
+static void qk_norm_backward(ft_model *m, int l, ft_proj p, const float *dy, float *dx)
+{
+    const ft_model_config *c = &m->cfg;
+    const layer_weights *w = &m->layers[l];
+    const layer_acts *a = &m->acts[l];
+    bool q = p == FT_PROJ_Q;
+    int heads = q ? c->num_heads : c->num_kv_heads, width;
+    size_t rows, N = (size_t)m->B * m->T, n = N * heads * c->head_dim;
+    qk_norm_rows(c, heads, N, &rows, &width);
+    ft_rmsnorm_backward(A_(dx, n), OPTF_(q ? w->g_q_norm : w->g_k_norm, width), A_(dy, n),
+                        A_(q ? a->qr : a->kr, n), A_(q ? w->q_norm : w->k_norm, width),
+                        F_(q ? a->rstd_q : a->rstd_k, rows), (int)rows, width,
+                        c->norm_w_offset);
+}
+
 /* One decoder layer: in -> out. out NULL recomputes only what backward needs (a
- * gradient-checkpoint recompute): everything but the down projection's base GEMM. */
+ * gradient-checkpoint recompute): everything but the down projection's base GEMM, which
+ * only a post-norm after the MLP needs (its input).
+ *   attention: xa = pre1(in) (or in);  mid = in + r * post1(o(attn(...)(xa)))
+ *   MLP:       xm = pre2(mid) (or mid); out = mid + r * post2(down(act(gate(xm)) up(xm)))
+ * pre/post are the block's branch norms (identities where it has none). */
 static void layer_forward(ft_model *m, int l, const float *in, float *out)
 {
     const ft_model_config *c = &m->cfg;
@@ -239,40 +281,100 @@ static void layer_forward(ft_model *m, int l, const float *in, float *out)
     ft_tensor pos = I_(m->pos, N), inv = rope_freqs(m);
     int rd = c->rotary_dim;
     float rs = c->rope_attention_factor;
+    float eps = c->rms_norm_eps, off = c->norm_w_offset;
 
-    ft_rmsnorm_forward(A_(a->ln1, nC), F_(a->rstd1, N), A_(in, nC), A_(w->ln1, C), N, C,
-                       c->rms_norm_eps, c->norm_w_offset);
-    proj_forward(m, l, FT_PROJ_Q, a->ln1, a->q);
-    proj_forward(m, l, FT_PROJ_K, a->ln1, a->k);
-    proj_forward(m, l, FT_PROJ_V, a->ln1, a->v);
+    const float *xa = in;
+    if (w->norm[FT_NORM_ATTN_PRE]) {
+        ft_rmsnorm_forward(A_(a->ln1, nC), F_(a->rstd1, N), A_(in, nC),
+                           A_(w->norm[FT_NORM_ATTN_PRE], C), N, C, eps, off);
+        xa = a->ln1;
+    }
+    qk_forward(m, l, FT_PROJ_Q, xa, a->qr, a->rstd_q, a->q);
+    qk_forward(m, l, FT_PROJ_K, xa, a->kr, a->rstd_k, a->k);
+    proj_forward(m, l, FT_PROJ_V, xa, a->v);
     if (ft_layer_uses_rope(c, l)) { /* (smollm3's NoPE layers: q, k unrotated) */
         ft_rope_forward(A_(a->q, nQ), pos, inv, N, Hq, D, rd, rs);
         ft_rope_forward(A_(a->k, nK), pos, inv, N, Hkv, D, rd, rs);
     }
     ft_attention_forward(A_(a->att, nQ), F_(a->lse, (size_t)N * Hq), A_(a->q, nQ),
                          A_(a->k, nK), A_(a->v, nK), m->has_seg ? I_(m->seg, N) : ft_none(),
-                         B, T, Hq, Hkv, D, c->attention_scale, c->sliding_window);
-    proj_forward(m, l, FT_PROJ_O, a->att, a->mid);
+                         B, T, Hq, Hkv, D, c->attention_scale, ft_layer_window(c, l),
+                         c->attn_softcap);
+    if (w->norm[FT_NORM_ATTN_POST]) {
+        proj_forward(m, l, FT_PROJ_O, a->att, a->ao);
+        ft_rmsnorm_forward(A_(a->mid, nC), F_(a->rstd_ao, N), A_(a->ao, nC),
+                           A_(w->norm[FT_NORM_ATTN_POST], C), N, C, eps, off);
+    } else {
+        proj_forward(m, l, FT_PROJ_O, a->att, a->mid);
+    }
     scale_branch(m, a->mid, nC);
-    /* mid += in (the residual), then ln2 = norm(mid), in one pass */
-    ft_add_rmsnorm_forward(A_(a->mid, nC), A_(a->ln2, nC), F_(a->rstd2, N), A_(a->mid, nC),
-                           A_(in, nC), A_(w->ln2, C), N, C, c->rms_norm_eps, c->norm_w_offset);
-    proj_forward(m, l, FT_PROJ_GATE, a->ln2, a->gate);
-    proj_forward(m, l, FT_PROJ_UP, a->ln2, a->up);
+    const float *xm = a->mid;
+    if (w->norm[FT_NORM_MLP_PRE]) {
+        /* mid += in (the residual), then ln2 = norm(mid), in one pass */
+        ft_add_rmsnorm_forward(A_(a->mid, nC), A_(a->ln2, nC), F_(a->rstd2, N),
+                               A_(a->mid, nC), A_(in, nC), A_(w->norm[FT_NORM_MLP_PRE], C), N,
+                               C, eps, off);
+        xm = a->ln2;
+    } else {
+        ft_add(A_(a->mid, nC), A_(in, nC), nC);
+    }
+    proj_forward(m, l, FT_PROJ_GATE, xm, a->gate);
+    proj_forward(m, l, FT_PROJ_UP, xm, a->up);
     if (c->mlp_act == FT_ACT_GELU_TANH)
         ft_geglu_forward(A_(a->act, nI), A_(a->gate, nI), A_(a->up, nI), nI);
     else
         ft_swiglu_forward(A_(a->act, nI), A_(a->gate, nI), A_(a->up, nI), nI);
-    if (!out) {
+    const float *post = w->norm[FT_NORM_MLP_POST];
+    if (!out && !post) {
         if (w->lora_a[FT_PROJ_DOWN]) {
             const proj_view v = proj_view_of(m, l, FT_PROJ_DOWN);
             lora_h_forward(m, l, &v, a->act);
         }
         return;
     }
-    proj_forward(m, l, FT_PROJ_DOWN, a->act, out);
+    proj_forward(m, l, FT_PROJ_DOWN, a->act, post ? a->mo : out);
+    if (post) /* a recompute keeps only rstd: the output goes to the free scratch d_ln */
+        ft_rmsnorm_forward(A_(out ? out : m->d_ln, nC), F_(a->rstd_mo, N), A_(a->mo, nC),
+                           A_(post, C), N, C, eps, off);
+    if (!out)
+        return;
     scale_branch(m, out, nC);
     ft_add(A_(out, nC), A_(a->mid, nC), nC);
+}
+
+/* The gradient reaching a branch's output projection, from dy (the gradient of the
+ * branch's output, scale included: branch_grad): dy itself, or through the branch's
+ * post-norm `post` (x its input, rstd its saved rstd) into the scratch d_br, the norm's
+ * weight gradient g accumulating. */
+static const float *post_norm_backward(ft_model *m, const float *dy, const float *post,
+                                       float *g, const float *x, const float *rstd)
+{
+    if (!post)
+        return dy;
+    const ft_model_config *c = &m->cfg;
+    int N = m->B * m->T, C = c->hidden_size;
+    size_t nC = (size_t)N * C;
+    ft_zero(A_(m->d_br, nC), nC);
+    ft_rmsnorm_backward(A_(m->d_br, nC), OPTF_(g, C), A_(dy, nC), A_(x, nC), A_(post, C),
+                        F_(rstd, N), N, C, c->norm_w_offset);
+    return m->d_br;
+}
+
+/* d_h += the gradient of the residual stream through a branch's pre-norm, from d_ln (the
+ * gradient of the norm's output): or d_ln itself without one (x is then the branch
+ * input). */
+static void pre_norm_backward(ft_model *m, const float *pre, float *g, const float *x,
+                              const float *rstd)
+{
+    const ft_model_config *c = &m->cfg;
+    int N = m->B * m->T, C = c->hidden_size;
+    size_t nC = (size_t)N * C;
+    if (!pre) {
+        ft_add(A_(m->d_h, nC), A_(m->d_ln, nC), nC);
+        return;
+    }
+    ft_rmsnorm_backward(A_(m->d_h, nC), OPTF_(g, C), A_(m->d_ln, nC), A_(x, nC), A_(pre, C),
+                        F_(rstd, N), N, C, c->norm_w_offset);
 }
 
 /* On entry m->d_h is the gradient of the layer's output; on exit that of its input. */
@@ -288,10 +390,14 @@ static void layer_backward(ft_model *m, int l)
     ft_tensor pos = I_(m->pos, N), inv = rope_freqs(m);
     int rd = c->rotary_dim;
     float rs = c->rope_attention_factor;
+    const float *const *nw = (const float *const *)w->norm;
 
-    /* MLP: out = mid + r * down(act(gate(ln2)) * up(ln2)), r the residual scale */
+    /* MLP: out = mid + r * post2(down(act(gate(xm)) * up(xm))), xm = pre2(mid) or mid,
+     * r the residual scale */
+    const float *dy = post_norm_backward(m, branch_grad(m, nC), nw[FT_NORM_MLP_POST],
+                                         w->g_norm[FT_NORM_MLP_POST], a->mo, a->rstd_mo);
     ft_zero(A_(m->d_act, nI), nI);
-    proj_backward(m, l, FT_PROJ_DOWN, a->act, branch_grad(m, nC), m->d_act);
+    proj_backward(m, l, FT_PROJ_DOWN, a->act, dy, m->d_act);
     ft_zero(A_(m->d_gate, nI), nI);
     ft_zero(A_(m->d_up, nI), nI);
     if (c->mlp_act == FT_ACT_GELU_TANH)
@@ -300,16 +406,19 @@ static void layer_backward(ft_model *m, int l)
     else
         ft_swiglu_backward(A_(m->d_gate, nI), A_(m->d_up, nI), A_(m->d_act, nI),
                            A_(a->gate, nI), A_(a->up, nI), nI);
+    const float *xm = nw[FT_NORM_MLP_PRE] ? a->ln2 : a->mid;
     ft_zero(A_(m->d_ln, nC), nC);
-    proj_backward(m, l, FT_PROJ_GATE, a->ln2, m->d_gate, m->d_ln);
-    proj_backward(m, l, FT_PROJ_UP, a->ln2, m->d_up, m->d_ln);
-    /* the residual passes d_h through; the norm adds its part */
-    ft_rmsnorm_backward(A_(m->d_h, nC), OPTF_(w->g_ln2, C), A_(m->d_ln, nC), A_(a->mid, nC),
-                        A_(w->ln2, C), F_(a->rstd2, N), N, C, c->norm_w_offset);
+    proj_backward(m, l, FT_PROJ_GATE, xm, m->d_gate, m->d_ln);
+    proj_backward(m, l, FT_PROJ_UP, xm, m->d_up, m->d_ln);
+    /* the residual passes d_h through; the branch adds its part */
+    pre_norm_backward(m, nw[FT_NORM_MLP_PRE], w->g_norm[FT_NORM_MLP_PRE], a->mid, a->rstd2);
 
-    /* attention: mid = in + r * o(attn(rope(q(ln1)), rope(k(ln1)), v(ln1))) */
+    /* attention: mid = in + r * post1(o(attn(rope(q(xa)), rope(k(xa)), v(xa)))), xa =
+     * pre1(in) or in; q and k normed before RoPE where the block says so */
+    dy = post_norm_backward(m, branch_grad(m, nC), nw[FT_NORM_ATTN_POST],
+                            w->g_norm[FT_NORM_ATTN_POST], a->ao, a->rstd_ao);
     ft_zero(A_(m->d_att, nQ), nQ);
-    proj_backward(m, l, FT_PROJ_O, a->att, branch_grad(m, nC), m->d_att);
+    proj_backward(m, l, FT_PROJ_O, a->att, dy, m->d_att);
     ft_zero(A_(m->d_q, nQ), nQ);
     ft_zero(A_(m->d_k, nK), nK);
     ft_zero(A_(m->d_v, nK), nK);
@@ -317,17 +426,29 @@ static void layer_backward(ft_model *m, int l)
                           A_(a->q, nQ), A_(a->k, nK), A_(a->v, nK), A_(a->att, nQ),
                           F_(a->lse, (size_t)N * Hq),
                           m->has_seg ? I_(m->seg, N) : ft_none(), B, T, Hq, Hkv, D,
-                          c->attention_scale, c->sliding_window);
+                          c->attention_scale, ft_layer_window(c, l), c->attn_softcap);
     if (ft_layer_uses_rope(c, l)) {
         ft_rope_backward(A_(m->d_q, nQ), pos, inv, N, Hq, D, rd, rs);
         ft_rope_backward(A_(m->d_k, nK), pos, inv, N, Hkv, D, rd, rs);
     }
+    const float *xa = nw[FT_NORM_ATTN_PRE] ? a->ln1 : a->in;
     ft_zero(A_(m->d_ln, nC), nC);
-    proj_backward(m, l, FT_PROJ_Q, a->ln1, m->d_q, m->d_ln);
-    proj_backward(m, l, FT_PROJ_K, a->ln1, m->d_k, m->d_ln);
-    proj_backward(m, l, FT_PROJ_V, a->ln1, m->d_v, m->d_ln);
-    ft_rmsnorm_backward(A_(m->d_h, nC), OPTF_(w->g_ln1, C), A_(m->d_ln, nC), A_(a->in, nC),
-                        A_(w->ln1, C), F_(a->rstd1, N), N, C, c->norm_w_offset);
+    if (c->qk_norm == FT_QK_NORM_NONE) {
+        proj_backward(m, l, FT_PROJ_Q, xa, m->d_q, m->d_ln);
+        proj_backward(m, l, FT_PROJ_K, xa, m->d_k, m->d_ln);
+        proj_backward(m, l, FT_PROJ_V, xa, m->d_v, m->d_ln);
+    } else {
+        /* through the q/k norms: d_att (free after the attention's backward) takes q's
+         * pre-norm gradient, d_v (free after v's backward) k's */
+        ft_zero(A_(m->d_att, nQ), nQ);
+        qk_norm_backward(m, l, FT_PROJ_Q, m->d_q, m->d_att);
+        proj_backward(m, l, FT_PROJ_Q, xa, m->d_att, m->d_ln);
+        proj_backward(m, l, FT_PROJ_V, xa, m->d_v, m->d_ln);
+        ft_zero(A_(m->d_v, nK), nK);
+        qk_norm_backward(m, l, FT_PROJ_K, m->d_k, m->d_v);
+        proj_backward(m, l, FT_PROJ_K, xa, m->d_v, m->d_ln);
+    }
+    pre_norm_backward(m, nw[FT_NORM_ATTN_PRE], w->g_norm[FT_NORM_ATTN_PRE], a->in, a->rstd1);
 }
 
 static int acquire(ft_model *m, int unit, ft_unit_phase ph, ft_err *err)
@@ -369,13 +490,17 @@ static float head_alpha(const ft_model *m)
     return m->cfg.logits_scale == 1.0f ? 1.0f : 1.0f / m->cfg.logits_scale;
 }
 
-/* logits[0, rows) = lm_head(lnf rows [r0, r0 + rows)): one chunk of the head. */
+/* logits[0, rows) = lm_head(lnf rows [r0, r0 + rows)): one chunk of the head, soft-capped
+ * where the family caps its logits (gemma2: c tanh(logits / c); the cross-entropy's
+ * softcap argument then takes the gradient through the tanh). */
 static void head_logits(ft_model *m, size_t r0, size_t rows)
 {
     size_t C = (size_t)m->cfg.hidden_size, V = (size_t)m->cfg.vocab_size;
     ft_tensor x = ft_slice(A_(m->lnf, (r0 + rows) * C), r0 * C, rows * C);
     ft_linear_forward(A_(m->logits, rows * V), x, A_(m->lm_head, V * C), ft_none(), (int)rows,
                       (int)C, (int)V, head_alpha(m), 0);
+    if (m->cfg.final_softcap > 0.0f)
+        ft_softcap(A_(m->logits, rows * V), m->cfg.final_softcap, rows * V);
 }
 
 /* Layers this model computes: [*l0, *l1) (units l0+1 .. l1). */
@@ -438,7 +563,8 @@ int ft_model_forward(ft_model *m, const ft_batch *b, double *loss_sum, long *n_t
             size_t rows = (size_t)N - r0 < R ? (size_t)N - r0 : R;
             head_logits(m, r0, rows);
             loss += ft_cross_entropy(ft_none(), A_(m->logits, rows * V),
-                                     ft_slice(I_(m->targets, N), r0, rows), (int)rows, V, 0.0f);
+                                     ft_slice(I_(m->targets, N), r0, rows), (int)rows, V, 0.0f,
+                                     c->final_softcap);
             m->logits_first = r0; /* the buffer ends with the last chunk */
         }
         if (release_head(m, FT_UNIT_FORWARD, err))
@@ -479,10 +605,10 @@ int ft_model_backward(ft_model *m, float grad_scale, ft_err *err)
             size_t rows = (size_t)N - r0 < R ? (size_t)N - r0 : R;
             if (R < (size_t)N)
                 head_logits(m, r0, rows);
-            /* dlogits overwrite the logits in place */
+            /* dlogits overwrite the logits in place (w.r.t. the uncapped logits) */
             ft_tensor dlogits = A_(m->logits, rows * V);
             ft_cross_entropy(dlogits, dlogits, ft_slice(I_(m->targets, N), r0, rows), (int)rows,
-                             V, grad_scale);
+                             V, grad_scale, c->final_softcap);
             ft_linear_backward(ft_slice(A_(m->d_ln, nC), r0 * C, rows * C),
                                OPTF_(m->g_lm_head, (size_t)V * C), ft_none(), dlogits,
                                ft_slice(A_(m->lnf, nC), r0 * C, rows * C),

@@ -21,6 +21,8 @@ from safetensors.torch import load_file
 import transformers
 from transformers import (
     AutoModelForCausalLM,
+    Gemma2Config,
+    Gemma2ForCausalLM,
     GemmaConfig,
     GemmaForCausalLM,
     GraniteConfig,
@@ -29,12 +31,16 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Olmo2Config,
+    Olmo2ForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
-    SmolLM3Config,
-    SmolLM3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
 )
 
 transformers.logging.set_verbosity_error()
@@ -69,7 +75,8 @@ def linear_modules(shape):
 @dataclass
 class Shape:
     name: str
-    arch: str  # llama | mistral | qwen2 | granite | gemma | phi3 | smollm3
+    # llama | mistral | qwen2 | qwen3 | granite | gemma | gemma2 | olmo2 | phi3 | smollm3
+    arch: str
     cfg: dict
     T: int = 12
     save_dtype: torch.dtype = torch.float32
@@ -225,6 +232,46 @@ SHAPES = {
             # constant key shift leaving the softmax unchanged, and both sides hold noise)
             note="NoPE layers 1 and 3 from no_rope_layer_interval 2, MQA, mlp biases",
         ),
+        Shape(
+            "gemma2",
+            "gemma2",
+            _cfg(num_hidden_layers=3, head_dim=16, hidden_activation="gelu_pytorch_tanh",
+                 tie_word_embeddings=True, rms_norm_eps=1e-6, pad_token_id=0,
+                 query_pre_attn_scalar=24, attn_logit_softcapping=1.0,
+                 final_logit_softcapping=1.5, sliding_window=4),
+            # caps of 1 and 1.5 bend this tiny model's scores (up to ~1.2) and logits (up
+            # to ~2.3); a smaller attention cap saturates tanh and shrinks q/k gradients
+            # to where bf16 noise (test_gpu_model) dominates them
+            note="Gemma's rules plus: four norms a layer (pre and post each branch), "
+                 "attention and final logit soft-caps small enough to bend the scores and "
+                 "logits of this tiny model, attention scale 24^-0.5 (not 16^-0.5), sliding "
+                 "window 4 < T 12 on layers 0 and 2, full attention on layer 1",
+        ),
+        Shape(
+            "olmo2",
+            "olmo2",
+            _cfg(rms_norm_eps=1e-6, rope_theta=500000.0),
+            note="norms after attention and MLP (no pre-norms), q/k norm over the whole "
+                 "projection (widths 32 and 16), GQA",
+        ),
+        Shape(
+            "qwen3",
+            "qwen3",
+            _cfg(head_dim=16, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                 use_sliding_window=False),
+            # as Qwen3 checkpoints on the Hub carry it: the window off, its keys present
+            config_patch={"sliding_window": None, "use_sliding_window": False,
+                          "max_window_layers": 1},
+            note="q/k norm per head (weight [head_dim]) before RoPE, head_dim 16 != 32/4, "
+                 "GQA, no biases",
+        ),
+        Shape(
+            "qwen3_tied",
+            "qwen3",
+            _cfg(vocab_size=64, head_dim=16, num_key_value_heads=1, tie_word_embeddings=True,
+                 rms_norm_eps=1e-6, rope_theta=1000000.0),
+            note="Qwen3-0.6B-like: tied embeddings, q/k norm per head, one kv head",
+        ),
     ]
 }
 
@@ -233,7 +280,10 @@ _SEEDS = {"llama_gqa": 0, "llama_mqa_odd": 10, "tied": 20, "qwen2": 30, "llama3_
           "mistral_sw": 50, "head_dim16": 60, "llama_bias": 70, "bf16_ckpt": 80,
           "fp16_ckpt": 90, "sharded": 100, "rope_linear": 110, "granite": 120,
           "gemma": 130, "phi3": 140, "phi3_longrope": 150, "phi4_mini": 160, "smollm3": 170,
-          "smollm3_interval": 180, "phi3_sw_partial": 190}
+          "smollm3_interval": 180, "phi3_sw_partial": 190,
+          # (the families of i21-qk/i21-gemma2 numbered theirs independently; a seed only
+          # needs to be fixed per shape, and each shape keeps the one its tests were tuned on)
+          "olmo2": 140, "qwen3": 150, "qwen3_tied": 160, "gemma2": 170}
 for _name, _s in SHAPES.items():
     _s.seed = _SEEDS[_name]
 
@@ -243,7 +293,10 @@ _ARCH = {
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
     "granite": (GraniteConfig, GraniteForCausalLM),
     "gemma": (GemmaConfig, GemmaForCausalLM),
+    "gemma2": (Gemma2Config, Gemma2ForCausalLM),
+    "olmo2": (Olmo2Config, Olmo2ForCausalLM),
     "phi3": (Phi3Config, Phi3ForCausalLM),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
     "smollm3": (SmolLM3Config, SmolLM3ForCausalLM),
 }
 

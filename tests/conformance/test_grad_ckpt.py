@@ -12,6 +12,10 @@ CASES = [
     ("mistral_sw", None),
     ("llama_gqa", "all7"),
     ("tied", "qv"),
+    # post-norms (the MLP's needs its input recomputed) and q/k norms
+    ("olmo2", None),
+    ("olmo2", "all7"),
+    ("qwen3", "all7"),
 ]
 
 

@@ -36,6 +36,11 @@ CASES = [
     ("phi3_sw_partial", "all-linear"),
     ("smollm3", "all7"),
     ("smollm3_interval", "qv"),
+    ("gemma2", "all7"),
+    ("olmo2", "all7"),
+    ("olmo2", "all-linear"),
+    ("qwen3", "all7"),
+    ("qwen3_tied", "qv"),
 ]
 
 

@@ -1,7 +1,8 @@
 """Tests 1 and 2: forward (logits, loss) and full-mode gradients vs transformers, on every
 model shape in ftref.SHAPES (GQA, MQA with 3 heads, tied embeddings, Qwen2 biases, llama3
 RoPE scaling, Mistral sliding window, explicit head_dim, attention/MLP bias, bf16 and fp16
-checkpoints, a sharded checkpoint)."""
+checkpoints, a sharded checkpoint, Granite's multipliers, Gemma's norms and GeGLU, OLMo2's
+post-norms and whole-projection q/k norms, Qwen3's per-head q/k norms, tied and untied)."""
 
 import pytest
 

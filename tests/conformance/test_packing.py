@@ -58,7 +58,8 @@ def _reference(model, samples):
     return torch.stack(logits_rows), total / n_total, grads
 
 
-CASES = [("llama_gqa", None), ("llama_gqa", "all7"), ("qwen2", None), ("mistral_sw", None)]
+CASES = [("llama_gqa", None), ("llama_gqa", "all7"), ("qwen2", None), ("mistral_sw", None),
+         ("olmo2", "all7"), ("qwen3", None)]
 
 
 @pytest.mark.parametrize("model_name,adapter", CASES,

@@ -88,6 +88,9 @@ INIT_CASES = [
     ("phi3", "all-linear", ftref.PHI3_FOUR, 4, 8, False),
     ("phi4_mini", "qkv,gate_up", ["qkv_proj", "gate_up_proj"], 2, 4, True),
     ("smollm3", "all-linear", ftref.SEVEN, 4, 8, False),
+    ("gemma2", "all-linear", ftref.SEVEN, 4, 8, False),
+    ("olmo2", "all-linear", ftref.SEVEN, 4, 8, False),
+    ("qwen3_tied", "all-linear", ftref.SEVEN, 4, 8, False),
 ]
 
 
@@ -218,6 +221,11 @@ MERGE_CASES = [
     ("phi4_mini", "qkv_down", "bf16"),
     ("smollm3", "all7", "f32"),  # tied; NoPE layer
     ("smollm3_interval", "all-linear", "f32"),
+    ("gemma2", "all7", "f32"),  # four norms a layer, all offsets from 1
+    ("olmo2", "all7", "f32"),  # q_norm / k_norm and the post-norms carried through
+    ("qwen3", "all7", "f32"),
+    ("qwen3_tied", "all7", "f32"),
+    ("qwen3_tied", "qv", "bf16"),
 ]
 
 _DT = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}

@@ -2,8 +2,8 @@
  * through cuda_emu.h, against the CPU attention op (kernels/cpu/attention.c): forward
  * out and lse, and dq, dk, dv, on shapes that cover a ragged last tile, several tiles,
  * GQA and MQA, packed sequences, a sliding window shorter and longer than a tile, and
- * every head dim the kernels take in steps of 16 up to 128, and a window that starts a
- * query tile's keys one tile back.
+ * every head dim the kernels take in steps of 16 up to 128, a window that starts a
+ * query tile's keys one tile back, and attention logit soft-capping.
  *
  * As in tests/gpu/test_cuda_attention.c: inputs are rounded to bf16 first, so both sides
  * see the same values; the backward takes the CPU forward's out (rounded to bf16) and
@@ -44,6 +44,7 @@ static std::vector<float> from_bf16(const std::vector<__nv_bfloat16> &v)
 struct att_case {
     const char *name;
     int B, T, Hq, Hkv, D, window, nseg;
+    float softcap; /* > 0: Gemma 2's attention logit soft-capping */
 };
 
 static ft_tensor bf(std::vector<__nv_bfloat16> &v)
@@ -53,8 +54,8 @@ static ft_tensor bf(std::vector<__nv_bfloat16> &v)
 
 static void run_case(const att_case &c)
 {
-    printf(" %s: B=%d T=%d Hq=%d Hkv=%d D=%d window=%d segments=%d\n", c.name, c.B, c.T, c.Hq,
-           c.Hkv, c.D, c.window, c.nseg);
+    printf(" %s: B=%d T=%d Hq=%d Hkv=%d D=%d window=%d segments=%d softcap=%g\n", c.name, c.B,
+           c.T, c.Hq, c.Hkv, c.D, c.window, c.nseg, c.softcap);
     size_t nq = (size_t)c.B * c.T * c.Hq * c.D, nkv = (size_t)c.B * c.T * c.Hkv * c.D;
     size_t nl = (size_t)c.B * c.Hq * c.T;
     float scale = 1.0f / sqrtf((float)c.D);
@@ -73,7 +74,7 @@ static void run_case(const att_case &c)
     std::vector<float> out_ref(nq), lse_ref(nl);
     ft_attention_forward(ft_f32(out_ref.data(), nq), ft_f32(lse_ref.data(), nl),
                          ft_f32(q.data(), nq), ft_f32(k.data(), nkv), ft_f32(v.data(), nkv),
-                         seg_t, c.B, c.T, c.Hq, c.Hkv, c.D, scale, c.window);
+                         seg_t, c.B, c.T, c.Hq, c.Hkv, c.D, scale, c.window, c.softcap);
     std::vector<float> out_in(nq); /* the backward's out: the reference, stored as bf16 */
     for (size_t i = 0; i < nq; i++)
         out_in[i] = round_bf16(out_ref[i]);
@@ -82,7 +83,7 @@ static void run_case(const att_case &c)
                           ft_f32(dv_ref.data(), nkv), ft_f32(dout.data(), nq),
                           ft_f32(q.data(), nq), ft_f32(k.data(), nkv), ft_f32(v.data(), nkv),
                           ft_f32(out_in.data(), nq), ft_f32(lse_ref.data(), nl), seg_t, c.B,
-                          c.T, c.Hq, c.Hkv, c.D, scale, c.window);
+                          c.T, c.Hq, c.Hkv, c.D, scale, c.window, c.softcap);
 
     /* the kernels */
     auto qb = to_bf16(q), kb = to_bf16(k), vb = to_bf16(v), doutb = to_bf16(dout);
@@ -102,6 +103,7 @@ static void run_case(const att_case &c)
     a.G = c.Hq / c.Hkv;
     a.scale = scale;
     a.window = c.window;
+    a.softcap = c.softcap;
     unsigned tiles = (unsigned)((c.T + FA_ROWS - 1) / FA_ROWS);
     void (*fwd)(att_args), (*dq_k)(att_args), (*dkdv_k)(att_args);
     size_t fwd_smem, dq_smem, dkdv_smem;
@@ -148,16 +150,20 @@ static void run_case(const att_case &c)
 int main(void)
 {
     static const att_case cases[] = {
-        {"one-tile-d128", 1, 20, 2, 2, 128, 0, 0},
-        {"ragged-mha-d64", 1, 70, 2, 2, 64, 0, 0},
-        {"gqa-3tiles-d32", 1, 150, 4, 2, 32, 0, 0},
-        {"mqa-d16", 2, 33, 3, 1, 16, 0, 0},
-        {"packed-window5-d48", 2, 100, 2, 1, 48, 5, 3},
-        {"window70-packed-d80", 1, 150, 2, 1, 80, 70, 2},
-        {"packed-gqa-d96", 1, 130, 4, 2, 96, 0, 3},
-        {"window-t1-d112", 1, 1, 2, 1, 112, 5, 0},
+        {"one-tile-d128", 1, 20, 2, 2, 128, 0, 0, 0.0f},
+        {"ragged-mha-d64", 1, 70, 2, 2, 64, 0, 0, 0.0f},
+        {"gqa-3tiles-d32", 1, 150, 4, 2, 32, 0, 0, 0.0f},
+        {"mqa-d16", 2, 33, 3, 1, 16, 0, 0, 0.0f},
+        {"packed-window5-d48", 2, 100, 2, 1, 48, 5, 3, 0.0f},
+        {"window70-packed-d80", 1, 150, 2, 1, 80, 70, 2, 0.0f},
+        {"packed-gqa-d96", 1, 130, 4, 2, 96, 0, 3, 0.0f},
+        {"window-t1-d112", 1, 1, 2, 1, 112, 5, 0, 0.0f},
         /* a window of 2: query 64's first key, 63, sits in the tile before its own */
-        {"window2-t128-d16", 1, 128, 1, 1, 16, 2, 0},
+        {"window2-t128-d16", 1, 128, 1, 1, 16, 2, 0, 0.0f},
+        /* Gemma 2's attention logit soft-capping (scores of a few units, capped at 1, 2) */
+        {"softcap-gqa-3tiles-d64", 1, 150, 4, 2, 64, 0, 0, 1.0f},
+        {"softcap-packed-window5-d32", 2, 100, 2, 1, 32, 5, 3, 1.0f},
+        {"softcap-window70-d128", 1, 150, 2, 2, 128, 70, 0, 2.0f},
     };
     for (const att_case &c : cases)
         run_case(c);

@@ -23,6 +23,7 @@ typedef struct att_case {
     int B, T, Hq, Hkv, D;
     int window; /* > 0: sliding window */
     int nseg;   /* segments per row (packed sequences); 0: no seg ids */
+    float softcap; /* > 0: Gemma 2's attention logit soft-capping */
 } att_case;
 
 /* One case's host inputs for one dtype (rounded to it) and the CPU forward's results. */
@@ -105,7 +106,7 @@ static att_data att_make(att_case c, ft_dtype dt, uint64_t seed)
     ft_attention_forward(ft_f32(a.out_ref, a.nq), ft_f32(a.lse_ref, a.nl),
                          ft_f32(a.q, a.nq), ft_f32(a.k, a.nkv), ft_f32(a.v, a.nkv),
                          a.seg ? ft_i32(a.seg, a.nseg_ids) : ft_none(), c.B, c.T, c.Hq,
-                         c.Hkv, c.D, a.scale, c.window);
+                         c.Hkv, c.D, a.scale, c.window, c.softcap);
     a.out = host_copy(a.out_ref, a.nq);
     host_round(a.out, a.nq, dt);
     a.lse = a.lse_ref;
@@ -150,14 +151,14 @@ static void check_forward(const att_data *a)
     ft_tensor out2 = dev_upload(zq, a->nq, a->dt), lse2 = dev_upload(zl, a->nl, FT_F32);
 
     ft_attention_forward(out, lse, q, k, v, seg, c.B, c.T, c.Hq, c.Hkv, c.D, a->scale,
-                         c.window);
+                         c.window, c.softcap);
     label(what, sizeof(what), a, "forward out");
     check_dev(what, out, a->out_ref, tol_for(a->dt));
     label(what, sizeof(what), a, "forward lse");
     check_dev(what, lse, a->lse_ref, tol_for(FT_F32));
 
     ft_attention_forward(out2, lse2, q, k, v, seg, c.B, c.T, c.Hq, c.Hkv, c.D, a->scale,
-                         c.window);
+                         c.window, c.softcap);
     CHECK(dev_equal(out, out2));
     CHECK(dev_equal(lse, lse2));
 
@@ -188,7 +189,7 @@ static void check_backward(const att_data *a, int want)
                           ft_f32(dv_ref, a->nkv), ft_f32(a->dout, a->nq), ft_f32(a->q, a->nq), ft_f32(a->k, a->nkv),
                           ft_f32(a->v, a->nkv), ft_f32(a->out, a->nq), ft_f32(a->lse, a->nl),
                           a->seg ? ft_i32(a->seg, a->nseg_ids) : ft_none(), c.B, c.T, c.Hq,
-                          c.Hkv, c.D, a->scale, c.window);
+                          c.Hkv, c.D, a->scale, c.window, c.softcap);
 
     ft_tensor q = dev_upload(a->q, a->nq, a->dt), k = dev_upload(a->k, a->nkv, a->dt),
               v = dev_upload(a->v, a->nkv, a->dt), dout = dev_upload(a->dout, a->nq, a->dt),
@@ -199,7 +200,7 @@ static void check_backward(const att_data *a, int want)
     ft_tensor dv = want & GRAD_V ? dev_upload(a->dv0, a->nkv, a->dt) : ft_none();
 
     ft_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, seg, c.B, c.T, c.Hq, c.Hkv,
-                          c.D, a->scale, c.window);
+                          c.D, a->scale, c.window, c.softcap);
     const char *suffix = want == GRAD_ALL ? "" : " (alone)";
     if (want & GRAD_Q) {
         snprintf(what, sizeof(what), "%s %s dq%s", c.name, dtype_name(a->dt), suffix);
@@ -219,7 +220,7 @@ static void check_backward(const att_data *a, int want)
         ft_tensor dk2 = dev_upload(a->dk0, a->nkv, a->dt);
         ft_tensor dv2 = dev_upload(a->dv0, a->nkv, a->dt);
         ft_attention_backward(dq2, dk2, dv2, dout, q, k, v, out, lse, seg, c.B, c.T, c.Hq,
-                              c.Hkv, c.D, a->scale, c.window);
+                              c.Hkv, c.D, a->scale, c.window, c.softcap);
         CHECK(dev_equal(dq, dq2));
         CHECK(dev_equal(dk, dk2));
         CHECK(dev_equal(dv, dv2));
@@ -275,8 +276,8 @@ static void run_cases(const att_case *cases, int n)
     static const char *kernels[3] = {"reference", "reference", "flash"};
     for (int i = 0; i < n; i++) {
         const att_case c = cases[i];
-        printf(" %s: B=%d T=%d Hq=%d Hkv=%d D=%d window=%d segments=%d\n", c.name, c.B,
-               c.T, c.Hq, c.Hkv, c.D, c.window, c.nseg);
+        printf(" %s: B=%d T=%d Hq=%d Hkv=%d D=%d window=%d segments=%d softcap=%g\n",
+               c.name, c.B, c.T, c.Hq, c.Hkv, c.D, c.window, c.nseg, c.softcap);
         for (int d = 0; d < 3; d++) {
             use_kernel(kernels[d], c.D);
             att_data a = att_make(c, dtypes[d], 1000 + (uint64_t)i * 17 + (uint64_t)d);
@@ -293,8 +294,8 @@ static void run_cases(const att_case *cases, int n)
 static void test_attention_mha(void)
 {
     static const att_case cases[] = {
-        {"mha", 2, 33, 4, 4, 64, 0, 0},
-        {"mha-d128", 2, 130, 2, 2, 128, 0, 0},
+        {"mha", 2, 33, 4, 4, 64, 0, 0, 0.0f},
+        {"mha-d128", 2, 130, 2, 2, 128, 0, 0, 0.0f},
     };
     run_cases(cases, NCASES(cases));
 }
@@ -302,8 +303,8 @@ static void test_attention_mha(void)
 static void test_attention_gqa(void)
 {
     static const att_case cases[] = {
-        {"gqa", 2, 130, 8, 2, 128, 0, 0},
-        {"gqa-d80", 3, 33, 6, 2, 80, 0, 0},
+        {"gqa", 2, 130, 8, 2, 128, 0, 0, 0.0f},
+        {"gqa-d80", 3, 33, 6, 2, 80, 0, 0, 0.0f},
     };
     run_cases(cases, NCASES(cases));
 }
@@ -311,8 +312,8 @@ static void test_attention_gqa(void)
 static void test_attention_mqa(void)
 {
     static const att_case cases[] = {
-        {"mqa", 3, 7, 4, 1, 40, 0, 0},
-        {"mqa-d64", 2, 130, 4, 1, 64, 0, 0},
+        {"mqa", 3, 7, 4, 1, 40, 0, 0, 0.0f},
+        {"mqa-d64", 2, 130, 4, 1, 64, 0, 0, 0.0f},
     };
     run_cases(cases, NCASES(cases));
 }
@@ -321,9 +322,9 @@ static void test_attention_mqa(void)
 static void test_attention_shapes(void)
 {
     static const att_case cases[] = {
-        {"t1", 2, 1, 2, 1, 8, 0, 0},        {"t1-window", 3, 1, 4, 2, 40, 5, 0},
-        {"t7-d8", 2, 7, 3, 1, 8, 0, 0},     {"t33-d96", 2, 33, 4, 2, 96, 0, 0},
-        {"t7-d256", 2, 7, 2, 1, 256, 0, 0}, {"t33-d1", 2, 33, 2, 2, 1, 0, 0},
+        {"t1", 2, 1, 2, 1, 8, 0, 0, 0.0f},        {"t1-window", 3, 1, 4, 2, 40, 5, 0, 0.0f},
+        {"t7-d8", 2, 7, 3, 1, 8, 0, 0, 0.0f},     {"t33-d96", 2, 33, 4, 2, 96, 0, 0, 0.0f},
+        {"t7-d256", 2, 7, 2, 1, 256, 0, 0, 0.0f}, {"t33-d1", 2, 33, 2, 2, 1, 0, 0, 0.0f},
     };
     run_cases(cases, NCASES(cases));
 }
@@ -331,9 +332,9 @@ static void test_attention_shapes(void)
 static void test_attention_packed(void)
 {
     static const att_case cases[] = {
-        {"packed-gqa", 2, 130, 8, 2, 64, 0, 3},
-        {"packed-mha", 3, 33, 2, 2, 40, 0, 2},
-        {"packed-mqa", 2, 7, 4, 1, 80, 0, 3},
+        {"packed-gqa", 2, 130, 8, 2, 64, 0, 3, 0.0f},
+        {"packed-mha", 3, 33, 2, 2, 40, 0, 2, 0.0f},
+        {"packed-mqa", 2, 7, 4, 1, 80, 0, 3, 0.0f},
     };
     run_cases(cases, NCASES(cases));
 }
@@ -342,10 +343,10 @@ static void test_attention_packed(void)
 static void test_attention_window(void)
 {
     static const att_case cases[] = {
-        {"window-gqa", 2, 33, 4, 2, 64, 5, 0},
-        {"window-mqa-d8", 2, 7, 3, 1, 8, 5, 0},
-        {"window-t130", 3, 130, 8, 2, 128, 5, 0},
-        {"window-wide", 2, 7, 2, 2, 40, 16, 0},
+        {"window-gqa", 2, 33, 4, 2, 64, 5, 0, 0.0f},
+        {"window-mqa-d8", 2, 7, 3, 1, 8, 5, 0, 0.0f},
+        {"window-t130", 3, 130, 8, 2, 128, 5, 0, 0.0f},
+        {"window-wide", 2, 7, 2, 2, 40, 16, 0, 0.0f},
     };
     run_cases(cases, NCASES(cases));
 }
@@ -353,8 +354,23 @@ static void test_attention_window(void)
 static void test_attention_window_packed(void)
 {
     static const att_case cases[] = {
-        {"window-packed", 3, 130, 8, 2, 80, 5, 3},
-        {"window-packed-mha", 2, 33, 2, 2, 64, 5, 2},
+        {"window-packed", 3, 130, 8, 2, 80, 5, 3, 0.0f},
+        {"window-packed-mha", 2, 33, 2, 2, 64, 5, 2, 0.0f},
+    };
+    run_cases(cases, NCASES(cases));
+}
+
+/* Gemma 2's attention logit soft-capping (softcap * tanh(S / softcap) before the mask
+ * and softmax; the scores here are of a few units, so caps of 1 and 2 bend them well
+ * into tanh's curve): full, windowed and packed, flash head dims and Gemma 2's 256 (the
+ * reference kernel). */
+static void test_attention_softcap(void)
+{
+    static const att_case cases[] = {
+        {"softcap-gqa", 2, 130, 8, 2, 64, 0, 0, 1.0f},
+        {"softcap-window-packed", 2, 70, 4, 2, 128, 5, 3, 2.0f},
+        {"softcap-window-mqa-d40", 2, 33, 4, 1, 40, 4, 0, 1.0f},
+        {"softcap-gemma2-d256", 1, 33, 4, 2, 256, 8, 0, 1.5f},
     };
     run_cases(cases, NCASES(cases));
 }
@@ -363,7 +379,7 @@ static void test_attention_window_packed(void)
  * ones come out the same. */
 static void test_attention_partial_grads(void)
 {
-    static const att_case c = {"partial", 2, 33, 8, 2, 48, 5, 2};
+    static const att_case c = {"partial", 2, 33, 8, 2, 48, 5, 2, 1.0f};
     static const ft_dtype dtypes[3] = {FT_F32, FT_BF16, FT_BF16};
     static const char *kernels[3] = {"reference", "reference", "flash"};
     for (int d = 0; d < 3; d++) {
@@ -389,12 +405,12 @@ static void test_attention_llama_shapes(void)
         return;
     }
     static const att_case cases[] = {
-        {"llama8b-t1024", 1, 1024, 32, 8, 128, 0, 3},
-        {"llama1b-t1024", 1, 1024, 32, 8, 64, 0, 0},
+        {"llama8b-t1024", 1, 1024, 32, 8, 128, 0, 3, 0.0f},
+        {"llama1b-t1024", 1, 1024, 32, 8, 64, 0, 0, 0.0f},
     };
     static const att_case small[] = {
-        {"llama8b-heads-t130", 1, 130, 8, 2, 128, 0, 3},
-        {"llama1b-heads-t130", 1, 130, 8, 2, 64, 0, 0},
+        {"llama8b-heads-t130", 1, 130, 8, 2, 128, 0, 3, 0.0f},
+        {"llama1b-heads-t130", 1, 130, 8, 2, 64, 0, 0, 0.0f},
     };
     if (gpu_test_small())
         run_cases(small, NCASES(small));
@@ -410,10 +426,10 @@ static void test_attention_llama_shapes(void)
 static void test_attention_head_dims(void)
 {
     static const att_case cases[] = {
-        {"d80", 1, 70, 2, 1, 80, 0, 0},
-        {"d96", 1, 70, 2, 1, 96, 0, 2},
-        {"d112", 1, 33, 2, 2, 112, 5, 0},
-        {"d128", 2, 70, 4, 2, 128, 0, 0},
+        {"d80", 1, 70, 2, 1, 80, 0, 0, 0.0f},
+        {"d96", 1, 70, 2, 1, 96, 0, 2, 0.0f},
+        {"d112", 1, 33, 2, 2, 112, 5, 0, 0.0f},
+        {"d128", 2, 70, 4, 2, 128, 0, 0, 0.0f},
     };
     printf("  device opt-in shared memory: %zu bytes; flash needs %zu (D=80), %zu (96), "
            "%zu (112), %zu (128)\n",
@@ -449,6 +465,7 @@ int main(int argc, char **argv)
     RUN_IF(packed);
     RUN_IF(window);
     RUN_IF(window_packed);
+    RUN_IF(softcap);
     RUN_IF(partial_grads);
     RUN_IF(head_dims);
     RUN_IF(llama_shapes);

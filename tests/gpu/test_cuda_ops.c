@@ -226,6 +226,77 @@ static void test_add_rmsnorm(void)
             }
 }
 
+/* ---- q/k norm ------------------------------------------------------------------- */
+
+/* The attention's q/k norm as the model runs it: the RMSNorm op over N * H rows of D (per
+ * head, qwen3: one weight [D] shared by the heads) or N rows of H * D (the whole
+ * projection, olmo2), then RoPE; backward RoPE's into the norm's. Chain by chain against
+ * the CPU ops (the CPU chain is checked against finite differences in test_ops_cpu.c).
+ * dw sums over every head of every token: 1280 rows of 128 at the largest. In bf16 the
+ * GPU's RoPE output is stored rounded before the norm's backward reads it, the CPU's not:
+ * bf16 tolerances for dw too. */
+static void test_qk_norm(void)
+{
+    static const int shapes[][4] = {/* N, H, D, per_head */
+                                    {40, 32, 128, 1}, {33, 8, 64, 1}, {7, 3, 8, 1},
+                                    {64, 16, 128, 0}, {5, 3, 8, 0}};
+    static const int small[][4] = {{10, 4, 128, 1}, {7, 3, 8, 1}, {6, 4, 32, 0}, {5, 3, 8, 0}};
+    int ns = gpu_test_small() ? 4 : 5;
+    for (int s = 0; s < ns; s++)
+        for (int di = 0; di < 2; di++) {
+            const int *sh = gpu_test_small() ? small[s] : shapes[s];
+            ft_dtype d = DTYPES[di];
+            int N = sh[0], H = sh[1], D = sh[2], per_head = sh[3];
+            int W = per_head ? D : H * D, rows = per_head ? N * H : N;
+            size_t n = (size_t)N * H * D;
+            int32_t *pos = malloc(sizeof(int32_t) * N);
+            for (int i = 0; i < N; i++)
+                pos[i] = (i * 37) % 301;
+            float *inv = host_alloc(D / 2);
+            for (int i = 0; i < D / 2; i++)
+                inv[i] = (float)(1.0 / pow(1e6, 2.0 * i / D));
+            float *x = rounded(host_random(n, 2.0f), n, d);
+            float *w = rounded(host_random(W, 1.0f), W, d);
+            float *out = host_alloc(n), *rstd = host_alloc(rows);
+            ft_tensor gx = dev_upload(x, n, d), gw = dev_upload(w, W, d);
+            ft_tensor gout = dev_upload(out, n, d), grstd = dev_upload(rstd, rows, FT_F32);
+            ft_tensor gp = dev_upload_raw(pos, N, 4, FT_I32), ginv = dev_upload(inv, D / 2, FT_F32);
+            ft_rmsnorm_forward(ft_f32(out, n), ft_f32(rstd, rows), ft_f32(x, n), ft_f32(w, W),
+                               rows, W, 1e-6f, 0.0f);
+            ft_rope_forward(ft_f32(out, n), ft_i32(pos, N), ft_f32(inv, D / 2), N, H, D, D, 1.0f);
+            ft_rmsnorm_forward(gout, grstd, gx, gw, rows, W, 1e-6f, 0.0f);
+            ft_rope_forward(gout, gp, ginv, N, H, D, D, 1.0f);
+            char what[96];
+            const char *kind = per_head ? "per head" : "whole";
+            snprintf(what, sizeof what, "q/k norm %s fwd %dx%dx%d %s", kind, N, H, D,
+                     dtype_name(d));
+            check_dev(what, gout, out, tol_for(d));
+            snprintf(what, sizeof what, "q/k norm %s rstd %dx%dx%d %s", kind, N, H, D,
+                     dtype_name(d));
+            check_dev(what, grstd, rstd, TOL_F32);
+
+            float *dout = rounded(host_random(n, 1.0f), n, d);
+            float *dx = host_alloc(n), *dw = host_random(W, 1.0f);
+            ft_tensor gdout = dev_upload(dout, n, d), gdx = dev_upload(dx, n, d);
+            ft_tensor gdw = dev_upload(dw, W, FT_F32), grstd_ref = dev_upload(rstd, rows, FT_F32);
+            ft_rope_backward(ft_f32(dout, n), ft_i32(pos, N), ft_f32(inv, D / 2), N, H, D, D, 1.0f);
+            ft_rmsnorm_backward(ft_f32(dx, n), ft_f32(dw, W), ft_f32(dout, n), ft_f32(x, n),
+                                ft_f32(w, W), ft_f32(rstd, rows), rows, W, 0.0f);
+            ft_rope_backward(gdout, gp, ginv, N, H, D, D, 1.0f);
+            ft_rmsnorm_backward(gdx, gdw, gdout, gx, gw, grstd_ref, rows, W, 0.0f);
+            snprintf(what, sizeof what, "q/k norm %s bwd dx %dx%dx%d %s", kind, N, H, D,
+                     dtype_name(d));
+            check_dev(what, gdx, dx, tol_for(d));
+            snprintf(what, sizeof what, "q/k norm %s bwd dw %dx%dx%d %s", kind, N, H, D,
+                     dtype_name(d));
+            check_dev(what, gdw, dw, d == FT_F32 ? TOL_F32 : tol_for(d));
+            free(pos), free(inv), free(x), free(w), free(out), free(rstd), free(dout), free(dx);
+            free(dw);
+            dev_free(gx), dev_free(gw), dev_free(gout), dev_free(grstd), dev_free(gp);
+            dev_free(ginv), dev_free(gdout), dev_free(gdx), dev_free(gdw), dev_free(grstd_ref);
+        }
+}
+
 /* ---- RoPE ----------------------------------------------------------------------- */
 
 static void test_rope(void)
@@ -330,13 +401,20 @@ static void test_geglu(void)
 static void test_cross_entropy(void)
 {
     static const int shapes[][2] = {{1, 5}, {37, 1000}, {300, 257}, {9, 32001}};
+    /* softcap 4: the logits are capped ones (Gemma 2), dlogits w.r.t. the uncapped */
+    static const float caps[] = {0.0f, 4.0f};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int di = 0; di < 2; di++)
-            for (int inplace = 0; inplace < 2; inplace++) {
+            for (int inplace = 0; inplace < 4; inplace++) {
                 ft_dtype d = DTYPES[di];
+                float cap = caps[inplace / 2];
                 int N = shapes[s][0], V = shapes[s][1];
                 size_t n = (size_t)N * V;
-                float *logits = rounded(host_random(n, 6.0f), n, d);
+                float *raw = host_random(n, 6.0f);
+                if (cap > 0.0f)
+                    ft_softcap(ft_f32(raw, n), cap, n);
+                float *logits = rounded(raw, n, d);
+                free(raw);
                 int32_t *tg = malloc(sizeof(int32_t) * N);
                 int counted = 0;
                 for (int i = 0; i < N; i++) {
@@ -346,24 +424,24 @@ static void test_cross_entropy(void)
                 float gs = counted ? 1.0f / counted : 1.0f;
                 float *dl = host_alloc(n);
                 ft_tensor gl = dev_upload(logits, n, d), gt = dev_upload_raw(tg, N, 4, FT_I32);
-                ft_tensor gdl = inplace ? gl : dev_upload(dl, n, d);
+                ft_tensor gdl = inplace % 2 ? gl : dev_upload(dl, n, d);
                 double ref = ft_cross_entropy(ft_f32(dl, n), ft_f32(logits, n), ft_i32(tg, N),
-                                              N, V, gs);
-                double got = ft_cross_entropy(gdl, gl, gt, N, V, gs);
+                                              N, V, gs, cap);
+                double got = ft_cross_entropy(gdl, gl, gt, N, V, gs, cap);
                 char what[96];
-                snprintf(what, sizeof what, "cross_entropy loss %dx%d %s%s", N, V,
-                         dtype_name(d), inplace ? " in place" : "");
+                snprintf(what, sizeof what, "cross_entropy loss %dx%d %s%s softcap %g", N, V,
+                         dtype_name(d), inplace % 2 ? " in place" : "", cap);
                 float fg = (float)got, fr = (float)ref;
                 CHECK_REL(what, &fg, &fr, 1, TOL_F32);
-                snprintf(what, sizeof what, "cross_entropy dlogits %dx%d %s%s", N, V,
-                         dtype_name(d), inplace ? " in place" : "");
+                snprintf(what, sizeof what, "cross_entropy dlogits %dx%d %s%s softcap %g", N,
+                         V, dtype_name(d), inplace % 2 ? " in place" : "", cap);
                 check_dev(what, gdl, dl, tol_for(d));
                 /* a rerun gives the same loss to the bit (not in place: logits intact) */
-                if (!inplace)
-                    CHECK(ft_cross_entropy(ft_none(), gl, gt, N, V, gs) == got);
+                if (!(inplace % 2))
+                    CHECK(ft_cross_entropy(ft_none(), gl, gt, N, V, gs, cap) == got);
                 free(logits), free(tg), free(dl);
                 dev_free(gl), dev_free(gt);
-                if (!inplace)
+                if (!(inplace % 2))
                     dev_free(gdl);
             }
 }
@@ -393,6 +471,12 @@ static void test_elementwise(void)
             ft_scale(ft_f32(y, n), -1.7f, n);
             ft_scale(gy, -1.7f, n);
             snprintf(what, sizeof what, "scale n=%zu %s", n, dtype_name(d));
+            check_dev(what, gy, y, tol_for(d));
+
+            /* y = 2 tanh(y / 2) (values of +-5: the cap bends them) */
+            ft_softcap(ft_f32(y, n), 2.0f, n);
+            ft_softcap(gy, 2.0f, n);
+            snprintf(what, sizeof what, "softcap n=%zu %s", n, dtype_name(d));
             check_dev(what, gy, y, tol_for(d));
 
             double ref = ft_sumsq(ft_f32(x, n), n), got = ft_sumsq(gx, n);
@@ -547,6 +631,7 @@ int main(void)
     RUN(test_embedding);
     RUN(test_rmsnorm);
     RUN(test_add_rmsnorm);
+    RUN(test_qk_norm);
     RUN(test_rope);
     RUN(test_swiglu);
     RUN(test_geglu);

@@ -272,6 +272,7 @@ typedef struct att_case {
     float scale; /* 0: 1/sqrt(D) */
     float amp;   /* input amplitude */
     int segmented; /* 0: seg NULL; 1, 2: make_seg kind */
+    float softcap;   /* 0: none; else S = softcap tanh(scale q.k / softcap) */
 } att_case;
 
 static int allowed(const int32_t *seg, int b, int T, int i, int j, int window)
@@ -291,7 +292,7 @@ static int allowed(const int32_t *seg, int b, int T, int i, int j, int window)
 /* Naive attention in double: explicit T x T scores per (b, h). */
 static void att_ref(double *out, double *lse, const double *q, const double *k,
                     const double *v, const int32_t *seg, int B, int T, int Hq, int Hkv,
-                    int D, double scale, int window)
+                    int D, double scale, int window, double softcap)
 {
     const int G = Hq / Hkv;
     double *S = malloc((size_t)T * T * sizeof(double));
@@ -306,8 +307,11 @@ static void att_ref(double *out, double *lse, const double *q, const double *k,
                     for (int d = 0; d < D; d++) {
                         s += qi[d] * kj[d];
                     }
-                    S[(size_t)i * T + j] = allowed(seg, b, T, i, j, window) ? scale * s
-                                                                            : -INFINITY;
+                    s *= scale;
+                    if (softcap > 0) {
+                        s = softcap * tanh(s / softcap);
+                    }
+                    S[(size_t)i * T + j] = allowed(seg, b, T, i, j, window) ? s : -INFINITY;
                 }
             }
             for (int i = 0; i < T; i++) {
@@ -383,9 +387,9 @@ static void run_forward_case(const att_case *c)
     double *outd = malloc(nq * sizeof(double)), *lsed = malloc(nl * sizeof(double));
 
     ft_cpu_attention_forward(out, lse, q, k, v, seg, c->B, c->T, c->Hq, c->Hkv, c->D,
-                             scale, c->window);
+                             scale, c->window, c->softcap);
     att_ref(outd, lsed, qd, kd, vd, seg, c->B, c->T, c->Hq, c->Hkv, c->D, scale,
-            c->window);
+            c->window, c->softcap);
     int before = check_current_failed;
     check_current_failed = 0;
     for (size_t i = 0; i < nq; i++) {
@@ -412,23 +416,29 @@ static void run_forward_case(const att_case *c)
 }
 
 static const att_case fwd_cases[] = {
-    {"mha", 2, 9, 3, 3, 8, 0, 0.0f, 1.0f, 0},
-    {"gqa", 2, 8, 6, 2, 8, 0, 0.0f, 1.0f, 0},
-    {"mqa", 1, 10, 4, 1, 16, 0, 0.0f, 1.0f, 0},
-    {"odd", 3, 7, 3, 1, 6, 0, 0.0f, 1.0f, 0},
-    {"t1", 2, 1, 2, 1, 4, 0, 0.0f, 1.0f, 0},
-    {"segments", 2, 12, 4, 2, 8, 0, 0.0f, 1.0f, 1},
-    {"window", 2, 11, 4, 2, 8, 3, 0.0f, 1.0f, 0},
-    {"window1", 1, 6, 2, 2, 4, 1, 0.0f, 1.0f, 0},
-    {"segments_window", 2, 13, 6, 2, 6, 4, 0.0f, 1.0f, 1},
-    {"large_logits", 2, 9, 4, 2, 8, 0, 2.0f, 3.0f, 0},
+    {"mha", 2, 9, 3, 3, 8, 0, 0.0f, 1.0f, 0, 0.0f},
+    {"gqa", 2, 8, 6, 2, 8, 0, 0.0f, 1.0f, 0, 0.0f},
+    {"mqa", 1, 10, 4, 1, 16, 0, 0.0f, 1.0f, 0, 0.0f},
+    {"odd", 3, 7, 3, 1, 6, 0, 0.0f, 1.0f, 0, 0.0f},
+    {"t1", 2, 1, 2, 1, 4, 0, 0.0f, 1.0f, 0, 0.0f},
+    {"segments", 2, 12, 4, 2, 8, 0, 0.0f, 1.0f, 1, 0.0f},
+    {"window", 2, 11, 4, 2, 8, 3, 0.0f, 1.0f, 0, 0.0f},
+    {"window1", 1, 6, 2, 2, 4, 1, 0.0f, 1.0f, 0, 0.0f},
+    {"segments_window", 2, 13, 6, 2, 6, 4, 0.0f, 1.0f, 1, 0.0f},
+    {"large_logits", 2, 9, 4, 2, 8, 0, 2.0f, 3.0f, 0, 0.0f},
     /* more than one 64-key block: exercises the running-max rescale */
-    {"long", 1, 200, 2, 1, 6, 0, 0.0f, 2.0f, 0},
-    {"long_window", 1, 200, 2, 1, 6, 90, 0.0f, 2.0f, 0},
-    {"long_segments", 2, 150, 2, 2, 5, 0, 0.0f, 2.0f, 1},
-    {"interleaved_segments", 2, 90, 4, 2, 6, 0, 0.0f, 1.5f, 2},
-    {"interleaved_segments_window", 2, 90, 4, 1, 6, 20, 0.0f, 1.5f, 2},
-    {"long_large_logits", 1, 160, 2, 1, 8, 0, 1.0f, 2.5f, 0},
+    {"long", 1, 200, 2, 1, 6, 0, 0.0f, 2.0f, 0, 0.0f},
+    {"long_window", 1, 200, 2, 1, 6, 90, 0.0f, 2.0f, 0, 0.0f},
+    {"long_segments", 2, 150, 2, 2, 5, 0, 0.0f, 2.0f, 1, 0.0f},
+    {"interleaved_segments", 2, 90, 4, 2, 6, 0, 0.0f, 1.5f, 2, 0.0f},
+    {"interleaved_segments_window", 2, 90, 4, 1, 6, 20, 0.0f, 1.5f, 2, 0.0f},
+    {"long_large_logits", 1, 160, 2, 1, 8, 0, 1.0f, 2.5f, 0, 0.0f},
+    /* Gemma 2's attn_logit_softcapping: scores of up to ~20 capped at 5 (well into
+     * tanh's bend), alone, with a window, with segments, across 64-key blocks */
+    {"softcap", 2, 9, 4, 2, 8, 0, 2.0f, 3.0f, 0, 5.0f},
+    {"softcap_window", 2, 11, 4, 2, 8, 3, 1.0f, 2.5f, 0, 4.0f},
+    {"softcap_segments", 2, 13, 6, 2, 6, 4, 1.0f, 2.5f, 1, 3.0f},
+    {"long_softcap", 1, 160, 2, 1, 8, 50, 1.0f, 2.5f, 0, 5.0f},
 };
 
 static void test_attention_forward(void)
@@ -446,7 +456,7 @@ static double ref_loss(const double *q, const double *k, const double *v,
 {
     const size_t nq = (size_t)c->B * c->T * c->Hq * c->D;
     att_ref(outd, NULL, q, k, v, seg, c->B, c->T, c->Hq, c->Hkv, c->D, case_scale(c),
-            c->window);
+            c->window, c->softcap);
     double L = 0.0;
     for (size_t i = 0; i < nq; i++) {
         L += outd[i] * r[i];
@@ -486,9 +496,9 @@ static void run_backward_case(const att_case *c)
     double *rd = to_double(r, nq), *outd = malloc(nq * sizeof(double));
 
     ft_cpu_attention_forward(out, lse, q, k, v, seg, c->B, c->T, c->Hq, c->Hkv, c->D,
-                             scale, c->window);
+                             scale, c->window, c->softcap);
     ft_cpu_attention_backward(dq, dk, dv, r, q, k, v, out, lse, seg, c->B, c->T, c->Hq,
-                              c->Hkv, c->D, scale, c->window);
+                              c->Hkv, c->D, scale, c->window, c->softcap);
 
     int before = check_current_failed;
     check_current_failed = 0;
@@ -500,7 +510,7 @@ static void run_backward_case(const att_case *c)
     float *dq2 = rand_buf(nq, 1.0f), *dk2 = rand_buf(nk, 1.0f), *dv2 = rand_buf(nk, 1.0f);
     float *dq0 = copy_buf(dq2, nq), *dk0 = copy_buf(dk2, nk), *dv0 = copy_buf(dv2, nk);
     ft_cpu_attention_backward(dq2, dk2, dv2, r, q, k, v, out, lse, seg, c->B, c->T, c->Hq,
-                              c->Hkv, c->D, scale, c->window);
+                              c->Hkv, c->D, scale, c->window, c->softcap);
     for (size_t i = 0; i < nq; i++) {
         CHECK_CLOSE(dq2[i], (double)dq0[i] + dq[i], 1e-6);
     }
@@ -512,12 +522,12 @@ static void run_backward_case(const att_case *c)
     /* Unwanted gradients may be NULL; the others are unchanged. */
     memset(dk2, 0, nk * sizeof(float));
     ft_cpu_attention_backward(NULL, dk2, NULL, r, q, k, v, out, lse, seg, c->B, c->T,
-                              c->Hq, c->Hkv, c->D, scale, c->window);
+                              c->Hq, c->Hkv, c->D, scale, c->window, c->softcap);
     CHECK(memcmp(dk2, dk, nk * sizeof(float)) == 0);
     memset(dq2, 0, nq * sizeof(float));
     memset(dv2, 0, nk * sizeof(float));
     ft_cpu_attention_backward(dq2, NULL, dv2, r, q, k, v, out, lse, seg, c->B, c->T,
-                              c->Hq, c->Hkv, c->D, scale, c->window);
+                              c->Hq, c->Hkv, c->D, scale, c->window, c->softcap);
     CHECK(memcmp(dq2, dq, nq * sizeof(float)) == 0);
     CHECK(memcmp(dv2, dv, nk * sizeof(float)) == 0);
 
@@ -549,15 +559,17 @@ static void run_backward_case(const att_case *c)
 }
 
 static const att_case bwd_cases[] = {
-    {"mha", 1, 6, 2, 2, 4, 0, 0.0f, 1.0f, 0},
-    {"gqa", 2, 7, 6, 2, 4, 0, 0.0f, 1.0f, 0},
-    {"mqa", 1, 8, 3, 1, 6, 0, 0.0f, 1.0f, 0},
-    {"segments", 2, 9, 4, 2, 4, 0, 0.0f, 1.0f, 1},
-    {"window", 2, 8, 4, 2, 4, 3, 0.0f, 1.0f, 0},
-    {"gqa_segments_window", 2, 11, 6, 2, 6, 4, 0.0f, 1.0f, 1},
-    {"large_logits", 1, 7, 2, 1, 4, 0, 1.0f, 2.0f, 0},
-    {"long_segments_window", 1, 70, 2, 1, 3, 40, 0.0f, 1.5f, 1},
-    {"interleaved_segments", 1, 17, 4, 2, 4, 0, 0.0f, 1.0f, 2},
+    {"mha", 1, 6, 2, 2, 4, 0, 0.0f, 1.0f, 0, 0.0f},
+    {"gqa", 2, 7, 6, 2, 4, 0, 0.0f, 1.0f, 0, 0.0f},
+    {"mqa", 1, 8, 3, 1, 6, 0, 0.0f, 1.0f, 0, 0.0f},
+    {"segments", 2, 9, 4, 2, 4, 0, 0.0f, 1.0f, 1, 0.0f},
+    {"window", 2, 8, 4, 2, 4, 3, 0.0f, 1.0f, 0, 0.0f},
+    {"gqa_segments_window", 2, 11, 6, 2, 6, 4, 0.0f, 1.0f, 1, 0.0f},
+    {"large_logits", 1, 7, 2, 1, 4, 0, 1.0f, 2.0f, 0, 0.0f},
+    {"long_segments_window", 1, 70, 2, 1, 3, 40, 0.0f, 1.5f, 1, 0.0f},
+    {"interleaved_segments", 1, 17, 4, 2, 4, 0, 0.0f, 1.0f, 2, 0.0f},
+    {"softcap", 1, 7, 2, 1, 4, 0, 2.0f, 2.5f, 0, 3.0f},
+    {"gqa_softcap_segments_window", 2, 11, 6, 2, 6, 4, 1.0f, 2.0f, 1, 2.0f},
 };
 
 static void test_attention_backward(void)
@@ -572,7 +584,7 @@ static void test_attention_backward(void)
 /* One row holding segments [0,0,0,1,1,1,1,2,2,2,...] with positions restarting at 0 in
  * each, RoPE applied to q and k, then attention (forward and backward) with seg ids,
  * against each segment run alone (seg NULL, positions 0..len-1). */
-static void check_packed_vs_separate(int window)
+static void check_packed_vs_separate(int window, float softcap)
 {
     enum { T = 23, Hq = 4, Hkv = 2, D = 8 };
     static const int lens[] = {3, 4, 3, 1, 7, 5};
@@ -596,9 +608,10 @@ static void check_packed_vs_separate(int window)
     ft_cpu_rope_forward(kp, pos, inv_freq, T, Hkv, D, D, 1.0f);
     float out[T * Hq * D], lse[Hq * T];
     float dq[T * Hq * D] = {0}, dk[T * Hkv * D] = {0}, dv[T * Hkv * D] = {0};
-    ft_cpu_attention_forward(out, lse, qp, kp, v, seg, 1, T, Hq, Hkv, D, scale, window);
+    ft_cpu_attention_forward(out, lse, qp, kp, v, seg, 1, T, Hq, Hkv, D, scale, window,
+                             softcap);
     ft_cpu_attention_backward(dq, dk, dv, r, qp, kp, v, out, lse, seg, 1, T, Hq, Hkv, D,
-                              scale, window);
+                              scale, window, softcap);
 
     for (int s = 0; s < 6; s++) {
         const int L = lens[s], t0 = start[s];
@@ -615,9 +628,9 @@ static void check_packed_vs_separate(int window)
         float os[T * Hq * D], ls[Hq * T];
         float dqs[T * Hq * D] = {0}, dks[T * Hkv * D] = {0}, dvs[T * Hkv * D] = {0};
         ft_cpu_attention_forward(os, ls, qs, ks, vs, NULL, 1, L, Hq, Hkv, D, scale,
-                                 window);
+                                 window, softcap);
         ft_cpu_attention_backward(dqs, dks, dvs, rs, qs, ks, vs, os, ls, NULL, 1, L, Hq,
-                                  Hkv, D, scale, window);
+                                  Hkv, D, scale, window, softcap);
         for (int i = 0; i < L * Hq * D; i++) {
             CHECK_CLOSE(out[t0 * Hq * D + i], os[i], 1e-6);
             CHECK_CLOSE(dq[t0 * Hq * D + i], dqs[i], 1e-6);
@@ -644,8 +657,9 @@ static void check_packed_vs_separate(int window)
 
 static void test_packed_equals_separate(void)
 {
-    check_packed_vs_separate(0);
-    check_packed_vs_separate(3);
+    check_packed_vs_separate(0, 0.0f);
+    check_packed_vs_separate(3, 0.0f);
+    check_packed_vs_separate(3, 1.0f);
 }
 
 int main(void)

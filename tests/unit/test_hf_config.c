@@ -579,6 +579,182 @@ static void test_smollm3(void)
                  "hidden_act");
 }
 
+/* google/gemma-2-2b's config.json (transformers 4.42), and gemma-2-27b's attention scale */
+static void test_gemma2(void)
+{
+    ft_model_config c;
+    ft_err e = {0};
+    CHECK(load("{\"architectures\": [\"Gemma2ForCausalLM\"], \"attention_bias\": false,"
+               " \"attention_dropout\": 0.0, \"attn_logit_softcapping\": 50.0,"
+               " \"bos_token_id\": 2, \"cache_implementation\": \"hybrid\","
+               " \"eos_token_id\": [1, 107], \"final_logit_softcapping\": 30.0,"
+               " \"head_dim\": 256, \"hidden_act\": \"gelu_pytorch_tanh\","
+               " \"hidden_activation\": \"gelu_pytorch_tanh\", \"hidden_size\": 2304,"
+               " \"initializer_range\": 0.02, \"intermediate_size\": 9216,"
+               " \"max_position_embeddings\": 8192, \"model_type\": \"gemma2\","
+               " \"num_attention_heads\": 8, \"num_hidden_layers\": 26,"
+               " \"num_key_value_heads\": 4, \"pad_token_id\": 0,"
+               " \"query_pre_attn_scalar\": 256, \"rms_norm_eps\": 1e-06,"
+               " \"rope_theta\": 10000.0, \"sliding_window\": 4096,"
+               " \"torch_dtype\": \"float32\", \"transformers_version\": \"4.42.4\","
+               " \"use_cache\": true, \"vocab_size\": 256000}",
+               &c, &e) == 0);
+    if (e.msg[0])
+        fprintf(stderr, "  %s\n", e.msg);
+    CHECK(strcmp(c.model_type, "gemma2") == 0 && c.head_dim == 256 && c.num_kv_heads == 4);
+    CHECK(c.mlp_act == FT_ACT_GELU_TANH && c.norm_w_offset == 1.0f);
+    CHECK(c.tie_word_embeddings && c.embed_scale_round);
+    CHECK(fabs(c.embed_scale - sqrt(2304.0)) < 1e-12);
+    CHECK(c.attention_scale == 1.0f / 16.0f && c.logits_scale == 1.0f);
+    CHECK(c.attn_softcap == 50.0f && c.final_softcap == 30.0f);
+    CHECK(c.sliding_window == 4096 && c.num_layers == 26);
+    /* sliding on the even layers, full attention on the odd ones */
+    for (int l = 0; l < 26; l++)
+        CHECK(ft_layer_window(&c, l) == (l % 2 ? 0 : 4096));
+    /* Gemma2Config's defaults; gemma-2-27b's query_pre_attn_scalar 144 with head_dim 128;
+     * transformers 5's layer_types spelled out */
+    CHECK(load("{\"model_type\": \"gemma2\", \"vocab_size\": 1000, \"hidden_size\": 256,"
+               " \"intermediate_size\": 512, \"num_hidden_layers\": 3,"
+               " \"num_attention_heads\": 8, \"head_dim\": 128,"
+               " \"query_pre_attn_scalar\": 144, \"layer_types\": [\"sliding_attention\","
+               " \"full_attention\", \"sliding_attention\"]}", &c, &e) == 0);
+    CHECK(c.num_kv_heads == 4 && c.tie_word_embeddings && c.sliding_window == 4096);
+    CHECK(c.attention_scale == (float)(1.0 / 12.0) && c.head_dim == 128);
+    CHECK(c.attn_softcap == 50.0f && c.final_softcap == 30.0f);
+    CHECK(ft_layer_window(&c, 0) == 4096 && ft_layer_window(&c, 1) == 0 &&
+          ft_layer_window(&c, 2) == 4096);
+    /* null soft-caps: none */
+    CHECK(load("{\"model_type\": \"gemma2\", " REQ ", \"attn_logit_softcapping\": null,"
+               " \"final_logit_softcapping\": null}", &c, &e) == 0);
+    CHECK(c.attn_softcap == 0.0f && c.final_softcap == 0.0f);
+    /* other families' sliding layers are not per layer */
+    CHECK(load(MISTRAL(", \"num_key_value_heads\": 8, \"sliding_window\": 4096"), &c, &e) == 0);
+    CHECK(ft_layer_window(&c, 0) == 4096 && ft_layer_window(&c, 1) == 4096);
+
+    EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ ", \"sliding_window\": null}",
+                 "sliding_window");
+    EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ ", \"layer_types\": [\"full_attention\","
+                 " \"full_attention\"]}", "layer_types");
+    EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ ","
+                 " \"layer_types\": [\"sliding_attention\"]}", "layer_types");
+    EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ ", \"attn_logit_softcapping\": 0}",
+                 "attn_logit_softcapping");
+    EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ ", \"final_logit_softcapping\": -1.0}",
+                 "final_logit_softcapping");
+    EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ ", \"query_pre_attn_scalar\": 0}",
+                 "query_pre_attn_scalar");
+    EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ ", \"use_bidirectional_attention\": true}",
+                 "use_bidirectional_attention");
+    EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ ", \"hidden_activation\": \"gelu\"}",
+                 "hidden_activation");
+    EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ ", \"mlp_bias\": true}", "mlp_bias");
+    EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ ","
+                 " \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2.0}}",
+                 "rope_scaling");
+    /* Gemma 2's keys stay foreign to the others */
+    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"query_pre_attn_scalar\": 256}",
+                 "query_pre_attn_scalar");
+}
+
+/* Qwen/Qwen3-0.6B's config.json (transformers 4.51), and Qwen3-8B's with layer_types as
+ * transformers 5 writes it */
+static void test_qwen3(void)
+{
+    ft_model_config c;
+    ft_err e = {0};
+    CHECK(load("{\"architectures\": [\"Qwen3ForCausalLM\"], \"attention_bias\": false,"
+               " \"attention_dropout\": 0.0, \"bos_token_id\": 151643, \"eos_token_id\": 151645,"
+               " \"head_dim\": 128, \"hidden_act\": \"silu\", \"hidden_size\": 1024,"
+               " \"initializer_range\": 0.02, \"intermediate_size\": 3072,"
+               " \"max_position_embeddings\": 40960, \"max_window_layers\": 28,"
+               " \"model_type\": \"qwen3\", \"num_attention_heads\": 16,"
+               " \"num_hidden_layers\": 28, \"num_key_value_heads\": 8, \"rms_norm_eps\": 1e-06,"
+               " \"rope_scaling\": null, \"rope_theta\": 1000000, \"sliding_window\": null,"
+               " \"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\","
+               " \"transformers_version\": \"4.51.0\", \"use_cache\": true,"
+               " \"use_sliding_window\": false, \"vocab_size\": 151936}",
+               &c, &e) == 0);
+    CHECK(strcmp(c.model_type, "qwen3") == 0);
+    /* head_dim 128 != 1024 / 16 */
+    CHECK(c.num_heads == 16 && c.num_kv_heads == 8 && c.head_dim == 128);
+    CHECK(c.qk_norm == FT_QK_NORM_HEAD);
+    CHECK(strcmp(c.norm_name[FT_NORM_ATTN_PRE], "input_layernorm") == 0);
+    CHECK(strcmp(c.norm_name[FT_NORM_MLP_PRE], "post_attention_layernorm") == 0);
+    CHECK(!ft_has_branch_norm(&c, FT_NORM_ATTN_POST) && !ft_has_branch_norm(&c, FT_NORM_MLP_POST));
+    CHECK(!c.qkv_bias && !c.o_bias && !c.mlp_bias && c.sliding_window == 0);
+    CHECK(c.tie_word_embeddings && c.rope_theta == 1e6 && c.max_position_embeddings == 40960);
+    CHECK(c.attention_scale == 1.0f / sqrtf(128.0f) && c.norm_w_offset == 0.0f);
+    CHECK(load("{\"model_type\": \"qwen3\", \"architectures\": [\"Qwen3ForCausalLM\"], " REQ
+               ", \"num_key_value_heads\": 8, \"head_dim\": 128, \"tie_word_embeddings\": false,"
+               " \"use_sliding_window\": false, \"sliding_window\": null,"
+               " \"max_window_layers\": 36, \"layer_types\": [\"full_attention\","
+               " \"full_attention\"], \"rope_parameters\": {\"rope_theta\": 1000000,"
+               " \"rope_type\": \"default\"}}", &c, &e) == 0);
+    CHECK(!c.tie_word_embeddings && c.sliding_window == 0 && c.rope_theta == 1e6);
+    /* Qwen3Config's defaults: head_dim 128, 32 kv heads (so 8 heads need the key) */
+    CHECK(load("{\"model_type\": \"qwen3\", " REQ ", \"num_key_value_heads\": 4}", &c, &e) == 0);
+    CHECK(c.head_dim == 128 && c.max_position_embeddings == 32768 && c.rms_norm_eps == 1e-6f);
+    CHECK(!c.tie_word_embeddings && !c.qkv_bias);
+    EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ "}", "num_key_value_heads");
+    /* attention_bias: on q, k, v and o, as Qwen3Attention has it */
+    CHECK(load("{\"model_type\": \"qwen3\", " REQ ", \"num_key_value_heads\": 4,"
+               " \"attention_bias\": true}", &c, &e) == 0);
+    CHECK(c.qkv_bias && c.o_bias && !c.mlp_bias);
+    EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ ", \"num_key_value_heads\": 4,"
+                 " \"mlp_bias\": true}", "mlp_bias");
+    /* sliding windows: accepted when off, refused when on */
+    EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ ", \"num_key_value_heads\": 4,"
+                 " \"use_sliding_window\": true, \"sliding_window\": 4096,"
+                 " \"max_window_layers\": 1}", "use_sliding_window");
+    EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ ", \"num_key_value_heads\": 4,"
+                 " \"use_sliding_window\": true, \"sliding_window\": 4096}", "qwen3");
+    EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ ", \"num_key_value_heads\": 4,"
+                 " \"layer_types\": [\"full_attention\", \"sliding_attention\"]}",
+                 "layer_types");
+    EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ ", \"num_key_value_heads\": 4,"
+                 " \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0,"
+                 " \"original_max_position_embeddings\": 32768}}", "yarn");
+    EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ ", \"num_key_value_heads\": 4,"
+                 " \"head_dim\": 127}", "head_dim");
+}
+
+/* allenai/OLMo-2-1124-7B's config.json */
+static void test_olmo2(void)
+{
+    ft_model_config c;
+    ft_err e = {0};
+    CHECK(load("{\"architectures\": [\"Olmo2ForCausalLM\"], \"attention_bias\": false,"
+               " \"attention_dropout\": 0.0, \"eos_token_id\": 100257, \"hidden_act\": \"silu\","
+               " \"hidden_size\": 4096, \"initializer_range\": 0.02,"
+               " \"intermediate_size\": 11008, \"max_position_embeddings\": 4096,"
+               " \"model_type\": \"olmo2\", \"num_attention_heads\": 32,"
+               " \"num_hidden_layers\": 32, \"num_key_value_heads\": 32,"
+               " \"pad_token_id\": 100277, \"rms_norm_eps\": 1e-06, \"rope_scaling\": null,"
+               " \"rope_theta\": 500000, \"tie_word_embeddings\": false,"
+               " \"torch_dtype\": \"float32\", \"transformers_version\": \"4.47.0.dev0\","
+               " \"use_cache\": true, \"vocab_size\": 100352}",
+               &c, &e) == 0);
+    CHECK(strcmp(c.model_type, "olmo2") == 0);
+    CHECK(c.num_heads == 32 && c.num_kv_heads == 32 && c.head_dim == 128);
+    CHECK(c.qk_norm == FT_QK_NORM_PROJ);
+    /* norms after each branch, under the names llama gives its pre-norms */
+    CHECK(!ft_has_branch_norm(&c, FT_NORM_ATTN_PRE) && !ft_has_branch_norm(&c, FT_NORM_MLP_PRE));
+    CHECK(strcmp(c.norm_name[FT_NORM_ATTN_POST], "post_attention_layernorm") == 0);
+    CHECK(strcmp(c.norm_name[FT_NORM_MLP_POST], "post_feedforward_layernorm") == 0);
+    CHECK(!c.qkv_bias && !c.o_bias && !c.mlp_bias && !c.tie_word_embeddings);
+    CHECK(c.rms_norm_eps == 1e-6f && c.rope_theta == 5e5 && c.pad_token_id == 100277);
+    /* Olmo2Config's defaults: rms_norm_eps 1e-5 (not llama's 1e-6), kv heads = heads */
+    CHECK(load("{\"model_type\": \"olmo2\", " REQ "}", &c, &e) == 0);
+    CHECK(c.rms_norm_eps == 1e-5f && c.num_kv_heads == 8 && c.head_dim == 32);
+    CHECK(c.max_position_embeddings == 2048 && !c.tie_word_embeddings);
+    CHECK(load("{\"model_type\": \"olmo2\", " REQ ", \"attention_bias\": true}", &c, &e) == 0);
+    CHECK(c.qkv_bias && c.o_bias && !c.mlp_bias);
+    EXPECT_ERROR("{\"model_type\": \"olmo2\", " REQ ", \"mlp_bias\": true}", "mlp_bias");
+    EXPECT_ERROR("{\"model_type\": \"olmo2\", " REQ ", \"hidden_act\": \"gelu\"}", "hidden_act");
+    EXPECT_ERROR("{\"model_type\": \"olmo2\", " REQ ", \"layer_types\": [\"sliding_attention\","
+                 " \"full_attention\"]}", "layer_types");
+}
+
 static void test_file_errors(void)
 {
     ft_model_config c;
@@ -657,9 +833,10 @@ static void test_key_errors(void)
                  " \"num_attention_heads\": 8}",
                  "vocab_size");
     EXPECT_ERROR("{" REQ "}", "model_type");
-    EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ "}", "model_type");
-    EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ "}", "qwen3");
-    EXPECT_ERROR("{\"model_type\": \"gemma2\", " REQ "}", "gemma2");
+    EXPECT_ERROR("{\"model_type\": \"qwen3_moe\", " REQ "}", "model_type");
+    EXPECT_ERROR("{\"model_type\": \"qwen3_moe\", " REQ "}", "qwen3_moe");
+    EXPECT_ERROR("{\"model_type\": \"falcon\", " REQ "}", "falcon");
+    EXPECT_ERROR("{\"model_type\": \"olmo\", " REQ "}", "olmo");
     EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"hidden_act\": \"gelu\"}", "hidden_act");
     EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"num_key_value_heads\": 3}",
                  "num_key_value_heads");
@@ -805,6 +982,9 @@ int main(void)
     RUN(test_gemma);
     RUN(test_phi3);
     RUN(test_smollm3);
+    RUN(test_gemma2);
+    RUN(test_qwen3);
+    RUN(test_olmo2);
     RUN(test_file_errors);
     RUN(test_key_errors);
     RUN(test_math_errors);

@@ -19,7 +19,8 @@
 #include "train/optim.h"
 
 static char root[256], llama_dir[300], qwen_dir[300], tied_dir[300], granite_dir[300],
-    gemma_dir[300], phi3_dir[300], smollm3_dir[300];
+    gemma_dir[300], phi3_dir[300], smollm3_dir[300], olmo2_dir[300], qwen3_dir[300],
+    gemma2_dir[300];
 
 /* The run config with sets applied (free() it). */
 static ft_run_config *make_config(const char *const *sets)
@@ -291,6 +292,29 @@ static void test_cpu_smollm3_equal_measured(void)
     sweep(smollm3_dir, "full", "all-linear", "0");
 }
 
+/* Blocks with other norms: olmo2 (post-norms instead of pre-norms: other activations and
+ * a scratch for the post-norms' backward; q/k norms over the whole projection) and qwen3
+ * (q/k norms per head: their inputs and per-head rstd). */
+static void test_cpu_olmo2_qwen3_equal_measured(void)
+{
+    sweep(olmo2_dir, "lora", "all-linear", "0.05");
+    sweep(olmo2_dir, "full", "all-linear", "0");
+    sweep(olmo2_dir, "qlora", "all-linear", "0");
+    sweep(qwen3_dir, "lora", "all-linear", "0.05");
+    sweep(qwen3_dir, "full", "all-linear", "0");
+    sweep(qwen3_dir, "qlora", "q_proj,v_proj", "0.1");
+}
+
+/* gemma2: pre- and post-norms on both branches (every norm activation at once), soft-capped
+ * logits (no buffer of their own: the head's chunks and the in-place cross-entropy), and
+ * windows on alternate layers. */
+static void test_cpu_gemma2_equal_measured(void)
+{
+    sweep(gemma2_dir, "lora", "all-linear", "0.05");
+    sweep(gemma2_dir, "full", "all-linear", "0");
+    sweep(gemma2_dir, "qlora", "all-linear", "0");
+}
+
 /* The GPU rows follow the table in memplan.h. */
 static void test_gpu_formulas(void)
 {
@@ -524,6 +548,15 @@ int main(void)
                                                      "\"rope_scaling\": {\"type\": \"longrope\", "
                                                      "\"short_factor\": [1.5], "
                                                      "\"long_factor\": [3]}"});
+    snprintf(olmo2_dir, sizeof olmo2_dir, "%s/olmo2", root);
+    write_tiny_model(olmo2_dir, &(tiny_model_opts){.model_type = "olmo2"});
+    snprintf(qwen3_dir, sizeof qwen3_dir, "%s/qwen3", root);
+    write_tiny_model(qwen3_dir, &(tiny_model_opts){.model_type = "qwen3", .tied = 1});
+    snprintf(gemma2_dir, sizeof gemma2_dir, "%s/gemma2", root);
+    write_tiny_model(gemma2_dir,
+                     &(tiny_model_opts){.model_type = "gemma2", .tied = 1,
+                                        .extra_cfg = ", \"head_dim\": 4, \"sliding_window\": 3,"
+                                                     " \"query_pre_attn_scalar\": 6"});
 
     RUN(test_cpu_lora_equals_measured);
     RUN(test_cpu_full_equals_measured);
@@ -534,6 +567,8 @@ int main(void)
     RUN(test_cpu_granite_gemma_equal_measured);
     RUN(test_cpu_phi3_equal_measured);
     RUN(test_cpu_smollm3_equal_measured);
+    RUN(test_cpu_olmo2_qwen3_equal_measured);
+    RUN(test_cpu_gemma2_equal_measured);
     RUN(test_gpu_formulas);
     RUN(test_real_model_sizes);
     RUN(test_batch_auto);

@@ -54,6 +54,10 @@ static double mean_loss(ft_model *m, const ft_batch *b)
     return sum / (double)n;
 }
 
+/* The finite-difference step of check_fd: 1e-2; a more curved model (gemma2's caps and
+ * doubled norms) takes a smaller one. */
+static float fd_step = 1e-2f;
+
 /* Analytic gradient of the mean loss against central differences, for a few entries of
  * every trainable parameter. fp32 forward, step 1e-2: truncation error ~h^2 and rounding
  * ~1e-7 * loss / h, so 3% relative (plus 2e-4 absolute) separates a right gradient from a
@@ -76,7 +80,7 @@ static void check_fd(ft_model *m)
             continue;
         for (int s = 0; s < 3; s++) {
             size_t j = (size_t)(ft_uniform(5, i * 3 + s) * p->numel);
-            float keep = p->data[j], h = 1e-2f;
+            float keep = p->data[j], h = fd_step;
             p->data[j] = keep + h;
             ft_model_set_rng_counter(m, rng);
             double up = mean_loss(m, &b);
@@ -226,6 +230,51 @@ static void test_phi3_smollm3_gradients(void)
     check_ckpt_identical_in(smol, FT_TRAIN_LORA, 0.3f);
 }
 
+/* The families with other norms: olmo2 (post-norms in place of llama's pre-norms, q/k
+ * norm over the whole projection) and qwen3 (q/k norm per head, weight [head_dim]): every
+ * weight's gradient, the norms' included, against finite differences, with and without
+ * gradient checkpointing (bitwise equal), LoRA with dropout too. */
+static void family_gradients(const char *type)
+{
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/%s", root, type);
+    write_tiny_model(dir, &(tiny_model_opts){.model_type = type});
+    int olmo2 = strcmp(type, "olmo2") == 0;
+    ft_model *m = load(dir, FT_TRAIN_FULL, 0, 0);
+    CHECK(m != NULL);
+    if (!m)
+        return;
+    ft_param *qn = ft_model_find_param(m, "model.layers.1.self_attn.q_norm.weight");
+    ft_param *kn = ft_model_find_param(m, "model.layers.1.self_attn.k_norm.weight");
+    CHECK(qn && qn->trainable && qn->numel == (size_t)(olmo2 ? HQ * D : D));
+    CHECK(kn && kn->trainable && kn->numel == (size_t)(olmo2 ? HKV * D : D));
+    bool pre = ft_model_find_param(m, "model.layers.0.input_layernorm.weight") != NULL;
+    bool post = ft_model_find_param(m, "model.layers.0.post_feedforward_layernorm.weight");
+    CHECK(pre == !olmo2 && post == olmo2);
+    check_fd(m);
+    ft_model_free(m);
+    m = load(dir, FT_TRAIN_LORA, 0, 0);
+    CHECK(m != NULL);
+    if (m)
+        check_fd(m);
+    ft_model_free(m);
+    ft_batch b = {B, T, ids, labels, NULL};
+    for (int mode = 0; mode < 2; mode++) {
+        ft_train_mode tm = mode ? FT_TRAIN_LORA : FT_TRAIN_FULL;
+        ft_model *plain = load(dir, tm, 0, 0.3f), *ckpt = load(dir, tm, 1, 0.3f);
+        size_t n1, n2;
+        float *g1 = grads_of(plain, &b, 1, &n1), *g2 = grads_of(ckpt, &b, 1, &n2);
+        CHECK(n1 == n2 && n1 > 0 && memcmp(g1, g2, n1 * sizeof(float)) == 0);
+        free(g1);
+        free(g2);
+        ft_model_free(plain);
+        ft_model_free(ckpt);
+    }
+}
+
+static void test_olmo2_gradients(void) { family_gradients("olmo2"); }
+static void test_qwen3_gradients(void) { family_gradients("qwen3"); }
+
 static void test_grad_accumulation(void)
 {
     char dir[300];
@@ -300,6 +349,72 @@ static void check_chunked_head(const char *dir, ft_train_mode mode)
     }
     free(g1);
     ft_model_free(whole);
+}
+
+/* Gemma 2's block: four (1 + w) norms a layer, attention logits capped at 1 and final
+ * logits at 2 (both bent: the tiny model's scores and logits reach a few units), a window
+ * of 3 < T on layer 0 and full attention on layer 1, attention scale 6^-0.5 with head_dim
+ * 4, tied head: every gradient against finite differences (full and LoRA), gradient
+ * checkpointing bitwise equal, and the head in chunks (the backward recomputes each
+ * chunk's capped logits) equal to the whole head. */
+static const char *GEMMA2_CFG =
+    ", \"head_dim\": 4, \"query_pre_attn_scalar\": 6, \"attn_logit_softcapping\": 1.0,"
+    " \"final_logit_softcapping\": 2.0, \"sliding_window\": 3";
+
+static void test_gemma2(void)
+{
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/gemma2", root);
+    write_tiny_model(dir, &(tiny_model_opts){.model_type = "gemma2", .tied = 1,
+                                             .extra_cfg = GEMMA2_CFG});
+    ft_model *m = load(dir, FT_TRAIN_FULL, 0, 0);
+    CHECK(m != NULL);
+    if (!m)
+        return;
+    const ft_model_config *c = ft_model_cfg(m);
+    CHECK(c->attn_softcap == 1.0f && c->final_softcap == 2.0f);
+    CHECK(ft_layer_window(c, 0) == 3 && ft_layer_window(c, 1) == 0);
+    static const char *norms[] = {"input_layernorm", "post_attention_layernorm",
+                                  "pre_feedforward_layernorm", "post_feedforward_layernorm"};
+    for (int i = 0; i < 4; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "model.layers.1.%s.weight", norms[i]);
+        ft_param *p = ft_model_find_param(m, name);
+        CHECK(p && p->trainable && p->numel == C);
+    }
+    /* the caps bend: some logit is past half the cap, where tanh is well off the line */
+    ft_batch b = {B, T, ids, labels, NULL};
+    mean_loss(m, &b);
+    const float *lg = ft_model_logits(m);
+    float big = 0;
+    for (int i = 0; lg && i < B * T * V; i++)
+        big = fmaxf(big, fabsf(lg[i]));
+    CHECK(big > 1.0f && big < 2.0f);
+    /* tanh's curvature (and norms applied as 1 + w, near 2 here): at the usual step of
+     * 1e-2 the truncation error reaches the 3% bound on a few entries; at 5e-3 it is a
+     * quarter of that, and rounding (~1e-7 * loss / h) stays under the 2e-4 floor */
+    fd_step = 5e-3f;
+    check_fd(m);
+    ft_model_free(m);
+    m = load(dir, FT_TRAIN_LORA, 0, 0);
+    CHECK(m != NULL);
+    if (m)
+        check_fd(m);
+    ft_model_free(m);
+    fd_step = 1e-2f;
+    for (int mode = 0; mode < 2; mode++) {
+        ft_train_mode tm = mode ? FT_TRAIN_LORA : FT_TRAIN_FULL;
+        ft_model *plain = load(dir, tm, 0, 0.3f), *ckpt = load(dir, tm, 1, 0.3f);
+        size_t n1, n2;
+        float *g1 = grads_of(plain, &b, 1, &n1), *g2 = grads_of(ckpt, &b, 1, &n2);
+        CHECK(n1 == n2 && n1 > 0 && memcmp(g1, g2, n1 * sizeof(float)) == 0);
+        free(g1);
+        free(g2);
+        ft_model_free(plain);
+        ft_model_free(ckpt);
+    }
+    check_chunked_head(dir, FT_TRAIN_FULL);
+    check_chunked_head(dir, FT_TRAIN_LORA);
 }
 
 static void test_chunked_head(void)
@@ -588,12 +703,15 @@ int main(void)
     RUN(test_full_gradients);
     RUN(test_qwen2_bias_gradients);
     RUN(test_lora_gradients);
+    RUN(test_olmo2_gradients);
+    RUN(test_qwen3_gradients);
     RUN(test_ckpt_full);
     RUN(test_ckpt_lora_dropout);
     RUN(test_phi3_smollm3_gradients);
     RUN(test_grad_accumulation);
     RUN(test_packed_rows);
     RUN(test_chunked_head);
+    RUN(test_gemma2);
     RUN(test_adapter_round_trip);
     RUN(test_load_errors);
     RUN(test_nonfinite_weights);

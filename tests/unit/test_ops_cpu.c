@@ -591,6 +591,108 @@ static void test_rmsnorm_backward_large(void)
     rmsnorm_backward_large_case(1.0f);
 }
 
+/* ---- q/k norm: RMSNorm of the attention's q or k, then RoPE ----------------------------
+ *
+ * x [N, H, D] (a q or k projection). Per head (qwen3): each head's D values are a norm
+ * row, one weight [D] shared by the heads; whole (olmo2): each token's H * D values, a
+ * weight [H * D]. Then RoPE at position pos[n]. The model runs the RMSNorm op on N * H
+ * rows of D, or N rows of H * D, and the RoPE op; here that chain, forward and backward
+ * (the RoPE backward into the norm's backward), against a double loop and its finite
+ * differences (the weight's gradient sums over every row: tokens and heads). */
+typedef struct {
+    int N, H, D, per_head;
+    double eps, off;
+    double *x, *w, *r;
+    const int32_t *pos;
+    const float *inv;
+} qkn_ctx;
+
+static void qkn_ref(double *out, const qkn_ctx *c)
+{
+    int W = c->per_head ? c->D : c->H * c->D, D = c->D;
+    size_t rows = (size_t)c->N * c->H * c->D / W;
+    for (size_t r = 0; r < rows; r++) {
+        const double *xr = c->x + r * W;
+        double ss = 0.0;
+        for (int j = 0; j < W; j++)
+            ss += xr[j] * xr[j];
+        double rs = 1.0 / sqrt(ss / W + c->eps);
+        for (int j = 0; j < W; j++)
+            out[r * W + j] = xr[j] * rs * (c->off + c->w[j]);
+    }
+    for (int n = 0; n < c->N; n++)
+        for (int h = 0; h < c->H; h++) {
+            double *y = out + ((size_t)n * c->H + h) * D;
+            for (int i = 0; i < D / 2; i++) {
+                double a = (double)((float)c->pos[n] * c->inv[i]); /* fp32 angle, as HF */
+                double co = cos(a), si = sin(a), y1 = y[i], y2 = y[i + D / 2];
+                y[i] = y1 * co - y2 * si;
+                y[i + D / 2] = y2 * co + y1 * si;
+            }
+        }
+}
+
+static double qkn_loss(const void *vc)
+{
+    const qkn_ctx *c = vc;
+    size_t n = (size_t)c->N * c->H * c->D;
+    double *out = dnew(n);
+    qkn_ref(out, c);
+    double L = 0.0;
+    for (size_t i = 0; i < n; i++)
+        L += out[i] * c->r[i];
+    free(out);
+    return L;
+}
+
+static void qk_norm_case(int per_head, float off)
+{
+    const int N = 6, H = 3, D = 8, W = per_head ? D : H * D;
+    const int rows = N * H * D / W;
+    const size_t nx = (size_t)N * H * D;
+    const float eps = 1e-6f;
+    const int32_t pos[6] = {0, 1, 2, 7, 31, 3};
+    float inv[4];
+    for (int i = 0; i < D / 2; i++)
+        inv[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)D);
+    rng_seed(21 + per_head);
+    float *x = fnew(nx), *w = fnew(W), *r = fnew(nx), *out = fnew(nx), *rstd = fnew(rows);
+    fill(x, nx, -2, 2);
+    fill(w, W, 0.5, 1.5);
+    fill(r, nx, -1, 1);
+    qkn_ctx c = {N, H, D, per_head, eps, off, to_d(x, nx), to_d(w, W), to_d(r, nx), pos, inv};
+
+    /* forward: the norm over `rows` rows of W, then RoPE over N tokens of H heads */
+    ft_cpu_rmsnorm_forward(out, rstd, x, w, rows, W, eps, off);
+    ft_cpu_rope_forward(out, pos, inv, N, H, D, D, 1.0f);
+    double *ref = dnew(nx);
+    qkn_ref(ref, &c);
+    CHECK(close_norm(per_head ? "q/k norm per head fwd" : "q/k norm whole fwd", out, ref, nx,
+                     1e-5));
+
+    /* backward: dL/d(out) = r through RoPE's backward, then the norm's */
+    double *gx = dnew(nx), *gw = dnew(W);
+    fd_grad(qkn_loss, &c, c.x, nx, gx);
+    fd_grad(qkn_loss, &c, c.w, W, gw);
+    float *d = fdup(r, nx), *dx = fnew(nx), *dw = fnew(W);
+    ft_cpu_rope_backward(d, pos, inv, N, H, D, D, 1.0f);
+    ft_cpu_rmsnorm_backward(dx, dw, d, x, w, rstd, rows, W, off);
+    CHECK(close_norm(per_head ? "q/k norm per head dx" : "q/k norm whole dx", dx, gx, nx, 1e-5));
+    CHECK(close_norm(per_head ? "q/k norm per head dw" : "q/k norm whole dw", dw, gw, W, 1e-5));
+
+    free(x), free(w), free(r), free(out), free(rstd), free(c.x), free(c.w), free(c.r);
+    free(ref), free(gx), free(gw), free(d), free(dx), free(dw);
+}
+
+/* qwen3 (per head, weight [D] shared by the heads) and olmo2 (the whole projection);
+ * Gemma 3's q/k norms are per head with (1 + w) */
+static void test_qk_norm(void)
+{
+    qk_norm_case(1, 0.0f);
+    qk_norm_case(0, 0.0f);
+    qk_norm_case(1, 1.0f);
+}
+
 /* ---- SwiGLU ------------------------------------------------------------------------- */
 
 typedef struct {
@@ -807,7 +909,7 @@ static void test_cross_entropy(void)
 
     for (size_t i = 0; i < nl; i++)
         d[i] = 123.0f; /* ignored rows must be overwritten with 0 */
-    double loss = ft_cpu_cross_entropy(d, logits, t, N, V, scale);
+    double loss = ft_cpu_cross_entropy(d, logits, t, N, V, scale, 0.0f);
     CHECK_CLOSE(loss / lref, 1.0, 1e-6);
     CHECK(close_norm("ce dlogits", d, ed, nl, 1e-5));
     int zero_ok = 1;
@@ -818,12 +920,12 @@ static void test_cross_entropy(void)
     CHECK(zero_ok);
 
     /* Without dlogits: the same loss, bit for bit. */
-    double loss2 = ft_cpu_cross_entropy(NULL, logits, t, N, V, scale);
+    double loss2 = ft_cpu_cross_entropy(NULL, logits, t, N, V, scale, 0.0f);
     CHECK(loss2 == loss);
 
     /* In place: dlogits aliasing logits gives the same bits as out of place. */
     float *inplace = fdup(logits, nl);
-    double loss3 = ft_cpu_cross_entropy(inplace, inplace, t, N, V, scale);
+    double loss3 = ft_cpu_cross_entropy(inplace, inplace, t, N, V, scale, 0.0f);
     CHECK(loss3 == loss);
     CHECK(bitwise_eq(inplace, d, nl));
 
@@ -833,7 +935,7 @@ static void test_cross_entropy(void)
         none[n] = -100;
     for (size_t i = 0; i < nl; i++)
         d[i] = 123.0f;
-    double loss0 = ft_cpu_cross_entropy(d, logits, none, N, V, 1.0f);
+    double loss0 = ft_cpu_cross_entropy(d, logits, none, N, V, 1.0f, 0.0f);
     CHECK(loss0 == 0.0);
     int all_zero = 1;
     for (size_t i = 0; i < nl; i++)
@@ -846,7 +948,7 @@ static void test_cross_entropy(void)
     free(ld);
     ld = to_d(logits, nl);
     lref = ce_ref(ed, ld, t, N, V, scale);
-    loss = ft_cpu_cross_entropy(d, logits, t, N, V, scale);
+    loss = ft_cpu_cross_entropy(d, logits, t, N, V, scale, 0.0f);
     CHECK(isfinite(loss));
     CHECK_CLOSE(loss / lref, 1.0, 1e-6);
     CHECK(close_norm("ce dlogits (wide)", d, ed, nl, 1e-5));
@@ -869,9 +971,66 @@ static void test_cross_entropy_fd(void)
     fd_grad(ce_loss, &c, c.logits, nl, g);
     for (size_t i = 0; i < nl; i++)
         g[i] *= scale;
-    ft_cpu_cross_entropy(d, logits, t, N, V, scale);
+    ft_cpu_cross_entropy(d, logits, t, N, V, scale, 0.0f);
     CHECK(close_norm("ce dlogits (FD)", d, g, nl, 1e-5));
     free(logits), free(d), free(c.logits), free(g);
+}
+
+/* Soft-capped logits (Gemma 2's final_logit_softcapping): the loss of z = c tanh(x / c)
+ * as a function of the uncapped x, in double. */
+typedef struct cap_ctx {
+    int N, V;
+    const int32_t *t;
+    double *x;
+    double cap;
+} cap_ctx;
+
+static double cap_loss(const void *vc)
+{
+    const cap_ctx *c = vc;
+    size_t n = (size_t)c->N * c->V;
+    double *z = dnew(n);
+    for (size_t i = 0; i < n; i++)
+        z[i] = c->cap * tanh(c->x[i] / c->cap);
+    double L = ce_ref(NULL, z, c->t, c->N, c->V, 1.0);
+    free(z);
+    return L;
+}
+
+static void test_softcap_cross_entropy_fd(void)
+{
+    /* ft_cpu_softcap, then the loss of the capped logits and dlogits w.r.t. the uncapped
+     * ones (cap 4 on logits of +-8: well into tanh's bend), against finite differences;
+     * in place the same bits. */
+    const int N = 6, V = 50;
+    const size_t nl = (size_t)N * V;
+    const float scale = 0.25f, cap = 4.0f;
+    rng_seed(14);
+    float *x = fnew(nl), *z = fnew(nl), *d = fnew(nl);
+    fill(x, nl, -8, 8);
+    int32_t t[6] = {3, -100, 49, 0, 17, -100};
+    cap_ctx c = {N, V, t, to_d(x, nl), cap};
+    memcpy(z, x, nl * sizeof(float));
+    ft_cpu_softcap(z, cap, nl);
+    int cap_ok = 1;
+    for (size_t i = 0; i < nl; i++)
+        cap_ok &= z[i] == tanhf(x[i] / cap) * cap && fabsf(z[i]) < cap;
+    CHECK(cap_ok);
+    double *g = dnew(nl);
+    fd_grad(cap_loss, &c, c.x, nl, g);
+    for (size_t i = 0; i < nl; i++)
+        g[i] *= scale;
+    double loss = ft_cpu_cross_entropy(d, z, t, N, V, scale, cap);
+    CHECK_CLOSE(loss / cap_loss(&c), 1.0, 1e-6);
+    CHECK(close_norm("softcapped ce dlogits (FD)", d, g, nl, 1e-5));
+    /* without the cap's factor the gradient is another one (the test can fail) */
+    float *d0 = fnew(nl);
+    ft_cpu_cross_entropy(d0, z, t, N, V, scale, 0.0f);
+    CHECK(!close_norm("(uncapped gradient, expected to differ)", d0, g, nl, 1e-3));
+    float *inplace = fdup(z, nl);
+    CHECK(ft_cpu_cross_entropy(inplace, inplace, t, N, V, scale, cap) == loss);
+    CHECK(bitwise_eq(inplace, d, nl));
+    free(x), free(z), free(d), free(d0), free(c.x), free(g), free(inplace);
 }
 
 /* ---- elementwise -------------------------------------------------------------------- */
@@ -1053,12 +1212,14 @@ int main(void)
     RUN(test_add_rmsnorm_forward);
     RUN(test_rmsnorm_backward);
     RUN(test_rmsnorm_backward_large);
+    RUN(test_qk_norm);
     RUN(test_swiglu_forward);
     RUN(test_geglu_forward);
     RUN(test_geglu_backward);
     RUN(test_swiglu_backward);
     RUN(test_cross_entropy);
     RUN(test_cross_entropy_fd);
+    RUN(test_softcap_cross_entropy_fd);
     RUN(test_elementwise);
     RUN(test_dropout);
     RUN(test_adamw);

@@ -20,7 +20,10 @@ typedef struct tiny_model_opts {
     const char *bad_shape; /* a tensor written one row short */
     const char *extra_cfg; /* spliced into config.json: ", \"key\": value" */
     const char *model_type; /* NULL: llama, or qwen2 with qkv_bias; "phi3": fused
-                             * qkv_proj and gate_up_proj tensors */
+                             * qkv_proj and gate_up_proj tensors; "qwen3" and "olmo2"
+                             * get their q/k norms (and head_dim D for qwen3), olmo2 its
+                             * post-norms in place of llama's norms, gemma2 its four norms
+                             * (pre and post on each branch) */
     const char *hidden_act; /* NULL: silu */
     uint64_t seed;         /* weight stream (0: 7) */
     float scale;           /* weights uniform in [-scale/2, scale/2) (0: 0.6) */
@@ -32,6 +35,12 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
 {
     int qkv_bias = o->qkv_bias;
     const char *skip = o->skip, *extra = o->extra, *bad_shape = o->bad_shape;
+    const char *type = o->model_type ? o->model_type : qkv_bias ? "qwen2" : "llama";
+    int olmo2 = strcmp(type, "olmo2") == 0, qwen3 = strcmp(type, "qwen3") == 0;
+    int gemma2 = strcmp(type, "gemma2") == 0;
+    char head_dim[32] = ""; /* qwen3's default (128) is not D */
+    if (qwen3)
+        snprintf(head_dim, sizeof head_dim, ", \"head_dim\": %d", D);
     uint64_t seed = o->seed ? o->seed : 7;
     float scale = o->scale > 0 ? o->scale : 0.6f;
     ft_err err;
@@ -44,14 +53,13 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
             "\"intermediate_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d, "
             "\"num_key_value_heads\": %d, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, "
             "\"hidden_act\": \"%s\", \"max_position_embeddings\": 64, "
-            "\"tie_word_embeddings\": %s%s}",
-            o->model_type ? o->model_type : qkv_bias ? "qwen2" : "llama", V, C, I, L, HQ, HKV,
-            o->hidden_act ? o->hidden_act : "silu", o->tied ? "true" : "false",
-            o->extra_cfg ? o->extra_cfg : "");
+            "\"tie_word_embeddings\": %s%s%s}",
+            type, V, C, I, L, HQ, HKV, o->hidden_act ? o->hidden_act : "silu",
+            o->tied ? "true" : "false", head_dim, o->extra_cfg ? o->extra_cfg : "");
     fclose(f);
 
     static float store[64][V * C > 2 * I * C ? V * C : 2 * I * C];
-    int fused = o->model_type && strcmp(o->model_type, "phi3") == 0;
+    int fused = strcmp(type, "phi3") == 0;
     int n = 0;
     ft_st_writer *w = ft_st_writer_new();
     char names[64][96];
@@ -67,7 +75,8 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
     } while (0)
     ADD(2, V, C, "model.embed_tokens.weight");
     for (int l = 0; l < L; l++) {
-        ADD(1, C, 0, "model.layers.%d.input_layernorm.weight", l);
+        if (!olmo2)
+            ADD(1, C, 0, "model.layers.%d.input_layernorm.weight", l);
         if (fused) {
             ADD(2, (HQ + 2 * HKV) * D, C, "model.layers.%d.self_attn.qkv_proj.weight", l);
             ADD(2, C, HQ * D, "model.layers.%d.self_attn.o_proj.weight", l);
@@ -85,10 +94,18 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
             ADD(1, HKV * D, 0, "model.layers.%d.self_attn.v_proj.bias", l);
         }
         ADD(2, C, HQ * D, "model.layers.%d.self_attn.o_proj.weight", l);
+        if (olmo2 || qwen3) { /* olmo2: over the whole projection; qwen3: per head */
+            ADD(1, olmo2 ? HQ * D : D, 0, "model.layers.%d.self_attn.q_norm.weight", l);
+            ADD(1, olmo2 ? HKV * D : D, 0, "model.layers.%d.self_attn.k_norm.weight", l);
+        }
         ADD(1, C, 0, "model.layers.%d.post_attention_layernorm.weight", l);
+        if (gemma2)
+            ADD(1, C, 0, "model.layers.%d.pre_feedforward_layernorm.weight", l);
         ADD(2, I, C, "model.layers.%d.mlp.gate_proj.weight", l);
         ADD(2, I, C, "model.layers.%d.mlp.up_proj.weight", l);
         ADD(2, C, I, "model.layers.%d.mlp.down_proj.weight", l);
+        if (olmo2 || gemma2)
+            ADD(1, C, 0, "model.layers.%d.post_feedforward_layernorm.weight", l);
     }
     ADD(1, C, 0, "model.norm.weight");
     if (!o->tied)

@@ -326,10 +326,10 @@ static void flash_attention_d128(void)
     float *out = (float *)calloc(n, 4), *lse = (float *)calloc(nl, 4);
     float *dq = (float *)calloc(n, 4), *dk = (float *)calloc(n, 4), *dv = (float *)calloc(n, 4);
     ft_attention_forward(ft_f32(out, n), ft_f32(lse, nl), ft_f32(x, n), ft_f32(x, n),
-                         ft_f32(x, n), ft_none(), B, T, H, H, D, scale, 0);
+                         ft_f32(x, n), ft_none(), B, T, H, H, D, scale, 0, 0.0f);
     ft_attention_backward(ft_f32(dq, n), ft_f32(dk, n), ft_f32(dv, n), ft_f32(g, n),
                           ft_f32(x, n), ft_f32(x, n), ft_f32(x, n), ft_f32(out, n),
-                          ft_f32(lse, nl), ft_none(), B, T, H, H, D, scale, 0);
+                          ft_f32(lse, nl), ft_none(), B, T, H, H, D, scale, 0, 0.0f);
     void *q, *dout, *gout, *glse, *gd[3];
     ok(cudaMalloc(&q, n * 2), "cudaMalloc");
     ok(cudaMalloc(&dout, n * 2), "cudaMalloc");
@@ -345,9 +345,9 @@ static void flash_attention_d128(void)
             gd[i] = dev_floats(n, 0.0f);
             td[i] = ft_view(gd[i], n, FT_F32, FT_DEV_CUDA);
         }
-        ft_attention_forward(to, tl, tq, tq, tq, ft_none(), B, T, H, H, D, scale, 0);
+        ft_attention_forward(to, tl, tq, tq, tq, ft_none(), B, T, H, H, D, scale, 0, 0.0f);
         ft_attention_backward(td[0], td[1], td[2], tg, tq, tq, tq, to, tl, ft_none(), B, T, H,
-                              H, D, scale, 0);
+                              H, D, scale, 0, 0.0f);
         ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
         /* the largest error against the largest reference value, per result */
         uint16_t *ho = (uint16_t *)malloc(n * 2);
