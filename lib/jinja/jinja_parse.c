@@ -585,6 +585,29 @@ static void expect_block_end(parser *P)
 /* The name of the tag that ended a body (the current token, after '{%'). */
 static const char *end_tag(parser *P) { return P->t[P->i++].s; }
 
+/* The body of a block statement whose opening tag has been read up to its '%}': the
+ * '%}', the statements into n->body, and the closing tag's name; returns that name (its
+ * own '%}' is the caller's to expect). */
+static const char *parse_block_body(parser *P, jnode *n, const char *const *ends)
+{
+    nvec body = {0};
+    expect_block_end(P);
+    parse_body(P, &body, ends);
+    n->body = body.v;
+    n->nbody = body.n;
+    return end_tag(P);
+}
+
+/* More filters after the first: f | g | h. */
+static jnode *parse_filter_chain(parser *P, jnode *f)
+{
+    while (is_op(cur(P), "|")) {
+        P->i++;
+        f = parse_filter(P, f);
+    }
+    return f;
+}
+
 /* An assignment target: a name, names separated by commas, or name.attr. */
 static jnode *parse_target(parser *P, bool attr_ok)
 {
@@ -696,7 +719,6 @@ static jnode *parse_statement(parser *P)
     const char *kw = at->s;
     P->i++;
     jnode *n;
-    nvec body = {0};
     if (!strcmp(kw, "if"))
         return parse_if(P, at);
     if (!strcmp(kw, "for")) {
@@ -712,11 +734,7 @@ static jnode *parse_statement(parser *P)
         }
         if (is_name(cur(P), "recursive"))
             pfail_at(P, cur(P), "%s", "unsupported: recursive for loops");
-        expect_block_end(P);
-        parse_body(P, &body, END_FOR);
-        n->body = body.v;
-        n->nbody = body.n;
-        if (!strcmp(end_tag(P), "else")) {
+        if (!strcmp(parse_block_body(P, n, END_FOR), "else")) {
             expect_block_end(P);
             nvec els = {0};
             parse_body(P, &els, END_FOR2);
@@ -739,19 +757,9 @@ static jnode *parse_statement(parser *P)
         }
         n = node(P, S_SETBLOCK, at);
         n->c = target;
-        if (is_op(cur(P), "|")) { /* {% set x | filter %}: filters applied to the body */
-            jnode *f = NULL;
-            while (is_op(cur(P), "|")) {
-                P->i++;
-                f = parse_filter(P, f);
-            }
-            n->a = f;
-        }
-        expect_block_end(P);
-        parse_body(P, &body, END_SET);
-        n->body = body.v;
-        n->nbody = body.n;
-        end_tag(P);
+        /* {% set x | filter %}: filters applied to the body */
+        n->a = parse_filter_chain(P, NULL);
+        parse_block_body(P, n, END_SET);
         expect_block_end(P);
         return n;
     }
@@ -759,11 +767,7 @@ static jnode *parse_statement(parser *P)
         n = node(P, S_MACRO, at);
         n->name = expect_name(P);
         parse_params(P, n);
-        expect_block_end(P);
-        parse_body(P, &body, END_MACRO);
-        n->body = body.v;
-        n->nbody = body.n;
-        end_tag(P);
+        parse_block_body(P, n, END_MACRO);
         if (cur(P)->k == T_NAME) /* {% endmacro name %} */
             P->i++;
         expect_block_end(P);
@@ -776,38 +780,21 @@ static jnode *parse_statement(parser *P)
         n->a = parse_expr(P);
         if (n->a->kind != E_CALL)
             pfail_at(P, at, "%s", "a call block needs a call expression");
-        expect_block_end(P);
-        parse_body(P, &body, END_CALL);
-        n->body = body.v;
-        n->nbody = body.n;
-        end_tag(P);
+        parse_block_body(P, n, END_CALL);
         expect_block_end(P);
         return n;
     }
     if (!strcmp(kw, "filter")) {
         n = node(P, S_FILTERBLOCK, at);
-        jnode *f = parse_filter(P, NULL);
-        while (is_op(cur(P), "|")) {
-            P->i++;
-            f = parse_filter(P, f);
-        }
-        n->a = f;
-        expect_block_end(P);
-        parse_body(P, &body, END_FILTER);
-        n->body = body.v;
-        n->nbody = body.n;
-        end_tag(P);
+        n->a = parse_filter_chain(P, parse_filter(P, NULL));
+        parse_block_body(P, n, END_FILTER);
         expect_block_end(P);
         return n;
     }
     if (!strcmp(kw, "generation")) {
         n = node(P, S_GENERATION, at);
         P->has_generation = true;
-        expect_block_end(P);
-        parse_body(P, &body, END_GEN);
-        n->body = body.v;
-        n->nbody = body.n;
-        end_tag(P);
+        parse_block_body(P, n, END_GEN);
         expect_block_end(P);
         return n;
     }
@@ -824,11 +811,7 @@ static jnode *parse_statement(parser *P)
         n->kwargs = vals.v;
         n->kw = vals.names;
         n->nkw = vals.n;
-        expect_block_end(P);
-        parse_body(P, &body, END_WITH);
-        n->body = body.v;
-        n->nbody = body.n;
-        end_tag(P);
+        parse_block_body(P, n, END_WITH);
         expect_block_end(P);
         return n;
     }
