@@ -737,9 +737,9 @@ static int read_gemma2_layers(const char *path, const json_t *root, ft_model_con
     return 0;
 }
 
-/* Qwen2 and Qwen3: sliding_window is read only with use_sliding_window, which is refused
- * (their sliding layers are not implemented); a window size beside use_sliding_window
- * false, as their checkpoints carry it, means nothing. */
+/* Qwen2, Qwen3 and SmolLM3: sliding_window is read only with use_sliding_window, which is
+ * refused (their sliding layers are not implemented); a window size beside
+ * use_sliding_window false, as their checkpoints carry it, means nothing. */
 static int check_use_sliding_window(const char *path, const json_t *root, const char *type,
                                     ft_err *err)
 {
@@ -901,14 +901,9 @@ static int read_nope_layers(const char *path, const json_t *root, const model_de
     memset(cfg->nope_layers, 0, sizeof cfg->nope_layers);
     if (md->family != FAM_SMOLLM3)
         return 0;
-    json_t *v;
-    bool use_sw = false;
-    if ((v = get_opt(root, "use_sliding_window")) &&
-        read_bool(path, "use_sliding_window", v, &use_sw, err))
+    if (check_use_sliding_window(path, root, cfg->model_type, err))
         return -1;
-    if (use_sw)
-        return ft_fail(err, "%s: 'use_sliding_window' is true: SmolLM3's sliding-window layers "
-                       "are not supported", path);
+    json_t *v;
     int L = cfg->num_layers, interval = 4;
     if (L > FT_MAX_NOPE_LAYERS)
         return ft_fail(err, "%s: 'num_hidden_layers': %d layers, at most %d supported for "
