@@ -126,6 +126,17 @@ static scope *push_scope(jctx *x, scope *parent)
 static jv eval(jctx *x, const jnode *n);
 static void exec_body(jctx *x, jnode *const *body, int n);
 
+/* What body renders, as a string value (the output goes to a buffer of its own). */
+static jv capture(jctx *x, jnode *const *body, int n)
+{
+    jbuf *saved = x->out;
+    jbuf buf = {.a = &x->a, .limit = x->max_output};
+    x->out = &buf;
+    exec_body(x, body, n);
+    x->out = saved;
+    return jb_value(&buf);
+}
+
 static _Noreturn void undefined_use(jctx *x, const jnode *at, jv v)
 {
     jx_fail(x, at, "%s", v.why ? v.why : "undefined value");
@@ -412,15 +423,11 @@ static jv call_macro(jctx *x, const jnode *at, const jnode *m, jv *args, int nar
             assign(x, m->kw[i], jv_undef(why));
         }
     }
-    jbuf *saved_out = x->out;
-    jbuf buf = {.a = &x->a, .limit = x->max_output};
-    x->out = &buf;
-    exec_body(x, m->body, m->nbody);
-    x->out = saved_out;
+    jv out = capture(x, m->body, m->nbody);
     x->cur = saved;
     x->depth--;
     x->brk = 0;
-    return jb_value(&buf);
+    return out;
 }
 
 static jv call_caller(jctx *x, const jnode *at, jfunc *fn, jv *args, int nargs)
@@ -433,14 +440,10 @@ static jv call_caller(jctx *x, const jnode *at, jfunc *fn, jv *args, int nargs)
     for (int i = 0; i < cb->nargs; i++)
         assign(x, cb->kw[i], i < nargs ? args[i]
                              : cb->args[i] ? eval(x, cb->args[i]) : jv_undef("caller argument"));
-    jbuf *saved_out = x->out;
-    jbuf buf = {.a = &x->a, .limit = x->max_output};
-    x->out = &buf;
-    exec_body(x, cb->body, cb->nbody);
-    x->out = saved_out;
+    jv out = capture(x, cb->body, cb->nbody);
     x->cur = saved;
     x->depth--;
-    return jb_value(&buf);
+    return out;
 }
 
 jv jx_call(jctx *x, const jnode *at, jv fn, jv *args, int nargs, const char **kw, jv *kwv,
@@ -692,16 +695,6 @@ static void exec_for(jctx *x, const jnode *n)
     x->cur = saved;
     if (items->n == 0)
         exec_body(x, n->orelse, n->norelse);
-}
-
-static jv capture(jctx *x, jnode *const *body, int n)
-{
-    jbuf *saved = x->out;
-    jbuf buf = {.a = &x->a, .limit = x->max_output};
-    x->out = &buf;
-    exec_body(x, body, n);
-    x->out = saved;
-    return jb_value(&buf);
 }
 
 static void exec(jctx *x, const jnode *n)
