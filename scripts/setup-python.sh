@@ -72,11 +72,14 @@ fetch() {
   "${PIP[@]}" download -q --no-cache-dir -d "$CACHE" "$@"
   # A package PyPI has only as source (rouge_score) is built into a wheel once, in the
   # cache, so that installing needs neither the index nor its build tools again.
+  # --use-pep517 builds it in an isolated environment with build tools from the index:
+  # without it pip 23.0 (Debian 12's venv) runs the legacy `setup.py bdist_wheel` with the
+  # venv's setuptools 66, which has no bdist_wheel without the wheel package.
   local s
   for s in "$CACHE"/*.tar.gz; do
     [ -e "$s" ] || continue
     compgen -G "${s%.tar.gz}-*.whl" > /dev/null && continue
-    "${PIP[@]}" wheel -q --no-cache-dir --no-deps -w "$CACHE" "$s"
+    "${PIP[@]}" wheel -q --use-pep517 --no-cache-dir --no-deps -w "$CACHE" "$s"
   done
 }
 
