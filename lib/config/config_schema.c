@@ -218,6 +218,9 @@ static const ft_cfg_key schema[] = {
      "ZeRO stage 0-3 when dist.strategy is zero", NULL},
     {KEY(dist.offload_optimizer), FT_CFG_ENUM, "none", CHOICES("none", "cpu"), false, NONE, NONE,
      "ZeRO-Offload: optimizer state and update on the CPU", NULL},
+    {KEY(dist.offload_params), FT_CFG_ENUM, "none", CHOICES("none", "cpu"), false, NONE, NONE,
+     "zero3/fsdp: each rank's shard of the frozen base (a QLoRA base's quantized blocks too) "
+     "in host memory, copied in per layer (DeepSpeed offload_param, FSDP cpu_offload)", NULL},
     {KEY(dist.overlap_comm), FT_CFG_BOOL, "true", NULL, false, NONE, NONE,
      "overlap gradient communication with backward", NULL},
     {KEY(dist.prefetch), FT_CFG_BOOL, "true", NULL, false, NONE, NONE,

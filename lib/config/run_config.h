@@ -178,6 +178,7 @@ typedef struct ft_dist_section {
     ft_cfg_strategy strategy;
     long zero_stage;
     ft_cfg_offload offload_optimizer;
+    ft_cfg_offload offload_params; /* dist.offload_params */
     bool overlap_comm, prefetch;
     long pipeline_micro_batches;
     double timeout_s;

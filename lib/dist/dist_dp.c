@@ -78,7 +78,7 @@ static int gw_launch(ft_engine *e, int unit, ft_err *err)
 
 static int pw_wait(ft_engine *e, param_window *w, ft_err *err)
 {
-    int rc = 0;
+    int rc = qs_wait(e, w, err);
     if (w->req_t)
         rc |= ft_comm_wait(e->comm, w->req_t, err);
     if (w->req_f)
@@ -110,6 +110,7 @@ static param_window *pw_gather(ft_engine *e, int unit, ft_err *err)
     }
     if (pw_wait(e, w, err))
         return NULL;
+    qs_forget(e, w->unit); /* its quantized arrays are about to be overwritten */
     w->unit = unit;
     w->last_use = ++e->use_clock;
     int me = e->rank;
@@ -126,10 +127,23 @@ static param_window *pw_gather(ft_engine *e, int unit, ft_err *err)
         size_t b = e->fb[unit], mine = e->fshard[me];
         range_counts(e, e->fshard, b, e->fb[unit + 1], w->counts_f);
         const float *send = engine_at(e, e->shard_frozen, (b > mine ? b : mine) - mine);
+        if (e->o.offload_params) {
+            /* from the host into this rank's place in the window, gathered in place */
+            size_t disp = 0;
+            for (int r = 0; r < me; r++)
+                disp += w->counts_f[r];
+            float *at = engine_at(e, w->frozen, disp);
+            if (w->counts_f[me] && ft_copy_bytes(at, e->dev, send, FT_DEV_CPU,
+                                                 w->counts_f[me] * e->cesize, err))
+                return NULL;
+            send = at;
+        }
         if (ft_comm_iallgather_v(e->comm, send, w->frozen, w->counts_f, e->ccomm, &w->req_f,
                                  err))
             return NULL;
     }
+    if (qs_gather(e, w, unit, err))
+        return NULL;
     return w;
 }
 
@@ -164,6 +178,7 @@ static int dp_acquire(void *ctx, int unit, ft_unit_phase ph, ft_err *err)
     w->last_use = ++e->use_clock;
     if (pw_wait(e, w, err))
         return -1;
+    qs_lend(e, w); /* the model dequantizes the unit's gathered blocks */
     float *grad = NULL;
     if (bwd) {
         int g = gw_take(e, unit, err);
@@ -269,6 +284,7 @@ void dp_invalidate(ft_engine *e)
     ft_err ignored;
     for (int i = 0; i < e->n_pw; i++) {
         pw_wait(e, &e->pw[i], &ignored);
+        qs_forget(e, e->pw[i].unit);
         e->pw[i].unit = -1;
         e->pw[i].refs = 0;
     }
@@ -282,14 +298,14 @@ static void balanced(size_t *bounds, int world, size_t n)
 
 /* Copies the part of unit-range [b, end) that falls in [lo, hi) from src (the unit's
  * buffer, element b at src) to dst (the shard, element lo at dst); esize bytes each. */
-static int copy_overlap(const ft_engine *e, void *dst, size_t lo, size_t hi, const void *src,
-                        size_t b, size_t end, size_t esize, ft_err *err)
+static int copy_overlap(const ft_engine *e, void *dst, ft_device dst_dev, size_t lo, size_t hi,
+                        const void *src, size_t b, size_t end, size_t esize, ft_err *err)
 {
     size_t n = overlap_len(b, end, lo, hi);
     if (!n)
         return 0;
     size_t first = b > lo ? b : lo;
-    return ft_copy_bytes((char *)dst + (first - lo) * esize, e->dev,
+    return ft_copy_bytes((char *)dst + (first - lo) * esize, dst_dev,
                          (const char *)src + (first - b) * esize, e->dev, n * esize, err);
 }
 
@@ -322,11 +338,14 @@ static int init_units(ft_engine *e, const char *adapter_dir, ft_err *err)
         ft_model_bind_unit(e->m, u, (ft_unit_bufs){stage, NULL, NULL, w->frozen});
         rc = ft_model_init_unit(e->m, u, adapter_dir, err);
         if (rc == 0)
-            rc = copy_overlap(e, e->shard_train, e->own[me], e->own[me + 1], stage, e->ub[u],
-                              e->ub[u + 1], sizeof(float), err);
+            rc = copy_overlap(e, e->shard_train, e->dev, e->own[me], e->own[me + 1], stage,
+                              e->ub[u], e->ub[u + 1], sizeof(float), err);
         if (rc == 0)
-            rc = copy_overlap(e, e->shard_frozen, e->fshard[me], e->fshard[me + 1], w->frozen,
-                              e->fb[u], e->fb[u + 1], e->cesize, err);
+            rc = copy_overlap(e, e->shard_frozen, engine_param_dev(e), e->fshard[me],
+                              e->fshard[me + 1], w->frozen, e->fb[u], e->fb[u + 1], e->cesize,
+                              err);
+        if (rc == 0) /* a quantized base: this rank's blocks kept, the rest freed */
+            rc = qs_take_unit(e, u, err);
     }
     if (stage != w->train)
         ft_free_on(e->mem, e->dev, stage);
@@ -365,8 +384,15 @@ int dp_setup(ft_engine *e, const char *adapter_dir, ft_err *err)
     if (is_z3(e)) {
         e->shard_train = engine_alloc(e, FT_MEM_WEIGHTS, n_own, false, &oom);
         e->shard_train_c = engine_compute_copy(e, e->shard_train, n_own, &oom);
-        e->shard_frozen =
-            engine_alloc(e, FT_MEM_WEIGHTS, e->fshard[me + 1] - e->fshard[me], true, &oom);
+        size_t nf = e->fshard[me + 1] - e->fshard[me];
+        if (e->o.offload_params && nf) {
+            e->shard_frozen = ft_alloc(&e->host, FT_MEM_WEIGHTS, nf * e->cesize);
+            oom |= !e->shard_frozen;
+        } else {
+            e->shard_frozen = engine_alloc(e, FT_MEM_WEIGHTS, nf, true, &oom);
+        }
+        if (qs_setup(e, err))
+            return -1;
         /* the unit computing, the next one prefetched, and a tied embedding */
         e->n_pw = 2 + (ft_model_cfg(e->m)->tie_word_embeddings ? 1 : 0);
         e->pw = calloc((size_t)e->n_pw, sizeof *e->pw);
@@ -380,6 +406,11 @@ int dp_setup(ft_engine *e, const char *adapter_dir, ft_err *err)
             w->counts_t = calloc((size_t)W, sizeof(size_t));
             w->counts_f = calloc((size_t)W, sizeof(size_t));
             oom |= !w->counts_t || !w->counts_f;
+            if (e->max_qwin) {
+                w->quant = ft_alloc_on(e->mem, e->dev, FT_MEM_WORKSPACE, e->max_qwin);
+                w->req_q = calloc((size_t)e->max_q_arrays, sizeof *w->req_q);
+                oom |= !w->quant || !w->req_q;
+            }
         }
     } else if (e->whole) {
         /* the model's whole replica, loaded (and its weights read) already */
@@ -462,6 +493,8 @@ void dp_free(ft_engine *e)
         pw_wait(e, &e->pw[i], &ignored);
         ft_free_on(e->mem, e->dev, e->pw[i].train);
         ft_free_on(e->mem, e->dev, e->pw[i].frozen);
+        ft_free_on(e->mem, e->dev, e->pw[i].quant);
+        free(e->pw[i].req_q);
         free(e->pw[i].counts_t);
         free(e->pw[i].counts_f);
     }
@@ -478,6 +511,7 @@ void dp_free(ft_engine *e)
     free(e->unit_gw);
     engine_free_compute_copy(e, e->shard_train, e->shard_train_c);
     ft_free_on(e->mem, e->dev, e->shard_train);
-    ft_free_on(e->mem, e->dev, e->shard_frozen);
+    ft_free_on(engine_param_mem(e), engine_param_dev(e), e->shard_frozen);
     ft_free_on(e->mem, e->dev, e->shard_grad);
+    qs_free(e);
 }

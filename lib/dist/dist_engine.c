@@ -168,6 +168,11 @@ int ft_engine_new(ft_engine **out, ft_comm *comm, const char *model_dir,
     if (o->offload_optimizer && (o->strategy == FT_STRATEGY_PIPELINE))
         return ft_fail(err, "dist.offload_optimizer cpu works with ddp, zero1-3 and fsdp, not "
                             "with model_parallel");
+    if (o->offload_params && o->strategy != FT_STRATEGY_ZERO3 &&
+        o->strategy != FT_STRATEGY_FSDP)
+        return ft_fail(err, "dist.offload_params cpu works with zero3 and fsdp (the strategies "
+                            "that shard the frozen base), not with %s",
+                       ft_strategy_name(o->strategy));
     if (mo->mode == FT_TRAIN_NONE)
         return ft_fail(err, "the engine trains: a model without trainable parameters");
     bool whole = o->strategy == FT_STRATEGY_NONE || o->strategy == FT_STRATEGY_DDP ||

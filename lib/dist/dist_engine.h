@@ -31,6 +31,18 @@
  *   the update runs on the CPU; on CPU ranks that is the same memory, on GPUs it frees
  *   the device of the optimizer.
  *
+ *   A quantized base (QLoRA) under zero3 / fsdp is sharded by whole quantization blocks
+ *   with their absmax (and nested state): each rank keeps 1/N of every packed weight's
+ *   blocks (quant/quant_shard.h), and a layer's weights are gathered into a window just
+ *   before its forward and its backward (with the dense part of the unit, the next unit
+ *   prefetched), dequantized into the model's compute window and dropped after. The
+ *   bytes are the checkpoint's (ft-quantize or bitsandbytes): nothing is re-quantized.
+ *
+ *   offload_params (zero3 / fsdp; DeepSpeed's offload_param, FSDP's cpu_offload): the
+ *   rank's shard of the frozen base (quantized blocks and dense frozen weights) lives in
+ *   host memory (ft_engine_host_mem, weights category) and is copied into the window
+ *   per unit, then gathered in place; the trainable shard stays on the device.
+ *
  * Every strategy computes the same update as one process with the whole batch: the loss
  * of each rank's micro-batches is normalised by the counted tokens of the global batch
  * (summed over ranks first) and gradients are summed, so DDP with N ranks of micro-batch
@@ -79,6 +91,8 @@ const char *ft_strategy_name(ft_strategy s);
 typedef struct ft_dist_options {
     ft_strategy strategy;
     bool offload_optimizer;
+    bool offload_params;   /* zero3 / fsdp: the frozen base's shard lives in host memory
+                            * and is copied in per unit before its gather */
     size_t bucket_bytes;   /* ddp / zero1 gradient buckets */
     bool overlap_comm;     /* false: wait for every collective right away */
     bool prefetch;         /* zero3 / fsdp: gather the next unit ahead */
@@ -136,6 +150,11 @@ int ft_engine_load_checkpoint(ft_engine *e, const char *path, ft_train_state *st
 /* This rank's mean token loss over its own micro-batches of the last step (data-parallel
  * ranks; NAN on pipeline stages, whose loss is the last stage's). */
 double ft_engine_rank_loss(const ft_engine *e);
+
+/* Bytes of the quantized base (QLoRA) this rank keeps between layers: its blocks of every
+ * weight and the maps under zero3 / fsdp, the whole quantized weights of its replica or
+ * stage otherwise (0: a dense base). */
+size_t ft_engine_quant_bytes(ft_engine *e);
 
 /* Bytes this rank sent into collectives during the last ft_engine_step. */
 double ft_engine_step_comm_bytes(const ft_engine *e);

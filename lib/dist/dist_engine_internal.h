@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "dist/dist_engine.h"
+#include "quant/quant_shard.h"
 #include "train/optim.h"
 
 /* zero3 / fsdp: a gathered unit (its trainable and frozen parameters). */
@@ -16,7 +17,26 @@ typedef struct param_window {
     float *train, *frozen;
     ft_comm_req *req_t, *req_f; /* the gather in flight (NULL when done) */
     size_t *counts_t, *counts_f; /* [world]: kept alive while the gather runs */
+    unsigned char *quant; /* a quantized base: the unit's gathered arrays (qshard_param) */
+    ft_comm_req **req_q;  /* [max_q_arrays]: their gathers in flight */
+    int n_req_q;
 } param_window;
+
+/* zero3 / fsdp of a quantized base (dist_qshard.c): one quantized weight, sharded by
+ * whole blocks (quant/quant_shard.h). Each array of it is gathered whole into a unit's
+ * quant window at win_off[a]; this rank keeps its range of every array back to back in
+ * the engine's qshard buffer from shard_off. */
+typedef struct qshard_param {
+    size_t param;             /* the model's parameter index */
+    int unit;
+    ft_qtensor meta;          /* type, shape, blocks, nested offset; no arrays */
+    int n_arrays;
+    size_t win_off[FT_QSHARD_MAX_ARRAYS];
+    size_t shard_off;
+    size_t *counts;           /* [n_arrays * world]: each rank's bytes of each array */
+    float *map;               /* nested: the 256-value map, then the nested absmax (the
+                               * same on every rank) */
+} qshard_param;
 
 /* zero2 / zero3: a unit's gradient before it is reduce-scattered into the shard. */
 typedef struct grad_window {
@@ -61,7 +81,7 @@ struct ft_engine {
      * point into them; the model is loaded bound and keeps its compute copy). The other
      * strategies load the model unbound and bind it to buffers of their own. */
     bool whole;
-    ft_mem host;  /* offloaded optimizer */
+    ft_mem host;  /* offloaded optimizer and parameters */
     int n_units;
     size_t n_train, n_frozen;
     size_t *ub, *fb; /* [n_units + 1]: unit ranges in the trainable / frozen buffers */
@@ -78,6 +98,18 @@ struct ft_engine {
     float *train_c;                    /* zero2, pipeline: compute copy of train */
     float *shard_train, *shard_frozen; /* zero3 */
     float *shard_train_c;              /* zero3: compute copy of shard_train (gathered) */
+    /* zero3: a quantized base's shard (on the host with offload_params) */
+    qshard_param *qp;                  /* [n_qp], by unit */
+    int n_qp;
+    int *qunit;                        /* [n_units + 1]: unit u's weights are qp[qunit[u]..] */
+    unsigned char *qshard;             /* this rank's blocks of every quantized weight */
+    size_t qshard_bytes;
+    float *qmaps;                      /* the nested state (map, nested absmax) of each
+                                        * double-quantized weight */
+    size_t q_replicated;               /* its bytes */
+    float *qcode;                      /* on a GPU: the 16 code values of the 4-bit format */
+    size_t max_qwin;                   /* bytes of the largest unit's quant window */
+    int max_q_arrays;                  /* arrays of the unit with most */
     float *shard_grad;                 /* zero1/2/3: this rank's summed gradient */
     ft_optimizer opt;                  /* over [own[rank], own[rank + 1]) */
     float *host_master, *host_grad;    /* offload: the shard on the host */
@@ -136,6 +168,23 @@ void dp_begin_micro(ft_engine *e, bool last);
 float *dp_owned_grad(ft_engine *e);
 float *dp_owned_params(ft_engine *e);
 void dp_free(ft_engine *e);
+
+/* dist_qshard.c (zero3 / fsdp of a quantized base; no-ops without one). qs_setup lays
+ * the weights out and allocates the shard; qs_take_unit keeps this rank's blocks of a
+ * unit the model has just read and frees the model's copy; qs_gather starts gathering a
+ * unit into a window, qs_wait finishes it; qs_lend lends the window's arrays to the
+ * model; qs_forget takes them back (the window is about to hold another unit). */
+int qs_setup(ft_engine *e, ft_err *err);
+int qs_take_unit(ft_engine *e, int unit, ft_err *err);
+int qs_gather(ft_engine *e, param_window *w, int unit, ft_err *err);
+int qs_wait(ft_engine *e, param_window *w, ft_err *err);
+void qs_lend(ft_engine *e, param_window *w);
+void qs_forget(ft_engine *e, int unit);
+void qs_free(ft_engine *e);
+/* The memory a rank's shard of the frozen base lives in: the host context with
+ * dist.offload_params cpu, else the engine's device. */
+ft_mem *engine_param_mem(ft_engine *e);
+ft_device engine_param_dev(const ft_engine *e);
 
 /* dist_pipeline.c */
 int pipe_setup(ft_engine *e, const char *adapter_dir, ft_err *err);

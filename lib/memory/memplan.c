@@ -13,6 +13,7 @@
 
 #include "formats/lora.h"
 #include "model/model.h"
+#include "quant/quant_shard.h"
 #include "formats/model_path.h"
 
 enum { MODE_FULL, MODE_LORA, MODE_QLORA };
@@ -51,7 +52,42 @@ typedef struct planner {
     ft_quant_options quant;
     const char *quant_skip;
     size_t *unit_quantized, *unit_quant_bytes, *unit_absmax;
+    size_t *unit_qwin; /* bytes of a unit's zero3 gather window (lib/dist/dist_qshard.c) */
+    bool qshape_overflow;
 } planner;
+
+/* A quantized weight [rows, cols] for the zero3 / fsdp shards: counted by shape. */
+static void add_qshape(planner *p, int unit, int64_t rows, int64_t cols)
+{
+    ft_memplan_result *r = p->r;
+    ft_qtensor meta = ft_qshard_meta(&p->quant, rows, cols);
+    size_t bytes[FT_QSHARD_MAX_ARRAYS];
+    int na = ft_qshard_arrays(&meta, bytes);
+    for (int a = 0; a < na; a++) /* (dist_qshard.c aligns each array to 64 bytes) */
+        p->unit_qwin[unit] += (bytes[a] + 63) / 64 * 64;
+    r->q_replicated += ft_qshard_replicated(&meta);
+    for (int i = 0; i < r->n_qshapes; i++)
+        if (r->qshapes[i].rows == rows && r->qshapes[i].cols == cols) {
+            r->qshapes[i].count++;
+            return;
+        }
+    if (r->n_qshapes == FT_PLAN_MAX_QSHAPES) {
+        p->qshape_overflow = true;
+        return;
+    }
+    r->qshapes[r->n_qshapes++] = (struct ft_plan_qshape){rows, cols, 1};
+}
+
+/* Rank `rank`'s bytes of the quantized base sharded over W ranks by blocks. */
+static size_t qshard_rank_bytes(const ft_memplan_result *r, int rank, int W)
+{
+    size_t total = 0;
+    for (int i = 0; i < r->n_qshapes; i++) {
+        ft_qtensor meta = ft_qshard_meta(&r->quant_opt, r->qshapes[i].rows, r->qshapes[i].cols);
+        total += r->qshapes[i].count * ft_qshard_bytes(&meta, rank, W);
+    }
+    return total;
+}
 
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
@@ -85,6 +121,7 @@ static void add_tensor(planner *p, int unit, size_t numel, bool trainable, bool 
             p->unit_quantized[unit] += numel;
             if (a > p->unit_absmax[unit])
                 p->unit_absmax[unit] = a;
+            add_qshape(p, unit, rows, cols);
         }
         p->unit_frozen_bytes[unit] += fb;
         if (quant)
@@ -346,7 +383,8 @@ size_t ft_memplan_cpu_rank(const ft_memplan_result *r, ft_plan_row_id row, int r
             *host = 0; /* the engine refuses offload with model_parallel */
         return total;
     }
-    /* a quantized base lives outside the flat frozen buffer, whole on every rank, with
+    /* a quantized base lives outside the flat frozen buffer, whole on every rank but
+     * under zero3 / fsdp (this rank's blocks, the maps, and one unit whole at load), with
      * one unit's dequantization window and its absmax temporary */
     size_t Pt = r->n_trainable, Pf = r->n_frozen - r->n_quantized;
     size_t st = shard_of(Pt, W, rank), sf = shard_of(Pf, W, rank);
@@ -354,7 +392,11 @@ size_t ft_memplan_cpu_rank(const ft_memplan_result *r, ft_plan_row_id row, int r
     bool zero = row >= FT_PLAN_CPU_ZERO1, z3 = row >= FT_PLAN_CPU_ZERO3;
     bool windows = row == FT_PLAN_CPU_ZERO2 || z3; /* no whole gradient: unit windows */
     size_t own = zero ? st : Pt;                   /* what this rank's optimizer updates */
-    bytes[FT_MEM_WEIGHTS] = 4 * (z3 ? st + sf : Pt + Pf) + r->quant_bytes;
+    bool off_p = z3 && r->offload_params;
+    size_t qs = z3 ? qshard_rank_bytes(r, rank, W) : 0;
+    size_t quant = z3 ? (off_p ? 0 : qs) + r->q_replicated + r->max_unit_quant_bytes
+                      : r->quant_bytes;
+    bytes[FT_MEM_WEIGHTS] = 4 * (z3 ? st + (off_p ? 0 : sf) : Pt + Pf) + quant;
     bytes[FT_MEM_GRADS] = 4 * ((windows ? 0 : Pt) + (zero ? st : 0));
     bytes[FT_MEM_OPTIM] = r->offload ? 0 : 8 * own;
     bytes[FT_MEM_ACTIVATIONS] = r->cpu_activations;
@@ -362,9 +404,12 @@ size_t ft_memplan_cpu_rank(const ft_memplan_result *r, ft_plan_row_id row, int r
     if (windows) /* two gradient windows, each with its reduce-scatter landing buffer */
         bytes[FT_MEM_WORKSPACE] += 4 * 4 * U;
     if (z3) /* parameter windows: the unit computing, the next one, a tied embedding */
-        bytes[FT_MEM_WORKSPACE] += 4 * (size_t)(2 + (r->tied ? 1 : 0)) * (U + F);
-    if (host) /* offload: AdamW m and v, the fp32 master and the gradient of the shard */
-        *host = r->offload ? 16 * own : 0;
+        bytes[FT_MEM_WORKSPACE] +=
+            (size_t)(2 + (r->tied ? 1 : 0)) * (4 * (U + F) + r->max_unit_qwin);
+    /* offload: AdamW m and v, the fp32 master and the gradient of the shard; the frozen
+     * base's shard */
+    if (host)
+        *host = (r->offload ? 16 * own : 0) + (off_p ? 4 * sf + qs : 0);
     size_t total = 0;
     for (int c = 0; c < FT_MEM_NCAT; c++)
         total += bytes[c];
@@ -471,7 +516,7 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
     }
 
     size_t n_units = (size_t)mc->num_layers + 2;
-    size_t *unit_buf = calloc(6 * n_units, sizeof *unit_buf);
+    size_t *unit_buf = calloc(7 * n_units, sizeof *unit_buf);
     if (!unit_buf) {
         free(mask);
         return ft_fail(err, "out of memory");
@@ -489,7 +534,9 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
                  .quant_skip = quant_skip,
                  .unit_quantized = unit_buf + 3 * n_units,
                  .unit_quant_bytes = unit_buf + 4 * n_units,
-                 .unit_absmax = unit_buf + 5 * n_units};
+                 .unit_absmax = unit_buf + 5 * n_units,
+                 .unit_qwin = unit_buf + 6 * n_units};
+    r->quant_opt = quant;
 
     static const char *names[FT_PLAN_NROWS] = {
         "cpu-fp32",  "cpu-ddp",   "cpu-zero1", "cpu-zero2", "cpu-zero3",
@@ -501,8 +548,16 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
         r->rows[i].world_size = i == FT_PLAN_CPU || i == FT_PLAN_GPU_1 ? 1 : world_size;
     }
     count_params(&p, mask, lc.r);
+    if (p.qshape_overflow) {
+        free(unit_buf);
+        free(mask);
+        return ft_fail(err, "memory plan: the quantized base has more than %d distinct weight "
+                            "shapes, which the planner does not lay out",
+                       FT_PLAN_MAX_QSHAPES);
+    }
     r->tied = mc->tie_word_embeddings;
     r->offload = cfg->dist.offload_optimizer == FT_CFG_OFFLOAD_CPU;
+    r->offload_params = cfg->dist.offload_params == FT_CFG_OFFLOAD_CPU;
     for (size_t u = 0; u < n_units; u++) {
         if (p.unit_train[u] > r->max_unit_trainable)
             r->max_unit_trainable = p.unit_train[u];
@@ -545,6 +600,10 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
             r->max_unit_quantized = p.unit_quantized[u];
         if (p.unit_absmax[u] > r->max_quant_absmax)
             r->max_quant_absmax = p.unit_absmax[u];
+        if (p.unit_quant_bytes[u] > r->max_unit_quant_bytes)
+            r->max_unit_quant_bytes = p.unit_quant_bytes[u];
+        if (p.unit_qwin[u] > r->max_unit_qwin)
+            r->max_unit_qwin = p.unit_qwin[u];
     }
     for (int i = FT_PLAN_GPU_1; i < FT_PLAN_NROWS; i++)
         r->rows[i].bytes[FT_MEM_WORKSPACE] += h * r->max_unit_quantized + 4 * r->max_quant_absmax;

@@ -49,6 +49,13 @@
  * (a separate allocator): AdamW m and v, an fp32 master and a gradient copy of the
  * shard, 4 s(Pt) in all (row.host).
  *
+ * A quantized base (Q = its bytes, Pf counting only the dense frozen weights) is whole
+ * on every rank but under zero3 / fsdp, which keep this rank's whole blocks of every
+ * quantized weight, sq(Q) (quant/quant_shard.h), plus the nested state of each
+ * double-quantized weight (its map and one fp32 per 256 blocks) and, at load, the largest unit's quantized weights whole, Q(U); every
+ * parameter window holds a unit's quantized arrays (each at a 64-byte boundary) too.
+ * With dist.offload_params cpu, s(Pf) and sq(Q) move to the host (row.host).
+ *
  *   cpu-mp       model_parallel: rank r holds stage r of the units split by parameter
  *                count as lib/dist/dist_pipeline.c splits them: its trainable and frozen
  *                parameters (+ a copy of a tied embedding, and its gradient, on the last
@@ -113,6 +120,8 @@
 
 /* model_parallel stages the planner lays out (one per rank) */
 #define FT_PLAN_MAX_STAGES 128
+/* distinct shapes of quantized weights the planner shards (a model with more is refused) */
+#define FT_PLAN_MAX_QSHAPES 64
 
 typedef enum ft_plan_row_id {
     FT_PLAN_CPU = 0, /* exact: the CPU fp32 engine of today, one process */
@@ -159,6 +168,19 @@ typedef struct ft_memplan_result {
     size_t max_unit_quantized; /* elements of the largest unit's quantized weights */
     size_t max_quant_absmax;   /* fp32 elements of the largest absmax temporary of one
                                 * double-quantized weight (the window's, model.c) */
+    /* zero3 / fsdp shard the quantized base by blocks (lib/dist/dist_qshard.c): the
+     * format, each distinct weight shape and how many weights have it, the weights
+     * whose 256-value map every rank keeps, the largest unit's quantized bytes (read
+     * whole while the engine loads it) and its gather window's bytes */
+    ft_quant_options quant_opt;
+    int n_qshapes;
+    struct ft_plan_qshape {
+        int64_t rows, cols;
+        size_t count;
+    } qshapes[FT_PLAN_MAX_QSHAPES];
+    size_t q_replicated;     /* bytes of nested state every rank keeps whole */
+    size_t max_unit_quant_bytes, max_unit_qwin;
+    bool offload_params;     /* dist.offload_params cpu */
 
     /* what the cpu-* rows of each rank are computed from (ft_memplan_cpu_rank) */
     size_t max_unit_trainable, max_unit_frozen; /* elements of the largest unit */

@@ -193,7 +193,8 @@ static int assign_buffers(ft_model *m, ft_err *err)
     m->n_train = to;
     m->n_frozen = fo;
     m->qwin_unit = -1;
-    if (m->qwin_n && !(m->qt = calloc(m->n_params, sizeof *m->qt)))
+    if (m->qwin_n && (!(m->qt = calloc(m->n_params, sizeof *m->qt)) ||
+                      !(m->qt_lent = calloc(m->n_params, sizeof *m->qt_lent))))
         return ft_fail(err, "out of memory");
     if (m->opt.unbound)
         return 0;
@@ -321,6 +322,11 @@ static bool quant_state_tensor(ft_model *m, const char *name)
 static void drop_qtensor(ft_model *m, size_t i)
 {
     ft_qtensor *q = &m->qt[i];
+    if (m->qt_lent[i]) { /* a strategy's arrays */
+        memset(q, 0, sizeof *q);
+        m->qt_lent[i] = false;
+        return;
+    }
     if (q->type != FT_QUANT_NONE && q->device == FT_DEV_CPU)
         ft_mem_account(&m->mem, FT_MEM_WEIGHTS, ft_qtensor_bytes(q), false);
     ft_qtensor_free_on(q, &m->mem);
@@ -804,6 +810,7 @@ void ft_model_free(ft_model *m)
     for (size_t i = 0; m->qdense && i < m->n_params; i++)
         ft_free_on(&m->mem, m->dev, m->qdense[i]);
     free(m->qt);
+    free(m->qt_lent);
     free(m->qdense);
     ft_free_on(&m->mem, m->dev, m->qwin);
     ft_free_on(&m->mem, m->dev, m->qabsmax);
@@ -999,11 +1006,35 @@ int ft_model_materialize(ft_model *m, int unit, ft_err *err)
             continue;
         p->data = model_at(m, m->qwin, p->offset);
         *m->slot_data[i] = p->data;
-        if (m->qt[i].type != FT_QUANT_NONE && dequantize_param(m, i, p->data, err))
+        if (m->qt[i].type == FT_QUANT_NONE)
+            return ft_fail(err, "quantized weight '%s' has no blocks on this rank (a sharded "
+                                "base is gathered by the strategy before the layer runs)",
+                           p->name);
+        if (dequantize_param(m, i, p->data, err))
             return -1;
     }
     m->qwin_unit = unit;
     return 0;
+}
+
+ft_qtensor *ft_model_qtensor(ft_model *m, size_t i)
+{
+    return m->qt && i < m->n_params && m->params[i].quantized ? &m->qt[i] : NULL;
+}
+
+void ft_model_drop_qtensor(ft_model *m, size_t i)
+{
+    if (ft_model_qtensor(m, i))
+        drop_qtensor(m, i);
+}
+
+void ft_model_lend_qtensor(ft_model *m, size_t i, const ft_qtensor *view)
+{
+    if (!ft_model_qtensor(m, i))
+        return;
+    drop_qtensor(m, i);
+    m->qt[i] = *view;
+    m->qt_lent[i] = true;
 }
 
 int ft_model_dequantize_base(ft_model *m, ft_err *err)
@@ -1033,7 +1064,9 @@ int ft_model_dequantize_base(ft_model *m, ft_err *err)
     m->qwin = m->qabsmax = NULL;
     m->qabsmax_n = 0;
     free(m->qt);
+    free(m->qt_lent);
     m->qt = NULL;
+    m->qt_lent = NULL;
     m->qwin_unit = -1;
     return 0;
 }

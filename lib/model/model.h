@@ -312,6 +312,17 @@ ft_quant_options ft_model_quant(const ft_model *m);
  * dtype, on the model's device, with an fp32 temporary for a double-quantized absmax;
  * the workspace category) is allocated on first use: -1 when that fails. */
 int ft_model_materialize(ft_model *m, int unit, ft_err *err);
+/* A strategy that shards the quantized base (ZeRO-3 / FSDP, lib/dist) takes each weight's
+ * blocks after ft_model_init_unit has read them, and lends the gathered arrays back
+ * before the layer runs (the unit hook's acquire comes before the layer is materialized).
+ * ft_model_qtensor: param i's quantized arrays (NULL when i is not quantized).
+ * ft_model_drop_qtensor: frees them (lent ones are only forgotten); until a view is lent
+ *   again, materializing the layer is an error naming the weight.
+ * ft_model_lend_qtensor: view's arrays (on the model's device, owned by the caller, alive
+ *   until dropped or lent again) become param i's. */
+ft_qtensor *ft_model_qtensor(ft_model *m, size_t i);
+void ft_model_drop_qtensor(ft_model *m, size_t i);
+void ft_model_lend_qtensor(ft_model *m, size_t i, const ft_qtensor *view);
 /* Replaces every quantized weight by its dequantized copy for good (ft-merge: the whole
  * base dense, so the adapter can be added to it), in the compute dtype on the model's
  * device (fp32 on the CPU), and frees the quantized arrays and the window. The

@@ -92,6 +92,8 @@ struct ft_model {
     char quant_skip[512];
     ft_qtensor *qt;              /* [n_params]: type NONE where not quantized; on the
                                   * model's device (a GPU model keeps no host copy) */
+    bool *qt_lent;               /* [n_params]: qt[i]'s arrays belong to a strategy that
+                                  * shards the base (ft_model_lend_qtensor): never freed here */
     float *qwin;                 /* one unit's quantized weights dequantized, of the
                                   * compute dtype, on the device; allocated on first use */
     size_t qwin_n;               /* the most quantized elements in one unit (0: none) */

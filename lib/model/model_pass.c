@@ -453,9 +453,10 @@ static void layer_backward(ft_model *m, int l)
 
 static int acquire(ft_model *m, int unit, ft_unit_phase ph, ft_err *err)
 {
-    if (ft_model_materialize(m, unit, err)) /* a quantized base: this layer, dequantized */
+    /* the hook first: a sharded quantized base is gathered there */
+    if (m->hooks.acquire && m->hooks.acquire(m->hooks.ctx, unit, ph, err))
         return -1;
-    return m->hooks.acquire ? m->hooks.acquire(m->hooks.ctx, unit, ph, err) : 0;
+    return ft_model_materialize(m, unit, err); /* a quantized base: this layer, dequantized */
 }
 
 static int release(ft_model *m, int unit, ft_unit_phase ph, bool grads_final, ft_err *err)

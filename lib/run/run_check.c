@@ -104,6 +104,13 @@ static int check_strategy(const ft_run_config *c, int world_size, int layers, ft
     int stage = ft_run_config_zero_stage(d);
     if (stage < 0 || stage > 3)
         return ft_fail(err, "config: dist.zero_stage = %d: stages are 0-3", stage);
+    bool shards_params = d->strategy == FT_CFG_STRATEGY_FSDP ||
+                         ((d->strategy == FT_CFG_STRATEGY_ZERO3 ||
+                           d->strategy == FT_CFG_STRATEGY_ZERO) && stage == 3);
+    if (d->offload_params == FT_CFG_OFFLOAD_CPU && !shards_params)
+        return ft_fail(err, "config: dist.offload_params cpu works with dist.strategy zero3 "
+                            "(or zero with dist.zero_stage 3) and fsdp, the strategies that "
+                            "shard the frozen base");
     if (d->strategy != FT_CFG_STRATEGY_MODEL_PARALLEL)
         return 0;
     if (c->train.predict_with_generate)

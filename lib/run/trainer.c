@@ -151,6 +151,7 @@ static int dist_options(const ft_run_config *c, int world, ft_dist_options *o, f
     }
     }
     o->offload_optimizer = c->dist.offload_optimizer == FT_CFG_OFFLOAD_CPU;
+    o->offload_params = c->dist.offload_params == FT_CFG_OFFLOAD_CPU;
     o->bucket_bytes = (size_t)c->train.ddp_bucket_cap_mb << 20;
     o->overlap_comm = c->dist.overlap_comm;
     o->prefetch = c->dist.prefetch;
@@ -364,6 +365,7 @@ enum {
     RANK_HOST,
     RANK_GPU_UTIL,
     RANK_GPU_USED,
+    RANK_QUANT, /* bytes of the quantized base this rank keeps (ft_engine_quant_bytes) */
     RANK_MEM,
     RANK_NVAL = RANK_MEM + FT_MEM_NCAT
 };
@@ -374,6 +376,7 @@ static void rank_values(trainer *t, double rate, double *v)
     v[RANK_RATE] = rate;
     v[RANK_LOSS] = ft_engine_rank_loss(t->eng);
     v[RANK_HOST] = (double)host->peak_total;
+    v[RANK_QUANT] = (double)ft_engine_quant_bytes(t->eng);
     ft_gpu_monitor_sample(t->gpu_mon, &v[RANK_GPU_UTIL], &v[RANK_GPU_USED]);
     for (int c = 0; c < FT_MEM_NCAT; c++)
         v[RANK_MEM + c] = (double)mem->peak[c];
@@ -558,6 +561,9 @@ static int write_summary(trainer *t, ft_err *err)
     fprintf(f, "}, \"host_offload_bytes\": [");
     for (int r = 0; r < t->world; r++)
         fprintf(f, "%s%.0f", r ? ", " : "", all[(size_t)r * RANK_NVAL + RANK_HOST]);
+    fprintf(f, "], \"quantized_base_bytes\": [");
+    for (int r = 0; r < t->world; r++)
+        fprintf(f, "%s%.0f", r ? ", " : "", all[(size_t)r * RANK_NVAL + RANK_QUANT]);
     fprintf(f, "]}\n");
     fclose(f);
     free(all);

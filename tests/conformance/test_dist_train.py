@@ -426,8 +426,8 @@ def test_make_targets_train_on_ranks(work, single):
 @pytest.mark.parametrize("strategy,np_", [("ddp", 2), ("zero2", 2), ("zero3", 2),
                                           ("model_parallel", 2)])
 def test_qlora_under_strategies(work, strategy, np_):
-    """QLoRA: every rank keeps the whole quantized base (a replica: 0.5 byte/param); only
-    the LoRA weights, their gradients and AdamW state are sharded or staged."""
+    """QLoRA: ddp and zero2 keep the whole quantized base on every rank (a replica: 0.5
+    byte/param), model_parallel a stage's layers; zero3 shards it by blocks (below)."""
     ref = "qlora_single"
     if not (work / "runs" / ref).exists():
         run(write_config(work, ref, mode="qlora", train__batch_size=8))
@@ -438,3 +438,46 @@ def test_qlora_under_strategies(work, strategy, np_):
     assert_same_run(work / "runs" / ref, work / "runs" / name)
     state = (work / "runs" / name / "final" / "adapter_config.json")
     assert state.exists()
+
+
+def quant_bytes(run_dir):
+    return json.loads((Path(run_dir) / "run_summary.json").read_text())["quantized_base_bytes"]
+
+
+@pytest.mark.parametrize("strategy,np_,offload", [("zero3", 2, False), ("fsdp", 2, True),
+                                                  ("zero3", 4, True), ("fsdp", 4, False),
+                                                  ("fsdp", 3, False)])
+def test_qlora_sharded_base(work, strategy, np_, offload):
+    """zero3 / fsdp shard the quantized base (NF4 + double quantization) by whole blocks:
+    each rank keeps 1/N of the packed codes and absmax codes (the nested state, one fp32
+    per 256 blocks and the map, on every rank), gathers a layer before its forward and
+    its backward; with dist.offload_params cpu the shard is in host memory. Losses, norms
+    and the adapter equal one process; the ranks' bytes add up to the whole base."""
+    b = 8 // np_ if 8 % np_ == 0 else 3  # 3 ranks: a global batch of 9
+    ref = "qlora_single" if b * np_ == 8 else f"qlora_single_{b * np_}"
+    if not (work / "runs" / ref).exists():
+        run(write_config(work, ref, mode="qlora", train__batch_size=b * np_))
+    whole = "qlora_ddp_whole"
+    if not (work / "runs" / whole).exists():
+        run(write_config(work, whole, mode="qlora", dist__strategy="ddp", train__batch_size=4,
+                         train__max_steps=1), 2)
+    name = f"qlora_sharded_{strategy}_{np_}_{int(offload)}"
+    over = {"dist__offload_params": "cpu"} if offload else {}
+    cfg = write_config(work, name, mode="qlora", dist__strategy=strategy, train__batch_size=b,
+                       **over)
+    run(cfg, np_)
+    assert_same_run(work / "runs" / ref, work / "runs" / name)
+    full = quant_bytes(work / "runs" / whole)
+    got = quant_bytes(work / "runs" / name)
+    assert len(got) == np_ and full[0] == full[1] > 0
+    # 2 layers x 7 weights of 1024 or 2048 elements in blocks of 64: the nested state is
+    # one float and a 256-float map per weight, kept by every rank
+    replicated = 14 * (256 + 1) * 4
+    assert sum(got) == full[0] + (np_ - 1) * replicated, (got, full)
+    sharded = full[0] - replicated
+    for g in got:  # each rank within one block per weight of an even split
+        assert abs((g - replicated) - sharded / np_) <= 14 * (32 + 1), (got, sharded)
+    if offload:  # the shard is in the host memory context
+        host = json.loads((work / "runs" / name / "run_summary.json").read_text())[
+            "host_offload_bytes"]
+        assert all(h >= g - replicated for h, g in zip(host, got)), (host, got)
