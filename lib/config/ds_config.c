@@ -287,20 +287,20 @@ static int h_cpu_offload(ds_ctx *x, const ds_key *k, json_t *v, ft_err *err)
                err);
 }
 
-/* zero_optimization.offload_param.device: only none. */
+/* zero_optimization.offload_param.device: none or cpu (dist.offload_params; stage 3). */
 static int h_param_device(ds_ctx *x, const ds_key *k, json_t *v, ft_err *err)
 {
     char text[32];
     if (leaf_text(x, k->path, DS_STRING, v, text, sizeof text, err))
         return -1;
-    if (!strcmp(text, "none"))
-        return 0;
-    if (!strcmp(text, "cpu") || !strcmp(text, "nvme"))
-        return ft_fail(err, "%s: '%s' = \"%s\": parameter offload is not supported (optimizer "
-                            "offload is: zero_optimization.offload_optimizer.device = \"cpu\")",
+    if (!strcmp(text, "nvme"))
+        return ft_fail(err, "%s: '%s' = \"nvme\": NVMe parameter offload (ZeRO-Infinity) is not "
+                            "supported; use \"cpu\" or \"none\"",
+                       x->path, k->path);
+    if (strcmp(text, "cpu") && strcmp(text, "none"))
+        return ft_fail(err, "%s: '%s' must be \"none\", \"cpu\" or \"nvme\", got \"%s\"",
                        x->path, k->path, text);
-    return ft_fail(err, "%s: '%s' must be \"none\", \"cpu\" or \"nvme\", got \"%s\"", x->path,
-                   k->path, text);
+    return put(x, "dist.offload_params", text, k->path, text, err);
 }
 
 /* zero_optimization.reduce_bucket_size: bytes (often written 5e8) -> whole MiB, rounded up. */
@@ -437,11 +437,12 @@ static const ds_key keys[] = {
     {ZO "cpu_offload", DS_BOOL, NULL, h_cpu_offload, NULL},
     {ZO "offload_param", DS_OBJECT, NULL, NULL, NULL},
     {OP "device", DS_STRING, NULL, h_param_device, NULL},
-    {OP "pin_memory", DS_BOOL, NULL, NULL, "parameter offload is not supported"},
-    {OP "buffer_count", DS_INT, NULL, NULL, "parameter offload is not supported"},
-    {OP "buffer_size", DS_INT, NULL, NULL, "parameter offload is not supported"},
-    {OP "max_in_cpu", DS_INT, NULL, NULL, "parameter offload is not supported"},
-    {OP "nvme_path", DS_STRING, NULL, NULL, "parameter offload is not supported"},
+    {OP "pin_memory", DS_BOOL, NULL, NULL,
+     "the offloaded parameter shard is copied in per layer from ordinary host memory"},
+    {OP "buffer_count", DS_INT, NULL, NULL, "used by NVMe offload only"},
+    {OP "buffer_size", DS_INT, NULL, NULL, "used by NVMe offload only"},
+    {OP "max_in_cpu", DS_INT, NULL, NULL, "used by NVMe offload only"},
+    {OP "nvme_path", DS_STRING, NULL, NULL, "used by NVMe offload only"},
     {ZO "reduce_bucket_size", DS_NUMBER, NULL, h_bucket, NULL},
     {ZO "overlap_comm", DS_BOOL, "dist.overlap_comm", NULL, NULL},
     {ZO "contiguous_gradients", DS_BOOL, NULL, NULL,
@@ -645,6 +646,11 @@ static int finish(ds_ctx *x, ft_err *err)
                 return -1;
         }
     }
+    if (x->stage >= 0 && x->stage < 3 && from_file(x, "dist.offload_params") &&
+        strcmp(ft_config_str(c, "dist.offload_params"), "cpu") == 0)
+        return ft_fail(err, "%s: parameter offload (zero_optimization.offload_param) needs "
+                            "zero_optimization.stage 3, which shards the parameters",
+                       x->path);
     if (x->stage == 0 && strcmp(ft_config_str(c, "dist.offload_optimizer"), "cpu") == 0)
         return ft_fail(err, "%s: optimizer offload needs ZeRO, but zero_optimization.stage is 0 "
                             "(use stage 1, 2 or 3)",

@@ -481,3 +481,44 @@ def test_qlora_sharded_base(work, strategy, np_, offload):
         host = json.loads((work / "runs" / name / "run_summary.json").read_text())[
             "host_offload_bytes"]
         assert all(h >= g - replicated for h, g in zip(host, got)), (host, got)
+
+
+def test_qlora_sharded_prequantized_and_resume(work):
+    """ft-quantize's output (NF4 + double quantization in the checkpoint) sharded as it is
+    by zero3 with gradient checkpointing equals quantizing on load in one process; a
+    QLoRA checkpoint saved by fsdp on 2 ranks with the base offloaded resumes on 4 zero3
+    ranks and in one process with the losses of the uninterrupted run."""
+    exe = os.environ.get("FT_QUANTIZE") or str(Path(FT_TRAIN).parent / "ft-quantize")
+    q = work / "model-nf4"
+    if not q.exists():
+        subprocess.run([exe, "--model", str(work / "model"), "--out", str(q)], check=True,
+                       capture_output=True, text=True)
+    ref = "qlora_single6_ckpt"
+    run(write_config(work, ref, mode="qlora", train__batch_size=8, train__max_steps=6,
+                     train__gradient_checkpointing="true"))
+    pre = write_config(work, "qlora_prequant_z3", mode="qlora", dist__strategy="zero3",
+                       train__batch_size=4, train__max_steps=6,
+                       train__gradient_checkpointing="true")
+    pre.write_text(pre.read_text().replace(str(work / "model") + "\n", str(q) + "\n"))
+    assert str(q) in pre.read_text()
+    run(pre, 2)
+    assert_same_run(work / "runs" / ref, work / "runs" / "qlora_prequant_z3")
+    ref_losses = losses(work / "runs" / ref)
+    save = write_config(work, "qlora_resume_fsdp", mode="qlora", dist__strategy="fsdp",
+                        dist__offload_params="cpu", train__batch_size=4, train__max_steps=6,
+                        train__save_steps=3, train__gradient_checkpointing="true")
+    run(save, 2)
+    ck = work / "runs" / "qlora_resume_fsdp" / "checkpoint-3"
+    for loader, np_, b in [("zero3", 4, 2), ("none", 1, 8)]:
+        name = f"qlora_resume_on_{loader}"
+        cont = write_config(work, name, mode="qlora", dist__strategy=loader,
+                            train__batch_size=b, train__max_steps=6, train__save_steps=3,
+                            train__gradient_checkpointing="true")
+        out = run(cont, np_, "--resume", str(ck))
+        assert "saved by fsdp on 2 ranks" in out.stderr
+        got = losses(work / "runs" / name)
+        assert sorted(got) == [4, 5, 6]
+        for s in got:
+            assert abs(got[s] - ref_losses[s]) <= 2e-5 * abs(ref_losses[s]), (loader, s)
+        wa, wb = weights(work / "runs" / ref), weights(work / "runs" / name)
+        assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 2e-4

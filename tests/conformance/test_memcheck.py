@@ -178,6 +178,24 @@ def test_measure_qlora(work, strategy, np_):
         sum(lora[r]["measured"]["weights"] for r in range(np_))
 
 
+@pytest.mark.parametrize("strategy,np_,ckpt", [("zero3", 2, "false"), ("fsdp", 3, "true")])
+def test_measure_qlora_offload_params(work, strategy, np_, ckpt):
+    """dist.offload_params cpu: the frozen base's shard (dense weights and quantized
+    blocks) in host memory, the rest as without it; measured == planned, host included."""
+    name = f"m_qoff_{strategy}_{np_}"
+    cfg = write_config(work, name, mode="qlora", dist__strategy=strategy,
+                       dist__offload_params="cpu", train__gradient_checkpointing=ckpt)
+    ranks = assert_exact(run(cfg, np_, "--measure").stdout, np_)
+    plain = assert_exact(run(write_config(work, name + "_dev", mode="qlora",
+                                          dist__strategy=strategy,
+                                          train__gradient_checkpointing=ckpt),
+                             np_, "--measure").stdout, np_)
+    for r in range(np_):
+        moved = ranks[r]["measured"]["host"]
+        assert moved > 0 and plain[r]["measured"]["host"] == 0
+        assert ranks[r]["measured"]["weights"] + moved == plain[r]["measured"]["weights"]
+
+
 def test_uneven_gpipe_chunks_train_as_one_process(work):
     ref = write_config(work, "mp_ref5", mode="full", train__batch_size=5, train__max_steps=3)
     run(ref)

@@ -315,14 +315,14 @@ static void test_offload(void)
                  "\"nvme\", \"nvme_path\": \"/local_nvme\"}}}",
                  "'zero_optimization.offload_optimizer.device' = \"nvme\"", "not supported");
     expect_error(NULL,
-                 "{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": "
+                 "{\"zero_optimization\": {\"stage\": 2, \"offload_param\": {\"device\": "
                  "\"cpu\"}}}",
-                 "parameter offload is not supported", "offload_optimizer.device");
+                 "parameter offload", "needs zero_optimization.stage 3");
     expect_error(NULL,
                  "{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": "
                  "\"nvme\"}}}",
                  "'zero_optimization.offload_param.device' = \"nvme\"",
-                 "parameter offload is not supported");
+                 "NVMe parameter offload");
     expect_error(NULL,
                  "{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"disk\"}}}",
                  "must be \"none\", \"cpu\" or \"nvme\", got \"disk\"", NULL);
@@ -342,6 +342,17 @@ static void test_offload(void)
     CHECK(has(notes_text, "'zero_optimization.offload_optimizer.pin_memory' has no effect"));
     CHECK(has(notes_text, "'zero_optimization.offload_optimizer.buffer_count' has no effect"));
     CHECK(has(notes_text, "'zero_optimization.offload_optimizer.fast_init' has no effect"));
+    ft_config_free(c);
+
+    /* parameter offload under stage 3: dist.offload_params */
+    c = ft_config_new();
+    CHECK(apply(c, NULL,
+                "{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": "
+                "\"cpu\", \"pin_memory\": true}}}",
+                &err) == 0);
+    CHECK(str_is(c, "dist.offload_params", "cpu"));
+    CHECK(str_is(c, "dist.strategy", "zero3"));
+    CHECK(has(notes_text, "'zero_optimization.offload_param.pin_memory' has no effect"));
     ft_config_free(c);
 
     /* the legacy spelling */
