@@ -53,6 +53,7 @@ typedef struct planner {
     const char *quant_skip;
     size_t *unit_quantized, *unit_quant_bytes, *unit_absmax;
     size_t *unit_qwin; /* bytes of a unit's zero3 gather window (lib/dist/dist_qshard.c) */
+    size_t frozen_z3;  /* gpu-zero3's frozen bytes per rank (what offload_params moves) */
     bool qshape_overflow;
 } planner;
 
@@ -130,6 +131,7 @@ static void add_tensor(planner *p, int unit, size_t numel, bool trainable, bool 
             p->unit_frozen[unit] += numel;
         for (int i = FT_PLAN_GPU_1; i <= FT_PLAN_GPU_ZERO3; i++)
             row[i].bytes[FT_MEM_WEIGHTS] += i == FT_PLAN_GPU_ZERO3 ? ceil_div(fb, N) : fb;
+        p->frozen_z3 += ceil_div(fb, N);
     }
 }
 
@@ -567,10 +569,11 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
 
     /* FSDP: per unit flat parameters, each padded to a multiple of N */
     size_t N = p.N, h = p.h;
-    size_t max_unit_g = 0, max_unit_pg = 0;
+    size_t max_unit_g = 0, max_unit_pg = 0, frozen_fsdp = 0;
     for (size_t u = 0; u < n_units; u++) {
         size_t t = ceil_div(p.unit_train[u], N);
         ft_memplan_row *f = &r->rows[FT_PLAN_GPU_FSDP];
+        frozen_fsdp += ceil_div(p.unit_frozen_bytes[u], N);
         f->bytes[FT_MEM_WEIGHTS] += 4 * t + ceil_div(p.unit_frozen_bytes[u], N);
         f->bytes[FT_MEM_GRADS] += 4 * t;
         f->bytes[FT_MEM_OPTIM] += 8 * t;
@@ -613,6 +616,24 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
     r->rows[FT_PLAN_GPU_ZERO2].bytes[FT_MEM_WORKSPACE] += max_unit_g;
     r->rows[FT_PLAN_GPU_ZERO3].bytes[FT_MEM_WORKSPACE] += max_unit_pg;
     r->rows[FT_PLAN_GPU_FSDP].bytes[FT_MEM_WORKSPACE] += max_unit_pg;
+    /* offload (lib/dist/dist_engine.c): the optimizer's shard to the host, as AdamW m and
+     * v, an fp32 master and a gradient copy (16 B per updated parameter: the optimizer
+     * column holds k B of them, 8 under FSDP); the frozen shard of zero3 / fsdp too */
+    for (int i = FT_PLAN_GPU_1; i < FT_PLAN_NROWS; i++) {
+        ft_memplan_row *w = &r->rows[i];
+        if (r->offload) {
+            size_t per = i == FT_PLAN_GPU_FSDP ? 8 : p.k;
+            w->host += w->bytes[FT_MEM_OPTIM] / per * 16;
+            w->bytes[FT_MEM_OPTIM] = 0;
+        }
+        size_t frozen = i == FT_PLAN_GPU_ZERO3 ? p.frozen_z3
+                        : i == FT_PLAN_GPU_FSDP ? frozen_fsdp
+                                                : 0;
+        if (r->offload_params && frozen) {
+            w->bytes[FT_MEM_WEIGHTS] -= frozen;
+            w->host += frozen;
+        }
+    }
 
     for (int i = FT_PLAN_GPU_1; i < FT_PLAN_NROWS; i++) {
         r->rows[i].total = 0;
@@ -653,6 +674,12 @@ int ft_memplan_config(const ft_run_config *cfg, int world_size, ft_memplan_resul
     if (ft_model_config_load(&mc, path, err))
         return -1;
     return ft_memplan(cfg, &mc, world_size, out, err);
+}
+
+size_t ft_memplan_gpu_reserve(size_t planned, int world_size)
+{
+    return FT_PLAN_CUDA_CONTEXT + FT_PLAN_CUBLAS_WORKSPACE +
+           (world_size > 1 ? FT_PLAN_NCCL_BUFFERS : 0) + planned / 20;
 }
 
 /* cpu-fp32 always; the other cpu rows at several ranks or when selected. */
@@ -708,10 +735,28 @@ void ft_memplan_print_with(const ft_memplan_result *r, const ft_memplan_row *ext
             "cpu-* are the CPU engine (fp32 on CPU ranks: what the allocator measures); "
             "gpu-* are the ZeRO paper's formulas at 16 bits, without CUDA context and "
             "library workspaces; * = the rows dist.strategy selects.\n");
-    if (r->offload && host)
-        fprintf(out, "dist.offload_optimizer cpu: the optimizer state is in host memory, "
-                     "%.1f MiB per rank on top of the table (cpu rows)\n",
-                ft_mib(host));
+    const ft_memplan_row *g = &r->rows[r->selected];
+    const char *what = r->offload && r->offload_params ? "dist.offload_optimizer and "
+                                                         "dist.offload_params cpu"
+                       : r->offload ? "dist.offload_optimizer cpu"
+                                    : "dist.offload_params cpu";
+    if (host)
+        fprintf(out, "%s: %.1f MiB per rank in host memory on top of the table (cpu rows)\n",
+                what, ft_mib(host));
+    if (g->host)
+        fprintf(out, "%s: %.1f MiB per rank in host memory on top of %s's %.1f MiB\n", what,
+                ft_mib(g->host), g->name, ft_mib(g->total));
+    size_t reserve = ft_memplan_gpu_reserve(g->total, g->world_size);
+    size_t need = g->total + reserve;
+    fprintf(out,
+            "%s on a 24 GB GPU (%.0f MiB): %.1f MiB planned + %.1f MiB reserve (CUDA context "
+            "%.0f, cuBLAS/cuBLASLt workspaces %.0f, NCCL buffers %.0f, allocator slack 5%%) = "
+            "%.1f MiB: %s %.1f MiB\n",
+            g->name, ft_mib(FT_PLAN_GPU_24GB), ft_mib(g->total), ft_mib(reserve),
+            ft_mib(FT_PLAN_CUDA_CONTEXT), ft_mib(FT_PLAN_CUBLAS_WORKSPACE),
+            ft_mib(g->world_size > 1 ? FT_PLAN_NCCL_BUFFERS : 0), ft_mib(need),
+            need <= FT_PLAN_GPU_24GB ? "fits, margin" : "does not fit, short by",
+            ft_mib(need <= FT_PLAN_GPU_24GB ? FT_PLAN_GPU_24GB - need : need - FT_PLAN_GPU_24GB));
     if (row_shown(r, FT_PLAN_CPU_MP))
         fprintf(out, "cpu-mp = model_parallel: %d stages split by parameter count%s.\n",
                 r->pipe_stages,

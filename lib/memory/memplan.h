@@ -147,7 +147,8 @@ typedef struct ft_memplan_row {
     int rank;              /* cpu-* rows: the rank shown (the largest total); else 0 */
     size_t bytes[FT_MEM_NCAT];
     size_t total;
-    size_t host;           /* cpu-* rows with dist.offload_optimizer cpu: host bytes */
+    size_t host;           /* with dist.offload_optimizer / dist.offload_params cpu: the
+                            * bytes the row moves to host memory (not in total) */
 } ft_memplan_row;
 
 typedef struct ft_memplan_result {
@@ -198,6 +199,25 @@ typedef struct ft_memplan_result {
                               * (model_parallel on more ranks than units) */
     char note[256];          /* caveat for the cpu rows ("" when none) */
 } ft_memplan_result;
+
+/* What a GPU holds beyond the gpu-* rows (the reserve --plan adds before it compares a row
+ * with a 24 GB GPU):
+ *   FT_PLAN_CUDA_CONTEXT      the CUDA context with the kernels loaded (CUDA 12 loads
+ *                             modules lazily; a context with cuBLAS and NCCL takes
+ *                             300-600 MiB on Ampere, Ada and Hopper): 768 MiB;
+ *   FT_PLAN_CUBLAS_WORKSPACE  cuBLAS's workspace (CUBLAS_WORKSPACE_CONFIG's default on
+ *                             Hopper: 8 x 4 MiB) and a cuBLASLt one of the same size, per
+ *                             stream, two streams: 128 MiB;
+ *   FT_PLAN_NCCL_BUFFERS      NCCL's channel buffers (NCCL_BUFFSIZE 4 MiB per channel
+ *                             and peer, both directions, up to 32 channels): 256 MiB,
+ *                             with more than one rank;
+ * and 5% of the planned bytes for the caching allocator's fragmentation. */
+#define FT_PLAN_CUDA_CONTEXT ((size_t)768 << 20)
+#define FT_PLAN_CUBLAS_WORKSPACE ((size_t)128 << 20)
+#define FT_PLAN_NCCL_BUFFERS ((size_t)256 << 20)
+/* a 24 GB GPU (RTX 3090 / 4090): 24564 MiB as nvidia-smi shows its total */
+#define FT_PLAN_GPU_24GB ((size_t)24564 << 20)
+size_t ft_memplan_gpu_reserve(size_t planned, int world_size);
 
 /* ft_model_options.loss_chunk_rows from train.loss_chunk_tokens (auto: -1). */
 int ft_memplan_loss_chunk(const ft_train_section *t);

@@ -464,6 +464,86 @@ static void test_real_model_sizes(void)
     free(cfg);
 }
 
+/* The gpu-fsdp row of QLoRA on a 70B model (config.json only) at 2 ranks, with
+ * dist.offload_params as given: its planned bytes, host bytes and the 24 GB verdict. */
+static void plan_70b(const char *dir, const char *offload, ft_memplan_result *r, char **text)
+{
+    char name[400], off[64];
+    snprintf(name, sizeof name, "model.name=%s", dir);
+    snprintf(off, sizeof off, "dist.offload_params=%s", offload);
+    const char *sets[] = {"tuning.mode=qlora", "tuning.quant.type=nf4",
+                          "tuning.quant.double_quant=true", "tuning.lora.r=64",
+                          "tuning.lora.alpha=16", "tuning.lora.target_modules=all-linear",
+                          "train.batch_size=1", "model.max_seq_len=2048",
+                          "train.gradient_checkpointing=true", "train.bf16=true",
+                          "dist.strategy=fsdp", off, name, NULL};
+    ft_run_config *cfg = make_config(sets);
+    ft_err err;
+    CHECK(ft_memplan_config(cfg, 2, r, &err) == 0);
+    size_t len;
+    FILE *f = open_memstream(text, &len);
+    ft_memplan_print(r, f);
+    fclose(f);
+    if (getenv("MEMPLAN_SHOW"))
+        fputs(*text, stderr);
+    free(cfg);
+}
+
+/* Issue 27: Llama-2-70B and Llama-3.1-70B QLoRA (NF4 + double quantization, r = 64
+ * all-linear, 1 x 2048, checkpointing) under FSDP on two 24 GB GPUs. With the whole
+ * quantized base sharded (half of it per rank) it is still over 24 GB; with its shard in
+ * host memory (dist.offload_params cpu) the plan and the reserve for the CUDA context,
+ * cuBLAS and NCCL fit, with room to spare. */
+static void test_70b_qlora_fits_two_24gb_gpus(void)
+{
+    char d2[300], d3[300];
+    snprintf(d2, sizeof d2, "%s/llama2-70b", root);
+    snprintf(d3, sizeof d3, "%s/llama31-70b", root);
+    write_config(d2, "{\"model_type\": \"llama\", \"vocab_size\": 32000, \"hidden_size\": 8192,"
+                     " \"intermediate_size\": 28672, \"num_hidden_layers\": 80,"
+                     " \"num_attention_heads\": 64, \"num_key_value_heads\": 8,"
+                     " \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0,"
+                     " \"hidden_act\": \"silu\", \"max_position_embeddings\": 4096,"
+                     " \"tie_word_embeddings\": false}");
+    write_config(d3, "{\"model_type\": \"llama\", \"vocab_size\": 128256, \"hidden_size\": 8192,"
+                     " \"intermediate_size\": 28672, \"num_hidden_layers\": 80,"
+                     " \"num_attention_heads\": 64, \"num_key_value_heads\": 8,"
+                     " \"rms_norm_eps\": 1e-5, \"rope_theta\": 500000.0,"
+                     " \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0,"
+                     " \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0,"
+                     " \"original_max_position_embeddings\": 8192},"
+                     " \"hidden_act\": \"silu\", \"max_position_embeddings\": 131072,"
+                     " \"tie_word_embeddings\": false}");
+    const char *dirs[] = {d2, d3};
+    for (int i = 0; i < 2; i++) {
+        ft_memplan_result *on = malloc(sizeof *on), *off = malloc(sizeof *off);
+        char *t_on, *t_off;
+        plan_70b(dirs[i], "none", off, &t_off);
+        plan_70b(dirs[i], "cpu", on, &t_on);
+        const ft_memplan_row *g0 = &off->rows[FT_PLAN_GPU_FSDP], *g1 = &on->rows[FT_PLAN_GPU_FSDP];
+        CHECK(on->selected == FT_PLAN_GPU_FSDP && strcmp(on->quant, "nf4+dq") == 0);
+        /* the base's shard (half the quantized base and of the dense frozen weights) moves
+         * to the host; nothing else changes */
+        CHECK(g0->host == 0 && g1->host > on->quant_bytes / 2);
+        CHECK(g1->host < on->quant_bytes / 2 + 4 * (on->n_frozen - on->n_quantized));
+        CHECK(g0->total == g1->total + g1->host);
+        size_t need_off = g0->total + ft_memplan_gpu_reserve(g0->total, 2);
+        size_t need_on = g1->total + ft_memplan_gpu_reserve(g1->total, 2);
+        CHECK(need_off > FT_PLAN_GPU_24GB);
+        CHECK(need_on + ((size_t)4 << 30) < FT_PLAN_GPU_24GB); /* >= 4 GiB to spare */
+        CHECK(strstr(t_off, "does not fit") && strstr(t_on, "fits, margin"));
+        CHECK(strstr(t_on, "dist.offload_params cpu:") && strstr(t_on, "CUDA context 768"));
+        /* the CPU engine: every rank keeps half the quantized blocks (exact rows) */
+        const ft_memplan_row *c = &on->rows[FT_PLAN_CPU_FSDP];
+        CHECK(c->host > on->quant_bytes / 2 - ((size_t)64 << 20));
+        CHECK(c->bytes[FT_MEM_WEIGHTS] < on->quant_bytes / 8);
+        free(t_on);
+        free(t_off);
+        free(on);
+        free(off);
+    }
+}
+
 static void test_batch_auto(void)
 {
     const char *a[] = {"train.batch_size=auto", NULL}, *one[] = {"train.batch_size=1", NULL};
@@ -571,6 +651,7 @@ int main(void)
     RUN(test_cpu_gemma2_equal_measured);
     RUN(test_gpu_formulas);
     RUN(test_real_model_sizes);
+    RUN(test_70b_qlora_fits_two_24gb_gpus);
     RUN(test_batch_auto);
     RUN(test_errors);
     printf("memplan: cpu-fp32 plan == allocator peak in %d configurations\n", n_compared);
