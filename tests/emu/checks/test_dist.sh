@@ -13,7 +13,11 @@
 #     not an abort inside an op;
 #   - zero1 and zero2 in bf16 on 2 ranks give ddp's losses, checkpoint and adapter bit for
 #     bit, and gather the bf16 copies: the allgather moves half the bytes of the fp32
-#     gradients' reduce-scatter (FT_DIST_PROFILE).
+#     gradients' reduce-scatter (FT_DIST_PROFILE);
+#   - QLoRA (NF4 + double quantization) under fsdp and zero3, with and without
+#     dist.offload_params cpu, on 2 ranks: the quantized base sharded by blocks (each rank
+#     about half of ddp's whole base, run_summary.json), the losses and the adapter of
+#     ddp's run.
 # Prints one line per check and "emu_dist: N passed, N failed". FT_EMU_TRAIN names the
 # ft-train to run (default build-emu/bin/ft-train); FT_EMU_NCCL=0 (a build without MPI)
 # runs the one-process checks only.
@@ -182,6 +186,31 @@ for s in zero1 zero2; do
     ok "$s in bf16 gathers the bf16 copies: allgather $ag bytes = half the fp32 reduce-scatter's $rs"
   else
     bad "$s in bf16: the allgather moves ${ag:-?} bytes, the fp32 reduce-scatter ${rs:-?} (want half)"
+  fi
+done
+
+# ---- QLoRA: the quantized base sharded by blocks, offloaded or not -------------------
+qbytes() { sed -n 's/.*"quantized_base_bytes": \[\([0-9, ]*\)\].*/\1/p' "$work/$1/run_summary.json" 2>/dev/null | tr -d ' '; }
+run q-ddp 2 -- --set tuning.mode=qlora --set dist.strategy=ddp
+check_ddp=$?
+for v in "fsdp none" "zero3 cpu" "fsdp cpu"; do
+  set -- $v
+  name="q-$1-$2"
+  run "$name" 2 -- --set tuning.mode=qlora --set dist.strategy=$1 --set dist.offload_params=$2
+  rc=$?
+  label="QLoRA under $1 on 2 ranks, dist.offload_params $2"
+  if [ "$rc" -ne 0 ] || [ "$check_ddp" -ne 0 ]; then
+    bad "$label" "exit $rc (ddp: $check_ddp): $(first_err "$name") $(first_err q-ddp)"
+    continue
+  fi
+  whole=$(qbytes q-ddp); got=$(qbytes "$name")
+  if [ -n "$(losses "$name")" ] && [ "$(losses "$name")" = "$(losses q-ddp)" ] &&
+     cmp -s "$work/$name/final/adapter_model.safetensors" "$work/q-ddp/final/adapter_model.safetensors" &&
+     awk -v w="$whole" -v g="$got" 'BEGIN {split(w, a, ","); split(g, b, ",");
+       exit !(a[1] == a[2] && a[1] > 0 && b[1] + b[2] >= a[1] && b[1] < 0.55 * a[1] && b[2] < 0.55 * a[1])}'; then
+    ok "$label = ddp (losses, adapter bit for bit); quantized base per rank $got of $whole bytes"
+  else
+    bad "$label vs ddp" "$(losses "$name" | tr '\n' ' ') vs $(losses q-ddp | tr '\n' ' '); bytes $got of $whole"
   fi
 done
 
