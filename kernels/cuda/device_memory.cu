@@ -65,6 +65,20 @@ extern "C" void ft_cuda_free(void *p)
         (void)cudaGetLastError();
 }
 
+extern "C" int ft_cuda_host_pin(void *p, size_t bytes, ft_err *err)
+{
+    if (!p || !bytes)
+        return 0;
+    CUDA_TRY(cudaHostRegister(p, bytes, cudaHostRegisterDefault), err);
+    return 0;
+}
+
+extern "C" void ft_cuda_host_unpin(void *p)
+{
+    if (p && cudaHostUnregister(p) != cudaSuccess)
+        (void)cudaGetLastError();
+}
+
 static int copy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
                 const char *what, ft_err *err)
 {

@@ -41,6 +41,11 @@ int ft_cuda_is_device(const void *p);
 /* Frees a buffer from ft_cuda_malloc; NULL is a no-op. */
 void ft_cuda_free(void *p);
 
+/* Page-locks (pins) host memory [p, p + bytes) so that copies to and from the device run
+ * at full bandwidth (cudaHostRegister); unpin takes the same p. 0, or -1 with err. */
+int ft_cuda_host_pin(void *p, size_t bytes, struct ft_err *err);
+void ft_cuda_host_unpin(void *p);
+
 /* Sets `bytes` bytes at a device pointer to zero (synchronous). 0, or -1 with err. */
 int ft_cuda_memset0(void *dst_device, size_t bytes, struct ft_err *err);
 

@@ -388,6 +388,11 @@ int dp_setup(ft_engine *e, const char *adapter_dir, ft_err *err)
         if (e->o.offload_params && nf) {
             e->shard_frozen = ft_alloc(&e->host, FT_MEM_WEIGHTS, nf * e->cesize);
             oom |= !e->shard_frozen;
+            if (e->shard_frozen && engine_pin_params(e, e->shard_frozen, nf * e->cesize, err)) {
+                ft_free(&e->host, e->shard_frozen);
+                e->shard_frozen = NULL;
+                return -1;
+            }
         } else {
             e->shard_frozen = engine_alloc(e, FT_MEM_WEIGHTS, nf, true, &oom);
         }
@@ -511,6 +516,7 @@ void dp_free(ft_engine *e)
     free(e->unit_gw);
     engine_free_compute_copy(e, e->shard_train, e->shard_train_c);
     ft_free_on(e->mem, e->dev, e->shard_train);
+    engine_unpin_params(e, e->shard_frozen);
     ft_free_on(engine_param_mem(e), engine_param_dev(e), e->shard_frozen);
     ft_free_on(e->mem, e->dev, e->shard_grad);
     qs_free(e);

@@ -185,6 +185,9 @@ void qs_free(ft_engine *e);
  * dist.offload_params cpu, else the engine's device. */
 ft_mem *engine_param_mem(ft_engine *e);
 ft_device engine_param_dev(const ft_engine *e);
+/* Page-locks / unlocks an offloaded parameter shard on a GPU engine (no-ops otherwise). */
+int engine_pin_params(ft_engine *e, void *p, size_t bytes, ft_err *err);
+void engine_unpin_params(ft_engine *e, void *p);
 
 /* dist_pipeline.c */
 int pipe_setup(ft_engine *e, const char *adapter_dir, ft_err *err);

@@ -17,6 +17,9 @@
 #include <string.h>
 
 #include "dist/dist_engine_internal.h"
+#ifdef FT_HAVE_CUDA
+#include "cuda/device_memory.h"
+#endif
 
 enum { QWIN_ALIGN = 64 };
 
@@ -27,6 +30,36 @@ ft_mem *engine_param_mem(ft_engine *e) { return e->o.offload_params ? &e->host :
 ft_device engine_param_dev(const ft_engine *e)
 {
     return e->o.offload_params ? FT_DEV_CPU : e->dev;
+}
+
+/* An offloaded shard of a GPU engine is page-locked, so the per-layer copies in run at
+ * the link's bandwidth (on CPU ranks there is nothing to pin). */
+static bool pins(const ft_engine *e) { return e->o.offload_params && e->dev != FT_DEV_CPU; }
+
+int engine_pin_params(ft_engine *e, void *p, size_t bytes, ft_err *err)
+{
+    if (!pins(e) || !p)
+        return 0;
+#ifdef FT_HAVE_CUDA
+    if (ft_cuda_host_pin(p, bytes, err))
+        return ft_fail_prefix(err, "pinning rank %d's offloaded parameter shard (%zu bytes)",
+                              e->rank, bytes);
+    return 0;
+#else
+    (void)bytes;
+    return ft_fail(err, "this build has no CUDA backend to pin host memory with");
+#endif
+}
+
+void engine_unpin_params(ft_engine *e, void *p)
+{
+#ifdef FT_HAVE_CUDA
+    if (pins(e) && p)
+        ft_cuda_host_unpin(p);
+#else
+    (void)e;
+    (void)p;
+#endif
 }
 
 /* The bytes of each array of p, and the number of arrays. */
@@ -102,6 +135,11 @@ int qs_setup(ft_engine *e, ft_err *err)
     ft_device pd = engine_param_dev(e);
     if (shard && !(e->qshard = ft_alloc_on(pm, pd, FT_MEM_WEIGHTS, shard)))
         return ft_mem_fail(err, pm, pd, "rank %d's shard of the quantized base", e->rank);
+    if (engine_pin_params(e, e->qshard, shard, err)) {
+        ft_free_on(pm, pd, e->qshard);
+        e->qshard = NULL;
+        return -1;
+    }
     if (replicated) {
         e->qmaps = ft_alloc_on(e->mem, e->dev, FT_MEM_WEIGHTS, replicated);
         if (!e->qmaps)
@@ -245,6 +283,7 @@ void qs_free(ft_engine *e)
         free(e->qp[k].counts);
     free(e->qp);
     free(e->qunit);
+    engine_unpin_params(e, e->qshard);
     ft_free_on(engine_param_mem(e), engine_param_dev(e), e->qshard);
     ft_free_on(e->mem, e->dev, e->qmaps);
     ft_free_on(e->mem, e->dev, e->qcode);

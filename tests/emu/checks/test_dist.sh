@@ -17,7 +17,8 @@
 #   - QLoRA (NF4 + double quantization) under fsdp and zero3, with and without
 #     dist.offload_params cpu, on 2 ranks: the quantized base sharded by blocks (each rank
 #     about half of ddp's whole base, run_summary.json), the losses and the adapter of
-#     ddp's run.
+#     ddp's run; an offloaded shard is page-locked on every rank (FT_EMU_PIN_LOG), and
+#     nothing is without offload.
 # Prints one line per check and "emu_dist: N passed, N failed". FT_EMU_TRAIN names the
 # ft-train to run (default build-emu/bin/ft-train); FT_EMU_NCCL=0 (a build without MPI)
 # runs the one-process checks only.
@@ -196,9 +197,18 @@ check_ddp=$?
 for v in "fsdp none" "zero3 cpu" "fsdp cpu"; do
   set -- $v
   name="q-$1-$2"
-  run "$name" 2 -- --set tuning.mode=qlora --set dist.strategy=$1 --set dist.offload_params=$2
-  rc=$?
   label="QLoRA under $1 on 2 ranks, dist.offload_params $2"
+  run "$name" 2 FT_EMU_PIN_LOG="$work/$name.pin" -- --set tuning.mode=qlora \
+    --set dist.strategy=$1 --set dist.offload_params=$2
+  rc=$?
+  pinned=$(sed -n 's/^ft-emu: pinned: pid [0-9]* rank \([0-9]*\) bytes [0-9]*$/\1/p' \
+             "$work/$name.pin" 2>/dev/null | sort -u | tr '\n' ' ')
+  want_pinned=""; [ "$2" = cpu ] && want_pinned="0 1 "
+  if [ "$pinned" = "$want_pinned" ]; then
+    ok "$label: the ranks that page-locked an offloaded shard: [${pinned% }]"
+  else
+    bad "$label: the ranks that page-locked an offloaded shard" "[${pinned% }], want [${want_pinned% }]"
+  fi
   if [ "$rc" -ne 0 ] || [ "$check_ddp" -ne 0 ]; then
     bad "$label" "exit $rc (ddp: $check_ddp): $(first_err "$name") $(first_err q-ddp)"
     continue

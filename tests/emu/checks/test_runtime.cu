@@ -239,6 +239,22 @@ static void test_memory(void)
     CHECK(cudaFree(a) == cudaSuccess && cudaFree(b) == cudaSuccess && cudaFree(NULL) == cudaSuccess);
     CHECK(!ft_emu_is_device(a, 0)); /* freed */
     (void)cudaGetLastError();
+    /* page-locked host memory: ranges that overlap are refused, unregister takes the
+     * registered pointer; device memory and NULL are not host memory */
+    std::vector<unsigned char> pin(4096);
+    CHECK(cudaHostRegister(pin.data(), 2048, cudaHostRegisterDefault) == cudaSuccess);
+    CHECK(cudaHostRegister(pin.data() + 1024, 2048, 0) == cudaErrorHostMemoryAlreadyRegistered);
+    CHECK(cudaHostRegister(pin.data() + 2048, 2048, 0) == cudaSuccess); /* adjacent */
+    CHECK(cudaHostUnregister(pin.data() + 1) == cudaErrorHostMemoryNotRegistered);
+    CHECK(cudaHostUnregister(pin.data()) == cudaSuccess);
+    CHECK(cudaHostUnregister(pin.data()) == cudaErrorHostMemoryNotRegistered);
+    CHECK(cudaHostUnregister(pin.data() + 2048) == cudaSuccess);
+    CHECK(cudaHostRegister(NULL, 16, 0) == cudaErrorInvalidValue);
+    unsigned char *d = NULL;
+    CHECK(cudaMalloc(&d, 64) == cudaSuccess);
+    CHECK(cudaHostRegister(d, 64, 0) == cudaErrorInvalidValue);
+    CHECK(cudaFree(d) == cudaSuccess);
+    (void)cudaGetLastError();
 }
 
 /* ---- streams and events --------------------------------------------------------------- */

@@ -44,6 +44,8 @@ typedef enum cudaError {
     cudaErrorPeerAccessAlreadyEnabled = 704,
     cudaErrorPeerAccessNotEnabled = 705,
     cudaErrorAssert = 710,
+    cudaErrorHostMemoryAlreadyRegistered = 712,
+    cudaErrorHostMemoryNotRegistered = 713,
     cudaErrorLaunchFailure = 719,
     cudaErrorNotSupported = 801,
     cudaErrorUnknown = 999
@@ -166,6 +168,14 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaM
 cudaError_t cudaMemset(void *devPtr, int value, size_t count);
 cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t stream);
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, const void *ptr);
+/* Page-locks host memory [ptr, ptr + size) (nothing changes for the emulated copies): NULL
+ * or 0 bytes is cudaErrorInvalidValue, device memory too; a range that overlaps one still
+ * registered is cudaErrorHostMemoryAlreadyRegistered. Unregister takes the pointer that
+ * was registered (else cudaErrorHostMemoryNotRegistered). With FT_EMU_PIN_LOG=file each
+ * registration appends "ft-emu: pinned: pid P rank R bytes B" to file. */
+#define cudaHostRegisterDefault 0u
+cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags);
+cudaError_t cudaHostUnregister(void *ptr);
 
 /* ---- streams and events ------------------------------------------------------------------ */
 cudaError_t cudaStreamCreate(cudaStream_t *stream);

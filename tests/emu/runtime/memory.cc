@@ -44,8 +44,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <deque>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -547,6 +549,59 @@ void ft_emu_check_written(const void *p, size_t bytes, int elem_size, const char
                            "device memory), the first at index %zu of %zu: %s",
                      what, bad, first, n, d);
     }
+}
+
+
+/* Page-locked host ranges (cudaHostRegister): base -> bytes. */
+static std::map<uintptr_t, size_t> &pinned()
+{
+    static std::map<uintptr_t, size_t> m;
+    return m;
+}
+
+cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags)
+{
+    (void)flags;
+    if (cudaError_t s = sticky())
+        return fail(s);
+    bool freed;
+    if (!ptr || !size || find_alloc(ptr, &freed))
+        return fail(cudaErrorInvalidValue);
+    uintptr_t lo = (uintptr_t)ptr, hi = lo + size;
+    {
+        std::lock_guard<std::mutex> lk(mu);
+        auto &m = pinned();
+        auto it = m.upper_bound(lo);
+        if (it != m.end() && it->first < hi)
+            return fail(cudaErrorHostMemoryAlreadyRegistered);
+        if (it != m.begin() && std::prev(it)->first + std::prev(it)->second > lo)
+            return fail(cudaErrorHostMemoryAlreadyRegistered);
+        m[lo] = size;
+    }
+    const char *log = getenv("FT_EMU_PIN_LOG");
+    if (log && *log) {
+        char line[160];
+        const char *rank = getenv("OMPI_COMM_WORLD_RANK");
+        int n = snprintf(line, sizeof line, "ft-emu: pinned: pid %d rank %s bytes %zu\n",
+                         (int)getpid(), rank ? rank : "-", size);
+        FILE *f = fopen(log, "a");
+        if (f) {
+            fwrite(line, 1, (size_t)n, f);
+            fclose(f);
+        }
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostUnregister(void *ptr)
+{
+    std::lock_guard<std::mutex> lk(mu);
+    auto &m = pinned();
+    auto it = m.find((uintptr_t)ptr);
+    if (!ptr || it == m.end())
+        return fail(cudaErrorHostMemoryNotRegistered);
+    m.erase(it);
+    return cudaSuccess;
 }
 
 } /* extern "C" */
