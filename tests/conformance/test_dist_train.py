@@ -522,3 +522,49 @@ def test_qlora_sharded_prequantized_and_resume(work):
             assert abs(got[s] - ref_losses[s]) <= 2e-5 * abs(ref_losses[s]), (loader, s)
         wa, wb = weights(work / "runs" / ref), weights(work / "runs" / name)
         assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 2e-4
+
+
+@pytest.mark.parametrize("strategy,np_,model,quant", [
+    ("zero3", 2, "model", {"tuning__quant__type": "int8"}),
+    ("fsdp", 4, "model", {"tuning__quant__type": "fp4", "tuning__quant__double_quant": "false",
+                          "tuning__quant__blocksize": 32}),
+    ("zero3", 2, "tied", {}),
+])
+def test_qlora_sharded_formats(work, strategy, np_, model, quant):
+    """int8 (rows with their scales), FP4 without double quantization (blocks with fp32
+    absmax) and a tied embedding (a third parameter window) sharded the same way: equal to
+    one process, every rank keeping part of the base."""
+    key = "_".join(f"{v}" for v in quant.values()) or "nf4"
+    ref = f"qlora_fmt_single_{model}_{key}"
+    if not (work / "runs" / ref).exists():
+        run(write_config(work, ref, model=model, mode="qlora", train__batch_size=8, **quant))
+    name = f"qlora_fmt_{strategy}_{np_}_{model}_{key}"
+    run(write_config(work, name, model=model, mode="qlora", dist__strategy=strategy,
+                     train__batch_size=8 // np_, dist__offload_params="cpu", **quant), np_)
+    assert_same_run(work / "runs" / ref, work / "runs" / name)
+    got = quant_bytes(work / "runs" / name)
+    assert len(got) == np_ and all(0 < g < 0.6 * sum(got) for g in got), got
+
+
+def test_sharded_base_refuses_a_weight_of_another_format(work):
+    """A checkpoint whose weights are not in its quantization_config's format cannot be
+    cut by the config's blocks: the weight is named; one process still trains on it."""
+    exe = os.environ.get("FT_QUANTIZE") or str(Path(FT_TRAIN).parent / "ft-quantize")
+    q = work / "model-nf4-odd"
+    if not q.exists():
+        subprocess.run([exe, "--model", str(work / "model"), "--out", str(q)], check=True,
+                       capture_output=True, text=True)
+        cfg = json.loads((q / "config.json").read_text())
+        cfg["quantization_config"]["bnb_4bit_blocksize"] = 128
+        (q / "config.json").write_text(json.dumps(cfg))
+    bad = write_config(work, "qlora_odd_z3", mode="qlora", dist__strategy="zero3",
+                       train__max_steps=1)
+    bad.write_text(bad.read_text().replace(str(work / "model") + "\n", str(q) + "\n"))
+    out = run(bad, 2, check=False)
+    assert out.returncode != 0
+    assert "model.layers.0.self_attn.q_proj.weight" in out.stderr and \
+        "blocksize 64" in out.stderr and "blocksize 128" in out.stderr, out.stderr[-2000:]
+    one = write_config(work, "qlora_odd_one", mode="qlora", train__max_steps=1)
+    one.write_text(one.read_text().replace(str(work / "model") + "\n", str(q) + "\n"))
+    run(one)
+    assert (work / "runs" / "qlora_odd_one" / "final" / "adapter_model.safetensors").exists()

@@ -2,7 +2,7 @@
  * bound for normal and heavy-tailed weights, the codes against an independent nearest-
  * code search, packing order, edge cases (all-zero blocks, sizes that are no multiple of
  * the blocksize, odd counts, inf/NaN), and the checkpoint layout read back, with every
- * corruption a clear error. */
+ * corruption a clear error; block-wise shards (quant_shard.h) tile each array. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -12,6 +12,7 @@
 #include "check.h"
 #include "ops.h"
 #include "quant/quant.h"
+#include "quant/quant_shard.h"
 #include "formats/quant_io.h"
 #include "formats/safetensors.h"
 
@@ -541,6 +542,94 @@ static void test_corrupt_checkpoints(void)
     ft_qtensor_free(&q);
 }
 
+/* Block-wise shards (quant_shard.h): over 1..5 ranks each array is cut into contiguous
+ * ranges that tile it in rank order, cut at block (int8: row) boundaries, the same
+ * blocks in every array; the ranges of a rank, dequantized as a qtensor of their own,
+ * give that rank's part of the whole weight, bit for bit (the nested state whole); and
+ * ft_qshard_meta describes what ft_quantize makes. */
+static void test_shards(void)
+{
+    static const struct {
+        ft_quant_type t;
+        int bs;
+        bool dq;
+        int64_t rows, cols;
+    } cases[] = {{FT_QUANT_NF4, 64, true, 33, 97},   {FT_QUANT_NF4, 64, false, 8, 16},
+                 {FT_QUANT_FP4, 32, false, 5, 13},   {FT_QUANT_NF4, 128, true, 300, 129},
+                 {FT_QUANT_INT8, 64, false, 7, 11},  {FT_QUANT_NF4, 64, true, 1, 3}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        int64_t R = cases[c].rows, C = cases[c].cols;
+        size_t n = (size_t)(R * C);
+        float *w = malloc(n * sizeof *w), *whole = malloc(n * sizeof *whole),
+              *part = malloc(n * sizeof *part);
+        for (size_t i = 0; i < n; i++)
+            w[i] = (float)(uniform() * 2 - 1) * (i % 7 == 0 ? 5.0f : 1.0f);
+        ft_quant_options o = {cases[c].t, cases[c].bs, cases[c].dq};
+        ft_qtensor q;
+        ft_err err;
+        CHECK(ft_quantize(w, R, C, &o, &q, &err) == 0);
+        CHECK(ft_dequantize(&q, whole) == 0);
+        ft_qtensor meta = ft_qshard_meta(&o, R, C);
+        CHECK(meta.type == q.type && meta.n_blocks == q.n_blocks && meta.nested == q.nested &&
+              meta.blocksize == (q.type == FT_QUANT_INT8 ? meta.blocksize : q.blocksize));
+        size_t bytes[FT_QSHARD_MAX_ARRAYS];
+        int na = ft_qshard_arrays(&q, bytes);
+        CHECK(na == 2);
+        size_t total = 0;
+        for (int a = 0; a < na; a++)
+            total += bytes[a];
+        CHECK(total + ft_qshard_replicated(&q) == ft_qtensor_bytes(&q));
+        size_t G = ft_qshard_granules(&q);
+        for (int W = 1; W <= 5; W++) {
+            size_t sum = 0;
+            for (int r = 0; r < W; r++) {
+                size_t lo[FT_QSHARD_MAX_ARRAYS], hi[FT_QSHARD_MAX_ARRAYS];
+                for (int a = 0; a < na; a++) {
+                    ft_qshard_range(&q, a, r, W, &lo[a], &hi[a]);
+                    size_t plo, phi; /* the previous rank's range ends where this starts */
+                    if (r > 0) {
+                        ft_qshard_range(&q, a, r - 1, W, &plo, &phi);
+                        CHECK(phi == lo[a]);
+                    } else {
+                        CHECK(lo[a] == 0);
+                    }
+                    if (r == W - 1)
+                        CHECK(hi[a] == bytes[a]);
+                }
+                sum += ft_qshard_bytes(&q, r, W);
+                /* granules [g0, g1): the part of the weight this rank's bytes hold */
+                size_t g0 = G * (size_t)r / (size_t)W, g1 = G * (size_t)(r + 1) / (size_t)W;
+                size_t per = q.type == FT_QUANT_INT8 ? (size_t)C : (size_t)q.blocksize;
+                size_t e0 = g0 * per, e1 = g1 * per < n ? g1 * per : n;
+                if (e1 <= e0)
+                    continue;
+                ft_qtensor v = q; /* a qtensor of this rank's granules only */
+                if (q.type == FT_QUANT_INT8) {
+                    v.rows = (int64_t)(g1 - g0);
+                } else {
+                    v.rows = 1;
+                    v.cols = (int64_t)(e1 - e0);
+                    v.n_blocks = g1 - g0;
+                }
+                for (int a = 0; a < na; a++)
+                    *ft_qshard_array(&v, a) = (char *)*ft_qshard_array(&q, a) + lo[a];
+                if (q.nested) { /* the nested absmax of this rank's first block onward */
+                    if (g0 % (size_t)q.nested_blocksize != 0)
+                        continue; /* (a group split between ranks: only whole gathers read it) */
+                    v.nested_absmax = q.nested_absmax + g0 / (size_t)q.nested_blocksize;
+                }
+                CHECK(ft_dequantize(&v, part) == 0);
+                CHECK(memcmp(part, whole + e0, (e1 - e0) * sizeof(float)) == 0);
+            }
+            CHECK(sum == total);
+        }
+        ft_qtensor_free(&q);
+        free(w);
+        free(whole);
+        free(part);
+    }
+}
+
 static void test_quant_config(void)
 {
     char path[128];
@@ -594,6 +683,7 @@ int main(void)
     RUN(test_checkpoint_roundtrip);
     RUN(test_corrupt_checkpoints);
     RUN(test_quant_config);
+    RUN(test_shards);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)
