@@ -157,6 +157,18 @@ static void test_generation_and_strategy(void)
     refuses(&c, 2, "offload_optimizer", "model_parallel");
     c.dist.strategy = FT_CFG_STRATEGY_ZERO2; /* offload with zero: fine */
     accepts(&c, 2);
+    /* parameter offload: only where the parameters are sharded */
+    c.dist.offload_params = FT_CFG_OFFLOAD_CPU;
+    refuses(&c, 2, "dist.offload_params cpu", "zero3");
+    c.dist.strategy = FT_CFG_STRATEGY_ZERO3;
+    accepts(&c, 2);
+    c.dist.strategy = FT_CFG_STRATEGY_FSDP;
+    accepts(&c, 2);
+    c.dist.strategy = FT_CFG_STRATEGY_ZERO;
+    c.dist.zero_stage = 3;
+    accepts(&c, 2);
+    c.dist.zero_stage = 2;
+    refuses(&c, 2, "dist.offload_params cpu", "fsdp");
     c = base();
     c.train.device = FT_CFG_DEVICE_CUDA;
 #ifdef FT_HAVE_CUDA
