@@ -3,7 +3,7 @@
  * Owns: the communication interface (dist.h) and its backends (single, MPI, NCCL:
  * dist_nccl.h), and the strategies written against it (dist_engine.h: DDP, ZeRO-1/2/3,
  * FSDP, optimizer offload, the layer-split pipeline).
- * May call: core, device, kernels, model, train.
+ * May call: core, device, kernels, model, quant, train.
  * (This is the folder's main header.) */
 
 /* The communication interface (DESIGN.md seam 4): the processes of a run and the

@@ -3,7 +3,7 @@
  * Owns: the memory plan per strategy and category (memplan.h), the auto batch size and
  * the memory budget of a rank (auto_batch.h), the plan beside one measured step
  * (memcheck.h) and the advice after an out-of-memory (oom_advice.h).
- * May call: config, core, device, dist, formats, model.
+ * May call: config, core, device, dist, formats, model, quant.
  * (This is the folder's main header.) */
 
 /* The memory planner: bytes per allocator category (weights, gradients, optimizer,
