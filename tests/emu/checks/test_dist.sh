@@ -18,7 +18,8 @@
 #     dist.offload_params cpu, on 2 ranks: the quantized base sharded by blocks (each rank
 #     about half of ddp's whole base, run_summary.json), the losses and the adapter of
 #     ddp's run; an offloaded shard is page-locked on every rank (FT_EMU_PIN_LOG), and
-#     nothing is without offload.
+#     nothing is without offload; fsdp's checkpoint (base offloaded) resumes under zero3
+#     with ddp's last loss and adapter.
 # Prints one line per check and "emu_dist: N passed, N failed". FT_EMU_TRAIN names the
 # ft-train to run (default build-emu/bin/ft-train); FT_EMU_NCCL=0 (a build without MPI)
 # runs the one-process checks only.
@@ -223,6 +224,18 @@ for v in "fsdp none" "zero3 cpu" "fsdp cpu"; do
     bad "$label vs ddp" "$(losses "$name" | tr '\n' ' ') vs $(losses q-ddp | tr '\n' ' '); bytes $got of $whole"
   fi
 done
+
+run q-resume 2 -- --set tuning.mode=qlora --set dist.strategy=zero3 \
+  --resume "$work/q-fsdp-cpu/checkpoint-2"
+rc=$?
+if [ "$rc" -ne 0 ]; then
+  bad "QLoRA: fsdp's checkpoint resumed under zero3" "exit $rc: $(first_err q-resume)"
+elif [ "$(losses q-resume)" = "$(losses q-ddp | tail -n 1)" ] &&
+     cmp -s "$work/q-resume/final/adapter_model.safetensors" "$work/q-ddp/final/adapter_model.safetensors"; then
+  ok "QLoRA: fsdp's checkpoint (base offloaded) resumed under zero3 = ddp's step 3 and adapter"
+else
+  bad "QLoRA: fsdp's checkpoint resumed under zero3" "$(losses q-resume | tr '\n' ' ') vs ddp's $(losses q-ddp | tr '\n' ' ')"
+fi
 
 echo "emu_dist: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
