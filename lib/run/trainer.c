@@ -95,7 +95,7 @@ typedef struct trainer {
      * (its reference: the frozen copy ref in full fine-tuning, else the policy with its
      * adapter off) and the metric sums of the logging window */
     bool pref;
-    ft_pref_loader *pref_loader;
+    ft_pref_loader *pref_loader, *pref_eval_loader; /* (eval: the whole set, in order) */
     ft_pref_objective pref_obj;
     ft_model *ref;
     double window_pref[FT_PREF_NSUM];
@@ -284,8 +284,58 @@ static int log_scalar(trainer *t, const char *tag, double v, ft_err *err)
     return t->tb ? ft_tb_scalar(t->tb, tag, t->state.global_step, v, err) : 0;
 }
 
+/* DPO's evaluation: the loss and metrics over every held-out pair, without dropout (every
+ * rank evaluates the whole set, as the token loss's evaluation does). */
+static int run_eval_pref(trainer *t, ft_err *err)
+{
+    double sums[FT_PREF_NSUM] = {0};
+    ft_model_set_training(t->m, false);
+    int rc = 0, nb = ft_pref_loader_n_batches(t->pref_eval_loader, 0);
+    for (int i = 0; i < nb && rc == 0; i++) {
+        ft_batch b;
+        rc = ft_pref_loader_batch(t->pref_eval_loader, 0, i, &b, err) ||
+             ft_pref_eval_batch(&t->pref_obj, t->m, &b, sums, err);
+    }
+    ft_model_set_training(t->m, true);
+    if (rc)
+        return ft_fail_prefix(err, "evaluation");
+    double v[FT_PREF_NSUM];
+    for (int k = 0; k < FT_PREF_NSUM; k++)
+        v[k] = sums[k] / sums[FT_PREF_PAIRS];
+    begin_line(t);
+    fprintf(t->log, "eval step %ld | loss %.4f | rewards/accuracies %.4f | rewards/margins %.4f | "
+                    "%.0f pairs\n",
+            t->state.global_step, v[FT_PREF_LOSS], v[FT_PREF_ACCURACY], v[FT_PREF_MARGIN],
+            sums[FT_PREF_PAIRS]);
+    t->last_eval_loss = v[FT_PREF_LOSS];
+    t->have_eval = true;
+    if (t->metrics) {
+        fprintf(t->metrics, "{\"step\": %ld, \"eval_loss\": ", t->state.global_step);
+        json_number(t->metrics, "%.8g", v[FT_PREF_LOSS]);
+        for (int k = FT_PREF_REWARD_CHOSEN; k < FT_PREF_PAIRS; k++) {
+            fprintf(t->metrics, ", \"eval_%s\": ", ft_pref_metric_names[k]);
+            json_number(t->metrics, "%.8g", v[k]);
+        }
+        fprintf(t->metrics, ", \"elapsed_s\": %.3f}\n", now() - t->t_start);
+        fflush(t->metrics);
+    }
+    for (int k = 0; k < FT_PREF_PAIRS; k++) {
+        char tag[64];
+        snprintf(tag, sizeof tag, "eval/%s", ft_pref_metric_names[k]);
+        if (log_scalar(t, tag, v[k], err))
+            return -1;
+    }
+    return t->tb ? ft_tb_flush(t->tb, err) : 0;
+}
+
 static int run_eval(trainer *t, ft_err *err)
 {
+    if (t->pref) {
+        if (!t->data.pref_eval.n || t->last_eval_step == t->state.global_step)
+            return 0;
+        t->last_eval_step = t->state.global_step;
+        return run_eval_pref(t, err);
+    }
     if (!t->data.eval.n || t->last_eval_step == t->state.global_step)
         return 0;
     t->last_eval_step = t->state.global_step;
@@ -1000,6 +1050,12 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
     if (t->pref ? ft_pref_loader_new(&t->pref_loader, &t->data.pref_train, &lo, err)
                 : ft_loader_new(&t->train_loader, &t->data.train, &lo, err))
         return -1;
+    if (t->pref && t->data.pref_eval.n) {
+        ft_loader_options eo = lo;
+        eo.rank = 0, eo.world = 1, eo.shuffle = false;
+        if (ft_pref_loader_new(&t->pref_eval_loader, &t->data.pref_eval, &eo, err))
+            return ft_fail_prefix(err, "eval data");
+    }
     t->n_batches = loader_n_batches(t, 0);
     t->eval_batch_size = lo.batch_size;
     t->batch_size = lo.batch_size;
@@ -1172,6 +1228,7 @@ int ft_train_run(const ft_run_config *cfg, const ft_trainer_options *o, ft_train
     free(t.mb);
     ft_loader_free(t.train_loader);
     ft_pref_loader_free(t.pref_loader);
+    ft_pref_loader_free(t.pref_eval_loader);
     ft_pref_objective_free(&t.pref_obj);
     ft_model_free(t.ref);
     ft_engine_free(t.eng);
