@@ -587,7 +587,7 @@ static int log_step(trainer *t, const ft_step_stats *st, double tok_per_s, doubl
         fprintf(f, "{\"step\": %ld, \"epoch\": ", step);
         json_number(f, "%.6g", epoch);
         fputs(", \"loss\": ", f);
-        json_number(f, "%.6g", loss);
+        json_number(f, "%.8g", loss);
         fputs(", \"learning_rate\": ", f);
         json_number(f, "%.6g", st->lr);
         fputs(", \"grad_norm\": ", f);
