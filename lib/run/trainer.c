@@ -461,6 +461,10 @@ static void rank_values(trainer *t, double rate, double *v)
     ft_gpu_monitor_sample(t->gpu_mon, &v[RANK_GPU_UTIL], &v[RANK_GPU_USED]);
     for (int c = 0; c < FT_MEM_NCAT; c++)
         v[RANK_MEM + c] = (double)mem->peak[c];
+    /* DPO's frozen reference (full fine-tuning) is a model of its own beside the engine's:
+     * loaded once and its buffers kept, so its peaks add to the rank's */
+    for (int c = 0; t->ref && c < FT_MEM_NCAT; c++)
+        v[RANK_MEM + c] += (double)ft_model_mem(t->ref)->peak[c];
 }
 
 /* Every rank's values on every rank: [world][RANK_NVAL] (collective). */
@@ -733,6 +737,46 @@ static int pad_micro(owned_batch *o, int B, int T, int32_t pad_id, ft_err *err)
     return 0;
 }
 
+static int pref_step(trainer *t, double max_norm, ft_step_stats *st, ft_err *err);
+
+/* DPO's micro-batch of P pairs (2P rows) padded to batch_size pairs of T tokens: each
+ * half (chosen rows, then rejected rows) padded to batch_size rows, the added pairs with
+ * no counted token. */
+static int pad_pairs(owned_batch *o, int B, int T, int32_t pad_id, ft_err *err)
+{
+    const ft_batch *b = &o->b;
+    int P = b->B / 2;
+    if (P > B || b->T > T)
+        return ft_fail(err, "memory check: a micro-batch of %d pairs of %d tokens is larger "
+                            "than train.batch_size x model.max_seq_len = %d x %d",
+                       P, b->T, B, T);
+    size_t n = 2 * (size_t)B * (size_t)T;
+    int32_t *ids = malloc(n * sizeof *ids), *labels = malloc(n * sizeof *labels);
+    if (!ids || !labels) {
+        free(ids);
+        free(labels);
+        return ft_fail(err, "out of memory");
+    }
+    for (int r = 0; r < 2 * B; r++) {
+        int half = r / B, k = r % B, src = half * P + k; /* the source row, when k < P */
+        for (int c = 0; c < T; c++) {
+            size_t i = (size_t)r * T + c, j = (size_t)src * b->T + c;
+            bool in = k < P && c < b->T;
+            ids[i] = in ? b->input_ids[j] : pad_id;
+            labels[i] = in ? b->labels[j] : -100;
+        }
+    }
+    free(o->ids);
+    free(o->labels);
+    free(o->pos);
+    o->ids = ids;
+    o->labels = labels;
+    o->pos = NULL;
+    o->cap = n;
+    o->b = (ft_batch){2 * B, T, ids, labels, NULL};
+    return 0;
+}
+
 /* The memory check: one optimizer step on micro-batches padded to the plan's batch_size
  * x max_seq_len, then every rank's allocator peaks to rank 0's m. */
 static int measure_step(trainer *t, ft_mem_measured *m, ft_err *err)
@@ -744,13 +788,13 @@ static int measure_step(trainer *t, ft_mem_measured *m, ft_err *err)
     if (next_micro_batches(t, err))
         return -1;
     for (int i = 0; i < t->accum; i++) {
-        if (pad_micro(&t->micro[i], t->batch_size, T, t->data.pad_id, err))
+        if (t->pref ? pad_pairs(&t->micro[i], t->batch_size, T, t->data.pad_id, err)
+                    : pad_micro(&t->micro[i], t->batch_size, T, t->data.pad_id, err))
             return -1;
         t->mb[i] = t->micro[i].b;
     }
     ft_step_stats st;
-    if (ft_engine_step(t->eng, &t->sched, t->mb, t->accum,
-                       t->cfg->train.max_grad_norm, &st, err))
+    if (pref_step(t, t->cfg->train.max_grad_norm, &st, err))
         return ft_fail_prefix(err, "memory check step");
     double *all = malloc((size_t)t->world * RANK_NVAL * sizeof *all);
     if (!all)

@@ -93,14 +93,22 @@ void ft_pref_objective_init(ft_pref_objective *p, const ft_pref_options *o, ft_m
     p->ref = ref;
 }
 
+/* The whole trainable buffer the forward reads (n elements): the compute copy, or on an
+ * fp32 model bound without one the master itself; NULL when it is not whole here. */
+static void *lora_compute(ft_model *m, size_t *n)
+{
+    float *master = ft_model_trainable(m, n), *c = ft_model_trainable_compute(m);
+    return c ? c : ft_model_dtype(m) == FT_F32 ? master : NULL;
+}
+
 int ft_pref_objective_keep_adapter(ft_pref_objective *p, ft_model *m, ft_err *err)
 {
     size_t n;
-    ft_model_trainable(m, &n);
-    const void *c = ft_model_trainable_compute(m);
+    const void *c = lora_compute(m, &n);
     if (!c || !n)
         return ft_fail(err, "a DPO reference adapter needs the LoRA weights whole on every rank "
-                            "(dist.strategy none, ddp, zero1 or zero2; not zero3 or fsdp)");
+                            "(dist.strategy none, ddp or zero1; not zero2, zero3 or fsdp, whose LoRA "
+                            "weights are bound unit by unit)");
     int dev = (int)ft_model_device(m);
     p->lora_bytes = n * (ft_model_dtype(m) == FT_BF16 ? 2 : 4);
     p->lora_model = m;
@@ -114,7 +122,8 @@ int ft_pref_objective_keep_adapter(ft_pref_objective *p, ft_model *m, ft_err *er
 /* Puts the reference adapter in place of the policy's LoRA weights (in), or back. */
 static int swap_adapter(ft_pref_objective *p, ft_model *m, bool in, ft_err *err)
 {
-    void *c = ft_model_trainable_compute(m);
+    size_t n;
+    void *c = lora_compute(m, &n);
     int dev = (int)ft_model_device(m);
     if (in)
         return ft_copy_bytes(p->own_lora, dev, c, dev, p->lora_bytes, err) ||

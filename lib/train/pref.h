@@ -89,7 +89,7 @@ typedef struct ft_pref_objective {
 void ft_pref_objective_init(ft_pref_objective *p, const ft_pref_options *o, ft_model *ref);
 void ft_pref_objective_free(ft_pref_objective *p);
 /* The reference is m's LoRA weights as they are now (a LoRA model whose whole trainable
- * buffer is bound: not under zero3 / fsdp, which is refused). */
+ * buffer is bound: dist.strategy none, ddp or zero1; refused under zero2, zero3 and fsdp). */
 int ft_pref_objective_keep_adapter(ft_pref_objective *p, ft_model *m, ft_err *err);
 ft_objective ft_pref_objective_of(ft_pref_objective *p);
 

@@ -1,8 +1,9 @@
 """DPO (train.objective dpo) under every data-parallel dist.strategy on real Open MPI ranks
 (CPU): 2 ranks of 4 pairs equal one process of 8 (the loss, the gradient norm and DPO's
 metrics of every step, and the weights after five steps), LoRA (the reference: the base
-with the adapter off) and full fine-tuning (a frozen base copy per rank); model_parallel,
-and a starting adapter under zero3 / fsdp, are refused naming what."""
+with the adapter off) and full fine-tuning (a frozen base copy per rank), LoRA from a starting adapter (the
+reference: that adapter) under ddp and zero1; model_parallel, and a starting adapter under
+zero2 / zero3 / fsdp, are refused naming what."""
 
 import json
 from pathlib import Path
@@ -112,8 +113,23 @@ def test_dpo_model_parallel_refused(work):
     assert out.returncode != 0 and "model_parallel" in out.stderr
 
 
-def test_dpo_init_adapter_under_zero3_refused(work, single):
-    cfg = write_config(work, "np2_z3_adapter", dist__strategy="zero3",
+@pytest.mark.parametrize("strategy", ["zero2", "zero3", "fsdp"])
+def test_dpo_init_adapter_sharded_refused(work, single, strategy):
+    cfg = write_config(work, f"np2_{strategy}_adapter", dist__strategy=strategy,
                        tuning__lora__init_adapter=str(single["lora"] / "final"))
     out = run(cfg, 2, check=False)
-    assert out.returncode != 0 and "zero3" in out.stderr, out.stderr[-2000:]
+    assert out.returncode != 0 and "reference adapter" in out.stderr, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero1"])
+def test_dpo_init_adapter_data_parallel_equals_one_process(work, single, strategy):
+    """The reference is the starting adapter (here the single LoRA run's result)."""
+    adapter = {"tuning__lora__init_adapter": str(single["lora"] / "final")}
+    one = write_config(work, "single_adapter", train__batch_size=8, **adapter)
+    if not (work / "runs" / "single_adapter" / "final").exists():
+        run(one)
+    cfg = write_config(work, f"np2_{strategy}_adapter", dist__strategy=strategy, **adapter)
+    run(cfg, 2)
+    assert_same_run(work / "runs" / "single_adapter", work / "runs" / f"np2_{strategy}_adapter")
+    # the reference is not the base: the first step's rewards are 0 (policy = reference)
+    assert logged(work / "runs" / "single_adapter")[1]["rewards/chosen"] == 0
