@@ -293,8 +293,19 @@ train-dpo: FT_FRESH_SET = $(if $(and $(filter $(DPO_CONFIG) ./$(DPO_CONFIG),$(CO
   $(RESUME)$(call ft_given,TRAIN_OUTPUT_DIR)$(call ft_given,TRAIN_OVERWRITE_OUTPUT_DIR),,1)), \
   --set train.overwrite_output_dir=true)
 train-dpo: $(TOOLS)
-	@$(FT_TRAIN_CHECK)
-	$(FT_TRAIN_CMD)
+	@set -e; $(FT_TRAIN_CHECK); \
+	$(FT_READ_CONFIG); \
+	printf '== preference tuning: %s -> %s\n' $(call q,$(CONFIG)) "$$run" >&2; \
+	final=$$($(FT_TRAIN_CMD)); \
+	ev=$(call ft_get,data.eval_path); \
+	if [ -n "$$ev" ]; then \
+	  echo "== preference accuracy on $$ev (ft-eval --preference)" >&2; \
+	  if [ "$(call ft_get,tuning.mode)" = full ]; then set -- --model "$$final" --reference "$$model"; \
+	  else set -- --model "$$model" --adapter "$$final"; fi; \
+	  ft_eval bin/ft-eval "$$@" --data "$$ev" --preference --beta "$(call ft_get,train.pref.beta)"; \
+	fi; \
+	echo "adapter:     $$final"; \
+	echo "TensorBoard: $$run (make tb RUN_DIR=$$run)"
 
 eval: $(TOOLS)
 	@set -e; $(FT_CFG_LOADS); \

@@ -178,8 +178,10 @@ static int forwards(ft_pref_objective *p, ft_model *m, const ft_batch *b, double
             n += b->labels[r * (size_t)b->T + (size_t)t] != -100;
         p->ntok[r] = n;
     }
-    int rc;
-    if (p->ref) {
+    int rc = 0;
+    if (p->ref_free) {
+        memset(ref, 0, R * sizeof *ref);
+    } else if (p->ref) {
         rc = ft_model_forward_rows(p->ref, b, ref, err);
     } else if (p->ref_lora) {
         rc = swap_adapter(p, m, true, err);

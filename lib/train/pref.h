@@ -84,6 +84,7 @@ typedef struct ft_pref_objective {
     void *ref_lora, *own_lora;
     size_t lora_bytes;
     ft_model *lora_model;
+    bool ref_free; /* no reference: its log-probabilities are 0 (ft-eval without one) */
 } ft_pref_objective;
 
 void ft_pref_objective_init(ft_pref_objective *p, const ft_pref_options *o, ft_model *ref);

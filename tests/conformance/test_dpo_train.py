@@ -270,3 +270,52 @@ def test_dpo_bad_record_names_line(workdir):
     out = train(cfg, "--set", f"data.train_path={bad}", check=False)
     assert out.returncode != 0
     assert f"{bad}:2: missing \"rejected\"" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("data", ["strings", "chat"])
+def test_ft_eval_preference_matches_trl_evaluate(workdir, data):
+    """ft-eval --preference on a trained adapter (its reference: the base, the adapter
+    off) against TRL's DPOTrainer.evaluate() with the same adapter and the base as
+    reference (TRL's fresh-adapter case: its "ref" adapter copy removed)."""
+    from datasets import Dataset
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import DPOConfig, DPOTrainer
+
+    name = f"run-eval-{data}"
+    out = train(write_config(workdir, name, data))
+    final = Path(out.stdout.strip())
+    ft_eval = os.environ.get("FT_EVAL")
+    assert ft_eval, "FT_EVAL must be the path of bin/ft-eval"
+    res = subprocess.run([ft_eval, "--model", str(workdir / "model"), "--adapter", str(final),
+                          "--data", str(workdir / f"{data}.jsonl"), "--preference", "--json",
+                          "--beta", "0.1", "--max-seq-len", str(MAXLEN), "--batch-size", "3"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    ours = json.loads(res.stdout)
+    tok = AutoTokenizer.from_pretrained(workdir / "model")
+    base = AutoModelForCausalLM.from_pretrained(workdir / "model", dtype=torch.float32,
+                                                attn_implementation="eager")
+    model = PeftModel.from_pretrained(base, str(final))
+    rows = [json.loads(x) for x in (workdir / f"{data}.jsonl").read_text().splitlines()]
+    ds = Dataset.from_list(rows)
+    args = DPOConfig(output_dir=str(workdir / f"trl-eval-{data}"), report_to=[], use_cpu=True,
+                     bf16=False, gradient_checkpointing=False, per_device_eval_batch_size=2,
+                     max_length=MAXLEN, beta=0.1)
+    tr = DPOTrainer(model=model, args=args, processing_class=tok, train_dataset=ds,
+                    eval_dataset=ds)
+    tr.model.delete_adapter("ref")
+    tr.model.set_adapter("default")
+    ref = tr.evaluate()
+    assert ours["pairs"] == (4 if data == "strings" else len(rows))
+    assert ours["reference"] == "base"
+    assert ours["accuracy"] == ref["eval_rewards/accuracies"] != 0
+    ftref.assert_close("eval loss", torch.tensor(ours["loss"]), torch.tensor(ref["eval_loss"]),
+                       ftref.TOL_LOSSES)
+    scale = 0.1 * max(abs(ref["eval_logps/chosen"]), abs(ref["eval_logps/rejected"]))
+    for k in METRICS:
+        if k.startswith("logps/"):
+            ftref.assert_close(k, torch.tensor(ours[k]), torch.tensor(ref["eval_" + k]),
+                               ftref.TOL_LOSSES)
+        else:
+            assert abs(ours[k] - ref["eval_" + k]) <= ftref.TOL_LOSSES * scale, (k, ours, ref)
