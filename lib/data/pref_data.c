@@ -321,7 +321,8 @@ struct ft_pref_loader {
     int epoch; /* of the order; -1 before the first */
     size_t n_per;
     size_t *order;
-    int32_t *ids, *labels; /* [2 batch_size, max_len] */
+    const ft_pref_pair **batch; /* [batch_size]: the pairs of the current batch */
+    int32_t *ids, *labels;      /* [2 batch_size, max_len] */
 };
 
 int ft_pref_loader_new(ft_pref_loader **out, const ft_pref_dataset *ds,
@@ -355,7 +356,8 @@ int ft_pref_loader_new(ft_pref_loader **out, const ft_pref_dataset *ds,
     l->order = malloc(ds->n * sizeof *l->order);
     l->ids = malloc(cells * sizeof *l->ids);
     l->labels = malloc(cells * sizeof *l->labels);
-    if (!l->order || !l->ids || !l->labels) {
+    l->batch = malloc((size_t)o->batch_size * sizeof *l->batch);
+    if (!l->order || !l->ids || !l->labels || !l->batch) {
         ft_pref_loader_free(l);
         return ft_fail(err, "out of memory");
     }
@@ -368,6 +370,7 @@ void ft_pref_loader_free(ft_pref_loader *l)
     if (!l)
         return;
     free(l->order);
+    free(l->batch);
     free(l->ids);
     free(l->labels);
     free(l);
@@ -398,7 +401,7 @@ int ft_pref_loader_batch(ft_pref_loader *l, int epoch, int index, ft_batch *b, f
     plan(l, epoch);
     size_t k0 = (size_t)index * (size_t)l->o.batch_size;
     size_t P = l->n_per - k0 < (size_t)l->o.batch_size ? l->n_per - k0 : (size_t)l->o.batch_size;
-    const ft_pref_pair *pp[P ? P : 1];
+    const ft_pref_pair **pp = l->batch;
     int T = 1;
     for (size_t i = 0; i < P; i++) {
         pp[i] = &l->ds->pairs[l->order[(size_t)l->o.rank + (k0 + i) * (size_t)l->o.world]];
