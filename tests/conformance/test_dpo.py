@@ -9,8 +9,9 @@ trainer built around the same PEFT or full model) on the same collated batch.
   every trainable weight 1e-5;
 for the sigmoid, ipo and robust losses, the reference of a LoRA run both as TRL builds it
 from a PeftModel (a frozen copy of the starting adapter) and from a fresh adapter (the
-base, adapters disabled), full fine-tuning (a second model loaded from the same dir), and
-the pairs split into two micro-batches (grad_accum 2)."""
+base, adapters disabled), full fine-tuning (a second model loaded from the same dir),
+QLoRA (NF4 base quantized on load; TRL on a model holding the dequantized weights, as
+test_qlora.py compares), and the pairs split into two micro-batches (grad_accum 2)."""
 
 import pytest
 import torch
@@ -100,6 +101,13 @@ RUNS = [
     dict(id="full-sigmoid", model="llama_gqa", adapter=None, pref=dict(beta=0.1)),
     dict(id="lora-sigmoid-accum2", model="llama_gqa", adapter="no_k", pref=dict(beta=0.1),
          grad_accum=2, P=4),
+    # QLoRA: the reference is TRL on a model holding the harness's dequantized weights
+    # (test_qlora.py's reference), with the starting adapter and with the base
+    dict(id="qlora-sigmoid", model="llama_gqa", adapter="no_k", pref=dict(beta=0.1),
+         quant=dict(type="nf4", blocksize=64, double_quant=True)),
+    dict(id="qlora-sigmoid-base-ref", model="llama_gqa", adapter="no_k", adapter_seed=3,
+         pref=dict(beta=0.5), ref="base", quant=dict(type="nf4", blocksize=64,
+                                                    double_quant=True)),
 ]
 
 
@@ -107,17 +115,22 @@ class Case:
     pass
 
 
-def _build(store, run, tmp):
+def _build(store, run, tmp, trl_model_dir=None):
+    """The batch, the harness spec and TRL's trainer (on trl_model_dir when given: the
+    dequantized weights of a QLoRA run)."""
     global P
     P = run.get("P", 3)
     shape = ftref.SHAPES[run["model"]]
     model_dir = store.model(run["model"])
+    ref_dir = trl_model_dir or model_dir
     vocab = ftref.make_config(shape).vocab_size
     ids, am, cm, labels = pref_batch(vocab, shape.T, shape.seed)
     if run["adapter"]:
         adapter_dir = store.adapter(run["model"], run["adapter"], seed=run.get("adapter_seed", 4))
-        m = ftref.lora_mode_model(model_dir, adapter_dir)
+        m = ftref.lora_mode_model(ref_dir, adapter_dir)
         spec = dict(model_dir=model_dir, adapter_dir=adapter_dir, mode="lora")
+        if run.get("quant"):
+            spec["quant"] = run["quant"]
         key = ftref.peft_key
     else:
         m = ftref.full_mode_model(model_dir)
@@ -131,11 +144,32 @@ def _build(store, run, tmp):
     return ids, am, cm, spec, tr, key
 
 
+def dequantized_dir(store, run, ft, tmp):
+    """The model with the weights the harness dequantizes from its quantized base."""
+    shape = ftref.SHAPES[run["model"]]
+    model_dir = store.model(run["model"])
+    m = ftref.load_hf(model_dir)
+    ids, labels = ftref.make_batch(m.config.vocab_size, 1, shape.T, shape.seed)
+    out = ft(dict(model_dir=model_dir, mode="eval", input_ids=ids, labels=labels,
+                  quant=run["quant"]), f"dpo-dequant-{run['id']}")
+    deq = {k[len("dequant."):]: v for k, v in out.items() if k.startswith("dequant.")}
+    assert deq
+    sd = m.state_dict()
+    for k, v in deq.items():
+        sd[k] = v.to(sd[k].dtype)
+    m.load_state_dict(sd)
+    m.save_pretrained(tmp / "model", safe_serialization=True)
+    return tmp / "model"
+
+
 @pytest.fixture(scope="module", params=RUNS, ids=[r["id"] for r in RUNS])
 def case(request, store, ft, tmp_path_factory):
     run = request.param
     c = Case()
-    ids, am, cm, spec, tr, key = _build(store, run, tmp_path_factory.mktemp("trl"))
+    deq_dir = None
+    if run.get("quant"):
+        deq_dir = dequantized_dir(store, run, ft, tmp_path_factory.mktemp("dequant"))
+    ids, am, cm, spec, tr, key = _build(store, run, tmp_path_factory.mktemp("trl"), deq_dir)
     c.loss, c.metrics = trl_step(tr, ids, am, cm)
     tr.model.zero_grad(set_to_none=True)
     c.loss.backward()
