@@ -1041,8 +1041,14 @@ static int tb_finish(trainer *t, ft_tb_session_status status, ft_err *err)
 static int check_objective(trainer *t, const ft_dist_options *dopt, ft_err *err)
 {
     const ft_train_section *c = &t->cfg->train;
-    if (c->objective == FT_CFG_OBJECTIVE_SFT)
+    if (c->objective == FT_CFG_OBJECTIVE_SFT) {
+        /* (the schema's defaults: a changed one would be silently unused) */
+        if (c->pref.beta != 0.1 || c->pref.loss_type != FT_CFG_PREF_SIGMOID ||
+            c->pref.label_smoothing != 0)
+            return ft_fail(err, "config: train.pref.* applies to train.objective dpo; this run's "
+                                "objective is sft");
         return 0;
+    }
     if (c->objective == FT_CFG_OBJECTIVE_ORPO)
         return ft_fail(err, "config: train.objective = orpo is not implemented yet (dpo and sft "
                             "are)");
