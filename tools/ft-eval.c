@@ -1,7 +1,8 @@
 /* ft-eval: evaluate a model (with an optional LoRA adapter) on a JSONL data set: loss,
  * perplexity and counted tokens, and with --generate greedy generation scored by ROUGE-L
  * and exact match; with --preference, preference accuracy (and DPO's loss and metrics)
- * on prompt / chosen / rejected pairs (lib/data/pref_data.h, lib/train/pref.h). The logic lives in lib/eval/evaluate.c, lib/model/generate.c, lib/eval/rouge.c and
+ * on prompt / chosen / rejected pairs (lib/data/pref_data.h, lib/train/pref.h). The
+ * logic lives in lib/eval/evaluate.c, lib/model/generate.c, lib/eval/rouge.c and
  * lib/eval/eval_records.c.
  *
  * Output: the summary on stdout (a few "name value" lines, or with --json one line of

@@ -503,8 +503,8 @@ static void head_logits(ft_model *m, size_t r0, size_t rows)
         ft_softcap(A_(m->logits, rows * V), m->cfg.final_softcap, rows * V);
 }
 
-/* The cross-entropy of head rows [r0, r0 + rows) whose logits (or, with dl, dlogits in
- * place) the buffer holds: ft_cross_entropy over the chunk, or, for a preference
+/* The cross-entropy of the head rows [r0, r0 + rows) whose logits the buffer holds (in
+ * backward turned into dlogits in place): ft_cross_entropy over the chunk, or, for a preference
  * objective (m->row_nll / m->row_scale set), over each batch row's part of it, so that
  * each row's sum is kept (forward) or its gradient takes the row's own scale (backward). */
 static double head_ce(ft_model *m, bool backward, size_t r0, size_t rows, float grad_scale)

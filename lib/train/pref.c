@@ -107,8 +107,8 @@ int ft_pref_objective_keep_adapter(ft_pref_objective *p, ft_model *m, ft_err *er
     const void *c = lora_compute(m, &n);
     if (!c || !n)
         return ft_fail(err, "a DPO reference adapter needs the LoRA weights whole on every rank "
-                            "(dist.strategy none, ddp or zero1; not zero2, zero3 or fsdp, whose LoRA "
-                            "weights are bound unit by unit)");
+                            "(dist.strategy none, ddp or zero1; not zero2, zero3 or fsdp, "
+                            "whose LoRA weights are bound unit by unit)");
     int dev = (int)ft_model_device(m);
     p->lora_bytes = n * (ft_model_dtype(m) == FT_BF16 ? 2 : 4);
     p->lora_model = m;
