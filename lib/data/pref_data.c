@@ -16,6 +16,7 @@ typedef struct pctx {
     const ft_data_options *o;
     ft_chat *chat; /* opened on the first conversational record */
     long line;
+    ft_pref_style style;
 } pctx;
 
 static int bad(const pctx *c, ft_err *err, const char *fmt, ...)
@@ -115,6 +116,137 @@ static void pair_free(ft_pref_pair *p)
     sample_free(&p->rejected);
 }
 
+/* ORPO (TRL's experimental ORPOTrainer.build_tokenized_answer): the tokens of prompt +
+ * answer, and where the answer starts: after enc(prompt), one token earlier when the
+ * last prompt token merged with the answer's first. */
+static int orpo_answer(const pctx *c, const char *prompt, const char *answer, ft_ids *full,
+                       size_t *start, ft_err *err)
+{
+    ft_ids pids = {0};
+    size_t lp = strlen(prompt), la = strlen(answer);
+    char *t = malloc(lp + la + 1);
+    if (!t)
+        return ft_fail(err, "out of memory");
+    memcpy(t, prompt, lp);
+    memcpy(t + lp, answer, la + 1);
+    int rc = encode(c, t, false, full, err) || encode(c, prompt, false, &pids, err);
+    free(t);
+    if (rc == 0) {
+        *start = pids.n;
+        if (pids.n > full->n || memcmp(pids.data, full->data, pids.n * sizeof *pids.data))
+            *start = pids.n ? pids.n - 1 : 0;
+        if (*start > full->n)
+            *start = full->n;
+    }
+    ft_ids_free(&pids);
+    return rc;
+}
+
+/* The chosen (or rejected) sequence ORPO's way: BOS before the prompt unless it starts
+ * with it, EOS after the answer unless it ends with it, the answer cut to max_seq_len
+ * less the prompt. *empty when no answer token is left. */
+static int orpo_sample(const pctx *c, const ft_ids *full, size_t start, ft_sample *s,
+                       bool *empty, ft_err *err)
+{
+    ft_ids seq = {0};
+    int32_t bos = ft_tokenizer_bos_id(c->tok), eos = ft_tokenizer_eos_id(c->tok);
+    int rc = 0;
+    if (bos >= 0 && (start == 0 || full->data[0] != bos))
+        rc = ft_ids_push(&seq, bos);
+    for (size_t i = 0; rc == 0 && i < full->n; i++)
+        rc = ft_ids_push(&seq, full->data[i]);
+    size_t plen = start + (seq.n - full->n); /* with the BOS */
+    if (rc == 0 && (seq.n == plen || seq.data[seq.n - 1] != eos))
+        rc = ft_ids_push(&seq, eos);
+    if (rc) {
+        ft_ids_free(&seq);
+        return ft_fail(err, "out of memory");
+    }
+    int max = c->o->max_seq_len;
+    if (max > 0 && seq.n > (size_t)max) /* the answer only: the prompt stays whole */
+        seq.n = plen > (size_t)max ? plen : (size_t)max;
+    *empty = seq.n <= plen;
+    rc = to_sample(&seq, plen, 0, c->line, s, err);
+    ft_ids_free(&seq);
+    return rc;
+}
+
+/* ORPO's record (TRL's ORPOTrainer: maybe_apply_chat_template, then tokenize_row). */
+static int record_orpo(pctx *c, const json_t *rec, const json_t *const v[3], bool conv,
+                       ft_pref_pair *p, bool *drop, ft_err *err)
+{
+    char *text[3] = {NULL, NULL, NULL};
+    const char *str[3];
+    int rc = 0;
+    if (conv) {
+        /* prompt = the common prefix of the prompt's rendering (with the generation
+         * prompt) and of prompt + chosen and prompt + rejected; the answers the rest */
+        const char *last = json_string_value(
+            json_object_get(json_array_get(v[0], json_array_size(v[0]) - 1), "role"));
+        if (!last || (strcmp(last, "user") != 0 && strcmp(last, "tool") != 0))
+            return bad(c, err, "the prompt's last message is from \"%s\": ORPO takes a prompt "
+                               "that ends with a user or tool message", last ? last : "?");
+        if (!c->chat && ft_chat_open(&c->chat, c->o->chat_template, c->o->chat_template_name,
+                                     c->o->chat_template_kwargs, c->tok, err)) {
+            ft_fail_prefix(err, "%s", c->path);
+            return -2;
+        }
+        json_t *extra = json_object(), *tools = json_object_get(rec, "tools");
+        if (tools)
+            json_object_set(extra, "tools", tools);
+        for (int i = 0; i < 3 && rc == 0; i++) {
+            json_t *msgs = json_copy((json_t *)v[0]);
+            if (i)
+                json_array_extend(msgs, (json_t *)v[i]);
+            if (ft_chat_render(c->chat, msgs, json_array_size(msgs), i == 0, extra, &text[i],
+                               NULL, NULL, err))
+                rc = ft_fail_prefix(err, "%s:%ld", c->path, c->line);
+            json_decref(msgs);
+        }
+        json_decref(extra);
+        if (rc == 0) {
+            size_t n = 0;
+            while (text[0][n] && text[0][n] == text[1][n] && text[0][n] == text[2][n])
+                n++;
+            text[0][n] = '\0';
+            str[0] = text[0];
+            str[1] = text[1] + n;
+            str[2] = text[2] + n;
+        }
+    } else {
+        for (int i = 0; i < 3; i++)
+            str[i] = json_string_value(v[i]);
+    }
+    ft_ids fc = {0}, fr = {0};
+    size_t sc = 0, sr = 0;
+    if (rc == 0 && c->tok && ft_tokenizer_eos_id(c->tok) < 0)
+        rc = ft_fail(err, "%s: ORPO appends EOS to each answer, and the tokenizer has no "
+                          "eos_token", c->path);
+    if (rc == 0)
+        rc = orpo_answer(c, str[0], str[1], &fc, &sc, err) ||
+             orpo_answer(c, str[0], str[2], &fr, &sr, err);
+    if (rc == 0) {
+        /* TRL: the two prompts may differ in their last token only */
+        size_t diff = 0, n = sc < sr ? sc : sr;
+        for (size_t i = 0; i < n; i++)
+            diff += fc.data[i] != fr.data[i];
+        if (diff > 1 || (sc > sr ? sc - sr : sr - sc) > 1)
+            rc = bad(c, err, "the prompt's tokens before \"chosen\" and before \"rejected\" "
+                             "differ in more than their last token");
+    }
+    bool ec = false, er = false;
+    if (rc == 0 && (orpo_sample(c, &fc, sc, &p->chosen, &ec, err) ||
+                    orpo_sample(c, &fr, sr, &p->rejected, &er, err)))
+        rc = -1;
+    *drop = ec || er; /* TRL would average over no token: NaN */
+    p->line = c->line;
+    ft_ids_free(&fc);
+    ft_ids_free(&fr);
+    for (int i = 0; i < 3; i++)
+        free(text[i]);
+    return rc;
+}
+
 /* One record into p; *drop when the prompt fills max_seq_len. */
 static int record(pctx *c, const json_t *rec, ft_pref_pair *p, bool *drop, ft_err *err)
 {
@@ -135,6 +267,8 @@ static int record(pctx *c, const json_t *rec, ft_pref_pair *p, bool *drop, ft_er
         if (!conv && i > 0 && json_string_length(v[i]) == 0)
             return bad(c, err, "empty \"%s\"", KEYS[i]);
     }
+    if (c->style == FT_PREF_DATA_ORPO)
+        return record_orpo(c, rec, v, conv, p, drop, err);
     ft_ids pids = {0}, cids = {0}, rids = {0};
     int rc = 0;
     if (conv) {
@@ -190,6 +324,12 @@ static int record(pctx *c, const json_t *rec, ft_pref_pair *p, bool *drop, ft_er
 int ft_pref_dataset_load(ft_pref_dataset *ds, const char *path, const ft_tokenizer *tok,
                          const ft_data_options *o, ft_err *err)
 {
+    return ft_pref_dataset_load_style(ds, path, tok, o, FT_PREF_DATA_DPO, err);
+}
+
+int ft_pref_dataset_load_style(ft_pref_dataset *ds, const char *path, const ft_tokenizer *tok,
+                               const ft_data_options *o, ft_pref_style style, ft_err *err)
+{
     memset(ds, 0, sizeof *ds);
     if (o->format != FT_DATA_AUTO)
         return ft_fail(err, "preference data: data.format = %s: preference records have their "
@@ -203,7 +343,7 @@ int ft_pref_dataset_load(ft_pref_dataset *ds, const char *path, const ft_tokeniz
     ft_jsonl *r;
     if (ft_jsonl_open(&r, path, err))
         return -1;
-    pctx c = {.path = ft_jsonl_path(r), .tok = tok, .o = o};
+    pctx c = {.path = ft_jsonl_path(r), .tok = tok, .o = o, .style = style};
     size_t cap = 0;
     int rc = 0;
     for (;;) {

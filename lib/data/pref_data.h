@@ -39,6 +39,20 @@ typedef struct ft_pref_dataset {
  * skip_bad_lines (o->format must be auto; train_on_all is refused). */
 int ft_pref_dataset_load(ft_pref_dataset *ds, const char *path, const ft_tokenizer *tok,
                          const ft_data_options *o, ft_err *err);
+
+/* ORPO's preparation instead (TRL's experimental ORPOTrainer, FT_PREF_DATA_ORPO): a
+ * conversation is first rendered to text (the prompt with the generation prompt, its last
+ * message from the user or a tool; the answers what prompt + answer adds to the common
+ * prefix of the three renderings), then for each answer enc(prompt + answer) without
+ * special tokens, the answer starting after enc(prompt) (one token earlier when the
+ * prompt's last token merged with the answer's first; the two prompts may differ in
+ * their last token only), BOS before the prompt unless it starts with it, EOS after the
+ * answer unless it ends with it, and the answer (never the prompt) cut to max_seq_len
+ * less the prompt; a pair left with an empty answer is dropped and counted (TRL would
+ * average over no token). Labels are -100 on the prompt. */
+typedef enum ft_pref_style { FT_PREF_DATA_DPO = 0, FT_PREF_DATA_ORPO } ft_pref_style;
+int ft_pref_dataset_load_style(ft_pref_dataset *ds, const char *path, const ft_tokenizer *tok,
+                               const ft_data_options *o, ft_pref_style style, ft_err *err);
 void ft_pref_dataset_free(ft_pref_dataset *ds);
 /* Moves a deterministic (by seed) fraction of the pairs into eval, as ft_dataset_split. */
 int ft_pref_dataset_split(ft_pref_dataset *ds, ft_pref_dataset *eval, double fraction,

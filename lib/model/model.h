@@ -238,6 +238,14 @@ int ft_model_backward(ft_model *m, float grad_scale, ft_err *err);
  * Same ops as the plain forward and backward, called on each row's part of a head chunk. */
 int ft_model_forward_rows(ft_model *m, const ft_batch *b, double *row_nll, ft_err *err);
 int ft_model_backward_rows(ft_model *m, const float *row_scale, ft_err *err);
+/* The same with each row r cut at target index split[r] (in [0, T]; target t predicts
+ * the label at t + 1): nll_pre[r] gets the part before it, row_nll[r] the rest, and the
+ * backward scales them by scale_pre[r] and row_scale[r] (ORPO: its NLL term covers the
+ * prompt, its odds ratio only the completion). */
+int ft_model_forward_split(ft_model *m, const ft_batch *b, const int32_t *split,
+                           double *nll_pre, double *row_nll, ft_err *err);
+int ft_model_backward_split(ft_model *m, const int32_t *split, const float *scale_pre,
+                            const float *row_scale, ft_err *err);
 
 /* LoRA adapter on (the default) or off: off, forwards compute the base model alone (the
  * DPO reference of a LoRA run, as PEFT's disable_adapter) and cannot be followed by a

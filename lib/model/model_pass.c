@@ -520,13 +520,18 @@ static double head_ce(ft_model *m, bool backward, size_t r0, size_t rows, float 
     double total = 0;
     for (size_t i = r0; i < r0 + rows;) {
         size_t row = i / (size_t)m->T, end = (row + 1) * (size_t)m->T;
+        /* a row split in two (row_split): the part before the split apart */
+        size_t split = m->row_split ? row * (size_t)m->T + (size_t)m->row_split[row] : 0;
+        bool pre = i < split;
+        if (pre && split < end)
+            end = split;
         size_t n = (end < r0 + rows ? end : r0 + rows) - i;
         ft_tensor part = ft_slice(lg, (i - r0) * (size_t)V, n * (size_t)V);
+        float scale = !backward ? 0.0f : pre ? m->row_scale_pre[row] : m->row_scale[row];
         double s = ft_cross_entropy(backward ? part : ft_none(), part, ft_slice(tg, i, n),
-                                    (int)n, V, backward ? m->row_scale[row] : 0.0f,
-                                    m->cfg.final_softcap);
+                                    (int)n, V, scale, m->cfg.final_softcap);
         if (!backward)
-            m->row_nll[row] += s;
+            (pre ? m->row_nll_pre : m->row_nll)[row] += s;
         total += s;
         i += n;
     }

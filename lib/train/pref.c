@@ -8,13 +8,17 @@
 
 const char *const ft_pref_metric_names[FT_PREF_NSUM] = {
     "loss",          "rewards/chosen", "rewards/rejected", "rewards/accuracies",
-    "rewards/margins", "logps/chosen", "logps/rejected",  "pairs"};
+    "rewards/margins", "logps/chosen", "logps/rejected",  "pairs",
+    "nll_loss",      "log_odds_ratio", "log_odds_chosen"};
 
 int ft_pref_check(const ft_pref_options *o, ft_err *err)
 {
     if (!(o->beta > 0))
         return ft_fail(err, "config: key 'train.pref.beta' = %g: must be > 0", o->beta);
     double e = o->label_smoothing;
+    if (o->loss == FT_PREF_ORPO && e != 0)
+        return ft_fail(err, "config: key 'train.pref.label_smoothing' = %g: ORPO has no label "
+                            "smoothing", e);
     if (o->loss == FT_PREF_ROBUST && !(e >= 0 && e < 0.5))
         return ft_fail(err, "config: key 'train.pref.label_smoothing' = %g: the robust loss "
                             "needs it in [0, 0.5)", e);
@@ -141,6 +145,8 @@ void ft_pref_objective_free(ft_pref_objective *p)
     free(p->buf);
     free(p->scale);
     free(p->ntok);
+    free(p->labels);
+    free(p->split);
     memset(p, 0, sizeof *p);
 }
 
@@ -152,8 +158,8 @@ static int reserve(ft_pref_objective *p, size_t rows, ft_err *err)
     free(p->scale);
     free(p->ntok);
     p->buf = malloc(6 * rows * sizeof *p->buf);
-    p->scale = malloc(rows * sizeof *p->scale);
-    p->ntok = malloc(rows * sizeof *p->ntok);
+    p->scale = malloc(2 * rows * sizeof *p->scale);
+    p->ntok = malloc(2 * rows * sizeof *p->ntok);
     p->cap = p->buf && p->scale && p->ntok ? rows : 0;
     return p->cap ? 0 : ft_fail(err, "out of memory");
 }
@@ -225,8 +231,130 @@ static int run_pairs(void *ctx, ft_model *m, const ft_batch *b, double total, do
     return ft_model_backward_rows(m, p->scale, err);
 }
 
+/* ---- ORPO ---- */
+
+/* log(1 - e^x) for x < 0, as TRL's log1mexp (branch at -log 2 against cancellation) */
+static double log1mexp(double x) { return x < -M_LN2 ? log1p(-exp(x)) : log(-expm1(x)); }
+
+static double count_micro(void *ctx, const ft_batch *b)
+{
+    (void)ctx, (void)b;
+    return 1.0; /* ORPO's loss is a mean per micro-batch */
+}
+
+/* ORPO's forward of b: the labels with the prompts' tokens (up to each row's last
+ * label), each row split where its completion starts; *nll the chosen rows' mean token
+ * loss and lp[r] each row's mean completion log p. ntok[r] / ntok[R + r] get the
+ * completion's / the prompt's counted tokens. */
+static int orpo_forward(ft_pref_objective *p, ft_model *m, const ft_batch *b, double *lp,
+                        double *nll, ft_err *err)
+{
+    if (b->B % 2)
+        return ft_fail(err, "a preference batch has an even number of rows (got %d)", b->B);
+    size_t R = (size_t)b->B, T = (size_t)b->T, n = R * T;
+    if (n > p->label_cap) {
+        free(p->labels);
+        free(p->split);
+        p->labels = malloc(n * sizeof *p->labels);
+        p->split = malloc(R * T * sizeof *p->split); /* (R <= n) */
+        p->label_cap = p->labels && p->split ? n : 0;
+        if (!p->label_cap)
+            return ft_fail(err, "out of memory");
+    }
+    for (size_t r = 0; r < R; r++) {
+        const int32_t *lab = b->labels + r * T, *ids = b->input_ids + r * T;
+        size_t f = T, last = 0;
+        for (size_t t = 0; t < T; t++)
+            if (lab[t] != -100) {
+                f = f < t ? f : t;
+                last = t;
+            }
+        if (f == T || f == 0)
+            return ft_fail(err, "row %zu: ORPO needs a prompt and a completion", r);
+        for (size_t t = 0; t < T; t++)
+            p->labels[r * T + t] = t <= last ? ids[t] : -100;
+        p->split[r] = (int32_t)(f - 1); /* target f - 1 predicts the first completion token */
+        p->ntok[r] = (long)(last - f + 1);
+        p->ntok[R + r] = (long)(f - 1);
+    }
+    ft_batch full = {b->B, b->T, b->input_ids, p->labels, NULL};
+    double *pre = p->buf + 3 * R, *comp = p->buf + 4 * R;
+    if (ft_model_forward_split(m, &full, p->split, pre, comp, err))
+        return -1;
+    double sum = 0, tok = 0;
+    for (size_t r = 0; r < R; r++) {
+        lp[r] = -comp[r] / (double)p->ntok[r];
+        if (r < R / 2) {
+            sum += pre[r] + comp[r];
+            tok += (double)(p->ntok[r] + p->ntok[R + r]);
+        }
+    }
+    *nll = sum / tok;
+    p->orpo_tok = tok;
+    return 0;
+}
+
+/* The loss of P pairs from lp (and nll); g (NULL: not wanted) gets d loss / d lp. */
+static double orpo_loss(const ft_pref_objective *p, size_t P, const double *lp, double nll,
+                        double *g, double *sums)
+{
+    double beta = p->o.beta, ratio_sum = 0;
+    for (size_t i = 0; i < P; i++) {
+        double lc = lp[i], lr = lp[P + i];
+        double o = (lc - lr) - (log1mexp(lc) - log1mexp(lr));
+        double ratio = log_sigmoid(o);
+        ratio_sum += ratio;
+        if (g) { /* d(-beta mean ratio)/do = -beta sigmoid(-o) / P; do/dlc = 1 / (1 - e^lc) */
+            double go = -beta * sigmoid(-o) / (double)P;
+            g[i] = go / -expm1(lc);
+            g[P + i] = -go / -expm1(lr);
+        }
+        if (sums) {
+            sums[FT_PREF_REWARD_CHOSEN] += beta * lc;
+            sums[FT_PREF_REWARD_REJECTED] += beta * lr;
+            sums[FT_PREF_ACCURACY] += beta * lc > beta * lr ? 1.0 : 0.0;
+            sums[FT_PREF_MARGIN] += beta * lc - beta * lr;
+            sums[FT_PREF_LOGP_CHOSEN] += lc;
+            sums[FT_PREF_LOGP_REJECTED] += lr;
+            sums[FT_PREF_LOG_ODDS_RATIO] += ratio;
+            sums[FT_PREF_LOG_ODDS_CHOSEN] += o;
+            sums[FT_PREF_PAIRS] += 1.0;
+        }
+    }
+    double loss = nll - beta * ratio_sum / (double)P;
+    if (sums) { /* the micro-batch's means, weighted by its pairs */
+        sums[FT_PREF_LOSS] += loss * (double)P;
+        sums[FT_PREF_NLL] += nll * (double)P;
+    }
+    return loss;
+}
+
+static int run_orpo(void *ctx, ft_model *m, const ft_batch *b, double total, double *loss_sum,
+                    ft_err *err)
+{
+    ft_pref_objective *p = ctx;
+    size_t R = (size_t)b->B, P = R / 2;
+    if (reserve(p, R, err))
+        return -1;
+    double *lp = p->buf, *g = p->buf + R, nll;
+    if (orpo_forward(p, m, b, lp, &nll, err))
+        return -1;
+    *loss_sum = orpo_loss(p, P, lp, nll, g, p->sums);
+    /* row r's completion nll = -ntok lp: d/d nll = -g / ntok; the chosen rows' prompt and
+     * completion tokens also carry the NLL term's 1 / tokens */
+    float *sc = p->scale, *sp = p->scale + R;
+    for (size_t r = 0; r < R; r++) {
+        double t = r < P ? 1.0 / p->orpo_tok : 0.0;
+        sc[r] = (float)((t - g[r] / (double)p->ntok[r]) / total);
+        sp[r] = (float)(t / total);
+    }
+    return ft_model_backward_split(m, p->split, sp, sc, err);
+}
+
 ft_objective ft_pref_objective_of(ft_pref_objective *p)
 {
+    if (p->o.loss == FT_PREF_ORPO)
+        return (ft_objective){.ctx = p, .count = count_micro, .run = run_orpo};
     return (ft_objective){.ctx = p, .count = count_pairs, .run = run_pairs};
 }
 
@@ -236,6 +364,13 @@ int ft_pref_eval_batch(ft_pref_objective *p, ft_model *m, const ft_batch *b, dou
     size_t R = (size_t)b->B, P = R / 2;
     if (reserve(p, R, err))
         return -1;
+    if (p->o.loss == FT_PREF_ORPO) {
+        double nll;
+        if (orpo_forward(p, m, b, p->buf, &nll, err))
+            return -1;
+        orpo_loss(p, P, p->buf, nll, NULL, sums);
+        return 0;
+    }
     double *logp = p->buf, *ref = p->buf + R;
     if (forwards(p, m, b, logp, ref, err))
         return -1;

@@ -31,7 +31,23 @@
 #include "model/model.h"
 #include "train/train_step.h"
 
-typedef enum ft_pref_loss { FT_PREF_SIGMOID = 0, FT_PREF_IPO, FT_PREF_ROBUST } ft_pref_loss;
+/* FT_PREF_ORPO: ORPO (TRL's experimental ORPOTrainer), reference-free, on batches
+ * prepared ORPO's way (pref_data.h FT_PREF_DATA_ORPO). With the completion's mean log p
+ * per token, lc and lr (the prompt's tokens not counted), the log odds
+ * o = (lc - lr) - (log(1 - e^lc) - log(1 - e^lr)) and NLL the chosen sequences' mean token
+ * loss over the micro-batch, prompt included (TRL's chosen_nll_loss):
+ *   loss = NLL - beta mean_i log sigmoid(o_i)    (beta: TRL's ORPO beta, the paper's lambda)
+ * per micro-batch, averaged over the micro-batches of a step (as the HF Trainer divides a
+ * loss by the accumulation steps and DDP averages over ranks). Metrics as TRL's:
+ * rewards/chosen = beta lc, rewards/rejected = beta lr, rewards/accuracies,
+ * rewards/margins, logps/chosen = lc, logps/rejected = lr, nll_loss, log_odds_ratio =
+ * log sigmoid(o), log_odds_chosen = o. */
+typedef enum ft_pref_loss {
+    FT_PREF_SIGMOID = 0,
+    FT_PREF_IPO,
+    FT_PREF_ROBUST,
+    FT_PREF_ORPO
+} ft_pref_loss;
 
 typedef struct ft_pref_options {
     ft_pref_loss loss;
@@ -49,6 +65,9 @@ enum {
     FT_PREF_LOGP_CHOSEN,
     FT_PREF_LOGP_REJECTED,
     FT_PREF_PAIRS,
+    FT_PREF_NLL,             /* ORPO: nll_loss (weighted by the micro-batch's pairs) */
+    FT_PREF_LOG_ODDS_RATIO,  /* ORPO: log_odds_ratio */
+    FT_PREF_LOG_ODDS_CHOSEN, /* ORPO: log_odds_chosen */
     FT_PREF_NSUM
 };
 /* The metric names as TRL logs them ("loss", "rewards/chosen", ...; [FT_PREF_PAIRS] is
@@ -76,8 +95,12 @@ typedef struct ft_pref_objective {
     ft_model *ref;
     double sums[FT_PREF_NSUM];
     double *buf;  /* scratch: [6 x rows] */
-    float *scale; /* [rows] */
-    long *ntok;   /* [rows] */
+    float *scale; /* [2 x rows] (ORPO: and the prompt parts') */
+    long *ntok;   /* [2 x rows] (ORPO: and the prompt parts') */
+    int32_t *labels, *split; /* ORPO: the batch's labels with the prompts', [rows x T];
+                              * [rows] */
+    size_t label_cap;
+    double orpo_tok; /* ORPO: the chosen rows' counted tokens of the last forward */
     size_t cap;
     /* keep_adapter: the reference's LoRA weights and a scratch for the policy's, in the
      * compute dtype on the model's device (bytes each) */

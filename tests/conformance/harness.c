@@ -11,7 +11,7 @@
  *                   "skip"?: "lm_head,..."},
  *        "train"?: {"steps", "lr", "betas", "eps", "weight_decay", "warmup_steps",
  *                   "scheduler", "max_grad_norm"},
- *        "pref"?: {"beta", "loss_type": "sigmoid"|"ipo"|"robust", "label_smoothing",
+ *        "pref"?: {"beta", "loss_type": "sigmoid"|"ipo"|"robust"|"orpo", "label_smoothing",
  *                  "ref"?: "adapter"|"base"}}
  * OUT: "logits" [B,T,V] and "loss" [] of the first forward; without "train" in full or
  * LoRA mode "grad.<name>" for every trainable parameter; with "train" "losses" [steps]
@@ -22,8 +22,9 @@
  * sequences, then the P rejected ones) and the loss is DPO's (train/pref.h; the reference
  * in LoRA mode is the adapter as loaded, or with "ref": "base" the base with the adapter
  * off; in full mode a frozen copy of the base): "pref.loss"
- * [] and "pref.metrics" [7] (rewards/chosen, rewards/rejected, rewards/accuracies,
- * rewards/margins, logps/chosen, logps/rejected means) of the first step, the gradients
+ * [] and "pref.metrics" [9] (rewards/chosen, rewards/rejected, rewards/accuracies,
+ * rewards/margins, logps/chosen, logps/rejected means; ORPO's nll_loss, log_odds_ratio,
+ * log_odds_chosen) of the first step, the gradients
  * or "losses" of DPO; grad_accum splits the pairs. */
 #include <jansson.h>
 #include <stdio.h>
@@ -246,10 +247,11 @@ static int run(const spec *s, const char *out_path, ft_err *err)
                               .label_smoothing = num(s->pref, "label_smoothing", 0.0)};
         po.loss = !lt || !strcmp(lt, "sigmoid") ? FT_PREF_SIGMOID
                   : !strcmp(lt, "ipo")          ? FT_PREF_IPO
+                  : !strcmp(lt, "orpo")         ? FT_PREF_ORPO
                                                 : FT_PREF_ROBUST;
         if (ft_pref_check(&po, err))
             goto done;
-        if (s->mode == FT_TRAIN_FULL) {
+        if (s->mode == FT_TRAIN_FULL && po.loss != FT_PREF_ORPO) {
             ft_model_options ro = {.mode = FT_TRAIN_NONE, .device = s->device,
                                    .dtype = s->dtype};
             if (ft_model_load(&ref, s->model_dir, &ro, err))
@@ -260,7 +262,7 @@ static int run(const spec *s, const char *out_path, ft_err *err)
     }
     if (s->mode == FT_TRAIN_LORA && ft_model_load_adapter(m, s->adapter_dir, err))
         goto done;
-    if (s->pref && s->mode == FT_TRAIN_LORA) {
+    if (s->pref && s->mode == FT_TRAIN_LORA && po_obj.o.loss != FT_PREF_ORPO) {
         const char *r = json_string_value(json_object_get(s->pref, "ref"));
         if ((!r || strcmp(r, "base") != 0) && ft_pref_objective_keep_adapter(&po_obj, m, err))
             goto done;
@@ -302,12 +304,12 @@ static int run(const spec *s, const char *out_path, ft_err *err)
         for (int i = 0; i < s->accum; i++)
             if (ft_pref_eval_batch(&po_obj, m, &micro[i], sums, err))
                 goto done;
-        float pl = (float)(sums[FT_PREF_LOSS] / sums[FT_PREF_PAIRS]), pm[6];
-        for (int j = 0; j < 6; j++)
-            pm[j] = (float)(sums[FT_PREF_REWARD_CHOSEN + j] / sums[FT_PREF_PAIRS]);
-        int64_t mshape[1] = {6};
+        float pl = (float)(sums[FT_PREF_LOSS] / sums[FT_PREF_PAIRS]), pm[9];
+        for (int j = 0; j < 9; j++) /* (the pairs themselves skipped) */
+            pm[j] = (float)(sums[FT_PREF_REWARD_CHOSEN + j + (j >= 6)] / sums[FT_PREF_PAIRS]);
+        int64_t mshape[1] = {9};
         if (ft_st_writer_add(w, "pref.loss", FT_ST_F32, 0, NULL, kept_copy(&k, &pl, 1), err) ||
-            ft_st_writer_add(w, "pref.metrics", FT_ST_F32, 1, mshape, kept_copy(&k, pm, 6), err))
+            ft_st_writer_add(w, "pref.metrics", FT_ST_F32, 1, mshape, kept_copy(&k, pm, 9), err))
             goto done;
     }
     if (s->train) {
