@@ -142,10 +142,12 @@ static const ft_cfg_key schema[] = {
      "what the loss is: sft (next-token loss on the data's labels), dpo (Direct Preference "
      "Optimization on prompt/chosen/rejected pairs, TRL's DPOTrainer; the reference model is "
      "the base with the adapter off under lora/qlora, a frozen copy of the base under full) "
-     "or orpo (not implemented yet: refused)",
+     "or orpo (Odds Ratio Preference Optimization, TRL's ORPOTrainer: no reference model)",
      NULL},
     {KEY(train.pref.beta), FT_CFG_FLOAT, "0.1", NULL, false, 0, NONE,
-     "dpo: beta, how far the policy may move from the reference (ipo: its tau)", NULL},
+     "dpo: beta, how far the policy may move from the reference (ipo: its tau); orpo: the "
+     "weight of the odds-ratio term (TRL's beta, the paper's lambda)",
+     NULL},
     {KEY(train.pref.loss_type), FT_CFG_ENUM, "sigmoid", CHOICES("sigmoid", "ipo", "robust"), false,
      NONE, NONE,
      "dpo: the loss of the reward margin, as TRL's loss_type: sigmoid -logsigmoid(beta m); "

@@ -50,14 +50,16 @@ static int load_pairs(ft_run_data *d, const ft_run_config *c, const ft_data_opti
 {
     d->pref = true;
     const char *train_path = c->data.train_path;
-    if (ft_pref_dataset_load(&d->pref_train, train_path, d->tok, o, err))
+    ft_pref_style style = c->train.objective == FT_CFG_OBJECTIVE_ORPO ? FT_PREF_DATA_ORPO
+                                                                       : FT_PREF_DATA_DPO;
+    if (ft_pref_dataset_load_style(&d->pref_train, train_path, d->tok, o, style, err))
         goto fail;
     if (log)
         fprintf(log, "data: %s: %zu preference pairs (%zu bad lines skipped, %zu whose prompt "
                      "fills model.max_seq_len dropped)\n",
                 train_path, d->pref_train.n, d->pref_train.skipped_lines, d->pref_train.dropped);
     if (c->data.eval_path[0]) {
-        if (ft_pref_dataset_load(&d->pref_eval, c->data.eval_path, d->tok, o, err))
+        if (ft_pref_dataset_load_style(&d->pref_eval, c->data.eval_path, d->tok, o, style, err))
             goto fail;
         if (log)
             fprintf(log, "data: %s: %zu eval preference pairs\n", c->data.eval_path,

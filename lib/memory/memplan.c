@@ -554,7 +554,7 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
         r->rows[i].bytes[FT_MEM_WORKSPACE] += h * r->max_unit_quantized + 4 * r->max_quant_absmax;
     r->cpu_activations = act_bytes(&act, 4);
     r->cpu_workspace = act_bytes(&ws, 4);
-    if (r->pref) { /* DPO's reference (memplan.h) */
+    if (cfg->train.objective == FT_CFG_OBJECTIVE_DPO) { /* DPO's reference (memplan.h) */
         size_t gpu_ref[FT_MEM_NCAT] = {0};
         if (pmode == MODE_FULL) {
             act_counts ract, rws;

@@ -99,9 +99,9 @@
  * train.batch_size auto is resolved before planning (lib/memory/auto_batch.h); a config that
  * still says auto is planned for a micro-batch of 1.
  *
- * train.objective dpo: batch_size counts pairs, so a micro-batch has 2 batch_size rows
- * (the chosen and the rejected sequences) and the activations are planned for those. The
- * reference forward runs on the policy's own buffers (LoRA with its adapter off) and
+ * train.objective dpo or orpo: batch_size counts pairs, so a micro-batch has 2 batch_size
+ * rows (the chosen and the rejected sequences) and the activations are planned for those.
+ * ORPO has no reference model. DPO's reference forward runs on the policy's own buffers (LoRA with its adapter off) and
  * keeps no activation of its own; what the reference adds (pref_ref, on every rank of
  * every row) is, in full fine-tuning, the frozen base copy (4 (Pt + Pf) weights) and the
  * activations of its inference forward (one layer set shared by the layers, every

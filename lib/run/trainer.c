@@ -94,7 +94,7 @@ typedef struct trainer {
     /* train.objective dpo: batches of pairs (in place of train_loader), the objective
      * (its reference: the frozen copy ref in full fine-tuning, else the policy with its
      * adapter off) and the metric sums of the logging window */
-    bool pref;
+    bool pref, orpo; /* orpo: the preference objective is ORPO (no reference model) */
     ft_pref_loader *pref_loader, *pref_eval_loader; /* (eval: the whole set, in order) */
     ft_pref_objective pref_obj;
     ft_model *ref;
@@ -210,7 +210,7 @@ static int setup_model(trainer *t, const ft_dist_options *dopt, ft_err *err)
                                            : "model.name '%s'",
                               t->model_dir);
     t->m = ft_engine_model(t->eng);
-    if (t->pref && mo.mode == FT_TRAIN_FULL) {
+    if (t->pref && !t->orpo && mo.mode == FT_TRAIN_FULL) {
         /* the DPO reference of a full fine-tuning: the base, frozen, beside the policy */
         ft_model_options ro = {.mode = FT_TRAIN_NONE,
                                .device = mo.device,
@@ -284,6 +284,9 @@ static int log_scalar(trainer *t, const char *tag, double v, ft_err *err)
     return t->tb ? ft_tb_scalar(t->tb, tag, t->state.global_step, v, err) : 0;
 }
 
+/* The end of the run's metric sums (pref.h): DPO's stop at the pairs, ORPO's go on. */
+static int pref_metric_end(const trainer *t) { return t->orpo ? FT_PREF_NSUM : FT_PREF_PAIRS; }
+
 /* DPO's evaluation: the loss and metrics over every held-out pair, without dropout (every
  * rank evaluates the whole set, as the token loss's evaluation does). */
 static int run_eval_pref(trainer *t, ft_err *err)
@@ -312,14 +315,18 @@ static int run_eval_pref(trainer *t, ft_err *err)
     if (t->metrics) {
         fprintf(t->metrics, "{\"step\": %ld, \"eval_loss\": ", t->state.global_step);
         json_number(t->metrics, "%.8g", v[FT_PREF_LOSS]);
-        for (int k = FT_PREF_REWARD_CHOSEN; k < FT_PREF_PAIRS; k++) {
+        for (int k = FT_PREF_REWARD_CHOSEN; k < pref_metric_end(t); k++) {
+            if (k == FT_PREF_PAIRS)
+                continue;
             fprintf(t->metrics, ", \"eval_%s\": ", ft_pref_metric_names[k]);
             json_number(t->metrics, "%.8g", v[k]);
         }
         fprintf(t->metrics, ", \"elapsed_s\": %.3f}\n", now() - t->t_start);
         fflush(t->metrics);
     }
-    for (int k = 0; k < FT_PREF_PAIRS; k++) {
+    for (int k = 0; k < pref_metric_end(t); k++) {
+        if (k == FT_PREF_PAIRS)
+            continue;
         char tag[64];
         snprintf(tag, sizeof tag, "eval/%s", ft_pref_metric_names[k]);
         if (log_scalar(t, tag, v[k], err))
@@ -528,8 +535,15 @@ static int log_step(trainer *t, const ft_step_stats *st, double tok_per_s, doubl
                 step, total, pref[FT_PREF_REWARD_CHOSEN], pref[FT_PREF_REWARD_REJECTED],
                 pref[FT_PREF_ACCURACY], pref[FT_PREF_MARGIN], pref[FT_PREF_LOGP_CHOSEN],
                 pref[FT_PREF_LOGP_REJECTED]);
+    if (t->orpo)
+        fprintf(t->log, "step %ld/%ld | nll_loss %.4f | log_odds_ratio %.4f | log_odds_chosen "
+                        "%.4f\n",
+                step, total, pref[FT_PREF_NLL], pref[FT_PREF_LOG_ODDS_RATIO],
+                pref[FT_PREF_LOG_ODDS_CHOSEN]);
     int rc = 0;
-    for (int k = FT_PREF_REWARD_CHOSEN; t->pref && k < FT_PREF_PAIRS && rc == 0; k++) {
+    for (int k = FT_PREF_REWARD_CHOSEN; t->pref && k < pref_metric_end(t) && rc == 0; k++) {
+        if (k == FT_PREF_PAIRS)
+            continue;
         char tag[64];
         snprintf(tag, sizeof tag, "train/%s", ft_pref_metric_names[k]);
         rc = log_scalar(t, tag, pref[k], err);
@@ -598,7 +612,9 @@ static int log_step(trainer *t, const ft_step_stats *st, double tok_per_s, doubl
         json_number(f, "%.6g", st->grad_norm);
         fputs(", \"tokens_per_second\": ", f);
         json_number(f, "%.6g", global_rate);
-        for (int k = FT_PREF_REWARD_CHOSEN; t->pref && k < FT_PREF_PAIRS; k++) {
+        for (int k = FT_PREF_REWARD_CHOSEN; t->pref && k < pref_metric_end(t); k++) {
+            if (k == FT_PREF_PAIRS)
+                continue;
             fprintf(f, ", \"%s\": ", ft_pref_metric_names[k]);
             json_number(f, "%.8g", pref[k]);
         }
@@ -739,9 +755,9 @@ static int pad_micro(owned_batch *o, int B, int T, int32_t pad_id, ft_err *err)
 
 static int pref_step(trainer *t, double max_norm, ft_step_stats *st, ft_err *err);
 
-/* DPO's micro-batch of P pairs (2P rows) padded to batch_size pairs of T tokens: each
- * half (chosen rows, then rejected rows) padded to batch_size rows, the added pairs with
- * no counted token. */
+/* A preference micro-batch of P pairs (2P rows) padded to batch_size pairs of T tokens:
+ * each half (chosen rows, then rejected rows) padded to batch_size rows with copies of its
+ * own, each row to T tokens with pad_id (label -100). */
 static int pad_pairs(owned_batch *o, int B, int T, int32_t pad_id, ft_err *err)
 {
     const ft_batch *b = &o->b;
@@ -758,10 +774,11 @@ static int pad_pairs(owned_batch *o, int B, int T, int32_t pad_id, ft_err *err)
         return ft_fail(err, "out of memory");
     }
     for (int r = 0; r < 2 * B; r++) {
-        int half = r / B, k = r % B, src = half * P + k; /* the source row, when k < P */
+        /* the added pairs repeat the batch's (ORPO needs a prompt and a completion) */
+        int half = r / B, k = r % B, src = half * P + k % P;
         for (int c = 0; c < T; c++) {
             size_t i = (size_t)r * T + c, j = (size_t)src * b->T + c;
-            bool in = k < P && c < b->T;
+            bool in = c < b->T;
             ids[i] = in ? b->input_ids[j] : pad_id;
             labels[i] = in ? b->labels[j] : -100;
         }
@@ -1049,27 +1066,31 @@ static int check_objective(trainer *t, const ft_dist_options *dopt, ft_err *err)
                                 "objective is sft");
         return 0;
     }
-    if (c->objective == FT_CFG_OBJECTIVE_ORPO)
-        return ft_fail(err, "config: train.objective = orpo is not implemented yet (dpo and sft "
-                            "are)");
+    bool orpo = c->objective == FT_CFG_OBJECTIVE_ORPO;
+    if (orpo && c->pref.loss_type != FT_CFG_PREF_SIGMOID)
+        return ft_fail(err, "config: train.pref.loss_type applies to train.objective dpo (ORPO has "
+                            "one loss)");
     static const ft_pref_loss losses[] = {[FT_CFG_PREF_SIGMOID] = FT_PREF_SIGMOID,
                                           [FT_CFG_PREF_IPO] = FT_PREF_IPO,
                                           [FT_CFG_PREF_ROBUST] = FT_PREF_ROBUST};
-    ft_pref_options po = {.loss = losses[c->pref.loss_type],
+    ft_pref_options po = {.loss = orpo ? FT_PREF_ORPO : losses[c->pref.loss_type],
                           .beta = c->pref.beta,
                           .label_smoothing = c->pref.label_smoothing};
     if (ft_pref_check(&po, err))
         return -1;
+    const char *name = orpo ? "orpo" : "dpo";
     if (dopt->strategy == FT_STRATEGY_PIPELINE)
-        return ft_fail(err, "config: train.objective = dpo does not work with dist.strategy "
-                            "model_parallel yet (none, ddp, zero1-3 and fsdp do)");
+        return ft_fail(err, "config: train.objective = %s does not work with dist.strategy "
+                            "model_parallel yet (none, ddp, zero1-3 and fsdp do)", name);
     if (c->predict_with_generate)
         return ft_fail(err, "config: train.predict_with_generate does not work with "
-                            "train.objective = dpo (its evaluation reports preference accuracy)");
+                            "train.objective = %s (its evaluation reports preference accuracy)",
+                       name);
     if (t->cfg->data.packing)
-        return ft_fail(err, "config: data.packing does not work with train.objective = dpo "
-                            "(each sequence is its own row, as in TRL's DPOTrainer)");
+        return ft_fail(err, "config: data.packing does not work with train.objective = %s "
+                            "(each sequence is its own row, as in TRL's trainers)", name);
     t->pref = true;
+    t->orpo = orpo;
     ft_pref_objective_init(&t->pref_obj, &po, NULL);
     return 0;
 }
@@ -1131,7 +1152,7 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
         return -1;
     t->pref_obj.ref = t->ref;
     /* DPO from an adapter: the reference is that adapter as it starts (TRL's "ref" copy) */
-    if (t->pref && c->tuning.mode != FT_TUNING_FULL && c->tuning.lora.init_adapter[0] &&
+    if (t->pref && !t->orpo && c->tuning.mode != FT_TUNING_FULL && c->tuning.lora.init_adapter[0] &&
         ft_pref_objective_keep_adapter(&t->pref_obj, t->m, err))
         return ft_fail_prefix(err, "train.objective dpo with tuning.lora.init_adapter");
     if (t->gen_records.n)

@@ -133,3 +133,26 @@ def test_dpo_init_adapter_data_parallel_equals_one_process(work, single, strateg
     assert_same_run(work / "runs" / "single_adapter", work / "runs" / f"np2_{strategy}_adapter")
     # the reference is not the base: the first step's rewards are 0 (policy = reference)
     assert logged(work / "runs" / "single_adapter")[1]["rewards/chosen"] == 0
+
+
+@pytest.fixture(scope="module")
+def orpo_ddp(work):
+    cfg = write_config(work, "np2_orpo_ddp", dist__strategy="ddp", train__objective="orpo")
+    run(cfg, 2)
+    return work / "runs" / "np2_orpo_ddp"
+
+
+@pytest.mark.parametrize("strategy", ["zero1", "zero2", "zero3", "fsdp"])
+def test_orpo_sharded_equals_ddp(work, orpo_ddp, strategy):
+    """ORPO's loss is a mean per micro-batch (its NLL over the micro-batch's tokens), so
+    two ranks of 4 pairs are not one process of 8, in TRL either; every sharded strategy
+    equals DDP on the same ranks (ORPO's metrics included)."""
+    cfg = write_config(work, f"np2_orpo_{strategy}", dist__strategy=strategy,
+                       train__objective="orpo")
+    run(cfg, 2)
+    assert_same_run(orpo_ddp, work / "runs" / f"np2_orpo_{strategy}")
+    la = logged(orpo_ddp)
+    lb = logged(work / "runs" / f"np2_orpo_{strategy}")
+    for s in la:
+        for k in ("nll_loss", "log_odds_ratio", "log_odds_chosen"):
+            assert abs(la[s][k] - lb[s][k]) <= 2e-5 * abs(la[s][k]) + 1e-6, (k, s)

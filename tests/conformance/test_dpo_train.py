@@ -14,7 +14,7 @@ dropped) and as conversations (the tokenizer's chat template), LoRA from a PEFT 
 - the trained weights after five steps: 1e-5;
 - the same metrics as TensorBoard scalars (train/rewards/chosen, ...);
 - resuming from a checkpoint continues with bitwise the same adapter;
-- ORPO and the unsupported combinations are refused naming the key.
+- the unsupported combinations are refused naming the key.
 
 The batch holds the whole data set (5 steps = 5 epochs), so the order TRL's sampler and
 ours draw does not matter."""
@@ -245,7 +245,7 @@ def test_dpo_resume_is_bitwise(workdir):
 
 
 @pytest.mark.parametrize("sets,needle", [
-    (["train.objective=orpo"], "orpo is not implemented"),
+    (["train.objective=orpo", "train.pref.loss_type=ipo"], "train.pref.loss_type"),
     (["dist.strategy=model_parallel"], "model_parallel"),
     (["data.packing=true"], "data.packing"),
     (["train.pref.label_smoothing=0.1"], "train.pref.label_smoothing"),

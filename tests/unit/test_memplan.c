@@ -86,14 +86,15 @@ static int measure(const ft_run_config *cfg, const char *dir, ft_mem *out, size_
     ft_pref_objective po = {0};
     ft_model_zero_grad(m);
     if (pref) {
-        ft_pref_options o = {.beta = 0.1};
+        bool orpo = cfg->train.objective == FT_CFG_OBJECTIVE_ORPO; /* no reference */
+        ft_pref_options o = {.beta = 0.1, .loss = orpo ? FT_PREF_ORPO : FT_PREF_SIGMOID};
         ft_model_options ro = {.mode = FT_TRAIN_NONE, .loss_chunk_rows = mo.loss_chunk_rows};
-        if (tu->mode == FT_TUNING_FULL && ft_model_load(&ref, dir, &ro, &err)) {
+        if (!orpo && tu->mode == FT_TUNING_FULL && ft_model_load(&ref, dir, &ro, &err)) {
             fprintf(stderr, "  reference: %s\n", err.msg);
             goto done;
         }
         ft_pref_objective_init(&po, &o, ref);
-        if (tu->mode != FT_TUNING_FULL && tu->lora.init_adapter[0] &&
+        if (!orpo && tu->mode != FT_TUNING_FULL && tu->lora.init_adapter[0] &&
             ft_pref_objective_keep_adapter(&po, m, &err)) {
             fprintf(stderr, "  reference adapter: %s\n", err.msg);
             goto done;
@@ -272,7 +273,7 @@ static void test_cpu_chunked_logits_equal_measured(void)
 
 /* train.objective dpo: 2 batch_size rows, and the reference (a frozen copy in full mode,
  * the starting adapter with init_adapter; nothing with a fresh adapter), with and without
- * gradient checkpointing and chunked logits. */
+ * gradient checkpointing and chunked logits; orpo likewise, without a reference. */
 static void test_cpu_dpo_equals_measured(void)
 {
     static const char *modes[] = {"tuning.mode=full", "tuning.mode=lora", "tuning.mode=qlora"};
@@ -280,11 +281,13 @@ static void test_cpu_dpo_equals_measured(void)
     static const char *ckpts[] = {"train.gradient_checkpointing=false",
                                   "train.gradient_checkpointing=true"};
     static const char *chunks[] = {"train.loss_chunk_tokens=0", "train.loss_chunk_tokens=5"};
+    static const char *objectives[] = {"train.objective=dpo", "train.objective=orpo"};
+    for (int oi = 0; oi < 2; oi++)
     for (int mi = 0; mi < 3; mi++)
         for (int ai = 0; ai < (mi ? 2 : 1); ai++)
             for (int ci = 0; ci < 2; ci++)
                 for (int k = 0; k < 2; k++) {
-                    const char *sets[] = {"train.objective=dpo", modes[mi], adapters[ai],
+                    const char *sets[] = {objectives[oi], modes[mi], adapters[ai],
                                           ckpts[ci], chunks[k], "train.batch_size=3",
                                           "model.max_seq_len=7", "tuning.quant.blocksize=32",
                                           NULL};
