@@ -8,7 +8,8 @@
  *   forward and backward): the loss and every LoRA gradient;
  * - the same with the reference as the starting adapter (ft_pref_objective_keep_adapter:
  *   the adapter copied and swapped on the device): at the start the loss is log 2 and
- *   the LoRA weights are back in place after the step.
+ *   the LoRA weights are back in place after the step;
+ * - ORPO's step (each row's head losses split where its completion starts).
  * The per-row path calls the cross-entropy op on slices of the head's buffer, so the CUDA
  * kernels are those of test_cuda_ops; this checks their use here. */
 #include <math.h>
@@ -55,8 +56,11 @@ typedef struct result {
     size_t n_grads;
 } result;
 
-static void run(ft_model *m, bool keep_adapter, result *r)
+/* keep 0: DPO with the adapter off as the reference; 1: with the starting adapter; 2:
+ * ORPO (no reference; each row's head losses split at its completion) */
+static void run(ft_model *m, int keep, result *r)
 {
+    bool keep_adapter = keep == 1;
     ft_batch b = {R, T, ids, labels, NULL};
     ft_err err = {0};
     memset(r, 0, sizeof *r);
@@ -65,7 +69,7 @@ static void run(ft_model *m, bool keep_adapter, result *r)
     CHECK(ft_model_forward_rows(m, &b, r->nll_off, &err) == 0);
     ft_model_set_adapter(m, true);
     ft_pref_objective po;
-    ft_pref_options o = {.beta = 0.5};
+    ft_pref_options o = {.beta = 0.5, .loss = keep == 2 ? FT_PREF_ORPO : FT_PREF_SIGMOID};
     ft_pref_objective_init(&po, &o, NULL);
     if (keep_adapter)
         CHECK(ft_pref_objective_keep_adapter(&po, m, &err) == 0);
@@ -105,14 +109,14 @@ static void test_dpo_on_device(void)
     write_tiny_model(dir, &to);
     static const int chunks[2] = {0, 5};
     for (int ki = 0; ki < 2; ki++)
-        for (int keep = 0; keep < 2; keep++) {
+        for (int keep = 0; keep < 3; keep++) {
             ft_model *cpu = load(dir, FT_DEV_CPU, FT_F32, chunks[ki]);
             if (!cpu)
                 return;
             result ref;
             run(cpu, keep, &ref);
             CHECK(ref.nll_on[0] != ref.nll_off[0]); /* the adapter matters */
-            if (keep) /* the reference is the policy itself: d = 0 */
+            if (keep == 1) /* the reference is the policy itself: d = 0 */
                 CHECK(fabs(ref.loss - P * log(2.0)) < 1e-6);
             for (int di = 0; di < 2; di++) {
                 ft_dtype d = di ? FT_BF16 : FT_F32;
