@@ -10,7 +10,8 @@
  *   every row equals ft_model_backward bitwise, with per-row scales equals the sum of
  *   per-row backward passes, for the whole and the chunked head; with the adapter off
  *   the forward is the base model's (B = 0 gives the same sums) and a backward is
- *   refused. */
+ *   refused; rows split in two (ft_model_forward_split, ORPO) give parts that add up to
+ *   the row, and the same scale on both parts is the unsplit backward. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -184,6 +185,21 @@ static void test_model_rows(void)
             CHECK(noff[r] == nb[r]);
             CHECK(noff[r] != nll[r]);
         }
+        /* split rows (ORPO): the two parts add up to the whole row; one scale for both
+         * parts is the unsplit backward, bitwise */
+        int32_t split[R] = {0, 3, 7};
+        double pre[R], post[R], whole[R];
+        CHECK(ft_model_forward_rows(m, &b, whole, &err) == 0);
+        CHECK(ft_model_forward_split(m, &b, split, pre, post, &err) == 0);
+        for (int r = 0; r < R; r++)
+            CHECK_CLOSE(pre[r] + post[r], whole[r], 1e-12);
+        CHECK(pre[0] == 0 && post[2] == 0 && pre[1] != 0 && post[1] != 0);
+        ft_model_zero_grad(m);
+        CHECK(ft_model_backward_split(m, split, scale, scale, &err) == 0);
+        g_rows = ft_model_grads(m, &ng);
+        CHECK(memcmp(g_rows, g_mixed, ng * sizeof *g_rows) == 0);
+        int32_t bad_split[R] = {0, T + 1, 0};
+        CHECK(ft_model_forward_split(m, &b, bad_split, pre, post, &err) != 0);
         ft_batch packed = {R, T, ids, labels, ids};
         CHECK(ft_model_forward_rows(m, &packed, nll, &err) != 0);
         CHECK(strstr(err.msg, "packing") != NULL);
