@@ -12,6 +12,7 @@
 #   make deps            install the system packages the build needs (Debian/Ubuntu)
 # Train and evaluate (CONFIG=configs/x.yaml, default the demo; SECTION_KEY=value overrides)
 #   make train           train (the default config: eval before/after, merge, summary)
+#   make train-dpo       preference tuning (DPO) of the demo (configs/dpo.yaml unless CONFIG)
 #   make eval | merge | lora-init            on the run's adapter [MODEL= ADAPTER= DATA= OUT=]
 #   make train-distributed | train-zero ZERO_STAGE=1|2|3 | train-fsdp | train-model-parallel
 #        | train-deepspeed DEEPSPEED_CONFIG=deepspeed_like/zero2.json   [NUM_GPUS=N HOSTFILE=f]

@@ -1,6 +1,7 @@
 # Workflow targets: the tools chained on one run config.
 #
 #   make train [CONFIG=configs/x.yaml] [SECTION_KEY=value ...] [RESUME=auto|dir]
+#   make train-dpo [CONFIG=configs/dpo.yaml] [SECTION_KEY=value ...] [RESUME=auto|dir]
 #   make eval | merge | lora-init  [CONFIG=...] [MODEL=dir] [ADAPTER=dir|none] [DATA=file] [OUT=dir]
 #   make tb | train-tb             [RUN_DIR=dir] [TB_PORT=6006]
 #   make gpu-info | memory-check [NUM_GPUS=n]
@@ -231,7 +232,7 @@ FT_CHECK_RANKS = $(if $(FT_LAUNCH),$(FT_RANKS),1)
 FT_TRAIN_CHECK = $(if $(FT_LAUNCH),$(FT_LAUNCH_CHECK_SH) )$(FT_CFG) --check $(call q,$(FT_CHECK_RANKS)) > /dev/null
 
 .PHONY: train eval merge lora-init gpu-info memory-check tb compare $(FT_DIST_TARGETS) \
-        $(FT_TRAIN_TARGETS:%=%-tb)
+        $(FT_TRAIN_TARGETS:%=%-tb) train-dpo
 
 # The build needs the C libraries installed: checked once per build dir.
 DEPS_STAMP := $(FT_BUILD)/.deps-build
@@ -280,6 +281,31 @@ else
 	@$(FT_TRAIN_CHECK)
 	$(FT_TRAIN_CMD)
 endif
+
+# Preference tuning: configs/dpo.yaml (DPO of the demo model on demo/pref_train.jsonl,
+# preference accuracy on demo/pref_eval.jsonl) unless CONFIG is given; the same overrides
+# as train (TRAIN_EPOCHS=1, TRAIN_PREF_BETA=0.2, ...). The demo config starts over in its
+# run dir each time, unless RESUME or TRAIN_OUTPUT_DIR is given.
+DPO_CONFIG := configs/dpo.yaml
+train-dpo: CONFIG = $(DPO_CONFIG)
+train-dpo: FT_IS_TRAIN := 1
+train-dpo: FT_FRESH_SET = $(if $(and $(filter $(DPO_CONFIG) ./$(DPO_CONFIG),$(CONFIG)),$(if \
+  $(RESUME)$(call ft_given,TRAIN_OUTPUT_DIR)$(call ft_given,TRAIN_OVERWRITE_OUTPUT_DIR),,1)), \
+  --set train.overwrite_output_dir=true)
+train-dpo: $(TOOLS)
+	@set -e; $(FT_TRAIN_CHECK); \
+	$(FT_READ_CONFIG); \
+	printf '== preference tuning: %s -> %s\n' $(call q,$(CONFIG)) "$$run" >&2; \
+	final=$$($(FT_TRAIN_CMD)); \
+	ev=$(call ft_get,data.eval_path); \
+	if [ -n "$$ev" ]; then \
+	  echo "== preference accuracy on $$ev (ft-eval --preference)" >&2; \
+	  if [ "$(call ft_get,tuning.mode)" = full ]; then set -- --model "$$final" --reference "$$model"; \
+	  else set -- --model "$$model" --adapter "$$final"; fi; \
+	  ft_eval bin/ft-eval "$$@" --data "$$ev" --preference --beta "$(call ft_get,train.pref.beta)"; \
+	fi; \
+	echo "adapter:     $$final"; \
+	echo "TensorBoard: $$run (make tb RUN_DIR=$$run)"
 
 eval: $(TOOLS)
 	@set -e; $(FT_CFG_LOADS); \

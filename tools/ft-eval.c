@@ -1,6 +1,8 @@
 /* ft-eval: evaluate a model (with an optional LoRA adapter) on a JSONL data set: loss,
  * perplexity and counted tokens, and with --generate greedy generation scored by ROUGE-L
- * and exact match. The logic lives in lib/eval/evaluate.c, lib/model/generate.c, lib/eval/rouge.c and
+ * and exact match; with --preference, preference accuracy (and DPO's loss and metrics)
+ * on prompt / chosen / rejected pairs (lib/data/pref_data.h, lib/train/pref.h). The
+ * logic lives in lib/eval/evaluate.c, lib/model/generate.c, lib/eval/rouge.c and
  * lib/eval/eval_records.c.
  *
  * Output: the summary on stdout (a few "name value" lines, or with --json one line of
@@ -19,6 +21,7 @@
 #include "core/cli.h"
 #include "core/numparse.h"
 #include "data/data.h"
+#include "data/pref_data.h"
 #include "dist/dist.h"
 #include "eval/eval_progress.h"
 #include "eval/evaluate.h"
@@ -27,6 +30,7 @@
 #include "formats/model_path.h"
 #include "device/run_device.h"
 #include "tokenizer/tokenizer.h"
+#include "train/pref.h"
 
 static const char usage[] =
     "usage: ft-eval --model DIR [--adapter DIR] --data FILE|- [options]\n"
@@ -75,6 +79,19 @@ static const char usage[] =
     "                         build has CUDA and one is visible (each rank the GPU of its\n"
     "                         node-local rank), else the CPU; default auto\n"
     "  --fp32                 on the GPU compute in fp32 (default bf16, as train.bf16)\n"
+    "  --preference           the data are preference pairs {\"prompt\", \"chosen\",\n"
+    "                         \"rejected\"} (strings or messages, as train.objective dpo\n"
+    "                         reads them): prints the pairs, the preference accuracy (the\n"
+    "                         share of pairs whose chosen completion gets the larger DPO\n"
+    "                         reward beta (log p - log p_ref), TRL's rewards/accuracies),\n"
+    "                         DPO's sigmoid loss and TRL's other metrics (rewards/chosen,\n"
+    "                         rewards/rejected, rewards/margins, logps/chosen,\n"
+    "                         logps/rejected). The reference p_ref: --reference DIR; else\n"
+    "                         with --adapter the base model (the adapter off); else none\n"
+    "                         (log p_ref = 0: the accuracy is log p(chosen) > log p(rejected))\n"
+    "  --reference DIR        with --preference: the reference model dir (e.g. the base of a\n"
+    "                         fully fine-tuned --model)\n"
+    "  --beta B               with --preference: DPO's beta (train.pref.beta, default 0.1)\n"
     "  --json                 print one JSON object on one line: {\"loss\",\"perplexity\",\n"
     "                         \"tokens\",\"samples\"} (+ \"rougeL\",\"exact_match\",\n"
     "                         \"generated\"); a non-finite value (a perplexity past\n"
@@ -97,7 +114,9 @@ static int usage_error(const char *fmt, const char *arg)
 typedef struct args {
     const char *model, *adapter, *tokenizer, *data, *predictions;
     const char *device; /* auto, cpu, cuda */
-    bool json, generate, fp32;
+    bool json, generate, fp32, preference;
+    const char *reference; /* --preference: the reference model dir (NULL: see usage) */
+    double beta;
     int batch_size, max_new_tokens;
     ft_data_options data_opt;
 } args;
@@ -107,7 +126,7 @@ enum {
     OPT_SKIP_BAD_LINES, OPT_MODEL, OPT_DEVICE, OPT_ADAPTER, OPT_TOKENIZER, OPT_DATA,
     OPT_PREDICTIONS, OPT_FORMAT, OPT_TEMPLATE, OPT_TEMPLATE_NAME, OPT_TEMPLATE_KWARGS,
     OPT_MAX_SEQ_LEN, OPT_BATCH_SIZE,
-    OPT_MAX_NEW_TOKENS
+    OPT_MAX_NEW_TOKENS, OPT_PREFERENCE, OPT_REFERENCE, OPT_BETA
 };
 
 static const ft_cli_option options[] = {
@@ -131,6 +150,9 @@ static const ft_cli_option options[] = {
     {"--max-seq-len", 0, FT_CLI_VALUE, OPT_MAX_SEQ_LEN},
     {"--batch-size", 0, FT_CLI_VALUE, OPT_BATCH_SIZE},
     {"--max-new-tokens", 0, FT_CLI_VALUE, OPT_MAX_NEW_TOKENS},
+    {"--preference", 0, FT_CLI_FLAG, OPT_PREFERENCE},
+    {"--reference", 0, FT_CLI_VALUE, OPT_REFERENCE},
+    {"--beta", 0, FT_CLI_VALUE, OPT_BETA},
     {NULL, 0, 0, 0},
 };
 
@@ -146,7 +168,7 @@ static int parse_count(const char *val, int *out)
 
 static int parse_args(int argc, char **argv, args *a)
 {
-    *a = (args){.batch_size = 4, .max_new_tokens = 64, .device = "auto",
+    *a = (args){.batch_size = 4, .max_new_tokens = 64, .device = "auto", .beta = 0.1,
                 .data_opt = {.max_seq_len = 2048, .add_eos = true}};
     ft_err err;
     bool max_new_set = false;
@@ -228,6 +250,20 @@ static int parse_args(int argc, char **argv, args *a)
                 return usage_error("--max-new-tokens: '%s' is not an integer >= 1", val);
             max_new_set = true;
             break;
+        case OPT_PREFERENCE:
+            a->preference = true;
+            break;
+        case OPT_REFERENCE:
+            a->reference = val;
+            break;
+        case OPT_BETA: {
+            char *end;
+            errno = 0;
+            a->beta = strtod(val, &end);
+            if (errno || end == val || *end || !(a->beta > 0) || !isfinite(a->beta))
+                return usage_error("--beta: '%s' is not a number > 0", val);
+            break;
+        }
         default:
             return ft_cli_error(&cli, opt, "ft-eval", usage);
         }
@@ -243,6 +279,12 @@ static int parse_args(int argc, char **argv, args *a)
                            ft_chat_template_name(a->data_opt.chat_template));
     if (!a->generate && (a->predictions || max_new_set))
         return usage_error("%s need --generate", "--predictions and --max-new-tokens");
+    if (a->preference && (a->generate || a->data_opt.format != FT_DATA_AUTO ||
+                          a->data_opt.train_on_all))
+        return usage_error("%s: preference pairs have their own format; it does not go with "
+                           "--generate, --format or --train-on-all", "--preference");
+    if (!a->preference && a->reference)
+        return usage_error("%s needs --preference", "--reference");
     return -1; /* go on */
 }
 
@@ -504,6 +546,137 @@ out:
     return rc;
 }
 
+/* --preference: the pairs shared across the ranks (rank r every n-th), DPO's metric sums
+ * over them summed over the ranks, printed by rank 0. */
+static int run_pref(const args *a, ft_comm *comm)
+{
+    ft_err err;
+    int rank = ft_comm_rank(comm), world = ft_comm_size(comm);
+    ft_eval_meter meter;
+    ft_eval_meter_init(&meter, "ft-eval", rank == 0 ? stderr : NULL, false);
+    ft_tokenizer *tok = NULL;
+    ft_pref_dataset ds = {0}, shard = {0};
+    ft_pref_loader *loader = NULL;
+    ft_model *m = NULL, *ref = NULL;
+    ft_pref_objective po = {0};
+    int rc = 1;
+    ft_model_options mo = {.mode = FT_TRAIN_NONE, .loss_chunk_rows = -1};
+    if (a->adapter) {
+        if (ft_lora_config_load(&mo.lora, a->adapter, &err)) {
+            fail(err.msg);
+            goto out;
+        }
+        mo.mode = FT_TRAIN_LORA;
+        mo.lora.dropout = 0.0f;
+    }
+    if (ft_tokenizer_load(&tok, a->tokenizer ? a->tokenizer : a->model, &err)) {
+        ft_fail_prefix(&err, "tokenizer");
+        fail(err.msg);
+        goto out;
+    }
+    if (ft_pref_dataset_load(&ds, a->data, tok, &a->data_opt, &err)) {
+        fail(err.msg);
+        goto out;
+    }
+    ft_eval_meter_line(&meter, "data: %s: %zu preference pairs (%zu bad lines skipped, %zu "
+                               "whose prompt fills --max-seq-len dropped)%s",
+                       a->data, ds.n, ds.skipped_lines, ds.dropped,
+                       world > 1 ? ", shared across the ranks" : "");
+    if (ds.n == 0) {
+        fail("the data have no preference pair");
+        goto out;
+    }
+    ft_run_device_choice place;
+    int gpu;
+    if (ft_run_device_choose(a->device, !a->fp32, "--device", &place, &err) ||
+        ft_run_device_select(&place, ft_comm_local_rank(comm), &gpu, &err)) {
+        fail(err.msg);
+        goto out;
+    }
+    mo.device = place.device;
+    mo.dtype = place.dtype;
+    ft_model_options ro = {.mode = FT_TRAIN_NONE, .device = mo.device, .dtype = mo.dtype,
+                           .loss_chunk_rows = -1};
+    if (ft_model_load(&m, a->model, &mo, &err) ||
+        (a->adapter && ft_model_load_adapter(m, a->adapter, &err)) ||
+        (a->reference && ft_model_load(&ref, a->reference, &ro, &err))) {
+        fail(err.msg);
+        goto out;
+    }
+    ft_model_set_training(m, false);
+    int32_t pad = ft_tokenizer_pad_id(tok);
+    if (pad < 0)
+        pad = ft_tokenizer_eos_id(tok) >= 0 ? ft_tokenizer_eos_id(tok) : 0;
+    /* this rank's pairs: a view sharing their buffers (free only .pairs) */
+    shard.pairs = malloc((ds.n / (size_t)world + 1) * sizeof *shard.pairs);
+    if (!shard.pairs) {
+        fail("out of memory");
+        goto out;
+    }
+    for (size_t i = (size_t)rank; i < ds.n; i += (size_t)world)
+        shard.pairs[shard.n++] = ds.pairs[i];
+    ft_pref_options o = {.loss = FT_PREF_SIGMOID, .beta = a->beta};
+    ft_pref_objective_init(&po, &o, ref);
+    po.ref_free = !ref && !a->adapter;
+    double sums[FT_PREF_NSUM] = {0};
+    ft_loader_options lo = {.batch_size = a->batch_size, .world = 1, .pad_id = pad};
+    if (shard.n && ft_pref_loader_new(&loader, &shard, &lo, &err)) {
+        fail(err.msg);
+        goto out;
+    }
+    for (int i = 0; loader && i < ft_pref_loader_n_batches(loader, 0); i++) {
+        ft_batch b;
+        if (ft_pref_loader_batch(loader, 0, i, &b, &err) ||
+            ft_pref_eval_batch(&po, m, &b, sums, &err)) {
+            fail(err.msg);
+            goto out;
+        }
+    }
+    if (ft_comm_allreduce_sum(comm, sums, FT_PREF_NSUM, &err)) {
+        fail(err.msg);
+        goto out;
+    }
+    ft_eval_meter_line(&meter, "preference: %.0f pairs", sums[FT_PREF_PAIRS]);
+    rc = 0;
+    if (rank != 0)
+        goto out;
+    double n = sums[FT_PREF_PAIRS];
+    const char *refname = ref ? a->reference : a->adapter ? "base" : "none";
+    if (!a->json) {
+        printf("%-17s %.0f\n%-17s %s\n", "pairs", n, "reference", refname);
+        printf("%-17s %.4f\n%-17s %.6f\n", "accuracy", sums[FT_PREF_ACCURACY] / n, "loss",
+               sums[FT_PREF_LOSS] / n);
+        for (int k = FT_PREF_REWARD_CHOSEN; k < FT_PREF_PAIRS; k++)
+            if (k != FT_PREF_ACCURACY)
+                printf("%-17s %.6f\n", ft_pref_metric_names[k], sums[k] / n);
+        goto out;
+    }
+    json_t *j = json_object();
+    int bad = !j || json_object_set_new(j, "pairs", json_integer((json_int_t)n)) ||
+              json_object_set_new(j, "reference", json_string(refname)) ||
+              json_object_set_new(j, "beta", json_real(a->beta)) ||
+              json_object_set_new(j, "accuracy", num(sums[FT_PREF_ACCURACY] / n));
+    for (int k = FT_PREF_LOSS; !bad && k < FT_PREF_PAIRS; k++)
+        bad = json_object_set_new(j, ft_pref_metric_names[k], num(sums[k] / n));
+    char *text = bad ? NULL : json_dumps(j, 0);
+    json_decref(j);
+    if (!text) {
+        rc = fail("out of memory building the JSON output");
+        goto out;
+    }
+    printf("%s\n", text);
+    free(text);
+out:
+    ft_pref_loader_free(loader);
+    ft_pref_objective_free(&po);
+    free(shard.pairs);
+    ft_pref_dataset_free(&ds);
+    ft_model_free(ref);
+    ft_model_free(m);
+    ft_tokenizer_free(tok);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     args a;
@@ -535,7 +708,7 @@ int main(int argc, char **argv)
     } else if (ft_comm_size(comm) > 1 && strcmp(a.data, "-") == 0) {
         rc = fail("--data -: under several ranks only rank 0 sees standard input; give a file");
     } else {
-        rc = run(&a, data_path, comm);
+        rc = a.preference ? run_pref(&a, comm) : run(&a, data_path, comm);
     }
     ft_comm_finalize(comm);
     if (spool) {

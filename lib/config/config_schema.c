@@ -138,6 +138,26 @@ static const ft_cfg_key schema[] = {
      "resumed run removes nothing",
      NULL},
     {KEY(train.logging_steps), FT_CFG_INT, "10", NULL, false, 1, NONE, "log every N steps", NULL},
+    {KEY(train.objective), FT_CFG_ENUM, "sft", CHOICES("sft", "dpo", "orpo"), false, NONE, NONE,
+     "what the loss is: sft (next-token loss on the data's labels), dpo (Direct Preference "
+     "Optimization on prompt/chosen/rejected pairs, TRL's DPOTrainer; the reference model is "
+     "the base with the adapter off under lora/qlora, a frozen copy of the base under full) "
+     "or orpo (Odds Ratio Preference Optimization, TRL's ORPOTrainer: no reference model)",
+     NULL},
+    {KEY(train.pref.beta), FT_CFG_FLOAT, "0.1", NULL, false, 0, NONE,
+     "dpo: beta, how far the policy may move from the reference (ipo: its tau); orpo: the "
+     "weight of the odds-ratio term (TRL's beta, the paper's lambda)",
+     NULL},
+    {KEY(train.pref.loss_type), FT_CFG_ENUM, "sigmoid", CHOICES("sigmoid", "ipo", "robust"), false,
+     NONE, NONE,
+     "dpo: the loss of the reward margin, as TRL's loss_type: sigmoid -logsigmoid(beta m); "
+     "ipo (m per completion token - 1/(2 beta))^2; robust, sigmoid with label_smoothing as "
+     "the probability that a pair's labels are flipped",
+     NULL},
+    {KEY(train.pref.label_smoothing), FT_CFG_FLOAT, "0", NULL, false, 0, NONE,
+     "dpo, loss_type robust: the probability a preference label is flipped, in [0, 0.5) "
+     "(TRL applies it to robust only: with sigmoid or ipo a nonzero value is refused)",
+     NULL},
     {KEY(train.eval_strategy), FT_CFG_ENUM, "no", CHOICES("no", "steps", "epoch"), false, NONE,
      NONE, "when to evaluate", NULL},
     {KEY(train.eval_steps), FT_CFG_INT, "200", NULL, false, 1, NONE, "evaluate every N steps",

@@ -67,6 +67,20 @@ typedef enum ft_cfg_device {
 /* train.eval_strategy */
 typedef enum ft_eval_strategy { FT_EVAL_NO = 0, FT_EVAL_STEPS, FT_EVAL_EPOCH } ft_eval_strategy;
 
+/* train.objective */
+typedef enum ft_cfg_objective {
+    FT_CFG_OBJECTIVE_SFT = 0,
+    FT_CFG_OBJECTIVE_DPO,
+    FT_CFG_OBJECTIVE_ORPO
+} ft_cfg_objective;
+
+/* train.pref.loss_type (TRL's DPOConfig.loss_type) */
+typedef enum ft_cfg_pref_loss {
+    FT_CFG_PREF_SIGMOID = 0,
+    FT_CFG_PREF_IPO,
+    FT_CFG_PREF_ROBUST
+} ft_cfg_pref_loss;
+
 /* data.format */
 typedef enum ft_cfg_data_format {
     FT_CFG_FORMAT_AUTO = 0,
@@ -161,6 +175,12 @@ typedef struct ft_train_section {
     long dataloader_num_workers;
     bool dataloader_pin_memory, eval_do_concat_batches;
     long eval_accumulation_steps;
+    ft_cfg_objective objective;      /* sft, or a preference objective on pair data */
+    struct {
+        double beta;                 /* DPO's beta (IPO's tau), ORPO's lambda */
+        ft_cfg_pref_loss loss_type;
+        double label_smoothing;      /* robust: the probability a label is flipped */
+    } pref;
 } ft_train_section;
 
 typedef struct ft_data_section {

@@ -44,6 +44,39 @@ ft_data_options ft_run_data_options(const ft_run_config *c)
                              .skip_bad_lines = c->data.skip_bad_lines};
 }
 
+/* The preference pairs of data.train_path and the eval split (as below, for pairs). */
+static int load_pairs(ft_run_data *d, const ft_run_config *c, const ft_data_options *o,
+                      FILE *log, ft_err *err)
+{
+    d->pref = true;
+    const char *train_path = c->data.train_path;
+    ft_pref_style style = c->train.objective == FT_CFG_OBJECTIVE_ORPO ? FT_PREF_DATA_ORPO
+                                                                       : FT_PREF_DATA_DPO;
+    if (ft_pref_dataset_load_style(&d->pref_train, train_path, d->tok, o, style, err))
+        goto fail;
+    if (log)
+        fprintf(log, "data: %s: %zu preference pairs (%zu bad lines skipped, %zu whose prompt "
+                     "fills model.max_seq_len dropped)\n",
+                train_path, d->pref_train.n, d->pref_train.skipped_lines, d->pref_train.dropped);
+    if (c->data.eval_path[0]) {
+        if (ft_pref_dataset_load_style(&d->pref_eval, c->data.eval_path, d->tok, o, style, err))
+            goto fail;
+        if (log)
+            fprintf(log, "data: %s: %zu eval preference pairs\n", c->data.eval_path,
+                    d->pref_eval.n);
+    } else if (c->data.eval_fraction > 0) {
+        if (ft_pref_dataset_split(&d->pref_train, &d->pref_eval, c->data.eval_fraction,
+                                  (uint64_t)c->train.seed, err))
+            goto fail;
+        if (log)
+            fprintf(log, "data: %zu preference pairs held out for evaluation\n", d->pref_eval.n);
+    }
+    return 0;
+fail:
+    ft_run_data_free(d);
+    return -1;
+}
+
 int ft_run_data_load(ft_run_data *d, const ft_run_config *c, FILE *log, ft_err *err)
 {
     memset(d, 0, sizeof *d);
@@ -80,6 +113,8 @@ int ft_run_data_load(ft_run_data *d, const ft_run_config *c, FILE *log, ft_err *
         d->pad_id = pad >= 0 ? pad : eos >= 0 ? eos : 0;
     }
     const char *train_path = c->data.train_path;
+    if (c->train.objective != FT_CFG_OBJECTIVE_SFT)
+        return load_pairs(d, c, &o, log, err);
     if (ft_dataset_load(&d->train, train_path, d->tok, &o, err))
         goto fail;
     if (log)
@@ -109,6 +144,8 @@ void ft_run_data_free(ft_run_data *d)
 {
     ft_dataset_free(&d->train);
     ft_dataset_free(&d->eval);
+    ft_pref_dataset_free(&d->pref_train);
+    ft_pref_dataset_free(&d->pref_eval);
     ft_tokenizer_free(d->tok);
     memset(d, 0, sizeof *d);
 }

@@ -6,15 +6,21 @@
 
 #include "config/run_config.h"
 #include "data/data.h"
+#include "data/pref_data.h"
 
 typedef struct ft_run_data {
     ft_tokenizer *tok; /* NULL for the tokens format without a tokenizer */
     ft_dataset train, eval;
+    /* train.objective dpo (orpo): the preference pairs, in place of train and eval */
+    bool pref;
+    ft_pref_dataset pref_train, pref_eval;
     int32_t pad_id;
 } ft_run_data;
 
 /* Loads the tokenizer (model.tokenizer, else model.name) unless data.format is tokens,
- * then data.train_path, then the eval split (data.eval_path or data.eval_fraction).
+ * then data.train_path, then the eval split (data.eval_path or data.eval_fraction): as
+ * samples, or as preference pairs (pref_train, pref_eval) when train.objective is not
+ * sft.
  * Progress and counts (skipped lines, dropped samples) go to `log`. */
 int ft_run_data_load(ft_run_data *d, const ft_run_config *c, FILE *log, ft_err *err);
 void ft_run_data_free(ft_run_data *d);

@@ -403,13 +403,25 @@ static int gpipe(ft_engine *e, const ft_batch *b, double tokens, double *loss, f
 int ft_engine_step(ft_engine *e, const ft_lr_schedule *sched, const ft_batch *micro,
                    int n_micro, double max_grad_norm, ft_step_stats *st, ft_err *err)
 {
+    return ft_engine_step_objective(e, NULL, sched, micro, n_micro, max_grad_norm, st, err);
+}
+
+int ft_engine_step_objective(ft_engine *e, const ft_objective *obj, const ft_lr_schedule *sched,
+                             const ft_batch *micro, int n_micro, double max_grad_norm,
+                             ft_step_stats *st, ft_err *err)
+{
+    if (obj && is_pipeline(e))
+        return ft_fail(err, "dist.strategy model_parallel does not work with a preference "
+                            "objective yet (train.objective dpo): use none, ddp, zero or fsdp");
     double t0 = now_s();
     ft_comm_stats comm0;
     ft_comm_stats_get(e->comm, &comm0);
-    /* the loss is normalised by the counted tokens of the whole global batch */
+    /* the loss is normalised by the counted tokens (an objective's count: pairs) of the
+     * whole global batch */
     double tokens = 0;
     for (int i = 0; i < n_micro; i++)
-        tokens += (double)ft_batch_counted_tokens(&micro[i]);
+        tokens += obj ? obj->count(obj->ctx, &micro[i])
+                      : (double)ft_batch_counted_tokens(&micro[i]);
     double rank_tokens = tokens;
     if (ft_engine_data_world(e) > 1 &&
         ft_comm_allreduce(e->comm, &tokens, 1, FT_COMM_F64, FT_COMM_SUM, err))
@@ -428,8 +440,9 @@ int ft_engine_step(ft_engine *e, const ft_lr_schedule *sched, const ft_batch *mi
         }
         if (!is_pipeline(e))
             dp_begin_micro(e, i == n_micro - 1);
-        if (ft_model_forward(e->m, &micro[i], &sum, NULL, err) ||
-            ft_model_backward(e->m, (float)(1.0 / tokens), err))
+        if (obj ? obj->run(obj->ctx, e->m, &micro[i], tokens, &sum, err)
+                : ft_model_forward(e->m, &micro[i], &sum, NULL, err) ||
+                      ft_model_backward(e->m, (float)(1.0 / tokens), err))
             return ft_fail_prefix(err, "micro-batch %d", i);
         loss += sum;
     }

@@ -132,6 +132,13 @@ int ft_engine_opt_step(const ft_engine *e);
 int ft_engine_step(ft_engine *e, const ft_lr_schedule *sched, const ft_batch *micro,
                    int n_micro, double max_grad_norm, ft_step_stats *st, ft_err *err);
 
+/* The same step with another objective (train_step.h; NULL: the token loss): its loss is
+ * averaged over the global batch's count (pairs). Not under model_parallel (refused):
+ * the objective needs the whole model on the rank. */
+int ft_engine_step_objective(ft_engine *e, const ft_objective *obj, const ft_lr_schedule *sched,
+                             const ft_batch *micro, int n_micro, double max_grad_norm,
+                             ft_step_stats *st, ft_err *err);
+
 /* Collective. Rank 0 writes run_dir/checkpoint-N (ft_checkpoint_save) with the gathered
  * weights and moments; out gets its path on rank 0. An error on rank 0 is reported on
  * every rank. */

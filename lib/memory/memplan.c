@@ -412,6 +412,8 @@ size_t ft_memplan_cpu_rank(const ft_memplan_result *r, ft_plan_row_id row, int r
      * base's shard */
     if (host)
         *host = (r->offload ? 16 * own : 0) + (off_p ? 4 * sf + qs : 0);
+    for (int c = 0; c < FT_MEM_NCAT; c++) /* DPO's reference: the same on every rank */
+        bytes[c] += r->pref_ref[c];
     size_t total = 0;
     for (int c = 0; c < FT_MEM_NCAT; c++)
         total += bytes[c];
@@ -590,8 +592,10 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
     act_spec sp = {.grad_ckpt = r->grad_ckpt, .lora = lora, .lora_dropout = lora && lc.dropout > 0,
                    .r_lora = lc.r, .lora_union = lora_union,
                    .loss_chunk = ft_memplan_loss_chunk(&cfg->train)};
-    count_activations(mc, (size_t)r->batch_size * (size_t)r->seq_len, &sp,
-                      (stage_span){0, mc->num_layers + 1}, &act, &ws);
+    r->pref = cfg->train.objective != FT_CFG_OBJECTIVE_SFT;
+    size_t rows = (size_t)r->batch_size * (r->pref ? 2 : 1); /* DPO: chosen + rejected */
+    count_activations(mc, rows * (size_t)r->seq_len, &sp, (stage_span){0, mc->num_layers + 1},
+                      &act, &ws);
     for (int i = FT_PLAN_GPU_1; i < FT_PLAN_NROWS; i++) {
         r->rows[i].bytes[FT_MEM_ACTIVATIONS] = act_bytes(&act, h);
         r->rows[i].bytes[FT_MEM_WORKSPACE] = act_bytes(&ws, h);
@@ -612,6 +616,25 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
         r->rows[i].bytes[FT_MEM_WORKSPACE] += h * r->max_unit_quantized + 4 * r->max_quant_absmax;
     r->cpu_activations = act_bytes(&act, 4);
     r->cpu_workspace = act_bytes(&ws, 4);
+    if (cfg->train.objective == FT_CFG_OBJECTIVE_DPO) { /* DPO's reference (memplan.h) */
+        size_t gpu_ref[FT_MEM_NCAT] = {0};
+        if (pmode == MODE_FULL) {
+            act_counts ract, rws;
+            act_spec rsp = {.grad_ckpt = true, .loss_chunk = sp.loss_chunk};
+            count_activations(mc, rows * (size_t)r->seq_len, &rsp,
+                              (stage_span){0, mc->num_layers + 1}, &ract, &rws);
+            r->pref_ref[FT_MEM_WEIGHTS] = 4 * (r->n_trainable + r->n_frozen);
+            r->pref_ref[FT_MEM_ACTIVATIONS] = act_bytes(&ract, 4);
+            gpu_ref[FT_MEM_WEIGHTS] = h * (r->n_trainable + r->n_frozen);
+            gpu_ref[FT_MEM_ACTIVATIONS] = act_bytes(&ract, h);
+        } else if (cfg->tuning.lora.init_adapter[0]) {
+            r->pref_ref[FT_MEM_WEIGHTS] = r->pref_ref[FT_MEM_WORKSPACE] = 4 * r->n_trainable;
+            gpu_ref[FT_MEM_WEIGHTS] = gpu_ref[FT_MEM_WORKSPACE] = h * r->n_trainable;
+        }
+        for (int i = FT_PLAN_GPU_1; i < FT_PLAN_NROWS; i++)
+            for (int c = 0; c < FT_MEM_NCAT; c++)
+                r->rows[i].bytes[c] += gpu_ref[c];
+    }
     plan_pipeline(r, &p, &sp, (int)cfg->dist.pipeline_micro_batches);
     r->rows[FT_PLAN_GPU_ZERO2].bytes[FT_MEM_WORKSPACE] += max_unit_g;
     r->rows[FT_PLAN_GPU_ZERO3].bytes[FT_MEM_WORKSPACE] += max_unit_pg;

@@ -104,7 +104,17 @@
  * they cost nothing extra.
  *
  * train.batch_size auto is resolved before planning (lib/memory/auto_batch.h); a config that
- * still says auto is planned for a micro-batch of 1. */
+ * still says auto is planned for a micro-batch of 1.
+ *
+ * train.objective dpo or orpo: batch_size counts pairs, so a micro-batch has 2 batch_size
+ * rows (the chosen and the rejected sequences) and the activations are planned for those.
+ * ORPO has no reference model. DPO's reference forward runs on the policy's own buffers (LoRA with its adapter off) and
+ * keeps no activation of its own; what the reference adds (pref_ref, on every rank of
+ * every row) is, in full fine-tuning, the frozen base copy (4 (Pt + Pf) weights) and the
+ * activations of its inference forward (one layer set shared by the layers, every
+ * layer's input, the head; no backward scratch), and, with LoRA from
+ * tuning.lora.init_adapter, the starting adapter and a scratch for the policy's (4 Pt
+ * weights + 4 Pt workspace; h Pt each on the GPU rows). */
 #ifndef FT_MEMPLAN_H
 #define FT_MEMPLAN_H
 
@@ -188,6 +198,8 @@ typedef struct ft_memplan_result {
     bool tied;               /* tie_word_embeddings: a third zero3 parameter window */
     bool offload;            /* dist.offload_optimizer cpu */
     size_t cpu_activations, cpu_workspace; /* bytes, the same on every data-parallel rank */
+    bool pref;               /* train.objective dpo: 2 batch_size rows a micro-batch */
+    size_t pref_ref[FT_MEM_NCAT]; /* cpu rows: what DPO's reference adds on each rank */
     int pipe_stages;         /* cpu-mp: world_size when the engine can split the model into
                               * that many stages (at most FT_PLAN_MAX_STAGES), else 0 */
     size_t pipe_bytes[FT_PLAN_MAX_STAGES][FT_MEM_NCAT]; /* each stage's bytes */

@@ -230,6 +230,28 @@ float *ft_model_trainable_compute(ft_model *m);
  * Overwrites the logits. */
 int ft_model_backward(ft_model *m, float grad_scale, ft_err *err);
 
+/* Preference objectives (lib/train/pref.h) need each sequence's log-probability, not the
+ * batch's summed loss: ft_model_forward_rows is ft_model_forward with row_nll[r] (r <
+ * B) = the summed token losses of batch row r (its -log p of the counted labels; 0 on a
+ * pipeline stage without the head); ft_model_backward_rows accumulates the gradient of
+ * sum_r row_scale[r] * row_nll[r]. The rows must be one sequence each (no position_ids).
+ * Same ops as the plain forward and backward, called on each row's part of a head chunk. */
+int ft_model_forward_rows(ft_model *m, const ft_batch *b, double *row_nll, ft_err *err);
+int ft_model_backward_rows(ft_model *m, const float *row_scale, ft_err *err);
+/* The same with each row r cut at target index split[r] (in [0, T]; target t predicts
+ * the label at t + 1): nll_pre[r] gets the part before it, row_nll[r] the rest, and the
+ * backward scales them by scale_pre[r] and row_scale[r] (ORPO: its NLL term covers the
+ * prompt, its odds ratio only the completion). */
+int ft_model_forward_split(ft_model *m, const ft_batch *b, const int32_t *split,
+                           double *nll_pre, double *row_nll, ft_err *err);
+int ft_model_backward_split(ft_model *m, const int32_t *split, const float *scale_pre,
+                            const float *row_scale, ft_err *err);
+
+/* LoRA adapter on (the default) or off: off, forwards compute the base model alone (the
+ * DPO reference of a LoRA run, as PEFT's disable_adapter) and cannot be followed by a
+ * backward. */
+void ft_model_set_adapter(ft_model *m, bool enabled);
+
 /* Training mode (the default for a trainable model) applies LoRA dropout; evaluation
  * mode (false) does not, as torch's model.eval(). */
 void ft_model_set_training(ft_model *m, bool training);

@@ -128,6 +128,17 @@ struct ft_model {
     bool has_seg;
     bool logits_valid, can_backward;
     bool eval_mode;       /* ft_model_set_training(m, false): no dropout */
+    bool adapter_off;     /* ft_model_set_adapter(m, false): the LoRA path is skipped */
+    /* preference objectives (model_rows.c): during ft_model_forward_rows the head sums
+     * each batch row's token losses into row_nll[B]; during ft_model_backward_rows row r's
+     * cross-entropy gradient is scaled by row_scale[r]. NULL otherwise. */
+    double *row_nll;
+    const float *row_scale;
+    /* and with row_split (ORPO): row r's targets before row_split[r] go to row_nll_pre[r] /
+     * take row_scale_pre[r] instead (NULL: none) */
+    const int32_t *row_split;
+    double *row_nll_pre;
+    const float *row_scale_pre;
     uint64_t dropout_seed; /* of the last forward (a fresh one each forward) */
     bool rope_long;        /* the forward's batch rotates with inv_freq's second set
                             * (longrope beyond the original context) */

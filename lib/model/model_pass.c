@@ -170,7 +170,7 @@ static void proj_forward(ft_model *m, int l, ft_proj p, const float *x, float *y
     int N = m->B * m->T, in = v.in, out = v.out;
     ft_linear_forward(A_(y, (size_t)N * out), A_(x, (size_t)N * in),
                       A_(v.w, (size_t)out * in), OPTA_(v.b, out), N, in, out, 1.0f, 0);
-    if (!v.lora_a)
+    if (!v.lora_a || m->adapter_off)
         return;
     int r = m->opt.lora.r;
     if (v.first_block) /* a fused module's later blocks reuse its h */
@@ -504,6 +504,41 @@ static void head_logits(ft_model *m, size_t r0, size_t rows)
         ft_softcap(A_(m->logits, rows * V), m->cfg.final_softcap, rows * V);
 }
 
+/* The cross-entropy of the head rows [r0, r0 + rows) whose logits the buffer holds (in
+ * backward turned into dlogits in place): ft_cross_entropy over the chunk, or, for a preference
+ * objective (m->row_nll / m->row_scale set), over each batch row's part of it, so that
+ * each row's sum is kept (forward) or its gradient takes the row's own scale (backward). */
+static double head_ce(ft_model *m, bool backward, size_t r0, size_t rows, float grad_scale)
+{
+    int V = m->cfg.vocab_size;
+    size_t N = (size_t)m->B * m->T;
+    ft_tensor lg = A_(m->logits, rows * (size_t)V);
+    ft_tensor tg = I_(m->targets, N);
+    bool per_row = backward ? m->row_scale != NULL : m->row_nll != NULL;
+    if (!per_row)
+        return ft_cross_entropy(backward ? lg : ft_none(), lg, ft_slice(tg, r0, rows),
+                                (int)rows, V, grad_scale, m->cfg.final_softcap);
+    double total = 0;
+    for (size_t i = r0; i < r0 + rows;) {
+        size_t row = i / (size_t)m->T, end = (row + 1) * (size_t)m->T;
+        /* a row split in two (row_split): the part before the split apart */
+        size_t split = m->row_split ? row * (size_t)m->T + (size_t)m->row_split[row] : 0;
+        bool pre = i < split;
+        if (pre && split < end)
+            end = split;
+        size_t n = (end < r0 + rows ? end : r0 + rows) - i;
+        ft_tensor part = ft_slice(lg, (i - r0) * (size_t)V, n * (size_t)V);
+        float scale = !backward ? 0.0f : pre ? m->row_scale_pre[row] : m->row_scale[row];
+        double s = ft_cross_entropy(backward ? part : ft_none(), part, ft_slice(tg, i, n),
+                                    (int)n, V, scale, m->cfg.final_softcap);
+        if (!backward)
+            (pre ? m->row_nll_pre : m->row_nll)[row] += s;
+        total += s;
+        i += n;
+    }
+    return total;
+}
+
 /* Layers this model computes: [*l0, *l1) (units l0+1 .. l1). */
 static void stage_layers(const ft_model *m, int *l0, int *l1)
 {
@@ -563,9 +598,7 @@ int ft_model_forward(ft_model *m, const ft_batch *b, double *loss_sum, long *n_t
         for (size_t r0 = 0; r0 < (size_t)N; r0 += R) {
             size_t rows = (size_t)N - r0 < R ? (size_t)N - r0 : R;
             head_logits(m, r0, rows);
-            loss += ft_cross_entropy(ft_none(), A_(m->logits, rows * V),
-                                     ft_slice(I_(m->targets, N), r0, rows), (int)rows, V, 0.0f,
-                                     c->final_softcap);
+            loss += head_ce(m, false, r0, rows, 0.0f);
             m->logits_first = r0; /* the buffer ends with the last chunk */
         }
         if (release_head(m, FT_UNIT_FORWARD, err))
@@ -576,7 +609,8 @@ int ft_model_forward(ft_model *m, const ft_batch *b, double *loss_sum, long *n_t
         *loss_sum = loss;
     if (n_tokens)
         *n_tokens = counted;
-    m->can_backward = m->opt.mode != FT_TRAIN_NONE;
+    /* (with the adapter off the LoRA path's activations were not computed) */
+    m->can_backward = m->opt.mode != FT_TRAIN_NONE && !m->adapter_off;
     return 0;
 }
 
@@ -608,8 +642,7 @@ int ft_model_backward(ft_model *m, float grad_scale, ft_err *err)
                 head_logits(m, r0, rows);
             /* dlogits overwrite the logits in place (w.r.t. the uncapped logits) */
             ft_tensor dlogits = A_(m->logits, rows * V);
-            ft_cross_entropy(dlogits, dlogits, ft_slice(I_(m->targets, N), r0, rows), (int)rows,
-                             V, grad_scale, c->final_softcap);
+            head_ce(m, true, r0, rows, grad_scale);
             ft_linear_backward(ft_slice(A_(m->d_ln, nC), r0 * C, rows * C),
                                OPTF_(m->g_lm_head, (size_t)V * C), ft_none(), dlogits,
                                ft_slice(A_(m->lnf, nC), r0 * C, rows * C),

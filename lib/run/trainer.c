@@ -26,6 +26,7 @@
 #include "formats/tb_writer.h"
 #include "run/run_internal.h"
 #include "train/train_step.h"
+#include "train/pref.h"
 
 /* Set by SIGINT/SIGTERM; the loop saves a checkpoint and stops at the next step
  * boundary. A signal handler can only reach static storage: this is the one piece of
@@ -90,6 +91,14 @@ typedef struct trainer {
     ft_model *m;         /* the engine's */
     ft_run_data data;
     ft_loader *train_loader;
+    /* train.objective dpo: batches of pairs (in place of train_loader), the objective
+     * (its reference: the frozen copy ref in full fine-tuning, else the policy with its
+     * adapter off) and the metric sums of the logging window */
+    bool pref, orpo; /* orpo: the preference objective is ORPO (no reference model) */
+    ft_pref_loader *pref_loader, *pref_eval_loader; /* (eval: the whole set, in order) */
+    ft_pref_objective pref_obj;
+    ft_model *ref;
+    double window_pref[FT_PREF_NSUM];
     int eval_batch_size;
     ft_tb_writer *tb;
     ft_lr_schedule sched;
@@ -202,6 +211,18 @@ static int setup_model(trainer *t, const ft_dist_options *dopt, ft_err *err)
                                            : "model.name '%s'",
                               t->model_dir);
     t->m = ft_engine_model(t->eng);
+    if (t->pref && !t->orpo && mo.mode == FT_TRAIN_FULL) {
+        /* the DPO reference of a full fine-tuning: the base, frozen, beside the policy */
+        ft_model_options ro = {.mode = FT_TRAIN_NONE,
+                               .device = mo.device,
+                               .dtype = mo.dtype,
+                               .mem_limit = mo.mem_limit,
+                               .loss_chunk_rows = mo.loss_chunk_rows};
+        if (ft_model_load(&t->ref, t->model_dir, &ro, err))
+            return ft_fail_prefix(err, "the DPO reference model (model.name '%s')",
+                                  t->model_dir);
+        ft_model_set_training(t->ref, false);
+    }
     return 0;
 }
 
@@ -264,8 +285,65 @@ static int log_scalar(trainer *t, const char *tag, double v, ft_err *err)
     return t->tb ? ft_tb_scalar(t->tb, tag, t->state.global_step, v, err) : 0;
 }
 
+/* The end of the run's metric sums (pref.h): DPO's stop at the pairs, ORPO's go on. */
+static int pref_metric_end(const trainer *t) { return t->orpo ? FT_PREF_NSUM : FT_PREF_PAIRS; }
+
+/* DPO's evaluation: the loss and metrics over every held-out pair, without dropout (every
+ * rank evaluates the whole set, as the token loss's evaluation does). */
+static int run_eval_pref(trainer *t, ft_err *err)
+{
+    double sums[FT_PREF_NSUM] = {0};
+    ft_model_set_training(t->m, false);
+    int rc = 0, nb = ft_pref_loader_n_batches(t->pref_eval_loader, 0);
+    for (int i = 0; i < nb && rc == 0; i++) {
+        ft_batch b;
+        rc = ft_pref_loader_batch(t->pref_eval_loader, 0, i, &b, err) ||
+             ft_pref_eval_batch(&t->pref_obj, t->m, &b, sums, err);
+    }
+    ft_model_set_training(t->m, true);
+    if (rc)
+        return ft_fail_prefix(err, "evaluation");
+    double v[FT_PREF_NSUM];
+    for (int k = 0; k < FT_PREF_NSUM; k++)
+        v[k] = sums[k] / sums[FT_PREF_PAIRS];
+    begin_line(t);
+    fprintf(t->log, "eval step %ld | loss %.4f | rewards/accuracies %.4f | rewards/margins %.4f | "
+                    "%.0f pairs\n",
+            t->state.global_step, v[FT_PREF_LOSS], v[FT_PREF_ACCURACY], v[FT_PREF_MARGIN],
+            sums[FT_PREF_PAIRS]);
+    t->last_eval_loss = v[FT_PREF_LOSS];
+    t->have_eval = true;
+    if (t->metrics) {
+        fprintf(t->metrics, "{\"step\": %ld, \"eval_loss\": ", t->state.global_step);
+        json_number(t->metrics, "%.8g", v[FT_PREF_LOSS]);
+        for (int k = FT_PREF_REWARD_CHOSEN; k < pref_metric_end(t); k++) {
+            if (k == FT_PREF_PAIRS)
+                continue;
+            fprintf(t->metrics, ", \"eval_%s\": ", ft_pref_metric_names[k]);
+            json_number(t->metrics, "%.8g", v[k]);
+        }
+        fprintf(t->metrics, ", \"elapsed_s\": %.3f}\n", now() - t->t_start);
+        fflush(t->metrics);
+    }
+    for (int k = 0; k < pref_metric_end(t); k++) {
+        if (k == FT_PREF_PAIRS)
+            continue;
+        char tag[64];
+        snprintf(tag, sizeof tag, "eval/%s", ft_pref_metric_names[k]);
+        if (log_scalar(t, tag, v[k], err))
+            return -1;
+    }
+    return t->tb ? ft_tb_flush(t->tb, err) : 0;
+}
+
 static int run_eval(trainer *t, ft_err *err)
 {
+    if (t->pref) {
+        if (!t->data.pref_eval.n || t->last_eval_step == t->state.global_step)
+            return 0;
+        t->last_eval_step = t->state.global_step;
+        return run_eval_pref(t, err);
+    }
     if (!t->data.eval.n || t->last_eval_step == t->state.global_step)
         return 0;
     t->last_eval_step = t->state.global_step;
@@ -316,17 +394,30 @@ static int save_checkpoint(trainer *t, char *out, size_t out_len, ft_err *err)
     return rc;
 }
 
+/* The train loader's batches: of samples, or of preference pairs. */
+static int loader_n_batches(trainer *t, int epoch)
+{
+    return t->pref ? ft_pref_loader_n_batches(t->pref_loader, epoch)
+                   : ft_loader_n_batches(t->train_loader, epoch);
+}
+
+static int loader_batch(trainer *t, int epoch, int index, ft_batch *b, ft_err *err)
+{
+    return t->pref ? ft_pref_loader_batch(t->pref_loader, epoch, index, b, err)
+                   : ft_loader_batch(t->train_loader, epoch, index, b, err);
+}
+
 /* Gathers accum micro-batches, moving through epochs. */
 static int next_micro_batches(trainer *t, ft_err *err)
 {
     for (int i = 0; i < t->accum; i++) {
         /* with packing and shuffling, an epoch's batch count depends on the epoch */
-        if (t->state.batch_in_epoch >= ft_loader_n_batches(t->train_loader, t->state.epoch)) {
+        if (t->state.batch_in_epoch >= loader_n_batches(t, t->state.epoch)) {
             t->state.epoch++;
             t->state.batch_in_epoch = 0;
         }
         ft_batch b;
-        if (ft_loader_batch(t->train_loader, t->state.epoch, t->state.batch_in_epoch++, &b, err) ||
+        if (loader_batch(t, t->state.epoch, t->state.batch_in_epoch++, &b, err) ||
             own(&t->micro[i], &b, err))
             return -1;
     }
@@ -380,6 +471,10 @@ static void rank_values(trainer *t, double rate, double *v)
     ft_gpu_monitor_sample(t->gpu_mon, &v[RANK_GPU_UTIL], &v[RANK_GPU_USED]);
     for (int c = 0; c < FT_MEM_NCAT; c++)
         v[RANK_MEM + c] = (double)mem->peak[c];
+    /* DPO's frozen reference (full fine-tuning) is a model of its own beside the engine's:
+     * loaded once and its buffers kept, so its peaks add to the rank's */
+    for (int c = 0; t->ref && c < FT_MEM_NCAT; c++)
+        v[RANK_MEM + c] += (double)ft_model_mem(t->ref)->peak[c];
 }
 
 /* Every rank's values on every rank: [world][RANK_NVAL] (collective). */
@@ -396,7 +491,7 @@ static int gather_rank_values(trainer *t, double rate, double *all, ft_err *err)
  * current one consumed. */
 static double epoch_progress(trainer *t)
 {
-    int n = ft_loader_n_batches(t->train_loader, t->state.epoch);
+    int n = loader_n_batches(t, t->state.epoch);
     return t->state.epoch + (n > 0 ? (double)t->state.batch_in_epoch / n : 0.0);
 }
 
@@ -430,7 +525,32 @@ static int log_step(trainer *t, const ft_step_stats *st, double tok_per_s, doubl
     if (t->state.skipped_steps)
         fprintf(t->log, " | %ld skipped", t->state.skipped_steps);
     fputc('\n', t->log);
+    /* DPO: the window's means over its pairs, as TRL logs them */
+    double pref[FT_PREF_NSUM];
+    double pairs = t->window_pref[FT_PREF_PAIRS];
+    for (int k = 0; k < FT_PREF_NSUM; k++)
+        pref[k] = pairs > 0 ? t->window_pref[k] / pairs : NAN;
+    memset(t->window_pref, 0, sizeof t->window_pref);
+    if (t->pref)
+        fprintf(t->log, "step %ld/%ld | rewards/chosen %.4f | rewards/rejected %.4f | "
+                        "rewards/accuracies %.4f | rewards/margins %.4f | logps/chosen %.4f | "
+                        "logps/rejected %.4f\n",
+                step, total, pref[FT_PREF_REWARD_CHOSEN], pref[FT_PREF_REWARD_REJECTED],
+                pref[FT_PREF_ACCURACY], pref[FT_PREF_MARGIN], pref[FT_PREF_LOGP_CHOSEN],
+                pref[FT_PREF_LOGP_REJECTED]);
+    if (t->orpo)
+        fprintf(t->log, "step %ld/%ld | nll_loss %.4f | log_odds_ratio %.4f | log_odds_chosen "
+                        "%.4f\n",
+                step, total, pref[FT_PREF_NLL], pref[FT_PREF_LOG_ODDS_RATIO],
+                pref[FT_PREF_LOG_ODDS_CHOSEN]);
     int rc = 0;
+    for (int k = FT_PREF_REWARD_CHOSEN; t->pref && k < pref_metric_end(t) && rc == 0; k++) {
+        if (k == FT_PREF_PAIRS)
+            continue;
+        char tag[64];
+        snprintf(tag, sizeof tag, "train/%s", ft_pref_metric_names[k]);
+        rc = log_scalar(t, tag, pref[k], err);
+    }
     if (log_scalar(t, "train/loss", loss, err) || log_scalar(t, "train/epoch", epoch, err) ||
         log_scalar(t, "train/learning_rate", st->lr, err) ||
         log_scalar(t, "train/grad_norm", st->grad_norm, err) ||
@@ -488,13 +608,19 @@ static int log_step(trainer *t, const ft_step_stats *st, double tok_per_s, doubl
         fprintf(f, "{\"step\": %ld, \"epoch\": ", step);
         json_number(f, "%.6g", epoch);
         fputs(", \"loss\": ", f);
-        json_number(f, "%.6g", loss);
+        json_number(f, "%.8g", loss);
         fputs(", \"learning_rate\": ", f);
         json_number(f, "%.6g", st->lr);
         fputs(", \"grad_norm\": ", f);
         json_number(f, "%.6g", st->grad_norm);
         fputs(", \"tokens_per_second\": ", f);
         json_number(f, "%.6g", global_rate);
+        for (int k = FT_PREF_REWARD_CHOSEN; t->pref && k < pref_metric_end(t); k++) {
+            if (k == FT_PREF_PAIRS)
+                continue;
+            fprintf(f, ", \"%s\": ", ft_pref_metric_names[k]);
+            json_number(f, "%.8g", pref[k]);
+        }
         fprintf(f, ", \"skipped_steps\": %ld, \"elapsed_s\": %.3f}\n", t->state.skipped_steps,
                 now() - t->t_start);
         fflush(f);
@@ -633,6 +759,47 @@ static int pad_micro(owned_batch *o, int B, int T, int32_t pad_id, ft_err *err)
     return 0;
 }
 
+static int pref_step(trainer *t, double max_norm, ft_step_stats *st, ft_err *err);
+
+/* A preference micro-batch of P pairs (2P rows) padded to batch_size pairs of T tokens:
+ * each half (chosen rows, then rejected rows) padded to batch_size rows with copies of its
+ * own, each row to T tokens with pad_id (label -100). */
+static int pad_pairs(owned_batch *o, int B, int T, int32_t pad_id, ft_err *err)
+{
+    const ft_batch *b = &o->b;
+    int P = b->B / 2;
+    if (P > B || b->T > T)
+        return ft_fail(err, "memory check: a micro-batch of %d pairs of %d tokens is larger "
+                            "than train.batch_size x model.max_seq_len = %d x %d",
+                       P, b->T, B, T);
+    size_t n = 2 * (size_t)B * (size_t)T;
+    int32_t *ids = malloc(n * sizeof *ids), *labels = malloc(n * sizeof *labels);
+    if (!ids || !labels) {
+        free(ids);
+        free(labels);
+        return ft_fail(err, "out of memory");
+    }
+    for (int r = 0; r < 2 * B; r++) {
+        /* the added pairs repeat the batch's (ORPO needs a prompt and a completion) */
+        int half = r / B, k = r % B, src = half * P + k % P;
+        for (int c = 0; c < T; c++) {
+            size_t i = (size_t)r * T + c, j = (size_t)src * b->T + c;
+            bool in = c < b->T;
+            ids[i] = in ? b->input_ids[j] : pad_id;
+            labels[i] = in ? b->labels[j] : -100;
+        }
+    }
+    free(o->ids);
+    free(o->labels);
+    free(o->pos);
+    o->ids = ids;
+    o->labels = labels;
+    o->pos = NULL;
+    o->cap = n;
+    o->b = (ft_batch){2 * B, T, ids, labels, NULL};
+    return 0;
+}
+
 /* The memory check: one optimizer step on micro-batches padded to the plan's batch_size
  * x max_seq_len, then every rank's allocator peaks to rank 0's m. */
 static int measure_step(trainer *t, ft_mem_measured *m, ft_err *err)
@@ -644,13 +811,13 @@ static int measure_step(trainer *t, ft_mem_measured *m, ft_err *err)
     if (next_micro_batches(t, err))
         return -1;
     for (int i = 0; i < t->accum; i++) {
-        if (pad_micro(&t->micro[i], t->batch_size, T, t->data.pad_id, err))
+        if (t->pref ? pad_pairs(&t->micro[i], t->batch_size, T, t->data.pad_id, err)
+                    : pad_micro(&t->micro[i], t->batch_size, T, t->data.pad_id, err))
             return -1;
         t->mb[i] = t->micro[i].b;
     }
     ft_step_stats st;
-    if (ft_engine_step(t->eng, &t->sched, t->mb, t->accum,
-                       t->cfg->train.max_grad_norm, &st, err))
+    if (pref_step(t, t->cfg->train.max_grad_norm, &st, err))
         return ft_fail_prefix(err, "memory check step");
     double *all = malloc((size_t)t->world * RANK_NVAL * sizeof *all);
     if (!all)
@@ -701,6 +868,26 @@ static int nonfinite_step(trainer *t, const ft_step_stats *st, ft_err *err)
     return 0;
 }
 
+/* One optimizer step of the run's objective; DPO's metric sums of the step, summed
+ * over the data-parallel ranks, join the logging window. */
+static int pref_step(trainer *t, double max_norm, ft_step_stats *st, ft_err *err)
+{
+    if (!t->pref)
+        return ft_engine_step(t->eng, &t->sched, t->mb, t->accum, max_norm, st, err);
+    memset(t->pref_obj.sums, 0, sizeof t->pref_obj.sums);
+    ft_objective obj = ft_pref_objective_of(&t->pref_obj);
+    if (ft_engine_step_objective(t->eng, &obj, &t->sched, t->mb, t->accum, max_norm, st, err))
+        return -1;
+    double *sums = t->pref_obj.sums;
+    if (ft_engine_data_world(t->eng) > 1 &&
+        ft_comm_allreduce(t->comm, sums, FT_PREF_NSUM, FT_COMM_F64, FT_COMM_SUM, err))
+        return -1;
+    if (!st->nonfinite)
+        for (int k = 0; k < FT_PREF_NSUM; k++)
+            t->window_pref[k] += sums[k];
+    return 0;
+}
+
 static int train_loop(trainer *t, ft_train_outcome *outcome, char *out, size_t out_len,
                       ft_err *err)
 {
@@ -722,7 +909,7 @@ static int train_loop(trainer *t, ft_train_outcome *outcome, char *out, size_t o
             window_tokens += (long)t->mb[i].B * t->mb[i].T;
         }
         ft_step_stats st;
-        if (ft_engine_step(t->eng, &t->sched, t->mb, t->accum, max_norm, &st, err))
+        if (pref_step(t, max_norm, &st, err))
             return ft_fail_prefix(err, "step %ld", t->state.global_step + 1);
         if (st.nonfinite && nonfinite_step(t, &st, err))
             return -1;
@@ -836,9 +1023,9 @@ static int check_data_position(trainer *t, const char *path, ft_err *err)
                        path, s->global_step, t->sched.total_steps);
     long want = s->global_step * t->accum, have = s->batch_in_epoch;
     bool ok = s->epoch <= want &&
-              s->batch_in_epoch <= ft_loader_n_batches(t->train_loader, s->epoch);
+              s->batch_in_epoch <= loader_n_batches(t, s->epoch);
     for (int e = 0; ok && e < s->epoch && have <= want; e++)
-        have += ft_loader_n_batches(t->train_loader, e);
+        have += loader_n_batches(t, e);
     if (!ok || have != want)
         return ft_fail(err, "%s: its data position (epoch %d, batch %d) is not where %ld steps of "
                             "%d micro-batch%s end with this run's data: the checkpoint is "
@@ -872,6 +1059,48 @@ static int tb_finish(trainer *t, ft_tb_session_status status, ft_err *err)
     return rc == 0 ? ft_tb_flush(t->tb, err) : -1;
 }
 
+/* train.objective and its options: what is not implemented is refused before the run dir
+ * is touched. */
+static int check_objective(trainer *t, const ft_dist_options *dopt, ft_err *err)
+{
+    const ft_train_section *c = &t->cfg->train;
+    if (c->objective == FT_CFG_OBJECTIVE_SFT) {
+        /* (the schema's defaults: a changed one would be silently unused) */
+        if (c->pref.beta != 0.1 || c->pref.loss_type != FT_CFG_PREF_SIGMOID ||
+            c->pref.label_smoothing != 0)
+            return ft_fail(err, "config: train.pref.* applies to train.objective dpo; this run's "
+                                "objective is sft");
+        return 0;
+    }
+    bool orpo = c->objective == FT_CFG_OBJECTIVE_ORPO;
+    if (orpo && c->pref.loss_type != FT_CFG_PREF_SIGMOID)
+        return ft_fail(err, "config: train.pref.loss_type applies to train.objective dpo (ORPO has "
+                            "one loss)");
+    static const ft_pref_loss losses[] = {[FT_CFG_PREF_SIGMOID] = FT_PREF_SIGMOID,
+                                          [FT_CFG_PREF_IPO] = FT_PREF_IPO,
+                                          [FT_CFG_PREF_ROBUST] = FT_PREF_ROBUST};
+    ft_pref_options po = {.loss = orpo ? FT_PREF_ORPO : losses[c->pref.loss_type],
+                          .beta = c->pref.beta,
+                          .label_smoothing = c->pref.label_smoothing};
+    if (ft_pref_check(&po, err))
+        return -1;
+    const char *name = orpo ? "orpo" : "dpo";
+    if (dopt->strategy == FT_STRATEGY_PIPELINE)
+        return ft_fail(err, "config: train.objective = %s does not work with dist.strategy "
+                            "model_parallel yet (none, ddp, zero1-3 and fsdp do)", name);
+    if (c->predict_with_generate)
+        return ft_fail(err, "config: train.predict_with_generate does not work with "
+                            "train.objective = %s (its evaluation reports preference accuracy)",
+                       name);
+    if (t->cfg->data.packing)
+        return ft_fail(err, "config: data.packing does not work with train.objective = %s "
+                            "(each sequence is its own row, as in TRL's trainers)", name);
+    t->pref = true;
+    t->orpo = orpo;
+    ft_pref_objective_init(&t->pref_obj, &po, NULL);
+    return 0;
+}
+
 static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
 {
     char resume_path[4096];
@@ -884,7 +1113,7 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
         return -1;
     t->out_dir = c->train.output_dir;
     ft_dist_options dopt;
-    if (dist_options(c, t->world, &dopt, err) ||
+    if (dist_options(c, t->world, &dopt, err) || check_objective(t, &dopt, err) ||
         claim_run_dir(t, o, resume_path, sizeof resume_path, err))
         return -1;
     ft_comm_set_timeout(t->comm, c->dist.timeout_s);
@@ -895,9 +1124,16 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
     bool pipeline = dopt.strategy == FT_STRATEGY_PIPELINE;
     ft_loader_options lo = ft_run_loader_options(c, &t->data, pipeline ? 0 : t->rank,
                                                  pipeline ? 1 : t->world);
-    if (ft_loader_new(&t->train_loader, &t->data.train, &lo, err))
+    if (t->pref ? ft_pref_loader_new(&t->pref_loader, &t->data.pref_train, &lo, err)
+                : ft_loader_new(&t->train_loader, &t->data.train, &lo, err))
         return -1;
-    t->n_batches = ft_loader_n_batches(t->train_loader, 0);
+    if (t->pref && t->data.pref_eval.n) {
+        ft_loader_options eo = lo;
+        eo.rank = 0, eo.world = 1, eo.shuffle = false;
+        if (ft_pref_loader_new(&t->pref_eval_loader, &t->data.pref_eval, &eo, err))
+            return ft_fail_prefix(err, "eval data");
+    }
+    t->n_batches = loader_n_batches(t, 0);
     t->eval_batch_size = lo.batch_size;
     t->batch_size = lo.batch_size;
     if (c->train.generation_num_beams != 1)
@@ -920,6 +1156,11 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
         return ft_fail(err, "out of memory");
     if (setup_model(t, &dopt, err) || setup_schedule(t, err))
         return -1;
+    t->pref_obj.ref = t->ref;
+    /* DPO from an adapter: the reference is that adapter as it starts (TRL's "ref" copy) */
+    if (t->pref && !t->orpo && c->tuning.mode != FT_TUNING_FULL && c->tuning.lora.init_adapter[0] &&
+        ft_pref_objective_keep_adapter(&t->pref_obj, t->m, err))
+        return ft_fail_prefix(err, "train.objective dpo with tuning.lora.init_adapter");
     if (t->gen_records.n)
         ft_gen_eos_ids(ft_model_cfg(t->m), t->data.tok, &t->gen);
     stamp_of(t, &t->state.stamp);
@@ -1063,6 +1304,10 @@ int ft_train_run(const ft_run_config *cfg, const ft_trainer_options *o, ft_train
     free(t.micro);
     free(t.mb);
     ft_loader_free(t.train_loader);
+    ft_pref_loader_free(t.pref_loader);
+    ft_pref_loader_free(t.pref_eval_loader);
+    ft_pref_objective_free(&t.pref_obj);
+    ft_model_free(t.ref);
     ft_engine_free(t.eng);
     if (t.metrics)
         fclose(t.metrics);

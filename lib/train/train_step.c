@@ -7,17 +7,25 @@ int ft_train_step(ft_model *m, ft_optimizer *o, const ft_lr_schedule *sched,
                   const ft_batch *micro, int n_micro, double max_grad_norm, ft_step_stats *st,
                   ft_err *err)
 {
+    return ft_train_step_objective(m, o, sched, NULL, micro, n_micro, max_grad_norm, st, err);
+}
+
+int ft_train_step_objective(ft_model *m, ft_optimizer *o, const ft_lr_schedule *sched,
+                            const ft_objective *obj, const ft_batch *micro, int n_micro,
+                            double max_grad_norm, ft_step_stats *st, ft_err *err)
+{
     long total = 0;
     for (int i = 0; i < n_micro; i++)
-        total += ft_batch_counted_tokens(&micro[i]);
+        total += obj ? (long)obj->count(obj->ctx, &micro[i]) : ft_batch_counted_tokens(&micro[i]);
     if (total == 0)
         return ft_fail(err, "the batch has no token with a label (all labels are -100)");
     ft_model_zero_grad(m);
     double loss = 0;
     for (int i = 0; i < n_micro; i++) {
         double sum;
-        if (ft_model_forward(m, &micro[i], &sum, NULL, err) ||
-            ft_model_backward(m, (float)(1.0 / (double)total), err))
+        if (obj ? obj->run(obj->ctx, m, &micro[i], (double)total, &sum, err)
+                : ft_model_forward(m, &micro[i], &sum, NULL, err) ||
+                      ft_model_backward(m, (float)(1.0 / (double)total), err))
             return ft_fail_prefix(err, "micro-batch %d", i);
         loss += sum;
     }

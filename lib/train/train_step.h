@@ -28,6 +28,17 @@ typedef struct ft_step_stats {
                        * are as they were before the step) */
 } ft_step_stats;
 
+/* A training objective other than the token loss (train/pref.h): count gives the units a
+ * micro-batch adds to the step's denominator (pairs), run does one micro-batch's forward
+ * and backward, accumulating the gradient of (its summed loss) / total, where total is
+ * the count of the whole (global) batch, and sets *loss_sum to its summed loss. */
+typedef struct ft_objective {
+    void *ctx;
+    double (*count)(void *ctx, const ft_batch *b);
+    int (*run)(void *ctx, ft_model *m, const ft_batch *b, double total, double *loss_sum,
+               ft_err *err);
+} ft_objective;
+
 /* Zeroes the gradients; runs forward and backward on each of the n_micro micro-batches
  * with the loss normalised by the counted tokens of all of them (so the gradient equals
  * that of one pass over the whole batch, as transformers does with
@@ -38,5 +49,10 @@ typedef struct ft_step_stats {
 int ft_train_step(ft_model *m, ft_optimizer *o, const ft_lr_schedule *sched,
                   const ft_batch *micro, int n_micro, double max_grad_norm, ft_step_stats *st,
                   ft_err *err);
+/* The same with another objective (NULL: the token loss); st->loss is the mean over its
+ * count, st->tokens that count. */
+int ft_train_step_objective(ft_model *m, ft_optimizer *o, const ft_lr_schedule *sched,
+                            const ft_objective *obj, const ft_batch *micro, int n_micro,
+                            double max_grad_norm, ft_step_stats *st, ft_err *err);
 
 #endif

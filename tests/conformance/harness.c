@@ -10,13 +10,22 @@
  *        "quant"?: {"type": "nf4"|"fp4"|"int8", "blocksize"?: 64, "double_quant"?: bool,
  *                   "skip"?: "lm_head,..."},
  *        "train"?: {"steps", "lr", "betas", "eps", "weight_decay", "warmup_steps",
- *                   "scheduler", "max_grad_norm"}}
+ *                   "scheduler", "max_grad_norm"},
+ *        "pref"?: {"beta", "loss_type": "sigmoid"|"ipo"|"robust"|"orpo", "label_smoothing",
+ *                  "ref"?: "adapter"|"base"}}
  * OUT: "logits" [B,T,V] and "loss" [] of the first forward; without "train" in full or
  * LoRA mode "grad.<name>" for every trainable parameter; with "train" "losses" [steps]
  * and "weight.<name>" after the last step. Names are HF state-dict names, or PEFT
  * adapter keys for LoRA weights. With a quantized base ("quant": quantized on load, or a
  * checkpoint quantized already) also "dequant.<name>": every quantized weight as the
- * model dequantizes it. */
+ * model dequantizes it. With "pref" the rows are P preference pairs (the P chosen
+ * sequences, then the P rejected ones) and the loss is DPO's (train/pref.h; the reference
+ * in LoRA mode is the adapter as loaded, or with "ref": "base" the base with the adapter
+ * off; in full mode a frozen copy of the base): "pref.loss"
+ * [] and "pref.metrics" [9] (rewards/chosen, rewards/rejected, rewards/accuracies,
+ * rewards/margins, logps/chosen, logps/rejected means; ORPO's nll_loss, log_odds_ratio,
+ * log_odds_chosen) of the first step, the gradients
+ * or "losses" of DPO; grad_accum splits the pairs. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +37,7 @@
 #include "formats/safetensors.h"
 #include "train/schedule.h"
 #include "train/train_step.h"
+#include "train/pref.h"
 
 typedef struct spec {
     json_t *root;
@@ -38,6 +48,7 @@ typedef struct spec {
     bool grad_ckpt;
     uint64_t seed;
     json_t *train;
+    json_t *pref;
     ft_quant_options quant;
     const char *quant_skip;
     ft_device device;
@@ -118,6 +129,9 @@ static int parse_spec(spec *s, const char *path, ft_err *err)
     v = json_object_get(s->root, "seed");
     s->seed = json_is_integer(v) ? (uint64_t)json_integer_value(v) : 1234;
     s->train = json_object_get(s->root, "train");
+    s->pref = json_object_get(s->root, "pref");
+    if (s->pref && (s->B % (2 * s->accum) || !s->labels))
+        return ft_fail(err, "%s: pref needs labels and 2 x grad_accum x pairs rows", path);
     const char *dev = json_string_value(json_object_get(s->root, "device"));
     const char *dt = json_string_value(json_object_get(s->root, "dtype"));
     if (dev && strcmp(dev, "cpu") && strcmp(dev, "cuda"))
@@ -193,6 +207,10 @@ static int run(const spec *s, const char *out_path, ft_err *err)
     ft_st_writer *w = ft_st_writer_new();
     keep k = {0};
     ft_optimizer o = {0};
+    int32_t *pids = NULL, *plab = NULL; /* pref: the rows regrouped by micro-batch */
+    ft_model *ref = NULL;
+    ft_pref_objective po_obj = {0};
+    ft_objective obj = {0};
     const ft_model_config *c = ft_model_cfg(m);
     ft_batch whole = {s->B, s->T, s->ids, s->labels, s->pos};
     int mb = s->B / s->accum;
@@ -206,8 +224,49 @@ static int run(const spec *s, const char *out_path, ft_err *err)
         micro[i] = (ft_batch){mb, s->T, s->ids + off, s->labels ? s->labels + off : NULL,
                               s->pos ? s->pos + off : NULL};
     }
+    /* pref: micro-batch i holds pairs [i P/k, (i+1) P/k): their chosen rows, then their
+     * rejected rows */
+    if (s->pref) {
+        int P = s->B / 2, pm = P / s->accum;
+        size_t n = (size_t)s->B * s->T;
+        pids = malloc(n * sizeof *pids);
+        plab = malloc(n * sizeof *plab);
+        for (int i = 0; i < s->accum; i++)
+            for (int r = 0; r < 2 * pm; r++) {
+                int src = r < pm ? i * pm + r : P + i * pm + (r - pm);
+                size_t dst = ((size_t)i * 2 * pm + r) * s->T;
+                memcpy(pids + dst, s->ids + (size_t)src * s->T, s->T * sizeof *pids);
+                memcpy(plab + dst, s->labels + (size_t)src * s->T, s->T * sizeof *plab);
+            }
+        for (int i = 0; i < s->accum; i++) {
+            size_t off = (size_t)i * 2 * pm * s->T;
+            micro[i] = (ft_batch){2 * pm, s->T, pids + off, plab + off, NULL};
+        }
+        const char *lt = json_string_value(json_object_get(s->pref, "loss_type"));
+        ft_pref_options po = {.beta = num(s->pref, "beta", 0.1),
+                              .label_smoothing = num(s->pref, "label_smoothing", 0.0)};
+        po.loss = !lt || !strcmp(lt, "sigmoid") ? FT_PREF_SIGMOID
+                  : !strcmp(lt, "ipo")          ? FT_PREF_IPO
+                  : !strcmp(lt, "orpo")         ? FT_PREF_ORPO
+                                                : FT_PREF_ROBUST;
+        if (ft_pref_check(&po, err))
+            goto done;
+        if (s->mode == FT_TRAIN_FULL && po.loss != FT_PREF_ORPO) {
+            ft_model_options ro = {.mode = FT_TRAIN_NONE, .device = s->device,
+                                   .dtype = s->dtype};
+            if (ft_model_load(&ref, s->model_dir, &ro, err))
+                goto done;
+        }
+        ft_pref_objective_init(&po_obj, &po, ref);
+        obj = ft_pref_objective_of(&po_obj);
+    }
     if (s->mode == FT_TRAIN_LORA && ft_model_load_adapter(m, s->adapter_dir, err))
         goto done;
+    if (s->pref && s->mode == FT_TRAIN_LORA && po_obj.o.loss != FT_PREF_ORPO) {
+        const char *r = json_string_value(json_object_get(s->pref, "ref"));
+        if ((!r || strcmp(r, "base") != 0) && ft_pref_objective_keep_adapter(&po_obj, m, err))
+            goto done;
+    }
 
     /* every quantized weight as the model dequantizes it (on a GPU model: there, in its
      * compute dtype), one layer after the other */
@@ -239,6 +298,20 @@ static int run(const spec *s, const char *out_path, ft_err *err)
         ft_st_writer_add(w, "loss", FT_ST_F32, 0, NULL, kept_copy(&k, &loss, 1), err))
         goto done;
 
+    if (s->pref) {
+        /* the first step's DPO loss and metrics, from the model as loaded */
+        double sums[FT_PREF_NSUM] = {0};
+        for (int i = 0; i < s->accum; i++)
+            if (ft_pref_eval_batch(&po_obj, m, &micro[i], sums, err))
+                goto done;
+        float pl = (float)(sums[FT_PREF_LOSS] / sums[FT_PREF_PAIRS]), pm[9];
+        for (int j = 0; j < 9; j++) /* (the pairs themselves skipped) */
+            pm[j] = (float)(sums[FT_PREF_REWARD_CHOSEN + j + (j >= 6)] / sums[FT_PREF_PAIRS]);
+        int64_t mshape[1] = {9};
+        if (ft_st_writer_add(w, "pref.loss", FT_ST_F32, 0, NULL, kept_copy(&k, &pl, 1), err) ||
+            ft_st_writer_add(w, "pref.metrics", FT_ST_F32, 1, mshape, kept_copy(&k, pm, 9), err))
+            goto done;
+    }
     if (s->train) {
         int steps = (int)num(s->train, "steps", 5);
         json_t *betas = json_object_get(s->train, "betas");
@@ -262,8 +335,8 @@ static int run(const spec *s, const char *out_path, ft_err *err)
         float *losses = calloc((size_t)steps, sizeof(float));
         for (int i = 0; i < steps; i++) {
             ft_step_stats st;
-            if (ft_train_step(m, &o, &sched, micro, s->accum, num(s->train, "max_grad_norm", 0),
-                              &st, err)) {
+            if (ft_train_step_objective(m, &o, &sched, s->pref ? &obj : NULL, micro, s->accum,
+                                        num(s->train, "max_grad_norm", 0), &st, err)) {
                 free(losses);
                 goto done;
             }
@@ -274,6 +347,16 @@ static int run(const spec *s, const char *out_path, ft_err *err)
         free(losses);
         if (ft_st_writer_add(w, "losses", FT_ST_F32, 1, sshape, kl, err) ||
             add_params(w, m, &k, "weight.", false, err))
+            goto done;
+    } else if (s->mode != FT_TRAIN_NONE && s->pref) {
+        double total = 0, sum;
+        for (int i = 0; i < s->accum; i++)
+            total += obj.count(obj.ctx, &micro[i]);
+        ft_model_zero_grad(m);
+        for (int i = 0; i < s->accum; i++)
+            if (obj.run(obj.ctx, m, &micro[i], total, &sum, err))
+                goto done;
+        if (add_params(w, m, &k, "grad.", true, err))
             goto done;
     } else if (s->mode != FT_TRAIN_NONE) {
         long total = 0;
@@ -289,6 +372,10 @@ static int run(const spec *s, const char *out_path, ft_err *err)
     }
     rc = ft_st_writer_save(w, out_path, err);
 done:
+    ft_pref_objective_free(&po_obj);
+    ft_model_free(ref);
+    free(pids);
+    free(plab);
     ft_optimizer_free(&o);
     ft_st_writer_free(w);
     for (size_t i = 0; i < k.n; i++)

@@ -153,6 +153,34 @@ def test_make_train_default_job_shortened(tmp_path):
     assert str(run / "final") in r.stderr
 
 
+@pytest.mark.skipif(not (REPO / "configs" / "dpo.yaml").is_file(), reason="no configs/dpo.yaml")
+def test_make_train_dpo_demo(tmp_path):
+    """make train-dpo: the whole demo (configs/dpo.yaml, offline) in under a minute, its
+    metrics logged, then ft-eval --preference on the held-out pairs; twice in the same run
+    dir (the demo config starts over)."""
+    import time
+    run = tmp_path / "dpo"
+    for _ in range(2):
+        t0 = time.time()
+        r = make("train-dpo", f"TRAIN_OUTPUT_DIR={run}", "TRAIN_OVERWRITE_OUTPUT_DIR=true",
+                 timeout=240)
+        took = time.time() - t0
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+        assert took < 60, took
+    assert (run / "final" / "adapter_model.safetensors").is_file()
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [x for x in rows if "rewards/accuracies" in x]
+    evals = [x for x in rows if "eval_rewards/accuracies" in x]
+    assert train and evals
+    assert train[-1]["rewards/margins"] > train[0]["rewards/margins"]
+    assert "preference accuracy on demo/pref_eval.jsonl" in r.stderr
+    got = dict(line.split(None, 1) for line in r.stdout.splitlines() if line.strip())
+    assert int(got["pairs"]) == 32 and got["reference"] == "base"
+    # the trainer's last evaluation and ft-eval agree (same adapter, same pairs)
+    assert abs(float(got["accuracy"]) - evals[-1]["eval_rewards/accuracies"]) < 1e-9
+    assert abs(float(got["loss"]) - evals[-1]["eval_loss"]) < 1e-5
+
+
 # ---- run dirs: each strategy target its own; the default job starts over -------------
 
 def launch_argv(out, launcher):

@@ -17,6 +17,7 @@
 #include "memory/memplan.h"
 #include "model/model.h"
 #include "train/optim.h"
+#include "train/pref.h"
 
 static char root[256], llama_dir[300], qwen_dir[300], tied_dir[300], granite_dir[300],
     gemma_dir[300], phi3_dir[300], smollm3_dir[300], olmo2_dir[300], qwen3_dir[300],
@@ -65,18 +66,46 @@ static int measure(const ft_run_config *cfg, const char *dir, ft_mem *out, size_
         fprintf(stderr, "  load: %s\n", err.msg);
         return -1;
     }
-    int bsz = (int)cfg->train.batch_size;
+    /* DPO: batch_size pairs, 2 batch_size rows (prompt tokens -100), and the reference as
+     * the trainer sets it up: a frozen copy (full), the starting adapter (init_adapter) */
+    bool pref = cfg->train.objective != FT_CFG_OBJECTIVE_SFT;
+    int bsz = (int)cfg->train.batch_size * (pref ? 2 : 1);
     int len = (int)cfg->model.max_seq_len;
     int32_t *ids = malloc((size_t)bsz * (size_t)len * sizeof *ids);
-    for (int i = 0; i < bsz * len; i++)
+    int32_t *labels = malloc((size_t)bsz * (size_t)len * sizeof *labels);
+    for (int i = 0; i < bsz * len; i++) {
         ids[i] = (int32_t)((i * 7 + 3) % V);
-    ft_batch b = {.B = bsz, .T = len, .input_ids = ids};
+        labels[i] = i % len < 2 ? -100 : ids[i];
+    }
+    ft_batch b = {.B = bsz, .T = len, .input_ids = ids, .labels = pref ? labels : NULL};
     double loss;
     long n;
     int rc = -1;
     ft_optimizer opt = {0};
+    ft_model *ref = NULL;
+    ft_pref_objective po = {0};
     ft_model_zero_grad(m);
-    if (ft_model_forward(m, &b, &loss, &n, &err) || ft_model_backward(m, 1.0f / (float)n, &err)) {
+    if (pref) {
+        bool orpo = cfg->train.objective == FT_CFG_OBJECTIVE_ORPO; /* no reference */
+        ft_pref_options o = {.beta = 0.1, .loss = orpo ? FT_PREF_ORPO : FT_PREF_SIGMOID};
+        ft_model_options ro = {.mode = FT_TRAIN_NONE, .loss_chunk_rows = mo.loss_chunk_rows};
+        if (!orpo && tu->mode == FT_TUNING_FULL && ft_model_load(&ref, dir, &ro, &err)) {
+            fprintf(stderr, "  reference: %s\n", err.msg);
+            goto done;
+        }
+        ft_pref_objective_init(&po, &o, ref);
+        if (!orpo && tu->mode != FT_TUNING_FULL && tu->lora.init_adapter[0] &&
+            ft_pref_objective_keep_adapter(&po, m, &err)) {
+            fprintf(stderr, "  reference adapter: %s\n", err.msg);
+            goto done;
+        }
+        ft_objective obj = ft_pref_objective_of(&po);
+        if (obj.run(obj.ctx, m, &b, obj.count(obj.ctx, &b), &loss, &err)) {
+            fprintf(stderr, "  dpo pass: %s\n", err.msg);
+            goto done;
+        }
+    } else if (ft_model_forward(m, &b, &loss, &n, &err) ||
+               ft_model_backward(m, 1.0f / (float)n, &err)) {
         fprintf(stderr, "  pass: %s\n", err.msg);
         goto done;
     }
@@ -87,9 +116,16 @@ static int measure(const ft_run_config *cfg, const char *dir, ft_mem *out, size_
         goto done;
     }
     *out = *ft_model_mem(m);
+    for (int c = 0; ref && c < FT_MEM_NCAT; c++) { /* held throughout: peaks add */
+        out->peak[c] += ft_model_mem(ref)->peak[c];
+        out->peak_total += ft_model_mem(ref)->peak[c];
+    }
     rc = 0;
 done:
+    ft_pref_objective_free(&po);
+    ft_model_free(ref);
     ft_optimizer_free(&opt);
+    free(labels);
     free(ids);
     ft_model_free(m);
     return rc;
@@ -233,6 +269,30 @@ static void test_cpu_chunked_logits_equal_measured(void)
                                   chunks[k], NULL};
             compare(llama_dir, sets);
         }
+}
+
+/* train.objective dpo: 2 batch_size rows, and the reference (a frozen copy in full mode,
+ * the starting adapter with init_adapter; nothing with a fresh adapter), with and without
+ * gradient checkpointing and chunked logits; orpo likewise, without a reference. */
+static void test_cpu_dpo_equals_measured(void)
+{
+    static const char *modes[] = {"tuning.mode=full", "tuning.mode=lora", "tuning.mode=qlora"};
+    static const char *adapters[] = {"tuning.lora.init_adapter=", "tuning.lora.init_adapter=x"};
+    static const char *ckpts[] = {"train.gradient_checkpointing=false",
+                                  "train.gradient_checkpointing=true"};
+    static const char *chunks[] = {"train.loss_chunk_tokens=0", "train.loss_chunk_tokens=5"};
+    static const char *objectives[] = {"train.objective=dpo", "train.objective=orpo"};
+    for (int oi = 0; oi < 2; oi++)
+    for (int mi = 0; mi < 3; mi++)
+        for (int ai = 0; ai < (mi ? 2 : 1); ai++)
+            for (int ci = 0; ci < 2; ci++)
+                for (int k = 0; k < 2; k++) {
+                    const char *sets[] = {objectives[oi], modes[mi], adapters[ai],
+                                          ckpts[ci], chunks[k], "train.batch_size=3",
+                                          "model.max_seq_len=7", "tuning.quant.blocksize=32",
+                                          NULL};
+                    compare(llama_dir, sets);
+                }
 }
 
 /* tie_word_embeddings: lm_head is the embedding (the file's lm_head.weight is ignored) */
@@ -641,6 +701,7 @@ int main(void)
     RUN(test_cpu_lora_equals_measured);
     RUN(test_cpu_full_equals_measured);
     RUN(test_cpu_chunked_logits_equal_measured);
+    RUN(test_cpu_dpo_equals_measured);
     RUN(test_cpu_qlora_equals_measured);
     RUN(test_compare_modes);
     RUN(test_cpu_bias_and_tied_equal_measured);

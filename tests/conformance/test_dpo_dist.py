@@ -1,0 +1,158 @@
+"""DPO (train.objective dpo) under every data-parallel dist.strategy on real Open MPI ranks
+(CPU): 2 ranks of 4 pairs equal one process of 8 (the loss, the gradient norm and DPO's
+metrics of every step, and the weights after five steps), LoRA (the reference: the base
+with the adapter off) and full fine-tuning (a frozen base copy per rank), LoRA from a starting adapter (the
+reference: that adapter) under ddp and zero1; model_parallel, and a starting adapter under
+zero2 / zero3 / fsdp, are refused naming what."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+import rankrun
+from rankrun import FT_TRAIN, run
+from safetensors.torch import load_file
+
+METRICS = ["loss", "grad_norm", "rewards/chosen", "rewards/rejected", "rewards/accuracies",
+           "rewards/margins", "logps/chosen", "logps/rejected"]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    assert FT_TRAIN, "FT_TRAIN must be the path of bin/ft-train"
+    d = tmp_path_factory.mktemp("dpo_dist")
+    colours = ["red", "green", "blue", "grey", "black"]
+    rows = [{"prompt": f"Q: colour of thing {i}?\nA:", "chosen": f" {colours[i % 5]}",
+             "rejected": f" {colours[(i + 2) % 5]} or {colours[(i + 3) % 5]}"}
+            for i in range(16)]
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.train_from_iterator([r["prompt"] + r["chosen"] + r["rejected"] for r in rows],
+                           trainers.BpeTrainer(vocab_size=280, special_tokens=["<|endoftext|>"],
+                                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                               show_progress=False))
+    hf = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>")
+    torch.manual_seed(1)
+    cfg = LlamaConfig(vocab_size=tk.get_vocab_size(), hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=64)
+    LlamaForCausalLM(cfg).save_pretrained(d / "model")
+    hf.save_pretrained(d / "model")
+    (d / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+def write_config(d, name, **over):
+    o = {"train.objective": "dpo", "train.pref.beta": 0.5, "train.max_steps": 5,
+         "train.warmup_steps": 1, "data.train_path": str(d / "pairs.jsonl"),
+         "data.format": "auto", "data.shuffle": "false"}
+    o.update({k.replace("__", "."): v for k, v in over.items()})
+    mode = o.pop("mode", "lora")
+    return rankrun.write_config(d, name, o, mode=mode)
+
+
+def logged(run_dir):
+    rows = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r for r in rows if "loss" in r}
+
+
+def weights(run_dir):
+    final = Path(run_dir) / "final"
+    f = final / "adapter_model.safetensors"
+    return load_file(str(f if f.exists() else final / "model.safetensors"))
+
+
+def assert_same_run(a, b, rtol=2e-5, w_atol=2e-4):
+    la, lb = logged(a), logged(b)
+    assert la.keys() == lb.keys() and len(la) == 5
+    for s in la:
+        for k in METRICS:
+            x, y = la[s][k], lb[s][k]
+            assert abs(x - y) <= rtol * abs(x) + 1e-6, (k, s, x, y)
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys() and wa
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= w_atol
+
+
+@pytest.fixture(scope="module")
+def single(work):
+    runs = {}
+    for mode in ("lora", "full"):
+        lr = {"train.learning_rate": 1e-3} if mode == "full" else {}
+        cfg = write_config(work, f"single_{mode}", mode=mode, train__batch_size=8,
+                           **{k.replace(".", "__"): v for k, v in lr.items()})
+        run(cfg)
+        runs[mode] = work / "runs" / f"single_{mode}"
+    return runs
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "zero3", "fsdp"])
+def test_dpo_data_parallel_equals_one_process(work, single, strategy):
+    cfg = write_config(work, f"np2_{strategy}", dist__strategy=strategy)
+    run(cfg, 2)
+    assert_same_run(single["lora"], work / "runs" / f"np2_{strategy}")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero3"])
+def test_dpo_full_data_parallel_equals_one_process(work, single, strategy):
+    cfg = write_config(work, f"np2_full_{strategy}", mode="full", dist__strategy=strategy,
+                       train__learning_rate=1e-3)
+    run(cfg, 2)
+    assert_same_run(single["full"], work / "runs" / f"np2_full_{strategy}")
+
+
+def test_dpo_model_parallel_refused(work):
+    cfg = write_config(work, "np2_mp", dist__strategy="model_parallel")
+    out = run(cfg, 2, check=False)
+    assert out.returncode != 0 and "model_parallel" in out.stderr
+
+
+@pytest.mark.parametrize("strategy", ["zero2", "zero3", "fsdp"])
+def test_dpo_init_adapter_sharded_refused(work, single, strategy):
+    cfg = write_config(work, f"np2_{strategy}_adapter", dist__strategy=strategy,
+                       tuning__lora__init_adapter=str(single["lora"] / "final"))
+    out = run(cfg, 2, check=False)
+    assert out.returncode != 0 and "reference adapter" in out.stderr, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero1"])
+def test_dpo_init_adapter_data_parallel_equals_one_process(work, single, strategy):
+    """The reference is the starting adapter (here the single LoRA run's result)."""
+    adapter = {"tuning__lora__init_adapter": str(single["lora"] / "final")}
+    one = write_config(work, "single_adapter", train__batch_size=8, **adapter)
+    if not (work / "runs" / "single_adapter" / "final").exists():
+        run(one)
+    cfg = write_config(work, f"np2_{strategy}_adapter", dist__strategy=strategy, **adapter)
+    run(cfg, 2)
+    assert_same_run(work / "runs" / "single_adapter", work / "runs" / f"np2_{strategy}_adapter")
+    # the reference is not the base: the first step's rewards are 0 (policy = reference)
+    assert logged(work / "runs" / "single_adapter")[1]["rewards/chosen"] == 0
+
+
+@pytest.fixture(scope="module")
+def orpo_ddp(work):
+    cfg = write_config(work, "np2_orpo_ddp", dist__strategy="ddp", train__objective="orpo")
+    run(cfg, 2)
+    return work / "runs" / "np2_orpo_ddp"
+
+
+@pytest.mark.parametrize("strategy", ["zero1", "zero2", "zero3", "fsdp"])
+def test_orpo_sharded_equals_ddp(work, orpo_ddp, strategy):
+    """ORPO's loss is a mean per micro-batch (its NLL over the micro-batch's tokens), so
+    two ranks of 4 pairs are not one process of 8, in TRL either; every sharded strategy
+    equals DDP on the same ranks (ORPO's metrics included)."""
+    cfg = write_config(work, f"np2_orpo_{strategy}", dist__strategy=strategy,
+                       train__objective="orpo")
+    run(cfg, 2)
+    assert_same_run(orpo_ddp, work / "runs" / f"np2_orpo_{strategy}")
+    la = logged(orpo_ddp)
+    lb = logged(work / "runs" / f"np2_orpo_{strategy}")
+    for s in la:
+        for k in ("nll_loss", "log_odds_ratio", "log_odds_chosen"):
+            assert abs(la[s][k] - lb[s][k]) <= 2e-5 * abs(la[s][k]) + 1e-6, (k, s)
