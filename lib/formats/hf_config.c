@@ -117,7 +117,8 @@ typedef enum family_kind {
     FAM_GEMMA2,
     FAM_OLMO2,
     FAM_PHI3,
-    FAM_SMOLLM3
+    FAM_SMOLLM3,
+    FAM_GEMMA3
 } family_kind;
 
 typedef struct model_defaults {
@@ -159,10 +160,13 @@ static const model_defaults MODEL_DEFAULTS[] = {
     {"olmo2", FAM_OLMO2, 2048, 0, 0, 0, false, 1e-5, OLMO2_NORMS, FT_QK_NORM_PROJ},
     {"phi3", FAM_PHI3, 4096, 0, 0, 0, false, 1e-5, PRE_NORMS, FT_QK_NORM_NONE},
     {"smollm3", FAM_SMOLLM3, 32768, 4, 0, 0, true, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
+    {"gemma3_text", FAM_GEMMA3, 131072, 4, 4096, 256, true, 1e-6, GEMMA2_NORMS,
+     FT_QK_NORM_HEAD},
 };
 
 #define SUPPORTED_TYPES                                                                        \
-    "llama, mistral, qwen2, qwen3, granite, gemma, gemma2, olmo2, phi3, smollm3"
+    "llama, mistral, qwen2, qwen3, granite, gemma, gemma2, gemma3_text, gemma3 (its text "    \
+    "model), olmo2, phi3, smollm3"
 
 /* Keys of other families that must be absent, neutral, or null (quantization_config:
  * or bitsandbytes'). */
@@ -325,8 +329,8 @@ static int read_eos(const char *path, const json_t *root, ft_model_config *cfg, 
     return 0;
 }
 
-/* A family's own keys, not foreign to it: granite's multipliers and gemma2's soft-caps and
- * query_pre_attn_scalar (read by read_family_scales), phi3's partial_rotary_factor (read by
+/* A family's own keys, not foreign to it: granite's multipliers and gemma2's (and
+ * gemma3's) soft-caps and query_pre_attn_scalar (read by read_family_scales), phi3's partial_rotary_factor (read by
  * read_rope). */
 static bool family_owns(const model_defaults *md, const char *key)
 {
@@ -337,6 +341,7 @@ static bool family_owns(const model_defaults *md, const char *key)
     static const char *const phi3[] = {"partial_rotary_factor", NULL};
     const char *const *own = md->family == FAM_GRANITE ? granite
                              : md->family == FAM_GEMMA2 ? gemma2
+                             : md->family == FAM_GEMMA3 ? gemma2
                              : md->family == FAM_PHI3   ? phi3
                                                         : NULL;
     for (size_t i = 0; own && own[i]; i++)
@@ -575,6 +580,106 @@ static int read_longrope(const char *path, const json_t *root, const json_t *rop
     return 0;
 }
 
+/* One layer type's RoPE of gemma3 (Gemma3RotaryEmbedding): the dict `name` (NULL: none)
+ * over the defaults in *theta / *kind / *factor; rope_type default, or linear where
+ * linear_ok (the full-attention layers: transformers' rope scaling of the 4B..27B
+ * models). */
+static int gemma3_rope_dict(const char *path, const json_t *rope, const char *name,
+                            bool linear_ok, double *theta, ft_rope_kind *kind, float *factor,
+                            ft_err *err)
+{
+    char key[128];
+    if (!rope)
+        return 0;
+    if (!json_is_object(rope))
+        return ft_fail(err, "%s: '%s': expected an object, got %s", path, name, json_kind(rope));
+    json_t *v;
+    snprintf(key, sizeof key, "%s.rope_theta", name);
+    if ((v = get_opt(rope, "rope_theta")) && read_positive(path, key, v, theta, err))
+        return -1;
+    double f = 1.0;
+    snprintf(key, sizeof key, "%s.partial_rotary_factor", name);
+    if ((v = get_opt(rope, "partial_rotary_factor")) &&
+        (read_positive(path, key, v, &f, err) ||
+         (f != 1.0 && ft_fail(err, "%s: '%s' must be 1: partial rotary embeddings are not "
+                              "supported for gemma3", path, key))))
+        return -1;
+    const char *type = "default";
+    snprintf(key, sizeof key, "%s.rope_type", name);
+    if (!(v = get_opt(rope, "rope_type"))) {
+        v = get_opt(rope, "type");
+        snprintf(key, sizeof key, "%s.type", name);
+    }
+    if (v && read_string(path, key, v, &type, err))
+        return -1;
+    if (strcmp(type, "default") == 0) {
+        *kind = FT_ROPE_DEFAULT;
+        *factor = 1.0f;
+        return 0;
+    }
+    if (strcmp(type, "linear") != 0 || !linear_ok)
+        return ft_fail(err, "%s: '%s': rope type '%.64s' is not supported for gemma3's %s "
+                       "layers (supported: %s)", path, key, type,
+                       linear_ok ? "full-attention" : "sliding",
+                       linear_ok ? "default, linear" : "default");
+    if (rope_param(path, name, rope, type, "factor", &f, err))
+        return -1;
+    *kind = FT_ROPE_LINEAR;
+    *factor = (float)f;
+    return 0;
+}
+
+/* gemma3's two RoPEs, as Gemma3TextConfig.convert_rope_params_to_dict builds them: the
+ * full-attention layers' from rope_parameters.full_attention, updated by a legacy
+ * rope_scaling, with rope_theta (default 1e6) where neither says it; the sliding layers'
+ * from rope_parameters.sliding_attention, with rope_local_base_freq (default 1e4) where
+ * it does not say it. rope_kind / rope_factor / rope_theta describe the full-attention
+ * layers, rope_local_theta the sliding ones (default RoPE). */
+static int read_gemma3_rope(const char *path, const json_t *root, ft_model_config *cfg,
+                            ft_err *err)
+{
+    cfg->rope_kind = FT_ROPE_DEFAULT;
+    cfg->rope_factor = 1.0f;
+    cfg->rope_low_freq_factor = cfg->rope_high_freq_factor = 0.0f;
+    cfg->rope_original_max_position = 0;
+    cfg->rope_attention_factor = 1.0f;
+    cfg->rotary_dim = cfg->head_dim;
+    cfg->rope_theta = 1e6;
+    cfg->rope_local_theta = 1e4;
+    json_t *v;
+    if ((v = get_opt(root, "rope_theta")) && read_positive(path, "rope_theta", v,
+                                                           &cfg->rope_theta, err))
+        return -1;
+    if ((v = get_opt(root, "rope_local_base_freq")) &&
+        read_positive(path, "rope_local_base_freq", v, &cfg->rope_local_theta, err))
+        return -1;
+    json_t *params = get_opt(root, "rope_parameters");
+    if (params) {
+        if (!json_is_object(params))
+            return ft_fail(err, "%s: 'rope_parameters': expected an object, got %s", path,
+                           json_kind(params));
+        const char *k;
+        json_t *e;
+        json_object_foreach(params, k, e) {
+            if (strcmp(k, "full_attention") != 0 && strcmp(k, "sliding_attention") != 0)
+                return ft_fail(err, "%s: 'rope_parameters': key '%.64s': gemma3 takes one dict "
+                               "per layer type (full_attention, sliding_attention)", path, k);
+        }
+    }
+    ft_rope_kind local_kind;
+    float local_factor;
+    if (gemma3_rope_dict(path, params ? get_opt(params, "full_attention") : NULL,
+                         "rope_parameters.full_attention", true, &cfg->rope_theta,
+                         &cfg->rope_kind, &cfg->rope_factor, err) ||
+        gemma3_rope_dict(path, get_opt(root, "rope_scaling"), "rope_scaling", true,
+                         &cfg->rope_theta, &cfg->rope_kind, &cfg->rope_factor, err) ||
+        gemma3_rope_dict(path, params ? get_opt(params, "sliding_attention") : NULL,
+                         "rope_parameters.sliding_attention", false, &cfg->rope_local_theta,
+                         &local_kind, &local_factor, err))
+        return -1;
+    return 0;
+}
+
 /* rope_scaling (transformers 4) or rope_parameters (transformers 5; it also carries
  * rope_theta and may carry partial_rotary_factor). rope_scaling wins when both are set, as
  * in transformers' convert_rope_params_to_dict; rope_theta inside the dict wins over the
@@ -582,6 +687,9 @@ static int read_longrope(const char *path, const json_t *root, const json_t *rop
 static int read_rope(const char *path, const json_t *root, const model_defaults *md,
                      ft_model_config *cfg, ft_err *err)
 {
+    cfg->rope_local_theta = 0.0;
+    if (md->family == FAM_GEMMA3)
+        return read_gemma3_rope(path, root, cfg, err);
     const char *name = "rope_scaling";
     json_t *rope = get_opt(root, name);
     if (!rope) {
@@ -679,8 +787,8 @@ static int check_layer_types(const char *path, const json_t *root, const ft_mode
                              ft_err *err)
 {
     json_t *v = get_opt(root, "layer_types");
-    if (!v || strcmp(cfg->model_type, "gemma2") == 0) /* gemma2: read_gemma2_layers */
-        return 0;
+    if (!v || strcmp(cfg->model_type, "gemma2") == 0 || strcmp(cfg->model_type, "gemma3_text") == 0)
+        return 0; /* gemma2, gemma3: read_gemma2_layers, read_gemma3_layers */
     if (!json_is_array(v))
         return ft_fail(err, "%s: 'layer_types': expected an array, got %s", path, json_kind(v));
     const char *want = cfg->sliding_window > 0 ? "sliding_attention" : "full_attention";
@@ -737,6 +845,53 @@ static int read_gemma2_layers(const char *path, const json_t *root, ft_model_con
     return 0;
 }
 
+/* gemma3's windows (Gemma3TextConfig): sliding_window (default 4096; null refused) on the
+ * layers layer_types calls "sliding_attention", any mix of those and "full_attention";
+ * without layer_types, older configs' sliding_window_pattern P (default 6) makes layer l
+ * sliding unless (l + 1) % P == 0 (every P-th layer global), as the config class derives
+ * the list. */
+static int read_gemma3_layers(const char *path, const json_t *root, ft_model_config *cfg,
+                              ft_err *err)
+{
+    json_t *v = json_object_get(root, "sliding_window");
+    cfg->sliding_window = 4096;
+    if (v && json_is_null(v))
+        return ft_fail(err, "%s: 'sliding_window' is null: gemma3 without a window on its "
+                       "sliding layers is not supported", path);
+    if (v && read_int(path, "sliding_window", v, 1, INT_MAX, &cfg->sliding_window, err))
+        return -1;
+    if (cfg->num_layers > FT_MAX_LAYER_TYPES)
+        return ft_fail(err, "%s: 'num_hidden_layers': %d layers with per-layer attention types "
+                       "are more than the %d supported", path, cfg->num_layers,
+                       FT_MAX_LAYER_TYPES);
+    v = get_opt(root, "layer_types");
+    if (!v) {
+        int pattern = 6;
+        json_t *pv = get_opt(root, "sliding_window_pattern");
+        if (pv && read_int(path, "sliding_window_pattern", pv, 1, INT_MAX, &pattern, err))
+            return -1;
+        for (int l = 0; l < cfg->num_layers; l++)
+            cfg->layer_full_attention[l] = (l + 1) % pattern == 0;
+        return 0;
+    }
+    if (!json_is_array(v))
+        return ft_fail(err, "%s: 'layer_types': expected an array, got %s", path, json_kind(v));
+    if (json_array_size(v) != (size_t)cfg->num_layers)
+        return ft_fail(err, "%s: 'layer_types': %zu entries for %d layers", path,
+                       json_array_size(v), cfg->num_layers);
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e) {
+        const char *t = json_string_value(e);
+        if (t && strcmp(t, "full_attention") == 0)
+            cfg->layer_full_attention[i] = true;
+        else if (!t || strcmp(t, "sliding_attention") != 0)
+            return ft_fail(err, "%s: 'layer_types'[%zu]: %s is not one of sliding_attention, "
+                           "full_attention", path, i, t ? t : json_kind(e));
+    }
+    return 0;
+}
+
 /* Qwen2, Qwen3 and SmolLM3: sliding_window is read only with use_sliding_window, which is
  * refused (their sliding layers are not implemented); a window size beside
  * use_sliding_window false, as their checkpoints carry it, means nothing. */
@@ -778,7 +933,7 @@ static int read_attention_options(const char *path, const json_t *root,
     bool has_mlp_bias = md->family == FAM_LLAMA || md->family == FAM_GRANITE ||
                         md->family == FAM_SMOLLM3;
     if (has_mlp_bias || md->family == FAM_GEMMA || md->family == FAM_GEMMA2 ||
-        md->family == FAM_QWEN3 || md->family == FAM_OLMO2) {
+        md->family == FAM_GEMMA3 || md->family == FAM_QWEN3 || md->family == FAM_OLMO2) {
         /* attention_bias on q, k, v and o; mlp_bias on gate, up, down (llama, granite,
          * smollm3) */
         if (mlp_bias && !has_mlp_bias)
@@ -788,6 +943,8 @@ static int read_attention_options(const char *path, const json_t *root,
         cfg->mlp_bias = mlp_bias;
         if (md->family == FAM_GEMMA2)
             return read_gemma2_layers(path, root, cfg, err);
+        if (md->family == FAM_GEMMA3)
+            return read_gemma3_layers(path, root, cfg, err);
         return md->family == FAM_QWEN3 ? check_use_sliding_window(path, root, type, err) : 0;
     }
     if (attention_bias)
@@ -843,15 +1000,16 @@ static int read_activation(const char *path, const json_t *root, const model_def
                            ft_model_config *cfg, ft_err *err)
 {
     json_t *v;
-    if (md->family == FAM_GEMMA2) {
-        /* Gemma2MLP (4.46 and later) applies hidden_activation; hidden_act is not read */
+    if (md->family == FAM_GEMMA2 || md->family == FAM_GEMMA3) {
+        /* Gemma2MLP (4.46 and later) and Gemma3MLP apply hidden_activation; hidden_act is
+         * not read */
         const char *act = "gelu_pytorch_tanh";
         if ((v = get_opt(root, "hidden_activation")) &&
             read_string(path, "hidden_activation", v, &act, err))
             return -1;
         if (strcmp(act, "gelu_pytorch_tanh") != 0)
-            return ft_fail(err, "%s: 'hidden_activation': '%.32s' is not supported for gemma2 "
-                           "(only gelu_pytorch_tanh)", path, act);
+            return ft_fail(err, "%s: 'hidden_activation': '%.32s' is not supported for %s "
+                           "(only gelu_pytorch_tanh)", path, act, md->model_type);
         cfg->mlp_act = FT_ACT_GELU_TANH;
         return 0;
     }
@@ -1006,6 +1164,22 @@ static int read_gemma2_scales(const char *path, const json_t *root, ft_model_con
                : 0;
 }
 
+/* gemma3: gemma2's attention scale and causal-only rule; Gemma3ForCausalLM caps the
+ * logits with final_logit_softcapping (default null: none), but Gemma3Attention never
+ * passes attn_logit_softcapping to its attention, so a cap there would be read two ways:
+ * refused. */
+static int read_gemma3_scales(const char *path, const json_t *root, ft_model_config *cfg,
+                              ft_err *err)
+{
+    if (get_opt(root, "attn_logit_softcapping"))
+        return ft_fail(err, "%s: 'attn_logit_softcapping' is set: transformers' Gemma 3 "
+                       "attention does not apply it; only null is supported", path);
+    if (read_gemma2_scales(path, root, cfg, err))
+        return -1;
+    cfg->attn_softcap = 0.0f;
+    return read_softcap(path, root, "final_logit_softcapping", 0.0, &cfg->final_softcap, err);
+}
+
 /* The family's scalars and norm convention (see ft_model_config). */
 static int read_family_scales(const char *path, const json_t *root, const model_defaults *md,
                               ft_model_config *cfg, ft_err *err)
@@ -1029,6 +1203,12 @@ static int read_family_scales(const char *path, const json_t *root, const model_
         cfg->residual_scale = (float)res;
         cfg->attention_scale = (float)att;
         cfg->logits_scale = (float)logit;
+    } else if (md->family == FAM_GEMMA3) {
+        if (read_gemma3_scales(path, root, cfg, err))
+            return -1;
+        cfg->embed_scale = sqrt((double)cfg->hidden_size);
+        cfg->embed_scale_round = true;
+        cfg->norm_w_offset = 1.0f;
     } else if (md->family == FAM_GEMMA || md->family == FAM_GEMMA2) {
         /* GemmaRotaryEmbedding (4.46) reads rope_theta only: a scaled RoPE in the file
          * would run unscaled there and scaled in later versions (Gemma 2 likewise). */
@@ -1195,6 +1375,17 @@ void ft_rope_inv_freq_long(const ft_model_config *cfg, float *inv_freq)
         longrope_inv_freq(cfg, cfg->rope_long_factor, inv_freq);
     else
         ft_rope_inv_freq(cfg, inv_freq);
+}
+
+void ft_rope_inv_freq_local(const ft_model_config *cfg, float *inv_freq)
+{
+    for (int i = 0; i < cfg->rotary_dim / 2; i++)
+        inv_freq[i] = default_inv_freq((float)cfg->rope_local_theta, i, cfg->rotary_dim);
+}
+
+bool ft_layer_rope_local(const ft_model_config *cfg, int layer)
+{
+    return cfg->rope_local_theta > 0 && ft_layer_window(cfg, layer) > 0;
 }
 
 bool ft_rope_uses_long(const ft_model_config *cfg, long max_pos)

@@ -1,6 +1,7 @@
 /* Hugging Face config.json for the dense decoder families: llama (incl. TinyLlama, SmolLM
- * and Llama 3 "llama3" rope scaling), mistral, qwen2, qwen3, granite, gemma, gemma2, olmo2,
- * phi3 (Phi-3, Phi-4; "longrope" scaling, partial rotary), smollm3 (layers without RoPE).
+ * and Llama 3 "llama3" rope scaling), mistral, qwen2, qwen3, granite, gemma, gemma2,
+ * gemma3_text (and the text model of a multimodal gemma3 checkpoint), olmo2, phi3 (Phi-3,
+ * Phi-4; "longrope" scaling, partial rotary), smollm3 (layers without RoPE).
  * Every field that changes the math is honoured or rejected with an error naming the file
  * and key; nothing is silently ignored. */
 #ifndef FT_HF_CONFIG_H
@@ -82,6 +83,11 @@ typedef struct ft_model_config {
      * rope_attention_factor (1 for the other kinds). */
     float rope_short_factor[FT_MAX_ROPE_FREQS], rope_long_factor[FT_MAX_ROPE_FREQS];
     float rope_attention_factor;
+    /* 0, or the sliding layers (ft_layer_window > 0) rotate with default RoPE at this base
+     * while the full-attention layers take rope_theta and the scaling above (gemma3's
+     * local and global RoPE: rope_local_base_freq or rope_parameters.sliding_attention).
+     * Read it with ft_layer_rope_local. */
+    double rope_local_theta;
     /* Bit l set: layer l applies no RoPE (NoPE: q and k enter attention unrotated;
      * smollm3's no_rope_layers[l] == 0). Read it with ft_layer_uses_rope. */
     uint64_t nope_layers[FT_MAX_NOPE_LAYERS / 64];
@@ -167,6 +173,12 @@ void ft_rope_inv_freq_long(const ft_model_config *cfg, float *inv_freq);
 /* Whether a forward whose largest position id is max_pos uses the long set: longrope and
  * max_pos + 1 > rope_original_max_position (transformers' longrope_frequency_update). */
 bool ft_rope_uses_long(const ft_model_config *cfg, long max_pos);
+
+/* gemma3's local RoPE: [rotary_dim/2] default frequencies at base rope_local_theta. */
+void ft_rope_inv_freq_local(const ft_model_config *cfg, float *inv_freq);
+/* Whether decoder layer l rotates with the local set (rope_local_theta > 0 and l is a
+ * sliding layer). */
+bool ft_layer_rope_local(const ft_model_config *cfg, int layer);
 
 /* Whether decoder layer l rotates q and k (false for smollm3's NoPE layers). */
 bool ft_layer_uses_rope(const ft_model_config *cfg, int layer);

@@ -573,7 +573,9 @@ int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, 
     if (assign_buffers(m, err))
         goto done;
     ft_rope_inv_freq(&m->cfg, m->inv_freq);
-    if (model_rope_sets(m) == 2)
+    if (m->cfg.rope_local_theta > 0)
+        ft_rope_inv_freq_local(&m->cfg, m->inv_freq + m->cfg.rotary_dim / 2);
+    else if (model_rope_sets(m) == 2)
         ft_rope_inv_freq_long(&m->cfg, m->inv_freq + m->cfg.rotary_dim / 2);
     if (model_upload_inv_freq(m, err))
         goto done;
