@@ -1289,6 +1289,121 @@ int ft_layer_window(const ft_model_config *cfg, int l)
     return cfg->sliding_window;
 }
 
+/* Sets key in obj to a copy of src's value when src has it (and drops it from obj
+ * otherwise, with drop). */
+static int copy_key(json_t *obj, const json_t *src, const char *key, bool drop)
+{
+    json_t *v = json_object_get(src, key);
+    if (v)
+        return json_object_set(obj, key, v);
+    if (drop)
+        json_object_del(obj, key);
+    return 0;
+}
+
+/* Gemma3TextConfig's defaults for the sizes its configs may leave out (the text_config of
+ * google/gemma-3-27b-it has no vocab_size), set in obj where absent. */
+static int gemma3_size_defaults(json_t *obj)
+{
+    static const struct {
+        const char *key;
+        int value;
+    } sizes[] = {{"vocab_size", 262208}, {"hidden_size", 2304}, {"intermediate_size", 9216},
+                 {"num_hidden_layers", 26}, {"num_attention_heads", 8}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if (!json_object_get(obj, sizes[i].key) &&
+            json_object_set_new(obj, sizes[i].key, json_integer(sizes[i].value)))
+            return -1;
+    return 0;
+}
+
+/* A multimodal gemma3 config (Gemma3Config): the text model is its text_config (a
+ * Gemma3TextConfig; absent: every default), read as gemma3_text, with what
+ * Gemma3ForConditionalGeneration takes from the top level instead: tie_word_embeddings
+ * (default true), the dtype and quantization_config, and token ids the text_config does
+ * not give. Gemma3ForConditionalGeneration does not cap its logits, so a
+ * final_logit_softcapping in text_config is refused rather than read two ways. The
+ * checkpoint keeps the text model under language_model. (see ckpt_prefix). */
+static int parse_gemma3_multimodal(const char *path, const json_t *root, ft_model_config *cfg,
+                                   ft_err *err)
+{
+    json_t *v = get_opt(root, "architectures");
+    if (v) {
+        bool ok = false;
+        size_t i;
+        json_t *e;
+        if (!json_is_array(v))
+            return ft_fail(err, "%s: 'architectures': expected an array, got %s", path,
+                           json_kind(v));
+        json_array_foreach(v, i, e) {
+            const char *a = json_string_value(e);
+            ok |= a && strcmp(a, "Gemma3ForConditionalGeneration") == 0;
+        }
+        if (!ok)
+            return ft_fail(err, "%s: 'architectures': a gemma3 config must name "
+                           "Gemma3ForConditionalGeneration", path);
+    }
+    json_t *tc = get_opt(root, "text_config");
+    if (tc && !json_is_object(tc))
+        return ft_fail(err, "%s: 'text_config': expected an object, got %s", path,
+                       json_kind(tc));
+    const char *type = "gemma3_text";
+    if (tc && (v = get_opt(tc, "model_type")) &&
+        (read_string(path, "text_config.model_type", v, &type, err) ||
+         (strcmp(type, "gemma3_text") != 0 &&
+          ft_fail(err, "%s: 'text_config.model_type': '%.64s' (only gemma3_text is "
+                  "supported inside a gemma3 config)", path, type))))
+        return -1;
+    json_t *text = tc ? json_deep_copy(tc) : json_object();
+    int rc = text ? 0 : ft_fail(err, "%s: out of memory", path);
+    if (rc == 0 && (json_object_set_new(text, "model_type", json_string("gemma3_text")) ||
+                    gemma3_size_defaults(text) || copy_key(text, root, "dtype", true) ||
+                    copy_key(text, root, "torch_dtype", true) ||
+                    copy_key(text, root, "quantization_config", true)))
+        rc = ft_fail(err, "%s: out of memory", path);
+    json_object_del(text, "architectures");
+    json_object_del(text, "tie_word_embeddings");
+    if (rc == 0 && (v = json_object_get(root, "tie_word_embeddings")) &&
+        json_object_set(text, "tie_word_embeddings", v))
+        rc = ft_fail(err, "%s: out of memory", path);
+    static const char *const ids[] = {"bos_token_id", "eos_token_id", "pad_token_id"};
+    for (size_t i = 0; i < 3 && rc == 0; i++)
+        if (!json_object_get(text, ids[i]) && copy_key(text, root, ids[i], false))
+            rc = ft_fail(err, "%s: out of memory", path);
+    char tpath[4200];
+    snprintf(tpath, sizeof tpath, "%s (text_config)", path);
+    if (rc == 0)
+        rc = parse_config(tpath, text, cfg, err);
+    json_decref(text);
+    if (rc)
+        return -1;
+    if (cfg->final_softcap != 0)
+        return ft_fail(err, "%s: 'text_config.final_logit_softcapping' is set: "
+                       "Gemma3ForConditionalGeneration does not apply it; only null is "
+                       "supported", path);
+    snprintf(cfg->model_type, sizeof cfg->model_type, "gemma3");
+    snprintf(cfg->ckpt_prefix, sizeof cfg->ckpt_prefix, "language_model.");
+    snprintf(cfg->module_prefix, sizeof cfg->module_prefix, "model.language_model.");
+    cfg->multimodal = true;
+    return 0;
+}
+
+/* The top-level object: a gemma3 config's text model, a gemma3_text config with its
+ * sizes' defaults filled in, or any other family's config as it is. */
+static int parse_top(const char *path, const json_t *root, ft_model_config *cfg, ft_err *err)
+{
+    const char *type = json_string_value(json_object_get(root, "model_type"));
+    if (type && strcmp(type, "gemma3") == 0)
+        return parse_gemma3_multimodal(path, root, cfg, err);
+    if (!type || strcmp(type, "gemma3_text") != 0)
+        return parse_config(path, root, cfg, err);
+    json_t *copy = json_deep_copy(root);
+    int rc = copy && gemma3_size_defaults(copy) == 0 ? parse_config(path, copy, cfg, err)
+                                                     : ft_fail(err, "%s: out of memory", path);
+    json_decref(copy);
+    return rc;
+}
+
 int ft_model_config_load(ft_model_config *cfg, const char *path, ft_err *err)
 {
     memset(cfg, 0, sizeof *cfg);
@@ -1296,11 +1411,12 @@ int ft_model_config_load(ft_model_config *cfg, const char *path, ft_err *err)
     if (!root)
         return -1;
     int rc;
+    snprintf(cfg->module_prefix, sizeof cfg->module_prefix, "model.");
     if (!json_is_object(root))
         rc = ft_fail(err, "%s: expected a JSON object at the top level, got %s", path,
                      json_kind(root));
     else
-        rc = parse_config(path, root, cfg, err);
+        rc = parse_top(path, root, cfg, err);
     json_decref(root);
     if (rc == 0)
         rc = ft_quant_config_read(path, &cfg->quant, err);

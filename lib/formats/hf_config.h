@@ -59,7 +59,8 @@ typedef enum ft_qk_norm {
 
 typedef struct ft_model_config {
     char model_type[32]; /* "llama", "mistral", "qwen2", "qwen3", "granite", "gemma",
-                          * "gemma2", "olmo2", "phi3", "smollm3" */
+                          * "gemma2", "gemma3_text", "gemma3" (multimodal: its text
+                          * model), "olmo2", "phi3", "smollm3" */
     int vocab_size;
     int hidden_size;
     int intermediate_size;
@@ -148,6 +149,20 @@ typedef struct ft_model_config {
     float final_softcap;
     char norm_name[FT_NBRANCH_NORMS][32];
     ft_qk_norm qk_norm;
+    /* The names of the text model's weights. A causal LM's checkpoint holds
+     * model.embed_tokens.weight, model.layers.N.<module>.weight, model.norm.weight and
+     * lm_head.weight (ckpt_prefix ""); a multimodal gemma3 checkpoint (multimodal,
+     * model_type "gemma3": Gemma3ForConditionalGeneration) holds them under
+     * ckpt_prefix "language_model." as transformers writes it (language_model.model.*,
+     * language_model.lm_head.weight), beside the vision tower and projector
+     * (vision_tower.*, multi_modal_projector.*), which the model does not read and ft-merge
+     * carries through unchanged. module_prefix is the decoder's module path in the
+     * loaded transformers model, which PEFT's adapter keys
+     * (base_model.model.<module_prefix>layers.N.self_attn.q_proj.lora_A.weight) and
+     * target regexes name: "model." or "model.language_model.". */
+    char ckpt_prefix[32];
+    char module_prefix[32];
+    bool multimodal;
     /* "quantization_config": the checkpoint holds bitsandbytes 4/8-bit weights
      * (present = false for a dense checkpoint) */
     ft_quant_config quant;

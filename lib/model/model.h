@@ -153,6 +153,11 @@ typedef struct ft_model ft_model;
 /* Tokens of the batch whose (shifted) label counts: the loss denominator. */
 long ft_batch_counted_tokens(const ft_batch *b);
 
+/* Whether a checkpoint tensor lies outside the text model: a multimodal gemma3
+ * checkpoint's vision tower and projector (every name outside cfg->ckpt_prefix), which
+ * the model does not read and ft-merge copies unchanged into its output. */
+bool ft_model_carried_tensor(const ft_model_config *cfg, const char *name);
+
 /* Loads config.json and the weights (model.safetensors or a sharded index; F32, F16 or
  * BF16, converted to fp32) from dir. In LoRA mode, creates A with PEFT's default init
  * (kaiming-uniform, bound 1/sqrt(in), seeded) and B = 0. Errors name the file, key or

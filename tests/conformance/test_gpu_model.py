@@ -31,7 +31,8 @@ B = 2
 CASES = [("llama_gqa", "all7"), ("qwen2", "qv"), ("llama_mqa_odd", "all7"), ("tied", "qv"),
          ("granite", "all7"), ("gemma", "all7"), ("phi3", "all4"), ("phi3_longrope", "all4"),
          ("phi4_mini", "qkv_down"), ("smollm3", "all7"), ("smollm3_interval", "qv"),
-         ("gemma2", "all7"), ("olmo2", "all7"), ("qwen3", "all7"), ("qwen3_tied", "qv")]
+         ("gemma2", "all7"), ("olmo2", "all7"), ("qwen3", "all7"), ("qwen3_tied", "qv"),
+         ("gemma3", "all7"), ("gemma3_legacy", "qv")]
 
 BF16_TOL_LOGITS = 2e-2
 BF16_TOL_LOSS = 1e-2
@@ -117,7 +118,7 @@ def test_gpu_vs_cpu_reference(case):
 # Full fine-tuning on the GPU: every weight's gradient (norms, q/k norms, post-norms) against
 # our CPU model's, which test_models.py holds against transformers. The families whose
 # blocks have more than llama's norms (post-norms, q/k norms).
-FULL_CASES = ["olmo2", "qwen3", "gemma2"]
+FULL_CASES = ["olmo2", "qwen3", "gemma2", "gemma3"]
 
 
 @pytest.fixture(scope="module", params=[(m, d) for m in FULL_CASES for d in ("fp32", "bf16")],
@@ -249,7 +250,7 @@ def test_gpu_qlora_vs_cpu_qlora(qcase):
 # (olmo2, gemma2: its MLP's down_proj output too, the post-norm's input) gives
 # bit-identical logits, loss and gradients, in fp32 and bf16, LoRA and full.
 CKPT_CASES = [("olmo2", "all7"), ("olmo2", None), ("qwen3", "all7"), ("gemma2", "all7"),
-              ("gemma2", None)]
+              ("gemma2", None), ("gemma3", "all7"), ("gemma3", None)]
 
 
 @pytest.mark.parametrize("model_name,variant,dtype",
