@@ -240,3 +240,33 @@ def test_quantize_tool_refuses(mm_dir, tmp_path):
                         capture_output=True, text=True)
     assert cp.returncode != 0
     assert "model.layers.N" in cp.stderr, cp.stderr
+
+
+@pytest.mark.parametrize("mode", ["full", "qlora"])
+def test_train_tool(mm_dir, tmp_path, mode):
+    """ft-train on the multimodal checkpoint: QLoRA (NF4 on load) trains and writes an
+    adapter PEFT loads on Gemma3ForConditionalGeneration; full fine-tuning is refused (its
+    final model would lack the vision tower)."""
+    exe = tool("FT_TRAIN", "ft-train")
+    d = tmp_path / "model"
+    ftref.copy_model_dir(mm_dir, d)
+    demo = Path(__file__).resolve().parents[2] / "demo" / "model"
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # the data is pre-tokenized
+        (d / name).write_bytes((demo / name).read_bytes())
+    data = tmp_path / "ids.jsonl"
+    ids, _ = batch()
+    data.write_text("".join(json.dumps({"input_ids": row}) + "\n" for row in ids.tolist() * 4))
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"model:\n  name: {d}\n  max_seq_len: 16\ntuning:\n  mode: {mode}\n"
+                   f"train:\n  batch_size: 2\n  max_steps: 2\n  output_dir: {tmp_path / 'run'}\n"
+                   f"data:\n  train_path: {data}\n  eval_path: \"\"\n")
+    cp = subprocess.run([exe, "--config", str(cfg)], capture_output=True, text=True)
+    if mode == "full":
+        assert cp.returncode != 0
+        assert "tuning.mode full" in cp.stderr and "vision tower" in cp.stderr, cp.stderr
+        return
+    assert cp.returncode == 0, cp.stderr
+    final = tmp_path / "run" / "final"
+    pm = peft_model(mm_dir, final)
+    wrapped = [n for n, mod in pm.named_modules() if hasattr(mod, "lora_A")]
+    assert wrapped and all(".language_model.layers." in n for n in wrapped), wrapped
