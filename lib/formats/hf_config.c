@@ -1,6 +1,8 @@
 /* Reads a Hugging Face config.json of the dense decoder families (model_type "llama",
- * "mistral", "qwen2", "qwen3", "granite", "gemma", "gemma2", "olmo2", "phi3", "smollm3") into
- * ft_model_config, and computes the RoPE inverse frequencies the way transformers does.
+ * "mistral", "qwen2", "qwen3", "granite", "gemma", "gemma2", "gemma3_text", "olmo2", "phi3",
+ * "smollm3", and "gemma3": the text_config of a multimodal Gemma 3, read as gemma3_text by
+ * parse_gemma3_multimodal) into ft_model_config, and computes the RoPE inverse frequencies
+ * the way transformers does.
  *
  * Defaults are those of transformers' LlamaConfig, MistralConfig, Qwen2Config,
  * Qwen3Config, GraniteConfig, GemmaConfig, Gemma2Config, Olmo2Config, Phi3Config and
@@ -25,6 +27,16 @@
  *                            10000
  *   gemma2: query_pre_attn_scalar 256, attn_logit_softcapping 50,
  *           final_logit_softcapping 30
+ *   gemma3_text (Gemma3TextConfig): gemma2's norms, head_dim 256, num_key_value_heads 4,
+ *           query_pre_attn_scalar 256 and tied head, plus per-head q/k norms;
+ *           max_position_embeddings 131072; sliding_window 4096 on the layers layer_types
+ *           says (absent: all but every sliding_window_pattern-th, default 6); rope_theta
+ *           1e6 (full-attention layers, with rope_scaling: default or linear),
+ *           rope_local_base_freq 1e4 (sliding layers), or the same per layer type in
+ *           rope_parameters; final_logit_softcapping null (applied when set);
+ *           attn_logit_softcapping must be null (Gemma3Attention never applies it);
+ *           vocab_size 262208, hidden_size 2304, intermediate_size 9216,
+ *           num_hidden_layers 26, num_attention_heads 8 when absent
  *   (*) absent only; an explicit null means "= num_attention_heads", as in transformers.
  *
  * The block: llama's RMSNorms before the attention (input_layernorm) and the MLP
@@ -75,8 +87,9 @@
  *     quantized in the checkpoint).
  *   rejected when present (keys of other families, which the model would silently
  *     drop although the checkpoint was trained with them): attn_logit_softcapping,
- *     final_logit_softcapping, query_pre_attn_scalar (outside gemma2), attention_multiplier
- *     (outside granite), scale_depth (MiniCPM), num_experts, num_local_experts (MoE);
+ *     final_logit_softcapping, query_pre_attn_scalar (outside gemma2 and gemma3),
+ *     attention_multiplier (outside granite), scale_depth (MiniCPM), num_experts,
+ *     num_local_experts (MoE);
  *     embedding_multiplier, residual_multiplier, logits_scaling (outside granite),
  *     scale_emb unless 1; use_qk_norm, qk_layernorm, use_parallel_residual,
  *     scale_embeddings unless false.
