@@ -766,6 +766,68 @@ static void test_gemma3_text(void)
                  "final_logit_softcapping");
 }
 
+/* google/gemma-3-27b-it's config.json (transformers 4.50): a multimodal Gemma3Config whose
+ * text_config is read as gemma3_text, with Gemma3TextConfig's defaults for what it leaves
+ * out and the top level's tie, dtype and eos */
+static const char *GEMMA3_27B =
+    "{\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"boi_token_index\": 255999,"
+    " \"eoi_token_index\": 256000, \"eos_token_id\": [1, 106], \"image_token_index\": 262144,"
+    " \"initializer_range\": 0.02, \"mm_tokens_per_image\": 256, \"model_type\": \"gemma3\","
+    " \"text_config\": {\"head_dim\": 128, \"hidden_size\": 5376, \"intermediate_size\": 21504,"
+    " \"model_type\": \"gemma3_text\", \"num_attention_heads\": 32, \"num_hidden_layers\": 62,"
+    " \"num_key_value_heads\": 16, \"query_pre_attn_scalar\": 168, \"rope_scaling\":"
+    " {\"factor\": 8.0, \"rope_type\": \"linear\"}, \"sliding_window\": 1024%s},"
+    " \"torch_dtype\": \"bfloat16\", \"transformers_version\": \"4.50.0.dev0\","
+    " \"vision_config\": {\"hidden_size\": 1152, \"image_size\": 896,"
+    " \"intermediate_size\": 4304, \"model_type\": \"siglip_vision_model\","
+    " \"num_attention_heads\": 16, \"num_hidden_layers\": 27, \"patch_size\": 14,"
+    " \"vision_use_head\": false}%s}";
+
+static const char *gemma3_27b(const char *text_extra, const char *top_extra)
+{
+    static char buf[4096];
+    snprintf(buf, sizeof buf, GEMMA3_27B, text_extra, top_extra);
+    return buf;
+}
+
+static void test_gemma3_multimodal(void)
+{
+    ft_model_config c;
+    ft_err e = {0};
+    CHECK(load(gemma3_27b("", ""), &c, &e) == 0);
+    if (e.msg[0])
+        fprintf(stderr, "  %s\n", e.msg);
+    CHECK(strcmp(c.model_type, "gemma3") == 0 && c.multimodal);
+    CHECK(strcmp(c.ckpt_prefix, "language_model.") == 0 &&
+          strcmp(c.module_prefix, "model.language_model.") == 0);
+    CHECK(c.vocab_size == 262208 && c.hidden_size == 5376 && c.num_layers == 62);
+    CHECK(c.num_heads == 32 && c.num_kv_heads == 16 && c.head_dim == 128);
+    CHECK(c.attention_scale == (float)pow(168.0, -0.5) && c.final_softcap == 0.0f);
+    CHECK(c.rope_kind == FT_ROPE_LINEAR && c.rope_factor == 8.0f && c.rope_theta == 1e6 &&
+          c.rope_local_theta == 1e4);
+    CHECK(ft_layer_window(&c, 0) == 1024 && ft_layer_window(&c, 5) == 0 &&
+          ft_layer_window(&c, 61) == 1024 && ft_layer_window(&c, 59) == 0);
+    CHECK(c.tie_word_embeddings && strcmp(c.torch_dtype, "bfloat16") == 0);
+    CHECK(c.n_eos == 2 && c.eos_token_ids[1] == 106);
+    /* the top level's tie_word_embeddings, not text_config's */
+    CHECK(load(gemma3_27b(", \"tie_word_embeddings\": true", ", \"tie_word_embeddings\": false"),
+               &c, &e) == 0);
+    CHECK(!c.tie_word_embeddings);
+    /* a causal LM keeps the plain names */
+    CHECK(load("{\"model_type\": \"gemma3_text\", " REQ "}", &c, &e) == 0);
+    CHECK(!c.multimodal && c.ckpt_prefix[0] == '\0' && strcmp(c.module_prefix, "model.") == 0);
+
+    EXPECT_ERROR(gemma3_27b(", \"final_logit_softcapping\": 30.0", ""),
+                 "text_config.final_logit_softcapping");
+    EXPECT_ERROR(gemma3_27b(", \"attn_logit_softcapping\": 50.0", ""), "attn_logit_softcapping");
+    EXPECT_ERROR(gemma3_27b(", \"mlp_bias\": true", ""), "mlp_bias");
+    EXPECT_ERROR("{\"model_type\": \"gemma3\", \"text_config\": [1]}", "text_config");
+    EXPECT_ERROR("{\"model_type\": \"gemma3\", \"text_config\": {\"model_type\": \"llama\"}}",
+                 "text_config.model_type");
+    EXPECT_ERROR("{\"model_type\": \"gemma3\", \"architectures\": [\"LlavaForConditionalGeneration\"]}",
+                 "architectures");
+}
+
 /* Qwen/Qwen3-0.6B's config.json (transformers 4.51), and Qwen3-8B's with layer_types as
  * transformers 5 writes it */
 static void test_qwen3(void)
@@ -1094,6 +1156,7 @@ int main(void)
     RUN(test_smollm3);
     RUN(test_gemma2);
     RUN(test_gemma3_text);
+    RUN(test_gemma3_multimodal);
     RUN(test_qwen3);
     RUN(test_olmo2);
     RUN(test_file_errors);
