@@ -1,6 +1,8 @@
 /* Reads a Hugging Face config.json of the dense decoder families (model_type "llama",
- * "mistral", "qwen2", "qwen3", "granite", "gemma", "gemma2", "olmo2", "phi3", "smollm3") into
- * ft_model_config, and computes the RoPE inverse frequencies the way transformers does.
+ * "mistral", "qwen2", "qwen3", "granite", "gemma", "gemma2", "gemma3_text", "olmo2", "phi3",
+ * "smollm3", and "gemma3": the text_config of a multimodal Gemma 3, read as gemma3_text by
+ * parse_gemma3_multimodal) into ft_model_config, and computes the RoPE inverse frequencies
+ * the way transformers does.
  *
  * Defaults are those of transformers' LlamaConfig, MistralConfig, Qwen2Config,
  * Qwen3Config, GraniteConfig, GemmaConfig, Gemma2Config, Olmo2Config, Phi3Config and
@@ -25,6 +27,16 @@
  *                            10000
  *   gemma2: query_pre_attn_scalar 256, attn_logit_softcapping 50,
  *           final_logit_softcapping 30
+ *   gemma3_text (Gemma3TextConfig): gemma2's norms, head_dim 256, num_key_value_heads 4,
+ *           query_pre_attn_scalar 256 and tied head, plus per-head q/k norms;
+ *           max_position_embeddings 131072; sliding_window 4096 on the layers layer_types
+ *           says (absent: all but every sliding_window_pattern-th, default 6); rope_theta
+ *           1e6 (full-attention layers, with rope_scaling: default or linear),
+ *           rope_local_base_freq 1e4 (sliding layers), or the same per layer type in
+ *           rope_parameters; final_logit_softcapping null (applied when set);
+ *           attn_logit_softcapping must be null (Gemma3Attention never applies it);
+ *           vocab_size 262208, hidden_size 2304, intermediate_size 9216,
+ *           num_hidden_layers 26, num_attention_heads 8 when absent
  *   (*) absent only; an explicit null means "= num_attention_heads", as in transformers.
  *
  * The block: llama's RMSNorms before the attention (input_layernorm) and the MLP
@@ -75,8 +87,9 @@
  *     quantized in the checkpoint).
  *   rejected when present (keys of other families, which the model would silently
  *     drop although the checkpoint was trained with them): attn_logit_softcapping,
- *     final_logit_softcapping, query_pre_attn_scalar (outside gemma2), attention_multiplier
- *     (outside granite), scale_depth (MiniCPM), num_experts, num_local_experts (MoE);
+ *     final_logit_softcapping, query_pre_attn_scalar (outside gemma2 and gemma3),
+ *     attention_multiplier (outside granite), scale_depth (MiniCPM), num_experts,
+ *     num_local_experts (MoE);
  *     embedding_multiplier, residual_multiplier, logits_scaling (outside granite),
  *     scale_emb unless 1; use_qk_norm, qk_layernorm, use_parallel_residual,
  *     scale_embeddings unless false.
@@ -117,7 +130,8 @@ typedef enum family_kind {
     FAM_GEMMA2,
     FAM_OLMO2,
     FAM_PHI3,
-    FAM_SMOLLM3
+    FAM_SMOLLM3,
+    FAM_GEMMA3
 } family_kind;
 
 typedef struct model_defaults {
@@ -159,10 +173,13 @@ static const model_defaults MODEL_DEFAULTS[] = {
     {"olmo2", FAM_OLMO2, 2048, 0, 0, 0, false, 1e-5, OLMO2_NORMS, FT_QK_NORM_PROJ},
     {"phi3", FAM_PHI3, 4096, 0, 0, 0, false, 1e-5, PRE_NORMS, FT_QK_NORM_NONE},
     {"smollm3", FAM_SMOLLM3, 32768, 4, 0, 0, true, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
+    {"gemma3_text", FAM_GEMMA3, 131072, 4, 4096, 256, true, 1e-6, GEMMA2_NORMS,
+     FT_QK_NORM_HEAD},
 };
 
 #define SUPPORTED_TYPES                                                                        \
-    "llama, mistral, qwen2, qwen3, granite, gemma, gemma2, olmo2, phi3, smollm3"
+    "llama, mistral, qwen2, qwen3, granite, gemma, gemma2, gemma3_text, gemma3 (its text "    \
+    "model), olmo2, phi3, smollm3"
 
 /* Keys of other families that must be absent, neutral, or null (quantization_config:
  * or bitsandbytes'). */
@@ -325,8 +342,8 @@ static int read_eos(const char *path, const json_t *root, ft_model_config *cfg, 
     return 0;
 }
 
-/* A family's own keys, not foreign to it: granite's multipliers and gemma2's soft-caps and
- * query_pre_attn_scalar (read by read_family_scales), phi3's partial_rotary_factor (read by
+/* A family's own keys, not foreign to it: granite's multipliers and gemma2's (and
+ * gemma3's) soft-caps and query_pre_attn_scalar (read by read_family_scales), phi3's partial_rotary_factor (read by
  * read_rope). */
 static bool family_owns(const model_defaults *md, const char *key)
 {
@@ -337,6 +354,7 @@ static bool family_owns(const model_defaults *md, const char *key)
     static const char *const phi3[] = {"partial_rotary_factor", NULL};
     const char *const *own = md->family == FAM_GRANITE ? granite
                              : md->family == FAM_GEMMA2 ? gemma2
+                             : md->family == FAM_GEMMA3 ? gemma2
                              : md->family == FAM_PHI3   ? phi3
                                                         : NULL;
     for (size_t i = 0; own && own[i]; i++)
@@ -575,6 +593,106 @@ static int read_longrope(const char *path, const json_t *root, const json_t *rop
     return 0;
 }
 
+/* One layer type's RoPE of gemma3 (Gemma3RotaryEmbedding): the dict `name` (NULL: none)
+ * over the defaults in *theta / *kind / *factor; rope_type default, or linear where
+ * linear_ok (the full-attention layers: transformers' rope scaling of the 4B..27B
+ * models). */
+static int gemma3_rope_dict(const char *path, const json_t *rope, const char *name,
+                            bool linear_ok, double *theta, ft_rope_kind *kind, float *factor,
+                            ft_err *err)
+{
+    char key[128];
+    if (!rope)
+        return 0;
+    if (!json_is_object(rope))
+        return ft_fail(err, "%s: '%s': expected an object, got %s", path, name, json_kind(rope));
+    json_t *v;
+    snprintf(key, sizeof key, "%s.rope_theta", name);
+    if ((v = get_opt(rope, "rope_theta")) && read_positive(path, key, v, theta, err))
+        return -1;
+    double f = 1.0;
+    snprintf(key, sizeof key, "%s.partial_rotary_factor", name);
+    if ((v = get_opt(rope, "partial_rotary_factor")) &&
+        (read_positive(path, key, v, &f, err) ||
+         (f != 1.0 && ft_fail(err, "%s: '%s' must be 1: partial rotary embeddings are not "
+                              "supported for gemma3", path, key))))
+        return -1;
+    const char *type = "default";
+    snprintf(key, sizeof key, "%s.rope_type", name);
+    if (!(v = get_opt(rope, "rope_type"))) {
+        v = get_opt(rope, "type");
+        snprintf(key, sizeof key, "%s.type", name);
+    }
+    if (v && read_string(path, key, v, &type, err))
+        return -1;
+    if (strcmp(type, "default") == 0) {
+        *kind = FT_ROPE_DEFAULT;
+        *factor = 1.0f;
+        return 0;
+    }
+    if (strcmp(type, "linear") != 0 || !linear_ok)
+        return ft_fail(err, "%s: '%s': rope type '%.64s' is not supported for gemma3's %s "
+                       "layers (supported: %s)", path, key, type,
+                       linear_ok ? "full-attention" : "sliding",
+                       linear_ok ? "default, linear" : "default");
+    if (rope_param(path, name, rope, type, "factor", &f, err))
+        return -1;
+    *kind = FT_ROPE_LINEAR;
+    *factor = (float)f;
+    return 0;
+}
+
+/* gemma3's two RoPEs, as Gemma3TextConfig.convert_rope_params_to_dict builds them: the
+ * full-attention layers' from rope_parameters.full_attention, updated by a legacy
+ * rope_scaling, with rope_theta (default 1e6) where neither says it; the sliding layers'
+ * from rope_parameters.sliding_attention, with rope_local_base_freq (default 1e4) where
+ * it does not say it. rope_kind / rope_factor / rope_theta describe the full-attention
+ * layers, rope_local_theta the sliding ones (default RoPE). */
+static int read_gemma3_rope(const char *path, const json_t *root, ft_model_config *cfg,
+                            ft_err *err)
+{
+    cfg->rope_kind = FT_ROPE_DEFAULT;
+    cfg->rope_factor = 1.0f;
+    cfg->rope_low_freq_factor = cfg->rope_high_freq_factor = 0.0f;
+    cfg->rope_original_max_position = 0;
+    cfg->rope_attention_factor = 1.0f;
+    cfg->rotary_dim = cfg->head_dim;
+    cfg->rope_theta = 1e6;
+    cfg->rope_local_theta = 1e4;
+    json_t *v;
+    if ((v = get_opt(root, "rope_theta")) && read_positive(path, "rope_theta", v,
+                                                           &cfg->rope_theta, err))
+        return -1;
+    if ((v = get_opt(root, "rope_local_base_freq")) &&
+        read_positive(path, "rope_local_base_freq", v, &cfg->rope_local_theta, err))
+        return -1;
+    json_t *params = get_opt(root, "rope_parameters");
+    if (params) {
+        if (!json_is_object(params))
+            return ft_fail(err, "%s: 'rope_parameters': expected an object, got %s", path,
+                           json_kind(params));
+        const char *k;
+        json_t *e;
+        json_object_foreach(params, k, e) {
+            if (strcmp(k, "full_attention") != 0 && strcmp(k, "sliding_attention") != 0)
+                return ft_fail(err, "%s: 'rope_parameters': key '%.64s': gemma3 takes one dict "
+                               "per layer type (full_attention, sliding_attention)", path, k);
+        }
+    }
+    ft_rope_kind local_kind;
+    float local_factor;
+    if (gemma3_rope_dict(path, params ? get_opt(params, "full_attention") : NULL,
+                         "rope_parameters.full_attention", true, &cfg->rope_theta,
+                         &cfg->rope_kind, &cfg->rope_factor, err) ||
+        gemma3_rope_dict(path, get_opt(root, "rope_scaling"), "rope_scaling", true,
+                         &cfg->rope_theta, &cfg->rope_kind, &cfg->rope_factor, err) ||
+        gemma3_rope_dict(path, params ? get_opt(params, "sliding_attention") : NULL,
+                         "rope_parameters.sliding_attention", false, &cfg->rope_local_theta,
+                         &local_kind, &local_factor, err))
+        return -1;
+    return 0;
+}
+
 /* rope_scaling (transformers 4) or rope_parameters (transformers 5; it also carries
  * rope_theta and may carry partial_rotary_factor). rope_scaling wins when both are set, as
  * in transformers' convert_rope_params_to_dict; rope_theta inside the dict wins over the
@@ -582,6 +700,9 @@ static int read_longrope(const char *path, const json_t *root, const json_t *rop
 static int read_rope(const char *path, const json_t *root, const model_defaults *md,
                      ft_model_config *cfg, ft_err *err)
 {
+    cfg->rope_local_theta = 0.0;
+    if (md->family == FAM_GEMMA3)
+        return read_gemma3_rope(path, root, cfg, err);
     const char *name = "rope_scaling";
     json_t *rope = get_opt(root, name);
     if (!rope) {
@@ -679,8 +800,8 @@ static int check_layer_types(const char *path, const json_t *root, const ft_mode
                              ft_err *err)
 {
     json_t *v = get_opt(root, "layer_types");
-    if (!v || strcmp(cfg->model_type, "gemma2") == 0) /* gemma2: read_gemma2_layers */
-        return 0;
+    if (!v || strcmp(cfg->model_type, "gemma2") == 0 || strcmp(cfg->model_type, "gemma3_text") == 0)
+        return 0; /* gemma2, gemma3: read_gemma2_layers, read_gemma3_layers */
     if (!json_is_array(v))
         return ft_fail(err, "%s: 'layer_types': expected an array, got %s", path, json_kind(v));
     const char *want = cfg->sliding_window > 0 ? "sliding_attention" : "full_attention";
@@ -737,6 +858,53 @@ static int read_gemma2_layers(const char *path, const json_t *root, ft_model_con
     return 0;
 }
 
+/* gemma3's windows (Gemma3TextConfig): sliding_window (default 4096; null refused) on the
+ * layers layer_types calls "sliding_attention", any mix of those and "full_attention";
+ * without layer_types, older configs' sliding_window_pattern P (default 6) makes layer l
+ * sliding unless (l + 1) % P == 0 (every P-th layer global), as the config class derives
+ * the list. */
+static int read_gemma3_layers(const char *path, const json_t *root, ft_model_config *cfg,
+                              ft_err *err)
+{
+    json_t *v = json_object_get(root, "sliding_window");
+    cfg->sliding_window = 4096;
+    if (v && json_is_null(v))
+        return ft_fail(err, "%s: 'sliding_window' is null: gemma3 without a window on its "
+                       "sliding layers is not supported", path);
+    if (v && read_int(path, "sliding_window", v, 1, INT_MAX, &cfg->sliding_window, err))
+        return -1;
+    if (cfg->num_layers > FT_MAX_LAYER_TYPES)
+        return ft_fail(err, "%s: 'num_hidden_layers': %d layers with per-layer attention types "
+                       "are more than the %d supported", path, cfg->num_layers,
+                       FT_MAX_LAYER_TYPES);
+    v = get_opt(root, "layer_types");
+    if (!v) {
+        int pattern = 6;
+        json_t *pv = get_opt(root, "sliding_window_pattern");
+        if (pv && read_int(path, "sliding_window_pattern", pv, 1, INT_MAX, &pattern, err))
+            return -1;
+        for (int l = 0; l < cfg->num_layers; l++)
+            cfg->layer_full_attention[l] = (l + 1) % pattern == 0;
+        return 0;
+    }
+    if (!json_is_array(v))
+        return ft_fail(err, "%s: 'layer_types': expected an array, got %s", path, json_kind(v));
+    if (json_array_size(v) != (size_t)cfg->num_layers)
+        return ft_fail(err, "%s: 'layer_types': %zu entries for %d layers", path,
+                       json_array_size(v), cfg->num_layers);
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e) {
+        const char *t = json_string_value(e);
+        if (t && strcmp(t, "full_attention") == 0)
+            cfg->layer_full_attention[i] = true;
+        else if (!t || strcmp(t, "sliding_attention") != 0)
+            return ft_fail(err, "%s: 'layer_types'[%zu]: %s is not one of sliding_attention, "
+                           "full_attention", path, i, t ? t : json_kind(e));
+    }
+    return 0;
+}
+
 /* Qwen2, Qwen3 and SmolLM3: sliding_window is read only with use_sliding_window, which is
  * refused (their sliding layers are not implemented); a window size beside
  * use_sliding_window false, as their checkpoints carry it, means nothing. */
@@ -778,7 +946,7 @@ static int read_attention_options(const char *path, const json_t *root,
     bool has_mlp_bias = md->family == FAM_LLAMA || md->family == FAM_GRANITE ||
                         md->family == FAM_SMOLLM3;
     if (has_mlp_bias || md->family == FAM_GEMMA || md->family == FAM_GEMMA2 ||
-        md->family == FAM_QWEN3 || md->family == FAM_OLMO2) {
+        md->family == FAM_GEMMA3 || md->family == FAM_QWEN3 || md->family == FAM_OLMO2) {
         /* attention_bias on q, k, v and o; mlp_bias on gate, up, down (llama, granite,
          * smollm3) */
         if (mlp_bias && !has_mlp_bias)
@@ -788,6 +956,8 @@ static int read_attention_options(const char *path, const json_t *root,
         cfg->mlp_bias = mlp_bias;
         if (md->family == FAM_GEMMA2)
             return read_gemma2_layers(path, root, cfg, err);
+        if (md->family == FAM_GEMMA3)
+            return read_gemma3_layers(path, root, cfg, err);
         return md->family == FAM_QWEN3 ? check_use_sliding_window(path, root, type, err) : 0;
     }
     if (attention_bias)
@@ -843,15 +1013,16 @@ static int read_activation(const char *path, const json_t *root, const model_def
                            ft_model_config *cfg, ft_err *err)
 {
     json_t *v;
-    if (md->family == FAM_GEMMA2) {
-        /* Gemma2MLP (4.46 and later) applies hidden_activation; hidden_act is not read */
+    if (md->family == FAM_GEMMA2 || md->family == FAM_GEMMA3) {
+        /* Gemma2MLP (4.46 and later) and Gemma3MLP apply hidden_activation; hidden_act is
+         * not read */
         const char *act = "gelu_pytorch_tanh";
         if ((v = get_opt(root, "hidden_activation")) &&
             read_string(path, "hidden_activation", v, &act, err))
             return -1;
         if (strcmp(act, "gelu_pytorch_tanh") != 0)
-            return ft_fail(err, "%s: 'hidden_activation': '%.32s' is not supported for gemma2 "
-                           "(only gelu_pytorch_tanh)", path, act);
+            return ft_fail(err, "%s: 'hidden_activation': '%.32s' is not supported for %s "
+                           "(only gelu_pytorch_tanh)", path, act, md->model_type);
         cfg->mlp_act = FT_ACT_GELU_TANH;
         return 0;
     }
@@ -1006,6 +1177,22 @@ static int read_gemma2_scales(const char *path, const json_t *root, ft_model_con
                : 0;
 }
 
+/* gemma3: gemma2's attention scale and causal-only rule; Gemma3ForCausalLM caps the
+ * logits with final_logit_softcapping (default null: none), but Gemma3Attention never
+ * passes attn_logit_softcapping to its attention, so a cap there would be read two ways:
+ * refused. */
+static int read_gemma3_scales(const char *path, const json_t *root, ft_model_config *cfg,
+                              ft_err *err)
+{
+    if (get_opt(root, "attn_logit_softcapping"))
+        return ft_fail(err, "%s: 'attn_logit_softcapping' is set: transformers' Gemma 3 "
+                       "attention does not apply it; only null is supported", path);
+    if (read_gemma2_scales(path, root, cfg, err))
+        return -1;
+    cfg->attn_softcap = 0.0f;
+    return read_softcap(path, root, "final_logit_softcapping", 0.0, &cfg->final_softcap, err);
+}
+
 /* The family's scalars and norm convention (see ft_model_config). */
 static int read_family_scales(const char *path, const json_t *root, const model_defaults *md,
                               ft_model_config *cfg, ft_err *err)
@@ -1029,6 +1216,12 @@ static int read_family_scales(const char *path, const json_t *root, const model_
         cfg->residual_scale = (float)res;
         cfg->attention_scale = (float)att;
         cfg->logits_scale = (float)logit;
+    } else if (md->family == FAM_GEMMA3) {
+        if (read_gemma3_scales(path, root, cfg, err))
+            return -1;
+        cfg->embed_scale = sqrt((double)cfg->hidden_size);
+        cfg->embed_scale_round = true;
+        cfg->norm_w_offset = 1.0f;
     } else if (md->family == FAM_GEMMA || md->family == FAM_GEMMA2) {
         /* GemmaRotaryEmbedding (4.46) reads rope_theta only: a scaled RoPE in the file
          * would run unscaled there and scaled in later versions (Gemma 2 likewise). */
@@ -1109,6 +1302,121 @@ int ft_layer_window(const ft_model_config *cfg, int l)
     return cfg->sliding_window;
 }
 
+/* Sets key in obj to a copy of src's value when src has it (and drops it from obj
+ * otherwise, with drop). */
+static int copy_key(json_t *obj, const json_t *src, const char *key, bool drop)
+{
+    json_t *v = json_object_get(src, key);
+    if (v)
+        return json_object_set(obj, key, v);
+    if (drop)
+        json_object_del(obj, key);
+    return 0;
+}
+
+/* Gemma3TextConfig's defaults for the sizes its configs may leave out (the text_config of
+ * google/gemma-3-27b-it has no vocab_size), set in obj where absent. */
+static int gemma3_size_defaults(json_t *obj)
+{
+    static const struct {
+        const char *key;
+        int value;
+    } sizes[] = {{"vocab_size", 262208}, {"hidden_size", 2304}, {"intermediate_size", 9216},
+                 {"num_hidden_layers", 26}, {"num_attention_heads", 8}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if (!json_object_get(obj, sizes[i].key) &&
+            json_object_set_new(obj, sizes[i].key, json_integer(sizes[i].value)))
+            return -1;
+    return 0;
+}
+
+/* A multimodal gemma3 config (Gemma3Config): the text model is its text_config (a
+ * Gemma3TextConfig; absent: every default), read as gemma3_text, with what
+ * Gemma3ForConditionalGeneration takes from the top level instead: tie_word_embeddings
+ * (default true), the dtype and quantization_config, and token ids the text_config does
+ * not give. Gemma3ForConditionalGeneration does not cap its logits, so a
+ * final_logit_softcapping in text_config is refused rather than read two ways. The
+ * checkpoint keeps the text model under language_model. (see ckpt_prefix). */
+static int parse_gemma3_multimodal(const char *path, const json_t *root, ft_model_config *cfg,
+                                   ft_err *err)
+{
+    json_t *v = get_opt(root, "architectures");
+    if (v) {
+        bool ok = false;
+        size_t i;
+        json_t *e;
+        if (!json_is_array(v))
+            return ft_fail(err, "%s: 'architectures': expected an array, got %s", path,
+                           json_kind(v));
+        json_array_foreach(v, i, e) {
+            const char *a = json_string_value(e);
+            ok |= a && strcmp(a, "Gemma3ForConditionalGeneration") == 0;
+        }
+        if (!ok)
+            return ft_fail(err, "%s: 'architectures': a gemma3 config must name "
+                           "Gemma3ForConditionalGeneration", path);
+    }
+    json_t *tc = get_opt(root, "text_config");
+    if (tc && !json_is_object(tc))
+        return ft_fail(err, "%s: 'text_config': expected an object, got %s", path,
+                       json_kind(tc));
+    const char *type = "gemma3_text";
+    if (tc && (v = get_opt(tc, "model_type")) &&
+        (read_string(path, "text_config.model_type", v, &type, err) ||
+         (strcmp(type, "gemma3_text") != 0 &&
+          ft_fail(err, "%s: 'text_config.model_type': '%.64s' (only gemma3_text is "
+                  "supported inside a gemma3 config)", path, type))))
+        return -1;
+    json_t *text = tc ? json_deep_copy(tc) : json_object();
+    int rc = text ? 0 : ft_fail(err, "%s: out of memory", path);
+    if (rc == 0 && (json_object_set_new(text, "model_type", json_string("gemma3_text")) ||
+                    gemma3_size_defaults(text) || copy_key(text, root, "dtype", true) ||
+                    copy_key(text, root, "torch_dtype", true) ||
+                    copy_key(text, root, "quantization_config", true)))
+        rc = ft_fail(err, "%s: out of memory", path);
+    json_object_del(text, "architectures");
+    json_object_del(text, "tie_word_embeddings");
+    if (rc == 0 && (v = json_object_get(root, "tie_word_embeddings")) &&
+        json_object_set(text, "tie_word_embeddings", v))
+        rc = ft_fail(err, "%s: out of memory", path);
+    static const char *const ids[] = {"bos_token_id", "eos_token_id", "pad_token_id"};
+    for (size_t i = 0; i < 3 && rc == 0; i++)
+        if (!json_object_get(text, ids[i]) && copy_key(text, root, ids[i], false))
+            rc = ft_fail(err, "%s: out of memory", path);
+    char tpath[4200];
+    snprintf(tpath, sizeof tpath, "%s (text_config)", path);
+    if (rc == 0)
+        rc = parse_config(tpath, text, cfg, err);
+    json_decref(text);
+    if (rc)
+        return -1;
+    if (cfg->final_softcap != 0)
+        return ft_fail(err, "%s: 'text_config.final_logit_softcapping' is set: "
+                       "Gemma3ForConditionalGeneration does not apply it; only null is "
+                       "supported", path);
+    snprintf(cfg->model_type, sizeof cfg->model_type, "gemma3");
+    snprintf(cfg->ckpt_prefix, sizeof cfg->ckpt_prefix, "language_model.");
+    snprintf(cfg->module_prefix, sizeof cfg->module_prefix, "model.language_model.");
+    cfg->multimodal = true;
+    return 0;
+}
+
+/* The top-level object: a gemma3 config's text model, a gemma3_text config with its
+ * sizes' defaults filled in, or any other family's config as it is. */
+static int parse_top(const char *path, const json_t *root, ft_model_config *cfg, ft_err *err)
+{
+    const char *type = json_string_value(json_object_get(root, "model_type"));
+    if (type && strcmp(type, "gemma3") == 0)
+        return parse_gemma3_multimodal(path, root, cfg, err);
+    if (!type || strcmp(type, "gemma3_text") != 0)
+        return parse_config(path, root, cfg, err);
+    json_t *copy = json_deep_copy(root);
+    int rc = copy && gemma3_size_defaults(copy) == 0 ? parse_config(path, copy, cfg, err)
+                                                     : ft_fail(err, "%s: out of memory", path);
+    json_decref(copy);
+    return rc;
+}
+
 int ft_model_config_load(ft_model_config *cfg, const char *path, ft_err *err)
 {
     memset(cfg, 0, sizeof *cfg);
@@ -1116,11 +1424,12 @@ int ft_model_config_load(ft_model_config *cfg, const char *path, ft_err *err)
     if (!root)
         return -1;
     int rc;
+    snprintf(cfg->module_prefix, sizeof cfg->module_prefix, "model.");
     if (!json_is_object(root))
         rc = ft_fail(err, "%s: expected a JSON object at the top level, got %s", path,
                      json_kind(root));
     else
-        rc = parse_config(path, root, cfg, err);
+        rc = parse_top(path, root, cfg, err);
     json_decref(root);
     if (rc == 0)
         rc = ft_quant_config_read(path, &cfg->quant, err);
@@ -1195,6 +1504,17 @@ void ft_rope_inv_freq_long(const ft_model_config *cfg, float *inv_freq)
         longrope_inv_freq(cfg, cfg->rope_long_factor, inv_freq);
     else
         ft_rope_inv_freq(cfg, inv_freq);
+}
+
+void ft_rope_inv_freq_local(const ft_model_config *cfg, float *inv_freq)
+{
+    for (int i = 0; i < cfg->rotary_dim / 2; i++)
+        inv_freq[i] = default_inv_freq((float)cfg->rope_local_theta, i, cfg->rotary_dim);
+}
+
+bool ft_layer_rope_local(const ft_model_config *cfg, int layer)
+{
+    return cfg->rope_local_theta > 0 && ft_layer_window(cfg, layer) > 0;
 }
 
 bool ft_rope_uses_long(const ft_model_config *cfg, long max_pos)

@@ -1,6 +1,7 @@
 /* Hugging Face config.json for the dense decoder families: llama (incl. TinyLlama, SmolLM
- * and Llama 3 "llama3" rope scaling), mistral, qwen2, qwen3, granite, gemma, gemma2, olmo2,
- * phi3 (Phi-3, Phi-4; "longrope" scaling, partial rotary), smollm3 (layers without RoPE).
+ * and Llama 3 "llama3" rope scaling), mistral, qwen2, qwen3, granite, gemma, gemma2,
+ * gemma3_text (and the text model of a multimodal gemma3 checkpoint), olmo2, phi3 (Phi-3,
+ * Phi-4; "longrope" scaling, partial rotary), smollm3 (layers without RoPE).
  * Every field that changes the math is honoured or rejected with an error naming the file
  * and key; nothing is silently ignored. */
 #ifndef FT_HF_CONFIG_H
@@ -58,7 +59,8 @@ typedef enum ft_qk_norm {
 
 typedef struct ft_model_config {
     char model_type[32]; /* "llama", "mistral", "qwen2", "qwen3", "granite", "gemma",
-                          * "gemma2", "olmo2", "phi3", "smollm3" */
+                          * "gemma2", "gemma3_text", "gemma3" (multimodal: its text
+                          * model), "olmo2", "phi3", "smollm3" */
     int vocab_size;
     int hidden_size;
     int intermediate_size;
@@ -82,6 +84,11 @@ typedef struct ft_model_config {
      * rope_attention_factor (1 for the other kinds). */
     float rope_short_factor[FT_MAX_ROPE_FREQS], rope_long_factor[FT_MAX_ROPE_FREQS];
     float rope_attention_factor;
+    /* 0, or the sliding layers (ft_layer_window > 0) rotate with default RoPE at this base
+     * while the full-attention layers take rope_theta and the scaling above (gemma3's
+     * local and global RoPE: rope_local_base_freq or rope_parameters.sliding_attention).
+     * Read it with ft_layer_rope_local. */
+    double rope_local_theta;
     /* Bit l set: layer l applies no RoPE (NoPE: q and k enter attention unrotated;
      * smollm3's no_rope_layers[l] == 0). Read it with ft_layer_uses_rope. */
     uint64_t nope_layers[FT_MAX_NOPE_LAYERS / 64];
@@ -142,6 +149,20 @@ typedef struct ft_model_config {
     float final_softcap;
     char norm_name[FT_NBRANCH_NORMS][32];
     ft_qk_norm qk_norm;
+    /* The names of the text model's weights. A causal LM's checkpoint holds
+     * model.embed_tokens.weight, model.layers.N.<module>.weight, model.norm.weight and
+     * lm_head.weight (ckpt_prefix ""); a multimodal gemma3 checkpoint (multimodal,
+     * model_type "gemma3": Gemma3ForConditionalGeneration) holds them under
+     * ckpt_prefix "language_model." as transformers writes it (language_model.model.*,
+     * language_model.lm_head.weight), beside the vision tower and projector
+     * (vision_tower.*, multi_modal_projector.*), which the model does not read and ft-merge
+     * carries through unchanged. module_prefix is the decoder's module path in the
+     * loaded transformers model, which PEFT's adapter keys
+     * (base_model.model.<module_prefix>layers.N.self_attn.q_proj.lora_A.weight) and
+     * target regexes name: "model." or "model.language_model.". */
+    char ckpt_prefix[32];
+    char module_prefix[32];
+    bool multimodal;
     /* "quantization_config": the checkpoint holds bitsandbytes 4/8-bit weights
      * (present = false for a dense checkpoint) */
     ft_quant_config quant;
@@ -167,6 +188,12 @@ void ft_rope_inv_freq_long(const ft_model_config *cfg, float *inv_freq);
 /* Whether a forward whose largest position id is max_pos uses the long set: longrope and
  * max_pos + 1 > rope_original_max_position (transformers' longrope_frequency_update). */
 bool ft_rope_uses_long(const ft_model_config *cfg, long max_pos);
+
+/* gemma3's local RoPE: [rotary_dim/2] default frequencies at base rope_local_theta. */
+void ft_rope_inv_freq_local(const ft_model_config *cfg, float *inv_freq);
+/* Whether decoder layer l rotates with the local set (rope_local_theta > 0 and l is a
+ * sliding layer). */
+bool ft_layer_rope_local(const ft_model_config *cfg, int layer);
 
 /* Whether decoder layer l rotates q and k (false for smollm3's NoPE layers). */
 bool ft_layer_uses_rope(const ft_model_config *cfg, int layer);

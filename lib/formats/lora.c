@@ -71,7 +71,9 @@ static int match_layer_path(const char *key, ft_lora_config *c)
     const char *k = key;
     if (strncmp(k, "base_model.model.", 17) == 0)
         k += 17;
-    if (strncmp(k, "model.", 6) == 0)
+    if (strncmp(k, "model.language_model.", 21) == 0) /* a multimodal gemma3's decoder */
+        k += 21;
+    else if (strncmp(k, "model.", 6) == 0)
         k += 6;
     if (strncmp(k, "layers.", 7) != 0)
         return -1;
@@ -256,9 +258,57 @@ out:
     return rc;
 }
 
+/* The targets of c (no regex, no per-layer paths) as a regex over the module paths below
+ * module_prefix, for PEFT's re.fullmatch: module_prefix layers.(any, or the listed
+ * layers).(the target modules' paths), e.g. model\.language_model\.layers\.\d+\.
+ * (?:self_attn\.q_proj|mlp\.down_proj). */
+static int targets_regex(const ft_lora_config *c, char *out, size_t n, const char *dir,
+                         ft_err *err)
+{
+    size_t len = 0;
+#define PUT(...) (len += (size_t)snprintf(out + (len < n ? len : n), len < n ? n - len : 0, \
+                                          __VA_ARGS__))
+    for (const char *q = c->module_prefix; *q; q++) {
+        if (*q == '.')
+            PUT("\\.");
+        else
+            PUT("%c", *q);
+    }
+    PUT("layers\\.");
+    if (c->n_layers == 0) {
+        PUT("\\d+");
+    } else {
+        PUT("(?:");
+        for (int i = 0; i < c->n_layers; i++)
+            PUT("%s%d", i ? "|" : "", c->layers[i]);
+        PUT(")");
+    }
+    PUT("\\.(?:");
+    for (int p = 0, k = 0; p < FT_NPROJ; p++) {
+        if (!(c->targets & (1u << p)))
+            continue;
+        const char *path = proj_paths[p], *dot = strchr(path, '.');
+        PUT("%s%.*s\\.%s", k++ ? "|" : "", (int)(dot - path), path, dot + 1);
+    }
+    PUT(")");
+#undef PUT
+    if (len >= n || len >= sizeof c->target_regex)
+        return ft_fail(err, "%s: the target modules' regular expression is too long", dir);
+    return 0;
+}
+
 int ft_lora_config_save(const ft_lora_config *c, const char *dir, const char *base_model,
                         ft_err *err)
 {
+    /* a decoder inside a larger model: a regex keeps PEFT off the other modules */
+    char regex[sizeof c->target_regex];
+    bool nested = c->module_prefix[0] && strcmp(c->module_prefix, "model.") != 0 &&
+                  !c->target_regex[0];
+    if (nested && c->has_layer_paths)
+        return ft_fail(err, "%s: LoRA targets given as per-layer module paths cannot be saved "
+                       "for a model whose decoder is %s", dir, c->module_prefix);
+    if (nested && targets_regex(c, regex, sizeof regex, dir, err))
+        return -1;
     json_t *root = json_object();
     json_t *targets = json_array();
     for (int p = 0; p < FT_NPROJ; p++)
@@ -277,13 +327,14 @@ int ft_lora_config_save(const ft_lora_config *c, const char *dir, const char *ba
     json_object_set_new(root, "r", json_integer(c->r));
     json_object_set_new(root, "lora_alpha", json_real(c->alpha));
     json_object_set_new(root, "lora_dropout", json_real(c->dropout));
-    if (c->target_regex[0]) {
+    if (c->target_regex[0] || nested) {
         json_decref(targets);
-        json_object_set_new(root, "target_modules", json_string(c->target_regex));
+        json_object_set_new(root, "target_modules",
+                            json_string(nested ? regex : c->target_regex));
     } else {
         json_object_set_new(root, "target_modules", targets);
     }
-    if (c->n_layers > 0) {
+    if (c->n_layers > 0 && !nested) { /* (nested: in the regex) */
         json_t *layers = json_array();
         for (int i = 0; i < c->n_layers; i++)
             json_array_append_new(layers, json_integer(c->layers[i]));
@@ -341,14 +392,17 @@ int ft_lora_layer_mask(const ft_lora_config *c, int layer, unsigned *mask, ft_er
                        (char *)msg, (size_t)where);
     }
     int rc = 0;
-    static const char *const unsupported[] = {"lm_head", "model.embed_tokens"};
+    const char *mp = c->module_prefix[0] ? c->module_prefix : "model.";
+    char embed[64];
+    snprintf(embed, sizeof embed, "%sembed_tokens", mp);
+    const char *const unsupported[] = {"lm_head", embed};
     for (size_t i = 0; i < 2; i++)
         if (regex_fullmatch(re, unsupported[i]))
             rc = ft_fail(err, "regular expression '%s' selects %s; LoRA on it is not supported",
                          c->target_regex, unsupported[i]);
     for (int p = 0; p < FT_NPROJ && rc == 0; p++) {
-        char name[96];
-        snprintf(name, sizeof name, "model.layers.%d.%s", layer, proj_paths[p]);
+        char name[128];
+        snprintf(name, sizeof name, "%slayers.%d.%s", mp, layer, proj_paths[p]);
         if (regex_fullmatch(re, name))
             *mask |= 1u << p;
     }

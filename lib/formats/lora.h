@@ -52,11 +52,17 @@ typedef struct ft_lora_config {
      * layer l's projection p when layer_paths[p] has bit l (layers_to_transform does not
      * restrict those). Use ft_lora_layer_mask for the answer of one layer. */
     unsigned targets;
-    char target_regex[256];
+    char target_regex[1024];
     int n_layers;
     int layers[FT_LORA_MAX_LAYER_LIST];
     bool has_layer_paths;
     uint64_t layer_paths[FT_NPROJ][FT_LORA_MAX_LAYER_LIST / 64];
+    /* The decoder's module path in the transformers model, which target_regex matches
+     * and a saved adapter names: "" means "model." (a causal LM); a multimodal gemma3
+     * model sets "model.language_model." (hf_config.h's module_prefix), and its adapters
+     * are saved with a target_modules regex over that path, so that PEFT leaves the
+     * vision tower's modules of the same names alone. */
+    char module_prefix[32];
     /* The adapter_config.json these settings were read from (ft_lora_config_load), for
      * the messages of the checks made once the model is known (a layer it lacks, targets
      * that select nothing); "" for settings from elsewhere. */

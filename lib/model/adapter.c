@@ -15,6 +15,7 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
     ft_lora_config cfg;
     if (ft_lora_config_load(&cfg, dir, err))
         return -1;
+    snprintf(cfg.module_prefix, sizeof cfg.module_prefix, "%s", m->cfg.module_prefix);
     const ft_lora_config *want = &m->opt.lora;
     bool same_layers = true;
     for (int l = 0; l < m->cfg.num_layers; l++) {

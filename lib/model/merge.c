@@ -8,7 +8,8 @@
  *
  * The output: every non-LoRA parameter of the model in the chosen dtype (the model's
  * parameter list has no lm_head.weight when embeddings are tied, which is what
- * transformers writes too), sharded like save_pretrained when over the shard limit;
+ * transformers writes too), and a multimodal gemma3 base's other tensors (vision tower,
+ * projector) as they were, sharded like save_pretrained when over the shard limit;
  * config.json with its dtype key updated; tokenizer / generation files copied. A
  * quantized base (bitsandbytes 4/8-bit, e.g. from ft-quantize) is dequantized first and
  * the output is dense 16-bit (bf16, or f16 when that is the base's compute dtype) with
@@ -32,19 +33,25 @@
 
 #define PEFT_PREFIX "base_model.model."
 
-/* The base weight and B of the LoRA A parameter `a`, by name. */
+/* The base weight and B of the LoRA A parameter `a`, by name: A is
+ * base_model.model.<module_prefix>layers.N.<proj>.lora_A.weight, its weight
+ * <ckpt_prefix>model.layers.N.<proj>.weight (model.layers.N.<proj>.weight but in a
+ * multimodal gemma3: hf_config.h). */
 static int find_pair(ft_model *m, const ft_param *a, ft_param **w, ft_param **b, ft_err *err)
 {
+    const ft_model_config *c = ft_model_cfg(m);
     const char *suffix = ".lora_A.weight";
     size_t n = strlen(a->name), np = strlen(PEFT_PREFIX), ns = strlen(suffix);
-    if (n <= np + ns || strncmp(a->name, PEFT_PREFIX, np) != 0 ||
+    size_t nm = strlen(c->module_prefix);
+    if (n <= np + nm + ns || strncmp(a->name, PEFT_PREFIX, np) != 0 ||
+        strncmp(a->name + np, c->module_prefix, nm) != 0 ||
         strcmp(a->name + n - ns, suffix) != 0)
         return ft_fail(err, "LoRA parameter '%s' does not follow PEFT's naming", a->name);
-    char path[sizeof a->name], name[sizeof a->name + 32];
-    snprintf(path, sizeof path, "%.*s", (int)(n - np - ns), a->name + np);
-    snprintf(name, sizeof name, "%s.weight", path);
+    char path[sizeof a->name], name[sizeof a->name + 64];
+    snprintf(path, sizeof path, "%.*s", (int)(n - np - nm - ns), a->name + np + nm);
+    snprintf(name, sizeof name, "%smodel.%s.weight", c->ckpt_prefix, path);
     *w = ft_model_find_param(m, name);
-    snprintf(name, sizeof name, PEFT_PREFIX "%s.lora_B.weight", path);
+    snprintf(name, sizeof name, PEFT_PREFIX "%s%s.lora_B.weight", c->module_prefix, path);
     *b = ft_model_find_param(m, name);
     if (!*w || !*b)
         return ft_fail(err, "LoRA parameter '%s' has no %s", a->name,
@@ -145,12 +152,16 @@ int ft_copy_passthrough_files(const char *model_dir, const char *dst_dir, ft_err
     return 0;
 }
 
-static int write_weights(ft_model *m, const char *dir, ft_st_dtype dt, size_t max_shard,
-                         ft_err *err)
+/* The merged weights, and the base checkpoint's tensors outside the text model (a
+ * multimodal gemma3's vision tower and projector: ft_model_carried_tensor) with their
+ * names, dtypes and bytes unchanged. */
+static int write_weights(ft_model *m, const char *model_dir, const char *dir, ft_st_dtype dt,
+                         size_t max_shard, ft_err *err)
 {
     ft_st_writer *w = ft_st_writer_new();
     if (!w)
         return ft_fail(err, "out of memory");
+    ft_checkpoint *ck = NULL;
     int rc = ft_st_writer_metadata(w, "format", "pt", err);
     for (size_t i = 0; i < ft_model_param_count(m) && rc == 0; i++) {
         ft_param *p = ft_model_param(m, i);
@@ -160,9 +171,17 @@ static int write_weights(ft_model *m, const char *dir, ft_st_dtype dt, size_t ma
             narrow_in_place(p->data, p->numel, dt);
         rc = ft_st_writer_add(w, p->name, dt, p->ndim, p->shape, p->data, err);
     }
+    if (rc == 0 && ft_model_cfg(m)->multimodal)
+        rc = ft_ckpt_open(&ck, model_dir, "model", err);
+    for (size_t i = 0; ck && i < ft_ckpt_count(ck) && rc == 0; i++) {
+        const ft_st_tensor *t = ft_ckpt_at(ck, i);
+        if (ft_model_carried_tensor(ft_model_cfg(m), t->name))
+            rc = ft_st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, err);
+    }
     if (rc == 0)
         rc = ft_st_writer_save_sharded(w, dir, "model", max_shard, err);
     ft_st_writer_free(w);
+    ft_ckpt_close(ck); /* (after the save: the writer reads the carried bytes there) */
     return rc;
 }
 
@@ -218,6 +237,11 @@ int ft_merge(const ft_merge_options *o, ft_err *err)
     }
     if (rc == 0 && ft_model_load_adapter(m, o->adapter_dir, err))
         rc = -1;
+    /* a quantized multimodal base: its vision weights would be carried quantized into a
+     * config without quantization_config */
+    if (rc == 0 && ft_model_cfg(m)->multimodal && ft_model_quant(m).type != FT_QUANT_NONE)
+        rc = ft_fail(err, "%s: merging into a quantized multimodal gemma3 checkpoint is not "
+                     "supported (merge into its dense checkpoint)", o->model_dir);
     if (rc == 0 && ft_model_dequantize_base(m, err))
         rc = -1;
     json_object_del(cfg_json, "quantization_config"); /* the output is dense */
@@ -236,7 +260,7 @@ int ft_merge(const ft_merge_options *o, ft_err *err)
         return -1;
     }
     size_t max_shard = o->max_shard_bytes ? o->max_shard_bytes : FT_MERGE_DEFAULT_SHARD_BYTES;
-    rc = write_weights(m, tmp, dt.st, max_shard, err);
+    rc = write_weights(m, o->model_dir, tmp, dt.st, max_shard, err);
     ft_model_free(m);
     if (rc == 0)
         rc = ft_write_model_config(cfg_json, tmp, dt.torch, err);

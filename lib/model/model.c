@@ -78,15 +78,16 @@ static int add_branch_norm(layout *lo, int l, ft_branch_norm n)
     if (!ft_has_branch_norm(&m->cfg, n))
         return 0;
     return add_param(lo, l + 1, m->opt.mode == FT_TRAIN_FULL, false, &w->norm[n],
-                     &w->g_norm[n], 1, m->cfg.hidden_size, 0, "model.layers.%d.%s.weight", l,
-                     m->cfg.norm_name[n]);
+                     &w->g_norm[n], 1, m->cfg.hidden_size, 0, "%smodel.layers.%d.%s.weight",
+                     m->cfg.ckpt_prefix, l, m->cfg.norm_name[n]);
 }
 
 /* Lists every parameter in unit order (see model.h). A layer: the attention's pre-norm,
  * q, k, v, o (with biases), q_norm, k_norm, the attention's post-norm, the MLP's pre-norm,
  * gate, up, down, the MLP's post-norm (each norm where the block has it), then LoRA. The
  * modules come in ft_proj order: a fused block (phi3) has o, down, qkv, then the norms,
- * gate_up. */
+ * gate_up. Base weights are named as the checkpoint names them (ckpt_prefix), LoRA
+ * weights as PEFT's adapter keys (module_prefix). */
 static int build_layout(layout *lo)
 {
     ft_model *m = lo->m;
@@ -97,8 +98,9 @@ static int build_layout(layout *lo)
     unsigned projs = ft_block_projections(c);
     int rc = 0;
 
+    const char *cp = c->ckpt_prefix, *mp = c->module_prefix;
     rc |= add_param(lo, 0, full, false, &m->embed, &m->g_embed, 2, V, C,
-                    "model.embed_tokens.weight");
+                    "%smodel.embed_tokens.weight", cp);
     for (int l = 0; l < L; l++) {
         layer_weights *w = &m->layers[l];
         rc |= add_branch_norm(lo, l, FT_NORM_ATTN_PRE);
@@ -113,21 +115,21 @@ static int build_layout(layout *lo)
                     int D = c->head_dim;
                     rc |= add_param(lo, l + 1, full, false, &w->q_norm, &w->g_q_norm, 1,
                                     head ? D : c->num_heads * D, 0,
-                                    "model.layers.%d.self_attn.q_norm.weight", l);
+                                    "%smodel.layers.%d.self_attn.q_norm.weight", cp, l);
                     rc |= add_param(lo, l + 1, full, false, &w->k_norm, &w->g_k_norm, 1,
                                     head ? D : c->num_kv_heads * D, 0,
-                                    "model.layers.%d.self_attn.k_norm.weight", l);
+                                    "%smodel.layers.%d.self_attn.k_norm.weight", cp, l);
                 }
                 rc |= add_branch_norm(lo, l, FT_NORM_ATTN_POST);
                 rc |= add_branch_norm(lo, l, FT_NORM_MLP_PRE);
             }
             rc |= add_param(lo, l + 1, full, false, &w->w[p], &w->gw[p], 2, out, in,
-                            "model.layers.%d.%s.weight", l, ft_proj_path((ft_proj)p));
+                            "%smodel.layers.%d.%s.weight", cp, l, ft_proj_path((ft_proj)p));
             if (rc == 0)
                 m->params[m->n_params - 1].quantized = quantized_weight(m, l, (ft_proj)p);
             if (proj_has_bias(c, (ft_proj)p))
                 rc |= add_param(lo, l + 1, full, false, &w->b[p], &w->gb[p], 1, out, 0,
-                                "model.layers.%d.%s.bias", l, ft_proj_path((ft_proj)p));
+                                "%smodel.layers.%d.%s.bias", cp, l, ft_proj_path((ft_proj)p));
         }
         rc |= add_branch_norm(lo, l, FT_NORM_MLP_POST);
         if (lora) {
@@ -138,19 +140,19 @@ static int build_layout(layout *lo)
                 int in, out;
                 proj_dims(c, (ft_proj)p, &in, &out);
                 rc |= add_param(lo, l + 1, true, true, &w->lora_a[p], &w->g_lora_a[p], 2, r, in,
-                                "base_model.model.model.layers.%d.%s.lora_A.weight", l,
+                                "base_model.model.%slayers.%d.%s.lora_A.weight", mp, l,
                                 ft_proj_path((ft_proj)p));
                 rc |= add_param(lo, l + 1, true, true, &w->lora_b[p], &w->g_lora_b[p], 2, out, r,
-                                "base_model.model.model.layers.%d.%s.lora_B.weight", l,
+                                "base_model.model.%slayers.%d.%s.lora_B.weight", mp, l,
                                 ft_proj_path((ft_proj)p));
             }
         }
     }
     rc |= add_param(lo, L + 1, full, false, &m->norm_f, &m->g_norm_f, 1, C, 0,
-                    "model.norm.weight");
+                    "%smodel.norm.weight", cp);
     if (!c->tie_word_embeddings)
         rc |= add_param(lo, L + 1, full, false, &m->lm_head, &m->g_lm_head, 2, V, C,
-                        "lm_head.weight");
+                        "%slm_head.weight", cp);
     return rc;
 }
 
@@ -369,6 +371,12 @@ static int read_quantized(ft_model *m, ft_checkpoint *ck, size_t i, const ft_st_
     return 0;
 }
 
+bool ft_model_carried_tensor(const ft_model_config *cfg, const char *name)
+{
+    size_t n = strlen(cfg->ckpt_prefix);
+    return cfg->multimodal && strncmp(name, cfg->ckpt_prefix, n) != 0;
+}
+
 static bool ignorable_tensor(ft_model *m, const char *name)
 {
     if (quant_state_tensor(m, name))
@@ -377,7 +385,11 @@ static bool ignorable_tensor(ft_model *m, const char *name)
     const char *suffix = "rotary_emb.inv_freq";
     if (n >= strlen(suffix) && strcmp(name + n - strlen(suffix), suffix) == 0)
         return true;
-    return m->cfg.tie_word_embeddings && strcmp(name, "lm_head.weight") == 0;
+    if (ft_model_carried_tensor(&m->cfg, name))
+        return true;
+    const char *cp = m->cfg.ckpt_prefix;
+    return m->cfg.tie_word_embeddings && strncmp(name, cp, strlen(cp)) == 0 &&
+           strcmp(name + strlen(cp), "lm_head.weight") == 0;
 }
 
 int model_read_weights(ft_model *m, const char *dir, int unit, ft_err *err)
@@ -458,6 +470,8 @@ int ft_model_param_to_writer(ft_model *m, const ft_param *p, ft_st_writer *w, ft
 /* Which projections of which layers carry LoRA; checks the options. */
 static int lora_layers(ft_model *m, ft_err *err)
 {
+    snprintf(m->opt.lora.module_prefix, sizeof m->opt.lora.module_prefix, "%s",
+             m->cfg.module_prefix);
     const ft_lora_config *lc = &m->opt.lora;
     if (lc->r <= 0)
         return ft_fail(err, "LoRA needs r > 0 (got %d)", lc->r);
@@ -579,7 +593,9 @@ int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, 
     if (assign_buffers(m, err))
         goto done;
     ft_rope_inv_freq(&m->cfg, m->inv_freq);
-    if (model_rope_sets(m) == 2)
+    if (m->cfg.rope_local_theta > 0)
+        ft_rope_inv_freq_local(&m->cfg, m->inv_freq + m->cfg.rotary_dim / 2);
+    else if (model_rope_sets(m) == 2)
         ft_rope_inv_freq_long(&m->cfg, m->inv_freq + m->cfg.rotary_dim / 2);
     if (model_upload_inv_freq(m, err))
         goto done;

@@ -8,7 +8,8 @@
  * (This is the folder's main header.) */
 
 /* A dense decoder-only causal LM (llama, mistral, qwen2, qwen3, granite, gemma, gemma2,
- * olmo2, phi3, smollm3) with explicit forward and backward. A family is data
+ * gemma3_text, olmo2, phi3, smollm3; and the text model of a multimodal gemma3) with
+ * explicit forward and backward. A family is data
  * (ft_model_config's block description): one forward and backward read it.
  *
  * This is the library API the tools build on:
@@ -35,7 +36,10 @@
  * the whole projection (olmo2): ft_model_config.norm_name and qk_norm. gemma2 also caps
  * the attention scores, S = c tanh(S / c) before the mask, and the logits likewise
  * (attn_softcap, final_softcap), and attends within a window on every other layer
- * (ft_layer_window). rope rotates the first rotary_dim dims of each head (all but phi3's
+ * (ft_layer_window). gemma3 has gemma2's four norms without the attention cap, per-head
+ * q/k norms (applied as 1 + w), and two RoPEs: its sliding layers rotate with the local
+ * base (ft_layer_rope_local), the others with rope_theta and its scaling.
+ * rope rotates the first rotary_dim dims of each head (all but phi3's
  * partial rotary), with cos and sin times longrope's attention factor (phi3), and is
  * skipped in smollm3's NoPE layers. phi3's checkpoint fuses q, k, v into one qkv_proj
  * weight and gate, up into gate_up_proj: the ops read their row blocks, and a LoRA pair
@@ -152,6 +156,11 @@ typedef struct ft_model ft_model;
 
 /* Tokens of the batch whose (shifted) label counts: the loss denominator. */
 long ft_batch_counted_tokens(const ft_batch *b);
+
+/* Whether a checkpoint tensor lies outside the text model: a multimodal gemma3
+ * checkpoint's vision tower and projector (every name outside cfg->ckpt_prefix), which
+ * the model does not read and ft-merge copies unchanged into its output. */
+bool ft_model_carried_tensor(const ft_model_config *cfg, const char *name);
 
 /* Loads config.json and the weights (model.safetensors or a sharded index; F32, F16 or
  * BF16, converted to fp32) from dir. In LoRA mode, creates A with PEFT's default init

@@ -109,7 +109,8 @@ struct ft_model {
     float *lm_head, *g_lm_head; /* = embed when tied */
     layer_weights *layers;
     float *inv_freq; /* [model_rope_sets][rotary_dim/2] on the host: the RoPE frequencies,
-                      * then (longrope) the long-context set */
+                      * then (longrope) the long-context set or (gemma3) the sliding
+                      * layers' local set */
     float *inv_freq_dev; /* the same on the model's device (= inv_freq on the CPU) */
     int32_t *batch_h;    /* GPU: host staging of ids, targets, pos, seg ([4][max_rows]) */
     float *logits_h;     /* GPU: the logits copied to the host for ft_model_logits */
@@ -201,10 +202,11 @@ static inline int proj_has_bias(const ft_model_config *c, ft_proj p)
     return c->mlp_bias;
 }
 
-/* The RoPE frequency sets inv_freq holds: 2 for longrope (short, long), else 1. */
+/* The RoPE frequency sets inv_freq holds: 2 for longrope (short, long) and for a local
+ * RoPE (gemma3: the full-attention layers' set, then the sliding layers'), else 1. */
 static inline size_t model_rope_sets(const ft_model *m)
 {
-    return m->cfg.rope_kind == FT_ROPE_LONGROPE ? 2 : 1;
+    return m->cfg.rope_kind == FT_ROPE_LONGROPE || m->cfg.rope_local_theta > 0 ? 2 : 1;
 }
 
 /* Reads the base weights of unit (-1: every unit) from dir into the bound storage. */

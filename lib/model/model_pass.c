@@ -217,12 +217,14 @@ static void proj_backward(ft_model *m, int l, ft_proj p, const float *x, const f
                         lora_dropout_seed(m, l, v.mod), 0);
 }
 
-/* The RoPE frequencies of the current forward: [rotary_dim/2], the short or (longrope
- * beyond the original context) the long set. */
-static ft_tensor rope_freqs(ft_model *m)
+/* The RoPE frequencies of layer l in the current forward: [rotary_dim/2], the short or
+ * (longrope beyond the original context) the long set; gemma3's local set on a sliding
+ * layer. */
+static ft_tensor rope_freqs(ft_model *m, int l)
 {
     size_t h = (size_t)m->cfg.rotary_dim / 2;
-    return F_(m->inv_freq_dev + (m->rope_long ? h : 0), h);
+    bool second = m->rope_long || ft_layer_rope_local(&m->cfg, l);
+    return F_(m->inv_freq_dev + (second ? h : 0), h);
 }
 
 /* q or k (proj Q or K) of layer l: its projection of x into y, or with a q/k norm into
@@ -278,7 +280,7 @@ static void layer_forward(ft_model *m, int l, const float *in, float *out)
     int Hq = c->num_heads, Hkv = c->num_kv_heads, D = c->head_dim;
     size_t nC = (size_t)N * C, nQ = (size_t)N * Hq * D, nK = (size_t)N * Hkv * D,
            nI = (size_t)N * I;
-    ft_tensor pos = I_(m->pos, N), inv = rope_freqs(m);
+    ft_tensor pos = I_(m->pos, N), inv = rope_freqs(m, l);
     int rd = c->rotary_dim;
     float rs = c->rope_attention_factor;
     float eps = c->rms_norm_eps, off = c->norm_w_offset;
@@ -387,7 +389,7 @@ static void layer_backward(ft_model *m, int l)
     int Hq = c->num_heads, Hkv = c->num_kv_heads, D = c->head_dim;
     size_t nC = (size_t)N * C, nQ = (size_t)N * Hq * D, nK = (size_t)N * Hkv * D,
            nI = (size_t)N * I;
-    ft_tensor pos = I_(m->pos, N), inv = rope_freqs(m);
+    ft_tensor pos = I_(m->pos, N), inv = rope_freqs(m, l);
     int rd = c->rotary_dim;
     float rs = c->rope_attention_factor;
     const float *const *nw = (const float *const *)w->norm;

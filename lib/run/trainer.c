@@ -211,6 +211,13 @@ static int setup_model(trainer *t, const ft_dist_options *dopt, ft_err *err)
                                            : "model.name '%s'",
                               t->model_dir);
     t->m = ft_engine_model(t->eng);
+    /* the final model of a full fine-tuning holds the trained weights only: of a
+     * multimodal gemma3 it would lack the vision tower transformers needs to load it */
+    if (mo.mode == FT_TRAIN_FULL && ft_model_cfg(t->m)->multimodal)
+        return ft_fail(err, "model.name '%s': tuning.mode full on a multimodal gemma3 "
+                       "checkpoint is not supported (its final model would lack the vision "
+                       "tower): use lora or qlora and ft-merge, which carries it through",
+                       t->model_dir);
     if (t->pref && !t->orpo && mo.mode == FT_TRAIN_FULL) {
         /* the DPO reference of a full fine-tuning: the base, frozen, beside the policy */
         ft_model_options ro = {.mode = FT_TRAIN_NONE,

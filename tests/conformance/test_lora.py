@@ -37,6 +37,8 @@ CASES = [
     ("smollm3", "all7"),
     ("smollm3_interval", "qv"),
     ("gemma2", "all7"),
+    ("gemma3", "all7"),
+    ("gemma3_legacy", "all-linear"),
     ("olmo2", "all7"),
     ("olmo2", "all-linear"),
     ("qwen3", "all7"),

@@ -36,6 +36,8 @@ CASES = [
     ("phi4_mini", "qkv_down", dict(type="int8")),
     ("smollm3", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
     ("gemma2", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
+    ("gemma3", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
+    ("gemma3_legacy", "qv", dict(type="int8")),
     ("olmo2", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
     ("qwen3", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
     ("qwen3_tied", "all-linear", dict(type="int8")),

@@ -7,7 +7,9 @@ with the same value, and a few resolved values are checked by name, defaults inc
 Run:  FT_TRAIN=$PWD/bin/ft-train .venv/bin/python -m pytest -q tests/conformance/test_seed_configs.py
 """
 
+import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -36,7 +38,7 @@ EXPECTED = {
         "train.eval_accumulation_steps": 8,
     },
     "multi_gpu_config.yaml": {
-        "model.name": "Qwen/Qwen2.5-32B-Instruct",
+        "model.name": "google/gemma-3-27b-it",
         "model.max_seq_len": 2048,
         "tuning.mode": "qlora",
         "tuning.backend": "bnb",
@@ -66,7 +68,7 @@ EXPECTED = {
         "tuning.mode": "lora",  # not set by the file: the default
     },
     "a100_pair.yaml": {
-        "model.name": "Qwen/Qwen2.5-32B-Instruct",
+        "model.name": "google/gemma-3-27b-it",
         "model.max_seq_len": 2048,
         "train.batch_size": 8,
         "train.grad_accum": 4,
@@ -160,3 +162,55 @@ def test_typo_in_shipped_config_is_rejected(tmp_path):
     r = print_config(bad)
     assert r.returncode != 0
     assert "grad_acum" in r.stderr and "grad_accum" in r.stderr
+
+
+# google/gemma-3-27b-it's config.json as the Hub has it (transformers 4.50): a multimodal
+# Gemma3Config whose text_config leaves out what Gemma3TextConfig defaults (vocab_size,
+# rope_theta 1e6, rope_local_base_freq 1e4, sliding_window_pattern 6, ...)
+GEMMA3_27B = {
+    "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999,
+    "eoi_token_index": 256000, "eos_token_id": [1, 106], "image_token_index": 262144,
+    "initializer_range": 0.02, "mm_tokens_per_image": 256, "model_type": "gemma3",
+    "text_config": {"head_dim": 128, "hidden_size": 5376, "intermediate_size": 21504,
+                    "model_type": "gemma3_text", "num_attention_heads": 32,
+                    "num_hidden_layers": 62, "num_key_value_heads": 16,
+                    "query_pre_attn_scalar": 168,
+                    "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                    "sliding_window": 1024},
+    "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+    "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                      "model_type": "siglip_vision_model", "num_attention_heads": 16,
+                      "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": False},
+}
+
+
+@pytest.mark.parametrize("name,ranks", [("multi_gpu_config.yaml", 4), ("a100_pair.yaml", 2)])
+def test_gemma3_config_plans_offline(tmp_path, name, ranks):
+    """The seed's gemma-3-27b-it configs plan from config.json alone, found in the Hugging
+    Face cache (nothing downloaded): the text model's parameters counted as transformers
+    builds Gemma3ForConditionalGeneration's language model from the same file."""
+    import torch
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    snap = tmp_path / "hub" / "models--google--gemma-3-27b-it" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps(GEMMA3_27B))
+    (snap.parents[1] / "refs").mkdir()
+    (snap.parents[1] / "refs" / "main").write_text("abc123")
+    env = dict(os.environ, HF_HUB_CACHE=str(tmp_path / "hub"))
+    r = subprocess.run([FT_TRAIN, "--config", str(CONFIGS / name), "--plan", str(ranks)],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    m = re.search(r"memory plan: (\w+), gemma3 62 layers, (\d+) trainable \+ (\d+) frozen",
+                  r.stdout + r.stderr)
+    assert m, r.stdout + r.stderr
+    with torch.device("meta"):
+        hf = Gemma3ForConditionalGeneration(Gemma3Config.from_dict(GEMMA3_27B))
+    text = sum(p.numel() for n, p in hf.named_parameters()
+               if n.startswith("model.language_model."))
+    assert hf.config.text_config.vocab_size == 262208
+    mode, trainable, frozen = m.group(1), int(m.group(2)), int(m.group(3))
+    if mode == "full":
+        assert trainable == text and frozen == 0
+    else:
+        assert frozen == text and 0 < trainable < text // 100

@@ -89,6 +89,7 @@ INIT_CASES = [
     ("phi4_mini", "qkv,gate_up", ["qkv_proj", "gate_up_proj"], 2, 4, True),
     ("smollm3", "all-linear", ftref.SEVEN, 4, 8, False),
     ("gemma2", "all-linear", ftref.SEVEN, 4, 8, False),
+    ("gemma3", "all-linear", ftref.SEVEN, 4, 8, False),
     ("olmo2", "all-linear", ftref.SEVEN, 4, 8, False),
     ("qwen3_tied", "all-linear", ftref.SEVEN, 4, 8, False),
 ]
@@ -222,6 +223,8 @@ MERGE_CASES = [
     ("smollm3", "all7", "f32"),  # tied; NoPE layer
     ("smollm3_interval", "all-linear", "f32"),
     ("gemma2", "all7", "f32"),  # four norms a layer, all offsets from 1
+    ("gemma3", "all7", "f32"),  # and per-head q/k norms, two RoPE sets
+    ("gemma3_legacy", "qv", "bf16"),  # the Hub's config keys carried through
     ("olmo2", "all7", "f32"),  # q_norm / k_norm and the post-norms carried through
     ("qwen3", "all7", "f32"),
     ("qwen3_tied", "all7", "f32"),

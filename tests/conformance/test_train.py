@@ -85,6 +85,15 @@ RUNS = [
     dict(id="full-cosine-gemma2", model="gemma2", adapter=None, train=_train(1e-3), B=1),
     dict(id="lora-cosine-gemma2", model="gemma2", adapter="no_k", adapter_seed=0,
          train=_train(1e-2)),
+    # Gemma 3: q/k norms (trained in full mode), two RoPE sets, the final cap. (Full mode
+    # on the gemma3 shape is ill-conditioned: float32 vs float64 torch differ by 1.3e-5
+    # on one row, 1.7e-6 on two; the Hub-style shape on two by 1.1e-7. Its inputs hold
+    # id 0, which that shape leaves without a pad token: transformers builds the
+    # embedding with padding_idx = pad_token_id, and torch then drops the lookup's
+    # gradient for that row, which ftkit does not do.)
+    dict(id="full-cosine-gemma3", model="gemma3_legacy", adapter=None, train=_train(1e-3)),
+    dict(id="lora-cosine-gemma3", model="gemma3", adapter="no_k", adapter_seed=2,
+         train=_train(1e-2)),
     # q/k norms (trained in full mode) and post-norms. (Full mode on the untied qwen3
     # model is ill-conditioned as above: float32 vs float64 torch differ by 3e-5.)
     dict(id="full-cosine-olmo2", model="olmo2", adapter=None, train=_train(1e-3)),

@@ -656,6 +656,178 @@ static void test_gemma2(void)
                  "query_pre_attn_scalar");
 }
 
+/* google/gemma-3-1b-it's config.json (transformers 4.50: sliding_window_pattern, the two
+ * RoPE bases), transformers 5's spelling (layer_types, rope_parameters per layer type),
+ * Gemma3TextConfig's defaults, and what is refused */
+static void test_gemma3_text(void)
+{
+    ft_model_config c;
+    ft_err e = {0};
+    CHECK(load("{\"architectures\": [\"Gemma3ForCausalLM\"], \"attention_bias\": false,"
+               " \"attention_dropout\": 0.0, \"attn_logit_softcapping\": null,"
+               " \"bos_token_id\": 2, \"cache_implementation\": \"hybrid\","
+               " \"eos_token_id\": [1, 106], \"final_logit_softcapping\": null,"
+               " \"head_dim\": 256, \"hidden_activation\": \"gelu_pytorch_tanh\","
+               " \"hidden_size\": 1152, \"initializer_range\": 0.02,"
+               " \"intermediate_size\": 6912, \"max_position_embeddings\": 32768,"
+               " \"model_type\": \"gemma3_text\", \"num_attention_heads\": 4,"
+               " \"num_hidden_layers\": 26, \"num_key_value_heads\": 1, \"pad_token_id\": 0,"
+               " \"query_pre_attn_scalar\": 256, \"rms_norm_eps\": 1e-06,"
+               " \"rope_local_base_freq\": 10000, \"rope_scaling\": null,"
+               " \"rope_theta\": 1000000, \"sliding_window\": 512,"
+               " \"sliding_window_pattern\": 6, \"torch_dtype\": \"bfloat16\","
+               " \"transformers_version\": \"4.50.0.dev0\", \"use_cache\": true,"
+               " \"vocab_size\": 262144}", &c, &e) == 0);
+    if (e.msg[0])
+        fprintf(stderr, "  %s\n", e.msg);
+    CHECK(strcmp(c.model_type, "gemma3_text") == 0 && c.head_dim == 256 && c.num_kv_heads == 1);
+    CHECK(c.mlp_act == FT_ACT_GELU_TANH && c.norm_w_offset == 1.0f && c.tie_word_embeddings);
+    CHECK(c.qk_norm == FT_QK_NORM_HEAD && c.embed_scale_round);
+    CHECK(strcmp(c.norm_name[FT_NORM_MLP_POST], "post_feedforward_layernorm") == 0);
+    CHECK(fabs(c.embed_scale - sqrt(1152.0)) < 1e-12);
+    CHECK(c.attention_scale == 1.0f / 16.0f && c.attn_softcap == 0.0f && c.final_softcap == 0.0f);
+    CHECK(c.rope_theta == 1e6 && c.rope_local_theta == 1e4 && c.rope_kind == FT_ROPE_DEFAULT);
+    /* every sixth layer global (5, 11, ...), the others sliding with the local base */
+    for (int l = 0; l < 26; l++) {
+        bool global = (l + 1) % 6 == 0;
+        CHECK(ft_layer_window(&c, l) == (global ? 0 : 512));
+        CHECK(ft_layer_rope_local(&c, l) == !global);
+    }
+    float g[128], loc[128];
+    ft_rope_inv_freq(&c, g);
+    ft_rope_inv_freq_local(&c, loc);
+    /* torch: 1 / base ** (arange(0, 256, 2) / 256) in fp32, i = 1 and 64 */
+    CHECK_REL(g[1], 1.0f / powf(1e6f, 2.0f / 256.0f), 1e-7);
+    CHECK_REL(loc[64], 1.0f / powf(1e4f, 128.0f / 256.0f), 1e-7);
+    CHECK(g[0] == 1.0f && loc[0] == 1.0f && g[1] < loc[1]);
+
+    /* transformers 5: layer_types and per-type rope_parameters, linear scaling on the
+     * global layers (gemma-3-4b and larger); defaults for what is absent */
+    CHECK(load("{\"model_type\": \"gemma3_text\", \"vocab_size\": 1000, \"hidden_size\": 256,"
+               " \"intermediate_size\": 512, \"num_hidden_layers\": 3,"
+               " \"num_attention_heads\": 8, \"head_dim\": 128, \"query_pre_attn_scalar\": 144,"
+               " \"final_logit_softcapping\": 30.0,"
+               " \"layer_types\": [\"full_attention\", \"sliding_attention\","
+               " \"full_attention\"], \"rope_parameters\": {\"full_attention\":"
+               " {\"rope_type\": \"linear\", \"factor\": 8.0, \"rope_theta\": 1000000.0},"
+               " \"sliding_attention\": {\"rope_type\": \"default\", \"rope_theta\": 5000.0}}}",
+               &c, &e) == 0);
+    if (e.msg[0])
+        fprintf(stderr, "  %s\n", e.msg);
+    CHECK(c.num_kv_heads == 4 && c.sliding_window == 4096 && c.max_position_embeddings == 131072);
+    CHECK(c.attention_scale == (float)(1.0 / 12.0) && c.final_softcap == 30.0f);
+    CHECK(c.rope_kind == FT_ROPE_LINEAR && c.rope_factor == 8.0f && c.rope_theta == 1e6);
+    CHECK(c.rope_local_theta == 5000.0);
+    CHECK(ft_layer_window(&c, 0) == 0 && ft_layer_window(&c, 1) == 4096 &&
+          ft_layer_window(&c, 2) == 0);
+    CHECK(!ft_layer_rope_local(&c, 0) && ft_layer_rope_local(&c, 1));
+    ft_rope_inv_freq(&c, g);
+    CHECK_REL(g[3], 1.0f / powf(1e6f, 6.0f / 128.0f) / 8.0f, 1e-7);
+    /* the legacy rope_scaling applies to the global layers; theta defaults 1e6 and 1e4;
+     * without layer_types or a pattern, every sixth layer is global */
+    CHECK(load("{\"model_type\": \"gemma3_text\", \"vocab_size\": 1000, \"hidden_size\": 256,"
+               " \"intermediate_size\": 512, \"num_hidden_layers\": 7,"
+               " \"num_attention_heads\": 8, \"rope_scaling\": {\"rope_type\": \"linear\","
+               " \"factor\": 2.0}}", &c, &e) == 0);
+    CHECK(c.rope_kind == FT_ROPE_LINEAR && c.rope_factor == 2.0f && c.rope_theta == 1e6 &&
+          c.rope_local_theta == 1e4);
+    for (int l = 0; l < 7; l++)
+        CHECK(ft_layer_window(&c, l) == (l == 5 ? 0 : 4096));
+    /* other families keep one RoPE */
+    CHECK(load("{\"model_type\": \"gemma2\", " REQ "}", &c, &e) == 0);
+    CHECK(c.rope_local_theta == 0 && !ft_layer_rope_local(&c, 0));
+
+    EXPECT_ERROR("{\"model_type\": \"gemma3_text\", " REQ ", \"attn_logit_softcapping\": 50.0}",
+                 "attn_logit_softcapping");
+    EXPECT_ERROR("{\"model_type\": \"gemma3_text\", " REQ ", \"sliding_window\": null}",
+                 "sliding_window");
+    EXPECT_ERROR("{\"model_type\": \"gemma3_text\", " REQ ", \"layer_types\": [\"full_attention\","
+                 " \"chunked_attention\"]}", "layer_types");
+    EXPECT_ERROR("{\"model_type\": \"gemma3_text\", " REQ ", \"layer_types\": [\"full_attention\"]}",
+                 "layer_types");
+    EXPECT_ERROR("{\"model_type\": \"gemma3_text\", " REQ ", \"use_bidirectional_attention\": true}",
+                 "use_bidirectional_attention");
+    EXPECT_ERROR("{\"model_type\": \"gemma3_text\", " REQ ", \"hidden_activation\": \"silu\"}",
+                 "hidden_activation");
+    EXPECT_ERROR("{\"model_type\": \"gemma3_text\", " REQ ", \"mlp_bias\": true}", "mlp_bias");
+    EXPECT_ERROR("{\"model_type\": \"gemma3_text\", " REQ ", \"rope_scaling\": {\"rope_type\":"
+                 " \"yarn\", \"factor\": 2.0}}", "rope_scaling.rope_type");
+    EXPECT_ERROR("{\"model_type\": \"gemma3_text\", " REQ ", \"rope_parameters\":"
+                 " {\"sliding_attention\": {\"rope_type\": \"linear\", \"factor\": 2.0}}}",
+                 "rope_parameters.sliding_attention.rope_type");
+    EXPECT_ERROR("{\"model_type\": \"gemma3_text\", " REQ ", \"rope_parameters\":"
+                 " {\"rope_type\": \"linear\", \"factor\": 2.0}}", "rope_parameters");
+    EXPECT_ERROR("{\"model_type\": \"gemma3_text\", " REQ ", \"rope_scaling\":"
+                 " {\"rope_type\": \"linear\"}}", "rope_scaling.factor");
+    EXPECT_ERROR("{\"model_type\": \"gemma3_text\", " REQ ", \"sliding_window_pattern\": 0}",
+                 "sliding_window_pattern");
+    /* and its keys stay foreign to the others */
+    EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ ", \"final_logit_softcapping\": 30.0}",
+                 "final_logit_softcapping");
+}
+
+/* google/gemma-3-27b-it's config.json (transformers 4.50): a multimodal Gemma3Config whose
+ * text_config is read as gemma3_text, with Gemma3TextConfig's defaults for what it leaves
+ * out and the top level's tie, dtype and eos */
+static const char *GEMMA3_27B =
+    "{\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"boi_token_index\": 255999,"
+    " \"eoi_token_index\": 256000, \"eos_token_id\": [1, 106], \"image_token_index\": 262144,"
+    " \"initializer_range\": 0.02, \"mm_tokens_per_image\": 256, \"model_type\": \"gemma3\","
+    " \"text_config\": {\"head_dim\": 128, \"hidden_size\": 5376, \"intermediate_size\": 21504,"
+    " \"model_type\": \"gemma3_text\", \"num_attention_heads\": 32, \"num_hidden_layers\": 62,"
+    " \"num_key_value_heads\": 16, \"query_pre_attn_scalar\": 168, \"rope_scaling\":"
+    " {\"factor\": 8.0, \"rope_type\": \"linear\"}, \"sliding_window\": 1024%s},"
+    " \"torch_dtype\": \"bfloat16\", \"transformers_version\": \"4.50.0.dev0\","
+    " \"vision_config\": {\"hidden_size\": 1152, \"image_size\": 896,"
+    " \"intermediate_size\": 4304, \"model_type\": \"siglip_vision_model\","
+    " \"num_attention_heads\": 16, \"num_hidden_layers\": 27, \"patch_size\": 14,"
+    " \"vision_use_head\": false}%s}";
+
+static const char *gemma3_27b(const char *text_extra, const char *top_extra)
+{
+    static char buf[4096];
+    snprintf(buf, sizeof buf, GEMMA3_27B, text_extra, top_extra);
+    return buf;
+}
+
+static void test_gemma3_multimodal(void)
+{
+    ft_model_config c;
+    ft_err e = {0};
+    CHECK(load(gemma3_27b("", ""), &c, &e) == 0);
+    if (e.msg[0])
+        fprintf(stderr, "  %s\n", e.msg);
+    CHECK(strcmp(c.model_type, "gemma3") == 0 && c.multimodal);
+    CHECK(strcmp(c.ckpt_prefix, "language_model.") == 0 &&
+          strcmp(c.module_prefix, "model.language_model.") == 0);
+    CHECK(c.vocab_size == 262208 && c.hidden_size == 5376 && c.num_layers == 62);
+    CHECK(c.num_heads == 32 && c.num_kv_heads == 16 && c.head_dim == 128);
+    CHECK(c.attention_scale == (float)pow(168.0, -0.5) && c.final_softcap == 0.0f);
+    CHECK(c.rope_kind == FT_ROPE_LINEAR && c.rope_factor == 8.0f && c.rope_theta == 1e6 &&
+          c.rope_local_theta == 1e4);
+    CHECK(ft_layer_window(&c, 0) == 1024 && ft_layer_window(&c, 5) == 0 &&
+          ft_layer_window(&c, 61) == 1024 && ft_layer_window(&c, 59) == 0);
+    CHECK(c.tie_word_embeddings && strcmp(c.torch_dtype, "bfloat16") == 0);
+    CHECK(c.n_eos == 2 && c.eos_token_ids[1] == 106);
+    /* the top level's tie_word_embeddings, not text_config's */
+    CHECK(load(gemma3_27b(", \"tie_word_embeddings\": true", ", \"tie_word_embeddings\": false"),
+               &c, &e) == 0);
+    CHECK(!c.tie_word_embeddings);
+    /* a causal LM keeps the plain names */
+    CHECK(load("{\"model_type\": \"gemma3_text\", " REQ "}", &c, &e) == 0);
+    CHECK(!c.multimodal && c.ckpt_prefix[0] == '\0' && strcmp(c.module_prefix, "model.") == 0);
+
+    EXPECT_ERROR(gemma3_27b(", \"final_logit_softcapping\": 30.0", ""),
+                 "text_config.final_logit_softcapping");
+    EXPECT_ERROR(gemma3_27b(", \"attn_logit_softcapping\": 50.0", ""), "attn_logit_softcapping");
+    EXPECT_ERROR(gemma3_27b(", \"mlp_bias\": true", ""), "mlp_bias");
+    EXPECT_ERROR("{\"model_type\": \"gemma3\", \"text_config\": [1]}", "text_config");
+    EXPECT_ERROR("{\"model_type\": \"gemma3\", \"text_config\": {\"model_type\": \"llama\"}}",
+                 "text_config.model_type");
+    EXPECT_ERROR("{\"model_type\": \"gemma3\", \"architectures\": [\"LlavaForConditionalGeneration\"]}",
+                 "architectures");
+}
+
 /* Qwen/Qwen3-0.6B's config.json (transformers 4.51), and Qwen3-8B's with layer_types as
  * transformers 5 writes it */
 static void test_qwen3(void)
@@ -983,6 +1155,8 @@ int main(void)
     RUN(test_phi3);
     RUN(test_smollm3);
     RUN(test_gemma2);
+    RUN(test_gemma3_text);
+    RUN(test_gemma3_multimodal);
     RUN(test_qwen3);
     RUN(test_olmo2);
     RUN(test_file_errors);

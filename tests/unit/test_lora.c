@@ -149,6 +149,43 @@ static void test_model_checks_name_file(void)
 /* The nine module names: short forms ("gate_up" is not "gate"), all-linear's bits, and
  * a model refusing a module its block lacks (phi3 has no q_proj; llama no qkv_proj),
  * naming it, while all-linear keeps each block's own. */
+/* A decoder nested in a larger model (module_prefix "model.language_model.", a
+ * multimodal gemma3): the targets and layers are saved as one regex over its module
+ * paths, which selects the same projections of the same layers when read back, and a
+ * regex read back matches only paths under the prefix. */
+static void test_nested_decoder_regex(void)
+{
+    ft_lora_config c = {.r = 2, .alpha = 4, .targets = (1u << FT_PROJ_Q) | (1u << FT_PROJ_DOWN),
+                        .n_layers = 2, .layers = {0, 2}};
+    snprintf(c.module_prefix, sizeof c.module_prefix, "model.language_model.");
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/nested", root);
+    ft_err err = {0};
+    CHECK(ft_mkdir_p(dir, &err) == 0);
+    CHECK(ft_lora_config_save(&c, dir, "base", &err) == 0);
+    ft_lora_config back;
+    CHECK(ft_lora_config_load(&back, dir, &err) == 0);
+    CHECK(strcmp(back.target_regex, "model\\.language_model\\.layers\\.(?:0|2)\\.(?:"
+                 "self_attn\\.q_proj|mlp\\.down_proj)") == 0);
+    CHECK(back.n_layers == 0); /* (in the regex: PEFT ignores layers_to_transform there) */
+    snprintf(back.module_prefix, sizeof back.module_prefix, "model.language_model.");
+    for (int l = 0; l < 4; l++) {
+        unsigned mask = 0;
+        CHECK(ft_lora_layer_mask(&back, l, &mask, &err) == 0);
+        CHECK(mask == (l == 0 || l == 2 ? c.targets : 0u));
+    }
+    /* the same regex selects nothing in a causal LM's paths (model.layers.N...) */
+    back.module_prefix[0] = '\0';
+    unsigned mask = 1;
+    CHECK(ft_lora_layer_mask(&back, 0, &mask, &err) == 0 && mask == 0);
+    /* a causal LM's settings keep the list form */
+    c.module_prefix[0] = '\0';
+    c.n_layers = 0;
+    CHECK(ft_lora_config_save(&c, dir, "base", &err) == 0);
+    CHECK(ft_lora_config_load(&back, dir, &err) == 0);
+    CHECK(back.target_regex[0] == '\0' && back.targets == c.targets);
+}
+
 static void test_fused_module_names(void)
 {
     unsigned t;
@@ -215,6 +252,7 @@ int main(void)
     RUN(test_config_errors);
     RUN(test_model_checks_name_file);
     RUN(test_fused_module_names);
+    RUN(test_nested_decoder_regex);
     ft_remove_tree(root);
     return check_summary("lora");
 }

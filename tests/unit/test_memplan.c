@@ -21,7 +21,7 @@
 
 static char root[256], llama_dir[300], qwen_dir[300], tied_dir[300], granite_dir[300],
     gemma_dir[300], phi3_dir[300], smollm3_dir[300], olmo2_dir[300], qwen3_dir[300],
-    gemma2_dir[300];
+    gemma2_dir[300], gemma3_dir[300];
 
 /* The run config with sets applied (free() it). */
 static ft_run_config *make_config(const char *const *sets)
@@ -375,6 +375,15 @@ static void test_cpu_gemma2_equal_measured(void)
     sweep(gemma2_dir, "qlora", "all-linear", "0");
 }
 
+/* gemma3: gemma2's four norms with per-head q/k norms (their saved inputs and rstd), two
+ * RoPE frequency sets (sliding and global layers), a final cap and no attention cap. */
+static void test_cpu_gemma3_equal_measured(void)
+{
+    sweep(gemma3_dir, "lora", "all-linear", "0.05");
+    sweep(gemma3_dir, "full", "all-linear", "0");
+    sweep(gemma3_dir, "qlora", "all-linear", "0");
+}
+
 /* The GPU rows follow the table in memplan.h. */
 static void test_gpu_formulas(void)
 {
@@ -698,6 +707,16 @@ int main(void)
                                         .extra_cfg = ", \"head_dim\": 4, \"sliding_window\": 3,"
                                                      " \"query_pre_attn_scalar\": 6"});
 
+    snprintf(gemma3_dir, sizeof gemma3_dir, "%s/gemma3", root);
+    write_tiny_model(gemma3_dir,
+                     &(tiny_model_opts){.model_type = "gemma3_text", .tied = 1,
+                                        .extra_cfg = ", \"sliding_window\": 3,"
+                                                     " \"query_pre_attn_scalar\": 6,"
+                                                     " \"final_logit_softcapping\": 2.0,"
+                                                     " \"sliding_window_pattern\": 2,"
+                                                     " \"rope_scaling\": {\"rope_type\":"
+                                                     " \"linear\", \"factor\": 8.0}"});
+
     RUN(test_cpu_lora_equals_measured);
     RUN(test_cpu_full_equals_measured);
     RUN(test_cpu_chunked_logits_equal_measured);
@@ -710,6 +729,7 @@ int main(void)
     RUN(test_cpu_smollm3_equal_measured);
     RUN(test_cpu_olmo2_qwen3_equal_measured);
     RUN(test_cpu_gemma2_equal_measured);
+    RUN(test_cpu_gemma3_equal_measured);
     RUN(test_gpu_formulas);
     RUN(test_real_model_sizes);
     RUN(test_70b_qlora_fits_two_24gb_gpus);

@@ -23,7 +23,8 @@ typedef struct tiny_model_opts {
                              * qkv_proj and gate_up_proj tensors; "qwen3" and "olmo2"
                              * get their q/k norms (and head_dim D for qwen3), olmo2 its
                              * post-norms in place of llama's norms, gemma2 its four norms
-                             * (pre and post on each branch) */
+                             * (pre and post on each branch), gemma3_text those four and
+                             * per-head q/k norms (head_dim D) */
     const char *hidden_act; /* NULL: silu */
     uint64_t seed;         /* weight stream (0: 7) */
     float scale;           /* weights uniform in [-scale/2, scale/2) (0: 0.6) */
@@ -37,9 +38,10 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
     const char *skip = o->skip, *extra = o->extra, *bad_shape = o->bad_shape;
     const char *type = o->model_type ? o->model_type : qkv_bias ? "qwen2" : "llama";
     int olmo2 = strcmp(type, "olmo2") == 0, qwen3 = strcmp(type, "qwen3") == 0;
-    int gemma2 = strcmp(type, "gemma2") == 0;
+    int gemma3 = strcmp(type, "gemma3_text") == 0;
+    int gemma2 = strcmp(type, "gemma2") == 0 || gemma3;
     char head_dim[32] = ""; /* qwen3's default (128) is not D */
-    if (qwen3)
+    if (qwen3 || gemma3)
         snprintf(head_dim, sizeof head_dim, ", \"head_dim\": %d", D);
     uint64_t seed = o->seed ? o->seed : 7;
     float scale = o->scale > 0 ? o->scale : 0.6f;
@@ -94,7 +96,8 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
             ADD(1, HKV * D, 0, "model.layers.%d.self_attn.v_proj.bias", l);
         }
         ADD(2, C, HQ * D, "model.layers.%d.self_attn.o_proj.weight", l);
-        if (olmo2 || qwen3) { /* olmo2: over the whole projection; qwen3: per head */
+        if (olmo2 || qwen3 || gemma3) { /* olmo2: over the whole projection; qwen3,
+                                          * gemma3: per head */
             ADD(1, olmo2 ? HQ * D : D, 0, "model.layers.%d.self_attn.q_norm.weight", l);
             ADD(1, olmo2 ? HKV * D : D, 0, "model.layers.%d.self_attn.k_norm.weight", l);
         }
