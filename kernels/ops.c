@@ -192,14 +192,14 @@ void ft_embedding_forward(ft_tensor out, ft_tensor ids, ft_tensor table, int N, 
 }
 
 void ft_embedding_backward(ft_tensor dtable, ft_tensor dout, ft_tensor ids, int N, int V,
-                           int C)
+                           int C, int pad)
 {
     opcheck c = begin("embedding_backward", dtable);
     needf(c, "dtable", dtable, SZ(V, C));
     needf(c, "dout", dout, SZ(N, C));
     need(c, "ids", ids, N, FT_I32);
-    GPU_CALL(c, ft_cuda_embedding_backward(dtable, dout, ids, N, V, C));
-    ft_cpu_embedding_backward(F(dtable), F(dout), I(ids), N, V, C);
+    GPU_CALL(c, ft_cuda_embedding_backward(dtable, dout, ids, N, V, C, pad));
+    ft_cpu_embedding_backward(F(dtable), F(dout), I(ids), N, V, C, pad);
 }
 
 void ft_rmsnorm_forward(ft_tensor out, ft_tensor rstd, ft_tensor x, ft_tensor w, int N,

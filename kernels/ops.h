@@ -74,11 +74,13 @@ void ft_linear_backward(ft_tensor dx, ft_tensor dw, ft_tensor db, ft_tensor dy,
                         ft_tensor x, ft_tensor w, int N, int in, int out, float alpha);
 
 /* ---- embedding: out[n,:] = table[ids[n],:], table [V,C] -----------------------------
- * ids must be in [0, V) (validated by the data layer). backward: dtable[ids[n]] += dout[n]. */
+ * ids must be in [0, V) (validated by the data layer). backward: dtable[ids[n]] += dout[n]
+ * for every n with ids[n] != pad: the padding row gets no gradient, as torch's
+ * nn.Embedding(padding_idx=pad) gives none (pad < 0: no padding row). */
 void ft_embedding_forward(ft_tensor out, ft_tensor ids, ft_tensor table, int N, int V,
                           int C);
 void ft_embedding_backward(ft_tensor dtable, ft_tensor dout, ft_tensor ids, int N, int V,
-                           int C);
+                           int C, int pad);
 
 /* ---- RMSNorm: rstd[n] = 1/sqrt(mean(x[n]^2) + eps); out = x * rstd[n] * (w_offset + w) --
  * w_offset is 0 (Llama: the weight itself) or 1 (Gemma: weights stored as offsets from 1,

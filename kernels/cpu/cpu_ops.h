@@ -20,7 +20,7 @@ void ft_cpu_linear_backward(float *dx, float *dw, float *db, const float *dy,
 void ft_cpu_embedding_forward(float *out, const int32_t *ids, const float *table, int N,
                               int V, int C);
 void ft_cpu_embedding_backward(float *dtable, const float *dout, const int32_t *ids, int N,
-                               int V, int C);
+                               int V, int C, int pad);
 
 void ft_cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N,
                             int C, float eps, float w_offset);

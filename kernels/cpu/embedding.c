@@ -29,7 +29,7 @@ void ft_cpu_embedding_forward(float *out, const int32_t *ids, const float *table
 }
 
 void ft_cpu_embedding_backward(float *dtable, const float *dout, const int32_t *ids, int N,
-                               int V, int C)
+                               int V, int C, int pad)
 {
     (void)V;
     if (N <= 0 || C <= 0)
@@ -40,6 +40,8 @@ void ft_cpu_embedding_backward(float *dtable, const float *dout, const int32_t *
         int c0 = blk * EMB_BLOCK;
         int len = C - c0 < EMB_BLOCK ? C - c0 : EMB_BLOCK;
         for (int n = 0; n < N; n++) {
+            if (ids[n] == pad) /* nn.Embedding's padding_idx: no gradient */
+                continue;
             float *dst = dtable + (size_t)ids[n] * C + c0;
             const float *src = dout + (size_t)n * C + c0;
 #pragma omp simd

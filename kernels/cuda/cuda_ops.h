@@ -33,7 +33,7 @@ void ft_cuda_linear_backward(ft_tensor dx, ft_tensor dw, ft_tensor db, ft_tensor
 void ft_cuda_embedding_forward(ft_tensor out, ft_tensor ids, ft_tensor table, int N, int V,
                                int C);
 void ft_cuda_embedding_backward(ft_tensor dtable, ft_tensor dout, ft_tensor ids, int N,
-                                int V, int C);
+                                int V, int C, int pad);
 
 /* rmsnorm.cu (rstd is fp32) */
 void ft_cuda_rmsnorm_forward(ft_tensor out, ft_tensor rstd, ft_tensor x, ft_tensor w, int N,

@@ -1,6 +1,7 @@
 /* Token embedding on the GPU (kernels/cpu/embedding.c's twin).
  *   forward:  out[n, c] = table[ids[n], c]            one thread per element
- *   backward: dtable[ids[n], c] += dout[n, c]         for every n, in order of n
+ *   backward: dtable[ids[n], c] += dout[n, c]         for every n, in order of n, but
+ *             the rows with ids[n] == pad (nn.Embedding's padding_idx: no gradient)
  * Rows of dtable repeat when a token repeats, so the backward is a scatter-add that no
  * two blocks may share: block j owns columns 32 j .. 32 j + 31 of every row of dtable
  * and walks the rows n in rounds of EMB_WARPS, one row a warp (lane = column, so a warp
@@ -26,7 +27,7 @@ __global__ void embedding_forward_kernel(fview out, const int32_t *ids, fview ta
 #define EMB_THREADS (32 * EMB_WARPS)
 
 __global__ void embedding_backward_kernel(fview dtable, fview dout, const int32_t *ids, int N,
-                                          int C)
+                                          int C, int pad)
 {
     __shared__ int id_s[EMB_WARPS];
     __shared__ float val_s[EMB_WARPS][32];
@@ -35,7 +36,7 @@ __global__ void embedding_backward_kernel(fview dtable, fview dout, const int32_
     for (int n0 = 0; n0 < N; n0 += EMB_WARPS) {
         int n = n0 + warp;
         if (lane == 0)
-            id_s[warp] = n < N ? ids[n] : -1;
+            id_s[warp] = n < N && ids[n] != pad ? ids[n] : -1; /* -1: adds nothing */
         val_s[warp][lane] = n < N && c < C ? ld(dout, (size_t)n * C + c) : 0.0f;
         __syncthreads();
         int id = id_s[warp];
@@ -67,12 +68,12 @@ extern "C" void ft_cuda_embedding_forward(ft_tensor out, ft_tensor ids, ft_tenso
 }
 
 extern "C" void ft_cuda_embedding_backward(ft_tensor dtable, ft_tensor dout, ft_tensor ids,
-                                           int N, int V, int C)
+                                           int N, int V, int C, int pad)
 {
     (void)V;
     if (N <= 0 || C <= 0)
         return;
     FT_LAUNCH(embedding_backward_kernel, (C + 31) / 32, EMB_THREADS, 0, ft_cuda_stream())(
-        fv(dtable), fv(dout), (const int32_t *)ids.data, N, C);
+        fv(dtable), fv(dout), (const int32_t *)ids.data, N, C, pad);
     LAUNCH_CHECK();
 }

@@ -305,6 +305,21 @@ static int read_required_dim(const char *path, const json_t *root, const char *k
 }
 
 /* A token id: int in [0, vocab_size), or null/absent/-1 for none. */
+/* The pad_token_id of the family's config class when config.json has none (the
+ * embedding's padding_idx, ft_model_config.embed_padding_idx); -1: None. */
+static int pad_token_default(family_kind family)
+{
+    switch (family) {
+    case FAM_GEMMA:
+    case FAM_GEMMA2:
+    case FAM_GEMMA3: return 0;
+    case FAM_OLMO2: return 1;
+    case FAM_PHI3: return 32000;
+    case FAM_SMOLLM3: return 128004;
+    default: return -1;
+    }
+}
+
 static int read_token_id(const char *path, const char *key, const json_t *v, int vocab, int *out,
                          ft_err *err)
 {
@@ -1291,6 +1306,11 @@ static int parse_config(const char *path, const json_t *root, ft_model_config *c
                       cfg->vocab_size, &cfg->pad_token_id, err) ||
         read_eos(path, root, cfg, err))
         return -1;
+    cfg->embed_padding_idx = cfg->pad_token_id;
+    if (!json_object_get(root, "pad_token_id")) {
+        int pad = pad_token_default(md->family);
+        cfg->embed_padding_idx = pad < cfg->vocab_size ? pad : -1;
+    }
 
     return read_dtype(path, root, cfg, err);
 }
@@ -1333,8 +1353,8 @@ static int gemma3_size_defaults(json_t *obj)
 /* A multimodal gemma3 config (Gemma3Config): the text model is its text_config (a
  * Gemma3TextConfig; absent: every default), read as gemma3_text, with what
  * Gemma3ForConditionalGeneration takes from the top level instead: tie_word_embeddings
- * (default true), the dtype and quantization_config, and token ids the text_config does
- * not give. Gemma3ForConditionalGeneration does not cap its logits, so a
+ * (default true), the dtype and quantization_config, and the bos and eos ids the
+ * text_config does not give. Gemma3ForConditionalGeneration does not cap its logits, so a
  * final_logit_softcapping in text_config is refused rather than read two ways. The
  * checkpoint keeps the text model under language_model. (see ckpt_prefix). */
 static int parse_gemma3_multimodal(const char *path, const json_t *root, ft_model_config *cfg,
@@ -1379,8 +1399,10 @@ static int parse_gemma3_multimodal(const char *path, const json_t *root, ft_mode
     if (rc == 0 && (v = json_object_get(root, "tie_word_embeddings")) &&
         json_object_set(text, "tie_word_embeddings", v))
         rc = ft_fail(err, "%s: out of memory", path);
-    static const char *const ids[] = {"bos_token_id", "eos_token_id", "pad_token_id"};
-    for (size_t i = 0; i < 3 && rc == 0; i++)
+    /* not pad_token_id: the text model's embedding takes text_config's own (default 0)
+     * as its padding_idx, whatever the top level says */
+    static const char *const ids[] = {"bos_token_id", "eos_token_id"};
+    for (size_t i = 0; i < 2 && rc == 0; i++)
         if (!json_object_get(text, ids[i]) && copy_key(text, root, ids[i], false))
             rc = ft_fail(err, "%s: out of memory", path);
     char tpath[4200];

@@ -105,6 +105,11 @@ typedef struct ft_model_config {
     int eos_token_ids[FT_MAX_EOS];
     int n_eos;
     int pad_token_id; /* -1 if absent */
+    /* The row of embed_tokens that gets no gradient: transformers builds the embedding as
+     * nn.Embedding(..., padding_idx=config.pad_token_id), with the config class's default
+     * pad_token_id when config.json has none (gemma* 0, olmo2 1, phi3 32000, smollm3
+     * 128004); -1: none (null, or a default outside the vocabulary) */
+    int embed_padding_idx;
     char torch_dtype[16]; /* "float32", "bfloat16", "float16" or "" */
     /* The family's block description (a family is data: one forward reads these).
      *   embed_scale        h0 = embed(ids) * embed_scale (granite embedding_multiplier;

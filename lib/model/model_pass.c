@@ -676,7 +676,7 @@ int ft_model_backward(ft_model *m, float grad_scale, ft_err *err)
         if (embed_scale(m) != 1.0f) /* d embed = scale * d h0 (d_h is not needed after) */
             ft_scale(A_(m->d_h, nC), embed_scale(m), nC);
         ft_embedding_backward(F_(m->g_embed, (size_t)V * C), A_(m->d_h, nC), I_(m->ids, N),
-                              N, V, C);
+                              N, V, C, m->cfg.embed_padding_idx);
         if (release(m, 0, FT_UNIT_BACKWARD, true, err))
             return -1;
     }

@@ -404,11 +404,15 @@ def load_hf(model_dir):
 # inputs
 
 
-def make_batch(vocab, B, T, seed, n_ignore=3):
+def make_batch(vocab, B, T, seed, n_ignore=3, pad=None):
     """input_ids [B, T] and labels with a few -100 entries (including a row's first and
-    last positions and a few random ones)."""
+    last positions and a few random ones). pad: the embedding's padding_idx, planted
+    inside every row with its label kept (its embedding row gets no gradient in torch)."""
     g = torch.Generator().manual_seed(1000 + seed)
     ids = torch.randint(0, vocab, (B, T), generator=g)
+    if pad is not None:
+        ids[:, T // 2] = pad
+        ids[B - 1, 1] = pad
     labels = ids.clone()
     labels[0, 0] = -100
     labels[0, 1] = -100

@@ -23,7 +23,9 @@ def case(request, store, ft):
     c.shape = shape
     c.model_dir = store.model(shape.name)
     model = ftref.full_mode_model(c.model_dir)
-    c.ids, c.labels = ftref.make_batch(model.config.vocab_size, B, shape.T, shape.seed)
+    c.pad = model.get_input_embeddings().padding_idx
+    c.ids, c.labels = ftref.make_batch(model.config.vocab_size, B, shape.T, shape.seed,
+                                       pad=c.pad)
     c.ref_logits, c.ref_loss, c.ref_grads = ftref.hf_grads(model, c.ids, c.labels)
     spec = dict(model_dir=c.model_dir, input_ids=c.ids, labels=c.labels)
     c.eval_out = ft(dict(spec, mode="eval"), f"{shape.name}-eval")
@@ -62,3 +64,12 @@ def test_full_grads(case):
         assert "model.embed_tokens.weight" in case.ref_grads
         assert "lm_head.weight" not in case.ref_grads
     ftref.assert_tensor_dict_close("grad.", case.full_out, case.ref_grads, ftref.TOL_GRAD)
+    if case.pad is not None:  # the batch holds the padding id: the lookup gives its row
+        assert (case.ids == case.pad).any()  # no gradient (tied: the head's only)
+        if not case.shape.cfg.get("tie_word_embeddings"):
+            assert not case.ref_grads["model.embed_tokens.weight"][case.pad].any()
+
+
+def test_some_shape_has_a_padding_row(store):
+    """test_full_grads checks the embedding's padding_idx on the shapes that have one."""
+    assert any(s.cfg.get("pad_token_id") is not None for s in ftref.SHAPES.values())

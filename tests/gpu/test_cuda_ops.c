@@ -109,20 +109,27 @@ static void test_embedding(void)
             snprintf(what, sizeof what, "embedding fwd %dx%dx%d %s", N, V, C, dtype_name(d));
             check_dev(what, gout, out, 0.0);
 
-            float *dout = rounded(host_random(no, 1.0f), no, d);
-            float *dtable = host_random(nt, 1.0f);
-            ft_tensor gdout = dev_upload(dout, no, d), gdt = dev_upload(dtable, nt, FT_F32);
-            ft_tensor gdt2 = dev_upload(dtable, nt, FT_F32);
-            ft_embedding_backward(ft_f32(dtable, nt), ft_f32(dout, no), ft_i32(ids, N), N, V,
-                                  C);
-            ft_embedding_backward(gdt, gdout, gids, N, V, C);
-            ft_embedding_backward(gdt2, gdout, gids, N, V, C);
-            snprintf(what, sizeof what, "embedding bwd %dx%dx%d %s", N, V, C, dtype_name(d));
-            check_dev(what, gdt, dtable, TOL_F32);
-            CHECK(dev_equal(gdt, gdt2));
-            free(ids), free(table), free(out), free(dout), free(dtable);
-            dev_free(gids), dev_free(gtable), dev_free(gout), dev_free(gdout), dev_free(gdt);
-            dev_free(gdt2);
+            /* no padding row, then the row of the most repeated id as padding_idx */
+            for (int pi = 0; pi < 2; pi++) {
+                int pad = pi ? ids[0] : -1;
+                float *dout = rounded(host_random(no, 1.0f), no, d);
+                float *dtable = host_random(nt, 1.0f);
+                ft_tensor gdout = dev_upload(dout, no, d);
+                ft_tensor gdt = dev_upload(dtable, nt, FT_F32);
+                ft_tensor gdt2 = dev_upload(dtable, nt, FT_F32);
+                ft_embedding_backward(ft_f32(dtable, nt), ft_f32(dout, no), ft_i32(ids, N),
+                                      N, V, C, pad);
+                ft_embedding_backward(gdt, gdout, gids, N, V, C, pad);
+                ft_embedding_backward(gdt2, gdout, gids, N, V, C, pad);
+                snprintf(what, sizeof what, "embedding bwd %dx%dx%d %s pad %d", N, V, C,
+                         dtype_name(d), pad);
+                check_dev(what, gdt, dtable, TOL_F32);
+                CHECK(dev_equal(gdt, gdt2));
+                free(dout), free(dtable);
+                dev_free(gdout), dev_free(gdt), dev_free(gdt2);
+            }
+            free(ids), free(table), free(out);
+            dev_free(gids), dev_free(gtable), dev_free(gout);
         }
 }
 

@@ -334,6 +334,41 @@ static void test_explicit_head_dim(void)
     CHECK(c.head_dim == 32);
 }
 
+/* The embedding's padding_idx (no gradient for that row): config.json's pad_token_id, or
+ * when the key is absent the default of the family's config class, as transformers builds
+ * nn.Embedding(..., padding_idx=config.pad_token_id); none for null or a default outside
+ * the vocabulary (transformers could not build that embedding). */
+static void test_embed_padding_idx(void)
+{
+    static const struct {
+        const char *type, *pad; /* pad: the key's JSON text, NULL: absent */
+        int vocab, want;
+    } cases[] = {
+        {"llama", NULL, 1000, -1},     {"llama", "7", 1000, 7},      {"llama", "null", 1000, -1},
+        {"gemma", NULL, 1000, 0},      {"gemma", "null", 1000, -1},  {"gemma2", NULL, 1000, 0},
+        {"gemma3_text", NULL, 1000, 0}, {"olmo2", NULL, 1000, 1},     {"olmo2", "3", 1000, 3},
+        {"phi3", NULL, 1000, -1},      {"phi3", NULL, 32064, 32000}, {"smollm3", NULL, 1000, -1},
+        {"smollm3", NULL, 128256, 128004}, {"granite", NULL, 1000, -1}, {"mistral", NULL, 1000, -1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char json[512];
+        snprintf(json, sizeof json,
+                 "{\"model_type\": \"%s\", \"vocab_size\": %d, \"hidden_size\": 256,"
+                 " \"intermediate_size\": 512, \"num_hidden_layers\": 2,"
+                 " \"num_attention_heads\": 8, \"num_key_value_heads\": 8%s%s}",
+                 cases[i].type, cases[i].vocab, cases[i].pad ? ", \"pad_token_id\": " : "",
+                 cases[i].pad ? cases[i].pad : "");
+        ft_model_config c;
+        ft_err e = {0};
+        CHECK(load(json, &c, &e) == 0);
+        if (c.embed_padding_idx != cases[i].want)
+            fprintf(stderr, "  %s pad %s vocab %d: padding_idx %d, want %d (%s)\n",
+                    cases[i].type, cases[i].pad ? cases[i].pad : "absent", cases[i].vocab,
+                    c.embed_padding_idx, cases[i].want, e.msg);
+        CHECK(c.embed_padding_idx == cases[i].want);
+    }
+}
+
 static void test_llama_defaults_and_bias(void)
 {
     ft_model_config c;
@@ -1150,6 +1185,7 @@ int main(void)
     RUN(test_mistral);
     RUN(test_explicit_head_dim);
     RUN(test_llama_defaults_and_bias);
+    RUN(test_embed_padding_idx);
     RUN(test_granite);
     RUN(test_gemma);
     RUN(test_phi3);

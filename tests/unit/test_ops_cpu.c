@@ -373,10 +373,20 @@ static void test_embedding(void)
         float *d0 = fnew((size_t)V * C);
         fill(d0, (size_t)V * C, -1, 1);
         float *d = fdup(d0, (size_t)V * C);
-        ft_cpu_embedding_backward(d, r, ids, N, V, C);
-        ft_cpu_embedding_backward(d, r, ids, N, V, C);
+        ft_cpu_embedding_backward(d, r, ids, N, V, C, -1);
+        ft_cpu_embedding_backward(d, r, ids, N, V, C, -1);
         double *e = accum(d0, g, (size_t)V * C, 2);
         CHECK(close_norm("embedding dtable (FD)", d, e, (size_t)V * C, 1e-5));
+        /* padding row 5 (three of the ids): its gradient stays as it was, the others
+         * get theirs, as torch's nn.Embedding(padding_idx=5) does */
+        float *dp = fdup(d0, (size_t)V * C);
+        ft_cpu_embedding_backward(dp, r, ids, N, V, C, 5);
+        ft_cpu_embedding_backward(dp, r, ids, N, V, C, 5);
+        CHECK(bitwise_eq(dp + 5 * C, d0 + 5 * C, C));
+        for (int j = 0; j < C; j++)
+            e[5 * C + j] = d0[5 * C + j];
+        CHECK(close_norm("embedding dtable (padding row)", dp, e, (size_t)V * C, 1e-5));
+        free(dp);
         free(table), free(out), free(r), free(c.table), free(c.r), free(g), free(d0);
         free(d), free(e);
     }
@@ -394,11 +404,11 @@ static void test_embedding(void)
         for (int n = 0; n < N; n++)
             for (int j = 0; j < C; j++)
                 e[(size_t)ids[n] * C + j] += dout[(size_t)n * C + j];
-        ft_cpu_embedding_backward(d, dout, ids, N, V, C);
+        ft_cpu_embedding_backward(d, dout, ids, N, V, C, -1);
         CHECK(close_norm("embedding dtable (dup ids)", d, e, (size_t)V * C, 1e-5));
         /* Deterministic: a second run from zero gives the same bits. */
         float *d2 = fnew((size_t)V * C);
-        ft_cpu_embedding_backward(d2, dout, ids, N, V, C);
+        ft_cpu_embedding_backward(d2, dout, ids, N, V, C, -1);
         CHECK(bitwise_eq(d, d2, (size_t)V * C));
         free(ids), free(dout), free(d), free(d2), free(e);
     }
