@@ -112,6 +112,60 @@ int ft_lora_targets_parse(const char *list, unsigned *targets, ft_err *err)
     return 0;
 }
 
+/* One modules_to_save entry: PEFT wraps every module whose name ends with it; of this
+ * model's modules, only the embedding and the head are supported. */
+static int match_saved_module(const char *key, unsigned *mods)
+{
+    if (strcmp(key, "embed_tokens") == 0 || strcmp(key, "model.embed_tokens") == 0)
+        *mods |= FT_SAVE_EMBED;
+    else if (strcmp(key, "lm_head") == 0)
+        *mods |= FT_SAVE_HEAD;
+    else
+        return -1;
+    return 0;
+}
+
+#define SAVED_MODULES "embed_tokens (or model.embed_tokens) and lm_head"
+
+int ft_lora_modules_to_save_parse(const char *list, unsigned *mods, ft_err *err)
+{
+    *mods = 0;
+    char buf[256];
+    if (strlen(list) >= sizeof buf)
+        return ft_fail(err, "modules_to_save list too long: '%s'", list);
+    strcpy(buf, list);
+    for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok;
+         tok = strtok_r(NULL, ", ", &save))
+        if (match_saved_module(tok, mods))
+            return ft_fail(err, "modules_to_save: module '%s' is not supported (supported: "
+                                SAVED_MODULES ")", tok);
+    return 0;
+}
+
+/* modules_to_save of adapter_config.json: null or a list of module names. */
+static int read_modules_to_save(json_t *root, const char *path, ft_lora_config *c,
+                                ft_err *err)
+{
+    json_t *v = json_object_get(root, "modules_to_save");
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_array(v))
+        return ft_fail(err, "%s: key 'modules_to_save' must be a list of module names or null",
+                       path);
+    size_t i;
+    json_t *item;
+    json_array_foreach(v, i, item)
+    {
+        if (!json_is_string(item) || match_saved_module(json_string_value(item),
+                                                        &c->modules_to_save))
+            return ft_fail(err, "%s: key 'modules_to_save': module %s is not supported "
+                                "(supported: " SAVED_MODULES ")",
+                           path, json_is_string(item) ? json_string_value(item)
+                                                      : "(not a string)");
+    }
+    return 0;
+}
+
 static int reject_if_set(json_t *root, const char *path, const char *key, ft_err *err)
 {
     json_t *v = json_object_get(root, key);
@@ -180,12 +234,14 @@ int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
         ft_fail(err, "%s: key 'bias' must be \"none\"", path);
         goto out;
     }
-    static const char *const unsupported[] = {"use_dora",      "fan_in_fan_out",
-                                              "modules_to_save", "rank_pattern",
-                                              "alpha_pattern", "layer_replication"};
+    static const char *const unsupported[] = {"use_dora", "fan_in_fan_out", "rank_pattern",
+                                              "alpha_pattern", "layer_replication",
+                                              "trainable_token_indices"};
     for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++)
         if (reject_if_set(root, path, unsupported[i], err))
             goto out;
+    if (read_modules_to_save(root, path, c, err))
+        goto out;
     v = json_object_get(root, "layers_to_transform");
     if (json_is_integer(v)) {
         if (layer_index(v, path, c, err))
@@ -295,7 +351,16 @@ int ft_lora_config_save(const ft_lora_config *c, const char *dir, const char *ba
     json_object_set_new(root, "fan_in_fan_out", json_false());
     json_object_set_new(root, "init_lora_weights", json_true());
     json_object_set_new(root, "inference_mode", json_true());
-    json_object_set_new(root, "modules_to_save", json_null());
+    if (c->modules_to_save) {
+        json_t *mods = json_array();
+        if (c->modules_to_save & FT_SAVE_EMBED)
+            json_array_append_new(mods, json_string("embed_tokens"));
+        if (c->modules_to_save & FT_SAVE_HEAD)
+            json_array_append_new(mods, json_string("lm_head"));
+        json_object_set_new(root, "modules_to_save", mods);
+    } else {
+        json_object_set_new(root, "modules_to_save", json_null());
+    }
     char *text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
     json_decref(root);
     if (!text)

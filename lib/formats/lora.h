@@ -37,6 +37,12 @@ const char *ft_proj_path(ft_proj p);
 
 #define FT_LORA_MAX_LAYER_LIST 256
 
+/* PEFT's modules_to_save: modules trained in full beside the LoRA pairs (PEFT wraps a
+ * trainable copy of each; its adapter file holds the copy under the module's own key,
+ * base_model.model.model.embed_tokens.weight, base_model.model.lm_head.weight). */
+#define FT_SAVE_EMBED 1u /* model.embed_tokens */
+#define FT_SAVE_HEAD 2u  /* lm_head */
+
 typedef struct ft_lora_config {
     int r;
     float alpha;
@@ -57,6 +63,7 @@ typedef struct ft_lora_config {
     int layers[FT_LORA_MAX_LAYER_LIST];
     bool has_layer_paths;
     uint64_t layer_paths[FT_NPROJ][FT_LORA_MAX_LAYER_LIST / 64];
+    unsigned modules_to_save; /* FT_SAVE_EMBED | FT_SAVE_HEAD */
     /* The adapter_config.json these settings were read from (ft_lora_config_load), for
      * the messages of the checks made once the model is known (a layer it lacks, targets
      * that select nothing); "" for settings from elsewhere. */
@@ -75,10 +82,14 @@ float ft_lora_scaling(const ft_lora_config *c);
  * "qkv", "gate_up"), or "all-linear". Error names the unknown module. */
 int ft_lora_targets_parse(const char *list, unsigned *targets, ft_err *err);
 
+/* Parses a modules_to_save list: names separated by commas ("embed_tokens,lm_head"; also
+ * "model.embed_tokens"), or "" for none. Error names the module it does not support. */
+int ft_lora_modules_to_save_parse(const char *list, unsigned *mods, ft_err *err);
+
 /* Reads <dir>/adapter_config.json (a regular file; a key given twice is an error). Every
  * error names the file and the key. Rejects what this LoRA does not implement:
  * peft_type other than LORA, use_dora, bias other than "none", fan_in_fan_out,
- * modules_to_save, non-empty rank_pattern / alpha_pattern, layer_replication, a
+ * modules_to_save naming other modules than embed_tokens and lm_head, non-empty rank_pattern / alpha_pattern, layer_replication, a
  * layers_pattern other than "layers", and target_modules naming modules other than the
  * nine projections; and values out of range (r not a positive int, a lora_alpha that
  * does not fit a float, a layer index that is negative or not an int). target_modules

@@ -1,5 +1,8 @@
 /* PEFT LoRA adapters: adapter_config.json + adapter_model.safetensors, keys
- * base_model.model.<module path>.lora_{A,B}.weight (no adapter name on disk). */
+ * base_model.model.<module path>.lora_{A,B}.weight (no adapter name on disk), and for a
+ * module trained in full (modules_to_save) base_model.model.<HF weight name>: PEFT keeps
+ * its trainable copy as <module>.modules_to_save.default.weight and saves it under the
+ * module's own name. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -7,6 +10,39 @@
 #include "core/fsutil.h"
 #include "model/model_internal.h"
 #include "formats/safetensors.h"
+
+#define PEFT_PREFIX "base_model.model."
+
+/* A module saved in full beside the LoRA pairs (embedding, head): trainable in LoRA mode
+ * without being a LoRA weight. */
+static bool saved_module(const ft_model *m, const ft_param *p)
+{
+    return m->opt.mode == FT_TRAIN_LORA && p->trainable && !p->is_lora;
+}
+
+/* The adapter file's key of a LoRA weight or a saved module. */
+static void adapter_key(const ft_model *m, const ft_param *p, char *key, size_t n)
+{
+    snprintf(key, n, "%s%s", saved_module(m, p) ? PEFT_PREFIX : "", p->name);
+}
+
+/* The LoRA weight or saved module an adapter tensor fills; NULL: none. */
+static ft_param *adapter_param(ft_model *m, const char *key)
+{
+    ft_param *p = ft_model_find_param(m, key);
+    if (p && p->is_lora)
+        return p;
+    size_t np = strlen(PEFT_PREFIX);
+    p = strncmp(key, PEFT_PREFIX, np) == 0 ? ft_model_find_param(m, key + np) : NULL;
+    return p && saved_module(m, p) ? p : NULL;
+}
+
+static void saved_names(unsigned mods, char *out, size_t n)
+{
+    snprintf(out, n, "%s%s%s", mods & FT_SAVE_EMBED ? "embed_tokens" : "",
+             mods == (FT_SAVE_EMBED | FT_SAVE_HEAD) ? ", " : "",
+             mods & FT_SAVE_HEAD ? "lm_head" : mods ? "" : "none");
+}
 
 int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
 {
@@ -30,28 +66,37 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
                        "target modules differ from the model's LoRA settings (r=%d, alpha=%g, "
                        "rslora=%d)",
                        dir, cfg.r, cfg.alpha, cfg.rslora, want->r, want->alpha, want->rslora);
+    if (cfg.modules_to_save != want->modules_to_save) {
+        char have[64], need[64];
+        saved_names(cfg.modules_to_save, have, sizeof have);
+        saved_names(want->modules_to_save, need, sizeof need);
+        return ft_fail(err, "%s/adapter_config.json: key 'modules_to_save' (%s) differs from the "
+                            "model's LoRA settings (%s)",
+                       dir, have, need);
+    }
     ft_checkpoint *ck;
     if (ft_ckpt_open(&ck, dir, "adapter_model", err))
         return -1;
     int rc = 0;
     for (size_t i = 0; i < m->n_params && rc == 0; i++) {
         ft_param *p = &m->params[i];
-        if (!p->is_lora || (unit >= 0 && p->unit != unit))
+        if (!(p->is_lora || saved_module(m, p)) || (unit >= 0 && p->unit != unit))
             continue;
-        const ft_st_tensor *t = ft_ckpt_find(ck, p->name);
+        char key[sizeof p->name + 32];
+        adapter_key(m, p, key, sizeof key);
+        const ft_st_tensor *t = ft_ckpt_find(ck, key);
         if (!t) {
-            rc = ft_fail(err, "%s: adapter tensor '%s' is missing", dir, p->name);
+            rc = ft_fail(err, "%s: adapter tensor '%s' is missing", dir, key);
         } else if (t->ndim != 2 || t->shape[0] != p->shape[0] || t->shape[1] != p->shape[1]) {
             rc = ft_fail(err, "%s: tensor '%s' has the wrong shape (expected [%lld, %lld])",
-                         t->file, p->name, (long long)p->shape[0], (long long)p->shape[1]);
+                         t->file, key, (long long)p->shape[0], (long long)p->shape[1]);
         } else {
             rc = ft_model_param_from_st(m, p, t, err);
         }
     }
     for (size_t i = 0; i < ft_ckpt_count(ck) && rc == 0 && unit < 0; i++) {
         const ft_st_tensor *t = ft_ckpt_at(ck, i);
-        ft_param *p = ft_model_find_param(m, t->name);
-        if (!p || !p->is_lora)
+        if (!adapter_param(m, t->name))
             rc = ft_fail(err, "%s: unexpected adapter tensor '%s'", t->file, t->name);
     }
     ft_ckpt_close(ck);
@@ -75,8 +120,10 @@ int ft_model_save_adapter(ft_model *m, const char *dir, const char *base_model, 
     int rc = ft_st_writer_metadata(w, "format", "pt", err);
     for (size_t i = 0; i < m->n_params && rc == 0; i++) {
         const ft_param *p = &m->params[i];
-        if (p->is_lora)
-            rc = ft_model_param_to_writer(m, p, w, err);
+        char key[sizeof p->name + 32];
+        adapter_key(m, p, key, sizeof key);
+        if (p->is_lora || saved_module(m, p))
+            rc = model_param_to_writer_as(m, p, key, w, err);
     }
     char path[4096];
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);

@@ -97,8 +97,9 @@ static int build_layout(layout *lo)
     unsigned projs = ft_block_projections(c);
     int rc = 0;
 
-    rc |= add_param(lo, 0, full, false, &m->embed, &m->g_embed, 2, V, C,
-                    "model.embed_tokens.weight");
+    unsigned saved = lora ? m->opt.lora.modules_to_save : 0;
+    rc |= add_param(lo, 0, full || (saved & FT_SAVE_EMBED), false, &m->embed, &m->g_embed, 2,
+                    V, C, "model.embed_tokens.weight");
     for (int l = 0; l < L; l++) {
         layer_weights *w = &m->layers[l];
         rc |= add_branch_norm(lo, l, FT_NORM_ATTN_PRE);
@@ -149,8 +150,8 @@ static int build_layout(layout *lo)
     rc |= add_param(lo, L + 1, full, false, &m->norm_f, &m->g_norm_f, 1, C, 0,
                     "model.norm.weight");
     if (!c->tie_word_embeddings)
-        rc |= add_param(lo, L + 1, full, false, &m->lm_head, &m->g_lm_head, 2, V, C,
-                        "lm_head.weight");
+        rc |= add_param(lo, L + 1, full || (saved & FT_SAVE_HEAD), false, &m->lm_head,
+                        &m->g_lm_head, 2, V, C, "lm_head.weight");
     return rc;
 }
 
@@ -434,6 +435,12 @@ int ft_model_param_from_st(ft_model *m, ft_param *p, const ft_st_tensor *t, ft_e
 
 int ft_model_param_to_writer(ft_model *m, const ft_param *p, ft_st_writer *w, ft_err *err)
 {
+    return model_param_to_writer_as(m, p, p->name, w, err);
+}
+
+int model_param_to_writer_as(ft_model *m, const ft_param *p, const char *name, ft_st_writer *w,
+                             ft_err *err)
+{
     const float *data = p->data;
     float *host = NULL;
     /* a quantized weight's values are dequantized (ft_model_param_get) */
@@ -446,7 +453,7 @@ int ft_model_param_to_writer(ft_model *m, const ft_param *p, ft_st_writer *w, ft
         }
         data = host;
     }
-    return ft_st_writer_add(w, p->name, FT_ST_F32, p->ndim, p->shape, data, err);
+    return ft_st_writer_add(w, name, FT_ST_F32, p->ndim, p->shape, data, err);
 }
 
 /* Which projections of which layers carry LoRA; checks the options. */
@@ -480,6 +487,13 @@ static int lora_layers(ft_model *m, ft_err *err)
     }
     if (!m->lora_union)
         return ft_fail(err, "the LoRA target modules select no linear layer of this model");
+    /* PEFT (ensure_weight_tying false, its default) wraps separate trainable copies of a
+     * tied embedding and head, which unties them; with ensure_weight_tying it keeps them
+     * tied. Neither is implemented. */
+    if (lc->modules_to_save && m->cfg.tie_word_embeddings)
+        return ft_fail(err, "modules_to_save (%s) on a model with tied word embeddings "
+                            "(tie_word_embeddings true) is not supported",
+                       lc->modules_to_save & FT_SAVE_EMBED ? "embed_tokens" : "lm_head");
     m->lora_scaling = ft_lora_scaling(lc);
     return 0;
 }

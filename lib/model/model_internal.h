@@ -188,6 +188,13 @@ static inline int proj_has_bias(const ft_model_config *c, ft_proj p)
     return c->mlp_bias;
 }
 
+/* Whether the embedding is trained: in full mode, or in LoRA mode as a module to save. */
+static inline bool model_embed_trains(const ft_model *m)
+{
+    return m->opt.mode == FT_TRAIN_FULL ||
+           (m->opt.mode == FT_TRAIN_LORA && (m->opt.lora.modules_to_save & FT_SAVE_EMBED));
+}
+
 /* The RoPE frequency sets inv_freq holds: 2 for longrope (short, long), else 1. */
 static inline size_t model_rope_sets(const ft_model *m)
 {
@@ -197,8 +204,12 @@ static inline size_t model_rope_sets(const ft_model *m)
 /* Reads the base weights of unit (-1: every unit) from dir into the bound storage. */
 int model_read_weights(ft_model *m, const char *dir, int unit, ft_err *err);
 /* Reads the LoRA weights of unit (-1: every unit) of the adapter in dir (checked against
- * the model's LoRA options). */
+ * the model's LoRA options), and the modules it saves in full (modules_to_save). */
 int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err);
+
+/* Adds p's values (fp32, copied to the host first where needed) to w as tensor `name`. */
+int model_param_to_writer_as(ft_model *m, const ft_param *p, const char *name, ft_st_writer *w,
+                             ft_err *err);
 
 /* model_device.c: where prepare_batch writes the batch (host staging on the GPU), the
  * copy of those arrays to the device, and the device copy of inv_freq. */

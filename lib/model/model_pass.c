@@ -477,7 +477,7 @@ static int release_head(ft_model *m, ft_unit_phase ph, ft_err *err)
     int L = m->cfg.num_layers;
     bool bwd = ph == FT_UNIT_BACKWARD;
     /* a tied embedding's gradient is final only after the embedding's own backward */
-    bool embed_trains = m->opt.mode == FT_TRAIN_FULL;
+    bool embed_trains = model_embed_trains(m);
     if (m->cfg.tie_word_embeddings && release(m, 0, ph, bwd && !embed_trains, err))
         return -1;
     return release(m, L + 1, ph, bwd, err);
@@ -634,7 +634,7 @@ int ft_model_backward(ft_model *m, float grad_scale, ft_err *err)
     if (m->stage_first > 0)
         return m->hooks.send_grad(m->hooks.ctx, m->d_h, nC, err);
     /* (the embedding's gradient pointer is bound by the acquire under ZeRO-2/3) */
-    if (m->opt.mode == FT_TRAIN_FULL) {
+    if (model_embed_trains(m)) {
         if (acquire(m, 0, FT_UNIT_BACKWARD, err))
             return -1;
         if (embed_scale(m) != 1.0f) /* d embed = scale * d h0 (d_h is not needed after) */

@@ -84,6 +84,17 @@ LORA_VARIANTS = {
     "patterns": dict(target_modules=["q_proj", "v_proj", "down_proj"],
                      rank_pattern={"v_proj": 2}, alpha_pattern={"q_proj": 16}),
     "dora": dict(target_modules=["q_proj", "v_proj"], use_dora=True),
+    # the embedding and/or the head trained in full beside the pairs (modules_to_save)
+    "mts_head": dict(target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"]),
+    "mts_embed": dict(target_modules=["q_proj", "v_proj"], modules_to_save=["embed_tokens"]),
+    "mts_both": dict(target_modules="all-linear", modules_to_save=["embed_tokens", "lm_head"]),
+    "mts_head_all": dict(target_modules="all-linear", modules_to_save=["lm_head"]),
+    # (for training runs: without k_proj / qkv_proj, as test_train.py explains)
+    "mts_both_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "gate_proj",
+                                          "up_proj", "down_proj"],
+                          modules_to_save=["embed_tokens", "lm_head"]),
+    "mts_both_no_qkv": dict(target_modules=["o_proj", "gate_up_proj", "down_proj"],
+                            modules_to_save=["embed_tokens", "lm_head"]),
     # Phi-3's fused modules (qkv_proj: one A, B over [q; k; v] rows; gate_up_proj likewise)
     "all4": dict(target_modules=list(ftref.PHI3_FOUR)),
     "qkv_down": dict(target_modules=["qkv_proj", "down_proj"]),

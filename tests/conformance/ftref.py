@@ -398,6 +398,16 @@ def peft_key(name):
             .replace(".lora_magnitude_vector.default.weight", ".lora_magnitude_vector"))
 
 
+def ours_key(name):
+    """PEFT in-memory parameter name -> the harness's name: the adapter key of a LoRA
+    weight, or the HF state-dict name of a module PEFT trains in full (modules_to_save:
+    base_model.model.lm_head.modules_to_save.default.weight -> lm_head.weight)."""
+    if ".modules_to_save.default." in name:
+        return (name.removeprefix("base_model.model.")
+                .replace(".modules_to_save.default.", "."))
+    return peft_key(name)
+
+
 def hf_grads(model, ids, labels, position_ids=None, key=lambda n: n):
     """logits, loss and d loss / d p for every trainable parameter (HF names)."""
     model.zero_grad(set_to_none=True)
@@ -425,7 +435,7 @@ def lora_mode_model(model_dir, adapter_dir):
     m = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=True)
     m.eval()
     names = [n for n, _ in trainable(m)]
-    assert names and all((".lora_" in n) for n in names), names
+    assert names and all((".lora_" in n or ".modules_to_save." in n) for n in names), names
     return m
 
 
@@ -453,6 +463,8 @@ def build_adapter(model_dir, out_dir, target_modules, r=4, lora_alpha=8, use_rsl
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
             elif ".lora_magnitude_vector." in n:
                 p.mul_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            elif ".modules_to_save." in n:  # a trained copy: away from the base's values
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     # peft's save_pretrained makes a model card from a Jinja template unless README.md
