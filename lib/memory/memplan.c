@@ -96,8 +96,9 @@ static void add_tensor(planner *p, int unit, size_t numel, bool trainable, bool 
     }
 }
 
-/* Mirrors build_layout in lib/model/model.c. */
-static void count_params(planner *p, const unsigned *lora_mask, int r_lora)
+/* Mirrors build_layout in lib/model/model.c; saved: LoRA's modules_to_save
+ * (FT_SAVE_EMBED, FT_SAVE_HEAD), trained in full. */
+static void count_params(planner *p, const unsigned *lora_mask, int r_lora, unsigned saved)
 {
     const ft_model_config *c = p->mc;
     bool full = p->mode == MODE_FULL;
@@ -112,7 +113,7 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora)
         qk_q = (size_t)c->head_dim * (head ? 1 : (size_t)c->num_heads);
         qk_k = (size_t)c->head_dim * (head ? 1 : (size_t)c->num_kv_heads);
     }
-    add_tensor(p, 0, V * C, full, false, 0, 0);
+    add_tensor(p, 0, V * C, full || (saved & FT_SAVE_EMBED), false, 0, 0);
     for (size_t l = 0; l < L; l++) {
         int unit = (int)l + 1;
         for (size_t n = 0; n < n_norms; n++) /* input_layernorm, ... */
@@ -143,7 +144,7 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora)
     }
     add_tensor(p, (int)L + 1, C, full, false, 0, 0); /* model.norm */
     if (!c->tie_word_embeddings)
-        add_tensor(p, (int)L + 1, V * C, full, false, 0, 0);
+        add_tensor(p, (int)L + 1, V * C, full || (saved & FT_SAVE_HEAD), false, 0, 0);
 }
 
 /* The activations of a tuning run: LoRA rank, targets and dropout. */
@@ -468,6 +469,16 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
             return ft_fail(err, "config: tuning.lora.target_modules selects no linear layer of "
                                 "this model");
         }
+        if (ft_lora_modules_to_save_parse(cfg->tuning.lora.modules_to_save,
+                                          &lc.modules_to_save, err)) {
+            free(mask);
+            return ft_fail_prefix(err, "config: key 'tuning.lora.modules_to_save'");
+        }
+        if (lc.modules_to_save && mc->tie_word_embeddings) {
+            free(mask);
+            return ft_fail(err, "config: key 'tuning.lora.modules_to_save': not supported on a "
+                                "model with tied word embeddings (tie_word_embeddings true)");
+        }
     }
 
     size_t n_units = (size_t)mc->num_layers + 2;
@@ -500,7 +511,7 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
         r->rows[i].predicted = i >= FT_PLAN_GPU_1;
         r->rows[i].world_size = i == FT_PLAN_CPU || i == FT_PLAN_GPU_1 ? 1 : world_size;
     }
-    count_params(&p, mask, lc.r);
+    count_params(&p, mask, lc.r, lc.modules_to_save);
     r->tied = mc->tie_word_embeddings;
     r->offload = cfg->dist.offload_optimizer == FT_CFG_OFFLOAD_CPU;
     for (size_t u = 0; u < n_units; u++) {

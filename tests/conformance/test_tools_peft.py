@@ -226,6 +226,16 @@ MERGE_CASES = [
     ("qwen3", "all7", "f32"),
     ("qwen3_tied", "all7", "f32"),
     ("qwen3_tied", "qv", "bf16"),
+    # modules_to_save: the adapter's embedding and head copies replace the base's
+    ("llama_gqa", "mts_head", "f32"),
+    ("llama_gqa", "mts_embed", "f32"),
+    ("llama_gqa", "mts_both", "bf16"),
+    ("mistral_sw", "mts_both", "f32"),
+    ("qwen2", "mts_both", "f32"),
+    ("qwen3", "mts_both", "f32"),
+    ("granite", "mts_both", "f32"),
+    ("olmo2", "mts_both", "f32"),
+    ("phi3", "mts_both", "f32"),
 ]
 
 _DT = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}

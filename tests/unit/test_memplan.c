@@ -53,7 +53,9 @@ static int measure(const ft_run_config *cfg, const char *dir, ft_mem *out, size_
         mo.lora = (ft_lora_config){.r = (int)tu->lora.r,
                                    .alpha = (float)tu->lora.alpha,
                                    .dropout = (float)tu->lora.dropout};
-        if (ft_lora_targets_parse(tu->lora.target_modules, &mo.lora.targets, &err))
+        if (ft_lora_targets_parse(tu->lora.target_modules, &mo.lora.targets, &err) ||
+            ft_lora_modules_to_save_parse(tu->lora.modules_to_save, &mo.lora.modules_to_save,
+                                          &err))
             return -1;
     }
     if (tu->mode == FT_TUNING_QLORA) {
@@ -137,7 +139,9 @@ static void compare(const char *dir, const char *const *sets)
     free(cfg);
 }
 
-static void sweep(const char *dir, const char *mode, const char *targets, const char *dropout)
+/* sweep with one more setting (NULL: none) */
+static void sweep_with(const char *dir, const char *mode, const char *targets,
+                       const char *dropout, const char *extra)
 {
     static const char *batches[] = {"train.batch_size=1", "train.batch_size=2",
                                     "train.batch_size=3", "train.batch_size=5"};
@@ -152,9 +156,26 @@ static void sweep(const char *dir, const char *mode, const char *targets, const 
         for (int bi = 0; bi < 4; bi++)
             for (int li = 0; li < 2; li++) {
                 const char *sets[] = {m, t, d, "tuning.lora.r=3", batches[bi], lens[li],
-                                      ckpts[ci], NULL};
+                                      ckpts[ci], extra, NULL};
                 compare(dir, sets);
             }
+}
+
+static void sweep(const char *dir, const char *mode, const char *targets, const char *dropout)
+{
+    sweep_with(dir, mode, targets, dropout, NULL);
+}
+
+/* modules_to_save: the embedding and/or the head trainable beside the pairs (untied
+ * models; with a quantized base too) */
+static void test_cpu_modules_to_save_equal_measured(void)
+{
+    sweep_with(llama_dir, "lora", "q_proj,v_proj", "0.05", "tuning.lora.modules_to_save=lm_head");
+    sweep_with(llama_dir, "lora", "all-linear", "0", "tuning.lora.modules_to_save=embed_tokens");
+    sweep_with(olmo2_dir, "lora", "all-linear", "0.05",
+               "tuning.lora.modules_to_save=embed_tokens,lm_head");
+    sweep_with(olmo2_dir, "qlora", "all-linear", "0",
+               "tuning.lora.modules_to_save=embed_tokens,lm_head");
 }
 
 static void test_cpu_lora_equals_measured(void)
@@ -496,6 +517,19 @@ static void test_errors(void)
     CHECK(ft_memplan(c, &mc, 1, &r, &err) != 0);
     CHECK(strstr(err.msg, "tuning.lora.target_modules") != NULL);
     free(c);
+    const char *bad_saved[] = {"tuning.lora.modules_to_save=lm_head,norm", NULL};
+    c = make_config(bad_saved);
+    CHECK(ft_memplan(c, &mc, 1, &r, &err) != 0);
+    CHECK(strstr(err.msg, "tuning.lora.modules_to_save") && strstr(err.msg, "'norm'"));
+    free(c);
+    snprintf(path, sizeof path, "%s/config.json", tied_dir);
+    ft_model_config tied;
+    CHECK(ft_model_config_load(&tied, path, &err) == 0);
+    const char *tied_saved[] = {"tuning.lora.modules_to_save=lm_head", NULL};
+    c = make_config(tied_saved);
+    CHECK(ft_memplan(c, &tied, 1, &r, &err) != 0);
+    CHECK(strstr(err.msg, "tuning.lora.modules_to_save") && strstr(err.msg, "tied"));
+    free(c);
     const char *ok[] = {NULL};
     c = make_config(ok);
     CHECK(ft_memplan(c, &mc, 0, &r, &err) != 0);
@@ -559,6 +593,7 @@ int main(void)
                                                      " \"query_pre_attn_scalar\": 6"});
 
     RUN(test_cpu_lora_equals_measured);
+    RUN(test_cpu_modules_to_save_equal_measured);
     RUN(test_cpu_full_equals_measured);
     RUN(test_cpu_chunked_logits_equal_measured);
     RUN(test_cpu_qlora_equals_measured);
