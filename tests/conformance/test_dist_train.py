@@ -184,6 +184,45 @@ def test_offload_optimizer(work, single, strategy):
     assert min(s["host_offload_bytes"]) > 0
 
 
+MTS = dict(tuning__lora__modules_to_save="embed_tokens,lm_head")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "zero3", "fsdp",
+                                      "model_parallel"])
+def test_modules_to_save_under_strategies(work, strategy):
+    """LoRA with the embedding and the head trained in full (modules_to_save): unit 0 and
+    the head's unit then hold trainables beside the pairs; every strategy equals one
+    process (data parallel: batch 8 on one rank; model parallel: the same batch), the
+    saved adapter holding the embedding and the head."""
+    dp = strategy != "model_parallel"
+    ref = work / "runs" / f"mts_ref_{'dp' if dp else 'mp'}"
+    if not ref.exists():
+        run(write_config(work, ref.name, **(dict(train__batch_size=8) if dp else {}), **MTS))
+    name = f"np2_mts_{strategy}"
+    run(write_config(work, name, dist__strategy=strategy, **MTS), 2)
+    assert_same_run(ref, work / "runs" / name, w_atol=5e-4)
+    w = weights(work / "runs" / name)
+    assert {"base_model.model.model.embed_tokens.weight",
+            "base_model.model.lm_head.weight"} <= set(w)
+
+
+def test_modules_to_save_resume(work):
+    """A checkpoint of a modules_to_save run (the embedding and head in the adapter, their
+    AdamW state in the optimizer's) resumes under another strategy with the losses of the
+    uninterrupted run."""
+    ref = work / "runs" / "mts_ref_dp"
+    if not ref.exists():
+        run(write_config(work, ref.name, train__batch_size=8, **MTS))
+    name = "mts_ckpt_ddp"
+    run(write_config(work, name, dist__strategy="ddp", train__save_steps=3, **MTS), 2)
+    cont = write_config(work, f"{name}_resumed", dist__strategy="zero3", **MTS)
+    run(cont, 2, "--resume", str(work / "runs" / name / "checkpoint-3"))
+    got, want = losses(work / "runs" / f"{name}_resumed"), losses(ref)
+    assert sorted(got) == [4, 5]
+    for s in got:
+        assert abs(got[s] - want[s]) <= 2e-5 * abs(want[s]), (s, got[s], want[s])
+
+
 def test_model_parallel_equals_one_process(work):
     for mode, model, np_, chunks in [("lora", "model", 2, 1), ("full", "model", 2, 1),
                                      ("full", "tied", 2, 2), ("lora", "deep", 4, 4),
