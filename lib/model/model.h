@@ -68,7 +68,8 @@
 
 typedef enum ft_train_mode {
     FT_TRAIN_NONE = 0, /* inference / evaluation: nothing trainable, no activations kept */
-    FT_TRAIN_LORA,     /* base frozen, LoRA A and B trainable */
+    FT_TRAIN_LORA,     /* base frozen, LoRA A and B trainable, and the embedding and/or
+                        * lm_head in full when lora.modules_to_save names them */
     FT_TRAIN_FULL      /* every weight trainable */
 } ft_train_mode;
 
@@ -160,9 +161,10 @@ long ft_batch_counted_tokens(const ft_batch *b);
 int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, ft_err *err);
 void ft_model_free(ft_model *m);
 
-/* Replaces the LoRA weights with those of a PEFT adapter dir (adapter_model.safetensors).
- * The adapter's config must match the model's LoRA options (r, targets); every expected
- * key must be present with the right shape. */
+/* Replaces the LoRA weights (and the modules_to_save weights) with those of a PEFT
+ * adapter dir (adapter_model.safetensors). The adapter's config must match the model's
+ * LoRA options (r, targets, modules_to_save); every expected key must be present with the
+ * right shape. */
 int ft_model_load_adapter(ft_model *m, const char *adapter_dir, ft_err *err);
 
 const ft_model_config *ft_model_cfg(const ft_model *m);
@@ -319,7 +321,8 @@ int ft_model_materialize(ft_model *m, int unit, ft_err *err);
 int ft_model_dequantize_base(ft_model *m, ft_err *err);
 
 /* Saves the LoRA weights as a PEFT adapter (adapter_config.json +
- * adapter_model.safetensors) into dir, created if needed. */
+ * adapter_model.safetensors) into dir, created if needed, with the modules_to_save
+ * weights under PEFT's keys (base_model.model.<HF name>). */
 int ft_model_save_adapter(ft_model *m, const char *dir, const char *base_model, ft_err *err);
 
 #endif

@@ -323,6 +323,39 @@ def test_merge_sharded_output(store, merge_exe, tmp_path):
                        logits_of(pm, vocab), ftref.TOL_LOGITS)
 
 
+def test_lora_init_modules_to_save(store, lora_init_exe, merge_exe, tmp_path):
+    """--modules-to-save: the adapter holds the base's embedding and head under PEFT's keys,
+    loads in PEFT with every key used, starts equal to the base, and merges back to it; a
+    tied model or another module is refused."""
+    model_dir = store.model("llama_gqa")
+    out = tmp_path / "adapter"
+    run_tool([lora_init_exe, "--model", model_dir, "--out", out, "--r", 4, "--target",
+              "q_proj,v_proj", "--modules-to-save", "embed_tokens,lm_head"])
+    cfg = json.loads((out / "adapter_config.json").read_text())
+    assert sorted(cfg["modules_to_save"]) == ["embed_tokens", "lm_head"]
+    tensors = load_file(str(out / "adapter_model.safetensors"))
+    base_sd = load_file(str(Path(model_dir) / "model.safetensors"))
+    for key, name in [("base_model.model.model.embed_tokens.weight", "model.embed_tokens.weight"),
+                      ("base_model.model.lm_head.weight", "lm_head.weight")]:
+        assert torch.equal(tensors[key], base_sd[name]), key
+    pm, caught = load_peft(model_dir, out)
+    bad = [w for w in caught if "missing" in w.lower() or "unexpected" in w.lower()]
+    assert not bad, bad
+    vocab = ftref.SHAPES["llama_gqa"].cfg["vocab_size"]
+    assert torch.equal(logits_of(pm, vocab), logits_of(ftref.load_hf(model_dir), vocab))
+    run_tool([merge_exe, "--model", model_dir, "--adapter", out, "--out", tmp_path / "m"])
+    merged = load_file(str(tmp_path / "m" / "model.safetensors"))
+    assert merged.keys() == base_sd.keys()
+    for k in base_sd:
+        assert torch.equal(merged[k], base_sd[k].float()), k
+    cp = run_tool([lora_init_exe, "--model", store.model("tied"), "--out", tmp_path / "t",
+                   "--modules-to-save", "lm_head"], expect_rc=None)
+    assert cp.returncode != 0 and "modules_to_save" in cp.stderr and "tied" in cp.stderr
+    cp = run_tool([lora_init_exe, "--model", model_dir, "--out", tmp_path / "n",
+                   "--modules-to-save", "lm_head,norm"], expect_rc=None)
+    assert cp.returncode == 2 and "'norm'" in cp.stderr, cp.stderr
+
+
 def test_lora_init_then_merge_is_the_base(store, lora_init_exe, merge_exe, tmp_path):
     """B = 0: merging a fresh adapter gives the base weights back, bit for bit."""
     model_dir = store.model("tied")
