@@ -28,6 +28,8 @@ static const char usage[] =
     "                     up_proj,down_proj; phi3: qkv_proj,o_proj,gate_up_proj,down_proj)\n"
     "                     or all-linear (default all-linear)\n"
     "  --rslora           rank-stabilised scaling alpha/sqrt(r) instead of alpha/r\n"
+    "  --dora             DoRA (PEFT's use_dora): a magnitude per output row, starting at\n"
+    "                     the row norms of the base weight\n"
     "  --modules-to-save LIST  embed_tokens and/or lm_head, comma-separated: trained in\n"
     "                     full beside the pairs (PEFT's modules_to_save; the adapter holds\n"
     "                     the base's weights for them; not with tied embeddings)\n"
@@ -41,7 +43,7 @@ static int usage_error(const char *fmt, const char *arg)
 
 enum {
     OPT_HELP, OPT_RSLORA, OPT_MODEL, OPT_OUT, OPT_R, OPT_ALPHA, OPT_DROPOUT, OPT_TARGET,
-    OPT_SEED, OPT_MTS
+    OPT_SEED, OPT_MTS, OPT_DORA
 };
 
 static const ft_cli_option options[] = {
@@ -55,6 +57,7 @@ static const ft_cli_option options[] = {
     {"--target", 0, FT_CLI_VALUE, OPT_TARGET},
     {"--seed", 0, FT_CLI_VALUE, OPT_SEED},
     {"--modules-to-save", 0, FT_CLI_VALUE, OPT_MTS},
+    {"--dora", 0, FT_CLI_FLAG, OPT_DORA},
     {NULL, 0, 0, 0},
 };
 
@@ -101,6 +104,9 @@ int main(int argc, char **argv)
             break;
         case OPT_TARGET:
             targets = val;
+            break;
+        case OPT_DORA:
+            c.dora = true;
             break;
         case OPT_MTS:
             saved = val;

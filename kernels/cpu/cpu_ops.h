@@ -80,4 +80,10 @@ void ft_cpu_dequant_8bit_blockwise(float *out, const uint8_t *q, const float *ab
 void ft_cpu_dequant_int8_rows(float *out, const int8_t *q, const float *scb, int rows,
                               int cols);
 
+/* dora.c */
+void ft_cpu_dora_norm(float *g, float *inv, const float *mag, const float *w, int R, int C);
+void ft_cpu_col_scale(float *y, const float *x, const float *g, float alpha, float beta, int N,
+                      int C, int accumulate);
+void ft_cpu_col_dot(float *d, const float *a, const float *b, const float *s, int N, int C);
+
 #endif

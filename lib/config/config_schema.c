@@ -63,6 +63,10 @@ static const ft_cfg_key schema[] = {
      NULL},
     {KEY(tuning.lora.rslora), FT_CFG_BOOL, "false", NULL, false, NONE, NONE,
      "rank-stabilised scaling", NULL},
+    {KEY(tuning.lora.use_dora), FT_CFG_BOOL, "false", NULL, false, NONE, NONE,
+     "DoRA (PEFT's use_dora): a trainable magnitude per output row of each LoRA layer, "
+     "y = b + m / ||W + s B A||_row * (x W^T + s x A^T B^T)",
+     NULL},
     {KEY(tuning.lora.modules_to_save), FT_CFG_STRING, "", NULL, false, NONE, NONE,
      "modules trained in full beside the LoRA pairs and saved in the adapter, as PEFT's "
      "modules_to_save: embed_tokens, lm_head or both, comma-separated (not with tied "

@@ -234,7 +234,13 @@ int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
         ft_fail(err, "%s: key 'bias' must be \"none\"", path);
         goto out;
     }
-    static const char *const unsupported[] = {"use_dora", "fan_in_fan_out", "rank_pattern",
+    v = json_object_get(root, "use_dora");
+    if (v && !json_is_null(v) && !json_is_boolean(v)) {
+        ft_fail(err, "%s: key 'use_dora' must be true or false", path);
+        goto out;
+    }
+    c->dora = v && json_is_true(v);
+    static const char *const unsupported[] = {"fan_in_fan_out", "rank_pattern",
                                               "alpha_pattern", "layer_replication",
                                               "trainable_token_indices"};
     for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++)
@@ -347,7 +353,7 @@ int ft_lora_config_save(const ft_lora_config *c, const char *dir, const char *ba
     }
     json_object_set_new(root, "bias", json_string("none"));
     json_object_set_new(root, "use_rslora", json_boolean(c->rslora));
-    json_object_set_new(root, "use_dora", json_false());
+    json_object_set_new(root, "use_dora", json_boolean(c->dora));
     json_object_set_new(root, "fan_in_fan_out", json_false());
     json_object_set_new(root, "init_lora_weights", json_true());
     json_object_set_new(root, "inference_mode", json_true());

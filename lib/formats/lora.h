@@ -64,6 +64,11 @@ typedef struct ft_lora_config {
     bool has_layer_paths;
     uint64_t layer_paths[FT_NPROJ][FT_LORA_MAX_LAYER_LIST / 64];
     unsigned modules_to_save; /* FT_SAVE_EMBED | FT_SAVE_HEAD */
+    /* DoRA (PEFT's use_dora): each pair's layer computes
+     * y = b + (m / ||W + s B A||_row) (x W^T + s dropout(x) A^T B^T) with a trainable
+     * magnitude m [out] (key <module>.lora_magnitude_vector), the norm taken as a constant
+     * in the gradient, as PEFT does (see lib/model/dora.c for dropout). */
+    bool dora;
     /* The adapter_config.json these settings were read from (ft_lora_config_load), for
      * the messages of the checks made once the model is known (a layer it lacks, targets
      * that select nothing); "" for settings from elsewhere. */
@@ -88,7 +93,7 @@ int ft_lora_modules_to_save_parse(const char *list, unsigned *mods, ft_err *err)
 
 /* Reads <dir>/adapter_config.json (a regular file; a key given twice is an error). Every
  * error names the file and the key. Rejects what this LoRA does not implement:
- * peft_type other than LORA, use_dora, bias other than "none", fan_in_fan_out,
+ * peft_type other than LORA, bias other than "none", fan_in_fan_out,
  * modules_to_save naming other modules than embed_tokens and lm_head, non-empty rank_pattern / alpha_pattern, layer_replication, a
  * layers_pattern other than "layers", and target_modules naming modules other than the
  * nine projections; and values out of range (r not a positive int, a lora_alpha that

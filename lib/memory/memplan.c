@@ -98,7 +98,8 @@ static void add_tensor(planner *p, int unit, size_t numel, bool trainable, bool 
 
 /* Mirrors build_layout in lib/model/model.c; saved: LoRA's modules_to_save
  * (FT_SAVE_EMBED, FT_SAVE_HEAD), trained in full. */
-static void count_params(planner *p, const unsigned *lora_mask, int r_lora, unsigned saved)
+static void count_params(planner *p, const unsigned *lora_mask, int r_lora, unsigned saved,
+                         bool dora)
 {
     const ft_model_config *c = p->mc;
     bool full = p->mode == MODE_FULL;
@@ -139,6 +140,8 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora, unsi
             if (!full && (lora_mask[l] & (1u << j))) {
                 add_tensor(p, unit, (size_t)r_lora * (size_t)in, true, false, 0, 0);  /* A */
                 add_tensor(p, unit, (size_t)out * (size_t)r_lora, true, false, 0, 0); /* B */
+                if (dora) /* lora_magnitude_vector */
+                    add_tensor(p, unit, (size_t)out, true, false, 0, 0);
             }
         }
     }
@@ -149,7 +152,7 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora, unsi
 
 /* The activations of a tuning run: LoRA rank, targets and dropout. */
 typedef struct act_spec {
-    bool grad_ckpt, lora, lora_dropout;
+    bool grad_ckpt, lora, lora_dropout, dora;
     int r_lora;
     int loss_chunk; /* ft_model_options.loss_chunk_rows */
     unsigned lora_union;
@@ -225,6 +228,12 @@ static void count_activations(const ft_model_config *c, size_t N, const act_spec
         if (sp->lora_dropout) {
             size_t w = C > I ? (C > QD ? C : QD) : (I > QD ? I : QD);
             ws->tensor += N * w; /* x_drop */
+        }
+        if (sp->dora) { /* dora_w, dora_g, dora_inv, dora_t, dora_d (lib/model/dora.c) */
+            size_t out, wn;
+            ft_dora_scratch_dims(c, sp->lora_union, &out, &wn);
+            ws->tensor += wn + 2 * N * out;
+            ws->stat += 2 * out;
         }
     }
 }
@@ -446,6 +455,7 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
     if (lora) {
         lc.r = (int)cfg->tuning.lora.r;
         lc.dropout = (float)cfg->tuning.lora.dropout;
+        lc.dora = cfg->tuning.lora.use_dora;
         if (lc.r <= 0 || lc.dropout < 0 || lc.dropout >= 1) {
             free(mask);
             return ft_fail(err, "config: tuning.lora.r must be > 0 and tuning.lora.dropout in "
@@ -511,7 +521,7 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
         r->rows[i].predicted = i >= FT_PLAN_GPU_1;
         r->rows[i].world_size = i == FT_PLAN_CPU || i == FT_PLAN_GPU_1 ? 1 : world_size;
     }
-    count_params(&p, mask, lc.r, lc.modules_to_save);
+    count_params(&p, mask, lc.r, lc.modules_to_save, lc.dora);
     r->tied = mc->tie_word_embeddings;
     r->offload = cfg->dist.offload_optimizer == FT_CFG_OFFLOAD_CPU;
     for (size_t u = 0; u < n_units; u++) {
@@ -541,6 +551,7 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
     /* activations and backward scratch */
     act_counts act, ws;
     act_spec sp = {.grad_ckpt = r->grad_ckpt, .lora = lora, .lora_dropout = lora && lc.dropout > 0,
+                   .dora = lora && lc.dora,
                    .r_lora = lc.r, .lora_union = lora_union,
                    .loss_chunk = ft_memplan_loss_chunk(&cfg->train)};
     count_activations(mc, (size_t)r->batch_size * (size_t)r->seq_len, &sp,

@@ -59,6 +59,10 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
             return ft_fail_prefix(err, "%s/adapter_config.json", dir);
         same_layers &= (mask & ft_block_projections(&m->cfg)) == m->lora_mask[l];
     }
+    if (cfg.dora != want->dora)
+        return ft_fail(err, "%s/adapter_config.json: use_dora=%s differs from the model's LoRA "
+                            "settings (use_dora=%s)",
+                       dir, cfg.dora ? "true" : "false", want->dora ? "true" : "false");
     if (cfg.r != want->r || !same_layers || cfg.rslora != want->rslora ||
         fabsf(cfg.alpha - want->alpha) > 0)
         return ft_fail(err,
@@ -87,9 +91,14 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
         const ft_st_tensor *t = ft_ckpt_find(ck, key);
         if (!t) {
             rc = ft_fail(err, "%s: adapter tensor '%s' is missing", dir, key);
-        } else if (t->ndim != 2 || t->shape[0] != p->shape[0] || t->shape[1] != p->shape[1]) {
-            rc = ft_fail(err, "%s: tensor '%s' has the wrong shape (expected [%lld, %lld])",
-                         t->file, key, (long long)p->shape[0], (long long)p->shape[1]);
+        } else if (t->ndim != p->ndim || t->shape[0] != p->shape[0] ||
+                   (p->ndim > 1 && t->shape[1] != p->shape[1])) {
+            if (p->ndim > 1)
+                rc = ft_fail(err, "%s: tensor '%s' has the wrong shape (expected [%lld, %lld])",
+                             t->file, key, (long long)p->shape[0], (long long)p->shape[1]);
+            else
+                rc = ft_fail(err, "%s: tensor '%s' has the wrong shape (expected [%lld])",
+                             t->file, key, (long long)p->shape[0]);
         } else {
             rc = ft_model_param_from_st(m, p, t, err);
         }

@@ -144,6 +144,10 @@ static int build_layout(layout *lo)
                 rc |= add_param(lo, l + 1, true, true, &w->lora_b[p], &w->g_lora_b[p], 2, out, r,
                                 "base_model.model.model.layers.%d.%s.lora_B.weight", l,
                                 ft_proj_path((ft_proj)p));
+                if (m->opt.lora.dora)
+                    rc |= add_param(lo, l + 1, true, true, &w->lora_m[p], &w->g_lora_m[p], 1,
+                                    out, 0, "base_model.model.model.layers.%d.%s."
+                                    "lora_magnitude_vector", l, ft_proj_path((ft_proj)p));
             }
         }
     }
@@ -267,14 +271,49 @@ void ft_model_bind_all(ft_model *m, ft_unit_bufs whole)
     }
 }
 
+/* DoRA's magnitude with B = 0: the row norms of the base weight (PEFT's update_layer),
+ * read as the model holds it (a quantized one dequantized). */
+static int init_magnitude(ft_model *m, ft_param *p, ft_err *err)
+{
+    const char *pre = "base_model.model.", *suf = ".lora_magnitude_vector";
+    char name[sizeof p->name];
+    snprintf(name, sizeof name, "%.*s.weight",
+             (int)(strlen(p->name) - strlen(pre) - strlen(suf)), p->name + strlen(pre));
+    ft_param *w = ft_model_find_param(m, name);
+    if (!w || w->shape[0] != p->shape[0])
+        return ft_fail(err, "DoRA magnitude '%s' has no base weight '%s'", p->name, name);
+    float *vals = malloc((w->numel + (size_t)p->numel) * sizeof *vals);
+    if (!vals)
+        return ft_fail(err, "out of memory");
+    float *mag = vals + w->numel;
+    int rc = ft_model_param_get(m, w, vals, err);
+    for (int64_t r = 0; r < w->shape[0] && rc == 0; r++) {
+        double acc = 0.0;
+        for (int64_t c = 0; c < w->shape[1]; c++) {
+            double x = vals[r * w->shape[1] + c];
+            acc += x * x;
+        }
+        mag[r] = (float)sqrt(acc);
+    }
+    if (rc == 0)
+        rc = ft_model_param_set(m, p, mag, err);
+    free(vals);
+    return rc;
+}
+
 /* PEFT's default LoRA init: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming-uniform with
- * a = sqrt(5)), B = 0 (already zero from the allocator). */
+ * a = sqrt(5)), B = 0 (already zero from the allocator); DoRA's magnitude ||W||_row. */
 static int init_lora(ft_model *m, int unit, ft_err *err)
 {
     for (size_t i = 0; i < m->n_params; i++) {
         ft_param *p = &m->params[i];
         if (!p->is_lora || (unit >= 0 && p->unit != unit))
             continue;
+        if (strstr(p->name, ".lora_magnitude_vector")) {
+            if (init_magnitude(m, p, err))
+                return -1;
+            continue;
+        }
         /* on the GPU the values are made on the host, then copied */
         float *vals = m->dev == FT_DEV_CPU ? p->data : calloc(p->numel, sizeof *vals);
         if (!vals)
@@ -495,6 +534,8 @@ static int lora_layers(ft_model *m, ft_err *err)
                             "(tie_word_embeddings true) is not supported",
                        lc->modules_to_save & FT_SAVE_EMBED ? "embed_tokens" : "lm_head");
     m->lora_scaling = ft_lora_scaling(lc);
+    if (lc->dora)
+        ft_dora_scratch_dims(&m->cfg, m->lora_union, &m->dora_out, &m->dora_w_n);
     return 0;
 }
 
@@ -619,7 +660,8 @@ static void free_activations(ft_model *m)
     float **scratch[] = {&m->final_in, &m->lnf,   &m->rstdf, &m->logits, &m->d_h,
                          &m->d_ln,     &m->d_br,  &m->d_att, &m->d_q,    &m->d_k,
                          &m->d_v,      &m->d_act, &m->d_gate, &m->d_up,  &m->d_lora_h,
-                         &m->x_drop};
+                         &m->x_drop,   &m->dora_w, &m->dora_g, &m->dora_inv, &m->dora_t,
+                         &m->dora_d};
     for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++) {
         ft_free_on(&m->mem, m->dev, *scratch[i]);
         *scratch[i] = NULL;
@@ -739,6 +781,7 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
     /* the backward scratch (freed above with the slot's activations) is shared by the
      * slots: never smaller than another slot's rows */
     size_t NS = N > m->scratch_rows ? N : m->scratch_rows;
+    bool dora = m->opt.mode == FT_TRAIN_LORA && m->opt.lora.dora;
     struct {
         float **p;
         size_t n;
@@ -768,6 +811,11 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
          m->opt.mode == FT_TRAIN_LORA, FT_MEM_WORKSPACE, false},
         {&m->x_drop, NS * (C > I ? (C > QD ? C : QD) : (I > QD ? I : QD)),
          m->opt.mode == FT_TRAIN_LORA && m->opt.lora.dropout > 0, FT_MEM_WORKSPACE, false},
+        {&m->dora_w, m->dora_w_n, dora, FT_MEM_WORKSPACE, false},
+        {&m->dora_g, m->dora_out, dora, FT_MEM_WORKSPACE, true},
+        {&m->dora_inv, m->dora_out, dora, FT_MEM_WORKSPACE, true},
+        {&m->dora_t, NS * m->dora_out, dora, FT_MEM_WORKSPACE, false},
+        {&m->dora_d, NS * m->dora_out, dora, FT_MEM_WORKSPACE, false},
     };
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i].need &&

@@ -320,6 +320,12 @@ int ft_model_materialize(ft_model *m, int unit, ft_err *err);
  * quantization stays readable through ft_model_quant. */
 int ft_model_dequantize_base(ft_model *m, ft_err *err);
 
+/* DoRA's scratch for LoRA on the modules of lora_union (bitmask of 1u << ft_proj): the most
+ * output rows, and the most weight elements, of one projection (a fused module's row
+ * block) carrying a pair. The model's scratch and the memory plan both size it so. */
+void ft_dora_scratch_dims(const ft_model_config *c, unsigned lora_union, size_t *max_out,
+                          size_t *max_w);
+
 /* Saves the LoRA weights as a PEFT adapter (adapter_config.json +
  * adapter_model.safetensors) into dir, created if needed, with the modules_to_save
  * weights under PEFT's keys (base_model.model.<HF name>). */

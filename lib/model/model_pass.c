@@ -98,14 +98,6 @@ static int prepare_batch(ft_model *m, const ft_batch *b, long *n_tokens, ft_err 
  * the module and are shared by its blocks. Since y_block = x W_block^T + s h B_block^T,
  * the per-block forward and backward below are exactly the fused module's, with A's
  * gradient and dx accumulated over the blocks. */
-typedef struct proj_view {
-    ft_proj mod;      /* the module carrying the weights (p when not fused) */
-    bool first_block; /* the module's first block: the forward computes h here */
-    int in, out;      /* p's features */
-    float *w, *b, *lora_a, *lora_b, *lora_h; /* compute dtype */
-    float *gw, *gb, *g_lora_a, *g_lora_b;    /* fp32, NULL when frozen */
-} proj_view;
-
 static float *f32_at(float *p, size_t i)
 {
     return p ? p + i : NULL;
@@ -128,6 +120,8 @@ static proj_view proj_view_of(ft_model *m, int l, ft_proj p)
     v.g_lora_a = w->g_lora_a[v.mod];
     v.lora_b = model_at(m, w->lora_b[v.mod], lo);
     v.g_lora_b = f32_at(w->g_lora_b[v.mod], lo);
+    v.lora_m = model_at(m, w->lora_m[v.mod], bo);
+    v.g_lora_m = f32_at(w->g_lora_m[v.mod], bo);
     v.lora_h = m->acts[l].lora_h[v.mod];
     return v;
 }
@@ -175,6 +169,10 @@ static void proj_forward(ft_model *m, int l, ft_proj p, const float *x, float *y
     int r = m->opt.lora.r;
     if (v.first_block) /* a fused module's later blocks reuse its h */
         lora_h_forward(m, l, &v, x);
+    if (v.lora_m) {
+        dora_forward(m, &v, x, lora_input(m, l, v.mod, x, (size_t)N * in), y);
+        return;
+    }
     ft_linear_forward(A_(y, (size_t)N * out), A_(v.lora_h, (size_t)N * r),
                       A_(v.lora_b, (size_t)out * r), ft_none(), N, r, out, m->lora_scaling, 1);
 }
@@ -190,6 +188,12 @@ static void proj_backward(ft_model *m, int l, ft_proj p, const float *x, const f
                        A_(dy, ny), A_(x, nx), A_(v.w, (size_t)out * in), N, in, out, 1.0f);
     if (!v.lora_a)
         return;
+    if (v.lora_m) {
+        float pd = m->eval_mode ? 0.0f : m->opt.lora.dropout;
+        dora_backward(m, &v, x, lora_input(m, l, v.mod, x, nx), dy, dx, pd,
+                      lora_dropout_seed(m, l, v.mod));
+        return;
+    }
     int r = m->opt.lora.r;
     float s = m->lora_scaling;
     size_t nh = (size_t)N * r;

@@ -84,6 +84,14 @@ LORA_VARIANTS = {
     "patterns": dict(target_modules=["q_proj", "v_proj", "down_proj"],
                      rank_pattern={"v_proj": 2}, alpha_pattern={"q_proj": 16}),
     "dora": dict(target_modules=["q_proj", "v_proj"], use_dora=True),
+    # DoRA on every linear layer of the block; with rsLoRA; without k_proj / qkv_proj for
+    # training runs (see test_train.py)
+    "dora_all": dict(target_modules="all-linear", use_dora=True),
+    "dora_rslora": dict(target_modules=["q_proj", "o_proj", "up_proj", "down_proj"],
+                        use_dora=True, use_rslora=True),
+    "dora_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                      "down_proj"], use_dora=True),
+    "dora_no_qkv": dict(target_modules=["o_proj", "gate_up_proj", "down_proj"], use_dora=True),
     # the embedding and/or the head trained in full beside the pairs (modules_to_save)
     "mts_head": dict(target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"]),
     "mts_embed": dict(target_modules=["q_proj", "v_proj"], modules_to_save=["embed_tokens"]),

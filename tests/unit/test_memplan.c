@@ -52,7 +52,8 @@ static int measure(const ft_run_config *cfg, const char *dir, ft_mem *out, size_
         mo.mode = FT_TRAIN_LORA;
         mo.lora = (ft_lora_config){.r = (int)tu->lora.r,
                                    .alpha = (float)tu->lora.alpha,
-                                   .dropout = (float)tu->lora.dropout};
+                                   .dropout = (float)tu->lora.dropout,
+                                   .dora = tu->lora.use_dora};
         if (ft_lora_targets_parse(tu->lora.target_modules, &mo.lora.targets, &err) ||
             ft_lora_modules_to_save_parse(tu->lora.modules_to_save, &mo.lora.modules_to_save,
                                           &err))
@@ -176,6 +177,16 @@ static void test_cpu_modules_to_save_equal_measured(void)
                "tuning.lora.modules_to_save=embed_tokens,lm_head");
     sweep_with(olmo2_dir, "qlora", "all-linear", "0",
                "tuning.lora.modules_to_save=embed_tokens,lm_head");
+}
+
+/* DoRA: a magnitude per output row of each pair's layer, W + s B A and two [N, out]
+ * temporaries in the workspace (a fused module's row blocks: phi3) */
+static void test_cpu_dora_equal_measured(void)
+{
+    sweep_with(llama_dir, "lora", "all-linear", "0.05", "tuning.lora.use_dora=true");
+    sweep_with(llama_dir, "lora", "q_proj,v_proj", "0", "tuning.lora.use_dora=true");
+    sweep_with(phi3_dir, "lora", "all-linear", "0.05", "tuning.lora.use_dora=true");
+    sweep_with(qwen3_dir, "qlora", "all-linear", "0", "tuning.lora.use_dora=true");
 }
 
 static void test_cpu_lora_equals_measured(void)
@@ -594,6 +605,7 @@ int main(void)
 
     RUN(test_cpu_lora_equals_measured);
     RUN(test_cpu_modules_to_save_equal_measured);
+    RUN(test_cpu_dora_equal_measured);
     RUN(test_cpu_full_equals_measured);
     RUN(test_cpu_chunked_logits_equal_measured);
     RUN(test_cpu_qlora_equals_measured);

@@ -1081,6 +1081,30 @@ static void test_elementwise(void)
     CHECK(ft_cpu_sumsq(&one, 1) == 9.0);
 }
 
+/* ---- DoRA helpers: known values ------------------------------------------------------ */
+
+static void test_dora_ops(void)
+{
+    /* rows [3, 4] and [0, -2]: norms 5 and 2 */
+    float w[4] = {3, 4, 0, -2}, mag[2] = {10, -1}, g[2], inv[2];
+    ft_cpu_dora_norm(g, inv, mag, w, 2, 2);
+    CHECK(g[0] == 2.0f && g[1] == -0.5f && inv[0] == 0.2f && inv[1] == 0.5f);
+    /* y[n,c] = (2 g[c] - 1) x[n,c], then += the same */
+    float x[6] = {1, 2, 3, 4, 5, 6}, y[6], sc[3] = {1, 0.5f, -1};
+    ft_cpu_col_scale(y, x, sc, 2.0f, -1.0f, 2, 3, 0);
+    float want[6] = {1, 0, -9, 4, 0, -18};
+    CHECK(bitwise_eq(y, want, 6));
+    ft_cpu_col_scale(y, x, sc, 2.0f, -1.0f, 2, 3, 1);
+    for (int i = 0; i < 6; i++)
+        want[i] *= 2;
+    CHECK(bitwise_eq(y, want, 6));
+    /* d[c] += s[c] sum_n x[n,c] y[n,c]: columns (1*2 + 4*8, 0, 3*-18 + 6*-36) */
+    float d[3] = {1, 1, 1}, s[3] = {0.5f, 2, -1};
+    ft_cpu_col_dot(d, x, y, s, 2, 3);
+    float dw[3] = {1 + 0.5f * 34, 1, 1 + 270};
+    CHECK(bitwise_eq(d, dw, 3));
+}
+
 /* ---- dropout ------------------------------------------------------------------------ */
 
 static void test_dropout(void)
@@ -1221,6 +1245,7 @@ int main(void)
     RUN(test_cross_entropy_fd);
     RUN(test_softcap_cross_entropy_fd);
     RUN(test_elementwise);
+    RUN(test_dora_ops);
     RUN(test_dropout);
     RUN(test_adamw);
     return check_summary("ops_cpu");
