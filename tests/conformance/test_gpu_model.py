@@ -33,7 +33,9 @@ CASES = [("llama_gqa", "all7"), ("qwen2", "qv"), ("llama_mqa_odd", "all7"), ("ti
          ("phi4_mini", "qkv_down"), ("smollm3", "all7"), ("smollm3_interval", "qv"),
          ("gemma2", "all7"), ("olmo2", "all7"), ("qwen3", "all7"), ("qwen3_tied", "qv"),
          # modules_to_save: the embedding and the head trained in full beside the pairs
-         ("llama_gqa", "mts_both"), ("phi3", "mts_both"), ("qwen3", "mts_embed")]
+         ("llama_gqa", "mts_both"), ("phi3", "mts_both"), ("qwen3", "mts_embed"),
+         # DoRA: the row norms, the magnitude's column sums
+         ("llama_gqa", "dora_all"), ("phi3", "dora_all"), ("gemma2", "dora_all")]
 
 BF16_TOL_LOGITS = 2e-2
 BF16_TOL_LOSS = 1e-2

@@ -42,6 +42,10 @@ CASES = [
     # modules_to_save on a quantized base: the embedding and the head (dense) trained in full
     ("llama_gqa", "mts_both", dict(type="nf4", blocksize=64, double_quant=True)),
     ("olmo2", "mts_both", dict(type="int8")),
+    # DoRA on a quantized base: the row norms of the dequantized W + s B A
+    ("llama_gqa", "dora_all", dict(type="nf4", blocksize=64, double_quant=True)),
+    ("phi3", "dora_all", dict(type="nf4", blocksize=64, double_quant=True)),
+    ("qwen3", "dora_all", dict(type="int8")),
 ]
 
 

@@ -236,6 +236,16 @@ MERGE_CASES = [
     ("granite", "mts_both", "f32"),
     ("olmo2", "mts_both", "f32"),
     ("phi3", "mts_both", "f32"),
+    # DoRA: each row rescaled to its magnitude
+    ("llama_gqa", "dora_all", "f32"),
+    ("llama_gqa", "dora_rslora", "bf16"),
+    ("llama_bias", "dora_all", "f32"),
+    ("qwen2", "dora_all", "f32"),
+    ("qwen3_tied", "dora_all", "f32"),
+    ("gemma2", "dora_all", "f32"),
+    ("olmo2", "dora_all", "f32"),
+    ("phi3", "dora_all", "f32"),
+    ("smollm3", "dora_all", "f32"),
 ]
 
 _DT = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
