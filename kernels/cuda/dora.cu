@@ -4,8 +4,9 @@
  *   col_scale  elementwise, y[n,c] (+)= (alpha g[c] + beta) x[n,c];
  *   col_dot    d[c] += s[c] * sum_n a[n,c] b[n,c]: a column sum (colsum.cuh: two passes in
  *              a fixed order, no atomics) of a * b * s[c]. */
-#include "colsum.cuh"
 #include "cuda_common.cuh"
+
+#include "colsum.cuh"
 
 #define NORM_THREADS 256
 #define EW_THREADS 256
