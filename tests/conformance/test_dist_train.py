@@ -206,16 +206,36 @@ def test_modules_to_save_under_strategies(work, strategy):
             "base_model.model.lm_head.weight"} <= set(w)
 
 
-def test_modules_to_save_resume(work):
-    """A checkpoint of a modules_to_save run (the embedding and head in the adapter, their
-    AdamW state in the optimizer's) resumes under another strategy with the losses of the
-    uninterrupted run."""
-    ref = work / "runs" / "mts_ref_dp"
+DORA = dict(tuning__lora__use_dora="true")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero2", "zero3", "fsdp", "model_parallel"])
+def test_dora_under_strategies(work, strategy):
+    """DoRA (a magnitude beside each pair): every strategy equals one process, as for
+    modules_to_save above. (Dropout masks follow the rows a rank holds, so these runs, as
+    the others here, have none: DoRA's dropout is in test_train_semantics.py.)"""
+    dp = strategy != "model_parallel"
+    ref = work / "runs" / f"dora_ref_{'dp' if dp else 'mp'}"
     if not ref.exists():
-        run(write_config(work, ref.name, train__batch_size=8, **MTS))
-    name = "mts_ckpt_ddp"
-    run(write_config(work, name, dist__strategy="ddp", train__save_steps=3, **MTS), 2)
-    cont = write_config(work, f"{name}_resumed", dist__strategy="zero3", **MTS)
+        run(write_config(work, ref.name, **(dict(train__batch_size=8) if dp else {}), **DORA))
+    name = f"np2_dora_{strategy}"
+    run(write_config(work, name, dist__strategy=strategy, **DORA), 2)
+    assert_same_run(ref, work / "runs" / name, w_atol=5e-4)
+    assert any(k.endswith(".lora_magnitude_vector") for k in weights(work / "runs" / name))
+
+
+@pytest.mark.parametrize("what", ["mts", "dora"])
+def test_adapter_extras_resume(work, what):
+    """A checkpoint of a modules_to_save run (the embedding and head in the adapter, their
+    AdamW state in the optimizer's) or of a DoRA run (the magnitudes) resumes under another
+    strategy with the losses of the uninterrupted run."""
+    extra = MTS if what == "mts" else DORA
+    ref = work / "runs" / f"{what}_ref_dp"
+    if not ref.exists():
+        run(write_config(work, ref.name, train__batch_size=8, **extra))
+    name = f"{what}_ckpt_ddp"
+    run(write_config(work, name, dist__strategy="ddp", train__save_steps=3, **extra), 2)
+    cont = write_config(work, f"{name}_resumed", dist__strategy="zero3", **extra)
     run(cont, 2, "--resume", str(work / "runs" / name / "checkpoint-3"))
     got, want = losses(work / "runs" / f"{name}_resumed"), losses(ref)
     assert sorted(got) == [4, 5]
