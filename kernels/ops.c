@@ -202,6 +202,27 @@ void ft_embedding_backward(ft_tensor dtable, ft_tensor dout, ft_tensor ids, int 
     ft_cpu_embedding_backward(F(dtable), F(dout), I(ids), N, V, C);
 }
 
+void ft_embedding_t_forward(ft_tensor out, ft_tensor ids, ft_tensor table, int N, int V, int C)
+{
+    opcheck c = begin("embedding_t_forward", out);
+    needf(c, "out", out, SZ(N, C));
+    need(c, "ids", ids, (size_t)N, FT_I32);
+    needf(c, "table", table, SZ(V, C));
+    GPU_CALL(c, ft_cuda_embedding_t_forward(out, ids, table, N, V, C));
+    ft_cpu_embedding_t_forward(F(out), I(ids), F(table), N, V, C);
+}
+
+void ft_embedding_t_backward(ft_tensor dtable, ft_tensor dout, ft_tensor ids, int N, int V,
+                             int C)
+{
+    opcheck c = begin("embedding_t_backward", dtable);
+    need(c, "dtable", dtable, SZ(V, C), FT_F32);
+    needf(c, "dout", dout, SZ(N, C));
+    need(c, "ids", ids, (size_t)N, FT_I32);
+    GPU_CALL(c, ft_cuda_embedding_t_backward(dtable, dout, ids, N, V, C));
+    ft_cpu_embedding_t_backward(F(dtable), F(dout), I(ids), N, V, C);
+}
+
 void ft_rmsnorm_forward(ft_tensor out, ft_tensor rstd, ft_tensor x, ft_tensor w, int N,
                         int C, float eps, float w_offset)
 {

@@ -77,6 +77,11 @@ void ft_linear_backward(ft_tensor dx, ft_tensor dw, ft_tensor db, ft_tensor dy,
  * ids must be in [0, V) (validated by the data layer). backward: dtable[ids[n]] += dout[n]. */
 void ft_embedding_forward(ft_tensor out, ft_tensor ids, ft_tensor table, int N, int V,
                           int C);
+/* The same on a transposed table [C, V] (LoRA's lora_embedding_A): out[n,c] =
+ * table[c, ids[n]]; backward dtable[c, ids[n]] += dout[n,c], for every n in order. */
+void ft_embedding_t_forward(ft_tensor out, ft_tensor ids, ft_tensor table, int N, int V, int C);
+void ft_embedding_t_backward(ft_tensor dtable, ft_tensor dout, ft_tensor ids, int N, int V,
+                             int C);
 void ft_embedding_backward(ft_tensor dtable, ft_tensor dout, ft_tensor ids, int N, int V,
                            int C);
 

@@ -21,6 +21,11 @@ void ft_cpu_embedding_forward(float *out, const int32_t *ids, const float *table
                               int V, int C);
 void ft_cpu_embedding_backward(float *dtable, const float *dout, const int32_t *ids, int N,
                                int V, int C);
+/* on a transposed table [C, V] */
+void ft_cpu_embedding_t_forward(float *out, const int32_t *ids, const float *table, int N,
+                                int V, int C);
+void ft_cpu_embedding_t_backward(float *dtable, const float *dout, const int32_t *ids, int N,
+                                 int V, int C);
 
 void ft_cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N,
                             int C, float eps, float w_offset);

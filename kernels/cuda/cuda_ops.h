@@ -111,6 +111,12 @@ void ft_cuda_dequant_8bit_blockwise(ft_tensor out, ft_tensor q, ft_tensor absmax
 void ft_cuda_dequant_int8_rows(ft_tensor out, ft_tensor q, ft_tensor scb, int rows,
                                int cols);
 
+/* embedding.cu: on a transposed table [C, V] */
+void ft_cuda_embedding_t_forward(ft_tensor out, ft_tensor ids, ft_tensor table, int N, int V,
+                                 int C);
+void ft_cuda_embedding_t_backward(ft_tensor dtable, ft_tensor dout, ft_tensor ids, int N, int V,
+                                  int C);
+
 /* dora.cu */
 void ft_cuda_dora_norm(ft_tensor g, ft_tensor inv, ft_tensor mag, ft_tensor w, int R, int C);
 void ft_cuda_col_scale(ft_tensor y, ft_tensor x, ft_tensor g, float alpha, float beta, int N,

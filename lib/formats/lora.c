@@ -22,7 +22,7 @@ static const char *const proj_paths[FT_NPROJ] = {
     "mlp.down_proj",    "self_attn.qkv_proj", "mlp.gate_up_proj"};
 
 #define KNOWN_MODULES "q_proj k_proj v_proj o_proj gate_proj up_proj down_proj qkv_proj " \
-                      "gate_up_proj"
+                      "gate_up_proj embed_tokens lm_head"
 
 const char *ft_proj_name(ft_proj p)
 {
@@ -46,6 +46,15 @@ float ft_lora_scaling(const ft_lora_config *c)
  * command line. */
 static int match_target(const char *key, unsigned *targets)
 {
+    /* the embedding and the head: PEFT's module names model.embed_tokens and lm_head */
+    if (strcmp(key, "embed_tokens") == 0 || strcmp(key, "model.embed_tokens") == 0) {
+        *targets |= FT_LORA_EMBED;
+        return 0;
+    }
+    if (strcmp(key, "lm_head") == 0) {
+        *targets |= FT_LORA_HEAD;
+        return 0;
+    }
     for (int p = 0; p < FT_NPROJ; p++) {
         const char *path = proj_paths[p];
         size_t lk = strlen(key), lp = strlen(path);
@@ -165,6 +174,8 @@ static int read_modules_to_save(json_t *root, const char *path, ft_lora_config *
     }
     return 0;
 }
+
+static int regex_outer(ft_lora_config *c, ft_err *err);
 
 static int reject_if_set(json_t *root, const char *path, const char *key, ft_err *err)
 {
@@ -288,7 +299,7 @@ int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
         } else {
             strcpy(c->target_regex, t);
             unsigned mask;
-            if (ft_lora_layer_mask(c, 0, &mask, err)) {
+            if (ft_lora_layer_mask(c, 0, &mask, err) || regex_outer(c, err)) {
                 ft_fail_prefix(err, "%s: key 'target_modules'", path);
                 goto out;
             }
@@ -333,6 +344,10 @@ int ft_lora_config_save(const ft_lora_config *c, const char *dir, const char *ba
                 snprintf(path, sizeof path, "model.layers.%d.%s", l, proj_paths[p]);
                 json_array_append_new(targets, json_string(path));
             }
+    if (c->targets & FT_LORA_EMBED)
+        json_array_append_new(targets, json_string("embed_tokens"));
+    if (c->targets & FT_LORA_HEAD)
+        json_array_append_new(targets, json_string("lm_head"));
     json_object_set_new(root, "peft_type", json_string("LORA"));
     json_object_set_new(root, "task_type", json_string("CAUSAL_LM"));
     json_object_set_new(root, "base_model_name_or_path", json_string(base_model ? base_model : ""));
@@ -412,12 +427,7 @@ int ft_lora_layer_mask(const ft_lora_config *c, int layer, unsigned *mask, ft_er
                        (char *)msg, (size_t)where);
     }
     int rc = 0;
-    static const char *const unsupported[] = {"lm_head", "model.embed_tokens"};
-    for (size_t i = 0; i < 2; i++)
-        if (regex_fullmatch(re, unsupported[i]))
-            rc = ft_fail(err, "regular expression '%s' selects %s; LoRA on it is not supported",
-                         c->target_regex, unsupported[i]);
-    for (int p = 0; p < FT_NPROJ && rc == 0; p++) {
+    for (int p = 0; p < FT_NPROJ; p++) {
         char name[96];
         snprintf(name, sizeof name, "model.layers.%d.%s", layer, proj_paths[p]);
         if (regex_fullmatch(re, name))
@@ -425,4 +435,21 @@ int ft_lora_layer_mask(const ft_lora_config *c, int layer, unsigned *mask, ft_er
     }
     pcre2_code_free(re);
     return rc;
+}
+
+/* A target regex's embedding and head bits: whether it fullmatches their module paths. */
+static int regex_outer(ft_lora_config *c, ft_err *err)
+{
+    int code;
+    PCRE2_SIZE where;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)c->target_regex, PCRE2_ZERO_TERMINATED,
+                                   PCRE2_ANCHORED | PCRE2_ENDANCHORED, &code, &where, NULL);
+    if (!re)
+        return ft_fail(err, "regular expression '%s' does not compile", c->target_regex);
+    if (regex_fullmatch(re, "model.embed_tokens"))
+        c->targets |= FT_LORA_EMBED;
+    if (regex_fullmatch(re, "lm_head"))
+        c->targets |= FT_LORA_HEAD;
+    pcre2_code_free(re);
+    return 0;
 }

@@ -34,6 +34,12 @@ const char *ft_proj_path(ft_proj p);
 
 /* "all-linear": every module bit; a model keeps those of its block (the nine bits, 0x1ff). */
 #define FT_LORA_ALL_LINEAR ((1u << FT_NPROJ) - 1)
+/* LoRA outside the block, bits of ft_lora_config.targets above the nine: on the token
+ * embedding (PEFT's Embedding layer: lora_embedding_A [r, vocab], lora_embedding_B
+ * [hidden, r], h0 += s A^T[ids] B^T, no dropout) and on lm_head (a linear layer). */
+#define FT_LORA_EMBED (1u << FT_NPROJ)
+#define FT_LORA_HEAD (1u << (FT_NPROJ + 1))
+#define FT_LORA_OUTER (FT_LORA_EMBED | FT_LORA_HEAD)
 
 #define FT_LORA_MAX_LAYER_LIST 256
 
@@ -57,7 +63,7 @@ typedef struct ft_lora_config {
      * "all-linear" out as every layer's paths, "model.layers.0.self_attn.q_proj", ...):
      * layer l's projection p when layer_paths[p] has bit l (layers_to_transform does not
      * restrict those). Use ft_lora_layer_mask for the answer of one layer. */
-    unsigned targets;
+    unsigned targets; /* also FT_LORA_EMBED, FT_LORA_HEAD */
     char target_regex[256];
     int n_layers;
     int layers[FT_LORA_MAX_LAYER_LIST];
@@ -75,16 +81,17 @@ typedef struct ft_lora_config {
     char source[4096];
 } ft_lora_config;
 
-/* The projections of decoder layer `layer` that carry a LoRA pair (bitmask). Errors: a
- * regex that does not compile, or one that selects lm_head or the embeddings (LoRA on
- * those is not implemented). */
+/* The projections of decoder layer `layer` that carry a LoRA pair (bitmask). Error: a
+ * regex that does not compile. (A regex's FT_LORA_EMBED / FT_LORA_HEAD: in targets, set
+ * by ft_lora_config_load.) */
 int ft_lora_layer_mask(const ft_lora_config *c, int layer, unsigned *mask, ft_err *err);
 
 /* alpha / r, or alpha / sqrt(r) with rsLoRA. */
 float ft_lora_scaling(const ft_lora_config *c);
 
 /* Parses a target list: names separated by commas ("q_proj,v_proj", also "q,v",
- * "qkv", "gate_up"), or "all-linear". Error names the unknown module. */
+ * "qkv", "gate_up", and "embed_tokens", "lm_head"), or "all-linear" (PEFT's: the block's
+ * linear layers, not lm_head). Error names the unknown module. */
 int ft_lora_targets_parse(const char *list, unsigned *targets, ft_err *err);
 
 /* Parses a modules_to_save list: names separated by commas ("embed_tokens,lm_head"; also

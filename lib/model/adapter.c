@@ -26,11 +26,30 @@ static void adapter_key(const ft_model *m, const ft_param *p, char *key, size_t 
     snprintf(key, n, "%s%s", saved_module(m, p) ? PEFT_PREFIX : "", p->name);
 }
 
+/* With LoRA on the embedding or lm_head, PEFT also saves their base weights
+ * (save_embedding_layers "auto"), as base_model.model.<module>.base_layer.weight, and its
+ * loading puts them in the base: the base weight of an adapter key, or NULL. */
+static ft_param *embedding_base_layer(ft_model *m, const char *key)
+{
+    static const struct {
+        const char *key, *name;
+        unsigned bit;
+    } mods[] = {{PEFT_PREFIX "model.embed_tokens.base_layer.weight", "model.embed_tokens.weight",
+                 FT_LORA_EMBED},
+                {PEFT_PREFIX "lm_head.base_layer.weight", "lm_head.weight", FT_LORA_HEAD}};
+    for (size_t i = 0; i < sizeof mods / sizeof mods[0]; i++)
+        if ((m->opt.lora.targets & mods[i].bit) && strcmp(key, mods[i].key) == 0)
+            return ft_model_find_param(m, mods[i].name);
+    return NULL;
+}
+
 /* The LoRA weight or saved module an adapter tensor fills; NULL: none. */
 static ft_param *adapter_param(ft_model *m, const char *key)
 {
     ft_param *p = ft_model_find_param(m, key);
     if (p && p->is_lora)
+        return p;
+    if ((p = embedding_base_layer(m, key)))
         return p;
     size_t np = strlen(PEFT_PREFIX);
     p = strncmp(key, PEFT_PREFIX, np) == 0 ? ft_model_find_param(m, key + np) : NULL;
@@ -103,6 +122,18 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
             rc = ft_model_param_from_st(m, p, t, err);
         }
     }
+    /* the embedding's and the head's base weights, where the adapter holds them */
+    for (size_t i = 0; i < ft_ckpt_count(ck) && rc == 0; i++) {
+        const ft_st_tensor *t = ft_ckpt_at(ck, i);
+        ft_param *p = embedding_base_layer(m, t->name);
+        if (!p || p->is_lora || (unit >= 0 && p->unit != unit))
+            continue;
+        if (t->ndim != 2 || t->shape[0] != p->shape[0] || t->shape[1] != p->shape[1])
+            rc = ft_fail(err, "%s: tensor '%s' has the wrong shape (expected [%lld, %lld])",
+                         t->file, t->name, (long long)p->shape[0], (long long)p->shape[1]);
+        else if (p->data)
+            rc = ft_model_param_from_st(m, p, t, err);
+    }
     for (size_t i = 0; i < ft_ckpt_count(ck) && rc == 0 && unit < 0; i++) {
         const ft_st_tensor *t = ft_ckpt_at(ck, i);
         if (!adapter_param(m, t->name))
@@ -134,6 +165,15 @@ int ft_model_save_adapter(ft_model *m, const char *dir, const char *base_model, 
         if (p->is_lora || saved_module(m, p))
             rc = model_param_to_writer_as(m, p, key, w, err);
     }
+    /* as PEFT: the base weights of the embedding and the head that carry LoRA */
+    static const char *const bases[][2] = {
+        {"model.embed_tokens.weight", PEFT_PREFIX "model.embed_tokens.base_layer.weight"},
+        {"lm_head.weight", PEFT_PREFIX "lm_head.base_layer.weight"}};
+    for (size_t i = 0; i < 2 && rc == 0; i++) {
+        ft_param *p = ft_model_find_param(m, bases[i][0]);
+        if (p && embedding_base_layer(m, bases[i][1]) == p)
+            rc = model_param_to_writer_as(m, p, bases[i][1], w, err);
+    }
     char path[4096];
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     if (rc == 0)
@@ -141,7 +181,7 @@ int ft_model_save_adapter(ft_model *m, const char *dir, const char *base_model, 
     ft_st_writer_free(w);
     /* target_modules names the model's own modules ("all-linear" holds every bit) */
     ft_lora_config lc = m->opt.lora;
-    lc.targets &= ft_block_projections(&m->cfg);
+    lc.targets &= ft_block_projections(&m->cfg) | FT_LORA_OUTER;
     if (rc == 0)
         rc = ft_lora_config_save(&lc, dir, base_model, err);
     return rc;

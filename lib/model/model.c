@@ -100,6 +100,13 @@ static int build_layout(layout *lo)
     unsigned saved = lora ? m->opt.lora.modules_to_save : 0;
     rc |= add_param(lo, 0, full || (saved & FT_SAVE_EMBED), false, &m->embed, &m->g_embed, 2,
                     V, C, "model.embed_tokens.weight");
+    int r = m->opt.lora.r;
+    if (lora && (m->opt.lora.targets & FT_LORA_EMBED)) {
+        rc |= add_param(lo, 0, true, true, &m->elora_a, &m->g_elora_a, 2, r, V,
+                        "base_model.model.model.embed_tokens.lora_embedding_A");
+        rc |= add_param(lo, 0, true, true, &m->elora_b, &m->g_elora_b, 2, C, r,
+                        "base_model.model.model.embed_tokens.lora_embedding_B");
+    }
     for (int l = 0; l < L; l++) {
         layer_weights *w = &m->layers[l];
         rc |= add_branch_norm(lo, l, FT_NORM_ATTN_PRE);
@@ -132,7 +139,6 @@ static int build_layout(layout *lo)
         }
         rc |= add_branch_norm(lo, l, FT_NORM_MLP_POST);
         if (lora) {
-            int r = m->opt.lora.r;
             for (int p = 0; p < FT_NPROJ; p++) {
                 if (!(m->lora_mask[l] & (1u << p)))
                     continue;
@@ -156,6 +162,12 @@ static int build_layout(layout *lo)
     if (!c->tie_word_embeddings)
         rc |= add_param(lo, L + 1, full || (saved & FT_SAVE_HEAD), false, &m->lm_head,
                         &m->g_lm_head, 2, V, C, "lm_head.weight");
+    if (lora && (m->opt.lora.targets & FT_LORA_HEAD)) {
+        rc |= add_param(lo, L + 1, true, true, &m->hlora_a, &m->g_hlora_a, 2, r, C,
+                        "base_model.model.lm_head.lora_A.weight");
+        rc |= add_param(lo, L + 1, true, true, &m->hlora_b, &m->g_hlora_b, 2, V, r,
+                        "base_model.model.lm_head.lora_B.weight");
+    }
     return rc;
 }
 
@@ -318,7 +330,14 @@ static int init_lora(ft_model *m, int unit, ft_err *err)
         float *vals = m->dev == FT_DEV_CPU ? p->data : calloc(p->numel, sizeof *vals);
         if (!vals)
             return ft_fail(err, "out of memory");
-        if (!strstr(p->name, "lora_A")) {
+        if (strstr(p->name, "lora_embedding_B")) {
+            /* PEFT's Embedding: A = 0, B ~ N(0, 1) (Box-Muller on the seeded stream) */
+            uint64_t seed = ft_mix64(m->opt.seed ^ ft_mix64(i + 1));
+            for (size_t j = 0; j < p->numel; j++) {
+                float u1 = ft_uniform(seed, 2 * j), u2 = ft_uniform(seed, 2 * j + 1);
+                vals[j] = sqrtf(-2.0f * logf(1.0f - u1)) * cosf(6.2831853f * u2);
+            }
+        } else if (!strstr(p->name, "lora_A")) {
             memset(vals, 0, p->numel * sizeof(float));
         } else {
             float bound = 1.0f / sqrtf((float)p->shape[1]);
@@ -511,7 +530,7 @@ static int lora_layers(ft_model *m, ft_err *err)
      * config, as for PEFT, fine while the targets select something (an adapter may list
      * the names of several families). */
     unsigned projs = ft_block_projections(&m->cfg);
-    unsigned absent = lc->targets & ~projs;
+    unsigned absent = lc->targets & ~projs & ~FT_LORA_OUTER;
     if (lc->targets != FT_LORA_ALL_LINEAR && absent && !lc->source[0])
         for (int p = 0; p < FT_NPROJ; p++)
             if (absent & (1u << p))
@@ -524,8 +543,21 @@ static int lora_layers(ft_model *m, ft_err *err)
         m->lora_mask[l] &= projs;
         m->lora_union |= m->lora_mask[l];
     }
-    if (!m->lora_union)
+    unsigned outer = lc->targets & FT_LORA_OUTER;
+    if (!m->lora_union && !outer)
         return ft_fail(err, "the LoRA target modules select no linear layer of this model");
+    /* (PEFT wraps the tied head and embedding apart, which unties them, and warns) */
+    if (outer && m->cfg.tie_word_embeddings)
+        return ft_fail(err, "LoRA on %s of a model with tied word embeddings "
+                            "(tie_word_embeddings true) is not supported",
+                       outer & FT_LORA_EMBED ? "embed_tokens" : "lm_head");
+    if ((outer & FT_LORA_EMBED) && (lc->modules_to_save & FT_SAVE_EMBED))
+        return ft_fail(err, "embed_tokens is both a LoRA target and in modules_to_save");
+    if ((outer & FT_LORA_HEAD) && (lc->modules_to_save & FT_SAVE_HEAD))
+        return ft_fail(err, "lm_head is both a LoRA target and in modules_to_save");
+    if (outer && lc->dora)
+        return ft_fail(err, "DoRA (use_dora) on %s is not supported",
+                       outer & FT_LORA_EMBED ? "embed_tokens" : "lm_head");
     /* PEFT (ensure_weight_tying false, its default) wraps separate trainable copies of a
      * tied embedding and head, which unties them; with ensure_weight_tying it keeps them
      * tied. Neither is implemented. */
@@ -661,7 +693,7 @@ static void free_activations(ft_model *m)
                          &m->d_ln,     &m->d_br,  &m->d_att, &m->d_q,    &m->d_k,
                          &m->d_v,      &m->d_act, &m->d_gate, &m->d_up,  &m->d_lora_h,
                          &m->x_drop,   &m->dora_w, &m->dora_g, &m->dora_inv, &m->dora_t,
-                         &m->dora_d};
+                         &m->dora_d,   &m->lora_xh};
     for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++) {
         ft_free_on(&m->mem, m->dev, *scratch[i]);
         *scratch[i] = NULL;
@@ -816,6 +848,9 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
         {&m->dora_inv, m->dora_out, dora, FT_MEM_WORKSPACE, true},
         {&m->dora_t, NS * m->dora_out, dora, FT_MEM_WORKSPACE, false},
         {&m->dora_d, NS * m->dora_out, dora, FT_MEM_WORKSPACE, false},
+        {&m->lora_xh, NS * (size_t)(m->opt.lora.r > 0 ? m->opt.lora.r : 1),
+         m->opt.mode == FT_TRAIN_LORA && (m->opt.lora.targets & FT_LORA_OUTER),
+         FT_MEM_WORKSPACE, false},
     };
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i].need &&

@@ -107,6 +107,10 @@ struct ft_model {
     float *embed, *g_embed;
     float *norm_f, *g_norm_f;
     float *lm_head, *g_lm_head; /* = embed when tied */
+    /* LoRA on the embedding (lora_embedding_A [r, V], _B [C, r]) and on lm_head (A [r, C],
+     * B [V, r]); NULL when not targeted (FT_LORA_EMBED, FT_LORA_HEAD) */
+    float *elora_a, *elora_b, *g_elora_a, *g_elora_b;
+    float *hlora_a, *hlora_b, *g_hlora_a, *g_hlora_b;
     layer_weights *layers;
     float *inv_freq; /* [model_rope_sets][rotary_dim/2] on the host: the RoPE frequencies,
                       * then (longrope) the long-context set */
@@ -151,6 +155,9 @@ struct ft_model {
     float *dora_w;               /* [dora_w_n], compute dtype */
     float *dora_g, *dora_inv;    /* [dora_out] fp32: m / ||.||, 1 / ||.|| */
     float *dora_t, *dora_d;      /* [N, dora_out], compute dtype */
+    /* [N, r]: the embedding's A^T[ids], or the head's dropout(lnf) A^T (recomputed in the
+     * backward, not kept); with LoRA on the embedding or the head */
+    float *lora_xh;
 };
 
 /* Bytes of one element of the compute dtype. */
@@ -201,6 +208,18 @@ static inline bool model_embed_trains(const ft_model *m)
 {
     return m->opt.mode == FT_TRAIN_FULL ||
            (m->opt.mode == FT_TRAIN_LORA && (m->opt.lora.modules_to_save & FT_SAVE_EMBED));
+}
+
+/* LoRA on the embedding / on lm_head (the settings: a strategy binds the pointers only
+ * while the unit is acquired). */
+static inline bool model_embed_lora(const ft_model *m)
+{
+    return m->opt.mode == FT_TRAIN_LORA && (m->opt.lora.targets & FT_LORA_EMBED);
+}
+
+static inline bool model_head_lora(const ft_model *m)
+{
+    return m->opt.mode == FT_TRAIN_LORA && (m->opt.lora.targets & FT_LORA_HEAD);
 }
 
 /* The RoPE frequency sets inv_freq holds: 2 for longrope (short, long), else 1. */

@@ -92,6 +92,17 @@ LORA_VARIANTS = {
     "dora_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                       "down_proj"], use_dora=True),
     "dora_no_qkv": dict(target_modules=["o_proj", "gate_up_proj", "down_proj"], use_dora=True),
+    # LoRA on the embedding (lora_embedding_A/B) and on lm_head, as a list and a regex
+    "outer": dict(target_modules=["q_proj", "v_proj", "embed_tokens", "lm_head"]),
+    "outer_head": dict(target_modules=["o_proj", "down_proj", "lm_head"]),
+    "outer_embed": dict(target_modules=["embed_tokens", "up_proj"]),
+    "outer_regex": dict(target_modules=r".*\.k_proj|lm_head|model\.embed_tokens"),
+    "outer_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "down_proj", "embed_tokens",
+                                       "lm_head"]),
+    "outer_no_qkv": dict(target_modules=["o_proj", "gate_up_proj", "down_proj", "embed_tokens",
+                                         "lm_head"]),
+    "outer_phi": dict(target_modules=["qkv_proj", "o_proj", "gate_up_proj", "down_proj",
+                                      "embed_tokens", "lm_head"]),
     # the embedding and/or the head trained in full beside the pairs (modules_to_save)
     "mts_head": dict(target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"]),
     "mts_embed": dict(target_modules=["q_proj", "v_proj"], modules_to_save=["embed_tokens"]),

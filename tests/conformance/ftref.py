@@ -395,6 +395,8 @@ def peft_key(name):
     """PEFT in-memory parameter name -> adapter_model.safetensors key."""
     return (name.replace(".lora_A.default.", ".lora_A.")
             .replace(".lora_B.default.", ".lora_B.")
+            .replace(".lora_embedding_A.default", ".lora_embedding_A")
+            .replace(".lora_embedding_B.default", ".lora_embedding_B")
             .replace(".lora_magnitude_vector.default.weight", ".lora_magnitude_vector"))
 
 
@@ -459,7 +461,7 @@ def build_adapter(model_dir, out_dir, target_modules, r=4, lora_alpha=8, use_rsl
     g = torch.Generator().manual_seed(500 + seed)
     with torch.no_grad():
         for n, p in pm.named_parameters():
-            if ".lora_A." in n or ".lora_B." in n:
+            if ".lora_A." in n or ".lora_B." in n or ".lora_embedding_" in n:
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
             elif ".lora_magnitude_vector." in n:
                 p.mul_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
