@@ -110,7 +110,9 @@ int ft_lora_targets_parse(const char *list, unsigned *targets, ft_err *err)
     strcpy(buf, list);
     for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok;
          tok = strtok_r(NULL, ", ", &save)) {
-        if (match_target(tok, targets) != 0)
+        if (strcmp(tok, "all-linear") == 0) /* with embed_tokens / lm_head beside it */
+            *targets |= FT_LORA_ALL_LINEAR;
+        else if (match_target(tok, targets) != 0)
             return ft_fail(err,
                            "unknown LoRA target module '%s' (known: " KNOWN_MODULES
                            ", or all-linear)",

@@ -91,7 +91,8 @@ float ft_lora_scaling(const ft_lora_config *c);
 
 /* Parses a target list: names separated by commas ("q_proj,v_proj", also "q,v",
  * "qkv", "gate_up", and "embed_tokens", "lm_head"), or "all-linear" (PEFT's: the block's
- * linear layers, not lm_head). Error names the unknown module. */
+ * linear layers, not lm_head; in a list beside embed_tokens / lm_head too). Error names
+ * the unknown module. */
 int ft_lora_targets_parse(const char *list, unsigned *targets, ft_err *err);
 
 /* Parses a modules_to_save list: names separated by commas ("embed_tokens,lm_head"; also

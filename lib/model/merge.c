@@ -80,9 +80,35 @@ static int dora_rescale(ft_model *m, const ft_param *a, ft_param *w, ft_err *err
     return 0;
 }
 
+/* LoRA on the embedding (PEFT's Embedding: its delta is (B A)^T): E[v, c] += s sum_j A[j, v]
+ * B[c, j], summed in double. 1 when merged, 0 when the model has none. */
+static int merge_embedding(ft_model *m, float scaling, ft_err *err)
+{
+    ft_param *a = ft_model_find_param(m, PEFT_PREFIX "model.embed_tokens.lora_embedding_A");
+    ft_param *b = ft_model_find_param(m, PEFT_PREFIX "model.embed_tokens.lora_embedding_B");
+    ft_param *e = ft_model_find_param(m, "model.embed_tokens.weight");
+    if (!a || !b)
+        return 0;
+    int64_t r = a->shape[0], V = a->shape[1], C = b->shape[0];
+    if (!e || b->shape[1] != r || e->shape[0] != V || e->shape[1] != C)
+        return ft_fail(err, "LoRA on the embedding: shapes A [%lld, %lld], B [%lld, %lld] do not "
+                            "fit the embedding",
+                       (long long)r, (long long)V, (long long)C, (long long)b->shape[1]);
+    for (int64_t v = 0; v < V; v++)
+        for (int64_t c = 0; c < C; c++) {
+            double acc = 0.0;
+            for (int64_t j = 0; j < r; j++)
+                acc += (double)a->data[j * V + v] * b->data[c * r + j];
+            e->data[v * C + c] += (float)(scaling * acc);
+        }
+    return 1;
+}
+
 int ft_merge_lora_weights(ft_model *m, float scaling, ft_err *err)
 {
-    int pairs = 0;
+    int pairs = merge_embedding(m, scaling, err);
+    if (pairs < 0)
+        return -1;
     for (size_t i = 0; i < ft_model_param_count(m); i++) {
         ft_param *a = ft_model_param(m, i);
         if (!a->is_lora || !strstr(a->name, ".lora_A."))

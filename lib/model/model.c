@@ -531,7 +531,7 @@ static int lora_layers(ft_model *m, ft_err *err)
      * the names of several families). */
     unsigned projs = ft_block_projections(&m->cfg);
     unsigned absent = lc->targets & ~projs & ~FT_LORA_OUTER;
-    if (lc->targets != FT_LORA_ALL_LINEAR && absent && !lc->source[0])
+    if ((lc->targets & ~FT_LORA_OUTER) != FT_LORA_ALL_LINEAR && absent && !lc->source[0])
         for (int p = 0; p < FT_NPROJ; p++)
             if (absent & (1u << p))
                 return ft_fail(err, "LoRA target module '%s' is not a linear layer of "

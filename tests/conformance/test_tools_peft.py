@@ -246,6 +246,12 @@ MERGE_CASES = [
     ("olmo2", "dora_all", "f32"),
     ("phi3", "dora_all", "f32"),
     ("smollm3", "dora_all", "f32"),
+    # LoRA on the embedding (its delta transposed) and on lm_head
+    ("llama_gqa", "outer", "f32"),
+    ("llama_gqa", "outer_regex", "bf16"),
+    ("granite", "outer", "f32"),
+    ("qwen3", "outer", "f32"),
+    ("phi3", "outer_phi", "f32"),
 ]
 
 _DT = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}

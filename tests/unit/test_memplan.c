@@ -189,6 +189,14 @@ static void test_cpu_dora_equal_measured(void)
     sweep_with(qwen3_dir, "qlora", "all-linear", "0", "tuning.lora.use_dora=true");
 }
 
+/* LoRA on the embedding and lm_head: their pairs, the [N, r] scratch */
+static void test_cpu_outer_lora_equal_measured(void)
+{
+    sweep(llama_dir, "lora", "q_proj,embed_tokens,lm_head", "0.05");
+    sweep(llama_dir, "lora", "lm_head", "0");
+    sweep(olmo2_dir, "qlora", "all-linear,embed_tokens", "0.1");
+}
+
 static void test_cpu_lora_equals_measured(void)
 {
     sweep(llama_dir, "lora", "all-linear", "0.05");
@@ -606,6 +614,7 @@ int main(void)
     RUN(test_cpu_lora_equals_measured);
     RUN(test_cpu_modules_to_save_equal_measured);
     RUN(test_cpu_dora_equal_measured);
+    RUN(test_cpu_outer_lora_equal_measured);
     RUN(test_cpu_full_equals_measured);
     RUN(test_cpu_chunked_logits_equal_measured);
     RUN(test_cpu_qlora_equals_measured);
