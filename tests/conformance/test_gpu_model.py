@@ -35,7 +35,9 @@ CASES = [("llama_gqa", "all7"), ("qwen2", "qv"), ("llama_mqa_odd", "all7"), ("ti
          # modules_to_save: the embedding and the head trained in full beside the pairs
          ("llama_gqa", "mts_both"), ("phi3", "mts_both"), ("qwen3", "mts_embed"),
          # DoRA: the row norms, the magnitude's column sums
-         ("llama_gqa", "dora_all"), ("phi3", "dora_all"), ("gemma2", "dora_all")]
+         ("llama_gqa", "dora_all"), ("phi3", "dora_all"), ("gemma2", "dora_all"),
+         # LoRA on the embedding and lm_head
+         ("llama_gqa", "outer"), ("granite", "outer"), ("phi3", "outer_phi")]
 
 BF16_TOL_LOGITS = 2e-2
 BF16_TOL_LOSS = 1e-2

@@ -126,6 +126,45 @@ static void test_embedding(void)
         }
 }
 
+/* The transposed table [C, V] (LoRA on the embedding): the same checks. */
+static void test_embedding_t(void)
+{
+    static const int shapes[][3] = {{97, 50, 37}, {300, 7, 70}, {70, 1000, 5}, {1, 3, 1}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int di = 0; di < 2; di++) {
+            ft_dtype d = DTYPES[di];
+            int N = shapes[s][0], V = shapes[s][1], C = shapes[s][2];
+            int32_t *ids = malloc(sizeof(int32_t) * N);
+            for (int n = 0; n < N; n++)
+                ids[n] = (int32_t)((n * 7 + n / 5) % V); /* repeats */
+            size_t nt = (size_t)V * C, no = (size_t)N * C;
+            float *table = rounded(host_random(nt, 1.0f), nt, d);
+            float *out = host_alloc(no);
+            ft_tensor gids = dev_upload_raw(ids, N, 4, FT_I32);
+            ft_tensor gtable = dev_upload(table, nt, d), gout = dev_upload(out, no, d);
+            ft_embedding_t_forward(ft_f32(out, no), ft_i32(ids, N), ft_f32(table, nt), N, V, C);
+            ft_embedding_t_forward(gout, gids, gtable, N, V, C);
+            char what[96];
+            snprintf(what, sizeof what, "embedding_t fwd %dx%dx%d %s", N, V, C, dtype_name(d));
+            check_dev(what, gout, out, 0.0);
+
+            float *dout = rounded(host_random(no, 1.0f), no, d);
+            float *dtable = host_random(nt, 1.0f);
+            ft_tensor gdout = dev_upload(dout, no, d), gdt = dev_upload(dtable, nt, FT_F32);
+            ft_tensor gdt2 = dev_upload(dtable, nt, FT_F32);
+            ft_embedding_t_backward(ft_f32(dtable, nt), ft_f32(dout, no), ft_i32(ids, N), N, V,
+                                  C);
+            ft_embedding_t_backward(gdt, gdout, gids, N, V, C);
+            ft_embedding_t_backward(gdt2, gdout, gids, N, V, C);
+            snprintf(what, sizeof what, "embedding_t bwd %dx%dx%d %s", N, V, C, dtype_name(d));
+            check_dev(what, gdt, dtable, TOL_F32);
+            CHECK(dev_equal(gdt, gdt2));
+            free(ids), free(table), free(out), free(dout), free(dtable);
+            dev_free(gids), dev_free(gtable), dev_free(gout), dev_free(gdout), dev_free(gdt);
+            dev_free(gdt2);
+        }
+}
+
 /* ---- RMSNorm -------------------------------------------------------------------- */
 
 /* dw is a column sum over row chunks of at least 64 rows (colsum.cuh): 300 and 1000 rows
@@ -683,6 +722,7 @@ int main(void)
     gpu_seed(42);
     RUN(test_linear);
     RUN(test_embedding);
+    RUN(test_embedding_t);
     RUN(test_rmsnorm);
     RUN(test_add_rmsnorm);
     RUN(test_qk_norm);

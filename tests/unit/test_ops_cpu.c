@@ -1081,6 +1081,35 @@ static void test_elementwise(void)
     CHECK(ft_cpu_sumsq(&one, 1) == 9.0);
 }
 
+/* ---- embedding of a transposed table: the embedding of the transpose -------------- */
+
+static void test_embedding_t(void)
+{
+    enum { N = 9, V = 7, C = 3 };
+    int32_t ids[N] = {0, 6, 3, 3, 1, 6, 6, 2, 5};
+    float t[C * V], tt[V * C], out[N * C], want[N * C], dout[N * C];
+    float dt[C * V], dtt[V * C];
+    rng_seed(21);
+    fill(t, C * V, -1, 1);
+    fill(dout, N * C, -1, 1);
+    for (int c = 0; c < C; c++)
+        for (int v = 0; v < V; v++) {
+            tt[v * C + c] = t[c * V + v];
+            dt[c * V + v] = 0.25f * (float)(c - v);
+            dtt[v * C + c] = dt[c * V + v];
+        }
+    ft_cpu_embedding_t_forward(out, ids, t, N, V, C);
+    ft_cpu_embedding_forward(want, ids, tt, N, V, C);
+    CHECK(bitwise_eq(out, want, N * C));
+    ft_cpu_embedding_t_backward(dt, dout, ids, N, V, C);
+    ft_cpu_embedding_backward(dtt, dout, ids, N, V, C);
+    int same = 1;
+    for (int c = 0; c < C; c++)
+        for (int v = 0; v < V; v++)
+            same &= dt[c * V + v] == dtt[v * C + c];
+    CHECK(same);
+}
+
 /* ---- DoRA helpers: known values ------------------------------------------------------ */
 
 static void test_dora_ops(void)
@@ -1245,6 +1274,7 @@ int main(void)
     RUN(test_cross_entropy_fd);
     RUN(test_softcap_cross_entropy_fd);
     RUN(test_elementwise);
+    RUN(test_embedding_t);
     RUN(test_dora_ops);
     RUN(test_dropout);
     RUN(test_adamw);
