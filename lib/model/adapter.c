@@ -133,6 +133,8 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
                          t->file, t->name, (long long)p->shape[0], (long long)p->shape[1]);
         else if (p->data)
             rc = ft_model_param_from_st(m, p, t, err);
+        if (rc == 0)
+            m->outer_base_read |= p->unit == 0 ? FT_LORA_EMBED : FT_LORA_HEAD;
     }
     for (size_t i = 0; i < ft_ckpt_count(ck) && rc == 0 && unit < 0; i++) {
         const ft_st_tensor *t = ft_ckpt_at(ck, i);
@@ -165,13 +167,23 @@ int ft_model_save_adapter(ft_model *m, const char *dir, const char *base_model, 
         if (p->is_lora || saved_module(m, p))
             rc = model_param_to_writer_as(m, p, key, w, err);
     }
-    /* as PEFT: the base weights of the embedding and the head that carry LoRA */
+    /* The base weights of the embedding and the head that carry LoRA, when an adapter's
+     * base_layer replaced them (PEFT writes them always; without them PEFT keeps the base
+     * model's own, which are then the same). */
     static const char *const bases[][2] = {
         {"model.embed_tokens.weight", PEFT_PREFIX "model.embed_tokens.base_layer.weight"},
         {"lm_head.weight", PEFT_PREFIX "lm_head.base_layer.weight"}};
     for (size_t i = 0; i < 2 && rc == 0; i++) {
         ft_param *p = ft_model_find_param(m, bases[i][0]);
-        if (p && embedding_base_layer(m, bases[i][1]) == p)
+        if (!p || embedding_base_layer(m, bases[i][1]) != p ||
+            !(m->outer_base_read & (i == 0 ? FT_LORA_EMBED : FT_LORA_HEAD)))
+            continue;
+        if (!p->data)
+            rc = ft_fail(err, "%s: the adapter read replaced the base weight of %s "
+                              "(%s), which this distributed strategy does not hold whole to "
+                              "save it again (save with dist.strategy ddp or zero1/2)",
+                         dir, bases[i][0], bases[i][1]);
+        else
             rc = model_param_to_writer_as(m, p, bases[i][1], w, err);
     }
     char path[4096];

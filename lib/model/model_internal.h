@@ -111,6 +111,8 @@ struct ft_model {
      * B [V, r]); NULL when not targeted (FT_LORA_EMBED, FT_LORA_HEAD) */
     float *elora_a, *elora_b, *g_elora_a, *g_elora_b;
     float *hlora_a, *hlora_b, *g_hlora_a, *g_hlora_b;
+    unsigned outer_base_read; /* FT_LORA_EMBED / _HEAD: an adapter's base_layer weight
+                               * replaced that base weight (saved again with the adapter) */
     layer_weights *layers;
     float *inv_freq; /* [model_rope_sets][rotary_dim/2] on the host: the RoPE frequencies,
                       * then (longrope) the long-context set */

@@ -224,12 +224,31 @@ def test_dora_under_strategies(work, strategy):
     assert any(k.endswith(".lora_magnitude_vector") for k in weights(work / "runs" / name))
 
 
-@pytest.mark.parametrize("what", ["mts", "dora"])
+OUTER = dict(tuning__lora__target_modules="q_proj,v_proj,embed_tokens,lm_head")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero3", "fsdp", "model_parallel"])
+def test_outer_lora_under_strategies(work, strategy):
+    """LoRA on the embedding and lm_head (pairs in unit 0 and the head's unit): every
+    strategy equals one process."""
+    dp = strategy != "model_parallel"
+    ref = work / "runs" / f"outer_ref_{'dp' if dp else 'mp'}"
+    if not ref.exists():
+        run(write_config(work, ref.name, **(dict(train__batch_size=8) if dp else {}), **OUTER))
+    name = f"np2_outer_{strategy}"
+    run(write_config(work, name, dist__strategy=strategy, **OUTER), 2)
+    assert_same_run(ref, work / "runs" / name, w_atol=5e-4)
+    w = weights(work / "runs" / name)
+    assert {"base_model.model.model.embed_tokens.lora_embedding_A",
+            "base_model.model.lm_head.lora_B.weight"} <= set(w)
+
+
+@pytest.mark.parametrize("what", ["mts", "dora", "outer"])
 def test_adapter_extras_resume(work, what):
     """A checkpoint of a modules_to_save run (the embedding and head in the adapter, their
     AdamW state in the optimizer's) or of a DoRA run (the magnitudes) resumes under another
     strategy with the losses of the uninterrupted run."""
-    extra = MTS if what == "mts" else DORA
+    extra = {"mts": MTS, "dora": DORA, "outer": OUTER}[what]
     ref = work / "runs" / f"{what}_ref_dp"
     if not ref.exists():
         run(write_config(work, ref.name, train__batch_size=8, **extra))

@@ -3,7 +3,9 @@ PEFT's Embedding layer (lora_embedding_A [r, vocab], lora_embedding_B [hidden, r
 h0 += s A^T[ids] B^T before the family's embedding scale, no dropout), lm_head's a linear
 layer's (lora_A [r, hidden], lora_B [vocab, r], before granite's logits scaling and
 gemma2's soft-cap). PEFT also saves the base weights of a targeted embedding / head
-(<module>.base_layer.weight) and loads them into the base: so do we.
+(<module>.base_layer.weight) and loads them into the base: we load them likewise, and
+write them back when an adapter brought them (PEFT loads an adapter without them keeping
+the base model's own, which are then the same).
 
 Both directions, every family with an untied head (llama, mistral, qwen2, qwen3, granite,
 olmo2, phi3):
