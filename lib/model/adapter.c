@@ -56,6 +56,26 @@ static ft_param *adapter_param(ft_model *m, const char *key)
     return p && saved_module(m, p) ? p : NULL;
 }
 
+/* The error for adapter tensor t (key) that does not have p's shape: a vocabulary that
+ * differs from the model's (an adapter made after resize_token_embeddings: added tokens)
+ * says so. */
+static int shape_error(const ft_model *m, const ft_st_tensor *t, const char *key,
+                       const ft_param *p, ft_err *err)
+{
+    int64_t V = m->cfg.vocab_size;
+    for (int d = 0; d < p->ndim && t->ndim == p->ndim; d++)
+        if (p->shape[d] == V && t->shape[d] != V)
+            return ft_fail(err, "%s: tensor '%s' is for a vocabulary of %lld tokens, the model "
+                                "has %lld: an adapter for a resized vocabulary (tokens added "
+                                "to the tokenizer) is not supported",
+                           t->file, key, (long long)t->shape[d], (long long)V);
+    if (p->ndim > 1)
+        return ft_fail(err, "%s: tensor '%s' has the wrong shape (expected [%lld, %lld])",
+                       t->file, key, (long long)p->shape[0], (long long)p->shape[1]);
+    return ft_fail(err, "%s: tensor '%s' has the wrong shape (expected [%lld])", t->file, key,
+                   (long long)p->shape[0]);
+}
+
 static void saved_names(unsigned mods, char *out, size_t n)
 {
     snprintf(out, n, "%s%s%s", mods & FT_SAVE_EMBED ? "embed_tokens" : "",
@@ -112,12 +132,7 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
             rc = ft_fail(err, "%s: adapter tensor '%s' is missing", dir, key);
         } else if (t->ndim != p->ndim || t->shape[0] != p->shape[0] ||
                    (p->ndim > 1 && t->shape[1] != p->shape[1])) {
-            if (p->ndim > 1)
-                rc = ft_fail(err, "%s: tensor '%s' has the wrong shape (expected [%lld, %lld])",
-                             t->file, key, (long long)p->shape[0], (long long)p->shape[1]);
-            else
-                rc = ft_fail(err, "%s: tensor '%s' has the wrong shape (expected [%lld])",
-                             t->file, key, (long long)p->shape[0]);
+            rc = shape_error(m, t, key, p, err);
         } else {
             rc = ft_model_param_from_st(m, p, t, err);
         }
@@ -129,8 +144,7 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
         if (!p || p->is_lora || (unit >= 0 && p->unit != unit))
             continue;
         if (t->ndim != 2 || t->shape[0] != p->shape[0] || t->shape[1] != p->shape[1])
-            rc = ft_fail(err, "%s: tensor '%s' has the wrong shape (expected [%lld, %lld])",
-                         t->file, t->name, (long long)p->shape[0], (long long)p->shape[1]);
+            rc = shape_error(m, t, t->name, p, err);
         else if (p->data)
             rc = ft_model_param_from_st(m, p, t, err);
         if (rc == 0)

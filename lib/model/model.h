@@ -40,7 +40,11 @@
  * skipped in smollm3's NoPE layers. phi3's checkpoint fuses q, k, v into one qkv_proj
  * weight and gate, up into gate_up_proj: the ops read their row blocks, and a LoRA pair
  * sits on the fused module (one A; B's row blocks).
- * A linear layer is y = x W^T + b, plus with LoRA: y += scaling * (dropout(x) A^T) B^T.
+ * A linear layer is y = x W^T + b, plus with LoRA: y += scaling * (dropout(x) A^T) B^T; with
+ * DoRA (lora.dora) y = b + m / ||W + s B A||_row (x W^T + s dropout(x) A^T B^T) (dora.c
+ * for dropout). LoRA may also sit on lm_head (a linear layer, before the logit scaling and
+ * soft-cap) and on the embedding (h0 += s A^T[ids] B^T before the embedding scale), and
+ * lora.modules_to_save trains the embedding and/or lm_head in full.
  *
  * Parameters live in two flat buffers (fp32; on a bf16 GPU model the frozen one is bf16
  * and the trainable one has a bf16 twin for the ops), trainable and frozen, laid out unit by unit
