@@ -174,3 +174,29 @@ def test_outer_with_dora_refused(store, ft_raw, tmp_path):
                         input_ids=ids), "outer-dora")
     assert cp.returncode != 0
     assert "use_dora" in cp.stderr and "embed_tokens" in cp.stderr, cp.stderr
+
+
+def test_outer_lora_init(store, tmp_path):
+    """ft-lora-init --target q_proj,embed_tokens,lm_head: PEFT's init (the embedding's A = 0
+    and B ~ N(0, 1); the head's A kaiming-uniform and B = 0), loading in PEFT with every key
+    used and the base's logits."""
+    exe = ftref.tool_exe("FT_LORA_INIT", "ft-lora-init")
+    model_dir = store.model("llama_gqa")
+    out = tmp_path / "adapter"
+    ftref.run_tool([exe, "--model", model_dir, "--out", out, "--r", 8, "--target",
+                    "q_proj,embed_tokens,lm_head"])
+    cfg = json.loads((out / "adapter_config.json").read_text())
+    assert sorted(cfg["target_modules"]) == ["embed_tokens", "lm_head", "q_proj"]
+    t = load_file(str(out / "adapter_model.safetensors"))
+    ea = t["base_model.model.model.embed_tokens.lora_embedding_A"]
+    eb = t["base_model.model.model.embed_tokens.lora_embedding_B"]
+    assert tuple(ea.shape) == (8, 96) and torch.count_nonzero(ea) == 0
+    assert tuple(eb.shape) == (32, 8) and 0.8 < float(eb.std()) < 1.2 and abs(float(eb.mean())) < 0.2
+    hb = t["base_model.model.lm_head.lora_B.weight"]
+    assert tuple(hb.shape) == (96, 8) and torch.count_nonzero(hb) == 0
+    pm = load_peft_checked(model_dir, out)
+    held = held_adapter(pm)
+    assert set(held) == set(t), sorted(set(held) ^ set(t))
+    ids, _ = ftref.make_batch(96, 2, 12, 0)
+    ftref.assert_close("lora-init logits", ftref.hf_forward(pm, ids)[0],
+                       ftref.hf_forward(ftref.load_hf(model_dir), ids)[0], ftref.TOL_LOGITS)
