@@ -1,8 +1,10 @@
 /* PEFT LoRA adapters: adapter_config.json + adapter_model.safetensors, keys
- * base_model.model.<module path>.lora_{A,B}.weight (no adapter name on disk), and for a
- * module trained in full (modules_to_save) base_model.model.<HF weight name>: PEFT keeps
- * its trainable copy as <module>.modules_to_save.default.weight and saves it under the
- * module's own name. */
+ * base_model.model.<module path>.lora_{A,B}.weight (no adapter name on disk), DoRA's
+ * <module path>.lora_magnitude_vector, the embedding's <...>.embed_tokens.lora_embedding_A
+ * and _B; for a module trained in full (modules_to_save) base_model.model.<HF weight
+ * name>: PEFT keeps its trainable copy as <module>.modules_to_save.default.weight and
+ * saves it under the module's own name; and with LoRA on the embedding or lm_head, PEFT's
+ * copy of that module's base weight, <module>.base_layer.weight. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
