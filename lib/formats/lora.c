@@ -138,6 +138,11 @@ static int match_saved_module(const char *key, unsigned *mods)
 
 #define SAVED_MODULES "embed_tokens (or model.embed_tokens) and lm_head"
 
+unsigned ft_lora_saved_modules(const ft_lora_config *c, bool tied)
+{
+    return tied && c->modules_to_save ? FT_SAVE_EMBED : c->modules_to_save;
+}
+
 int ft_lora_modules_to_save_parse(const char *list, unsigned *mods, ft_err *err)
 {
     *mods = 0;
@@ -261,6 +266,12 @@ int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
             goto out;
     if (read_modules_to_save(root, path, c, err))
         goto out;
+    v = json_object_get(root, "ensure_weight_tying");
+    if (v && !json_is_null(v) && !json_is_boolean(v)) {
+        ft_fail(err, "%s: key 'ensure_weight_tying' must be true or false", path);
+        goto out;
+    }
+    c->ensure_weight_tying = v && json_is_true(v);
     v = json_object_get(root, "layers_to_transform");
     if (json_is_integer(v)) {
         if (layer_index(v, path, c, err))
@@ -371,6 +382,7 @@ int ft_lora_config_save(const ft_lora_config *c, const char *dir, const char *ba
     json_object_set_new(root, "bias", json_string("none"));
     json_object_set_new(root, "use_rslora", json_boolean(c->rslora));
     json_object_set_new(root, "use_dora", json_boolean(c->dora));
+    json_object_set_new(root, "ensure_weight_tying", json_boolean(c->ensure_weight_tying));
     json_object_set_new(root, "fan_in_fan_out", json_false());
     json_object_set_new(root, "init_lora_weights", json_true());
     json_object_set_new(root, "inference_mode", json_true());

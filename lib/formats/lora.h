@@ -70,6 +70,10 @@ typedef struct ft_lora_config {
     bool has_layer_paths;
     uint64_t layer_paths[FT_NPROJ][FT_LORA_MAX_LAYER_LIST / 64];
     unsigned modules_to_save; /* FT_SAVE_EMBED | FT_SAVE_HEAD */
+    /* PEFT's ensure_weight_tying: on a model with tied embeddings, one trainable copy
+     * shared by the embedding and the head (saved under both keys). Without it PEFT
+     * unties them (separate copies), which is not implemented. */
+    bool ensure_weight_tying;
     /* DoRA (PEFT's use_dora): each pair's layer computes
      * y = b + (m / ||W + s B A||_row) (x W^T + s dropout(x) A^T B^T) with a trainable
      * magnitude m [out] (key <module>.lora_magnitude_vector), the norm taken as a constant
@@ -94,6 +98,10 @@ float ft_lora_scaling(const ft_lora_config *c);
  * linear layers, not lm_head; in a list beside embed_tokens / lm_head too). Error names
  * the unknown module. */
 int ft_lora_targets_parse(const char *list, unsigned *targets, ft_err *err);
+
+/* The modules trained in full on a model (tied: its embeddings tied): modules_to_save, or
+ * on a tied model with any of them, FT_SAVE_EMBED (the one copy the head shares). */
+unsigned ft_lora_saved_modules(const ft_lora_config *c, bool tied);
 
 /* Parses a modules_to_save list: names separated by commas ("embed_tokens,lm_head"; also
  * "model.embed_tokens"), or "" for none. Error names the module it does not support. */

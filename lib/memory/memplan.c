@@ -500,11 +500,8 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
             free(mask);
             return ft_fail_prefix(err, "config: key 'tuning.lora.modules_to_save'");
         }
-        if (lc.modules_to_save && mc->tie_word_embeddings) {
-            free(mask);
-            return ft_fail(err, "config: key 'tuning.lora.modules_to_save': not supported on a "
-                                "model with tied word embeddings (tie_word_embeddings true)");
-        }
+        /* tied: one copy, the embedding, shared by the head (lib/model/model.c) */
+        lc.modules_to_save = ft_lora_saved_modules(&lc, mc->tie_word_embeddings);
     }
 
     size_t n_units = (size_t)mc->num_layers + 2;

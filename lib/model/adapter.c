@@ -45,6 +45,15 @@ static ft_param *embedding_base_layer(ft_model *m, const char *key)
     return NULL;
 }
 
+/* A tied model's trained embedding (ensure_weight_tying): PEFT saves the one copy under
+ * the head's key too. */
+static bool tied_head_alias(const ft_model *m, const char *key)
+{
+    return m->cfg.tie_word_embeddings && m->opt.mode == FT_TRAIN_LORA &&
+           (m->opt.lora.modules_to_save & FT_SAVE_EMBED) &&
+           strcmp(key, PEFT_PREFIX "lm_head.weight") == 0;
+}
+
 /* The LoRA weight or saved module an adapter tensor fills; NULL: none. */
 static ft_param *adapter_param(ft_model *m, const char *key)
 {
@@ -53,6 +62,8 @@ static ft_param *adapter_param(ft_model *m, const char *key)
         return p;
     if ((p = embedding_base_layer(m, key)))
         return p;
+    if (tied_head_alias(m, key)) /* the same tensor as the embedding's: not read again */
+        return ft_model_find_param(m, "model.embed_tokens.weight");
     size_t np = strlen(PEFT_PREFIX);
     p = strncmp(key, PEFT_PREFIX, np) == 0 ? ft_model_find_param(m, key + np) : NULL;
     return p && saved_module(m, p) ? p : NULL;
@@ -111,9 +122,15 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
                        "target modules differ from the model's LoRA settings (r=%d, alpha=%g, "
                        "rslora=%d)",
                        dir, cfg.r, cfg.alpha, cfg.rslora, want->r, want->alpha, want->rslora);
-    if (cfg.modules_to_save != want->modules_to_save) {
+    bool tied = m->cfg.tie_word_embeddings;
+    if (tied && cfg.modules_to_save && !cfg.ensure_weight_tying)
+        return ft_fail(err, "%s/adapter_config.json: key 'modules_to_save' on a model with tied "
+                            "word embeddings without ensure_weight_tying: PEFT then unties them, "
+                            "which is not supported",
+                       dir);
+    if (ft_lora_saved_modules(&cfg, tied) != want->modules_to_save) {
         char have[64], need[64];
-        saved_names(cfg.modules_to_save, have, sizeof have);
+        saved_names(ft_lora_saved_modules(&cfg, tied), have, sizeof have);
         saved_names(want->modules_to_save, need, sizeof need);
         return ft_fail(err, "%s/adapter_config.json: key 'modules_to_save' (%s) differs from the "
                             "model's LoRA settings (%s)",
@@ -182,6 +199,9 @@ int ft_model_save_adapter(ft_model *m, const char *dir, const char *base_model, 
         adapter_key(m, p, key, sizeof key);
         if (p->is_lora || saved_module(m, p))
             rc = model_param_to_writer_as(m, p, key, w, err);
+        if (rc == 0 && saved_module(m, p) && p->unit == 0 &&
+            tied_head_alias(m, PEFT_PREFIX "lm_head.weight"))
+            rc = model_param_to_writer_as(m, p, PEFT_PREFIX "lm_head.weight", w, err);
     }
     /* The base weights of the embedding and the head that carry LoRA, when an adapter's
      * base_layer replaced them (PEFT writes them always; without them PEFT keeps the base

@@ -561,10 +561,19 @@ static int lora_layers(ft_model *m, ft_err *err)
     /* PEFT (ensure_weight_tying false, its default) wraps separate trainable copies of a
      * tied embedding and head, which unties them; with ensure_weight_tying it keeps them
      * tied. Neither is implemented. */
-    if (lc->modules_to_save && m->cfg.tie_word_embeddings)
-        return ft_fail(err, "modules_to_save (%s) on a model with tied word embeddings "
-                            "(tie_word_embeddings true) is not supported",
-                       lc->modules_to_save & FT_SAVE_EMBED ? "embed_tokens" : "lm_head");
+    if (lc->modules_to_save && m->cfg.tie_word_embeddings) {
+        /* an adapter's config must say ensure_weight_tying; settings from a run config
+         * take it (the only form implemented), and the saved adapter says so */
+        if (lc->source[0] && !lc->ensure_weight_tying)
+            return ft_fail(err, "modules_to_save (%s) on a model with tied word embeddings "
+                                "(tie_word_embeddings true) without ensure_weight_tying: PEFT "
+                                "then trains separate copies of embed_tokens and lm_head, "
+                                "untying them, which is not supported (with "
+                                "ensure_weight_tying true one copy trains, shared by both)",
+                           lc->modules_to_save & FT_SAVE_EMBED ? "embed_tokens" : "lm_head");
+        m->opt.lora.modules_to_save = ft_lora_saved_modules(lc, true);
+        m->opt.lora.ensure_weight_tying = true;
+    }
     m->lora_scaling = ft_lora_scaling(lc);
     if (lc->dora)
         ft_dora_scratch_dims(&m->cfg, m->lora_union, &m->dora_out, &m->dora_w_n);

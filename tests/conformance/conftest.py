@@ -108,6 +108,14 @@ LORA_VARIANTS = {
     "mts_embed": dict(target_modules=["q_proj", "v_proj"], modules_to_save=["embed_tokens"]),
     "mts_both": dict(target_modules="all-linear", modules_to_save=["embed_tokens", "lm_head"]),
     "mts_head_all": dict(target_modules="all-linear", modules_to_save=["lm_head"]),
+    # tied embeddings: PEFT's ensure_weight_tying, one copy shared by the embedding and head
+    "mts_tie": dict(target_modules="all-linear", modules_to_save=["embed_tokens"],
+                    ensure_weight_tying=True),
+    "mts_tie_head": dict(target_modules="all-linear", modules_to_save=["lm_head"],
+                         ensure_weight_tying=True),
+    "mts_tie_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                         "down_proj"], modules_to_save=["embed_tokens"],
+                         ensure_weight_tying=True),
     # (for training runs: without k_proj / qkv_proj, as test_train.py explains)
     "mts_both_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "gate_proj",
                                           "up_proj", "down_proj"],

@@ -8,9 +8,10 @@ granite, olmo2, phi3):
     the embedding and head copies (1e-4);
   - five AdamW steps (1e-5 per tensor), then our saved adapter -> PeftModel.from_pretrained
     with no missing or unexpected keys, holding our values, and the same logits as ours.
-Tied embeddings (gemma, gemma2, smollm3, qwen3, llama, phi3 tied shapes) are refused with a
-message naming modules_to_save: PEFT unties them (separate copies of embed_tokens and
-lm_head) unless ensure_weight_tying, and neither is implemented.
+Tied embeddings (gemma, gemma2, smollm3, the tied qwen3, llama and phi3 shapes): with
+ensure_weight_tying PEFT trains one copy shared by the embedding and the head (saved under
+both keys), as we do, both directions likewise; without it PEFT unties them (separate
+copies), which is refused naming modules_to_save and ensure_weight_tying.
 ft-merge of such an adapter is in test_tools_peft.py (MERGE_CASES)."""
 
 import json
@@ -28,7 +29,8 @@ UNTIED = ["llama_gqa", "mistral_sw", "qwen2", "qwen3", "granite", "olmo2", "phi3
 TIED = ["tied", "gemma", "gemma2", "smollm3", "qwen3_tied", "phi4_mini"]
 
 CASES = ([("llama_gqa", "mts_head"), ("llama_gqa", "mts_embed")] +
-         [(m, "mts_both") for m in UNTIED])
+         [(m, "mts_both") for m in UNTIED] + [(m, "mts_tie") for m in TIED] +
+         [("tied", "mts_tie_head")])
 
 
 class Case:
@@ -40,6 +42,7 @@ def case(request, store, ft):
     model_name, variant = request.param
     c = Case()
     shape = ftref.SHAPES[model_name]
+    c.tied = shape.cfg["tie_word_embeddings"]
     c.model_dir = store.model(model_name)
     c.adapter_dir = store.adapter(model_name, variant)
     m = ftref.lora_mode_model(c.model_dir, c.adapter_dir)
@@ -57,16 +60,18 @@ def test_mts_logits_loss(case):
 
 def test_mts_grads(case):
     cfg = json.loads((case.adapter_dir / "adapter_config.json").read_text())
-    want = {"embed_tokens": "model.embed_tokens.weight", "lm_head": "lm_head.weight"}
-    for mod in cfg["modules_to_save"]:
-        assert want[mod] in case.ref_grads, sorted(case.ref_grads)
+    for mod in cfg["modules_to_save"]:  # (tied: the one copy is the embedding)
+        want = ("model.embed_tokens.weight" if "embed" in mod or case.tied
+                else "lm_head.weight")
+        assert want in case.ref_grads, sorted(case.ref_grads)
     ftref.assert_tensor_dict_close("grad.", case.out, case.ref_grads, ftref.TOL_GRAD)
 
 
 # five steps (as test_train.py: lr 1e-2, no k_proj / qkv_proj in the pairs); the seed of
 # the random adapter values picks a well-conditioned draw (see test_train.py)
 TRAIN_RUNS = [("llama_gqa", "mts_both_no_k", 4), ("qwen2", "mts_both_no_k", 3),
-              ("phi3", "mts_both_no_qkv", 1)]
+              ("phi3", "mts_both_no_qkv", 1), ("tied", "mts_tie_no_k", 1),
+              ("gemma", "mts_tie_no_k", 1)]
 
 
 def _train():
@@ -91,12 +96,15 @@ def test_mts_train_and_save_loads_in_peft(store, ft, tmp_path, model_name, varia
                   labels=labels, train=train, save_adapter=saved), f"mts-train-{model_name}")
     ftref.assert_close("losses", out["losses"], ref["losses"], ftref.TOL_LOSSES)
     assert any(k.endswith("embed_tokens.weight") for k in ref["weights"])
-    assert "lm_head.weight" in ref["weights"]
+    assert ("lm_head.weight" in ref["weights"]) == (not shape.cfg["tie_word_embeddings"])
     ftref.assert_tensor_dict_close("weight.", out, ref["weights"], ftref.TOL_WEIGHT)
 
     # ours -> PEFT: every key used, nothing missing, our values, our logits
     cfg = json.loads((saved / "adapter_config.json").read_text())
-    assert sorted(cfg["modules_to_save"]) == ["embed_tokens", "lm_head"]
+    tied = shape.cfg["tie_word_embeddings"]
+    assert sorted(cfg["modules_to_save"]) == (["embed_tokens"] if tied
+                                              else ["embed_tokens", "lm_head"])
+    assert cfg["ensure_weight_tying"] == tied
     tensors = load_file(str(saved / "adapter_model.safetensors"))
     base = ftref.load_hf(model_dir)
     with warnings.catch_warnings(record=True) as caught:
@@ -127,7 +135,8 @@ def test_mts_tied_refused(store, ft_raw, model_name):
     cp, _ = ft_raw(dict(model_dir=store.model(model_name), adapter_dir=adapter_dir,
                         mode="lora", input_ids=ids), f"mts-tied-{model_name}")
     assert cp.returncode != 0
-    assert "modules_to_save" in cp.stderr and "tied" in cp.stderr, cp.stderr
+    assert ("modules_to_save" in cp.stderr and "tied" in cp.stderr
+            and "ensure_weight_tying" in cp.stderr), cp.stderr
 
 
 @pytest.mark.parametrize("entry", ["norm", "model.layers.0.mlp", "q_proj"])

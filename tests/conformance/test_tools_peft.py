@@ -236,6 +236,8 @@ MERGE_CASES = [
     ("granite", "mts_both", "f32"),
     ("olmo2", "mts_both", "f32"),
     ("phi3", "mts_both", "f32"),
+    ("tied", "mts_tie", "f32"),  # tied: the one trained copy (ensure_weight_tying)
+    ("gemma2", "mts_tie_head", "f32"),
     # DoRA: each row rescaled to its magnitude
     ("llama_gqa", "dora_all", "f32"),
     ("llama_gqa", "dora_rslora", "bf16"),
@@ -341,8 +343,9 @@ def test_merge_sharded_output(store, merge_exe, tmp_path):
 
 def test_lora_init_modules_to_save(store, lora_init_exe, merge_exe, tmp_path):
     """--modules-to-save: the adapter holds the base's embedding and head under PEFT's keys,
-    loads in PEFT with every key used, starts equal to the base, and merges back to it; a
-    tied model or another module is refused."""
+    loads in PEFT with every key used, starts equal to the base, and merges back to it; on a
+    tied model the one shared copy (ensure_weight_tying) under both keys; another module is
+    refused."""
     model_dir = store.model("llama_gqa")
     out = tmp_path / "adapter"
     run_tool([lora_init_exe, "--model", model_dir, "--out", out, "--r", 4, "--target",
@@ -364,9 +367,20 @@ def test_lora_init_modules_to_save(store, lora_init_exe, merge_exe, tmp_path):
     assert merged.keys() == base_sd.keys()
     for k in base_sd:
         assert torch.equal(merged[k], base_sd[k].float()), k
-    cp = run_tool([lora_init_exe, "--model", store.model("tied"), "--out", tmp_path / "t",
-                   "--modules-to-save", "lm_head"], expect_rc=None)
-    assert cp.returncode != 0 and "modules_to_save" in cp.stderr and "tied" in cp.stderr
+    tied = store.model("tied")
+    run_tool([lora_init_exe, "--model", tied, "--out", tmp_path / "t", "--modules-to-save",
+              "lm_head"])
+    cfg = json.loads((tmp_path / "t" / "adapter_config.json").read_text())
+    assert cfg["modules_to_save"] == ["embed_tokens"] and cfg["ensure_weight_tying"] is True
+    tensors = load_file(str(tmp_path / "t" / "adapter_model.safetensors"))
+    emb = load_file(str(Path(tied) / "model.safetensors"))["model.embed_tokens.weight"]
+    for key in ("base_model.model.model.embed_tokens.weight", "base_model.model.lm_head.weight"):
+        assert torch.equal(tensors[key], emb), key
+    pm, caught = load_peft(tied, tmp_path / "t")
+    bad = [w for w in caught if "missing" in w.lower() or "unexpected" in w.lower()]
+    assert not bad, bad
+    vocab = ftref.SHAPES["tied"].cfg["vocab_size"]
+    assert torch.equal(logits_of(pm, vocab), logits_of(ftref.load_hf(tied), vocab))
     cp = run_tool([lora_init_exe, "--model", model_dir, "--out", tmp_path / "n",
                    "--modules-to-save", "lm_head,norm"], expect_rc=None)
     assert cp.returncode == 2 and "'norm'" in cp.stderr, cp.stderr
@@ -419,7 +433,7 @@ def test_merge_errors(store, merge_exe, tmp_path):
     out = tmp_path / "o"
     for bad, needle in [(tmp_path / "none", "none"),
                         (store.adapter("llama_mqa_odd", "qv"), "shape"),
-                        (store.adapter("llama_gqa", "dora"), "use_dora")]:
+                        (store.adapter("llama_gqa", "patterns"), "rank_pattern")]:
         cp = run_tool([merge_exe, "--model", model_dir, "--adapter", bad, "--out", out],
                       expect_rc=1)
         assert cp.stderr.startswith("ft-merge: error:") and needle in cp.stderr, cp.stderr

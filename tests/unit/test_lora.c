@@ -179,7 +179,24 @@ static void test_modules_to_save_checks(void)
     snprintf(untied, sizeof untied, "%s/untied", root);
     write_tiny_model(untied, &(tiny_model_opts){0});
     const char *dir = write_config("mts_head", "{" GOOD ", \"modules_to_save\": [\"lm_head\"]}");
-    expect_model_error(tied, dir, "tied");
+    expect_model_error(tied, dir, "ensure_weight_tying");
+    /* with ensure_weight_tying: the one embedding trains, saved under both keys */
+    {
+        const char *tdir = write_config("mts_tied", "{" GOOD ", \"modules_to_save\": "
+                                                    "[\"lm_head\"], \"ensure_weight_tying\": true}");
+        ft_model_options topt = {.mode = FT_TRAIN_LORA};
+        ft_err terr = {0};
+        CHECK(ft_lora_config_load(&topt.lora, tdir, &terr) == 0 && topt.lora.ensure_weight_tying);
+        ft_model *tm = NULL;
+        CHECK(ft_model_load(&tm, tied, &topt, &terr) == 0);
+        ft_param *e = tm ? ft_model_find_param(tm, "model.embed_tokens.weight") : NULL;
+        CHECK(e && e->trainable && !ft_model_find_param(tm, "lm_head.weight"));
+        char tsaved[300];
+        snprintf(tsaved, sizeof tsaved, "%s/tied_saved", root);
+        CHECK(tm && ft_model_save_adapter(tm, tsaved, tied, &terr) == 0);
+        CHECK(tm && ft_model_load_adapter(tm, tsaved, &terr) == 0);
+        ft_model_free(tm);
+    }
 
     ft_model_options opt = {.mode = FT_TRAIN_LORA};
     ft_err err = {0};
