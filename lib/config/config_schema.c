@@ -70,8 +70,8 @@ static const ft_cfg_key schema[] = {
      NULL},
     {KEY(tuning.lora.modules_to_save), FT_CFG_STRING, "", NULL, false, NONE, NONE,
      "modules trained in full beside the LoRA pairs and saved in the adapter, as PEFT's "
-     "modules_to_save: embed_tokens, lm_head or both, comma-separated (not with tied "
-     "embeddings)",
+     "modules_to_save: embed_tokens, lm_head or both, comma-separated (tied embeddings: the "
+     "one embedding, shared by the head, as PEFT's ensure_weight_tying)",
      NULL},
     {KEY(tuning.lora.init_adapter), FT_CFG_STRING, "", NULL, false, NONE, NONE,
      "PEFT adapter dir to start from (e.g. made by ft-lora-init); r, alpha and targets must match",

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import rankrun
 from rankrun import make, FT_TRAIN, make_model, mpi_cmd, run, write_token_data
@@ -204,6 +205,23 @@ def test_modules_to_save_under_strategies(work, strategy):
     w = weights(work / "runs" / name)
     assert {"base_model.model.model.embed_tokens.weight",
             "base_model.model.lm_head.weight"} <= set(w)
+
+
+@pytest.mark.parametrize("strategy", ["zero3", "model_parallel"])
+def test_modules_to_save_tied(work, strategy):
+    """On the tied model the one embedding (shared by the head) trains: model parallelism
+    keeps its copy on the last stage in step, as in full fine-tuning."""
+    dp = strategy != "model_parallel"
+    ref = work / "runs" / f"mts_tied_ref_{'dp' if dp else 'mp'}"
+    if not ref.exists():
+        run(write_config(work, ref.name, model="tied",
+                         **(dict(train__batch_size=8) if dp else {}), **MTS))
+    name = f"np2_mts_tied_{strategy}"
+    run(write_config(work, name, model="tied", dist__strategy=strategy, **MTS), 2)
+    assert_same_run(ref, work / "runs" / name, w_atol=5e-4)
+    w = weights(work / "runs" / name)
+    assert torch.equal(w["base_model.model.model.embed_tokens.weight"],
+                       w["base_model.model.lm_head.weight"])
 
 
 DORA = dict(tuning__lora__use_dora="true")
