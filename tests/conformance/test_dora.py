@@ -60,13 +60,19 @@ def test_dora_grads(case):
     ftref.assert_tensor_dict_close("grad.", case.out, case.ref_grads, ftref.TOL_GRAD)
 
 
-def _train():
+# max_grad_norm below each run's gradient norms, so that clipping acts (test_reference.py
+# checks it does, and that the runs are well-conditioned)
+CLIP = {("gemma", "dora_no_k"): 0.7}
+
+
+def _train(model_name, variant):
     return dict(steps=5, lr=1e-2, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01,
-                warmup_steps=2, scheduler="cosine", max_grad_norm=2.0)
+                warmup_steps=2, scheduler="cosine",
+                max_grad_norm=CLIP.get((model_name, variant), 1.0))
 
 
 TRAIN_RUNS = [("llama_gqa", "dora_no_k", 4), ("qwen2", "dora_no_k", 3),
-              ("phi3", "dora_no_qkv", 1), ("gemma", "dora_no_k", 1)]
+              ("phi3", "dora_no_qkv", 1), ("gemma", "dora_no_k", 2)]
 
 
 def held_adapter(pm):
@@ -102,7 +108,7 @@ def test_dora_train_and_save_loads_in_peft(store, ft, tmp_path, model_name, vari
     model_dir = store.model(model_name)
     adapter_dir = store.adapter(model_name, variant, seed=seed)
     ids, labels = ftref.make_batch(shape.cfg["vocab_size"], B, shape.T, shape.seed + 2)
-    train = _train()
+    train = _train(model_name, variant)
     ref = ftref.reference_train(ftref.lora_mode_model(model_dir, adapter_dir), ids, labels,
                                 train, key=ftref.ours_key)
     saved = tmp_path / "saved"

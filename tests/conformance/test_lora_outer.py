@@ -69,9 +69,15 @@ def test_outer_grads(case):
     ftref.assert_tensor_dict_close("grad.", case.out, case.ref_grads, ftref.TOL_GRAD)
 
 
-def _train():
+# max_grad_norm below each run's gradient norms, so that clipping acts (test_reference.py
+# checks it does, and that the runs are well-conditioned)
+CLIP = {("granite", "outer_no_k"): 0.9}
+
+
+def _train(model_name, variant):
     return dict(steps=5, lr=1e-2, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01,
-                warmup_steps=2, scheduler="cosine", max_grad_norm=2.0)
+                warmup_steps=2, scheduler="cosine",
+                max_grad_norm=CLIP.get((model_name, variant), 1.0))
 
 
 # (adapter seeds as test_train.py picks them: granite's seed 2 is ill-conditioned, float32
@@ -87,7 +93,7 @@ def test_outer_train_and_save_loads_in_peft(store, ft, tmp_path, model_name, var
     model_dir = store.model(model_name)
     adapter_dir = store.adapter(model_name, variant, seed=seed)
     ids, labels = ftref.make_batch(shape.cfg["vocab_size"], B, shape.T, shape.seed + 2)
-    train = _train()
+    train = _train(model_name, variant)
     ref = ftref.reference_train(ftref.lora_mode_model(model_dir, adapter_dir), ids, labels,
                                 train, key=ftref.ours_key)
     saved = tmp_path / "saved"
