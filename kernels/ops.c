@@ -202,6 +202,27 @@ void ft_embedding_backward(ft_tensor dtable, ft_tensor dout, ft_tensor ids, int 
     ft_cpu_embedding_backward(F(dtable), F(dout), I(ids), N, V, C, pad);
 }
 
+void ft_embedding_t_forward(ft_tensor out, ft_tensor ids, ft_tensor table, int N, int V, int C)
+{
+    opcheck c = begin("embedding_t_forward", out);
+    needf(c, "out", out, SZ(N, C));
+    need(c, "ids", ids, (size_t)N, FT_I32);
+    needf(c, "table", table, SZ(V, C));
+    GPU_CALL(c, ft_cuda_embedding_t_forward(out, ids, table, N, V, C));
+    ft_cpu_embedding_t_forward(F(out), I(ids), F(table), N, V, C);
+}
+
+void ft_embedding_t_backward(ft_tensor dtable, ft_tensor dout, ft_tensor ids, int N, int V,
+                             int C, int pad)
+{
+    opcheck c = begin("embedding_t_backward", dtable);
+    need(c, "dtable", dtable, SZ(V, C), FT_F32);
+    needf(c, "dout", dout, SZ(N, C));
+    need(c, "ids", ids, (size_t)N, FT_I32);
+    GPU_CALL(c, ft_cuda_embedding_t_backward(dtable, dout, ids, N, V, C, pad));
+    ft_cpu_embedding_t_backward(F(dtable), F(dout), I(ids), N, V, C, pad);
+}
+
 void ft_rmsnorm_forward(ft_tensor out, ft_tensor rstd, ft_tensor x, ft_tensor w, int N,
                         int C, float eps, float w_offset)
 {
@@ -447,6 +468,39 @@ void ft_softcap(ft_tensor x, float cap, size_t n)
     }
     GPU_CALL(c, ft_cuda_softcap(x, cap, n));
     ft_cpu_softcap(F(x), cap, n);
+}
+
+void ft_dora_norm(ft_tensor g, ft_tensor inv, ft_tensor mag, ft_tensor w, int R, int C)
+{
+    opcheck c = begin("dora_norm", w);
+    need(c, "g", g, (size_t)R, FT_F32);
+    need(c, "inv", inv, (size_t)R, FT_F32);
+    needf(c, "mag", mag, (size_t)R);
+    needf(c, "w", w, SZ(R, C));
+    GPU_CALL(c, ft_cuda_dora_norm(g, inv, mag, w, R, C));
+    ft_cpu_dora_norm(F(g), F(inv), F(mag), F(w), R, C);
+}
+
+void ft_col_scale(ft_tensor y, ft_tensor x, ft_tensor g, float alpha, float beta, int N, int C,
+                  int accumulate)
+{
+    opcheck c = begin("col_scale", y);
+    needf(c, "y", y, SZ(N, C));
+    needf(c, "x", x, SZ(N, C));
+    need(c, "g", g, (size_t)C, FT_F32);
+    GPU_CALL(c, ft_cuda_col_scale(y, x, g, alpha, beta, N, C, accumulate));
+    ft_cpu_col_scale(F(y), F(x), F(g), alpha, beta, N, C, accumulate);
+}
+
+void ft_col_dot(ft_tensor d, ft_tensor a, ft_tensor b, ft_tensor s, int N, int C)
+{
+    opcheck c = begin("col_dot", d);
+    need(c, "d", d, (size_t)C, FT_F32);
+    needf(c, "a", a, SZ(N, C));
+    needf(c, "b", b, SZ(N, C));
+    need(c, "s", s, (size_t)C, FT_F32);
+    GPU_CALL(c, ft_cuda_col_dot(d, a, b, s, N, C));
+    ft_cpu_col_dot(F(d), F(a), F(b), F(s), N, C);
 }
 
 void ft_dropout_forward(ft_tensor out, ft_tensor x, size_t n, float p, uint64_t seed,

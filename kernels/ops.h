@@ -81,6 +81,12 @@ void ft_embedding_forward(ft_tensor out, ft_tensor ids, ft_tensor table, int N, 
                           int C);
 void ft_embedding_backward(ft_tensor dtable, ft_tensor dout, ft_tensor ids, int N, int V,
                            int C, int pad);
+/* The same on a transposed table [C, V] (LoRA's lora_embedding_A): out[n,c] =
+ * table[c, ids[n]]; backward dtable[c, ids[n]] += dout[n,c], for every n in order but
+ * those with ids[n] == pad (PEFT's F.embedding(x, A^T, padding_idx=...)). */
+void ft_embedding_t_forward(ft_tensor out, ft_tensor ids, ft_tensor table, int N, int V, int C);
+void ft_embedding_t_backward(ft_tensor dtable, ft_tensor dout, ft_tensor ids, int N, int V,
+                             int C, int pad);
 
 /* ---- RMSNorm: rstd[n] = 1/sqrt(mean(x[n]^2) + eps); out = x * rstd[n] * (w_offset + w) --
  * w_offset is 0 (Llama: the weight itself) or 1 (Gemma: weights stored as offsets from 1,
@@ -173,6 +179,17 @@ void ft_scale(ft_tensor x, float s, size_t n);
 /* x = cap * tanh(x / cap), cap > 0 (soft-capping; its gradient: ft_cross_entropy's
  * softcap). */
 void ft_softcap(ft_tensor x, float cap, size_t n);
+
+/* ---- DoRA (PEFT's weight-decomposed LoRA: y = (m / ||W + s B A||_row) (x W^T + s x A^T B^T))
+ * dora_norm: for each row r of w [R, C]: n = sqrt(sum_c w[r,c]^2) (accumulated in double
+ *            on the CPU, fp32 on the GPU); g[r] = mag[r] / n and inv[r] = 1 / n (g, inv
+ *            fp32 [R]; mag [R] and w of the compute dtype).
+ * col_scale: y[n,c] = (alpha g[c] + beta) x[n,c] over [N, C] (accumulate: +=); g fp32.
+ * col_dot:   d[c] += s[c] * sum_n a[n,c] b[n,c] over [N, C]; d, s fp32 [C]. */
+void ft_dora_norm(ft_tensor g, ft_tensor inv, ft_tensor mag, ft_tensor w, int R, int C);
+void ft_col_scale(ft_tensor y, ft_tensor x, ft_tensor g, float alpha, float beta, int N, int C,
+                  int accumulate);
+void ft_col_dot(ft_tensor d, ft_tensor a, ft_tensor b, ft_tensor s, int N, int C);
 
 /* ---- dropout: out = x * keep / (1 - p), keep decided by a counter-based RNG ----------
  * keep(i) is a pure function of (seed, offset + i), so backward and a gradient-

@@ -324,6 +324,8 @@ lora-init: $(TOOLS)
 	$(FT_READ_CONFIG); \
 	out=$(call q,$(OUT)); [ -n "$$out" ] || out="$$run/lora-init"; \
 	rs=; [ "$(call ft_get,tuning.lora.rslora)" = false ] || rs=--rslora; \
+	mts="$(call ft_get,tuning.lora.modules_to_save)"; [ -z "$$mts" ] || rs="$$rs --modules-to-save $$mts"; \
+	[ "$(call ft_get,tuning.lora.use_dora)" = false ] || rs="$$rs --dora"; \
 	show bin/ft-lora-init --model "$$model" --out "$$out" --r $(call ft_get,tuning.lora.r) \
 	  --alpha $(call ft_get,tuning.lora.alpha) --dropout $(call ft_get,tuning.lora.dropout) \
 	  --target $(call ft_get,tuning.lora.target_modules) --seed $(call ft_get,train.seed) $$rs

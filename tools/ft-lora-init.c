@@ -28,6 +28,11 @@ static const char usage[] =
     "                     up_proj,down_proj; phi3: qkv_proj,o_proj,gate_up_proj,down_proj)\n"
     "                     or all-linear (default all-linear)\n"
     "  --rslora           rank-stabilised scaling alpha/sqrt(r) instead of alpha/r\n"
+    "  --dora             DoRA (PEFT's use_dora): a magnitude per output row, starting at\n"
+    "                     the row norms of the base weight\n"
+    "  --modules-to-save LIST  embed_tokens and/or lm_head, comma-separated: trained in\n"
+    "                     full beside the pairs (PEFT's modules_to_save; the adapter holds\n"
+    "                     the base's weights for them; not with tied embeddings)\n"
     "  --seed N           seed of A's init (default 42)\n"
     "  --help             print this help\n";
 
@@ -38,7 +43,7 @@ static int usage_error(const char *fmt, const char *arg)
 
 enum {
     OPT_HELP, OPT_RSLORA, OPT_MODEL, OPT_OUT, OPT_R, OPT_ALPHA, OPT_DROPOUT, OPT_TARGET,
-    OPT_SEED
+    OPT_SEED, OPT_MTS, OPT_DORA
 };
 
 static const ft_cli_option options[] = {
@@ -51,12 +56,14 @@ static const ft_cli_option options[] = {
     {"--dropout", 0, FT_CLI_VALUE, OPT_DROPOUT},
     {"--target", 0, FT_CLI_VALUE, OPT_TARGET},
     {"--seed", 0, FT_CLI_VALUE, OPT_SEED},
+    {"--modules-to-save", 0, FT_CLI_VALUE, OPT_MTS},
+    {"--dora", 0, FT_CLI_FLAG, OPT_DORA},
     {NULL, 0, 0, 0},
 };
 
 int main(int argc, char **argv)
 {
-    const char *model = NULL, *out = NULL, *targets = "all-linear";
+    const char *model = NULL, *out = NULL, *targets = "all-linear", *saved = "";
     ft_lora_config c = {.r = 16, .alpha = 32.0f, .dropout = 0.05f};
     uint64_t seed = 42;
     ft_cli_parser cli;
@@ -98,6 +105,12 @@ int main(int argc, char **argv)
         case OPT_TARGET:
             targets = val;
             break;
+        case OPT_DORA:
+            c.dora = true;
+            break;
+        case OPT_MTS:
+            saved = val;
+            break;
         case OPT_SEED:
             if (ft_parse_u64(val, 0, UINT64_MAX, &seed))
                 return usage_error("--seed: '%s' is not a non-negative integer", val);
@@ -113,6 +126,10 @@ int main(int argc, char **argv)
     ft_err err;
     if (ft_lora_targets_parse(targets, &c.targets, &err)) {
         fprintf(stderr, "ft-lora-init: error: --target: %s\n", err.msg);
+        return 2;
+    }
+    if (ft_lora_modules_to_save_parse(saved, &c.modules_to_save, &err)) {
+        fprintf(stderr, "ft-lora-init: error: --modules-to-save: %s\n", err.msg);
         return 2;
     }
     char model_dir[4096];

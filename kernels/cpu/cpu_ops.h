@@ -21,6 +21,11 @@ void ft_cpu_embedding_forward(float *out, const int32_t *ids, const float *table
                               int V, int C);
 void ft_cpu_embedding_backward(float *dtable, const float *dout, const int32_t *ids, int N,
                                int V, int C, int pad);
+/* on a transposed table [C, V] */
+void ft_cpu_embedding_t_forward(float *out, const int32_t *ids, const float *table, int N,
+                                int V, int C);
+void ft_cpu_embedding_t_backward(float *dtable, const float *dout, const int32_t *ids, int N,
+                                 int V, int C, int pad);
 
 void ft_cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N,
                             int C, float eps, float w_offset);
@@ -79,5 +84,11 @@ void ft_cpu_dequant_8bit_blockwise(float *out, const uint8_t *q, const float *ab
                                    const float *map, size_t n, size_t blocksize, float offset);
 void ft_cpu_dequant_int8_rows(float *out, const int8_t *q, const float *scb, int rows,
                               int cols);
+
+/* dora.c */
+void ft_cpu_dora_norm(float *g, float *inv, const float *mag, const float *w, int R, int C);
+void ft_cpu_col_scale(float *y, const float *x, const float *g, float alpha, float beta, int N,
+                      int C, int accumulate);
+void ft_cpu_col_dot(float *d, const float *a, const float *b, const float *s, int N, int C);
 
 #endif

@@ -50,3 +50,25 @@ void ft_cpu_embedding_backward(float *dtable, const float *dout, const int32_t *
         }
     }
 }
+
+/* The transposed table [C, V] (LoRA's lora_embedding_A): out[n,c] = table[c, ids[n]];
+ * backward dtable[c, ids[n]] += dout[n,c]. A thread owns rows c of dtable and walks every
+ * n in order: deterministic as above. */
+void ft_cpu_embedding_t_forward(float *out, const int32_t *ids, const float *table, int N,
+                                int V, int C)
+{
+#pragma omp parallel for schedule(static) if ((long)N * C >= 65536)
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++)
+            out[(size_t)n * C + c] = table[(size_t)c * V + ids[n]];
+}
+
+void ft_cpu_embedding_t_backward(float *dtable, const float *dout, const int32_t *ids, int N,
+                                 int V, int C, int pad)
+{
+#pragma omp parallel for schedule(static) if ((long)N * C >= 65536)
+    for (int c = 0; c < C; c++)
+        for (int n = 0; n < N; n++)
+            if (ids[n] != pad) /* nn.Embedding's padding_idx: no gradient */
+                dtable[(size_t)c * V + ids[n]] += dout[(size_t)n * C + c];
+}

@@ -111,6 +111,18 @@ void ft_cuda_dequant_8bit_blockwise(ft_tensor out, ft_tensor q, ft_tensor absmax
 void ft_cuda_dequant_int8_rows(ft_tensor out, ft_tensor q, ft_tensor scb, int rows,
                                int cols);
 
+/* embedding.cu: on a transposed table [C, V] */
+void ft_cuda_embedding_t_forward(ft_tensor out, ft_tensor ids, ft_tensor table, int N, int V,
+                                 int C);
+void ft_cuda_embedding_t_backward(ft_tensor dtable, ft_tensor dout, ft_tensor ids, int N, int V,
+                                  int C, int pad);
+
+/* dora.cu */
+void ft_cuda_dora_norm(ft_tensor g, ft_tensor inv, ft_tensor mag, ft_tensor w, int R, int C);
+void ft_cuda_col_scale(ft_tensor y, ft_tensor x, ft_tensor g, float alpha, float beta, int N,
+                       int C, int accumulate);
+void ft_cuda_col_dot(ft_tensor d, ft_tensor a, ft_tensor b, ft_tensor s, int N, int C);
+
 /* cuda_context.cu: waits until every op enqueued so far has finished; aborts with the
  * CUDA error if one failed (a kernel fault is a bug, not an input error). */
 void ft_cuda_synchronize(void);

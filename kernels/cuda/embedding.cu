@@ -77,3 +77,51 @@ extern "C" void ft_cuda_embedding_backward(ft_tensor dtable, ft_tensor dout, ft_
         fv(dtable), fv(dout), (const int32_t *)ids.data, N, C, pad);
     LAUNCH_CHECK();
 }
+
+/* The transposed table [C, V] (LoRA's lora_embedding_A). Forward: one thread per element.
+ * Backward: one thread per row c of dtable, walking every n in order (C is a LoRA rank:
+ * few threads, each a serial pass over the rows; no two threads share an element). */
+__global__ void embedding_t_forward_kernel(fview out, const int32_t *ids, fview table, size_t N,
+                                           int V, int C)
+{
+    GRID_STRIDE(i, N * (size_t)C)
+    {
+        size_t n = i / (size_t)C, c = i % (size_t)C;
+        st(out, i, ld(table, c * (size_t)V + (size_t)ids[n]));
+    }
+}
+
+__global__ void embedding_t_backward_kernel(fview dtable, fview dout, const int32_t *ids, int N,
+                                            int V, int C, int pad)
+{
+    int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (c >= C)
+        return;
+    for (int n = 0; n < N; n++) {
+        if (ids[n] == pad) /* the padding row: no gradient */
+            continue;
+        size_t dst = (size_t)c * V + (size_t)ids[n];
+        st(dtable, dst, ld(dtable, dst) + ld(dout, (size_t)n * C + c));
+    }
+}
+
+extern "C" void ft_cuda_embedding_t_forward(ft_tensor out, ft_tensor ids, ft_tensor table, int N,
+                                            int V, int C)
+{
+    size_t n = (size_t)N * (size_t)C;
+    if (n == 0)
+        return;
+    FT_LAUNCH(embedding_t_forward_kernel, grid_for(n, 256), 256, 0, ft_cuda_stream())(
+        fv(out), (const int32_t *)ids.data, fv(table), (size_t)N, V, C);
+    LAUNCH_CHECK();
+}
+
+extern "C" void ft_cuda_embedding_t_backward(ft_tensor dtable, ft_tensor dout, ft_tensor ids,
+                                             int N, int V, int C, int pad)
+{
+    if (N <= 0 || C <= 0)
+        return;
+    FT_LAUNCH(embedding_t_backward_kernel, (unsigned)((C + 31) / 32), 32, 0, ft_cuda_stream())(
+        fv(dtable), fv(dout), (const int32_t *)ids.data, N, V, C, pad);
+    LAUNCH_CHECK();
+}

@@ -59,10 +59,20 @@ static const ft_cfg_key schema[] = {
      "dropout on the LoRA input", NULL},
     {KEY(tuning.lora.target_modules), FT_CFG_STRING, "all-linear", NULL, false, NONE, NONE,
      "comma-separated q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj (phi3: "
-     "qkv_proj,o_proj,gate_up_proj,down_proj), or all-linear",
+     "qkv_proj,o_proj,gate_up_proj,down_proj), or all-linear; also embed_tokens and lm_head "
+     "(LoRA on the embedding and the head, as PEFT's; not with tied embeddings)",
      NULL},
     {KEY(tuning.lora.rslora), FT_CFG_BOOL, "false", NULL, false, NONE, NONE,
      "rank-stabilised scaling", NULL},
+    {KEY(tuning.lora.use_dora), FT_CFG_BOOL, "false", NULL, false, NONE, NONE,
+     "DoRA (PEFT's use_dora): a trainable magnitude per output row of each LoRA layer, "
+     "y = b + m / ||W + s B A||_row * (x W^T + s x A^T B^T)",
+     NULL},
+    {KEY(tuning.lora.modules_to_save), FT_CFG_STRING, "", NULL, false, NONE, NONE,
+     "modules trained in full beside the LoRA pairs and saved in the adapter, as PEFT's "
+     "modules_to_save: embed_tokens, lm_head or both, comma-separated (tied embeddings: the "
+     "one embedding, shared by the head, as PEFT's ensure_weight_tying)",
+     NULL},
     {KEY(tuning.lora.init_adapter), FT_CFG_STRING, "", NULL, false, NONE, NONE,
      "PEFT adapter dir to start from (e.g. made by ft-lora-init); r, alpha and targets must match",
      NULL},

@@ -138,6 +138,8 @@ typedef struct ft_tuning_section {
         double dropout;
         char target_modules[FT_CFG_LIST_MAX];
         bool rslora;
+        bool use_dora;
+        char modules_to_save[FT_CFG_LIST_MAX];
         char init_adapter[FT_CFG_PATH_MAX];
     } lora;
 } ft_tuning_section;

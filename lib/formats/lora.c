@@ -22,7 +22,7 @@ static const char *const proj_paths[FT_NPROJ] = {
     "mlp.down_proj",    "self_attn.qkv_proj", "mlp.gate_up_proj"};
 
 #define KNOWN_MODULES "q_proj k_proj v_proj o_proj gate_proj up_proj down_proj qkv_proj " \
-                      "gate_up_proj"
+                      "gate_up_proj embed_tokens lm_head"
 
 const char *ft_proj_name(ft_proj p)
 {
@@ -46,6 +46,15 @@ float ft_lora_scaling(const ft_lora_config *c)
  * command line. */
 static int match_target(const char *key, unsigned *targets)
 {
+    /* the embedding and the head: PEFT's module names model.embed_tokens and lm_head */
+    if (strcmp(key, "embed_tokens") == 0 || strcmp(key, "model.embed_tokens") == 0) {
+        *targets |= FT_LORA_EMBED;
+        return 0;
+    }
+    if (strcmp(key, "lm_head") == 0) {
+        *targets |= FT_LORA_HEAD;
+        return 0;
+    }
     for (int p = 0; p < FT_NPROJ; p++) {
         const char *path = proj_paths[p];
         size_t lk = strlen(key), lp = strlen(path);
@@ -103,7 +112,9 @@ int ft_lora_targets_parse(const char *list, unsigned *targets, ft_err *err)
     strcpy(buf, list);
     for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok;
          tok = strtok_r(NULL, ", ", &save)) {
-        if (match_target(tok, targets) != 0)
+        if (strcmp(tok, "all-linear") == 0) /* with embed_tokens / lm_head beside it */
+            *targets |= FT_LORA_ALL_LINEAR;
+        else if (match_target(tok, targets) != 0)
             return ft_fail(err,
                            "unknown LoRA target module '%s' (known: " KNOWN_MODULES
                            ", or all-linear)",
@@ -113,6 +124,67 @@ int ft_lora_targets_parse(const char *list, unsigned *targets, ft_err *err)
         return ft_fail(err, "empty LoRA target list");
     return 0;
 }
+
+/* One modules_to_save entry: PEFT wraps every module whose name ends with it; of this
+ * model's modules, only the embedding and the head are supported. */
+static int match_saved_module(const char *key, unsigned *mods)
+{
+    if (strcmp(key, "embed_tokens") == 0 || strcmp(key, "model.embed_tokens") == 0)
+        *mods |= FT_SAVE_EMBED;
+    else if (strcmp(key, "lm_head") == 0)
+        *mods |= FT_SAVE_HEAD;
+    else
+        return -1;
+    return 0;
+}
+
+#define SAVED_MODULES "embed_tokens (or model.embed_tokens) and lm_head"
+
+unsigned ft_lora_saved_modules(const ft_lora_config *c, bool tied)
+{
+    return tied && c->modules_to_save ? FT_SAVE_EMBED : c->modules_to_save;
+}
+
+int ft_lora_modules_to_save_parse(const char *list, unsigned *mods, ft_err *err)
+{
+    *mods = 0;
+    char buf[256];
+    if (strlen(list) >= sizeof buf)
+        return ft_fail(err, "modules_to_save list too long: '%s'", list);
+    strcpy(buf, list);
+    for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok;
+         tok = strtok_r(NULL, ", ", &save))
+        if (match_saved_module(tok, mods))
+            return ft_fail(err, "modules_to_save: module '%s' is not supported (supported: "
+                                SAVED_MODULES ")", tok);
+    return 0;
+}
+
+/* modules_to_save of adapter_config.json: null or a list of module names. */
+static int read_modules_to_save(json_t *root, const char *path, ft_lora_config *c,
+                                ft_err *err)
+{
+    json_t *v = json_object_get(root, "modules_to_save");
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_array(v))
+        return ft_fail(err, "%s: key 'modules_to_save' must be a list of module names or null",
+                       path);
+    size_t i;
+    json_t *item;
+    json_array_foreach(v, i, item)
+    {
+        if (!json_is_string(item) || match_saved_module(json_string_value(item),
+                                                        &c->modules_to_save))
+            return ft_fail(err, "%s: key 'modules_to_save': module %s is not supported "
+                                "(supported: " SAVED_MODULES ")",
+                           path, json_is_string(item) ? json_string_value(item)
+                                                      : "(not a string)");
+    }
+    return 0;
+}
+
+static int regex_outer(ft_lora_config *c, ft_err *err);
 
 static int reject_if_set(json_t *root, const char *path, const char *key, ft_err *err)
 {
@@ -182,12 +254,26 @@ int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
         ft_fail(err, "%s: key 'bias' must be \"none\"", path);
         goto out;
     }
-    static const char *const unsupported[] = {"use_dora",      "fan_in_fan_out",
-                                              "modules_to_save", "rank_pattern",
-                                              "alpha_pattern", "layer_replication"};
+    v = json_object_get(root, "use_dora");
+    if (v && !json_is_null(v) && !json_is_boolean(v)) {
+        ft_fail(err, "%s: key 'use_dora' must be true or false", path);
+        goto out;
+    }
+    c->dora = v && json_is_true(v);
+    static const char *const unsupported[] = {"fan_in_fan_out", "rank_pattern",
+                                              "alpha_pattern", "layer_replication",
+                                              "trainable_token_indices"};
     for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++)
         if (reject_if_set(root, path, unsupported[i], err))
             goto out;
+    if (read_modules_to_save(root, path, c, err))
+        goto out;
+    v = json_object_get(root, "ensure_weight_tying");
+    if (v && !json_is_null(v) && !json_is_boolean(v)) {
+        ft_fail(err, "%s: key 'ensure_weight_tying' must be true or false", path);
+        goto out;
+    }
+    c->ensure_weight_tying = v && json_is_true(v);
     v = json_object_get(root, "layers_to_transform");
     if (json_is_integer(v)) {
         if (layer_index(v, path, c, err))
@@ -228,7 +314,7 @@ int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
         } else {
             strcpy(c->target_regex, t);
             unsigned mask;
-            if (ft_lora_layer_mask(c, 0, &mask, err)) {
+            if (ft_lora_layer_mask(c, 0, &mask, err) || regex_outer(c, err)) {
                 ft_fail_prefix(err, "%s: key 'target_modules'", path);
                 goto out;
             }
@@ -321,6 +407,10 @@ int ft_lora_config_save(const ft_lora_config *c, const char *dir, const char *ba
                 snprintf(path, sizeof path, "model.layers.%d.%s", l, proj_paths[p]);
                 json_array_append_new(targets, json_string(path));
             }
+    if (c->targets & FT_LORA_EMBED)
+        json_array_append_new(targets, json_string("embed_tokens"));
+    if (c->targets & FT_LORA_HEAD)
+        json_array_append_new(targets, json_string("lm_head"));
     json_object_set_new(root, "peft_type", json_string("LORA"));
     json_object_set_new(root, "task_type", json_string("CAUSAL_LM"));
     json_object_set_new(root, "base_model_name_or_path", json_string(base_model ? base_model : ""));
@@ -342,11 +432,21 @@ int ft_lora_config_save(const ft_lora_config *c, const char *dir, const char *ba
     }
     json_object_set_new(root, "bias", json_string("none"));
     json_object_set_new(root, "use_rslora", json_boolean(c->rslora));
-    json_object_set_new(root, "use_dora", json_false());
+    json_object_set_new(root, "use_dora", json_boolean(c->dora));
+    json_object_set_new(root, "ensure_weight_tying", json_boolean(c->ensure_weight_tying));
     json_object_set_new(root, "fan_in_fan_out", json_false());
     json_object_set_new(root, "init_lora_weights", json_true());
     json_object_set_new(root, "inference_mode", json_true());
-    json_object_set_new(root, "modules_to_save", json_null());
+    if (c->modules_to_save) {
+        json_t *mods = json_array();
+        if (c->modules_to_save & FT_SAVE_EMBED)
+            json_array_append_new(mods, json_string("embed_tokens"));
+        if (c->modules_to_save & FT_SAVE_HEAD)
+            json_array_append_new(mods, json_string("lm_head"));
+        json_object_set_new(root, "modules_to_save", mods);
+    } else {
+        json_object_set_new(root, "modules_to_save", json_null());
+    }
     char *text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
     json_decref(root);
     if (!text)
@@ -393,14 +493,7 @@ int ft_lora_layer_mask(const ft_lora_config *c, int layer, unsigned *mask, ft_er
     }
     int rc = 0;
     const char *mp = c->module_prefix[0] ? c->module_prefix : "model.";
-    char embed[64];
-    snprintf(embed, sizeof embed, "%sembed_tokens", mp);
-    const char *const unsupported[] = {"lm_head", embed};
-    for (size_t i = 0; i < 2; i++)
-        if (regex_fullmatch(re, unsupported[i]))
-            rc = ft_fail(err, "regular expression '%s' selects %s; LoRA on it is not supported",
-                         c->target_regex, unsupported[i]);
-    for (int p = 0; p < FT_NPROJ && rc == 0; p++) {
+    for (int p = 0; p < FT_NPROJ; p++) {
         char name[128];
         snprintf(name, sizeof name, "%slayers.%d.%s", mp, layer, proj_paths[p]);
         if (regex_fullmatch(re, name))
@@ -408,4 +501,21 @@ int ft_lora_layer_mask(const ft_lora_config *c, int layer, unsigned *mask, ft_er
     }
     pcre2_code_free(re);
     return rc;
+}
+
+/* A target regex's embedding and head bits: whether it fullmatches their module paths. */
+static int regex_outer(ft_lora_config *c, ft_err *err)
+{
+    int code;
+    PCRE2_SIZE where;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)c->target_regex, PCRE2_ZERO_TERMINATED,
+                                   PCRE2_ANCHORED | PCRE2_ENDANCHORED, &code, &where, NULL);
+    if (!re)
+        return ft_fail(err, "regular expression '%s' does not compile", c->target_regex);
+    if (regex_fullmatch(re, "model.embed_tokens"))
+        c->targets |= FT_LORA_EMBED;
+    if (regex_fullmatch(re, "lm_head"))
+        c->targets |= FT_LORA_HEAD;
+    pcre2_code_free(re);
+    return 0;
 }

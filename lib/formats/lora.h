@@ -34,8 +34,20 @@ const char *ft_proj_path(ft_proj p);
 
 /* "all-linear": every module bit; a model keeps those of its block (the nine bits, 0x1ff). */
 #define FT_LORA_ALL_LINEAR ((1u << FT_NPROJ) - 1)
+/* LoRA outside the block, bits of ft_lora_config.targets above the nine: on the token
+ * embedding (PEFT's Embedding layer: lora_embedding_A [r, vocab], lora_embedding_B
+ * [hidden, r], h0 += s A^T[ids] B^T, no dropout) and on lm_head (a linear layer). */
+#define FT_LORA_EMBED (1u << FT_NPROJ)
+#define FT_LORA_HEAD (1u << (FT_NPROJ + 1))
+#define FT_LORA_OUTER (FT_LORA_EMBED | FT_LORA_HEAD)
 
 #define FT_LORA_MAX_LAYER_LIST 256
+
+/* PEFT's modules_to_save: modules trained in full beside the LoRA pairs (PEFT wraps a
+ * trainable copy of each; its adapter file holds the copy under the module's own key,
+ * base_model.model.model.embed_tokens.weight, base_model.model.lm_head.weight). */
+#define FT_SAVE_EMBED 1u /* model.embed_tokens */
+#define FT_SAVE_HEAD 2u  /* lm_head */
 
 typedef struct ft_lora_config {
     int r;
@@ -51,7 +63,7 @@ typedef struct ft_lora_config {
      * "all-linear" out as every layer's paths, "model.layers.0.self_attn.q_proj", ...):
      * layer l's projection p when layer_paths[p] has bit l (layers_to_transform does not
      * restrict those). Use ft_lora_layer_mask for the answer of one layer. */
-    unsigned targets;
+    unsigned targets; /* also FT_LORA_EMBED, FT_LORA_HEAD */
     char target_regex[1024];
     int n_layers;
     int layers[FT_LORA_MAX_LAYER_LIST];
@@ -63,28 +75,48 @@ typedef struct ft_lora_config {
      * are saved with a target_modules regex over that path, so that PEFT leaves the
      * vision tower's modules of the same names alone. */
     char module_prefix[32];
+    unsigned modules_to_save; /* FT_SAVE_EMBED | FT_SAVE_HEAD */
+    /* PEFT's ensure_weight_tying: on a model with tied embeddings, one trainable copy
+     * shared by the embedding and the head (saved under both keys). Without it PEFT
+     * unties them (separate copies), which is not implemented. */
+    bool ensure_weight_tying;
+    /* DoRA (PEFT's use_dora): each pair's layer computes
+     * y = b + (m / ||W + s B A||_row) (x W^T + s dropout(x) A^T B^T) with a trainable
+     * magnitude m [out] (key <module>.lora_magnitude_vector), the norm taken as a constant
+     * in the gradient, as PEFT does (see lib/model/dora.c for dropout). */
+    bool dora;
     /* The adapter_config.json these settings were read from (ft_lora_config_load), for
      * the messages of the checks made once the model is known (a layer it lacks, targets
      * that select nothing); "" for settings from elsewhere. */
     char source[4096];
 } ft_lora_config;
 
-/* The projections of decoder layer `layer` that carry a LoRA pair (bitmask). Errors: a
- * regex that does not compile, or one that selects lm_head or the embeddings (LoRA on
- * those is not implemented). */
+/* The projections of decoder layer `layer` that carry a LoRA pair (bitmask). Error: a
+ * regex that does not compile. (A regex's FT_LORA_EMBED / FT_LORA_HEAD: in targets, set
+ * by ft_lora_config_load.) */
 int ft_lora_layer_mask(const ft_lora_config *c, int layer, unsigned *mask, ft_err *err);
 
 /* alpha / r, or alpha / sqrt(r) with rsLoRA. */
 float ft_lora_scaling(const ft_lora_config *c);
 
 /* Parses a target list: names separated by commas ("q_proj,v_proj", also "q,v",
- * "qkv", "gate_up"), or "all-linear". Error names the unknown module. */
+ * "qkv", "gate_up", and "embed_tokens", "lm_head"), or "all-linear" (PEFT's: the block's
+ * linear layers, not lm_head; in a list beside embed_tokens / lm_head too). Error names
+ * the unknown module. */
 int ft_lora_targets_parse(const char *list, unsigned *targets, ft_err *err);
+
+/* The modules trained in full on a model (tied: its embeddings tied): modules_to_save, or
+ * on a tied model with any of them, FT_SAVE_EMBED (the one copy the head shares). */
+unsigned ft_lora_saved_modules(const ft_lora_config *c, bool tied);
+
+/* Parses a modules_to_save list: names separated by commas ("embed_tokens,lm_head"; also
+ * "model.embed_tokens"), or "" for none. Error names the module it does not support. */
+int ft_lora_modules_to_save_parse(const char *list, unsigned *mods, ft_err *err);
 
 /* Reads <dir>/adapter_config.json (a regular file; a key given twice is an error). Every
  * error names the file and the key. Rejects what this LoRA does not implement:
- * peft_type other than LORA, use_dora, bias other than "none", fan_in_fan_out,
- * modules_to_save, non-empty rank_pattern / alpha_pattern, layer_replication, a
+ * peft_type other than LORA, bias other than "none", fan_in_fan_out,
+ * modules_to_save naming other modules than embed_tokens and lm_head, non-empty rank_pattern / alpha_pattern, layer_replication, a
  * layers_pattern other than "layers", and target_modules naming modules other than the
  * nine projections; and values out of range (r not a positive int, a lora_alpha that
  * does not fit a float, a layer index that is negative or not an int). target_modules

@@ -135,8 +135,10 @@ static void add_tensor(planner *p, int unit, size_t numel, bool trainable, bool 
     }
 }
 
-/* Mirrors build_layout in lib/model/model.c. */
-static void count_params(planner *p, const unsigned *lora_mask, int r_lora)
+/* Mirrors build_layout in lib/model/model.c; saved: LoRA's modules_to_save
+ * (FT_SAVE_EMBED, FT_SAVE_HEAD), trained in full. */
+static void count_params(planner *p, const unsigned *lora_mask, int r_lora, unsigned saved,
+                         bool dora, unsigned outer)
 {
     const ft_model_config *c = p->mc;
     bool full = p->mode == MODE_FULL;
@@ -151,7 +153,11 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora)
         qk_q = (size_t)c->head_dim * (head ? 1 : (size_t)c->num_heads);
         qk_k = (size_t)c->head_dim * (head ? 1 : (size_t)c->num_kv_heads);
     }
-    add_tensor(p, 0, V * C, full, false, 0, 0);
+    add_tensor(p, 0, V * C, full || (saved & FT_SAVE_EMBED), false, 0, 0);
+    if (outer & FT_LORA_EMBED) { /* lora_embedding_A [r, V], _B [C, r] */
+        add_tensor(p, 0, (size_t)r_lora * V, true, false, 0, 0);
+        add_tensor(p, 0, C * (size_t)r_lora, true, false, 0, 0);
+    }
     for (size_t l = 0; l < L; l++) {
         int unit = (int)l + 1;
         for (size_t n = 0; n < n_norms; n++) /* input_layernorm, ... */
@@ -177,17 +183,23 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora)
             if (!full && (lora_mask[l] & (1u << j))) {
                 add_tensor(p, unit, (size_t)r_lora * (size_t)in, true, false, 0, 0);  /* A */
                 add_tensor(p, unit, (size_t)out * (size_t)r_lora, true, false, 0, 0); /* B */
+                if (dora) /* lora_magnitude_vector */
+                    add_tensor(p, unit, (size_t)out, true, false, 0, 0);
             }
         }
     }
     add_tensor(p, (int)L + 1, C, full, false, 0, 0); /* model.norm */
     if (!c->tie_word_embeddings)
-        add_tensor(p, (int)L + 1, V * C, full, false, 0, 0);
+        add_tensor(p, (int)L + 1, V * C, full || (saved & FT_SAVE_HEAD), false, 0, 0);
+    if (outer & FT_LORA_HEAD) { /* lm_head's lora_A [r, C], lora_B [V, r] */
+        add_tensor(p, (int)L + 1, (size_t)r_lora * C, true, false, 0, 0);
+        add_tensor(p, (int)L + 1, V * (size_t)r_lora, true, false, 0, 0);
+    }
 }
 
 /* The activations of a tuning run: LoRA rank, targets and dropout. */
 typedef struct act_spec {
-    bool grad_ckpt, lora, lora_dropout;
+    bool grad_ckpt, lora, lora_dropout, dora, outer;
     int r_lora;
     int loss_chunk; /* ft_model_options.loss_chunk_rows */
     unsigned lora_union;
@@ -263,6 +275,14 @@ static void count_activations(const ft_model_config *c, size_t N, const act_spec
         if (sp->lora_dropout) {
             size_t w = C > I ? (C > QD ? C : QD) : (I > QD ? I : QD);
             ws->tensor += N * w; /* x_drop */
+        }
+        if (sp->outer)
+            ws->tensor += N * (size_t)sp->r_lora; /* lora_xh */
+        if (sp->dora) { /* dora_w, dora_g, dora_inv, dora_t, dora_d (lib/model/dora.c) */
+            size_t out, wn;
+            ft_dora_scratch_dims(c, sp->lora_union, &out, &wn);
+            ws->tensor += wn + 2 * N * out;
+            ws->stat += 2 * out;
         }
     }
 }
@@ -494,6 +514,7 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
     if (lora) {
         lc.r = (int)cfg->tuning.lora.r;
         lc.dropout = (float)cfg->tuning.lora.dropout;
+        lc.dora = cfg->tuning.lora.use_dora;
         if (lc.r <= 0 || lc.dropout < 0 || lc.dropout >= 1) {
             free(mask);
             return ft_fail(err, "config: tuning.lora.r must be > 0 and tuning.lora.dropout in "
@@ -512,11 +533,24 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
             mask[l] &= ft_block_projections(mc);
             lora_union |= mask[l];
         }
-        if (!lora_union) {
+        if (!lora_union && !(lc.targets & FT_LORA_OUTER)) {
             free(mask);
             return ft_fail(err, "config: tuning.lora.target_modules selects no linear layer of "
                                 "this model");
         }
+        if ((lc.targets & FT_LORA_OUTER) && mc->tie_word_embeddings) {
+            free(mask);
+            return ft_fail(err, "config: key 'tuning.lora.target_modules': LoRA on embed_tokens "
+                                "or lm_head of a model with tied word embeddings is not "
+                                "supported");
+        }
+        if (ft_lora_modules_to_save_parse(cfg->tuning.lora.modules_to_save,
+                                          &lc.modules_to_save, err)) {
+            free(mask);
+            return ft_fail_prefix(err, "config: key 'tuning.lora.modules_to_save'");
+        }
+        /* tied: one copy, the embedding, shared by the head (lib/model/model.c) */
+        lc.modules_to_save = ft_lora_saved_modules(&lc, mc->tie_word_embeddings);
     }
 
     size_t n_units = (size_t)mc->num_layers + 2;
@@ -551,7 +585,7 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
         r->rows[i].predicted = i >= FT_PLAN_GPU_1;
         r->rows[i].world_size = i == FT_PLAN_CPU || i == FT_PLAN_GPU_1 ? 1 : world_size;
     }
-    count_params(&p, mask, lc.r);
+    count_params(&p, mask, lc.r, lc.modules_to_save, lc.dora, lc.targets & FT_LORA_OUTER);
     if (p.qshape_overflow) {
         free(unit_buf);
         free(mask);
@@ -590,6 +624,7 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
     /* activations and backward scratch */
     act_counts act, ws;
     act_spec sp = {.grad_ckpt = r->grad_ckpt, .lora = lora, .lora_dropout = lora && lc.dropout > 0,
+                   .dora = lora && lc.dora, .outer = lora && (lc.targets & FT_LORA_OUTER),
                    .r_lora = lc.r, .lora_union = lora_union,
                    .loss_chunk = ft_memplan_loss_chunk(&cfg->train)};
     r->pref = cfg->train.objective != FT_CFG_OBJECTIVE_SFT;

@@ -1,5 +1,10 @@
 /* PEFT LoRA adapters: adapter_config.json + adapter_model.safetensors, keys
- * base_model.model.<module path>.lora_{A,B}.weight (no adapter name on disk). */
+ * base_model.model.<module path>.lora_{A,B}.weight (no adapter name on disk), DoRA's
+ * <module path>.lora_magnitude_vector, the embedding's <...>.embed_tokens.lora_embedding_A
+ * and _B; for a module trained in full (modules_to_save) base_model.model.<HF weight
+ * name>: PEFT keeps its trainable copy as <module>.modules_to_save.default.weight and
+ * saves it under the module's own name; and with LoRA on the embedding or lm_head, PEFT's
+ * copy of that module's base weight, <module>.base_layer.weight. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -7,6 +12,89 @@
 #include "core/fsutil.h"
 #include "model/model_internal.h"
 #include "formats/safetensors.h"
+
+#define PEFT_PREFIX "base_model.model."
+
+/* A module saved in full beside the LoRA pairs (embedding, head): trainable in LoRA mode
+ * without being a LoRA weight. */
+static bool saved_module(const ft_model *m, const ft_param *p)
+{
+    return m->opt.mode == FT_TRAIN_LORA && p->trainable && !p->is_lora;
+}
+
+/* The adapter file's key of a LoRA weight or a saved module. */
+static void adapter_key(const ft_model *m, const ft_param *p, char *key, size_t n)
+{
+    snprintf(key, n, "%s%s", saved_module(m, p) ? PEFT_PREFIX : "", p->name);
+}
+
+/* With LoRA on the embedding or lm_head, PEFT also saves their base weights
+ * (save_embedding_layers "auto"), as base_model.model.<module>.base_layer.weight, and its
+ * loading puts them in the base: the base weight of an adapter key, or NULL. */
+static ft_param *embedding_base_layer(ft_model *m, const char *key)
+{
+    static const struct {
+        const char *key, *name;
+        unsigned bit;
+    } mods[] = {{PEFT_PREFIX "model.embed_tokens.base_layer.weight", "model.embed_tokens.weight",
+                 FT_LORA_EMBED},
+                {PEFT_PREFIX "lm_head.base_layer.weight", "lm_head.weight", FT_LORA_HEAD}};
+    for (size_t i = 0; i < sizeof mods / sizeof mods[0]; i++)
+        if ((m->opt.lora.targets & mods[i].bit) && strcmp(key, mods[i].key) == 0)
+            return ft_model_find_param(m, mods[i].name);
+    return NULL;
+}
+
+/* A tied model's trained embedding (ensure_weight_tying): PEFT saves the one copy under
+ * the head's key too. */
+static bool tied_head_alias(const ft_model *m, const char *key)
+{
+    return m->cfg.tie_word_embeddings && m->opt.mode == FT_TRAIN_LORA &&
+           (m->opt.lora.modules_to_save & FT_SAVE_EMBED) &&
+           strcmp(key, PEFT_PREFIX "lm_head.weight") == 0;
+}
+
+/* The LoRA weight or saved module an adapter tensor fills; NULL: none. */
+static ft_param *adapter_param(ft_model *m, const char *key)
+{
+    ft_param *p = ft_model_find_param(m, key);
+    if (p && p->is_lora)
+        return p;
+    if ((p = embedding_base_layer(m, key)))
+        return p;
+    if (tied_head_alias(m, key)) /* the same tensor as the embedding's: not read again */
+        return ft_model_find_param(m, "model.embed_tokens.weight");
+    size_t np = strlen(PEFT_PREFIX);
+    p = strncmp(key, PEFT_PREFIX, np) == 0 ? ft_model_find_param(m, key + np) : NULL;
+    return p && saved_module(m, p) ? p : NULL;
+}
+
+/* The error for adapter tensor t (key) that does not have p's shape: a vocabulary that
+ * differs from the model's (an adapter made after resize_token_embeddings: added tokens)
+ * says so. */
+static int shape_error(const ft_model *m, const ft_st_tensor *t, const char *key,
+                       const ft_param *p, ft_err *err)
+{
+    int64_t V = m->cfg.vocab_size;
+    for (int d = 0; d < p->ndim && t->ndim == p->ndim; d++)
+        if (p->shape[d] == V && t->shape[d] != V)
+            return ft_fail(err, "%s: tensor '%s' is for a vocabulary of %lld tokens, the model "
+                                "has %lld: an adapter for a resized vocabulary (tokens added "
+                                "to the tokenizer) is not supported",
+                           t->file, key, (long long)t->shape[d], (long long)V);
+    if (p->ndim > 1)
+        return ft_fail(err, "%s: tensor '%s' has the wrong shape (expected [%lld, %lld])",
+                       t->file, key, (long long)p->shape[0], (long long)p->shape[1]);
+    return ft_fail(err, "%s: tensor '%s' has the wrong shape (expected [%lld])", t->file, key,
+                   (long long)p->shape[0]);
+}
+
+static void saved_names(unsigned mods, char *out, size_t n)
+{
+    snprintf(out, n, "%s%s%s", mods & FT_SAVE_EMBED ? "embed_tokens" : "",
+             mods == (FT_SAVE_EMBED | FT_SAVE_HEAD) ? ", " : "",
+             mods & FT_SAVE_HEAD ? "lm_head" : mods ? "" : "none");
+}
 
 int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
 {
@@ -24,6 +112,10 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
             return ft_fail_prefix(err, "%s/adapter_config.json", dir);
         same_layers &= (mask & ft_block_projections(&m->cfg)) == m->lora_mask[l];
     }
+    if (cfg.dora != want->dora)
+        return ft_fail(err, "%s/adapter_config.json: use_dora=%s differs from the model's LoRA "
+                            "settings (use_dora=%s)",
+                       dir, cfg.dora ? "true" : "false", want->dora ? "true" : "false");
     if (cfg.r != want->r || !same_layers || cfg.rslora != want->rslora ||
         fabsf(cfg.alpha - want->alpha) > 0)
         return ft_fail(err,
@@ -31,28 +123,56 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
                        "target modules differ from the model's LoRA settings (r=%d, alpha=%g, "
                        "rslora=%d)",
                        dir, cfg.r, cfg.alpha, cfg.rslora, want->r, want->alpha, want->rslora);
+    bool tied = m->cfg.tie_word_embeddings;
+    if (tied && cfg.modules_to_save && !cfg.ensure_weight_tying)
+        return ft_fail(err, "%s/adapter_config.json: key 'modules_to_save' on a model with tied "
+                            "word embeddings without ensure_weight_tying: PEFT then unties them, "
+                            "which is not supported",
+                       dir);
+    if (ft_lora_saved_modules(&cfg, tied) != want->modules_to_save) {
+        char have[64], need[64];
+        saved_names(ft_lora_saved_modules(&cfg, tied), have, sizeof have);
+        saved_names(want->modules_to_save, need, sizeof need);
+        return ft_fail(err, "%s/adapter_config.json: key 'modules_to_save' (%s) differs from the "
+                            "model's LoRA settings (%s)",
+                       dir, have, need);
+    }
     ft_checkpoint *ck;
     if (ft_ckpt_open(&ck, dir, "adapter_model", err))
         return -1;
     int rc = 0;
     for (size_t i = 0; i < m->n_params && rc == 0; i++) {
         ft_param *p = &m->params[i];
-        if (!p->is_lora || (unit >= 0 && p->unit != unit))
+        if (!(p->is_lora || saved_module(m, p)) || (unit >= 0 && p->unit != unit))
             continue;
-        const ft_st_tensor *t = ft_ckpt_find(ck, p->name);
+        char key[sizeof p->name + 32];
+        adapter_key(m, p, key, sizeof key);
+        const ft_st_tensor *t = ft_ckpt_find(ck, key);
         if (!t) {
-            rc = ft_fail(err, "%s: adapter tensor '%s' is missing", dir, p->name);
-        } else if (t->ndim != 2 || t->shape[0] != p->shape[0] || t->shape[1] != p->shape[1]) {
-            rc = ft_fail(err, "%s: tensor '%s' has the wrong shape (expected [%lld, %lld])",
-                         t->file, p->name, (long long)p->shape[0], (long long)p->shape[1]);
+            rc = ft_fail(err, "%s: adapter tensor '%s' is missing", dir, key);
+        } else if (t->ndim != p->ndim || t->shape[0] != p->shape[0] ||
+                   (p->ndim > 1 && t->shape[1] != p->shape[1])) {
+            rc = shape_error(m, t, key, p, err);
         } else {
             rc = ft_model_param_from_st(m, p, t, err);
         }
     }
+    /* the embedding's and the head's base weights, where the adapter holds them */
+    for (size_t i = 0; i < ft_ckpt_count(ck) && rc == 0; i++) {
+        const ft_st_tensor *t = ft_ckpt_at(ck, i);
+        ft_param *p = embedding_base_layer(m, t->name);
+        if (!p || p->is_lora || (unit >= 0 && p->unit != unit))
+            continue;
+        if (t->ndim != 2 || t->shape[0] != p->shape[0] || t->shape[1] != p->shape[1])
+            rc = shape_error(m, t, t->name, p, err);
+        else if (p->data)
+            rc = ft_model_param_from_st(m, p, t, err);
+        if (rc == 0)
+            m->outer_base_read |= p->unit == 0 ? FT_LORA_EMBED : FT_LORA_HEAD;
+    }
     for (size_t i = 0; i < ft_ckpt_count(ck) && rc == 0 && unit < 0; i++) {
         const ft_st_tensor *t = ft_ckpt_at(ck, i);
-        ft_param *p = ft_model_find_param(m, t->name);
-        if (!p || !p->is_lora)
+        if (!adapter_param(m, t->name))
             rc = ft_fail(err, "%s: unexpected adapter tensor '%s'", t->file, t->name);
     }
     ft_ckpt_close(ck);
@@ -76,8 +196,32 @@ int ft_model_save_adapter(ft_model *m, const char *dir, const char *base_model, 
     int rc = ft_st_writer_metadata(w, "format", "pt", err);
     for (size_t i = 0; i < m->n_params && rc == 0; i++) {
         const ft_param *p = &m->params[i];
-        if (p->is_lora)
-            rc = ft_model_param_to_writer(m, p, w, err);
+        char key[sizeof p->name + 32];
+        adapter_key(m, p, key, sizeof key);
+        if (p->is_lora || saved_module(m, p))
+            rc = model_param_to_writer_as(m, p, key, w, err);
+        if (rc == 0 && saved_module(m, p) && p->unit == 0 &&
+            tied_head_alias(m, PEFT_PREFIX "lm_head.weight"))
+            rc = model_param_to_writer_as(m, p, PEFT_PREFIX "lm_head.weight", w, err);
+    }
+    /* The base weights of the embedding and the head that carry LoRA, when an adapter's
+     * base_layer replaced them (PEFT writes them always; without them PEFT keeps the base
+     * model's own, which are then the same). */
+    static const char *const bases[][2] = {
+        {"model.embed_tokens.weight", PEFT_PREFIX "model.embed_tokens.base_layer.weight"},
+        {"lm_head.weight", PEFT_PREFIX "lm_head.base_layer.weight"}};
+    for (size_t i = 0; i < 2 && rc == 0; i++) {
+        ft_param *p = ft_model_find_param(m, bases[i][0]);
+        if (!p || embedding_base_layer(m, bases[i][1]) != p ||
+            !(m->outer_base_read & (i == 0 ? FT_LORA_EMBED : FT_LORA_HEAD)))
+            continue;
+        if (!p->data)
+            rc = ft_fail(err, "%s: the adapter read replaced the base weight of %s "
+                              "(%s), which this distributed strategy does not hold whole to "
+                              "save it again (save with dist.strategy ddp or zero1/2)",
+                         dir, bases[i][0], bases[i][1]);
+        else
+            rc = model_param_to_writer_as(m, p, bases[i][1], w, err);
     }
     char path[4096];
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
@@ -86,7 +230,7 @@ int ft_model_save_adapter(ft_model *m, const char *dir, const char *base_model, 
     ft_st_writer_free(w);
     /* target_modules names the model's own modules ("all-linear" holds every bit) */
     ft_lora_config lc = m->opt.lora;
-    lc.targets &= ft_block_projections(&m->cfg);
+    lc.targets &= ft_block_projections(&m->cfg) | FT_LORA_OUTER;
     if (rc == 0)
         rc = ft_lora_config_save(&lc, dir, base_model, err);
     return rc;

@@ -4,7 +4,9 @@
  * merged weight is W' = W + s B @ A (A [r, in], B [out, r], s = alpha / r or
  * alpha / sqrt(r)), as peft's merge_and_unload does, in fp32. The product is one GEMM
  * through the ops interface: linear_backward's dx += alpha * dy @ w with dy = B [out, r]
- * and w = A [r, in] is exactly W += s * B @ A.
+ * and w = A [r, in] is exactly W += s * B @ A. With DoRA (a magnitude m [out] beside the
+ * pair) PEFT's merge then rescales each row to its magnitude: W' = (m / ||W + s B A||_row)
+ * (W + s B A).
  *
  * The output: every non-LoRA parameter of the model in the chosen dtype (the model's
  * parameter list has no lm_head.weight when embeddings are tied, which is what
@@ -59,9 +61,61 @@ static int find_pair(ft_model *m, const ft_param *a, ft_param **w, ft_param **b,
     return 0;
 }
 
+/* DoRA: the rows of w (already W + s B A) times m / their norm, when the pair of the LoRA
+ * A parameter `a` has a magnitude. */
+static int dora_rescale(ft_model *m, const ft_param *a, ft_param *w, ft_err *err)
+{
+    char name[sizeof a->name + 32];
+    snprintf(name, sizeof name, "%.*s.lora_magnitude_vector",
+             (int)(strlen(a->name) - strlen(".lora_A.weight")), a->name);
+    ft_param *mag = ft_model_find_param(m, name);
+    if (!mag)
+        return 0;
+    int64_t out = w->shape[0], in = w->shape[1];
+    if (mag->ndim != 1 || mag->shape[0] != out)
+        return ft_fail(err, "'%s' does not fit the weight [%lld, %lld]", name, (long long)out,
+                       (long long)in);
+    float *g = malloc(2 * (size_t)out * sizeof *g);
+    if (!g)
+        return ft_fail(err, "out of memory");
+    ft_dora_norm(ft_f32(g, (size_t)out), ft_f32(g + out, (size_t)out),
+                 ft_f32(mag->data, mag->numel), ft_f32(w->data, w->numel), (int)out, (int)in);
+    for (int64_t r = 0; r < out; r++)
+        for (int64_t c = 0; c < in; c++)
+            w->data[r * in + c] *= g[r];
+    free(g);
+    return 0;
+}
+
+/* LoRA on the embedding (PEFT's Embedding: its delta is (B A)^T): E[v, c] += s sum_j A[j, v]
+ * B[c, j], summed in double. 1 when merged, 0 when the model has none. */
+static int merge_embedding(ft_model *m, float scaling, ft_err *err)
+{
+    ft_param *a = ft_model_find_param(m, PEFT_PREFIX "model.embed_tokens.lora_embedding_A");
+    ft_param *b = ft_model_find_param(m, PEFT_PREFIX "model.embed_tokens.lora_embedding_B");
+    ft_param *e = ft_model_find_param(m, "model.embed_tokens.weight");
+    if (!a || !b)
+        return 0;
+    int64_t r = a->shape[0], V = a->shape[1], C = b->shape[0];
+    if (!e || b->shape[1] != r || e->shape[0] != V || e->shape[1] != C)
+        return ft_fail(err, "LoRA on the embedding: shapes A [%lld, %lld], B [%lld, %lld] do not "
+                            "fit the embedding",
+                       (long long)r, (long long)V, (long long)C, (long long)b->shape[1]);
+    for (int64_t v = 0; v < V; v++)
+        for (int64_t c = 0; c < C; c++) {
+            double acc = 0.0;
+            for (int64_t j = 0; j < r; j++)
+                acc += (double)a->data[j * V + v] * b->data[c * r + j];
+            e->data[v * C + c] += (float)(scaling * acc);
+        }
+    return 1;
+}
+
 int ft_merge_lora_weights(ft_model *m, float scaling, ft_err *err)
 {
-    int pairs = 0;
+    int pairs = merge_embedding(m, scaling, err);
+    if (pairs < 0)
+        return -1;
     for (size_t i = 0; i < ft_model_param_count(m); i++) {
         ft_param *a = ft_model_param(m, i);
         if (!a->is_lora || !strstr(a->name, ".lora_A."))
@@ -83,6 +137,8 @@ int ft_merge_lora_weights(ft_model *m, float scaling, ft_err *err)
         ft_linear_backward(ft_f32(w->data, w->numel), ft_none(), ft_none(),
                            ft_f32(b->data, b->numel), ft_none(), ft_f32(a->data, a->numel),
                            (int)out, (int)in, (int)r, scaling);
+        if (dora_rescale(m, a, w, err))
+            return -1;
         pairs++;
     }
     if (pairs == 0)

@@ -99,8 +99,16 @@ static int build_layout(layout *lo)
     int rc = 0;
 
     const char *cp = c->ckpt_prefix, *mp = c->module_prefix;
-    rc |= add_param(lo, 0, full, false, &m->embed, &m->g_embed, 2, V, C,
-                    "%smodel.embed_tokens.weight", cp);
+    unsigned saved = lora ? m->opt.lora.modules_to_save : 0;
+    rc |= add_param(lo, 0, full || (saved & FT_SAVE_EMBED), false, &m->embed, &m->g_embed, 2,
+                    V, C, "%smodel.embed_tokens.weight", cp);
+    int r = m->opt.lora.r;
+    if (lora && (m->opt.lora.targets & FT_LORA_EMBED)) {
+        rc |= add_param(lo, 0, true, true, &m->elora_a, &m->g_elora_a, 2, r, V,
+                        "base_model.model.%sembed_tokens.lora_embedding_A", mp);
+        rc |= add_param(lo, 0, true, true, &m->elora_b, &m->g_elora_b, 2, C, r,
+                        "base_model.model.%sembed_tokens.lora_embedding_B", mp);
+    }
     for (int l = 0; l < L; l++) {
         layer_weights *w = &m->layers[l];
         rc |= add_branch_norm(lo, l, FT_NORM_ATTN_PRE);
@@ -133,7 +141,6 @@ static int build_layout(layout *lo)
         }
         rc |= add_branch_norm(lo, l, FT_NORM_MLP_POST);
         if (lora) {
-            int r = m->opt.lora.r;
             for (int p = 0; p < FT_NPROJ; p++) {
                 if (!(m->lora_mask[l] & (1u << p)))
                     continue;
@@ -145,14 +152,24 @@ static int build_layout(layout *lo)
                 rc |= add_param(lo, l + 1, true, true, &w->lora_b[p], &w->g_lora_b[p], 2, out, r,
                                 "base_model.model.%slayers.%d.%s.lora_B.weight", mp, l,
                                 ft_proj_path((ft_proj)p));
+                if (m->opt.lora.dora)
+                    rc |= add_param(lo, l + 1, true, true, &w->lora_m[p], &w->g_lora_m[p], 1,
+                                    out, 0, "base_model.model.model.layers.%d.%s."
+                                    "lora_magnitude_vector", l, ft_proj_path((ft_proj)p));
             }
         }
     }
     rc |= add_param(lo, L + 1, full, false, &m->norm_f, &m->g_norm_f, 1, C, 0,
                     "%smodel.norm.weight", cp);
     if (!c->tie_word_embeddings)
-        rc |= add_param(lo, L + 1, full, false, &m->lm_head, &m->g_lm_head, 2, V, C,
-                        "%slm_head.weight", cp);
+        rc |= add_param(lo, L + 1, full || (saved & FT_SAVE_HEAD), false, &m->lm_head,
+                        &m->g_lm_head, 2, V, C, "%slm_head.weight", cp);
+    if (lora && (m->opt.lora.targets & FT_LORA_HEAD)) {
+        rc |= add_param(lo, L + 1, true, true, &m->hlora_a, &m->g_hlora_a, 2, r, C,
+                        "base_model.model.lm_head.lora_A.weight");
+        rc |= add_param(lo, L + 1, true, true, &m->hlora_b, &m->g_hlora_b, 2, V, r,
+                        "base_model.model.lm_head.lora_B.weight");
+    }
     return rc;
 }
 
@@ -269,19 +286,61 @@ void ft_model_bind_all(ft_model *m, ft_unit_bufs whole)
     }
 }
 
+/* DoRA's magnitude with B = 0: the row norms of the base weight (PEFT's update_layer),
+ * read as the model holds it (a quantized one dequantized). */
+static int init_magnitude(ft_model *m, ft_param *p, ft_err *err)
+{
+    const char *pre = "base_model.model.", *suf = ".lora_magnitude_vector";
+    char name[sizeof p->name];
+    snprintf(name, sizeof name, "%.*s.weight",
+             (int)(strlen(p->name) - strlen(pre) - strlen(suf)), p->name + strlen(pre));
+    ft_param *w = ft_model_find_param(m, name);
+    if (!w || w->shape[0] != p->shape[0])
+        return ft_fail(err, "DoRA magnitude '%s' has no base weight '%s'", p->name, name);
+    float *vals = malloc((w->numel + (size_t)p->numel) * sizeof *vals);
+    if (!vals)
+        return ft_fail(err, "out of memory");
+    float *mag = vals + w->numel;
+    int rc = ft_model_param_get(m, w, vals, err);
+    for (int64_t r = 0; r < w->shape[0] && rc == 0; r++) {
+        double acc = 0.0;
+        for (int64_t c = 0; c < w->shape[1]; c++) {
+            double x = vals[r * w->shape[1] + c];
+            acc += x * x;
+        }
+        mag[r] = (float)sqrt(acc);
+    }
+    if (rc == 0)
+        rc = ft_model_param_set(m, p, mag, err);
+    free(vals);
+    return rc;
+}
+
 /* PEFT's default LoRA init: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming-uniform with
- * a = sqrt(5)), B = 0 (already zero from the allocator). */
+ * a = sqrt(5)), B = 0 (already zero from the allocator); DoRA's magnitude ||W||_row. */
 static int init_lora(ft_model *m, int unit, ft_err *err)
 {
     for (size_t i = 0; i < m->n_params; i++) {
         ft_param *p = &m->params[i];
         if (!p->is_lora || (unit >= 0 && p->unit != unit))
             continue;
+        if (strstr(p->name, ".lora_magnitude_vector")) {
+            if (init_magnitude(m, p, err))
+                return -1;
+            continue;
+        }
         /* on the GPU the values are made on the host, then copied */
         float *vals = m->dev == FT_DEV_CPU ? p->data : calloc(p->numel, sizeof *vals);
         if (!vals)
             return ft_fail(err, "out of memory");
-        if (!strstr(p->name, "lora_A")) {
+        if (strstr(p->name, "lora_embedding_B")) {
+            /* PEFT's Embedding: A = 0, B ~ N(0, 1) (Box-Muller on the seeded stream) */
+            uint64_t seed = ft_mix64(m->opt.seed ^ ft_mix64(i + 1));
+            for (size_t j = 0; j < p->numel; j++) {
+                float u1 = ft_uniform(seed, 2 * j), u2 = ft_uniform(seed, 2 * j + 1);
+                vals[j] = sqrtf(-2.0f * logf(1.0f - u1)) * cosf(6.2831853f * u2);
+            }
+        } else if (!strstr(p->name, "lora_A")) {
             memset(vals, 0, p->numel * sizeof(float));
         } else {
             float bound = 1.0f / sqrtf((float)p->shape[1]);
@@ -452,6 +511,12 @@ int ft_model_param_from_st(ft_model *m, ft_param *p, const ft_st_tensor *t, ft_e
 
 int ft_model_param_to_writer(ft_model *m, const ft_param *p, ft_st_writer *w, ft_err *err)
 {
+    return model_param_to_writer_as(m, p, p->name, w, err);
+}
+
+int model_param_to_writer_as(ft_model *m, const ft_param *p, const char *name, ft_st_writer *w,
+                             ft_err *err)
+{
     const float *data = p->data;
     float *host = NULL;
     /* a quantized weight's values are dequantized (ft_model_param_get) */
@@ -464,7 +529,7 @@ int ft_model_param_to_writer(ft_model *m, const ft_param *p, ft_st_writer *w, ft
         }
         data = host;
     }
-    return ft_st_writer_add(w, p->name, FT_ST_F32, p->ndim, p->shape, data, err);
+    return ft_st_writer_add(w, name, FT_ST_F32, p->ndim, p->shape, data, err);
 }
 
 /* Which projections of which layers carry LoRA; checks the options. */
@@ -475,6 +540,10 @@ static int lora_layers(ft_model *m, ft_err *err)
     const ft_lora_config *lc = &m->opt.lora;
     if (lc->r <= 0)
         return ft_fail(err, "LoRA needs r > 0 (got %d)", lc->r);
+    if (m->cfg.multimodal && ((lc->targets & FT_LORA_OUTER) || lc->modules_to_save))
+        return ft_fail(err, "LoRA on embed_tokens or lm_head and modules_to_save are not "
+                       "supported on a multimodal gemma3 checkpoint (LoRA on the text "
+                       "model's linear layers is)");
     if (lc->dropout < 0 || lc->dropout >= 1)
         return ft_fail(err, "LoRA dropout must be in [0, 1) (got %g)", lc->dropout);
     for (int i = 0; i < lc->n_layers; i++)
@@ -485,8 +554,8 @@ static int lora_layers(ft_model *m, ft_err *err)
      * config, as for PEFT, fine while the targets select something (an adapter may list
      * the names of several families). */
     unsigned projs = ft_block_projections(&m->cfg);
-    unsigned absent = lc->targets & ~projs;
-    if (lc->targets != FT_LORA_ALL_LINEAR && absent && !lc->source[0])
+    unsigned absent = lc->targets & ~projs & ~FT_LORA_OUTER;
+    if ((lc->targets & ~FT_LORA_OUTER) != FT_LORA_ALL_LINEAR && absent && !lc->source[0])
         for (int p = 0; p < FT_NPROJ; p++)
             if (absent & (1u << p))
                 return ft_fail(err, "LoRA target module '%s' is not a linear layer of "
@@ -498,9 +567,40 @@ static int lora_layers(ft_model *m, ft_err *err)
         m->lora_mask[l] &= projs;
         m->lora_union |= m->lora_mask[l];
     }
-    if (!m->lora_union)
+    unsigned outer = lc->targets & FT_LORA_OUTER;
+    if (!m->lora_union && !outer)
         return ft_fail(err, "the LoRA target modules select no linear layer of this model");
+    /* (PEFT wraps the tied head and embedding apart, which unties them, and warns) */
+    if (outer && m->cfg.tie_word_embeddings)
+        return ft_fail(err, "LoRA on %s of a model with tied word embeddings "
+                            "(tie_word_embeddings true) is not supported",
+                       outer & FT_LORA_EMBED ? "embed_tokens" : "lm_head");
+    if ((outer & FT_LORA_EMBED) && (lc->modules_to_save & FT_SAVE_EMBED))
+        return ft_fail(err, "embed_tokens is both a LoRA target and in modules_to_save");
+    if ((outer & FT_LORA_HEAD) && (lc->modules_to_save & FT_SAVE_HEAD))
+        return ft_fail(err, "lm_head is both a LoRA target and in modules_to_save");
+    if (outer && lc->dora)
+        return ft_fail(err, "DoRA (use_dora) on %s is not supported",
+                       outer & FT_LORA_EMBED ? "embed_tokens" : "lm_head");
+    /* PEFT (ensure_weight_tying false, its default) wraps separate trainable copies of a
+     * tied embedding and head, which unties them; with ensure_weight_tying it keeps them
+     * tied. Neither is implemented. */
+    if (lc->modules_to_save && m->cfg.tie_word_embeddings) {
+        /* an adapter's config must say ensure_weight_tying; settings from a run config
+         * take it (the only form implemented), and the saved adapter says so */
+        if (lc->source[0] && !lc->ensure_weight_tying)
+            return ft_fail(err, "modules_to_save (%s) on a model with tied word embeddings "
+                                "(tie_word_embeddings true) without ensure_weight_tying: PEFT "
+                                "then trains separate copies of embed_tokens and lm_head, "
+                                "untying them, which is not supported (with "
+                                "ensure_weight_tying true one copy trains, shared by both)",
+                           lc->modules_to_save & FT_SAVE_EMBED ? "embed_tokens" : "lm_head");
+        m->opt.lora.modules_to_save = ft_lora_saved_modules(lc, true);
+        m->opt.lora.ensure_weight_tying = true;
+    }
     m->lora_scaling = ft_lora_scaling(lc);
+    if (lc->dora)
+        ft_dora_scratch_dims(&m->cfg, m->lora_union, &m->dora_out, &m->dora_w_n);
     return 0;
 }
 
@@ -627,7 +727,8 @@ static void free_activations(ft_model *m)
     float **scratch[] = {&m->final_in, &m->lnf,   &m->rstdf, &m->logits, &m->d_h,
                          &m->d_ln,     &m->d_br,  &m->d_att, &m->d_q,    &m->d_k,
                          &m->d_v,      &m->d_act, &m->d_gate, &m->d_up,  &m->d_lora_h,
-                         &m->x_drop};
+                         &m->x_drop,   &m->dora_w, &m->dora_g, &m->dora_inv, &m->dora_t,
+                         &m->dora_d,   &m->lora_xh};
     for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++) {
         ft_free_on(&m->mem, m->dev, *scratch[i]);
         *scratch[i] = NULL;
@@ -747,6 +848,7 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
     /* the backward scratch (freed above with the slot's activations) is shared by the
      * slots: never smaller than another slot's rows */
     size_t NS = N > m->scratch_rows ? N : m->scratch_rows;
+    bool dora = m->opt.mode == FT_TRAIN_LORA && m->opt.lora.dora;
     struct {
         float **p;
         size_t n;
@@ -776,6 +878,14 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
          m->opt.mode == FT_TRAIN_LORA, FT_MEM_WORKSPACE, false},
         {&m->x_drop, NS * (C > I ? (C > QD ? C : QD) : (I > QD ? I : QD)),
          m->opt.mode == FT_TRAIN_LORA && m->opt.lora.dropout > 0, FT_MEM_WORKSPACE, false},
+        {&m->dora_w, m->dora_w_n, dora, FT_MEM_WORKSPACE, false},
+        {&m->dora_g, m->dora_out, dora, FT_MEM_WORKSPACE, true},
+        {&m->dora_inv, m->dora_out, dora, FT_MEM_WORKSPACE, true},
+        {&m->dora_t, NS * m->dora_out, dora, FT_MEM_WORKSPACE, false},
+        {&m->dora_d, NS * m->dora_out, dora, FT_MEM_WORKSPACE, false},
+        {&m->lora_xh, NS * (size_t)(m->opt.lora.r > 0 ? m->opt.lora.r : 1),
+         m->opt.mode == FT_TRAIN_LORA && (m->opt.lora.targets & FT_LORA_OUTER),
+         FT_MEM_WORKSPACE, false},
     };
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i].need &&

@@ -44,7 +44,11 @@
  * skipped in smollm3's NoPE layers. phi3's checkpoint fuses q, k, v into one qkv_proj
  * weight and gate, up into gate_up_proj: the ops read their row blocks, and a LoRA pair
  * sits on the fused module (one A; B's row blocks).
- * A linear layer is y = x W^T + b, plus with LoRA: y += scaling * (dropout(x) A^T) B^T.
+ * A linear layer is y = x W^T + b, plus with LoRA: y += scaling * (dropout(x) A^T) B^T; with
+ * DoRA (lora.dora) y = b + m / ||W + s B A||_row (x W^T + s dropout(x) A^T B^T) (dora.c
+ * for dropout). LoRA may also sit on lm_head (a linear layer, before the logit scaling and
+ * soft-cap) and on the embedding (h0 += s A^T[ids] B^T before the embedding scale), and
+ * lora.modules_to_save trains the embedding and/or lm_head in full.
  *
  * Parameters live in two flat buffers (fp32; on a bf16 GPU model the frozen one is bf16
  * and the trainable one has a bf16 twin for the ops), trainable and frozen, laid out unit by unit
@@ -72,7 +76,8 @@
 
 typedef enum ft_train_mode {
     FT_TRAIN_NONE = 0, /* inference / evaluation: nothing trainable, no activations kept */
-    FT_TRAIN_LORA,     /* base frozen, LoRA A and B trainable */
+    FT_TRAIN_LORA,     /* base frozen, LoRA A and B trainable, and the embedding and/or
+                        * lm_head in full when lora.modules_to_save names them */
     FT_TRAIN_FULL      /* every weight trainable */
 } ft_train_mode;
 
@@ -169,9 +174,10 @@ bool ft_model_carried_tensor(const ft_model_config *cfg, const char *name);
 int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, ft_err *err);
 void ft_model_free(ft_model *m);
 
-/* Replaces the LoRA weights with those of a PEFT adapter dir (adapter_model.safetensors).
- * The adapter's config must match the model's LoRA options (r, targets); every expected
- * key must be present with the right shape. */
+/* Replaces the LoRA weights (and the modules_to_save weights) with those of a PEFT
+ * adapter dir (adapter_model.safetensors). The adapter's config must match the model's
+ * LoRA options (r, targets, modules_to_save); every expected key must be present with the
+ * right shape. */
 int ft_model_load_adapter(ft_model *m, const char *adapter_dir, ft_err *err);
 
 const ft_model_config *ft_model_cfg(const ft_model *m);
@@ -360,8 +366,15 @@ void ft_model_lend_qtensor(ft_model *m, size_t i, const ft_qtensor *view);
  * quantization stays readable through ft_model_quant. */
 int ft_model_dequantize_base(ft_model *m, ft_err *err);
 
+/* DoRA's scratch for LoRA on the modules of lora_union (bitmask of 1u << ft_proj): the most
+ * output rows, and the most weight elements, of one projection (a fused module's row
+ * block) carrying a pair. The model's scratch and the memory plan both size it so. */
+void ft_dora_scratch_dims(const ft_model_config *c, unsigned lora_union, size_t *max_out,
+                          size_t *max_w);
+
 /* Saves the LoRA weights as a PEFT adapter (adapter_config.json +
- * adapter_model.safetensors) into dir, created if needed. */
+ * adapter_model.safetensors) into dir, created if needed, with the modules_to_save
+ * weights under PEFT's keys (base_model.model.<HF name>). */
 int ft_model_save_adapter(ft_model *m, const char *dir, const char *base_model, ft_err *err);
 
 #endif

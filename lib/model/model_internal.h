@@ -20,10 +20,12 @@ typedef struct layer_weights {
     float *q_norm, *k_norm;             /* q/k norm weights (NULL without) */
     float *w[FT_NPROJ], *b[FT_NPROJ];   /* b NULL when the projection has no bias */
     float *lora_a[FT_NPROJ], *lora_b[FT_NPROJ]; /* NULL when not a LoRA target */
+    float *lora_m[FT_NPROJ];            /* DoRA's magnitude [out]; NULL without DoRA */
     float *g_norm[FT_NBRANCH_NORMS];
     float *g_q_norm, *g_k_norm;
     float *gw[FT_NPROJ], *gb[FT_NPROJ];
     float *g_lora_a[FT_NPROJ], *g_lora_b[FT_NPROJ];
+    float *g_lora_m[FT_NPROJ];
 } layer_weights;
 
 /* What backward needs from one layer's forward. With gradient checkpointing every layer
@@ -107,6 +109,12 @@ struct ft_model {
     float *embed, *g_embed;
     float *norm_f, *g_norm_f;
     float *lm_head, *g_lm_head; /* = embed when tied */
+    /* LoRA on the embedding (lora_embedding_A [r, V], _B [C, r]) and on lm_head (A [r, C],
+     * B [V, r]); NULL when not targeted (FT_LORA_EMBED, FT_LORA_HEAD) */
+    float *elora_a, *elora_b, *g_elora_a, *g_elora_b;
+    float *hlora_a, *hlora_b, *g_hlora_a, *g_hlora_b;
+    unsigned outer_base_read; /* FT_LORA_EMBED / _HEAD: an adapter's base_layer weight
+                               * replaced that base weight (saved again with the adapter) */
     layer_weights *layers;
     float *inv_freq; /* [model_rope_sets][rotary_dim/2] on the host: the RoPE frequencies,
                       * then (longrope) the long-context set or (gemma3) the sliding
@@ -157,6 +165,15 @@ struct ft_model {
     float *d_act, *d_gate, *d_up;   /* [N, I] */
     float *d_lora_h;             /* [N, r] */
     float *x_drop;               /* [N, max(C, I, Hq*D)]: dropout(x) for LoRA */
+    /* DoRA (lib/model/dora.c): W + s B A of one projection, its row factors, and two
+     * [N, out] temporaries; sized by ft_dora_scratch_dims */
+    size_t dora_out, dora_w_n;
+    float *dora_w;               /* [dora_w_n], compute dtype */
+    float *dora_g, *dora_inv;    /* [dora_out] fp32: m / ||.||, 1 / ||.|| */
+    float *dora_t, *dora_d;      /* [N, dora_out], compute dtype */
+    /* [N, r]: the embedding's A^T[ids], or the head's dropout(lnf) A^T (recomputed in the
+     * backward, not kept); with LoRA on the embedding or the head */
+    float *lora_xh;
 };
 
 /* Bytes of one element of the compute dtype. */
@@ -202,6 +219,25 @@ static inline int proj_has_bias(const ft_model_config *c, ft_proj p)
     return c->mlp_bias;
 }
 
+/* Whether the embedding is trained: in full mode, or in LoRA mode as a module to save. */
+static inline bool model_embed_trains(const ft_model *m)
+{
+    return m->opt.mode == FT_TRAIN_FULL ||
+           (m->opt.mode == FT_TRAIN_LORA && (m->opt.lora.modules_to_save & FT_SAVE_EMBED));
+}
+
+/* LoRA on the embedding / on lm_head (the settings: a strategy binds the pointers only
+ * while the unit is acquired). */
+static inline bool model_embed_lora(const ft_model *m)
+{
+    return m->opt.mode == FT_TRAIN_LORA && (m->opt.lora.targets & FT_LORA_EMBED);
+}
+
+static inline bool model_head_lora(const ft_model *m)
+{
+    return m->opt.mode == FT_TRAIN_LORA && (m->opt.lora.targets & FT_LORA_HEAD);
+}
+
 /* The RoPE frequency sets inv_freq holds: 2 for longrope (short, long) and for a local
  * RoPE (gemma3: the full-attention layers' set, then the sliding layers'), else 1. */
 static inline size_t model_rope_sets(const ft_model *m)
@@ -212,8 +248,27 @@ static inline size_t model_rope_sets(const ft_model *m)
 /* Reads the base weights of unit (-1: every unit) from dir into the bound storage. */
 int model_read_weights(ft_model *m, const char *dir, int unit, ft_err *err);
 /* Reads the LoRA weights of unit (-1: every unit) of the adapter in dir (checked against
- * the model's LoRA options). */
+ * the model's LoRA options), and the modules it saves in full (modules_to_save). */
 int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err);
+
+/* Adds p's values (fp32, copied to the host first where needed) to w as tensor `name`. */
+int model_param_to_writer_as(ft_model *m, const ft_param *p, const char *name, ft_st_writer *w,
+                             ft_err *err);
+
+/* dora.c: projection p of layer l with DoRA (see lora.h): the forward adds the DoRA
+ * terms to y = x W^T + b (h = dropout(x) A^T already computed); the backward takes dy and
+ * accumulates dx, dA, dB and dm. The views are of the projection's rows (proj_view). */
+typedef struct proj_view {
+    ft_proj mod;      /* the module carrying the weights (p when not fused) */
+    bool first_block; /* the module's first block: the forward computes h here */
+    int in, out;      /* p's features */
+    float *w, *b, *lora_a, *lora_b, *lora_m, *lora_h; /* compute dtype */
+    float *gw, *gb, *g_lora_a, *g_lora_b, *g_lora_m;  /* fp32, NULL when frozen */
+} proj_view;
+void dora_forward(ft_model *m, const proj_view *v, const float *x, const float *xd, float *y);
+/* xd: dropout(x) (x itself without dropout); pd, seed: the dropout applied. */
+void dora_backward(ft_model *m, const proj_view *v, const float *x, const float *xd,
+                   const float *dy, float *dx, float pd, uint64_t seed);
 
 /* model_device.c: where prepare_batch writes the batch (host staging on the GPU), the
  * copy of those arrays to the device, and the device copy of inv_freq. */

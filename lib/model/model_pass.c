@@ -98,14 +98,6 @@ static int prepare_batch(ft_model *m, const ft_batch *b, long *n_tokens, ft_err 
  * the module and are shared by its blocks. Since y_block = x W_block^T + s h B_block^T,
  * the per-block forward and backward below are exactly the fused module's, with A's
  * gradient and dx accumulated over the blocks. */
-typedef struct proj_view {
-    ft_proj mod;      /* the module carrying the weights (p when not fused) */
-    bool first_block; /* the module's first block: the forward computes h here */
-    int in, out;      /* p's features */
-    float *w, *b, *lora_a, *lora_b, *lora_h; /* compute dtype */
-    float *gw, *gb, *g_lora_a, *g_lora_b;    /* fp32, NULL when frozen */
-} proj_view;
-
 static float *f32_at(float *p, size_t i)
 {
     return p ? p + i : NULL;
@@ -128,6 +120,8 @@ static proj_view proj_view_of(ft_model *m, int l, ft_proj p)
     v.g_lora_a = w->g_lora_a[v.mod];
     v.lora_b = model_at(m, w->lora_b[v.mod], lo);
     v.g_lora_b = f32_at(w->g_lora_b[v.mod], lo);
+    v.lora_m = model_at(m, w->lora_m[v.mod], bo);
+    v.g_lora_m = f32_at(w->g_lora_m[v.mod], bo);
     v.lora_h = m->acts[l].lora_h[v.mod];
     return v;
 }
@@ -175,6 +169,10 @@ static void proj_forward(ft_model *m, int l, ft_proj p, const float *x, float *y
     int r = m->opt.lora.r;
     if (v.first_block) /* a fused module's later blocks reuse its h */
         lora_h_forward(m, l, &v, x);
+    if (v.lora_m) {
+        dora_forward(m, &v, x, lora_input(m, l, v.mod, x, (size_t)N * in), y);
+        return;
+    }
     ft_linear_forward(A_(y, (size_t)N * out), A_(v.lora_h, (size_t)N * r),
                       A_(v.lora_b, (size_t)out * r), ft_none(), N, r, out, m->lora_scaling, 1);
 }
@@ -190,6 +188,12 @@ static void proj_backward(ft_model *m, int l, ft_proj p, const float *x, const f
                        A_(dy, ny), A_(x, nx), A_(v.w, (size_t)out * in), N, in, out, 1.0f);
     if (!v.lora_a)
         return;
+    if (v.lora_m) {
+        float pd = m->eval_mode ? 0.0f : m->opt.lora.dropout;
+        dora_backward(m, &v, x, lora_input(m, l, v.mod, x, nx), dy, dx, pd,
+                      lora_dropout_seed(m, l, v.mod));
+        return;
+    }
     int r = m->opt.lora.r;
     float s = m->lora_scaling;
     size_t nh = (size_t)N * r;
@@ -480,7 +484,7 @@ static int release_head(ft_model *m, ft_unit_phase ph, ft_err *err)
     int L = m->cfg.num_layers;
     bool bwd = ph == FT_UNIT_BACKWARD;
     /* a tied embedding's gradient is final only after the embedding's own backward */
-    bool embed_trains = m->opt.mode == FT_TRAIN_FULL;
+    bool embed_trains = model_embed_trains(m);
     if (m->cfg.tie_word_embeddings && release(m, 0, ph, bwd && !embed_trains, err))
         return -1;
     return release(m, L + 1, ph, bwd, err);
@@ -493,6 +497,81 @@ static float head_alpha(const ft_model *m)
     return m->cfg.logits_scale == 1.0f ? 1.0f : 1.0f / m->cfg.logits_scale;
 }
 
+/* LoRA on lm_head: dropout(lnf) with the head's own mask (a key no layer's module uses). */
+static uint64_t head_dropout_seed(const ft_model *m)
+{
+    return ft_mix64(m->dropout_seed ^ (1ull << 41));
+}
+
+static const float *head_lora_input(ft_model *m, size_t n)
+{
+    float pd = m->opt.lora.dropout;
+    if (pd <= 0 || m->eval_mode)
+        return m->lnf;
+    ft_dropout_forward(A_(m->x_drop, n), A_(m->lnf, n), n, pd, head_dropout_seed(m), 0);
+    return m->x_drop;
+}
+
+/* lora_xh = dropout(lnf) A^T for the head's pair (forward, and again in backward). */
+static void head_lora_h(ft_model *m, int N)
+{
+    int C = m->cfg.hidden_size, r = m->opt.lora.r;
+    size_t nC = (size_t)N * C;
+    ft_linear_forward(A_(m->lora_xh, (size_t)N * r), A_(head_lora_input(m, nC), nC),
+                      A_(m->hlora_a, (size_t)r * C), ft_none(), N, C, r, 1.0f, 0);
+}
+
+/* After the head's chunks added s * alpha * dlogits B into d_lora_h: dA += d_lora_h^T xd and
+ * d_ln += dropout'(d_lora_h A). */
+static void head_lora_backward(ft_model *m, int N)
+{
+    int C = m->cfg.hidden_size, r = m->opt.lora.r;
+    size_t nC = (size_t)N * C, nh = (size_t)N * r, na = (size_t)r * C;
+    float pd = m->eval_mode ? 0.0f : m->opt.lora.dropout;
+    const float *xd = head_lora_input(m, nC);
+    ft_linear_backward(ft_none(), OPTF_(m->g_hlora_a, na), ft_none(), A_(m->d_lora_h, nh),
+                       A_(xd, nC), A_(m->hlora_a, na), N, C, r, 1.0f);
+    if (pd <= 0) {
+        ft_linear_backward(A_(m->d_ln, nC), ft_none(), ft_none(), A_(m->d_lora_h, nh),
+                           A_(m->lnf, nC), A_(m->hlora_a, na), N, C, r, 1.0f);
+        return;
+    }
+    ft_zero(A_(m->x_drop, nC), nC);
+    ft_linear_backward(A_(m->x_drop, nC), ft_none(), ft_none(), A_(m->d_lora_h, nh),
+                       A_(m->lnf, nC), A_(m->hlora_a, na), N, C, r, 1.0f);
+    ft_dropout_backward(A_(m->d_ln, nC), A_(m->x_drop, nC), nC, pd, head_dropout_seed(m), 0);
+}
+
+/* LoRA on the embedding (PEFT's Embedding layer, no dropout): h0 += s A^T[ids] B^T. */
+static void embed_lora_forward(ft_model *m, int N)
+{
+    int C = m->cfg.hidden_size, V = m->cfg.vocab_size, r = m->opt.lora.r;
+    size_t nh = (size_t)N * r;
+    ft_embedding_t_forward(A_(m->lora_xh, nh), I_(m->ids, N), A_(m->elora_a, (size_t)r * V), N,
+                           V, r);
+    ft_linear_forward(A_(m->acts[0].in, (size_t)N * C), A_(m->lora_xh, nh),
+                      A_(m->elora_b, (size_t)C * r), ft_none(), N, r, C, m->lora_scaling, 1);
+}
+
+/* d_h holds d h0 (the embedding scale applied): dB += s dh0^T H, dH = s dh0 B,
+ * dA[:, ids[n]] += dH[n]. */
+static void embed_lora_backward(ft_model *m, int N)
+{
+    int C = m->cfg.hidden_size, V = m->cfg.vocab_size, r = m->opt.lora.r;
+    size_t nh = (size_t)N * r, nC = (size_t)N * C, nb = (size_t)C * r;
+    ft_embedding_t_forward(A_(m->lora_xh, nh), I_(m->ids, N), A_(m->elora_a, (size_t)r * V), N,
+                           V, r);
+    ft_linear_backward(ft_none(), OPTF_(m->g_elora_b, nb), ft_none(), A_(m->d_h, nC),
+                       A_(m->lora_xh, nh), A_(m->elora_b, nb), N, r, C, m->lora_scaling);
+    if (!m->g_elora_a)
+        return;
+    ft_zero(A_(m->d_lora_h, nh), nh);
+    ft_linear_backward(A_(m->d_lora_h, nh), ft_none(), ft_none(), A_(m->d_h, nC),
+                       A_(m->lora_xh, nh), A_(m->elora_b, nb), N, r, C, m->lora_scaling);
+    ft_embedding_t_backward(F_(m->g_elora_a, (size_t)r * V), A_(m->d_lora_h, nh),
+                            I_(m->ids, N), N, V, r, m->cfg.embed_padding_idx);
+}
+
 /* logits[0, rows) = lm_head(lnf rows [r0, r0 + rows)): one chunk of the head, soft-capped
  * where the family caps its logits (gemma2: c tanh(logits / c); the cross-entropy's
  * softcap argument then takes the gradient through the tanh). */
@@ -502,6 +581,13 @@ static void head_logits(ft_model *m, size_t r0, size_t rows)
     ft_tensor x = ft_slice(A_(m->lnf, (r0 + rows) * C), r0 * C, rows * C);
     ft_linear_forward(A_(m->logits, rows * V), x, A_(m->lm_head, V * C), ft_none(), (int)rows,
                       (int)C, (int)V, head_alpha(m), 0);
+    if (model_head_lora(m)) { /* + s (xd A^T) B^T, xd A^T in lora_xh (head_lora_h) */
+        size_t r = (size_t)m->opt.lora.r;
+        ft_linear_forward(A_(m->logits, rows * V),
+                          ft_slice(A_(m->lora_xh, (r0 + rows) * r), r0 * r, rows * r),
+                          A_(m->hlora_b, V * r), ft_none(), (int)rows, (int)r, (int)V,
+                          m->lora_scaling * head_alpha(m), 1);
+    }
     if (m->cfg.final_softcap > 0.0f)
         ft_softcap(A_(m->logits, rows * V), m->cfg.final_softcap, rows * V);
 }
@@ -572,6 +658,8 @@ int ft_model_forward(ft_model *m, const ft_batch *b, double *loss_sum, long *n_t
             return -1;
         ft_embedding_forward(A_(m->acts[0].in, nC), I_(m->ids, N),
                              A_(m->embed, (size_t)V * C), N, V, C);
+        if (model_embed_lora(m))
+            embed_lora_forward(m, N);
         if (embed_scale(m) != 1.0f) /* granite, gemma: h0 = embed * scale */
             ft_scale(A_(m->acts[0].in, nC), embed_scale(m), nC);
         if (release(m, 0, FT_UNIT_FORWARD, false, err))
@@ -596,6 +684,8 @@ int ft_model_forward(ft_model *m, const ft_batch *b, double *loss_sum, long *n_t
             return -1;
         ft_rmsnorm_forward(A_(m->lnf, nC), F_(m->rstdf, N), A_(m->final_in, nC),
                            A_(m->norm_f, C), N, C, c->rms_norm_eps, c->norm_w_offset);
+        if (model_head_lora(m))
+            head_lora_h(m, N);
         size_t R = ft_loss_chunk_rows(m->opt.loss_chunk_rows, (size_t)V, (size_t)N);
         for (size_t r0 = 0; r0 < (size_t)N; r0 += R) {
             size_t rows = (size_t)N - r0 < R ? (size_t)N - r0 : R;
@@ -636,6 +726,11 @@ int ft_model_backward(ft_model *m, float grad_scale, ft_err *err)
         if (acquire_head(m, FT_UNIT_BACKWARD, err))
             return -1;
         ft_zero(A_(m->d_ln, nC), nC);
+        size_t r = (size_t)m->opt.lora.r;
+        if (model_head_lora(m)) {
+            head_lora_h(m, N);
+            ft_zero(A_(m->d_lora_h, (size_t)N * r), (size_t)N * r);
+        }
         /* chunk by chunk as the forward went; a single chunk still holds its logits */
         size_t R = ft_loss_chunk_rows(m->opt.loss_chunk_rows, (size_t)V, (size_t)N);
         for (size_t r0 = 0; r0 < (size_t)N; r0 += R) {
@@ -649,7 +744,16 @@ int ft_model_backward(ft_model *m, float grad_scale, ft_err *err)
                                OPTF_(m->g_lm_head, (size_t)V * C), ft_none(), dlogits,
                                ft_slice(A_(m->lnf, nC), r0 * C, rows * C),
                                A_(m->lm_head, (size_t)V * C), (int)rows, C, V, head_alpha(m));
+            if (model_head_lora(m)) { /* dB += s a dlogits^T h; d_lora_h += s a dlogits B */
+                ft_tensor h = ft_slice(A_(m->lora_xh, (size_t)N * r), r0 * r, rows * r);
+                float sa = m->lora_scaling * head_alpha(m);
+                ft_linear_backward(ft_slice(A_(m->d_lora_h, (size_t)N * r), r0 * r, rows * r),
+                                   OPTF_(m->g_hlora_b, (size_t)V * r), ft_none(), dlogits, h,
+                                   A_(m->hlora_b, (size_t)V * r), (int)rows, (int)r, V, sa);
+            }
         }
+        if (model_head_lora(m))
+            head_lora_backward(m, N);
         ft_zero(A_(m->d_h, nC), nC);
         ft_rmsnorm_backward(A_(m->d_h, nC), OPTF_(m->g_norm_f, C), A_(m->d_ln, nC),
                             A_(m->final_in, nC), A_(m->norm_f, C), F_(m->rstdf, N), N, C,
@@ -670,13 +774,16 @@ int ft_model_backward(ft_model *m, float grad_scale, ft_err *err)
     if (m->stage_first > 0)
         return m->hooks.send_grad(m->hooks.ctx, m->d_h, nC, err);
     /* (the embedding's gradient pointer is bound by the acquire under ZeRO-2/3) */
-    if (m->opt.mode == FT_TRAIN_FULL) {
+    if (model_embed_trains(m) || model_embed_lora(m)) {
         if (acquire(m, 0, FT_UNIT_BACKWARD, err))
             return -1;
         if (embed_scale(m) != 1.0f) /* d embed = scale * d h0 (d_h is not needed after) */
             ft_scale(A_(m->d_h, nC), embed_scale(m), nC);
-        ft_embedding_backward(F_(m->g_embed, (size_t)V * C), A_(m->d_h, nC), I_(m->ids, N),
-                              N, V, C, m->cfg.embed_padding_idx);
+        if (model_embed_trains(m))
+            ft_embedding_backward(F_(m->g_embed, (size_t)V * C), A_(m->d_h, nC), I_(m->ids, N),
+                                  N, V, C, m->cfg.embed_padding_idx);
+        if (model_embed_lora(m))
+            embed_lora_backward(m, N);
         if (release(m, 0, FT_UNIT_BACKWARD, true, err))
             return -1;
     }

@@ -195,9 +195,13 @@ static int setup_model(trainer *t, const ft_dist_options *dopt, ft_err *err)
         mo.lora = (ft_lora_config){.r = (int)tu->lora.r,
                                    .alpha = (float)tu->lora.alpha,
                                    .dropout = (float)tu->lora.dropout,
-                                   .rslora = tu->lora.rslora};
+                                   .rslora = tu->lora.rslora,
+                                   .dora = tu->lora.use_dora};
         if (ft_lora_targets_parse(tu->lora.target_modules, &mo.lora.targets, err))
             return ft_fail_prefix(err, "config: key 'tuning.lora.target_modules'");
+        if (ft_lora_modules_to_save_parse(tu->lora.modules_to_save, &mo.lora.modules_to_save,
+                                          err))
+            return ft_fail_prefix(err, "config: key 'tuning.lora.modules_to_save'");
     }
     const char *adapter =
         mo.mode == FT_TRAIN_LORA && tu->lora.init_adapter[0] ? tu->lora.init_adapter : NULL;

@@ -150,11 +150,12 @@ SHAPES = {
             "qwen2",
             "qwen2",
             _cfg(vocab_size=112, rms_norm_eps=1e-6, rope_theta=1000000.0,
-                 use_sliding_window=False),
+                 use_sliding_window=False, pad_token_id=5),
             # as Qwen2 checkpoints on the Hub carry it: a window size with the window off
             config_patch={"sliding_window": 4, "use_sliding_window": False,
                           "max_window_layers": 1},
-            note="q/k/v bias, o without, GQA, sliding_window present but disabled",
+            note="q/k/v bias, o without, GQA, sliding_window present but disabled, an "
+                 "untied embedding with a padding row (pad_token_id 5)",
         ),
         Shape(
             "llama3_rope",
@@ -442,7 +443,19 @@ def peft_key(name):
     """PEFT in-memory parameter name -> adapter_model.safetensors key."""
     return (name.replace(".lora_A.default.", ".lora_A.")
             .replace(".lora_B.default.", ".lora_B.")
+            .replace(".lora_embedding_A.default", ".lora_embedding_A")
+            .replace(".lora_embedding_B.default", ".lora_embedding_B")
             .replace(".lora_magnitude_vector.default.weight", ".lora_magnitude_vector"))
+
+
+def ours_key(name):
+    """PEFT in-memory parameter name -> the harness's name: the adapter key of a LoRA
+    weight, or the HF state-dict name of a module PEFT trains in full (modules_to_save:
+    base_model.model.lm_head.modules_to_save.default.weight -> lm_head.weight)."""
+    if ".modules_to_save.default." in name:
+        return (name.removeprefix("base_model.model.")
+                .replace(".modules_to_save.default.", "."))
+    return peft_key(name)
 
 
 def hf_grads(model, ids, labels, position_ids=None, key=lambda n: n):
@@ -472,7 +485,7 @@ def lora_mode_model(model_dir, adapter_dir):
     m = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=True)
     m.eval()
     names = [n for n, _ in trainable(m)]
-    assert names and all((".lora_" in n) for n in names), names
+    assert names and all((".lora_" in n or ".modules_to_save." in n) for n in names), names
     return m
 
 
@@ -496,10 +509,12 @@ def build_adapter(model_dir, out_dir, target_modules, r=4, lora_alpha=8, use_rsl
     g = torch.Generator().manual_seed(500 + seed)
     with torch.no_grad():
         for n, p in pm.named_parameters():
-            if ".lora_A." in n or ".lora_B." in n:
+            if ".lora_A." in n or ".lora_B." in n or ".lora_embedding_" in n:
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
             elif ".lora_magnitude_vector." in n:
                 p.mul_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            elif ".modules_to_save." in n:  # a trained copy: away from the base's values
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     # peft's save_pretrained makes a model card from a Jinja template unless README.md

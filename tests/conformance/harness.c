@@ -12,7 +12,9 @@
  *        "train"?: {"steps", "lr", "betas", "eps", "weight_decay", "warmup_steps",
  *                   "scheduler", "max_grad_norm"},
  *        "pref"?: {"beta", "loss_type": "sigmoid"|"ipo"|"robust"|"orpo", "label_smoothing",
- *                  "ref"?: "adapter"|"base"}}
+ *                  "ref"?: "adapter"|"base"}},
+ *        "save_adapter"?: dir (LoRA mode: the adapter saved there after training, as PEFT
+ *                         lays it out)}
  * OUT: "logits" [B,T,V] and "loss" [] of the first forward; without "train" in full or
  * LoRA mode "grad.<name>" for every trainable parameter; with "train" "losses" [steps]
  * and "weight.<name>" after the last step. Names are HF state-dict names, or PEFT
@@ -41,7 +43,7 @@
 
 typedef struct spec {
     json_t *root;
-    const char *model_dir, *adapter_dir;
+    const char *model_dir, *adapter_dir, *save_adapter;
     ft_train_mode mode;
     int B, T, accum;
     int32_t *ids, *labels, *pos;
@@ -100,6 +102,7 @@ static int parse_spec(spec *s, const char *path, ft_err *err)
     s->model_dir = json_string_value(v);
     v = json_object_get(s->root, "adapter_dir");
     s->adapter_dir = json_is_string(v) ? json_string_value(v) : NULL;
+    s->save_adapter = json_string_value(json_object_get(s->root, "save_adapter"));
     s->mode = s->adapter_dir ? FT_TRAIN_LORA : FT_TRAIN_NONE;
     v = json_object_get(s->root, "mode");
     if (json_is_string(v)) {
@@ -347,6 +350,8 @@ static int run(const spec *s, const char *out_path, ft_err *err)
         free(losses);
         if (ft_st_writer_add(w, "losses", FT_ST_F32, 1, sshape, kl, err) ||
             add_params(w, m, &k, "weight.", false, err))
+            goto done;
+        if (s->save_adapter && ft_model_save_adapter(m, s->save_adapter, s->model_dir, err))
             goto done;
     } else if (s->mode != FT_TRAIN_NONE && s->pref) {
         double total = 0, sum;

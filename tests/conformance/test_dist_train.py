@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import rankrun
 from rankrun import make, FT_TRAIN, make_model, mpi_cmd, run, write_token_data
@@ -182,6 +183,101 @@ def test_offload_optimizer(work, single, strategy):
     # the AdamW state lives in host memory, none of it in the device's optimizer category
     assert s["peak_memory_by_category"]["optimizer"] == [0, 0]
     assert min(s["host_offload_bytes"]) > 0
+
+
+MTS = dict(tuning__lora__modules_to_save="embed_tokens,lm_head")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "zero3", "fsdp",
+                                      "model_parallel"])
+def test_modules_to_save_under_strategies(work, strategy):
+    """LoRA with the embedding and the head trained in full (modules_to_save): unit 0 and
+    the head's unit then hold trainables beside the pairs; every strategy equals one
+    process (data parallel: batch 8 on one rank; model parallel: the same batch), the
+    saved adapter holding the embedding and the head."""
+    dp = strategy != "model_parallel"
+    ref = work / "runs" / f"mts_ref_{'dp' if dp else 'mp'}"
+    if not ref.exists():
+        run(write_config(work, ref.name, **(dict(train__batch_size=8) if dp else {}), **MTS))
+    name = f"np2_mts_{strategy}"
+    run(write_config(work, name, dist__strategy=strategy, **MTS), 2)
+    assert_same_run(ref, work / "runs" / name, w_atol=5e-4)
+    w = weights(work / "runs" / name)
+    assert {"base_model.model.model.embed_tokens.weight",
+            "base_model.model.lm_head.weight"} <= set(w)
+
+
+@pytest.mark.parametrize("strategy", ["zero3", "model_parallel"])
+def test_modules_to_save_tied(work, strategy):
+    """On the tied model the one embedding (shared by the head) trains: model parallelism
+    keeps its copy on the last stage in step, as in full fine-tuning."""
+    dp = strategy != "model_parallel"
+    ref = work / "runs" / f"mts_tied_ref_{'dp' if dp else 'mp'}"
+    if not ref.exists():
+        run(write_config(work, ref.name, model="tied",
+                         **(dict(train__batch_size=8) if dp else {}), **MTS))
+    name = f"np2_mts_tied_{strategy}"
+    run(write_config(work, name, model="tied", dist__strategy=strategy, **MTS), 2)
+    assert_same_run(ref, work / "runs" / name, w_atol=5e-4)
+    w = weights(work / "runs" / name)
+    assert torch.equal(w["base_model.model.model.embed_tokens.weight"],
+                       w["base_model.model.lm_head.weight"])
+
+
+DORA = dict(tuning__lora__use_dora="true")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero2", "zero3", "fsdp", "model_parallel"])
+def test_dora_under_strategies(work, strategy):
+    """DoRA (a magnitude beside each pair): every strategy equals one process, as for
+    modules_to_save above. (Dropout masks follow the rows a rank holds, so these runs, as
+    the others here, have none: DoRA's dropout is in test_train_semantics.py.)"""
+    dp = strategy != "model_parallel"
+    ref = work / "runs" / f"dora_ref_{'dp' if dp else 'mp'}"
+    if not ref.exists():
+        run(write_config(work, ref.name, **(dict(train__batch_size=8) if dp else {}), **DORA))
+    name = f"np2_dora_{strategy}"
+    run(write_config(work, name, dist__strategy=strategy, **DORA), 2)
+    assert_same_run(ref, work / "runs" / name, w_atol=5e-4)
+    assert any(k.endswith(".lora_magnitude_vector") for k in weights(work / "runs" / name))
+
+
+OUTER = dict(tuning__lora__target_modules="q_proj,v_proj,embed_tokens,lm_head")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero3", "fsdp", "model_parallel"])
+def test_outer_lora_under_strategies(work, strategy):
+    """LoRA on the embedding and lm_head (pairs in unit 0 and the head's unit): every
+    strategy equals one process."""
+    dp = strategy != "model_parallel"
+    ref = work / "runs" / f"outer_ref_{'dp' if dp else 'mp'}"
+    if not ref.exists():
+        run(write_config(work, ref.name, **(dict(train__batch_size=8) if dp else {}), **OUTER))
+    name = f"np2_outer_{strategy}"
+    run(write_config(work, name, dist__strategy=strategy, **OUTER), 2)
+    assert_same_run(ref, work / "runs" / name, w_atol=5e-4)
+    w = weights(work / "runs" / name)
+    assert {"base_model.model.model.embed_tokens.lora_embedding_A",
+            "base_model.model.lm_head.lora_B.weight"} <= set(w)
+
+
+@pytest.mark.parametrize("what", ["mts", "dora", "outer"])
+def test_adapter_extras_resume(work, what):
+    """A checkpoint of a modules_to_save run (the embedding and head in the adapter, their
+    AdamW state in the optimizer's) or of a DoRA run (the magnitudes) resumes under another
+    strategy with the losses of the uninterrupted run."""
+    extra = {"mts": MTS, "dora": DORA, "outer": OUTER}[what]
+    ref = work / "runs" / f"{what}_ref_dp"
+    if not ref.exists():
+        run(write_config(work, ref.name, train__batch_size=8, **extra))
+    name = f"{what}_ckpt_ddp"
+    run(write_config(work, name, dist__strategy="ddp", train__save_steps=3, **extra), 2)
+    cont = write_config(work, f"{name}_resumed", dist__strategy="zero3", **extra)
+    run(cont, 2, "--resume", str(work / "runs" / name / "checkpoint-3"))
+    got, want = losses(work / "runs" / f"{name}_resumed"), losses(ref)
+    assert sorted(got) == [4, 5]
+    for s in got:
+        assert abs(got[s] - want[s]) <= 2e-5 * abs(want[s]), (s, got[s], want[s])
 
 
 def test_model_parallel_equals_one_process(work):

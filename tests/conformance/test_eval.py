@@ -162,10 +162,19 @@ def test_loss_text_format(ft_eval, env, tmp_path):
     _check_loss(_json(ft_eval, "--model", d, "--data", data), want, n, len(samples))
 
 
-@pytest.mark.parametrize("targets", [["q_proj", "v_proj"], list(ftref.SEVEN)])
-def test_loss_with_adapter(ft_eval, env, tmp_path, targets):
+# (and the adapters of issue 24: DoRA, modules_to_save, LoRA on the embedding and the head)
+ADAPTERS = [(["q_proj", "v_proj"], {}), (list(ftref.SEVEN), {}),
+            (list(ftref.SEVEN), dict(use_dora=True)),
+            (["q_proj"], dict(modules_to_save=["embed_tokens", "lm_head"])),
+            (["q_proj", "embed_tokens", "lm_head"], {})]
+
+
+@pytest.mark.parametrize("targets,extra", ADAPTERS,
+                         ids=["qv", "seven", "dora", "modules_to_save", "embed_head"])
+def test_loss_with_adapter(ft_eval, env, tmp_path, targets, extra):
     d, tok, _ = env
-    adapter = ftref.build_adapter(d, tmp_path / "adapter", target_modules=targets, seed=3)
+    adapter = ftref.build_adapter(d, tmp_path / "adapter", target_modules=targets, seed=3,
+                                  **extra)
     # dropout in the adapter config must not apply in evaluation
     cfg = json.loads((adapter / "adapter_config.json").read_text())
     cfg["lora_dropout"] = 0.3

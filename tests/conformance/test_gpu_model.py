@@ -32,7 +32,13 @@ CASES = [("llama_gqa", "all7"), ("qwen2", "qv"), ("llama_mqa_odd", "all7"), ("ti
          ("granite", "all7"), ("gemma", "all7"), ("phi3", "all4"), ("phi3_longrope", "all4"),
          ("phi4_mini", "qkv_down"), ("smollm3", "all7"), ("smollm3_interval", "qv"),
          ("gemma2", "all7"), ("olmo2", "all7"), ("qwen3", "all7"), ("qwen3_tied", "qv"),
-         ("gemma3", "all7"), ("gemma3_legacy", "qv")]
+         ("gemma3", "all7"), ("gemma3_legacy", "qv"),
+         # modules_to_save: the embedding and the head trained in full beside the pairs
+         ("llama_gqa", "mts_both"), ("phi3", "mts_both"), ("qwen3", "mts_embed"),
+         # DoRA: the row norms, the magnitude's column sums
+         ("llama_gqa", "dora_all"), ("phi3", "dora_all"), ("gemma2", "dora_all"),
+         # LoRA on the embedding and lm_head
+         ("llama_gqa", "outer"), ("granite", "outer"), ("phi3", "outer_phi")]
 
 BF16_TOL_LOGITS = 2e-2
 BF16_TOL_LOSS = 1e-2
@@ -77,7 +83,7 @@ def case(request, store, ft):
     m = _hf_reference(model_dir, adapter_dir, tdtype)
     ids, labels = ftref.make_batch(m.config.vocab_size, B, shape.T, shape.seed + 1)
     logits, loss, grads = ftref.hf_grads(m, ids.to(REF_DEVICE), labels.to(REF_DEVICE),
-                                         key=ftref.peft_key)
+                                         key=ftref.ours_key)
     c.ref_logits = logits.float().cpu()
     c.ref_loss = loss.float().cpu()
     c.ref_grads = {k: v.float().cpu() for k, v in grads.items()}

@@ -41,6 +41,13 @@ CASES = [
     ("olmo2", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
     ("qwen3", "all7", dict(type="nf4", blocksize=64, double_quant=True)),
     ("qwen3_tied", "all-linear", dict(type="int8")),
+    # modules_to_save on a quantized base: the embedding and the head (dense) trained in full
+    ("llama_gqa", "mts_both", dict(type="nf4", blocksize=64, double_quant=True)),
+    ("olmo2", "mts_both", dict(type="int8")),
+    # DoRA on a quantized base: the row norms of the dequantized W + s B A
+    ("llama_gqa", "dora_all", dict(type="nf4", blocksize=64, double_quant=True)),
+    ("phi3", "dora_all", dict(type="nf4", blocksize=64, double_quant=True)),
+    ("qwen3", "dora_all", dict(type="int8")),
 ]
 
 
@@ -82,7 +89,7 @@ def case(request, store, ft, tmp_path_factory):
     m.load_state_dict(sd)
     m.save_pretrained(ref_dir, safe_serialization=True)
     ref = ftref.lora_mode_model(ref_dir, adapter_dir)
-    logits, loss, grads = ftref.hf_grads(ref, ids, labels, key=ftref.peft_key)
+    logits, loss, grads = ftref.hf_grads(ref, ids, labels, key=ftref.ours_key)
     return dict(q=q, out=out, deq=deq, orig=ftref.load_hf(model_dir).state_dict(),
                 logits=logits, loss=loss, grads=grads, layers=m.config.num_hidden_layers,
                 modules=ftref.linear_modules(shape))

@@ -159,3 +159,33 @@ def test_packing_reference_is_not_trivial(store):
     plain, _ = ftref.hf_forward(m, ids)
     assert ftref.rel_err(plain[:, 5:], ref_logits[:, 5:]) > 1e-3
     assert ftref.rel_err(plain[:, :5], ref_logits[:, :5]) < 1e-5
+
+
+def test_adapter_kinds_training_references_are_well_conditioned(store):
+    """The same for the training runs of DoRA, modules_to_save and LoRA on the embedding
+    and the head (test_dora.py, test_modules_to_save.py, test_lora_outer.py): float32 vs
+    float64 agree to 5e-7, and their clipping threshold clips."""
+    import test_dora
+    import test_lora_outer
+    import test_modules_to_save
+
+    clipped = []
+    for mod in (test_dora, test_modules_to_save, test_lora_outer):
+        for model_name, variant, seed in mod.TRAIN_RUNS:
+            shape = ftref.SHAPES[model_name]
+            model_dir = store.model(model_name)
+            adapter_dir = store.adapter(model_name, variant, seed=seed)
+            ids, labels = ftref.make_batch(shape.cfg["vocab_size"], mod.B, shape.T,
+                                           shape.seed + 2)
+            train = mod._train(model_name, variant)
+            a, b = (ftref.reference_train(ftref.lora_mode_model(model_dir, adapter_dir), ids,
+                                          labels, train, key=ftref.ours_key, dtype=dt)
+                    for dt in (torch.float32, torch.float64))
+            worst = max((ftref.rel_err(a["weights"][n], b["weights"][n]), n)
+                        for n in a["weights"])
+            print(f"{model_name}-{variant}: float32 vs float64 worst weight {worst[0]:.2e} "
+                  f"({worst[1]}), norms {[round(x, 3) for x in a['norms']]}")
+            assert worst[0] < 5e-7, (model_name, variant, worst)
+            assert ftref.rel_err(a["losses"], b["losses"]) < 5e-7
+            clipped.append(max(a["norms"]) > train["max_grad_norm"])
+    assert all(clipped), clipped

@@ -229,6 +229,34 @@ MERGE_CASES = [
     ("qwen3", "all7", "f32"),
     ("qwen3_tied", "all7", "f32"),
     ("qwen3_tied", "qv", "bf16"),
+    # modules_to_save: the adapter's embedding and head copies replace the base's
+    ("llama_gqa", "mts_head", "f32"),
+    ("llama_gqa", "mts_embed", "f32"),
+    ("llama_gqa", "mts_both", "bf16"),
+    ("mistral_sw", "mts_both", "f32"),
+    ("qwen2", "mts_both", "f32"),
+    ("qwen3", "mts_both", "f32"),
+    ("granite", "mts_both", "f32"),
+    ("olmo2", "mts_both", "f32"),
+    ("phi3", "mts_both", "f32"),
+    ("tied", "mts_tie", "f32"),  # tied: the one trained copy (ensure_weight_tying)
+    ("gemma2", "mts_tie_head", "f32"),
+    # DoRA: each row rescaled to its magnitude
+    ("llama_gqa", "dora_all", "f32"),
+    ("llama_gqa", "dora_rslora", "bf16"),
+    ("llama_bias", "dora_all", "f32"),
+    ("qwen2", "dora_all", "f32"),
+    ("qwen3_tied", "dora_all", "f32"),
+    ("gemma2", "dora_all", "f32"),
+    ("olmo2", "dora_all", "f32"),
+    ("phi3", "dora_all", "f32"),
+    ("smollm3", "dora_all", "f32"),
+    # LoRA on the embedding (its delta transposed) and on lm_head
+    ("llama_gqa", "outer", "f32"),
+    ("llama_gqa", "outer_regex", "bf16"),
+    ("granite", "outer", "f32"),
+    ("qwen3", "outer", "f32"),
+    ("phi3", "outer_phi", "f32"),
 ]
 
 _DT = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
@@ -316,6 +344,51 @@ def test_merge_sharded_output(store, merge_exe, tmp_path):
                        logits_of(pm, vocab), ftref.TOL_LOGITS)
 
 
+def test_lora_init_modules_to_save(store, lora_init_exe, merge_exe, tmp_path):
+    """--modules-to-save: the adapter holds the base's embedding and head under PEFT's keys,
+    loads in PEFT with every key used, starts equal to the base, and merges back to it; on a
+    tied model the one shared copy (ensure_weight_tying) under both keys; another module is
+    refused."""
+    model_dir = store.model("llama_gqa")
+    out = tmp_path / "adapter"
+    run_tool([lora_init_exe, "--model", model_dir, "--out", out, "--r", 4, "--target",
+              "q_proj,v_proj", "--modules-to-save", "embed_tokens,lm_head"])
+    cfg = json.loads((out / "adapter_config.json").read_text())
+    assert sorted(cfg["modules_to_save"]) == ["embed_tokens", "lm_head"]
+    tensors = load_file(str(out / "adapter_model.safetensors"))
+    base_sd = load_file(str(Path(model_dir) / "model.safetensors"))
+    for key, name in [("base_model.model.model.embed_tokens.weight", "model.embed_tokens.weight"),
+                      ("base_model.model.lm_head.weight", "lm_head.weight")]:
+        assert torch.equal(tensors[key], base_sd[name]), key
+    pm, caught = load_peft(model_dir, out)
+    bad = [w for w in caught if "missing" in w.lower() or "unexpected" in w.lower()]
+    assert not bad, bad
+    vocab = ftref.SHAPES["llama_gqa"].cfg["vocab_size"]
+    assert torch.equal(logits_of(pm, vocab), logits_of(ftref.load_hf(model_dir), vocab))
+    run_tool([merge_exe, "--model", model_dir, "--adapter", out, "--out", tmp_path / "m"])
+    merged = load_file(str(tmp_path / "m" / "model.safetensors"))
+    assert merged.keys() == base_sd.keys()
+    for k in base_sd:
+        assert torch.equal(merged[k], base_sd[k].float()), k
+    tied = store.model("tied")
+    run_tool([lora_init_exe, "--model", tied, "--out", tmp_path / "t", "--modules-to-save",
+              "lm_head"])
+    cfg = json.loads((tmp_path / "t" / "adapter_config.json").read_text())
+    assert cfg["modules_to_save"] == ["embed_tokens"] and cfg["ensure_weight_tying"] is True
+    tensors = load_file(str(tmp_path / "t" / "adapter_model.safetensors"))
+    emb = load_file(str(Path(tied) / "model.safetensors"))["model.embed_tokens.weight"]
+    for key in ("base_model.model.model.embed_tokens.weight", "base_model.model.lm_head.weight"):
+        assert torch.equal(tensors[key], emb), key
+    pm, caught = load_peft(tied, tmp_path / "t")
+    bad = [w for w in caught if "missing" in w.lower() or "unexpected" in w.lower()]
+    assert not bad, bad
+    vocab = ftref.SHAPES["tied"].cfg["vocab_size"]
+    assert torch.equal(logits_of(pm, vocab), logits_of(ftref.load_hf(tied), vocab))
+    cp = run_tool([lora_init_exe, "--model", model_dir, "--out", tmp_path / "n",
+                   "--modules-to-save", "lm_head,norm"], expect_rc=None)
+    assert cp.returncode == 2 and "'norm'" in cp.stderr, cp.stderr
+
+
 def test_lora_init_then_merge_is_the_base(store, lora_init_exe, merge_exe, tmp_path):
     """B = 0: merging a fresh adapter gives the base weights back, bit for bit."""
     model_dir = store.model("tied")
@@ -363,7 +436,7 @@ def test_merge_errors(store, merge_exe, tmp_path):
     out = tmp_path / "o"
     for bad, needle in [(tmp_path / "none", "none"),
                         (store.adapter("llama_mqa_odd", "qv"), "shape"),
-                        (store.adapter("llama_gqa", "dora"), "use_dora")]:
+                        (store.adapter("llama_gqa", "patterns"), "rank_pattern")]:
         cp = run_tool([merge_exe, "--model", model_dir, "--adapter", bad, "--out", out],
                       expect_rc=1)
         assert cp.stderr.startswith("ft-merge: error:") and needle in cp.stderr, cp.stderr

@@ -298,12 +298,16 @@ class CounterDropout(torch.nn.Module):
                                   self.proj)
 
 
-def test_lora_dropout_equals_peft_with_the_same_masks(work, tmp_path):
+@pytest.mark.parametrize("dora", [False, True], ids=["lora", "dora"])
+def test_lora_dropout_equals_peft_with_the_same_masks(work, tmp_path, dora):
+    """(DoRA: PEFT then recomputes the base result on the dropped input, y = x W^T + b +
+    (g - 1) xd W^T + g s xd A^T B^T, which ours must do too.)"""
     p = 0.25
     recs = records(work)
     ids, labels = padded_batch(recs)
     adapter = ftref.build_adapter(work / "model", tmp_path / "adapter",
-                                  target_modules=list(ftref.SEVEN), r=4, lora_alpha=8, seed=1)
+                                  target_modules=list(ftref.SEVEN), r=4, lora_alpha=8, seed=1,
+                                  use_dora=dora)
     c = json.loads((adapter / "adapter_config.json").read_text())
     c["lora_dropout"] = p
     (adapter / "adapter_config.json").write_text(json.dumps(c))
@@ -318,6 +322,8 @@ def test_lora_dropout_equals_peft_with_the_same_masks(work, tmp_path):
             swapped += 1
     assert swapped == 2 * 7
     m.register_forward_pre_hook(lambda *_: counter.__setitem__(0, counter[0] + 1))
+    if dora:  # PEFT's DoRA drops its input only in training mode (the model's dropouts are 0)
+        m.train()
     train = dict(steps=2, lr=1e-3, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.0,
                  warmup_steps=0, scheduler="constant", max_grad_norm=0.0)
     ref = ftref.reference_train(m, ids, labels, train, key=ftref.peft_key)
@@ -327,14 +333,17 @@ def test_lora_dropout_equals_peft_with_the_same_masks(work, tmp_path):
     base = ftref.hf_forward(ftref.lora_mode_model(work / "model", adapter), ids, labels)[1]
     assert abs(float(base) - float(ref["losses"][0])) > 1e-3 * float(base)
 
-    cfg = config(work, "dropout", train__batch_size=len(recs), train__learning_rate=1e-3,
+    name = "dropout_dora" if dora else "dropout"
+    cfg = config(work, name, train__batch_size=len(recs), train__learning_rate=1e-3,
                  train__max_steps=2, train__max_grad_norm=0.0, tuning__lora__dropout=p,
-                 tuning__lora__init_adapter=adapter)
+                 tuning__lora__init_adapter=adapter,
+                 tuning__lora__use_dora="true" if dora else "false")
     rankrun.run(cfg)
-    loss, norms = logged(work, "dropout", "loss"), logged(work, "dropout", "grad_norm")
+    loss, norms = logged(work, name, "loss"), logged(work, name, "grad_norm")
     for s in (1, 2):
         assert close(loss[s], float(ref["losses"][s - 1]), 2e-5), (s, loss[s], ref["losses"])
         assert close(norms[s], ref["norms"][s - 1], 2e-5), (s, norms[s], ref["norms"])
-    got = load_file(work / "runs" / "dropout" / "final" / "adapter_model.safetensors")
+    got = load_file(work / "runs" / name / "final" / "adapter_model.safetensors")
+    assert dora == any(k.endswith(".lora_magnitude_vector") for k in got)
     for k, want in ref["weights"].items():
         assert ftref.rel_err(got[k], want) <= 1e-4, (k, ftref.describe(got[k], want))

@@ -133,6 +133,52 @@ static void test_embedding(void)
         }
 }
 
+/* The transposed table [C, V] (LoRA on the embedding): the same checks. */
+static void test_embedding_t(void)
+{
+    static const int shapes[][3] = {{97, 50, 37}, {300, 7, 70}, {70, 1000, 5}, {1, 3, 1}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int di = 0; di < 2; di++) {
+            ft_dtype d = DTYPES[di];
+            int N = shapes[s][0], V = shapes[s][1], C = shapes[s][2];
+            int32_t *ids = malloc(sizeof(int32_t) * N);
+            for (int n = 0; n < N; n++)
+                ids[n] = (int32_t)((n * 7 + n / 5) % V); /* repeats */
+            size_t nt = (size_t)V * C, no = (size_t)N * C;
+            float *table = rounded(host_random(nt, 1.0f), nt, d);
+            float *out = host_alloc(no);
+            ft_tensor gids = dev_upload_raw(ids, N, 4, FT_I32);
+            ft_tensor gtable = dev_upload(table, nt, d), gout = dev_upload(out, no, d);
+            ft_embedding_t_forward(ft_f32(out, no), ft_i32(ids, N), ft_f32(table, nt), N, V, C);
+            ft_embedding_t_forward(gout, gids, gtable, N, V, C);
+            char what[96];
+            snprintf(what, sizeof what, "embedding_t fwd %dx%dx%d %s", N, V, C, dtype_name(d));
+            check_dev(what, gout, out, 0.0);
+
+            /* no padding row, then the row of ids[0] as padding_idx */
+            for (int pi = 0; pi < 2; pi++) {
+                int pad = pi ? ids[0] : -1;
+                float *dout = rounded(host_random(no, 1.0f), no, d);
+                float *dtable = host_random(nt, 1.0f);
+                ft_tensor gdout = dev_upload(dout, no, d);
+                ft_tensor gdt = dev_upload(dtable, nt, FT_F32);
+                ft_tensor gdt2 = dev_upload(dtable, nt, FT_F32);
+                ft_embedding_t_backward(ft_f32(dtable, nt), ft_f32(dout, no), ft_i32(ids, N),
+                                        N, V, C, pad);
+                ft_embedding_t_backward(gdt, gdout, gids, N, V, C, pad);
+                ft_embedding_t_backward(gdt2, gdout, gids, N, V, C, pad);
+                snprintf(what, sizeof what, "embedding_t bwd %dx%dx%d %s pad %d", N, V, C,
+                         dtype_name(d), pad);
+                check_dev(what, gdt, dtable, TOL_F32);
+                CHECK(dev_equal(gdt, gdt2));
+                free(dout), free(dtable);
+                dev_free(gdout), dev_free(gdt), dev_free(gdt2);
+            }
+            free(ids), free(table), free(out);
+            dev_free(gids), dev_free(gtable), dev_free(gout);
+        }
+}
+
 /* ---- RMSNorm -------------------------------------------------------------------- */
 
 /* dw is a column sum over row chunks of at least 64 rows (colsum.cuh): 300 and 1000 rows
@@ -508,6 +554,60 @@ static void test_elementwise(void)
         }
 }
 
+/* ---- DoRA: row norms, column scaling, column dot products -------------------------- */
+
+static void test_dora(void)
+{
+    /* 1 to 300 rows of 1 to 200 columns; col_dot over 130 rows is several colsum chunks */
+    static const int shapes[][2] = {{1, 1}, {7, 33}, {64, 130}, {300, 200}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int di = 0; di < 2; di++) {
+            ft_dtype d = DTYPES[di];
+            int R = shapes[s][0], C = shapes[s][1];
+            size_t n = (size_t)R * C;
+            char what[96];
+            float *w = rounded(host_random(n, 1.0f), n, d);
+            float *mag = rounded(host_random((size_t)R, 2.0f), (size_t)R, d);
+            float *g = host_alloc((size_t)R), *inv = host_alloc((size_t)R);
+            ft_tensor gw = dev_upload(w, n, d), gmag = dev_upload(mag, (size_t)R, d);
+            ft_tensor gg = dev_upload(g, (size_t)R, FT_F32), ginv = dev_upload(inv, (size_t)R, FT_F32);
+            ft_dora_norm(ft_f32(g, R), ft_f32(inv, R), ft_f32(mag, R), ft_f32(w, n), R, C);
+            ft_dora_norm(gg, ginv, gmag, gw, R, C);
+            snprintf(what, sizeof what, "dora_norm g %dx%d %s", R, C, dtype_name(d));
+            check_dev(what, gg, g, TOL_F32);
+            snprintf(what, sizeof what, "dora_norm inv %dx%d %s", R, C, dtype_name(d));
+            check_dev(what, ginv, inv, TOL_F32);
+
+            /* [R, C] as N = R rows of C columns, scaled by a per-column g (C of them) */
+            float *x = rounded(host_random(n, 1.0f), n, d);
+            float *y = rounded(host_random(n, 1.0f), n, d);
+            float *gc = host_random((size_t)C, 1.5f);
+            ft_tensor gx = dev_upload(x, n, d), gy = dev_upload(y, n, d);
+            ft_tensor ggc = dev_upload(gc, (size_t)C, FT_F32);
+            for (int acc = 0; acc < 2; acc++) {
+                ft_col_scale(ft_f32(y, n), ft_f32(x, n), ft_f32(gc, C), 0.7f, -1.0f, R, C, acc);
+                ft_col_scale(gy, gx, ggc, 0.7f, -1.0f, R, C, acc);
+                snprintf(what, sizeof what, "col_scale acc%d %dx%d %s", acc, R, C, dtype_name(d));
+                check_dev(what, gy, y, tol_for(d));
+                host_round(y, n, d);
+                dev_free(gy);
+                gy = dev_upload(y, n, d);
+            }
+
+            float *dd = host_random((size_t)C, 1.0f);
+            ft_tensor gdd = dev_upload(dd, (size_t)C, FT_F32), gdd2 = dev_upload(dd, (size_t)C, FT_F32);
+            ft_col_dot(ft_f32(dd, C), ft_f32(x, n), ft_f32(y, n), ft_f32(gc, C), R, C);
+            ft_col_dot(gdd, gx, gy, ggc, R, C);
+            ft_col_dot(gdd2, gx, gy, ggc, R, C);
+            snprintf(what, sizeof what, "col_dot %dx%d %s", R, C, dtype_name(d));
+            check_dev(what, gdd, dd, TOL_F32);
+            CHECK(dev_equal(gdd, gdd2));
+            free(w), free(mag), free(g), free(inv), free(x), free(y), free(gc), free(dd);
+            dev_free(gw), dev_free(gmag), dev_free(gg), dev_free(ginv), dev_free(gx);
+            dev_free(gy), dev_free(ggc), dev_free(gdd), dev_free(gdd2);
+        }
+}
+
 /* ---- dropout -------------------------------------------------------------------- */
 
 static void test_dropout(void)
@@ -636,6 +736,7 @@ int main(void)
     gpu_seed(42);
     RUN(test_linear);
     RUN(test_embedding);
+    RUN(test_embedding_t);
     RUN(test_rmsnorm);
     RUN(test_add_rmsnorm);
     RUN(test_qk_norm);
@@ -644,6 +745,7 @@ int main(void)
     RUN(test_geglu);
     RUN(test_cross_entropy);
     RUN(test_elementwise);
+    RUN(test_dora);
     RUN(test_dropout);
     RUN(test_adamw);
     RUN(test_dequant);

@@ -87,6 +87,29 @@ static void test_config_errors(void)
                  "target_modules");
     expect_error(write_config("bad_json", "{" GOOD ","), "invalid JSON");
 
+    /* modules_to_save: the embedding and the head, by PEFT's names; other modules refused */
+    dir = write_config("mts", "{" GOOD ", \"modules_to_save\": [\"model.embed_tokens\", "
+                              "\"lm_head\"]}");
+    CHECK(ft_lora_config_load(&c, dir, &err) == 0);
+    CHECK(c.modules_to_save == (FT_SAVE_EMBED | FT_SAVE_HEAD));
+    dir = write_config("mts_null", "{" GOOD ", \"modules_to_save\": null}");
+    CHECK(ft_lora_config_load(&c, dir, &err) == 0 && c.modules_to_save == 0);
+    expect_error(write_config("mts_norm", "{" GOOD ", \"modules_to_save\": [\"lm_head\", "
+                                          "\"norm\"]}"),
+                 "norm");
+    expect_error(write_config("mts_str", "{" GOOD ", \"modules_to_save\": \"lm_head\"}"),
+                 "modules_to_save");
+    expect_error(write_config("mts_int", "{" GOOD ", \"modules_to_save\": [3]}"),
+                 "modules_to_save");
+    expect_error(write_config("tt", "{" GOOD ", \"trainable_token_indices\": [3, 4]}"),
+                 "trainable_token_indices");
+    unsigned mods;
+    CHECK(ft_lora_modules_to_save_parse("embed_tokens, lm_head", &mods, &err) == 0 &&
+          mods == (FT_SAVE_EMBED | FT_SAVE_HEAD));
+    CHECK(ft_lora_modules_to_save_parse("", &mods, &err) == 0 && mods == 0);
+    CHECK(ft_lora_modules_to_save_parse("lm_head,o_proj", &mods, &err) == -1 &&
+          strstr(err.msg, "'o_proj'"));
+
     /* not a regular file: a FIFO would block the reader, a directory is no config */
     char path[400];
     dir = write_config("fifo", "{}");
@@ -144,6 +167,55 @@ static void test_model_checks_name_file(void)
     ft_err err = {0};
     CHECK(ft_model_load(&m, model, &opt, &err) == -1 && strstr(err.msg, "layer 5") &&
           !strstr(err.msg, "adapter_config.json"));
+}
+
+/* modules_to_save: refused on a tied model (naming the adapter's file); an adapter saved
+ * with the head loads only into a model that trains the head, and the other way round. */
+static void test_modules_to_save_checks(void)
+{
+    char tied[300], untied[300];
+    snprintf(tied, sizeof tied, "%s/tied", root);
+    write_tiny_model(tied, &(tiny_model_opts){.tied = 1});
+    snprintf(untied, sizeof untied, "%s/untied", root);
+    write_tiny_model(untied, &(tiny_model_opts){0});
+    const char *dir = write_config("mts_head", "{" GOOD ", \"modules_to_save\": [\"lm_head\"]}");
+    expect_model_error(tied, dir, "ensure_weight_tying");
+    /* with ensure_weight_tying: the one embedding trains, saved under both keys */
+    {
+        const char *tdir = write_config("mts_tied", "{" GOOD ", \"modules_to_save\": "
+                                                    "[\"lm_head\"], \"ensure_weight_tying\": true}");
+        ft_model_options topt = {.mode = FT_TRAIN_LORA};
+        ft_err terr = {0};
+        CHECK(ft_lora_config_load(&topt.lora, tdir, &terr) == 0 && topt.lora.ensure_weight_tying);
+        ft_model *tm = NULL;
+        CHECK(ft_model_load(&tm, tied, &topt, &terr) == 0);
+        ft_param *e = tm ? ft_model_find_param(tm, "model.embed_tokens.weight") : NULL;
+        CHECK(e && e->trainable && !ft_model_find_param(tm, "lm_head.weight"));
+        char tsaved[300];
+        snprintf(tsaved, sizeof tsaved, "%s/tied_saved", root);
+        CHECK(tm && ft_model_save_adapter(tm, tsaved, tied, &terr) == 0);
+        CHECK(tm && ft_model_load_adapter(tm, tsaved, &terr) == 0);
+        ft_model_free(tm);
+    }
+
+    ft_model_options opt = {.mode = FT_TRAIN_LORA};
+    ft_err err = {0};
+    CHECK(ft_lora_config_load(&opt.lora, dir, &err) == 0);
+    ft_model *m = NULL;
+    CHECK(ft_model_load(&m, untied, &opt, &err) == 0);
+    ft_param *head = ft_model_find_param(m, "lm_head.weight");
+    CHECK(head && head->trainable && !head->is_lora && head->grad);
+    CHECK(!ft_model_find_param(m, "model.embed_tokens.weight")->trainable);
+    char saved[300];
+    snprintf(saved, sizeof saved, "%s/saved", root);
+    CHECK(ft_model_save_adapter(m, saved, untied, &err) == 0);
+    CHECK(ft_model_load_adapter(m, saved, &err) == 0);
+    ft_model_free(m);
+    /* the same adapter into a model without modules_to_save: refused, naming the key */
+    opt.lora.modules_to_save = 0;
+    CHECK(ft_model_load(&m, untied, &opt, &err) == 0);
+    CHECK(ft_model_load_adapter(m, saved, &err) == -1 && strstr(err.msg, "modules_to_save"));
+    ft_model_free(m);
 }
 
 /* The nine module names: short forms ("gate_up" is not "gate"), all-linear's bits, and
@@ -253,6 +325,7 @@ int main(void)
     RUN(test_model_checks_name_file);
     RUN(test_fused_module_names);
     RUN(test_nested_decoder_regex);
+    RUN(test_modules_to_save_checks);
     ft_remove_tree(root);
     return check_summary("lora");
 }

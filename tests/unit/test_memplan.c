@@ -53,8 +53,11 @@ static int measure(const ft_run_config *cfg, const char *dir, ft_mem *out, size_
         mo.mode = FT_TRAIN_LORA;
         mo.lora = (ft_lora_config){.r = (int)tu->lora.r,
                                    .alpha = (float)tu->lora.alpha,
-                                   .dropout = (float)tu->lora.dropout};
-        if (ft_lora_targets_parse(tu->lora.target_modules, &mo.lora.targets, &err))
+                                   .dropout = (float)tu->lora.dropout,
+                                   .dora = tu->lora.use_dora};
+        if (ft_lora_targets_parse(tu->lora.target_modules, &mo.lora.targets, &err) ||
+            ft_lora_modules_to_save_parse(tu->lora.modules_to_save, &mo.lora.modules_to_save,
+                                          &err))
             return -1;
     }
     if (tu->mode == FT_TUNING_QLORA) {
@@ -173,7 +176,9 @@ static void compare(const char *dir, const char *const *sets)
     free(cfg);
 }
 
-static void sweep(const char *dir, const char *mode, const char *targets, const char *dropout)
+/* sweep with one more setting (NULL: none) */
+static void sweep_with(const char *dir, const char *mode, const char *targets,
+                       const char *dropout, const char *extra)
 {
     static const char *batches[] = {"train.batch_size=1", "train.batch_size=2",
                                     "train.batch_size=3", "train.batch_size=5"};
@@ -188,9 +193,46 @@ static void sweep(const char *dir, const char *mode, const char *targets, const 
         for (int bi = 0; bi < 4; bi++)
             for (int li = 0; li < 2; li++) {
                 const char *sets[] = {m, t, d, "tuning.lora.r=3", batches[bi], lens[li],
-                                      ckpts[ci], NULL};
+                                      ckpts[ci], extra, NULL};
                 compare(dir, sets);
             }
+}
+
+static void sweep(const char *dir, const char *mode, const char *targets, const char *dropout)
+{
+    sweep_with(dir, mode, targets, dropout, NULL);
+}
+
+/* modules_to_save: the embedding and/or the head trainable beside the pairs (with a
+ * quantized base too; a tied model's one embedding) */
+static void test_cpu_modules_to_save_equal_measured(void)
+{
+    sweep_with(llama_dir, "lora", "q_proj,v_proj", "0.05", "tuning.lora.modules_to_save=lm_head");
+    sweep_with(llama_dir, "lora", "all-linear", "0", "tuning.lora.modules_to_save=embed_tokens");
+    sweep_with(olmo2_dir, "lora", "all-linear", "0.05",
+               "tuning.lora.modules_to_save=embed_tokens,lm_head");
+    sweep_with(olmo2_dir, "qlora", "all-linear", "0",
+               "tuning.lora.modules_to_save=embed_tokens,lm_head");
+    /* tied: the one embedding, shared by the head, trains (ensure_weight_tying) */
+    sweep_with(tied_dir, "lora", "all-linear", "0.05", "tuning.lora.modules_to_save=lm_head");
+}
+
+/* DoRA: a magnitude per output row of each pair's layer, W + s B A and two [N, out]
+ * temporaries in the workspace (a fused module's row blocks: phi3) */
+static void test_cpu_dora_equal_measured(void)
+{
+    sweep_with(llama_dir, "lora", "all-linear", "0.05", "tuning.lora.use_dora=true");
+    sweep_with(llama_dir, "lora", "q_proj,v_proj", "0", "tuning.lora.use_dora=true");
+    sweep_with(phi3_dir, "lora", "all-linear", "0.05", "tuning.lora.use_dora=true");
+    sweep_with(qwen3_dir, "qlora", "all-linear", "0", "tuning.lora.use_dora=true");
+}
+
+/* LoRA on the embedding and lm_head: their pairs, the [N, r] scratch */
+static void test_cpu_outer_lora_equal_measured(void)
+{
+    sweep(llama_dir, "lora", "q_proj,embed_tokens,lm_head", "0.05");
+    sweep(llama_dir, "lora", "lm_head", "0");
+    sweep(olmo2_dir, "qlora", "all-linear,embed_tokens", "0.1");
 }
 
 static void test_cpu_lora_equals_measured(void)
@@ -645,6 +687,11 @@ static void test_errors(void)
     CHECK(ft_memplan(c, &mc, 1, &r, &err) != 0);
     CHECK(strstr(err.msg, "tuning.lora.target_modules") != NULL);
     free(c);
+    const char *bad_saved[] = {"tuning.lora.modules_to_save=lm_head,norm", NULL};
+    c = make_config(bad_saved);
+    CHECK(ft_memplan(c, &mc, 1, &r, &err) != 0);
+    CHECK(strstr(err.msg, "tuning.lora.modules_to_save") && strstr(err.msg, "'norm'"));
+    free(c);
     const char *ok[] = {NULL};
     c = make_config(ok);
     CHECK(ft_memplan(c, &mc, 0, &r, &err) != 0);
@@ -718,6 +765,9 @@ int main(void)
                                                      " \"linear\", \"factor\": 8.0}"});
 
     RUN(test_cpu_lora_equals_measured);
+    RUN(test_cpu_modules_to_save_equal_measured);
+    RUN(test_cpu_dora_equal_measured);
+    RUN(test_cpu_outer_lora_equal_measured);
     RUN(test_cpu_full_equals_measured);
     RUN(test_cpu_chunked_logits_equal_measured);
     RUN(test_cpu_dpo_equals_measured);

@@ -515,6 +515,64 @@ static void test_chunked_head(void)
     check_chunked_head(dir, FT_TRAIN_FULL);
 }
 
+/* The adapters of PEFT's other kinds (lora.h): DoRA; LoRA on the embedding and lm_head;
+ * the embedding and lm_head trained in full (modules_to_save); each with LoRA dropout 0.3.
+ * Gradient checkpointing gives bitwise the plain gradients, a chunked head (5 rows) the
+ * same to rounding, and (but DoRA, whose norm is a constant in the gradient, not in a
+ * finite difference) the gradients match finite differences. */
+static ft_model *load_kind(const char *dir, ft_lora_config lc, int ckpt, int chunk)
+{
+    ft_model_options opt = {.mode = FT_TRAIN_LORA, .grad_ckpt = ckpt, .seed = 99,
+                            .loss_chunk_rows = chunk, .lora = lc};
+    ft_model *m = NULL;
+    ft_err err;
+    if (ft_model_load(&m, dir, &opt, &err)) {
+        fprintf(stderr, "  load: %s\n", err.msg);
+        return NULL;
+    }
+    for (size_t i = 0; i < ft_model_param_count(m); i++) { /* the zero halves: random */
+        ft_param *p = ft_model_param(m, i);
+        if (strstr(p->name, "lora_B") || strstr(p->name, "lora_embedding_A"))
+            for (size_t j = 0; j < p->numel; j++)
+                p->data[j] = 0.5f * (ft_uniform(31 + i, j) - 0.5f);
+    }
+    return m;
+}
+
+static void test_adapter_kinds(void)
+{
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/full", root);
+    ft_lora_config base = {.r = 2, .alpha = 4, .dropout = 0.3f, .targets = FT_LORA_ALL_LINEAR};
+    ft_lora_config kinds[3] = {base, base, base};
+    kinds[0].dora = true;
+    kinds[1].targets |= FT_LORA_EMBED | FT_LORA_HEAD;
+    kinds[2].targets = (1u << FT_PROJ_Q) | (1u << FT_PROJ_V);
+    kinds[2].modules_to_save = FT_SAVE_EMBED | FT_SAVE_HEAD;
+    ft_batch b = {B, T, ids, labels, NULL};
+    for (int k = 0; k < 3; k++) {
+        ft_model *plain = load_kind(dir, kinds[k], 0, 0), *ckpt = load_kind(dir, kinds[k], 1, 0);
+        ft_model *chunked = load_kind(dir, kinds[k], 0, 5);
+        CHECK(plain && ckpt && chunked);
+        if (!plain || !ckpt || !chunked)
+            continue;
+        size_t n1, n2, n3;
+        float *g1 = grads_of(plain, &b, 1, &n1), *g2 = grads_of(ckpt, &b, 1, &n2);
+        float *g3 = grads_of(chunked, &b, 1, &n3);
+        CHECK(n1 == n2 && n1 == n3 && n1 > 0 && memcmp(g1, g2, n1 * sizeof(float)) == 0);
+        double d = 0, nrm = 0;
+        for (size_t i = 0; i < n1 && n1 == n3; i++) {
+            d += (double)(g1[i] - g3[i]) * (g1[i] - g3[i]);
+            nrm += (double)g1[i] * g1[i];
+        }
+        CHECK(nrm > 0 && sqrt(d / nrm) < 1e-5);
+        if (k > 0)
+            check_fd(plain);
+        free(g1), free(g2), free(g3);
+        ft_model_free(plain), ft_model_free(ckpt), ft_model_free(chunked);
+    }
+}
+
 /* Two sequences packed into one row (positions restart) give the logits of the two
  * sequences run as separate rows. */
 static void test_packed_rows(void)
@@ -794,6 +852,7 @@ int main(void)
     RUN(test_qwen3_gradients);
     RUN(test_ckpt_full);
     RUN(test_ckpt_lora_dropout);
+    RUN(test_adapter_kinds);
     RUN(test_phi3_smollm3_gradients);
     RUN(test_grad_accumulation);
     RUN(test_packed_rows);

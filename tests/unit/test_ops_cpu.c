@@ -1091,6 +1091,67 @@ static void test_elementwise(void)
     CHECK(ft_cpu_sumsq(&one, 1) == 9.0);
 }
 
+/* ---- embedding of a transposed table: the embedding of the transpose -------------- */
+
+static void test_embedding_t(void)
+{
+    enum { N = 9, V = 7, C = 3 };
+    int32_t ids[N] = {0, 6, 3, 3, 1, 6, 6, 2, 5};
+    float t[C * V], tt[V * C], out[N * C], want[N * C], dout[N * C];
+    float dt[C * V], dtt[V * C];
+    rng_seed(21);
+    fill(t, C * V, -1, 1);
+    fill(dout, N * C, -1, 1);
+    for (int c = 0; c < C; c++)
+        for (int v = 0; v < V; v++) {
+            tt[v * C + c] = t[c * V + v];
+            dt[c * V + v] = 0.25f * (float)(c - v);
+            dtt[v * C + c] = dt[c * V + v];
+        }
+    ft_cpu_embedding_t_forward(out, ids, t, N, V, C);
+    ft_cpu_embedding_forward(want, ids, tt, N, V, C);
+    CHECK(bitwise_eq(out, want, N * C));
+    /* no padding row, then 6 (three of the ids) as padding_idx: the transposed table's
+     * gradient equals the plain one's, the padding row untouched in both */
+    for (int pad = -1; pad <= 6; pad += 7) {
+        float dt0[C * V];
+        memcpy(dt0, dt, sizeof dt);
+        ft_cpu_embedding_t_backward(dt, dout, ids, N, V, C, pad);
+        ft_cpu_embedding_backward(dtt, dout, ids, N, V, C, pad);
+        int same = 1, kept = 1;
+        for (int c = 0; c < C; c++) {
+            for (int v = 0; v < V; v++)
+                same &= dt[c * V + v] == dtt[v * C + c];
+            kept &= pad < 0 || dt[c * V + pad] == dt0[c * V + pad];
+        }
+        CHECK(same && kept);
+    }
+}
+
+/* ---- DoRA helpers: known values ------------------------------------------------------ */
+
+static void test_dora_ops(void)
+{
+    /* rows [3, 4] and [0, -2]: norms 5 and 2 */
+    float w[4] = {3, 4, 0, -2}, mag[2] = {10, -1}, g[2], inv[2];
+    ft_cpu_dora_norm(g, inv, mag, w, 2, 2);
+    CHECK(g[0] == 2.0f && g[1] == -0.5f && inv[0] == 0.2f && inv[1] == 0.5f);
+    /* y[n,c] = (2 g[c] - 1) x[n,c], then += the same */
+    float x[6] = {1, 2, 3, 4, 5, 6}, y[6], sc[3] = {1, 0.5f, -1};
+    ft_cpu_col_scale(y, x, sc, 2.0f, -1.0f, 2, 3, 0);
+    float want[6] = {1, 0, -9, 4, 0, -18};
+    CHECK(bitwise_eq(y, want, 6));
+    ft_cpu_col_scale(y, x, sc, 2.0f, -1.0f, 2, 3, 1);
+    for (int i = 0; i < 6; i++)
+        want[i] *= 2;
+    CHECK(bitwise_eq(y, want, 6));
+    /* d[c] += s[c] sum_n x[n,c] y[n,c]: columns (1*2 + 4*8, 0, 3*-18 + 6*-36) */
+    float d[3] = {1, 1, 1}, s[3] = {0.5f, 2, -1};
+    ft_cpu_col_dot(d, x, y, s, 2, 3);
+    float dw[3] = {1 + 0.5f * 34, 1, 1 + 270};
+    CHECK(bitwise_eq(d, dw, 3));
+}
+
 /* ---- dropout ------------------------------------------------------------------------ */
 
 static void test_dropout(void)
@@ -1231,6 +1292,8 @@ int main(void)
     RUN(test_cross_entropy_fd);
     RUN(test_softcap_cross_entropy_fd);
     RUN(test_elementwise);
+    RUN(test_embedding_t);
+    RUN(test_dora_ops);
     RUN(test_dropout);
     RUN(test_adamw);
     return check_summary("ops_cpu");

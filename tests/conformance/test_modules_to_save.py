@@ -1,0 +1,189 @@
+"""modules_to_save: the embedding and/or the head trained in full beside the LoRA pairs,
+as PEFT does it (a trainable copy of the module; the adapter file holds the copy under the
+module's own key, base_model.model.model.embed_tokens.weight / base_model.model.lm_head.weight).
+
+Both directions, every family with untied embeddings (llama, mistral, qwen2, qwen3,
+granite, olmo2, phi3):
+  - PEFT's adapter -> ours: logits and loss (1e-5), the gradient of every LoRA weight and of
+    the embedding and head copies (1e-4);
+  - five AdamW steps (1e-5 per tensor), then our saved adapter -> PeftModel.from_pretrained
+    with no missing or unexpected keys, holding our values, and the same logits as ours.
+Tied embeddings (gemma, gemma2, smollm3, the tied qwen3, llama and phi3 shapes): with
+ensure_weight_tying PEFT trains one copy shared by the embedding and the head (saved under
+both keys), as we do, both directions likewise; without it PEFT unties them (separate
+copies), which is refused naming modules_to_save and ensure_weight_tying.
+ft-merge of such an adapter is in test_tools_peft.py (MERGE_CASES)."""
+
+import json
+import warnings
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import ftref
+
+B = 2
+
+UNTIED = ["llama_gqa", "mistral_sw", "qwen2", "qwen3", "granite", "olmo2", "phi3"]
+TIED = ["tied", "gemma", "gemma2", "smollm3", "qwen3_tied", "phi4_mini"]
+
+CASES = ([("llama_gqa", "mts_head"), ("llama_gqa", "mts_embed")] +
+         [(m, "mts_both") for m in UNTIED] + [(m, "mts_tie") for m in TIED] +
+         [("tied", "mts_tie_head")])
+
+
+class Case:
+    pass
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[f"{m}-{v}" for m, v in CASES])
+def case(request, store, ft):
+    model_name, variant = request.param
+    c = Case()
+    shape = ftref.SHAPES[model_name]
+    c.tied = shape.cfg["tie_word_embeddings"]
+    c.model_dir = store.model(model_name)
+    c.adapter_dir = store.adapter(model_name, variant)
+    m = ftref.lora_mode_model(c.model_dir, c.adapter_dir)
+    ids, labels = ftref.make_batch(m.config.vocab_size, B, shape.T, shape.seed + 1,
+                                   pad=m.config.pad_token_id)
+    c.ref_logits, c.ref_loss, c.ref_grads = ftref.hf_grads(m, ids, labels, key=ftref.ours_key)
+    c.out = ft(dict(model_dir=c.model_dir, adapter_dir=c.adapter_dir, mode="lora",
+                    input_ids=ids, labels=labels), f"mts-{model_name}-{variant}")
+    return c
+
+
+def test_mts_logits_loss(case):
+    ftref.assert_close("logits", case.out["logits"], case.ref_logits, ftref.TOL_LOGITS)
+    ftref.assert_close("loss", case.out["loss"], case.ref_loss, ftref.TOL_LOGITS)
+
+
+def test_mts_grads(case):
+    cfg = json.loads((case.adapter_dir / "adapter_config.json").read_text())
+    for mod in cfg["modules_to_save"]:  # (tied: the one copy is the embedding)
+        want = ("model.embed_tokens.weight" if "embed" in mod or case.tied
+                else "lm_head.weight")
+        assert want in case.ref_grads, sorted(case.ref_grads)
+    ftref.assert_tensor_dict_close("grad.", case.out, case.ref_grads, ftref.TOL_GRAD)
+
+
+# five steps (as test_train.py: lr 1e-2, no k_proj / qkv_proj in the pairs); the seed of
+# the random adapter values picks a well-conditioned draw (see test_train.py)
+TRAIN_RUNS = [("llama_gqa", "mts_both_no_k", 4), ("qwen2", "mts_both_no_k", 3),
+              ("phi3", "mts_both_no_qkv", 1), ("tied", "mts_tie_no_k", 1),
+              ("gemma", "mts_tie_no_k", 1)]
+
+
+# max_grad_norm below each run's gradient norms, so that clipping acts (test_reference.py
+# checks it does, and that the runs are well-conditioned)
+CLIP = {}
+
+
+def _train(model_name, variant):
+    return dict(steps=5, lr=1e-2, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01,
+                warmup_steps=2, scheduler="cosine",
+                max_grad_norm=CLIP.get((model_name, variant), 1.0))
+
+
+@pytest.mark.parametrize("model_name,variant,seed", TRAIN_RUNS,
+                         ids=[f"{m}-{v}" for m, v, _ in TRAIN_RUNS])
+def test_mts_train_and_save_loads_in_peft(store, ft, tmp_path, model_name, variant, seed):
+    from peft import PeftModel
+
+    shape = ftref.SHAPES[model_name]
+    model_dir = store.model(model_name)
+    adapter_dir = store.adapter(model_name, variant, seed=seed)
+    ids, labels = ftref.make_batch(shape.cfg["vocab_size"], B, shape.T, shape.seed + 2)
+    train = _train(model_name, variant)
+    ref = ftref.reference_train(ftref.lora_mode_model(model_dir, adapter_dir), ids, labels,
+                                train, key=ftref.ours_key)
+    saved = tmp_path / "saved"
+    out = ft(dict(model_dir=model_dir, adapter_dir=adapter_dir, mode="lora", input_ids=ids,
+                  labels=labels, train=train, save_adapter=saved), f"mts-train-{model_name}")
+    ftref.assert_close("losses", out["losses"], ref["losses"], ftref.TOL_LOSSES)
+    assert any(k.endswith("embed_tokens.weight") for k in ref["weights"])
+    assert ("lm_head.weight" in ref["weights"]) == (not shape.cfg["tie_word_embeddings"])
+    ftref.assert_tensor_dict_close("weight.", out, ref["weights"], ftref.TOL_WEIGHT)
+
+    # ours -> PEFT: every key used, nothing missing, our values, our logits
+    cfg = json.loads((saved / "adapter_config.json").read_text())
+    tied = shape.cfg["tie_word_embeddings"]
+    assert sorted(cfg["modules_to_save"]) == (["embed_tokens"] if tied
+                                              else ["embed_tokens", "lm_head"])
+    assert cfg["ensure_weight_tying"] == tied
+    tensors = load_file(str(saved / "adapter_model.safetensors"))
+    base = ftref.load_hf(model_dir)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pm = PeftModel.from_pretrained(base, str(saved))
+    pm.eval()
+    bad = [str(w.message) for w in caught
+           if "missing" in str(w.message).lower() or "unexpected" in str(w.message).lower()]
+    assert not bad, bad
+    held = {k: p for k, p in pm.state_dict().items()
+            if ".lora_" in k or ".modules_to_save.default." in k}
+    held = {("base_model.model." + ftref.ours_key(k) if ".modules_to_save." in k
+             else ftref.peft_key(k)): p for k, p in held.items()}
+    assert set(held) == set(tensors), sorted(set(held) ^ set(tensors))
+    for k, t in tensors.items():
+        assert torch.equal(held[k], t), f"{k}: peft holds other values than the file"
+    ours = ft(dict(model_dir=model_dir, adapter_dir=saved, mode="lora", input_ids=ids),
+              f"mts-saved-{model_name}")
+    ftref.assert_close("saved adapter logits (PEFT vs ours)", ours["logits"],
+                       ftref.hf_forward(pm, ids)[0], ftref.TOL_LOGITS)
+
+
+@pytest.mark.parametrize("model_name", TIED)
+def test_mts_tied_refused(store, ft_raw, model_name):
+    shape = ftref.SHAPES[model_name]
+    adapter_dir = store.adapter(model_name, "mts_head_all")
+    ids, _ = ftref.make_batch(shape.cfg["vocab_size"], 1, 4, 0)
+    cp, _ = ft_raw(dict(model_dir=store.model(model_name), adapter_dir=adapter_dir,
+                        mode="lora", input_ids=ids), f"mts-tied-{model_name}")
+    assert cp.returncode != 0
+    assert ("modules_to_save" in cp.stderr and "tied" in cp.stderr
+            and "ensure_weight_tying" in cp.stderr), cp.stderr
+
+
+@pytest.mark.parametrize("entry", ["norm", "model.layers.0.mlp", "q_proj"])
+def test_mts_unsupported_module_refused(store, ft_raw, tmp_path, entry):
+    import shutil
+
+    src = store.adapter("llama_gqa", "mts_head")
+    d = tmp_path / "adapter"
+    shutil.copytree(src, d)
+    p = d / "adapter_config.json"
+    c = json.loads(p.read_text())
+    c["modules_to_save"] = ["lm_head", entry]
+    p.write_text(json.dumps(c))
+    ids, _ = ftref.make_batch(96, 1, 4, 0)
+    cp, _ = ft_raw(dict(model_dir=store.model("llama_gqa"), adapter_dir=d, mode="lora",
+                        input_ids=ids), f"mts-bad-{entry}")
+    assert cp.returncode != 0
+    assert "modules_to_save" in cp.stderr and entry in cp.stderr, cp.stderr
+
+
+@pytest.mark.parametrize("how", ["modules_to_save", "lora"])
+def test_resized_vocabulary_refused(store, ft_raw, tmp_path, how):
+    """An adapter made after resize_token_embeddings (tokens added to the tokenizer: its
+    embedding and head, or the embedding's LoRA pair, of the larger vocabulary) is refused
+    with a message that says so, not a bare shape error."""
+    from peft import LoraConfig, get_peft_model
+
+    model_dir = store.model("llama_gqa")
+    base = ftref.load_hf(model_dir)
+    V = base.config.vocab_size
+    base.resize_token_embeddings(V + 2)
+    kw = (dict(target_modules=["q_proj"], modules_to_save=["embed_tokens", "lm_head"])
+          if how == "modules_to_save" else dict(target_modules=["q_proj", "embed_tokens"]))
+    pm = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM", **kw))
+    d = tmp_path / "adapter"
+    d.mkdir()
+    (d / "README.md").write_text("---\nlibrary_name: peft\n---\n")
+    pm.save_pretrained(str(d), safe_serialization=True)
+    ids, _ = ftref.make_batch(V, 1, 4, 0)
+    cp, _ = ft_raw(dict(model_dir=model_dir, adapter_dir=d, mode="lora", input_ids=ids),
+                   f"resized-{how}")
+    assert cp.returncode != 0
+    assert "resized vocabulary" in cp.stderr and str(V + 2) in cp.stderr, cp.stderr
