@@ -180,9 +180,12 @@ int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
         ft_fail(err, "%s: key 'bias' must be \"none\"", path);
         goto out;
     }
-    static const char *const unsupported[] = {"use_dora",      "fan_in_fan_out",
-                                              "modules_to_save", "rank_pattern",
-                                              "alpha_pattern", "layer_replication"};
+    /* target_parameters: LoRA on nn.Parameter tensors (PEFT's ParamWrapper), which is
+     * how PEFT on transformers 5 reaches a MoE model's fused experts */
+    static const char *const unsupported[] = {"target_parameters", "use_dora",
+                                              "fan_in_fan_out",    "modules_to_save",
+                                              "rank_pattern",      "alpha_pattern",
+                                              "layer_replication"};
     for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++)
         if (reject_if_set(root, path, unsupported[i], err))
             goto out;

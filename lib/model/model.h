@@ -7,8 +7,8 @@
  * May call: core, device, formats, kernels, quant, tokenizer.
  * (This is the folder's main header.) */
 
-/* A dense decoder-only causal LM (llama, mistral, qwen2, qwen3, granite, gemma, gemma2,
- * olmo2, phi3, smollm3) with explicit forward and backward. A family is data
+/* A decoder-only causal LM (llama, mistral, qwen2, qwen3, granite, gemma, gemma2,
+ * olmo2, phi3, smollm3; the mixture-of-experts mixtral) with explicit forward and backward. A family is data
  * (ft_model_config's block description): one forward and backward read it.
  *
  * This is the library API the tools build on:
@@ -40,6 +40,9 @@
  * skipped in smollm3's NoPE layers. phi3's checkpoint fuses q, k, v into one qkv_proj
  * weight and gate, up into gate_up_proj: the ops read their row blocks, and a LoRA pair
  * sits on the fused module (one A; B's row blocks).
+ * A MoE family (mixtral) replaces the MLP by a router and experts (moe.c: each token's
+ * top-k experts' MLPs, weighted by the renormalised router softmax); for now on the CPU,
+ * unquantized, LoRA on the attention modules only.
  * A linear layer is y = x W^T + b, plus with LoRA: y += scaling * (dropout(x) A^T) B^T.
  *
  * Parameters live in two flat buffers (fp32; on a bf16 GPU model the frozen one is bf16
@@ -187,6 +190,13 @@ void ft_model_zero_grad(ft_model *m);
  * forward or backward. Validates token ids (error names the row and column). */
 int ft_model_forward(ft_model *m, const ft_batch *batch, double *loss_sum, long *n_tokens,
                      ft_err *err);
+
+/* The router's load-balancing term of the last forward (mixtral with
+ * output_router_logits: router_aux_loss_coef times transformers' load_balancing_loss_func;
+ * else 0). transformers' loss is loss_sum / n_tokens plus this; the backward adds its
+ * gradient once per forward, whatever grad_scale says (as the Trainer adds each
+ * micro-batch's aux_loss to that micro-batch's loss). */
+double ft_model_aux_loss(const ft_model *m);
 
 /* Logits [B, T, V] of the last forward, fp32 on the host (a GPU model copies them back
  * on the first call after a forward). NULL after a backward, and when the head was
