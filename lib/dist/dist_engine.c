@@ -186,6 +186,14 @@ int ft_engine_new(ft_engine **out, ft_comm *comm, const char *model_dir,
         free(e);
         return -1;
     }
+    if (ft_model_cfg(e->m)->num_experts > 0 && world > 1) {
+        ft_fail(err, "model_type '%s' (mixture of experts) trains in one process only so "
+                     "far: dist strategies on %d ranks are not implemented for MoE",
+                ft_model_cfg(e->m)->model_type, world);
+        ft_model_free(e->m);
+        free(e);
+        return -1;
+    }
     if (whole && adapter_dir && ft_model_load_adapter(e->m, adapter_dir, err)) {
         ft_model_free(e->m);
         free(e);
@@ -426,7 +434,8 @@ int ft_engine_step(ft_engine *e, const ft_lr_schedule *sched, const ft_batch *mi
         if (ft_model_forward(e->m, &micro[i], &sum, NULL, err) ||
             ft_model_backward(e->m, (float)(1.0 / tokens), err))
             return ft_fail_prefix(err, "micro-batch %d", i);
-        loss += sum;
+        /* a MoE router's load-balancing term, whole per micro-batch (one process only) */
+        loss += sum + ft_model_aux_loss(e->m) * rank_tokens;
     }
     if (is_pipeline(e) ? pipe_finish_grads(e, err) : dp_finish_grads(e, err))
         return -1;

@@ -1,5 +1,6 @@
-/* Reads a Hugging Face config.json of the dense decoder families (model_type "llama",
- * "mistral", "qwen2", "qwen3", "granite", "gemma", "gemma2", "olmo2", "phi3", "smollm3") into
+/* Reads a Hugging Face config.json of the decoder families (model_type "llama",
+ * "mistral", "qwen2", "qwen3", "granite", "gemma", "gemma2", "olmo2", "phi3", "smollm3",
+ * and the mixture-of-experts "mixtral") into
  * ft_model_config, and computes the RoPE inverse frequencies the way transformers does.
  *
  * Defaults are those of transformers' LlamaConfig, MistralConfig, Qwen2Config,
@@ -53,7 +54,10 @@
  *     phi3: fused qkv_proj / gate_up_proj weights (fixed), partial_rotary_factor (rope
  *     dict, else top level), rope type longrope (su, yarn: its old names; read_longrope
  *     says how), sliding_window; smollm3: no_rope_layers / no_rope_layer_interval
- *     (read_nope_layers), attention_bias and mlp_bias.
+ *     (read_nope_layers), attention_bias and mlp_bias; mixtral: sliding_window (none
+ *     when absent), rope_theta 1e6 when absent, the MoE keys num_local_experts (alias
+ *     num_experts), num_experts_per_tok, output_router_logits, router_aux_loss_coef
+ *     (read_moe; router_jitter_noise must be 0).
  *   the activation: hidden_act silu/swish (all but gemma and gemma2); for gemma,
  *     transformers 4.46 applies hidden_activation (null: gelu_pytorch_tanh, hidden_act
  *     ignored) and transformers 5 hidden_act (default gelu_pytorch_tanh, legacy "gelu"

@@ -225,3 +225,175 @@ def test_refuses_qlora_and_gpu(moe_store, ft_raw):
              "mixture of experts", "quantized")
     _refused(ft_raw, dict(base, mode="eval", device="cuda"), "moe-gpu", "mixture of experts",
              "CPU only")
+
+
+# --- training, adapters both ways, merge -----------------------------------------------
+
+
+def _train(lr):
+    return dict(steps=5, lr=lr, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01,
+                warmup_steps=2, scheduler="cosine", max_grad_norm=2.0)
+
+
+TRAIN_RUNS = [
+    dict(id="full", shape="mixtral", targets=None, train=_train(1e-3)),
+    dict(id="full-top3-sw", shape="mixtral_top3_sw", targets=None, train=_train(1e-3)),
+    # (k_proj left out, as in test_train.py: its LoRA B rows of the slow RoPE dims have a
+    # gradient near 0 that Adam turns into noise)
+    dict(id="lora-qvo", shape="mixtral", targets=["q_proj", "v_proj", "o_proj"],
+         train=_train(1e-2)),
+]
+
+
+@pytest.fixture(scope="module", params=TRAIN_RUNS, ids=[r["id"] for r in TRAIN_RUNS])
+def train_case(request, moe_store, ft):
+    """Five AdamW steps (warmup, cosine, clipping, weight decay) against torch's, the
+    load-balancing loss in every step's loss and gradient."""
+    run = request.param
+    shape = MOE_SHAPES[run["shape"]]
+    model_dir = moe_store(shape.name)
+    ids, labels = ftref.make_batch(shape.cfg["vocab_size"], B, shape.T, shape.seed + 2)
+    if run["targets"] is None:
+        m = ftref.full_mode_model(model_dir)
+        spec = dict(model_dir=model_dir, mode="full")
+        key = lambda n: n  # noqa: E731
+    else:
+        adapter = ftref.build_adapter(model_dir, moe_store.root / f"adapter-train-{run['id']}",
+                                      target_modules=run["targets"], seed=11)
+        m = ftref.lora_mode_model(model_dir, adapter)
+        spec = dict(model_dir=model_dir, adapter_dir=adapter, mode="lora")
+        key = ftref.peft_key
+    ref = ftref.reference_train(m, ids, labels, run["train"], key=key)
+    ref["weights"] = ckpt_grads(ref["weights"], m.config)
+    spec.update(input_ids=ids, labels=labels, train=run["train"])
+    out = ft(spec, f"moe-train-{run['id']}")
+    return dict(ref=ref, out=out, run=run)
+
+
+def test_train_losses_and_weights(train_case):
+    ref, out = train_case["ref"], train_case["out"]
+    ftref.assert_close(f"losses (ref {[round(x, 6) for x in ref['losses'].tolist()]})",
+                       out["losses"], ref["losses"], ftref.TOL_LOSSES)
+    ftref.assert_tensor_dict_close("weight.", out, ref["weights"], ftref.TOL_WEIGHT)
+
+
+def _tool(var, name):
+    return ftref.tool_exe(var, name)
+
+
+def test_lora_init_adapter_loads_in_peft(moe_store, tmp_path):
+    """ft-lora-init on a MoE model: an adapter of the attention modules PEFT loads, B = 0."""
+    from peft import PeftModel
+
+    model_dir = moe_store("mixtral")
+    out = tmp_path / "adapter"
+    ftref.run_tool([_tool("FT_LORA_INIT", "ft-lora-init"), "--model", model_dir, "--out", out,
+                    "--r", 4, "--target", "q_proj,v_proj,o_proj", "--seed", 3])
+    cfg = json.loads((out / "adapter_config.json").read_text())
+    assert sorted(cfg["target_modules"]) == ["o_proj", "q_proj", "v_proj"]
+    pm = PeftModel.from_pretrained(ftref.load_hf(model_dir), str(out))
+    from safetensors.torch import load_file
+    tensors = load_file(str(out / "adapter_model.safetensors"))
+    mem = {ftref.peft_key(n): p for n, p in pm.named_parameters() if ".lora_" in n}
+    assert set(mem) == set(tensors)
+    for k, t in tensors.items():
+        assert torch.equal(mem[k].detach(), t), k
+    ids, _ = ftref.make_batch(96, 2, 12, 0)
+    assert torch.equal(ftref.hf_forward(pm, ids)[0],
+                       ftref.hf_forward(ftref.load_hf(model_dir), ids)[0])
+
+
+def test_merge_loads_in_transformers(moe_store, tmp_path):
+    """ft-merge of an attention adapter made by PEFT: the merged checkpoint (experts and
+    router under the checkpoint's names) loads in transformers 5 with the logits of the
+    PEFT model, and its weights equal merge_and_unload's."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    model_dir = moe_store("mixtral")
+    adapter = ftref.build_adapter(model_dir, tmp_path / "adapter",
+                                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                                  seed=5)
+    out = tmp_path / "merged"
+    ftref.run_tool([_tool("FT_MERGE", "ft-merge"), "--model", model_dir, "--adapter", adapter,
+                    "--out", out])
+    pm = PeftModel.from_pretrained(ftref.load_hf(model_dir), str(adapter))
+    pm.eval()
+    ids, _ = ftref.make_batch(96, 2, 12, 1)
+    ref_logits = ftref.hf_forward(pm, ids)[0]
+    merged = pm.merge_and_unload()
+    ref_state = ckpt_grads({k: v.detach() for k, v in merged.state_dict().items()},
+                           merged.config)
+    ours = load_file(str(out / "model.safetensors"))
+    assert set(ours) == set(ref_state), sorted(set(ours) ^ set(ref_state))
+    for k, v in ref_state.items():
+        ftref.assert_close(f"merged {k}", ours[k], v, ftref.TOL_WEIGHT)
+    ftref.assert_close("merged logits", ftref.hf_forward(ftref.load_hf(out), ids)[0],
+                       ref_logits, ftref.TOL_LOGITS)
+
+
+# --- ft-train end to end -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def train_dir(tmp_path_factory):
+    """A tiny Mixtral with a tokenizer trained by `tokenizers`, and prompt/completion data."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import MixtralConfig, MixtralForCausalLM, PreTrainedTokenizerFast
+
+    d = tmp_path_factory.mktemp("moe_train_tool")
+    rows = [{"prompt": f"Q: colour of item {i}?",
+             "completion": f" {['red', 'green', 'blue'][i % 3]}"} for i in range(40)]
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.train_from_iterator([r["prompt"] + r["completion"] for r in rows],
+                           trainers.BpeTrainer(vocab_size=280, special_tokens=["<|endoftext|>"],
+                                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                               show_progress=False))
+    hf = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>")
+    torch.manual_seed(0)
+    cfg = MixtralConfig(vocab_size=tk.get_vocab_size(), hidden_size=32, intermediate_size=48,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                        max_position_embeddings=64, eos_token_id=hf.eos_token_id,
+                        num_local_experts=4, num_experts_per_tok=2, output_router_logits=True)
+    MixtralForCausalLM(cfg).save_pretrained(d / "model")
+    hf.save_pretrained(d / "model")
+    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:32]))
+    return d
+
+
+def _ft_train(d, name, mode, targets):
+    import subprocess
+
+    lora = f"    target_modules: {targets}\n" if targets else ""
+    text = (f"model:\n  name: {d / 'model'}\n  max_seq_len: 32\n"
+            f"tuning:\n  mode: {mode}\n  lora:\n    r: 4\n    alpha: 8\n{lora}"
+            f"train:\n  batch_size: 4\n  max_steps: 4\n  learning_rate: 1e-2\n"
+            f"  logging_steps: 1\n  output_dir: {d / name}\n"
+            f"data:\n  train_path: {d / 'train.jsonl'}\n")
+    (d / f"{name}.yaml").write_text(text)
+    return subprocess.run([ftref.tool_exe("FT_TRAIN", "ft-train"), "--config",
+                           str(d / f"{name}.yaml")], capture_output=True, text=True)
+
+
+def test_ft_train_lora_and_full(train_dir):
+    """ft-train runs LoRA (attention targets) and full fine-tuning of a MoE model; the
+    final adapter loads in PEFT, the final full model in transformers."""
+    from peft import PeftModel
+
+    r = _ft_train(train_dir, "lora", "lora", "q_proj,v_proj")
+    assert r.returncode == 0, r.stderr
+    PeftModel.from_pretrained(ftref.load_hf(train_dir / "model"), str(train_dir / "lora/final"))
+    r = _ft_train(train_dir, "full", "full", None)
+    assert r.returncode == 0, r.stderr
+    m = ftref.load_hf(train_dir / "full/final")
+    assert m.config.model_type == "mixtral" and m.config.num_local_experts == 4
+
+
+def test_ft_train_refuses_all_linear(train_dir):
+    """The default target_modules (all-linear) would reach experts and router in PEFT: refused,
+    with the modules that work named."""
+    r = _ft_train(train_dir, "default", "lora", None)
+    assert r.returncode != 0
+    assert "all-linear" in r.stderr and "q_proj, k_proj, v_proj, o_proj" in r.stderr, r.stderr
