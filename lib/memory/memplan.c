@@ -570,8 +570,11 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
         r->rows[i].bytes[FT_MEM_WORKSPACE] += h * r->max_unit_quantized + 4 * r->max_quant_absmax;
     r->cpu_activations = act_bytes(&act, 4);
     r->cpu_workspace = act_bytes(&ws, 4);
-    if (mc->num_experts > 0 && mc->output_router_logits) /* model.c: aux counts, psum, dp */
+    if (mc->num_experts > 0 && mc->output_router_logits) { /* model.c: aux counts, psum, dp */
         r->cpu_workspace += 3 * 4 * (size_t)mc->num_experts;
+        for (int i = FT_PLAN_GPU_1; i < FT_PLAN_NROWS; i++)
+            r->rows[i].bytes[FT_MEM_WORKSPACE] += 3 * 4 * (size_t)mc->num_experts;
+    }
     plan_pipeline(r, &p, &sp, (int)cfg->dist.pipeline_micro_batches);
     r->rows[FT_PLAN_GPU_ZERO2].bytes[FT_MEM_WORKSPACE] += max_unit_g;
     r->rows[FT_PLAN_GPU_ZERO3].bytes[FT_MEM_WORKSPACE] += max_unit_pg;

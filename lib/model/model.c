@@ -544,8 +544,6 @@ static const char *moe_unsupported(const ft_model_config *c, const ft_model_opti
 {
     if (c->num_experts == 0)
         return NULL;
-    if (opt->device != FT_DEV_CPU)
-        return "runs on the CPU only so far (the GPU model has no MoE block yet)";
     if (quant != FT_QUANT_NONE)
         return "cannot have a quantized base yet (QLoRA with quantized experts is not "
                "implemented)";
@@ -724,6 +722,8 @@ static void free_activations(ft_model *m)
     m->max_rows = 0;
     free(m->batch_h);
     m->batch_h = NULL;
+    free(m->moe_host);
+    m->moe_host = NULL;
 }
 
 /* One set of per-layer activation buffers for N rows. */
@@ -869,6 +869,12 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
     /* the GPU's batch is assembled on the host first (model_device.c) */
     if (m->dev != FT_DEV_CPU && !(m->batch_h = malloc(4 * N * sizeof *m->batch_h)))
         goto oom;
+    /* a GPU MoE model plans the grouping on the host (moe.c) */
+    if (m->dev != FT_DEV_CPU && moe) {
+        size_t n = 3 * N * K > 3 * (size_t)c->num_experts ? 3 * N * K : 3 * (size_t)c->num_experts;
+        if (!(m->moe_host = malloc(n * sizeof *m->moe_host)))
+            goto oom;
+    }
     m->max_rows = N;
     m->scratch_rows = NS;
     return 0;

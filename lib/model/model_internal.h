@@ -166,6 +166,9 @@ struct ft_model {
      * probs (aux_dp [E], set by the backward), and the term it added to the loss */
     float *aux_counts, *aux_psum, *aux_dp;
     double aux_loss;
+    /* GPU MoE: host staging of one layer's idx, rows and slot ([3 N k] int32, at least
+     * 3 E floats for the statistics), with the activations */
+    int32_t *moe_host;
 };
 
 /* Bytes of one element of the compute dtype. */

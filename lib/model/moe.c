@@ -20,6 +20,8 @@
  * probs[n, e] is coef E counts_e / R^2 (aux_dp), added in each layer's router backward
  * with weight 1 per forward: a micro-batch's term counts whole, as transformers' Trainer
  * adds each micro-batch's aux_loss to its (token-normalised) loss. */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "model/model_internal.h"
@@ -32,6 +34,37 @@
 int moe_layers(const ft_model *m)
 {
     return m->cfg.num_experts > 0 ? m->cfg.num_layers : 0;
+}
+
+/* A copy between the host and the model's device that failed: a CUDA fault, a bug as in
+ * the ops (kernels/ops.c aborts likewise). */
+static void copy_or_die(const ft_model *m, void *dst, int dst_dev, const void *src,
+                        int src_dev, size_t bytes, const char *what)
+{
+    ft_err err = {0};
+    (void)m;
+    if (ft_copy_bytes(dst, dst_dev, src, src_dev, bytes, &err)) {
+        fprintf(stderr, "moe: copying %s: %s\n", what, err.msg);
+        abort();
+    }
+}
+
+/* The grouping of layer l's routing: on the host, from idx (downloaded from a GPU model
+ * into the host staging), into the host offsets and the rows and slot the ops read
+ * (uploaded to a GPU model). The GEMM sizes are host arguments, so the routing makes
+ * one round trip per layer, as transformers' own loop over the experts does. */
+static void plan(ft_model *m, layer_acts *a, int N, int E, int k)
+{
+    size_t M = (size_t)N * k;
+    if (m->dev == FT_DEV_CPU) {
+        ft_moe_plan(a->offsets, a->rows, a->slot, a->idx, N, E, k);
+        return;
+    }
+    int32_t *idx = m->moe_host, *rows = idx + M, *slot = rows + M;
+    copy_or_die(m, idx, FT_DEV_CPU, a->idx, m->dev, M * sizeof *idx, "the routing");
+    ft_moe_plan(a->offsets, rows, slot, idx, N, E, k);
+    copy_or_die(m, a->rows, m->dev, rows, FT_DEV_CPU, M * sizeof *rows, "the grouping");
+    copy_or_die(m, a->slot, m->dev, slot, FT_DEV_CPU, M * sizeof *slot, "the grouping");
 }
 
 /* rows [r0, r0 + n) of a [*, width] buffer of the compute dtype */
@@ -56,9 +89,7 @@ void moe_forward(ft_model *m, int l, const float *x, float *y, bool record)
     if (record && m->aux_counts)
         ft_moe_aux_stats(F_(m->aux_counts, E), F_(m->aux_psum, E), F_(a->probs, NE),
                          I_(a->idx, NK), N, E, k);
-    /* the grouping is host bookkeeping (the GEMM sizes are host arguments): on the CPU the
-     * arrays are host memory (the model refuses MoE on the GPU for now) */
-    ft_moe_plan(a->offsets, a->rows, a->slot, a->idx, N, E, k);
+    plan(m, a, N, E, k);
     ft_moe_gather_forward(A_(a->xe, NK * C), A_(x, (size_t)N * C), I_(a->rows, NK), N, k, C);
     for (int e = 0; e < E; e++) {
         int r0 = a->offsets[e], n = a->offsets[e + 1] - r0;
@@ -159,10 +190,20 @@ void moe_aux_end(ft_model *m)
         return;
     const ft_model_config *c = &m->cfg;
     int E = c->num_experts;
+    /* counts, psum, dp: contiguous (model.c), on the model's device */
+    float *h = m->dev == FT_DEV_CPU ? m->aux_counts : (float *)m->moe_host;
+    if (h != m->aux_counts)
+        copy_or_die(m, h, FT_DEV_CPU, m->aux_counts, m->dev, 2 * (size_t)E * sizeof *h,
+                    "the load-balancing statistics");
+    const float *counts = h, *psum = h + E;
+    float *dp = h + 2 * E;
     double R = (double)m->B * m->T * moe_layers(m), sum = 0.0;
     for (int e = 0; e < E; e++) {
-        sum += ((double)m->aux_counts[e] / R) * ((double)m->aux_psum[e] / R);
-        m->aux_dp[e] = (float)((double)c->router_aux_loss_coef * E * m->aux_counts[e] / (R * R));
+        sum += ((double)counts[e] / R) * ((double)psum[e] / R);
+        dp[e] = (float)((double)c->router_aux_loss_coef * E * counts[e] / (R * R));
     }
+    if (h != m->aux_counts)
+        copy_or_die(m, m->aux_dp, m->dev, dp, FT_DEV_CPU, (size_t)E * sizeof *dp,
+                    "the load-balancing gradient");
     m->aux_loss = (double)c->router_aux_loss_coef * E * sum;
 }

@@ -15,8 +15,8 @@ gradient (router and experts included: the gradient reaches the router through t
 selected, renormalised weights and through the aux loss), LoRA on the attention modules
 (router and experts frozen; the gradient still flows through the router to the
 residual stream), gradient checkpointing, and the refusals of what is not implemented
-yet (LoRA on experts / all-linear, QLoRA, the GPU, dist strategies that bind
-parameters)."""
+yet (LoRA on experts / all-linear, QLoRA, training on several ranks). The GPU path:
+test_gpu_moe.py."""
 
 import json
 
@@ -217,14 +217,12 @@ def test_refuses_lora_on_experts(moe_store, ft_raw):
                  "adapter_config.json", "target_parameters")
 
 
-def test_refuses_qlora_and_gpu(moe_store, ft_raw):
+def test_refuses_qlora(moe_store, ft_raw):
     model_dir = moe_store("mixtral")
     ids, labels = ftref.make_batch(96, 1, 6, 0)
     base = dict(model_dir=model_dir, input_ids=ids, labels=labels)
     _refused(ft_raw, dict(base, mode="eval", quant={"type": "nf4"}), "moe-qlora",
              "mixture of experts", "quantized")
-    _refused(ft_raw, dict(base, mode="eval", device="cuda"), "moe-gpu", "mixture of experts",
-             "CPU only")
 
 
 # --- training, adapters both ways, merge -----------------------------------------------
