@@ -143,8 +143,17 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora)
         if (c->num_experts > 0) { /* add_moe: the router, each expert's gate, up, down */
             size_t E = (size_t)c->num_experts, I = (size_t)c->intermediate_size;
             add_tensor(p, unit, E * C, full, false, 0, 0);
-            for (size_t e = 0; e < 3 * E; e++)
-                add_tensor(p, unit, I * C, full, false, 0, 0);
+            for (size_t e = 0; e < E; e++)
+                for (int h = 0; h < 3; h++) {
+                    /* quantized_expert: on load only, not in a quantized checkpoint */
+                    char path[160];
+                    snprintf(path, sizeof path, "model.layers.%zu.%s.experts.%zu.%s", l,
+                             c->moe_name, e, c->expert_proj[h]);
+                    bool quant = p->quant.type != FT_QUANT_NONE && !c->quant.present &&
+                                 !ft_quant_skipped(p->quant_skip, path);
+                    int64_t rows = (int64_t)(h == 2 ? C : I), cols = (int64_t)(h == 2 ? I : C);
+                    add_tensor(p, unit, I * C, full, quant, rows, cols);
+                }
         }
     }
     add_tensor(p, (int)L + 1, C, full, false, 0, 0); /* model.norm */

@@ -106,6 +106,20 @@ static int add_mid_norms(layout *lo, int l)
     return rc;
 }
 
+/* Whether QLoRA keeps expert e's weight h of layer l in 4 or 8 bits: quantized on load
+ * from a dense checkpoint (the experts are most of a MoE's weights), unless the skip list
+ * names it. A checkpoint quantized already keeps its experts dense: transformers 5 holds
+ * them as fused 3-D parameters, which bitsandbytes does not quantize, so its files (and
+ * ft-quantize's) have dense experts. The router stays dense, as in transformers. */
+static bool quantized_expert(const ft_model *m, int l, int e, int h)
+{
+    char path[160];
+    snprintf(path, sizeof path, "model.layers.%d.%s.experts.%d.%s", l, m->cfg.moe_name, e,
+             m->cfg.expert_proj[h]);
+    return m->quant.type != FT_QUANT_NONE && !m->quant_from_ckpt &&
+           !ft_quant_skipped(m->quant_skip, path);
+}
+
 /* A MoE layer's router, then each expert's gate, up, down weights, named as the
  * checkpoint names them (model.layers.N.block_sparse_moe.gate.weight,
  * ....experts.E.w1.weight, w3, w2 for mixtral). Trainable in full mode only. */
@@ -123,11 +137,14 @@ static int add_moe(layout *lo, int l)
     int rc = add_param(lo, l + 1, full, false, &w->router, &w->g_router, 2, E, C,
                        "model.layers.%d.%s.gate.weight", l, c->moe_name);
     for (int e = 0; e < E; e++)
-        for (int h = 0; h < 3; h++)
+        for (int h = 0; h < 3; h++) {
             rc |= add_param(lo, l + 1, full, false, &w->expert[3 * e + h],
                             &w->g_expert[3 * e + h], 2, h == 2 ? C : I, h == 2 ? I : C,
                             "model.layers.%d.%s.experts.%d.%s.weight", l, c->moe_name, e,
                             c->expert_proj[h]);
+            if (rc == 0)
+                m->params[m->n_params - 1].quantized = quantized_expert(m, l, e, h);
+        }
     return rc;
 }
 
@@ -539,14 +556,10 @@ static int setup_lora(ft_model *m, ft_err *err)
 
 /* What a mixture-of-experts model cannot do yet (NULL: opt is fine). The lora targets
  * are checked by lora_layers. */
-static const char *moe_unsupported(const ft_model_config *c, const ft_model_options *opt,
-                                   ft_quant_type quant)
+static const char *moe_unsupported(const ft_model_config *c, const ft_model_options *opt)
 {
     if (c->num_experts == 0)
         return NULL;
-    if (quant != FT_QUANT_NONE)
-        return "cannot have a quantized base yet (QLoRA with quantized experts is not "
-               "implemented)";
     if (opt->unbound)
         return "cannot be trained with dist.strategy zero2, zero3, fsdp or model_parallel "
                "yet (their parameter binding is not implemented for MoE)";
@@ -601,7 +614,7 @@ int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, 
         free(m);
         return -1;
     }
-    const char *moe_no = moe_unsupported(&m->cfg, opt, m->quant.type);
+    const char *moe_no = moe_unsupported(&m->cfg, opt);
     if (moe_no) {
         ft_fail(err, "%s: model_type '%s' (mixture of experts) %s", dir, m->cfg.model_type,
                 moe_no);

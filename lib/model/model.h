@@ -41,8 +41,8 @@
  * weight and gate, up into gate_up_proj: the ops read their row blocks, and a LoRA pair
  * sits on the fused module (one A; B's row blocks).
  * A MoE family (mixtral) replaces the MLP by a router and experts (moe.c: each token's
- * top-k experts' MLPs, weighted by the renormalised router softmax); for now unquantized,
- * LoRA on the attention modules only, in one process.
+ * top-k experts' MLPs, weighted by the renormalised router softmax); for now LoRA on the
+ * attention modules only (QLoRA quantizes the experts too), in one process.
  * A linear layer is y = x W^T + b, plus with LoRA: y += scaling * (dropout(x) A^T) B^T.
  *
  * Parameters live in two flat buffers (fp32; on a bf16 GPU model the frozen one is bf16

@@ -15,13 +15,14 @@ gradient (router and experts included: the gradient reaches the router through t
 selected, renormalised weights and through the aux loss), LoRA on the attention modules
 (router and experts frozen; the gradient still flows through the router to the
 residual stream), gradient checkpointing, and the refusals of what is not implemented
-yet (LoRA on experts / all-linear, QLoRA, training on several ranks). The GPU path:
-test_gpu_moe.py."""
+yet (LoRA on experts / all-linear, training on several ranks), and QLoRA with the
+attention modules and every expert quantized on load. The GPU path: test_gpu_moe.py."""
 
 import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 import ftref
 
@@ -217,12 +218,91 @@ def test_refuses_lora_on_experts(moe_store, ft_raw):
                  "adapter_config.json", "target_parameters")
 
 
-def test_refuses_qlora(moe_store, ft_raw):
-    model_dir = moe_store("mixtral")
-    ids, labels = ftref.make_batch(96, 1, 6, 0)
-    base = dict(model_dir=model_dir, input_ids=ids, labels=labels)
-    _refused(ft_raw, dict(base, mode="eval", quant={"type": "nf4"}), "moe-qlora",
-             "mixture of experts", "quantized")
+def v5_state(sd, ckpt, I):
+    """Writes checkpoint-named tensors (per-expert w1/w3/w2, block_sparse_moe) into sd, a
+    transformers 5 state dict (fused experts, mlp.*), in place."""
+    import re
+
+    for k, v in ckpt.items():
+        m = re.fullmatch(r"model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.(w[123])\.weight", k)
+        if m:
+            l, e, w = int(m.group(1)), int(m.group(2)), m.group(3)
+            if w == "w2":
+                sd[f"model.layers.{l}.mlp.experts.down_proj"][e] = v
+            else:
+                rows = slice(0, I) if w == "w1" else slice(I, 2 * I)
+                sd[f"model.layers.{l}.mlp.experts.gate_up_proj"][e, rows] = v
+        else:
+            sd[k.replace(".block_sparse_moe.gate.", ".mlp.gate.")] = v
+
+
+# ("ckpt": a checkpoint ft-quantize wrote: its attention quantized, its experts dense,
+# as transformers 5 + bitsandbytes leave the fused experts)
+QLORA_CASES = [dict(type="nf4", blocksize=64, double_quant=True),
+               dict(type="fp4", blocksize=32, double_quant=False),
+               dict(type="int8"),
+               dict(type="nf4", blocksize=64, double_quant=True, ckpt=True)]
+
+
+@pytest.fixture(scope="module", params=QLORA_CASES,
+                ids=[q["type"] + str(q.get("blocksize", "")) + ("-ckpt" if q.get("ckpt") else "")
+                     for q in QLORA_CASES])
+def qlora_case(request, moe_store, ft):
+    """QLoRA on the fly: attention and every expert quantized (the router stays dense), LoRA
+    on attention; the reference is transformers + PEFT on a model holding exactly our
+    dequantized weights."""
+    q = request.param
+    shape = MOE_SHAPES["mixtral"]
+    model_dir = moe_store(shape.name)
+    adapter = ftref.build_adapter(model_dir, moe_store.root / "adapter-qlora",
+                                  target_modules=["q_proj", "v_proj", "o_proj"], seed=9)
+    m = ftref.load_hf(model_dir)
+    ids, labels = ftref.make_batch(m.config.vocab_size, B, shape.T, shape.seed + 4)
+    spec = dict(adapter_dir=adapter, mode="lora", input_ids=ids, labels=labels)
+    tag = f"moe-qlora-{q['type']}{'-ckpt' if q.get('ckpt') else ''}"
+    if q.get("ckpt"):
+        qdir = moe_store.root / "quantized"
+        if not qdir.exists():
+            ftref.run_tool([ftref.tool_exe("FT_QUANTIZE", "ft-quantize"), "--model", model_dir,
+                            "--out", qdir, "--type", q["type"]])
+        out = ft(dict(spec, model_dir=qdir), tag)
+    else:
+        out = ft(dict(spec, model_dir=model_dir, quant=q), tag)
+    deq = {k[len("dequant."):]: v for k, v in out.items() if k.startswith("dequant.")}
+    sd = {k: v.clone() for k, v in m.state_dict().items()}
+    v5_state(sd, deq, m.config.intermediate_size)
+    m.load_state_dict(sd)
+    ref_dir = moe_store.root / f"dequant-{q['type']}"
+    m.save_pretrained(ref_dir, safe_serialization=True)
+    ref = ftref.lora_mode_model(ref_dir, adapter)
+    logits, loss, grads = ftref.hf_grads(ref, ids, labels, key=ftref.peft_key)
+    ckpt = load_file(str(model_dir / "model.safetensors"))
+    return dict(q=q, out=out, deq=deq, ckpt=ckpt, logits=logits, loss=loss, grads=grads,
+                L=m.config.num_hidden_layers, E=m.config.num_local_experts)
+
+
+def test_qlora_quantizes_attention_and_experts(qlora_case):
+    from test_qlora import _bound
+
+    c = qlora_case
+    want = {f"model.layers.{l}.self_attn.{p}.weight" for l in range(c["L"])
+            for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
+    if not c["q"].get("ckpt"):
+        want |= {f"model.layers.{l}.block_sparse_moe.experts.{e}.{w}.weight"
+                 for l in range(c["L"]) for e in range(c["E"]) for w in ("w1", "w2", "w3")}
+    assert set(c["deq"]) == want  # the router is not quantized
+    for name, d in c["deq"].items():
+        w = c["ckpt"][name].float().numpy()
+        err = abs(d.numpy().reshape(-1) - w.reshape(-1))
+        assert (err <= _bound(w, c["q"])).all(), name
+        assert err.max() > 0, name
+
+
+def test_qlora_logits_loss_grads(qlora_case):
+    c = qlora_case
+    ftref.assert_close("qlora logits", c["out"]["logits"], c["logits"], ftref.TOL_LOGITS)
+    ftref.assert_close("qlora loss", c["out"]["loss"], c["loss"], ftref.TOL_LOGITS)
+    ftref.assert_tensor_dict_close("grad.", c["out"], c["grads"], ftref.TOL_GRAD)
 
 
 # --- training, adapters both ways, merge -----------------------------------------------
@@ -290,7 +370,7 @@ def test_lora_init_adapter_loads_in_peft(moe_store, tmp_path):
     cfg = json.loads((out / "adapter_config.json").read_text())
     assert sorted(cfg["target_modules"]) == ["o_proj", "q_proj", "v_proj"]
     pm = PeftModel.from_pretrained(ftref.load_hf(model_dir), str(out))
-    from safetensors.torch import load_file
+
     tensors = load_file(str(out / "adapter_model.safetensors"))
     mem = {ftref.peft_key(n): p for n, p in pm.named_parameters() if ".lora_" in n}
     assert set(mem) == set(tensors)
@@ -306,7 +386,7 @@ def test_merge_loads_in_transformers(moe_store, tmp_path):
     router under the checkpoint's names) loads in transformers 5 with the logits of the
     PEFT model, and its weights equal merge_and_unload's."""
     from peft import PeftModel
-    from safetensors.torch import load_file
+
 
     model_dir = moe_store("mixtral")
     adapter = ftref.build_adapter(model_dir, tmp_path / "adapter",

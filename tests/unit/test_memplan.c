@@ -318,12 +318,13 @@ static void test_cpu_gemma2_equal_measured(void)
 /* The GPU rows follow the table in memplan.h. */
 /* A mixture-of-experts block (mixtral): the router and every expert's weights, the
  * grouped activations of the k experts per token, the router's and the grouping's
- * buffers, the load-balancing statistics. LoRA on the attention modules (the experts'
- * LoRA is refused for now). */
+ * buffers, the load-balancing statistics; QLoRA's quantized experts and their window.
+ * LoRA on the attention modules (the experts' LoRA is refused for now). */
 static void test_cpu_mixtral_equal_measured(void)
 {
     sweep(mixtral_dir, "lora", "q_proj,k_proj,v_proj,o_proj", "0.05");
     sweep(mixtral_dir, "full", "q_proj", "0");
+    sweep(mixtral_dir, "qlora", "q_proj,v_proj", "0.1"); /* the experts quantized too */
 }
 
 static void test_gpu_formulas(void)
