@@ -42,7 +42,7 @@
  * sits on the fused module (one A; B's row blocks).
  * A MoE family (mixtral) replaces the MLP by a router and experts (moe.c: each token's
  * top-k experts' MLPs, weighted by the renormalised router softmax); for now LoRA on the
- * attention modules only (QLoRA quantizes the experts too), in one process.
+ * attention modules only (QLoRA quantizes the experts too).
  * A linear layer is y = x W^T + b, plus with LoRA: y += scaling * (dropout(x) A^T) B^T.
  *
  * Parameters live in two flat buffers (fp32; on a bf16 GPU model the frozen one is bf16
@@ -273,6 +273,14 @@ typedef struct ft_model_hooks {
 
 /* NULL removes them. Any hook may be NULL. */
 void ft_model_set_hooks(ft_model *m, const ft_model_hooks *h);
+
+/* A MoE model's load-balancing loss over several ranks (ft_model_aux_loss): at the end of
+ * each forward, reduce sums n doubles (the per-expert statistics and the rows they cover)
+ * over every rank of the run, so that data-parallel ranks share the step's micro-batch
+ * and pipeline stages the model's layers, as one process of the whole would count them.
+ * Every rank must run its forwards in step. NULL (the default): this process only. */
+typedef int (*ft_model_aux_reduce_fn)(void *ctx, double *v, size_t n, ft_err *err);
+void ft_model_set_aux_reduce(ft_model *m, ft_model_aux_reduce_fn fn, void *ctx);
 
 /* Pipeline stage: forward and backward compute units first..last only (default: all).
  * A stage without the last unit computes no loss (loss_sum 0, tokens still counted). */

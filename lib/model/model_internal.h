@@ -169,6 +169,8 @@ struct ft_model {
     /* GPU MoE: host staging of one layer's idx, rows and slot ([3 N k] int32, at least
      * 3 E floats for the statistics), with the activations */
     int32_t *moe_host;
+    ft_model_aux_reduce_fn aux_reduce; /* ft_model_set_aux_reduce */
+    void *aux_reduce_ctx;
 };
 
 /* Bytes of one element of the compute dtype. */
@@ -240,11 +242,10 @@ int model_upload_inv_freq(ft_model *m, ft_err *err);
 void moe_forward(ft_model *m, int l, const float *x, float *y, bool record);
 void moe_backward(ft_model *m, int l, const float *x, const float *dy, float *dx);
 /* The load-balancing term of the forward that just ended (moe_aux_begin before its
- * layers): m->aux_loss; and its gradient for the backward (aux_dp). */
+ * layers): m->aux_loss; and its gradient for the backward (aux_dp). Reduced over the
+ * ranks first when a reduce is set (ft_model_set_aux_reduce). */
 void moe_aux_begin(ft_model *m);
-void moe_aux_end(ft_model *m);
-/* Number of MoE layers of the model. */
-int moe_layers(const ft_model *m);
+int moe_aux_end(ft_model *m, ft_err *err);
 
 /* (Re)allocates activation and scratch buffers for B x T tokens. */
 int model_reserve_activations(ft_model *m, int B, int T, ft_err *err);

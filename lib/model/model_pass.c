@@ -560,7 +560,6 @@ int ft_model_forward(ft_model *m, const ft_batch *b, double *loss_sum, long *n_t
         if (release(m, l + 1, FT_UNIT_FORWARD, false, err))
             return -1;
     }
-    moe_aux_end(m);
     double loss = 0;
     if (m->stage_last <= L) {
         if (m->hooks.send_hidden(m->hooks.ctx, l1 < L ? m->acts[l1].in : m->final_in, nC, err))
@@ -583,6 +582,9 @@ int ft_model_forward(ft_model *m, const ft_batch *b, double *loss_sum, long *n_t
             return -1;
         m->logits_valid = true;
     }
+    /* (after a stage's send: the statistics may be summed over the stages) */
+    if (moe_aux_end(m, err))
+        return -1;
     if (loss_sum)
         *loss_sum = loss;
     if (n_tokens)
@@ -662,6 +664,12 @@ int ft_model_backward(ft_model *m, float grad_scale, ft_err *err)
 double ft_model_aux_loss(const ft_model *m)
 {
     return m->aux_loss;
+}
+
+void ft_model_set_aux_reduce(ft_model *m, ft_model_aux_reduce_fn fn, void *ctx)
+{
+    m->aux_reduce = fn;
+    m->aux_reduce_ctx = ctx;
 }
 
 long ft_batch_counted_tokens(const ft_batch *b)

@@ -19,7 +19,10 @@
  * coef * aux (m->aux_loss, ft_model_aux_loss); its gradient w.r.t. each layer's
  * probs[n, e] is coef E counts_e / R^2 (aux_dp), added in each layer's router backward
  * with weight 1 per forward: a micro-batch's term counts whole, as transformers' Trainer
- * adds each micro-batch's aux_loss to its (token-normalised) loss. */
+ * adds each micro-batch's aux_loss to its (token-normalised) loss. Over several ranks
+ * (ft_model_set_aux_reduce) counts, psum and R are sums over the ranks, so the term is
+ * the one of the step's whole micro-batch (data parallel) and of all layers (pipeline),
+ * and each rank's gradient is its part of that term's: the ranks' gradients add up. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,11 +33,6 @@
 #define F_(p, n) model_view(m, (p), (size_t)(n), FT_F32)
 #define I_(p, n) model_view(m, (p), (size_t)(n), FT_I32)
 #define OPTF_(p, n) ((p) ? F_(p, n) : ft_none())
-
-int moe_layers(const ft_model *m)
-{
-    return m->cfg.num_experts > 0 ? m->cfg.num_layers : 0;
-}
 
 /* A copy between the host and the model's device that failed: a CUDA fault, a bug as in
  * the ops (kernels/ops.c aborts likewise). */
@@ -184,10 +182,19 @@ void moe_aux_begin(ft_model *m)
     ft_zero(F_(m->aux_psum, E), E);
 }
 
-void moe_aux_end(ft_model *m)
+/* MoE layers among the layers this model computes (a pipeline stage: its own). */
+static int stage_moe_layers(const ft_model *m)
+{
+    int L = m->cfg.num_layers;
+    int l0 = m->stage_first > 0 ? m->stage_first - 1 : 0;
+    int l1 = m->stage_last < L + 1 ? m->stage_last : L;
+    return m->cfg.num_experts > 0 && l1 > l0 ? l1 - l0 : 0;
+}
+
+int moe_aux_end(ft_model *m, ft_err *err)
 {
     if (!m->aux_counts)
-        return;
+        return 0;
     const ft_model_config *c = &m->cfg;
     int E = c->num_experts;
     /* counts, psum, dp: contiguous (model.c), on the model's device */
@@ -195,15 +202,27 @@ void moe_aux_end(ft_model *m)
     if (h != m->aux_counts)
         copy_or_die(m, h, FT_DEV_CPU, m->aux_counts, m->dev, 2 * (size_t)E * sizeof *h,
                     "the load-balancing statistics");
-    const float *counts = h, *psum = h + E;
-    float *dp = h + 2 * E;
-    double R = (double)m->B * m->T * moe_layers(m), sum = 0.0;
-    for (int e = 0; e < E; e++) {
-        sum += ((double)counts[e] / R) * ((double)psum[e] / R);
-        dp[e] = (float)((double)c->router_aux_loss_coef * E * counts[e] / (R * R));
+    /* [counts E, psum E, rows x layers]: summed over the ranks when they share the loss */
+    double *v = malloc((2 * (size_t)E + 1) * sizeof *v);
+    if (!v)
+        return ft_fail(err, "out of memory");
+    for (int i = 0; i < 2 * E; i++)
+        v[i] = h[i];
+    v[2 * E] = (double)m->B * m->T * stage_moe_layers(m);
+    if (m->aux_reduce && m->aux_reduce(m->aux_reduce_ctx, v, 2 * (size_t)E + 1, err)) {
+        free(v);
+        return ft_fail_prefix(err, "the MoE load-balancing statistics");
     }
+    float *dp = h + 2 * E;
+    double R = v[2 * E], sum = 0.0;
+    for (int e = 0; e < E; e++) {
+        sum += (v[e] / R) * (v[E + e] / R);
+        dp[e] = (float)((double)c->router_aux_loss_coef * E * v[e] / (R * R));
+    }
+    free(v);
     if (h != m->aux_counts)
         copy_or_die(m, m->aux_dp, m->dev, dp, FT_DEV_CPU, (size_t)E * sizeof *dp,
                     "the load-balancing gradient");
     m->aux_loss = (double)c->router_aux_loss_coef * E * sum;
+    return 0;
 }

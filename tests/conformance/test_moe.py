@@ -475,3 +475,80 @@ def test_ft_train_refuses_all_linear(train_dir):
     r = _ft_train(train_dir, "default", "lora", None)
     assert r.returncode != 0
     assert "all-linear" in r.stderr and "q_proj, k_proj, v_proj, o_proj" in r.stderr, r.stderr
+
+
+# --- every dist.strategy on 2 ranks equals one process ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def dist_work(tmp_path_factory):
+    """A tiny Mixtral with the load-balancing loss on (coefficient 0.1, so that it moves
+    the weights), and token data of equal lengths: no padding, so one process's batch of 8
+    rows is exactly the two ranks' 4 + 4 (padding rows count in the aux loss, as in
+    transformers without an attention mask, and a batch padded to its longest sample pads
+    differently when split)."""
+    import random
+
+    import rankrun
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    assert rankrun.FT_TRAIN, "FT_TRAIN must be the path of bin/ft-train"
+    d = tmp_path_factory.mktemp("moe_dist")
+    torch.manual_seed(1)
+    cfg = MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                        num_local_experts=4, num_experts_per_tok=2, output_router_logits=True,
+                        router_aux_loss_coef=0.1)
+    MixtralForCausalLM(cfg).save_pretrained(d / "model", safe_serialization=True)
+    rnd = random.Random(3)
+    rows = []
+    for _ in range(48):
+        ids = [rnd.randint(1, 63) for _ in range(12)]
+        rows.append({"input_ids": ids, "labels": [-100] * 4 + ids[4:]})
+    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+def _dist_run(d, name, np_, mode, **over):
+    import rankrun
+
+    keys = {"train.max_steps": 4, "train.warmup_steps": 1, "train.learning_rate": 1e-2}
+    keys.update({k.replace("__", "."): v for k, v in over.items()})
+    cfg = rankrun.write_config(d, name, keys, mode=mode)
+    rankrun.run(cfg, np_)
+    return d / "runs" / name
+
+
+def _same_run(a, b):
+    from test_dist_train import assert_same_run
+
+    assert_same_run(a, b)
+
+
+DIST_CASES = [("full", s) for s in ("ddp", "zero1", "zero2", "zero3", "fsdp", "model_parallel")] + \
+             [("lora", s) for s in ("ddp", "zero3", "model_parallel")]
+
+
+@pytest.mark.parametrize("mode,strategy", DIST_CASES, ids=[f"{m}-{s}" for m, s in DIST_CASES])
+def test_dist_strategy_equals_one_process(dist_work, mode, strategy):
+    """Losses, gradient norms and final weights of 2 ranks = one process. The load-balancing
+    statistics are summed over the ranks (data parallel: the step's micro-batch; pipeline
+    stages: the layers), so the aux term and its gradient are the one process's."""
+    lora = {"tuning__lora__target_modules": "q_proj,v_proj"} if mode == "lora" else {}
+    single = dist_work / "runs" / f"single_{mode}"
+    if not single.exists():
+        _dist_run(dist_work, f"single_{mode}", 1, mode, train__batch_size=8, **lora)
+    batch = 8 if strategy == "model_parallel" else 4
+    run = _dist_run(dist_work, f"np2_{mode}_{strategy}", 2, mode, train__batch_size=batch,
+                    dist__strategy=strategy, **lora)
+    _same_run(single, run)
+
+
+def test_dist_refuses_gpipe_chunks_with_aux(dist_work):
+    import rankrun
+
+    cfg = rankrun.write_config(dist_work, "gpipe", {"train.max_steps": 1}, mode="full",
+                               **{"dist__strategy": "model_parallel",
+                                  "dist__pipeline_micro_batches": 2})
+    r = rankrun.run(cfg, 2, check=False)
+    assert r.returncode != 0 and "pipeline_micro_batches" in r.stderr, r.stderr[-2000:]
