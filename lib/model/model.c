@@ -554,16 +554,6 @@ static int setup_lora(ft_model *m, ft_err *err)
     return m->opt.lora.source[0] ? ft_fail_prefix(err, "%s", m->opt.lora.source) : -1;
 }
 
-/* What a mixture-of-experts model cannot do yet (NULL: opt is fine). The lora targets
- * are checked by lora_layers. */
-static const char *moe_unsupported(const ft_model_config *c, const ft_model_options *opt)
-{
-    (void)opt;
-    if (c->num_experts == 0)
-        return NULL;
-    return NULL;
-}
-
 /* Why the model cannot run on opt's device in opt's dtype; NULL when it can. */
 static const char *device_unsupported(const ft_model_options *opt)
 {
@@ -609,13 +599,6 @@ int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, 
         ft_fail(err, "%s: a %s-quantized base cannot be trained in full mode (train LoRA "
                      "adapters on it: tuning.mode qlora)",
                 dir, ft_quant_name(m->quant.type));
-        free(m);
-        return -1;
-    }
-    const char *moe_no = moe_unsupported(&m->cfg, opt);
-    if (moe_no) {
-        ft_fail(err, "%s: model_type '%s' (mixture of experts) %s", dir, m->cfg.model_type,
-                moe_no);
         free(m);
         return -1;
     }
