@@ -460,6 +460,26 @@ void ft_moe_combine_backward(ft_tensor dye, ft_tensor dw, ft_tensor dout, ft_ten
     ft_cpu_moe_combine_backward(F(dye), F(dw), F(dout), F(ye), F(w), I(slot), N, k, C);
 }
 
+void ft_moe_lora_b_split(ft_tensor dst, ft_tensor src, int out, int r, int E)
+{
+    opcheck c = begin("moe_lora_b_split", dst);
+    size_t n = SZ(out, r) * (size_t)E;
+    needf(c, "dst", dst, n);
+    needf(c, "src", src, n);
+    GPU_CALL(c, ft_cuda_moe_lora_b_split(dst, src, out, r, E));
+    ft_cpu_moe_lora_b_split(F(dst), F(src), out, r, E);
+}
+
+void ft_moe_lora_b_merge_add(ft_tensor dst, ft_tensor src, int out, int r, int E)
+{
+    opcheck c = begin("moe_lora_b_merge_add", dst);
+    size_t n = SZ(out, r) * (size_t)E;
+    need(c, "dst", dst, n, FT_F32);
+    needf(c, "src", src, n);
+    GPU_CALL(c, ft_cuda_moe_lora_b_merge_add(dst, src, out, r, E));
+    ft_cpu_moe_lora_b_merge_add(F(dst), F(src), out, r, E);
+}
+
 void ft_moe_aux_stats(ft_tensor counts, ft_tensor psum, ft_tensor probs, ft_tensor idx,
                       int N, int E, int k)
 {

@@ -168,6 +168,13 @@ void ft_geglu_backward(ft_tensor dgate, ft_tensor dup, ft_tensor dout, ft_tensor
  *   Over all layers, transformers' load_balancing_loss_func (no attention mask) is
  *   E sum_e (counts_e / R)(psum_e / R), R = N x layers; its gradient with respect to
  *   every layer's probs[n, e] is E counts_e / R^2 (the counts are constants): aux_dp. */
+/* LoRA on experts stored as PEFT's ParamWrapper holds a 3-D parameter's pair: B [out,
+ * r E] with expert e's B_e[o, j] = B[o, j E + e] (columns interleaved by expert; A's rows
+ * are expert-major, contiguous). lora_b_split: dst [E, out, r] (expert-major, each B_e
+ * contiguous for a GEMM) from src [out, r E]. lora_b_merge_add: the adjoint, dst [out,
+ * r E] += src [E, out, r] (a gradient back into PEFT's layout; dst fp32). Exact copies. */
+void ft_moe_lora_b_split(ft_tensor dst, ft_tensor src, int out, int r, int E);
+void ft_moe_lora_b_merge_add(ft_tensor dst, ft_tensor src, int out, int r, int E);
 #define FT_MOE_MAX_K 64
 void ft_moe_router_forward(ft_tensor probs, ft_tensor idx, ft_tensor w, ft_tensor logits,
                            int N, int E, int k, int renorm);

@@ -94,6 +94,8 @@ void ft_cpu_moe_combine_forward(float *out, const float *ye, const float *w,
                                 const int32_t *slot, int N, int k, int C, int accumulate);
 void ft_cpu_moe_combine_backward(float *dye, float *dw, const float *dout, const float *ye,
                                  const float *w, const int32_t *slot, int N, int k, int C);
+void ft_cpu_moe_lora_b_split(float *dst, const float *src, int out, int r, int E);
+void ft_cpu_moe_lora_b_merge_add(float *dst, const float *src, int out, int r, int E);
 void ft_cpu_moe_aux_stats(float *counts, float *psum, const float *probs,
                           const int32_t *idx, int N, int E, int k);
 

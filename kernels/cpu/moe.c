@@ -203,6 +203,26 @@ void ft_cpu_moe_combine_backward(float *dye, float *dw, const float *dout, const
     }
 }
 
+void ft_cpu_moe_lora_b_split(float *dst, const float *src, int out, int r, int E)
+{
+    size_t rE = (size_t)r * E;
+#pragma omp parallel for schedule(static) if ((long)out * r * E >= 32768)
+    for (int o = 0; o < out; o++)
+        for (int e = 0; e < E; e++)
+            for (int j = 0; j < r; j++)
+                dst[((size_t)e * out + o) * r + j] = src[(size_t)o * rE + (size_t)j * E + e];
+}
+
+void ft_cpu_moe_lora_b_merge_add(float *dst, const float *src, int out, int r, int E)
+{
+    size_t rE = (size_t)r * E;
+#pragma omp parallel for schedule(static) if ((long)out * r * E >= 32768)
+    for (int o = 0; o < out; o++)
+        for (int e = 0; e < E; e++)
+            for (int j = 0; j < r; j++)
+                dst[(size_t)o * rE + (size_t)j * E + e] += src[((size_t)e * out + o) * r + j];
+}
+
 void ft_cpu_moe_aux_stats(float *counts, float *psum, const float *probs,
                           const int32_t *idx, int N, int E, int k)
 {

@@ -129,6 +129,8 @@ void ft_cuda_moe_combine_forward(ft_tensor out, ft_tensor ye, ft_tensor w, ft_te
                                  int N, int k, int C, int accumulate);
 void ft_cuda_moe_combine_backward(ft_tensor dye, ft_tensor dw, ft_tensor dout, ft_tensor ye,
                                   ft_tensor w, ft_tensor slot, int N, int k, int C);
+void ft_cuda_moe_lora_b_split(ft_tensor dst, ft_tensor src, int out, int r, int E);
+void ft_cuda_moe_lora_b_merge_add(ft_tensor dst, ft_tensor src, int out, int r, int E);
 void ft_cuda_moe_aux_stats(ft_tensor counts, ft_tensor psum, ft_tensor probs, ft_tensor idx,
                            int N, int E, int k);
 

@@ -9,6 +9,7 @@
  *                            expert order; backward: dye one thread per grouped element
  *                            (each has one writer), dw one warp per (row, j) pair
  *   aux_stats                one thread per expert, rows in order
+ *   lora_b_split/merge_add   one thread per element (a permutation: each has one writer)
  * No atomics: a run repeats bit for bit. */
 #include "cuda_common.cuh"
 
@@ -179,6 +180,46 @@ __global__ void moe_aux_stats_kernel(float *counts, float *psum, const float *pr
         s += probs[(size_t)n * E + e];
     counts[e] = cnt;
     psum[e] += (float)s;
+}
+
+/* one thread per element of the [out, r E] layout: dst[e, o, j] <-> src[o, j E + e] */
+__global__ void moe_lora_b_split_kernel(fview dst, fview src, int out, int r, int E)
+{
+    GRID_STRIDE(i, (size_t)out * r * E)
+    {
+        size_t rE = (size_t)r * E, o = i / rE, c = i % rE, j = c / E, e = c % E;
+        st(dst, (e * out + o) * r + j, ld(src, i));
+    }
+}
+
+__global__ void moe_lora_b_merge_add_kernel(float *dst, fview src, int out, int r, int E)
+{
+    GRID_STRIDE(i, (size_t)out * r * E)
+    {
+        size_t rE = (size_t)r * E, o = i / rE, c = i % rE, j = c / E, e = c % E;
+        dst[i] += ld(src, (e * out + o) * r + j);
+    }
+}
+
+extern "C" void ft_cuda_moe_lora_b_split(ft_tensor dst, ft_tensor src, int out, int r, int E)
+{
+    size_t n = (size_t)out * r * E;
+    if (n == 0)
+        return;
+    FT_LAUNCH(moe_lora_b_split_kernel, grid_for(n, 256), 256, 0, ft_cuda_stream())(
+        fv(dst), fv(src), out, r, E);
+    LAUNCH_CHECK();
+}
+
+extern "C" void ft_cuda_moe_lora_b_merge_add(ft_tensor dst, ft_tensor src, int out, int r,
+                                             int E)
+{
+    size_t n = (size_t)out * r * E;
+    if (n == 0)
+        return;
+    FT_LAUNCH(moe_lora_b_merge_add_kernel, grid_for(n, 256), 256, 0, ft_cuda_stream())(
+        (float *)dst.data, fv(src), out, r, E);
+    LAUNCH_CHECK();
 }
 
 extern "C" void ft_cuda_moe_router_forward(ft_tensor probs, ft_tensor idx, ft_tensor w,

@@ -150,9 +150,39 @@ static void test_moe(void)
                      DTYPES[di]);
 }
 
+/* The expert LoRA B permutation (ops.h) against the CPU op, bit for bit; merge_add onto
+ * nonzero fp32 gradients. */
+static void test_lora_b_layout(void)
+{
+    static const int shapes[][3] = {{48, 8, 8}, {33, 4, 60}, {7, 1, 3}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int di = 0; di < 2; di++) {
+            ft_dtype d = DTYPES[di];
+            int out = shapes[s][0], r = shapes[s][1], E = shapes[s][2];
+            size_t n = (size_t)out * r * E;
+            float *b = rounded(host_random(n, 1.0f), n, d), *split = host_alloc(n);
+            float *g = host_random(n, 1.0f);
+            ft_tensor gb = dev_upload(b, n, d), gs = dev_upload(split, n, d);
+            ft_tensor gg = dev_upload(g, n, FT_F32);
+            ft_moe_lora_b_split(ft_f32(split, n), ft_f32(b, n), out, r, E);
+            ft_moe_lora_b_split(gs, gb, out, r, E);
+            char what[96];
+            snprintf(what, sizeof what, "lora_b split %dx%dx%d %s", out, r, E, dtype_name(d));
+            check_dev(what, gs, split, 0.0);
+            ft_moe_lora_b_merge_add(ft_f32(g, n), ft_f32(split, n), out, r, E);
+            ft_moe_lora_b_merge_add(gg, gs, out, r, E);
+            snprintf(what, sizeof what, "lora_b merge_add %dx%dx%d %s", out, r, E,
+                     dtype_name(d));
+            check_dev(what, gg, g, 0.0);
+            free(b), free(split), free(g);
+            dev_free(gb), dev_free(gs), dev_free(gg);
+        }
+}
+
 int main(void)
 {
     gpu_seed(22);
     RUN(test_moe);
+    RUN(test_lora_b_layout);
     return check_summary("cuda_moe");
 }

@@ -474,6 +474,40 @@ static void test_aux(void)
     CHECK(close_norm("aux dlogits", dlog, g, L * NE));
 }
 
+/* PEFT's layout of an expert LoRA B (ParamWrapper.get_delta_weight): B.reshape(out, r, E),
+ * expert e's B_e[o, j] = B[o, j E + e]. split gives each B_e contiguous, merge_add is its
+ * adjoint (<split(B), Y> = <B, merge_add(Y)>), both exact. */
+static void test_lora_b_layout(void)
+{
+    rng_state = 15;
+    enum { OUT = 5, R = 3, E = 4 };
+    size_t n = (size_t)OUT * R * E;
+    float b[OUT * R * E], split[OUT * R * E], y[OUT * R * E], acc[OUT * R * E];
+    fill(b, n, -1, 1);
+    ft_moe_lora_b_split(ft_f32(split, n), ft_f32(b, n), OUT, R, E);
+    int ok = 1;
+    for (int e = 0; e < E; e++)
+        for (int o = 0; o < OUT; o++)
+            for (int j = 0; j < R; j++)
+                ok &= split[(e * OUT + o) * R + j] == b[o * R * E + j * E + e];
+    CHECK(ok);
+    fill(y, n, -1, 1);
+    fill(acc, n, -1, 1);
+    float acc0[OUT * R * E];
+    memcpy(acc0, acc, sizeof acc);
+    ft_moe_lora_b_merge_add(ft_f32(acc, n), ft_f32(y, n), OUT, R, E);
+    double lhs = 0.0, rhs = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        lhs += (double)split[i] * y[i];
+        rhs += (double)b[i] * ((double)acc[i] - acc0[i]);
+    }
+    CHECK_CLOSE(lhs, rhs, 1e-6);
+    /* merge_add after split gives back B (onto zeros): a permutation */
+    float back[OUT * R * E] = {0};
+    ft_moe_lora_b_merge_add(ft_f32(back, n), ft_f32(split, n), OUT, R, E);
+    CHECK(memcmp(back, b, sizeof b) == 0);
+}
+
 int main(void)
 {
     RUN(test_router);
@@ -481,5 +515,6 @@ int main(void)
     RUN(test_plan);
     RUN(test_gather_combine);
     RUN(test_aux);
+    RUN(test_lora_b_layout);
     return check_summary("test_moe_ops");
 }
