@@ -382,6 +382,138 @@ void ft_swiglu_backward(ft_tensor dgate, ft_tensor dup, ft_tensor dout, ft_tenso
     ft_cpu_swiglu_backward(F(dgate), F(dup), F(dout), F(gate), F(up), n);
 }
 
+static void moe_check_k(const char *op, int E, int k)
+{
+    if (E < 1 || k < 1 || k > E || k > FT_MOE_MAX_K) {
+        fprintf(stderr, "%s: top-k %d of %d experts (need 1 <= k <= min(E, %d))\n", op, k,
+                E, FT_MOE_MAX_K);
+        abort();
+    }
+}
+
+void ft_moe_router_forward(ft_tensor probs, ft_tensor idx, ft_tensor w, ft_tensor logits,
+                           int N, int E, int k, int renorm)
+{
+    opcheck c = begin("moe_router_forward", probs);
+    moe_check_k(c.op, E, k);
+    need(c, "probs", probs, SZ(N, E), FT_F32);
+    need(c, "idx", idx, SZ(N, k), FT_I32);
+    need(c, "w", w, SZ(N, k), FT_F32);
+    needf(c, "logits", logits, SZ(N, E));
+    GPU_CALL(c, ft_cuda_moe_router_forward(probs, idx, w, logits, N, E, k, renorm));
+    ft_cpu_moe_router_forward(F(probs), I(idx), F(w), F(logits), N, E, k, renorm);
+}
+
+void ft_moe_router_backward(ft_tensor dlogits, ft_tensor dw, ft_tensor aux_dp,
+                            ft_tensor probs, ft_tensor idx, ft_tensor w, int N, int E, int k,
+                            int renorm)
+{
+    opcheck c = begin("moe_router_backward", dlogits);
+    moe_check_k(c.op, E, k);
+    needf(c, "dlogits", dlogits, SZ(N, E));
+    maybe(c, "dw", dw, SZ(N, k), FT_F32);
+    maybe(c, "aux_dp", aux_dp, E, FT_F32);
+    need(c, "probs", probs, SZ(N, E), FT_F32);
+    need(c, "idx", idx, SZ(N, k), FT_I32);
+    need(c, "w", w, SZ(N, k), FT_F32);
+    GPU_CALL(c, ft_cuda_moe_router_backward(dlogits, dw, aux_dp, probs, idx, w, N, E, k,
+                                            renorm));
+    ft_cpu_moe_router_backward(F(dlogits), F(dw), F(aux_dp), F(probs), I(idx), F(w), N, E,
+                               k, renorm);
+}
+
+void ft_moe_plan(int32_t *offsets, int32_t *rows, int32_t *slot, const int32_t *idx, int N,
+                 int E, int k)
+{
+    moe_check_k("moe_plan", E, k);
+    for (size_t i = 0; i < SZ(N, k); i++)
+        if (idx[i] < 0 || idx[i] >= E) {
+            fprintf(stderr, "moe_plan: expert %d of pair %zu is not in [0, %d)\n", idx[i], i,
+                    E);
+            abort();
+        }
+    ft_cpu_moe_plan(offsets, rows, slot, idx, N, E, k);
+}
+
+void ft_moe_gather_forward(ft_tensor xe, ft_tensor x, ft_tensor rows, int N, int k, int C)
+{
+    opcheck c = begin("moe_gather_forward", xe);
+    needf(c, "xe", xe, SZ(N, k) * (size_t)C);
+    needf(c, "x", x, SZ(N, C));
+    need(c, "rows", rows, SZ(N, k), FT_I32);
+    GPU_CALL(c, ft_cuda_moe_gather_forward(xe, x, rows, N, k, C));
+    ft_cpu_moe_gather_forward(F(xe), F(x), I(rows), N * k, C);
+}
+
+void ft_moe_gather_backward(ft_tensor dx, ft_tensor dxe, ft_tensor slot, int N, int k, int C)
+{
+    opcheck c = begin("moe_gather_backward", dx);
+    needf(c, "dx", dx, SZ(N, C));
+    needf(c, "dxe", dxe, SZ(N, k) * (size_t)C);
+    need(c, "slot", slot, SZ(N, k), FT_I32);
+    GPU_CALL(c, ft_cuda_moe_gather_backward(dx, dxe, slot, N, k, C));
+    ft_cpu_moe_gather_backward(F(dx), F(dxe), I(slot), N, k, C);
+}
+
+void ft_moe_combine_forward(ft_tensor out, ft_tensor ye, ft_tensor w, ft_tensor slot, int N,
+                            int k, int C, int accumulate)
+{
+    opcheck c = begin("moe_combine_forward", out);
+    needf(c, "out", out, SZ(N, C));
+    needf(c, "ye", ye, SZ(N, k) * (size_t)C);
+    need(c, "w", w, SZ(N, k), FT_F32);
+    need(c, "slot", slot, SZ(N, k), FT_I32);
+    GPU_CALL(c, ft_cuda_moe_combine_forward(out, ye, w, slot, N, k, C, accumulate));
+    ft_cpu_moe_combine_forward(F(out), F(ye), F(w), I(slot), N, k, C, accumulate);
+}
+
+void ft_moe_combine_backward(ft_tensor dye, ft_tensor dw, ft_tensor dout, ft_tensor ye,
+                             ft_tensor w, ft_tensor slot, int N, int k, int C)
+{
+    opcheck c = begin("moe_combine_backward", dout);
+    maybef(c, "dye", dye, SZ(N, k) * (size_t)C);
+    maybe(c, "dw", dw, SZ(N, k), FT_F32);
+    needf(c, "dout", dout, SZ(N, C));
+    needf(c, "ye", ye, SZ(N, k) * (size_t)C);
+    need(c, "w", w, SZ(N, k), FT_F32);
+    need(c, "slot", slot, SZ(N, k), FT_I32);
+    GPU_CALL(c, ft_cuda_moe_combine_backward(dye, dw, dout, ye, w, slot, N, k, C));
+    ft_cpu_moe_combine_backward(F(dye), F(dw), F(dout), F(ye), F(w), I(slot), N, k, C);
+}
+
+void ft_moe_lora_b_split(ft_tensor dst, ft_tensor src, int out, int r, int E)
+{
+    opcheck c = begin("moe_lora_b_split", dst);
+    size_t n = SZ(out, r) * (size_t)E;
+    needf(c, "dst", dst, n);
+    needf(c, "src", src, n);
+    GPU_CALL(c, ft_cuda_moe_lora_b_split(dst, src, out, r, E));
+    ft_cpu_moe_lora_b_split(F(dst), F(src), out, r, E);
+}
+
+void ft_moe_lora_b_merge_add(ft_tensor dst, ft_tensor src, int out, int r, int E)
+{
+    opcheck c = begin("moe_lora_b_merge_add", dst);
+    size_t n = SZ(out, r) * (size_t)E;
+    need(c, "dst", dst, n, FT_F32);
+    needf(c, "src", src, n);
+    GPU_CALL(c, ft_cuda_moe_lora_b_merge_add(dst, src, out, r, E));
+    ft_cpu_moe_lora_b_merge_add(F(dst), F(src), out, r, E);
+}
+
+void ft_moe_aux_stats(ft_tensor counts, ft_tensor psum, ft_tensor probs, ft_tensor idx,
+                      int N, int E, int k)
+{
+    opcheck c = begin("moe_aux_stats", counts);
+    moe_check_k(c.op, E, k);
+    need(c, "counts", counts, E, FT_F32);
+    need(c, "psum", psum, E, FT_F32);
+    need(c, "probs", probs, SZ(N, E), FT_F32);
+    need(c, "idx", idx, SZ(N, k), FT_I32);
+    GPU_CALL(c, ft_cuda_moe_aux_stats(counts, psum, probs, idx, N, E, k));
+    ft_cpu_moe_aux_stats(F(counts), F(psum), F(probs), I(idx), N, E, k);
+}
+
 void ft_geglu_forward(ft_tensor out, ft_tensor gate, ft_tensor up, size_t n)
 {
     opcheck c = begin("geglu_forward", out);

@@ -151,6 +151,55 @@ void ft_geglu_forward(ft_tensor out, ft_tensor gate, ft_tensor up, size_t n);
 void ft_geglu_backward(ft_tensor dgate, ft_tensor dup, ft_tensor dout, ft_tensor gate,
                        ft_tensor up, size_t n);
 
+/* ---- mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE): routing and grouping -------
+ * N token rows, E experts, each row sent to its top k (1 <= k <= min(E, FT_MOE_MAX_K)).
+ * router: probs [N,E] = softmax(logits [N,E]) (fp32; kept for backward and the aux
+ *   loss); idx [N,k] (i32) the k largest probs of each row in descending order (ties: the
+ *   lower expert first); w [N,k] (fp32) their probs, divided by their sum when renorm
+ *   (Mixtral always; Qwen's norm_topk_prob).
+ *   backward: dlogits [N,E] += the gradient through softmax, top-k values and the renorm,
+ *   the selection held constant (as autograd: gradient reaches the selected probs), from
+ *   dw [N,k] (may be ft_none()) plus aux_dp [E] (may be ft_none()), a gradient added to
+ *   every row's probs (the load-balancing loss's: see ft_moe_aux_stats).
+ * plan (host arrays; a GPU model copies idx back for it): the N k (row, expert) pairs
+ *   grouped expert by expert, rows ascending within one: expert e's pairs are grouped
+ *   positions offsets[e] .. offsets[e+1]-1 (offsets [E+1]), rows [N k] gives the row of
+ *   each position, slot [N k] the position of pair (n, j). Host code then runs one GEMM
+ *   per expert on its contiguous block of gathered rows.
+ * gather: xe [M,C] row m = x [.,C] row rows[m] (M = N k).
+ *   backward: dx [N,C] row n += the k rows dxe[slot[n, j]] (no atomics: one writer a row).
+ * combine: out [N,C] (=, or += when accumulate) sum over j of w[n,j] * ye[slot[n,j]], the
+ *   terms added in ascending expert order.
+ *   backward: dye[slot[n,j]] += w[n,j] dout[n]; dw[n,j] += dout[n] . ye[slot[n,j]]
+ *   (either may be ft_none()).
+ * aux_stats: counts [E] += how many of the N k pairs chose e; psum [E] += sum_n probs[n,e].
+ *   Over all layers, transformers' load_balancing_loss_func (no attention mask) is
+ *   E sum_e (counts_e / R)(psum_e / R), R = N x layers; its gradient with respect to
+ *   every layer's probs[n, e] is E counts_e / R^2 (the counts are constants): aux_dp. */
+/* LoRA on experts stored as PEFT's ParamWrapper holds a 3-D parameter's pair: B [out,
+ * r E] with expert e's B_e[o, j] = B[o, j E + e] (columns interleaved by expert; A's rows
+ * are expert-major, contiguous). lora_b_split: dst [E, out, r] (expert-major, each B_e
+ * contiguous for a GEMM) from src [out, r E]. lora_b_merge_add: the adjoint, dst [out,
+ * r E] += src [E, out, r] (a gradient back into PEFT's layout; dst fp32). Exact copies. */
+void ft_moe_lora_b_split(ft_tensor dst, ft_tensor src, int out, int r, int E);
+void ft_moe_lora_b_merge_add(ft_tensor dst, ft_tensor src, int out, int r, int E);
+#define FT_MOE_MAX_K 64
+void ft_moe_router_forward(ft_tensor probs, ft_tensor idx, ft_tensor w, ft_tensor logits,
+                           int N, int E, int k, int renorm);
+void ft_moe_router_backward(ft_tensor dlogits, ft_tensor dw, ft_tensor aux_dp,
+                            ft_tensor probs, ft_tensor idx, ft_tensor w, int N, int E, int k,
+                            int renorm);
+void ft_moe_plan(int32_t *offsets, int32_t *rows, int32_t *slot, const int32_t *idx, int N,
+                 int E, int k);
+void ft_moe_gather_forward(ft_tensor xe, ft_tensor x, ft_tensor rows, int N, int k, int C);
+void ft_moe_gather_backward(ft_tensor dx, ft_tensor dxe, ft_tensor slot, int N, int k, int C);
+void ft_moe_combine_forward(ft_tensor out, ft_tensor ye, ft_tensor w, ft_tensor slot, int N,
+                            int k, int C, int accumulate);
+void ft_moe_combine_backward(ft_tensor dye, ft_tensor dw, ft_tensor dout, ft_tensor ye,
+                             ft_tensor w, ft_tensor slot, int N, int k, int C);
+void ft_moe_aux_stats(ft_tensor counts, ft_tensor psum, ft_tensor probs, ft_tensor idx,
+                      int N, int E, int k);
+
 /* ---- cross-entropy over logits [N,V] with targets [N] (-100 = not counted) ----------
  * Returns sum over counted rows of -log softmax(logits[n])[targets[n]] (a double, so
  * the caller can average over any number of rows: HF divides by the count of counted

@@ -29,7 +29,7 @@ set -u -o pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
 
-# python_tests BUILD_DIR: pytest on the two Python GPU files, with the tools of BUILD_DIR
+# python_tests BUILD_DIR: pytest on the Python GPU files, with the tools of BUILD_DIR
 # (bin or build-emu/bin) unless FT_* names them; fails when they failed or none passed.
 python_tests() {
   local bindir=$1 log rc summary passed
@@ -37,7 +37,8 @@ python_tests() {
   FT_TRAIN=${FT_TRAIN:-$bindir/ft-train} FT_EVAL=${FT_EVAL:-$bindir/ft-eval} \
     FT_QUANTIZE=${FT_QUANTIZE:-$bindir/ft-quantize} OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} \
     "${PYTHON:-python3}" -m pytest -q -s -rs -p no:cacheprovider \
-    "$here/conformance/test_gpu_model.py" "$here/conformance/test_gpu_train.py" 2>&1 | tee "$log"
+    "$here/conformance/test_gpu_model.py" "$here/conformance/test_gpu_train.py" \
+    "$here/conformance/test_gpu_moe.py" 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   # pytest's last line: "1 failed, 40 passed, 2 skipped in 80.1s"
   summary=$(grep -E '^[= ]*[0-9]+ (passed|failed|skipped|error|deselected)' "$log" | tail -n 1)

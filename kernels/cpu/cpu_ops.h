@@ -91,4 +91,23 @@ void ft_cpu_col_scale(float *y, const float *x, const float *g, float alpha, flo
                       int C, int accumulate);
 void ft_cpu_col_dot(float *d, const float *a, const float *b, const float *s, int N, int C);
 
+void ft_cpu_moe_router_forward(float *probs, int32_t *idx, float *w, const float *logits,
+                               int N, int E, int k, int renorm);
+void ft_cpu_moe_router_backward(float *dlogits, const float *dw, const float *aux_dp,
+                                const float *probs, const int32_t *idx, const float *w,
+                                int N, int E, int k, int renorm);
+void ft_cpu_moe_plan(int32_t *offsets, int32_t *rows, int32_t *slot, const int32_t *idx,
+                     int N, int E, int k);
+void ft_cpu_moe_gather_forward(float *xe, const float *x, const int32_t *rows, int M, int C);
+void ft_cpu_moe_gather_backward(float *dx, const float *dxe, const int32_t *slot, int N,
+                                int k, int C);
+void ft_cpu_moe_combine_forward(float *out, const float *ye, const float *w,
+                                const int32_t *slot, int N, int k, int C, int accumulate);
+void ft_cpu_moe_combine_backward(float *dye, float *dw, const float *dout, const float *ye,
+                                 const float *w, const int32_t *slot, int N, int k, int C);
+void ft_cpu_moe_lora_b_split(float *dst, const float *src, int out, int r, int E);
+void ft_cpu_moe_lora_b_merge_add(float *dst, const float *src, int out, int r, int E);
+void ft_cpu_moe_aux_stats(float *counts, float *psum, const float *probs,
+                          const int32_t *idx, int N, int E, int k);
+
 #endif

@@ -127,6 +127,25 @@ void ft_cuda_col_dot(ft_tensor d, ft_tensor a, ft_tensor b, ft_tensor s, int N, 
  * CUDA error if one failed (a kernel fault is a bug, not an input error). */
 void ft_cuda_synchronize(void);
 
+/* moe.cu: routing and token grouping (ops.h's mixture-of-experts section). */
+void ft_cuda_moe_router_forward(ft_tensor probs, ft_tensor idx, ft_tensor w,
+                                ft_tensor logits, int N, int E, int k, int renorm);
+void ft_cuda_moe_router_backward(ft_tensor dlogits, ft_tensor dw, ft_tensor aux_dp,
+                                 ft_tensor probs, ft_tensor idx, ft_tensor w, int N, int E,
+                                 int k, int renorm);
+void ft_cuda_moe_gather_forward(ft_tensor xe, ft_tensor x, ft_tensor rows, int N, int k,
+                                int C);
+void ft_cuda_moe_gather_backward(ft_tensor dx, ft_tensor dxe, ft_tensor slot, int N, int k,
+                                 int C);
+void ft_cuda_moe_combine_forward(ft_tensor out, ft_tensor ye, ft_tensor w, ft_tensor slot,
+                                 int N, int k, int C, int accumulate);
+void ft_cuda_moe_combine_backward(ft_tensor dye, ft_tensor dw, ft_tensor dout, ft_tensor ye,
+                                  ft_tensor w, ft_tensor slot, int N, int k, int C);
+void ft_cuda_moe_lora_b_split(ft_tensor dst, ft_tensor src, int out, int r, int E);
+void ft_cuda_moe_lora_b_merge_add(ft_tensor dst, ft_tensor src, int out, int r, int E);
+void ft_cuda_moe_aux_stats(ft_tensor counts, ft_tensor psum, ft_tensor probs, ft_tensor idx,
+                           int N, int E, int k);
+
 #ifdef __cplusplus
 }
 #endif

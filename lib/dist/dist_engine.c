@@ -155,6 +155,13 @@ static void bind(ft_engine *e)
         dp_bind(e);
 }
 
+/* ft_model_set_aux_reduce: a MoE router's statistics summed over every rank. */
+static int aux_reduce(void *ctx, double *v, size_t n, ft_err *err)
+{
+    ft_engine *e = ctx;
+    return ft_comm_allreduce_sum(e->comm, v, n, err);
+}
+
 int ft_engine_new(ft_engine **out, ft_comm *comm, const char *model_dir,
                   const ft_model_options *mo, const char *adapter_dir, ft_adamw_hparams hp,
                   const ft_dist_options *o, ft_err *err)
@@ -190,6 +197,20 @@ int ft_engine_new(ft_engine **out, ft_comm *comm, const char *model_dir,
     if (ft_model_load(&e->m, model_dir, &lo, err)) {
         free(e);
         return -1;
+    }
+    const ft_model_config *mc = ft_model_cfg(e->m);
+    if (mc->num_experts > 0 && mc->output_router_logits && world > 1) {
+        /* the load-balancing loss of the step's whole micro-batch and of every layer */
+        if (o->strategy == FT_STRATEGY_PIPELINE && o->pipeline_chunks > 1) {
+            ft_fail(err, "model_type '%s' with output_router_logits: "
+                         "dist.pipeline_micro_batches > 1 is not supported (the router's "
+                         "load-balancing loss of a micro-batch needs every chunk's routing "
+                         "before any backward)", mc->model_type);
+            ft_model_free(e->m);
+            free(e);
+            return -1;
+        }
+        ft_model_set_aux_reduce(e->m, aux_reduce, e);
     }
     if (whole && adapter_dir && ft_model_load_adapter(e->m, adapter_dir, err)) {
         ft_model_free(e->m);
@@ -444,6 +465,11 @@ int ft_engine_step_objective(ft_engine *e, const ft_objective *obj, const ft_lr_
                 : ft_model_forward(e->m, &micro[i], &sum, NULL, err) ||
                       ft_model_backward(e->m, (float)(1.0 / tokens), err))
             return ft_fail_prefix(err, "micro-batch %d", i);
+        /* a MoE router's load-balancing term, whole per micro-batch: the same on every
+         * rank (ft_model_set_aux_reduce), so each data rank adds its share of the tokens'
+         * weight, and of pipeline stages the one that computes the loss */
+        if (!is_pipeline(e) || e->stage_last == ft_model_cfg(e->m)->num_layers + 1)
+            loss += ft_model_aux_loss(e->m) * (is_pipeline(e) ? tokens : rank_tokens);
         loss += sum;
     }
     if (is_pipeline(e) ? pipe_finish_grads(e, err) : dp_finish_grads(e, err))

@@ -1,8 +1,8 @@
-/* Reads a Hugging Face config.json of the dense decoder families (model_type "llama",
+/* Reads a Hugging Face config.json of the decoder families (model_type "llama",
  * "mistral", "qwen2", "qwen3", "granite", "gemma", "gemma2", "gemma3_text", "olmo2", "phi3",
- * "smollm3", and "gemma3": the text_config of a multimodal Gemma 3, read as gemma3_text by
- * parse_gemma3_multimodal) into ft_model_config, and computes the RoPE inverse frequencies
- * the way transformers does.
+ * "smollm3", "gemma3": the text_config of a multimodal Gemma 3, read as gemma3_text by
+ * parse_gemma3_multimodal, and the mixture-of-experts "mixtral") into ft_model_config, and
+ * computes the RoPE inverse frequencies the way transformers does.
  *
  * Defaults are those of transformers' LlamaConfig, MistralConfig, Qwen2Config,
  * Qwen3Config, GraniteConfig, GemmaConfig, Gemma2Config, Olmo2Config, Phi3Config and
@@ -65,7 +65,10 @@
  *     phi3: fused qkv_proj / gate_up_proj weights (fixed), partial_rotary_factor (rope
  *     dict, else top level), rope type longrope (su, yarn: its old names; read_longrope
  *     says how), sliding_window; smollm3: no_rope_layers / no_rope_layer_interval
- *     (read_nope_layers), attention_bias and mlp_bias.
+ *     (read_nope_layers), attention_bias and mlp_bias; mixtral: sliding_window (none
+ *     when absent), rope_theta 1e6 when absent, the MoE keys num_local_experts (alias
+ *     num_experts), num_experts_per_tok, output_router_logits, router_aux_loss_coef
+ *     (read_moe; router_jitter_noise must be 0).
  *   the activation: hidden_act silu/swish (all but gemma and gemma2); for gemma,
  *     transformers 4.46 applies hidden_activation (null: gelu_pytorch_tanh, hidden_act
  *     ignored) and transformers 5 hidden_act (default gelu_pytorch_tanh, legacy "gelu"
@@ -131,7 +134,8 @@ typedef enum family_kind {
     FAM_OLMO2,
     FAM_PHI3,
     FAM_SMOLLM3,
-    FAM_GEMMA3
+    FAM_GEMMA3,
+    FAM_MIXTRAL
 } family_kind;
 
 typedef struct model_defaults {
@@ -175,11 +179,12 @@ static const model_defaults MODEL_DEFAULTS[] = {
     {"smollm3", FAM_SMOLLM3, 32768, 4, 0, 0, true, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
     {"gemma3_text", FAM_GEMMA3, 131072, 4, 4096, 256, true, 1e-6, GEMMA2_NORMS,
      FT_QK_NORM_HEAD},
+    {"mixtral", FAM_MIXTRAL, 4096 * 32, 8, 0, 0, false, 1e-5, PRE_NORMS, FT_QK_NORM_NONE},
 };
 
 #define SUPPORTED_TYPES                                                                        \
     "llama, mistral, qwen2, qwen3, granite, gemma, gemma2, gemma3_text, gemma3 (its text "    \
-    "model), olmo2, phi3, smollm3"
+    "model), olmo2, phi3, smollm3, mixtral"
 
 /* Keys of other families that must be absent, neutral, or null (quantization_config:
  * or bitsandbytes'). */
@@ -367,11 +372,13 @@ static bool family_owns(const model_defaults *md, const char *key)
     static const char *const gemma2[] = {"attn_logit_softcapping", "final_logit_softcapping",
                                          "query_pre_attn_scalar", NULL};
     static const char *const phi3[] = {"partial_rotary_factor", NULL};
-    const char *const *own = md->family == FAM_GRANITE ? granite
-                             : md->family == FAM_GEMMA2 ? gemma2
-                             : md->family == FAM_GEMMA3 ? gemma2
-                             : md->family == FAM_PHI3   ? phi3
-                                                        : NULL;
+    static const char *const mixtral[] = {"num_local_experts", "num_experts", NULL};
+    const char *const *own = md->family == FAM_GRANITE   ? granite
+                             : md->family == FAM_GEMMA2  ? gemma2
+                             : md->family == FAM_GEMMA3  ? gemma2
+                             : md->family == FAM_PHI3    ? phi3
+                             : md->family == FAM_MIXTRAL ? mixtral
+                                                         : NULL;
     for (size_t i = 0; own && own[i]; i++)
         if (strcmp(key, own[i]) == 0)
             return true;
@@ -736,7 +743,7 @@ static int read_rope(const char *path, const json_t *root, const model_defaults 
         rope = json_object_get(rope, "full_attention");
     }
 
-    cfg->rope_theta = 10000.0;
+    cfg->rope_theta = md->family == FAM_MIXTRAL ? 1e6 : 10000.0; /* MixtralConfig.default_theta */
     cfg->rope_kind = FT_ROPE_DEFAULT;
     cfg->rope_factor = 1.0f;
     cfg->rope_low_freq_factor = cfg->rope_high_freq_factor = 0.0f;
@@ -981,7 +988,7 @@ static int read_attention_options(const char *path, const json_t *root,
     if (mlp_bias)
         return ft_fail(err, "%s: 'mlp_bias' is true, but model_type '%s' has no such option",
                        path, type);
-    if (md->family == FAM_MISTRAL || md->family == FAM_PHI3) {
+    if (md->family == FAM_MISTRAL || md->family == FAM_PHI3 || md->family == FAM_MIXTRAL) {
         /* (phi3: a sliding-window mask when the key is set, as for mistral) */
         v = json_object_get(root, "sliding_window");
         if (!v)
@@ -1253,6 +1260,60 @@ static int read_family_scales(const char *path, const json_t *root, const model_
     return 0;
 }
 
+/* The sparse MoE block of mixtral (MixtralConfig): num_local_experts (alias
+ * num_experts) 8, num_experts_per_tok 2 (1 .. min(experts, FT_MAX_EXPERTS_PER_TOK)), the top-k
+ * weights always renormalised, output_router_logits false, router_aux_loss_coef 0.001;
+ * router_jitter_noise (multiplicative noise on the router input in training) must be 0.
+ * Module names: block_sparse_moe.gate (router), block_sparse_moe.experts.E.w1 (gate),
+ * w3 (up), w2 (down). Dense families keep num_experts 0. */
+static int read_moe(const char *path, const json_t *root, const model_defaults *md,
+                    ft_model_config *cfg, ft_err *err)
+{
+    json_t *v;
+    if (md->family != FAM_MIXTRAL)
+        return 0;
+    int experts = 8, alias = 0;
+    if ((v = get_opt(root, "num_local_experts")) &&
+        read_int(path, "num_local_experts", v, 1, 1 << 16, &experts, err))
+        return -1;
+    if ((v = get_opt(root, "num_experts"))) {
+        if (read_int(path, "num_experts", v, 1, 1 << 16, &alias, err))
+            return -1;
+        if (get_opt(root, "num_local_experts") && alias != experts)
+            return ft_fail(err, "%s: 'num_experts' (%d) and 'num_local_experts' (%d) differ",
+                           path, alias, experts);
+        experts = alias;
+    }
+    int k = 2, kmax = experts < FT_MAX_EXPERTS_PER_TOK ? experts : FT_MAX_EXPERTS_PER_TOK;
+    if ((v = get_opt(root, "num_experts_per_tok")) &&
+        read_int(path, "num_experts_per_tok", v, 1, kmax, &k, err))
+        return -1;
+    bool out_logits = false;
+    if ((v = get_opt(root, "output_router_logits")) &&
+        read_bool(path, "output_router_logits", v, &out_logits, err))
+        return -1;
+    double coef = 0.001, jitter = 0.0;
+    if ((v = get_opt(root, "router_aux_loss_coef")) &&
+        read_number(path, "router_aux_loss_coef", v, &coef, err))
+        return -1;
+    if ((v = get_opt(root, "router_jitter_noise")) &&
+        read_number(path, "router_jitter_noise", v, &jitter, err))
+        return -1;
+    if (jitter != 0.0)
+        return ft_fail(err, "%s: 'router_jitter_noise' is %g: router jitter is not supported "
+                       "(must be 0)", path, jitter);
+    cfg->num_experts = experts;
+    cfg->experts_per_tok = k;
+    cfg->norm_topk_prob = true;
+    cfg->output_router_logits = out_logits;
+    cfg->router_aux_loss_coef = (float)coef;
+    snprintf(cfg->moe_name, sizeof cfg->moe_name, "block_sparse_moe");
+    snprintf(cfg->expert_proj[0], sizeof cfg->expert_proj[0], "w1");
+    snprintf(cfg->expert_proj[1], sizeof cfg->expert_proj[1], "w3");
+    snprintf(cfg->expert_proj[2], sizeof cfg->expert_proj[2], "w2");
+    return 0;
+}
+
 static int parse_config(const char *path, const json_t *root, ft_model_config *cfg, ft_err *err)
 {
     json_t *v;
@@ -1297,7 +1358,8 @@ static int parse_config(const char *path, const json_t *root, ft_model_config *c
 
     if (read_rope(path, root, md, cfg, err) || read_nope_layers(path, root, md, cfg, err) ||
         read_attention_options(path, root, md, cfg, err) ||
-        check_layer_types(path, root, cfg, err) || read_family_scales(path, root, md, cfg, err))
+        check_layer_types(path, root, cfg, err) || read_family_scales(path, root, md, cfg, err) ||
+        read_moe(path, root, md, cfg, err))
         return -1;
 
     if (read_token_id(path, "bos_token_id", json_object_get(root, "bos_token_id"),
@@ -1547,6 +1609,8 @@ bool ft_rope_uses_long(const ft_model_config *cfg, long max_pos)
 unsigned ft_block_projections(const ft_model_config *cfg)
 {
     unsigned o = 1u << FT_PROJ_O, down = 1u << FT_PROJ_DOWN;
+    if (cfg->num_experts > 0) /* the MLP is the MoE block: experts, not these modules */
+        return (1u << FT_PROJ_Q) | (1u << FT_PROJ_K) | (1u << FT_PROJ_V) | o;
     if (cfg->fused_proj)
         return (1u << FT_PROJ_QKV) | o | (1u << FT_PROJ_GATE_UP) | down;
     return (1u << FT_PROJ_Q) | (1u << FT_PROJ_K) | (1u << FT_PROJ_V) | o |

@@ -1,7 +1,8 @@
-/* Hugging Face config.json for the dense decoder families: llama (incl. TinyLlama, SmolLM
+/* Hugging Face config.json for the decoder families: llama (incl. TinyLlama, SmolLM
  * and Llama 3 "llama3" rope scaling), mistral, qwen2, qwen3, granite, gemma, gemma2,
  * gemma3_text (and the text model of a multimodal gemma3 checkpoint), olmo2, phi3 (Phi-3,
- * Phi-4; "longrope" scaling, partial rotary), smollm3 (layers without RoPE).
+ * Phi-4; "longrope" scaling, partial rotary), smollm3 (layers without RoPE), and the
+ * mixture-of-experts mixtral.
  * Every field that changes the math is honoured or rejected with an error naming the file
  * and key; nothing is silently ignored. */
 #ifndef FT_HF_CONFIG_H
@@ -29,6 +30,8 @@ typedef enum ft_rope_kind {
 #define FT_MAX_NOPE_LAYERS 1024
 /* The most layers a config with per-layer attention types (layer_types) may have. */
 #define FT_MAX_LAYER_TYPES 1024
+/* The most experts a MoE config may route a token to (kernels/ops.h's FT_MOE_MAX_K). */
+#define FT_MAX_EXPERTS_PER_TOK 64
 
 /* The MLP's gate activation: act(gate(x)) * up(x). */
 typedef enum ft_mlp_act {
@@ -168,6 +171,22 @@ typedef struct ft_model_config {
     char ckpt_prefix[32];
     char module_prefix[32];
     bool multimodal;
+    /* Mixture of experts (mixtral): num_experts > 0 replaces every layer's MLP by a
+     * sparse MoE block (ops.h's mixture-of-experts section): the router <moe_name>.gate
+     * [num_experts, hidden] scores each token, its top experts_per_tok of the softmax are
+     * kept (renormalised to sum 1 when norm_topk_prob) and weight the outputs of those
+     * experts' SwiGLU MLPs, expert e's modules <moe_name>.experts.e.<expert_proj[0..2]>
+     * (gate [I, C], up [I, C], down [C, I]; mixtral: w1, w3, w2). With
+     * output_router_logits the loss gains router_aux_loss_coef times transformers'
+     * load_balancing_loss_func over the layers (its value: ft_model_aux_loss).
+     * num_experts 0: the dense MLP. ft_block_projections then lists attention only. */
+    int num_experts;
+    int experts_per_tok;
+    bool norm_topk_prob;
+    bool output_router_logits;
+    float router_aux_loss_coef;
+    char moe_name[24];
+    char expert_proj[3][16];
     /* "quantization_config": the checkpoint holds bitsandbytes 4/8-bit weights
      * (present = false for a dense checkpoint) */
     ft_quant_config quant;

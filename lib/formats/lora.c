@@ -260,9 +260,11 @@ int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
         goto out;
     }
     c->dora = v && json_is_true(v);
-    static const char *const unsupported[] = {"fan_in_fan_out", "rank_pattern",
-                                              "alpha_pattern", "layer_replication",
-                                              "trainable_token_indices"};
+    /* target_parameters: LoRA on nn.Parameter tensors (PEFT's ParamWrapper), which is
+     * how PEFT on transformers 5 reaches a MoE model's fused experts */
+    static const char *const unsupported[] = {"target_parameters", "fan_in_fan_out",
+                                              "rank_pattern",      "alpha_pattern",
+                                              "layer_replication", "trainable_token_indices"};
     for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++)
         if (reject_if_set(root, path, unsupported[i], err))
             goto out;

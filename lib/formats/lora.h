@@ -116,7 +116,9 @@ int ft_lora_modules_to_save_parse(const char *list, unsigned *mods, ft_err *err)
 /* Reads <dir>/adapter_config.json (a regular file; a key given twice is an error). Every
  * error names the file and the key. Rejects what this LoRA does not implement:
  * peft_type other than LORA, bias other than "none", fan_in_fan_out,
- * modules_to_save naming other modules than embed_tokens and lm_head, non-empty rank_pattern / alpha_pattern, layer_replication, a
+ * modules_to_save naming other modules than embed_tokens and lm_head, non-empty
+ * rank_pattern / alpha_pattern, layer_replication, target_parameters (PEFT's LoRA on
+ * parameters: a MoE's fused experts), a
  * layers_pattern other than "layers", and target_modules naming modules other than the
  * nine projections; and values out of range (r not a positive int, a lora_alpha that
  * does not fit a float, a layer index that is negative or not an int). target_modules

@@ -187,6 +187,21 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora, unsi
                     add_tensor(p, unit, (size_t)out, true, false, 0, 0);
             }
         }
+        if (c->num_experts > 0) { /* add_moe: the router, each expert's gate, up, down */
+            size_t E = (size_t)c->num_experts, I = (size_t)c->intermediate_size;
+            add_tensor(p, unit, E * C, full, false, 0, 0);
+            for (size_t e = 0; e < E; e++)
+                for (int h = 0; h < 3; h++) {
+                    /* quantized_expert: on load only, not in a quantized checkpoint */
+                    char path[160];
+                    snprintf(path, sizeof path, "model.layers.%zu.%s.experts.%zu.%s", l,
+                             c->moe_name, e, c->expert_proj[h]);
+                    bool quant = p->quant.type != FT_QUANT_NONE && !c->quant.present &&
+                                 !ft_quant_skipped(p->quant_skip, path);
+                    int64_t rows = (int64_t)(h == 2 ? C : I), cols = (int64_t)(h == 2 ? I : C);
+                    add_tensor(p, unit, I * C, full, quant, rows, cols);
+                }
+        }
     }
     add_tensor(p, (int)L + 1, C, full, false, 0, 0); /* model.norm */
     if (!c->tie_word_embeddings)
@@ -228,8 +243,16 @@ static void count_activations(const ft_model_config *c, size_t N, const act_spec
      * ln1 and rstd1, ln2 and rstd2 with the pre-norms; ao and rstd_ao, mo and rstd_mo with
      * the post-norms; qr, kr, rstd_q, rstd_k with a q/k norm */
     act_counts set = {0};
-    set.tensor = N * C + N * QD * 2 + N * KD * 2 + N * I * 3;
+    /* MoE (moe.c): instead of gate, up, act: rlogits, probs, idx, rw, rows, slot, and
+     * over the M = N k grouped rows xe, ge, ue, acte, ye */
+    size_t E = (size_t)c->num_experts, M = N * (size_t)(E ? c->experts_per_tok : 1);
+    set.tensor = N * C + N * QD * 2 + N * KD * 2 + (E ? 0 : N * I * 3);
     set.stat = N * (size_t)c->num_heads;
+    if (E) {
+        set.tensor += N * E + 2 * M * C + 3 * M * I;
+        set.stat += N * E + M;
+        set.ints += 3 * M;
+    }
     for (int n = 0; n < FT_NBRANCH_NORMS; n++)
         if (ft_has_branch_norm(c, (ft_branch_norm)n)) {
             set.tensor += N * C;
@@ -257,6 +280,7 @@ static void count_activations(const ft_model_config *c, size_t N, const act_spec
     size_t n_sets = sp->grad_ckpt && n_set_layers ? 1 : n_set_layers;
     act->tensor = n_in * N * C + n_sets * set.tensor;
     act->stat = n_sets * set.stat;
+    act->ints = n_sets * set.ints;
     if (l1 == L)
         act->tensor += N * C; /* final_in */
     if (head) {
@@ -264,10 +288,15 @@ static void count_activations(const ft_model_config *c, size_t N, const act_spec
         act->stat += N;       /* rstdf */
         act->tensor += ft_loss_chunk_rows(sp->loss_chunk, V, N) * V; /* logits */
     }
-    act->ints = 4 * N; /* ids, targets, pos, seg */
+    act->ints += 4 * N; /* ids, targets, pos, seg */
 
-    ws->tensor = 2 * N * C + 2 * N * QD + 2 * N * KD + 3 * N * I; /* d_h d_ln d_att d_q d_k
-                                                                     d_v d_act d_gate d_up */
+    /* d_h d_ln d_att d_q d_k d_v d_act d_gate d_up (MoE: the last three over M rows, and
+     * d_moe [M, C], d_rw [M], d_rlogits [N, E]) */
+    ws->tensor = 2 * N * C + 2 * N * QD + 2 * N * KD + 3 * M * I;
+    if (E) {
+        ws->tensor += M * C + N * E;
+        ws->stat += M;
+    }
     if (ft_has_branch_norm(c, FT_NORM_ATTN_POST) || ft_has_branch_norm(c, FT_NORM_MLP_POST))
         ws->tensor += N * C; /* d_br */
     if (sp->lora) {
@@ -669,6 +698,11 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
         for (int i = FT_PLAN_GPU_1; i < FT_PLAN_NROWS; i++)
             for (int c = 0; c < FT_MEM_NCAT; c++)
                 r->rows[i].bytes[c] += gpu_ref[c];
+    }
+    if (mc->num_experts > 0 && mc->output_router_logits) { /* model.c: aux counts, psum, dp */
+        r->cpu_workspace += 3 * 4 * (size_t)mc->num_experts;
+        for (int i = FT_PLAN_GPU_1; i < FT_PLAN_NROWS; i++)
+            r->rows[i].bytes[FT_MEM_WORKSPACE] += 3 * 4 * (size_t)mc->num_experts;
     }
     plan_pipeline(r, &p, &sp, (int)cfg->dist.pipeline_micro_batches);
     r->rows[FT_PLAN_GPU_ZERO2].bytes[FT_MEM_WORKSPACE] += max_unit_g;

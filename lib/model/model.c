@@ -82,12 +82,79 @@ static int add_branch_norm(layout *lo, int l, ft_branch_norm n)
                      m->cfg.ckpt_prefix, l, m->cfg.norm_name[n]);
 }
 
+/* The norms between a layer's attention projections and its MLP: q_norm, k_norm, the
+ * attention's post-norm, the MLP's pre-norm (where the block has them). */
+static int add_mid_norms(layout *lo, int l)
+{
+    ft_model *m = lo->m;
+    const ft_model_config *c = &m->cfg;
+    layer_weights *w = &m->layers[l];
+    bool full = m->opt.mode == FT_TRAIN_FULL;
+    int rc = 0;
+    if (c->qk_norm != FT_QK_NORM_NONE) {
+        bool head = c->qk_norm == FT_QK_NORM_HEAD;
+        int D = c->head_dim;
+        rc |= add_param(lo, l + 1, full, false, &w->q_norm, &w->g_q_norm, 1,
+                        head ? D : c->num_heads * D, 0,
+                        "%smodel.layers.%d.self_attn.q_norm.weight", c->ckpt_prefix, l);
+        rc |= add_param(lo, l + 1, full, false, &w->k_norm, &w->g_k_norm, 1,
+                        head ? D : c->num_kv_heads * D, 0,
+                        "%smodel.layers.%d.self_attn.k_norm.weight", c->ckpt_prefix, l);
+    }
+    rc |= add_branch_norm(lo, l, FT_NORM_ATTN_POST);
+    rc |= add_branch_norm(lo, l, FT_NORM_MLP_PRE);
+    return rc;
+}
+
+/* Whether QLoRA keeps expert e's weight h of layer l in 4 or 8 bits: quantized on load
+ * from a dense checkpoint (the experts are most of a MoE's weights), unless the skip list
+ * names it. A checkpoint quantized already keeps its experts dense: transformers 5 holds
+ * them as fused 3-D parameters, which bitsandbytes does not quantize, so its files (and
+ * ft-quantize's) have dense experts. The router stays dense, as in transformers. */
+static bool quantized_expert(const ft_model *m, int l, int e, int h)
+{
+    char path[160];
+    snprintf(path, sizeof path, "model.layers.%d.%s.experts.%d.%s", l, m->cfg.moe_name, e,
+             m->cfg.expert_proj[h]);
+    return m->quant.type != FT_QUANT_NONE && !m->quant_from_ckpt &&
+           !ft_quant_skipped(m->quant_skip, path);
+}
+
+/* A MoE layer's router, then each expert's gate, up, down weights, named as the
+ * checkpoint names them (model.layers.N.block_sparse_moe.gate.weight,
+ * ....experts.E.w1.weight, w3, w2 for mixtral). Trainable in full mode only. */
+static int add_moe(layout *lo, int l)
+{
+    ft_model *m = lo->m;
+    const ft_model_config *c = &m->cfg;
+    layer_weights *w = &m->layers[l];
+    bool full = m->opt.mode == FT_TRAIN_FULL;
+    int E = c->num_experts, C = c->hidden_size, I = c->intermediate_size;
+    w->expert = calloc(3 * (size_t)E, sizeof *w->expert);
+    w->g_expert = calloc(3 * (size_t)E, sizeof *w->g_expert);
+    if (!w->expert || !w->g_expert)
+        return -1;
+    int rc = add_param(lo, l + 1, full, false, &w->router, &w->g_router, 2, E, C,
+                       "%smodel.layers.%d.%s.gate.weight", c->ckpt_prefix, l, c->moe_name);
+    for (int e = 0; e < E; e++)
+        for (int h = 0; h < 3; h++) {
+            rc |= add_param(lo, l + 1, full, false, &w->expert[3 * e + h],
+                            &w->g_expert[3 * e + h], 2, h == 2 ? C : I, h == 2 ? I : C,
+                            "%smodel.layers.%d.%s.experts.%d.%s.weight", c->ckpt_prefix, l,
+                            c->moe_name, e, c->expert_proj[h]);
+            if (rc == 0)
+                m->params[m->n_params - 1].quantized = quantized_expert(m, l, e, h);
+        }
+    return rc;
+}
+
 /* Lists every parameter in unit order (see model.h). A layer: the attention's pre-norm,
  * q, k, v, o (with biases), q_norm, k_norm, the attention's post-norm, the MLP's pre-norm,
  * gate, up, down, the MLP's post-norm (each norm where the block has it), then LoRA. The
  * modules come in ft_proj order: a fused block (phi3) has o, down, qkv, then the norms,
- * gate_up. Base weights are named as the checkpoint names them (ckpt_prefix), LoRA
- * weights as PEFT's adapter keys (module_prefix). */
+ * gate_up. A MoE layer: q, k, v, o, the norms, the router, the experts (add_moe). Base
+ * weights are named as the checkpoint names them (ckpt_prefix), LoRA weights as PEFT's
+ * adapter keys (module_prefix). */
 static int build_layout(layout *lo)
 {
     ft_model *m = lo->m;
@@ -117,20 +184,8 @@ static int build_layout(layout *lo)
             if (!(projs & (1u << p)))
                 continue;
             proj_dims(c, (ft_proj)p, &in, &out);
-            if (p == FT_PROJ_GATE || p == FT_PROJ_GATE_UP) {
-                if (c->qk_norm != FT_QK_NORM_NONE) {
-                    bool head = c->qk_norm == FT_QK_NORM_HEAD;
-                    int D = c->head_dim;
-                    rc |= add_param(lo, l + 1, full, false, &w->q_norm, &w->g_q_norm, 1,
-                                    head ? D : c->num_heads * D, 0,
-                                    "%smodel.layers.%d.self_attn.q_norm.weight", cp, l);
-                    rc |= add_param(lo, l + 1, full, false, &w->k_norm, &w->g_k_norm, 1,
-                                    head ? D : c->num_kv_heads * D, 0,
-                                    "%smodel.layers.%d.self_attn.k_norm.weight", cp, l);
-                }
-                rc |= add_branch_norm(lo, l, FT_NORM_ATTN_POST);
-                rc |= add_branch_norm(lo, l, FT_NORM_MLP_PRE);
-            }
+            if (p == FT_PROJ_GATE || p == FT_PROJ_GATE_UP)
+                rc |= add_mid_norms(lo, l);
             rc |= add_param(lo, l + 1, full, false, &w->w[p], &w->gw[p], 2, out, in,
                             "%smodel.layers.%d.%s.weight", cp, l, ft_proj_path((ft_proj)p));
             if (rc == 0)
@@ -139,6 +194,8 @@ static int build_layout(layout *lo)
                 rc |= add_param(lo, l + 1, full, false, &w->b[p], &w->gb[p], 1, out, 0,
                                 "%smodel.layers.%d.%s.bias", cp, l, ft_proj_path((ft_proj)p));
         }
+        if (c->num_experts > 0)
+            rc |= add_mid_norms(lo, l) | add_moe(lo, l);
         rc |= add_branch_norm(lo, l, FT_NORM_MLP_POST);
         if (lora) {
             for (int p = 0; p < FT_NPROJ; p++) {
@@ -554,6 +611,13 @@ static int lora_layers(ft_model *m, ft_err *err)
      * config, as for PEFT, fine while the targets select something (an adapter may list
      * the names of several families). */
     unsigned projs = ft_block_projections(&m->cfg);
+    if (m->cfg.num_experts > 0 &&
+        ((lc->targets & ~FT_LORA_OUTER) == FT_LORA_ALL_LINEAR || lc->target_regex[0]))
+        return ft_fail(err, "LoRA target_modules %s on model_type '%s': PEFT's all-linear and "
+                       "regexes also reach the experts and the router, and LoRA on those is "
+                       "not implemented yet (list attention modules: q_proj, k_proj, v_proj, "
+                       "o_proj)", lc->target_regex[0] ? "as a regex" : "'all-linear'",
+                       m->cfg.model_type);
     unsigned absent = lc->targets & ~projs & ~FT_LORA_OUTER;
     if ((lc->targets & ~FT_LORA_OUTER) != FT_LORA_ALL_LINEAR && absent && !lc->source[0])
         for (int p = 0; p < FT_NPROJ; p++)
@@ -692,6 +756,16 @@ int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, 
     }
     if (assign_buffers(m, err))
         goto done;
+    if (m->cfg.num_experts > 0 && m->cfg.output_router_logits) {
+        size_t E = (size_t)m->cfg.num_experts;
+        m->aux_counts = ft_alloc_on(&m->mem, m->dev, FT_MEM_WORKSPACE, 3 * E * sizeof(float));
+        if (!m->aux_counts) {
+            ft_mem_fail(err, &m->mem, m->dev, "the load-balancing statistics");
+            goto done;
+        }
+        m->aux_psum = m->aux_counts + E;
+        m->aux_dp = m->aux_counts + 2 * E;
+    }
     ft_rope_inv_freq(&m->cfg, m->inv_freq);
     if (m->cfg.rope_local_theta > 0)
         ft_rope_inv_freq_local(&m->cfg, m->inv_freq + m->cfg.rotary_dim / 2);
@@ -728,7 +802,7 @@ static void free_activations(ft_model *m)
                          &m->d_ln,     &m->d_br,  &m->d_att, &m->d_q,    &m->d_k,
                          &m->d_v,      &m->d_act, &m->d_gate, &m->d_up,  &m->d_lora_h,
                          &m->x_drop,   &m->dora_w, &m->dora_g, &m->dora_inv, &m->dora_t,
-                         &m->dora_d,   &m->lora_xh};
+                         &m->dora_d,   &m->lora_xh, &m->d_moe, &m->d_rw,   &m->d_rlogits};
     for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++) {
         ft_free_on(&m->mem, m->dev, *scratch[i]);
         *scratch[i] = NULL;
@@ -757,11 +831,18 @@ static void free_activations(ft_model *m)
             ft_free_on(&m->mem, m->dev, bufs[i]);
         for (int p = 0; p < FT_NPROJ; p++)
             ft_free_on(&m->mem, m->dev, a->lora_h[p]);
+        void *moe[] = {a->rlogits, a->probs, a->idx, a->rw, a->rows, a->slot,
+                       a->xe,      a->ge,    a->ue,  a->acte, a->ye};
+        for (size_t i = 0; i < sizeof moe / sizeof *moe; i++)
+            ft_free_on(&m->mem, m->dev, moe[i]);
+        free(a->offsets);
     }
     memset(m->acts, 0, (size_t)L * sizeof *m->acts);
     m->max_rows = 0;
     free(m->batch_h);
     m->batch_h = NULL;
+    free(m->moe_host);
+    m->moe_host = NULL;
 }
 
 /* One set of per-layer activation buffers for N rows. */
@@ -775,6 +856,8 @@ static int alloc_layer_set(ft_model *m, layer_acts *a, size_t N)
     bool mlp_pre = ft_has_branch_norm(c, FT_NORM_MLP_PRE);
     bool mlp_post = ft_has_branch_norm(c, FT_NORM_MLP_POST);
     bool qk = c->qk_norm != FT_QK_NORM_NONE;
+    bool moe = c->num_experts > 0, dense = !moe;
+    size_t E = (size_t)c->num_experts, M = N * (size_t)c->experts_per_tok;
     size_t q_rows, k_rows;
     int width;
     qk_norm_rows(c, c->num_heads, N, &q_rows, &width);
@@ -792,13 +875,22 @@ static int alloc_layer_set(ft_model *m, layer_acts *a, size_t N)
                 {&a->lse, N * c->num_heads * f, true},
                 {&a->ao, N * C * e, attn_post},     {&a->rstd_ao, N * f, attn_post},
                 {&a->mid, N * C * e, true},         {&a->ln2, N * C * e, mlp_pre},
-                {&a->rstd2, N * f, mlp_pre},        {&a->gate, N * I * e, true},
-                {&a->up, N * I * e, true},          {&a->act, N * I * e, true},
-                {&a->mo, N * C * e, mlp_post},      {&a->rstd_mo, N * f, mlp_post}};
+                {&a->rstd2, N * f, mlp_pre},        {&a->gate, N * I * e, dense},
+                {&a->up, N * I * e, dense},         {&a->act, N * I * e, dense},
+                {&a->mo, N * C * e, mlp_post},      {&a->rstd_mo, N * f, mlp_post},
+                /* MoE (moe.c) */
+                {&a->rlogits, N * E * e, moe},      {&a->probs, N * E * f, moe},
+                {(float **)&a->idx, M * f, moe},    {&a->rw, M * f, moe},
+                {(float **)&a->rows, M * f, moe},   {(float **)&a->slot, M * f, moe},
+                {&a->xe, M * C * e, moe},           {&a->ge, M * I * e, moe},
+                {&a->ue, M * I * e, moe},           {&a->acte, M * I * e, moe},
+                {&a->ye, M * C * e, moe}};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i].need &&
             !(*bufs[i].p = ft_alloc_on(&m->mem, m->dev, FT_MEM_ACTIVATIONS, bufs[i].bytes)))
             return -1;
+    if (moe && !(a->offsets = malloc((E + 1) * sizeof *a->offsets)))
+        return -1;
     if (m->opt.mode == FT_TRAIN_LORA)
         for (int p = 0; p < FT_NPROJ; p++)
             if (m->lora_union & (1u << p))
@@ -849,6 +941,9 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
      * slots: never smaller than another slot's rows */
     size_t NS = N > m->scratch_rows ? N : m->scratch_rows;
     bool dora = m->opt.mode == FT_TRAIN_LORA && m->opt.lora.dora;
+    /* MoE: the MLP's scratch holds the k grouped rows of each token */
+    size_t K = c->num_experts > 0 ? (size_t)c->experts_per_tok : 1;
+    bool moe = c->num_experts > 0;
     struct {
         float **p;
         size_t n;
@@ -871,9 +966,12 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
         {&m->d_q, NS * QD, train, FT_MEM_WORKSPACE, false},
         {&m->d_k, NS * KD, train, FT_MEM_WORKSPACE, false},
         {&m->d_v, NS * KD, train, FT_MEM_WORKSPACE, false},
-        {&m->d_act, NS * I, train, FT_MEM_WORKSPACE, false},
-        {&m->d_gate, NS * I, train, FT_MEM_WORKSPACE, false},
-        {&m->d_up, NS * I, train, FT_MEM_WORKSPACE, false},
+        {&m->d_act, NS * K * I, train, FT_MEM_WORKSPACE, false},
+        {&m->d_gate, NS * K * I, train, FT_MEM_WORKSPACE, false},
+        {&m->d_up, NS * K * I, train, FT_MEM_WORKSPACE, false},
+        {&m->d_moe, NS * K * C, train && moe, FT_MEM_WORKSPACE, false},
+        {&m->d_rw, NS * K, train && moe, FT_MEM_WORKSPACE, true},
+        {&m->d_rlogits, NS * (size_t)c->num_experts, train && moe, FT_MEM_WORKSPACE, false},
         {&m->d_lora_h, NS * (size_t)(m->opt.lora.r > 0 ? m->opt.lora.r : 1),
          m->opt.mode == FT_TRAIN_LORA, FT_MEM_WORKSPACE, false},
         {&m->x_drop, NS * (C > I ? (C > QD ? C : QD) : (I > QD ? I : QD)),
@@ -899,6 +997,12 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
     /* the GPU's batch is assembled on the host first (model_device.c) */
     if (m->dev != FT_DEV_CPU && !(m->batch_h = malloc(4 * N * sizeof *m->batch_h)))
         goto oom;
+    /* a GPU MoE model plans the grouping on the host (moe.c) */
+    if (m->dev != FT_DEV_CPU && moe) {
+        size_t n = 3 * N * K > 3 * (size_t)c->num_experts ? 3 * N * K : 3 * (size_t)c->num_experts;
+        if (!(m->moe_host = malloc(n * sizeof *m->moe_host)))
+            goto oom;
+    }
     m->max_rows = N;
     m->scratch_rows = NS;
     return 0;
@@ -940,6 +1044,11 @@ void ft_model_free(ft_model *m)
     free(m->qdense);
     ft_free_on(&m->mem, m->dev, m->qwin);
     ft_free_on(&m->mem, m->dev, m->qabsmax);
+    for (int l = 0; m->layers && l < m->cfg.num_layers; l++) {
+        free(m->layers[l].expert);
+        free(m->layers[l].g_expert);
+    }
+    ft_free_on(&m->mem, m->dev, m->aux_counts);
     free(m->params);
     free(m->slot_data);
     free(m->slot_grad);

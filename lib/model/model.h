@@ -7,9 +7,9 @@
  * May call: core, device, formats, kernels, quant, tokenizer.
  * (This is the folder's main header.) */
 
-/* A dense decoder-only causal LM (llama, mistral, qwen2, qwen3, granite, gemma, gemma2,
- * gemma3_text, olmo2, phi3, smollm3; and the text model of a multimodal gemma3) with
- * explicit forward and backward. A family is data
+/* A decoder-only causal LM (llama, mistral, qwen2, qwen3, granite, gemma, gemma2,
+ * gemma3_text, olmo2, phi3, smollm3; the text model of a multimodal gemma3; the
+ * mixture-of-experts mixtral) with explicit forward and backward. A family is data
  * (ft_model_config's block description): one forward and backward read it.
  *
  * This is the library API the tools build on:
@@ -44,6 +44,9 @@
  * skipped in smollm3's NoPE layers. phi3's checkpoint fuses q, k, v into one qkv_proj
  * weight and gate, up into gate_up_proj: the ops read their row blocks, and a LoRA pair
  * sits on the fused module (one A; B's row blocks).
+ * A MoE family (mixtral) replaces the MLP by a router and experts (moe.c: each token's
+ * top-k experts' MLPs, weighted by the renormalised router softmax); for now LoRA on the
+ * attention modules only (QLoRA quantizes the experts too).
  * A linear layer is y = x W^T + b, plus with LoRA: y += scaling * (dropout(x) A^T) B^T; with
  * DoRA (lora.dora) y = b + m / ||W + s B A||_row (x W^T + s dropout(x) A^T B^T) (dora.c
  * for dropout). LoRA may also sit on lm_head (a linear layer, before the logit scaling and
@@ -203,6 +206,13 @@ void ft_model_zero_grad(ft_model *m);
 int ft_model_forward(ft_model *m, const ft_batch *batch, double *loss_sum, long *n_tokens,
                      ft_err *err);
 
+/* The router's load-balancing term of the last forward (mixtral with
+ * output_router_logits: router_aux_loss_coef times transformers' load_balancing_loss_func;
+ * else 0). transformers' loss is loss_sum / n_tokens plus this; the backward adds its
+ * gradient once per forward, whatever grad_scale says (as the Trainer adds each
+ * micro-batch's aux_loss to that micro-batch's loss). */
+double ft_model_aux_loss(const ft_model *m);
+
 /* Logits [B, T, V] of the last forward, fp32 on the host (a GPU model copies them back
  * on the first call after a forward). NULL after a backward, and when the head was
  * chunked (ft_model_options.loss_chunk_rows) over more than one chunk. */
@@ -300,6 +310,14 @@ typedef struct ft_model_hooks {
 
 /* NULL removes them. Any hook may be NULL. */
 void ft_model_set_hooks(ft_model *m, const ft_model_hooks *h);
+
+/* A MoE model's load-balancing loss over several ranks (ft_model_aux_loss): at the end of
+ * each forward, reduce sums n doubles (the per-expert statistics and the rows they cover)
+ * over every rank of the run, so that data-parallel ranks share the step's micro-batch
+ * and pipeline stages the model's layers, as one process of the whole would count them.
+ * Every rank must run its forwards in step. NULL (the default): this process only. */
+typedef int (*ft_model_aux_reduce_fn)(void *ctx, double *v, size_t n, ft_err *err);
+void ft_model_set_aux_reduce(ft_model *m, ft_model_aux_reduce_fn fn, void *ctx);
 
 /* Pipeline stage: forward and backward compute units first..last only (default: all).
  * A stage without the last unit computes no loss (loss_sum 0, tokens still counted). */

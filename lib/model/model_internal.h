@@ -26,6 +26,10 @@ typedef struct layer_weights {
     float *gw[FT_NPROJ], *gb[FT_NPROJ];
     float *g_lora_a[FT_NPROJ], *g_lora_b[FT_NPROJ];
     float *g_lora_m[FT_NPROJ];
+    /* MoE (cfg.num_experts E > 0; moe.c): the router [E, C] and expert e's gate, up and
+     * down weights at expert[3 e + 0, 1, 2] ([I, C], [I, C], [C, I]); grads likewise */
+    float *router, *g_router;
+    float **expert, **g_expert; /* [3 E] */
 } layer_weights;
 
 /* What backward needs from one layer's forward. With gradient checkpointing every layer
@@ -50,6 +54,16 @@ typedef struct layer_acts {
     float *mo;            /* [N, C] down_proj output before the MLP post-norm */
     float *rstd_mo;       /* [N] */
     float *lora_h[FT_NPROJ]; /* [N, r] dropout(x) A^T of each LoRA target module */
+    /* MoE (moe.c; instead of gate, up, act), M = N k grouped (row, expert) pairs: */
+    float *rlogits;       /* [N, E] router logits */
+    float *probs;         /* [N, E] fp32 softmax */
+    int32_t *idx;         /* [N, k] chosen experts */
+    float *rw;            /* [N, k] fp32 their weights */
+    int32_t *rows, *slot; /* [M] the grouping (ft_moe_plan) */
+    int32_t *offsets;     /* [E + 1] host: expert e's pairs are [offsets[e], offsets[e+1]) */
+    float *xe;            /* [M, C] the gathered MLP input */
+    float *ge, *ue, *acte; /* [M, I] gate, up, silu(gate) * up */
+    float *ye;            /* [M, C] expert outputs before weighting */
 } layer_acts;
 
 /* The activations of one forward (a GPipe activation slot; see ft_model_use_activation_slot):
@@ -174,6 +188,20 @@ struct ft_model {
     /* [N, r]: the embedding's A^T[ids], or the head's dropout(lnf) A^T (recomputed in the
      * backward, not kept); with LoRA on the embedding or the head */
     float *lora_xh;
+    /* MoE (moe.c): d_act, d_gate, d_up hold [N k, I] then; and */
+    float *d_moe;                /* [N k, C]: d ye, then d xe */
+    float *d_rw;                 /* [N, k] fp32 */
+    float *d_rlogits;            /* [N, E] */
+    /* load-balancing loss (cfg.output_router_logits): counts and prob sums per expert
+     * over the forward's MoE layers (fp32 [E] each), its gradient w.r.t. every layer's
+     * probs (aux_dp [E], set by the backward), and the term it added to the loss */
+    float *aux_counts, *aux_psum, *aux_dp;
+    double aux_loss;
+    /* GPU MoE: host staging of one layer's idx, rows and slot ([3 N k] int32, at least
+     * 3 E floats for the statistics), with the activations */
+    int32_t *moe_host;
+    ft_model_aux_reduce_fn aux_reduce; /* ft_model_set_aux_reduce */
+    void *aux_reduce_ctx;
 };
 
 /* Bytes of one element of the compute dtype. */
@@ -276,6 +304,18 @@ void model_batch_arrays(ft_model *m, int32_t **ids, int32_t **targets, int32_t *
                         int32_t **seg);
 int model_upload_batch(ft_model *m, ft_err *err);
 int model_upload_inv_freq(ft_model *m, ft_err *err);
+
+/* moe.c: the sparse MoE block of layer l (cfg.num_experts > 0), y = moe(x) over the
+ * batch's N rows (x, y [N, C]); record: add the routing to the load-balancing statistics
+ * (not in a gradient-checkpoint recompute). Backward: dx += d moe(x)/dx from dy, the
+ * trainable weights' gradients accumulating. */
+void moe_forward(ft_model *m, int l, const float *x, float *y, bool record);
+void moe_backward(ft_model *m, int l, const float *x, const float *dy, float *dx);
+/* The load-balancing term of the forward that just ended (moe_aux_begin before its
+ * layers): m->aux_loss; and its gradient for the backward (aux_dp). Reduced over the
+ * ranks first when a reduce is set (ft_model_set_aux_reduce). */
+void moe_aux_begin(ft_model *m);
+int moe_aux_end(ft_model *m, ft_err *err);
 
 /* (Re)allocates activation and scratch buffers for B x T tokens. */
 int model_reserve_activations(ft_model *m, int B, int T, ft_err *err);

@@ -324,21 +324,25 @@ static void layer_forward(ft_model *m, int l, const float *in, float *out)
     } else {
         ft_add(A_(a->mid, nC), A_(in, nC), nC);
     }
-    proj_forward(m, l, FT_PROJ_GATE, xm, a->gate);
-    proj_forward(m, l, FT_PROJ_UP, xm, a->up);
-    if (c->mlp_act == FT_ACT_GELU_TANH)
-        ft_geglu_forward(A_(a->act, nI), A_(a->gate, nI), A_(a->up, nI), nI);
-    else
-        ft_swiglu_forward(A_(a->act, nI), A_(a->gate, nI), A_(a->up, nI), nI);
     const float *post = w->norm[FT_NORM_MLP_POST];
-    if (!out && !post) {
-        if (w->lora_a[FT_PROJ_DOWN]) {
-            const proj_view v = proj_view_of(m, l, FT_PROJ_DOWN);
-            lora_h_forward(m, l, &v, a->act);
+    if (c->num_experts > 0) { /* the sparse MoE block (moe.c) instead of the MLP */
+        moe_forward(m, l, xm, post ? a->mo : out, out != NULL);
+    } else {
+        proj_forward(m, l, FT_PROJ_GATE, xm, a->gate);
+        proj_forward(m, l, FT_PROJ_UP, xm, a->up);
+        if (c->mlp_act == FT_ACT_GELU_TANH)
+            ft_geglu_forward(A_(a->act, nI), A_(a->gate, nI), A_(a->up, nI), nI);
+        else
+            ft_swiglu_forward(A_(a->act, nI), A_(a->gate, nI), A_(a->up, nI), nI);
+        if (!out && !post) {
+            if (w->lora_a[FT_PROJ_DOWN]) {
+                const proj_view v = proj_view_of(m, l, FT_PROJ_DOWN);
+                lora_h_forward(m, l, &v, a->act);
+            }
+            return;
         }
-        return;
+        proj_forward(m, l, FT_PROJ_DOWN, a->act, post ? a->mo : out);
     }
-    proj_forward(m, l, FT_PROJ_DOWN, a->act, post ? a->mo : out);
     if (post) /* a recompute keeps only rstd: the output goes to the free scratch d_ln */
         ft_rmsnorm_forward(A_(out ? out : m->d_ln, nC), F_(a->rstd_mo, N), A_(a->mo, nC),
                            A_(post, C), N, C, eps, off);
@@ -402,6 +406,12 @@ static void layer_backward(ft_model *m, int l)
      * r the residual scale */
     const float *dy = post_norm_backward(m, branch_grad(m, nC), nw[FT_NORM_MLP_POST],
                                          w->g_norm[FT_NORM_MLP_POST], a->mo, a->rstd_mo);
+    const float *xm = nw[FT_NORM_MLP_PRE] ? a->ln2 : a->mid;
+    if (c->num_experts > 0) {
+        ft_zero(A_(m->d_ln, nC), nC);
+        moe_backward(m, l, xm, dy, m->d_ln);
+        goto mlp_done;
+    }
     ft_zero(A_(m->d_act, nI), nI);
     proj_backward(m, l, FT_PROJ_DOWN, a->act, dy, m->d_act);
     ft_zero(A_(m->d_gate, nI), nI);
@@ -412,10 +422,10 @@ static void layer_backward(ft_model *m, int l)
     else
         ft_swiglu_backward(A_(m->d_gate, nI), A_(m->d_up, nI), A_(m->d_act, nI),
                            A_(a->gate, nI), A_(a->up, nI), nI);
-    const float *xm = nw[FT_NORM_MLP_PRE] ? a->ln2 : a->mid;
     ft_zero(A_(m->d_ln, nC), nC);
     proj_backward(m, l, FT_PROJ_GATE, xm, m->d_gate, m->d_ln);
     proj_backward(m, l, FT_PROJ_UP, xm, m->d_up, m->d_ln);
+mlp_done:
     /* the residual passes d_h through; the branch adds its part */
     pre_norm_backward(m, nw[FT_NORM_MLP_PRE], w->g_norm[FT_NORM_MLP_PRE], a->mid, a->rstd2);
 
@@ -668,6 +678,7 @@ int ft_model_forward(ft_model *m, const ft_batch *b, double *loss_sum, long *n_t
                                     err)) {
         return -1; /* (a stage of only the head receives the last layer's output) */
     }
+    moe_aux_begin(m);
     for (int l = l0; l < l1; l++) {
         if (acquire(m, l + 1, FT_UNIT_FORWARD, err))
             return -1;
@@ -697,6 +708,9 @@ int ft_model_forward(ft_model *m, const ft_batch *b, double *loss_sum, long *n_t
             return -1;
         m->logits_valid = true;
     }
+    /* (after a stage's send: the statistics may be summed over the stages) */
+    if (moe_aux_end(m, err))
+        return -1;
     if (loss_sum)
         *loss_sum = loss;
     if (n_tokens)
@@ -788,6 +802,17 @@ int ft_model_backward(ft_model *m, float grad_scale, ft_err *err)
             return -1;
     }
     return 0;
+}
+
+double ft_model_aux_loss(const ft_model *m)
+{
+    return m->aux_loss;
+}
+
+void ft_model_set_aux_reduce(ft_model *m, ft_model_aux_reduce_fn fn, void *ctx)
+{
+    m->aux_reduce = fn;
+    m->aux_reduce_ctx = ctx;
 }
 
 long ft_batch_counted_tokens(const ft_batch *b)

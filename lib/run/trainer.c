@@ -222,6 +222,11 @@ static int setup_model(trainer *t, const ft_dist_options *dopt, ft_err *err)
                        "checkpoint is not supported (its final model would lack the vision "
                        "tower): use lora or qlora and ft-merge, which carries it through",
                        t->model_dir);
+    if (t->pref && ft_model_cfg(t->m)->num_experts > 0)
+        return ft_fail(err, "model.name '%s': train.objective %s on a mixture-of-experts "
+                       "model is not supported yet (TRL adds the router's load-balancing "
+                       "loss to the preference loss; use sft)",
+                       t->model_dir, t->orpo ? "orpo" : "dpo");
     if (t->pref && !t->orpo && mo.mode == FT_TRAIN_FULL) {
         /* the DPO reference of a full fine-tuning: the base, frozen, beside the policy */
         ft_model_options ro = {.mode = FT_TRAIN_NONE,

@@ -27,7 +27,8 @@ int ft_train_step_objective(ft_model *m, ft_optimizer *o, const ft_lr_schedule *
                 : ft_model_forward(m, &micro[i], &sum, NULL, err) ||
                       ft_model_backward(m, (float)(1.0 / (double)total), err))
             return ft_fail_prefix(err, "micro-batch %d", i);
-        loss += sum;
+        /* a MoE router's load-balancing term counts whole for each micro-batch (model.h) */
+        loss += sum + ft_model_aux_loss(m) * (double)total;
     }
     size_t n;
     float *grads = ft_model_grads(m, &n);

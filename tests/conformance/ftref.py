@@ -33,6 +33,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     Olmo2Config,
     Olmo2ForCausalLM,
     Phi3Config,
@@ -342,6 +344,7 @@ _ARCH = {
     "phi3": (Phi3Config, Phi3ForCausalLM),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM),
     "smollm3": (SmolLM3Config, SmolLM3ForCausalLM),
+    "mixtral": (MixtralConfig, MixtralForCausalLM),  # (shapes in test_moe.py)
 }
 
 

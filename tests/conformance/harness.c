@@ -294,7 +294,8 @@ static int run(const spec *s, const char *out_path, ft_err *err)
     if (ft_model_forward(m, &whole, &loss_sum, &n_tok, err))
         goto done;
     int64_t lshape[3] = {s->B, s->T, c->vocab_size};
-    float loss = (float)(loss_sum / (double)n_tok);
+    /* transformers' loss: the mean token loss plus a MoE router's load-balancing term */
+    float loss = (float)(loss_sum / (double)n_tok + ft_model_aux_loss(m));
     if (ft_st_writer_add(w, "logits", FT_ST_F32, 3, lshape,
                          kept_copy(&k, ft_model_logits(m), (size_t)s->B * s->T * c->vocab_size),
                          err) ||

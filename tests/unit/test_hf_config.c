@@ -925,6 +925,66 @@ static void test_qwen3(void)
                  " \"head_dim\": 127}", "head_dim");
 }
 
+/* mistralai/Mixtral-8x7B-v0.1's config.json, MixtralConfig's defaults, and the MoE keys'
+ * errors. */
+static void test_mixtral(void)
+{
+    ft_model_config c;
+    ft_err e = {0};
+    CHECK(load("{\"architectures\": [\"MixtralForCausalLM\"], \"attention_dropout\": 0.0,"
+               " \"bos_token_id\": 1, \"eos_token_id\": 2, \"hidden_act\": \"silu\","
+               " \"hidden_size\": 4096, \"initializer_range\": 0.02,"
+               " \"intermediate_size\": 14336, \"max_position_embeddings\": 32768,"
+               " \"model_type\": \"mixtral\", \"num_attention_heads\": 32,"
+               " \"num_experts_per_tok\": 2, \"num_hidden_layers\": 32,"
+               " \"num_key_value_heads\": 8, \"num_local_experts\": 8,"
+               " \"output_router_logits\": false, \"rms_norm_eps\": 1e-05,"
+               " \"rope_theta\": 1000000.0, \"router_aux_loss_coef\": 0.02,"
+               " \"sliding_window\": null, \"tie_word_embeddings\": false,"
+               " \"torch_dtype\": \"bfloat16\", \"transformers_version\": \"4.36.0.dev0\","
+               " \"use_cache\": true, \"vocab_size\": 32000}",
+               &c, &e) == 0);
+    CHECK(strcmp(c.model_type, "mixtral") == 0);
+    CHECK(c.num_experts == 8 && c.experts_per_tok == 2 && c.norm_topk_prob);
+    CHECK(!c.output_router_logits && c.router_aux_loss_coef == 0.02f);
+    CHECK(c.num_kv_heads == 8 && c.head_dim == 128 && c.sliding_window == 0);
+    CHECK(c.rope_theta == 1e6 && c.rms_norm_eps == 1e-5f && !c.tie_word_embeddings);
+    CHECK(strcmp(c.moe_name, "block_sparse_moe") == 0 && strcmp(c.expert_proj[0], "w1") == 0 &&
+          strcmp(c.expert_proj[1], "w3") == 0 && strcmp(c.expert_proj[2], "w2") == 0);
+    /* the MLP is the MoE block: the block's linear modules are attention's */
+    CHECK(ft_block_projections(&c) == ((1u << FT_PROJ_Q) | (1u << FT_PROJ_K) |
+                                       (1u << FT_PROJ_V) | (1u << FT_PROJ_O)));
+    /* MixtralConfig's defaults: 8 experts, top 2, coef 0.001, rope_theta 1e6 */
+    CHECK(load("{\"model_type\": \"mixtral\", " REQ ", \"num_key_value_heads\": 2,"
+               " \"sliding_window\": 7, \"output_router_logits\": true}", &c, &e) == 0);
+    CHECK(c.num_experts == 8 && c.experts_per_tok == 2 && c.router_aux_loss_coef == 0.001f);
+    CHECK(c.output_router_logits && c.rope_theta == 1e6 && c.sliding_window == 7);
+    CHECK(c.max_position_embeddings == 4096 * 32 && c.rms_norm_eps == 1e-5f);
+    /* num_experts: MixtralConfig's alias of num_local_experts */
+    CHECK(load("{\"model_type\": \"mixtral\", " REQ ", \"num_experts\": 3,"
+               " \"num_experts_per_tok\": 3}", &c, &e) == 0);
+    CHECK(c.num_experts == 3 && c.experts_per_tok == 3);
+    EXPECT_ERROR("{\"model_type\": \"mixtral\", " REQ ", \"num_experts\": 3,"
+                 " \"num_local_experts\": 4}", "num_experts");
+    EXPECT_ERROR("{\"model_type\": \"mixtral\", " REQ ", \"num_local_experts\": 4,"
+                 " \"num_experts_per_tok\": 5}", "num_experts_per_tok");
+    EXPECT_ERROR("{\"model_type\": \"mixtral\", " REQ ", \"num_experts_per_tok\": 0}",
+                 "num_experts_per_tok");
+    EXPECT_ERROR("{\"model_type\": \"mixtral\", " REQ ", \"router_jitter_noise\": 0.01}",
+                 "router_jitter_noise");
+    EXPECT_ERROR("{\"model_type\": \"mixtral\", " REQ ", \"output_router_logits\": 1}",
+                 "output_router_logits");
+    EXPECT_ERROR("{\"model_type\": \"mixtral\", " REQ ", \"router_aux_loss_coef\": \"x\"}",
+                 "router_aux_loss_coef");
+    EXPECT_ERROR("{\"model_type\": \"mixtral\", " REQ ", \"attention_bias\": true}",
+                 "attention_bias");
+    /* the experts stay foreign to the dense families */
+    EXPECT_ERROR("{\"model_type\": \"mistral\", " REQ ", \"num_local_experts\": 8}",
+                 "num_local_experts");
+    CHECK(load("{\"model_type\": \"llama\", " REQ "}", &c, &e) == 0);
+    CHECK(c.num_experts == 0 && c.rope_theta == 10000.0);
+}
+
 /* allenai/OLMo-2-1124-7B's config.json */
 static void test_olmo2(void)
 {
@@ -1195,6 +1255,7 @@ int main(void)
     RUN(test_gemma3_multimodal);
     RUN(test_qwen3);
     RUN(test_olmo2);
+    RUN(test_mixtral);
     RUN(test_file_errors);
     RUN(test_key_errors);
     RUN(test_math_errors);

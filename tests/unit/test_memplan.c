@@ -21,7 +21,7 @@
 
 static char root[256], llama_dir[300], qwen_dir[300], tied_dir[300], granite_dir[300],
     gemma_dir[300], phi3_dir[300], smollm3_dir[300], olmo2_dir[300], qwen3_dir[300],
-    gemma2_dir[300], gemma3_dir[300];
+    gemma2_dir[300], gemma3_dir[300], mixtral_dir[300];
 
 /* The run config with sets applied (free() it). */
 static ft_run_config *make_config(const char *const *sets)
@@ -427,6 +427,17 @@ static void test_cpu_gemma3_equal_measured(void)
 }
 
 /* The GPU rows follow the table in memplan.h. */
+/* A mixture-of-experts block (mixtral): the router and every expert's weights, the
+ * grouped activations of the k experts per token, the router's and the grouping's
+ * buffers, the load-balancing statistics; QLoRA's quantized experts and their window.
+ * LoRA on the attention modules (the experts' LoRA is refused for now). */
+static void test_cpu_mixtral_equal_measured(void)
+{
+    sweep(mixtral_dir, "lora", "q_proj,k_proj,v_proj,o_proj", "0.05");
+    sweep(mixtral_dir, "full", "q_proj", "0");
+    sweep(mixtral_dir, "qlora", "q_proj,v_proj", "0.1"); /* the experts quantized too */
+}
+
 static void test_gpu_formulas(void)
 {
     const char *sets[] = {"tuning.mode=full", "train.batch_size=2", "model.max_seq_len=8",
@@ -753,6 +764,8 @@ int main(void)
                      &(tiny_model_opts){.model_type = "gemma2", .tied = 1,
                                         .extra_cfg = ", \"head_dim\": 4, \"sliding_window\": 3,"
                                                      " \"query_pre_attn_scalar\": 6"});
+    snprintf(mixtral_dir, sizeof mixtral_dir, "%s/mixtral", root);
+    write_tiny_model(mixtral_dir, &(tiny_model_opts){.model_type = "mixtral"});
 
     snprintf(gemma3_dir, sizeof gemma3_dir, "%s/gemma3", root);
     write_tiny_model(gemma3_dir,
@@ -778,6 +791,7 @@ int main(void)
     RUN(test_cpu_phi3_equal_measured);
     RUN(test_cpu_smollm3_equal_measured);
     RUN(test_cpu_olmo2_qwen3_equal_measured);
+    RUN(test_cpu_mixtral_equal_measured);
     RUN(test_cpu_gemma2_equal_measured);
     RUN(test_cpu_gemma3_equal_measured);
     RUN(test_gpu_formulas);

@@ -10,7 +10,7 @@
 #include "core/rng.h"
 #include "formats/safetensors.h"
 
-enum { V = 32, C = 16, I = 24, L = 2, HQ = 4, HKV = 2, D = 4 };
+enum { V = 32, C = 16, I = 24, L = 2, HQ = 4, HKV = 2, D = 4, MOE_E = 4 };
 
 typedef struct tiny_model_opts {
     int qkv_bias;          /* qwen2: q, k, v biases */
@@ -24,7 +24,8 @@ typedef struct tiny_model_opts {
                              * get their q/k norms (and head_dim D for qwen3), olmo2 its
                              * post-norms in place of llama's norms, gemma2 its four norms
                              * (pre and post on each branch), gemma3_text those four and
-                             * per-head q/k norms (head_dim D) */
+                             * per-head q/k norms (head_dim D), mixtral MOE_E experts
+                             * (top 2, output_router_logits) in place of the MLP */
     const char *hidden_act; /* NULL: silu */
     uint64_t seed;         /* weight stream (0: 7) */
     float scale;           /* weights uniform in [-scale/2, scale/2) (0: 0.6) */
@@ -38,11 +39,16 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
     const char *skip = o->skip, *extra = o->extra, *bad_shape = o->bad_shape;
     const char *type = o->model_type ? o->model_type : qkv_bias ? "qwen2" : "llama";
     int olmo2 = strcmp(type, "olmo2") == 0, qwen3 = strcmp(type, "qwen3") == 0;
-    int gemma3 = strcmp(type, "gemma3_text") == 0;
+    int gemma3 = strcmp(type, "gemma3_text") == 0, mixtral = strcmp(type, "mixtral") == 0;
     int gemma2 = strcmp(type, "gemma2") == 0 || gemma3;
-    char head_dim[32] = ""; /* qwen3's default (128) is not D */
+    char head_dim[128] = ""; /* qwen3's default (128) is not D */
     if (qwen3 || gemma3)
         snprintf(head_dim, sizeof head_dim, ", \"head_dim\": %d", D);
+    if (mixtral)
+        snprintf(head_dim, sizeof head_dim,
+                 ", \"num_local_experts\": %d, \"num_experts_per_tok\": 2, "
+                 "\"output_router_logits\": true, \"router_aux_loss_coef\": 0.1",
+                 MOE_E);
     uint64_t seed = o->seed ? o->seed : 7;
     float scale = o->scale > 0 ? o->scale : 0.6f;
     ft_err err;
@@ -104,6 +110,15 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
         ADD(1, C, 0, "model.layers.%d.post_attention_layernorm.weight", l);
         if (gemma2)
             ADD(1, C, 0, "model.layers.%d.pre_feedforward_layernorm.weight", l);
+        if (mixtral) {
+            ADD(2, MOE_E, C, "model.layers.%d.block_sparse_moe.gate.weight", l);
+            for (int e = 0; e < MOE_E; e++) {
+                ADD(2, I, C, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, e);
+                ADD(2, C, I, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l, e);
+                ADD(2, I, C, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l, e);
+            }
+            continue;
+        }
         ADD(2, I, C, "model.layers.%d.mlp.gate_proj.weight", l);
         ADD(2, I, C, "model.layers.%d.mlp.up_proj.weight", l);
         ADD(2, C, I, "model.layers.%d.mlp.down_proj.weight", l);
