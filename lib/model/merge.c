@@ -38,22 +38,28 @@
 /* The base weight and B of the LoRA A parameter `a`, by name: A is
  * base_model.model.<module_prefix>layers.N.<proj>.lora_A.weight, its weight
  * <ckpt_prefix>model.layers.N.<proj>.weight (model.layers.N.<proj>.weight but in a
- * multimodal gemma3: hf_config.h). */
+ * multimodal gemma3: hf_config.h); or base_model.model.lm_head.lora_A.weight, its weight
+ * <ckpt_prefix>lm_head.weight. */
 static int find_pair(ft_model *m, const ft_param *a, ft_param **w, ft_param **b, ft_err *err)
 {
     const ft_model_config *c = ft_model_cfg(m);
     const char *suffix = ".lora_A.weight";
     size_t n = strlen(a->name), np = strlen(PEFT_PREFIX), ns = strlen(suffix);
     size_t nm = strlen(c->module_prefix);
-    if (n <= np + nm + ns || strncmp(a->name, PEFT_PREFIX, np) != 0 ||
-        strncmp(a->name + np, c->module_prefix, nm) != 0 ||
+    if (n <= np + ns || strncmp(a->name, PEFT_PREFIX, np) != 0 ||
         strcmp(a->name + n - ns, suffix) != 0)
         return ft_fail(err, "LoRA parameter '%s' does not follow PEFT's naming", a->name);
+    /* path: the module's path in the transformers model, past base_model.model. */
     char path[sizeof a->name], name[sizeof a->name + 64];
-    snprintf(path, sizeof path, "%.*s", (int)(n - np - nm - ns), a->name + np + nm);
-    snprintf(name, sizeof name, "%smodel.%s.weight", c->ckpt_prefix, path);
+    snprintf(path, sizeof path, "%.*s", (int)(n - np - ns), a->name + np);
+    if (strncmp(path, c->module_prefix, nm) == 0) /* a decoder layer's module */
+        snprintf(name, sizeof name, "%smodel.%s.weight", c->ckpt_prefix, path + nm);
+    else if (strcmp(path, "lm_head") == 0)
+        snprintf(name, sizeof name, "%slm_head.weight", c->ckpt_prefix);
+    else
+        return ft_fail(err, "LoRA parameter '%s' does not follow PEFT's naming", a->name);
     *w = ft_model_find_param(m, name);
-    snprintf(name, sizeof name, PEFT_PREFIX "%s%s.lora_B.weight", c->module_prefix, path);
+    snprintf(name, sizeof name, PEFT_PREFIX "%s.lora_B.weight", path);
     *b = ft_model_find_param(m, name);
     if (!*w || !*b)
         return ft_fail(err, "LoRA parameter '%s' has no %s", a->name,
