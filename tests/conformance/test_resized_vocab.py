@@ -1,0 +1,173 @@
+"""Adapters for a grown vocabulary: tokens added to the tokenizer, the model resized with
+resize_token_embeddings, then get_peft_model + save_pretrained. PEFT's adapter then holds
+the embedding and the head of the new vocabulary in full: as modules_to_save (with the
+wrapper's two copies, <module>.modules_to_save.weight and .original_module.weight), as the
+base weights save_embedding_layers adds when the vocabulary changed (LoRA elsewhere), or as
+the base_layer of LoRA on them. We load it on the unresized checkpoint: the model takes the
+adapter's vocabulary (its embedding / head tensors' rows), the checkpoint gives the old
+rows and the adapter all of them.
+
+PEFT's adapter -> ours, every family (untied and tied): logits and loss (1e-5) and the
+gradient of every trainable tensor (1e-4) against PeftModel.from_pretrained on the base
+resized to the adapter's vocabulary (itself checked against the model that saved it), on
+batches that use the new tokens. An adapter whose head PEFT does not save (LoRA on the
+embedding alone, untied head: PEFT's reload keeps random rows) is refused, as is one whose
+tensors disagree on the vocabulary."""
+
+import json
+import warnings
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import ftref
+
+B = 2
+ADDED = 3  # tokens added (the new ids V, V+1, V+2)
+
+UNTIED = ["llama_gqa", "mistral_sw", "qwen2", "qwen3", "granite", "olmo2", "phi3"]
+TIED = ["tied", "gemma", "gemma2", "smollm3"]
+
+# variant -> LoraConfig keywords (untied, tied)
+VARIANTS = {
+    "mts": (dict(target_modules=["o_proj", "down_proj"], modules_to_save=["embed_tokens", "lm_head"]),
+            dict(target_modules=["o_proj", "down_proj"], modules_to_save=["embed_tokens"],
+                 ensure_weight_tying=True)),
+    "saved": (dict(target_modules=["o_proj", "down_proj"]), dict(target_modules=["o_proj", "down_proj"])),
+    # (LoRA on a tied embedding is refused whatever the vocabulary)
+    "lora_outer": (dict(target_modules=["o_proj", "embed_tokens", "lm_head"]), None),
+}
+
+CASES = ([(m, v) for m in UNTIED for v in VARIANTS] +
+         [(m, v) for m in TIED for v in VARIANTS if VARIANTS[v][1]])
+
+
+def resized_base(model_dir, V):
+    base = ftref.load_hf(model_dir)
+    torch.manual_seed(7)  # resize_token_embeddings samples the new rows
+    base.resize_token_embeddings(V)
+    return base
+
+
+def make_adapter(model_dir, out_dir, kw, seed):
+    """PEFT's adapter after adding ADDED tokens; returns (dir, the saving model)."""
+    from peft import LoraConfig, get_peft_model
+
+    V = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    base = resized_base(model_dir, V + ADDED)
+    pm = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, bias="none",
+                                         task_type="CAUSAL_LM", **kw))
+    g = torch.Generator().manual_seed(600 + seed)
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if ".lora_" in n:
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+            elif ".modules_to_save." in n:
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+    out_dir.mkdir(parents=True)
+    (out_dir / "README.md").write_text("---\nlibrary_name: peft\n---\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pm.save_pretrained(str(out_dir), safe_serialization=True)
+    pm.eval()
+    return out_dir, pm
+
+
+def batch(V, T, seed, pad):
+    ids, labels = ftref.make_batch(V + ADDED, B, T, seed, pad=pad)
+    ids[0, 2], ids[1, 3], ids[1, T - 2] = V, V + 1, V + 2  # the new tokens, as input
+    labels[0, 2], labels[1, 3], labels[1, T - 2] = V, V + 1, V + 2
+    labels[0, 4] = V + 2  # and as a label only
+    return ids, labels
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[f"{m}-{v}" for m, v in CASES])
+def case(request, store, ft, tmp_path_factory):
+    from peft import PeftModel
+
+    model_name, variant = request.param
+    shape = ftref.SHAPES[model_name]
+    tied = shape.cfg["tie_word_embeddings"]
+    model_dir = store.model(model_name)
+    V = shape.cfg["vocab_size"]
+    adapter_dir, saver = make_adapter(model_dir, tmp_path_factory.mktemp("rv") / "adapter",
+                                      VARIANTS[variant][tied], len(model_name))
+    ref = PeftModel.from_pretrained(resized_base(model_dir, V + ADDED), str(adapter_dir),
+                                    is_trainable=True)
+    ref.eval()
+    ids, labels = batch(V, shape.T, shape.seed + 5, shape.cfg.get("pad_token_id"))
+    saved_logits, _ = ftref.hf_forward(saver, ids, labels)
+    c = type("Case", (), {})()
+    c.V, c.tied, c.variant = V, tied, variant
+    c.ref_logits, c.ref_loss, c.ref_grads = ftref.hf_grads(ref, ids, labels, key=ftref.ours_key)
+    # PEFT's own reload restores the saving model (the new rows come from the adapter)
+    ftref.assert_close("reloaded logits", c.ref_logits, saved_logits, ftref.TOL_LOGITS)
+    c.out = ft(dict(model_dir=model_dir, adapter_dir=adapter_dir, mode="lora", input_ids=ids,
+                    labels=labels), f"rv-{model_name}-{variant}")
+    return c
+
+
+def test_resized_logits_loss(case):
+    assert case.out["logits"].shape[-1] == case.V + ADDED
+    ftref.assert_close("logits", case.out["logits"], case.ref_logits, ftref.TOL_LOGITS)
+    ftref.assert_close("loss", case.out["loss"], case.ref_loss, ftref.TOL_LOGITS)
+
+
+def test_resized_grads(case):
+    if case.variant == "mts":
+        assert "model.embed_tokens.weight" in case.ref_grads
+    ftref.assert_tensor_dict_close("grad.", case.out, case.ref_grads, ftref.TOL_GRAD)
+
+
+def test_resized_head_missing_refused(store, ft_raw, tmp_path):
+    """LoRA on the embedding alone of an untied model: PEFT saves the embedding's base
+    (base_layer) but not the resized head, whose new rows it has nowhere."""
+    model_dir = store.model("llama_gqa")
+    V = ftref.SHAPES["llama_gqa"].cfg["vocab_size"]
+    d, _ = make_adapter(model_dir, tmp_path / "a", dict(target_modules=["o_proj", "embed_tokens"]), 1)
+    assert not any("lm_head" in k for k in load_file(d / "adapter_model.safetensors"))
+    ids, _ = ftref.make_batch(V, 1, 4, 0)
+    cp, _ = ft_raw(dict(model_dir=model_dir, adapter_dir=d, mode="lora", input_ids=ids),
+                   "rv-no-head")
+    assert cp.returncode != 0
+    assert "lm_head.weight" in cp.stderr and str(V + ADDED) in cp.stderr, cp.stderr
+
+
+def test_resized_vocab_disagrees_refused(store, ft_raw, tmp_path):
+    """The adapter's embedding and head of two vocabulary sizes: refused naming both."""
+    model_dir = store.model("llama_gqa")
+    V = ftref.SHAPES["llama_gqa"].cfg["vocab_size"]
+    d, _ = make_adapter(model_dir, tmp_path / "a", VARIANTS["saved"][0], 2)
+    f = d / "adapter_model.safetensors"
+    sd = load_file(f)
+    key = "base_model.model.lm_head.weight"
+    sd[key] = torch.cat([sd[key], sd[key][:1]]).contiguous()
+    save_file(sd, f, metadata={"format": "pt"})
+    ids, _ = ftref.make_batch(V, 1, 4, 0)
+    cp, _ = ft_raw(dict(model_dir=model_dir, adapter_dir=d, mode="lora", input_ids=ids),
+                   "rv-disagree")
+    assert cp.returncode != 0
+    assert "vocabulary" in cp.stderr and str(V + ADDED + 1) in cp.stderr, cp.stderr
+
+
+def test_resized_smaller_refused(store, ft_raw, tmp_path):
+    """An adapter for a smaller vocabulary than the checkpoint's: refused."""
+    from peft import LoraConfig, get_peft_model
+
+    model_dir = store.model("llama_gqa")
+    V = ftref.SHAPES["llama_gqa"].cfg["vocab_size"]
+    base = resized_base(model_dir, V - 2)
+    pm = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM",
+                                         target_modules=["q_proj"]))
+    d = tmp_path / "a"
+    d.mkdir()
+    (d / "README.md").write_text("---\nlibrary_name: peft\n---\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pm.save_pretrained(str(d), safe_serialization=True)
+    ids, _ = ftref.make_batch(V - 2, 1, 4, 0)
+    cp, _ = ft_raw(dict(model_dir=model_dir, adapter_dir=d, mode="lora", input_ids=ids),
+                   "rv-smaller")
+    assert cp.returncode != 0
+    assert "shrunk vocabulary" in cp.stderr and str(V - 2) in cp.stderr, cp.stderr
