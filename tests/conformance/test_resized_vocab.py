@@ -171,3 +171,54 @@ def test_resized_smaller_refused(store, ft_raw, tmp_path):
                    "rv-smaller")
     assert cp.returncode != 0
     assert "shrunk vocabulary" in cp.stderr and str(V - 2) in cp.stderr, cp.stderr
+
+
+MERGE_CASES = [("llama_gqa", "mts"), ("llama_gqa", "saved"), ("llama_gqa", "lora_outer"),
+               ("phi3", "saved"), ("tied", "mts"), ("gemma", "saved")]
+
+
+@pytest.mark.parametrize("model_name,variant", MERGE_CASES,
+                         ids=[f"{m}-{v}" for m, v in MERGE_CASES])
+def test_resized_merge(store, tmp_path, model_name, variant):
+    """ft-merge of PEFT's adapter for the grown vocabulary: config.json's vocab_size is the
+    new one, every tensor is PEFT's merge_and_unload's (1e-4 relative: fp32 in, fp32 out),
+    transformers loads it with no missing or unexpected keys to PEFT's logits, and the
+    tokenizer files saved beside the adapter replace the base's."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    shape = ftref.SHAPES[model_name]
+    tied = shape.cfg["tie_word_embeddings"]
+    model_dir = ftref.copy_model_dir(store.model(model_name), tmp_path / "base")
+    (model_dir / "tokenizer_config.json").write_text('{"base": true}\n')
+    (model_dir / "tokenizer.json").write_text('{"base": true}\n')
+    V = shape.cfg["vocab_size"]
+    adapter, _ = make_adapter(model_dir, tmp_path / "adapter", VARIANTS[variant][tied], 4)
+    (adapter / "tokenizer_config.json").write_text('{"added": 3}\n')
+    (adapter / "tokenizer.json").write_text('{"added": 3}\n')
+    out = tmp_path / "merged"
+    ftref.run_tool([ftref.tool_exe("FT_MERGE", "ft-merge"), "--model", model_dir, "--adapter",
+                    adapter, "--out", out, "--dtype", "f32"])
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["vocab_size"] == V + ADDED
+    for name in ("tokenizer_config.json", "tokenizer.json"):
+        assert (out / name).read_text() == (adapter / name).read_text(), name
+
+    pm = PeftModel.from_pretrained(resized_base(model_dir, V + ADDED), str(adapter))
+    pm.eval()
+    ids, _ = batch(V, shape.T, 3, None)
+    ref_logits, _ = ftref.hf_forward(pm, ids)
+    ref_state = {k: v.detach().clone() for k, v in pm.merge_and_unload().state_dict().items()}
+    if tied:
+        ref_state.pop("lm_head.weight", None)
+    ours = load_file(str(out / "model.safetensors"))
+    assert set(ours) == set(ref_state), sorted(set(ours) ^ set(ref_state))
+    for k, ref in ref_state.items():
+        ftref.assert_close(f"merged {k}", ours[k], ref.float(), ftref.TOL_WEIGHT)
+    merged, info = AutoModelForCausalLM.from_pretrained(
+        str(out), dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    merged.eval()
+    assert merged.get_input_embeddings().weight.shape[0] == V + ADDED
+    ftref.assert_close("merged logits", ftref.hf_forward(merged, ids)[0], ref_logits,
+                       ftref.TOL_LOGITS)
