@@ -157,6 +157,16 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
         return -1;
     snprintf(cfg.module_prefix, sizeof cfg.module_prefix, "%s", m->cfg.module_prefix);
     const ft_lora_config *want = &m->opt.lora;
+    /* the model takes a grown vocabulary from the LoRA settings read from this adapter
+     * (ft_model_load): a model built from other settings (a run config's) has the
+     * checkpoint's */
+    if (cfg.vocab_size && cfg.vocab_size != m->cfg.vocab_size)
+        return ft_fail(err, "%s: the adapter is for a vocabulary of %lld tokens (tokens added "
+                            "to the tokenizer, the embedding and head resized), the model has "
+                            "%lld: such an adapter loads with its own LoRA settings (ft-eval, "
+                            "ft-merge); training from it (tuning.lora.init_adapter) is not "
+                            "supported",
+                       dir, (long long)cfg.vocab_size, (long long)m->cfg.vocab_size);
     bool same_layers = true;
     for (int l = 0; l < m->cfg.num_layers; l++) {
         unsigned mask;

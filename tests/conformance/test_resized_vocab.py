@@ -222,3 +222,24 @@ def test_resized_merge(store, tmp_path, model_name, variant):
     assert merged.get_input_embeddings().weight.shape[0] == V + ADDED
     ftref.assert_close("merged logits", ftref.hf_forward(merged, ids)[0], ref_logits,
                        ftref.TOL_LOGITS)
+
+
+def test_resized_init_adapter_refused(tmp_path):
+    """Training from such an adapter (tuning.lora.init_adapter: the model is built from the
+    run config's LoRA settings) is refused naming the two vocabularies, before any step."""
+    import rankrun
+
+    model_dir = rankrun.make_model(tmp_path, "model")
+    rankrun.write_token_data(tmp_path)
+    d, _ = make_adapter(model_dir, tmp_path / "adapter",
+                        dict(target_modules=["q_proj", "v_proj"],
+                             modules_to_save=["embed_tokens", "lm_head"]), 5)
+    cfg = rankrun.write_config(tmp_path, "run", {"train.max_steps": 2},
+                               tuning__lora__target_modules="q_proj,v_proj",
+                               tuning__lora__modules_to_save="embed_tokens,lm_head",
+                               tuning__lora__init_adapter=str(d))
+    out = rankrun.run(cfg, check=False)
+    assert out.returncode != 0
+    assert "init_adapter" in out.stderr and "67" in out.stderr and "64" in out.stderr, \
+        out.stderr[-2000:]
+    assert not (tmp_path / "runs" / "run" / "metrics.jsonl").exists()
