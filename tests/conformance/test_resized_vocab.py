@@ -31,10 +31,12 @@ TIED = ["tied", "gemma", "gemma2", "smollm3"]
 
 # variant -> LoraConfig keywords (untied, tied)
 VARIANTS = {
-    "mts": (dict(target_modules=["o_proj", "down_proj"], modules_to_save=["embed_tokens", "lm_head"]),
+    "mts": (dict(target_modules=["o_proj", "down_proj"],
+                 modules_to_save=["embed_tokens", "lm_head"]),
             dict(target_modules=["o_proj", "down_proj"], modules_to_save=["embed_tokens"],
                  ensure_weight_tying=True)),
-    "saved": (dict(target_modules=["o_proj", "down_proj"]), dict(target_modules=["o_proj", "down_proj"])),
+    "saved": (dict(target_modules=["o_proj", "down_proj"]),
+              dict(target_modules=["o_proj", "down_proj"])),
     # (LoRA on a tied embedding is refused whatever the vocabulary)
     "lora_outer": (dict(target_modules=["o_proj", "embed_tokens", "lm_head"]), None),
 }
@@ -125,7 +127,8 @@ def test_resized_head_missing_refused(store, ft_raw, tmp_path):
     (base_layer) but not the resized head, whose new rows it has nowhere."""
     model_dir = store.model("llama_gqa")
     V = ftref.SHAPES["llama_gqa"].cfg["vocab_size"]
-    d, _ = make_adapter(model_dir, tmp_path / "a", dict(target_modules=["o_proj", "embed_tokens"]), 1)
+    d, _ = make_adapter(model_dir, tmp_path / "a",
+                        dict(target_modules=["o_proj", "embed_tokens"]), 1)
     assert not any("lm_head" in k for k in load_file(d / "adapter_model.safetensors"))
     ids, _ = ftref.make_batch(V, 1, 4, 0)
     cp, _ = ft_raw(dict(model_dir=model_dir, adapter_dir=d, mode="lora", input_ids=ids),
