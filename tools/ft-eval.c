@@ -616,6 +616,15 @@ static int run_pref(const args *a, ft_comm *comm)
         fail(err.msg);
         goto out;
     }
+    /* (an adapter for a grown vocabulary against its unresized base, say: the added
+     * tokens would index past the reference's embedding) */
+    if (ref && ft_model_cfg(ref)->vocab_size != ft_model_cfg(m)->vocab_size) {
+        fprintf(stderr, "ft-eval: error: --reference %s: a vocabulary of %lld tokens, the "
+                        "model%s has %lld\n",
+                a->reference, (long long)ft_model_cfg(ref)->vocab_size,
+                a->adapter ? " with its adapter" : "", (long long)ft_model_cfg(m)->vocab_size);
+        goto out;
+    }
     ft_model_set_training(m, false);
     int32_t pad = ft_tokenizer_pad_id(tok);
     if (pad < 0)

@@ -246,3 +246,33 @@ def test_resized_init_adapter_refused(tmp_path):
     assert "init_adapter" in out.stderr and "67" in out.stderr and "64" in out.stderr, \
         out.stderr[-2000:]
     assert not (tmp_path / "runs" / "run" / "metrics.jsonl").exists()
+
+
+def test_resized_preference_reference_refused(tmp_path):
+    """ft-eval --preference with such an adapter and its unresized base as --reference:
+    refused naming both vocabularies (the new tokens would index past the reference's
+    embedding)."""
+    import os
+    import subprocess
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    import rankrun
+
+    model_dir = rankrun.make_model(tmp_path, "model")
+
+    chars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,"
+    tk = Tokenizer(models.BPE({c: i for i, c in enumerate(chars)}, []))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tk, eos_token=".",
+                            pad_token=",").save_pretrained(model_dir)
+    d, _ = make_adapter(model_dir, tmp_path / "adapter", VARIANTS["saved"][0], 6)
+    data = tmp_path / "pairs.jsonl"
+    data.write_text(json.dumps({"prompt": "abc d", "chosen": " ef", "rejected": " gh"}) + "\n")
+    out = subprocess.run([ftref.tool_exe("FT_EVAL", "ft-eval"), "--model", str(model_dir),
+                          "--adapter", str(d), "--reference", str(model_dir), "--data",
+                          str(data), "--preference"], capture_output=True, text=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
+    assert out.returncode != 0
+    assert "--reference" in out.stderr and "64" in out.stderr and "67" in out.stderr, out.stderr
