@@ -313,6 +313,23 @@ int ft_model_save_adapter(ft_model *m, const char *dir, const char *base_model, 
         else
             rc = model_param_to_writer_as(m, p, bases[i][1], w, err);
     }
+    /* A grown vocabulary: the embedding and the head neither trained nor targeted, in
+     * full, as PEFT's save_embedding_layers writes them (a tied head: the embedding again
+     * under the head's key) */
+    static const char *const vocab_keys[] = {PEFT_PREFIX "model.embed_tokens.weight",
+                                             PEFT_PREFIX "lm_head.weight"};
+    for (size_t i = 0; i < 2 && rc == 0; i++) {
+        ft_param *p = resized_base(m, vocab_keys[i]);
+        if (!p)
+            continue;
+        if (!p->data)
+            rc = ft_fail(err, "%s: the resized vocabulary's %s is not held whole by this "
+                              "distributed strategy to save it (save with dist.strategy ddp "
+                              "or zero1/2)",
+                         dir, p->name);
+        else
+            rc = model_param_to_writer_as(m, p, vocab_keys[i], w, err);
+    }
     char path[4096];
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     if (rc == 0)

@@ -276,3 +276,61 @@ def test_resized_preference_reference_refused(tmp_path):
                          env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
     assert out.returncode != 0
     assert "--reference" in out.stderr and "64" in out.stderr and "67" in out.stderr, out.stderr
+
+
+TRAIN_CASES = [("llama_gqa", "mts"), ("llama_gqa", "saved"), ("llama_gqa", "lora_outer"),
+               ("phi3", "saved"), ("tied", "mts"), ("tied", "saved")]
+TRAIN = dict(steps=5, lr=1e-2, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01,
+             warmup_steps=2, scheduler="cosine", max_grad_norm=1.0)
+
+
+@pytest.mark.parametrize("model_name,variant", TRAIN_CASES,
+                         ids=[f"{m}-{v}" for m, v in TRAIN_CASES])
+def test_resized_train_and_save_loads_in_peft(store, ft, tmp_path, model_name, variant):
+    """Five AdamW steps from PEFT's grown-vocabulary adapter (the library's training, as
+    ft-train runs it) against torch's on PEFT's model; our saved adapter then loads with
+    PeftModel.from_pretrained on the base resized to its vocabulary with no missing or
+    unexpected keys, every tensor PEFT holds ours, and the same logits as ours. The
+    embedding and head PEFT saves for the vocabulary (save_embedding_layers) are saved
+    again."""
+    from peft import PeftModel
+
+    shape = ftref.SHAPES[model_name]
+    tied = shape.cfg["tie_word_embeddings"]
+    V = shape.cfg["vocab_size"]
+    model_dir = store.model(model_name)
+    adapter, _ = make_adapter(model_dir, tmp_path / "adapter", VARIANTS[variant][tied], 8)
+    ids, labels = batch(V, shape.T, shape.seed + 9, shape.cfg.get("pad_token_id"))
+    ref_model = PeftModel.from_pretrained(resized_base(model_dir, V + ADDED), str(adapter),
+                                          is_trainable=True)
+    ref_model.eval()
+    ref = ftref.reference_train(ref_model, ids, labels, TRAIN, key=ftref.ours_key)
+    saved = tmp_path / "saved"
+    out = ft(dict(model_dir=model_dir, adapter_dir=adapter, mode="lora", input_ids=ids,
+                  labels=labels, train=TRAIN, save_adapter=saved), f"rv-train-{model_name}")
+    ftref.assert_close("losses", out["losses"], ref["losses"], ftref.TOL_LOSSES)
+    ftref.assert_tensor_dict_close("weight.", out, ref["weights"], ftref.TOL_WEIGHT)
+
+    tensors = load_file(str(saved / "adapter_model.safetensors"))
+    if variant == "saved":
+        assert tensors["base_model.model.model.embed_tokens.weight"].shape[0] == V + ADDED
+        assert tensors["base_model.model.lm_head.weight"].shape[0] == V + ADDED
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pm = PeftModel.from_pretrained(resized_base(model_dir, V + ADDED), str(saved))
+    pm.eval()
+    bad = [str(w.message) for w in caught
+           if "missing" in str(w.message).lower() or "unexpected" in str(w.message).lower()]
+    assert not bad, bad
+    state = pm.state_dict()
+    for k, t in tensors.items():
+        name = k.removeprefix("base_model.model.")
+        held = [v for n, v in state.items()
+                if ftref.peft_key(n) == k or n.removeprefix("base_model.model.") in (
+                    name.replace(".weight", ".modules_to_save.default.weight"),
+                    name.replace(".weight", ".base_layer.weight"), name)]
+        assert held and all(torch.equal(h, t) for h in held), k
+    ours = ft(dict(model_dir=model_dir, adapter_dir=saved, mode="lora", input_ids=ids),
+              f"rv-saved-{model_name}")
+    ftref.assert_close("saved adapter logits (PEFT vs ours)", ours["logits"],
+                       ftref.hf_forward(pm, ids)[0], ftref.TOL_LOGITS)
