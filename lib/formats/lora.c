@@ -9,9 +9,11 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/fsutil.h"
 #include "formats/json_file.h"
+#include "formats/safetensors.h"
 
 static const char *const proj_names[FT_NPROJ] = {
     "q_proj",    "k_proj",  "v_proj",    "o_proj",      "gate_proj",
@@ -210,6 +212,56 @@ static int layer_index(const json_t *v, const char *path, ft_lora_config *c, ft_
     return 0;
 }
 
+/* The rows of the vocabulary of an adapter tensor under name (0: not one of the
+ * embedding's or the head's): embed_tokens / lm_head weights saved in full (their base
+ * weights, modules_to_save, base_layer) have V rows, lora_embedding_A is [r, V], the
+ * head's lora_B [V, r]. */
+static int64_t tensor_vocab(const ft_st_tensor *t)
+{
+    static const char *const rows[] = {"embed_tokens.weight", "embed_tokens.base_layer.weight",
+                                       "lm_head.weight", "lm_head.base_layer.weight",
+                                       "lm_head.lora_B.weight"};
+    size_t n = strlen(t->name);
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+        size_t k = strlen(rows[i]);
+        if (n >= k && strcmp(t->name + n - k, rows[i]) == 0 && t->ndim == 2)
+            return t->shape[0];
+    }
+    const char *a = "embed_tokens.lora_embedding_A";
+    size_t k = strlen(a);
+    return n >= k && strcmp(t->name + n - k, a) == 0 && t->ndim == 2 ? t->shape[1] : 0;
+}
+
+/* c->vocab_size from dir/adapter_model.safetensors (0 when it is absent: settings about
+ * to be written); its tensors must agree on one vocabulary. */
+static int adapter_vocab(const char *dir, ft_lora_config *c, ft_err *err)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    c->vocab_size = 0;
+    if (access(path, F_OK) != 0)
+        return 0;
+    ft_st_file *f;
+    if (ft_st_open(&f, path, err))
+        return -1;
+    int rc = 0;
+    const char *first = NULL;
+    for (size_t i = 0; i < ft_st_count(f) && rc == 0; i++) {
+        const ft_st_tensor *t = ft_st_at(f, i);
+        int64_t V = tensor_vocab(t);
+        if (V > 0 && c->vocab_size > 0 && V != c->vocab_size)
+            rc = ft_fail(err, "%s: tensor '%s' is for a vocabulary of %lld tokens, '%s' for "
+                              "one of %lld",
+                         path, t->name, (long long)V, first, (long long)c->vocab_size);
+        else if (V > 0 && !first) {
+            c->vocab_size = V;
+            first = t->name;
+        }
+    }
+    ft_st_close(f);
+    return rc;
+}
+
 int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
 {
     char path[4096];
@@ -340,6 +392,8 @@ int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
                 path);
         goto out;
     }
+    if (adapter_vocab(dir, c, err))
+        goto out;
     rc = 0;
 out:
     json_decref(root);

@@ -85,6 +85,12 @@ typedef struct ft_lora_config {
      * magnitude m [out] (key <module>.lora_magnitude_vector), the norm taken as a constant
      * in the gradient, as PEFT does (see lib/model/dora.c for dropout). */
     bool dora;
+    /* The vocabulary the adapter was made for: the rows of the embedding or head tensors
+     * in its adapter_model.safetensors (PEFT saves them, or LoRA on them, of the grown
+     * vocabulary after tokenizer.add_special_tokens + resize_token_embeddings); 0 when it
+     * holds none (or for settings from elsewhere). ft_model_load grows the model's
+     * vocabulary to it (lib/model/adapter.c). */
+    int64_t vocab_size;
     /* The adapter_config.json these settings were read from (ft_lora_config_load), for
      * the messages of the checks made once the model is known (a layer it lacks, targets
      * that select nothing); "" for settings from elsewhere. */

@@ -12,7 +12,10 @@
  * parameter list has no lm_head.weight when embeddings are tied, which is what
  * transformers writes too), and a multimodal gemma3 base's other tensors (vision tower,
  * projector) as they were, sharded like save_pretrained when over the shard limit;
- * config.json with its dtype key updated; tokenizer / generation files copied. A
+ * config.json with its dtype key updated; tokenizer / generation files copied. An adapter
+ * for a grown vocabulary (tokens added, the embedding and head resized: lib/model/adapter.c)
+ * gives config.json its vocab_size, and the tokenizer files in the adapter dir replace the
+ * base's. A
  * quantized base (bitsandbytes 4/8-bit, e.g. from ft-quantize) is dequantized first and
  * the output is dense 16-bit (bf16, or f16 when that is the base's compute dtype) with
  * no quantization_config. All of it
@@ -35,7 +38,9 @@
 
 #define PEFT_PREFIX "base_model.model."
 
-/* The base weight and B of the LoRA A parameter `a`, by name: A is
+/* The base weight and B of the LoRA A parameter `a`, by name: the head's A is
+ * base_model.model.lm_head.lora_A.weight (its weight lm_head.weight: LoRA on the head of a
+ * multimodal gemma3 is refused); a layer's A is
  * base_model.model.<module_prefix>layers.N.<proj>.lora_A.weight, its weight
  * <ckpt_prefix>model.layers.N.<proj>.weight (model.layers.N.<proj>.weight but in a
  * multimodal gemma3: hf_config.h); or base_model.model.lm_head.lora_A.weight, its weight
@@ -43,6 +48,14 @@
 static int find_pair(ft_model *m, const ft_param *a, ft_param **w, ft_param **b, ft_err *err)
 {
     const ft_model_config *c = ft_model_cfg(m);
+    if (strcmp(a->name, PEFT_PREFIX "lm_head.lora_A.weight") == 0) { /* outside the decoder */
+        *w = ft_model_find_param(m, "lm_head.weight");
+        *b = ft_model_find_param(m, PEFT_PREFIX "lm_head.lora_B.weight");
+        if (!*w || !*b)
+            return ft_fail(err, "LoRA parameter '%s' has no %s", a->name,
+                           !*w ? "base weight" : "lora_B partner");
+        return 0;
+    }
     const char *suffix = ".lora_A.weight";
     size_t n = strlen(a->name), np = strlen(PEFT_PREFIX), ns = strlen(suffix);
     size_t nm = strlen(c->module_prefix);
@@ -307,6 +320,12 @@ int ft_merge(const ft_merge_options *o, ft_err *err)
     if (rc == 0 && ft_model_dequantize_base(m, err))
         rc = -1;
     json_object_del(cfg_json, "quantization_config"); /* the output is dense */
+    /* an adapter for a grown vocabulary (added tokens): the merged model has its
+     * vocabulary, as resize_token_embeddings sets config.vocab_size */
+    bool resized = rc == 0 && json_integer_value(json_object_get(cfg_json, "vocab_size")) !=
+                                  ft_model_cfg(m)->vocab_size;
+    if (resized)
+        json_object_set_new(cfg_json, "vocab_size", json_integer(ft_model_cfg(m)->vocab_size));
     if (rc == 0 && ft_merge_lora_weights(m, ft_lora_scaling(&lc), err))
         rc = ft_fail_prefix(err, "%s", o->adapter_dir);
     if (rc) {
@@ -329,6 +348,10 @@ int ft_merge(const ft_merge_options *o, ft_err *err)
     json_decref(cfg_json);
     if (rc == 0)
         rc = ft_copy_passthrough_files(o->model_dir, tmp, err);
+    /* ... and the tokenizer with the added tokens, saved beside the adapter
+     * (tokenizer.save_pretrained there): its files replace the base model's */
+    if (rc == 0 && resized)
+        rc = ft_copy_passthrough_files(o->adapter_dir, tmp, err);
     if (rc == 0)
         rc = ft_publish_dir(tmp, out, o->force, "ft-merge", err);
     if (rc)

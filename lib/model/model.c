@@ -508,6 +508,29 @@ static bool ignorable_tensor(ft_model *m, const char *name)
            strcmp(name + strlen(cp), "lm_head.weight") == 0;
 }
 
+/* A base weight of the vocabulary (embedding, untied head) of a resized model: its first
+ * base_vocab rows from tensor t, the rest zero until the adapter fills them. */
+static bool resized_rows(const ft_model *m, const ft_param *p, const ft_st_tensor *t)
+{
+    return m->base_vocab && !p->quantized && p->ndim == 2 && t->ndim == 2 &&
+           p->shape[0] == m->cfg.vocab_size && t->shape[0] == m->base_vocab &&
+           t->shape[1] == p->shape[1];
+}
+
+static int read_resized_rows(ft_model *m, ft_param *p, const ft_st_tensor *t, ft_err *err)
+{
+    float *host = m->dev == FT_DEV_CPU ? p->data : malloc(p->numel * sizeof *host);
+    if (!host)
+        return ft_fail(err, "out of host memory reading '%s'", p->name);
+    memset(host + t->numel, 0, (p->numel - t->numel) * sizeof *host);
+    int rc = ft_st_to_f32_finite(t, host, t->numel, err);
+    if (rc == 0 && host != p->data)
+        rc = ft_model_param_set(m, p, host, err);
+    if (host != p->data)
+        free(host);
+    return rc;
+}
+
 int model_read_weights(ft_model *m, const char *dir, int unit, ft_err *err)
 {
     ft_checkpoint *ck;
@@ -525,6 +548,11 @@ int model_read_weights(ft_model *m, const char *dir, int unit, ft_err *err)
         }
         if (p->quantized) {
             rc = read_quantized(m, ck, i, t, err);
+            continue;
+        }
+        if (resized_rows(m, p, t)) {
+            if (p->data)
+                rc = read_resized_rows(m, p, t, err);
             continue;
         }
         bool shape_ok = t->ndim == p->ndim && t->shape[0] == p->shape[0] &&
@@ -694,6 +722,28 @@ static const char *device_unsupported(const ft_model_options *opt)
 #endif
 }
 
+/* An adapter for a vocabulary grown by added tokens (PEFT after resize_token_embeddings):
+ * the model takes the adapter's vocabulary; the checkpoint gives the old rows. */
+static int resize_vocab(ft_model *m, ft_err *err)
+{
+    int64_t V = m->opt.mode == FT_TRAIN_LORA ? m->opt.lora.vocab_size : 0;
+    if (V == 0 || V == m->cfg.vocab_size)
+        return 0;
+    const char *src = m->opt.lora.source[0] ? m->opt.lora.source : "the LoRA settings";
+    if (V < m->cfg.vocab_size)
+        return ft_fail(err, "%s: the adapter's embedding / head have %lld rows, fewer than the "
+                            "model's vocabulary (%lld in %s/config.json): a shrunk vocabulary "
+                            "is not supported",
+                       src, (long long)V, (long long)m->cfg.vocab_size, m->dir);
+    if (m->cfg.multimodal)
+        return ft_fail(err, "%s: an adapter for a resized vocabulary (%lld tokens; config.json "
+                            "has %lld) on a multimodal %s model is not supported",
+                       src, (long long)V, (long long)m->cfg.vocab_size, m->cfg.model_type);
+    m->base_vocab = m->cfg.vocab_size;
+    m->cfg.vocab_size = V;
+    return 0;
+}
+
 int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, ft_err *err)
 {
     *out = NULL;
@@ -708,6 +758,10 @@ int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, 
     }
     m->opt = *opt;
     snprintf(m->dir, sizeof m->dir, "%s", dir);
+    if (resize_vocab(m, err)) {
+        free(m);
+        return -1;
+    }
     const ft_quant_config qc = m->cfg.quant;
     if (qc.present) {
         m->quant = qc.opt;

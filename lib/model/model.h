@@ -172,15 +172,19 @@ bool ft_model_carried_tensor(const ft_model_config *cfg, const char *name);
 
 /* Loads config.json and the weights (model.safetensors or a sharded index; F32, F16 or
  * BF16, converted to fp32) from dir. In LoRA mode, creates A with PEFT's default init
- * (kaiming-uniform, bound 1/sqrt(in), seeded) and B = 0. Errors name the file, key or
- * tensor. */
+ * (kaiming-uniform, bound 1/sqrt(in), seeded) and B = 0. With opt->lora.vocab_size above
+ * config.json's (LoRA settings read from an adapter for a grown vocabulary) the model has
+ * that vocabulary (ft_model_cfg's vocab_size): the checkpoint fills the embedding's and
+ * the head's first rows, and ft_model_load_adapter must then fill every row. Errors name
+ * the file, key or tensor. */
 int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, ft_err *err);
 void ft_model_free(ft_model *m);
 
 /* Replaces the LoRA weights (and the modules_to_save weights) with those of a PEFT
  * adapter dir (adapter_model.safetensors). The adapter's config must match the model's
  * LoRA options (r, targets, modules_to_save); every expected key must be present with the
- * right shape. */
+ * right shape. A grown vocabulary's embedding / head (lib/model/adapter.c) must all be in
+ * it. */
 int ft_model_load_adapter(ft_model *m, const char *adapter_dir, ft_err *err);
 
 const ft_model_config *ft_model_cfg(const ft_model *m);

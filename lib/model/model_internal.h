@@ -129,6 +129,11 @@ struct ft_model {
     float *hlora_a, *hlora_b, *g_hlora_a, *g_hlora_b;
     unsigned outer_base_read; /* FT_LORA_EMBED / _HEAD: an adapter's base_layer weight
                                * replaced that base weight (saved again with the adapter) */
+    /* An adapter made after resize_token_embeddings (opt.lora.vocab_size above
+     * config.json's): config.json's vocabulary (cfg.vocab_size is the adapter's); 0 when
+     * not resized. The checkpoint fills the first base_vocab rows of the embedding and
+     * the head, the adapter all of them (model_read_adapter checks it does). */
+    int64_t base_vocab;
     layer_weights *layers;
     float *inv_freq; /* [model_rope_sets][rotary_dim/2] on the host: the RoPE frequencies,
                       * then (longrope) the long-context set or (gemma3) the sliding

@@ -11,6 +11,7 @@
 #include "check.h"
 #include "fifo_guard.h"
 #include "formats/lora.h"
+#include "formats/safetensors.h"
 #include "model/model.h"
 #include "tiny_model.h"
 
@@ -314,6 +315,54 @@ static void test_fused_module_names(void)
     expect_model_error(phi3, write_config("phi_none", "{" GOOD "}"), "select no linear layer");
 }
 
+/* dir/adapter_model.safetensors with n tensors of the given names and [rows, cols]. */
+static void write_tensors(const char *dir, int n, const char *const *names,
+                          const int64_t (*shapes)[2])
+{
+    static float zeros[4096];
+    ft_err err = {0};
+    ft_st_writer *w = ft_st_writer_new();
+    for (int i = 0; i < n; i++)
+        CHECK(ft_st_writer_add(w, names[i], FT_ST_F32, 2, shapes[i], zeros, &err) == 0);
+    char path[400];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    CHECK(ft_st_writer_save(w, path, &err) == 0);
+    ft_st_writer_free(w);
+}
+
+/* ft_lora_config.vocab_size: the rows of the adapter's embedding / head tensors (a grown
+ * vocabulary), 0 without adapter_model.safetensors or without such tensors; tensors of
+ * two sizes are refused naming the file and both. */
+static void test_adapter_vocab(void)
+{
+    ft_lora_config c;
+    ft_err err = {0};
+    const char *dir = write_config("vocab", "{" GOOD "}");
+    CHECK(ft_lora_config_load(&c, dir, &err) == 0 && c.vocab_size == 0);
+    const char *pairs[] = {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
+                           "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"};
+    const int64_t pair_shapes[][2] = {{2, 8}, {8, 2}};
+    write_tensors(dir, 2, pairs, pair_shapes);
+    CHECK(ft_lora_config_load(&c, dir, &err) == 0 && c.vocab_size == 0);
+    const char *names[] = {"base_model.model.model.embed_tokens.lora_embedding_A",
+                           "base_model.model.model.embed_tokens.base_layer.weight",
+                           "base_model.model.lm_head.lora_B.weight",
+                           "base_model.model.lm_head.weight"};
+    const int64_t shapes[][2] = {{2, 70}, {70, 8}, {70, 2}, {70, 8}};
+    for (int i = 0; i < 4; i++) {
+        write_tensors(dir, 1, names + i, shapes + i);
+        CHECK(ft_lora_config_load(&c, dir, &err) == 0 && c.vocab_size == 70);
+    }
+    const int64_t other[][2] = {{2, 70}, {71, 8}};
+    write_tensors(dir, 2, names, other);
+    CHECK(ft_lora_config_load(&c, dir, &err) == -1);
+    if (!strstr(err.msg, "adapter_model.safetensors") || !strstr(err.msg, "71") ||
+        !strstr(err.msg, "70") || !strstr(err.msg, "lora_embedding_A")) {
+        fprintf(stderr, "  got '%s'\n", err.msg);
+        CHECK(0);
+    }
+}
+
 int main(void)
 {
     snprintf(root, sizeof root, "/tmp/ft_lora_test_XXXXXX");
@@ -326,6 +375,7 @@ int main(void)
     RUN(test_fused_module_names);
     RUN(test_nested_decoder_regex);
     RUN(test_modules_to_save_checks);
+    RUN(test_adapter_vocab);
     ft_remove_tree(root);
     return check_summary("lora");
 }
