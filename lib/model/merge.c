@@ -38,9 +38,7 @@
 
 #define PEFT_PREFIX "base_model.model."
 
-/* The base weight and B of the LoRA A parameter `a`, by name: the head's A is
- * base_model.model.lm_head.lora_A.weight (its weight lm_head.weight: LoRA on the head of a
- * multimodal gemma3 is refused); a layer's A is
+/* The base weight and B of the LoRA A parameter `a`, by name: A is
  * base_model.model.<module_prefix>layers.N.<proj>.lora_A.weight, its weight
  * <ckpt_prefix>model.layers.N.<proj>.weight (model.layers.N.<proj>.weight but in a
  * multimodal gemma3: hf_config.h); or base_model.model.lm_head.lora_A.weight, its weight
@@ -48,14 +46,6 @@
 static int find_pair(ft_model *m, const ft_param *a, ft_param **w, ft_param **b, ft_err *err)
 {
     const ft_model_config *c = ft_model_cfg(m);
-    if (strcmp(a->name, PEFT_PREFIX "lm_head.lora_A.weight") == 0) { /* outside the decoder */
-        *w = ft_model_find_param(m, "lm_head.weight");
-        *b = ft_model_find_param(m, PEFT_PREFIX "lm_head.lora_B.weight");
-        if (!*w || !*b)
-            return ft_fail(err, "LoRA parameter '%s' has no %s", a->name,
-                           !*w ? "base weight" : "lora_B partner");
-        return 0;
-    }
     const char *suffix = ".lora_A.weight";
     size_t n = strlen(a->name), np = strlen(PEFT_PREFIX), ns = strlen(suffix);
     size_t nm = strlen(c->module_prefix);
