@@ -278,8 +278,9 @@ int ft_model_backward_split(ft_model *m, const int32_t *split, const float *scal
 
 /* LoRA adapter on (the default) or off: off, forwards compute the base model alone (the
  * DPO reference of a LoRA run, as PEFT's disable_adapter) and cannot be followed by a
- * backward. */
-void ft_model_set_adapter(ft_model *m, bool enabled);
+ * backward. Switching off an adapter with modules_to_save fails (PEFT then uses the
+ * original embedding / head, which the model does not keep). */
+int ft_model_set_adapter(ft_model *m, bool enabled, ft_err *err);
 
 /* Training mode (the default for a trainable model) applies LoRA dropout; evaluation
  * mode (false) does not, as torch's model.eval(). */
