@@ -186,6 +186,44 @@ static int read_modules_to_save(json_t *root, const char *path, ft_lora_config *
 
 static int regex_outer(ft_lora_config *c, ft_err *err);
 
+/* target_parameters of adapter_config.json (PEFT's LoRA on nn.Parameter tensors, which is
+ * how PEFT on transformers 5 reaches a MoE's router and fused experts): null, or a list
+ * of parameter names PEFT matches as a dotted suffix of the full name. Only the router's
+ * "gate.weight" is implemented; LoRA on the experts (gate_up_proj, down_proj) is refused,
+ * and so is a non-zero lora_dropout beside it, as PEFT refuses it there. */
+static int read_target_parameters(json_t *root, const char *path, ft_lora_config *c,
+                                  ft_err *err)
+{
+    json_t *v = json_object_get(root, "target_parameters");
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_array(v))
+        return ft_fail(err, "%s: key 'target_parameters' must be a list of parameter names "
+                            "or null", path);
+    size_t i;
+    json_t *item;
+    json_array_foreach(v, i, item)
+    {
+        const char *s = json_is_string(item) ? json_string_value(item) : NULL;
+        size_t n = s ? strlen(s) : 0, k = strlen("gate.weight");
+        if (s && n >= k && strcmp(s + n - k, "gate.weight") == 0 &&
+            (n == k || s[n - k - 1] == '.')) {
+            c->target_params |= FT_LORA_PARAM_ROUTER;
+            continue;
+        }
+        if (s && (strstr(s, "gate_up_proj") || strstr(s, "down_proj")))
+            return ft_fail(err, "%s: key 'target_parameters': LoRA on a MoE's experts (%s) "
+                                "is not implemented yet (the router, gate.weight, is)", path, s);
+        return ft_fail(err, "%s: key 'target_parameters': parameter %s is not supported "
+                            "(supported: gate.weight, a MoE router)",
+                       path, s ? s : "(not a string)");
+    }
+    if (c->target_params && c->dropout > 0)
+        return ft_fail(err, "%s: key 'lora_dropout' must be 0 with target_parameters (PEFT "
+                            "refuses dropout on a parameter's LoRA)", path);
+    return 0;
+}
+
 static int reject_if_set(json_t *root, const char *path, const char *key, ft_err *err)
 {
     json_t *v = json_object_get(root, key);
@@ -260,14 +298,14 @@ int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
         goto out;
     }
     c->dora = v && json_is_true(v);
-    /* target_parameters: LoRA on nn.Parameter tensors (PEFT's ParamWrapper), which is
-     * how PEFT on transformers 5 reaches a MoE model's fused experts */
-    static const char *const unsupported[] = {"target_parameters", "fan_in_fan_out",
-                                              "rank_pattern",      "alpha_pattern",
-                                              "layer_replication", "trainable_token_indices"};
+    static const char *const unsupported[] = {"fan_in_fan_out", "rank_pattern",
+                                              "alpha_pattern", "layer_replication",
+                                              "trainable_token_indices"};
     for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++)
         if (reject_if_set(root, path, unsupported[i], err))
             goto out;
+    if (read_target_parameters(root, path, c, err))
+        goto out;
     if (read_modules_to_save(root, path, c, err))
         goto out;
     v = json_object_get(root, "ensure_weight_tying");
@@ -335,7 +373,7 @@ int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
                 goto out;
             }
         }
-    } else {
+    } else if (!(c->target_params && (!v || json_is_null(v) || json_is_array(v)))) {
         ft_fail(err, "%s: key 'target_modules' must be a list of module names or \"all-linear\"",
                 path);
         goto out;
@@ -439,6 +477,11 @@ int ft_lora_config_save(const ft_lora_config *c, const char *dir, const char *ba
     json_object_set_new(root, "fan_in_fan_out", json_false());
     json_object_set_new(root, "init_lora_weights", json_true());
     json_object_set_new(root, "inference_mode", json_true());
+    if (c->target_params & FT_LORA_PARAM_ROUTER) {
+        json_t *params = json_array();
+        json_array_append_new(params, json_string("gate.weight"));
+        json_object_set_new(root, "target_parameters", params);
+    }
     if (c->modules_to_save) {
         json_t *mods = json_array();
         if (c->modules_to_save & FT_SAVE_EMBED)

@@ -43,6 +43,9 @@ const char *ft_proj_path(ft_proj p);
 
 #define FT_LORA_MAX_LAYER_LIST 256
 
+/* Bits of ft_lora_config.target_params. */
+#define FT_LORA_PARAM_ROUTER 1u
+
 /* PEFT's modules_to_save: modules trained in full beside the LoRA pairs (PEFT wraps a
  * trainable copy of each; its adapter file holds the copy under the module's own key,
  * base_model.model.model.embed_tokens.weight, base_model.model.lm_head.weight). */
@@ -76,6 +79,10 @@ typedef struct ft_lora_config {
      * vision tower's modules of the same names alone. */
     char module_prefix[32];
     unsigned modules_to_save; /* FT_SAVE_EMBED | FT_SAVE_HEAD */
+    /* PEFT's target_parameters (LoRA on a parameter through its ParamWrapper, no dropout):
+     * FT_LORA_PARAM_ROUTER, a MoE router's weight ("gate.weight": the pair
+     * <prefix>layers.N.mlp.gate.lora_A [r, C], lora_B [E, r], logits += s x A^T B^T). */
+    unsigned target_params;
     /* PEFT's ensure_weight_tying: on a model with tied embeddings, one trainable copy
      * shared by the embedding and the head (saved under both keys). Without it PEFT
      * unties them (separate copies), which is not implemented. */
@@ -117,12 +124,13 @@ int ft_lora_modules_to_save_parse(const char *list, unsigned *mods, ft_err *err)
  * error names the file and the key. Rejects what this LoRA does not implement:
  * peft_type other than LORA, bias other than "none", fan_in_fan_out,
  * modules_to_save naming other modules than embed_tokens and lm_head, non-empty
- * rank_pattern / alpha_pattern, layer_replication, target_parameters (PEFT's LoRA on
- * parameters: a MoE's fused experts), a
+ * rank_pattern / alpha_pattern, layer_replication, target_parameters other than a MoE
+ * router's "gate.weight" (the fused experts' gate_up_proj / down_proj are refused), a
  * layers_pattern other than "layers", and target_modules naming modules other than the
  * nine projections; and values out of range (r not a positive int, a lora_alpha that
  * does not fit a float, a layer index that is negative or not an int). target_modules
- * may be a list, "all-linear" or a regex string. Sets c->source to the file's path. */
+ * may be a list, "all-linear" or a regex string (or empty or null when target_parameters
+ * names something). Sets c->source to the file's path. */
 int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err);
 
 /* Writes <dir>/adapter_config.json in PEFT's format (atomic: temp file + rename). */

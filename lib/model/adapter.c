@@ -123,6 +123,11 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
                        "target modules differ from the model's LoRA settings (r=%d, alpha=%g, "
                        "rslora=%d)",
                        dir, cfg.r, cfg.alpha, cfg.rslora, want->r, want->alpha, want->rslora);
+    if (cfg.target_params != want->target_params)
+        return ft_fail(err, "%s/adapter_config.json: key 'target_parameters' (%s) differs from "
+                            "the model's LoRA settings (%s)",
+                       dir, cfg.target_params ? "gate.weight" : "none",
+                       want->target_params ? "gate.weight" : "none");
     bool tied = m->cfg.tie_word_embeddings;
     if (tied && cfg.modules_to_save && !cfg.ensure_weight_tying)
         return ft_fail(err, "%s/adapter_config.json: key 'modules_to_save' on a model with tied "

@@ -38,7 +38,9 @@
 /* The base weight and B of the LoRA A parameter `a`, by name: A is
  * base_model.model.<module_prefix>layers.N.<proj>.lora_A.weight, its weight
  * <ckpt_prefix>model.layers.N.<proj>.weight (model.layers.N.<proj>.weight but in a
- * multimodal gemma3: hf_config.h). */
+ * multimodal gemma3: hf_config.h); a MoE router's, <...>layers.N.mlp.gate.lora_A.weight,
+ * model.layers.N.<moe_name>.gate.weight. The router's delta is s B A like a linear
+ * layer's: PEFT's ParamWrapper adds exactly that to the parameter. */
 static int find_pair(ft_model *m, const ft_param *a, ft_param **w, ft_param **b, ft_err *err)
 {
     const ft_model_config *c = ft_model_cfg(m);
@@ -51,7 +53,14 @@ static int find_pair(ft_model *m, const ft_param *a, ft_param **w, ft_param **b,
         return ft_fail(err, "LoRA parameter '%s' does not follow PEFT's naming", a->name);
     char path[sizeof a->name], name[sizeof a->name + 64];
     snprintf(path, sizeof path, "%.*s", (int)(n - np - nm - ns), a->name + np + nm);
-    snprintf(name, sizeof name, "%smodel.%s.weight", c->ckpt_prefix, path);
+    /* a MoE router's pair (PEFT's ParamWrapper on transformers 5's mlp.gate.weight): the
+     * checkpoint names the router <moe_name>.gate.weight (mixtral: block_sparse_moe) */
+    size_t npath = strlen(path), nr = strlen(".mlp.gate");
+    if (c->num_experts > 0 && npath > nr && strcmp(path + npath - nr, ".mlp.gate") == 0)
+        snprintf(name, sizeof name, "%smodel.%.*s.%s.gate.weight", c->ckpt_prefix,
+                 (int)(npath - nr), path, c->moe_name);
+    else
+        snprintf(name, sizeof name, "%smodel.%s.weight", c->ckpt_prefix, path);
     *w = ft_model_find_param(m, name);
     snprintf(name, sizeof name, PEFT_PREFIX "%s%s.lora_B.weight", c->module_prefix, path);
     *b = ft_model_find_param(m, name);

@@ -214,6 +214,14 @@ static int build_layout(layout *lo)
                                     out, 0, "base_model.model.model.layers.%d.%s."
                                     "lora_magnitude_vector", l, ft_proj_path((ft_proj)p));
             }
+            /* PEFT's ParamWrapper on the router's weight (transformers 5: mlp.gate) */
+            if (c->num_experts > 0 && (m->opt.lora.target_params & FT_LORA_PARAM_ROUTER)) {
+                rc |= add_param(lo, l + 1, true, true, &w->rlora_a, &w->g_rlora_a, 2, r, C,
+                                "base_model.model.%slayers.%d.mlp.gate.lora_A.weight", mp, l);
+                rc |= add_param(lo, l + 1, true, true, &w->rlora_b, &w->g_rlora_b, 2,
+                                c->num_experts, r,
+                                "base_model.model.%slayers.%d.mlp.gate.lora_B.weight", mp, l);
+            }
         }
     }
     rc |= add_param(lo, L + 1, full, false, &m->norm_f, &m->g_norm_f, 1, C, 0,
@@ -632,7 +640,15 @@ static int lora_layers(ft_model *m, ft_err *err)
         m->lora_union |= m->lora_mask[l];
     }
     unsigned outer = lc->targets & FT_LORA_OUTER;
-    if (!m->lora_union && !outer)
+    if (lc->target_params && m->cfg.num_experts == 0)
+        return ft_fail(err, "LoRA target_parameters gate.weight (a MoE router) on model_type "
+                       "'%s', which has no router", m->cfg.model_type);
+    if (lc->target_params && lc->dropout > 0)
+        return ft_fail(err, "LoRA dropout must be 0 with target_parameters (PEFT refuses "
+                       "dropout on a parameter's LoRA; got %g)", lc->dropout);
+    if (lc->target_params && lc->dora)
+        return ft_fail(err, "DoRA (use_dora) with target_parameters is not supported");
+    if (!m->lora_union && !outer && !lc->target_params)
         return ft_fail(err, "the LoRA target modules select no linear layer of this model");
     /* (PEFT wraps the tied head and embedding apart, which unties them, and warns) */
     if (outer && m->cfg.tie_word_embeddings)
@@ -831,6 +847,7 @@ static void free_activations(ft_model *m)
             ft_free_on(&m->mem, m->dev, bufs[i]);
         for (int p = 0; p < FT_NPROJ; p++)
             ft_free_on(&m->mem, m->dev, a->lora_h[p]);
+        ft_free_on(&m->mem, m->dev, a->rlora_h);
         void *moe[] = {a->rlogits, a->probs, a->idx, a->rw, a->rows, a->slot,
                        a->xe,      a->ge,    a->ue,  a->acte, a->ye};
         for (size_t i = 0; i < sizeof moe / sizeof *moe; i++)
@@ -897,6 +914,11 @@ static int alloc_layer_set(ft_model *m, layer_acts *a, size_t N)
                 if (!(a->lora_h[p] = ft_alloc_on(&m->mem, m->dev, FT_MEM_ACTIVATIONS,
                                                  N * (size_t)m->opt.lora.r * e)))
                     return -1;
+    if (m->opt.mode == FT_TRAIN_LORA && moe &&
+        (m->opt.lora.target_params & FT_LORA_PARAM_ROUTER) &&
+        !(a->rlora_h = ft_alloc_on(&m->mem, m->dev, FT_MEM_ACTIVATIONS,
+                                   N * (size_t)m->opt.lora.r * e)))
+        return -1;
     return 0;
 }
 

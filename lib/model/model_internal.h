@@ -30,6 +30,9 @@ typedef struct layer_weights {
      * down weights at expert[3 e + 0, 1, 2] ([I, C], [I, C], [C, I]); grads likewise */
     float *router, *g_router;
     float **expert, **g_expert; /* [3 E] */
+    /* LoRA on the router (lora.target_params FT_LORA_PARAM_ROUTER; moe_lora.c): A [r, C],
+     * B [E, r]; NULL without */
+    float *rlora_a, *rlora_b, *g_rlora_a, *g_rlora_b;
 } layer_weights;
 
 /* What backward needs from one layer's forward. With gradient checkpointing every layer
@@ -64,6 +67,7 @@ typedef struct layer_acts {
     float *xe;            /* [M, C] the gathered MLP input */
     float *ge, *ue, *acte; /* [M, I] gate, up, silu(gate) * up */
     float *ye;            /* [M, C] expert outputs before weighting */
+    float *rlora_h;       /* [N, r] x A^T of the router's LoRA (NULL without) */
 } layer_acts;
 
 /* The activations of one forward (a GPipe activation slot; see ft_model_use_activation_slot):
@@ -315,6 +319,11 @@ void moe_backward(ft_model *m, int l, const float *x, const float *dy, float *dx
  * layers): m->aux_loss; and its gradient for the backward (aux_dp). Reduced over the
  * ranks first when a reduce is set (ft_model_set_aux_reduce). */
 void moe_aux_begin(ft_model *m);
+/* moe_lora.c: LoRA on layer l's router (no-ops without it). Forward: rlogits += s (x A^T)
+ * B^T, keeping x A^T; backward: from d_rlogits, dA, dB, and dx += s d_rlogits B A. */
+void moe_router_lora_forward(ft_model *m, int l, const float *x, float *rlogits);
+void moe_router_lora_backward(ft_model *m, int l, const float *x, const float *d_rlogits,
+                              float *dx);
 int moe_aux_end(ft_model *m, ft_err *err);
 
 /* (Re)allocates activation and scratch buffers for B x T tokens. */

@@ -10,7 +10,8 @@
  * its three GEMMs, and the outputs are combined back with the weights. The backward
  * treats the selection as a constant, as autograd does: the gradient reaches the router
  * through the selected, renormalised probabilities (ft_moe_router_backward), so dx has
- * the experts' part and the router's, and the router trains in full mode.
+ * the experts' part and the router's, and the router trains in full mode (or carries a
+ * LoRA pair: moe_lora.c).
  *
  * The load-balancing loss (cfg.output_router_logits) is transformers'
  * load_balancing_loss_func without a mask over the forward's MoE layers:
@@ -82,6 +83,7 @@ void moe_forward(ft_model *m, int l, const float *x, float *y, bool record)
 
     ft_linear_forward(A_(a->rlogits, NE), A_(x, (size_t)N * C), A_(w->router, (size_t)E * C),
                       ft_none(), N, C, E, 1.0f, 0);
+    moe_router_lora_forward(m, l, x, a->rlogits);
     ft_moe_router_forward(F_(a->probs, NE), I_(a->idx, NK), F_(a->rw, NK), A_(a->rlogits, NE),
                           N, E, k, c->norm_topk_prob);
     if (record && m->aux_counts)
@@ -170,6 +172,7 @@ void moe_backward(ft_model *m, int l, const float *x, const float *dy, float *dx
     ft_linear_backward(A_(dx, nC), OPTF_(w->g_router, (size_t)E * C), ft_none(),
                        A_(m->d_rlogits, NE), A_(x, nC), A_(w->router, (size_t)E * C), N, C, E,
                        1.0f);
+    moe_router_lora_backward(m, l, x, m->d_rlogits, dx);
 }
 
 void moe_aux_begin(ft_model *m)

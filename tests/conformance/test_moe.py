@@ -552,3 +552,155 @@ def test_dist_refuses_gpipe_chunks_with_aux(dist_work):
                                   "dist__pipeline_micro_batches": 2})
     r = rankrun.run(cfg, 2, check=False)
     assert r.returncode != 0 and "pipeline_micro_batches" in r.stderr, r.stderr[-2000:]
+
+
+# --- LoRA on the router (PEFT's target_parameters gate.weight) ---------------------------
+
+ROUTER_TARGETS = ["q_proj", "v_proj", "gate"]
+
+
+@pytest.fixture(scope="module")
+def router_case(moe_store, ft, tmp_path_factory):
+    """LoRA on q, v and the router: PEFT on transformers 5 turns target_modules "gate" into
+    target_parameters ["gate.weight"] (a ParamWrapper on mlp.gate.weight, keys
+    mlp.gate.lora_A [r, C] / lora_B [E, r]). Every shape: top-3 of 6 and top-1 too."""
+    out = {}
+    for name in MOE_SHAPES:
+        shape = MOE_SHAPES[name]
+        model_dir = moe_store(name)
+        adapter = ftref.build_adapter(model_dir, moe_store.root / f"adapter-router-{name}",
+                                      target_modules=ROUTER_TARGETS, seed=13)
+        model = ftref.lora_mode_model(model_dir, adapter)
+        ids, labels = ftref.make_batch(model.config.vocab_size, B, shape.T, shape.seed + 5)
+        logits, loss, grads = ftref.hf_grads(model, ids, labels, key=ftref.peft_key)
+        res = ft(dict(model_dir=model_dir, adapter_dir=adapter, mode="lora", input_ids=ids,
+                      labels=labels), f"moe-lora-router-{name}")
+        out[name] = dict(adapter=adapter, model_dir=model_dir, logits=logits, loss=loss,
+                         grads=grads, out=res)
+    return out
+
+
+def test_router_lora_config_as_peft_writes_it(router_case):
+    cfg = json.loads((router_case["mixtral"]["adapter"] / "adapter_config.json").read_text())
+    assert cfg["target_parameters"] == ["gate.weight"]
+    assert sorted(cfg["target_modules"]) == ["q_proj", "v_proj"]
+    assert not cfg["rank_pattern"] and not cfg["alpha_pattern"]
+
+
+@pytest.mark.parametrize("name", list(MOE_SHAPES))
+def test_router_lora_logits_loss_grads(router_case, name):
+    c = router_case[name]
+    assert any(".mlp.gate.lora_B" in k for k in c["grads"])
+    assert {k for k in c["out"] if k.startswith("grad.")} == {f"grad.{k}" for k in c["grads"]}
+    ftref.assert_close(f"[{name} router lora] logits", c["out"]["logits"], c["logits"],
+                       ftref.TOL_LOGITS)
+    ftref.assert_close(f"[{name} router lora] loss", c["out"]["loss"], c["loss"],
+                       ftref.TOL_LOGITS)
+    grads = c["grads"]
+    if name == "mixtral_top1_noaux":
+        # top-1 renormalised: the weight is 1 whatever the logits, so without the aux loss
+        # nothing reaches the router (autograd's is rounding noise, |g| ~ 1e-9)
+        router = {k for k in grads if ".mlp.gate.lora_" in k}
+        for k in router:
+            assert grads[k].abs().max() < 1e-7 and c["out"]["grad." + k].abs().max() < 1e-7, k
+        grads = {k: v for k, v in grads.items() if k not in router}
+        out = {k: v for k, v in c["out"].items() if k[len("grad."):] not in router}
+    else:
+        out = c["out"]
+    ftref.assert_tensor_dict_close("grad.", out, grads, ftref.TOL_GRAD)
+
+
+def test_router_lora_refusals(moe_store, ft_raw, tmp_path):
+    """What stays refused: LoRA on the experts (target_parameters gate_up_proj/down_proj,
+    with PEFT's rank_pattern), and dropout beside target_parameters."""
+    model_dir = moe_store("mixtral")
+    ids, labels = ftref.make_batch(96, 1, 6, 0)
+    adapter = moe_store.root / "adapter-router-mixtral"
+    for variant, edit, needle in [
+            ("experts", dict(target_parameters=["gate.weight", "gate_up_proj"]),
+             "LoRA on a MoE's experts"),
+            ("other", dict(target_parameters=["lm_head.weight"]), "lm_head.weight"),
+            ("dropout", dict(lora_dropout=0.1), "lora_dropout"),
+            ("pattern", dict(rank_pattern={r".*\.gate_up_proj": 8}), "rank_pattern")]:
+        d = tmp_path / variant
+        d.mkdir()
+        cfg = json.loads((adapter / "adapter_config.json").read_text())
+        cfg.update(edit)
+        (d / "adapter_config.json").write_text(json.dumps(cfg))
+        (d / "adapter_model.safetensors").write_bytes(
+            (adapter / "adapter_model.safetensors").read_bytes())
+        _refused(ft_raw, dict(model_dir=model_dir, adapter_dir=d, mode="lora", input_ids=ids,
+                              labels=labels), f"moe-router-refused-{variant}",
+                 "adapter_config.json", needle)
+
+
+@pytest.fixture(scope="module")
+def router_train(moe_store, ft, tmp_path_factory):
+    """Five AdamW steps of LoRA on q, v, o and the router against torch's (aux loss in),
+    the trained adapter saved."""
+    shape = MOE_SHAPES["mixtral"]
+    model_dir = moe_store(shape.name)
+    adapter = ftref.build_adapter(model_dir, moe_store.root / "adapter-train-router",
+                                  target_modules=["q_proj", "v_proj", "o_proj", "gate"], seed=17)
+    m = ftref.lora_mode_model(model_dir, adapter)
+    ids, labels = ftref.make_batch(shape.cfg["vocab_size"], B, shape.T, shape.seed + 6)
+    train = _train(1e-2)
+    ref = ftref.reference_train(m, ids, labels, train, key=ftref.peft_key)
+    saved = tmp_path_factory.mktemp("router-saved") / "adapter"
+    out = ft(dict(model_dir=model_dir, adapter_dir=adapter, mode="lora", input_ids=ids,
+                  labels=labels, train=train, save_adapter=str(saved)), "moe-train-router")
+    return dict(ref=ref, out=out, saved=saved, model_dir=model_dir)
+
+
+def test_router_lora_train(router_train):
+    ref, out = router_train["ref"], router_train["out"]
+    assert any(".mlp.gate.lora_A" in k for k in ref["weights"])
+    ftref.assert_close("router losses", out["losses"], ref["losses"], ftref.TOL_LOSSES)
+    ftref.assert_tensor_dict_close("weight.", out, ref["weights"], ftref.TOL_WEIGHT)
+
+
+def test_router_lora_adapter_saved_loads_in_peft(router_train):
+    """The trained adapter we save: target_parameters as PEFT writes it, and PEFT loads it
+    with no missing or unexpected keys, holding exactly our trained tensors."""
+    from peft import PeftModel
+
+    c = router_train
+    cfg = json.loads((c["saved"] / "adapter_config.json").read_text())
+    assert cfg["target_parameters"] == ["gate.weight"]
+    ours = load_file(str(c["saved"] / "adapter_model.safetensors"))
+    want = {k[len("weight."):]: v for k, v in c["out"].items() if k.startswith("weight.")}
+    assert set(ours) == set(want)
+    pm = PeftModel.from_pretrained(ftref.load_hf(c["model_dir"]), str(c["saved"]))
+    mem = {ftref.peft_key(n): p for n, p in pm.named_parameters() if ".lora_" in n}
+    assert set(mem) == set(ours), sorted(set(mem) ^ set(ours))
+    for k, t in ours.items():
+        assert torch.equal(mem[k].detach(), t), k
+        assert torch.equal(t, want[k]), k
+
+
+def test_router_lora_merge(moe_store, tmp_path):
+    """ft-merge folds the router's pair into block_sparse_moe.gate.weight as PEFT's
+    merge_and_unload does; the output loads in transformers with the PEFT model's logits."""
+    from peft import PeftModel
+
+    model_dir = moe_store("mixtral")
+    adapter = moe_store.root / "adapter-router-mixtral"
+    out = tmp_path / "merged"
+    ftref.run_tool([_tool("FT_MERGE", "ft-merge"), "--model", model_dir, "--adapter", adapter,
+                    "--out", out])
+    pm = PeftModel.from_pretrained(ftref.load_hf(model_dir), str(adapter))
+    pm.eval()
+    ids, _ = ftref.make_batch(96, 2, 12, 3)
+    ref_logits = ftref.hf_forward(pm, ids)[0]
+    merged = pm.merge_and_unload()
+    ref_state = ckpt_grads({k: v.detach() for k, v in merged.state_dict().items()},
+                           merged.config)
+    ours = load_file(str(out / "model.safetensors"))
+    assert set(ours) == set(ref_state), sorted(set(ours) ^ set(ref_state))
+    base = load_file(str(model_dir / "model.safetensors"))
+    assert not torch.equal(ours["model.layers.0.block_sparse_moe.gate.weight"],
+                           base["model.layers.0.block_sparse_moe.gate.weight"])
+    for k, v in ref_state.items():
+        ftref.assert_close(f"merged {k}", ours[k], v, ftref.TOL_WEIGHT)
+    ftref.assert_close("merged logits", ftref.hf_forward(ftref.load_hf(out), ids)[0],
+                       ref_logits, ftref.TOL_LOGITS)
