@@ -186,44 +186,6 @@ static int read_modules_to_save(json_t *root, const char *path, ft_lora_config *
 
 static int regex_outer(ft_lora_config *c, ft_err *err);
 
-/* target_parameters of adapter_config.json (PEFT's LoRA on nn.Parameter tensors, which is
- * how PEFT on transformers 5 reaches a MoE's router and fused experts): null, or a list
- * of parameter names PEFT matches as a dotted suffix of the full name. Only the router's
- * "gate.weight" is implemented; LoRA on the experts (gate_up_proj, down_proj) is refused,
- * and so is a non-zero lora_dropout beside it, as PEFT refuses it there. */
-static int read_target_parameters(json_t *root, const char *path, ft_lora_config *c,
-                                  ft_err *err)
-{
-    json_t *v = json_object_get(root, "target_parameters");
-    if (!v || json_is_null(v))
-        return 0;
-    if (!json_is_array(v))
-        return ft_fail(err, "%s: key 'target_parameters' must be a list of parameter names "
-                            "or null", path);
-    size_t i;
-    json_t *item;
-    json_array_foreach(v, i, item)
-    {
-        const char *s = json_is_string(item) ? json_string_value(item) : NULL;
-        size_t n = s ? strlen(s) : 0, k = strlen("gate.weight");
-        if (s && n >= k && strcmp(s + n - k, "gate.weight") == 0 &&
-            (n == k || s[n - k - 1] == '.')) {
-            c->target_params |= FT_LORA_PARAM_ROUTER;
-            continue;
-        }
-        if (s && (strstr(s, "gate_up_proj") || strstr(s, "down_proj")))
-            return ft_fail(err, "%s: key 'target_parameters': LoRA on a MoE's experts (%s) "
-                                "is not implemented yet (the router, gate.weight, is)", path, s);
-        return ft_fail(err, "%s: key 'target_parameters': parameter %s is not supported "
-                            "(supported: gate.weight, a MoE router)",
-                       path, s ? s : "(not a string)");
-    }
-    if (c->target_params && c->dropout > 0)
-        return ft_fail(err, "%s: key 'lora_dropout' must be 0 with target_parameters (PEFT "
-                            "refuses dropout on a parameter's LoRA)", path);
-    return 0;
-}
-
 static int reject_if_set(json_t *root, const char *path, const char *key, ft_err *err)
 {
     json_t *v = json_object_get(root, key);
@@ -245,6 +207,87 @@ static int layer_index(const json_t *v, const char *path, ft_lora_config *c, ft_
         return ft_fail(err, "%s: key 'layers_to_transform': %lld is not a layer index", path,
                        (long long)l);
     c->layers[c->n_layers++] = (int)l;
+    return 0;
+}
+
+int ft_lora_param_rank(const ft_lora_config *c, unsigned bit)
+{
+    return bit == FT_LORA_PARAM_GATE_UP ? 2 * c->r : c->r;
+}
+
+float ft_lora_param_scaling(const ft_lora_config *c, unsigned bit)
+{
+    ft_lora_config f = *c;
+    if (bit == FT_LORA_PARAM_GATE_UP) {
+        f.r *= 2;
+        f.alpha *= 2;
+    }
+    return ft_lora_scaling(&f);
+}
+
+/* The one pattern key PEFT writes for fused experts (re.escape'd "gate_up_proj"). */
+#define GATE_UP_PATTERN ".*\\.gate_up_proj"
+
+/* rank_pattern / alpha_pattern: empty, or with the gate_up pair exactly PEFT's form for
+ * fused w1 + w3, {".*\.gate_up_proj": 2 r} and {".*\.gate_up_proj": 2 alpha}. */
+static int read_pattern(json_t *root, const char *path, const char *key, double want,
+                        const ft_lora_config *c, ft_err *err)
+{
+    json_t *v = json_object_get(root, key);
+    bool empty = !v || json_is_null(v) || (json_is_object(v) && json_object_size(v) == 0);
+    bool gate_up = c->target_params & FT_LORA_PARAM_GATE_UP;
+    if (empty && !gate_up)
+        return 0;
+    json_t *n = json_is_object(v) && json_object_size(v) == 1
+                    ? json_object_get(v, GATE_UP_PATTERN) : NULL;
+    if (gate_up && n && json_is_number(n) && json_number_value(n) == want)
+        return 0;
+    return ft_fail(err, "%s: key '%s': only PEFT's pattern for fused MoE experts is supported "
+                        "({\"%s\": %g} with gate_up_proj in target_parameters)",
+                   path, key, GATE_UP_PATTERN, want);
+}
+
+/* One target_parameters entry: PEFT matches it as the parameter's name or a dotted
+ * suffix of it. */
+static bool param_matches(const char *s, const char *name)
+{
+    size_t n = strlen(s), k = strlen(name);
+    return n >= k && strcmp(s + n - k, name) == 0 && (n == k || s[n - k - 1] == '.');
+}
+
+/* target_parameters of adapter_config.json (PEFT's LoRA on nn.Parameter tensors, which
+ * is how PEFT on transformers 5 reaches a MoE's router and fused experts): null, or a
+ * list of the names in lora.h's target_params. A non-zero lora_dropout beside them is
+ * refused, as PEFT refuses it; then the rank and alpha patterns. */
+static int read_target_parameters(json_t *root, const char *path, ft_lora_config *c,
+                                  ft_err *err)
+{
+    json_t *v = json_object_get(root, "target_parameters");
+    if (v && !json_is_null(v) && !json_is_array(v))
+        return ft_fail(err, "%s: key 'target_parameters' must be a list of parameter names "
+                            "or null", path);
+    size_t i;
+    json_t *item;
+    json_array_foreach(v, i, item)
+    {
+        const char *s = json_is_string(item) ? json_string_value(item) : "";
+        if (param_matches(s, "gate.weight"))
+            c->target_params |= FT_LORA_PARAM_ROUTER;
+        else if (param_matches(s, "gate_up_proj"))
+            c->target_params |= FT_LORA_PARAM_GATE_UP;
+        else if (param_matches(s, "down_proj"))
+            c->target_params |= FT_LORA_PARAM_DOWN;
+        else
+            return ft_fail(err, "%s: key 'target_parameters': parameter %s is not supported "
+                                "(supported: a MoE's gate.weight, gate_up_proj, down_proj)",
+                           path, json_is_string(item) ? s : "(not a string)");
+    }
+    if (c->target_params && c->dropout > 0)
+        return ft_fail(err, "%s: key 'lora_dropout' must be 0 with target_parameters (PEFT "
+                            "refuses dropout on a parameter's LoRA)", path);
+    if (read_pattern(root, path, "rank_pattern", 2.0 * c->r, c, err) ||
+        read_pattern(root, path, "alpha_pattern", 2.0 * c->alpha, c, err))
+        return -1;
     return 0;
 }
 
@@ -298,8 +341,7 @@ int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
         goto out;
     }
     c->dora = v && json_is_true(v);
-    static const char *const unsupported[] = {"fan_in_fan_out", "rank_pattern",
-                                              "alpha_pattern", "layer_replication",
+    static const char *const unsupported[] = {"fan_in_fan_out", "layer_replication",
                                               "trainable_token_indices"};
     for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++)
         if (reject_if_set(root, path, unsupported[i], err))
@@ -477,11 +519,23 @@ int ft_lora_config_save(const ft_lora_config *c, const char *dir, const char *ba
     json_object_set_new(root, "fan_in_fan_out", json_false());
     json_object_set_new(root, "init_lora_weights", json_true());
     json_object_set_new(root, "inference_mode", json_true());
-    if (c->target_params & FT_LORA_PARAM_ROUTER) {
+    if (c->target_params) {
         json_t *params = json_array();
-        json_array_append_new(params, json_string("gate.weight"));
+        if (c->target_params & FT_LORA_PARAM_ROUTER)
+            json_array_append_new(params, json_string("gate.weight"));
+        if (c->target_params & FT_LORA_PARAM_GATE_UP)
+            json_array_append_new(params, json_string("gate_up_proj"));
+        if (c->target_params & FT_LORA_PARAM_DOWN)
+            json_array_append_new(params, json_string("down_proj"));
         json_object_set_new(root, "target_parameters", params);
     }
+    json_t *rp = json_object(), *ap = json_object();
+    if (c->target_params & FT_LORA_PARAM_GATE_UP) {
+        json_object_set_new(rp, GATE_UP_PATTERN, json_integer(2 * (json_int_t)c->r));
+        json_object_set_new(ap, GATE_UP_PATTERN, json_real(2.0 * c->alpha));
+    }
+    json_object_set_new(root, "rank_pattern", rp);
+    json_object_set_new(root, "alpha_pattern", ap);
     if (c->modules_to_save) {
         json_t *mods = json_array();
         if (c->modules_to_save & FT_SAVE_EMBED)

@@ -33,6 +33,9 @@ typedef struct layer_weights {
     /* LoRA on the router (lora.target_params FT_LORA_PARAM_ROUTER; moe_lora.c): A [r, C],
      * B [E, r]; NULL without */
     float *rlora_a, *rlora_b, *g_rlora_a, *g_rlora_b;
+    /* LoRA on the experts (FT_LORA_PARAM_GATE_UP, _DOWN; moe_lora.c), in PEFT's layout
+     * (lora.h's target_params): [0] the gate_up pair, [1] the down pair; NULL without */
+    float *xlora_a[2], *xlora_b[2], *g_xlora_a[2], *g_xlora_b[2];
 } layer_weights;
 
 /* What backward needs from one layer's forward. With gradient checkpointing every layer
@@ -68,6 +71,8 @@ typedef struct layer_acts {
     float *ge, *ue, *acte; /* [M, I] gate, up, silu(gate) * up */
     float *ye;            /* [M, C] expert outputs before weighting */
     float *rlora_h;       /* [N, r] x A^T of the router's LoRA (NULL without) */
+    float *xlora_h[2];    /* [M, 2r], [M, r]: each grouped row's xe A_e^T, acte A_e^T of
+                           * the experts' gate_up and down pairs (NULL without) */
 } layer_acts;
 
 /* The activations of one forward (a GPipe activation slot; see ft_model_use_activation_slot):
@@ -192,6 +197,9 @@ struct ft_model {
     /* [N, r]: the embedding's A^T[ids], or the head's dropout(lnf) A^T (recomputed in the
      * backward, not kept); with LoRA on the embedding or the head */
     float *lora_xh;
+    /* LoRA on the experts (moe_lora.c): one pair's B split expert-major [E, out, R]
+     * (compute dtype), its gradient so (fp32), and dh [M, 2r] */
+    float *xlora_bs, *xlora_gbs, *xlora_dh;
     /* MoE (moe.c): d_act, d_gate, d_up hold [N k, I] then; and */
     float *d_moe;                /* [N k, C]: d ye, then d xe */
     float *d_rw;                 /* [N, k] fp32 */
@@ -324,6 +332,15 @@ void moe_aux_begin(ft_model *m);
 void moe_router_lora_forward(ft_model *m, int l, const float *x, float *rlogits);
 void moe_router_lora_backward(ft_model *m, int l, const float *x, const float *d_rlogits,
                               float *dx);
+/* LoRA on layer l's experts, pair bit (FT_LORA_PARAM_GATE_UP or _DOWN; no-ops without
+ * it), over the grouping of the layer's forward. Forward, after the base GEMMs of that
+ * pair: ge, ue += s (xe A_e^T) B_e^T (gate_up) or ye += s (acte A_e^T) B_e^T (down), per
+ * expert. Backward, after the base backward of the pair: from d ge, d ue (d_gate, d_up)
+ * or d ye (d_moe), dA, dB and d xe (d_moe) or d acte (d_act). */
+void moe_experts_lora_forward(ft_model *m, int l, unsigned bit);
+void moe_experts_lora_backward(ft_model *m, int l, unsigned bit);
+/* The sizes of the scratch above for a model (elements): split B, dh per row. */
+void moe_experts_lora_dims(const ft_model *m, size_t *bs, size_t *dh_per_row);
 int moe_aux_end(ft_model *m, ft_err *err);
 
 /* (Re)allocates activation and scratch buffers for B x T tokens. */

@@ -196,26 +196,11 @@ def test_lora_attention(lora_case):
     ftref.assert_tensor_dict_close("grad.", c["out"], c["grads"], ftref.TOL_GRAD)
 
 
-# --- what is refused until implemented --------------------------------------------------
-
-
 def _refused(ft_raw, spec, tag, *needles):
     r, _ = ft_raw(spec, tag)
     assert r.returncode != 0, f"{tag}: accepted"
     for n in needles:
         assert n in r.stderr, f"{tag}: {n!r} not in: {r.stderr}"
-
-
-def test_refuses_lora_on_experts(moe_store, ft_raw):
-    model_dir = moe_store("mixtral")
-    for variant, targets in [("experts", ["q_proj", "w1", "w2", "w3"]),
-                             ("all-linear", "all-linear")]:
-        adapter = ftref.build_adapter(model_dir, moe_store.root / f"adapter-{variant}",
-                                      target_modules=targets, seed=3)
-        ids, labels = ftref.make_batch(96, 1, 6, 0)
-        _refused(ft_raw, dict(model_dir=model_dir, adapter_dir=adapter, mode="lora",
-                              input_ids=ids, labels=labels), f"moe-lora-{variant}",
-                 "adapter_config.json", "target_parameters")
 
 
 def v5_state(sd, ckpt, I):
@@ -556,14 +541,17 @@ def test_dist_refuses_gpipe_chunks_with_aux(dist_work):
 
 # --- LoRA on the router (PEFT's target_parameters gate.weight) ---------------------------
 
-ROUTER_TARGETS = ["q_proj", "v_proj", "gate"]
+ROUTER_TARGETS = ["q_proj", "v_proj", "gate", "w1", "w2", "w3"]
 
 
 @pytest.fixture(scope="module")
 def router_case(moe_store, ft, tmp_path_factory):
-    """LoRA on q, v and the router: PEFT on transformers 5 turns target_modules "gate" into
-    target_parameters ["gate.weight"] (a ParamWrapper on mlp.gate.weight, keys
-    mlp.gate.lora_A [r, C] / lora_B [E, r]). Every shape: top-3 of 6 and top-1 too."""
+    """LoRA on q, v, the router and the experts: PEFT on transformers 5 turns
+    target_modules "gate", "w1" + "w3", "w2" into target_parameters gate.weight,
+    gate_up_proj (rank and alpha doubled by rank_pattern / alpha_pattern), down_proj
+    (ParamWrappers: keys mlp.gate.lora_A [r, C] / lora_B [E, r], mlp.experts.base_layer.
+    lora_A [E 2r, C] / lora_B [2I, E 2r], mlp.experts.lora_A [E r, I] / lora_B [C, E r]).
+    Every shape: top-3 of 6 and top-1 too."""
     out = {}
     for name in MOE_SHAPES:
         shape = MOE_SHAPES[name]
@@ -582,15 +570,17 @@ def router_case(moe_store, ft, tmp_path_factory):
 
 def test_router_lora_config_as_peft_writes_it(router_case):
     cfg = json.loads((router_case["mixtral"]["adapter"] / "adapter_config.json").read_text())
-    assert cfg["target_parameters"] == ["gate.weight"]
+    assert sorted(cfg["target_parameters"]) == ["down_proj", "gate.weight", "gate_up_proj"]
     assert sorted(cfg["target_modules"]) == ["q_proj", "v_proj"]
-    assert not cfg["rank_pattern"] and not cfg["alpha_pattern"]
+    assert cfg["rank_pattern"] == {r".*\.gate_up_proj": 8}
+    assert cfg["alpha_pattern"] == {r".*\.gate_up_proj": 16}
 
 
 @pytest.mark.parametrize("name", list(MOE_SHAPES))
 def test_router_lora_logits_loss_grads(router_case, name):
     c = router_case[name]
-    assert any(".mlp.gate.lora_B" in k for k in c["grads"])
+    for part in (".mlp.gate.lora_B", ".mlp.experts.base_layer.lora_A", ".mlp.experts.lora_B"):
+        assert any(part in k for k in c["grads"]), part
     assert {k for k in c["out"] if k.startswith("grad.")} == {f"grad.{k}" for k in c["grads"]}
     ftref.assert_close(f"[{name} router lora] logits", c["out"]["logits"], c["logits"],
                        ftref.TOL_LOGITS)
@@ -610,18 +600,23 @@ def test_router_lora_logits_loss_grads(router_case, name):
     ftref.assert_tensor_dict_close("grad.", out, grads, ftref.TOL_GRAD)
 
 
-def test_router_lora_refusals(moe_store, ft_raw, tmp_path):
-    """What stays refused: LoRA on the experts (target_parameters gate_up_proj/down_proj,
-    with PEFT's rank_pattern), and dropout beside target_parameters."""
+def test_moe_lora_refusals(moe_store, ft_raw, tmp_path):
+    """What stays refused in an adapter_config.json: target_parameters other than the
+    router's and the experts', rank_pattern / alpha_pattern other than PEFT's fused-expert
+    form (or missing beside gate_up_proj), and dropout beside target_parameters (PEFT
+    refuses it)."""
     model_dir = moe_store("mixtral")
     ids, labels = ftref.make_batch(96, 1, 6, 0)
     adapter = moe_store.root / "adapter-router-mixtral"
+    pat = r".*\.gate_up_proj"
     for variant, edit, needle in [
-            ("experts", dict(target_parameters=["gate.weight", "gate_up_proj"]),
-             "LoRA on a MoE's experts"),
-            ("other", dict(target_parameters=["lm_head.weight"]), "lm_head.weight"),
+            ("other", dict(target_parameters=["gate.weight", "lm_head.weight"]),
+             "lm_head.weight"),
             ("dropout", dict(lora_dropout=0.1), "lora_dropout"),
-            ("pattern", dict(rank_pattern={r".*\.gate_up_proj": 8}), "rank_pattern")]:
+            ("no-pattern", dict(rank_pattern={}), "rank_pattern"),
+            ("rank", dict(rank_pattern={pat: 4}), "rank_pattern"),
+            ("alpha", dict(alpha_pattern={pat: 8}), "alpha_pattern"),
+            ("other-pattern", dict(rank_pattern={pat: 8, "q_proj": 2}), "rank_pattern")]:
         d = tmp_path / variant
         d.mkdir()
         cfg = json.loads((adapter / "adapter_config.json").read_text())
@@ -630,7 +625,7 @@ def test_router_lora_refusals(moe_store, ft_raw, tmp_path):
         (d / "adapter_model.safetensors").write_bytes(
             (adapter / "adapter_model.safetensors").read_bytes())
         _refused(ft_raw, dict(model_dir=model_dir, adapter_dir=d, mode="lora", input_ids=ids,
-                              labels=labels), f"moe-router-refused-{variant}",
+                              labels=labels), f"moe-lora-refused-{variant}",
                  "adapter_config.json", needle)
 
 
@@ -678,9 +673,10 @@ def test_router_lora_adapter_saved_loads_in_peft(router_train):
         assert torch.equal(t, want[k]), k
 
 
-def test_router_lora_merge(moe_store, tmp_path):
-    """ft-merge folds the router's pair into block_sparse_moe.gate.weight as PEFT's
-    merge_and_unload does; the output loads in transformers with the PEFT model's logits."""
+def test_router_lora_merge(router_case, moe_store, tmp_path):
+    """ft-merge folds the router's pair into block_sparse_moe.gate.weight and the experts'
+    into experts.E.w1/w3/w2 as PEFT's merge_and_unload does; the output loads in
+    transformers with the PEFT model's logits."""
     from peft import PeftModel
 
     model_dir = moe_store("mixtral")
@@ -698,8 +694,9 @@ def test_router_lora_merge(moe_store, tmp_path):
     ours = load_file(str(out / "model.safetensors"))
     assert set(ours) == set(ref_state), sorted(set(ours) ^ set(ref_state))
     base = load_file(str(model_dir / "model.safetensors"))
-    assert not torch.equal(ours["model.layers.0.block_sparse_moe.gate.weight"],
-                           base["model.layers.0.block_sparse_moe.gate.weight"])
+    for k in ("gate", "experts.0.w1", "experts.1.w3", "experts.3.w2"):
+        k = f"model.layers.0.block_sparse_moe.{k}.weight"
+        assert not torch.equal(ours[k], base[k]), k
     for k, v in ref_state.items():
         ftref.assert_close(f"merged {k}", ours[k], v, ftref.TOL_WEIGHT)
     ftref.assert_close("merged logits", ftref.hf_forward(ftref.load_hf(out), ids)[0],
