@@ -561,10 +561,11 @@ def router_case(moe_store, ft, tmp_path_factory):
         model = ftref.lora_mode_model(model_dir, adapter)
         ids, labels = ftref.make_batch(model.config.vocab_size, B, shape.T, shape.seed + 5)
         logits, loss, grads = ftref.hf_grads(model, ids, labels, key=ftref.peft_key)
-        res = ft(dict(model_dir=model_dir, adapter_dir=adapter, mode="lora", input_ids=ids,
-                      labels=labels), f"moe-lora-router-{name}")
+        spec = dict(model_dir=model_dir, adapter_dir=adapter, mode="lora", input_ids=ids,
+                    labels=labels)
+        res = ft(spec, f"moe-lora-router-{name}")
         out[name] = dict(adapter=adapter, model_dir=model_dir, logits=logits, loss=loss,
-                         grads=grads, out=res)
+                         grads=grads, out=res, spec=spec)
     return out
 
 
@@ -600,6 +601,85 @@ def test_router_lora_logits_loss_grads(router_case, name):
     ftref.assert_tensor_dict_close("grad.", out, grads, ftref.TOL_GRAD)
 
 
+EXPERT_VARIANTS = {
+    # gate_up alone: its pair at mlp.experts.lora_A/B (no nesting); rsLoRA: the pair's
+    # scaling is 2 alpha / sqrt(2 r), not alpha / sqrt(r)
+    "w1w3-rslora": dict(target_modules=["w1", "w3"], use_rslora=True),
+    "w2": dict(target_modules=["k_proj", "w2"]),
+    "all-linear": dict(target_modules="all-linear"),
+}
+
+
+@pytest.fixture(scope="module", params=list(EXPERT_VARIANTS))
+def expert_variant(request, moe_store, ft, tmp_path_factory):
+    """Other expert targets on the first shape: logits, loss and LoRA grads vs PEFT, and the
+    adapter saved after one AdamW step loads in PEFT with exactly our tensors."""
+    name = request.param
+    shape = MOE_SHAPES["mixtral"]
+    model_dir = moe_store(shape.name)
+    adapter = ftref.build_adapter(model_dir, moe_store.root / f"adapter-x-{name}", seed=19,
+                                  **EXPERT_VARIANTS[name])
+    model = ftref.lora_mode_model(model_dir, adapter)
+    ids, labels = ftref.make_batch(model.config.vocab_size, B, shape.T, shape.seed + 7)
+    logits, loss, grads = ftref.hf_grads(model, ids, labels, key=ftref.peft_key)
+    out = ft(dict(model_dir=model_dir, adapter_dir=adapter, mode="lora", input_ids=ids,
+                  labels=labels), f"moe-lora-x-{name}")
+    saved = tmp_path_factory.mktemp(f"x-saved-{name}") / "adapter"
+    trained = ft(dict(model_dir=model_dir, adapter_dir=adapter, mode="lora", input_ids=ids,
+                      labels=labels, train=dict(_train(1e-2), steps=1, warmup_steps=0),
+                      save_adapter=str(saved)), f"moe-lora-x-{name}-save")
+    return dict(name=name, adapter=adapter, model_dir=model_dir, logits=logits, loss=loss,
+                grads=grads, out=out, saved=saved, trained=trained)
+
+
+def test_expert_lora_variants(expert_variant):
+    c = expert_variant
+    cfg = json.loads((c["adapter"] / "adapter_config.json").read_text())
+    if c["name"] == "w2":
+        assert cfg["target_parameters"] == ["down_proj"] and not cfg["rank_pattern"]
+        assert any(".mlp.experts.lora_A" in k for k in c["grads"])
+    else:
+        assert "gate_up_proj" in cfg["target_parameters"]
+    if c["name"] == "w1w3-rslora":
+        assert any(".mlp.experts.lora_A" in k for k in c["grads"])
+    assert {k for k in c["out"] if k.startswith("grad.")} == {f"grad.{k}" for k in c["grads"]}
+    ftref.assert_close(f"[{c['name']}] logits", c["out"]["logits"], c["logits"], ftref.TOL_LOGITS)
+    ftref.assert_close(f"[{c['name']}] loss", c["out"]["loss"], c["loss"], ftref.TOL_LOGITS)
+    ftref.assert_tensor_dict_close("grad.", c["out"], c["grads"], ftref.TOL_GRAD)
+
+
+def test_expert_lora_saved_adapter_loads_in_peft(expert_variant):
+    from peft import PeftModel
+
+    c = expert_variant
+    ours = load_file(str(c["saved"] / "adapter_model.safetensors"))
+    theirs = load_file(str(c["adapter"] / "adapter_model.safetensors"))
+    assert set(ours) == set(theirs)
+    ours_cfg = json.loads((c["saved"] / "adapter_config.json").read_text())
+    theirs_cfg = json.loads((c["adapter"] / "adapter_config.json").read_text())
+    assert sorted(ours_cfg["target_parameters"]) == sorted(theirs_cfg["target_parameters"])
+    for k in ("rank_pattern", "alpha_pattern", "use_rslora"):
+        assert ours_cfg[k] == theirs_cfg[k], k
+    pm = PeftModel.from_pretrained(ftref.load_hf(c["model_dir"]), str(c["saved"]))
+    mem = {ftref.peft_key(n): p for n, p in pm.named_parameters() if ".lora_" in n}
+    assert set(mem) == set(ours), sorted(set(mem) ^ set(ours))
+    for k, t in ours.items():
+        assert torch.equal(mem[k].detach(), t), k
+        assert torch.equal(t, c["trained"]["weight." + k]), k
+        assert not torch.equal(t, theirs[k]), k  # the step moved it
+
+
+@pytest.mark.parametrize("name", list(MOE_SHAPES))
+def test_expert_lora_grad_ckpt_equal(router_case, ft, name):
+    """Gradient checkpointing recomputes the router's and the experts' LoRA paths: the same
+    gradients bit for bit."""
+    c = router_case[name]
+    out = ft(dict(c["spec"], grad_ckpt=True), f"moe-lora-router-{name}-ckpt")
+    for k, v in c["out"].items():
+        if k.startswith("grad.") or k in ("loss", "logits"):
+            assert torch.equal(out[k], v), k
+
+
 def test_moe_lora_refusals(moe_store, ft_raw, tmp_path):
     """What stays refused in an adapter_config.json: target_parameters other than the
     router's and the experts', rank_pattern / alpha_pattern other than PEFT's fused-expert
@@ -631,12 +711,13 @@ def test_moe_lora_refusals(moe_store, ft_raw, tmp_path):
 
 @pytest.fixture(scope="module")
 def router_train(moe_store, ft, tmp_path_factory):
-    """Five AdamW steps of LoRA on q, v, o and the router against torch's (aux loss in),
-    the trained adapter saved."""
+    """Five AdamW steps of LoRA on q, v, o, the router and the experts against torch's
+    (aux loss in), the trained adapter saved."""
     shape = MOE_SHAPES["mixtral"]
     model_dir = moe_store(shape.name)
     adapter = ftref.build_adapter(model_dir, moe_store.root / "adapter-train-router",
-                                  target_modules=["q_proj", "v_proj", "o_proj", "gate"], seed=17)
+                                  target_modules=["q_proj", "v_proj", "o_proj", "gate", "w1",
+                                                  "w2", "w3"], seed=17)
     m = ftref.lora_mode_model(model_dir, adapter)
     ids, labels = ftref.make_batch(shape.cfg["vocab_size"], B, shape.T, shape.seed + 6)
     train = _train(1e-2)
@@ -650,6 +731,7 @@ def router_train(moe_store, ft, tmp_path_factory):
 def test_router_lora_train(router_train):
     ref, out = router_train["ref"], router_train["out"]
     assert any(".mlp.gate.lora_A" in k for k in ref["weights"])
+    assert any(".mlp.experts.base_layer.lora_B" in k for k in ref["weights"])
     ftref.assert_close("router losses", out["losses"], ref["losses"], ftref.TOL_LOSSES)
     ftref.assert_tensor_dict_close("weight.", out, ref["weights"], ftref.TOL_WEIGHT)
 
@@ -661,7 +743,7 @@ def test_router_lora_adapter_saved_loads_in_peft(router_train):
 
     c = router_train
     cfg = json.loads((c["saved"] / "adapter_config.json").read_text())
-    assert cfg["target_parameters"] == ["gate.weight"]
+    assert sorted(cfg["target_parameters"]) == ["down_proj", "gate.weight", "gate_up_proj"]
     ours = load_file(str(c["saved"] / "adapter_model.safetensors"))
     want = {k[len("weight."):]: v for k, v in c["out"].items() if k.startswith("weight.")}
     assert set(ours) == set(want)
