@@ -234,13 +234,14 @@ QLORA_CASES = [dict(type="nf4", blocksize=64, double_quant=True),
                      for q in QLORA_CASES])
 def qlora_case(request, moe_store, ft):
     """QLoRA on the fly: attention and every expert quantized (the router stays dense), LoRA
-    on attention; the reference is transformers + PEFT on a model holding exactly our
+    on attention, the router and the experts; the reference is transformers + PEFT on a model holding exactly our
     dequantized weights."""
     q = request.param
     shape = MOE_SHAPES["mixtral"]
     model_dir = moe_store(shape.name)
     adapter = ftref.build_adapter(model_dir, moe_store.root / "adapter-qlora",
-                                  target_modules=["q_proj", "v_proj", "o_proj"], seed=9)
+                                  target_modules=["q_proj", "v_proj", "o_proj", "gate", "w1",
+                                                  "w2", "w3"], seed=9)
     m = ftref.load_hf(model_dir)
     ids, labels = ftref.make_batch(m.config.vocab_size, B, shape.T, shape.seed + 4)
     spec = dict(adapter_dir=adapter, mode="lora", input_ids=ids, labels=labels)
