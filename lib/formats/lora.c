@@ -22,7 +22,8 @@ static const char *const proj_paths[FT_NPROJ] = {
     "mlp.down_proj",    "self_attn.qkv_proj", "mlp.gate_up_proj"};
 
 #define KNOWN_MODULES "q_proj k_proj v_proj o_proj gate_proj up_proj down_proj qkv_proj " \
-                      "gate_up_proj embed_tokens lm_head"
+                      "gate_up_proj embed_tokens lm_head; on a MoE gate (the router), w1, " \
+                      "w2, w3"
 
 const char *ft_proj_name(ft_proj p)
 {
@@ -32,6 +33,30 @@ const char *ft_proj_name(ft_proj p)
 const char *ft_proj_path(ft_proj p)
 {
     return (unsigned)p < FT_NPROJ ? proj_paths[p] : "?";
+}
+
+int ft_lora_resolve_moe(ft_lora_config *c, bool moe, ft_err *err)
+{
+    unsigned t = c->targets;
+    c->targets &= ~FT_LORA_MOE;
+    if (!moe)
+        return 0;
+    /* "gate": the router, not gate_proj's short form */
+    if (t & FT_LORA_MOE_ROUTER)
+        c->targets &= ~(1u << FT_PROJ_GATE);
+    if ((t & ~FT_LORA_OUTER & ~FT_LORA_MOE) == FT_LORA_ALL_LINEAR)
+        t |= FT_LORA_MOE;
+    if (!(t & FT_LORA_MOE_W1) != !(t & FT_LORA_MOE_W3))
+        return ft_fail(err, "LoRA target %s without %s: they are fused into one parameter "
+                       "(gate_up_proj), so PEFT targets both or neither",
+                       t & FT_LORA_MOE_W1 ? "w1" : "w3", t & FT_LORA_MOE_W1 ? "w3" : "w1");
+    if (t & FT_LORA_MOE_ROUTER)
+        c->target_params |= FT_LORA_PARAM_ROUTER;
+    if (t & FT_LORA_MOE_W1)
+        c->target_params |= FT_LORA_PARAM_GATE_UP;
+    if (t & FT_LORA_MOE_W2)
+        c->target_params |= FT_LORA_PARAM_DOWN;
+    return 0;
 }
 
 float ft_lora_scaling(const ft_lora_config *c)
@@ -46,6 +71,20 @@ float ft_lora_scaling(const ft_lora_config *c)
  * command line. */
 static int match_target(const char *key, unsigned *targets)
 {
+    /* a MoE's router and experts (lora.h's FT_LORA_MOE); "gate" is gate_proj's short form
+     * too */
+    static const struct {
+        const char *name;
+        unsigned bits;
+    } moe[] = {{"gate", FT_LORA_MOE_ROUTER | (1u << FT_PROJ_GATE)},
+               {"w1", FT_LORA_MOE_W1},
+               {"w3", FT_LORA_MOE_W3},
+               {"w2", FT_LORA_MOE_W2}};
+    for (size_t i = 0; i < sizeof moe / sizeof *moe; i++)
+        if (strcmp(key, moe[i].name) == 0) {
+            *targets |= moe[i].bits;
+            return 0;
+        }
     /* the embedding and the head: PEFT's module names model.embed_tokens and lm_head */
     if (strcmp(key, "embed_tokens") == 0 || strcmp(key, "model.embed_tokens") == 0) {
         *targets |= FT_LORA_EMBED;

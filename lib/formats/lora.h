@@ -40,6 +40,15 @@ const char *ft_proj_path(ft_proj p);
 #define FT_LORA_EMBED (1u << FT_NPROJ)
 #define FT_LORA_HEAD (1u << (FT_NPROJ + 1))
 #define FT_LORA_OUTER (FT_LORA_EMBED | FT_LORA_HEAD)
+/* A MoE's router and experts by the module names PEFT's users give for Mixtral (v4
+ * names, which PEFT on transformers 5 turns into target_params: ft_lora_resolve_moe):
+ * "gate" (also the short form of gate_proj: on a MoE model the router), "w1" with "w3"
+ * (the fused gate_up_proj), "w2" (down_proj). Ignored on a dense model. */
+#define FT_LORA_MOE_ROUTER (1u << (FT_NPROJ + 2))
+#define FT_LORA_MOE_W1 (1u << (FT_NPROJ + 3))
+#define FT_LORA_MOE_W3 (1u << (FT_NPROJ + 4))
+#define FT_LORA_MOE_W2 (1u << (FT_NPROJ + 5))
+#define FT_LORA_MOE (FT_LORA_MOE_ROUTER | FT_LORA_MOE_W1 | FT_LORA_MOE_W3 | FT_LORA_MOE_W2)
 
 #define FT_LORA_MAX_LAYER_LIST 256
 
@@ -112,6 +121,13 @@ typedef struct ft_lora_config {
      * that select nothing); "" for settings from elsewhere. */
     char source[4096];
 } ft_lora_config;
+
+/* On a MoE model (moe true), as PEFT converts a config for transformers 5's fused
+ * experts: targets' FT_LORA_MOE names and "all-linear" (the block's linear layers: also
+ * the router and the experts) become target_params (w1 and w3: gate_up_proj, with the
+ * doubled rank and alpha that ft_lora_param_rank / _scaling give it). Clears the
+ * FT_LORA_MOE bits either way. Error: w1 without w3 or the reverse (PEFT's too). */
+int ft_lora_resolve_moe(ft_lora_config *c, bool moe, ft_err *err);
 
 /* The projections of decoder layer `layer` that carry a LoRA pair (bitmask). Error: a
  * regex that does not compile. (A regex's FT_LORA_EMBED / FT_LORA_HEAD: in targets, set

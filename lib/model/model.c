@@ -636,13 +636,13 @@ static int lora_layers(ft_model *m, ft_err *err)
      * config, as for PEFT, fine while the targets select something (an adapter may list
      * the names of several families). */
     unsigned projs = ft_block_projections(&m->cfg);
-    if (m->cfg.num_experts > 0 &&
-        ((lc->targets & ~FT_LORA_OUTER) == FT_LORA_ALL_LINEAR || lc->target_regex[0]))
-        return ft_fail(err, "LoRA target_modules %s on model_type '%s': PEFT's all-linear and "
-                       "regexes also reach the experts and the router, and LoRA on those is "
-                       "not implemented yet (list attention modules: q_proj, k_proj, v_proj, "
-                       "o_proj)", lc->target_regex[0] ? "as a regex" : "'all-linear'",
-                       m->cfg.model_type);
+    if (m->cfg.num_experts > 0 && lc->target_regex[0])
+        return ft_fail(err, "LoRA target_modules as a regex on model_type '%s' is not "
+                       "supported (PEFT resolves it against the experts' fused parameters; "
+                       "list the modules: q_proj, k_proj, v_proj, o_proj, gate (the router), "
+                       "w1, w2, w3, or all-linear)", m->cfg.model_type);
+    if (ft_lora_resolve_moe(&m->opt.lora, m->cfg.num_experts > 0, err))
+        return -1;
     unsigned absent = lc->targets & ~projs & ~FT_LORA_OUTER;
     if ((lc->targets & ~FT_LORA_OUTER) != FT_LORA_ALL_LINEAR && absent && !lc->source[0])
         for (int p = 0; p < FT_NPROJ; p++)
@@ -661,8 +661,10 @@ static int lora_layers(ft_model *m, ft_err *err)
         return ft_fail(err, "LoRA target_parameters (a MoE's router or experts) on model_type "
                        "'%s', which has neither", m->cfg.model_type);
     if (lc->target_params && lc->dropout > 0)
-        return ft_fail(err, "LoRA dropout must be 0 with target_parameters (PEFT refuses "
-                       "dropout on a parameter's LoRA; got %g)", lc->dropout);
+        return ft_fail(err, "LoRA dropout must be 0 with LoRA on a MoE's router or experts "
+                       "(gate, w1, w2, w3, or all-linear: PEFT's target_parameters, where PEFT "
+                       "refuses dropout; got %g): set tuning.lora.dropout to 0, or target the "
+                       "attention modules only", lc->dropout);
     if (lc->target_params && lc->dora)
         return ft_fail(err, "DoRA (use_dora) with target_parameters is not supported");
     if (!m->lora_union && !outer && !lc->target_params)

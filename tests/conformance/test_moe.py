@@ -345,6 +345,28 @@ def _tool(var, name):
     return ftref.tool_exe(var, name)
 
 
+def test_lora_init_all_linear_loads_in_peft(moe_store, tmp_path):
+    """ft-lora-init with all-linear on a MoE model writes target_parameters, rank_pattern
+    and alpha_pattern as PEFT does; PEFT loads it (no missing or unexpected keys) and, B
+    being 0, it leaves the logits alone."""
+    model_dir = moe_store("mixtral")
+    out = tmp_path / "adapter"
+    ftref.run_tool([_tool("FT_LORA_INIT", "ft-lora-init"), "--model", model_dir, "--out", out,
+                    "--r", 4, "--alpha", 8, "--dropout", 0, "--target", "all-linear",
+                    "--seed", 3])
+    cfg = json.loads((out / "adapter_config.json").read_text())
+    assert sorted(cfg["target_parameters"]) == ["down_proj", "gate.weight", "gate_up_proj"]
+    assert cfg["rank_pattern"] == {r".*\.gate_up_proj": 8}
+    assert cfg["alpha_pattern"] == {r".*\.gate_up_proj": 16}
+    pm, tensors = _loads_in_peft(model_dir, out)
+    a = tensors["base_model.model.model.layers.0.mlp.experts.base_layer.lora_A.weight"]
+    assert a.shape == (4 * 8, 32) and a.abs().max() > 0  # E 2r rows, U(+-1/sqrt(C))
+    assert a.abs().max() <= 1 / 32 ** 0.5
+    ids, _ = ftref.make_batch(96, 2, 12, 0)
+    assert torch.equal(ftref.hf_forward(pm, ids)[0],
+                       ftref.hf_forward(ftref.load_hf(model_dir), ids)[0])
+
+
 def test_lora_init_adapter_loads_in_peft(moe_store, tmp_path):
     """ft-lora-init on a MoE model: an adapter of the attention modules PEFT loads, B = 0."""
     from peft import PeftModel
@@ -427,10 +449,12 @@ def train_dir(tmp_path_factory):
     return d
 
 
-def _ft_train(d, name, mode, targets):
+def _ft_train(d, name, mode, targets, dropout=None):
     import subprocess
 
     lora = f"    target_modules: {targets}\n" if targets else ""
+    if dropout is not None:
+        lora += f"    dropout: {dropout}\n"
     text = (f"model:\n  name: {d / 'model'}\n  max_seq_len: 32\n"
             f"tuning:\n  mode: {mode}\n  lora:\n    r: 4\n    alpha: 8\n{lora}"
             f"train:\n  batch_size: 4\n  max_steps: 4\n  learning_rate: 1e-2\n"
@@ -441,26 +465,58 @@ def _ft_train(d, name, mode, targets):
                            str(d / f"{name}.yaml")], capture_output=True, text=True)
 
 
+def _loads_in_peft(model_dir, adapter):
+    """PEFT loads the adapter with every LoRA tensor of the file in the model (none
+    missing or unexpected) and exactly the file's values."""
+    from peft import PeftModel
+
+    pm = PeftModel.from_pretrained(ftref.load_hf(model_dir), str(adapter))
+    tensors = load_file(str(adapter / "adapter_model.safetensors"))
+    mem = {ftref.peft_key(n): p for n, p in pm.named_parameters() if ".lora_" in n}
+    assert set(mem) == set(tensors), sorted(set(mem) ^ set(tensors))
+    for k, t in tensors.items():
+        assert torch.equal(mem[k].detach(), t), k
+    return pm, tensors
+
+
 def test_ft_train_lora_and_full(train_dir):
     """ft-train runs LoRA (attention targets) and full fine-tuning of a MoE model; the
     final adapter loads in PEFT, the final full model in transformers."""
-    from peft import PeftModel
-
     r = _ft_train(train_dir, "lora", "lora", "q_proj,v_proj")
     assert r.returncode == 0, r.stderr
-    PeftModel.from_pretrained(ftref.load_hf(train_dir / "model"), str(train_dir / "lora/final"))
+    _loads_in_peft(train_dir / "model", train_dir / "lora/final")
     r = _ft_train(train_dir, "full", "full", None)
     assert r.returncode == 0, r.stderr
     m = ftref.load_hf(train_dir / "full/final")
     assert m.config.model_type == "mixtral" and m.config.num_local_experts == 4
 
 
-def test_ft_train_refuses_all_linear(train_dir):
-    """The default target_modules (all-linear) would reach experts and router in PEFT: refused,
-    with the modules that work named."""
+def test_ft_train_all_linear(train_dir):
+    """all-linear on a MoE model is PEFT's: attention, the router and the experts
+    (target_parameters gate.weight, gate_up_proj with its rank and alpha doubled,
+    down_proj); the final adapter says so and loads in PEFT, its expert and router pairs
+    trained (B moved off 0)."""
+    r = _ft_train(train_dir, "all", "lora", "all-linear", dropout=0)
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads((train_dir / "all/final/adapter_config.json").read_text())
+    assert sorted(cfg["target_parameters"]) == ["down_proj", "gate.weight", "gate_up_proj"]
+    assert cfg["rank_pattern"] == {r".*\.gate_up_proj": 8}
+    assert cfg["alpha_pattern"] == {r".*\.gate_up_proj": 16}
+    _, tensors = _loads_in_peft(train_dir / "model", train_dir / "all/final")
+    for part in ("mlp.gate.lora_B", "mlp.experts.base_layer.lora_B", "mlp.experts.lora_B",
+                 "self_attn.o_proj.lora_B"):
+        ks = [k for k in tensors if part in k]
+        assert ks and all(tensors[k].abs().max() > 0 for k in ks), part
+
+
+def test_ft_train_refuses_moe_lora_with_dropout(train_dir):
+    """The default target_modules (all-linear) with the default dropout: PEFT refuses
+    dropout on target_parameters, and so do we, naming the key."""
     r = _ft_train(train_dir, "default", "lora", None)
     assert r.returncode != 0
-    assert "all-linear" in r.stderr and "q_proj, k_proj, v_proj, o_proj" in r.stderr, r.stderr
+    assert "dropout" in r.stderr and "tuning.lora.dropout" in r.stderr, r.stderr
+    r = _ft_train(train_dir, "w1", "lora", "q_proj,w1", dropout=0)
+    assert r.returncode != 0 and "w1 without w3" in r.stderr, r.stderr
 
 
 # --- every dist.strategy on 2 ranks equals one process ----------------------------------
