@@ -567,8 +567,12 @@ def _same_run(a, b):
     assert_same_run(a, b)
 
 
-DIST_CASES = [("full", s) for s in ("ddp", "zero1", "zero2", "zero3", "fsdp", "model_parallel")] + \
-             [("lora", s) for s in ("ddp", "zero3", "model_parallel")]
+_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "model_parallel")
+# lora: attention only; moe-lora: all-linear, which on a MoE reaches the router and the
+# experts (PEFT's target_parameters), dropout 0 as PEFT requires there
+DIST_CASES = [("full", s) for s in _STRATEGIES] + \
+             [("lora", s) for s in ("ddp", "zero3", "model_parallel")] + \
+             [("moe-lora", s) for s in _STRATEGIES]
 
 
 @pytest.mark.parametrize("mode,strategy", DIST_CASES, ids=[f"{m}-{s}" for m, s in DIST_CASES])
@@ -577,11 +581,14 @@ def test_dist_strategy_equals_one_process(dist_work, mode, strategy):
     statistics are summed over the ranks (data parallel: the step's micro-batch; pipeline
     stages: the layers), so the aux term and its gradient are the one process's."""
     lora = {"tuning__lora__target_modules": "q_proj,v_proj"} if mode == "lora" else {}
+    if mode == "moe-lora":
+        lora = {"tuning__lora__target_modules": "all-linear", "tuning__lora__dropout": 0}
+    tmode = "lora" if mode == "moe-lora" else mode
     single = dist_work / "runs" / f"single_{mode}"
     if not single.exists():
-        _dist_run(dist_work, f"single_{mode}", 1, mode, train__batch_size=8, **lora)
+        _dist_run(dist_work, f"single_{mode}", 1, tmode, train__batch_size=8, **lora)
     batch = 8 if strategy == "model_parallel" else 4
-    run = _dist_run(dist_work, f"np2_{mode}_{strategy}", 2, mode, train__batch_size=batch,
+    run = _dist_run(dist_work, f"np2_{mode}_{strategy}", 2, tmode, train__batch_size=batch,
                     dist__strategy=strategy, **lora)
     _same_run(single, run)
 
