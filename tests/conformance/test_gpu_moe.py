@@ -49,6 +49,18 @@ def _margin(model, ids):
 # gate_up_proj, down_proj)
 LORA_TARGETS = ["q_proj", "v_proj", "o_proj", "gate", "w1", "w2", "w3"]
 MARGIN = 2e-2
+
+
+def _routing_model(model_dir, adapter):
+    """The model whose routing the batch must keep clear of ties: with the adapter, which
+    moves the router's input (attention LoRA) and the router itself (its LoRA pair)."""
+    from peft import PeftModel
+
+    m = ftref.load_hf(model_dir)
+    if adapter is not None:
+        m = PeftModel.from_pretrained(m, str(adapter))
+    m.eval()
+    return m
 T = 10
 
 @pytest.fixture(scope="module")
@@ -97,7 +109,7 @@ def case(request, moe_dirs, ft):
     if mode == "lora":
         adapter = ftref.build_adapter(model_dir, root / f"adapter-{name}",
                                       target_modules=LORA_TARGETS, seed=2)
-    base = ftref.load_hf(model_dir)
+    base = _routing_model(model_dir, adapter)
     for seed in range(shape.seed + 3, shape.seed + 400):
         ids, labels = ftref.make_batch(shape.cfg["vocab_size"], B, T, seed)
         if _margin(base, ids) >= MARGIN:
@@ -156,7 +168,7 @@ def qcase(request, moe_dirs, ft):
     model_dir = dirs["mixtral"]
     adapter = ftref.build_adapter(model_dir, root / "adapter-qlora",
                                   target_modules=LORA_TARGETS, seed=4)
-    base = ftref.load_hf(model_dir)
+    base = _routing_model(model_dir, adapter)
     for seed in range(shape.seed + 3, shape.seed + 400):
         ids, labels = ftref.make_batch(shape.cfg["vocab_size"], B, T, seed)
         if _margin(base, ids) >= MARGIN:
