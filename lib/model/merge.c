@@ -38,9 +38,7 @@
 /* The base weight and B of the LoRA A parameter `a`, by name: A is
  * base_model.model.<module_prefix>layers.N.<proj>.lora_A.weight, its weight
  * <ckpt_prefix>model.layers.N.<proj>.weight (model.layers.N.<proj>.weight but in a
- * multimodal gemma3: hf_config.h); a MoE router's, <...>layers.N.mlp.gate.lora_A.weight,
- * model.layers.N.<moe_name>.gate.weight. The router's delta is s B A like a linear
- * layer's: PEFT's ParamWrapper adds exactly that to the parameter. */
+ * multimodal gemma3: hf_config.h). */
 static int find_pair(ft_model *m, const ft_param *a, ft_param **w, ft_param **b, ft_err *err)
 {
     const ft_model_config *c = ft_model_cfg(m);
@@ -53,14 +51,7 @@ static int find_pair(ft_model *m, const ft_param *a, ft_param **w, ft_param **b,
         return ft_fail(err, "LoRA parameter '%s' does not follow PEFT's naming", a->name);
     char path[sizeof a->name], name[sizeof a->name + 64];
     snprintf(path, sizeof path, "%.*s", (int)(n - np - nm - ns), a->name + np + nm);
-    /* a MoE router's pair (PEFT's ParamWrapper on transformers 5's mlp.gate.weight): the
-     * checkpoint names the router <moe_name>.gate.weight (mixtral: block_sparse_moe) */
-    size_t npath = strlen(path), nr = strlen(".mlp.gate");
-    if (c->num_experts > 0 && npath > nr && strcmp(path + npath - nr, ".mlp.gate") == 0)
-        snprintf(name, sizeof name, "%smodel.%.*s.%s.gate.weight", c->ckpt_prefix,
-                 (int)(npath - nr), path, c->moe_name);
-    else
-        snprintf(name, sizeof name, "%smodel.%s.weight", c->ckpt_prefix, path);
+    snprintf(name, sizeof name, "%smodel.%s.weight", c->ckpt_prefix, path);
     *w = ft_model_find_param(m, name);
     snprintf(name, sizeof name, PEFT_PREFIX "%s%s.lora_B.weight", c->module_prefix, path);
     *b = ft_model_find_param(m, name);
@@ -120,15 +111,40 @@ static int merge_embedding(ft_model *m, float scaling, ft_err *err)
     return 1;
 }
 
-/* LoRA on the fused experts (lora.h's target_params: PEFT's ParamWrapper layout): expert
- * e's checkpoint weights (w1, w3 the rows [0, I), [I, 2I) of gate_up; w2 for down) gain
- * s B_e A_e, with A_e = A's rows [e R, (e+1) R) and B_e[o, j] = B[o, j E + e], summed in
- * double. The scalings: lora.h's ft_lora_param_scaling. */
-static int merge_experts(ft_model *m, const ft_lora_config *lc, ft_err *err)
+/* LoRA on a MoE (lora.h's target_params: PEFT's ParamWrapper layout). The router's pair
+ * (<...>layers.N.mlp.gate.lora_A/B) on the checkpoint's model.layers.N.<moe_name>.gate.
+ * weight: R += s B A, as a linear layer's. The fused experts': expert e's checkpoint
+ * weights (w1, w3 the rows [0, I), [I, 2I) of gate_up; w2 for down) gain s B_e A_e, with
+ * A_e = A's rows [e R, (e+1) R) and B_e[o, j] = B[o, j E + e]. Summed in double; the
+ * scalings: lora.h's ft_lora_param_scaling. */
+static int merge_moe(ft_model *m, const ft_lora_config *lc, ft_err *err)
 {
     const ft_model_config *c = ft_model_cfg(m);
     int E = c->num_experts, C = c->hidden_size, I = c->intermediate_size;
-    for (int l = 0; l < c->num_layers && E > 0; l++)
+    for (int l = 0; l < c->num_layers && E > 0; l++) {
+        if (lc->target_params & FT_LORA_PARAM_ROUTER) {
+            char na[256], nb[256], nw[256];
+            snprintf(na, sizeof na, PEFT_PREFIX "%slayers.%d.mlp.gate.lora_A.weight",
+                     c->module_prefix, l);
+            snprintf(nb, sizeof nb, PEFT_PREFIX "%slayers.%d.mlp.gate.lora_B.weight",
+                     c->module_prefix, l);
+            snprintf(nw, sizeof nw, "%smodel.layers.%d.%s.gate.weight", c->ckpt_prefix, l,
+                     c->moe_name);
+            ft_param *a = ft_model_find_param(m, na), *b = ft_model_find_param(m, nb);
+            ft_param *w = ft_model_find_param(m, nw);
+            int r = lc->r;
+            if (!a || !b || !w || a->shape[0] != r || a->shape[1] != C || b->shape[0] != E ||
+                b->shape[1] != r || w->shape[0] != E || w->shape[1] != C)
+                return ft_fail(err, "the router's LoRA pair %s does not fit %s", na, nw);
+            double s = ft_lora_param_scaling(lc, FT_LORA_PARAM_ROUTER);
+            for (int o = 0; o < E; o++)
+                for (int i = 0; i < C; i++) {
+                    double acc = 0.0;
+                    for (int j = 0; j < r; j++)
+                        acc += (double)b->data[(size_t)o * r + j] * a->data[(size_t)j * C + i];
+                    w->data[(size_t)o * C + i] += (float)(s * acc);
+                }
+        }
         for (int h = 0; h < 2; h++) {
             unsigned bit = h == 0 ? FT_LORA_PARAM_GATE_UP : FT_LORA_PARAM_DOWN;
             if (!(lc->target_params & bit))
@@ -167,6 +183,7 @@ static int merge_experts(ft_model *m, const ft_lora_config *lc, ft_err *err)
                         }
                 }
         }
+    }
     return 0;
 }
 
@@ -179,7 +196,8 @@ int ft_merge_lora_weights(ft_model *m, float scaling, ft_err *err)
         ft_param *a = ft_model_param(m, i);
         if (!a->is_lora || !strstr(a->name, ".lora_A."))
             continue;
-        if (strstr(a->name, ".mlp.experts.")) { /* merge_experts' */
+        if (strstr(a->name, ".mlp.experts.") || strstr(a->name, ".mlp.gate.lora_A")) {
+            /* merge_moe's */
             pairs++;
             continue;
         }
@@ -364,7 +382,7 @@ int ft_merge(const ft_merge_options *o, ft_err *err)
     if (rc == 0 && ft_model_dequantize_base(m, err))
         rc = -1;
     json_object_del(cfg_json, "quantization_config"); /* the output is dense */
-    if (rc == 0 && (merge_experts(m, &lc, err) ||
+    if (rc == 0 && (merge_moe(m, &lc, err) ||
                     ft_merge_lora_weights(m, ft_lora_scaling(&lc), err)))
         rc = ft_fail_prefix(err, "%s", o->adapter_dir);
     if (rc) {

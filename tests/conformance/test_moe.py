@@ -744,11 +744,11 @@ def test_expert_lora_grad_ckpt_equal(router_case, ft, name):
             assert torch.equal(out[k], v), k
 
 
-def test_moe_lora_refusals(moe_store, ft_raw, tmp_path):
+def test_moe_lora_refusals(router_case, moe_store, ft_raw, tmp_path):
     """What stays refused in an adapter_config.json: target_parameters other than the
     router's and the experts', rank_pattern / alpha_pattern other than PEFT's fused-expert
-    form (or missing beside gate_up_proj), and dropout beside target_parameters (PEFT
-    refuses it)."""
+    form (or missing beside gate_up_proj), dropout beside target_parameters (PEFT refuses
+    it), and a target_modules regex (PEFT resolves it against the fused experts' names)."""
     model_dir = moe_store("mixtral")
     ids, labels = ftref.make_batch(96, 1, 6, 0)
     adapter = moe_store.root / "adapter-router-mixtral"
@@ -760,7 +760,8 @@ def test_moe_lora_refusals(moe_store, ft_raw, tmp_path):
             ("no-pattern", dict(rank_pattern={}), "rank_pattern"),
             ("rank", dict(rank_pattern={pat: 4}), "rank_pattern"),
             ("alpha", dict(alpha_pattern={pat: 8}), "alpha_pattern"),
-            ("other-pattern", dict(rank_pattern={pat: 8, "q_proj": 2}), "rank_pattern")]:
+            ("other-pattern", dict(rank_pattern={pat: 8, "q_proj": 2}), "rank_pattern"),
+            ("regex", dict(target_modules=r".*\.q_proj"), "regex")]:
         d = tmp_path / variant
         d.mkdir()
         cfg = json.loads((adapter / "adapter_config.json").read_text())
