@@ -148,6 +148,15 @@ static void saved_names(unsigned mods, char *out, size_t n)
              mods & FT_SAVE_HEAD ? "lm_head" : mods ? "" : "none");
 }
 
+/* target_params as PEFT's target_parameters names */
+static const char *params_names(unsigned t, char *out, size_t n)
+{
+    snprintf(out, n, "%s%s%s%s", t & FT_LORA_PARAM_ROUTER ? "gate.weight " : "",
+             t & FT_LORA_PARAM_GATE_UP ? "gate_up_proj " : "",
+             t & FT_LORA_PARAM_DOWN ? "down_proj " : "", t ? "" : "none");
+    return out;
+}
+
 int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
 {
     if (m->opt.mode != FT_TRAIN_LORA)
@@ -156,6 +165,8 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
     if (ft_lora_config_load(&cfg, dir, err))
         return -1;
     snprintf(cfg.module_prefix, sizeof cfg.module_prefix, "%s", m->cfg.module_prefix);
+    if (ft_lora_resolve_moe(&cfg, m->cfg.num_experts > 0, err))
+        return ft_fail_prefix(err, "%s/adapter_config.json", dir);
     const ft_lora_config *want = &m->opt.lora;
     /* the model takes a grown vocabulary from the LoRA settings read from this adapter
      * (ft_model_load): a model built from other settings (a run config's) has the
@@ -185,6 +196,12 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
                        "target modules differ from the model's LoRA settings (r=%d, alpha=%g, "
                        "rslora=%d)",
                        dir, cfg.r, cfg.alpha, cfg.rslora, want->r, want->alpha, want->rslora);
+    char have_p[64], want_p[64];
+    if (cfg.target_params != want->target_params)
+        return ft_fail(err, "%s/adapter_config.json: key 'target_parameters' (%s) differs from "
+                            "the model's LoRA settings (%s)",
+                       dir, params_names(cfg.target_params, have_p, sizeof have_p),
+                       params_names(want->target_params, want_p, sizeof want_p));
     bool tied = m->cfg.tie_word_embeddings;
     if (tied && cfg.modules_to_save && !cfg.ensure_weight_tying)
         return ft_fail(err, "%s/adapter_config.json: key 'modules_to_save' on a model with tied "

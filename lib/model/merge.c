@@ -120,6 +120,82 @@ static int merge_embedding(ft_model *m, float scaling, ft_err *err)
     return 1;
 }
 
+/* LoRA on a MoE (lora.h's target_params: PEFT's ParamWrapper layout). The router's pair
+ * (<...>layers.N.mlp.gate.lora_A/B) on the checkpoint's model.layers.N.<moe_name>.gate.
+ * weight: R += s B A, as a linear layer's. The fused experts': expert e's checkpoint
+ * weights (w1, w3 the rows [0, I), [I, 2I) of gate_up; w2 for down) gain s B_e A_e, with
+ * A_e = A's rows [e R, (e+1) R) and B_e[o, j] = B[o, j E + e]. Summed in double; the
+ * scalings: lora.h's ft_lora_param_scaling. */
+static int merge_moe(ft_model *m, const ft_lora_config *lc, ft_err *err)
+{
+    const ft_model_config *c = ft_model_cfg(m);
+    int E = c->num_experts, C = c->hidden_size, I = c->intermediate_size;
+    for (int l = 0; l < c->num_layers && E > 0; l++) {
+        if (lc->target_params & FT_LORA_PARAM_ROUTER) {
+            char na[256], nb[256], nw[256];
+            snprintf(na, sizeof na, PEFT_PREFIX "%slayers.%d.mlp.gate.lora_A.weight",
+                     c->module_prefix, l);
+            snprintf(nb, sizeof nb, PEFT_PREFIX "%slayers.%d.mlp.gate.lora_B.weight",
+                     c->module_prefix, l);
+            snprintf(nw, sizeof nw, "%smodel.layers.%d.%s.gate.weight", c->ckpt_prefix, l,
+                     c->moe_name);
+            ft_param *a = ft_model_find_param(m, na), *b = ft_model_find_param(m, nb);
+            ft_param *w = ft_model_find_param(m, nw);
+            int r = lc->r;
+            if (!a || !b || !w || a->shape[0] != r || a->shape[1] != C || b->shape[0] != E ||
+                b->shape[1] != r || w->shape[0] != E || w->shape[1] != C)
+                return ft_fail(err, "the router's LoRA pair %s does not fit %s", na, nw);
+            double s = ft_lora_param_scaling(lc, FT_LORA_PARAM_ROUTER);
+            for (int o = 0; o < E; o++)
+                for (int i = 0; i < C; i++) {
+                    double acc = 0.0;
+                    for (int j = 0; j < r; j++)
+                        acc += (double)b->data[(size_t)o * r + j] * a->data[(size_t)j * C + i];
+                    w->data[(size_t)o * C + i] += (float)(s * acc);
+                }
+        }
+        for (int h = 0; h < 2; h++) {
+            unsigned bit = h == 0 ? FT_LORA_PARAM_GATE_UP : FT_LORA_PARAM_DOWN;
+            if (!(lc->target_params & bit))
+                continue;
+            const char *nest = h == 0 && (lc->target_params & FT_LORA_PARAM_DOWN)
+                                   ? ".base_layer" : "";
+            char na[256], nb[256];
+            snprintf(na, sizeof na, PEFT_PREFIX "%slayers.%d.mlp.experts%s.lora_A.weight",
+                     c->module_prefix, l, nest);
+            snprintf(nb, sizeof nb, PEFT_PREFIX "%slayers.%d.mlp.experts%s.lora_B.weight",
+                     c->module_prefix, l, nest);
+            ft_param *a = ft_model_find_param(m, na), *b = ft_model_find_param(m, nb);
+            int R = ft_lora_param_rank(lc, bit), in = h == 0 ? C : I, out = h == 0 ? 2 * I : C;
+            if (!a || !b || a->shape[0] != (int64_t)E * R || a->shape[1] != in ||
+                b->shape[0] != out || b->shape[1] != (int64_t)E * R)
+                return ft_fail(err, "the experts' LoRA pair %s does not fit layer %d", na, l);
+            double s = ft_lora_param_scaling(lc, bit);
+            for (int e = 0; e < E; e++)
+                for (int part = 0; part < (h == 0 ? 2 : 1); part++) {
+                    char nw[256];
+                    snprintf(nw, sizeof nw, "%smodel.layers.%d.%s.experts.%d.%s.weight",
+                             c->ckpt_prefix, l, c->moe_name, e,
+                             c->expert_proj[h == 1 ? 2 : part]);
+                    ft_param *w = ft_model_find_param(m, nw);
+                    int rows = h == 0 ? I : C;
+                    if (!w || w->shape[0] != rows || w->shape[1] != in)
+                        return ft_fail(err, "the experts' LoRA pair %s: no weight %s", na, nw);
+                    for (int o = 0; o < rows; o++)
+                        for (int i = 0; i < in; i++) {
+                            double acc = 0.0;
+                            int bo = part * I + o; /* B's row */
+                            for (int j = 0; j < R; j++)
+                                acc += (double)b->data[(size_t)bo * E * R + (size_t)j * E + e] *
+                                       a->data[((size_t)e * R + j) * in + i];
+                            w->data[(size_t)o * in + i] += (float)(s * acc);
+                        }
+                }
+        }
+    }
+    return 0;
+}
+
 int ft_merge_lora_weights(ft_model *m, float scaling, ft_err *err)
 {
     int pairs = merge_embedding(m, scaling, err);
@@ -129,6 +205,11 @@ int ft_merge_lora_weights(ft_model *m, float scaling, ft_err *err)
         ft_param *a = ft_model_param(m, i);
         if (!a->is_lora || !strstr(a->name, ".lora_A."))
             continue;
+        if (strstr(a->name, ".mlp.experts.") || strstr(a->name, ".mlp.gate.lora_A")) {
+            /* merge_moe's */
+            pairs++;
+            continue;
+        }
         ft_param *w = NULL, *b = NULL;
         if (find_pair(m, a, &w, &b, err))
             return -1;
@@ -316,7 +397,8 @@ int ft_merge(const ft_merge_options *o, ft_err *err)
                                   ft_model_cfg(m)->vocab_size;
     if (resized)
         json_object_set_new(cfg_json, "vocab_size", json_integer(ft_model_cfg(m)->vocab_size));
-    if (rc == 0 && ft_merge_lora_weights(m, ft_lora_scaling(&lc), err))
+    if (rc == 0 && (merge_moe(m, &lc, err) ||
+                    ft_merge_lora_weights(m, ft_lora_scaling(&lc), err)))
         rc = ft_fail_prefix(err, "%s", o->adapter_dir);
     if (rc) {
         ft_model_free(m);

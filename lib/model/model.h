@@ -45,8 +45,9 @@
  * weight and gate, up into gate_up_proj: the ops read their row blocks, and a LoRA pair
  * sits on the fused module (one A; B's row blocks).
  * A MoE family (mixtral) replaces the MLP by a router and experts (moe.c: each token's
- * top-k experts' MLPs, weighted by the renormalised router softmax); for now LoRA on the
- * attention modules only (QLoRA quantizes the experts too).
+ * top-k experts' MLPs, weighted by the renormalised router softmax); LoRA may sit on the
+ * router and on the experts as PEFT's ParamWrapper puts it (lora.h's target_params;
+ * moe_lora.c), and QLoRA quantizes the experts too.
  * A linear layer is y = x W^T + b, plus with LoRA: y += scaling * (dropout(x) A^T) B^T; with
  * DoRA (lora.dora) y = b + m / ||W + s B A||_row (x W^T + s dropout(x) A^T B^T) (dora.c
  * for dropout). LoRA may also sit on lm_head (a linear layer, before the logit scaling and

@@ -3,6 +3,7 @@
  * without blocking, values that would wrap around in an int are refused; and the checks
  * made once the model is known (ft_model_load: a layer the model lacks, targets that
  * select nothing) name the adapter_config.json the settings came from. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -259,14 +260,43 @@ static void test_nested_decoder_regex(void)
     CHECK(back.target_regex[0] == '\0' && back.targets == c.targets);
 }
 
+/* PEFT's conversion of a config for transformers 5's fused experts: gate, w1 + w3, w2 and
+ * all-linear become target_params on a MoE model; nothing on a dense one. */
+static void test_resolve_moe(void)
+{
+    ft_err err = {0};
+    ft_lora_config c = {.r = 4, .alpha = 8};
+    CHECK(ft_lora_targets_parse("q_proj,gate,w1,w3", &c.targets, &err) == 0);
+    ft_lora_config d = c;
+    CHECK(ft_lora_resolve_moe(&c, true, &err) == 0);
+    CHECK(c.targets == (1u << FT_PROJ_Q));
+    CHECK(c.target_params == (FT_LORA_PARAM_ROUTER | FT_LORA_PARAM_GATE_UP));
+    CHECK(ft_lora_param_rank(&c, FT_LORA_PARAM_GATE_UP) == 8);
+    CHECK(ft_lora_param_rank(&c, FT_LORA_PARAM_DOWN) == 4);
+    CHECK(ft_lora_param_scaling(&c, FT_LORA_PARAM_GATE_UP) == 2.0f);
+    c.rslora = true; /* 2 alpha / sqrt(2 r) */
+    CHECK(fabsf(ft_lora_param_scaling(&c, FT_LORA_PARAM_GATE_UP) - 16.0f / sqrtf(8.0f)) < 1e-6f);
+    CHECK(ft_lora_resolve_moe(&d, false, &err) == 0); /* dense: gate is gate_proj */
+    CHECK(d.targets == ((1u << FT_PROJ_Q) | (1u << FT_PROJ_GATE)) && d.target_params == 0);
+    ft_lora_config e = {.r = 4};
+    CHECK(ft_lora_targets_parse("all-linear", &e.targets, &err) == 0);
+    CHECK(ft_lora_resolve_moe(&e, true, &err) == 0);
+    CHECK(e.targets == FT_LORA_ALL_LINEAR);
+    CHECK(e.target_params == (FT_LORA_PARAM_ROUTER | FT_LORA_PARAM_EXPERTS));
+    ft_lora_config f = {.r = 4};
+    CHECK(ft_lora_targets_parse("w1,w2", &f.targets, &err) == 0);
+    CHECK(ft_lora_resolve_moe(&f, true, &err) == -1 && strstr(err.msg, "w1 without w3"));
+}
+
 static void test_fused_module_names(void)
 {
     unsigned t;
     ft_err err = {0};
     CHECK(ft_lora_targets_parse("qkv,gate_up", &t, &err) == 0);
     CHECK(t == ((1u << FT_PROJ_QKV) | (1u << FT_PROJ_GATE_UP)));
+    /* "gate": gate_proj's short form, and on a MoE the router (ft_lora_resolve_moe) */
     CHECK(ft_lora_targets_parse("gate,up", &t, &err) == 0);
-    CHECK(t == ((1u << FT_PROJ_GATE) | (1u << FT_PROJ_UP)));
+    CHECK(t == ((1u << FT_PROJ_GATE) | (1u << FT_PROJ_UP) | FT_LORA_MOE_ROUTER));
     CHECK(ft_lora_targets_parse("self_attn.qkv_proj,gate_up_proj", &t, &err) == 0);
     CHECK(t == ((1u << FT_PROJ_QKV) | (1u << FT_PROJ_GATE_UP)));
     CHECK(ft_lora_targets_parse("all-linear", &t, &err) == 0 && t == 0x1ffu);
@@ -373,6 +403,7 @@ int main(void)
     RUN(test_config_errors);
     RUN(test_model_checks_name_file);
     RUN(test_fused_module_names);
+    RUN(test_resolve_moe);
     RUN(test_nested_decoder_regex);
     RUN(test_modules_to_save_checks);
     RUN(test_adapter_vocab);
