@@ -133,8 +133,11 @@ int ft_engine_step(ft_engine *e, const ft_lr_schedule *sched, const ft_batch *mi
                    int n_micro, double max_grad_norm, ft_step_stats *st, ft_err *err);
 
 /* The same step with another objective (train_step.h; NULL: the token loss): its loss is
- * averaged over the global batch's count (pairs). Not under model_parallel (refused):
- * the objective needs the whole model on the rank. */
+ * averaged over the global batch's count (pairs). Under model_parallel every stage runs
+ * the objective in step (its forwards and backward pass the residual stream along, the
+ * stage with the head computes the loss; others report 0) and the objective splits a
+ * micro-batch into GPipe chunks itself (train/pref.h chunks): the engine's gpipe is for
+ * the token loss. */
 int ft_engine_step_objective(ft_engine *e, const ft_objective *obj, const ft_lr_schedule *sched,
                              const ft_batch *micro, int n_micro, double max_grad_norm,
                              ft_step_stats *st, ft_err *err);

@@ -344,7 +344,8 @@ static void plan_pipeline(ft_memplan_result *r, const planner *p, const act_spec
     }
     first[W] = U;
     /* GPipe chunks of the micro-batch's rows: k chunks of `rows` rows, the last smaller */
-    int B = r->batch_size, k = chunks > 1 ? (chunks < B ? chunks : B) : 1;
+    int B = r->batch_size * (r->pref ? 2 : 1); /* DPO, ORPO: chosen + rejected rows */
+    int k = chunks > 1 ? (chunks < B ? chunks : B) : 1;
     int rows = (B + k - 1) / k;
     k = (B + rows - 1) / rows;
     size_t T = (size_t)r->seq_len;

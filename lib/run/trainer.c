@@ -319,6 +319,11 @@ static int run_eval_pref(trainer *t, ft_err *err)
     ft_model_set_training(t->m, true);
     if (rc)
         return ft_fail_prefix(err, "evaluation");
+    /* every rank evaluated the whole set in step; model_parallel's sums are on its last
+     * stage */
+    if (t->world > 1 && ft_comm_broadcast(t->comm, sums, FT_PREF_NSUM, FT_COMM_F64,
+                                          ft_engine_loss_rank(t->eng), err))
+        return -1;
     double v[FT_PREF_NSUM];
     for (int k = 0; k < FT_PREF_NSUM; k++)
         v[k] = sums[k] / sums[FT_PREF_PAIRS];
@@ -895,7 +900,8 @@ static int pref_step(trainer *t, double max_norm, ft_step_stats *st, ft_err *err
     if (ft_engine_step_objective(t->eng, &obj, &t->sched, t->mb, t->accum, max_norm, st, err))
         return -1;
     double *sums = t->pref_obj.sums;
-    if (ft_engine_data_world(t->eng) > 1 &&
+    /* (model_parallel: the stage with the head holds them, the others zeros) */
+    if (t->world > 1 &&
         ft_comm_allreduce(t->comm, sums, FT_PREF_NSUM, FT_COMM_F64, FT_COMM_SUM, err))
         return -1;
     if (!st->nonfinite)
@@ -1101,9 +1107,16 @@ static int check_objective(trainer *t, const ft_dist_options *dopt, ft_err *err)
     if (ft_pref_check(&po, err))
         return -1;
     const char *name = orpo ? "orpo" : "dpo";
-    if (dopt->strategy == FT_STRATEGY_PIPELINE)
-        return ft_fail(err, "config: train.objective = %s does not work with dist.strategy "
-                            "model_parallel yet (none, ddp, zero1-3 and fsdp do)", name);
+    bool pipeline = dopt->strategy == FT_STRATEGY_PIPELINE;
+    if (pipeline && !orpo && t->cfg->tuning.mode == FT_TUNING_FULL)
+        return ft_fail(err, "config: train.objective = dpo with tuning.mode full does not work "
+                            "with dist.strategy model_parallel yet (its frozen reference is a "
+                            "whole second model on each rank): use lora, qlora, orpo or another "
+                            "dist.strategy");
+    if (pipeline && !orpo && t->cfg->tuning.lora.init_adapter[0])
+        return ft_fail(err, "config: train.objective = dpo with tuning.lora.init_adapter does "
+                            "not work with dist.strategy model_parallel yet (the reference "
+                            "adapter is kept whole on a rank): use none, ddp or zero1");
     if (c->predict_with_generate)
         return ft_fail(err, "config: train.predict_with_generate does not work with "
                             "train.objective = %s (its evaluation reports preference accuracy)",
@@ -1114,6 +1127,10 @@ static int check_objective(trainer *t, const ft_dist_options *dopt, ft_err *err)
     t->pref = true;
     t->orpo = orpo;
     ft_pref_objective_init(&t->pref_obj, &po, NULL);
+    if (pipeline) { /* (pref.h: the objective's own GPipe chunks; stages without the head) */
+        t->pref_obj.chunks = dopt->pipeline_chunks;
+        t->pref_obj.no_loss = t->rank != t->world - 1;
+    }
     return 0;
 }
 

@@ -108,6 +108,15 @@ typedef struct ft_pref_objective {
     size_t lora_bytes;
     ft_model *lora_model;
     bool ref_free; /* no reference: its log-probabilities are 0 (ft-eval without one) */
+    /* dist.strategy model_parallel: a training micro-batch's forwards and backward in
+     * GPipe chunks of its rows as lib/dist/dist_engine.c's gpipe splits them (chunks > 1,
+     * each in its own activation slot; the loss needs every row's log-probability, so
+     * every chunk's forward runs before the first backward); no_loss: this rank is a
+     * stage without the head, which computes no log-probability: it runs the same
+     * forwards and backward (sending and receiving the residual stream) but adds nothing
+     * to the loss or the metric sums. */
+    int chunks;
+    bool no_loss;
 } ft_pref_objective;
 
 void ft_pref_objective_init(ft_pref_objective *p, const ft_pref_options *o, ft_model *ref);

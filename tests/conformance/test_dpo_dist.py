@@ -2,8 +2,11 @@
 (CPU): 2 ranks of 4 pairs equal one process of 8 (the loss, the gradient norm and DPO's
 metrics of every step, and the weights after five steps), LoRA (the reference: the base
 with the adapter off) and full fine-tuning (a frozen base copy per rank), LoRA from a starting adapter (the
-reference: that adapter) under ddp and zero1; model_parallel, and a starting adapter under
-zero2 / zero3 / fsdp, are refused naming what."""
+reference: that adapter) under ddp and zero1; model_parallel (2 pipeline stages, each
+seeing the whole batch, with and without GPipe chunks) equals one process for DPO with
+LoRA and for ORPO with LoRA and full fine-tuning; full DPO and a starting adapter under
+model_parallel, and a starting adapter under zero2 / zero3 / fsdp, are refused naming
+what."""
 
 import json
 from pathlib import Path
@@ -107,10 +110,76 @@ def test_dpo_full_data_parallel_equals_one_process(work, single, strategy):
     assert_same_run(single["full"], work / "runs" / f"np2_full_{strategy}")
 
 
-def test_dpo_model_parallel_refused(work):
-    cfg = write_config(work, "np2_mp", dist__strategy="model_parallel")
+@pytest.fixture(scope="module")
+def single_orpo(work):
+    runs = {}
+    for mode in ("lora", "full"):
+        lr = {"train__learning_rate": 1e-3} if mode == "full" else {}
+        cfg = write_config(work, f"single_orpo_{mode}", mode=mode, train__batch_size=8,
+                           train__objective="orpo", **lr)
+        run(cfg)
+        runs[mode] = work / "runs" / f"single_orpo_{mode}"
+    return runs
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_dpo_model_parallel_equals_one_process(work, single, chunks):
+    """Two pipeline stages see the whole batch of 8 pairs: the reference forward (adapter
+    off) and the policy's pass the residual stream stage to stage, the last stage's loss
+    and metrics reach rank 0; with chunks 3 the 16 rows go in GPipe chunks of 6, 6, 4
+    (a pair's chosen and rejected rows in different chunks)."""
+    cfg = write_config(work, f"np2_mp_{chunks}", dist__strategy="model_parallel",
+                       train__batch_size=8, dist__pipeline_micro_batches=chunks)
+    run(cfg, 2)
+    assert_same_run(single["lora"], work / "runs" / f"np2_mp_{chunks}")
+
+
+@pytest.mark.parametrize("mode,chunks", [("lora", 1), ("lora", 3), ("full", 2)])
+def test_orpo_model_parallel_equals_one_process(work, single_orpo, mode, chunks):
+    lr = {"train__learning_rate": 1e-3} if mode == "full" else {}
+    name = f"np2_orpo_mp_{mode}_{chunks}"
+    cfg = write_config(work, name, mode=mode, dist__strategy="model_parallel",
+                       train__objective="orpo", train__batch_size=8,
+                       dist__pipeline_micro_batches=chunks, **lr)
+    run(cfg, 2)
+    assert_same_run(single_orpo[mode], work / "runs" / name)
+    la, lb = logged(single_orpo[mode]), logged(work / "runs" / name)
+    for s in la:
+        for k in ("nll_loss", "log_odds_ratio", "log_odds_chosen"):
+            assert abs(la[s][k] - lb[s][k]) <= 2e-5 * abs(la[s][k]) + 1e-6, (k, s)
+
+
+@pytest.mark.parametrize("objective", ["dpo", "orpo"])
+def test_pref_model_parallel_eval_equals_one_process(work, objective):
+    """The held-out evaluation under model_parallel: every stage runs the forwards, the
+    last stage's figures reach rank 0 (its log and metrics.jsonl)."""
+    ev = {"data__eval_path": str(work / "pairs.jsonl"), "train__eval_strategy": "steps",
+          "train__eval_steps": 5, "train__max_steps": 5, "train__objective": objective,
+          "train__batch_size": 8}
+    one = write_config(work, f"single_eval_{objective}", **ev)
+    run(one)
+    cfg = write_config(work, f"np2_mp_eval_{objective}", dist__strategy="model_parallel",
+                       dist__pipeline_micro_batches=2, **ev)
+    run(cfg, 2)
+
+    def evals(name):
+        rows = (work / "runs" / name / "metrics.jsonl").read_text().splitlines()
+        return [r for r in map(json.loads, rows) if "eval_loss" in r]
+
+    ea, eb = evals(f"single_eval_{objective}"), evals(f"np2_mp_eval_{objective}")
+    assert len(ea) == len(eb) >= 1
+    for a, b in zip(ea, eb):
+        keys = [k for k in a if k.startswith("eval_")]
+        assert "eval_rewards/margins" in keys and keys == [k for k in b if k.startswith("eval_")]
+        for k in keys:
+            assert abs(a[k] - b[k]) <= 2e-5 * abs(a[k]) + 1e-6, (k, a[k], b[k])
+
+
+def test_dpo_full_model_parallel_refused(work):
+    cfg = write_config(work, "np2_mp_full", mode="full", dist__strategy="model_parallel")
     out = run(cfg, 2, check=False)
     assert out.returncode != 0 and "model_parallel" in out.stderr
+    assert "tuning.mode full" in out.stderr, out.stderr[-2000:]
 
 
 @pytest.mark.parametrize("strategy", ["zero2", "zero3", "fsdp"])
