@@ -175,6 +175,24 @@ def test_pref_model_parallel_eval_equals_one_process(work, objective):
             assert abs(a[k] - b[k]) <= 2e-5 * abs(a[k]) + 1e-6, (k, a[k], b[k])
 
 
+@pytest.mark.parametrize("objective,mode,np_,chunks", [("dpo", "lora", 2, 1),
+                                                     ("dpo", "lora", 3, 3),
+                                                     ("orpo", "full", 2, 3),
+                                                     ("orpo", "lora", 2, 2)])
+def test_pref_model_parallel_memory_plan_exact(work, objective, mode, np_, chunks):
+    """The cpu-mp plan of a preference step (2 batch_size rows per stage, in the
+    objective's GPipe chunks; 5 pairs in 3 chunks are rows 4 + 4 + 2) equals every
+    stage's measured peaks."""
+    from test_memcheck import assert_exact
+    name = f"measure_mp_{objective}_{mode}_{np_}_{chunks}"
+    cfg = write_config(work, name, mode=mode, train__objective=objective,
+                       train__batch_size=5, dist__strategy="model_parallel",
+                       dist__pipeline_micro_batches=chunks)
+    out = run(cfg, np_, "--measure")
+    assert_exact(out.stdout, np_)
+    assert "planned = cpu-mp (exact)" in out.stdout
+
+
 def test_dpo_full_model_parallel_refused(work):
     cfg = write_config(work, "np2_mp_full", mode="full", dist__strategy="model_parallel")
     out = run(cfg, 2, check=False)
