@@ -281,6 +281,7 @@ void ft_engine_free(ft_engine *e)
     ft_free(&e->host, e->host_master);
     ft_free(&e->host, e->host_grad);
     if (e->m) {
+        engine_ref_free(e);
         dp_free(e);
         pipe_free(e);
         if (!e->whole) {

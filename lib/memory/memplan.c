@@ -379,6 +379,13 @@ static void plan_pipeline(ft_memplan_result *r, const planner *p, const act_spec
                 b[FT_MEM_WORKSPACE] = act_bytes(&ws, 4);
         }
         b[FT_MEM_WORKSPACE] += 4 * (qwin + qabs);
+        if (r->pref_ref_adapter) { /* DPO's starting adapter: the stage's part, kept */
+            size_t kept = 4 * nt;
+            if (mc->tie_word_embeddings && W > 1 && rank == W - 1 && span.first > 0)
+                kept += 4 * p->unit_train[0];
+            b[FT_MEM_WEIGHTS] += kept;
+            b[FT_MEM_WORKSPACE] += kept;
+        }
     }
     r->pipe_stages = W;
 }
@@ -463,7 +470,7 @@ size_t ft_memplan_cpu_rank(const ft_memplan_result *r, ft_plan_row_id row, int r
     if (host)
         *host = (r->offload ? 16 * own : 0) + (off_p ? 4 * sf + qs : 0);
     for (int c = 0; c < FT_MEM_NCAT; c++) /* DPO's reference: the same on every rank */
-        bytes[c] += r->pref_ref[c];
+        bytes[c] += r->pref_ref_adapter && z3 && r->pref_ref[c] ? 4 * st : r->pref_ref[c];
     size_t total = 0;
     for (int c = 0; c < FT_MEM_NCAT; c++)
         total += bytes[c];
@@ -695,10 +702,15 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
         } else if (cfg->tuning.lora.init_adapter[0]) {
             r->pref_ref[FT_MEM_WEIGHTS] = r->pref_ref[FT_MEM_WORKSPACE] = 4 * r->n_trainable;
             gpu_ref[FT_MEM_WEIGHTS] = gpu_ref[FT_MEM_WORKSPACE] = h * r->n_trainable;
+            r->pref_ref_adapter = true;
         }
-        for (int i = FT_PLAN_GPU_1; i < FT_PLAN_NROWS; i++)
-            for (int c = 0; c < FT_MEM_NCAT; c++)
-                r->rows[i].bytes[c] += gpu_ref[c];
+        for (int i = FT_PLAN_GPU_1; i < FT_PLAN_NROWS; i++) {
+            bool shard = r->pref_ref_adapter &&
+                         (i == FT_PLAN_GPU_ZERO3 || i == FT_PLAN_GPU_FSDP);
+            for (int c = 0; c < FT_MEM_NCAT; c++) /* (zero3 / fsdp: the adapter's shard) */
+                r->rows[i].bytes[c] += shard && gpu_ref[c] ? h * ceil_div(r->n_trainable, N)
+                                                           : gpu_ref[c];
+        }
     }
     if (mc->num_experts > 0 && mc->output_router_logits) { /* model.c: aux counts, psum, dp */
         r->cpu_workspace += 3 * 4 * (size_t)mc->num_experts;

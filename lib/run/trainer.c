@@ -1113,10 +1113,6 @@ static int check_objective(trainer *t, const ft_dist_options *dopt, ft_err *err)
                             "with dist.strategy model_parallel yet (its frozen reference is a "
                             "whole second model on each rank): use lora, qlora, orpo or another "
                             "dist.strategy");
-    if (pipeline && !orpo && t->cfg->tuning.lora.init_adapter[0])
-        return ft_fail(err, "config: train.objective = dpo with tuning.lora.init_adapter does "
-                            "not work with dist.strategy model_parallel yet (the reference "
-                            "adapter is kept whole on a rank): use none, ddp or zero1");
     if (c->predict_with_generate)
         return ft_fail(err, "config: train.predict_with_generate does not work with "
                             "train.objective = %s (its evaluation reports preference accuracy)",
@@ -1132,6 +1128,11 @@ static int check_objective(trainer *t, const ft_dist_options *dopt, ft_err *err)
         t->pref_obj.no_loss = t->rank != t->world - 1;
     }
     return 0;
+}
+
+static int use_engine_reference(void *ctx, bool on, ft_err *err)
+{
+    return ft_engine_use_reference(ctx, on, err);
 }
 
 static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
@@ -1191,9 +1192,13 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
         return -1;
     t->pref_obj.ref = t->ref;
     /* DPO from an adapter: the reference is that adapter as it starts (TRL's "ref" copy) */
-    if (t->pref && !t->orpo && c->tuning.mode != FT_TUNING_FULL && c->tuning.lora.init_adapter[0] &&
-        ft_pref_objective_keep_adapter(&t->pref_obj, t->m, err))
-        return ft_fail_prefix(err, "train.objective dpo with tuning.lora.init_adapter");
+    if (t->pref && !t->orpo && c->tuning.mode != FT_TUNING_FULL && c->tuning.lora.init_adapter[0]) {
+        /* (kept by the engine: the values each rank's forward reads, whole or its shard) */
+        if (ft_engine_keep_reference(t->eng, err))
+            return ft_fail_prefix(err, "train.objective dpo with tuning.lora.init_adapter");
+        t->pref_obj.use_ref = use_engine_reference;
+        t->pref_obj.use_ref_ctx = t->eng;
+    }
     if (t->gen_records.n)
         ft_gen_eos_ids(ft_model_cfg(t->m), t->data.tok, &t->gen);
     stamp_of(t, &t->state.stamp);

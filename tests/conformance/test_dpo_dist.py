@@ -2,11 +2,10 @@
 (CPU): 2 ranks of 4 pairs equal one process of 8 (the loss, the gradient norm and DPO's
 metrics of every step, and the weights after five steps), LoRA (the reference: the base
 with the adapter off) and full fine-tuning (a frozen base copy per rank), LoRA from a starting adapter (the
-reference: that adapter) under ddp and zero1; model_parallel (2 pipeline stages, each
+reference: that adapter) under every strategy; model_parallel (2 pipeline stages, each
 seeing the whole batch, with and without GPipe chunks) equals one process for DPO with
-LoRA and for ORPO with LoRA and full fine-tuning; full DPO and a starting adapter under
-model_parallel, and a starting adapter under zero2 / zero3 / fsdp, are refused naming
-what."""
+LoRA and for ORPO with LoRA and full fine-tuning; full DPO under model_parallel is
+refused naming what."""
 
 import json
 from pathlib import Path
@@ -193,6 +192,20 @@ def test_pref_model_parallel_memory_plan_exact(work, objective, mode, np_, chunk
     assert "planned = cpu-mp (exact)" in out.stdout
 
 
+@pytest.mark.parametrize("strategy,np_", [("zero2", 2), ("zero3", 2), ("fsdp", 3),
+                                         ("model_parallel", 2), ("ddp", 2)])
+def test_dpo_init_adapter_memory_plan_exact(work, single, strategy, np_):
+    """DPO from a starting adapter: the kept adapter and the policy's scratch are what
+    each rank's forward reads (whole, its zero3 / fsdp shard, its pipeline stage's
+    part): planned == measured on every rank."""
+    from test_memcheck import assert_exact
+    name = f"measure_adapter_{strategy}_{np_}"
+    cfg = write_config(work, name, dist__strategy=strategy, train__batch_size=3,
+                       tuning__lora__init_adapter=str(single["lora"] / "final"))
+    out = run(cfg, np_, "--measure")
+    assert_exact(out.stdout, np_)
+
+
 def test_dpo_full_model_parallel_refused(work):
     cfg = write_config(work, "np2_mp_full", mode="full", dist__strategy="model_parallel")
     out = run(cfg, 2, check=False)
@@ -200,24 +213,34 @@ def test_dpo_full_model_parallel_refused(work):
     assert "tuning.mode full" in out.stderr, out.stderr[-2000:]
 
 
-@pytest.mark.parametrize("strategy", ["zero2", "zero3", "fsdp"])
-def test_dpo_init_adapter_sharded_refused(work, single, strategy):
-    cfg = write_config(work, f"np2_{strategy}_adapter", dist__strategy=strategy,
-                       tuning__lora__init_adapter=str(single["lora"] / "final"))
-    out = run(cfg, 2, check=False)
-    assert out.returncode != 0 and "reference adapter" in out.stderr, out.stderr[-2000:]
-
-
-@pytest.mark.parametrize("strategy", ["ddp", "zero1"])
-def test_dpo_init_adapter_data_parallel_equals_one_process(work, single, strategy):
-    """The reference is the starting adapter (here the single LoRA run's result)."""
+@pytest.mark.parametrize("strategy,split", [("ddp", "0"), ("zero1", "0"), ("zero2", "0"),
+                                            ("zero2", "1"), ("zero3", "0"), ("zero3", "1"),
+                                            ("fsdp", "0"), ("model_parallel", "0"),
+                                            ("model_parallel", "1")])
+def test_dpo_init_adapter_data_parallel_equals_one_process(work, single, strategy, split,
+                                                           monkeypatch):
+    """The reference is the starting adapter (here the single LoRA run's result), kept by
+    each rank as its forward reads it: whole, the zero2 copy, the zero3 / fsdp shard
+    (gathered unit by unit: the windows are emptied at each swap), the pipeline stage's
+    part (model_parallel: 2 stages of the whole batch, GPipe chunks of 6, 6, 4 rows).
+    FT_DIST_SPLIT_COMPUTE=1 gives the compute copies their own buffers in fp32, as bf16
+    does on a GPU (the copies are what is swapped)."""
+    monkeypatch.setenv("FT_DIST_SPLIT_COMPUTE", split)
     adapter = {"tuning__lora__init_adapter": str(single["lora"] / "final")}
     one = write_config(work, "single_adapter", train__batch_size=8, **adapter)
     if not (work / "runs" / "single_adapter" / "final").exists():
         run(one)
-    cfg = write_config(work, f"np2_{strategy}_adapter", dist__strategy=strategy, **adapter)
+    mp = {"train__batch_size": 8, "dist__pipeline_micro_batches": 3} \
+        if strategy == "model_parallel" else {}
+    if strategy in ("zero3", "fsdp"):
+        # two micro-batches of 2 pairs: the second's reference forward follows the first's
+        # backward, whose last windows hold the policy's first layers
+        mp = {"train__batch_size": 2, "train__grad_accum": 2}
+    cfg = write_config(work, f"np2_{strategy}_{split}_adapter", dist__strategy=strategy,
+                       **adapter, **mp)
     run(cfg, 2)
-    assert_same_run(work / "runs" / "single_adapter", work / "runs" / f"np2_{strategy}_adapter")
+    assert_same_run(work / "runs" / "single_adapter",
+                    work / "runs" / f"np2_{strategy}_{split}_adapter")
     # the reference is not the base: the first step's rewards are 0 (policy = reference)
     assert logged(work / "runs" / "single_adapter")[1]["rewards/chosen"] == 0
 
