@@ -379,7 +379,7 @@ static void plan_pipeline(ft_memplan_result *r, const planner *p, const act_spec
                 b[FT_MEM_WORKSPACE] = act_bytes(&ws, 4);
         }
         b[FT_MEM_WORKSPACE] += 4 * (qwin + qabs);
-        if (r->pref_ref_adapter) { /* DPO's starting adapter: the stage's part, kept */
+        if (r->pref_ref_stage) { /* DPO's starting values: the stage's part, kept */
             size_t kept = 4 * nt;
             if (mc->tie_word_embeddings && W > 1 && rank == W - 1 && span.first > 0)
                 kept += 4 * p->unit_train[0];
@@ -690,6 +690,7 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
     r->cpu_workspace = act_bytes(&ws, 4);
     if (cfg->train.objective == FT_CFG_OBJECTIVE_DPO) { /* DPO's reference (memplan.h) */
         size_t gpu_ref[FT_MEM_NCAT] = {0};
+        r->pref_ref_stage = pmode == MODE_FULL || cfg->tuning.lora.init_adapter[0];
         if (pmode == MODE_FULL) {
             act_counts ract, rws;
             act_spec rsp = {.grad_ckpt = true, .loss_chunk = sp.loss_chunk};

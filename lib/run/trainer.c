@@ -227,7 +227,8 @@ static int setup_model(trainer *t, const ft_dist_options *dopt, ft_err *err)
                        "model is not supported yet (TRL adds the router's load-balancing "
                        "loss to the preference loss; use sft)",
                        t->model_dir, t->orpo ? "orpo" : "dpo");
-    if (t->pref && !t->orpo && mo.mode == FT_TRAIN_FULL) {
+    if (t->pref && !t->orpo && mo.mode == FT_TRAIN_FULL &&
+        dopt->strategy != FT_STRATEGY_PIPELINE) {
         /* the DPO reference of a full fine-tuning: the base, frozen, beside the policy */
         ft_model_options ro = {.mode = FT_TRAIN_NONE,
                                .device = mo.device,
@@ -1108,11 +1109,6 @@ static int check_objective(trainer *t, const ft_dist_options *dopt, ft_err *err)
         return -1;
     const char *name = orpo ? "orpo" : "dpo";
     bool pipeline = dopt->strategy == FT_STRATEGY_PIPELINE;
-    if (pipeline && !orpo && t->cfg->tuning.mode == FT_TUNING_FULL)
-        return ft_fail(err, "config: train.objective = dpo with tuning.mode full does not work "
-                            "with dist.strategy model_parallel yet (its frozen reference is a "
-                            "whole second model on each rank): use lora, qlora, orpo or another "
-                            "dist.strategy");
     if (c->predict_with_generate)
         return ft_fail(err, "config: train.predict_with_generate does not work with "
                             "train.objective = %s (its evaluation reports preference accuracy)",
@@ -1192,10 +1188,14 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
         return -1;
     t->pref_obj.ref = t->ref;
     /* DPO from an adapter: the reference is that adapter as it starts (TRL's "ref" copy) */
-    if (t->pref && !t->orpo && c->tuning.mode != FT_TUNING_FULL && c->tuning.lora.init_adapter[0]) {
+    /* DPO from a starting adapter, and DPO in full fine-tuning under model_parallel (each
+     * stage keeps its own part of the base: no whole second model on a stage) */
+    bool keep = c->tuning.mode == FT_TUNING_FULL ? dopt.strategy == FT_STRATEGY_PIPELINE
+                                                 : c->tuning.lora.init_adapter[0] != '\0';
+    if (t->pref && !t->orpo && keep) {
         /* (kept by the engine: the values each rank's forward reads, whole or its shard) */
         if (ft_engine_keep_reference(t->eng, err))
-            return ft_fail_prefix(err, "train.objective dpo with tuning.lora.init_adapter");
+            return ft_fail_prefix(err, "the DPO reference");
         t->pref_obj.use_ref = use_engine_reference;
         t->pref_obj.use_ref_ctx = t->eng;
     }

@@ -110,9 +110,9 @@ int ft_pref_objective_keep_adapter(ft_pref_objective *p, ft_model *m, ft_err *er
     size_t n;
     const void *c = lora_compute(m, &n);
     if (!c || !n)
-        return ft_fail(err, "a DPO reference adapter needs the LoRA weights whole on every rank "
-                            "(dist.strategy none, ddp or zero1; not zero2, zero3 or fsdp, "
-                            "whose LoRA weights are bound unit by unit)");
+        return ft_fail(err, "a DPO reference adapter kept from the model needs its LoRA "
+                            "weights whole and bound (the trainer keeps one through its "
+                            "engine, ft_engine_keep_reference)");
     int dev = (int)ft_model_device(m);
     p->lora_bytes = n * (ft_model_dtype(m) == FT_BF16 ? 2 : 4);
     p->lora_model = m;

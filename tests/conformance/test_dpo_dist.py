@@ -4,8 +4,8 @@ metrics of every step, and the weights after five steps), LoRA (the reference: t
 with the adapter off) and full fine-tuning (a frozen base copy per rank), LoRA from a starting adapter (the
 reference: that adapter) under every strategy; model_parallel (2 pipeline stages, each
 seeing the whole batch, with and without GPipe chunks) equals one process for DPO with
-LoRA and for ORPO with LoRA and full fine-tuning; full DPO under model_parallel is
-refused naming what."""
+LoRA and full fine-tuning (each stage keeps its part of the base as the reference) and for
+ORPO with LoRA and full fine-tuning."""
 
 import json
 from pathlib import Path
@@ -174,8 +174,43 @@ def test_pref_model_parallel_eval_equals_one_process(work, objective):
             assert abs(a[k] - b[k]) <= 2e-5 * abs(a[k]) + 1e-6, (k, a[k], b[k])
 
 
+@pytest.fixture(scope="module")
+def tied(work):
+    """The work model with tied embeddings: model_parallel's last stage holds a copy of
+    the embedding for its head (kept too as the full reference's part)."""
+    import shutil
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+    import torch
+    src = work / "model"
+    cfg = LlamaConfig.from_pretrained(src)
+    cfg.tie_word_embeddings = True
+    torch.manual_seed(2)
+    LlamaForCausalLM(cfg).save_pretrained(work / "tied")
+    for f in src.iterdir():
+        if "token" in f.name or f.name == "special_tokens_map.json":
+            shutil.copy(f, work / "tied" / f.name)
+    return work / "tied"
+
+
+def test_dpo_full_model_parallel_tied_equals_one_process(work, tied):
+    common = dict(mode="full", model__name=str(tied), train__batch_size=8,
+                  train__learning_rate=1e-3)
+    run(write_config(work, "single_full_tied", **common))
+    run(write_config(work, "np3_mp_full_tied", dist__strategy="model_parallel",
+                     dist__pipeline_micro_batches=2, **common), 3)
+    assert_same_run(work / "runs" / "single_full_tied", work / "runs" / "np3_mp_full_tied")
+    from test_memcheck import assert_exact
+    cfg = write_config(work, "measure_mp_full_tied", dist__strategy="model_parallel",
+                       **dict(common, train__batch_size=3))
+    out = run(cfg, 3, "--measure")
+    assert_exact(out.stdout, 3)
+
+
 @pytest.mark.parametrize("objective,mode,np_,chunks", [("dpo", "lora", 2, 1),
                                                      ("dpo", "lora", 3, 3),
+                                                     ("dpo", "full", 2, 1),
+                                                     ("dpo", "full", 3, 3),
                                                      ("orpo", "full", 2, 3),
                                                      ("orpo", "lora", 2, 2)])
 def test_pref_model_parallel_memory_plan_exact(work, objective, mode, np_, chunks):
@@ -206,11 +241,18 @@ def test_dpo_init_adapter_memory_plan_exact(work, single, strategy, np_):
     assert_exact(out.stdout, np_)
 
 
-def test_dpo_full_model_parallel_refused(work):
-    cfg = write_config(work, "np2_mp_full", mode="full", dist__strategy="model_parallel")
-    out = run(cfg, 2, check=False)
-    assert out.returncode != 0 and "model_parallel" in out.stderr
-    assert "tuning.mode full" in out.stderr, out.stderr[-2000:]
+@pytest.mark.parametrize("chunks,split", [(1, "0"), (3, "1")])
+def test_dpo_full_model_parallel_equals_one_process(work, single, chunks, split, monkeypatch):
+    """Full fine-tuning's reference under model_parallel: each stage keeps its own part of
+    the base (no whole second model on a stage) and swaps it in for the reference
+    forward."""
+    monkeypatch.setenv("FT_DIST_SPLIT_COMPUTE", split)
+    name = f"np2_mp_full_{chunks}_{split}"
+    cfg = write_config(work, name, mode="full", dist__strategy="model_parallel",
+                       train__batch_size=8, train__learning_rate=1e-3,
+                       dist__pipeline_micro_batches=chunks)
+    run(cfg, 2)
+    assert_same_run(single["full"], work / "runs" / name)
 
 
 @pytest.mark.parametrize("strategy,split", [("ddp", "0"), ("zero1", "0"), ("zero2", "0"),
