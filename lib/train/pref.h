@@ -22,10 +22,10 @@
  * are kept (ft_pref_objective_keep_adapter, adapter-sized; in the trainer by its engine,
  * each rank what its forward reads: the whole adapter, or its zero3 / fsdp shard, or its
  * pipeline stage's part) and put in place of the policy's for the reference forward; in
- * full fine-tuning a frozen copy of the base model
- * loaded beside the policy (ref; TRL loads the same; under model_parallel each stage
- * keeps its own part of the base through the engine instead, use_ref). Either way the reference forward
- * keeps no activation past itself: the policy's forward reuses the same buffers. */
+ * full fine-tuning a frozen copy of the base model loaded beside the policy (ref; TRL
+ * loads the same; under model_parallel each stage keeps its own part of the base through
+ * the engine instead, use_ref). Either way the reference forward keeps no activation past
+ * itself: the policy's forward reuses the same buffers. */
 #ifndef FT_PREF_H
 #define FT_PREF_H
 

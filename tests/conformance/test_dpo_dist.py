@@ -133,6 +133,19 @@ def test_dpo_model_parallel_equals_one_process(work, single, chunks):
     assert_same_run(single["lora"], work / "runs" / f"np2_mp_{chunks}")
 
 
+@pytest.mark.parametrize("objective", ["dpo", "orpo"])
+def test_qlora_model_parallel_equals_one_process(work, objective):
+    """QLoRA (NF4 base quantized on load, each stage its own layers'): DPO's reference is
+    the quantized base with the adapter off."""
+    common = dict(mode="qlora", train__objective=objective, train__batch_size=8)
+    one = f"single_qlora_{objective}"
+    run(write_config(work, one, **common))
+    name = f"np2_mp_qlora_{objective}"
+    run(write_config(work, name, dist__strategy="model_parallel",
+                     dist__pipeline_micro_batches=2, **common), 2)
+    assert_same_run(work / "runs" / one, work / "runs" / name)
+
+
 @pytest.mark.parametrize("mode,chunks", [("lora", 1), ("lora", 3), ("full", 2)])
 def test_orpo_model_parallel_equals_one_process(work, single_orpo, mode, chunks):
     lr = {"train__learning_rate": 1e-3} if mode == "full" else {}
