@@ -127,7 +127,6 @@ def test_orpo_metrics_in_tensorboard(orpo_data):
 @pytest.mark.parametrize("sets,needle", [
     (["train.pref.loss_type=ipo"], "train.pref.loss_type"),
     (["train.pref.label_smoothing=0.1"], "label_smoothing"),
-    (["dist.strategy=model_parallel"], "model_parallel"),
 ])
 def test_orpo_refusals(orpo_data, sets, needle):
     cfg = write_config(orpo_data, "run-orpo-refused", "orpo_strings", objective="orpo")
