@@ -1,6 +1,7 @@
 /* ft-eval: evaluate a model (with an optional LoRA adapter) on a JSONL data set: loss,
  * perplexity and counted tokens, and with --generate greedy generation scored by ROUGE-L
- * and exact match; with --preference, preference accuracy (and DPO's loss and metrics)
+ * and exact match; with --preference, preference accuracy (and DPO's, or with --objective
+ * orpo ORPO's, loss and metrics)
  * on prompt / chosen / rejected pairs (lib/data/pref_data.h, lib/train/pref.h). The
  * logic lives in lib/eval/evaluate.c, lib/model/generate.c, lib/eval/rouge.c and
  * lib/eval/eval_records.c.
@@ -93,7 +94,16 @@ static const char usage[] =
     "                         (log p_ref = 0: the accuracy is log p(chosen) > log p(rejected))\n"
     "  --reference DIR        with --preference: the reference model dir (e.g. the base of a\n"
     "                         fully fine-tuned --model)\n"
-    "  --beta B               with --preference: DPO's beta (train.pref.beta, default 0.1)\n"
+    "  --beta B               with --preference: DPO's beta (train.pref.beta, default 0.1;\n"
+    "                         ORPO's with --objective orpo)\n"
+    "  --objective O          with --preference: dpo (default, as above) or orpo: the pairs\n"
+    "                         prepared ORPO's way (as train.objective orpo reads them) and\n"
+    "                         TRL ORPOTrainer.evaluate()'s figures: loss (the chosen NLL less\n"
+    "                         beta log sigmoid of the log odds), nll_loss, log_odds_ratio,\n"
+    "                         log_odds_chosen, rewards/* = beta times the completion's mean\n"
+    "                         log p (logps/*); no reference (--reference is refused). Each\n"
+    "                         --batch-size batch's NLL is its chosen tokens' mean, weighted\n"
+    "                         by its pairs (TRL's mean over batches when all are full)\n"
     "  --json                 print one JSON object on one line: {\"loss\",\"perplexity\",\n"
     "                         \"tokens\",\"samples\"} (+ \"rougeL\",\"exact_match\",\n"
     "                         \"generated\"); a non-finite value (a perplexity past\n"
@@ -119,6 +129,8 @@ typedef struct args {
     bool json, generate, fp32, preference;
     const char *reference; /* --preference: the reference model dir (NULL: see usage) */
     double beta;
+    bool orpo; /* --objective orpo */
+    bool objective_set;
     int batch_size, max_new_tokens;
     ft_data_options data_opt;
 } args;
@@ -128,7 +140,7 @@ enum {
     OPT_SKIP_BAD_LINES, OPT_MODEL, OPT_DEVICE, OPT_ADAPTER, OPT_TOKENIZER, OPT_DATA,
     OPT_PREDICTIONS, OPT_FORMAT, OPT_TEMPLATE, OPT_TEMPLATE_NAME, OPT_TEMPLATE_KWARGS,
     OPT_MAX_SEQ_LEN, OPT_BATCH_SIZE,
-    OPT_MAX_NEW_TOKENS, OPT_PREFERENCE, OPT_REFERENCE, OPT_BETA
+    OPT_MAX_NEW_TOKENS, OPT_PREFERENCE, OPT_REFERENCE, OPT_BETA, OPT_OBJECTIVE
 };
 
 static const ft_cli_option options[] = {
@@ -155,6 +167,7 @@ static const ft_cli_option options[] = {
     {"--preference", 0, FT_CLI_FLAG, OPT_PREFERENCE},
     {"--reference", 0, FT_CLI_VALUE, OPT_REFERENCE},
     {"--beta", 0, FT_CLI_VALUE, OPT_BETA},
+    {"--objective", 0, FT_CLI_VALUE, OPT_OBJECTIVE},
     {NULL, 0, 0, 0},
 };
 
@@ -266,6 +279,12 @@ static int parse_args(int argc, char **argv, args *a)
                 return usage_error("--beta: '%s' is not a number > 0", val);
             break;
         }
+        case OPT_OBJECTIVE:
+            if (strcmp(val, "dpo") && strcmp(val, "orpo"))
+                return usage_error("--objective: '%s' is not dpo or orpo", val);
+            a->orpo = strcmp(val, "orpo") == 0;
+            a->objective_set = true;
+            break;
         default:
             return ft_cli_error(&cli, opt, "ft-eval", usage);
         }
@@ -287,6 +306,10 @@ static int parse_args(int argc, char **argv, args *a)
                            "--generate, --format or --train-on-all", "--preference");
     if (!a->preference && a->reference)
         return usage_error("%s needs --preference", "--reference");
+    if (!a->preference && a->objective_set)
+        return usage_error("%s needs --preference", "--objective");
+    if (a->orpo && a->reference)
+        return usage_error("%s: ORPO has no reference model", "--reference");
     return -1; /* go on */
 }
 
@@ -587,7 +610,8 @@ static int run_pref(const args *a, ft_comm *comm)
         fail(err.msg);
         goto out;
     }
-    if (ft_pref_dataset_load(&ds, a->data, tok, &a->data_opt, &err)) {
+    if (ft_pref_dataset_load_style(&ds, a->data, tok, &a->data_opt,
+                                   a->orpo ? FT_PREF_DATA_ORPO : FT_PREF_DATA_DPO, &err)) {
         fail(err.msg);
         goto out;
     }
@@ -637,9 +661,11 @@ static int run_pref(const args *a, ft_comm *comm)
     }
     for (size_t i = (size_t)rank; i < ds.n; i += (size_t)world)
         shard.pairs[shard.n++] = ds.pairs[i];
-    ft_pref_options o = {.loss = FT_PREF_SIGMOID, .beta = a->beta};
+    ft_pref_options o = {.loss = a->orpo ? FT_PREF_ORPO : FT_PREF_SIGMOID, .beta = a->beta};
     ft_pref_objective_init(&po, &o, ref);
     po.ref_free = !ref && !a->adapter;
+    /* the metric sums reported: DPO's stop at the pairs, ORPO's go on (pref.h) */
+    int end = a->orpo ? FT_PREF_NSUM : FT_PREF_PAIRS;
     double sums[FT_PREF_NSUM] = {0};
     ft_loader_options lo = {.batch_size = a->batch_size, .world = 1, .pad_id = pad};
     if (shard.n && ft_pref_loader_new(&loader, &shard, &lo, &err)) {
@@ -663,13 +689,14 @@ static int run_pref(const args *a, ft_comm *comm)
     if (rank != 0)
         goto out;
     double n = sums[FT_PREF_PAIRS];
-    const char *refname = ref ? a->reference : a->adapter ? "base" : "none";
+    const char *refname = a->orpo ? "none (orpo)" : ref ? a->reference
+                                                    : a->adapter ? "base" : "none";
     if (!a->json) {
         printf("%-17s %.0f\n%-17s %s\n", "pairs", n, "reference", refname);
         printf("%-17s %.4f\n%-17s %.6f\n", "accuracy", sums[FT_PREF_ACCURACY] / n, "loss",
                sums[FT_PREF_LOSS] / n);
-        for (int k = FT_PREF_REWARD_CHOSEN; k < FT_PREF_PAIRS; k++)
-            if (k != FT_PREF_ACCURACY)
+        for (int k = FT_PREF_REWARD_CHOSEN; k < end; k++)
+            if (k != FT_PREF_ACCURACY && k != FT_PREF_PAIRS)
                 printf("%-17s %.6f\n", ft_pref_metric_names[k], sums[k] / n);
         goto out;
     }
@@ -677,9 +704,11 @@ static int run_pref(const args *a, ft_comm *comm)
     int bad = !j || json_object_set_new(j, "pairs", json_integer((json_int_t)n)) ||
               json_object_set_new(j, "reference", json_string(refname)) ||
               json_object_set_new(j, "beta", json_real(a->beta)) ||
+              json_object_set_new(j, "objective", json_string(a->orpo ? "orpo" : "dpo")) ||
               json_object_set_new(j, "accuracy", num(sums[FT_PREF_ACCURACY] / n));
-    for (int k = FT_PREF_LOSS; !bad && k < FT_PREF_PAIRS; k++)
-        bad = json_object_set_new(j, ft_pref_metric_names[k], num(sums[k] / n));
+    for (int k = FT_PREF_LOSS; !bad && k < end; k++)
+        if (k != FT_PREF_PAIRS)
+            bad = json_object_set_new(j, ft_pref_metric_names[k], num(sums[k] / n));
     char *text = bad ? NULL : json_dumps(j, 0);
     json_decref(j);
     if (!text) {

@@ -281,6 +281,7 @@ void ft_engine_free(ft_engine *e)
     ft_free(&e->host, e->host_master);
     ft_free(&e->host, e->host_grad);
     if (e->m) {
+        engine_ref_free(e);
         dp_free(e);
         pipe_free(e);
         if (!e->whole) {
@@ -431,9 +432,6 @@ int ft_engine_step_objective(ft_engine *e, const ft_objective *obj, const ft_lr_
                              const ft_batch *micro, int n_micro, double max_grad_norm,
                              ft_step_stats *st, ft_err *err)
 {
-    if (obj && is_pipeline(e))
-        return ft_fail(err, "dist.strategy model_parallel does not work with a preference "
-                            "objective yet (train.objective dpo): use none, ddp, zero or fsdp");
     double t0 = now_s();
     ft_comm_stats comm0;
     ft_comm_stats_get(e->comm, &comm0);
@@ -453,7 +451,9 @@ int ft_engine_step_objective(ft_engine *e, const ft_objective *obj, const ft_lr_
     double loss = 0;
     for (int i = 0; i < n_micro; i++) {
         double sum;
-        if (is_pipeline(e) && e->o.pipeline_chunks > 1) {
+        /* (an objective runs its own GPipe chunks: its loss needs every row's forward
+         * before the first backward; train/pref.h) */
+        if (!obj && is_pipeline(e) && e->o.pipeline_chunks > 1) {
             if (gpipe(e, &micro[i], tokens, &sum, err))
                 return ft_fail_prefix(err, "micro-batch %d", i);
             loss += sum;

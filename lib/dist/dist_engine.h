@@ -132,9 +132,21 @@ int ft_engine_opt_step(const ft_engine *e);
 int ft_engine_step(ft_engine *e, const ft_lr_schedule *sched, const ft_batch *micro,
                    int n_micro, double max_grad_norm, ft_step_stats *st, ft_err *err);
 
+/* DPO from a starting adapter (train/pref.h): keep_reference keeps the trainables' values
+ * as they are now (the compute copies this rank's forward reads: the whole replica, the
+ * zero2 copy, the zero3 / fsdp shard, the pipeline stage's; adapter-sized, or its shard,
+ * in the weights category, and as much workspace for the policy's while swapped);
+ * use_reference(true) puts them in place of the policy's for a forward, (false) puts the
+ * policy's back. Collective under zero3 / fsdp only through the forward between them. */
+int ft_engine_keep_reference(ft_engine *e, ft_err *err);
+int ft_engine_use_reference(ft_engine *e, bool on, ft_err *err);
+
 /* The same step with another objective (train_step.h; NULL: the token loss): its loss is
- * averaged over the global batch's count (pairs). Not under model_parallel (refused):
- * the objective needs the whole model on the rank. */
+ * averaged over the global batch's count (pairs). Under model_parallel every stage runs
+ * the objective in step (its forwards and backward pass the residual stream along, the
+ * stage with the head computes the loss; others report 0) and the objective splits a
+ * micro-batch into GPipe chunks itself (train/pref.h chunks): the engine's gpipe is for
+ * the token loss. */
 int ft_engine_step_objective(ft_engine *e, const ft_objective *obj, const ft_lr_schedule *sched,
                              const ft_batch *micro, int n_micro, double max_grad_norm,
                              ft_step_stats *st, ft_err *err);

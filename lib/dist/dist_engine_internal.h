@@ -141,6 +141,8 @@ struct ft_engine {
     ft_comm_stats step_comm;
     FILE *profile;
     double rank_loss;
+
+    struct engine_ref *ref; /* DPO's kept reference adapter (dist_ref.c), or NULL */
 };
 
 /* Buffers on the engine's device (dist_engine.c). fp32: zeroed (n elements), dst += src.
@@ -156,6 +158,9 @@ float *engine_alloc(ft_engine *e, ft_mem_cat cat, size_t n, bool cdt, bool *oom)
 float *engine_compute_copy(ft_engine *e, float *master, size_t n, bool *oom);
 void engine_free_compute_copy(ft_engine *e, float *master, float *copy);
 void engine_refresh_compute(ft_engine *e);
+
+/* dist_ref.c */
+void engine_ref_free(ft_engine *e);
 
 /* dist_dp.c */
 int dp_setup(ft_engine *e, const char *adapter_dir, ft_err *err);

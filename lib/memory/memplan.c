@@ -381,7 +381,8 @@ static void plan_pipeline(ft_memplan_result *r, const planner *p, const act_spec
     }
     first[W] = U;
     /* GPipe chunks of the micro-batch's rows: k chunks of `rows` rows, the last smaller */
-    int B = r->batch_size, k = chunks > 1 ? (chunks < B ? chunks : B) : 1;
+    int B = r->batch_size * (r->pref ? 2 : 1); /* DPO, ORPO: chosen + rejected rows */
+    int k = chunks > 1 ? (chunks < B ? chunks : B) : 1;
     int rows = (B + k - 1) / k;
     k = (B + rows - 1) / rows;
     size_t T = (size_t)r->seq_len;
@@ -415,6 +416,13 @@ static void plan_pipeline(ft_memplan_result *r, const planner *p, const act_spec
                 b[FT_MEM_WORKSPACE] = act_bytes(&ws, 4);
         }
         b[FT_MEM_WORKSPACE] += 4 * (qwin + qabs);
+        if (r->pref_ref_stage) { /* DPO's starting values: the stage's part, kept */
+            size_t kept = 4 * nt;
+            if (mc->tie_word_embeddings && W > 1 && rank == W - 1 && span.first > 0)
+                kept += 4 * p->unit_train[0];
+            b[FT_MEM_WEIGHTS] += kept;
+            b[FT_MEM_WORKSPACE] += kept;
+        }
     }
     r->pipe_stages = W;
 }
@@ -499,7 +507,7 @@ size_t ft_memplan_cpu_rank(const ft_memplan_result *r, ft_plan_row_id row, int r
     if (host)
         *host = (r->offload ? 16 * own : 0) + (off_p ? 4 * sf + qs : 0);
     for (int c = 0; c < FT_MEM_NCAT; c++) /* DPO's reference: the same on every rank */
-        bytes[c] += r->pref_ref[c];
+        bytes[c] += r->pref_ref_adapter && z3 && r->pref_ref[c] ? 4 * st : r->pref_ref[c];
     size_t total = 0;
     for (int c = 0; c < FT_MEM_NCAT; c++)
         total += bytes[c];
@@ -724,6 +732,7 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
     r->cpu_workspace = act_bytes(&ws, 4);
     if (cfg->train.objective == FT_CFG_OBJECTIVE_DPO) { /* DPO's reference (memplan.h) */
         size_t gpu_ref[FT_MEM_NCAT] = {0};
+        r->pref_ref_stage = pmode == MODE_FULL || cfg->tuning.lora.init_adapter[0];
         if (pmode == MODE_FULL) {
             act_counts ract, rws;
             act_spec rsp = {.grad_ckpt = true, .loss_chunk = sp.loss_chunk};
@@ -736,10 +745,15 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
         } else if (cfg->tuning.lora.init_adapter[0]) {
             r->pref_ref[FT_MEM_WEIGHTS] = r->pref_ref[FT_MEM_WORKSPACE] = 4 * r->n_trainable;
             gpu_ref[FT_MEM_WEIGHTS] = gpu_ref[FT_MEM_WORKSPACE] = h * r->n_trainable;
+            r->pref_ref_adapter = true;
         }
-        for (int i = FT_PLAN_GPU_1; i < FT_PLAN_NROWS; i++)
-            for (int c = 0; c < FT_MEM_NCAT; c++)
-                r->rows[i].bytes[c] += gpu_ref[c];
+        for (int i = FT_PLAN_GPU_1; i < FT_PLAN_NROWS; i++) {
+            bool shard = r->pref_ref_adapter &&
+                         (i == FT_PLAN_GPU_ZERO3 || i == FT_PLAN_GPU_FSDP);
+            for (int c = 0; c < FT_MEM_NCAT; c++) /* (zero3 / fsdp: the adapter's shard) */
+                r->rows[i].bytes[c] += shard && gpu_ref[c] ? h * ceil_div(r->n_trainable, N)
+                                                           : gpu_ref[c];
+        }
     }
     if (mc->num_experts > 0 && mc->output_router_logits) { /* model.c: aux counts, psum, dp */
         r->cpu_workspace += 3 * 4 * (size_t)mc->num_experts;

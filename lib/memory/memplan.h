@@ -114,7 +114,10 @@
  * activations of its inference forward (one layer set shared by the layers, every
  * layer's input, the head; no backward scratch), and, with LoRA from
  * tuning.lora.init_adapter, the starting adapter and a scratch for the policy's (4 Pt
- * weights + 4 Pt workspace; h Pt each on the GPU rows). */
+ * weights + 4 Pt workspace; h Pt each on the GPU rows; under zero3 / fsdp the rank's
+ * shard of Pt, on a model_parallel stage its own trainables and a tied embedding's copy:
+ * what each rank's forward reads); under model_parallel full fine-tuning's reference is,
+ * the same way, each stage's own trainables kept (4 + 4 bytes each), not a frozen copy. */
 #ifndef FT_MEMPLAN_H
 #define FT_MEMPLAN_H
 
@@ -200,6 +203,11 @@ typedef struct ft_memplan_result {
     size_t cpu_activations, cpu_workspace; /* bytes, the same on every data-parallel rank */
     bool pref;               /* train.objective dpo: 2 batch_size rows a micro-batch */
     size_t pref_ref[FT_MEM_NCAT]; /* cpu rows: what DPO's reference adds on each rank */
+    bool pref_ref_adapter;   /* it is the starting adapter: per rank what its forward
+                              * reads (zero3 / fsdp its shard, a pipeline stage its part) */
+    bool pref_ref_stage;     /* cpu-mp: each stage keeps its trainables' starting values
+                              * (the starting adapter's part; in full fine-tuning its part
+                              * of the base, in place of the frozen whole copy) */
     int pipe_stages;         /* cpu-mp: world_size when the engine can split the model into
                               * that many stages (at most FT_PLAN_MAX_STAGES), else 0 */
     size_t pipe_bytes[FT_PLAN_MAX_STAGES][FT_MEM_NCAT]; /* each stage's bytes */

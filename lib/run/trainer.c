@@ -227,7 +227,8 @@ static int setup_model(trainer *t, const ft_dist_options *dopt, ft_err *err)
                        "model is not supported yet (TRL adds the router's load-balancing "
                        "loss to the preference loss; use sft)",
                        t->model_dir, t->orpo ? "orpo" : "dpo");
-    if (t->pref && !t->orpo && mo.mode == FT_TRAIN_FULL) {
+    if (t->pref && !t->orpo && mo.mode == FT_TRAIN_FULL &&
+        dopt->strategy != FT_STRATEGY_PIPELINE) {
         /* the DPO reference of a full fine-tuning: the base, frozen, beside the policy */
         ft_model_options ro = {.mode = FT_TRAIN_NONE,
                                .device = mo.device,
@@ -319,6 +320,11 @@ static int run_eval_pref(trainer *t, ft_err *err)
     ft_model_set_training(t->m, true);
     if (rc)
         return ft_fail_prefix(err, "evaluation");
+    /* every rank evaluated the whole set in step; model_parallel's sums are on its last
+     * stage */
+    if (t->world > 1 && ft_comm_broadcast(t->comm, sums, FT_PREF_NSUM, FT_COMM_F64,
+                                          ft_engine_loss_rank(t->eng), err))
+        return -1;
     double v[FT_PREF_NSUM];
     for (int k = 0; k < FT_PREF_NSUM; k++)
         v[k] = sums[k] / sums[FT_PREF_PAIRS];
@@ -895,7 +901,8 @@ static int pref_step(trainer *t, double max_norm, ft_step_stats *st, ft_err *err
     if (ft_engine_step_objective(t->eng, &obj, &t->sched, t->mb, t->accum, max_norm, st, err))
         return -1;
     double *sums = t->pref_obj.sums;
-    if (ft_engine_data_world(t->eng) > 1 &&
+    /* (model_parallel: the stage with the head holds them, the others zeros) */
+    if (t->world > 1 &&
         ft_comm_allreduce(t->comm, sums, FT_PREF_NSUM, FT_COMM_F64, FT_COMM_SUM, err))
         return -1;
     if (!st->nonfinite)
@@ -1101,9 +1108,7 @@ static int check_objective(trainer *t, const ft_dist_options *dopt, ft_err *err)
     if (ft_pref_check(&po, err))
         return -1;
     const char *name = orpo ? "orpo" : "dpo";
-    if (dopt->strategy == FT_STRATEGY_PIPELINE)
-        return ft_fail(err, "config: train.objective = %s does not work with dist.strategy "
-                            "model_parallel yet (none, ddp, zero1-3 and fsdp do)", name);
+    bool pipeline = dopt->strategy == FT_STRATEGY_PIPELINE;
     if (c->predict_with_generate)
         return ft_fail(err, "config: train.predict_with_generate does not work with "
                             "train.objective = %s (its evaluation reports preference accuracy)",
@@ -1118,7 +1123,16 @@ static int check_objective(trainer *t, const ft_dist_options *dopt, ft_err *err)
     t->pref = true;
     t->orpo = orpo;
     ft_pref_objective_init(&t->pref_obj, &po, NULL);
+    if (pipeline) { /* (pref.h: the objective's own GPipe chunks; stages without the head) */
+        t->pref_obj.chunks = dopt->pipeline_chunks;
+        t->pref_obj.no_loss = t->rank != t->world - 1;
+    }
     return 0;
+}
+
+static int use_engine_reference(void *ctx, bool on, ft_err *err)
+{
+    return ft_engine_use_reference(ctx, on, err);
 }
 
 static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
@@ -1178,9 +1192,17 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
         return -1;
     t->pref_obj.ref = t->ref;
     /* DPO from an adapter: the reference is that adapter as it starts (TRL's "ref" copy) */
-    if (t->pref && !t->orpo && c->tuning.mode != FT_TUNING_FULL && c->tuning.lora.init_adapter[0] &&
-        ft_pref_objective_keep_adapter(&t->pref_obj, t->m, err))
-        return ft_fail_prefix(err, "train.objective dpo with tuning.lora.init_adapter");
+    /* DPO from a starting adapter, and DPO in full fine-tuning under model_parallel (each
+     * stage keeps its own part of the base: no whole second model on a stage) */
+    bool keep = c->tuning.mode == FT_TUNING_FULL ? dopt.strategy == FT_STRATEGY_PIPELINE
+                                                 : c->tuning.lora.init_adapter[0] != '\0';
+    if (t->pref && !t->orpo && keep) {
+        /* (kept by the engine: the values each rank's forward reads, whole or its shard) */
+        if (ft_engine_keep_reference(t->eng, err))
+            return ft_fail_prefix(err, "the DPO reference");
+        t->pref_obj.use_ref = use_engine_reference;
+        t->pref_obj.use_ref_ctx = t->eng;
+    }
     if (t->gen_records.n)
         ft_gen_eos_ids(ft_model_cfg(t->m), t->data.tok, &t->gen);
     stamp_of(t, &t->state.stamp);

@@ -110,9 +110,9 @@ int ft_pref_objective_keep_adapter(ft_pref_objective *p, ft_model *m, ft_err *er
     size_t n;
     const void *c = lora_compute(m, &n);
     if (!c || !n)
-        return ft_fail(err, "a DPO reference adapter needs the LoRA weights whole on every rank "
-                            "(dist.strategy none, ddp or zero1; not zero2, zero3 or fsdp, "
-                            "whose LoRA weights are bound unit by unit)");
+        return ft_fail(err, "a DPO reference adapter kept from the model needs its LoRA "
+                            "weights whole and bound (the trainer keeps one through its "
+                            "engine, ft_engine_keep_reference)");
     int dev = (int)ft_model_device(m);
     p->lora_bytes = n * (ft_model_dtype(m) == FT_BF16 ? 2 : 4);
     p->lora_model = m;
@@ -170,6 +170,61 @@ static double count_pairs(void *ctx, const ft_batch *b)
     return (double)(b->B / 2);
 }
 
+/* The GPipe chunks of R rows (dist_engine.c gpipe's split): *rows each, the last
+ * smaller; returns their count (1: no split). */
+static int chunk_rows(const ft_pref_objective *p, int R, int *rows)
+{
+    int k = p->chunks < R ? p->chunks : R;
+    if (k <= 1) {
+        *rows = R;
+        return 1;
+    }
+    *rows = (R + k - 1) / k;
+    return (R + *rows - 1) / *rows;
+}
+
+/* ft_model_forward_split over b's rows, chunk by chunk (pref.h chunks). */
+static int pass_forward(ft_pref_objective *p, ft_model *m, const ft_batch *b,
+                        const int32_t *split, double *pre, double *nll, ft_err *err)
+{
+    int rows, k = chunk_rows(p, b->B, &rows);
+    if (k == 1)
+        return ft_model_forward_split(m, b, split, pre, nll, err);
+    for (int c = 0; c < k; c++) {
+        size_t r0 = (size_t)c * (size_t)rows, off = r0 * (size_t)b->T;
+        ft_batch ch = {c + 1 < k ? rows : b->B - c * rows, b->T, b->input_ids + off,
+                       b->labels + off, NULL};
+        ft_model_use_activation_slot(m, c);
+        int rc = ft_model_forward_split(m, &ch, split ? split + r0 : NULL, pre ? pre + r0 : NULL,
+                                        nll + r0, err);
+        if (rc) {
+            ft_model_use_activation_slot(m, 0);
+            return ft_fail_prefix(err, "chunk %d forward", c);
+        }
+    }
+    return 0;
+}
+
+/* ft_model_backward_split of the last pass_forward, its chunks in reverse order. */
+static int pass_backward(ft_pref_objective *p, ft_model *m, int R, const int32_t *split,
+                         const float *scale_pre, const float *scale, ft_err *err)
+{
+    int rows, k = chunk_rows(p, R, &rows);
+    if (k == 1)
+        return ft_model_backward_split(m, split, scale_pre, scale, err);
+    int rc = 0;
+    for (int c = k - 1; c >= 0 && rc == 0; c--) {
+        size_t r0 = (size_t)c * (size_t)rows;
+        ft_model_use_activation_slot(m, c);
+        rc = ft_model_backward_split(m, split ? split + r0 : NULL,
+                                     scale_pre ? scale_pre + r0 : NULL, scale + r0, err);
+        if (rc)
+            rc = ft_fail_prefix(err, "chunk %d backward", c);
+    }
+    ft_model_use_activation_slot(m, 0);
+    return rc;
+}
+
 /* The sequences' log-probabilities under the policy (logp) and the reference (ref), and
  * each row's completion tokens (TRL's completion_mask sum, for ipo). */
 static int forwards(ft_pref_objective *p, ft_model *m, const ft_batch *b, double *logp,
@@ -189,22 +244,29 @@ static int forwards(ft_pref_objective *p, ft_model *m, const ft_batch *b, double
         memset(ref, 0, R * sizeof *ref);
     } else if (p->ref) {
         rc = ft_model_forward_rows(p->ref, b, ref, err);
+    } else if (p->use_ref) {
+        rc = p->use_ref(p->use_ref_ctx, true, err);
+        if (rc == 0) {
+            rc = pass_forward(p, m, b, NULL, NULL, ref, err);
+            if (p->use_ref(p->use_ref_ctx, false, rc ? NULL : err))
+                rc = -1;
+        }
     } else if (p->ref_lora) {
         rc = swap_adapter(p, m, true, err);
         if (rc == 0) {
-            rc = ft_model_forward_rows(m, b, ref, err);
+            rc = pass_forward(p, m, b, NULL, NULL, ref, err);
             if (swap_adapter(p, m, false, rc ? NULL : err))
                 rc = -1;
         }
     } else {
         rc = ft_model_set_adapter(m, false, err);
         if (rc == 0)
-            rc = ft_model_forward_rows(m, b, ref, err);
+            rc = pass_forward(p, m, b, NULL, NULL, ref, err);
         ft_model_set_adapter(m, true, NULL);
     }
     if (rc)
         return ft_fail_prefix(err, "reference forward");
-    if (ft_model_forward_rows(m, b, logp, err))
+    if (pass_forward(p, m, b, NULL, NULL, logp, err))
         return -1;
     for (size_t r = 0; r < R; r++) { /* the sums were of -log p */
         logp[r] = -logp[r];
@@ -223,13 +285,16 @@ static int run_pairs(void *ctx, ft_model *m, const ft_batch *b, double total, do
     double *logp = p->buf, *ref = p->buf + R, *g = p->buf + 2 * R;
     if (forwards(p, m, b, logp, ref, err))
         return -1;
-    *loss_sum = ft_dpo_loss(&p->o, (int)P, logp, logp + P, ref, ref + P, p->ntok, p->ntok + P,
-                            g, g + P, p->sums);
+    *loss_sum = 0;
+    memset(g, 0, R * sizeof *g);
+    if (!p->no_loss)
+        *loss_sum = ft_dpo_loss(&p->o, (int)P, logp, logp + P, ref, ref + P, p->ntok,
+                                p->ntok + P, g, g + P, p->sums);
     /* row r's nll = -logp_r: the gradient of sum_r g_r logp_r / total is the
      * cross-entropy's with scale -g_r / total */
     for (size_t r = 0; r < R; r++)
         p->scale[r] = (float)(-g[r] / total);
-    return ft_model_backward_rows(m, p->scale, err);
+    return pass_backward(p, m, b->B, NULL, NULL, p->scale, err);
 }
 
 /* ---- ORPO ---- */
@@ -280,7 +345,7 @@ static int orpo_forward(ft_pref_objective *p, ft_model *m, const ft_batch *b, do
     }
     ft_batch full = {b->B, b->T, b->input_ids, p->labels, NULL};
     double *pre = p->buf + 3 * R, *comp = p->buf + 4 * R;
-    if (ft_model_forward_split(m, &full, p->split, pre, comp, err))
+    if (pass_forward(p, m, &full, p->split, pre, comp, err))
         return -1;
     double sum = 0, tok = 0;
     for (size_t r = 0; r < R; r++) {
@@ -340,16 +405,18 @@ static int run_orpo(void *ctx, ft_model *m, const ft_batch *b, double total, dou
     double *lp = p->buf, *g = p->buf + R, nll;
     if (orpo_forward(p, m, b, lp, &nll, err))
         return -1;
-    *loss_sum = orpo_loss(p, P, lp, nll, g, p->sums);
+    /* (a stage without the head: no log-probability, nothing to add; its scales are
+     * unread) */
+    *loss_sum = p->no_loss ? 0 : orpo_loss(p, P, lp, nll, g, p->sums);
     /* row r's completion nll = -ntok lp: d/d nll = -g / ntok; the chosen rows' prompt and
      * completion tokens also carry the NLL term's 1 / tokens */
     float *sc = p->scale, *sp = p->scale + R;
     for (size_t r = 0; r < R; r++) {
         double t = r < P ? 1.0 / p->orpo_tok : 0.0;
-        sc[r] = (float)((t - g[r] / (double)p->ntok[r]) / total);
-        sp[r] = (float)(t / total);
+        sc[r] = p->no_loss ? 0.0f : (float)((t - g[r] / (double)p->ntok[r]) / total);
+        sp[r] = p->no_loss ? 0.0f : (float)(t / total);
     }
-    return ft_model_backward_split(m, p->split, sp, sc, err);
+    return pass_backward(p, m, b->B, p->split, sp, sc, err);
 }
 
 ft_objective ft_pref_objective_of(ft_pref_objective *p)
@@ -365,16 +432,23 @@ int ft_pref_eval_batch(ft_pref_objective *p, ft_model *m, const ft_batch *b, dou
     size_t R = (size_t)b->B, P = R / 2;
     if (reserve(p, R, err))
         return -1;
+    /* evaluation keeps no activation for a backward: whole micro-batches, no chunks */
+    int chunks = p->chunks;
+    p->chunks = 1;
+    int rc;
     if (p->o.loss == FT_PREF_ORPO) {
         double nll;
-        if (orpo_forward(p, m, b, p->buf, &nll, err))
-            return -1;
-        orpo_loss(p, P, p->buf, nll, NULL, sums);
-        return 0;
+        rc = orpo_forward(p, m, b, p->buf, &nll, err);
+        p->chunks = chunks;
+        if (rc == 0 && !p->no_loss)
+            orpo_loss(p, P, p->buf, nll, NULL, sums);
+        return rc;
     }
     double *logp = p->buf, *ref = p->buf + R;
-    if (forwards(p, m, b, logp, ref, err))
-        return -1;
+    rc = forwards(p, m, b, logp, ref, err);
+    p->chunks = chunks;
+    if (rc || p->no_loss)
+        return rc;
     ft_dpo_loss(&p->o, (int)P, logp, logp + P, ref, ref + P, p->ntok, p->ntok + P, NULL, NULL,
                 sums);
     return 0;

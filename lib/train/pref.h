@@ -19,10 +19,13 @@
  * its adapter switched off for one forward (no second copy of the weights; TRL given a
  * peft_config); with LoRA from an adapter (tuning.lora.init_adapter) that adapter as it
  * was at the start (TRL's frozen "ref" copy of a PeftModel's adapter): the LoRA weights
- * are kept (ft_pref_objective_keep_adapter, adapter-sized) and put in place of the
- * policy's for the reference forward; in full fine-tuning a frozen copy of the base model
- * loaded beside the policy (ref; TRL loads the same). Either way the reference forward
- * keeps no activation past itself: the policy's forward reuses the same buffers. */
+ * are kept (ft_pref_objective_keep_adapter, adapter-sized; in the trainer by its engine,
+ * each rank what its forward reads: the whole adapter, or its zero3 / fsdp shard, or its
+ * pipeline stage's part) and put in place of the policy's for the reference forward; in
+ * full fine-tuning a frozen copy of the base model loaded beside the policy (ref; TRL
+ * loads the same; under model_parallel each stage keeps its own part of the base through
+ * the engine instead, use_ref). Either way the reference forward keeps no activation past
+ * itself: the policy's forward reuses the same buffers. */
 #ifndef FT_PREF_H
 #define FT_PREF_H
 
@@ -108,12 +111,27 @@ typedef struct ft_pref_objective {
     size_t lora_bytes;
     ft_model *lora_model;
     bool ref_free; /* no reference: its log-probabilities are 0 (ft-eval without one) */
+    /* or the reference adapter kept elsewhere (the trainer's engine under every
+     * dist.strategy, dist_engine.h ft_engine_keep_reference): use_ref(ctx, true) puts
+     * it in place of the policy's LoRA weights, (false) puts theirs back */
+    int (*use_ref)(void *ctx, bool on, ft_err *err);
+    void *use_ref_ctx;
+    /* dist.strategy model_parallel: a training micro-batch's forwards and backward in
+     * GPipe chunks of its rows as lib/dist/dist_engine.c's gpipe splits them (chunks > 1,
+     * each in its own activation slot; the loss needs every row's log-probability, so
+     * every chunk's forward runs before the first backward); no_loss: this rank is a
+     * stage without the head, which computes no log-probability: it runs the same
+     * forwards and backward (sending and receiving the residual stream) but adds nothing
+     * to the loss or the metric sums. */
+    int chunks;
+    bool no_loss;
 } ft_pref_objective;
 
 void ft_pref_objective_init(ft_pref_objective *p, const ft_pref_options *o, ft_model *ref);
 void ft_pref_objective_free(ft_pref_objective *p);
 /* The reference is m's LoRA weights as they are now (a LoRA model whose whole trainable
- * buffer is bound: dist.strategy none, ddp or zero1; refused under zero2, zero3 and fsdp). */
+ * buffer is bound: one process, as ft-eval and the harness run it; the trainer keeps them
+ * through its engine under every dist.strategy, use_ref above). */
 int ft_pref_objective_keep_adapter(ft_pref_objective *p, ft_model *m, ft_err *err);
 ft_objective ft_pref_objective_of(ft_pref_objective *p);
 

@@ -246,7 +246,6 @@ def test_dpo_resume_is_bitwise(workdir):
 
 @pytest.mark.parametrize("sets,needle", [
     (["train.objective=orpo", "train.pref.loss_type=ipo"], "train.pref.loss_type"),
-    (["dist.strategy=model_parallel"], "model_parallel"),
     (["data.packing=true"], "data.packing"),
     (["train.pref.label_smoothing=0.1"], "train.pref.label_smoothing"),
     (["train.pref.loss_type=robust", "train.pref.label_smoothing=0.5"],

@@ -7,14 +7,15 @@ get_batch_loss_metrics on the same batch (its concatenated chosen/rejected input
   log_odds_ratio, log_odds_chosen): 1e-5 relative;
 - the gradient of every trainable parameter (LoRA, full): 1e-4;
 - five AdamW steps on TRL's loss: every trainable weight 1e-5;
-LoRA and full fine-tuning, and the pairs split into two micro-batches (TRL: the loss of
-each micro-batch divided by the accumulation steps)."""
+LoRA, QLoRA (NF4 base quantized on load; TRL on a model holding the dequantized weights,
+as test_dpo.py and test_qlora.py compare) and full fine-tuning, and the pairs split into
+two micro-batches (TRL: the loss of each micro-batch divided by the accumulation steps)."""
 
 import pytest
 import torch
 
 import ftref
-from test_dpo import pref_batch
+from test_dpo import dequantized_dir, pref_batch
 
 METRICS = ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
            "logps/chosen", "logps/rejected", "nll_loss", "log_odds_ratio", "log_odds_chosen"]
@@ -58,10 +59,16 @@ RUNS = [
     dict(id="lora-beta", model="qwen2", adapter="qv", beta=0.5),
     dict(id="full", model="llama_gqa", adapter=None, beta=0.1),
     dict(id="lora-accum2", model="llama_gqa", adapter="no_k", beta=0.2, grad_accum=2, P=4),
+    dict(id="qlora", model="llama_gqa", adapter="no_k", beta=0.1,
+         quant=dict(type="nf4", blocksize=64, double_quant=True)),
+    dict(id="qlora-accum2", model="qwen2", adapter="qv", beta=0.3, grad_accum=2, P=4,
+         quant=dict(type="nf4", blocksize=64, double_quant=False)),
 ]
 
 
-def _build(store, run, tmp):
+def _build(store, run, tmp, trl_model_dir=None):
+    """The batch, the harness spec and TRL's trainer (on trl_model_dir when given: the
+    dequantized weights of a QLoRA run)."""
     P = run.get("P", 3)
     import test_dpo
     test_dpo.P = P
@@ -71,8 +78,10 @@ def _build(store, run, tmp):
     ids, am, cm, labels = pref_batch(vocab, shape.T, shape.seed)
     if run["adapter"]:
         adapter_dir = store.adapter(run["model"], run["adapter"], seed=4)
-        m = ftref.lora_mode_model(model_dir, adapter_dir)
+        m = ftref.lora_mode_model(trl_model_dir or model_dir, adapter_dir)
         spec = dict(model_dir=model_dir, adapter_dir=adapter_dir, mode="lora")
+        if run.get("quant"):
+            spec["quant"] = run["quant"]
         key = ftref.peft_key
     else:
         m = ftref.full_mode_model(model_dir)
@@ -102,7 +111,10 @@ class Case:
 def case(request, store, ft, tmp_path_factory):
     run = request.param
     c = Case()
-    spec, tr, batches, key = _build(store, run, tmp_path_factory.mktemp("orpo"))
+    deq_dir = None
+    if run.get("quant"):
+        deq_dir = dequantized_dir(store, run, ft, tmp_path_factory.mktemp("dequant"))
+    spec, tr, batches, key = _build(store, run, tmp_path_factory.mktemp("orpo"), deq_dir)
     c.loss, c.metrics = trl_loss(tr, batches)
     tr.model.zero_grad(set_to_none=True)
     c.loss.backward()
@@ -126,11 +138,14 @@ TRAIN = dict(steps=5, lr=1e-2, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01,
              warmup_steps=2, scheduler="cosine", max_grad_norm=1.0)
 
 
-@pytest.mark.parametrize("run", [RUNS[0], RUNS[2]], ids=lambda r: r["id"])
+@pytest.mark.parametrize("run", [RUNS[0], RUNS[2], RUNS[4]], ids=lambda r: r["id"])
 def test_orpo_five_steps(run, store, ft, tmp_path_factory):
     from transformers import get_cosine_schedule_with_warmup
 
-    spec, tr, batches, key = _build(store, run, tmp_path_factory.mktemp("orpo5"))
+    deq_dir = None
+    if run.get("quant"):
+        deq_dir = dequantized_dir(store, run, ft, tmp_path_factory.mktemp("dequant5"))
+    spec, tr, batches, key = _build(store, run, tmp_path_factory.mktemp("orpo5"), deq_dir)
     train = dict(TRAIN, lr=1e-2 if run["adapter"] else 1e-3)
     named = trainable_params(tr, key)
     params = [p for _, p in named]

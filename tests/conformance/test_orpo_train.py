@@ -127,7 +127,6 @@ def test_orpo_metrics_in_tensorboard(orpo_data):
 @pytest.mark.parametrize("sets,needle", [
     (["train.pref.loss_type=ipo"], "train.pref.loss_type"),
     (["train.pref.label_smoothing=0.1"], "label_smoothing"),
-    (["dist.strategy=model_parallel"], "model_parallel"),
 ])
 def test_orpo_refusals(orpo_data, sets, needle):
     cfg = write_config(orpo_data, "run-orpo-refused", "orpo_strings", objective="orpo")
@@ -140,3 +139,66 @@ def test_orpo_drops_a_pair_without_answer(orpo_data):
     and counted."""
     out = train(write_config(orpo_data, "run-orpo-drop", "strings", objective="orpo"))
     assert "4 preference pairs" in out.stderr and "1 whose prompt fills" in out.stderr
+
+
+@pytest.mark.parametrize("data", ["orpo_strings", "chat"])
+def test_ft_eval_orpo_matches_trl_evaluate(orpo_data, data):
+    """ft-eval --preference --objective orpo on a trained adapter against TRL's
+    ORPOTrainer.evaluate() with the same adapter (batches of 2 pairs, all full: TRL
+    averages each batch's metrics, ft-eval weights them by their pairs)."""
+    from datasets import Dataset
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl.experimental.orpo import ORPOConfig, ORPOTrainer
+
+    d = orpo_data
+    name = f"run-orpo-eval-{data}"
+    out = train(write_config(d, name, data, "lora", objective="orpo", learning_rate=1e-2,
+                             pref=dict(beta=0.2)))
+    final = d / name / "final"
+    rows = [json.loads(x) for x in (d / f"{data}.jsonl").read_text().splitlines()]
+    rows = rows[:len(rows) // 2 * 2]
+    (d / f"{data}-even.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = subprocess.run([os.environ["FT_EVAL"], "--model", str(d / "model"), "--adapter",
+                          str(final), "--data", str(d / f"{data}-even.jsonl"), "--preference",
+                          "--objective", "orpo", "--json", "--beta", "0.2", "--max-seq-len",
+                          str(MAXLEN), "--batch-size", "2"], capture_output=True, text=True)
+    assert res.returncode == 0, out.stderr + res.stderr
+    ours = json.loads(res.stdout)
+    tok = AutoTokenizer.from_pretrained(d / "model")
+    base = AutoModelForCausalLM.from_pretrained(d / "model", dtype=torch.float32,
+                                                attn_implementation="eager")
+    model = PeftModel.from_pretrained(base, str(final))
+    args = ORPOConfig(output_dir=str(d / f"trl-orpo-eval-{data}"), report_to=[], use_cpu=True,
+                      bf16=False, gradient_checkpointing=False, per_device_eval_batch_size=2,
+                      max_length=MAXLEN, beta=0.2)
+    tr = ORPOTrainer(model=model, args=args, processing_class=tok,
+                     train_dataset=Dataset.from_list(rows), eval_dataset=Dataset.from_list(rows))
+    ref = tr.evaluate()
+    assert ours["pairs"] == len(rows) and ours["objective"] == "orpo"
+    assert ours["reference"] == "none (orpo)"
+    assert ours["accuracy"] == ref["eval_rewards/accuracies"]
+    ftref.assert_close("eval loss", torch.tensor(ours["loss"]), torch.tensor(ref["eval_loss"]),
+                       ftref.TOL_LOSSES)
+    scale = 0.2 * max(abs(ref["eval_logps/chosen"]), abs(ref["eval_logps/rejected"]))
+    for k in METRICS:
+        a, b = ours[k], ref["eval_" + k]
+        if k == "rewards/accuracies":
+            assert a == b
+        elif k in ("rewards/margins", "log_odds_chosen"):
+            err = abs(a - b) / (scale if k.startswith("rewards") else scale / 0.2)
+            assert err <= ftref.TOL_LOSSES, (k, a, b)
+        else:
+            ftref.assert_close(k, torch.tensor(a), torch.tensor(b), ftref.TOL_LOSSES)
+
+
+def test_ft_eval_objective_refusals(orpo_data):
+    d = orpo_data
+    base = [os.environ["FT_EVAL"], "--model", str(d / "model"), "--data",
+            str(d / "orpo_strings.jsonl")]
+    for extra, needle in [(["--objective", "orpo"], "--objective needs --preference"),
+                          (["--preference", "--objective", "kto"], "not dpo or orpo"),
+                          (["--preference", "--objective", "orpo", "--reference",
+                            str(d / "model")], "ORPO has no reference")]:
+        res = subprocess.run(base + extra, capture_output=True, text=True)
+        assert res.returncode == 2 and needle in res.stderr, (extra, res.stderr)
