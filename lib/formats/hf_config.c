@@ -452,8 +452,13 @@ static const model_defaults *find_model_type(const char *path, const json_t *roo
     for (size_t i = 0; i < sizeof MODEL_DEFAULTS / sizeof MODEL_DEFAULTS[0]; i++)
         if (strcmp(type, MODEL_DEFAULTS[i].model_type) == 0)
             return &MODEL_DEFAULTS[i];
-    ft_fail(err, "%s: 'model_type': '%.64s' is not supported (supported: " SUPPORTED_TYPES ")",
-            path, type);
+    if (strcmp(type, "qwen2_moe") == 0) /* (Qwen1.5-MoE, Qwen2-MoE) */
+        ft_fail(err, "%s: 'model_type': 'qwen2_moe' is not supported yet: its shared expert "
+                "(shared_expert, gated by sigmoid(shared_expert_gate)) is not implemented "
+                "(supported: " SUPPORTED_TYPES ")", path);
+    else
+        ft_fail(err, "%s: 'model_type': '%.64s' is not supported (supported: " SUPPORTED_TYPES
+                ")", path, type);
     return NULL;
 }
 

@@ -1171,6 +1171,7 @@ static void test_key_errors(void)
     EXPECT_ERROR("{" REQ "}", "model_type");
     EXPECT_ERROR("{\"model_type\": \"deepseek_v3\", " REQ "}", "model_type");
     EXPECT_ERROR("{\"model_type\": \"deepseek_v3\", " REQ "}", "deepseek_v3");
+    EXPECT_ERROR("{\"model_type\": \"qwen2_moe\", " REQ "}", "shared_expert");
     EXPECT_ERROR("{\"model_type\": \"falcon\", " REQ "}", "falcon");
     EXPECT_ERROR("{\"model_type\": \"olmo\", " REQ "}", "olmo");
     EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"hidden_act\": \"gelu\"}", "hidden_act");
