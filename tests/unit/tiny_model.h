@@ -26,7 +26,8 @@ typedef struct tiny_model_opts {
                              * (pre and post on each branch), gemma3_text those four and
                              * per-head q/k norms (head_dim D), mixtral MOE_E experts
                              * (top 2, output_router_logits) in place of the MLP, qwen3_moe
-                             * likewise (not renormalised) with qwen3's per-head q/k norms */
+                             * likewise (not renormalised, experts of moe_intermediate_size
+                             * I / 2) with qwen3's per-head q/k norms */
     const char *hidden_act; /* NULL: silu */
     uint64_t seed;         /* weight stream (0: 7) */
     float scale;           /* weights uniform in [-scale/2, scale/2) (0: 0.6) */
@@ -56,7 +57,7 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
                  ", \"head_dim\": %d, \"num_experts\": %d, \"num_experts_per_tok\": 2, "
                  "\"moe_intermediate_size\": %d, \"norm_topk_prob\": false, "
                  "\"output_router_logits\": true, \"router_aux_loss_coef\": 0.1",
-                 D, MOE_E, I);
+                 D, MOE_E, I / 2);
     uint64_t seed = o->seed ? o->seed : 7;
     float scale = o->scale > 0 ? o->scale : 0.6f;
     ft_err err;
@@ -130,9 +131,9 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
         if (qwen3_moe) {
             ADD(2, MOE_E, C, "model.layers.%d.mlp.gate.weight", l);
             for (int e = 0; e < MOE_E; e++) {
-                ADD(2, I, C, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
-                ADD(2, I, C, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
-                ADD(2, C, I, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
+                ADD(2, I / 2, C, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
+                ADD(2, I / 2, C, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
+                ADD(2, C, I / 2, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
             }
             continue;
         }
