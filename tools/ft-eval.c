@@ -52,7 +52,9 @@ static const char usage[] =
     "\n"
     "  --model DIR            Hugging Face model dir (config.json, safetensors, tokenizer)\n"
     "  --adapter DIR          PEFT LoRA adapter dir (adapter_config.json + weights)\n"
-    "  --tokenizer DIR        tokenizer dir or tokenizer.json (default: the model dir)\n"
+    "  --tokenizer DIR        tokenizer dir or tokenizer.json (default: the adapter dir\n"
+    "                         when it holds a tokenizer.json, as PEFT users save one with\n"
+    "                         added tokens there; else the model dir)\n"
     "  --data FILE|-          JSONL records (- reads standard input)\n"
     "  --format F             auto|text|prompt_completion|alpaca|chat|sharegpt|tokens\n"
     "                         (data.format)\n"
@@ -388,6 +390,17 @@ static int reduce_metrics(ft_comm *comm, ft_eval_loss *l, ft_eval_gen *g, ft_err
     return 0;
 }
 
+/* --tokenizer; else the adapter dir's tokenizer (tokenizer.save_pretrained beside the
+ * adapter: with tokens added, the vocabulary the adapter was made for); else the model's. */
+static const char *tokenizer_dir(const args *a)
+{
+    if (a->tokenizer)
+        return a->tokenizer;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/tokenizer.json", a->adapter ? a->adapter : "");
+    return a->adapter && access(path, F_OK) == 0 ? a->adapter : a->model;
+}
+
 static int run(const args *a, const char *data_path, ft_comm *comm)
 {
     ft_err err;
@@ -416,7 +429,7 @@ static int run(const args *a, const char *data_path, ft_comm *comm)
     }
     /* The tokens format needs no tokenizer (as in training); every other one does. */
     if (a->data_opt.format != FT_DATA_TOKENS || a->generate) {
-        if (ft_tokenizer_load(&tok, a->tokenizer ? a->tokenizer : a->model, &err)) {
+        if (ft_tokenizer_load(&tok, tokenizer_dir(a), &err)) {
             ft_fail_prefix(&err, "tokenizer");
             fail(err.msg);
             goto out;
@@ -569,7 +582,7 @@ static int run_pref(const args *a, ft_comm *comm)
         mo.mode = FT_TRAIN_LORA;
         mo.lora.dropout = 0.0f;
     }
-    if (ft_tokenizer_load(&tok, a->tokenizer ? a->tokenizer : a->model, &err)) {
+    if (ft_tokenizer_load(&tok, tokenizer_dir(a), &err)) {
         ft_fail_prefix(&err, "tokenizer");
         fail(err.msg);
         goto out;
@@ -601,6 +614,15 @@ static int run_pref(const args *a, ft_comm *comm)
         (a->adapter && ft_model_load_adapter(m, a->adapter, &err)) ||
         (a->reference && ft_model_load(&ref, a->reference, &ro, &err))) {
         fail(err.msg);
+        goto out;
+    }
+    /* (an adapter for a grown vocabulary against its unresized base, say: the added
+     * tokens would index past the reference's embedding) */
+    if (ref && ft_model_cfg(ref)->vocab_size != ft_model_cfg(m)->vocab_size) {
+        fprintf(stderr, "ft-eval: error: --reference %s: a vocabulary of %lld tokens, the "
+                        "model%s has %lld\n",
+                a->reference, (long long)ft_model_cfg(ref)->vocab_size,
+                a->adapter ? " with its adapter" : "", (long long)ft_model_cfg(m)->vocab_size);
         goto out;
     }
     ft_model_set_training(m, false);

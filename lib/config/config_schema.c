@@ -59,7 +59,9 @@ static const ft_cfg_key schema[] = {
      "dropout on the LoRA input", NULL},
     {KEY(tuning.lora.target_modules), FT_CFG_STRING, "all-linear", NULL, false, NONE, NONE,
      "comma-separated q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj (phi3: "
-     "qkv_proj,o_proj,gate_up_proj,down_proj), or all-linear; also embed_tokens and lm_head "
+     "qkv_proj,o_proj,gate_up_proj,down_proj; mixtral: q_proj,k_proj,v_proj,o_proj, gate "
+     "(the router), w1 with w3, w2 (the experts), as PEFT's target_parameters, with dropout "
+     "0), or all-linear; also embed_tokens and lm_head "
      "(LoRA on the embedding and the head, as PEFT's; not with tied embeddings)",
      NULL},
     {KEY(tuning.lora.rslora), FT_CFG_BOOL, "false", NULL, false, NONE, NONE,

@@ -9,9 +9,11 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/fsutil.h"
 #include "formats/json_file.h"
+#include "formats/safetensors.h"
 
 static const char *const proj_names[FT_NPROJ] = {
     "q_proj",    "k_proj",  "v_proj",    "o_proj",      "gate_proj",
@@ -22,7 +24,8 @@ static const char *const proj_paths[FT_NPROJ] = {
     "mlp.down_proj",    "self_attn.qkv_proj", "mlp.gate_up_proj"};
 
 #define KNOWN_MODULES "q_proj k_proj v_proj o_proj gate_proj up_proj down_proj qkv_proj " \
-                      "gate_up_proj embed_tokens lm_head"
+                      "gate_up_proj embed_tokens lm_head; on a MoE gate (the router), w1, " \
+                      "w2, w3"
 
 const char *ft_proj_name(ft_proj p)
 {
@@ -32,6 +35,30 @@ const char *ft_proj_name(ft_proj p)
 const char *ft_proj_path(ft_proj p)
 {
     return (unsigned)p < FT_NPROJ ? proj_paths[p] : "?";
+}
+
+int ft_lora_resolve_moe(ft_lora_config *c, bool moe, ft_err *err)
+{
+    unsigned t = c->targets;
+    c->targets &= ~FT_LORA_MOE;
+    if (!moe)
+        return 0;
+    /* "gate": the router, not gate_proj's short form */
+    if (t & FT_LORA_MOE_ROUTER)
+        c->targets &= ~(1u << FT_PROJ_GATE);
+    if ((t & ~FT_LORA_OUTER & ~FT_LORA_MOE) == FT_LORA_ALL_LINEAR)
+        t |= FT_LORA_MOE;
+    if (!(t & FT_LORA_MOE_W1) != !(t & FT_LORA_MOE_W3))
+        return ft_fail(err, "LoRA target %s without %s: they are fused into one parameter "
+                       "(gate_up_proj), so PEFT targets both or neither",
+                       t & FT_LORA_MOE_W1 ? "w1" : "w3", t & FT_LORA_MOE_W1 ? "w3" : "w1");
+    if (t & FT_LORA_MOE_ROUTER)
+        c->target_params |= FT_LORA_PARAM_ROUTER;
+    if (t & FT_LORA_MOE_W1)
+        c->target_params |= FT_LORA_PARAM_GATE_UP;
+    if (t & FT_LORA_MOE_W2)
+        c->target_params |= FT_LORA_PARAM_DOWN;
+    return 0;
 }
 
 float ft_lora_scaling(const ft_lora_config *c)
@@ -46,6 +73,20 @@ float ft_lora_scaling(const ft_lora_config *c)
  * command line. */
 static int match_target(const char *key, unsigned *targets)
 {
+    /* a MoE's router and experts (lora.h's FT_LORA_MOE); "gate" is gate_proj's short form
+     * too */
+    static const struct {
+        const char *name;
+        unsigned bits;
+    } moe[] = {{"gate", FT_LORA_MOE_ROUTER | (1u << FT_PROJ_GATE)},
+               {"w1", FT_LORA_MOE_W1},
+               {"w3", FT_LORA_MOE_W3},
+               {"w2", FT_LORA_MOE_W2}};
+    for (size_t i = 0; i < sizeof moe / sizeof *moe; i++)
+        if (strcmp(key, moe[i].name) == 0) {
+            *targets |= moe[i].bits;
+            return 0;
+        }
     /* the embedding and the head: PEFT's module names model.embed_tokens and lm_head */
     if (strcmp(key, "embed_tokens") == 0 || strcmp(key, "model.embed_tokens") == 0) {
         *targets |= FT_LORA_EMBED;
@@ -210,6 +251,137 @@ static int layer_index(const json_t *v, const char *path, ft_lora_config *c, ft_
     return 0;
 }
 
+/* The rows of the vocabulary of an adapter tensor under name (0: not one of the
+ * embedding's or the head's): embed_tokens / lm_head weights saved in full (their base
+ * weights, modules_to_save, base_layer) have V rows, lora_embedding_A is [r, V], the
+ * head's lora_B [V, r]. */
+static int64_t tensor_vocab(const ft_st_tensor *t)
+{
+    static const char *const rows[] = {"embed_tokens.weight", "embed_tokens.base_layer.weight",
+                                       "lm_head.weight", "lm_head.base_layer.weight",
+                                       "lm_head.lora_B.weight"};
+    size_t n = strlen(t->name);
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+        size_t k = strlen(rows[i]);
+        if (n >= k && strcmp(t->name + n - k, rows[i]) == 0 && t->ndim == 2)
+            return t->shape[0];
+    }
+    const char *a = "embed_tokens.lora_embedding_A";
+    size_t k = strlen(a);
+    return n >= k && strcmp(t->name + n - k, a) == 0 && t->ndim == 2 ? t->shape[1] : 0;
+}
+
+/* c->vocab_size from dir/adapter_model.safetensors (0 when it is absent: settings about
+ * to be written); its tensors must agree on one vocabulary. */
+static int adapter_vocab(const char *dir, ft_lora_config *c, ft_err *err)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    c->vocab_size = 0;
+    if (access(path, F_OK) != 0)
+        return 0;
+    ft_st_file *f;
+    if (ft_st_open(&f, path, err))
+        return -1;
+    int rc = 0;
+    const char *first = NULL;
+    for (size_t i = 0; i < ft_st_count(f) && rc == 0; i++) {
+        const ft_st_tensor *t = ft_st_at(f, i);
+        int64_t V = tensor_vocab(t);
+        if (V > 0 && c->vocab_size > 0 && V != c->vocab_size)
+            rc = ft_fail(err, "%s: tensor '%s' is for a vocabulary of %lld tokens, '%s' for "
+                              "one of %lld",
+                         path, t->name, (long long)V, first, (long long)c->vocab_size);
+        else if (V > 0 && !first) {
+            c->vocab_size = V;
+            first = t->name;
+        }
+    }
+    ft_st_close(f);
+    return rc;
+}
+
+int ft_lora_param_rank(const ft_lora_config *c, unsigned bit)
+{
+    return bit == FT_LORA_PARAM_GATE_UP ? 2 * c->r : c->r;
+}
+
+float ft_lora_param_scaling(const ft_lora_config *c, unsigned bit)
+{
+    ft_lora_config f = *c;
+    if (bit == FT_LORA_PARAM_GATE_UP) {
+        f.r *= 2;
+        f.alpha *= 2;
+    }
+    return ft_lora_scaling(&f);
+}
+
+/* The one pattern key PEFT writes for fused experts (re.escape'd "gate_up_proj"). */
+#define GATE_UP_PATTERN ".*\\.gate_up_proj"
+
+/* rank_pattern / alpha_pattern: empty, or with the gate_up pair exactly PEFT's form for
+ * fused w1 + w3, {".*\.gate_up_proj": 2 r} and {".*\.gate_up_proj": 2 alpha}. */
+static int read_pattern(json_t *root, const char *path, const char *key, double want,
+                        const ft_lora_config *c, ft_err *err)
+{
+    json_t *v = json_object_get(root, key);
+    bool empty = !v || json_is_null(v) || (json_is_object(v) && json_object_size(v) == 0);
+    bool gate_up = c->target_params & FT_LORA_PARAM_GATE_UP;
+    if (empty && !gate_up)
+        return 0;
+    json_t *n = json_is_object(v) && json_object_size(v) == 1
+                    ? json_object_get(v, GATE_UP_PATTERN) : NULL;
+    if (gate_up && n && json_is_number(n) && json_number_value(n) == want)
+        return 0;
+    return ft_fail(err, "%s: key '%s': only PEFT's pattern for fused MoE experts is supported "
+                        "({\"%s\": %g} with gate_up_proj in target_parameters)",
+                   path, key, GATE_UP_PATTERN, want);
+}
+
+/* One target_parameters entry: PEFT matches it as the parameter's name or a dotted
+ * suffix of it. */
+static bool param_matches(const char *s, const char *name)
+{
+    size_t n = strlen(s), k = strlen(name);
+    return n >= k && strcmp(s + n - k, name) == 0 && (n == k || s[n - k - 1] == '.');
+}
+
+/* target_parameters of adapter_config.json (PEFT's LoRA on nn.Parameter tensors, which
+ * is how PEFT on transformers 5 reaches a MoE's router and fused experts): null, or a
+ * list of the names in lora.h's target_params. A non-zero lora_dropout beside them is
+ * refused, as PEFT refuses it; then the rank and alpha patterns. */
+static int read_target_parameters(json_t *root, const char *path, ft_lora_config *c,
+                                  ft_err *err)
+{
+    json_t *v = json_object_get(root, "target_parameters");
+    if (v && !json_is_null(v) && !json_is_array(v))
+        return ft_fail(err, "%s: key 'target_parameters' must be a list of parameter names "
+                            "or null", path);
+    size_t i;
+    json_t *item;
+    json_array_foreach(v, i, item)
+    {
+        const char *s = json_is_string(item) ? json_string_value(item) : "";
+        if (param_matches(s, "gate.weight"))
+            c->target_params |= FT_LORA_PARAM_ROUTER;
+        else if (param_matches(s, "gate_up_proj"))
+            c->target_params |= FT_LORA_PARAM_GATE_UP;
+        else if (param_matches(s, "down_proj"))
+            c->target_params |= FT_LORA_PARAM_DOWN;
+        else
+            return ft_fail(err, "%s: key 'target_parameters': parameter %s is not supported "
+                                "(supported: a MoE's gate.weight, gate_up_proj, down_proj)",
+                           path, json_is_string(item) ? s : "(not a string)");
+    }
+    if (c->target_params && c->dropout > 0)
+        return ft_fail(err, "%s: key 'lora_dropout' must be 0 with target_parameters (PEFT "
+                            "refuses dropout on a parameter's LoRA)", path);
+    if (read_pattern(root, path, "rank_pattern", 2.0 * c->r, c, err) ||
+        read_pattern(root, path, "alpha_pattern", 2.0 * c->alpha, c, err))
+        return -1;
+    return 0;
+}
+
 int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
 {
     char path[4096];
@@ -260,14 +432,13 @@ int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
         goto out;
     }
     c->dora = v && json_is_true(v);
-    /* target_parameters: LoRA on nn.Parameter tensors (PEFT's ParamWrapper), which is
-     * how PEFT on transformers 5 reaches a MoE model's fused experts */
-    static const char *const unsupported[] = {"target_parameters", "fan_in_fan_out",
-                                              "rank_pattern",      "alpha_pattern",
-                                              "layer_replication", "trainable_token_indices"};
+    static const char *const unsupported[] = {"fan_in_fan_out", "layer_replication",
+                                              "trainable_token_indices"};
     for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++)
         if (reject_if_set(root, path, unsupported[i], err))
             goto out;
+    if (read_target_parameters(root, path, c, err))
+        goto out;
     if (read_modules_to_save(root, path, c, err))
         goto out;
     v = json_object_get(root, "ensure_weight_tying");
@@ -335,11 +506,13 @@ int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
                 goto out;
             }
         }
-    } else {
+    } else if (!(c->target_params && (!v || json_is_null(v) || json_is_array(v)))) {
         ft_fail(err, "%s: key 'target_modules' must be a list of module names or \"all-linear\"",
                 path);
         goto out;
     }
+    if (adapter_vocab(dir, c, err))
+        goto out;
     rc = 0;
 out:
     json_decref(root);
@@ -439,6 +612,23 @@ int ft_lora_config_save(const ft_lora_config *c, const char *dir, const char *ba
     json_object_set_new(root, "fan_in_fan_out", json_false());
     json_object_set_new(root, "init_lora_weights", json_true());
     json_object_set_new(root, "inference_mode", json_true());
+    if (c->target_params) {
+        json_t *params = json_array();
+        if (c->target_params & FT_LORA_PARAM_ROUTER)
+            json_array_append_new(params, json_string("gate.weight"));
+        if (c->target_params & FT_LORA_PARAM_GATE_UP)
+            json_array_append_new(params, json_string("gate_up_proj"));
+        if (c->target_params & FT_LORA_PARAM_DOWN)
+            json_array_append_new(params, json_string("down_proj"));
+        json_object_set_new(root, "target_parameters", params);
+    }
+    json_t *rp = json_object(), *ap = json_object();
+    if (c->target_params & FT_LORA_PARAM_GATE_UP) {
+        json_object_set_new(rp, GATE_UP_PATTERN, json_integer(2 * (json_int_t)c->r));
+        json_object_set_new(ap, GATE_UP_PATTERN, json_real(2.0 * c->alpha));
+    }
+    json_object_set_new(root, "rank_pattern", rp);
+    json_object_set_new(root, "alpha_pattern", ap);
     if (c->modules_to_save) {
         json_t *mods = json_array();
         if (c->modules_to_save & FT_SAVE_EMBED)

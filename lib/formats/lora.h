@@ -40,8 +40,24 @@ const char *ft_proj_path(ft_proj p);
 #define FT_LORA_EMBED (1u << FT_NPROJ)
 #define FT_LORA_HEAD (1u << (FT_NPROJ + 1))
 #define FT_LORA_OUTER (FT_LORA_EMBED | FT_LORA_HEAD)
+/* A MoE's router and experts by the module names PEFT's users give for Mixtral (v4
+ * names, which PEFT on transformers 5 turns into target_params: ft_lora_resolve_moe):
+ * "gate" (also the short form of gate_proj: on a MoE model the router), "w1" with "w3"
+ * (the fused gate_up_proj), "w2" (down_proj). Ignored on a dense model. */
+#define FT_LORA_MOE_ROUTER (1u << (FT_NPROJ + 2))
+#define FT_LORA_MOE_W1 (1u << (FT_NPROJ + 3))
+#define FT_LORA_MOE_W3 (1u << (FT_NPROJ + 4))
+#define FT_LORA_MOE_W2 (1u << (FT_NPROJ + 5))
+#define FT_LORA_MOE (FT_LORA_MOE_ROUTER | FT_LORA_MOE_W1 | FT_LORA_MOE_W3 | FT_LORA_MOE_W2)
 
 #define FT_LORA_MAX_LAYER_LIST 256
+
+/* Bits of ft_lora_config.target_params. */
+#define FT_LORA_PARAM_ROUTER 1u
+#define FT_LORA_PARAM_GATE_UP 2u
+#define FT_LORA_PARAM_DOWN 4u
+#define FT_LORA_PARAM_EXPERTS (FT_LORA_PARAM_GATE_UP | FT_LORA_PARAM_DOWN)
+
 
 /* PEFT's modules_to_save: modules trained in full beside the LoRA pairs (PEFT wraps a
  * trainable copy of each; its adapter file holds the copy under the module's own key,
@@ -76,6 +92,21 @@ typedef struct ft_lora_config {
      * vision tower's modules of the same names alone. */
     char module_prefix[32];
     unsigned modules_to_save; /* FT_SAVE_EMBED | FT_SAVE_HEAD */
+    /* PEFT's target_parameters (LoRA on a parameter through its ParamWrapper, no dropout),
+     * how PEFT on transformers 5 reaches a MoE's router and fused experts (E experts,
+     * hidden C, expert width I):
+     *   FT_LORA_PARAM_ROUTER  "gate.weight": <prefix>layers.N.mlp.gate.lora_A [r, C],
+     *                         lora_B [E, r]; logits += s x A^T B^T.
+     *   FT_LORA_PARAM_GATE_UP "gate_up_proj" (PEFT's w1 + w3): rank 2r and alpha 2 alpha
+     *                         (rank_pattern / alpha_pattern {".*\.gate_up_proj": ...}, the
+     *                         only patterns accepted), A [E 2r, C], B [2I, E 2r].
+     *   FT_LORA_PARAM_DOWN    "down_proj" (w2): A [E r, I], B [C, E r].
+     * An expert pair's A rows are expert-major (expert e's rows [e R, (e+1) R)); its B
+     * columns are interleaved (expert e's column j is column j E + e; ops.h's
+     * ft_moe_lora_b_split). Keys: <prefix>layers.N.mlp.experts.lora_A/B.weight, the gate_up
+     * pair under experts.base_layer.lora_A/B when down_proj is targeted too (PEFT nests
+     * the down_proj wrapper around it). */
+    unsigned target_params;
     /* PEFT's ensure_weight_tying: on a model with tied embeddings, one trainable copy
      * shared by the embedding and the head (saved under both keys). Without it PEFT
      * unties them (separate copies), which is not implemented. */
@@ -85,11 +116,24 @@ typedef struct ft_lora_config {
      * magnitude m [out] (key <module>.lora_magnitude_vector), the norm taken as a constant
      * in the gradient, as PEFT does (see lib/model/dora.c for dropout). */
     bool dora;
+    /* The vocabulary the adapter was made for: the rows of the embedding or head tensors
+     * in its adapter_model.safetensors (PEFT saves them, or LoRA on them, of the grown
+     * vocabulary after tokenizer.add_special_tokens + resize_token_embeddings); 0 when it
+     * holds none (or for settings from elsewhere). ft_model_load grows the model's
+     * vocabulary to it (lib/model/adapter.c). */
+    int64_t vocab_size;
     /* The adapter_config.json these settings were read from (ft_lora_config_load), for
      * the messages of the checks made once the model is known (a layer it lacks, targets
      * that select nothing); "" for settings from elsewhere. */
     char source[4096];
 } ft_lora_config;
+
+/* On a MoE model (moe true), as PEFT converts a config for transformers 5's fused
+ * experts: targets' FT_LORA_MOE names and "all-linear" (the block's linear layers: also
+ * the router and the experts) become target_params (w1 and w3: gate_up_proj, with the
+ * doubled rank and alpha that ft_lora_param_rank / _scaling give it). Clears the
+ * FT_LORA_MOE bits either way. Error: w1 without w3 or the reverse (PEFT's too). */
+int ft_lora_resolve_moe(ft_lora_config *c, bool moe, ft_err *err);
 
 /* The projections of decoder layer `layer` that carry a LoRA pair (bitmask). Error: a
  * regex that does not compile. (A regex's FT_LORA_EMBED / FT_LORA_HEAD: in targets, set
@@ -98,6 +142,12 @@ int ft_lora_layer_mask(const ft_lora_config *c, int layer, unsigned *mask, ft_er
 
 /* alpha / r, or alpha / sqrt(r) with rsLoRA. */
 float ft_lora_scaling(const ft_lora_config *c);
+
+/* The rank and the scaling of one expert's part of a target_params pair (bit): the
+ * gate_up pair has rank 2 r and alpha 2 alpha (PEFT's fused w1 + w3), the others r and
+ * alpha. */
+int ft_lora_param_rank(const ft_lora_config *c, unsigned bit);
+float ft_lora_param_scaling(const ft_lora_config *c, unsigned bit);
 
 /* Parses a target list: names separated by commas ("q_proj,v_proj", also "q,v",
  * "qkv", "gate_up", and "embed_tokens", "lm_head"), or "all-linear" (PEFT's: the block's
@@ -116,13 +166,15 @@ int ft_lora_modules_to_save_parse(const char *list, unsigned *mods, ft_err *err)
 /* Reads <dir>/adapter_config.json (a regular file; a key given twice is an error). Every
  * error names the file and the key. Rejects what this LoRA does not implement:
  * peft_type other than LORA, bias other than "none", fan_in_fan_out,
- * modules_to_save naming other modules than embed_tokens and lm_head, non-empty
- * rank_pattern / alpha_pattern, layer_replication, target_parameters (PEFT's LoRA on
- * parameters: a MoE's fused experts), a
+ * modules_to_save naming other modules than embed_tokens and lm_head, rank_pattern /
+ * alpha_pattern other than PEFT's for fused experts (see target_params),
+ * layer_replication, target_parameters other than gate.weight, gate_up_proj, down_proj
+ * (and lora_dropout beside them), a
  * layers_pattern other than "layers", and target_modules naming modules other than the
  * nine projections; and values out of range (r not a positive int, a lora_alpha that
  * does not fit a float, a layer index that is negative or not an int). target_modules
- * may be a list, "all-linear" or a regex string. Sets c->source to the file's path. */
+ * may be a list, "all-linear" or a regex string (or empty or null when target_parameters
+ * names something). Sets c->source to the file's path. */
 int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err);
 
 /* Writes <dir>/adapter_config.json in PEFT's format (atomic: temp file + rename). */

@@ -55,6 +55,7 @@ typedef struct planner {
     size_t *unit_qwin; /* bytes of a unit's zero3 gather window (lib/dist/dist_qshard.c) */
     size_t frozen_z3;  /* gpu-zero3's frozen bytes per rank (what offload_params moves) */
     bool qshape_overflow;
+    unsigned lora_params; /* LoRA on a MoE's router / experts (lora.h's target_params) */
 } planner;
 
 /* A quantized weight [rows, cols] for the zero3 / fsdp shards: counted by shape. */
@@ -201,6 +202,22 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora, unsi
                     int64_t rows = (int64_t)(h == 2 ? C : I), cols = (int64_t)(h == 2 ? I : C);
                     add_tensor(p, unit, I * C, full, quant, rows, cols);
                 }
+            /* LoRA on the router [r, C] + [E, r], the experts' gate_up [E 2r, C] +
+             * [2I, E 2r], down [E r, I] + [C, E r] (model.c, after the projections' pairs:
+             * the same unit) */
+            size_t r = (size_t)r_lora;
+            if (!full && (p->lora_params & FT_LORA_PARAM_ROUTER)) {
+                add_tensor(p, unit, r * C, true, false, 0, 0);
+                add_tensor(p, unit, E * r, true, false, 0, 0);
+            }
+            if (!full && (p->lora_params & FT_LORA_PARAM_GATE_UP)) {
+                add_tensor(p, unit, E * 2 * r * C, true, false, 0, 0);
+                add_tensor(p, unit, 2 * I * E * 2 * r, true, false, 0, 0);
+            }
+            if (!full && (p->lora_params & FT_LORA_PARAM_DOWN)) {
+                add_tensor(p, unit, E * r * I, true, false, 0, 0);
+                add_tensor(p, unit, C * E * r, true, false, 0, 0);
+            }
         }
     }
     add_tensor(p, (int)L + 1, C, full, false, 0, 0); /* model.norm */
@@ -218,6 +235,7 @@ typedef struct act_spec {
     int r_lora;
     int loss_chunk; /* ft_model_options.loss_chunk_rows */
     unsigned lora_union;
+    unsigned lora_params; /* lora.h's target_params */
 } act_spec;
 
 /* A pipeline stage of units [first, last] (0 embeddings, 1..L layers, L+1 head); the
@@ -267,6 +285,22 @@ static void count_activations(const ft_model_config *c, size_t N, const act_spec
         for (int j = 0; j < FT_NPROJ; j++)
             if (sp->lora_union & (1u << j))
                 set.tensor += N * (size_t)sp->r_lora;
+    /* LoRA on a MoE (model.c alloc_layer_set): rlora_h [N, r], xlora_h [M, 2r], [M, r] */
+    size_t xr = (size_t)sp->r_lora, xbs = 0, xdh = 0;
+    if (sp->lora && E) {
+        if (sp->lora_params & FT_LORA_PARAM_ROUTER)
+            set.tensor += N * xr;
+        if (sp->lora_params & FT_LORA_PARAM_GATE_UP) {
+            set.tensor += M * 2 * xr;
+            xbs = E * 2 * I * 2 * xr;
+            xdh = 2 * xr;
+        }
+        if (sp->lora_params & FT_LORA_PARAM_DOWN) {
+            set.tensor += M * xr;
+            xbs = E * C * xr > xbs ? E * C * xr : xbs;
+            xdh = xr > xdh ? xr : xdh;
+        }
+    }
     /* the stage keeps the input of layers l0..l1 and a set for each but l1 (whose input
      * it sends on); the whole model: every layer's input and set */
     int l0 = span.first > 0 ? span.first - 1 : 0;
@@ -307,6 +341,9 @@ static void count_activations(const ft_model_config *c, size_t N, const act_spec
         }
         if (sp->outer)
             ws->tensor += N * (size_t)sp->r_lora; /* lora_xh */
+        /* the experts' pairs (moe_lora.c): split B, its fp32 gradient, dh [M, R] */
+        ws->tensor += xbs + M * xdh;
+        ws->stat += xbs;
         if (sp->dora) { /* dora_w, dora_g, dora_inv, dora_t, dora_d (lib/model/dora.c) */
             size_t out, wn;
             ft_dora_scratch_dims(c, sp->lora_union, &out, &wn);
@@ -554,6 +591,10 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
             free(mask);
             return ft_fail_prefix(err, "config: key 'tuning.lora.target_modules'");
         }
+        if (ft_lora_resolve_moe(&lc, mc->num_experts > 0, err)) {
+            free(mask);
+            return ft_fail_prefix(err, "config: key 'tuning.lora.target_modules'");
+        }
         for (int l = 0; l < mc->num_layers; l++) {
             if (ft_lora_layer_mask(&lc, l, &mask[l], err)) {
                 free(mask);
@@ -562,7 +603,7 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
             mask[l] &= ft_block_projections(mc);
             lora_union |= mask[l];
         }
-        if (!lora_union && !(lc.targets & FT_LORA_OUTER)) {
+        if (!lora_union && !(lc.targets & FT_LORA_OUTER) && !lc.target_params) {
             free(mask);
             return ft_fail(err, "config: tuning.lora.target_modules selects no linear layer of "
                                 "this model");
@@ -614,6 +655,7 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
         r->rows[i].predicted = i >= FT_PLAN_GPU_1;
         r->rows[i].world_size = i == FT_PLAN_CPU || i == FT_PLAN_GPU_1 ? 1 : world_size;
     }
+    p.lora_params = lora ? lc.target_params : 0;
     count_params(&p, mask, lc.r, lc.modules_to_save, lc.dora, lc.targets & FT_LORA_OUTER);
     if (p.qshape_overflow) {
         free(unit_buf);
@@ -654,7 +696,7 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
     act_counts act, ws;
     act_spec sp = {.grad_ckpt = r->grad_ckpt, .lora = lora, .lora_dropout = lora && lc.dropout > 0,
                    .dora = lora && lc.dora, .outer = lora && (lc.targets & FT_LORA_OUTER),
-                   .r_lora = lc.r, .lora_union = lora_union,
+                   .r_lora = lc.r, .lora_union = lora_union, .lora_params = lc.target_params,
                    .loss_chunk = ft_memplan_loss_chunk(&cfg->train)};
     r->pref = cfg->train.objective != FT_CFG_OBJECTIVE_SFT;
     size_t rows = (size_t)r->batch_size * (r->pref ? 2 : 1); /* DPO: chosen + rejected */

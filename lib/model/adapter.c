@@ -54,13 +54,66 @@ static bool tied_head_alias(const ft_model *m, const char *key)
            strcmp(key, PEFT_PREFIX "lm_head.weight") == 0;
 }
 
+/* FT_LORA_EMBED or FT_LORA_HEAD for the embedding's or the head's weight, else 0. */
+static unsigned vocab_bit(const ft_param *p)
+{
+    return strcmp(p->name, "model.embed_tokens.weight") == 0 ? FT_LORA_EMBED
+           : strcmp(p->name, "lm_head.weight") == 0          ? FT_LORA_HEAD
+                                                              : 0;
+}
+
+/* A resized vocabulary (m->base_vocab): PEFT's save_embedding_layers saves the embedding
+ * and the head that are neither trained (modules_to_save) nor carry LoRA (their
+ * base_layer) in full, under base_model.model.<HF weight name>, and its loading puts them
+ * in the base: the base weight of such a key, or NULL. A tied head's key names the
+ * embedding (PEFT saves the one tensor under both). */
+static ft_param *resized_base(ft_model *m, const char *key)
+{
+    size_t np = strlen(PEFT_PREFIX);
+    if (!m->base_vocab || strncmp(key, PEFT_PREFIX, np) != 0)
+        return NULL;
+    ft_param *p = ft_model_find_param(m, key + np);
+    if (!p && m->cfg.tie_word_embeddings && strcmp(key + np, "lm_head.weight") == 0)
+        p = ft_model_find_param(m, "model.embed_tokens.weight");
+    unsigned bit = p ? vocab_bit(p) : 0;
+    return bit && !p->trainable && !(m->opt.lora.targets & bit) ? p : NULL;
+}
+
+/* A resized vocabulary's module trained in full: PEFT's save_embedding_layers also
+ * writes its wrapper's two copies, <module>.modules_to_save.weight (the trained copy,
+ * again) and <module>.original_module.weight (the resized base, only for the adapter
+ * disabled); PEFT's loading takes the trained copy from <module>.weight. The saved module
+ * of such a key (not read: ours is the trained copy), or NULL. */
+static ft_param *resized_wrapper_copy(ft_model *m, const char *key)
+{
+    static const char *const copies[] = {".modules_to_save.weight", ".original_module.weight"};
+    size_t np = strlen(PEFT_PREFIX), n = strlen(key);
+    if (!m->base_vocab || strncmp(key, PEFT_PREFIX, np) != 0)
+        return NULL;
+    for (size_t i = 0; i < 2; i++) {
+        size_t k = strlen(copies[i]);
+        char name[192];
+        if (n < np + k || strcmp(key + n - k, copies[i]) != 0 || n - np - k > 160)
+            continue;
+        snprintf(name, sizeof name, "%.*s.weight", (int)(n - np - k), key + np);
+        ft_param *p = ft_model_find_param(m, name);
+        char alias[sizeof name + 32];
+        snprintf(alias, sizeof alias, "%s%s", PEFT_PREFIX, name);
+        if (!p && tied_head_alias(m, alias))
+            p = ft_model_find_param(m, "model.embed_tokens.weight");
+        return p && saved_module(m, p) ? p : NULL;
+    }
+    return NULL;
+}
+
 /* The LoRA weight or saved module an adapter tensor fills; NULL: none. */
 static ft_param *adapter_param(ft_model *m, const char *key)
 {
     ft_param *p = ft_model_find_param(m, key);
     if (p && p->is_lora)
         return p;
-    if ((p = embedding_base_layer(m, key)))
+    if ((p = embedding_base_layer(m, key)) || (p = resized_base(m, key)) ||
+        (p = resized_wrapper_copy(m, key)))
         return p;
     if (tied_head_alias(m, key)) /* the same tensor as the embedding's: not read again */
         return ft_model_find_param(m, "model.embed_tokens.weight");
@@ -70,8 +123,8 @@ static ft_param *adapter_param(ft_model *m, const char *key)
 }
 
 /* The error for adapter tensor t (key) that does not have p's shape: a vocabulary that
- * differs from the model's (an adapter made after resize_token_embeddings: added tokens)
- * says so. */
+ * differs from the model's (the model takes the adapter's vocabulary from its embedding
+ * and head tensors, ft_lora_config.vocab_size: another adapter's) says so. */
 static int shape_error(const ft_model *m, const ft_st_tensor *t, const char *key,
                        const ft_param *p, ft_err *err)
 {
@@ -79,8 +132,7 @@ static int shape_error(const ft_model *m, const ft_st_tensor *t, const char *key
     for (int d = 0; d < p->ndim && t->ndim == p->ndim; d++)
         if (p->shape[d] == V && t->shape[d] != V)
             return ft_fail(err, "%s: tensor '%s' is for a vocabulary of %lld tokens, the model "
-                                "has %lld: an adapter for a resized vocabulary (tokens added "
-                                "to the tokenizer) is not supported",
+                                "(with the adapter it was loaded for) has %lld",
                            t->file, key, (long long)t->shape[d], (long long)V);
     if (p->ndim > 1)
         return ft_fail(err, "%s: tensor '%s' has the wrong shape (expected [%lld, %lld])",
@@ -96,6 +148,15 @@ static void saved_names(unsigned mods, char *out, size_t n)
              mods & FT_SAVE_HEAD ? "lm_head" : mods ? "" : "none");
 }
 
+/* target_params as PEFT's target_parameters names */
+static const char *params_names(unsigned t, char *out, size_t n)
+{
+    snprintf(out, n, "%s%s%s%s", t & FT_LORA_PARAM_ROUTER ? "gate.weight " : "",
+             t & FT_LORA_PARAM_GATE_UP ? "gate_up_proj " : "",
+             t & FT_LORA_PARAM_DOWN ? "down_proj " : "", t ? "" : "none");
+    return out;
+}
+
 int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
 {
     if (m->opt.mode != FT_TRAIN_LORA)
@@ -104,7 +165,19 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
     if (ft_lora_config_load(&cfg, dir, err))
         return -1;
     snprintf(cfg.module_prefix, sizeof cfg.module_prefix, "%s", m->cfg.module_prefix);
+    if (ft_lora_resolve_moe(&cfg, m->cfg.num_experts > 0, err))
+        return ft_fail_prefix(err, "%s/adapter_config.json", dir);
     const ft_lora_config *want = &m->opt.lora;
+    /* the model takes a grown vocabulary from the LoRA settings read from this adapter
+     * (ft_model_load): a model built from other settings (a run config's) has the
+     * checkpoint's */
+    if (cfg.vocab_size && cfg.vocab_size != m->cfg.vocab_size)
+        return ft_fail(err, "%s: the adapter is for a vocabulary of %lld tokens (tokens added "
+                            "to the tokenizer, the embedding and head resized), the model has "
+                            "%lld: such an adapter loads with its own LoRA settings (ft-eval, "
+                            "ft-merge); training from it (tuning.lora.init_adapter) is not "
+                            "supported",
+                       dir, (long long)cfg.vocab_size, (long long)m->cfg.vocab_size);
     bool same_layers = true;
     for (int l = 0; l < m->cfg.num_layers; l++) {
         unsigned mask;
@@ -123,6 +196,12 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
                        "target modules differ from the model's LoRA settings (r=%d, alpha=%g, "
                        "rslora=%d)",
                        dir, cfg.r, cfg.alpha, cfg.rslora, want->r, want->alpha, want->rslora);
+    char have_p[64], want_p[64];
+    if (cfg.target_params != want->target_params)
+        return ft_fail(err, "%s/adapter_config.json: key 'target_parameters' (%s) differs from "
+                            "the model's LoRA settings (%s)",
+                       dir, params_names(cfg.target_params, have_p, sizeof have_p),
+                       params_names(want->target_params, want_p, sizeof want_p));
     bool tied = m->cfg.tie_word_embeddings;
     if (tied && cfg.modules_to_save && !cfg.ensure_weight_tying)
         return ft_fail(err, "%s/adapter_config.json: key 'modules_to_save' on a model with tied "
@@ -141,10 +220,13 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
     if (ft_ckpt_open(&ck, dir, "adapter_model", err))
         return -1;
     int rc = 0;
+    unsigned filled = 0; /* vocab_bit of the base weights the adapter gave in full */
     for (size_t i = 0; i < m->n_params && rc == 0; i++) {
         ft_param *p = &m->params[i];
         if (!(p->is_lora || saved_module(m, p)) || (unit >= 0 && p->unit != unit))
             continue;
+        if (saved_module(m, p))
+            filled |= vocab_bit(p);
         char key[sizeof p->name + 32];
         adapter_key(m, p, key, sizeof key);
         const ft_st_tensor *t = ft_ckpt_find(ck, key);
@@ -169,6 +251,31 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
             rc = ft_model_param_from_st(m, p, t, err);
         if (rc == 0)
             m->outer_base_read |= p->unit == 0 ? FT_LORA_EMBED : FT_LORA_HEAD;
+        filled |= vocab_bit(p);
+    }
+    /* a resized vocabulary's embedding and head saved in full (not tied again) */
+    for (size_t i = 0; i < ft_ckpt_count(ck) && rc == 0; i++) {
+        const ft_st_tensor *t = ft_ckpt_at(ck, i);
+        ft_param *p = resized_base(m, t->name);
+        if (!p || (unit >= 0 && p->unit != unit) || !strstr(t->name, p->name))
+            continue;
+        if (t->ndim != 2 || t->shape[0] != p->shape[0] || t->shape[1] != p->shape[1])
+            rc = shape_error(m, t, t->name, p, err);
+        else if (p->data)
+            rc = ft_model_param_from_st(m, p, t, err);
+        filled |= vocab_bit(p);
+    }
+    /* a resized model's new rows exist only in the adapter: every vocabulary-sized base
+     * weight must come from it (PEFT's save_embedding_layers leaves the head out when
+     * only the embedding carries LoRA, and PEFT's own loading then keeps random rows) */
+    for (size_t i = 0; i < m->n_params && rc == 0 && m->base_vocab; i++) {
+        const ft_param *p = &m->params[i];
+        unsigned bit = vocab_bit(p);
+        if (bit && !(filled & bit) && (unit < 0 || p->unit == unit))
+            rc = ft_fail(err, "%s: the adapter is for a vocabulary of %lld tokens (config.json "
+                              "has %lld) but holds no '%s' of that size to fill the added "
+                              "tokens' rows",
+                         dir, (long long)m->cfg.vocab_size, (long long)m->base_vocab, p->name);
     }
     for (size_t i = 0; i < ft_ckpt_count(ck) && rc == 0 && unit < 0; i++) {
         const ft_st_tensor *t = ft_ckpt_at(ck, i);
@@ -222,6 +329,23 @@ int ft_model_save_adapter(ft_model *m, const char *dir, const char *base_model, 
                          dir, bases[i][0], bases[i][1]);
         else
             rc = model_param_to_writer_as(m, p, bases[i][1], w, err);
+    }
+    /* A grown vocabulary: the embedding and the head neither trained nor targeted, in
+     * full, as PEFT's save_embedding_layers writes them (a tied head: the embedding again
+     * under the head's key) */
+    static const char *const vocab_keys[] = {PEFT_PREFIX "model.embed_tokens.weight",
+                                             PEFT_PREFIX "lm_head.weight"};
+    for (size_t i = 0; i < 2 && rc == 0; i++) {
+        ft_param *p = resized_base(m, vocab_keys[i]);
+        if (!p)
+            continue;
+        if (!p->data)
+            rc = ft_fail(err, "%s: the resized vocabulary's %s is not held whole by this "
+                              "distributed strategy to save it (save with dist.strategy ddp "
+                              "or zero1/2)",
+                         dir, p->name);
+        else
+            rc = model_param_to_writer_as(m, p, vocab_keys[i], w, err);
     }
     char path[4096];
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);

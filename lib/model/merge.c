@@ -12,7 +12,10 @@
  * parameter list has no lm_head.weight when embeddings are tied, which is what
  * transformers writes too), and a multimodal gemma3 base's other tensors (vision tower,
  * projector) as they were, sharded like save_pretrained when over the shard limit;
- * config.json with its dtype key updated; tokenizer / generation files copied. A
+ * config.json with its dtype key updated; tokenizer / generation files copied. An adapter
+ * for a grown vocabulary (tokens added, the embedding and head resized: lib/model/adapter.c)
+ * gives config.json its vocab_size, and the tokenizer files in the adapter dir replace the
+ * base's. A
  * quantized base (bitsandbytes 4/8-bit, e.g. from ft-quantize) is dequantized first and
  * the output is dense 16-bit (bf16, or f16 when that is the base's compute dtype) with
  * no quantization_config. All of it
@@ -38,22 +41,28 @@
 /* The base weight and B of the LoRA A parameter `a`, by name: A is
  * base_model.model.<module_prefix>layers.N.<proj>.lora_A.weight, its weight
  * <ckpt_prefix>model.layers.N.<proj>.weight (model.layers.N.<proj>.weight but in a
- * multimodal gemma3: hf_config.h). */
+ * multimodal gemma3: hf_config.h); or base_model.model.lm_head.lora_A.weight, its weight
+ * <ckpt_prefix>lm_head.weight. */
 static int find_pair(ft_model *m, const ft_param *a, ft_param **w, ft_param **b, ft_err *err)
 {
     const ft_model_config *c = ft_model_cfg(m);
     const char *suffix = ".lora_A.weight";
     size_t n = strlen(a->name), np = strlen(PEFT_PREFIX), ns = strlen(suffix);
     size_t nm = strlen(c->module_prefix);
-    if (n <= np + nm + ns || strncmp(a->name, PEFT_PREFIX, np) != 0 ||
-        strncmp(a->name + np, c->module_prefix, nm) != 0 ||
+    if (n <= np + ns || strncmp(a->name, PEFT_PREFIX, np) != 0 ||
         strcmp(a->name + n - ns, suffix) != 0)
         return ft_fail(err, "LoRA parameter '%s' does not follow PEFT's naming", a->name);
+    /* path: the module's path in the transformers model, past base_model.model. */
     char path[sizeof a->name], name[sizeof a->name + 64];
-    snprintf(path, sizeof path, "%.*s", (int)(n - np - nm - ns), a->name + np + nm);
-    snprintf(name, sizeof name, "%smodel.%s.weight", c->ckpt_prefix, path);
+    snprintf(path, sizeof path, "%.*s", (int)(n - np - ns), a->name + np);
+    if (strncmp(path, c->module_prefix, nm) == 0) /* a decoder layer's module */
+        snprintf(name, sizeof name, "%smodel.%s.weight", c->ckpt_prefix, path + nm);
+    else if (strcmp(path, "lm_head") == 0)
+        snprintf(name, sizeof name, "%slm_head.weight", c->ckpt_prefix);
+    else
+        return ft_fail(err, "LoRA parameter '%s' does not follow PEFT's naming", a->name);
     *w = ft_model_find_param(m, name);
-    snprintf(name, sizeof name, PEFT_PREFIX "%s%s.lora_B.weight", c->module_prefix, path);
+    snprintf(name, sizeof name, PEFT_PREFIX "%s.lora_B.weight", path);
     *b = ft_model_find_param(m, name);
     if (!*w || !*b)
         return ft_fail(err, "LoRA parameter '%s' has no %s", a->name,
@@ -111,6 +120,82 @@ static int merge_embedding(ft_model *m, float scaling, ft_err *err)
     return 1;
 }
 
+/* LoRA on a MoE (lora.h's target_params: PEFT's ParamWrapper layout). The router's pair
+ * (<...>layers.N.mlp.gate.lora_A/B) on the checkpoint's model.layers.N.<moe_name>.gate.
+ * weight: R += s B A, as a linear layer's. The fused experts': expert e's checkpoint
+ * weights (w1, w3 the rows [0, I), [I, 2I) of gate_up; w2 for down) gain s B_e A_e, with
+ * A_e = A's rows [e R, (e+1) R) and B_e[o, j] = B[o, j E + e]. Summed in double; the
+ * scalings: lora.h's ft_lora_param_scaling. */
+static int merge_moe(ft_model *m, const ft_lora_config *lc, ft_err *err)
+{
+    const ft_model_config *c = ft_model_cfg(m);
+    int E = c->num_experts, C = c->hidden_size, I = c->intermediate_size;
+    for (int l = 0; l < c->num_layers && E > 0; l++) {
+        if (lc->target_params & FT_LORA_PARAM_ROUTER) {
+            char na[256], nb[256], nw[256];
+            snprintf(na, sizeof na, PEFT_PREFIX "%slayers.%d.mlp.gate.lora_A.weight",
+                     c->module_prefix, l);
+            snprintf(nb, sizeof nb, PEFT_PREFIX "%slayers.%d.mlp.gate.lora_B.weight",
+                     c->module_prefix, l);
+            snprintf(nw, sizeof nw, "%smodel.layers.%d.%s.gate.weight", c->ckpt_prefix, l,
+                     c->moe_name);
+            ft_param *a = ft_model_find_param(m, na), *b = ft_model_find_param(m, nb);
+            ft_param *w = ft_model_find_param(m, nw);
+            int r = lc->r;
+            if (!a || !b || !w || a->shape[0] != r || a->shape[1] != C || b->shape[0] != E ||
+                b->shape[1] != r || w->shape[0] != E || w->shape[1] != C)
+                return ft_fail(err, "the router's LoRA pair %s does not fit %s", na, nw);
+            double s = ft_lora_param_scaling(lc, FT_LORA_PARAM_ROUTER);
+            for (int o = 0; o < E; o++)
+                for (int i = 0; i < C; i++) {
+                    double acc = 0.0;
+                    for (int j = 0; j < r; j++)
+                        acc += (double)b->data[(size_t)o * r + j] * a->data[(size_t)j * C + i];
+                    w->data[(size_t)o * C + i] += (float)(s * acc);
+                }
+        }
+        for (int h = 0; h < 2; h++) {
+            unsigned bit = h == 0 ? FT_LORA_PARAM_GATE_UP : FT_LORA_PARAM_DOWN;
+            if (!(lc->target_params & bit))
+                continue;
+            const char *nest = h == 0 && (lc->target_params & FT_LORA_PARAM_DOWN)
+                                   ? ".base_layer" : "";
+            char na[256], nb[256];
+            snprintf(na, sizeof na, PEFT_PREFIX "%slayers.%d.mlp.experts%s.lora_A.weight",
+                     c->module_prefix, l, nest);
+            snprintf(nb, sizeof nb, PEFT_PREFIX "%slayers.%d.mlp.experts%s.lora_B.weight",
+                     c->module_prefix, l, nest);
+            ft_param *a = ft_model_find_param(m, na), *b = ft_model_find_param(m, nb);
+            int R = ft_lora_param_rank(lc, bit), in = h == 0 ? C : I, out = h == 0 ? 2 * I : C;
+            if (!a || !b || a->shape[0] != (int64_t)E * R || a->shape[1] != in ||
+                b->shape[0] != out || b->shape[1] != (int64_t)E * R)
+                return ft_fail(err, "the experts' LoRA pair %s does not fit layer %d", na, l);
+            double s = ft_lora_param_scaling(lc, bit);
+            for (int e = 0; e < E; e++)
+                for (int part = 0; part < (h == 0 ? 2 : 1); part++) {
+                    char nw[256];
+                    snprintf(nw, sizeof nw, "%smodel.layers.%d.%s.experts.%d.%s.weight",
+                             c->ckpt_prefix, l, c->moe_name, e,
+                             c->expert_proj[h == 1 ? 2 : part]);
+                    ft_param *w = ft_model_find_param(m, nw);
+                    int rows = h == 0 ? I : C;
+                    if (!w || w->shape[0] != rows || w->shape[1] != in)
+                        return ft_fail(err, "the experts' LoRA pair %s: no weight %s", na, nw);
+                    for (int o = 0; o < rows; o++)
+                        for (int i = 0; i < in; i++) {
+                            double acc = 0.0;
+                            int bo = part * I + o; /* B's row */
+                            for (int j = 0; j < R; j++)
+                                acc += (double)b->data[(size_t)bo * E * R + (size_t)j * E + e] *
+                                       a->data[((size_t)e * R + j) * in + i];
+                            w->data[(size_t)o * in + i] += (float)(s * acc);
+                        }
+                }
+        }
+    }
+    return 0;
+}
+
 int ft_merge_lora_weights(ft_model *m, float scaling, ft_err *err)
 {
     int pairs = merge_embedding(m, scaling, err);
@@ -120,6 +205,11 @@ int ft_merge_lora_weights(ft_model *m, float scaling, ft_err *err)
         ft_param *a = ft_model_param(m, i);
         if (!a->is_lora || !strstr(a->name, ".lora_A."))
             continue;
+        if (strstr(a->name, ".mlp.experts.") || strstr(a->name, ".mlp.gate.lora_A")) {
+            /* merge_moe's */
+            pairs++;
+            continue;
+        }
         ft_param *w = NULL, *b = NULL;
         if (find_pair(m, a, &w, &b, err))
             return -1;
@@ -301,7 +391,14 @@ int ft_merge(const ft_merge_options *o, ft_err *err)
     if (rc == 0 && ft_model_dequantize_base(m, err))
         rc = -1;
     json_object_del(cfg_json, "quantization_config"); /* the output is dense */
-    if (rc == 0 && ft_merge_lora_weights(m, ft_lora_scaling(&lc), err))
+    /* an adapter for a grown vocabulary (added tokens): the merged model has its
+     * vocabulary, as resize_token_embeddings sets config.vocab_size */
+    bool resized = rc == 0 && json_integer_value(json_object_get(cfg_json, "vocab_size")) !=
+                                  ft_model_cfg(m)->vocab_size;
+    if (resized)
+        json_object_set_new(cfg_json, "vocab_size", json_integer(ft_model_cfg(m)->vocab_size));
+    if (rc == 0 && (merge_moe(m, &lc, err) ||
+                    ft_merge_lora_weights(m, ft_lora_scaling(&lc), err)))
         rc = ft_fail_prefix(err, "%s", o->adapter_dir);
     if (rc) {
         ft_model_free(m);
@@ -323,6 +420,10 @@ int ft_merge(const ft_merge_options *o, ft_err *err)
     json_decref(cfg_json);
     if (rc == 0)
         rc = ft_copy_passthrough_files(o->model_dir, tmp, err);
+    /* ... and the tokenizer with the added tokens, saved beside the adapter
+     * (tokenizer.save_pretrained there): its files replace the base model's */
+    if (rc == 0 && resized)
+        rc = ft_copy_passthrough_files(o->adapter_dir, tmp, err);
     if (rc == 0)
         rc = ft_publish_dir(tmp, out, o->force, "ft-merge", err);
     if (rc)

@@ -214,6 +214,31 @@ static int build_layout(layout *lo)
                                     out, 0, "base_model.model.model.layers.%d.%s."
                                     "lora_magnitude_vector", l, ft_proj_path((ft_proj)p));
             }
+            /* PEFT's ParamWrapper on the router's weight (transformers 5: mlp.gate) */
+            if (c->num_experts > 0 && (m->opt.lora.target_params & FT_LORA_PARAM_ROUTER)) {
+                rc |= add_param(lo, l + 1, true, true, &w->rlora_a, &w->g_rlora_a, 2, r, C,
+                                "base_model.model.%slayers.%d.mlp.gate.lora_A.weight", mp, l);
+                rc |= add_param(lo, l + 1, true, true, &w->rlora_b, &w->g_rlora_b, 2,
+                                c->num_experts, r,
+                                "base_model.model.%slayers.%d.mlp.gate.lora_B.weight", mp, l);
+            }
+            /* PEFT's ParamWrappers on the fused experts (lora.h's target_params) */
+            for (int h = 0; h < 2 && c->num_experts > 0; h++) {
+                unsigned bit = h == 0 ? FT_LORA_PARAM_GATE_UP : FT_LORA_PARAM_DOWN;
+                if (!(m->opt.lora.target_params & bit))
+                    continue;
+                int64_t R = ft_lora_param_rank(&m->opt.lora, bit), E = c->num_experts;
+                int64_t in = h == 0 ? C : c->intermediate_size;
+                int64_t out = h == 0 ? 2 * (int64_t)c->intermediate_size : C;
+                const char *nest = h == 0 && (m->opt.lora.target_params & FT_LORA_PARAM_DOWN)
+                                       ? ".base_layer" : "";
+                rc |= add_param(lo, l + 1, true, true, &w->xlora_a[h], &w->g_xlora_a[h], 2,
+                                E * R, in, "base_model.model.%slayers.%d.mlp.experts%s."
+                                "lora_A.weight", mp, l, nest);
+                rc |= add_param(lo, l + 1, true, true, &w->xlora_b[h], &w->g_xlora_b[h], 2,
+                                out, E * R, "base_model.model.%slayers.%d.mlp.experts%s."
+                                "lora_B.weight", mp, l, nest);
+            }
         }
     }
     rc |= add_param(lo, L + 1, full, false, &m->norm_f, &m->g_norm_f, 1, C, 0,
@@ -508,6 +533,29 @@ static bool ignorable_tensor(ft_model *m, const char *name)
            strcmp(name + strlen(cp), "lm_head.weight") == 0;
 }
 
+/* A base weight of the vocabulary (embedding, untied head) of a resized model: its first
+ * base_vocab rows from tensor t, the rest zero until the adapter fills them. */
+static bool resized_rows(const ft_model *m, const ft_param *p, const ft_st_tensor *t)
+{
+    return m->base_vocab && !p->quantized && p->ndim == 2 && t->ndim == 2 &&
+           p->shape[0] == m->cfg.vocab_size && t->shape[0] == m->base_vocab &&
+           t->shape[1] == p->shape[1];
+}
+
+static int read_resized_rows(ft_model *m, ft_param *p, const ft_st_tensor *t, ft_err *err)
+{
+    float *host = m->dev == FT_DEV_CPU ? p->data : malloc(p->numel * sizeof *host);
+    if (!host)
+        return ft_fail(err, "out of host memory reading '%s'", p->name);
+    memset(host + t->numel, 0, (p->numel - t->numel) * sizeof *host);
+    int rc = ft_st_to_f32_finite(t, host, t->numel, err);
+    if (rc == 0 && host != p->data)
+        rc = ft_model_param_set(m, p, host, err);
+    if (host != p->data)
+        free(host);
+    return rc;
+}
+
 int model_read_weights(ft_model *m, const char *dir, int unit, ft_err *err)
 {
     ft_checkpoint *ck;
@@ -525,6 +573,11 @@ int model_read_weights(ft_model *m, const char *dir, int unit, ft_err *err)
         }
         if (p->quantized) {
             rc = read_quantized(m, ck, i, t, err);
+            continue;
+        }
+        if (resized_rows(m, p, t)) {
+            if (p->data)
+                rc = read_resized_rows(m, p, t, err);
             continue;
         }
         bool shape_ok = t->ndim == p->ndim && t->shape[0] == p->shape[0] &&
@@ -611,13 +664,13 @@ static int lora_layers(ft_model *m, ft_err *err)
      * config, as for PEFT, fine while the targets select something (an adapter may list
      * the names of several families). */
     unsigned projs = ft_block_projections(&m->cfg);
-    if (m->cfg.num_experts > 0 &&
-        ((lc->targets & ~FT_LORA_OUTER) == FT_LORA_ALL_LINEAR || lc->target_regex[0]))
-        return ft_fail(err, "LoRA target_modules %s on model_type '%s': PEFT's all-linear and "
-                       "regexes also reach the experts and the router, and LoRA on those is "
-                       "not implemented yet (list attention modules: q_proj, k_proj, v_proj, "
-                       "o_proj)", lc->target_regex[0] ? "as a regex" : "'all-linear'",
-                       m->cfg.model_type);
+    if (m->cfg.num_experts > 0 && lc->target_regex[0])
+        return ft_fail(err, "LoRA target_modules as a regex on model_type '%s' is not "
+                       "supported (PEFT resolves it against the experts' fused parameters; "
+                       "list the modules: q_proj, k_proj, v_proj, o_proj, gate (the router), "
+                       "w1, w2, w3, or all-linear)", m->cfg.model_type);
+    if (ft_lora_resolve_moe(&m->opt.lora, m->cfg.num_experts > 0, err))
+        return -1;
     unsigned absent = lc->targets & ~projs & ~FT_LORA_OUTER;
     if ((lc->targets & ~FT_LORA_OUTER) != FT_LORA_ALL_LINEAR && absent && !lc->source[0])
         for (int p = 0; p < FT_NPROJ; p++)
@@ -632,7 +685,17 @@ static int lora_layers(ft_model *m, ft_err *err)
         m->lora_union |= m->lora_mask[l];
     }
     unsigned outer = lc->targets & FT_LORA_OUTER;
-    if (!m->lora_union && !outer)
+    if (lc->target_params && m->cfg.num_experts == 0)
+        return ft_fail(err, "LoRA target_parameters (a MoE's router or experts) on model_type "
+                       "'%s', which has neither", m->cfg.model_type);
+    if (lc->target_params && lc->dropout > 0)
+        return ft_fail(err, "LoRA dropout must be 0 with LoRA on a MoE's router or experts "
+                       "(gate, w1, w2, w3, or all-linear: PEFT's target_parameters, where PEFT "
+                       "refuses dropout; got %g): set tuning.lora.dropout to 0, or target the "
+                       "attention modules only", lc->dropout);
+    if (lc->target_params && lc->dora)
+        return ft_fail(err, "DoRA (use_dora) with target_parameters is not supported");
+    if (!m->lora_union && !outer && !lc->target_params)
         return ft_fail(err, "the LoRA target modules select no linear layer of this model");
     /* (PEFT wraps the tied head and embedding apart, which unties them, and warns) */
     if (outer && m->cfg.tie_word_embeddings)
@@ -694,6 +757,28 @@ static const char *device_unsupported(const ft_model_options *opt)
 #endif
 }
 
+/* An adapter for a vocabulary grown by added tokens (PEFT after resize_token_embeddings):
+ * the model takes the adapter's vocabulary; the checkpoint gives the old rows. */
+static int resize_vocab(ft_model *m, ft_err *err)
+{
+    int64_t V = m->opt.mode == FT_TRAIN_LORA ? m->opt.lora.vocab_size : 0;
+    if (V == 0 || V == m->cfg.vocab_size)
+        return 0;
+    const char *src = m->opt.lora.source[0] ? m->opt.lora.source : "the LoRA settings";
+    if (V < m->cfg.vocab_size)
+        return ft_fail(err, "%s: the adapter's embedding / head have %lld rows, fewer than the "
+                            "model's vocabulary (%lld in %s/config.json): a shrunk vocabulary "
+                            "is not supported",
+                       src, (long long)V, (long long)m->cfg.vocab_size, m->dir);
+    if (m->cfg.multimodal)
+        return ft_fail(err, "%s: an adapter for a resized vocabulary (%lld tokens; config.json "
+                            "has %lld) on a multimodal %s model is not supported",
+                       src, (long long)V, (long long)m->cfg.vocab_size, m->cfg.model_type);
+    m->base_vocab = m->cfg.vocab_size;
+    m->cfg.vocab_size = V;
+    return 0;
+}
+
 int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, ft_err *err)
 {
     *out = NULL;
@@ -708,6 +793,10 @@ int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, 
     }
     m->opt = *opt;
     snprintf(m->dir, sizeof m->dir, "%s", dir);
+    if (resize_vocab(m, err)) {
+        free(m);
+        return -1;
+    }
     const ft_quant_config qc = m->cfg.quant;
     if (qc.present) {
         m->quant = qc.opt;
@@ -802,7 +891,8 @@ static void free_activations(ft_model *m)
                          &m->d_ln,     &m->d_br,  &m->d_att, &m->d_q,    &m->d_k,
                          &m->d_v,      &m->d_act, &m->d_gate, &m->d_up,  &m->d_lora_h,
                          &m->x_drop,   &m->dora_w, &m->dora_g, &m->dora_inv, &m->dora_t,
-                         &m->dora_d,   &m->lora_xh, &m->d_moe, &m->d_rw,   &m->d_rlogits};
+                         &m->dora_d,   &m->lora_xh, &m->d_moe, &m->d_rw,   &m->d_rlogits,
+                         &m->xlora_bs, &m->xlora_gbs, &m->xlora_dh};
     for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++) {
         ft_free_on(&m->mem, m->dev, *scratch[i]);
         *scratch[i] = NULL;
@@ -831,6 +921,9 @@ static void free_activations(ft_model *m)
             ft_free_on(&m->mem, m->dev, bufs[i]);
         for (int p = 0; p < FT_NPROJ; p++)
             ft_free_on(&m->mem, m->dev, a->lora_h[p]);
+        ft_free_on(&m->mem, m->dev, a->rlora_h);
+        ft_free_on(&m->mem, m->dev, a->xlora_h[0]);
+        ft_free_on(&m->mem, m->dev, a->xlora_h[1]);
         void *moe[] = {a->rlogits, a->probs, a->idx, a->rw, a->rows, a->slot,
                        a->xe,      a->ge,    a->ue,  a->acte, a->ye};
         for (size_t i = 0; i < sizeof moe / sizeof *moe; i++)
@@ -897,6 +990,18 @@ static int alloc_layer_set(ft_model *m, layer_acts *a, size_t N)
                 if (!(a->lora_h[p] = ft_alloc_on(&m->mem, m->dev, FT_MEM_ACTIVATIONS,
                                                  N * (size_t)m->opt.lora.r * e)))
                     return -1;
+    if (m->opt.mode == FT_TRAIN_LORA && moe &&
+        (m->opt.lora.target_params & FT_LORA_PARAM_ROUTER) &&
+        !(a->rlora_h = ft_alloc_on(&m->mem, m->dev, FT_MEM_ACTIVATIONS,
+                                   N * (size_t)m->opt.lora.r * e)))
+        return -1;
+    for (int h = 0; h < 2 && m->opt.mode == FT_TRAIN_LORA && moe; h++) {
+        unsigned bit = h == 0 ? FT_LORA_PARAM_GATE_UP : FT_LORA_PARAM_DOWN;
+        if ((m->opt.lora.target_params & bit) &&
+            !(a->xlora_h[h] = ft_alloc_on(&m->mem, m->dev, FT_MEM_ACTIVATIONS,
+                                          M * (size_t)ft_lora_param_rank(&m->opt.lora, bit) * e)))
+            return -1;
+    }
     return 0;
 }
 
@@ -944,6 +1049,8 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
     /* MoE: the MLP's scratch holds the k grouped rows of each token */
     size_t K = c->num_experts > 0 ? (size_t)c->experts_per_tok : 1;
     bool moe = c->num_experts > 0;
+    size_t xbs = 0, xdh = 0; /* LoRA on the experts */
+    moe_experts_lora_dims(m, &xbs, &xdh);
     struct {
         float **p;
         size_t n;
@@ -984,6 +1091,9 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
         {&m->lora_xh, NS * (size_t)(m->opt.lora.r > 0 ? m->opt.lora.r : 1),
          m->opt.mode == FT_TRAIN_LORA && (m->opt.lora.targets & FT_LORA_OUTER),
          FT_MEM_WORKSPACE, false},
+        {&m->xlora_bs, xbs, xbs > 0, FT_MEM_WORKSPACE, false},
+        {&m->xlora_gbs, xbs, xbs > 0 && train, FT_MEM_WORKSPACE, true},
+        {&m->xlora_dh, NS * K * xdh, xdh > 0 && train, FT_MEM_WORKSPACE, false},
     };
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i].need &&

@@ -46,8 +46,9 @@
  * sits on the fused module (one A; B's row blocks).
  * A MoE family (mixtral, qwen3_moe) replaces the MLP by a router and experts (moe.c: each
  * token's top-k experts' MLPs, weighted by the router softmax, renormalised over the top k
- * when cfg.norm_topk_prob); for now LoRA on the attention modules only (QLoRA quantizes
- * the experts too).
+ * when cfg.norm_topk_prob); LoRA may sit on the router and on the experts as PEFT's
+ * ParamWrapper puts it (lora.h's target_params; moe_lora.c), and QLoRA quantizes the
+ * experts too.
  * A linear layer is y = x W^T + b, plus with LoRA: y += scaling * (dropout(x) A^T) B^T; with
  * DoRA (lora.dora) y = b + m / ||W + s B A||_row (x W^T + s dropout(x) A^T B^T) (dora.c
  * for dropout). LoRA may also sit on lm_head (a linear layer, before the logit scaling and
@@ -173,15 +174,19 @@ bool ft_model_carried_tensor(const ft_model_config *cfg, const char *name);
 
 /* Loads config.json and the weights (model.safetensors or a sharded index; F32, F16 or
  * BF16, converted to fp32) from dir. In LoRA mode, creates A with PEFT's default init
- * (kaiming-uniform, bound 1/sqrt(in), seeded) and B = 0. Errors name the file, key or
- * tensor. */
+ * (kaiming-uniform, bound 1/sqrt(in), seeded) and B = 0. With opt->lora.vocab_size above
+ * config.json's (LoRA settings read from an adapter for a grown vocabulary) the model has
+ * that vocabulary (ft_model_cfg's vocab_size): the checkpoint fills the embedding's and
+ * the head's first rows, and ft_model_load_adapter must then fill every row. Errors name
+ * the file, key or tensor. */
 int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, ft_err *err);
 void ft_model_free(ft_model *m);
 
 /* Replaces the LoRA weights (and the modules_to_save weights) with those of a PEFT
  * adapter dir (adapter_model.safetensors). The adapter's config must match the model's
  * LoRA options (r, targets, modules_to_save); every expected key must be present with the
- * right shape. */
+ * right shape. A grown vocabulary's embedding / head (lib/model/adapter.c) must all be in
+ * it. */
 int ft_model_load_adapter(ft_model *m, const char *adapter_dir, ft_err *err);
 
 const ft_model_config *ft_model_cfg(const ft_model *m);
@@ -275,8 +280,9 @@ int ft_model_backward_split(ft_model *m, const int32_t *split, const float *scal
 
 /* LoRA adapter on (the default) or off: off, forwards compute the base model alone (the
  * DPO reference of a LoRA run, as PEFT's disable_adapter) and cannot be followed by a
- * backward. */
-void ft_model_set_adapter(ft_model *m, bool enabled);
+ * backward. Switching off an adapter with modules_to_save fails (PEFT then uses the
+ * original embedding / head, which the model does not keep). */
+int ft_model_set_adapter(ft_model *m, bool enabled, ft_err *err);
 
 /* Training mode (the default for a trainable model) applies LoRA dropout; evaluation
  * mode (false) does not, as torch's model.eval(). */

@@ -30,6 +30,12 @@ typedef struct layer_weights {
      * down weights at expert[3 e + 0, 1, 2] ([I, C], [I, C], [C, I]); grads likewise */
     float *router, *g_router;
     float **expert, **g_expert; /* [3 E] */
+    /* LoRA on the router (lora.target_params FT_LORA_PARAM_ROUTER; moe_lora.c): A [r, C],
+     * B [E, r]; NULL without */
+    float *rlora_a, *rlora_b, *g_rlora_a, *g_rlora_b;
+    /* LoRA on the experts (FT_LORA_PARAM_GATE_UP, _DOWN; moe_lora.c), in PEFT's layout
+     * (lora.h's target_params): [0] the gate_up pair, [1] the down pair; NULL without */
+    float *xlora_a[2], *xlora_b[2], *g_xlora_a[2], *g_xlora_b[2];
 } layer_weights;
 
 /* What backward needs from one layer's forward. With gradient checkpointing every layer
@@ -64,6 +70,9 @@ typedef struct layer_acts {
     float *xe;            /* [M, C] the gathered MLP input */
     float *ge, *ue, *acte; /* [M, I] gate, up, silu(gate) * up */
     float *ye;            /* [M, C] expert outputs before weighting */
+    float *rlora_h;       /* [N, r] x A^T of the router's LoRA (NULL without) */
+    float *xlora_h[2];    /* [M, 2r], [M, r]: each grouped row's xe A_e^T, acte A_e^T of
+                           * the experts' gate_up and down pairs (NULL without) */
 } layer_acts;
 
 /* The activations of one forward (a GPipe activation slot; see ft_model_use_activation_slot):
@@ -129,6 +138,11 @@ struct ft_model {
     float *hlora_a, *hlora_b, *g_hlora_a, *g_hlora_b;
     unsigned outer_base_read; /* FT_LORA_EMBED / _HEAD: an adapter's base_layer weight
                                * replaced that base weight (saved again with the adapter) */
+    /* An adapter made after resize_token_embeddings (opt.lora.vocab_size above
+     * config.json's): config.json's vocabulary (cfg.vocab_size is the adapter's); 0 when
+     * not resized. The checkpoint fills the first base_vocab rows of the embedding and
+     * the head, the adapter all of them (model_read_adapter checks it does). */
+    int64_t base_vocab;
     layer_weights *layers;
     float *inv_freq; /* [model_rope_sets][rotary_dim/2] on the host: the RoPE frequencies,
                       * then (longrope) the long-context set or (gemma3) the sliding
@@ -188,6 +202,9 @@ struct ft_model {
     /* [N, r]: the embedding's A^T[ids], or the head's dropout(lnf) A^T (recomputed in the
      * backward, not kept); with LoRA on the embedding or the head */
     float *lora_xh;
+    /* LoRA on the experts (moe_lora.c): one pair's B split expert-major [E, out, R]
+     * (compute dtype), its gradient so (fp32), and dh [M, 2r] */
+    float *xlora_bs, *xlora_gbs, *xlora_dh;
     /* MoE (moe.c): d_act, d_gate, d_up hold [N k, I] then; and */
     float *d_moe;                /* [N k, C]: d ye, then d xe */
     float *d_rw;                 /* [N, k] fp32 */
@@ -315,6 +332,20 @@ void moe_backward(ft_model *m, int l, const float *x, const float *dy, float *dx
  * layers): m->aux_loss; and its gradient for the backward (aux_dp). Reduced over the
  * ranks first when a reduce is set (ft_model_set_aux_reduce). */
 void moe_aux_begin(ft_model *m);
+/* moe_lora.c: LoRA on layer l's router (no-ops without it). Forward: rlogits += s (x A^T)
+ * B^T, keeping x A^T; backward: from d_rlogits, dA, dB, and dx += s d_rlogits B A. */
+void moe_router_lora_forward(ft_model *m, int l, const float *x, float *rlogits);
+void moe_router_lora_backward(ft_model *m, int l, const float *x, const float *d_rlogits,
+                              float *dx);
+/* LoRA on layer l's experts, pair bit (FT_LORA_PARAM_GATE_UP or _DOWN; no-ops without
+ * it), over the grouping of the layer's forward. Forward, after the base GEMMs of that
+ * pair: ge, ue += s (xe A_e^T) B_e^T (gate_up) or ye += s (acte A_e^T) B_e^T (down), per
+ * expert. Backward, after the base backward of the pair: from d ge, d ue (d_gate, d_up)
+ * or d ye (d_moe), dA, dB and d xe (d_moe) or d acte (d_act). */
+void moe_experts_lora_forward(ft_model *m, int l, unsigned bit);
+void moe_experts_lora_backward(ft_model *m, int l, unsigned bit);
+/* The sizes of the scratch above for a model (elements): split B, dh per row. */
+void moe_experts_lora_dims(const ft_model *m, size_t *bs, size_t *dh_per_row);
 int moe_aux_end(ft_model *m, ft_err *err);
 
 /* (Re)allocates activation and scratch buffers for B x T tokens. */

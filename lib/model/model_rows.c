@@ -47,4 +47,16 @@ int ft_model_backward_split(ft_model *m, const int32_t *split, const float *scal
     return rc;
 }
 
-void ft_model_set_adapter(ft_model *m, bool enabled) { m->adapter_off = !enabled; }
+int ft_model_set_adapter(ft_model *m, bool enabled, ft_err *err)
+{
+    if (!enabled && m->opt.mode == FT_TRAIN_LORA && m->opt.lora.modules_to_save)
+        return ft_fail(err, "the adapter trains %s in full (modules_to_save): with the adapter "
+                       "switched off PEFT computes with the original module, which is not "
+                       "kept here; give the reference as a model (ft-eval --reference) or "
+                       "leave modules_to_save out",
+                       m->opt.lora.modules_to_save == FT_SAVE_EMBED  ? "embed_tokens"
+                       : m->opt.lora.modules_to_save == FT_SAVE_HEAD ? "lm_head"
+                                                                     : "embed_tokens and lm_head");
+    m->adapter_off = !enabled;
+    return 0;
+}

@@ -11,7 +11,8 @@
  * its three GEMMs, and the outputs are combined back with the weights. The backward
  * treats the selection as a constant, as autograd does: the gradient reaches the router
  * through the selected, renormalised probabilities (ft_moe_router_backward), so dx has
- * the experts' part and the router's, and the router trains in full mode.
+ * the experts' part and the router's, and the router trains in full mode (or carries a
+ * LoRA pair: moe_lora.c).
  *
  * The load-balancing loss (cfg.output_router_logits) is transformers'
  * load_balancing_loss_func without a mask over the forward's MoE layers:
@@ -83,6 +84,7 @@ void moe_forward(ft_model *m, int l, const float *x, float *y, bool record)
 
     ft_linear_forward(A_(a->rlogits, NE), A_(x, (size_t)N * C), A_(w->router, (size_t)E * C),
                       ft_none(), N, C, E, 1.0f, 0);
+    moe_router_lora_forward(m, l, x, a->rlogits);
     ft_moe_router_forward(F_(a->probs, NE), I_(a->idx, NK), F_(a->rw, NK), A_(a->rlogits, NE),
                           N, E, k, c->norm_topk_prob);
     if (record && m->aux_counts)
@@ -100,6 +102,7 @@ void moe_forward(ft_model *m, int l, const float *x, float *y, bool record)
         ft_linear_forward(A_(rows_at(m, a->ue, r0, I), (size_t)n * I), A_(xe, (size_t)n * C),
                           A_(w->expert[3 * e + 1], (size_t)I * C), ft_none(), n, C, I, 1.0f, 0);
     }
+    moe_experts_lora_forward(m, l, FT_LORA_PARAM_GATE_UP);
     ft_swiglu_forward(A_(a->acte, NK * I), A_(a->ge, NK * I), A_(a->ue, NK * I), NK * I);
     for (int e = 0; e < E; e++) {
         int r0 = a->offsets[e], n = a->offsets[e + 1] - r0;
@@ -109,6 +112,7 @@ void moe_forward(ft_model *m, int l, const float *x, float *y, bool record)
                           A_(rows_at(m, a->acte, r0, I), (size_t)n * I),
                           A_(w->expert[3 * e + 2], (size_t)C * I), ft_none(), n, I, C, 1.0f, 0);
     }
+    moe_experts_lora_forward(m, l, FT_LORA_PARAM_DOWN);
     if (y)
         ft_moe_combine_forward(A_(y, (size_t)N * C), A_(a->ye, NK * C), F_(a->rw, NK),
                                I_(a->slot, NK), N, k, C, 0);
@@ -141,6 +145,7 @@ void moe_backward(ft_model *m, int l, const float *x, const float *dy, float *dx
                            A_(rows_at(m, a->acte, r0, I), (size_t)n * I),
                            A_(w->expert[3 * e + 2], (size_t)C * I), n, I, C, 1.0f);
     }
+    moe_experts_lora_backward(m, l, FT_LORA_PARAM_DOWN);
     ft_zero(A_(m->d_gate, NK * I), NK * I);
     ft_zero(A_(m->d_up, NK * I), NK * I);
     ft_swiglu_backward(A_(m->d_gate, NK * I), A_(m->d_up, NK * I), A_(m->d_act, NK * I),
@@ -161,6 +166,7 @@ void moe_backward(ft_model *m, int l, const float *x, const float *dy, float *dx
                                A_(w->expert[3 * e + h], (size_t)I * C), n, C, I, 1.0f);
         }
     }
+    moe_experts_lora_backward(m, l, FT_LORA_PARAM_GATE_UP);
     ft_moe_gather_backward(A_(dx, nC), A_(m->d_moe, NK * C), I_(a->slot, NK), N, k, C);
     /* router: through the top-k weights (and the load-balancing term) to the logits,
      * then to x and R */
@@ -171,6 +177,7 @@ void moe_backward(ft_model *m, int l, const float *x, const float *dy, float *dx
     ft_linear_backward(A_(dx, nC), OPTF_(w->g_router, (size_t)E * C), ft_none(),
                        A_(m->d_rlogits, NE), A_(x, nC), A_(w->router, (size_t)E * C), N, C, E,
                        1.0f);
+    moe_router_lora_backward(m, l, x, m->d_rlogits, dx);
 }
 
 void moe_aux_begin(ft_model *m)

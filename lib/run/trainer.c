@@ -1108,6 +1108,10 @@ static int check_objective(trainer *t, const ft_dist_options *dopt, ft_err *err)
         return ft_fail(err, "config: train.predict_with_generate does not work with "
                             "train.objective = %s (its evaluation reports preference accuracy)",
                        name);
+    if (!orpo && t->cfg->tuning.mode != FT_TUNING_FULL && t->cfg->tuning.lora.modules_to_save[0])
+        return ft_fail(err, "config: tuning.lora.modules_to_save does not work with "
+                            "train.objective = dpo yet (its reference, the adapter switched "
+                            "off, needs the original modules, which are not kept)");
     if (t->cfg->data.packing)
         return ft_fail(err, "config: data.packing does not work with train.objective = %s "
                             "(each sequence is its own row, as in TRL's trainers)", name);

@@ -197,9 +197,10 @@ static int forwards(ft_pref_objective *p, ft_model *m, const ft_batch *b, double
                 rc = -1;
         }
     } else {
-        ft_model_set_adapter(m, false);
-        rc = ft_model_forward_rows(m, b, ref, err);
-        ft_model_set_adapter(m, true);
+        rc = ft_model_set_adapter(m, false, err);
+        if (rc == 0)
+            rc = ft_model_forward_rows(m, b, ref, err);
+        ft_model_set_adapter(m, true, NULL);
     }
     if (rc)
         return ft_fail_prefix(err, "reference forward");

@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import subprocess
+import warnings
 from pathlib import Path
 
 import pytest
@@ -188,6 +189,75 @@ def test_loss_with_adapter(ft_eval, env, tmp_path, targets, extra):
     # the adapter changes the loss (B is random, not zero)
     base = _json(ft_eval, "--model", d, "--data", data)
     assert abs(base["loss"] - got["loss"]) > 1e-4
+
+
+ADDED = ["<|im_start|>", "<|im_end|>", "<tool>"]
+
+
+@pytest.mark.parametrize("extra", [dict(target_modules=["q_proj"],
+                                        modules_to_save=["embed_tokens", "lm_head"]),
+                                   dict(target_modules=["q_proj", "v_proj"]),
+                                   dict(target_modules=["q_proj", "embed_tokens", "lm_head"])],
+                         ids=["modules_to_save", "saved_embeddings", "embed_head"])
+def test_loss_with_added_tokens(ft_eval, env, tmp_path, extra):
+    """Chat tokens added as PEFT users add them: tokenizer.add_special_tokens, the model
+    resize_token_embeddings'd, get_peft_model, the adapter and the tokenizer saved in one
+    dir. ft-eval --adapter takes the adapter dir's tokenizer and vocabulary (the data
+    uses the new tokens); the loss is PEFT's on the reloaded adapter."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoTokenizer
+
+    d, _, _ = env
+    tok = AutoTokenizer.from_pretrained(str(d))
+    V = len(tok)
+    assert tok.add_special_tokens({"additional_special_tokens": ADDED}) == len(ADDED)
+    base = ftref.load_hf(d)
+    torch.manual_seed(3)
+    base.resize_token_embeddings(len(tok))
+    pm = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                                         task_type="CAUSAL_LM", **extra))
+    g = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if ".lora_" in n:
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+            elif ".modules_to_save." in n:
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "README.md").write_text("---\nlibrary_name: peft\n---\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pm.save_pretrained(str(adapter), safe_serialization=True)
+    tok.save_pretrained(str(adapter))
+    base2 = ftref.load_hf(d)
+    base2.resize_token_embeddings(len(AutoTokenizer.from_pretrained(str(adapter))))
+    model = PeftModel.from_pretrained(base2, str(adapter))
+    model.eval()
+    records = [{"prompt": "<|im_start|>user Hello, who are you?<|im_end|>",
+                "completion": "<|im_start|> I am a small model.<tool><|im_end|>"},
+               {"prompt": "The quick<tool>", "completion": " brown fox<|im_end|>"}]
+    data = _write(tmp_path / "pc.jsonl", records)
+    samples = _ref_samples(tok, records, 2048)
+    assert all(V <= i for i in tok.convert_tokens_to_ids(ADDED))
+    assert sum(i >= V for ids, _ in samples for i in ids) >= 6  # the new tokens are used
+    want, n = _ref_loss(model, samples)
+    got = _json(ft_eval, "--model", d, "--adapter", adapter, "--data", data, "--batch-size", 2)
+    _check_loss(got, want, n, len(samples))
+    # ft-merge: the merged checkpoint has the new vocabulary and the adapter's tokenizer,
+    # and transformers reads it (AutoTokenizer, AutoModelForCausalLM) to the same loss
+    merged = tmp_path / "merged"
+    ftref.run_tool([ftref.tool_exe("FT_MERGE", "ft-merge"), "--model", d, "--adapter", adapter,
+                    "--out", merged, "--dtype", "f32"])
+    mtok = AutoTokenizer.from_pretrained(str(merged))
+    assert len(mtok) == len(tok) and mtok.convert_tokens_to_ids(ADDED) == \
+        tok.convert_tokens_to_ids(ADDED)
+    assert json.loads((merged / "config.json").read_text())["vocab_size"] == len(tok)
+    mwant, mn = _ref_loss(ftref.load_hf(merged), _ref_samples(mtok, records, 2048))
+    assert mn == n
+    ftref.assert_close("merged loss", torch.tensor([mwant]), torch.tensor([want]), TOL)
+    _check_loss(_json(ft_eval, "--model", merged, "--data", data, "--batch-size", 2), want, n,
+                len(samples))
 
 
 # ---- generation ------------------------------------------------------------------------

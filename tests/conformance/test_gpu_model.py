@@ -307,3 +307,46 @@ def test_gpu_gemma3_multimodal_lora(ft, tmp_path_factory, dtype):
                        ftref.TOL_LOGITS if fp32 else BF16_TOL_LOSS)
     ftref.assert_tensor_dict_close("grad.", out, {k: v.float() for k, v in grads.items()},
                                    ftref.TOL_GRAD if fp32 else BF16_TOL_GRAD_VS_PEFT)
+
+
+# Adapters for a grown vocabulary (test_resized_vocab.py): the checkpoint's rows and the
+# adapter's written to the GPU model; against PEFT on the resized base and our CPU model
+RESIZED = [("llama_gqa", "mts"), ("llama_gqa", "saved"), ("phi3", "lora_outer"),
+           ("gemma", "mts")]
+
+
+@pytest.mark.parametrize("model_name,variant", RESIZED, ids=[f"{m}-{v}" for m, v in RESIZED])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_gpu_resized_vocab(store, ft, tmp_path, model_name, variant, dtype):
+    from peft import PeftModel
+    from test_resized_vocab import ADDED, VARIANTS, batch, make_adapter, resized_base
+
+    shape = ftref.SHAPES[model_name]
+    V = shape.cfg["vocab_size"]
+    model_dir = store.model(model_name)
+    adapter, _ = make_adapter(model_dir, tmp_path / "adapter",
+                              VARIANTS[variant][shape.cfg["tie_word_embeddings"]], 6)
+    tdtype = torch.float32 if dtype == "fp32" else torch.bfloat16
+    base = resized_base(model_dir, V + ADDED).to(device=REF_DEVICE, dtype=tdtype)
+    ref = PeftModel.from_pretrained(base, str(adapter), is_trainable=True)
+    ref.eval()
+    ids, labels = batch(V, shape.T, shape.seed + 7, shape.cfg.get("pad_token_id"))
+    logits, loss, grads = ftref.hf_grads(ref, ids.to(REF_DEVICE), labels.to(REF_DEVICE),
+                                         key=ftref.ours_key)
+    spec = dict(model_dir=model_dir, adapter_dir=adapter, mode="lora", input_ids=ids,
+                labels=labels)
+    cpu = ft(spec, f"gpu-rv-cpu-{model_name}-{variant}")
+    out = ft(dict(spec, device="cuda", dtype=dtype), f"gpu-rv-{model_name}-{variant}-{dtype}")
+    assert out["logits"].shape[-1] == V + ADDED
+    if dtype == "fp32":
+        ftref.assert_close("fp32 logits", out["logits"], logits.float().cpu(), ftref.TOL_LOGITS)
+        ftref.assert_close("fp32 loss", out["loss"], loss.float().cpu(), ftref.TOL_LOGITS)
+        ftref.assert_tensor_dict_close("grad.", out, {k: v.float().cpu()
+                                                      for k, v in grads.items()}, ftref.TOL_GRAD)
+        ftref.assert_tensor_dict_close(
+            "grad.", out, {k[5:]: v for k, v in cpu.items() if k.startswith("grad.")},
+            ftref.TOL_GRAD)
+    else:
+        ftref.assert_close("bf16 logits", out["logits"], logits.float().cpu(), BF16_TOL_LOGITS)
+        ftref.assert_close("bf16 loss", out["loss"], loss.float().cpu(), BF16_TOL_LOSS)
+        ftref.assert_close("bf16 logits vs CPU", out["logits"], cpu["logits"], BF16_TOL_LOGITS)

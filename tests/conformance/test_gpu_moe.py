@@ -1,5 +1,6 @@
 """The mixture-of-experts model (Mixtral, test_moe.py's shapes) on the GPU path
-(ft_model_options.device = cuda), in fp32 and bf16, full fine-tuning and LoRA on attention:
+(ft_model_options.device = cuda), in fp32 and bf16, full fine-tuning and LoRA on attention,
+the router and the experts:
 logits, loss and every gradient (router and experts included) against transformers + PEFT
 in fp32 (on the GPU, or on the CPU beside the emulated device), and fp32 against our CPU
 model too. The routing is kept clear of ties on the chosen batches (the fixture's margin),
@@ -44,7 +45,22 @@ def _margin(model, ids):
     return m
 
 
+# LoRA on attention, the router and the experts (PEFT's target_parameters gate.weight,
+# gate_up_proj, down_proj)
+LORA_TARGETS = ["q_proj", "v_proj", "o_proj", "gate", "w1", "w2", "w3"]
 MARGIN = 2e-2
+
+
+def _routing_model(model_dir, adapter):
+    """The model whose routing the batch must keep clear of ties: with the adapter, which
+    moves the router's input (attention LoRA) and the router itself (its LoRA pair)."""
+    from peft import PeftModel
+
+    m = ftref.load_hf(model_dir)
+    if adapter is not None:
+        m = PeftModel.from_pretrained(m, str(adapter))
+    m.eval()
+    return m
 T = 10
 
 @pytest.fixture(scope="module")
@@ -92,8 +108,8 @@ def case(request, moe_dirs, ft):
     adapter = None
     if mode == "lora":
         adapter = ftref.build_adapter(model_dir, root / f"adapter-{name}",
-                                      target_modules=["q_proj", "v_proj", "o_proj"], seed=2)
-    base = ftref.load_hf(model_dir)
+                                      target_modules=LORA_TARGETS, seed=2)
+    base = _routing_model(model_dir, adapter)
     for seed in range(shape.seed + 3, shape.seed + 400):
         ids, labels = ftref.make_batch(shape.cfg["vocab_size"], B, T, seed)
         if _margin(base, ids) >= MARGIN:
@@ -142,7 +158,8 @@ def test_gpu_moe_vs_cpu(case):
 
 @pytest.fixture(scope="module", params=["fp32", "bf16"])
 def qcase(request, moe_dirs, ft):
-    """QLoRA (attention and experts in nf4 with double quantization, LoRA on attention) on
+    """QLoRA (attention and experts in nf4 with double quantization, LoRA on attention, the
+    router and the experts) on
     the GPU against our CPU QLoRA model, which test_moe.py holds against transformers +
     PEFT on the dequantized weights."""
     dtype = request.param
@@ -150,8 +167,8 @@ def qcase(request, moe_dirs, ft):
     shape = MOE_SHAPES["mixtral"]
     model_dir = dirs["mixtral"]
     adapter = ftref.build_adapter(model_dir, root / "adapter-qlora",
-                                  target_modules=["q_proj", "v_proj", "o_proj"], seed=4)
-    base = ftref.load_hf(model_dir)
+                                  target_modules=LORA_TARGETS, seed=4)
+    base = _routing_model(model_dir, adapter)
     for seed in range(shape.seed + 3, shape.seed + 400):
         ids, labels = ftref.make_batch(shape.cfg["vocab_size"], B, T, seed)
         if _margin(base, ids) >= MARGIN:

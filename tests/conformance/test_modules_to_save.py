@@ -162,28 +162,3 @@ def test_mts_unsupported_module_refused(store, ft_raw, tmp_path, entry):
                         input_ids=ids), f"mts-bad-{entry}")
     assert cp.returncode != 0
     assert "modules_to_save" in cp.stderr and entry in cp.stderr, cp.stderr
-
-
-@pytest.mark.parametrize("how", ["modules_to_save", "lora"])
-def test_resized_vocabulary_refused(store, ft_raw, tmp_path, how):
-    """An adapter made after resize_token_embeddings (tokens added to the tokenizer: its
-    embedding and head, or the embedding's LoRA pair, of the larger vocabulary) is refused
-    with a message that says so, not a bare shape error."""
-    from peft import LoraConfig, get_peft_model
-
-    model_dir = store.model("llama_gqa")
-    base = ftref.load_hf(model_dir)
-    V = base.config.vocab_size
-    base.resize_token_embeddings(V + 2)
-    kw = (dict(target_modules=["q_proj"], modules_to_save=["embed_tokens", "lm_head"])
-          if how == "modules_to_save" else dict(target_modules=["q_proj", "embed_tokens"]))
-    pm = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM", **kw))
-    d = tmp_path / "adapter"
-    d.mkdir()
-    (d / "README.md").write_text("---\nlibrary_name: peft\n---\n")
-    pm.save_pretrained(str(d), safe_serialization=True)
-    ids, _ = ftref.make_batch(V, 1, 4, 0)
-    cp, _ = ft_raw(dict(model_dir=model_dir, adapter_dir=d, mode="lora", input_ids=ids),
-                   f"resized-{how}")
-    assert cp.returncode != 0
-    assert "resized vocabulary" in cp.stderr and str(V + 2) in cp.stderr, cp.stderr

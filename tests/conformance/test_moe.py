@@ -196,26 +196,11 @@ def test_lora_attention(lora_case):
     ftref.assert_tensor_dict_close("grad.", c["out"], c["grads"], ftref.TOL_GRAD)
 
 
-# --- what is refused until implemented --------------------------------------------------
-
-
 def _refused(ft_raw, spec, tag, *needles):
     r, _ = ft_raw(spec, tag)
     assert r.returncode != 0, f"{tag}: accepted"
     for n in needles:
         assert n in r.stderr, f"{tag}: {n!r} not in: {r.stderr}"
-
-
-def test_refuses_lora_on_experts(moe_store, ft_raw):
-    model_dir = moe_store("mixtral")
-    for variant, targets in [("experts", ["q_proj", "w1", "w2", "w3"]),
-                             ("all-linear", "all-linear")]:
-        adapter = ftref.build_adapter(model_dir, moe_store.root / f"adapter-{variant}",
-                                      target_modules=targets, seed=3)
-        ids, labels = ftref.make_batch(96, 1, 6, 0)
-        _refused(ft_raw, dict(model_dir=model_dir, adapter_dir=adapter, mode="lora",
-                              input_ids=ids, labels=labels), f"moe-lora-{variant}",
-                 "adapter_config.json", "target_parameters")
 
 
 def v5_state(sd, ckpt, I):
@@ -249,13 +234,14 @@ QLORA_CASES = [dict(type="nf4", blocksize=64, double_quant=True),
                      for q in QLORA_CASES])
 def qlora_case(request, moe_store, ft):
     """QLoRA on the fly: attention and every expert quantized (the router stays dense), LoRA
-    on attention; the reference is transformers + PEFT on a model holding exactly our
+    on attention, the router and the experts; the reference is transformers + PEFT on a model holding exactly our
     dequantized weights."""
     q = request.param
     shape = MOE_SHAPES["mixtral"]
     model_dir = moe_store(shape.name)
     adapter = ftref.build_adapter(model_dir, moe_store.root / "adapter-qlora",
-                                  target_modules=["q_proj", "v_proj", "o_proj"], seed=9)
+                                  target_modules=["q_proj", "v_proj", "o_proj", "gate", "w1",
+                                                  "w2", "w3"], seed=9)
     m = ftref.load_hf(model_dir)
     ids, labels = ftref.make_batch(m.config.vocab_size, B, shape.T, shape.seed + 4)
     spec = dict(adapter_dir=adapter, mode="lora", input_ids=ids, labels=labels)
@@ -359,6 +345,28 @@ def _tool(var, name):
     return ftref.tool_exe(var, name)
 
 
+def test_lora_init_all_linear_loads_in_peft(moe_store, tmp_path):
+    """ft-lora-init with all-linear on a MoE model writes target_parameters, rank_pattern
+    and alpha_pattern as PEFT does; PEFT loads it (no missing or unexpected keys) and, B
+    being 0, it leaves the logits alone."""
+    model_dir = moe_store("mixtral")
+    out = tmp_path / "adapter"
+    ftref.run_tool([_tool("FT_LORA_INIT", "ft-lora-init"), "--model", model_dir, "--out", out,
+                    "--r", 4, "--alpha", 8, "--dropout", 0, "--target", "all-linear",
+                    "--seed", 3])
+    cfg = json.loads((out / "adapter_config.json").read_text())
+    assert sorted(cfg["target_parameters"]) == ["down_proj", "gate.weight", "gate_up_proj"]
+    assert cfg["rank_pattern"] == {r".*\.gate_up_proj": 8}
+    assert cfg["alpha_pattern"] == {r".*\.gate_up_proj": 16}
+    pm, tensors = _loads_in_peft(model_dir, out)
+    a = tensors["base_model.model.model.layers.0.mlp.experts.base_layer.lora_A.weight"]
+    assert a.shape == (4 * 8, 32) and a.abs().max() > 0  # E 2r rows, U(+-1/sqrt(C))
+    assert a.abs().max() <= 1 / 32 ** 0.5
+    ids, _ = ftref.make_batch(96, 2, 12, 0)
+    assert torch.equal(ftref.hf_forward(pm, ids)[0],
+                       ftref.hf_forward(ftref.load_hf(model_dir), ids)[0])
+
+
 def test_lora_init_adapter_loads_in_peft(moe_store, tmp_path):
     """ft-lora-init on a MoE model: an adapter of the attention modules PEFT loads, B = 0."""
     from peft import PeftModel
@@ -441,10 +449,12 @@ def train_dir(tmp_path_factory):
     return d
 
 
-def _ft_train(d, name, mode, targets):
+def _ft_train(d, name, mode, targets, dropout=None):
     import subprocess
 
     lora = f"    target_modules: {targets}\n" if targets else ""
+    if dropout is not None:
+        lora += f"    dropout: {dropout}\n"
     text = (f"model:\n  name: {d / 'model'}\n  max_seq_len: 32\n"
             f"tuning:\n  mode: {mode}\n  lora:\n    r: 4\n    alpha: 8\n{lora}"
             f"train:\n  batch_size: 4\n  max_steps: 4\n  learning_rate: 1e-2\n"
@@ -455,26 +465,58 @@ def _ft_train(d, name, mode, targets):
                            str(d / f"{name}.yaml")], capture_output=True, text=True)
 
 
+def _loads_in_peft(model_dir, adapter):
+    """PEFT loads the adapter with every LoRA tensor of the file in the model (none
+    missing or unexpected) and exactly the file's values."""
+    from peft import PeftModel
+
+    pm = PeftModel.from_pretrained(ftref.load_hf(model_dir), str(adapter))
+    tensors = load_file(str(adapter / "adapter_model.safetensors"))
+    mem = {ftref.peft_key(n): p for n, p in pm.named_parameters() if ".lora_" in n}
+    assert set(mem) == set(tensors), sorted(set(mem) ^ set(tensors))
+    for k, t in tensors.items():
+        assert torch.equal(mem[k].detach(), t), k
+    return pm, tensors
+
+
 def test_ft_train_lora_and_full(train_dir):
     """ft-train runs LoRA (attention targets) and full fine-tuning of a MoE model; the
     final adapter loads in PEFT, the final full model in transformers."""
-    from peft import PeftModel
-
     r = _ft_train(train_dir, "lora", "lora", "q_proj,v_proj")
     assert r.returncode == 0, r.stderr
-    PeftModel.from_pretrained(ftref.load_hf(train_dir / "model"), str(train_dir / "lora/final"))
+    _loads_in_peft(train_dir / "model", train_dir / "lora/final")
     r = _ft_train(train_dir, "full", "full", None)
     assert r.returncode == 0, r.stderr
     m = ftref.load_hf(train_dir / "full/final")
     assert m.config.model_type == "mixtral" and m.config.num_local_experts == 4
 
 
-def test_ft_train_refuses_all_linear(train_dir):
-    """The default target_modules (all-linear) would reach experts and router in PEFT: refused,
-    with the modules that work named."""
+def test_ft_train_all_linear(train_dir):
+    """all-linear on a MoE model is PEFT's: attention, the router and the experts
+    (target_parameters gate.weight, gate_up_proj with its rank and alpha doubled,
+    down_proj); the final adapter says so and loads in PEFT, its expert and router pairs
+    trained (B moved off 0)."""
+    r = _ft_train(train_dir, "all", "lora", "all-linear", dropout=0)
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads((train_dir / "all/final/adapter_config.json").read_text())
+    assert sorted(cfg["target_parameters"]) == ["down_proj", "gate.weight", "gate_up_proj"]
+    assert cfg["rank_pattern"] == {r".*\.gate_up_proj": 8}
+    assert cfg["alpha_pattern"] == {r".*\.gate_up_proj": 16}
+    _, tensors = _loads_in_peft(train_dir / "model", train_dir / "all/final")
+    for part in ("mlp.gate.lora_B", "mlp.experts.base_layer.lora_B", "mlp.experts.lora_B",
+                 "self_attn.o_proj.lora_B"):
+        ks = [k for k in tensors if part in k]
+        assert ks and all(tensors[k].abs().max() > 0 for k in ks), part
+
+
+def test_ft_train_refuses_moe_lora_with_dropout(train_dir):
+    """The default target_modules (all-linear) with the default dropout: PEFT refuses
+    dropout on target_parameters, and so do we, naming the key."""
     r = _ft_train(train_dir, "default", "lora", None)
     assert r.returncode != 0
-    assert "all-linear" in r.stderr and "q_proj, k_proj, v_proj, o_proj" in r.stderr, r.stderr
+    assert "dropout" in r.stderr and "tuning.lora.dropout" in r.stderr, r.stderr
+    r = _ft_train(train_dir, "w1", "lora", "q_proj,w1", dropout=0)
+    assert r.returncode != 0 and "w1 without w3" in r.stderr, r.stderr
 
 
 # --- every dist.strategy on 2 ranks equals one process ----------------------------------
@@ -525,8 +567,12 @@ def _same_run(a, b):
     assert_same_run(a, b)
 
 
-DIST_CASES = [("full", s) for s in ("ddp", "zero1", "zero2", "zero3", "fsdp", "model_parallel")] + \
-             [("lora", s) for s in ("ddp", "zero3", "model_parallel")]
+_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "model_parallel")
+# lora: attention only; moe-lora: all-linear, which on a MoE reaches the router and the
+# experts (PEFT's target_parameters), dropout 0 as PEFT requires there
+DIST_CASES = [("full", s) for s in _STRATEGIES] + \
+             [("lora", s) for s in ("ddp", "zero3", "model_parallel")] + \
+             [("moe-lora", s) for s in _STRATEGIES]
 
 
 @pytest.mark.parametrize("mode,strategy", DIST_CASES, ids=[f"{m}-{s}" for m, s in DIST_CASES])
@@ -535,11 +581,14 @@ def test_dist_strategy_equals_one_process(dist_work, mode, strategy):
     statistics are summed over the ranks (data parallel: the step's micro-batch; pipeline
     stages: the layers), so the aux term and its gradient are the one process's."""
     lora = {"tuning__lora__target_modules": "q_proj,v_proj"} if mode == "lora" else {}
+    if mode == "moe-lora":
+        lora = {"tuning__lora__target_modules": "all-linear", "tuning__lora__dropout": 0}
+    tmode = "lora" if mode == "moe-lora" else mode
     single = dist_work / "runs" / f"single_{mode}"
     if not single.exists():
-        _dist_run(dist_work, f"single_{mode}", 1, mode, train__batch_size=8, **lora)
+        _dist_run(dist_work, f"single_{mode}", 1, tmode, train__batch_size=8, **lora)
     batch = 8 if strategy == "model_parallel" else 4
-    run = _dist_run(dist_work, f"np2_{mode}_{strategy}", 2, mode, train__batch_size=batch,
+    run = _dist_run(dist_work, f"np2_{mode}_{strategy}", 2, tmode, train__batch_size=batch,
                     dist__strategy=strategy, **lora)
     _same_run(single, run)
 
@@ -552,3 +601,250 @@ def test_dist_refuses_gpipe_chunks_with_aux(dist_work):
                                   "dist__pipeline_micro_batches": 2})
     r = rankrun.run(cfg, 2, check=False)
     assert r.returncode != 0 and "pipeline_micro_batches" in r.stderr, r.stderr[-2000:]
+
+
+# --- LoRA on the router (PEFT's target_parameters gate.weight) ---------------------------
+
+ROUTER_TARGETS = ["q_proj", "v_proj", "gate", "w1", "w2", "w3"]
+
+
+@pytest.fixture(scope="module")
+def router_case(moe_store, ft, tmp_path_factory):
+    """LoRA on q, v, the router and the experts: PEFT on transformers 5 turns
+    target_modules "gate", "w1" + "w3", "w2" into target_parameters gate.weight,
+    gate_up_proj (rank and alpha doubled by rank_pattern / alpha_pattern), down_proj
+    (ParamWrappers: keys mlp.gate.lora_A [r, C] / lora_B [E, r], mlp.experts.base_layer.
+    lora_A [E 2r, C] / lora_B [2I, E 2r], mlp.experts.lora_A [E r, I] / lora_B [C, E r]).
+    Every shape: top-3 of 6 and top-1 too."""
+    out = {}
+    for name in MOE_SHAPES:
+        shape = MOE_SHAPES[name]
+        model_dir = moe_store(name)
+        adapter = ftref.build_adapter(model_dir, moe_store.root / f"adapter-router-{name}",
+                                      target_modules=ROUTER_TARGETS, seed=13)
+        model = ftref.lora_mode_model(model_dir, adapter)
+        ids, labels = ftref.make_batch(model.config.vocab_size, B, shape.T, shape.seed + 5)
+        logits, loss, grads = ftref.hf_grads(model, ids, labels, key=ftref.peft_key)
+        spec = dict(model_dir=model_dir, adapter_dir=adapter, mode="lora", input_ids=ids,
+                    labels=labels)
+        res = ft(spec, f"moe-lora-router-{name}")
+        out[name] = dict(adapter=adapter, model_dir=model_dir, logits=logits, loss=loss,
+                         grads=grads, out=res, spec=spec)
+    return out
+
+
+def test_router_lora_config_as_peft_writes_it(router_case):
+    cfg = json.loads((router_case["mixtral"]["adapter"] / "adapter_config.json").read_text())
+    assert sorted(cfg["target_parameters"]) == ["down_proj", "gate.weight", "gate_up_proj"]
+    assert sorted(cfg["target_modules"]) == ["q_proj", "v_proj"]
+    assert cfg["rank_pattern"] == {r".*\.gate_up_proj": 8}
+    assert cfg["alpha_pattern"] == {r".*\.gate_up_proj": 16}
+
+
+@pytest.mark.parametrize("name", list(MOE_SHAPES))
+def test_router_lora_logits_loss_grads(router_case, name):
+    c = router_case[name]
+    for part in (".mlp.gate.lora_B", ".mlp.experts.base_layer.lora_A", ".mlp.experts.lora_B"):
+        assert any(part in k for k in c["grads"]), part
+    assert {k for k in c["out"] if k.startswith("grad.")} == {f"grad.{k}" for k in c["grads"]}
+    ftref.assert_close(f"[{name} router lora] logits", c["out"]["logits"], c["logits"],
+                       ftref.TOL_LOGITS)
+    ftref.assert_close(f"[{name} router lora] loss", c["out"]["loss"], c["loss"],
+                       ftref.TOL_LOGITS)
+    grads = c["grads"]
+    if name == "mixtral_top1_noaux":
+        # top-1 renormalised: the weight is 1 whatever the logits, so without the aux loss
+        # nothing reaches the router (autograd's is rounding noise, |g| ~ 1e-9)
+        router = {k for k in grads if ".mlp.gate.lora_" in k}
+        for k in router:
+            assert grads[k].abs().max() < 1e-7 and c["out"]["grad." + k].abs().max() < 1e-7, k
+        grads = {k: v for k, v in grads.items() if k not in router}
+        out = {k: v for k, v in c["out"].items() if k[len("grad."):] not in router}
+    else:
+        out = c["out"]
+    ftref.assert_tensor_dict_close("grad.", out, grads, ftref.TOL_GRAD)
+
+
+EXPERT_VARIANTS = {
+    # gate_up alone: its pair at mlp.experts.lora_A/B (no nesting); rsLoRA: the pair's
+    # scaling is 2 alpha / sqrt(2 r), not alpha / sqrt(r)
+    "w1w3-rslora": dict(target_modules=["w1", "w3"], use_rslora=True),
+    "w2": dict(target_modules=["k_proj", "w2"]),
+    "all-linear": dict(target_modules="all-linear"),
+}
+
+
+@pytest.fixture(scope="module", params=list(EXPERT_VARIANTS))
+def expert_variant(request, moe_store, ft, tmp_path_factory):
+    """Other expert targets on the first shape: logits, loss and LoRA grads vs PEFT, and the
+    adapter saved after one AdamW step loads in PEFT with exactly our tensors."""
+    name = request.param
+    shape = MOE_SHAPES["mixtral"]
+    model_dir = moe_store(shape.name)
+    adapter = ftref.build_adapter(model_dir, moe_store.root / f"adapter-x-{name}", seed=19,
+                                  **EXPERT_VARIANTS[name])
+    model = ftref.lora_mode_model(model_dir, adapter)
+    ids, labels = ftref.make_batch(model.config.vocab_size, B, shape.T, shape.seed + 7)
+    logits, loss, grads = ftref.hf_grads(model, ids, labels, key=ftref.peft_key)
+    out = ft(dict(model_dir=model_dir, adapter_dir=adapter, mode="lora", input_ids=ids,
+                  labels=labels), f"moe-lora-x-{name}")
+    saved = tmp_path_factory.mktemp(f"x-saved-{name}") / "adapter"
+    trained = ft(dict(model_dir=model_dir, adapter_dir=adapter, mode="lora", input_ids=ids,
+                      labels=labels, train=dict(_train(1e-2), steps=1, warmup_steps=0),
+                      save_adapter=str(saved)), f"moe-lora-x-{name}-save")
+    return dict(name=name, adapter=adapter, model_dir=model_dir, logits=logits, loss=loss,
+                grads=grads, out=out, saved=saved, trained=trained)
+
+
+def test_expert_lora_variants(expert_variant):
+    c = expert_variant
+    cfg = json.loads((c["adapter"] / "adapter_config.json").read_text())
+    if c["name"] == "w2":
+        assert cfg["target_parameters"] == ["down_proj"] and not cfg["rank_pattern"]
+        assert any(".mlp.experts.lora_A" in k for k in c["grads"])
+    else:
+        assert "gate_up_proj" in cfg["target_parameters"]
+    if c["name"] == "w1w3-rslora":
+        assert any(".mlp.experts.lora_A" in k for k in c["grads"])
+    assert {k for k in c["out"] if k.startswith("grad.")} == {f"grad.{k}" for k in c["grads"]}
+    ftref.assert_close(f"[{c['name']}] logits", c["out"]["logits"], c["logits"], ftref.TOL_LOGITS)
+    ftref.assert_close(f"[{c['name']}] loss", c["out"]["loss"], c["loss"], ftref.TOL_LOGITS)
+    ftref.assert_tensor_dict_close("grad.", c["out"], c["grads"], ftref.TOL_GRAD)
+
+
+def test_expert_lora_saved_adapter_loads_in_peft(expert_variant):
+    from peft import PeftModel
+
+    c = expert_variant
+    ours = load_file(str(c["saved"] / "adapter_model.safetensors"))
+    theirs = load_file(str(c["adapter"] / "adapter_model.safetensors"))
+    assert set(ours) == set(theirs)
+    ours_cfg = json.loads((c["saved"] / "adapter_config.json").read_text())
+    theirs_cfg = json.loads((c["adapter"] / "adapter_config.json").read_text())
+    assert sorted(ours_cfg["target_parameters"]) == sorted(theirs_cfg["target_parameters"])
+    for k in ("rank_pattern", "alpha_pattern", "use_rslora"):
+        assert ours_cfg[k] == theirs_cfg[k], k
+    pm = PeftModel.from_pretrained(ftref.load_hf(c["model_dir"]), str(c["saved"]))
+    mem = {ftref.peft_key(n): p for n, p in pm.named_parameters() if ".lora_" in n}
+    assert set(mem) == set(ours), sorted(set(mem) ^ set(ours))
+    for k, t in ours.items():
+        assert torch.equal(mem[k].detach(), t), k
+        assert torch.equal(t, c["trained"]["weight." + k]), k
+        assert not torch.equal(t, theirs[k]), k  # the step moved it
+
+
+@pytest.mark.parametrize("name", list(MOE_SHAPES))
+def test_expert_lora_grad_ckpt_equal(router_case, ft, name):
+    """Gradient checkpointing recomputes the router's and the experts' LoRA paths: the same
+    gradients bit for bit."""
+    c = router_case[name]
+    out = ft(dict(c["spec"], grad_ckpt=True), f"moe-lora-router-{name}-ckpt")
+    for k, v in c["out"].items():
+        if k.startswith("grad.") or k in ("loss", "logits"):
+            assert torch.equal(out[k], v), k
+
+
+def test_moe_lora_refusals(router_case, moe_store, ft_raw, tmp_path):
+    """What stays refused in an adapter_config.json: target_parameters other than the
+    router's and the experts', rank_pattern / alpha_pattern other than PEFT's fused-expert
+    form (or missing beside gate_up_proj), dropout beside target_parameters (PEFT refuses
+    it), and a target_modules regex (PEFT resolves it against the fused experts' names)."""
+    model_dir = moe_store("mixtral")
+    ids, labels = ftref.make_batch(96, 1, 6, 0)
+    adapter = moe_store.root / "adapter-router-mixtral"
+    pat = r".*\.gate_up_proj"
+    for variant, edit, needle in [
+            ("other", dict(target_parameters=["gate.weight", "lm_head.weight"]),
+             "lm_head.weight"),
+            ("dropout", dict(lora_dropout=0.1), "lora_dropout"),
+            ("no-pattern", dict(rank_pattern={}), "rank_pattern"),
+            ("rank", dict(rank_pattern={pat: 4}), "rank_pattern"),
+            ("alpha", dict(alpha_pattern={pat: 8}), "alpha_pattern"),
+            ("other-pattern", dict(rank_pattern={pat: 8, "q_proj": 2}), "rank_pattern"),
+            ("regex", dict(target_modules=r".*\.q_proj"), "regex")]:
+        d = tmp_path / variant
+        d.mkdir()
+        cfg = json.loads((adapter / "adapter_config.json").read_text())
+        cfg.update(edit)
+        (d / "adapter_config.json").write_text(json.dumps(cfg))
+        (d / "adapter_model.safetensors").write_bytes(
+            (adapter / "adapter_model.safetensors").read_bytes())
+        _refused(ft_raw, dict(model_dir=model_dir, adapter_dir=d, mode="lora", input_ids=ids,
+                              labels=labels), f"moe-lora-refused-{variant}",
+                 "adapter_config.json", needle)
+
+
+@pytest.fixture(scope="module")
+def router_train(moe_store, ft, tmp_path_factory):
+    """Five AdamW steps of LoRA on q, v, o, the router and the experts against torch's
+    (aux loss in), the trained adapter saved."""
+    shape = MOE_SHAPES["mixtral"]
+    model_dir = moe_store(shape.name)
+    adapter = ftref.build_adapter(model_dir, moe_store.root / "adapter-train-router",
+                                  target_modules=["q_proj", "v_proj", "o_proj", "gate", "w1",
+                                                  "w2", "w3"], seed=17)
+    m = ftref.lora_mode_model(model_dir, adapter)
+    ids, labels = ftref.make_batch(shape.cfg["vocab_size"], B, shape.T, shape.seed + 6)
+    train = _train(1e-2)
+    ref = ftref.reference_train(m, ids, labels, train, key=ftref.peft_key)
+    saved = tmp_path_factory.mktemp("router-saved") / "adapter"
+    out = ft(dict(model_dir=model_dir, adapter_dir=adapter, mode="lora", input_ids=ids,
+                  labels=labels, train=train, save_adapter=str(saved)), "moe-train-router")
+    return dict(ref=ref, out=out, saved=saved, model_dir=model_dir)
+
+
+def test_router_lora_train(router_train):
+    ref, out = router_train["ref"], router_train["out"]
+    assert any(".mlp.gate.lora_A" in k for k in ref["weights"])
+    assert any(".mlp.experts.base_layer.lora_B" in k for k in ref["weights"])
+    ftref.assert_close("router losses", out["losses"], ref["losses"], ftref.TOL_LOSSES)
+    ftref.assert_tensor_dict_close("weight.", out, ref["weights"], ftref.TOL_WEIGHT)
+
+
+def test_router_lora_adapter_saved_loads_in_peft(router_train):
+    """The trained adapter we save: target_parameters as PEFT writes it, and PEFT loads it
+    with no missing or unexpected keys, holding exactly our trained tensors."""
+    from peft import PeftModel
+
+    c = router_train
+    cfg = json.loads((c["saved"] / "adapter_config.json").read_text())
+    assert sorted(cfg["target_parameters"]) == ["down_proj", "gate.weight", "gate_up_proj"]
+    ours = load_file(str(c["saved"] / "adapter_model.safetensors"))
+    want = {k[len("weight."):]: v for k, v in c["out"].items() if k.startswith("weight.")}
+    assert set(ours) == set(want)
+    pm = PeftModel.from_pretrained(ftref.load_hf(c["model_dir"]), str(c["saved"]))
+    mem = {ftref.peft_key(n): p for n, p in pm.named_parameters() if ".lora_" in n}
+    assert set(mem) == set(ours), sorted(set(mem) ^ set(ours))
+    for k, t in ours.items():
+        assert torch.equal(mem[k].detach(), t), k
+        assert torch.equal(t, want[k]), k
+
+
+def test_router_lora_merge(router_case, moe_store, tmp_path):
+    """ft-merge folds the router's pair into block_sparse_moe.gate.weight and the experts'
+    into experts.E.w1/w3/w2 as PEFT's merge_and_unload does; the output loads in
+    transformers with the PEFT model's logits."""
+    from peft import PeftModel
+
+    model_dir = moe_store("mixtral")
+    adapter = moe_store.root / "adapter-router-mixtral"
+    out = tmp_path / "merged"
+    ftref.run_tool([_tool("FT_MERGE", "ft-merge"), "--model", model_dir, "--adapter", adapter,
+                    "--out", out])
+    pm = PeftModel.from_pretrained(ftref.load_hf(model_dir), str(adapter))
+    pm.eval()
+    ids, _ = ftref.make_batch(96, 2, 12, 3)
+    ref_logits = ftref.hf_forward(pm, ids)[0]
+    merged = pm.merge_and_unload()
+    ref_state = ckpt_grads({k: v.detach() for k, v in merged.state_dict().items()},
+                           merged.config)
+    ours = load_file(str(out / "model.safetensors"))
+    assert set(ours) == set(ref_state), sorted(set(ours) ^ set(ref_state))
+    base = load_file(str(model_dir / "model.safetensors"))
+    for k in ("gate", "experts.0.w1", "experts.1.w3", "experts.3.w2"):
+        k = f"model.layers.0.block_sparse_moe.{k}.weight"
+        assert not torch.equal(ours[k], base[k]), k
+    for k, v in ref_state.items():
+        ftref.assert_close(f"merged {k}", ours[k], v, ftref.TOL_WEIGHT)
+    ftref.assert_close("merged logits", ftref.hf_forward(ftref.load_hf(out), ids)[0],
+                       ref_logits, ftref.TOL_LOGITS)

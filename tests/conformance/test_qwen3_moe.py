@@ -12,7 +12,8 @@ model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight. Gradients are compared 
 checkpoint's names (ckpt_grads splits the fused ones).
 
 The same checks as test_moe.py's for mixtral: logits and loss (aux included), every
-full-mode gradient, gradient checkpointing, LoRA on attention, QLoRA (experts quantized on
+full-mode gradient, gradient checkpointing, LoRA on attention and on the router and
+experts (PEFT's target_parameters), QLoRA (experts quantized on
 load; a quantized checkpoint's experts dense), five AdamW steps, adapters both ways,
 ft-merge, and every dist.strategy on 2 ranks against one process. The GPU path:
 test_gpu_moe.py."""
@@ -25,7 +26,7 @@ import torch
 from safetensors.torch import load_file
 
 import ftref
-from test_moe import _refused, _same_run, _train
+from test_moe import _same_run, _train
 
 B = 2
 
@@ -197,16 +198,34 @@ def test_lora_attention(lora_case):
     ftref.assert_tensor_dict_close("grad.", c["out"], c["grads"], ftref.TOL_GRAD)
 
 
-def test_refuses_lora_on_experts(store, ft_raw):
-    """PEFT on transformers 5 reaches the fused experts through target_parameters (its
-    all-linear on a MoE model sets them): LoRA on experts is refused, naming the key."""
-    model_dir = store("qwen3_moe")
-    adapter = ftref.build_adapter(model_dir, store.root / "adapter-all-linear",
-                                  target_modules="all-linear", seed=3)
-    ids, labels = ftref.make_batch(96, 1, 6, 0)
-    _refused(ft_raw, dict(model_dir=model_dir, adapter_dir=adapter, mode="lora",
-                          input_ids=ids, labels=labels), "qwen3-moe-lora-all-linear",
-             "adapter_config.json", "target_parameters")
+EXPERT_TARGETS = {"all-linear": "all-linear",
+                  "router-experts": ["q_proj", "v_proj", "gate", "gate_proj", "up_proj",
+                                     "down_proj"]}
+
+
+@pytest.mark.parametrize("variant", list(EXPERT_TARGETS))
+@pytest.mark.parametrize("name", ["qwen3_moe", "qwen3_moe_top3_norm"])
+def test_lora_router_experts(store, ft, name, variant):
+    """LoRA on the router and the experts as PEFT on transformers 5 puts it
+    (target_parameters gate.weight, gate_up_proj, down_proj; test_moe.py's router_case
+    describes the layout): logits, loss and every LoRA gradient against PEFT."""
+    shape = SHAPES[name]
+    model_dir = store(name)
+    adapter = ftref.build_adapter(model_dir, store.root / f"adapter-x-{name}-{variant}",
+                                  target_modules=EXPERT_TARGETS[variant], seed=13)
+    cfg = json.loads((adapter / "adapter_config.json").read_text())
+    assert sorted(cfg["target_parameters"]) == ["down_proj", "gate.weight", "gate_up_proj"]
+    model = ftref.lora_mode_model(model_dir, adapter)
+    ids, labels = ftref.make_batch(model.config.vocab_size, B, shape.T, shape.seed + 5)
+    logits, loss, grads = ftref.hf_grads(model, ids, labels, key=ftref.peft_key)
+    out = ft(dict(model_dir=model_dir, adapter_dir=adapter, mode="lora", input_ids=ids,
+                  labels=labels), f"qwen3-moe-lora-x-{name}-{variant}")
+    for part in (".mlp.gate.lora_B", ".mlp.experts.base_layer.lora_A", ".mlp.experts.lora_B"):
+        assert any(part in k for k in grads), part
+    assert {k for k in out if k.startswith("grad.")} == {f"grad.{k}" for k in grads}
+    ftref.assert_close("logits", out["logits"], logits, ftref.TOL_LOGITS)
+    ftref.assert_close("loss", out["loss"], loss, ftref.TOL_LOGITS)
+    ftref.assert_tensor_dict_close("grad.", out, grads, ftref.TOL_GRAD)
 
 
 QLORA_CASES = [dict(type="nf4", blocksize=64, double_quant=True), dict(type="int8"),

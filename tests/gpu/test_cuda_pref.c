@@ -65,9 +65,9 @@ static void run(ft_model *m, int keep, result *r)
     ft_err err = {0};
     memset(r, 0, sizeof *r);
     CHECK(ft_model_forward_rows(m, &b, r->nll_on, &err) == 0);
-    ft_model_set_adapter(m, false);
+    CHECK(ft_model_set_adapter(m, false, &err) == 0);
     CHECK(ft_model_forward_rows(m, &b, r->nll_off, &err) == 0);
-    ft_model_set_adapter(m, true);
+    CHECK(ft_model_set_adapter(m, true, &err) == 0);
     ft_pref_objective po;
     ft_pref_options o = {.beta = 0.5, .loss = keep == 2 ? FT_PREF_ORPO : FT_PREF_SIGMOID};
     ft_pref_objective_init(&po, &o, NULL);

@@ -3,6 +3,7 @@
  * without blocking, values that would wrap around in an int are refused; and the checks
  * made once the model is known (ft_model_load: a layer the model lacks, targets that
  * select nothing) name the adapter_config.json the settings came from. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include "check.h"
 #include "fifo_guard.h"
 #include "formats/lora.h"
+#include "formats/safetensors.h"
 #include "model/model.h"
 #include "tiny_model.h"
 
@@ -258,14 +260,43 @@ static void test_nested_decoder_regex(void)
     CHECK(back.target_regex[0] == '\0' && back.targets == c.targets);
 }
 
+/* PEFT's conversion of a config for transformers 5's fused experts: gate, w1 + w3, w2 and
+ * all-linear become target_params on a MoE model; nothing on a dense one. */
+static void test_resolve_moe(void)
+{
+    ft_err err = {0};
+    ft_lora_config c = {.r = 4, .alpha = 8};
+    CHECK(ft_lora_targets_parse("q_proj,gate,w1,w3", &c.targets, &err) == 0);
+    ft_lora_config d = c;
+    CHECK(ft_lora_resolve_moe(&c, true, &err) == 0);
+    CHECK(c.targets == (1u << FT_PROJ_Q));
+    CHECK(c.target_params == (FT_LORA_PARAM_ROUTER | FT_LORA_PARAM_GATE_UP));
+    CHECK(ft_lora_param_rank(&c, FT_LORA_PARAM_GATE_UP) == 8);
+    CHECK(ft_lora_param_rank(&c, FT_LORA_PARAM_DOWN) == 4);
+    CHECK(ft_lora_param_scaling(&c, FT_LORA_PARAM_GATE_UP) == 2.0f);
+    c.rslora = true; /* 2 alpha / sqrt(2 r) */
+    CHECK(fabsf(ft_lora_param_scaling(&c, FT_LORA_PARAM_GATE_UP) - 16.0f / sqrtf(8.0f)) < 1e-6f);
+    CHECK(ft_lora_resolve_moe(&d, false, &err) == 0); /* dense: gate is gate_proj */
+    CHECK(d.targets == ((1u << FT_PROJ_Q) | (1u << FT_PROJ_GATE)) && d.target_params == 0);
+    ft_lora_config e = {.r = 4};
+    CHECK(ft_lora_targets_parse("all-linear", &e.targets, &err) == 0);
+    CHECK(ft_lora_resolve_moe(&e, true, &err) == 0);
+    CHECK(e.targets == FT_LORA_ALL_LINEAR);
+    CHECK(e.target_params == (FT_LORA_PARAM_ROUTER | FT_LORA_PARAM_EXPERTS));
+    ft_lora_config f = {.r = 4};
+    CHECK(ft_lora_targets_parse("w1,w2", &f.targets, &err) == 0);
+    CHECK(ft_lora_resolve_moe(&f, true, &err) == -1 && strstr(err.msg, "w1 without w3"));
+}
+
 static void test_fused_module_names(void)
 {
     unsigned t;
     ft_err err = {0};
     CHECK(ft_lora_targets_parse("qkv,gate_up", &t, &err) == 0);
     CHECK(t == ((1u << FT_PROJ_QKV) | (1u << FT_PROJ_GATE_UP)));
+    /* "gate": gate_proj's short form, and on a MoE the router (ft_lora_resolve_moe) */
     CHECK(ft_lora_targets_parse("gate,up", &t, &err) == 0);
-    CHECK(t == ((1u << FT_PROJ_GATE) | (1u << FT_PROJ_UP)));
+    CHECK(t == ((1u << FT_PROJ_GATE) | (1u << FT_PROJ_UP) | FT_LORA_MOE_ROUTER));
     CHECK(ft_lora_targets_parse("self_attn.qkv_proj,gate_up_proj", &t, &err) == 0);
     CHECK(t == ((1u << FT_PROJ_QKV) | (1u << FT_PROJ_GATE_UP)));
     CHECK(ft_lora_targets_parse("all-linear", &t, &err) == 0 && t == 0x1ffu);
@@ -314,6 +345,54 @@ static void test_fused_module_names(void)
     expect_model_error(phi3, write_config("phi_none", "{" GOOD "}"), "select no linear layer");
 }
 
+/* dir/adapter_model.safetensors with n tensors of the given names and [rows, cols]. */
+static void write_tensors(const char *dir, int n, const char *const *names,
+                          const int64_t (*shapes)[2])
+{
+    static float zeros[4096];
+    ft_err err = {0};
+    ft_st_writer *w = ft_st_writer_new();
+    for (int i = 0; i < n; i++)
+        CHECK(ft_st_writer_add(w, names[i], FT_ST_F32, 2, shapes[i], zeros, &err) == 0);
+    char path[400];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    CHECK(ft_st_writer_save(w, path, &err) == 0);
+    ft_st_writer_free(w);
+}
+
+/* ft_lora_config.vocab_size: the rows of the adapter's embedding / head tensors (a grown
+ * vocabulary), 0 without adapter_model.safetensors or without such tensors; tensors of
+ * two sizes are refused naming the file and both. */
+static void test_adapter_vocab(void)
+{
+    ft_lora_config c;
+    ft_err err = {0};
+    const char *dir = write_config("vocab", "{" GOOD "}");
+    CHECK(ft_lora_config_load(&c, dir, &err) == 0 && c.vocab_size == 0);
+    const char *pairs[] = {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
+                           "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"};
+    const int64_t pair_shapes[][2] = {{2, 8}, {8, 2}};
+    write_tensors(dir, 2, pairs, pair_shapes);
+    CHECK(ft_lora_config_load(&c, dir, &err) == 0 && c.vocab_size == 0);
+    const char *names[] = {"base_model.model.model.embed_tokens.lora_embedding_A",
+                           "base_model.model.model.embed_tokens.base_layer.weight",
+                           "base_model.model.lm_head.lora_B.weight",
+                           "base_model.model.lm_head.weight"};
+    const int64_t shapes[][2] = {{2, 70}, {70, 8}, {70, 2}, {70, 8}};
+    for (int i = 0; i < 4; i++) {
+        write_tensors(dir, 1, names + i, shapes + i);
+        CHECK(ft_lora_config_load(&c, dir, &err) == 0 && c.vocab_size == 70);
+    }
+    const int64_t other[][2] = {{2, 70}, {71, 8}};
+    write_tensors(dir, 2, names, other);
+    CHECK(ft_lora_config_load(&c, dir, &err) == -1);
+    if (!strstr(err.msg, "adapter_model.safetensors") || !strstr(err.msg, "71") ||
+        !strstr(err.msg, "70") || !strstr(err.msg, "lora_embedding_A")) {
+        fprintf(stderr, "  got '%s'\n", err.msg);
+        CHECK(0);
+    }
+}
+
 int main(void)
 {
     snprintf(root, sizeof root, "/tmp/ft_lora_test_XXXXXX");
@@ -324,8 +403,10 @@ int main(void)
     RUN(test_config_errors);
     RUN(test_model_checks_name_file);
     RUN(test_fused_module_names);
+    RUN(test_resolve_moe);
     RUN(test_nested_decoder_regex);
     RUN(test_modules_to_save_checks);
+    RUN(test_adapter_vocab);
     ft_remove_tree(root);
     return check_summary("lora");
 }

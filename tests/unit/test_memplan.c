@@ -436,6 +436,11 @@ static void test_cpu_mixtral_equal_measured(void)
     sweep(mixtral_dir, "lora", "q_proj,k_proj,v_proj,o_proj", "0.05");
     sweep(mixtral_dir, "full", "q_proj", "0");
     sweep(mixtral_dir, "qlora", "q_proj,v_proj", "0.1"); /* the experts quantized too */
+    /* LoRA on the router and the experts (PEFT's target_parameters; no dropout there) */
+    sweep(mixtral_dir, "lora", "all-linear", "0");
+    sweep(mixtral_dir, "lora", "q_proj,gate,w2", "0");
+    sweep(mixtral_dir, "lora", "w1,w3", "0");
+    sweep(mixtral_dir, "qlora", "all-linear", "0");
 }
 
 /* qwen3_moe: the same block (top-k not renormalised) beside per-head q/k norms. */

@@ -177,10 +177,10 @@ static void test_model_rows(void)
         ft_model *base = load(chunks[k], false);
         double nb[R], noff[R];
         CHECK(ft_model_forward_rows(base, &b, nb, &err) == 0);
-        ft_model_set_adapter(m, false);
+        CHECK(ft_model_set_adapter(m, false, &err) == 0);
         CHECK(ft_model_forward_rows(m, &b, noff, &err) == 0);
         CHECK(ft_model_backward_rows(m, scale, &err) != 0);
-        ft_model_set_adapter(m, true);
+        CHECK(ft_model_set_adapter(m, true, &err) == 0);
         for (int r = 0; r < R; r++) {
             CHECK(noff[r] == nb[r]);
             CHECK(noff[r] != nll[r]);
