@@ -1,7 +1,7 @@
 """Qwen3-MoE (test_qwen3_moe.py's shapes) on the GPU path, as test_gpu_moe.py does for
-mixtral: fp32 and bf16, full fine-tuning and LoRA on attention, logits, loss and every
-gradient (router, experts, per-head q/k norms) against transformers + PEFT in fp32, fp32
-against our CPU model too, and QLoRA against our CPU QLoRA. The batches are chosen clear
+mixtral: fp32 and bf16, full fine-tuning, LoRA on attention and all-linear (router and
+experts too), logits, loss and every gradient (router, experts, per-head q/k norms, their
+LoRA pairs) against transformers + PEFT in fp32, fp32 against our CPU model too, and QLoRA against our CPU QLoRA. The batches are chosen clear
 of routing ties (test_gpu_moe.py's margin). Runs where test_gpu_moe.py runs (a CUDA GPU,
 or FT_EMU=1 with the emulated build's harness)."""
 
@@ -10,14 +10,15 @@ import torch
 
 import ftref
 from test_gpu_model import BF16_TOL_GRAD, BF16_TOL_LOGITS, BF16_TOL_LOSS
-from test_gpu_moe import B, EMU, MARGIN, REF_DEVICE, T, _margin
+from test_gpu_moe import B, EMU, MARGIN, REF_DEVICE, T, _margin, _routing_model
 from test_qwen3_moe import SHAPES, ckpt_grads
 
 pytestmark = pytest.mark.skipif(not (EMU or torch.cuda.is_available()),
                                 reason="no CUDA GPU (and not the emulated device: FT_EMU unset)")
 
-CASES = [(s, mode, d) for s in ("qwen3_moe", "qwen3_moe_top3_norm") for mode in ("full", "lora")
-         for d in ("fp32", "bf16")]
+# lora: attention; lora-x: all-linear (attention, the router and the experts)
+CASES = [(s, mode, d) for s in ("qwen3_moe", "qwen3_moe_top3_norm")
+         for mode in ("full", "lora", "lora-x") for d in ("fp32", "bf16")]
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +27,9 @@ def dirs(tmp_path_factory):
     return {n: ftref.build_model_dir(s, root / n) for n, s in SHAPES.items()}, root
 
 
-def _batch(shape, model_dir):
-    base = ftref.load_hf(model_dir)
+def _batch(shape, model_dir, adapter=None):
+    """A batch clear of routing ties under the adapter (a router LoRA pair moves them)."""
+    base = _routing_model(model_dir, adapter)
     for seed in range(shape.seed + 3, shape.seed + 400):
         ids, labels = ftref.make_batch(shape.cfg["vocab_size"], B, T, seed)
         if _margin(base, ids) >= MARGIN:
@@ -61,15 +63,17 @@ def case(request, dirs, ft):
     c = type("Case", (), {})()
     c.dtype = dtype
     adapter = None
-    if mode == "lora":
-        adapter = ftref.build_adapter(model_dir, root / f"adapter-{name}",
-                                      target_modules=["q_proj", "v_proj", "o_proj"], seed=2)
-    ids, labels = _batch(shape, model_dir)
+    if mode != "full":
+        targets = ["q_proj", "v_proj", "o_proj"] if mode == "lora" else "all-linear"
+        adapter = ftref.build_adapter(model_dir, root / f"adapter-{name}-{mode}",
+                                      target_modules=targets, seed=2)
+    ids, labels = _batch(shape, model_dir, adapter)
     c.ref = _hf(model_dir, adapter, ids, labels)
-    spec = dict(model_dir=model_dir, mode=mode, input_ids=ids, labels=labels)
+    spec = dict(model_dir=model_dir, mode="full" if mode == "full" else "lora", input_ids=ids,
+                labels=labels)
     if adapter is not None:
         spec["adapter_dir"] = adapter
-    c.cpu = ft(spec, f"gpu-qwen3-moe-cpu-{name}-{mode}")
+    c.cpu = ft(spec, f"gpu-qwen3-moe-cpu-{name}-{mode}-{dtype}")
     c.out = ft(dict(spec, device="cuda", dtype=dtype), f"gpu-qwen3-moe-{name}-{mode}-{dtype}")
     return c
 
@@ -110,7 +114,7 @@ def test_gpu_qwen3_moe_qlora_vs_cpu(dirs, ft, dtype):
     model_dir = model_dirs["qwen3_moe"]
     adapter = ftref.build_adapter(model_dir, root / "adapter-qlora",
                                   target_modules=["q_proj", "v_proj", "o_proj"], seed=4)
-    ids, labels = _batch(SHAPES["qwen3_moe"], model_dir)
+    ids, labels = _batch(SHAPES["qwen3_moe"], model_dir, adapter)
     spec = dict(model_dir=model_dir, adapter_dir=adapter, mode="lora", input_ids=ids,
                 labels=labels, quant=dict(type="nf4", blocksize=64, double_quant=True))
     cpu = ft(spec, "gpu-qwen3-moe-qlora-cpu")
