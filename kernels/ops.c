@@ -501,6 +501,25 @@ void ft_moe_lora_b_merge_add(ft_tensor dst, ft_tensor src, int out, int r, int E
     ft_cpu_moe_lora_b_merge_add(F(dst), F(src), out, r, E);
 }
 
+void ft_sigmoid_forward(ft_tensor s, ft_tensor z, size_t n)
+{
+    opcheck c = begin("sigmoid_forward", s);
+    need(c, "s", s, n, FT_F32);
+    needf(c, "z", z, n);
+    GPU_CALL(c, ft_cuda_sigmoid_forward(s, z, n));
+    ft_cpu_sigmoid_forward(F(s), F(z), n);
+}
+
+void ft_sigmoid_backward(ft_tensor dz, ft_tensor ds, ft_tensor s, size_t n)
+{
+    opcheck c = begin("sigmoid_backward", dz);
+    needf(c, "dz", dz, n);
+    need(c, "ds", ds, n, FT_F32);
+    need(c, "s", s, n, FT_F32);
+    GPU_CALL(c, ft_cuda_sigmoid_backward(dz, ds, s, n));
+    ft_cpu_sigmoid_backward(F(dz), F(ds), F(s), n);
+}
+
 void ft_moe_aux_stats(ft_tensor counts, ft_tensor psum, ft_tensor probs, ft_tensor idx,
                       int N, int E, int k)
 {

@@ -197,6 +197,11 @@ void ft_moe_combine_forward(ft_tensor out, ft_tensor ye, ft_tensor w, ft_tensor 
                             int k, int C, int accumulate);
 void ft_moe_combine_backward(ft_tensor dye, ft_tensor dw, ft_tensor dout, ft_tensor ye,
                              ft_tensor w, ft_tensor slot, int N, int k, int C);
+/* The logistic sigmoid of a gate (qwen2_moe's shared_expert_gate): s [n] fp32 =
+ * 1 / (1 + exp(-z)), z [n] in the compute dtype; backward dz [n] += ds s (1 - s) (ds
+ * fp32). The gated sum out += s[n] * y[n] is ft_moe_combine with k = 1 and slot[n] = n. */
+void ft_sigmoid_forward(ft_tensor s, ft_tensor z, size_t n);
+void ft_sigmoid_backward(ft_tensor dz, ft_tensor ds, ft_tensor s, size_t n);
 void ft_moe_aux_stats(ft_tensor counts, ft_tensor psum, ft_tensor probs, ft_tensor idx,
                       int N, int E, int k);
 

@@ -110,4 +110,8 @@ void ft_cpu_moe_lora_b_merge_add(float *dst, const float *src, int out, int r, i
 void ft_cpu_moe_aux_stats(float *counts, float *psum, const float *probs,
                           const int32_t *idx, int N, int E, int k);
 
+/* sigmoid.c (ops.h's ft_sigmoid_forward) */
+void ft_cpu_sigmoid_forward(float *s, const float *z, size_t n);
+void ft_cpu_sigmoid_backward(float *dz, const float *ds, const float *s, size_t n);
+
 #endif

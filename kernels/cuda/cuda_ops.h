@@ -146,6 +146,10 @@ void ft_cuda_moe_lora_b_merge_add(ft_tensor dst, ft_tensor src, int out, int r, 
 void ft_cuda_moe_aux_stats(ft_tensor counts, ft_tensor psum, ft_tensor probs, ft_tensor idx,
                            int N, int E, int k);
 
+/* sigmoid.cu (ops.h's ft_sigmoid_forward) */
+void ft_cuda_sigmoid_forward(ft_tensor s, ft_tensor z, size_t n);
+void ft_cuda_sigmoid_backward(ft_tensor dz, ft_tensor ds, ft_tensor s, size_t n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,8 +1,8 @@
 /* Reads a Hugging Face config.json of the decoder families (model_type "llama",
  * "mistral", "qwen2", "qwen3", "granite", "gemma", "gemma2", "gemma3_text", "olmo2", "phi3",
  * "smollm3", "gemma3": the text_config of a multimodal Gemma 3, read as gemma3_text by
- * parse_gemma3_multimodal, and the mixture-of-experts "mixtral") into ft_model_config, and
- * computes the RoPE inverse frequencies the way transformers does.
+ * parse_gemma3_multimodal, and the mixture-of-experts "mixtral" and "qwen3_moe") into
+ * ft_model_config, and computes the RoPE inverse frequencies the way transformers does.
  *
  * Defaults are those of transformers' LlamaConfig, MistralConfig, Qwen2Config,
  * Qwen3Config, GraniteConfig, GemmaConfig, Gemma2Config, Olmo2Config, Phi3Config and
@@ -135,7 +135,8 @@ typedef enum family_kind {
     FAM_PHI3,
     FAM_SMOLLM3,
     FAM_GEMMA3,
-    FAM_MIXTRAL
+    FAM_MIXTRAL,
+    FAM_QWEN3_MOE
 } family_kind;
 
 typedef struct model_defaults {
@@ -180,11 +181,12 @@ static const model_defaults MODEL_DEFAULTS[] = {
     {"gemma3_text", FAM_GEMMA3, 131072, 4, 4096, 256, true, 1e-6, GEMMA2_NORMS,
      FT_QK_NORM_HEAD},
     {"mixtral", FAM_MIXTRAL, 4096 * 32, 8, 0, 0, false, 1e-5, PRE_NORMS, FT_QK_NORM_NONE},
+    {"qwen3_moe", FAM_QWEN3_MOE, 32768, 4, 0, 0, false, 1e-6, PRE_NORMS, FT_QK_NORM_HEAD},
 };
 
 #define SUPPORTED_TYPES                                                                        \
     "llama, mistral, qwen2, qwen3, granite, gemma, gemma2, gemma3_text, gemma3 (its text "    \
-    "model), olmo2, phi3, smollm3, mixtral"
+    "model), olmo2, phi3, smollm3, mixtral, qwen3_moe"
 
 /* Keys of other families that must be absent, neutral, or null (quantization_config:
  * or bitsandbytes'). */
@@ -378,6 +380,7 @@ static bool family_owns(const model_defaults *md, const char *key)
                              : md->family == FAM_GEMMA3  ? gemma2
                              : md->family == FAM_PHI3    ? phi3
                              : md->family == FAM_MIXTRAL ? mixtral
+                             : md->family == FAM_QWEN3_MOE ? mixtral
                                                          : NULL;
     for (size_t i = 0; own && own[i]; i++)
         if (strcmp(key, own[i]) == 0)
@@ -449,8 +452,13 @@ static const model_defaults *find_model_type(const char *path, const json_t *roo
     for (size_t i = 0; i < sizeof MODEL_DEFAULTS / sizeof MODEL_DEFAULTS[0]; i++)
         if (strcmp(type, MODEL_DEFAULTS[i].model_type) == 0)
             return &MODEL_DEFAULTS[i];
-    ft_fail(err, "%s: 'model_type': '%.64s' is not supported (supported: " SUPPORTED_TYPES ")",
-            path, type);
+    if (strcmp(type, "qwen2_moe") == 0) /* (Qwen1.5-MoE, Qwen2-MoE) */
+        ft_fail(err, "%s: 'model_type': 'qwen2_moe' is not supported yet: its shared expert "
+                "(shared_expert, gated by sigmoid(shared_expert_gate)) is not implemented "
+                "(supported: " SUPPORTED_TYPES ")", path);
+    else
+        ft_fail(err, "%s: 'model_type': '%.64s' is not supported (supported: " SUPPORTED_TYPES
+                ")", path, type);
     return NULL;
 }
 
@@ -968,7 +976,8 @@ static int read_attention_options(const char *path, const json_t *root,
     bool has_mlp_bias = md->family == FAM_LLAMA || md->family == FAM_GRANITE ||
                         md->family == FAM_SMOLLM3;
     if (has_mlp_bias || md->family == FAM_GEMMA || md->family == FAM_GEMMA2 ||
-        md->family == FAM_GEMMA3 || md->family == FAM_QWEN3 || md->family == FAM_OLMO2) {
+        md->family == FAM_GEMMA3 || md->family == FAM_QWEN3 || md->family == FAM_OLMO2 ||
+        md->family == FAM_QWEN3_MOE) {
         /* attention_bias on q, k, v and o; mlp_bias on gate, up, down (llama, granite,
          * smollm3) */
         if (mlp_bias && !has_mlp_bias)
@@ -980,7 +989,9 @@ static int read_attention_options(const char *path, const json_t *root,
             return read_gemma2_layers(path, root, cfg, err);
         if (md->family == FAM_GEMMA3)
             return read_gemma3_layers(path, root, cfg, err);
-        return md->family == FAM_QWEN3 ? check_use_sliding_window(path, root, type, err) : 0;
+        return md->family == FAM_QWEN3 || md->family == FAM_QWEN3_MOE
+                   ? check_use_sliding_window(path, root, type, err)
+                   : 0;
     }
     if (attention_bias)
         return ft_fail(err, "%s: 'attention_bias' is true, but model_type '%s' has no such "
@@ -1260,6 +1271,95 @@ static int read_family_scales(const char *path, const json_t *root, const model_
     return 0;
 }
 
+/* The expert count of a MoE config: num_local_experts, or its alias num_experts (both
+ * mixtral's and qwen3_moe's config classes map one to the other; transformers 5 writes
+ * num_local_experts); *experts keeps the family's default when both are absent. */
+static int read_num_experts(const char *path, const json_t *root, int *experts, ft_err *err)
+{
+    json_t *v;
+    int alias = 0;
+    if ((v = get_opt(root, "num_local_experts")) &&
+        read_int(path, "num_local_experts", v, 1, 1 << 16, experts, err))
+        return -1;
+    if ((v = get_opt(root, "num_experts"))) {
+        if (read_int(path, "num_experts", v, 1, 1 << 16, &alias, err))
+            return -1;
+        if (get_opt(root, "num_local_experts") && alias != *experts)
+            return ft_fail(err, "%s: 'num_experts' (%d) and 'num_local_experts' (%d) differ",
+                           path, alias, *experts);
+        *experts = alias;
+    }
+    return 0;
+}
+
+/* The sparse MoE block of qwen3_moe (Qwen3MoeConfig): num_experts (alias
+ * num_local_experts) 128,
+ * num_experts_per_tok 8, norm_topk_prob false (the top-k softmax weights as they are),
+ * moe_intermediate_size 768 (the experts' width), output_router_logits false,
+ * router_aux_loss_coef 0.001. Layer l is sparse when l is not in mlp_only_layers ([]) and
+ * (l + 1) % decoder_sparse_step (1) == 0, else a dense MLP of intermediate_size: dense
+ * layers are not implemented yet, so a config with one is refused. Every layer being
+ * sparse, the dense width is unused and cfg->intermediate_size holds the experts' (the
+ * width moe.c and the memory plan read). Module names: mlp.gate (router),
+ * mlp.experts.E.gate_proj, up_proj, down_proj. */
+static int read_qwen3_moe(const char *path, const json_t *root, ft_model_config *cfg,
+                          ft_err *err)
+{
+    json_t *v;
+    int experts = 128, k = 8, width = 768, step = 1;
+    if (read_num_experts(path, root, &experts, err))
+        return -1;
+    int kmax = experts < FT_MAX_EXPERTS_PER_TOK ? experts : FT_MAX_EXPERTS_PER_TOK;
+    if ((v = get_opt(root, "num_experts_per_tok")) &&
+        read_int(path, "num_experts_per_tok", v, 1, kmax, &k, err))
+        return -1;
+    if ((v = get_opt(root, "moe_intermediate_size")) &&
+        read_dim(path, "moe_intermediate_size", v, &width, err))
+        return -1;
+    if ((v = get_opt(root, "decoder_sparse_step")) &&
+        read_int(path, "decoder_sparse_step", v, 1, INT_MAX, &step, err))
+        return -1;
+    bool norm_topk = false, out_logits = false;
+    if ((v = get_opt(root, "norm_topk_prob")) &&
+        read_bool(path, "norm_topk_prob", v, &norm_topk, err))
+        return -1;
+    if ((v = get_opt(root, "output_router_logits")) &&
+        read_bool(path, "output_router_logits", v, &out_logits, err))
+        return -1;
+    double coef = 0.001;
+    if ((v = get_opt(root, "router_aux_loss_coef")) &&
+        read_number(path, "router_aux_loss_coef", v, &coef, err))
+        return -1;
+    json_t *only = get_opt(root, "mlp_only_layers");
+    if (only && !json_is_array(only))
+        return ft_fail(err, "%s: 'mlp_only_layers' must be a list of layer indices, not %s",
+                       path, json_kind(only));
+    for (size_t i = 0; only && i < json_array_size(only); i++) {
+        int l;
+        if (read_int(path, "mlp_only_layers", json_array_get(only, i), 0, INT_MAX, &l, err))
+            return -1;
+        if (l < cfg->num_layers)
+            return ft_fail(err, "%s: 'mlp_only_layers' lists layer %d: dense MLP layers in a "
+                           "mixture-of-experts model are not supported yet (every layer must "
+                           "be sparse)", path, l);
+    }
+    if (step > 1 && cfg->num_layers > 0)
+        return ft_fail(err, "%s: 'decoder_sparse_step' is %d: dense MLP layers in a "
+                       "mixture-of-experts model are not supported yet (must be 1: every "
+                       "layer sparse)", path, step);
+    cfg->num_experts = experts;
+    cfg->experts_per_tok = k;
+    cfg->norm_topk_prob = norm_topk;
+    cfg->output_router_logits = out_logits;
+    cfg->router_aux_loss_coef = (float)coef;
+    cfg->intermediate_size = width;
+    snprintf(cfg->moe_name, sizeof cfg->moe_name, "mlp");
+    snprintf(cfg->expert_proj[0], sizeof cfg->expert_proj[0], "gate_proj");
+    snprintf(cfg->expert_proj[1], sizeof cfg->expert_proj[1], "up_proj");
+    snprintf(cfg->expert_proj[2], sizeof cfg->expert_proj[2], "down_proj");
+    return 0;
+}
+
 /* The sparse MoE block of mixtral (MixtralConfig): num_local_experts (alias
  * num_experts) 8, num_experts_per_tok 2 (1 .. min(experts, FT_MAX_EXPERTS_PER_TOK)), the top-k
  * weights always renormalised, output_router_logits false, router_aux_loss_coef 0.001;
@@ -1270,20 +1370,13 @@ static int read_moe(const char *path, const json_t *root, const model_defaults *
                     ft_model_config *cfg, ft_err *err)
 {
     json_t *v;
+    if (md->family == FAM_QWEN3_MOE)
+        return read_qwen3_moe(path, root, cfg, err);
     if (md->family != FAM_MIXTRAL)
         return 0;
-    int experts = 8, alias = 0;
-    if ((v = get_opt(root, "num_local_experts")) &&
-        read_int(path, "num_local_experts", v, 1, 1 << 16, &experts, err))
+    int experts = 8;
+    if (read_num_experts(path, root, &experts, err))
         return -1;
-    if ((v = get_opt(root, "num_experts"))) {
-        if (read_int(path, "num_experts", v, 1, 1 << 16, &alias, err))
-            return -1;
-        if (get_opt(root, "num_local_experts") && alias != experts)
-            return ft_fail(err, "%s: 'num_experts' (%d) and 'num_local_experts' (%d) differ",
-                           path, alias, experts);
-        experts = alias;
-    }
     int k = 2, kmax = experts < FT_MAX_EXPERTS_PER_TOK ? experts : FT_MAX_EXPERTS_PER_TOK;
     if ((v = get_opt(root, "num_experts_per_tok")) &&
         read_int(path, "num_experts_per_tok", v, 1, kmax, &k, err))

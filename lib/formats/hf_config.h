@@ -2,7 +2,7 @@
  * and Llama 3 "llama3" rope scaling), mistral, qwen2, qwen3, granite, gemma, gemma2,
  * gemma3_text (and the text model of a multimodal gemma3 checkpoint), olmo2, phi3 (Phi-3,
  * Phi-4; "longrope" scaling, partial rotary), smollm3 (layers without RoPE), and the
- * mixture-of-experts mixtral.
+ * mixture-of-experts mixtral and qwen3_moe.
  * Every field that changes the math is honoured or rejected with an error naming the file
  * and key; nothing is silently ignored. */
 #ifndef FT_HF_CONFIG_H
@@ -171,12 +171,14 @@ typedef struct ft_model_config {
     char ckpt_prefix[32];
     char module_prefix[32];
     bool multimodal;
-    /* Mixture of experts (mixtral): num_experts > 0 replaces every layer's MLP by a
+    /* Mixture of experts (mixtral, qwen3_moe): num_experts > 0 replaces every layer's MLP by a
      * sparse MoE block (ops.h's mixture-of-experts section): the router <moe_name>.gate
      * [num_experts, hidden] scores each token, its top experts_per_tok of the softmax are
      * kept (renormalised to sum 1 when norm_topk_prob) and weight the outputs of those
      * experts' SwiGLU MLPs, expert e's modules <moe_name>.experts.e.<expert_proj[0..2]>
-     * (gate [I, C], up [I, C], down [C, I]; mixtral: w1, w3, w2). With
+     * (gate [I, C], up [I, C], down [C, I]; mixtral: w1, w3, w2; qwen3_moe: moe_name mlp,
+     * gate_proj, up_proj, down_proj, and I = intermediate_size holds its
+     * moe_intermediate_size, every layer being sparse). With
      * output_router_logits the loss gains router_aux_loss_coef times transformers'
      * load_balancing_loss_func over the layers (its value: ft_model_aux_loss).
      * num_experts 0: the dense MLP. ft_block_projections then lists attention only. */

@@ -9,8 +9,8 @@
 
 /* A decoder-only causal LM (llama, mistral, qwen2, qwen3, granite, gemma, gemma2,
  * gemma3_text, olmo2, phi3, smollm3; the text model of a multimodal gemma3; the
- * mixture-of-experts mixtral) with explicit forward and backward. A family is data
- * (ft_model_config's block description): one forward and backward read it.
+ * mixture-of-experts mixtral and qwen3_moe) with explicit forward and backward. A family
+ * is data (ft_model_config's block description): one forward and backward read it.
  *
  * This is the library API the tools build on:
  *
@@ -44,10 +44,11 @@
  * skipped in smollm3's NoPE layers. phi3's checkpoint fuses q, k, v into one qkv_proj
  * weight and gate, up into gate_up_proj: the ops read their row blocks, and a LoRA pair
  * sits on the fused module (one A; B's row blocks).
- * A MoE family (mixtral) replaces the MLP by a router and experts (moe.c: each token's
- * top-k experts' MLPs, weighted by the renormalised router softmax); LoRA may sit on the
- * router and on the experts as PEFT's ParamWrapper puts it (lora.h's target_params;
- * moe_lora.c), and QLoRA quantizes the experts too.
+ * A MoE family (mixtral, qwen3_moe) replaces the MLP by a router and experts (moe.c: each
+ * token's top-k experts' MLPs, weighted by the router softmax, renormalised over the top k
+ * when cfg.norm_topk_prob); LoRA may sit on the router and on the experts as PEFT's
+ * ParamWrapper puts it (lora.h's target_params; moe_lora.c), and QLoRA quantizes the
+ * experts too.
  * A linear layer is y = x W^T + b, plus with LoRA: y += scaling * (dropout(x) A^T) B^T; with
  * DoRA (lora.dora) y = b + m / ||W + s B A||_row (x W^T + s dropout(x) A^T B^T) (dora.c
  * for dropout). LoRA may also sit on lm_head (a linear layer, before the logit scaling and
@@ -211,7 +212,7 @@ void ft_model_zero_grad(ft_model *m);
 int ft_model_forward(ft_model *m, const ft_batch *batch, double *loss_sum, long *n_tokens,
                      ft_err *err);
 
-/* The router's load-balancing term of the last forward (mixtral with
+/* The router's load-balancing term of the last forward (a MoE model with
  * output_router_logits: router_aux_loss_coef times transformers' load_balancing_loss_func;
  * else 0). transformers' loss is loss_sum / n_tokens plus this; the backward adds its
  * gradient once per forward, whatever grad_scale says (as the Trainer adds each

@@ -1,5 +1,6 @@
-/* The sparse mixture-of-experts block (mixtral; hf_config.h's num_experts) as
- * transformers' MixtralSparseMoeBlock computes it, and its backward:
+/* The sparse mixture-of-experts block (mixtral, qwen3_moe; hf_config.h's num_experts) as
+ * transformers' MixtralSparseMoeBlock and Qwen3MoeSparseMoeBlock compute it, and its
+ * backward:
  *
  *   logits = x R^T                       router, [N, E]
  *   p = softmax(logits); idx, w = the top k of p (w renormalised when norm_topk_prob)

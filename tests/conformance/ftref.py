@@ -42,6 +42,8 @@ from transformers import (
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
     Qwen3ForCausalLM,
     SmolLM3Config,
     SmolLM3ForCausalLM,
@@ -345,6 +347,7 @@ _ARCH = {
     "qwen3": (Qwen3Config, Qwen3ForCausalLM),
     "smollm3": (SmolLM3Config, SmolLM3ForCausalLM),
     "mixtral": (MixtralConfig, MixtralForCausalLM),  # (shapes in test_moe.py)
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),  # (shapes in test_qwen3_moe.py)
 }
 
 

@@ -985,6 +985,75 @@ static void test_mixtral(void)
     CHECK(c.num_experts == 0 && c.rope_theta == 10000.0);
 }
 
+/* Qwen/Qwen3-30B-A3B's config.json, Qwen3MoeConfig's defaults, and the refusals (dense
+ * layers, sliding window). */
+static void test_qwen3_moe(void)
+{
+    ft_model_config c;
+    ft_err e = {0};
+    CHECK(load("{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"attention_bias\": false,"
+               " \"attention_dropout\": 0.0, \"bos_token_id\": 151643,"
+               " \"decoder_sparse_step\": 1, \"eos_token_id\": 151645, \"head_dim\": 128,"
+               " \"hidden_act\": \"silu\", \"hidden_size\": 2048, \"initializer_range\": 0.02,"
+               " \"intermediate_size\": 6144, \"max_position_embeddings\": 40960,"
+               " \"max_window_layers\": 48, \"mlp_only_layers\": [],"
+               " \"model_type\": \"qwen3_moe\", \"moe_intermediate_size\": 768,"
+               " \"norm_topk_prob\": true, \"num_attention_heads\": 32, \"num_experts\": 128,"
+               " \"num_experts_per_tok\": 8, \"num_hidden_layers\": 48,"
+               " \"num_key_value_heads\": 4, \"output_router_logits\": false,"
+               " \"rms_norm_eps\": 1e-06, \"rope_scaling\": null, \"rope_theta\": 1000000.0,"
+               " \"router_aux_loss_coef\": 0.001, \"sliding_window\": null,"
+               " \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\","
+               " \"transformers_version\": \"4.51.0\", \"use_cache\": true,"
+               " \"use_sliding_window\": false, \"vocab_size\": 151936}",
+               &c, &e) == 0);
+    CHECK(strcmp(c.model_type, "qwen3_moe") == 0);
+    CHECK(c.num_experts == 128 && c.experts_per_tok == 8 && c.norm_topk_prob);
+    CHECK(!c.output_router_logits && c.router_aux_loss_coef == 0.001f);
+    /* every layer sparse: the width the experts use */
+    CHECK(c.intermediate_size == 768);
+    CHECK(c.num_kv_heads == 4 && c.head_dim == 128 && c.sliding_window == 0);
+    CHECK(c.qk_norm == FT_QK_NORM_HEAD && !c.qkv_bias && !c.o_bias);
+    CHECK(c.rope_theta == 1e6 && c.rms_norm_eps == 1e-6f && !c.tie_word_embeddings);
+    CHECK(strcmp(c.moe_name, "mlp") == 0 && strcmp(c.expert_proj[0], "gate_proj") == 0 &&
+          strcmp(c.expert_proj[1], "up_proj") == 0 &&
+          strcmp(c.expert_proj[2], "down_proj") == 0);
+    CHECK(ft_block_projections(&c) == ((1u << FT_PROJ_Q) | (1u << FT_PROJ_K) |
+                                       (1u << FT_PROJ_V) | (1u << FT_PROJ_O)));
+    /* Qwen3MoeConfig's defaults: 128 experts, top 8, no renormalisation, width 768,
+     * head_dim hidden / heads (not qwen3's 128), 4 kv heads */
+    CHECK(load("{\"model_type\": \"qwen3_moe\", " REQ ", \"attention_bias\": true}", &c,
+               &e) == 0);
+    CHECK(c.num_experts == 128 && c.experts_per_tok == 8 && !c.norm_topk_prob);
+    CHECK(c.intermediate_size == 768 && c.head_dim == 32 && c.num_kv_heads == 4);
+    CHECK(c.qkv_bias && c.o_bias && c.router_aux_loss_coef == 0.001f);
+    CHECK(c.rope_theta == 10000.0 && c.max_position_embeddings == 32768);
+    /* layers past the model in mlp_only_layers change nothing */
+    CHECK(load("{\"model_type\": \"qwen3_moe\", " REQ ", \"mlp_only_layers\": [2, 5],"
+               " \"num_experts\": 4, \"num_experts_per_tok\": 2}", &c, &e) == 0);
+    CHECK(c.num_experts == 4 && c.experts_per_tok == 2);
+    EXPECT_ERROR("{\"model_type\": \"qwen3_moe\", " REQ ", \"mlp_only_layers\": [1]}",
+                 "mlp_only_layers");
+    EXPECT_ERROR("{\"model_type\": \"qwen3_moe\", " REQ ", \"mlp_only_layers\": 1}",
+                 "mlp_only_layers");
+    EXPECT_ERROR("{\"model_type\": \"qwen3_moe\", " REQ ", \"decoder_sparse_step\": 2}",
+                 "decoder_sparse_step");
+    EXPECT_ERROR("{\"model_type\": \"qwen3_moe\", " REQ ", \"use_sliding_window\": true}",
+                 "use_sliding_window");
+    EXPECT_ERROR("{\"model_type\": \"qwen3_moe\", " REQ ", \"num_experts\": 4,"
+                 " \"num_experts_per_tok\": 5}", "num_experts_per_tok");
+    EXPECT_ERROR("{\"model_type\": \"qwen3_moe\", " REQ ", \"moe_intermediate_size\": 0}",
+                 "moe_intermediate_size");
+    EXPECT_ERROR("{\"model_type\": \"qwen3_moe\", " REQ ", \"norm_topk_prob\": 1}",
+                 "norm_topk_prob");
+    /* num_local_experts: the name transformers 5 writes (Qwen3MoeConfig's attribute_map) */
+    CHECK(load("{\"model_type\": \"qwen3_moe\", " REQ ", \"num_local_experts\": 6}", &c,
+               &e) == 0);
+    CHECK(c.num_experts == 6);
+    EXPECT_ERROR("{\"model_type\": \"qwen3_moe\", " REQ ", \"num_local_experts\": 6,"
+                 " \"num_experts\": 5}", "num_local_experts");
+}
+
 /* allenai/OLMo-2-1124-7B's config.json */
 static void test_olmo2(void)
 {
@@ -1100,8 +1169,9 @@ static void test_key_errors(void)
                  " \"num_attention_heads\": 8}",
                  "vocab_size");
     EXPECT_ERROR("{" REQ "}", "model_type");
-    EXPECT_ERROR("{\"model_type\": \"qwen3_moe\", " REQ "}", "model_type");
-    EXPECT_ERROR("{\"model_type\": \"qwen3_moe\", " REQ "}", "qwen3_moe");
+    EXPECT_ERROR("{\"model_type\": \"deepseek_v3\", " REQ "}", "model_type");
+    EXPECT_ERROR("{\"model_type\": \"deepseek_v3\", " REQ "}", "deepseek_v3");
+    EXPECT_ERROR("{\"model_type\": \"qwen2_moe\", " REQ "}", "shared_expert");
     EXPECT_ERROR("{\"model_type\": \"falcon\", " REQ "}", "falcon");
     EXPECT_ERROR("{\"model_type\": \"olmo\", " REQ "}", "olmo");
     EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"hidden_act\": \"gelu\"}", "hidden_act");
@@ -1256,6 +1326,7 @@ int main(void)
     RUN(test_qwen3);
     RUN(test_olmo2);
     RUN(test_mixtral);
+    RUN(test_qwen3_moe);
     RUN(test_file_errors);
     RUN(test_key_errors);
     RUN(test_math_errors);

@@ -21,7 +21,7 @@
 
 static char root[256], llama_dir[300], qwen_dir[300], tied_dir[300], granite_dir[300],
     gemma_dir[300], phi3_dir[300], smollm3_dir[300], olmo2_dir[300], qwen3_dir[300],
-    gemma2_dir[300], gemma3_dir[300], mixtral_dir[300];
+    gemma2_dir[300], gemma3_dir[300], mixtral_dir[300], qwen3_moe_dir[300];
 
 /* The run config with sets applied (free() it). */
 static ft_run_config *make_config(const char *const *sets)
@@ -443,6 +443,14 @@ static void test_cpu_mixtral_equal_measured(void)
     sweep(mixtral_dir, "qlora", "all-linear", "0");
 }
 
+/* qwen3_moe: the same block (top-k not renormalised) beside per-head q/k norms. */
+static void test_cpu_qwen3_moe_equal_measured(void)
+{
+    sweep(qwen3_moe_dir, "lora", "q_proj,k_proj,v_proj,o_proj", "0.05");
+    sweep(qwen3_moe_dir, "full", "q_proj", "0");
+    sweep(qwen3_moe_dir, "qlora", "q_proj,v_proj", "0.1");
+}
+
 static void test_gpu_formulas(void)
 {
     const char *sets[] = {"tuning.mode=full", "train.batch_size=2", "model.max_seq_len=8",
@@ -771,6 +779,8 @@ int main(void)
                                                      " \"query_pre_attn_scalar\": 6"});
     snprintf(mixtral_dir, sizeof mixtral_dir, "%s/mixtral", root);
     write_tiny_model(mixtral_dir, &(tiny_model_opts){.model_type = "mixtral"});
+    snprintf(qwen3_moe_dir, sizeof qwen3_moe_dir, "%s/qwen3_moe", root);
+    write_tiny_model(qwen3_moe_dir, &(tiny_model_opts){.model_type = "qwen3_moe"});
 
     snprintf(gemma3_dir, sizeof gemma3_dir, "%s/gemma3", root);
     write_tiny_model(gemma3_dir,
@@ -797,6 +807,7 @@ int main(void)
     RUN(test_cpu_smollm3_equal_measured);
     RUN(test_cpu_olmo2_qwen3_equal_measured);
     RUN(test_cpu_mixtral_equal_measured);
+    RUN(test_cpu_qwen3_moe_equal_measured);
     RUN(test_cpu_gemma2_equal_measured);
     RUN(test_cpu_gemma3_equal_measured);
     RUN(test_gpu_formulas);

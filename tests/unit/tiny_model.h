@@ -25,7 +25,9 @@ typedef struct tiny_model_opts {
                              * post-norms in place of llama's norms, gemma2 its four norms
                              * (pre and post on each branch), gemma3_text those four and
                              * per-head q/k norms (head_dim D), mixtral MOE_E experts
-                             * (top 2, output_router_logits) in place of the MLP */
+                             * (top 2, output_router_logits) in place of the MLP, qwen3_moe
+                             * likewise (not renormalised, experts of moe_intermediate_size
+                             * I / 2) with qwen3's per-head q/k norms */
     const char *hidden_act; /* NULL: silu */
     uint64_t seed;         /* weight stream (0: 7) */
     float scale;           /* weights uniform in [-scale/2, scale/2) (0: 0.6) */
@@ -41,7 +43,8 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
     int olmo2 = strcmp(type, "olmo2") == 0, qwen3 = strcmp(type, "qwen3") == 0;
     int gemma3 = strcmp(type, "gemma3_text") == 0, mixtral = strcmp(type, "mixtral") == 0;
     int gemma2 = strcmp(type, "gemma2") == 0 || gemma3;
-    char head_dim[128] = ""; /* qwen3's default (128) is not D */
+    int qwen3_moe = strcmp(type, "qwen3_moe") == 0;
+    char head_dim[256] = ""; /* qwen3's default (128) is not D */
     if (qwen3 || gemma3)
         snprintf(head_dim, sizeof head_dim, ", \"head_dim\": %d", D);
     if (mixtral)
@@ -49,6 +52,12 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
                  ", \"num_local_experts\": %d, \"num_experts_per_tok\": 2, "
                  "\"output_router_logits\": true, \"router_aux_loss_coef\": 0.1",
                  MOE_E);
+    if (qwen3_moe)
+        snprintf(head_dim, sizeof head_dim,
+                 ", \"head_dim\": %d, \"num_experts\": %d, \"num_experts_per_tok\": 2, "
+                 "\"moe_intermediate_size\": %d, \"norm_topk_prob\": false, "
+                 "\"output_router_logits\": true, \"router_aux_loss_coef\": 0.1",
+                 D, MOE_E, I / 2);
     uint64_t seed = o->seed ? o->seed : 7;
     float scale = o->scale > 0 ? o->scale : 0.6f;
     ft_err err;
@@ -102,7 +111,7 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
             ADD(1, HKV * D, 0, "model.layers.%d.self_attn.v_proj.bias", l);
         }
         ADD(2, C, HQ * D, "model.layers.%d.self_attn.o_proj.weight", l);
-        if (olmo2 || qwen3 || gemma3) { /* olmo2: over the whole projection; qwen3,
+        if (olmo2 || qwen3 || gemma3 || qwen3_moe) { /* olmo2: over the whole projection; qwen3,
                                           * gemma3: per head */
             ADD(1, olmo2 ? HQ * D : D, 0, "model.layers.%d.self_attn.q_norm.weight", l);
             ADD(1, olmo2 ? HKV * D : D, 0, "model.layers.%d.self_attn.k_norm.weight", l);
@@ -116,6 +125,15 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
                 ADD(2, I, C, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, e);
                 ADD(2, C, I, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l, e);
                 ADD(2, I, C, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l, e);
+            }
+            continue;
+        }
+        if (qwen3_moe) {
+            ADD(2, MOE_E, C, "model.layers.%d.mlp.gate.weight", l);
+            for (int e = 0; e < MOE_E; e++) {
+                ADD(2, I / 2, C, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
+                ADD(2, I / 2, C, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
+                ADD(2, C, I / 2, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
             }
             continue;
         }
