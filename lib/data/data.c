@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "data/data.h"
+#include "core/grow.h"
 #include "core/jsonl.h"
 
 /* ---- names ---------------------------------------------------------------------------- */
@@ -523,17 +524,13 @@ int ft_dataset_load(ft_dataset *ds, const char *path, const ft_tokenizer *tok,
             ds->dropped_empty++;
             continue;
         }
-        if (ds->n == cap) {
-            size_t nc = cap ? 2 * cap : 64;
-            ft_sample *p = realloc(ds->samples, nc * sizeof *p);
-            if (!p) {
-                sample_free(&s);
-                rc = ft_fail(err, "%s: out of memory", c.path);
-                break;
-            }
-            ds->samples = p;
-            cap = nc;
+        ft_sample *p = ft_grow(ds->samples, ds->n, &cap, sizeof *p);
+        if (!p) {
+            sample_free(&s);
+            rc = ft_fail(err, "%s: out of memory", c.path);
+            break;
         }
+        ds->samples = p;
         ds->samples[ds->n++] = s;
     }
     ft_jsonl_close(r);

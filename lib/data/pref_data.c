@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/grow.h"
 #include "core/jsonl.h"
 #include "core/rng.h"
 
@@ -386,17 +387,13 @@ int ft_pref_dataset_load_style(ft_pref_dataset *ds, const char *path, const ft_t
             ds->dropped++;
             continue;
         }
-        if (ds->n == cap) {
-            size_t nc = cap ? 2 * cap : 64;
-            ft_pref_pair *q = realloc(ds->pairs, nc * sizeof *q);
-            if (!q) {
-                pair_free(&p);
-                rc = ft_fail(err, "%s: out of memory", c.path);
-                break;
-            }
-            ds->pairs = q;
-            cap = nc;
+        ft_pref_pair *q = ft_grow(ds->pairs, ds->n, &cap, sizeof *q);
+        if (!q) {
+            pair_free(&p);
+            rc = ft_fail(err, "%s: out of memory", c.path);
+            break;
         }
+        ds->pairs = q;
         ds->pairs[ds->n++] = p;
     }
     ft_jsonl_close(r);

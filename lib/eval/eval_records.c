@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/grow.h"
 #include "core/jsonl.h"
 
 typedef struct ctx {
@@ -206,15 +207,12 @@ int ft_eval_records_load(ft_eval_records *out, const char *path, const ft_tokeni
         if (rc == 0 && ids.n == 0)
             rc = ft_fail(err, "%s:%ld: the prompt has no tokens: nothing to generate from",
                          c.path, c.line);
-        if (rc == 0 && out->n == cap) {
-            size_t nc = cap ? 2 * cap : 64;
-            ft_eval_record *p = realloc(out->r, nc * sizeof *p);
+        if (rc == 0) {
+            ft_eval_record *p = ft_grow(out->r, out->n, &cap, sizeof *p);
             if (!p)
                 rc = ft_fail(err, "out of memory");
-            else {
+            else
                 out->r = p;
-                cap = nc;
-            }
         }
         if (rc) {
             ft_ids_free(&ids);
