@@ -72,15 +72,14 @@ endif
 # OPENBLAS_DIR: another directory holding an OpenMP libopenblas.so and its cblas.h.
 FT_MULTIARCH := $(shell $(CC) -print-multiarch 2>/dev/null)
 OPENBLAS_DIR ?= /usr/lib/$(FT_MULTIARCH)/openblas-openmp
-OPENBLAS_INC ?= $(firstword $(wildcard /usr/include/$(FT_MULTIARCH)/openblas-openmp $(OPENBLAS_DIR)/include))
-ifeq ($(wildcard $(OPENBLAS_DIR)/libopenblas.so),)
-  ifeq ($(filter clean help print-%,$(MAKECMDGOALS)),)
-    $(error OpenBLAS's OpenMP build not found: no $(OPENBLAS_DIR)/libopenblas.so \
-      (scripts/install-deps.sh installs libopenblas-openmp-dev; elsewhere give \
-      OPENBLAS_DIR=<directory of an OpenMP-threaded libopenblas.so>))
-  endif
-endif
-DEP_CFLAGS += $(if $(OPENBLAS_INC),$(call q,-I$(OPENBLAS_INC)))
+OPENBLAS_INC ?= /usr/include/$(FT_MULTIARCH)/openblas-openmp
+# (checked after scripts/install-deps.sh has run: mk/workflow.mk's DEPS_STAMP)
+FT_OPENBLAS_CHECK = test -e $(call q,$(OPENBLAS_DIR)/libopenblas.so) || { printf '%s\n' \
+  $(call q,error: OpenBLAS's OpenMP build not found: no $(OPENBLAS_DIR)/libopenblas.so \
+  (scripts/install-deps.sh installs libopenblas-openmp-dev; elsewhere give OPENBLAS_DIR=<the \
+  directory of an OpenMP-threaded libopenblas.so>, OPENBLAS_INC=<its cblas.h directory>)) >&2; \
+  exit 1; }
+DEP_CFLAGS += $(call q,-I$(OPENBLAS_INC))
 DEP_LIBS += $(call q,-L$(OPENBLAS_DIR)) $(call q,-Wl$(FT_COMMA)-rpath$(FT_COMMA)$(OPENBLAS_DIR)) -lopenblas
 
 OPT ?= -O2
