@@ -17,7 +17,8 @@
  * when the environment chooses no policy (neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT),
  * it sets OMP_WAIT_POLICY=passive and executes the same program again (same pid, same
  * arguments and descriptors; nothing has run yet), whose libgomp then reads it. Where the
- * exec fails (no /proc), it carries on with libgomp's default. */
+ * exec fails (no /proc), it carries on with libgomp's default. Under gdb or valgrind
+ * (which follow no exec by default) set OMP_WAIT_POLICY so that nothing is run again. */
 #include <stdlib.h>
 #include <unistd.h>
 
