@@ -56,13 +56,31 @@ CC := gcc
 PKG_CONFIG ?= pkg-config
 
 # Library dependencies found through pkg-config (Debian: libjansson-dev, libyaml-dev,
-# libopenblas-dev, libpcre2-dev, libutf8proc-dev).
-DEP_PKGS := jansson yaml-0.1 openblas libpcre2-8 libutf8proc
+# libpcre2-dev, libutf8proc-dev).
+DEP_PKGS := jansson yaml-0.1 libpcre2-8 libutf8proc
 DEP_CFLAGS := $(shell $(call q,$(PKG_CONFIG)) --cflags $(DEP_PKGS) 2>/dev/null)
 DEP_LIBS := $(shell $(call q,$(PKG_CONFIG)) --libs $(DEP_PKGS) 2>/dev/null)
 ifeq ($(strip $(DEP_LIBS)),)
-  DEP_LIBS := -ljansson -lyaml -lopenblas -lpcre2-8 -lutf8proc
+  DEP_LIBS := -ljansson -lyaml -lpcre2-8 -lutf8proc
 endif
+
+# BLAS: OpenBLAS's OpenMP build, by its directory (Debian: libopenblas-openmp-dev), so a
+# GEMM runs on the same libgomp threads as the CPU engine's own parallel loops; the
+# pthreads build (the default libopenblas.so.0 on Debian) keeps a second pool whose
+# threads spin against ours (kernels/cpu/omp_policy.c, issue 25). The run path is
+# linked in (-rpath): the loader must not pick the pthreads library of the same name.
+# OPENBLAS_DIR: another directory holding an OpenMP libopenblas.so and its cblas.h.
+FT_MULTIARCH := $(shell $(CC) -print-multiarch 2>/dev/null)
+OPENBLAS_DIR ?= /usr/lib/$(FT_MULTIARCH)/openblas-openmp
+OPENBLAS_INC ?= /usr/include/$(FT_MULTIARCH)/openblas-openmp
+# (checked after scripts/install-deps.sh has run: mk/workflow.mk's DEPS_STAMP)
+FT_OPENBLAS_CHECK = test -e $(call q,$(OPENBLAS_DIR)/libopenblas.so) || { printf '%s\n' \
+  $(call q,error: OpenBLAS's OpenMP build not found: no $(OPENBLAS_DIR)/libopenblas.so \
+  (scripts/install-deps.sh installs libopenblas-openmp-dev; elsewhere give OPENBLAS_DIR=<the \
+  directory of an OpenMP-threaded libopenblas.so>, OPENBLAS_INC=<its cblas.h directory>)) >&2; \
+  exit 1; }
+DEP_CFLAGS += $(call q,-I$(OPENBLAS_INC))
+DEP_LIBS += $(call q,-L$(OPENBLAS_DIR)) $(call q,-Wl$(FT_COMMA)-rpath$(FT_COMMA)$(OPENBLAS_DIR)) -lopenblas
 
 OPT ?= -O2
 CFLAGS ?= $(OPT) -g

@@ -86,10 +86,12 @@ $(HARNESSES) $(BENCH_TRAIN):
 	@mkdir -p $(dir $@)
 	$(call ft_step,CC,$<)$(FT_CC) $< $(LIBFT) $(FT_LD) $(LDLIBS) -o $@
 
-# CPU training throughput, ours vs transformers + PEFT in the same run.
+# CPU training tokens/s and peak RSS, ours vs transformers + PEFT (sdpa) in the same run:
+# SmolLM-135M's shape and a tiny one, LoRA and full, checkpointing off and on
+# (docs/benchmarks.md). BENCH_CPU_ARGS: more arguments (--shapes, --modes, --reps, ...).
 bench-cpu: $(BENCH_TRAIN)
 	scripts/setup-python.sh $(call q,$(VENV))
-	$(call q,$(VENV))/bin/python tests/bench/bench_cpu_train.py $(BENCH_TRAIN)
+	$(call q,$(VENV))/bin/python tests/bench/bench_cpu_train.py $(BENCH_TRAIN) $(BENCH_CPU_ARGS)
 
 # Distributed training on CPU ranks, per strategy: step time, compute vs communication,
 # bytes per step and rank; then a scaling model (tests/bench/scaling_model.py) projecting

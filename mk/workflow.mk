@@ -238,6 +238,7 @@ FT_TRAIN_CHECK = $(if $(FT_LAUNCH),$(FT_LAUNCH_CHECK_SH) )$(FT_CFG) --check $(ca
 DEPS_STAMP := $(FT_BUILD)/.deps-build
 $(DEPS_STAMP): scripts/install-deps.sh
 	$(call ft_step,DEPS,scripts/install-deps.sh build)scripts/install-deps.sh build
+	@$(FT_OPENBLAS_CHECK)
 	@mkdir -p $(dir $@) && touch $@
 $(LIB_OBJS) $(TOOLS:$(FT_BIN)/%=$(FT_BUILD)/tools/%.o): | $(DEPS_STAMP)
 

@@ -13,9 +13,11 @@
 set -euo pipefail
 
 SET=${1:-build}
+# OpenBLAS: the OpenMP build (libopenblas-openmp-dev; it installs beside the pthreads one
+# without replacing the system's default libblas), which mk/config.mk links by its path.
 BUILD=(
   build-essential pkg-config
-  libjansson-dev libyaml-dev libopenblas-dev libpcre2-dev libutf8proc-dev
+  libjansson-dev libyaml-dev libopenblas-openmp-dev libpcre2-dev libutf8proc-dev
   libopenmpi-dev openmpi-bin
 )
 # conformance suite: a virtualenv (scripts/setup-python.sh) whose packages come from PyPI

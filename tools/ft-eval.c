@@ -21,6 +21,7 @@
 
 #include "core/cli.h"
 #include "core/numparse.h"
+#include "core/omp_policy.h"
 #include "data/data.h"
 #include "data/pref_data.h"
 #include "dist/dist.h"
@@ -730,6 +731,7 @@ out:
 
 int main(int argc, char **argv)
 {
+    ft_cpu_omp_policy_reexec(argv); /* one pool that sleeps while it waits */
     args a;
     int rc = parse_args(argc, argv, &a);
     if (rc >= 0)

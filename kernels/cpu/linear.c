@@ -15,7 +15,8 @@
  * The bias is written into y before the GEMM, which then runs with beta = 1: one pass
  * over y for the bias and one GEMM. db is summed per column in double, over column
  * blocks that each thread owns whole, so the result does not depend on the thread
- * count. BLAS is never called inside an OpenMP region (OpenBLAS threads on its own). */
+ * count. BLAS is never called inside an OpenMP region: OpenBLAS's OpenMP build runs
+ * each GEMM on libgomp's threads, the same pool as our regions (lib/core/omp_policy.c). */
 #include <cblas.h>
 
 #include "cpu_ops.h"

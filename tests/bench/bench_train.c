@@ -5,7 +5,7 @@
  *
  * Runs N optimizer steps (AdamW, constant lr) on seeded random tokens after one warm-up
  * step and prints one JSON line: tokens/s, ms per step, and the tracked allocator's peak
- * bytes per category. LoRA is r=16, alpha=32 on all linear layers; qlora puts it on a
+ * bytes per category and the process's peak RSS (VmHWM). LoRA is r=16, alpha=32 on all linear layers; qlora puts it on a
  * base quantized on load to NF4 with double quantization (blocks of 64). On the GPU the
  * compute is bf16 (--fp32: fp32); the clock is read after a device synchronize at both
  * ends (ft_device_clock), so the timing covers the work the GPU did (a step's own
@@ -18,12 +18,28 @@
 #include "device/device_clock.h"
 #include "model/model.h"
 #include "train/optim.h"
+#include "core/omp_policy.h"
 #include "core/rng.h"
 #include "train/schedule.h"
 #include "train/train_step.h"
 
+/* the process's peak resident set (VmHWM; 0 where /proc is missing) */
+static size_t peak_rss(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    size_t kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %zu kB", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kb * 1024;
+}
+
 int main(int argc, char **argv)
 {
+    ft_cpu_omp_policy_reexec(argv); /* one pool that sleeps while it waits */
     if (argc < 2) {
         fprintf(stderr, "usage: bench-train MODEL_DIR [--mode lora|qlora|full] [--batch B] "
                         "[--seq T] [--steps N] [--ckpt] [--device cpu|cuda] [--fp32] "
@@ -110,7 +126,7 @@ int main(int argc, char **argv)
            (double)B * T * steps / dt, dt * 1e3 / steps, st.loss, n);
     for (int c = 0; c < FT_MEM_NCAT; c++)
         printf("%s\"%s\": %zu", c ? ", " : "", ft_mem_cat_name((ft_mem_cat)c), mem->peak[c]);
-    printf(", \"total\": %zu}}\n", mem->peak_total);
+    printf(", \"total\": %zu}, \"peak_rss_bytes\": %zu}\n", mem->peak_total, peak_rss());
     ft_optimizer_free(&o);
     free(ids);
     ft_model_free(m);
