@@ -846,6 +846,32 @@ static int check_layer_types(const char *path, const json_t *root, const ft_mode
     return 0;
 }
 
+/* What gemma2 and gemma3 read alike: sliding_window (default 4096; null refused) into
+ * cfg, the bound on per-layer attention types, and layer_types: *types is NULL when the
+ * key is absent, else an array of one entry a layer. */
+static int read_window_and_types(const char *path, const json_t *root, const char *family,
+                                 ft_model_config *cfg, json_t **types, ft_err *err)
+{
+    json_t *v = json_object_get(root, "sliding_window");
+    cfg->sliding_window = 4096;
+    if (v && json_is_null(v))
+        return ft_fail(err, "%s: 'sliding_window' is null: %s without a window on its "
+                       "sliding layers is not supported", path, family);
+    if (v && read_int(path, "sliding_window", v, 1, INT_MAX, &cfg->sliding_window, err))
+        return -1;
+    if (cfg->num_layers > FT_MAX_LAYER_TYPES)
+        return ft_fail(err, "%s: 'num_hidden_layers': %d layers with per-layer attention types "
+                       "are more than the %d supported", path, cfg->num_layers,
+                       FT_MAX_LAYER_TYPES);
+    *types = v = get_opt(root, "layer_types");
+    if (v && !json_is_array(v))
+        return ft_fail(err, "%s: 'layer_types': expected an array, got %s", path, json_kind(v));
+    if (v && json_array_size(v) != (size_t)cfg->num_layers)
+        return ft_fail(err, "%s: 'layer_types': %zu entries for %d layers", path,
+                       json_array_size(v), cfg->num_layers);
+    return 0;
+}
+
 /* gemma2's windows: sliding_window (default 4096) on the layers layer_types calls
  * "sliding_attention". transformers 4.46 ignores layer_types and slides on the even
  * layers (0, 2, ...), which is also the list later versions write when it is absent:
@@ -853,27 +879,13 @@ static int check_layer_types(const char *path, const json_t *root, const ft_mode
 static int read_gemma2_layers(const char *path, const json_t *root, ft_model_config *cfg,
                               ft_err *err)
 {
-    json_t *v = json_object_get(root, "sliding_window");
-    cfg->sliding_window = 4096;
-    if (v && json_is_null(v))
-        return ft_fail(err, "%s: 'sliding_window' is null: gemma2 without a window on its "
-                       "sliding layers is not supported", path);
-    if (v && read_int(path, "sliding_window", v, 1, INT_MAX, &cfg->sliding_window, err))
+    json_t *v;
+    if (read_window_and_types(path, root, "gemma2", cfg, &v, err))
         return -1;
-    if (cfg->num_layers > FT_MAX_LAYER_TYPES)
-        return ft_fail(err, "%s: 'num_hidden_layers': %d layers with per-layer attention types "
-                       "are more than the %d supported", path, cfg->num_layers,
-                       FT_MAX_LAYER_TYPES);
     for (int l = 0; l < cfg->num_layers; l++)
         cfg->layer_full_attention[l] = l % 2 != 0;
-    v = get_opt(root, "layer_types");
     if (!v)
         return 0;
-    if (!json_is_array(v))
-        return ft_fail(err, "%s: 'layer_types': expected an array, got %s", path, json_kind(v));
-    if (json_array_size(v) != (size_t)cfg->num_layers)
-        return ft_fail(err, "%s: 'layer_types': %zu entries for %d layers", path,
-                       json_array_size(v), cfg->num_layers);
     size_t i;
     json_t *e;
     json_array_foreach(v, i, e) {
@@ -896,18 +908,9 @@ static int read_gemma2_layers(const char *path, const json_t *root, ft_model_con
 static int read_gemma3_layers(const char *path, const json_t *root, ft_model_config *cfg,
                               ft_err *err)
 {
-    json_t *v = json_object_get(root, "sliding_window");
-    cfg->sliding_window = 4096;
-    if (v && json_is_null(v))
-        return ft_fail(err, "%s: 'sliding_window' is null: gemma3 without a window on its "
-                       "sliding layers is not supported", path);
-    if (v && read_int(path, "sliding_window", v, 1, INT_MAX, &cfg->sliding_window, err))
+    json_t *v;
+    if (read_window_and_types(path, root, "gemma3", cfg, &v, err))
         return -1;
-    if (cfg->num_layers > FT_MAX_LAYER_TYPES)
-        return ft_fail(err, "%s: 'num_hidden_layers': %d layers with per-layer attention types "
-                       "are more than the %d supported", path, cfg->num_layers,
-                       FT_MAX_LAYER_TYPES);
-    v = get_opt(root, "layer_types");
     if (!v) {
         int pattern = 6;
         json_t *pv = get_opt(root, "sliding_window_pattern");
@@ -917,11 +920,6 @@ static int read_gemma3_layers(const char *path, const json_t *root, ft_model_con
             cfg->layer_full_attention[l] = (l + 1) % pattern == 0;
         return 0;
     }
-    if (!json_is_array(v))
-        return ft_fail(err, "%s: 'layer_types': expected an array, got %s", path, json_kind(v));
-    if (json_array_size(v) != (size_t)cfg->num_layers)
-        return ft_fail(err, "%s: 'layer_types': %zu entries for %d layers", path,
-                       json_array_size(v), cfg->num_layers);
     size_t i;
     json_t *e;
     json_array_foreach(v, i, e) {
