@@ -17,48 +17,17 @@ import pytest
 import torch
 
 import ftref
-
-P = 3  # pairs; the batch has 2P rows
-
-
-def pref_batch(vocab, T, seed):
-    """input_ids [2P, T] (chosen rows, then rejected), TRL's attention_mask and
-    completion_mask, and the labels (ids on the completion, -100 elsewhere). Each pair
-    shares its prompt; rows are right-padded (as DataCollatorForPreference pads)."""
-    g = torch.Generator().manual_seed(700 + seed)
-    ids = torch.zeros(2 * P, T, dtype=torch.long)
-    am = torch.zeros(2 * P, T, dtype=torch.long)
-    cm = torch.zeros(2 * P, T, dtype=torch.long)
-    for i in range(P):
-        plen = 2 + int(torch.randint(0, 4, (1,), generator=g))
-        prompt = torch.randint(0, vocab, (plen,), generator=g)
-        for r in (i, P + i):
-            clen = 1 + int(torch.randint(0, T - plen, (1,), generator=g))
-            if r == 0:
-                clen = T - plen  # one row fills the batch: the padding is real
-            comp = torch.randint(0, vocab, (clen,), generator=g)
-            n = plen + clen
-            ids[r, :plen] = prompt
-            ids[r, plen:n] = comp
-            am[r, :n] = 1
-            cm[r, plen:n] = 1
-    labels = ids.masked_fill(cm == 0, -100)
-    return ids, am, cm, labels
+from pref_ref import TRAIN, Run, assert_five_steps, dequantized_dir, five_steps, \
+    trainable_params, trainer_inputs
 
 
 def dpo_trainer(model, ref_base, pref, tmp):
     """TRL's DPOTrainer around model (not trained: its compute_loss is the reference).
     ref_base: for a PEFT model, drop the "ref" adapter TRL copies from the starting one, so
     that the reference is the base with adapters disabled (TRL's fresh-adapter case)."""
-    from datasets import Dataset
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
     from trl import DPOConfig, DPOTrainer
 
-    vocab = model.config.vocab_size
-    tk = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="t1", pad_token="t0")
-    ds = Dataset.from_list([{"prompt": "t5", "chosen": "t6", "rejected": "t7"}])
+    tok, ds = trainer_inputs(model.config.vocab_size)
     args = DPOConfig(output_dir=str(tmp), report_to=[], use_cpu=True,
                      gradient_checkpointing=False, bf16=False, beta=pref["beta"],
                      loss_type=[pref.get("loss_type", "sigmoid")],
@@ -75,18 +44,14 @@ METRICS = ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/
            "logps/chosen", "logps/rejected"]
 
 
-def trl_step(tr, ids, am, cm):
-    """TRL's loss (a graph) and its logged metrics for the batch."""
+def trl_step(tr, r):
+    """TRL's loss (a graph) and its logged metrics for the run's batch."""
     for v in tr._metrics.values():
         v.clear()
-    loss = tr.compute_loss(tr.model, dict(input_ids=ids, attention_mask=am, completion_mask=cm))
+    loss = tr.compute_loss(tr.model, dict(input_ids=r.ids, attention_mask=r.am,
+                                          completion_mask=r.cm))
     mode = "train" if tr.model.training else "eval"
     return loss, torch.tensor([tr._metrics[mode][k][-1] for k in METRICS], dtype=torch.float64)
-
-
-def trainable_params(tr, key):
-    return [(key(n), p) for n, p in tr.model.named_parameters() if p.requires_grad]
-
 
 RUNS = [
     dict(id="lora-sigmoid", model="llama_gqa", adapter="no_k", pref=dict(beta=0.1)),
@@ -111,55 +76,19 @@ RUNS = [
 ]
 
 
-class Case:
-    pass
-
-
 def _build(store, run, tmp, trl_model_dir=None):
-    """The batch, the harness spec and TRL's trainer (on trl_model_dir when given: the
+    """The run (batch, harness spec) and TRL's trainer (on trl_model_dir when given: the
     dequantized weights of a QLoRA run)."""
-    global P
-    P = run.get("P", 3)
-    shape = ftref.SHAPES[run["model"]]
-    model_dir = store.model(run["model"])
-    ref_dir = trl_model_dir or model_dir
-    vocab = ftref.make_config(shape).vocab_size
-    ids, am, cm, labels = pref_batch(vocab, shape.T, shape.seed)
-    if run["adapter"]:
-        adapter_dir = store.adapter(run["model"], run["adapter"], seed=run.get("adapter_seed", 4))
-        m = ftref.lora_mode_model(ref_dir, adapter_dir)
-        spec = dict(model_dir=model_dir, adapter_dir=adapter_dir, mode="lora")
-        if run.get("quant"):
-            spec["quant"] = run["quant"]
-        key = ftref.peft_key
-    else:
-        m = ftref.full_mode_model(model_dir)
-        spec = dict(model_dir=model_dir, mode="full")
-        key = lambda n: n  # noqa: E731
+    r = Run(store, run, trl_model_dir)
     pref = dict(run["pref"])
     if run.get("ref") == "base":
         pref["ref"] = "base"
-    spec.update(input_ids=ids, labels=labels, pref=pref, grad_accum=run.get("grad_accum", 1))
-    tr = dpo_trainer(m, run.get("ref") == "base", run["pref"], tmp)
-    return ids, am, cm, spec, tr, key
+    r.spec["pref"] = pref
+    return r, dpo_trainer(r.model, run.get("ref") == "base", run["pref"], tmp)
 
 
-def dequantized_dir(store, run, ft, tmp):
-    """The model with the weights the harness dequantizes from its quantized base."""
-    shape = ftref.SHAPES[run["model"]]
-    model_dir = store.model(run["model"])
-    m = ftref.load_hf(model_dir)
-    ids, labels = ftref.make_batch(m.config.vocab_size, 1, shape.T, shape.seed)
-    out = ft(dict(model_dir=model_dir, mode="eval", input_ids=ids, labels=labels,
-                  quant=run["quant"]), f"dpo-dequant-{run['id']}")
-    deq = {k[len("dequant."):]: v for k, v in out.items() if k.startswith("dequant.")}
-    assert deq
-    sd = m.state_dict()
-    for k, v in deq.items():
-        sd[k] = v.to(sd[k].dtype)
-    m.load_state_dict(sd)
-    m.save_pretrained(tmp / "model", safe_serialization=True)
-    return tmp / "model"
+class Case:
+    pass
 
 
 @pytest.fixture(scope="module", params=RUNS, ids=[r["id"] for r in RUNS])
@@ -169,12 +98,12 @@ def case(request, store, ft, tmp_path_factory):
     deq_dir = None
     if run.get("quant"):
         deq_dir = dequantized_dir(store, run, ft, tmp_path_factory.mktemp("dequant"))
-    ids, am, cm, spec, tr, key = _build(store, run, tmp_path_factory.mktemp("trl"), deq_dir)
-    c.loss, c.metrics = trl_step(tr, ids, am, cm)
+    r, tr = _build(store, run, tmp_path_factory.mktemp("trl"), deq_dir)
+    c.loss, c.metrics = trl_step(tr, r)
     tr.model.zero_grad(set_to_none=True)
     c.loss.backward()
-    c.grads = {n: p.grad.detach().clone() for n, p in trainable_params(tr, key)}
-    c.out = ft(spec, f"dpo-{run['id']}")
+    c.grads = {n: p.grad.detach().clone() for n, p in trainable_params(tr, r.key)}
+    c.out = ft(r.spec, f"dpo-{run['id']}")
     return c
 
 
@@ -189,33 +118,11 @@ def test_dpo_grads(case):
     ftref.assert_tensor_dict_close("grad.", case.out, case.grads, ftref.TOL_GRAD)
 
 
-TRAIN = dict(steps=5, lr=1e-2, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01,
-             warmup_steps=2, scheduler="cosine", max_grad_norm=1.0)
-
-
 @pytest.mark.parametrize("run", [RUNS[0], RUNS[2], RUNS[4]], ids=lambda r: r["id"])
 def test_dpo_five_steps(run, store, ft, tmp_path_factory):
-    """Five AdamW steps on TRL's loss (lr 1e-3 for full fine-tuning, as test_train.py)."""
-    from transformers import get_cosine_schedule_with_warmup
-
-    ids, am, cm, spec, tr, key = _build(store, run, tmp_path_factory.mktemp("trl5"))
+    """Five AdamW steps on TRL's loss."""
+    r, tr = _build(store, run, tmp_path_factory.mktemp("trl5"))
     train = dict(TRAIN, lr=1e-2 if run["adapter"] else 1e-3)
-    named = trainable_params(tr, key)
-    params = [p for _, p in named]
-    opt = torch.optim.AdamW(params, lr=train["lr"], betas=tuple(train["betas"]),
-                            eps=train["eps"], weight_decay=train["weight_decay"])
-    sched = get_cosine_schedule_with_warmup(opt, train["warmup_steps"], train["steps"])
-    losses = []
-    for _ in range(train["steps"]):
-        opt.zero_grad(set_to_none=True)
-        loss, _ = trl_step(tr, ids, am, cm)
-        losses.append(loss.item())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, train["max_grad_norm"])
-        opt.step()
-        sched.step()
-    out = ft(dict(spec, train=train), f"dpo5-{run['id']}")
-    ftref.assert_close("losses", out["losses"], torch.tensor(losses, dtype=torch.float64),
-                       ftref.TOL_LOSSES)
-    ref = {n: p.detach().clone() for n, p in named}
-    ftref.assert_tensor_dict_close("weight.", out, ref, ftref.TOL_WEIGHT)
+    named = trainable_params(tr, r.key)
+    losses = five_steps(named, lambda: trl_step(tr, r)[0], train)
+    assert_five_steps(ft(dict(r.spec, train=train), f"dpo5-{run['id']}"), losses, named)

@@ -15,22 +15,17 @@ import pytest
 import torch
 
 import ftref
-from test_dpo import dequantized_dir, pref_batch
+from pref_ref import TRAIN, Run, assert_five_steps, dequantized_dir, five_steps, \
+    trainable_params, trainer_inputs
 
 METRICS = ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
            "logps/chosen", "logps/rejected", "nll_loss", "log_odds_ratio", "log_odds_chosen"]
 
 
 def orpo_trainer(model, beta, tmp):
-    from datasets import Dataset
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
     from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
-    vocab = model.config.vocab_size
-    tk = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="t1", pad_token="t0")
-    ds = Dataset.from_list([{"prompt": "t5", "chosen": "t6", "rejected": "t7"}])
+    tok, ds = trainer_inputs(model.config.vocab_size)
     args = ORPOConfig(output_dir=str(tmp), report_to=[], use_cpu=True, bf16=False,
                       gradient_checkpointing=False, beta=beta)
     return ORPOTrainer(model=model, args=args, processing_class=tok, train_dataset=ds)
@@ -67,40 +62,19 @@ RUNS = [
 
 
 def _build(store, run, tmp, trl_model_dir=None):
-    """The batch, the harness spec and TRL's trainer (on trl_model_dir when given: the
-    dequantized weights of a QLoRA run)."""
-    P = run.get("P", 3)
-    import test_dpo
-    test_dpo.P = P
-    shape = ftref.SHAPES[run["model"]]
-    model_dir = store.model(run["model"])
-    vocab = ftref.make_config(shape).vocab_size
-    ids, am, cm, labels = pref_batch(vocab, shape.T, shape.seed)
-    if run["adapter"]:
-        adapter_dir = store.adapter(run["model"], run["adapter"], seed=4)
-        m = ftref.lora_mode_model(trl_model_dir or model_dir, adapter_dir)
-        spec = dict(model_dir=model_dir, adapter_dir=adapter_dir, mode="lora")
-        if run.get("quant"):
-            spec["quant"] = run["quant"]
-        key = ftref.peft_key
-    else:
-        m = ftref.full_mode_model(model_dir)
-        spec = dict(model_dir=model_dir, mode="full")
-        key = lambda n: n  # noqa: E731
-    k = run.get("grad_accum", 1)
-    spec.update(input_ids=ids, labels=labels, grad_accum=k,
-                pref=dict(beta=run["beta"], loss_type="orpo"))
-    tr = orpo_trainer(m, run["beta"], tmp)
+    """The run (batch, harness spec), TRL's trainer (on trl_model_dir when given: the
+    dequantized weights of a QLoRA run) and the pairs split into TRL's micro-batches."""
+    r = Run(store, run, trl_model_dir)
+    r.spec["pref"] = dict(beta=run["beta"], loss_type="orpo")
+    tr = orpo_trainer(r.model, run["beta"], tmp)
+    P, k = r.P, run.get("grad_accum", 1)
     pm = P // k  # micro-batch i: pairs [i pm, (i+1) pm)
-    batches = [trl_batch(torch.cat([ids[i * pm:(i + 1) * pm], ids[P + i * pm:P + (i + 1) * pm]]),
-                         torch.cat([am[i * pm:(i + 1) * pm], am[P + i * pm:P + (i + 1) * pm]]),
-                         torch.cat([cm[i * pm:(i + 1) * pm], cm[P + i * pm:P + (i + 1) * pm]]),
-                         pm) for i in range(k)]
-    return spec, tr, batches, key
 
+    def rows(t, i):
+        return torch.cat([t[i * pm:(i + 1) * pm], t[P + i * pm:P + (i + 1) * pm]])
 
-def trainable_params(tr, key):
-    return [(key(n), p) for n, p in tr.model.named_parameters() if p.requires_grad]
+    batches = [trl_batch(rows(r.ids, i), rows(r.am, i), rows(r.cm, i), pm) for i in range(k)]
+    return r, tr, batches
 
 
 class Case:
@@ -114,12 +88,12 @@ def case(request, store, ft, tmp_path_factory):
     deq_dir = None
     if run.get("quant"):
         deq_dir = dequantized_dir(store, run, ft, tmp_path_factory.mktemp("dequant"))
-    spec, tr, batches, key = _build(store, run, tmp_path_factory.mktemp("orpo"), deq_dir)
+    r, tr, batches = _build(store, run, tmp_path_factory.mktemp("orpo"), deq_dir)
     c.loss, c.metrics = trl_loss(tr, batches)
     tr.model.zero_grad(set_to_none=True)
     c.loss.backward()
-    c.grads = {n: p.grad.detach().clone() for n, p in trainable_params(tr, key)}
-    c.out = ft(spec, f"orpo-{run['id']}")
+    c.grads = {n: p.grad.detach().clone() for n, p in trainable_params(tr, r.key)}
+    c.out = ft(r.spec, f"orpo-{run['id']}")
     return c
 
 
@@ -134,35 +108,13 @@ def test_orpo_grads(case):
     ftref.assert_tensor_dict_close("grad.", case.out, case.grads, ftref.TOL_GRAD)
 
 
-TRAIN = dict(steps=5, lr=1e-2, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01,
-             warmup_steps=2, scheduler="cosine", max_grad_norm=1.0)
-
-
 @pytest.mark.parametrize("run", [RUNS[0], RUNS[2], RUNS[4]], ids=lambda r: r["id"])
 def test_orpo_five_steps(run, store, ft, tmp_path_factory):
-    from transformers import get_cosine_schedule_with_warmup
-
     deq_dir = None
     if run.get("quant"):
         deq_dir = dequantized_dir(store, run, ft, tmp_path_factory.mktemp("dequant5"))
-    spec, tr, batches, key = _build(store, run, tmp_path_factory.mktemp("orpo5"), deq_dir)
+    r, tr, batches = _build(store, run, tmp_path_factory.mktemp("orpo5"), deq_dir)
     train = dict(TRAIN, lr=1e-2 if run["adapter"] else 1e-3)
-    named = trainable_params(tr, key)
-    params = [p for _, p in named]
-    opt = torch.optim.AdamW(params, lr=train["lr"], betas=tuple(train["betas"]),
-                            eps=train["eps"], weight_decay=train["weight_decay"])
-    sched = get_cosine_schedule_with_warmup(opt, train["warmup_steps"], train["steps"])
-    losses = []
-    for _ in range(train["steps"]):
-        opt.zero_grad(set_to_none=True)
-        loss, _ = trl_loss(tr, batches)
-        losses.append(loss.item())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, train["max_grad_norm"])
-        opt.step()
-        sched.step()
-    out = ft(dict(spec, train=train), f"orpo5-{run['id']}")
-    ftref.assert_close("losses", out["losses"], torch.tensor(losses, dtype=torch.float64),
-                       ftref.TOL_LOSSES)
-    ftref.assert_tensor_dict_close("weight.", out, {n: p.detach().clone() for n, p in named},
-                                   ftref.TOL_WEIGHT)
+    named = trainable_params(tr, r.key)
+    losses = five_steps(named, lambda: trl_loss(tr, batches)[0], train)
+    assert_five_steps(ft(dict(r.spec, train=train), f"orpo5-{run['id']}"), losses, named)
