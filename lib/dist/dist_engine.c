@@ -406,7 +406,8 @@ static int gpipe(ft_engine *e, const ft_batch *b, double tokens, double *loss, f
         size_t off = (size_t)c * rows * b->T;
         ft_batch chunk = {c + 1 < k ? rows : b->B - c * rows, b->T, b->input_ids + off,
                           b->labels ? b->labels + off : NULL,
-                          b->position_ids ? b->position_ids + off : NULL};
+                          b->position_ids ? b->position_ids + off : NULL,
+                          b->attention_mask ? b->attention_mask + off : NULL};
         double sum;
         ft_model_use_activation_slot(e->m, c);
         if (ft_model_forward(e->m, &chunk, &sum, NULL, err))
