@@ -224,6 +224,9 @@ int ft_model_forward(ft_model *m, const ft_batch *batch, double *loss_sum, long 
  * gradient once per forward, whatever grad_scale says (as the Trainer adds each
  * micro-batch's aux_loss to that micro-batch's loss). */
 double ft_model_aux_loss(const ft_model *m);
+/* The same before router_aux_loss_coef: transformers' output aux_loss (the load-balancing
+ * loss itself; 0 without it). */
+double ft_model_aux_balance(const ft_model *m);
 
 /* Logits [B, T, V] of the last forward, fp32 on the host (a GPU model copies them back
  * on the first call after a forward). NULL after a backward, and when the head was

@@ -214,6 +214,7 @@ struct ft_model {
      * probs (aux_dp [E], set by the backward), and the term it added to the loss */
     float *aux_counts, *aux_psum, *aux_dp;
     double aux_loss;
+    double aux_balance; /* the load-balancing loss before the coefficient (aux_loss / coef) */
     /* the real tokens of the forward's batch (its attention_mask; moe_aux_mask), the only
      * rows the statistics count and the aux gradient reaches: aux_n_runs flat row ranges
      * [aux_runs[2i], aux_runs[2i+1]) of the B T, ascending and apart, aux_real rows in all

@@ -829,6 +829,11 @@ double ft_model_aux_loss(const ft_model *m)
     return m->aux_loss;
 }
 
+double ft_model_aux_balance(const ft_model *m)
+{
+    return m->aux_balance;
+}
+
 void ft_model_set_aux_reduce(ft_model *m, ft_model_aux_reduce_fn fn, void *ctx)
 {
     m->aux_reduce = fn;

@@ -244,7 +244,7 @@ int moe_aux_mask(ft_model *m, const ft_batch *b, ft_err *err)
 
 void moe_aux_begin(ft_model *m)
 {
-    m->aux_loss = 0.0;
+    m->aux_loss = m->aux_balance = 0.0;
     if (!m->aux_counts)
         return;
     int E = m->cfg.num_experts;
@@ -293,6 +293,7 @@ int moe_aux_end(ft_model *m, ft_err *err)
     if (h != m->aux_counts)
         copy_or_die(m, m->aux_dp, m->dev, dp, FT_DEV_CPU, (size_t)E * sizeof *dp,
                     "the load-balancing gradient");
-    m->aux_loss = (double)c->router_aux_loss_coef * E * sum;
+    m->aux_balance = E * sum;
+    m->aux_loss = (double)c->router_aux_loss_coef * m->aux_balance;
     return 0;
 }

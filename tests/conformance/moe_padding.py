@@ -72,3 +72,64 @@ def check_mask_refused(model_dir, T, ft_raw, tag):
                        attention_mask=bad), f"{tag}-mask-2")
     assert r.returncode != 0 and "attention_mask[0][2] = 2 is neither 0 nor 1" in r.stderr, \
         r.stderr
+
+
+def _hf_batch_loss(model, rows):
+    """transformers' loss and aux_loss of rows (ids, labels) as one right-padded batch,
+    given its attention_mask."""
+    T = max(len(ids) for ids, _ in rows)
+    ids = torch.zeros(len(rows), T, dtype=torch.long)
+    labels = torch.full((len(rows), T), -100, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.long)
+    for r, (i, lab) in enumerate(rows):
+        ids[r, :len(i)] = torch.tensor(i)
+        labels[r, :len(i)] = torch.tensor(lab)
+        mask[r, :len(i)] = 1
+    with torch.no_grad():
+        out = model(input_ids=ids, labels=labels, attention_mask=mask)
+    return float(out.loss), float(out.aux_loss)
+
+
+def check_ft_eval_aux(model_dir, tmp_path, tag):
+    """ft-eval on token rows of uneven lengths: loss_with_aux is transformers'
+    model(...).loss when the rows are one batch, aux_loss its aux_loss (the mean over the
+    batches of each batch's with --batch-size 2), loss the cross-entropy alone (the same
+    whatever the batching)."""
+    import json
+    import random
+
+    model = ftref.load_hf(model_dir)
+    cfg = model.config
+    rnd = random.Random(11)
+    rows = []
+    for T in (9, 5, 12, 7, 10):
+        ids = [rnd.randrange(1, cfg.vocab_size) for _ in range(T)]
+        rows.append((ids, [-100] * 2 + ids[2:]))
+    data = tmp_path / f"{tag}-eval.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": i, "labels": lab}) + "\n"
+                            for i, lab in rows))
+    exe = ftref.tool_exe("FT_EVAL", "ft-eval")
+    got = {}
+    for bs in (8, 2):
+        cp = ftref.run_tool([exe, "--model", model_dir, "--data", data, "--format", "tokens",
+                             "--batch-size", bs, "--device", "cpu", "--json"])
+        got[bs] = json.loads(cp.stdout)
+    loss, aux = _hf_batch_loss(model, rows)
+    coef = cfg.router_aux_loss_coef
+    one = got[8]
+    ftref.assert_close(f"[{tag}] ft-eval loss_with_aux", one["loss_with_aux"], loss,
+                       ftref.TOL_LOGITS)
+    ftref.assert_close(f"[{tag}] ft-eval aux_loss", one["aux_loss"], aux, ftref.TOL_LOGITS)
+    ftref.assert_close(f"[{tag}] ft-eval loss", one["loss"], loss - coef * aux,
+                       ftref.TOL_LOGITS)
+    assert coef * aux > 100 * ftref.TOL_LOGITS * loss  # the term shows at the tolerance
+    # three batches: each one's aux_loss, averaged; the cross-entropy unchanged
+    auxes = [_hf_batch_loss(model, rows[i:i + 2])[1] for i in range(0, len(rows), 2)]
+    two = got[2]
+    ftref.assert_close(f"[{tag}] ft-eval aux_loss, batches of 2", two["aux_loss"],
+                       sum(auxes) / len(auxes), ftref.TOL_LOGITS)
+    ftref.assert_close(f"[{tag}] ft-eval loss, batches of 2", two["loss"], one["loss"],
+                       ftref.TOL_LOGITS)
+    ftref.assert_close(f"[{tag}] ft-eval loss_with_aux, batches of 2", two["loss_with_aux"],
+                       two["loss"] + coef * two["aux_loss"], 1e-12)
+    return got

@@ -189,6 +189,21 @@ def test_mask_not_right_padding_refused(moe_store, ft_raw):
                                    "mixtral")
 
 
+def test_ft_eval_loss_with_aux(moe_store, tmp_path):
+    """ft-eval reports transformers' aux_loss and loss (loss_with_aux) beside the
+    cross-entropy; a MoE model without output_router_logits reports neither."""
+    import json
+
+    import moe_padding
+
+    moe_padding.check_ft_eval_aux(moe_store("mixtral"), tmp_path, "mixtral")
+    data = tmp_path / "mixtral-eval.jsonl"
+    cp = ftref.run_tool([_tool("FT_EVAL", "ft-eval"), "--model", moe_store("mixtral_top1_noaux"),
+                         "--data", data, "--format", "tokens", "--device", "cpu", "--json"])
+    got = json.loads(cp.stdout)
+    assert "loss" in got and "aux_loss" not in got and "loss_with_aux" not in got, got
+
+
 @pytest.fixture(scope="module")
 def lora_case(moe_store, ft):
     """LoRA on the attention modules of the first shape (router and experts frozen)."""

@@ -174,6 +174,13 @@ def test_grad_ckpt_equal(case, ft):
             assert torch.equal(out[k], v), k
 
 
+def test_ft_eval_loss_with_aux(store, tmp_path):
+    """ft-eval's aux_loss and loss_with_aux against transformers (test_moe.py's)."""
+    import moe_padding
+
+    moe_padding.check_ft_eval_aux(store("qwen3_moe_top3_norm"), tmp_path, "qwen3_moe")
+
+
 @pytest.mark.parametrize("name", ["qwen3_moe", "qwen3_moe_top3_norm"])
 def test_padded_batch_aux_mask(store, ft, name):
     """Right padding: the load-balancing loss and its gradient leave the padded rows out,
