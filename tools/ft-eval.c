@@ -442,6 +442,47 @@ static const char *tokenizer_dir(const args *a)
     return a->adapter && access(path, F_OK) == 0 ? a->adapter : a->model;
 }
 
+/* The evaluated model's options before anything is read: no training; with --adapter its
+ * LoRA settings (no dropout: evaluation). The loss path and the preference path share
+ * this and eval_model_load. */
+static int eval_model_options(const args *a, ft_model_options *mo)
+{
+    ft_err err;
+    *mo = (ft_model_options){.mode = FT_TRAIN_NONE};
+    if (!a->adapter)
+        return 0;
+    if (ft_lora_config_load(&mo->lora, a->adapter, &err))
+        return fail(err.msg);
+    mo->mode = FT_TRAIN_LORA;
+    mo->lora.dropout = 0.0f;
+    return 0;
+}
+
+/* Places this rank (--device, --fp32; on a GPU the line "...; rank r takes GPU g"), sets
+ * mo's device, dtype and the head's chunks (auto, as train.loss_chunk_tokens: the logits
+ * never for the whole batch at once), and loads --model with --adapter into *m. A
+ * reference model loads with mo's device, dtype and chunks. */
+static int eval_model_load(const args *a, ft_comm *comm, ft_eval_meter *meter,
+                           ft_model_options *mo, ft_model **m)
+{
+    ft_err err;
+    ft_run_device_choice place;
+    int gpu;
+    if (ft_run_device_choose(a->device, !a->fp32, "--device", &place, &err) ||
+        ft_run_device_select(&place, ft_comm_local_rank(comm), &gpu, &err))
+        return fail(err.msg);
+    mo->device = place.device;
+    mo->dtype = place.dtype;
+    mo->loss_chunk_rows = -1;
+    if (place.device == FT_DEV_CUDA)
+        ft_eval_meter_line(meter, "%s; rank %d takes GPU %d", place.why, ft_comm_rank(comm),
+                           gpu);
+    if (ft_model_load(m, a->model, mo, &err) ||
+        (a->adapter && ft_model_load_adapter(*m, a->adapter, &err)))
+        return fail(err.msg);
+    return 0;
+}
+
 static int run(const args *a, const char *data_path, ft_comm *comm)
 {
     ft_err err;
@@ -452,7 +493,7 @@ static int run(const args *a, const char *data_path, ft_comm *comm)
                        rank == 0 && isatty(STDERR_FILENO) == 1);
     ft_dataset shard = {0};
     ft_eval_records rec_shard = {0};
-    ft_model_options mo = {.mode = FT_TRAIN_NONE};
+    ft_model_options mo;
     ft_model *m = NULL;
     ft_tokenizer *tok = NULL;
     ft_dataset ds = {0};
@@ -460,14 +501,8 @@ static int run(const args *a, const char *data_path, ft_comm *comm)
     FILE *pred = NULL;
     int rc = 1;
 
-    if (a->adapter) {
-        if (ft_lora_config_load(&mo.lora, a->adapter, &err)) {
-            fail(err.msg);
-            goto out;
-        }
-        mo.mode = FT_TRAIN_LORA;
-        mo.lora.dropout = 0.0f; /* evaluation: no dropout */
-    }
+    if (eval_model_options(a, &mo))
+        goto out;
     /* The tokens format needs no tokenizer (as in training); every other one does. */
     if (a->data_opt.format != FT_DATA_TOKENS || a->generate) {
         if (ft_tokenizer_load(&tok, tokenizer_dir(a), &err)) {
@@ -510,23 +545,8 @@ static int run(const args *a, const char *data_path, ft_comm *comm)
                 a->data, ds.n, recs.n);
         goto out;
     }
-    ft_run_device_choice place;
-    int gpu;
-    if (ft_run_device_choose(a->device, !a->fp32, "--device", &place, &err) ||
-        ft_run_device_select(&place, ft_comm_local_rank(comm), &gpu, &err)) {
-        fail(err.msg);
+    if (eval_model_load(a, comm, &meter, &mo, &m))
         goto out;
-    }
-    mo.device = place.device;
-    mo.dtype = place.dtype;
-    mo.loss_chunk_rows = -1; /* auto, as train.loss_chunk_tokens */
-    if (place.device == FT_DEV_CUDA)
-        ft_eval_meter_line(&meter, "%s; rank %d takes GPU %d", place.why, rank, gpu);
-    if (ft_model_load(&m, a->model, &mo, &err) ||
-        (a->adapter && ft_model_load_adapter(m, a->adapter, &err))) {
-        fail(err.msg);
-        goto out;
-    }
     int32_t pad = tok ? ft_tokenizer_pad_id(tok) : -1;
     if (pad < 0)
         pad = ft_model_cfg(m)->pad_token_id;
@@ -614,15 +634,9 @@ static int run_pref(const args *a, ft_comm *comm)
     ft_model *m = NULL, *ref = NULL;
     ft_pref_objective po = {0};
     int rc = 1;
-    ft_model_options mo = {.mode = FT_TRAIN_NONE, .loss_chunk_rows = -1};
-    if (a->adapter) {
-        if (ft_lora_config_load(&mo.lora, a->adapter, &err)) {
-            fail(err.msg);
-            goto out;
-        }
-        mo.mode = FT_TRAIN_LORA;
-        mo.lora.dropout = 0.0f;
-    }
+    ft_model_options mo;
+    if (eval_model_options(a, &mo))
+        goto out;
     if (ft_tokenizer_load(&tok, tokenizer_dir(a), &err)) {
         ft_fail_prefix(&err, "tokenizer");
         fail(err.msg);
@@ -641,20 +655,11 @@ static int run_pref(const args *a, ft_comm *comm)
         fail("the data have no preference pair");
         goto out;
     }
-    ft_run_device_choice place;
-    int gpu;
-    if (ft_run_device_choose(a->device, !a->fp32, "--device", &place, &err) ||
-        ft_run_device_select(&place, ft_comm_local_rank(comm), &gpu, &err)) {
-        fail(err.msg);
+    if (eval_model_load(a, comm, &meter, &mo, &m))
         goto out;
-    }
-    mo.device = place.device;
-    mo.dtype = place.dtype;
     ft_model_options ro = {.mode = FT_TRAIN_NONE, .device = mo.device, .dtype = mo.dtype,
-                           .loss_chunk_rows = -1};
-    if (ft_model_load(&m, a->model, &mo, &err) ||
-        (a->adapter && ft_model_load_adapter(m, a->adapter, &err)) ||
-        (a->reference && ft_model_load(&ref, a->reference, &ro, &err))) {
+                           .loss_chunk_rows = mo.loss_chunk_rows};
+    if (a->reference && ft_model_load(&ref, a->reference, &ro, &err)) {
         fail(err.msg);
         goto out;
     }
