@@ -199,8 +199,9 @@ int ft_engine_new(ft_engine **out, ft_comm *comm, const char *model_dir,
         return -1;
     }
     const ft_model_config *mc = ft_model_cfg(e->m);
-    if (mc->num_experts > 0 && mc->output_router_logits && world > 1) {
-        /* the load-balancing loss of the step's whole micro-batch and of every layer */
+    if (mc->num_experts > 0 && mc->output_router_logits) {
+        /* the load-balancing loss of the step's whole micro-batch and of every layer (the
+         * model keeps one forward's statistics and real rows: one activation slot) */
         if (o->strategy == FT_STRATEGY_PIPELINE && o->pipeline_chunks > 1) {
             ft_fail(err, "model_type '%s' with output_router_logits: "
                          "dist.pipeline_micro_batches > 1 is not supported (the router's "
@@ -210,7 +211,8 @@ int ft_engine_new(ft_engine **out, ft_comm *comm, const char *model_dir,
             free(e);
             return -1;
         }
-        ft_model_set_aux_reduce(e->m, aux_reduce, e);
+        if (world > 1)
+            ft_model_set_aux_reduce(e->m, aux_reduce, e);
     }
     if (whole && adapter_dir && ft_model_load_adapter(e->m, adapter_dir, err)) {
         ft_model_free(e->m);
