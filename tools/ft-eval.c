@@ -45,6 +45,14 @@ static const char usage[] =
     "and exact match after stripping whitespace). The logits are computed in chunks of\n"
     "tokens (train.loss_chunk_tokens auto), never for the whole batch at once.\n"
     "\n"
+    "A mixture-of-experts model with output_router_logits (mixtral, qwen3_moe) also gets\n"
+    "aux_loss, the router's load-balancing loss (transformers' aux_loss, the padding left\n"
+    "out), a mean over the --batch-size batches since it is a batch's figure, and\n"
+    "loss_with_aux = loss + router_aux_loss_coef x aux_loss: what transformers reports\n"
+    "as model(...).loss (and its Trainer as eval_loss), equal to it when the data are one\n"
+    "batch. The loss stays the cross-entropy alone, the perplexity's, which does not\n"
+    "depend on the batches.\n"
+    "\n"
     "The summary goes to stdout; stderr gets a line when the data are read and when each\n"
     "phase (loss, generation) is done, and on a terminal a progress bar.\n"
     "\n"
@@ -106,9 +114,9 @@ static const char usage[] =
     "                         --batch-size batch's NLL is its chosen tokens' mean, weighted\n"
     "                         by its pairs (TRL's mean over batches when all are full)\n"
     "  --json                 print one JSON object on one line: {\"loss\",\"perplexity\",\n"
-    "                         \"tokens\",\"samples\"} (+ \"rougeL\",\"exact_match\",\n"
-    "                         \"generated\"); a non-finite value (a perplexity past\n"
-    "                         the double range) is null\n"
+    "                         \"tokens\",\"samples\"} (+ \"aux_loss\",\"loss_with_aux\";\n"
+    "                         + \"rougeL\",\"exact_match\",\"generated\"); a non-finite\n"
+    "                         value (a perplexity past the double range) is null\n"
     "  -h, --help             this text\n"
     "\n"
     "Results go to stdout, progress to stderr. Exit status: 0 done, 1 error, 2 usage.\n";
@@ -334,6 +342,10 @@ static int print_result(const args *a, const ft_eval_loss *l, const ft_eval_gen 
         printf("samples     %zu\ntokens      %ld\n", l->samples, l->tokens);
         print_row("loss", l->loss, 6);
         print_row("perplexity", l->perplexity, 4);
+        if (l->has_aux) {
+            print_row("aux_loss", l->aux_loss, 6);
+            print_row("loss_with_aux", l->loss_with_aux, 6);
+        }
         if (a->generate) {
             printf("generated   %zu\n", g->generated);
             print_row("rougeL", g->rouge_l, 4);
@@ -346,6 +358,9 @@ static int print_result(const args *a, const ft_eval_loss *l, const ft_eval_gen 
               json_object_set_new(o, "perplexity", num(l->perplexity)) ||
               json_object_set_new(o, "tokens", json_integer(l->tokens)) ||
               json_object_set_new(o, "samples", json_integer((json_int_t)l->samples));
+    if (!bad && l->has_aux)
+        bad = json_object_set_new(o, "aux_loss", num(l->aux_loss)) ||
+              json_object_set_new(o, "loss_with_aux", num(l->loss_with_aux));
     if (!bad && a->generate)
         bad = json_object_set_new(o, "rougeL", num(g->rouge_l)) ||
               json_object_set_new(o, "exact_match", num(g->exact_match)) ||
@@ -395,18 +410,20 @@ static int shard_records(const ft_eval_records *rs, int rank, int n, ft_eval_rec
 
 /* Sums each rank's loss (and generation) figures over the ranks and recomputes the
  * means: the result of one process over the whole data set. */
-static int reduce_metrics(ft_comm *comm, ft_eval_loss *l, ft_eval_gen *g, ft_err *err)
+static int reduce_metrics(ft_comm *comm, const ft_model *m, ft_eval_loss *l, ft_eval_gen *g,
+                          ft_err *err)
 {
-    double v[7] = {l->loss_sum, (double)l->tokens, (double)l->samples, (double)g->generated,
+    double v[9] = {l->loss_sum, (double)l->tokens, (double)l->samples, (double)g->generated,
                    g->rouge_l * (double)g->generated, g->exact_match * (double)g->generated,
-                   (double)g->new_tokens};
-    if (ft_comm_allreduce_sum(comm, v, 7, err))
+                   (double)g->new_tokens, l->aux_sum, (double)l->batches};
+    if (ft_comm_allreduce_sum(comm, v, 9, err))
         return -1;
     l->loss_sum = v[0];
     l->tokens = (long)v[1];
     l->samples = (size_t)v[2];
-    l->loss = l->tokens ? l->loss_sum / (double)l->tokens : NAN;
-    l->perplexity = exp(l->loss);
+    l->aux_sum = v[7];
+    l->batches = (long)v[8];
+    ft_eval_loss_finish(m, l);
     g->generated = (size_t)v[3];
     g->rouge_l = g->generated ? v[4] / (double)g->generated : 0;
     g->exact_match = g->generated ? v[5] / (double)g->generated : 0;
@@ -425,6 +442,47 @@ static const char *tokenizer_dir(const args *a)
     return a->adapter && access(path, F_OK) == 0 ? a->adapter : a->model;
 }
 
+/* The evaluated model's options before anything is read: no training; with --adapter its
+ * LoRA settings (no dropout: evaluation). The loss path and the preference path share
+ * this and eval_model_load. */
+static int eval_model_options(const args *a, ft_model_options *mo)
+{
+    ft_err err;
+    *mo = (ft_model_options){.mode = FT_TRAIN_NONE};
+    if (!a->adapter)
+        return 0;
+    if (ft_lora_config_load(&mo->lora, a->adapter, &err))
+        return fail(err.msg);
+    mo->mode = FT_TRAIN_LORA;
+    mo->lora.dropout = 0.0f;
+    return 0;
+}
+
+/* Places this rank (--device, --fp32; on a GPU the line "...; rank r takes GPU g"), sets
+ * mo's device, dtype and the head's chunks (auto, as train.loss_chunk_tokens: the logits
+ * never for the whole batch at once), and loads --model with --adapter into *m. A
+ * reference model loads with mo's device, dtype and chunks. */
+static int eval_model_load(const args *a, ft_comm *comm, ft_eval_meter *meter,
+                           ft_model_options *mo, ft_model **m)
+{
+    ft_err err;
+    ft_run_device_choice place;
+    int gpu;
+    if (ft_run_device_choose(a->device, !a->fp32, "--device", &place, &err) ||
+        ft_run_device_select(&place, ft_comm_local_rank(comm), &gpu, &err))
+        return fail(err.msg);
+    mo->device = place.device;
+    mo->dtype = place.dtype;
+    mo->loss_chunk_rows = -1;
+    if (place.device == FT_DEV_CUDA)
+        ft_eval_meter_line(meter, "%s; rank %d takes GPU %d", place.why, ft_comm_rank(comm),
+                           gpu);
+    if (ft_model_load(m, a->model, mo, &err) ||
+        (a->adapter && ft_model_load_adapter(*m, a->adapter, &err)))
+        return fail(err.msg);
+    return 0;
+}
+
 static int run(const args *a, const char *data_path, ft_comm *comm)
 {
     ft_err err;
@@ -435,7 +493,7 @@ static int run(const args *a, const char *data_path, ft_comm *comm)
                        rank == 0 && isatty(STDERR_FILENO) == 1);
     ft_dataset shard = {0};
     ft_eval_records rec_shard = {0};
-    ft_model_options mo = {.mode = FT_TRAIN_NONE};
+    ft_model_options mo;
     ft_model *m = NULL;
     ft_tokenizer *tok = NULL;
     ft_dataset ds = {0};
@@ -443,14 +501,8 @@ static int run(const args *a, const char *data_path, ft_comm *comm)
     FILE *pred = NULL;
     int rc = 1;
 
-    if (a->adapter) {
-        if (ft_lora_config_load(&mo.lora, a->adapter, &err)) {
-            fail(err.msg);
-            goto out;
-        }
-        mo.mode = FT_TRAIN_LORA;
-        mo.lora.dropout = 0.0f; /* evaluation: no dropout */
-    }
+    if (eval_model_options(a, &mo))
+        goto out;
     /* The tokens format needs no tokenizer (as in training); every other one does. */
     if (a->data_opt.format != FT_DATA_TOKENS || a->generate) {
         if (ft_tokenizer_load(&tok, tokenizer_dir(a), &err)) {
@@ -493,23 +545,8 @@ static int run(const args *a, const char *data_path, ft_comm *comm)
                 a->data, ds.n, recs.n);
         goto out;
     }
-    ft_run_device_choice place;
-    int gpu;
-    if (ft_run_device_choose(a->device, !a->fp32, "--device", &place, &err) ||
-        ft_run_device_select(&place, ft_comm_local_rank(comm), &gpu, &err)) {
-        fail(err.msg);
+    if (eval_model_load(a, comm, &meter, &mo, &m))
         goto out;
-    }
-    mo.device = place.device;
-    mo.dtype = place.dtype;
-    mo.loss_chunk_rows = -1; /* auto, as train.loss_chunk_tokens */
-    if (place.device == FT_DEV_CUDA)
-        ft_eval_meter_line(&meter, "%s; rank %d takes GPU %d", place.why, rank, gpu);
-    if (ft_model_load(&m, a->model, &mo, &err) ||
-        (a->adapter && ft_model_load_adapter(m, a->adapter, &err))) {
-        fail(err.msg);
-        goto out;
-    }
     int32_t pad = tok ? ft_tokenizer_pad_id(tok) : -1;
     if (pad < 0)
         pad = ft_model_cfg(m)->pad_token_id;
@@ -562,7 +599,7 @@ static int run(const args *a, const char *data_path, ft_comm *comm)
         ft_eval_meter_end(&meter, "%zu samples, at most %d new tokens each%s", recs.n,
                           a->max_new_tokens, a->predictions ? ", predictions written" : "");
     }
-    if (reduce_metrics(comm, &loss, &gen, &err)) {
+    if (reduce_metrics(comm, m, &loss, &gen, &err)) {
         fail(err.msg);
         goto out;
     }
@@ -597,15 +634,9 @@ static int run_pref(const args *a, ft_comm *comm)
     ft_model *m = NULL, *ref = NULL;
     ft_pref_objective po = {0};
     int rc = 1;
-    ft_model_options mo = {.mode = FT_TRAIN_NONE, .loss_chunk_rows = -1};
-    if (a->adapter) {
-        if (ft_lora_config_load(&mo.lora, a->adapter, &err)) {
-            fail(err.msg);
-            goto out;
-        }
-        mo.mode = FT_TRAIN_LORA;
-        mo.lora.dropout = 0.0f;
-    }
+    ft_model_options mo;
+    if (eval_model_options(a, &mo))
+        goto out;
     if (ft_tokenizer_load(&tok, tokenizer_dir(a), &err)) {
         ft_fail_prefix(&err, "tokenizer");
         fail(err.msg);
@@ -624,20 +655,11 @@ static int run_pref(const args *a, ft_comm *comm)
         fail("the data have no preference pair");
         goto out;
     }
-    ft_run_device_choice place;
-    int gpu;
-    if (ft_run_device_choose(a->device, !a->fp32, "--device", &place, &err) ||
-        ft_run_device_select(&place, ft_comm_local_rank(comm), &gpu, &err)) {
-        fail(err.msg);
+    if (eval_model_load(a, comm, &meter, &mo, &m))
         goto out;
-    }
-    mo.device = place.device;
-    mo.dtype = place.dtype;
     ft_model_options ro = {.mode = FT_TRAIN_NONE, .device = mo.device, .dtype = mo.dtype,
-                           .loss_chunk_rows = -1};
-    if (ft_model_load(&m, a->model, &mo, &err) ||
-        (a->adapter && ft_model_load_adapter(m, a->adapter, &err)) ||
-        (a->reference && ft_model_load(&ref, a->reference, &ro, &err))) {
+                           .loss_chunk_rows = mo.loss_chunk_rows};
+    if (a->reference && ft_model_load(&ref, a->reference, &ro, &err)) {
         fail(err.msg);
         goto out;
     }

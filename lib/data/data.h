@@ -197,7 +197,9 @@ void ft_shuffle_indices(size_t *idx, size_t n, uint64_t seed, uint64_t stream);
  * batch_size samples, right-padded to its longest with pad_id and labels -100. With
  * packing, samples are laid end to end into rows of seq_len tokens (a sample never split;
  * positions restart at 0 for each sample, the first label of each sample is -100 as in
- * transformers' DataCollatorWithFlattening), batch_size rows a batch. */
+ * transformers' DataCollatorWithFlattening), batch_size rows a batch. The batch's
+ * attention_mask is 1 on the samples' tokens and 0 on the padding (as transformers'
+ * collators pad; packing pads only a row's tail). */
 typedef struct ft_loader ft_loader;
 
 typedef struct ft_loader_options {
@@ -216,7 +218,7 @@ void ft_loader_free(ft_loader *l);
 /* Batches per epoch on this rank. */
 int ft_loader_n_batches(ft_loader *l, int epoch);
 /* Batch `index` of `epoch`; the arrays belong to the loader and stay valid until the
- * next call. position_ids is set (non-NULL) when packing. */
+ * next call. position_ids is set (non-NULL) when packing; attention_mask always. */
 int ft_loader_batch(ft_loader *l, int epoch, int index, ft_batch *b, ft_err *err);
 
 /* Writes every row of the epoch as the model sees it, one JSON object a line:

@@ -13,7 +13,8 @@
  * A batch holds batch_size samples (or rows); the epoch's last batch may hold fewer.
  * Packed rows are padded to seq_len with pad_id (label -100); the padding gets positions
  * 0, 1, ... of its own, so it is a sequence apart and attention from real tokens never
- * reaches it. Without packing a batch is right-padded to its longest sample. */
+ * reaches it. Without packing a batch is right-padded to its longest sample. The
+ * attention_mask is 1 on the samples' tokens, 0 on the padding. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,7 +40,7 @@ struct ft_loader {
     size_t n_per;
     size_t *order, *shard;
     size_t *row_start, *row_len, n_rows; /* packing: rows as ranges of shard */
-    int32_t *ids, *labels, *pos;
+    int32_t *ids, *labels, *pos, *mask;
     size_t max_len;
 };
 
@@ -82,8 +83,9 @@ int ft_loader_new(ft_loader **out, const ft_dataset *ds, const ft_loader_options
     l->ids = malloc(cells * sizeof *l->ids);
     l->labels = malloc(cells * sizeof *l->labels);
     l->pos = malloc(cells * sizeof *l->pos);
+    l->mask = malloc(cells * sizeof *l->mask);
     if (!l->order || !l->shard || !l->row_start || !l->row_len || !l->ids || !l->labels ||
-        !l->pos) {
+        !l->pos || !l->mask) {
         ft_loader_free(l);
         return ft_fail(err, "out of memory");
     }
@@ -102,6 +104,7 @@ void ft_loader_free(ft_loader *l)
     free(l->ids);
     free(l->labels);
     free(l->pos);
+    free(l->mask);
     free(l);
 }
 
@@ -178,6 +181,7 @@ int ft_loader_batch(ft_loader *l, int epoch, int index, ft_batch *b, ft_err *err
     for (size_t i = 0; i < B * T; i++) {
         l->ids[i] = l->o.pad_id;
         l->labels[i] = -100;
+        l->mask[i] = 0;
     }
     for (size_t i = 0; i < B; i++) {
         int32_t *ids = l->ids + i * T, *lab = l->labels + i * T, *pos = l->pos + i * T;
@@ -185,6 +189,8 @@ int ft_loader_batch(ft_loader *l, int epoch, int index, ft_batch *b, ft_err *err
             const ft_sample *s = &l->ds->samples[l->shard[first + i]];
             memcpy(ids, s->ids, (size_t)s->n * sizeof *ids);
             memcpy(lab, s->labels, (size_t)s->n * sizeof *lab);
+            for (int p = 0; p < s->n; p++)
+                l->mask[i * T + (size_t)p] = 1;
             continue;
         }
         size_t t = 0, row = first + i;
@@ -193,8 +199,10 @@ int ft_loader_batch(ft_loader *l, int epoch, int index, ft_batch *b, ft_err *err
             memcpy(ids + t, s->ids, (size_t)s->n * sizeof *ids);
             memcpy(lab + t, s->labels, (size_t)s->n * sizeof *lab);
             lab[t] = -100; /* never predicted from the previous sample's last token */
-            for (int p = 0; p < s->n; p++)
+            for (int p = 0; p < s->n; p++) {
                 pos[t + (size_t)p] = p;
+                l->mask[i * T + t + (size_t)p] = 1;
+            }
             t += (size_t)s->n;
         }
         for (int32_t p = 0; t < T; t++, p++)
@@ -205,6 +213,7 @@ int ft_loader_batch(ft_loader *l, int epoch, int index, ft_batch *b, ft_err *err
     b->input_ids = l->ids;
     b->labels = l->labels;
     b->position_ids = l->o.packing ? l->pos : NULL;
+    b->attention_mask = l->mask;
     return 0;
 }
 

@@ -553,6 +553,6 @@ int ft_pref_loader_batch(ft_pref_loader *l, int epoch, int index, ft_batch *b, f
             l->labels[i] = t < s->n ? s->labels[t] : -100;
         }
     }
-    *b = (ft_batch){(int)(2 * P), T, l->ids, l->labels, NULL};
+    *b = (ft_batch){(int)(2 * P), T, l->ids, l->labels, NULL, NULL};
     return 0;
 }

@@ -199,8 +199,9 @@ int ft_engine_new(ft_engine **out, ft_comm *comm, const char *model_dir,
         return -1;
     }
     const ft_model_config *mc = ft_model_cfg(e->m);
-    if (mc->num_experts > 0 && mc->output_router_logits && world > 1) {
-        /* the load-balancing loss of the step's whole micro-batch and of every layer */
+    if (mc->num_experts > 0 && mc->output_router_logits) {
+        /* the load-balancing loss of the step's whole micro-batch and of every layer (the
+         * model keeps one forward's statistics and real rows: one activation slot) */
         if (o->strategy == FT_STRATEGY_PIPELINE && o->pipeline_chunks > 1) {
             ft_fail(err, "model_type '%s' with output_router_logits: "
                          "dist.pipeline_micro_batches > 1 is not supported (the router's "
@@ -210,7 +211,8 @@ int ft_engine_new(ft_engine **out, ft_comm *comm, const char *model_dir,
             free(e);
             return -1;
         }
-        ft_model_set_aux_reduce(e->m, aux_reduce, e);
+        if (world > 1)
+            ft_model_set_aux_reduce(e->m, aux_reduce, e);
     }
     if (whole && adapter_dir && ft_model_load_adapter(e->m, adapter_dir, err)) {
         ft_model_free(e->m);
@@ -406,7 +408,8 @@ static int gpipe(ft_engine *e, const ft_batch *b, double tokens, double *loss, f
         size_t off = (size_t)c * rows * b->T;
         ft_batch chunk = {c + 1 < k ? rows : b->B - c * rows, b->T, b->input_ids + off,
                           b->labels ? b->labels + off : NULL,
-                          b->position_ids ? b->position_ids + off : NULL};
+                          b->position_ids ? b->position_ids + off : NULL,
+                          b->attention_mask ? b->attention_mask + off : NULL};
         double sum;
         ft_model_use_activation_slot(e->m, c);
         if (ft_model_forward(e->m, &chunk, &sum, NULL, err))

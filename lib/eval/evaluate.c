@@ -24,6 +24,17 @@ static void report(const ft_eval_progress *p, size_t done, size_t total)
  * it, which would fail the whole line). */
 static json_t *json_number(double x) { return isfinite(x) ? json_real(x) : json_null(); }
 
+void ft_eval_loss_finish(const ft_model *m, ft_eval_loss *r)
+{
+    const ft_model_config *c = ft_model_cfg(m);
+    r->loss = r->tokens ? r->loss_sum / (double)r->tokens : NAN;
+    r->perplexity = exp(r->loss);
+    r->has_aux = c->num_experts > 0 && c->output_router_logits;
+    r->aux_coef = c->router_aux_loss_coef;
+    r->aux_loss = r->batches ? r->aux_sum / (double)r->batches : NAN;
+    r->loss_with_aux = r->loss + r->aux_coef * r->aux_loss;
+}
+
 int ft_eval_loss_run(ft_model *m, const ft_dataset *ds, int batch_size, int32_t pad_id,
                      const ft_eval_progress *progress, ft_eval_loss *r, ft_err *err)
 {
@@ -47,6 +58,8 @@ int ft_eval_loss_run(ft_model *m, const ft_dataset *ds, int batch_size, int32_t 
         }
         r->loss_sum += sum;
         r->tokens += n;
+        r->aux_sum += ft_model_aux_balance(m);
+        r->batches++;
         r->samples += (size_t)b.B;
         report(progress, r->samples, ds->n);
     }
@@ -55,8 +68,7 @@ int ft_eval_loss_run(ft_model *m, const ft_dataset *ds, int batch_size, int32_t 
         return -1;
     if (r->tokens == 0)
         return ft_fail(err, "no counted tokens to evaluate");
-    r->loss = r->loss_sum / (double)r->tokens;
-    r->perplexity = exp(r->loss);
+    ft_eval_loss_finish(m, r);
     return 0;
 }
 

@@ -26,6 +26,15 @@ typedef struct ft_eval_loss {
     size_t samples;
     double loss;       /* loss_sum / tokens: the mean over every counted token */
     double perplexity; /* exp(loss) */
+    /* A MoE model with output_router_logits (has_aux): transformers' loss adds
+     * router_aux_loss_coef (aux_coef) times its aux_loss, the router's load-balancing
+     * loss, which is a batch's (not a sum over tokens). aux_sum sums each batch's
+     * (ft_model_aux_balance) over the batches; aux_loss = aux_sum / batches, and
+     * loss_with_aux = loss + aux_coef aux_loss: transformers' model(...).loss when the set
+     * is one batch (its Trainer's eval_loss for a MoE: the per-batch means'). */
+    bool has_aux;
+    double aux_coef, aux_sum, aux_loss, loss_with_aux;
+    long batches;
 } ft_eval_loss;
 
 /* Progress of a run below: update(ctx, done, total) after each batch (the loss: samples
@@ -42,6 +51,10 @@ typedef struct ft_eval_progress {
  * ds is an error. Prints nothing; progress goes to progress when not NULL. */
 int ft_eval_loss_run(ft_model *m, const ft_dataset *ds, int batch_size, int32_t pad_id,
                      const ft_eval_progress *progress, ft_eval_loss *r, ft_err *err);
+/* The means of r's sums (loss, perplexity, aux_loss, loss_with_aux; NaN without a token or
+ * a batch) and m's has_aux and aux_coef: after ft_eval_loss_run, or after summing the
+ * sums of several (ranks). */
+void ft_eval_loss_finish(const ft_model *m, ft_eval_loss *r);
 
 typedef struct ft_eval_gen {
     size_t generated;   /* samples generated for */

@@ -180,7 +180,8 @@ typedef struct ft_model_config {
      * gate_proj, up_proj, down_proj, and I = intermediate_size holds its
      * moe_intermediate_size, every layer being sparse). With
      * output_router_logits the loss gains router_aux_loss_coef times transformers'
-     * load_balancing_loss_func over the layers (its value: ft_model_aux_loss).
+     * load_balancing_loss_func over the layers, the batch's padding left out as
+     * transformers does given the attention_mask (its value: ft_model_aux_loss).
      * num_experts 0: the dense MLP. ft_block_projections then lists attention only. */
     int num_experts;
     int experts_per_tok;

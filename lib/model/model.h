@@ -154,12 +154,18 @@ typedef struct ft_param {
 /* A micro-batch of B rows of T tokens. labels NULL means labels = input_ids; -100 is not
  * counted. position_ids NULL means 0..T-1 in every row; otherwise a position 0 after the
  * start of a row begins a new packed sequence (attention does not cross it). The loss
- * follows transformers' causal LM: logits at t predict labels at t+1. */
+ * follows transformers' causal LM: logits at t predict labels at t+1.
+ * attention_mask NULL means every token is real; otherwise [B, T] of 1 (a real token) and
+ * 0 (padding), right padding only (no 1 after a 0 in a row; anything else is refused):
+ * attention is causal, so real tokens never see the padding after them and the mask
+ * changes no logit of theirs. It leaves the padding out of a MoE router's load-balancing
+ * statistics, as transformers' load_balancing_loss_func given the attention_mask. */
 typedef struct ft_batch {
     int B, T;
     const int32_t *input_ids;
     const int32_t *labels;
     const int32_t *position_ids;
+    const int32_t *attention_mask;
 } ft_batch;
 
 typedef struct ft_model ft_model;
@@ -213,11 +219,14 @@ int ft_model_forward(ft_model *m, const ft_batch *batch, double *loss_sum, long 
                      ft_err *err);
 
 /* The router's load-balancing term of the last forward (a MoE model with
- * output_router_logits: router_aux_loss_coef times transformers' load_balancing_loss_func;
- * else 0). transformers' loss is loss_sum / n_tokens plus this; the backward adds its
+ * output_router_logits: router_aux_loss_coef times transformers' load_balancing_loss_func
+ * with the batch's attention_mask: padding left out; 0 when no token is real; else 0). transformers' loss is loss_sum / n_tokens plus this; the backward adds its
  * gradient once per forward, whatever grad_scale says (as the Trainer adds each
  * micro-batch's aux_loss to that micro-batch's loss). */
 double ft_model_aux_loss(const ft_model *m);
+/* The same before router_aux_loss_coef: transformers' output aux_loss (the load-balancing
+ * loss itself; 0 without it). */
+double ft_model_aux_balance(const ft_model *m);
 
 /* Logits [B, T, V] of the last forward, fp32 on the host (a GPU model copies them back
  * on the first call after a forward). NULL after a backward, and when the head was

@@ -214,6 +214,14 @@ struct ft_model {
      * probs (aux_dp [E], set by the backward), and the term it added to the loss */
     float *aux_counts, *aux_psum, *aux_dp;
     double aux_loss;
+    double aux_balance; /* the load-balancing loss before the coefficient (aux_loss / coef) */
+    /* the real tokens of the forward's batch (its attention_mask; moe_aux_mask), the only
+     * rows the statistics count and the aux gradient reaches: aux_n_runs flat row ranges
+     * [aux_runs[2i], aux_runs[2i+1]) of the B T, ascending and apart, aux_real rows in all
+     * (host; aux_runs_cap pairs) */
+    int32_t *aux_runs;
+    size_t aux_runs_cap, aux_n_runs;
+    long aux_real;
     /* GPU MoE: host staging of one layer's idx, rows and slot ([3 N k] int32, at least
      * 3 E floats for the statistics), with the activations */
     int32_t *moe_host;
@@ -332,6 +340,9 @@ void moe_backward(ft_model *m, int l, const float *x, const float *dy, float *dx
  * layers): m->aux_loss; and its gradient for the backward (aux_dp). Reduced over the
  * ranks first when a reduce is set (ft_model_set_aux_reduce). */
 void moe_aux_begin(ft_model *m);
+/* The real tokens of batch b (its attention_mask, checked) for the statistics and the
+ * gradient of the next forward (no-op without the load-balancing loss). */
+int moe_aux_mask(ft_model *m, const ft_batch *b, ft_err *err);
 /* moe_lora.c: LoRA on layer l's router (no-ops without it). Forward: rlogits += s (x A^T)
  * B^T, keeping x A^T; backward: from d_rlogits, dA, dB, and dx += s d_rlogits B A. */
 void moe_router_lora_forward(ft_model *m, int l, const float *x, float *rlogits);

@@ -51,8 +51,28 @@ static const float *branch_grad(ft_model *m, size_t n)
 
 /* Validates the token ids and fills ids, targets (labels shifted left by one),
  * positions and packed-sequence ids. */
+/* The batch's attention_mask (model.h): 0 or 1, right padding only. */
+static int check_mask(const ft_batch *b, ft_err *err)
+{
+    const int32_t *mask = b->attention_mask;
+    for (int r = 0; mask && r < b->B; r++) {
+        for (int t = 0; t < b->T; t++) {
+            int32_t v = mask[(size_t)r * b->T + t];
+            if (v != 0 && v != 1)
+                return ft_fail(err, "attention_mask[%d][%d] = %d is neither 0 nor 1", r, t, v);
+            if (v == 1 && t > 0 && mask[(size_t)r * b->T + t - 1] == 0)
+                return ft_fail(err, "attention_mask[%d][%d] = 1 follows a 0: only right "
+                                    "padding is supported (attention is causal, with no "
+                                    "mask)", r, t);
+        }
+    }
+    return 0;
+}
+
 static int prepare_batch(ft_model *m, const ft_batch *b, long *n_tokens, ft_err *err)
 {
+    if (check_mask(b, err) || moe_aux_mask(m, b, err))
+        return -1;
     int V = m->cfg.vocab_size, B = b->B, T = b->T;
     long counted = 0, max_pos = 0;
     int32_t *ids, *targets, *positions, *seg;
@@ -807,6 +827,11 @@ int ft_model_backward(ft_model *m, float grad_scale, ft_err *err)
 double ft_model_aux_loss(const ft_model *m)
 {
     return m->aux_loss;
+}
+
+double ft_model_aux_balance(const ft_model *m)
+{
+    return m->aux_balance;
 }
 
 void ft_model_set_aux_reduce(ft_model *m, ft_model_aux_reduce_fn fn, void *ctx)

@@ -15,11 +15,15 @@
  * LoRA pair: moe_lora.c).
  *
  * The load-balancing loss (cfg.output_router_logits) is transformers'
- * load_balancing_loss_func without a mask over the forward's MoE layers:
- *   aux = E sum_e (counts_e / R) (psum_e / R),  R = N x (MoE layers),
- * counts_e the pairs routed to e and psum_e the summed probabilities of e. The loss gains
- * coef * aux (m->aux_loss, ft_model_aux_loss); its gradient w.r.t. each layer's
- * probs[n, e] is coef E counts_e / R^2 (aux_dp), added in each layer's router backward
+ * load_balancing_loss_func, given the batch's attention_mask, over the forward's MoE layers:
+ *   aux = E sum_e (counts_e / R) (psum_e / R),  R = (real tokens) x (MoE layers),
+ * counts_e the pairs of real tokens routed to e and psum_e the summed probabilities of e
+ * over the real tokens (the mask weighs every row by 0 or 1; without a mask every row is
+ * real). The real tokens are row ranges (moe_aux_mask: right padding makes one range a
+ * batch row, the full rows merged), so the statistics run over each range and the masked
+ * rows are left out, with no mask on the device. The loss gains coef * aux (m->aux_loss,
+ * ft_model_aux_loss); its gradient w.r.t. each layer's probs[n, e] of a real token is
+ * coef E counts_e / R^2 (aux_dp), of padding 0, added in each layer's router backward
  * with weight 1 per forward: a micro-batch's term counts whole, as transformers' Trainer
  * adds each micro-batch's aux_loss to its (token-normalised) loss. Over several ranks
  * (ft_model_set_aux_reduce) counts, psum and R are sums over the ranks, so the term is
@@ -87,9 +91,12 @@ void moe_forward(ft_model *m, int l, const float *x, float *y, bool record)
     moe_router_lora_forward(m, l, x, a->rlogits);
     ft_moe_router_forward(F_(a->probs, NE), I_(a->idx, NK), F_(a->rw, NK), A_(a->rlogits, NE),
                           N, E, k, c->norm_topk_prob);
-    if (record && m->aux_counts)
-        ft_moe_aux_stats(F_(m->aux_counts, E), F_(m->aux_psum, E), F_(a->probs, NE),
-                         I_(a->idx, NK), N, E, k);
+    for (size_t i = 0; record && m->aux_counts && i < m->aux_n_runs; i++) {
+        size_t r0 = (size_t)m->aux_runs[2 * i], n = (size_t)m->aux_runs[2 * i + 1] - r0;
+        ft_moe_aux_stats(F_(m->aux_counts, E), F_(m->aux_psum, E),
+                         ft_slice(F_(a->probs, NE), r0 * E, n * E),
+                         ft_slice(I_(a->idx, NK), r0 * k, n * k), (int)n, E, k);
+    }
     plan(m, a, N, E, k);
     ft_moe_gather_forward(A_(a->xe, NK * C), A_(x, (size_t)N * C), I_(a->rows, NK), N, k, C);
     for (int e = 0; e < E; e++) {
@@ -171,18 +178,73 @@ void moe_backward(ft_model *m, int l, const float *x, const float *dy, float *dx
     /* router: through the top-k weights (and the load-balancing term) to the logits,
      * then to x and R */
     ft_zero(A_(m->d_rlogits, NE), NE);
-    ft_moe_router_backward(A_(m->d_rlogits, NE), F_(m->d_rw, NK),
-                           m->aux_counts ? F_(m->aux_dp, E) : ft_none(), F_(a->probs, NE),
-                           I_(a->idx, NK), F_(a->rw, NK), N, E, k, c->norm_topk_prob);
+    if (!m->aux_counts)
+        ft_moe_router_backward(A_(m->d_rlogits, NE), F_(m->d_rw, NK), ft_none(),
+                               F_(a->probs, NE), I_(a->idx, NK), F_(a->rw, NK), N, E, k,
+                               c->norm_topk_prob);
+    /* with the load-balancing term: each range of real rows with aux_dp, each range of
+     * padding before, between and after them without */
+    for (size_t i = 0, r0 = 0; m->aux_counts && r0 < (size_t)N; i++) {
+        bool real = i % 2 == 1;
+        size_t run = i / 2, r1 = (size_t)N;
+        if (run < m->aux_n_runs)
+            r1 = (size_t)m->aux_runs[2 * run + real];
+        if (r1 == r0)
+            continue;
+        size_t n = r1 - r0;
+        ft_moe_router_backward(ft_slice(A_(m->d_rlogits, NE), r0 * E, n * E),
+                               ft_slice(F_(m->d_rw, NK), r0 * k, n * k),
+                               real ? F_(m->aux_dp, E) : ft_none(),
+                               ft_slice(F_(a->probs, NE), r0 * E, n * E),
+                               ft_slice(I_(a->idx, NK), r0 * k, n * k),
+                               ft_slice(F_(a->rw, NK), r0 * k, n * k), (int)n, E, k,
+                               c->norm_topk_prob);
+        r0 = r1;
+    }
     ft_linear_backward(A_(dx, nC), OPTF_(w->g_router, (size_t)E * C), ft_none(),
                        A_(m->d_rlogits, NE), A_(x, nC), A_(w->router, (size_t)E * C), N, C, E,
                        1.0f);
     moe_router_lora_backward(m, l, x, m->d_rlogits, dx);
 }
 
+int moe_aux_mask(ft_model *m, const ft_batch *b, ft_err *err)
+{
+    if (!m->aux_counts)
+        return 0;
+    /* at most one range a batch row (right padding); ranges that touch are merged */
+    if ((size_t)b->B > m->aux_runs_cap) {
+        int32_t *p = realloc(m->aux_runs, 2 * (size_t)b->B * sizeof *p);
+        if (!p)
+            return ft_fail(err, "out of memory");
+        m->aux_runs = p;
+        m->aux_runs_cap = (size_t)b->B;
+    }
+    size_t n = 0;
+    m->aux_real = 0;
+    for (int r = 0; r < b->B; r++) {
+        int len = b->T;
+        if (b->attention_mask) /* checked: ones, then zeros */
+            for (len = 0; len < b->T && b->attention_mask[(size_t)r * b->T + len];)
+                len++;
+        int32_t r0 = r * b->T, r1 = r0 + len;
+        m->aux_real += len;
+        if (len == 0)
+            continue;
+        if (n > 0 && m->aux_runs[2 * n - 1] == r0)
+            m->aux_runs[2 * n - 1] = r1;
+        else {
+            m->aux_runs[2 * n] = r0;
+            m->aux_runs[2 * n + 1] = r1;
+            n++;
+        }
+    }
+    m->aux_n_runs = n;
+    return 0;
+}
+
 void moe_aux_begin(ft_model *m)
 {
-    m->aux_loss = 0.0;
+    m->aux_loss = m->aux_balance = 0.0;
     if (!m->aux_counts)
         return;
     int E = m->cfg.num_experts;
@@ -216,21 +278,22 @@ int moe_aux_end(ft_model *m, ft_err *err)
         return ft_fail(err, "out of memory");
     for (int i = 0; i < 2 * E; i++)
         v[i] = h[i];
-    v[2 * E] = (double)m->B * m->T * stage_moe_layers(m);
+    v[2 * E] = (double)m->aux_real * stage_moe_layers(m);
     if (m->aux_reduce && m->aux_reduce(m->aux_reduce_ctx, v, 2 * (size_t)E + 1, err)) {
         free(v);
         return ft_fail_prefix(err, "the MoE load-balancing statistics");
     }
     float *dp = h + 2 * E;
     double R = v[2 * E], sum = 0.0;
-    for (int e = 0; e < E; e++) {
-        sum += (v[e] / R) * (v[E + e] / R);
-        dp[e] = (float)((double)c->router_aux_loss_coef * E * v[e] / (R * R));
+    for (int e = 0; e < E; e++) { /* (no real token anywhere: no term, no gradient) */
+        sum += R > 0 ? (v[e] / R) * (v[E + e] / R) : 0.0;
+        dp[e] = R > 0 ? (float)((double)c->router_aux_loss_coef * E * v[e] / (R * R)) : 0.0f;
     }
     free(v);
     if (h != m->aux_counts)
         copy_or_die(m, m->aux_dp, m->dev, dp, FT_DEV_CPU, (size_t)E * sizeof *dp,
                     "the load-balancing gradient");
-    m->aux_loss = (double)c->router_aux_loss_coef * E * sum;
+    m->aux_balance = E * sum;
+    m->aux_loss = (double)c->router_aux_loss_coef * m->aux_balance;
     return 0;
 }

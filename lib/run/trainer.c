@@ -49,29 +49,34 @@ static double now(void)
 /* A micro-batch copied out of the loader (whose arrays live until its next call). */
 typedef struct owned_batch {
     ft_batch b;
-    int32_t *ids, *labels, *pos;
+    int32_t *ids, *labels, *pos, *mask;
     size_t cap;
 } owned_batch;
 
 static int own(owned_batch *o, const ft_batch *b, ft_err *err)
 {
     size_t n = (size_t)b->B * b->T;
-    if (n > o->cap) {
+    if (n > o->cap || !o->mask) {
         free(o->ids);
         free(o->labels);
         free(o->pos);
+        free(o->mask);
         o->ids = malloc(n * sizeof(int32_t));
         o->labels = malloc(n * sizeof(int32_t));
         o->pos = malloc(n * sizeof(int32_t));
+        o->mask = malloc(n * sizeof(int32_t));
         o->cap = n;
-        if (!o->ids || !o->labels || !o->pos)
+        if (!o->ids || !o->labels || !o->pos || !o->mask)
             return ft_fail(err, "out of memory");
     }
     memcpy(o->ids, b->input_ids, n * sizeof(int32_t));
     memcpy(o->labels, b->labels ? b->labels : b->input_ids, n * sizeof(int32_t));
     if (b->position_ids)
         memcpy(o->pos, b->position_ids, n * sizeof(int32_t));
-    o->b = (ft_batch){b->B, b->T, o->ids, o->labels, b->position_ids ? o->pos : NULL};
+    if (b->attention_mask)
+        memcpy(o->mask, b->attention_mask, n * sizeof(int32_t));
+    o->b = (ft_batch){b->B, b->T, o->ids, o->labels, b->position_ids ? o->pos : NULL,
+                      b->attention_mask ? o->mask : NULL};
     return 0;
 }
 
@@ -741,8 +746,9 @@ static int save_final(trainer *t, char *out, size_t out_len, ft_err *err)
     return 0;
 }
 
-/* Pads a micro-batch to B rows of T tokens: pad_id with label -100 (not counted), the
- * positions of a packed row continuing its last sequence, a new row's from 0. */
+/* Pads a micro-batch to B rows of T tokens: pad_id with label -100 (not counted) and
+ * attention_mask 0, the positions of a packed row continuing its last sequence, a new
+ * row's from 0. */
 static int pad_micro(owned_batch *o, int B, int T, int32_t pad_id, ft_err *err)
 {
     const ft_batch *b = &o->b;
@@ -753,10 +759,12 @@ static int pad_micro(owned_batch *o, int B, int T, int32_t pad_id, ft_err *err)
     size_t n = (size_t)B * (size_t)T;
     int32_t *ids = malloc(n * sizeof *ids), *labels = malloc(n * sizeof *labels);
     int32_t *pos = b->position_ids ? malloc(n * sizeof *pos) : NULL;
-    if (!ids || !labels || (b->position_ids && !pos)) {
+    int32_t *mask = malloc(n * sizeof *mask);
+    if (!ids || !labels || (b->position_ids && !pos) || !mask) {
         free(ids);
         free(labels);
         free(pos);
+        free(mask);
         return ft_fail(err, "out of memory");
     }
     for (int r = 0; r < B; r++)
@@ -765,6 +773,7 @@ static int pad_micro(owned_batch *o, int B, int T, int32_t pad_id, ft_err *err)
             bool in = r < b->B && c < b->T;
             ids[i] = in ? b->input_ids[j] : pad_id;
             labels[i] = in ? b->labels[j] : -100;
+            mask[i] = in && (!b->attention_mask || b->attention_mask[j]);
             if (pos)
                 pos[i] = in ? b->position_ids[j]
                          : r < b->B ? b->position_ids[(size_t)r * b->T + b->T - 1] + (c - b->T + 1)
@@ -773,11 +782,13 @@ static int pad_micro(owned_batch *o, int B, int T, int32_t pad_id, ft_err *err)
     free(o->ids);
     free(o->labels);
     free(o->pos);
+    free(o->mask);
     o->ids = ids;
     o->labels = labels;
     o->pos = pos;
+    o->mask = mask;
     o->cap = n;
-    o->b = (ft_batch){B, T, ids, labels, pos};
+    o->b = (ft_batch){B, T, ids, labels, pos, mask};
     return 0;
 }
 
@@ -814,11 +825,13 @@ static int pad_pairs(owned_batch *o, int B, int T, int32_t pad_id, ft_err *err)
     free(o->ids);
     free(o->labels);
     free(o->pos);
+    free(o->mask);
     o->ids = ids;
     o->labels = labels;
     o->pos = NULL;
+    o->mask = NULL; /* (own() allocates one again) */
     o->cap = n;
-    o->b = (ft_batch){2 * B, T, ids, labels, NULL};
+    o->b = (ft_batch){2 * B, T, ids, labels, NULL, NULL};
     return 0;
 }
 
@@ -1342,6 +1355,7 @@ int ft_train_run(const ft_run_config *cfg, const ft_trainer_options *o, ft_train
         free(t.micro[i].ids);
         free(t.micro[i].labels);
         free(t.micro[i].pos);
+        free(t.micro[i].mask);
     }
     free(t.micro);
     free(t.mb);

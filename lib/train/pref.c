@@ -193,7 +193,7 @@ static int pass_forward(ft_pref_objective *p, ft_model *m, const ft_batch *b,
     for (int c = 0; c < k; c++) {
         size_t r0 = (size_t)c * (size_t)rows, off = r0 * (size_t)b->T;
         ft_batch ch = {c + 1 < k ? rows : b->B - c * rows, b->T, b->input_ids + off,
-                       b->labels + off, NULL};
+                       b->labels + off, NULL, NULL};
         ft_model_use_activation_slot(m, c);
         int rc = ft_model_forward_split(m, &ch, split ? split + r0 : NULL, pre ? pre + r0 : NULL,
                                         nll + r0, err);
@@ -343,7 +343,7 @@ static int orpo_forward(ft_pref_objective *p, ft_model *m, const ft_batch *b, do
         p->ntok[r] = (long)(last - f + 1);
         p->ntok[R + r] = (long)(f - 1);
     }
-    ft_batch full = {b->B, b->T, b->input_ids, p->labels, NULL};
+    ft_batch full = {b->B, b->T, b->input_ids, p->labels, NULL, NULL};
     double *pre = p->buf + 3 * R, *comp = p->buf + 4 * R;
     if (pass_forward(p, m, &full, p->split, pre, comp, err))
         return -1;

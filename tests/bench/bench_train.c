@@ -94,7 +94,7 @@ int main(int argc, char **argv)
     int32_t *ids = malloc((size_t)B * T * sizeof *ids);
     for (size_t i = 0; i < (size_t)B * T; i++)
         ids[i] = (int32_t)(ft_uniform(42, i) * V);
-    ft_batch batch = {B, T, ids, NULL, NULL};
+    ft_batch batch = {B, T, ids, NULL, NULL, NULL};
     size_t n;
     ft_model_trainable(m, &n);
     ft_optimizer o;

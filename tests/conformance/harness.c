@@ -5,6 +5,7 @@
  *
  * SPEC: {"model_dir", "adapter_dir"?, "mode": "eval"|"full"|"lora",
  *        "input_ids": [[...]], "labels"?: [[...]], "position_ids"?: [[...]],
+ *        "attention_mask"?: [[...]] (right padding: ft_batch's),
  *        "grad_ckpt"?: bool, "grad_accum"?: k, "seed"?: n,
  *        "device"?: "cpu"|"cuda", "dtype"?: "fp32"|"bf16" (the GPU model's compute dtype),
  *        "quant"?: {"type": "nf4"|"fp4"|"int8", "blocksize"?: 64, "double_quant"?: bool,
@@ -46,7 +47,7 @@ typedef struct spec {
     const char *model_dir, *adapter_dir, *save_adapter;
     ft_train_mode mode;
     int B, T, accum;
-    int32_t *ids, *labels, *pos;
+    int32_t *ids, *labels, *pos, *mask;
     bool grad_ckpt;
     uint64_t seed;
     json_t *train;
@@ -120,7 +121,8 @@ static int parse_spec(spec *s, const char *path, ft_err *err)
         return ft_fail(err, "%s: mode lora needs 'adapter_dir'", path);
     if (read_matrix(s->root, "input_ids", &s->B, &s->T, &s->ids, err) ||
         read_matrix(s->root, "labels", &s->B, &s->T, &s->labels, err) ||
-        read_matrix(s->root, "position_ids", &s->B, &s->T, &s->pos, err))
+        read_matrix(s->root, "position_ids", &s->B, &s->T, &s->pos, err) ||
+        read_matrix(s->root, "attention_mask", &s->B, &s->T, &s->mask, err))
         return ft_fail_prefix(err, "%s", path);
     if (!s->ids)
         return ft_fail(err, "%s: 'input_ids' is required", path);
@@ -215,7 +217,7 @@ static int run(const spec *s, const char *out_path, ft_err *err)
     ft_pref_objective po_obj = {0};
     ft_objective obj = {0};
     const ft_model_config *c = ft_model_cfg(m);
-    ft_batch whole = {s->B, s->T, s->ids, s->labels, s->pos};
+    ft_batch whole = {s->B, s->T, s->ids, s->labels, s->pos, s->mask};
     int mb = s->B / s->accum;
     ft_batch micro[64];
     if (s->accum > 64) {
@@ -225,7 +227,7 @@ static int run(const spec *s, const char *out_path, ft_err *err)
     for (int i = 0; i < s->accum; i++) {
         size_t off = (size_t)i * mb * s->T;
         micro[i] = (ft_batch){mb, s->T, s->ids + off, s->labels ? s->labels + off : NULL,
-                              s->pos ? s->pos + off : NULL};
+                              s->pos ? s->pos + off : NULL, s->mask ? s->mask + off : NULL};
     }
     /* pref: micro-batch i holds pairs [i P/k, (i+1) P/k): their chosen rows, then their
      * rejected rows */
@@ -243,7 +245,7 @@ static int run(const spec *s, const char *out_path, ft_err *err)
             }
         for (int i = 0; i < s->accum; i++) {
             size_t off = (size_t)i * 2 * pm * s->T;
-            micro[i] = (ft_batch){2 * pm, s->T, pids + off, plab + off, NULL};
+            micro[i] = (ft_batch){2 * pm, s->T, pids + off, plab + off, NULL, NULL};
         }
         const char *lt = json_string_value(json_object_get(s->pref, "loss_type"));
         ft_pref_options po = {.beta = num(s->pref, "beta", 0.1),
@@ -517,6 +519,7 @@ int main(int argc, char **argv)
     free(s.ids);
     free(s.labels);
     free(s.pos);
+    free(s.mask);
     json_decref(s.root);
     return rc ? 1 : 0;
 }

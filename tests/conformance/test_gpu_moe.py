@@ -197,3 +197,15 @@ def test_gpu_moe_qlora_vs_cpu(qcase):
     if not bf:
         grads = {k[len("grad."):]: v for k, v in qcase.cpu.items() if k.startswith("grad.")}
         ftref.assert_tensor_dict_close("grad.", qcase.out, grads, ftref.TOL_GRAD)
+
+
+@pytest.mark.parametrize("name", ["mixtral", "mixtral_top3_sw"])
+def test_gpu_moe_padded_aux_mask(moe_dirs, ft, name):
+    """A right-padded batch on the GPU path in fp32: the load-balancing statistics and
+    their gradient leave the padding out, as transformers given the attention_mask
+    (moe_padding.py; test_moe.py's CPU check)."""
+    import moe_padding
+
+    shape = MOE_SHAPES[name]
+    moe_padding.check_padded_aux(moe_dirs[0][name], shape.T, shape.seed + 5, ft, ckpt_grads,
+                                 f"gpu-{name}", device="cuda", dtype="fp32")

@@ -128,3 +128,15 @@ def test_gpu_qwen3_moe_qlora_vs_cpu(dirs, ft, dtype):
     if not bf:
         grads = {k[len("grad."):]: v for k, v in cpu.items() if k.startswith("grad.")}
         ftref.assert_tensor_dict_close("grad.", out, grads, ftref.TOL_GRAD)
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "qwen3_moe_top3_norm"])
+def test_gpu_qwen3_moe_padded_aux_mask(dirs, ft, name):
+    """A right-padded batch on the GPU path in fp32: the load-balancing statistics and
+    their gradient leave the padding out, as transformers given the attention_mask
+    (moe_padding.py)."""
+    import moe_padding
+
+    shape = SHAPES[name]
+    moe_padding.check_padded_aux(dirs[0][name], shape.T, shape.seed + 5, ft, ckpt_grads,
+                                 f"gpu-{name}", device="cuda", dtype="fp32")

@@ -11,7 +11,8 @@
 - every dist.strategy on 2 ranks (mpirun -np 2, one GPU a rank, NCCL) in bf16, with the
   compute copies the strategies keep beside their fp32 masters, equals the plain run,
   and resumed from its checkpoint continues as it did;
-- ft-eval --device cuda gives the CPU's eval loss (fp32; bf16 to its rounding);
+- ft-eval --device cuda gives the CPU's eval loss (fp32; bf16 to its rounding), and the
+  CPU's figures with --preference too, both paths printing the rank's GPU;
 - the TensorBoard events carry the GPU's utilization and memory in use (NVML);
 - running out of GPU memory (FT_MEM_LIMIT; on the emulated device also the device's own
   memory, FT_EMU_MEM) prints the memory plan and the overrides that fit, and exits 1.
@@ -311,6 +312,37 @@ def test_gpu_eval_equals_cpu_eval(workdir):
     print(f"\nft-eval loss: CPU {cpu:.6f}, GPU fp32 {fp32:.6f}, GPU bf16 {bf16:.6f}")
     assert abs(fp32 - cpu) <= 1e-5 * max(1.0, abs(cpu))
     assert abs(bf16 - cpu) <= 2e-2 * max(1.0, abs(cpu))
+
+
+def test_gpu_eval_preference_equals_cpu_and_names_gpu(workdir):
+    """ft-eval places the loss path and the preference path alike (one helper): on the
+    GPU both print "rank 0 takes GPU" and, in fp32, give the CPU's figures (the DPO
+    metrics of --preference, with the head chunked as the loss path's)."""
+    ft_eval = os.environ.get("FT_EVAL") or str(Path(FT_TRAIN).with_name("ft-eval"))
+    pairs = workdir / "pref.jsonl"
+    pairs.write_text("".join(
+        json.dumps({"prompt": f"Q: colour of item {i}?", "chosen": f" {c}",
+                    "rejected": f" {['blue', 'red', 'green'][i % 3]}"}) + "\n"
+        for i, c in enumerate(["red", "green", "blue"] * 3)))
+
+    def run(*extra):
+        out = subprocess.run([ft_eval, "--model", str(workdir / "model"), "--json", *extra],
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout), out.stderr
+
+    for data in (["--data", str(workdir / "eval.jsonl")],
+                 ["--data", str(pairs), "--preference"]):
+        cpu, cpu_log = run(*data, "--device", "cpu")
+        gpu, gpu_log = run(*data, "--device", "cuda", "--fp32")
+        assert "rank 0 takes GPU 0" in gpu_log, gpu_log
+        assert "takes GPU" not in cpu_log, cpu_log
+        assert cpu.keys() == gpu.keys()
+        for k, v in cpu.items():
+            if isinstance(v, float):
+                assert abs(gpu[k] - v) <= 1e-5 * max(1.0, abs(v)), (data, k, v, gpu[k])
+            else:
+                assert gpu[k] == v, (data, k)
 
 
 # ---- 2 ranks, one GPU each (mpirun -np 2; on the emulated device FT_EMU_DEVICES=2: every

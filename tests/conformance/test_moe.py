@@ -172,6 +172,38 @@ def test_grad_ckpt_equal(case, ft):
             assert torch.equal(out[k], v), k
 
 
+@pytest.mark.parametrize("name", ["mixtral", "mixtral_top3_sw"])
+def test_padded_batch_aux_mask(moe_store, ft, name):
+    """Right padding: the load-balancing loss and its gradient leave the padded rows out,
+    as transformers given the attention_mask (moe_padding.py)."""
+    import moe_padding
+
+    shape = MOE_SHAPES[name]
+    moe_padding.check_padded_aux(moe_store(name), shape.T, shape.seed + 5, ft, ckpt_grads, name)
+
+
+def test_mask_not_right_padding_refused(moe_store, ft_raw):
+    import moe_padding
+
+    moe_padding.check_mask_refused(moe_store("mixtral"), MOE_SHAPES["mixtral"].T, ft_raw,
+                                   "mixtral")
+
+
+def test_ft_eval_loss_with_aux(moe_store, tmp_path):
+    """ft-eval reports transformers' aux_loss and loss (loss_with_aux) beside the
+    cross-entropy; a MoE model without output_router_logits reports neither."""
+    import json
+
+    import moe_padding
+
+    moe_padding.check_ft_eval_aux(moe_store("mixtral"), tmp_path, "mixtral")
+    data = tmp_path / "mixtral-eval.jsonl"
+    cp = ftref.run_tool([_tool("FT_EVAL", "ft-eval"), "--model", moe_store("mixtral_top1_noaux"),
+                         "--data", data, "--format", "tokens", "--device", "cpu", "--json"])
+    got = json.loads(cp.stdout)
+    assert "loss" in got and "aux_loss" not in got and "loss_with_aux" not in got, got
+
+
 @pytest.fixture(scope="module")
 def lora_case(moe_store, ft):
     """LoRA on the attention modules of the first shape (router and experts frozen)."""
@@ -525,10 +557,10 @@ def test_ft_train_refuses_moe_lora_with_dropout(train_dir):
 @pytest.fixture(scope="module")
 def dist_work(tmp_path_factory):
     """A tiny Mixtral with the load-balancing loss on (coefficient 0.1, so that it moves
-    the weights), and token data of equal lengths: no padding, so one process's batch of 8
-    rows is exactly the two ranks' 4 + 4 (padding rows count in the aux loss, as in
-    transformers without an attention mask, and a batch padded to its longest sample pads
-    differently when split)."""
+    the weights), and token data of uneven lengths (_uneven_rows): one process's batch of
+    8 rows is padded to its longest, each rank's 4 to theirs, so the batches hold different
+    padding; the load-balancing statistics leave it out (the attention_mask), so the runs
+    still agree."""
     import random
 
     import rankrun
@@ -542,13 +574,19 @@ def dist_work(tmp_path_factory):
                         num_local_experts=4, num_experts_per_tok=2, output_router_logits=True,
                         router_aux_loss_coef=0.1)
     MixtralForCausalLM(cfg).save_pretrained(d / "model", safe_serialization=True)
-    rnd = random.Random(3)
-    rows = []
-    for _ in range(48):
-        ids = [rnd.randint(1, 63) for _ in range(12)]
-        rows.append({"input_ids": ids, "labels": [-100] * 4 + ids[4:]})
-    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "train.jsonl").write_text(_uneven_rows(random.Random(3)))
     return d
+
+
+def _uneven_rows(rnd, n=48):
+    """n token rows of 6 to 12 ids in [1, 63] (lengths at random), the first 4 labels
+    -100, as JSON lines."""
+    rows = []
+    for _ in range(n):
+        T = rnd.randint(6, 12)
+        ids = [rnd.randint(1, 63) for _ in range(T)]
+        rows.append({"input_ids": ids, "labels": [-100] * 4 + ids[4:]})
+    return "".join(json.dumps(r) + "\n" for r in rows)
 
 
 def _dist_run(d, name, np_, mode, **over):
@@ -599,8 +637,9 @@ def test_dist_refuses_gpipe_chunks_with_aux(dist_work):
     cfg = rankrun.write_config(dist_work, "gpipe", {"train.max_steps": 1}, mode="full",
                                **{"dist__strategy": "model_parallel",
                                   "dist__pipeline_micro_batches": 2})
-    r = rankrun.run(cfg, 2, check=False)
-    assert r.returncode != 0 and "pipeline_micro_batches" in r.stderr, r.stderr[-2000:]
+    for np_ in (2, 1):  # (one rank too: the model keeps one forward's statistics)
+        r = rankrun.run(cfg, np_, check=False)
+        assert r.returncode != 0 and "pipeline_micro_batches" in r.stderr, r.stderr[-2000:]
 
 
 # --- LoRA on the router (PEFT's target_parameters gate.weight) ---------------------------

@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file
 
 import ftref
-from test_moe import _same_run, _train
+from test_moe import _same_run, _train, _uneven_rows
 
 B = 2
 
@@ -172,6 +172,23 @@ def test_grad_ckpt_equal(case, ft):
     for k, v in case.full_out.items():
         if k.startswith("grad.") or k in ("loss", "logits"):
             assert torch.equal(out[k], v), k
+
+
+def test_ft_eval_loss_with_aux(store, tmp_path):
+    """ft-eval's aux_loss and loss_with_aux against transformers (test_moe.py's)."""
+    import moe_padding
+
+    moe_padding.check_ft_eval_aux(store("qwen3_moe_top3_norm"), tmp_path, "qwen3_moe")
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "qwen3_moe_top3_norm"])
+def test_padded_batch_aux_mask(store, ft, name):
+    """Right padding: the load-balancing loss and its gradient leave the padded rows out,
+    as transformers given the attention_mask (moe_padding.py)."""
+    import moe_padding
+
+    shape = SHAPES[name]
+    moe_padding.check_padded_aux(store(name), shape.T, shape.seed + 5, ft, ckpt_grads, name)
 
 
 @pytest.fixture(scope="module", params=["qwen3_moe", "qwen3_moe_top3_norm"])
@@ -392,7 +409,8 @@ def test_merge_loads_in_transformers(store, tmp_path, shape):
 @pytest.fixture(scope="module")
 def dist_work(tmp_path_factory):
     """A tiny Qwen3-MoE with the load-balancing loss on (coefficient 0.1) and token data of
-    equal lengths (test_moe.py's dist_work says why)."""
+    uneven lengths, so that one process's batches and the ranks' hold different padding
+    (test_moe.py's dist_work says why the runs still agree)."""
     import random
 
     import rankrun
@@ -407,12 +425,7 @@ def dist_work(tmp_path_factory):
                          num_experts=4, num_experts_per_tok=2, output_router_logits=True,
                          router_aux_loss_coef=0.1)
     Qwen3MoeForCausalLM(cfg).save_pretrained(d / "model", safe_serialization=True)
-    rnd = random.Random(3)
-    rows = []
-    for _ in range(48):
-        ids = [rnd.randint(1, 63) for _ in range(12)]
-        rows.append({"input_ids": ids, "labels": [-100] * 4 + ids[4:]})
-    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "train.jsonl").write_text(_uneven_rows(random.Random(3)))
     return d
 
 
@@ -426,18 +439,26 @@ def _dist_run(d, name, np_, mode, **over):
     return d / "runs" / name
 
 
-DIST_CASES = [("full", s) for s in ("ddp", "zero1", "zero2", "zero3", "fsdp", "model_parallel")] + \
-             [("lora", s) for s in ("ddp", "zero3", "model_parallel")]
+_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "model_parallel")
+# lora: attention only; moe-lora: all-linear, which on a MoE reaches the router and the
+# experts (PEFT's target_parameters), dropout 0 as PEFT requires there
+DIST_CASES = [("full", s) for s in _STRATEGIES] + \
+             [("lora", s) for s in ("ddp", "zero3", "model_parallel")] + \
+             [("moe-lora", s) for s in _STRATEGIES]
 
 
 @pytest.mark.parametrize("mode,strategy", DIST_CASES, ids=[f"{m}-{s}" for m, s in DIST_CASES])
 def test_dist_strategy_equals_one_process(dist_work, mode, strategy):
-    """Losses, gradient norms and final weights of 2 ranks = one process."""
+    """Losses, gradient norms and final weights of 2 ranks = one process (the
+    load-balancing statistics summed over the ranks: test_moe.py's)."""
     lora = {"tuning__lora__target_modules": "q_proj,v_proj"} if mode == "lora" else {}
+    if mode == "moe-lora":
+        lora = {"tuning__lora__target_modules": "all-linear", "tuning__lora__dropout": 0}
+    tmode = "lora" if mode == "moe-lora" else mode
     single = dist_work / "runs" / f"single_{mode}"
     if not single.exists():
-        _dist_run(dist_work, f"single_{mode}", 1, mode, train__batch_size=8, **lora)
+        _dist_run(dist_work, f"single_{mode}", 1, tmode, train__batch_size=8, **lora)
     batch = 8 if strategy == "model_parallel" else 4
-    run = _dist_run(dist_work, f"np2_{mode}_{strategy}", 2, mode, train__batch_size=batch,
+    run = _dist_run(dist_work, f"np2_{mode}_{strategy}", 2, tmode, train__batch_size=batch,
                     dist__strategy=strategy, **lora)
     _same_run(single, run)

@@ -61,7 +61,7 @@ typedef struct result {
 static void run(ft_model *m, int keep, result *r)
 {
     bool keep_adapter = keep == 1;
-    ft_batch b = {R, T, ids, labels, NULL};
+    ft_batch b = {R, T, ids, labels, NULL, NULL};
     ft_err err = {0};
     memset(r, 0, sizeof *r);
     CHECK(ft_model_forward_rows(m, &b, r->nll_on, &err) == 0);

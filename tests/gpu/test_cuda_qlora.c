@@ -114,7 +114,7 @@ typedef struct result {
 
 static void run(ft_model *m, result *r)
 {
-    ft_batch b = {B, T, ids, NULL, NULL};
+    ft_batch b = {B, T, ids, NULL, NULL, NULL};
     ft_err err = {0};
     double loss;
     long n;

@@ -47,7 +47,7 @@ static void stop(run *r)
 
 static void steps(run *r, int k)
 {
-    ft_batch b = {2, 6, ids, NULL, NULL};
+    ft_batch b = {2, 6, ids, NULL, NULL, NULL};
     ft_lr_schedule s = {.kind = FT_LR_COSINE, .base_lr = 1e-2, .warmup_steps = 1,
                         .total_steps = 10};
     ft_step_stats st;

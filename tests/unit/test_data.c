@@ -845,6 +845,11 @@ static void test_loader_padding(void)
     CHECK(b.B == 5 && b.T == 6 && b.position_ids == NULL);
     CHECK(b.input_ids[0] == 100 && b.input_ids[2] == 77 && b.labels[2] == -100 &&
           b.labels[1] == 1 && b.input_ids[4 * 6 + 5] == 5);
+    /* the attention_mask: 1 on row r's 2 + r tokens, 0 on its padding */
+    CHECK(b.attention_mask);
+    for (int r = 0; r < 5; r++)
+        for (int t = 0; t < 6; t++)
+            CHECK(b.attention_mask[r * 6 + t] == (t < 2 + r));
     CHECK(ft_loader_batch(l, 0, 4, &b, &err) == 0 && b.B == 3); /* 23 = 4 * 5 + 3 */
     CHECK(ft_loader_batch(l, 0, 5, &b, &err) == -1 && has(err.msg, "out of range"));
     ft_loader_free(l);
@@ -869,6 +874,8 @@ static void test_loader_packing(void)
     CHECK(memcmp(b.input_ids, ids0, sizeof ids0) == 0);
     CHECK(memcmp(b.labels, lab0, sizeof lab0) == 0);
     CHECK(memcmp(b.position_ids, pos0, sizeof pos0) == 0);
+    static const int32_t mask0[8] = {1, 1, 1, 1, 1, 0, 0, 0}; /* the row's tail padded */
+    CHECK(b.attention_mask && memcmp(b.attention_mask, mask0, sizeof mask0) == 0);
     CHECK(b.input_ids[8] == 102 && b.position_ids[8 + 3] == 3 && b.position_ids[8 + 4] == 0);
     /* every sample appears exactly once over the epoch */
     int total = 0;

@@ -430,7 +430,7 @@ static void test_cpu_gemma3_equal_measured(void)
 /* A mixture-of-experts block (mixtral): the router and every expert's weights, the
  * grouped activations of the k experts per token, the router's and the grouping's
  * buffers, the load-balancing statistics; QLoRA's quantized experts and their window.
- * LoRA on the attention modules (the experts' LoRA is refused for now). */
+ * LoRA on the attention modules, on the router and on the experts. */
 static void test_cpu_mixtral_equal_measured(void)
 {
     sweep(mixtral_dir, "lora", "q_proj,k_proj,v_proj,o_proj", "0.05");
@@ -449,6 +449,12 @@ static void test_cpu_qwen3_moe_equal_measured(void)
     sweep(qwen3_moe_dir, "lora", "q_proj,k_proj,v_proj,o_proj", "0.05");
     sweep(qwen3_moe_dir, "full", "q_proj", "0");
     sweep(qwen3_moe_dir, "qlora", "q_proj,v_proj", "0.1");
+    /* LoRA on the router and the experts (gate, w1 / w3 / w2 as for mixtral: PEFT's
+     * target_parameters gate.weight, gate_up_proj, down_proj; no dropout there) */
+    sweep(qwen3_moe_dir, "lora", "all-linear", "0");
+    sweep(qwen3_moe_dir, "lora", "q_proj,gate,w2", "0");
+    sweep(qwen3_moe_dir, "lora", "w1,w3", "0");
+    sweep(qwen3_moe_dir, "qlora", "all-linear", "0");
 }
 
 static void test_gpu_formulas(void)

@@ -209,7 +209,7 @@ static void test_merged_logits(void)
         return;
     }
     int32_t ids[8] = {1, 5, 9, 3, 30, 2, 7, 0};
-    ft_batch batch = {1, 8, ids, NULL, NULL};
+    ft_batch batch = {1, 8, ids, NULL, NULL, NULL};
     CHECK(ft_model_forward(a, &batch, NULL, NULL, &err) == 0);
     CHECK(ft_model_forward(b, &batch, NULL, NULL, &err) == 0);
     const float *la = ft_model_logits(a), *lb = ft_model_logits(b);

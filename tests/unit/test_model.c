@@ -64,7 +64,7 @@ static float fd_step = 1e-2f;
  * wrong one, which is off by O(1). */
 static void check_fd(ft_model *m)
 {
-    ft_batch b = {B, T, ids, labels, NULL};
+    ft_batch b = {B, T, ids, labels, NULL, NULL};
     ft_err err;
     ft_model_zero_grad(m);
     double sum;
@@ -163,7 +163,7 @@ static float *grads_of(ft_model *m, const ft_batch *b, int n_micro, size_t *n)
 
 static void check_ckpt_identical_in(const char *dir, ft_train_mode mode, float dropout)
 {
-    ft_batch b = {B, T, ids, labels, NULL};
+    ft_batch b = {B, T, ids, labels, NULL, NULL};
     ft_model *plain = load(dir, mode, 0, dropout), *ckpt = load(dir, mode, 1, dropout);
     size_t n1, n2;
     float *g1 = grads_of(plain, &b, 1, &n1), *g2 = grads_of(ckpt, &b, 1, &n2);
@@ -275,7 +275,7 @@ static void family_gradients(const char *type)
     if (m)
         check_fd(m);
     ft_model_free(m);
-    ft_batch b = {B, T, ids, labels, NULL};
+    ft_batch b = {B, T, ids, labels, NULL, NULL};
     check_ckpt_bitwise(dir, &b);
 }
 
@@ -287,8 +287,8 @@ static void test_grad_accumulation(void)
     char dir[300];
     snprintf(dir, sizeof dir, "%s/full", root);
     ft_model *m = load(dir, FT_TRAIN_FULL, 0, 0);
-    ft_batch whole = {B, T, ids, labels, NULL};
-    ft_batch halves[2] = {{1, T, ids, labels, NULL}, {1, T, ids + T, labels + T, NULL}};
+    ft_batch whole = {B, T, ids, labels, NULL, NULL};
+    ft_batch halves[2] = {{1, T, ids, labels, NULL, NULL}, {1, T, ids + T, labels + T, NULL, NULL}};
     size_t n1, n2;
     float *g1 = grads_of(m, &whole, 1, &n1), *g2 = grads_of(m, halves, 2, &n2);
     double diff = 0, ref = 0;
@@ -308,7 +308,7 @@ static void test_grad_accumulation(void)
  * the last chunk's logits stay readable. */
 static void check_chunked_head(const char *dir, ft_train_mode mode)
 {
-    ft_batch b = {B, T, ids, labels, NULL};
+    ft_batch b = {B, T, ids, labels, NULL, NULL};
     ft_model *whole = load(dir, mode, 0, 0);
     size_t n1;
     double loss1 = mean_loss(whole, &b);
@@ -390,7 +390,7 @@ static void test_gemma2(void)
         CHECK(p && p->trainable && p->numel == C);
     }
     /* the caps bend: some logit is past half the cap, where tanh is well off the line */
-    ft_batch b = {B, T, ids, labels, NULL};
+    ft_batch b = {B, T, ids, labels, NULL, NULL};
     mean_loss(m, &b);
     const float *lg = ft_model_logits(m);
     float big = 0;
@@ -435,7 +435,7 @@ static float *gemma3_logits(const char *dir, const char *extra_cfg)
     CHECK(m != NULL);
     if (!m)
         return NULL;
-    ft_batch b = {B, T, ids, labels, NULL};
+    ft_batch b = {B, T, ids, labels, NULL, NULL};
     mean_loss(m, &b);
     float *out = malloc(sizeof(float) * B * T * V);
     if (out && ft_model_logits(m))
@@ -471,7 +471,7 @@ static void test_gemma3(void)
         check_fd(m);
     ft_model_free(m);
     fd_step = 1e-2f;
-    ft_batch b = {B, T, ids, labels, NULL};
+    ft_batch b = {B, T, ids, labels, NULL, NULL};
     check_ckpt_bitwise(dir, &b);
     check_chunked_head(dir, FT_TRAIN_FULL);
     check_chunked_head(dir, FT_TRAIN_LORA);
@@ -549,7 +549,7 @@ static void test_adapter_kinds(void)
     kinds[1].targets |= FT_LORA_EMBED | FT_LORA_HEAD;
     kinds[2].targets = (1u << FT_PROJ_Q) | (1u << FT_PROJ_V);
     kinds[2].modules_to_save = FT_SAVE_EMBED | FT_SAVE_HEAD;
-    ft_batch b = {B, T, ids, labels, NULL};
+    ft_batch b = {B, T, ids, labels, NULL, NULL};
     for (int k = 0; k < 3; k++) {
         ft_model *plain = load_kind(dir, kinds[k], 0, 0), *ckpt = load_kind(dir, kinds[k], 1, 0);
         ft_model *chunked = load_kind(dir, kinds[k], 0, 5);
@@ -583,7 +583,7 @@ static void test_packed_rows(void)
     ft_err err;
     int32_t packed_ids[T] = {1, 5, 9, 3, 30, 2}, pos[T] = {0, 1, 2, 0, 1, 2};
     int32_t sep_ids[2 * 3] = {1, 5, 9, 3, 30, 2};
-    ft_batch packed = {1, T, packed_ids, NULL, pos}, sep = {2, 3, sep_ids, NULL, NULL};
+    ft_batch packed = {1, T, packed_ids, NULL, pos, NULL}, sep = {2, 3, sep_ids, NULL, NULL, NULL};
     CHECK(ft_model_forward(m, &packed, NULL, NULL, &err) == 0);
     float *a = malloc((size_t)T * V * sizeof(float));
     memcpy(a, ft_model_logits(m), (size_t)T * V * sizeof(float));
@@ -745,14 +745,24 @@ static void test_bad_tokens(void)
     ft_model *m = load(dir, FT_TRAIN_FULL, 0, 0);
     ft_err err = {0};
     int32_t bad_ids[3] = {1, V, 2}, bad_labels[3] = {1, 2, -5};
-    ft_batch b1 = {1, 3, bad_ids, NULL, NULL};
+    ft_batch b1 = {1, 3, bad_ids, NULL, NULL, NULL};
     CHECK(ft_model_forward(m, &b1, NULL, NULL, &err) != 0);
     CHECK(strstr(err.msg, "input_ids[0][1]") != NULL);
     int32_t ok_ids[3] = {1, 2, 3};
-    ft_batch b2 = {1, 3, ok_ids, bad_labels, NULL};
+    ft_batch b2 = {1, 3, ok_ids, bad_labels, NULL, NULL};
     CHECK(ft_model_forward(m, &b2, NULL, NULL, &err) != 0);
     CHECK(strstr(err.msg, "labels[0][2]") != NULL);
     CHECK(ft_model_backward(m, 1.0f, &err) != 0);
+    /* an attention_mask other than right padding of 0 / 1 */
+    int32_t left[3] = {0, 1, 1}, two[3] = {1, 2, 0}, right[3] = {1, 1, 0};
+    ft_batch b3 = {1, 3, ok_ids, NULL, NULL, left};
+    CHECK(ft_model_forward(m, &b3, NULL, NULL, &err) != 0);
+    CHECK(strstr(err.msg, "attention_mask[0][1] = 1 follows a 0") != NULL);
+    b3.attention_mask = two;
+    CHECK(ft_model_forward(m, &b3, NULL, NULL, &err) != 0);
+    CHECK(strstr(err.msg, "attention_mask[0][1] = 2 is neither 0 nor 1") != NULL);
+    b3.attention_mask = right;
+    CHECK(ft_model_forward(m, &b3, NULL, NULL, &err) == 0);
     ft_model_free(m);
 }
 
@@ -832,7 +842,7 @@ static void test_quantized_base_access(void)
         free(want[i]);
     }
     free(want);
-    ft_batch b = {B, T, ids, labels, NULL};
+    ft_batch b = {B, T, ids, labels, NULL, NULL};
     CHECK(isfinite(mean_loss(m, &b)));
     ft_model_free(d);
     ft_model_free(m);

@@ -137,7 +137,7 @@ static void test_model_rows(void)
         ft_model *m = load(chunks[k], true);
         if (!m)
             return;
-        ft_batch b = {R, T, ids, labels, NULL};
+        ft_batch b = {R, T, ids, labels, NULL, NULL};
         double nll[R], sum;
         long n;
         CHECK(ft_model_forward(m, &b, &sum, &n, &err) == 0);
@@ -160,7 +160,7 @@ static void test_model_rows(void)
         float *g_mixed = grads_copy(m);
         ft_model_zero_grad(m);
         for (int r = 0; r < R; r++) {
-            ft_batch one = {1, T, ids + r * T, labels + r * T, NULL};
+            ft_batch one = {1, T, ids + r * T, labels + r * T, NULL, NULL};
             double s1;
             CHECK(ft_model_forward(m, &one, &s1, NULL, &err) == 0);
             CHECK_CLOSE(s1, nll[r], 1e-5);
@@ -200,7 +200,7 @@ static void test_model_rows(void)
         CHECK(memcmp(g_rows, g_mixed, ng * sizeof *g_rows) == 0);
         int32_t bad_split[R] = {0, T + 1, 0};
         CHECK(ft_model_forward_split(m, &b, bad_split, pre, post, &err) != 0);
-        ft_batch packed = {R, T, ids, labels, ids};
+        ft_batch packed = {R, T, ids, labels, ids, NULL};
         CHECK(ft_model_forward_rows(m, &packed, nll, &err) != 0);
         CHECK(strstr(err.msg, "packing") != NULL);
         free(g_plain);

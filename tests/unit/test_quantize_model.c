@@ -51,7 +51,7 @@ static float *logits_of(const char *dir, ft_quant_options quant, const char *ski
         return NULL;
     }
     int32_t ids[2 * 6] = {1, 5, 9, 3, 30, 2, 7, 7, 0, 31, 12, 4};
-    ft_batch b = {2, 6, ids, NULL, NULL};
+    ft_batch b = {2, 6, ids, NULL, NULL, NULL};
     double loss;
     long n;
     CHECK(ft_model_forward(m, &b, &loss, &n, &err) == 0);
