@@ -88,13 +88,17 @@ static int check_json(const ft_cfg_key *k, const char *text, const char *where, 
     json_t *j = json_loads(text, JSON_REJECT_DUPLICATES, &je);
     /* a key whose default is "[]" holds a JSON array (of strings: model.add_special_tokens) */
     bool list = k->dflt && k->dflt[0] == '[';
+    if (!j && list)
+        return ft_fail(err, "%s: key '%s' must be a list of tokens (YAML [a, b] or JSON "
+                            "[\"a\", \"b\"]): %s (column %d)",
+                       where, k->name, je.text, je.column);
     if (!j)
-        return ft_fail(err, "%s: key '%s' must be a JSON %s: %s (column %d)", where, k->name,
-                       list ? "array" : "object", je.text, je.column);
+        return ft_fail(err, "%s: key '%s' must be a JSON object: %s (column %d)", where,
+                       k->name, je.text, je.column);
     int rc = 0;
     if (list && !json_is_array(j))
-        rc = ft_fail(err, "%s: key '%s' must be a list (YAML [a, b] or JSON [\"a\", \"b\"]), "
-                          "got '%s'", where, k->name, text);
+        rc = ft_fail(err, "%s: key '%s' must be a list of tokens (YAML [a, b] or JSON "
+                          "[\"a\", \"b\"]), got '%s'", where, k->name, text);
     for (size_t i = 0; list && rc == 0 && i < json_array_size(j); i++) {
         const json_t *e = json_array_get(j, i);
         if (!json_is_string(e) || json_string_length(e) == 0)

@@ -335,3 +335,177 @@ def test_saved_adapter_loads_in_peft_merges_and_evaluates(case, ft, tmp_path):
     assert got["tokens"] == len(ids) - 1, got
     ftref.assert_close("ft-eval loss", torch.tensor([got["loss"]]), loss.reshape(1).double(),
                        ftref.TOL_LOGITS)
+
+
+# ---- full fine-tuning, resuming, training from such an adapter -------------------------
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    c = Case()
+    c.d = tmp_path_factory.mktemp("at_llama")
+    c.model, c.V = family_dir(None, c.d, "llama")
+    c.ids, c.labels = batch(c.V, 3)
+    c.data = write_data(c.d / "train.jsonl", c.ids, c.labels)
+    return c
+
+
+def test_full_fine_tuning(llama):
+    """tuning.mode full: five AdamW steps = torch's on transformers' resized model (the new
+    rows set to the mean, weight decay 0: ours and torch's treat norms alike then); the
+    final dir loads in transformers (vocab_size grown, no missing or unexpected keys)
+    with its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    c = llama
+    rankrun.run(config(c.d, "full", c.model, c.data, mode="full", train__weight_decay=0))
+    final = c.d / "runs" / "full" / "final"
+    assert json.loads((final / "config.json").read_text())["vocab_size"] == c.V + 2
+    tok = AutoTokenizer.from_pretrained(str(final))
+    assert len(tok) == c.V + 2 and tok.convert_tokens_to_ids(ADD) == [c.V, c.V + 1]
+    old = ftref.load_hf(c.model)
+    rows = {"V": c.V,
+            "embed": torch.cat([old.get_input_embeddings().weight.detach(),
+                                old.get_input_embeddings().weight.detach().double().mean(0)
+                                .float().expand(2, -1)]),
+            "head": torch.cat([old.lm_head.weight.detach(),
+                               old.lm_head.weight.detach().double().mean(0).float()
+                               .expand(2, -1)])}
+    ref = ftref.reference_train(resized_base(c.model, c.V + 2, rows), c.ids, c.labels,
+                                dict(TRAIN, weight_decay=0))
+    ftref.assert_close("losses", torch.tensor(losses(c.d / "runs" / "full"),
+                                              dtype=torch.float64), ref["losses"],
+                       ftref.TOL_LOSSES)
+    ours = load_file(str(final / "model.safetensors"))
+    assert set(ours) == set(ref["weights"]), sorted(set(ours) ^ set(ref["weights"]))
+    for k, w in ref["weights"].items():
+        ftref.assert_close(f"weight {k}", ours[k], w, ftref.TOL_WEIGHT)
+    m, info = AutoModelForCausalLM.from_pretrained(str(final), dtype=torch.float32,
+                                                   output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert m.get_input_embeddings().weight.shape[0] == c.V + 2
+
+
+def test_resume(llama):
+    """A run with added tokens resumed from its checkpoint (which holds the tokenizer
+    too) ends with the uninterrupted run's adapter, bit for bit."""
+    c = llama
+    over = dict(train__save_steps=2)
+    rankrun.run(config(c.d, "whole", c.model, c.data, **over))
+    part = c.d / "runs" / "part"
+    part.mkdir(parents=True)
+    shutil.copytree(c.d / "runs" / "whole" / "checkpoint-2", part / "checkpoint-2")
+    assert (part / "checkpoint-2" / "tokenizer.json").exists()
+    out = rankrun.run(config(c.d, "part", c.model, c.data, **over), 1, "--resume", "auto")
+    assert "resumed from" in out.stderr
+    a = adapter_tensors(c.d / "runs" / "whole")
+    b = adapter_tensors(part)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("how", ["tokens", "tokenizer"])
+def test_init_adapter_with_grown_vocabulary(llama, how):
+    """Training from an adapter made with the tokens added (ours): with the same tokens
+    added, or with the adapter dir as model.tokenizer (its grown tokenizer), the model
+    takes its vocabulary and the run starts from its weights (a run at learning rate 0
+    saves them unchanged); without either it is refused naming both vocabularies."""
+    c = llama
+    start = c.d / "runs" / "start"
+    if not start.exists():
+        rankrun.run(config(c.d, "start", c.model, c.data, train__max_steps=2))
+    over = dict(tuning__lora__init_adapter=str(start / "final"),
+                tuning__lora__modules_to_save="embed_tokens,lm_head",
+                train__learning_rate=0, train__max_steps=1)
+    if how == "tokenizer":
+        over.update(model__add_special_tokens="[]", model__tokenizer=str(start / "final"))
+    name = f"from_{how}"
+    out = rankrun.run(config(c.d, name, c.model, c.data, **over))
+    assert f"-> {c.V + 2}" in out.stderr, out.stderr[-2000:]
+    a, b = adapter_tensors(start), adapter_tensors(c.d / "runs" / name)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    if how == "tokens":
+        bad = config(c.d, "from_none", c.model, c.data, **dict(over, model__add_special_tokens="[]"))
+        out = rankrun.run(bad, check=False)
+        assert out.returncode != 0
+        assert "init_adapter" in out.stderr and str(c.V) in out.stderr and \
+            str(c.V + 2) in out.stderr and "add_special_tokens" in out.stderr, out.stderr[-2000:]
+
+
+# ---- bad values -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value,why", [('["<a>", 3]', "non-empty string"),
+                                       ('["<a>", ""]', "non-empty string"),
+                                       ('"<a>"', "list"),
+                                       ('{"a": "<a>"}', "list")])
+def test_bad_values_refused(llama, value, why):
+    c = llama
+    cfg = config(c.d, "bad", c.model, c.data)
+    text = cfg.read_text().replace(f"add_special_tokens: {ADD_YAML}",
+                                   f"add_special_tokens: {value}")
+    assert text != cfg.read_text()
+    cfg.write_text(text)
+    out = rankrun.run(cfg, check=False)
+    assert out.returncode != 0
+    assert "model.add_special_tokens" in out.stderr and why in out.stderr, out.stderr[-2000:]
+    # the same through --set
+    out = rankrun.run(config(c.d, "bad2", c.model, c.data), 1, "--set",
+                      f"model.add_special_tokens={value}", check=False)
+    assert out.returncode != 0 and "model.add_special_tokens" in out.stderr, out.stderr
+
+
+def test_tokens_fit_in_the_vocabulary(llama, tmp_path):
+    """Tokens the model's vocabulary already has room for (config.json's vocab_size above
+    the tokenizer's): no resize, the new ids index the existing rows, which train."""
+    c = llama
+    m = ftref.copy_model_dir(c.model, tmp_path / "m")
+    n = c.V - 4
+    write_tokenizer(m, n)  # the tokenizer is 4 short of the model: ids n, n+1 are new
+    ids, labels = batch(n, 5)
+    data = write_data(tmp_path / "train.jsonl", ids, labels)
+    out = rankrun.run(config(tmp_path, "fit", m, data, train__weight_decay=0))
+    assert "which the model's vocabulary holds" in out.stderr, out.stderr[-2000:]
+    w = adapter_tensors(tmp_path / "runs" / "fit")
+    emb = w["base_model.model.model.embed_tokens.weight"]
+    assert emb.shape[0] == c.V
+    old = ftref.load_hf(m).get_input_embeddings().weight.detach()
+    assert not torch.equal(emb[n:n + 2], old[n:n + 2])  # trained
+    assert torch.equal(emb[n + 2:], old[n + 2:])  # (no token uses them: no gradient)
+
+
+# ---- every strategy on two ranks ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "zero3", "fsdp",
+                                      "model_parallel"])
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_strategies_equal_one_process(tmp_path_factory, strategy, tied):
+    """Tokens added under every dist.strategy on two ranks = one process (data parallel:
+    batch 8 on one rank against 4 per rank; model parallel: the same batch)."""
+    import test_dist_train as dt
+
+    d = tmp_path_factory.getbasetemp() / f"at_dist_{'tied' if tied else 'untied'}"
+    if not d.exists():
+        d.mkdir()
+        family_dir(None, d, "tied" if tied else "llama")
+        g = torch.Generator().manual_seed(9)
+        rows = []
+        for _ in range(32):
+            ids = torch.randint(1, 66, (10,), generator=g).tolist()
+            rows.append({"input_ids": ids, "labels": [-100] * 3 + ids[3:]})
+        (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    model = d / ("tied" if tied else "llama")
+    dp = strategy != "model_parallel"
+    common = dict(train__max_steps=4, train__warmup_steps=1, train__max_grad_norm=0,
+                  train__weight_decay=0, train__lr_scheduler="cosine")
+    ref = d / "runs" / f"ref_{'dp' if dp else 'mp'}"
+    if not ref.exists():
+        rankrun.run(config(d, ref.name, model, d / "train.jsonl", model__max_seq_len=16,
+                           train__batch_size=8 if dp else 4, **common))
+    name = f"np2_{strategy}"
+    rankrun.run(config(d, name, model, d / "train.jsonl", model__max_seq_len=16,
+                       train__batch_size=4, dist__strategy=strategy, **common), 2)
+    dt.assert_same_run(ref, d / "runs" / name, w_atol=5e-4)
+    w = dt.weights(d / "runs" / name)
+    assert w["base_model.model.model.embed_tokens.weight"].shape[0] == 66
+    assert (d / "runs" / name / "final" / "tokenizer.json").exists()
