@@ -49,13 +49,14 @@ int ft_run_model_vocab(const char *tokenizer_path, const char *tokens_json,
         return ft_added_tokens_vocab(tokenizer_path, tokens_json, model_vocab, vocab, NULL, err);
     if (!adapter_dir || !adapter_dir[0])
         return 0;
+    /* (an adapter that does not load, or no tokenizer of its size: the model's reading of
+     * the adapter says why) */
     ft_lora_config ac;
-    if (ft_lora_config_load(&ac, adapter_dir, err))
-        return -1;
     ft_tokenizer *t;
     ft_err ignored;
-    if (ac.vocab_size <= model_vocab || ft_tokenizer_load(&t, tokenizer_path, &ignored))
-        return 0; /* (no tokenizer of that size: ft_model_load_adapter refuses the adapter) */
+    if (ft_lora_config_load(&ac, adapter_dir, &ignored) || ac.vocab_size <= model_vocab ||
+        ft_tokenizer_load(&t, tokenizer_path, &ignored))
+        return 0;
     if (ft_tokenizer_vocab_size(t) == ac.vocab_size)
         *vocab = ac.vocab_size;
     ft_tokenizer_free(t);
