@@ -236,7 +236,8 @@ static int setup_model(trainer *t, const ft_dist_options *dopt, ft_err *err)
                                .device = mo.device,
                                .dtype = mo.dtype,
                                .mem_limit = mo.mem_limit,
-                               .loss_chunk_rows = mo.loss_chunk_rows};
+                               .loss_chunk_rows = mo.loss_chunk_rows,
+                               .grow_vocab = mo.grow_vocab};
         if (ft_model_load(&t->ref, t->model_dir, &ro, err))
             return ft_fail_prefix(err, "the DPO reference model (model.name '%s')",
                                   t->model_dir);

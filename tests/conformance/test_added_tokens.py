@@ -509,3 +509,23 @@ def test_strategies_equal_one_process(tmp_path_factory, strategy, tied):
     w = dt.weights(d / "runs" / name)
     assert w["base_model.model.model.embed_tokens.weight"].shape[0] == 66
     assert (d / "runs" / name / "final" / "tokenizer.json").exists()
+
+
+def test_dpo(llama, tmp_path):
+    """DPO with tokens added: in full fine-tuning the reference (the frozen start) has the
+    grown vocabulary too and the run trains; in LoRA modes the new rows would train as
+    modules_to_save, which DPO refuses naming the key and the ways out."""
+    c = llama
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"prompt": "<|im_start|>abc d", "chosen": " ef<|im_end|>", "rejected": " gh"},
+        {"prompt": "xy <|im_start|>", "chosen": " z<|im_end|>", "rejected": " w."}] * 2))
+    over = dict(data__format="auto", train__objective="dpo", train__max_steps=2,
+                model__max_seq_len=32)
+    out = rankrun.run(config(tmp_path, "dpo_full", c.model, data, mode="full", **over))
+    assert f"vocabulary {c.V} -> {c.V + 2}" in out.stderr, out.stderr[-2000:]
+    final = tmp_path / "runs" / "dpo_full" / "final"
+    assert json.loads((final / "config.json").read_text())["vocab_size"] == c.V + 2
+    out = rankrun.run(config(tmp_path, "dpo_lora", c.model, data, **over), check=False)
+    assert out.returncode != 0
+    assert "model.add_special_tokens" in out.stderr and "dpo" in out.stderr, out.stderr[-2000:]
