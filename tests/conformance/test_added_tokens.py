@@ -24,7 +24,7 @@ old ones), then get_peft_model with the embedding and the head trained in full
 - bad values of the key are refused naming it."""
 
 import json
-import math
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -169,7 +169,6 @@ def test_tokenizer_matches_transformers(tmp_path):
     assert [t["id"] for t in saved] == sorted(t["id"] for t in saved)
     assert {t["content"] for t in saved if t["special"]} >= set(toks)
     # the C tokenizer: on the saved files, and adding the tokens itself on load
-    import os
     import subprocess
     exe = ftref.tool_exe("FT_TOKENIZE", "ft-tokenize")
     texts = rows[:2] + ["<|im_start|><|im_start|>ab", "no tokens here", "a<|im_end|>."]
@@ -529,3 +528,35 @@ def test_dpo(llama, tmp_path):
     out = rankrun.run(config(tmp_path, "dpo_lora", c.model, data, **over), check=False)
     assert out.returncode != 0
     assert "model.add_special_tokens" in out.stderr and "dpo" in out.stderr, out.stderr[-2000:]
+
+
+# ---- the GPU (the emulated device: FT_EMU=1 with the emulated build's FT_TRAIN) -----------
+
+
+@pytest.mark.skipif(not (os.environ.get("FT_EMU") == "1" or torch.cuda.is_available()),
+                    reason="no CUDA GPU (and not the emulated device: FT_EMU unset)")
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("family", ["llama", "tied"])
+def test_gpu_equals_cpu(tmp_path, family, bf16):
+    """Tokens added on the GPU: the grown embedding and head (mean rows, uploaded) train
+    as on the CPU: the losses and the saved adapter of five steps equal the CPU run's
+    (fp32: 1e-5 relative per tensor; bf16: 8e-2 per tensor and 1e-2 for the losses, its
+    8-bit mantissa), with the same keys and the grown tokenizer saved."""
+    model, V = family_dir(None, tmp_path, family)
+    ids, labels = batch(V, 21)
+    data = write_data(tmp_path / "train.jsonl", ids, labels)
+    env = {"FT_EMU_DEVICES": "1"} if os.environ.get("FT_EMU") == "1" else None
+    rankrun.run(config(tmp_path, "cpu", model, data, train__device="cpu"))
+    rankrun.run(config(tmp_path, "gpu", model, data, train__device="cuda",
+                       train__bf16="true" if bf16 else "false"), env=env)
+    # bf16: test_gpu_model.py's tolerances of the loss and of the gradients (the updates
+    # are made of them)
+    tol_w, tol_l = (8e-2, 1e-2) if bf16 else (1e-5, 1e-5)
+    a, b = adapter_tensors(tmp_path / "runs" / "cpu"), adapter_tensors(tmp_path / "runs" / "gpu")
+    assert a.keys() == b.keys()
+    for k in a:
+        ftref.assert_close(f"gpu {k}", b[k], a[k], tol_w)
+    ftref.assert_close("gpu losses", torch.tensor(losses(tmp_path / "runs" / "gpu")),
+                       torch.tensor(losses(tmp_path / "runs" / "cpu")), tol_l)
+    assert b["base_model.model.model.embed_tokens.weight"].shape[0] == V + 2
+    assert (tmp_path / "runs" / "gpu" / "final" / "tokenizer.json").exists()
