@@ -41,6 +41,11 @@ static const ft_cfg_key schema[] = {
      "trained in full (tuning.lora.modules_to_save, unless it or target_modules names "
      "them); the run saves the grown tokenizer with its weights",
      NULL},
+    {KEY(model.resize_to_multiple_of), FT_CFG_INT, "0", NULL, false, 0, NONE,
+     "with add_special_tokens growing the vocabulary: its size rounded up to a multiple of "
+     "this, as resize_token_embeddings(len(tokenizer), pad_to_multiple_of=N) (TRL's "
+     "resize_to_multiple_of); the padding rows are the mean too; 0: none",
+     NULL},
     {KEY(model.trust_remote_code), FT_CFG_BOOL, "false", NULL, false, NONE, NONE, "",
      "no Python runs: models are read from config.json and safetensors"},
 

@@ -829,7 +829,7 @@ int ft_memplan_config(const ft_run_config *cfg, int world_size, ft_memplan_resul
     /* tokens added, or an init_adapter's: the vocabulary the run grows the model to */
     int64_t V;
     if (ft_run_model_vocab(cfg->model.tokenizer[0] ? cfg->model.tokenizer : dir,
-                           cfg->model.add_special_tokens,
+                           cfg->model.add_special_tokens, cfg->model.resize_to_multiple_of,
                            cfg->tuning.mode != FT_TUNING_FULL ? cfg->tuning.lora.init_adapter
                                                              : NULL,
                            mc.vocab_size, &V, err))

@@ -40,13 +40,18 @@ int ft_added_tokens_vocab(const char *tokenizer_path, const char *tokens_json,
     return 0;
 }
 
-int ft_run_model_vocab(const char *tokenizer_path, const char *tokens_json,
+int ft_run_model_vocab(const char *tokenizer_path, const char *tokens_json, int64_t multiple,
                        const char *adapter_dir, int64_t model_vocab, int64_t *vocab,
                        ft_err *err)
 {
     *vocab = model_vocab;
-    if (tokens_json && tokens_json[0] && strcmp(tokens_json, "[]") != 0)
-        return ft_added_tokens_vocab(tokenizer_path, tokens_json, model_vocab, vocab, NULL, err);
+    if (tokens_json && tokens_json[0] && strcmp(tokens_json, "[]") != 0) {
+        if (ft_added_tokens_vocab(tokenizer_path, tokens_json, model_vocab, vocab, NULL, err))
+            return -1;
+        if (*vocab > model_vocab && multiple > 1)
+            *vocab = (*vocab + multiple - 1) / multiple * multiple;
+        return 0;
+    }
     if (!adapter_dir || !adapter_dir[0])
         return 0;
     /* (an adapter that does not load, or no tokenizer of its size: the model's reading of

@@ -202,10 +202,11 @@ int ft_added_tokens_vocab(const char *tokenizer_path, const char *tokens_json,
 unsigned ft_added_tokens_saved_modules(const ft_lora_config *lc, bool tied);
 /* The vocabulary of a run's model (ft-train and its memory plan): model_vocab
  * (config.json's) grown by tokens_json added to the tokenizer at tokenizer_path
- * (ft_added_tokens_vocab; NULL or "[]": none added), else by an init adapter for a grown
- * vocabulary (adapter_dir, NULL or "": none) when that tokenizer has the adapter's
- * vocabulary (the adapter's own tokenizer files, say). */
-int ft_run_model_vocab(const char *tokenizer_path, const char *tokens_json,
+ * (ft_added_tokens_vocab; NULL or "[]": none added), rounded up to a multiple of
+ * multiple (> 1) when it grows (resize_token_embeddings' pad_to_multiple_of), else by an
+ * init adapter for a grown vocabulary (adapter_dir, NULL or "": none) when that
+ * tokenizer has the adapter's vocabulary (the adapter's own tokenizer files, say). */
+int ft_run_model_vocab(const char *tokenizer_path, const char *tokens_json, int64_t multiple,
                        const char *adapter_dir, int64_t model_vocab, int64_t *vocab,
                        ft_err *err);
 

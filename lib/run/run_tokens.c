@@ -24,8 +24,12 @@ int run_tokens_setup(const ft_run_config *c, const ft_run_data *d, const char *m
     if (ft_model_config_load(&mc, path, err))
         return -1;
     int64_t V = mc.vocab_size, G;
+    if (c->model.resize_to_multiple_of && !ft_run_adds_tokens(c))
+        return ft_fail(err, "config: model.resize_to_multiple_of applies to a vocabulary grown "
+                            "by model.add_special_tokens, which this run does not set");
     if (ft_run_model_vocab(c->model.tokenizer[0] ? c->model.tokenizer : model_dir,
-                           c->model.add_special_tokens, adapter, V, &G, err))
+                           c->model.add_special_tokens, c->model.resize_to_multiple_of,
+                           adapter, V, &G, err))
         return ft_fail_prefix(err, "the tokenizer with model.add_special_tokens");
     if (ft_run_adds_tokens(c) && log)
         fprintf(log, "tokens: model.add_special_tokens %s: the tokenizer has %d tokens%s\n",
@@ -33,8 +37,10 @@ int run_tokens_setup(const ft_run_config *c, const ft_run_data *d, const char *m
                 G > V ? "" : ", which the model's vocabulary holds");
     if (G > V && log)
         fprintf(log, "tokens: vocabulary %lld -> %lld (%s; new rows: the mean of the old "
-                     "rows, as resize_token_embeddings(len(tokenizer)))\n",
-                (long long)V, (long long)G,
+                     "rows, as resize_token_embeddings(len(tokenizer)%s))\n",
+                (long long)V, (long long)G, c->model.resize_to_multiple_of > 1
+                                                ? ", pad_to_multiple_of"
+                                                : "",
                 ft_run_adds_tokens(c) ? "model.add_special_tokens"
                                       : "tuning.lora.init_adapter's, as the tokenizer's");
     mo->grow_vocab = G > V ? G : 0;

@@ -560,3 +560,39 @@ def test_gpu_equals_cpu(tmp_path, family, bf16):
                        torch.tensor(losses(tmp_path / "runs" / "cpu")), tol_l)
     assert b["base_model.model.model.embed_tokens.weight"].shape[0] == V + 2
     assert (tmp_path / "runs" / "gpu" / "final" / "tokenizer.json").exists()
+
+
+def test_resize_to_multiple_of(llama, ft, tmp_path):
+    """model.resize_to_multiple_of 8: the grown vocabulary (66) rounded up to 72 as
+    resize_token_embeddings(len(tok), pad_to_multiple_of=8) does, the padding rows the
+    mean too; the saved adapter loads that way in PEFT with no missing or unexpected keys
+    to our logits. Without tokens added the key is refused."""
+    from peft import PeftModel
+    from transformers import AutoTokenizer
+
+    c = llama
+    out = rankrun.run(config(tmp_path, "pad", c.model, c.data, model__resize_to_multiple_of=8))
+    assert f"vocabulary {c.V} -> 72" in out.stderr, out.stderr[-2000:]
+    final = tmp_path / "runs" / "pad" / "final"
+    w = adapter_tensors(tmp_path / "runs" / "pad")
+    assert w["base_model.model.model.embed_tokens.weight"].shape[0] == 72
+    assert w["base_model.model.lm_head.weight"].shape[0] == 72
+    tok = AutoTokenizer.from_pretrained(str(final))
+    assert len(tok) == c.V + 2
+    base = ftref.load_hf(c.model)
+    base.resize_token_embeddings(len(tok), pad_to_multiple_of=8)
+    pm = no_key_warnings(lambda: PeftModel.from_pretrained(base, str(final)))
+    pm.eval()
+    ours = ft(dict(model_dir=c.model, adapter_dir=final, mode="lora", input_ids=c.ids),
+              "at-pad")
+    ftref.assert_close("padded adapter logits", ours["logits"], ftref.hf_forward(pm, c.ids)[0],
+                       ftref.TOL_LOGITS)
+    # the padding rows start at the mean (a run at learning rate 0)
+    rankrun.run(config(tmp_path, "pad0", c.model, c.data, model__resize_to_multiple_of=8,
+                       train__learning_rate=0, train__max_steps=1))
+    e = adapter_tensors(tmp_path / "runs" / "pad0")["base_model.model.model.embed_tokens.weight"]
+    mean = ftref.load_hf(c.model).get_input_embeddings().weight.detach().double().mean(0)
+    ftref.assert_close("padding rows", e[c.V:], mean.float().expand(72 - c.V, -1), 1e-6)
+    out = rankrun.run(config(tmp_path, "pad_bad", c.model, c.data, model__add_special_tokens="[]",
+                             model__resize_to_multiple_of=8), check=False)
+    assert out.returncode != 0 and "model.resize_to_multiple_of" in out.stderr, out.stderr

@@ -70,8 +70,8 @@ static int measure(const ft_run_config *cfg, const char *dir, ft_mem *out, size_
     ft_model_config mc;
     int64_t grown;
     if (ft_model_config_load(&mc, cpath, &err) ||
-        ft_run_model_vocab(dir, cfg->model.add_special_tokens, NULL, mc.vocab_size, &grown,
-                           &err))
+        ft_run_model_vocab(dir, cfg->model.add_special_tokens, cfg->model.resize_to_multiple_of,
+                           NULL, mc.vocab_size, &grown, &err))
         return -1;
     mo.grow_vocab = grown > mc.vocab_size ? grown : 0;
     if (strcmp(cfg->model.add_special_tokens, "[]") != 0 && mo.mode == FT_TRAIN_LORA)
@@ -268,7 +268,12 @@ static void test_cpu_added_tokens_equal_measured(void)
     sweep_with(tied_dir, "lora", "all-linear", "0", add);
     sweep_with(llama_dir, "lora", "q_proj,embed_tokens,lm_head", "0", add);
     sweep_with(llama_dir, "full", "all-linear", "0", add);
-    CHECK(n_compared == before + 64);
+    const char *padded[] = {"tuning.lora.target_modules=q_proj", "train.batch_size=3",
+                            "model.max_seq_len=7", add, "model.resize_to_multiple_of=8", NULL};
+    compare(llama_dir, padded);
+    padded[0] = "tuning.mode=full";
+    compare(llama_dir, padded);
+    CHECK(n_compared == before + 66);
     /* the plan has the grown vocabulary and the trained embedding and head */
     const char *sets[] = {"tuning.lora.target_modules=q_proj", "tuning.lora.r=2", add, NULL};
     ft_run_config *cfg = make_config(sets), *plain;
@@ -281,6 +286,12 @@ static void test_cpu_added_tokens_equal_measured(void)
     CHECK(ft_memplan_config(cfg, 1, &r, &err) == 0);
     CHECK(ft_memplan_config(plain, 1, &p, &err) == 0);
     CHECK(r.n_trainable == p.n_trainable + 2 * (size_t)(V + 3) * C);
+    snprintf(cfg->model.add_special_tokens, sizeof cfg->model.add_special_tokens, "[]");
+    CHECK(ft_memplan_config(cfg, 1, &r, &err) == 0 && r.n_trainable == p.n_trainable);
+    snprintf(cfg->model.add_special_tokens, sizeof cfg->model.add_special_tokens, "[\"<a>\"]");
+    cfg->model.resize_to_multiple_of = 16; /* V + 1 -> 48 */
+    CHECK(ft_memplan_config(cfg, 1, &r, &err) == 0);
+    CHECK(r.n_trainable == p.n_trainable + 2 * (size_t)48 * C);
     free(cfg);
     free(plain);
     char path[400];
