@@ -596,3 +596,35 @@ def test_resize_to_multiple_of(llama, ft, tmp_path):
     out = rankrun.run(config(tmp_path, "pad_bad", c.model, c.data, model__add_special_tokens="[]",
                              model__resize_to_multiple_of=8), check=False)
     assert out.returncode != 0 and "model.resize_to_multiple_of" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("targets,mts", [("o_proj,embed_tokens,lm_head", None),
+                                         ("o_proj,embed_tokens", "lm_head"),
+                                         ("o_proj", "lm_head")],
+                         ids=["lora_both", "lora_embed", "head_only"])
+def test_user_chosen_modules(llama, ft, tmp_path, targets, mts):
+    """The user's choice over the default modules_to_save: LoRA on the grown embedding /
+    head (their grown base saved as base_layer, as PEFT does), or modules_to_save naming
+    only the head (the grown embedding saved in full, save_embedding_layers): the saved
+    adapter loads by the recipe with no missing or unexpected keys to our logits."""
+    from peft import PeftModel
+    from transformers import AutoTokenizer
+
+    c = llama
+    over = dict(tuning__lora__target_modules=targets)
+    if mts:
+        over["tuning__lora__modules_to_save"] = mts
+    out = rankrun.run(config(tmp_path, "chosen", c.model, c.data, **over))
+    assert "tokens: tuning.lora.modules_to_save" not in out.stderr, out.stderr[-2000:]
+    final = tmp_path / "runs" / "chosen" / "final"
+    w = adapter_tensors(tmp_path / "runs" / "chosen")
+    rows = {k: v.shape[0] for k, v in w.items() if "lora_" not in k or "embedding_A" in k}
+    assert rows and all(n == c.V + 2 for k, n in rows.items() if "embedding_A" not in k), rows
+    base = ftref.load_hf(c.model)
+    base.resize_token_embeddings(len(AutoTokenizer.from_pretrained(str(final))))
+    pm = no_key_warnings(lambda: PeftModel.from_pretrained(base, str(final)))
+    pm.eval()
+    ours = ft(dict(model_dir=c.model, adapter_dir=final, mode="lora", input_ids=c.ids),
+              f"at-chosen-{len(targets)}")
+    ftref.assert_close("adapter logits", ours["logits"], ftref.hf_forward(pm, c.ids)[0],
+                       ftref.TOL_LOGITS)
