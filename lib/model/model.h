@@ -182,8 +182,9 @@ bool ft_model_carried_tensor(const ft_model_config *cfg, const char *name);
  * (kaiming-uniform, bound 1/sqrt(in), seeded) and B = 0. With opt->lora.vocab_size above
  * config.json's (LoRA settings read from an adapter for a grown vocabulary) the model has
  * that vocabulary (ft_model_cfg's vocab_size): the checkpoint fills the embedding's and
- * the head's first rows, and ft_model_load_adapter must then fill every row. Errors name
- * the file, key or tensor. */
+ * the head's first rows, and ft_model_load_adapter must then fill every row. With
+ * opt->grow_vocab above it (tokens added by a run) likewise, the rows past the
+ * checkpoint's set to their mean (added_vocab.c). Errors name the file, key or tensor. */
 int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, ft_err *err);
 void ft_model_free(ft_model *m);
 
