@@ -86,11 +86,27 @@ static int check_json(const ft_cfg_key *k, const char *text, const char *where, 
                        k->size - 1);
     json_error_t je;
     json_t *j = json_loads(text, JSON_REJECT_DUPLICATES, &je);
+    /* a key whose default is "[]" holds a JSON array (of strings: model.add_special_tokens) */
+    bool list = k->dflt && k->dflt[0] == '[';
+    if (!j && list)
+        return ft_fail(err, "%s: key '%s' must be a list of tokens (YAML [a, b] or JSON "
+                            "[\"a\", \"b\"]): %s (column %d)",
+                       where, k->name, je.text, je.column);
     if (!j)
         return ft_fail(err, "%s: key '%s' must be a JSON object: %s (column %d)", where,
                        k->name, je.text, je.column);
     int rc = 0;
-    if (!json_is_object(j))
+    if (list && !json_is_array(j))
+        rc = ft_fail(err, "%s: key '%s' must be a list of tokens (YAML [a, b] or JSON "
+                          "[\"a\", \"b\"]), got '%s'", where, k->name, text);
+    for (size_t i = 0; list && rc == 0 && i < json_array_size(j); i++) {
+        const json_t *e = json_array_get(j, i);
+        if (!json_is_string(e) || json_string_length(e) == 0)
+            rc = ft_fail(err, "%s: key '%s': entry %zu must be a non-empty string (a token), "
+                              "got %s",
+                         where, k->name, i, json_is_string(e) ? "\"\"" : "another JSON type");
+    }
+    if (!list && !json_is_object(j))
         rc = ft_fail(err, "%s: key '%s' must be a JSON object (a mapping of names to "
                           "values), got '%s'", where, k->name, text);
     for (int i = 0; rc == 0 && k->choices && k->choices[i]; i++)
@@ -368,7 +384,8 @@ bool ft_config_has(const ft_config *c, const char *key)
 {
     const ft_cfg_key *k = ft_config_find_key(key);
     return k && (k->type != FT_CFG_STRING || *(const char *)cfield(&c->v, k)) &&
-           (k->type != FT_CFG_JSON || strcmp(cfield(&c->v, k), "{}") != 0);
+           (k->type != FT_CFG_JSON || (strcmp(cfield(&c->v, k), "{}") != 0 &&
+                                       strcmp(cfield(&c->v, k), "[]") != 0));
 }
 
 bool ft_config_is_explicit(const ft_config *c, const char *key)

@@ -27,7 +27,8 @@ typedef enum ft_cfg_type {
     FT_CFG_STRING,  /* a char array field */
     FT_CFG_ENUM,    /* an enum field: the index of the value in choices */
     FT_CFG_JSON     /* a char array field holding the text of a JSON object (YAML: a
-                     * mapping, or that text); "{}" = empty */
+                     * mapping, or that text); "{}" = empty; a key whose default is "[]"
+                     * holds a JSON array of non-empty strings instead (YAML: a list) */
 } ft_cfg_type;
 
 /* One key of the schema. */

@@ -32,6 +32,20 @@ static const ft_cfg_key schema[] = {
      "tokens per sample after truncation (and per packed row)", NULL},
     {KEY(model.tokenizer), FT_CFG_STRING, "", NULL, false, NONE, NONE,
      "tokenizer dir or tokenizer.json when not the model dir", NULL},
+    {KEY(model.add_special_tokens), FT_CFG_JSON, "[]", NULL, false, NONE, NONE,
+     "tokens added to the tokenizer as special tokens, as tokenizer.add_special_tokens("
+     "{\"additional_special_tokens\": [...]}) (matched whole, never split; one already "
+     "in the vocabulary keeps its id), e.g. [\"<|im_start|>\", \"<|im_end|>\"]; the "
+     "embedding and the head grow to the tokenizer's size as resize_token_embeddings("
+     "len(tokenizer)) does (new rows: the mean of the old rows) and, in LoRA modes, are "
+     "trained in full (tuning.lora.modules_to_save, unless it or target_modules names "
+     "them); the run saves the grown tokenizer with its weights",
+     NULL},
+    {KEY(model.resize_to_multiple_of), FT_CFG_INT, "0", NULL, false, 0, NONE,
+     "with add_special_tokens growing the vocabulary: its size rounded up to a multiple of "
+     "this, as resize_token_embeddings(len(tokenizer), pad_to_multiple_of=N) (TRL's "
+     "resize_to_multiple_of); the padding rows are the mean too; 0: none",
+     NULL},
     {KEY(model.trust_remote_code), FT_CFG_BOOL, "false", NULL, false, NONE, NONE, "",
      "no Python runs: models are read from config.json and safetensors"},
 

@@ -181,6 +181,8 @@ void ft_run_config_write_reference(FILE *out)
         char type[256];
         if (k->type == FT_CFG_ENUM)
             ft_config_choices_text(k, "/", type, sizeof type);
+        else if (k->type == FT_CFG_JSON && k->dflt && k->dflt[0] == '[')
+            snprintf(type, sizeof type, "list of strings");
         else if (k->type == FT_CFG_JSON)
             snprintf(type, sizeof type, "%s (YAML: a mapping)", types[k->type]);
         else

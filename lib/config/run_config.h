@@ -120,6 +120,8 @@ typedef struct ft_model_section {
     char name[FT_CFG_PATH_MAX];      /* required where a model is loaded */
     long max_seq_len;
     char tokenizer[FT_CFG_PATH_MAX];
+    char add_special_tokens[FT_CFG_JSON_MAX]; /* a JSON array of strings; "[]" = none */
+    long resize_to_multiple_of;      /* 0: none */
     bool trust_remote_code;          /* moot */
 } ft_model_section;
 

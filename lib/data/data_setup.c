@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "formats/model_path.h"
+#include "model/merge.h"
 
 /* The data module's names of the config's choices (the same values, in the same order,
  * spelled out so that a new choice is a compile-time decision here). */
@@ -30,6 +31,11 @@ static ft_chat_template template_of(ft_cfg_chat_template t)
     case FT_CFG_TMPL_AUTO: break;
     }
     return FT_TMPL_AUTO;
+}
+
+bool ft_run_adds_tokens(const ft_run_config *c)
+{
+    return c->model.add_special_tokens[0] && strcmp(c->model.add_special_tokens, "[]") != 0;
 }
 
 ft_data_options ft_run_data_options(const ft_run_config *c)
@@ -85,15 +91,20 @@ int ft_run_data_load(ft_run_data *d, const ft_run_config *c, FILE *log, ft_err *
     if (!c->data.train_path[0])
         return ft_fail(err, "config: key 'data.train_path' is required (a JSONL file or -)");
     ft_data_options o = ft_run_data_options(c);
-    if (o.format != FT_DATA_TOKENS) {
+    /* tokens added (model.add_special_tokens) need the tokenizer whatever the format: it
+     * sizes the grown vocabulary and is saved with the weights */
+    bool adding = ft_run_adds_tokens(c);
+    if (o.format != FT_DATA_TOKENS || adding) {
         char dir[4096];
         const char *tp = dir;
         if (c->model.tokenizer[0])
             tp = c->model.tokenizer;
         else if (ft_resolve_model_dir(c->model.name, dir, sizeof dir, err))
             return -1;
-        if (ft_tokenizer_load(&d->tok, tp, err))
-            return ft_fail_prefix(err, "tokenizer");
+        if (adding ? ft_tokenizer_load_adding(&d->tok, tp, c->model.add_special_tokens, err)
+                   : ft_tokenizer_load(&d->tok, tp, err))
+            return ft_fail_prefix(err, adding ? "tokenizer with model.add_special_tokens"
+                                              : "tokenizer");
         /* the template choices, checked against the model before any data is read */
         json_t *kw = NULL;
         int rc = 0;
@@ -108,7 +119,7 @@ int ft_run_data_load(ft_run_data *d, const ft_run_config *c, FILE *log, ft_err *
         }
     }
     d->pad_id = 0;
-    if (d->tok) {
+    if (d->tok && o.format != FT_DATA_TOKENS) {
         int32_t pad = ft_tokenizer_pad_id(d->tok), eos = ft_tokenizer_eos_id(d->tok);
         d->pad_id = pad >= 0 ? pad : eos >= 0 ? eos : 0;
     }
@@ -164,4 +175,25 @@ ft_loader_options ft_run_loader_options(const ft_run_config *c, const ft_run_dat
         .pad_id = d->pad_id,
     };
     return o;
+}
+
+int ft_run_data_vocab_size(const ft_run_data *d)
+{
+    return d->tok ? ft_tokenizer_vocab_size(d->tok) : 0;
+}
+
+int ft_run_tokenizer_save(const ft_run_config *c, const char *model_dir, const char *dir,
+                          ft_err *err)
+{
+    const char *tp = c->model.tokenizer[0] ? c->model.tokenizer : model_dir;
+    char tdir[4096];
+    snprintf(tdir, sizeof tdir, "%s", tp);
+    size_t n = strlen(tdir);
+    if (n >= 15 && strcmp(tdir + n - 15, "/tokenizer.json") == 0)
+        tdir[n - 15] = '\0';
+    /* the tokenizer's companion files, then its two files with the tokens */
+    if (ft_copy_passthrough_files(tdir, dir, err) ||
+        ft_tokenizer_save_adding(tp, dir, c->model.add_special_tokens, err))
+        return ft_fail_prefix(err, "%s: the tokenizer with model.add_special_tokens", dir);
+    return 0;
 }

@@ -627,6 +627,11 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
             free(mask);
             return ft_fail_prefix(err, "config: key 'tuning.lora.modules_to_save'");
         }
+        /* tokens added (model.add_special_tokens) train the embedding and the head in
+         * full unless chosen otherwise (run_tokens.c; not from an init_adapter) */
+        if (cfg->model.add_special_tokens[0] && strcmp(cfg->model.add_special_tokens, "[]") &&
+            !cfg->tuning.lora.init_adapter[0])
+            lc.modules_to_save = ft_added_tokens_saved_modules(&lc, mc->tie_word_embeddings);
         /* tied: one copy, the embedding, shared by the head (lib/model/model.c) */
         lc.modules_to_save = ft_lora_saved_modules(&lc, mc->tie_word_embeddings);
     }
@@ -821,6 +826,15 @@ int ft_memplan_config(const ft_run_config *cfg, int world_size, ft_memplan_resul
     ft_model_config mc;
     if (ft_model_config_load(&mc, path, err))
         return -1;
+    /* tokens added, or an init_adapter's: the vocabulary the run grows the model to */
+    int64_t V;
+    if (ft_run_model_vocab(cfg->model.tokenizer[0] ? cfg->model.tokenizer : dir,
+                           cfg->model.add_special_tokens, cfg->model.resize_to_multiple_of,
+                           cfg->tuning.mode != FT_TUNING_FULL ? cfg->tuning.lora.init_adapter
+                                                             : NULL,
+                           mc.vocab_size, &V, err))
+        return ft_fail_prefix(err, "the tokenizer with model.add_special_tokens");
+    mc.vocab_size = (int)V;
     return ft_memplan(cfg, &mc, world_size, out, err);
 }
 

@@ -174,9 +174,9 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
     if (cfg.vocab_size && cfg.vocab_size != m->cfg.vocab_size)
         return ft_fail(err, "%s: the adapter is for a vocabulary of %lld tokens (tokens added "
                             "to the tokenizer, the embedding and head resized), the model has "
-                            "%lld: such an adapter loads with its own LoRA settings (ft-eval, "
-                            "ft-merge); training from it (tuning.lora.init_adapter) is not "
-                            "supported",
+                            "%lld: training from it (tuning.lora.init_adapter) needs the same "
+                            "tokens added to the run's tokenizer (model.add_special_tokens, or "
+                            "model.tokenizer set to the adapter dir)",
                        dir, (long long)cfg.vocab_size, (long long)m->cfg.vocab_size);
     bool same_layers = true;
     for (int l = 0; l < m->cfg.num_layers; l++) {

@@ -534,7 +534,8 @@ static bool ignorable_tensor(ft_model *m, const char *name)
 }
 
 /* A base weight of the vocabulary (embedding, untied head) of a resized model: its first
- * base_vocab rows from tensor t, the rest zero until the adapter fills them. */
+ * base_vocab rows from tensor t, the rest their mean (tokens added by the run: the new
+ * rows' start; an adapter's grown vocabulary: until the adapter fills them). */
 static bool resized_rows(const ft_model *m, const ft_param *p, const ft_st_tensor *t)
 {
     return m->base_vocab && !p->quantized && p->ndim == 2 && t->ndim == 2 &&
@@ -547,8 +548,9 @@ static int read_resized_rows(ft_model *m, ft_param *p, const ft_st_tensor *t, ft
     float *host = m->dev == FT_DEV_CPU ? p->data : malloc(p->numel * sizeof *host);
     if (!host)
         return ft_fail(err, "out of host memory reading '%s'", p->name);
-    memset(host + t->numel, 0, (p->numel - t->numel) * sizeof *host);
     int rc = ft_st_to_f32_finite(t, host, t->numel, err);
+    if (rc == 0)
+        model_mean_rows(host, t->shape[0], p->shape[0], p->shape[1]);
     if (rc == 0 && host != p->data)
         rc = ft_model_param_set(m, p, host, err);
     if (host != p->data)
@@ -762,6 +764,27 @@ static const char *device_unsupported(const ft_model_options *opt)
 static int resize_vocab(ft_model *m, ft_err *err)
 {
     int64_t V = m->opt.mode == FT_TRAIN_LORA ? m->opt.lora.vocab_size : 0;
+    int64_t G = m->opt.grow_vocab > m->cfg.vocab_size ? m->opt.grow_vocab : 0;
+    if (G && V && V != G)
+        return ft_fail(err, "%s: the adapter is for a vocabulary of %lld tokens, the tokenizer "
+                            "with the added tokens has %lld",
+                       m->opt.lora.source[0] ? m->opt.lora.source : "the LoRA settings",
+                       (long long)V, (long long)G);
+    if (G) {
+        if (m->cfg.multimodal)
+            return ft_fail(err, "%s: tokens added to the tokenizer (a vocabulary of %lld; "
+                                "config.json has %lld) on a multimodal %s model are not "
+                                "supported",
+                           m->dir, (long long)G, (long long)m->cfg.vocab_size,
+                           m->cfg.model_type);
+        m->base_vocab = m->cfg.vocab_size;
+        m->cfg.vocab_size = G;
+        /* LoRA on the grown embedding / head: their base (the new rows) is saved with the
+         * adapter as base_layer, as PEFT does */
+        if (m->opt.mode == FT_TRAIN_LORA)
+            m->outer_base_read |= m->opt.lora.targets & FT_LORA_OUTER;
+        return 0;
+    }
     if (V == 0 || V == m->cfg.vocab_size)
         return 0;
     const char *src = m->opt.lora.source[0] ? m->opt.lora.source : "the LoRA settings";

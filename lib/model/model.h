@@ -124,6 +124,11 @@ typedef struct ft_model_options {
      * place and accumulates dx and dW (the fused lm_head + cross-entropy of Liger and
      * Apple's Cut Cross-Entropy). Costs one more lm_head GEMM per step; saves N x V. */
     int loss_chunk_rows;
+    /* 0, or the vocabulary tokens added to the tokenizer grow the model to (above
+     * config.json's vocab_size; ft_added_tokens_vocab): the checkpoint fills the first
+     * rows of the embedding and the head, the rest are the mean of those. An adapter
+     * read for it (LoRA settings or init_adapter) must be for the same vocabulary. */
+    int64_t grow_vocab;
 } ft_model_options;
 
 /* auto: 64M logits a chunk (256 MiB fp32, 128 MiB bf16): 511 rows of a 128k vocabulary */
@@ -183,10 +188,34 @@ bool ft_model_carried_tensor(const ft_model_config *cfg, const char *name);
  * (kaiming-uniform, bound 1/sqrt(in), seeded) and B = 0. With opt->lora.vocab_size above
  * config.json's (LoRA settings read from an adapter for a grown vocabulary) the model has
  * that vocabulary (ft_model_cfg's vocab_size): the checkpoint fills the embedding's and
- * the head's first rows, and ft_model_load_adapter must then fill every row. Errors name
- * the file, key or tensor. */
+ * the head's first rows, and ft_model_load_adapter must then fill every row. With
+ * opt->grow_vocab above it (tokens added by a run) likewise, the rows past the
+ * checkpoint's set to their mean (added_vocab.c). Errors name the file, key or tensor. */
 int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, ft_err *err);
 void ft_model_free(ft_model *m);
+
+/* Tokens added to the tokenizer by a run (model.add_special_tokens; added_vocab.c).
+ * ft_added_tokens_vocab: the vocabulary they grow the model to, as
+ * resize_token_embeddings(len(tokenizer)) (never below model_vocab, config.json's), from
+ * the tokenizer at tokenizer_path with tokens_json added (ft_tokenizer_load_adding);
+ * *n_tokenizer (may be NULL) is the tokenizer's own size. ft_model_options.grow_vocab
+ * takes it: the new rows of the embedding and of an untied head are then the mean of the
+ * old rows (transformers' mean_resizing; see added_vocab.c for its noise, which we leave
+ * out). ft_added_tokens_saved_modules: the modules_to_save a LoRA run trains the new rows
+ * in: the user's when given, else each of embed_tokens and an untied lm_head that is not
+ * a LoRA target (as PEFT's save_embedding_layers saves them for a resized vocabulary). */
+int ft_added_tokens_vocab(const char *tokenizer_path, const char *tokens_json,
+                          int64_t model_vocab, int64_t *vocab, int *n_tokenizer, ft_err *err);
+unsigned ft_added_tokens_saved_modules(const ft_lora_config *lc, bool tied);
+/* The vocabulary of a run's model (ft-train and its memory plan): model_vocab
+ * (config.json's) grown by tokens_json added to the tokenizer at tokenizer_path
+ * (ft_added_tokens_vocab; NULL or "[]": none added), rounded up to a multiple of
+ * multiple (> 1) when it grows (resize_token_embeddings' pad_to_multiple_of), else by an
+ * init adapter for a grown vocabulary (adapter_dir, NULL or "": none) when that
+ * tokenizer has the adapter's vocabulary (the adapter's own tokenizer files, say). */
+int ft_run_model_vocab(const char *tokenizer_path, const char *tokens_json, int64_t multiple,
+                       const char *adapter_dir, int64_t model_vocab, int64_t *vocab,
+                       ft_err *err);
 
 /* Replaces the LoRA weights (and the modules_to_save weights) with those of a PEFT
  * adapter dir (adapter_model.safetensors). The adapter's config must match the model's

@@ -300,6 +300,9 @@ static inline size_t model_rope_sets(const ft_model *m)
 
 /* Reads the base weights of unit (-1: every unit) from dir into the bound storage. */
 int model_read_weights(ft_model *m, const char *dir, int unit, ft_err *err);
+/* Rows old_rows..rows of the [rows, cols] w set to the mean of its first old_rows
+ * (added_vocab.c: resize_token_embeddings' mean_resizing). */
+void model_mean_rows(float *w, int64_t old_rows, int64_t rows, int64_t cols);
 /* Reads the LoRA weights of unit (-1: every unit) of the adapter in dir (checked against
  * the model's LoRA options), and the modules it saves in full (modules_to_save). */
 int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err);

@@ -210,6 +210,8 @@ static int setup_model(trainer *t, const ft_dist_options *dopt, ft_err *err)
     }
     const char *adapter =
         mo.mode == FT_TRAIN_LORA && tu->lora.init_adapter[0] ? tu->lora.init_adapter : NULL;
+    if (run_tokens_setup(t->cfg, &t->data, t->model_dir, adapter, &mo, t->log, err))
+        return -1;
     ft_adamw_hparams hp = {.lr = (float)tr->learning_rate,
                            .beta1 = (float)tr->adam_beta1,
                            .beta2 = (float)tr->adam_beta2,
@@ -239,7 +241,8 @@ static int setup_model(trainer *t, const ft_dist_options *dopt, ft_err *err)
                                .device = mo.device,
                                .dtype = mo.dtype,
                                .mem_limit = mo.mem_limit,
-                               .loss_chunk_rows = mo.loss_chunk_rows};
+                               .loss_chunk_rows = mo.loss_chunk_rows,
+                               .grow_vocab = mo.grow_vocab};
         if (ft_model_load(&t->ref, t->model_dir, &ro, err))
             return ft_fail_prefix(err, "the DPO reference model (model.name '%s')",
                                   t->model_dir);
@@ -414,6 +417,9 @@ static int save_checkpoint(trainer *t, char *out, size_t out_len, ft_err *err)
     int rc = ft_engine_save_checkpoint(t->eng, t->out_dir, &t->state, t->model_dir,
                                        (int)t->cfg->train.save_total_limit, out,
                                        out_len, err);
+    if (rc == 0 && t->rank == 0)
+        rc = run_tokens_save(t->cfg, t->model_dir, out, ft_model_cfg(t->m)->vocab_size, false,
+                             err);
     if (rc == 0) {
         begin_line(t);
         fprintf(t->log, "saved %s\n", out);
@@ -742,6 +748,10 @@ static int save_final(trainer *t, char *out, size_t out_len, ft_err *err)
         if (ft_copy_file(src, dst, err) || ft_copy_passthrough_files(t->model_dir, dir, err))
             return -1;
     }
+    if (t->rank == 0 &&
+        run_tokens_save(t->cfg, t->model_dir, dir, ft_model_cfg(t->m)->vocab_size,
+                        t->cfg->tuning.mode == FT_TUNING_FULL, err))
+        return -1;
     snprintf(out, out_len, "%s", dir);
     return 0;
 }

@@ -267,6 +267,12 @@ void tk_added_free(tk_added *a);
 /* Splits the id < 0 pieces of w->a on added tokens of the raw or normalized set. */
 int tk_added_split(const tk_added *a, bool normalized, tk_work *w, ft_err *err);
 
+/* ---- added special tokens (tok_grow.c) ---- */
+
+/* Adds the tokens of tokens_json (a JSON array of non-empty strings) to tokenizer.json's
+ * object tj as tokenizer.add_special_tokens does (tok_grow.c); errors name file. */
+int tk_json_add_special(json_t *tj, const char *tokens_json, const char *file, ft_err *err);
+
 /* ---- decoders (tok_decode.c) ---- */
 
 typedef enum {

@@ -380,7 +380,8 @@ static int read_configs(ft_tokenizer *t, const char *dir, ft_err *err)
     return rc;
 }
 
-int ft_tokenizer_load(ft_tokenizer **out, const char *path, ft_err *err)
+static int load_tokenizer(ft_tokenizer **out, const char *path, const char *add_special,
+                          ft_err *err)
 {
     *out = NULL;
     char file[4096], dir[4096];
@@ -402,6 +403,10 @@ int ft_tokenizer_load(ft_tokenizer **out, const char *path, ft_err *err)
     json_t *j = load_json(file, false, false, err);
     if (!j)
         return -1;
+    if (add_special && json_is_object(j) && tk_json_add_special(j, add_special, file, err)) {
+        json_decref(j);
+        return -1;
+    }
     ft_tokenizer *t = calloc(1, sizeof *t);
     if (!t) {
         json_decref(j);
@@ -457,6 +462,17 @@ int ft_tokenizer_load(ft_tokenizer **out, const char *path, ft_err *err)
     }
     *out = t;
     return 0;
+}
+
+int ft_tokenizer_load(ft_tokenizer **out, const char *path, ft_err *err)
+{
+    return load_tokenizer(out, path, NULL, err);
+}
+
+int ft_tokenizer_load_adding(ft_tokenizer **out, const char *path, const char *tokens_json,
+                             ft_err *err)
+{
+    return load_tokenizer(out, path, tokens_json, err);
 }
 
 void ft_tokenizer_free(ft_tokenizer *t)

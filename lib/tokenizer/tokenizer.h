@@ -43,6 +43,21 @@ typedef struct ft_tokenizer ft_tokenizer;
 int ft_tokenizer_load(ft_tokenizer **out, const char *path, ft_err *err);
 void ft_tokenizer_free(ft_tokenizer *t);
 
+/* Special tokens added as transformers' tokenizer.add_special_tokens({
+ * "additional_special_tokens": tokens}) adds them (tok_grow.c; run config
+ * model.add_special_tokens): tokens_json is a JSON array of non-empty strings; each one
+ * that is not an added token already becomes one (special, normalized=false: matched
+ * whole, never split), with its model.vocab id when the vocabulary holds it, else the
+ * next id as tokenizers numbers added tokens (ft_tokenizer_vocab_size grows by those).
+ * ft_tokenizer_load_adding loads path so; ft_tokenizer_save_adding writes path's
+ * tokenizer.json and tokenizer_config.json so (extra_special_tokens = the tokens, as
+ * transformers 5 saves them) into dir, which AutoTokenizer then loads with the same
+ * vocabulary (the other companion files are the caller's to copy). */
+int ft_tokenizer_load_adding(ft_tokenizer **out, const char *path, const char *tokens_json,
+                             ft_err *err);
+int ft_tokenizer_save_adding(const char *path, const char *dir, const char *tokens_json,
+                             ft_err *err);
+
 /* Encodes len bytes of UTF-8 text, appending ids to out (out is not cleared).
  * add_special applies the post-processor as tokenizers' encode(add_special_tokens=True).
  * Invalid UTF-8 is an error. */

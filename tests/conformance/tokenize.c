@@ -19,6 +19,9 @@
  *       {"bytes","repeat","seconds","mb_per_s","tokens"}: bytes of FILE, seconds for all
  *       N passes (CLOCK_MONOTONIC), MB/s = bytes * N / seconds / 1e6, tokens per pass.
  *
+ * With FT_TOKENIZE_ADD set to a JSON array of strings, every command loads the tokenizer
+ * with those tokens added as special tokens (ft_tokenizer_load_adding).
+ *
  * Errors: "ft-tokenize: error: <msg>" on stderr, exit status 1. */
 #include <jansson.h>
 #include <stdarg.h>
@@ -56,11 +59,15 @@ static void usage(void)
     exit(1);
 }
 
+/* FT_TOKENIZE_ADD (a JSON array of strings): tokens added as special tokens on load
+ * (ft_tokenizer_load_adding, as run config model.add_special_tokens adds them). */
 static ft_tokenizer *load(const char *path)
 {
     ft_tokenizer *t = NULL;
     ft_err err = {0};
-    if (ft_tokenizer_load(&t, path, &err) != 0)
+    const char *add = getenv("FT_TOKENIZE_ADD");
+    if ((add && add[0] ? ft_tokenizer_load_adding(&t, path, add, &err)
+                       : ft_tokenizer_load(&t, path, &err)) != 0)
         die("%s", err.msg);
     return t;
 }

@@ -348,6 +348,44 @@ static void test_key_text(void)
     ft_config_free(c);
 }
 
+/* model.add_special_tokens: a list of non-empty strings, from YAML (block or flow list),
+ * --set (JSON text) or --set-var; anything else is an error naming the key. */
+static void test_list_key(void)
+{
+    const char *K = "model.add_special_tokens";
+    ft_config *c = ft_config_new();
+    ft_err err = {0};
+    CHECK(strcmp(ft_config_str(c, K), "[]") == 0 && !ft_config_has(c, K));
+    CHECK(ft_config_set(c, "model.add_special_tokens=[\"<a>\", \"b c\"]", NULL, &err) == 0);
+    CHECK(ft_config_has(c, K));
+    CHECK(ft_config_set_var(c, "MODEL_ADD_SPECIAL_TOKENS=[\"<|im_end|>\"]", NULL, &err) == 0);
+    CHECK(strcmp(ft_config_str(c, K), "[\"<|im_end|>\"]") == 0);
+    static const char *const bad[] = {"[\"<a>\", 3]", "[\"\"]", "[null]", "\"<a>\"", "<a>",
+                                      "{\"a\": \"b\"}", "[[\"a\"]]"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char set[128];
+        snprintf(set, sizeof set, "%s=%s", K, bad[i]);
+        err.msg[0] = '\0';
+        CHECK(ft_config_set(c, set, NULL, &err) != 0);
+        CHECK(strstr(err.msg, K) != NULL);
+        CHECK(strcmp(ft_config_str(c, K), "[\"<|im_end|>\"]") == 0);
+    }
+    ft_config_free(c);
+    c = ft_config_new();
+    const char *path = write_yaml("tok.yaml", "model:\n  add_special_tokens:\n"
+                                              "    - \"<|im_start|>\"\n    - <x>\n");
+    CHECK(ft_config_load_yaml(c, path, NULL, &err) == 0);
+    CHECK(strcmp(ft_config_str(c, K), "[\"<|im_start|>\", \"<x>\"]") == 0);
+    ft_config_free(c);
+    c = ft_config_new();
+    path = write_yaml("tok2.yaml", "model:\n  add_special_tokens: [\"<a>\", 7]\n");
+    err.msg[0] = '\0';
+    CHECK(ft_config_load_yaml(c, path, NULL, &err) != 0);
+    CHECK(strstr(err.msg, "tok2.yaml:2") && strstr(err.msg, K) &&
+          strstr(err.msg, "non-empty string"));
+    ft_config_free(c);
+}
+
 /* data.chat_template_kwargs: a JSON object from --set (its text) or from YAML (a
  * mapping, turned into JSON by YAML 1.2's core schema, or the JSON text as a string);
  * anything else, and the names transformers sets itself, are errors naming the key. */
@@ -480,6 +518,7 @@ int main(void)
     RUN(test_load_order);
     RUN(test_key_text);
     RUN(test_json_key);
+    RUN(test_list_key);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)

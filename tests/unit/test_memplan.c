@@ -64,6 +64,19 @@ static int measure(const ft_run_config *cfg, const char *dir, ft_mem *out, size_
         mo.quant = ft_quant_options_of(tu);
         mo.quant_skip = tu->quant.skip_modules;
     }
+    /* model.add_special_tokens, as lib/run/run_tokens.c sets the model up for it */
+    char cpath[400];
+    snprintf(cpath, sizeof cpath, "%s/config.json", dir);
+    ft_model_config mc;
+    int64_t grown;
+    if (ft_model_config_load(&mc, cpath, &err) ||
+        ft_run_model_vocab(dir, cfg->model.add_special_tokens, cfg->model.resize_to_multiple_of,
+                           NULL, mc.vocab_size, &grown, &err))
+        return -1;
+    mo.grow_vocab = grown > mc.vocab_size ? grown : 0;
+    if (strcmp(cfg->model.add_special_tokens, "[]") != 0 && mo.mode == FT_TRAIN_LORA)
+        mo.lora.modules_to_save = ft_added_tokens_saved_modules(&mo.lora,
+                                                                mc.tie_word_embeddings);
     ft_model *m;
     if (ft_model_load(&m, dir, &mo, &err)) {
         fprintf(stderr, "  load: %s\n", err.msg);
@@ -225,6 +238,67 @@ static void test_cpu_dora_equal_measured(void)
     sweep_with(llama_dir, "lora", "q_proj,v_proj", "0", "tuning.lora.use_dora=true");
     sweep_with(phi3_dir, "lora", "all-linear", "0.05", "tuning.lora.use_dora=true");
     sweep_with(qwen3_dir, "qlora", "all-linear", "0", "tuning.lora.use_dora=true");
+}
+
+/* A tokenizer.json of V single-character tokens in dir. */
+static void write_tokenizer(const char *dir)
+{
+    char path[400];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    fputs("{\"added_tokens\": [], \"model\": {\"type\": \"BPE\", \"merges\": [], "
+          "\"vocab\": {", f);
+    for (int i = 0; i < V; i++)
+        fprintf(f, "%s\"%c\": %d", i ? ", " : "", '0' + i, i);
+    fputs("}}}\n", f);
+    fclose(f);
+}
+
+/* Tokens added (model.add_special_tokens): the embedding and the head grown to the
+ * tokenizer's size (V + 3) and, in LoRA modes, trained in full unless chosen otherwise
+ * (or LoRA on them, with their grown base) */
+static void test_cpu_added_tokens_equal_measured(void)
+{
+    static const char *add = "model.add_special_tokens=[\"<a>\", \"<b>\", \"<c>\"]";
+    write_tokenizer(llama_dir);
+    write_tokenizer(tied_dir);
+    int before = n_compared;
+    sweep_with(llama_dir, "lora", "q_proj,v_proj", "0.05", add);
+    sweep_with(tied_dir, "lora", "all-linear", "0", add);
+    sweep_with(llama_dir, "lora", "q_proj,embed_tokens,lm_head", "0", add);
+    sweep_with(llama_dir, "full", "all-linear", "0", add);
+    const char *padded[] = {"tuning.lora.target_modules=q_proj", "train.batch_size=3",
+                            "model.max_seq_len=7", add, "model.resize_to_multiple_of=8", NULL};
+    compare(llama_dir, padded);
+    padded[0] = "tuning.mode=full";
+    compare(llama_dir, padded);
+    CHECK(n_compared == before + 66);
+    /* the plan has the grown vocabulary and the trained embedding and head */
+    const char *sets[] = {"tuning.lora.target_modules=q_proj", "tuning.lora.r=2", add, NULL};
+    ft_run_config *cfg = make_config(sets), *plain;
+    sets[2] = NULL;
+    plain = make_config(sets);
+    snprintf(cfg->model.name, sizeof cfg->model.name, "%s", llama_dir);
+    snprintf(plain->model.name, sizeof plain->model.name, "%s", llama_dir);
+    ft_memplan_result r, p;
+    ft_err err;
+    CHECK(ft_memplan_config(cfg, 1, &r, &err) == 0);
+    CHECK(ft_memplan_config(plain, 1, &p, &err) == 0);
+    CHECK(r.n_trainable == p.n_trainable + 2 * (size_t)(V + 3) * C);
+    snprintf(cfg->model.add_special_tokens, sizeof cfg->model.add_special_tokens, "[]");
+    CHECK(ft_memplan_config(cfg, 1, &r, &err) == 0 && r.n_trainable == p.n_trainable);
+    snprintf(cfg->model.add_special_tokens, sizeof cfg->model.add_special_tokens, "[\"<a>\"]");
+    cfg->model.resize_to_multiple_of = 16; /* V + 1 -> 48 */
+    CHECK(ft_memplan_config(cfg, 1, &r, &err) == 0);
+    CHECK(r.n_trainable == p.n_trainable + 2 * (size_t)48 * C);
+    free(cfg);
+    free(plain);
+    char path[400];
+    snprintf(path, sizeof path, "%s/tokenizer.json", llama_dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/tokenizer.json", tied_dir);
+    unlink(path);
 }
 
 /* LoRA on the embedding and lm_head: their pairs, the [N, r] scratch */
@@ -800,6 +874,7 @@ int main(void)
 
     RUN(test_cpu_lora_equals_measured);
     RUN(test_cpu_modules_to_save_equal_measured);
+    RUN(test_cpu_added_tokens_equal_measured);
     RUN(test_cpu_dora_equal_measured);
     RUN(test_cpu_outer_lora_equal_measured);
     RUN(test_cpu_full_equals_measured);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -395,6 +396,61 @@ static void test_added_tokens(void)
     ft_tokenizer_free(t);
 }
 
+/* Special tokens added (model.add_special_tokens), as tokenizers' add_special_tokens numbers
+ * them: a token of model.vocab keeps its id (and becomes special: matched whole), an added
+ * token already is left alone, new ones take the vocab's size on (or one past the largest
+ * added id at or past it); encoding matches them whole; the saved files load to the same
+ * vocabulary and say extra_special_tokens. Bad lists are errors. */
+static void test_add_special_tokens(void)
+{
+    const char *json =
+        "{'added_tokens': [{'id': 3, 'content': '<e>', 'special': true, 'normalized': false}],"
+        " 'pre_tokenizer': {'type': 'WhitespaceSplit'},"
+        " 'model': {'type': 'BPE', 'vocab': {'a': 0, 'b': 1, 'ab': 2, '<e>': 3}, "
+        "   'merges': ['a b']}}";
+    const char *dir = write_tok("grow", "tokenizer.json", json);
+    write_tok("grow", "tokenizer_config.json", "{'eos_token': '<e>', 'model_max_length': 1e30}");
+    ft_tokenizer *t = NULL;
+    ft_err err = {0};
+    const char *add = "[\"<s1>\", \"ab\", \"<e>\", \"<s2>\", \"<s1>\"]";
+    CHECK(ft_tokenizer_load_adding(&t, dir, add, &err) == 0);
+    if (!t)
+        return;
+    CHECK(ft_tokenizer_vocab_size(t) == 6);
+    CHECK(ft_tokenizer_token_to_id(t, "<s1>") == 4 && ft_tokenizer_token_to_id(t, "<s2>") == 5);
+    CHECK(ft_tokenizer_token_to_id(t, "ab") == 2 && ft_tokenizer_token_to_id(t, "<e>") == 3);
+    /* whole, never split, even inside a word ("ab" is now a special token) */
+    CHECK(enc_is(t, "a<s1>b<s2>aab", false, (int32_t[]){0, 4, 1, 5, 0, 2, -1}));
+    CHECK(dec_is(t, (int32_t[]){0, 4, 5}, 3, true, "a"));
+    ft_tokenizer_free(t);
+    /* saved, then read back as it is */
+    char out[300];
+    snprintf(out, sizeof out, "%s/grow_saved", tmpdir);
+    CHECK(mkdir(out, 0755) == 0);
+    CHECK(ft_tokenizer_save_adding(dir, out, add, &err) == 0);
+    t = NULL;
+    CHECK(ft_tokenizer_load(&t, out, &err) == 0);
+    if (t) {
+        CHECK(ft_tokenizer_vocab_size(t) == 6 && ft_tokenizer_eos_id(t) == 3);
+        CHECK(enc_is(t, "a<s1>b<s2>aab", false, (int32_t[]){0, 4, 1, 5, 0, 2, -1}));
+        ft_tokenizer_free(t);
+    }
+    char path[400];
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", out);
+    json_error_t je;
+    json_t *cfg = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je);
+    CHECK(cfg && json_array_size(json_object_get(cfg, "extra_special_tokens")) == 5);
+    json_decref(cfg);
+    /* bad lists */
+    static const char *const bad[] = {"[\"<x>\", 3]", "[\"\"]", "\"<x>\"", "[\"<x>\""};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        t = NULL;
+        err.msg[0] = '\0';
+        CHECK(ft_tokenizer_load_adding(&t, dir, bad[i], &err) != 0 && !t);
+        CHECK(strstr(err.msg, "tokenizer.json") != NULL);
+    }
+}
+
 /* The special token named name in t's special_tokens_map, or NULL. */
 static const char *special(const ft_tokenizer *t, const char *name)
 {
@@ -665,6 +721,7 @@ int main(void)
     RUN(test_split_regex_json);
     RUN(test_normalizers);
     RUN(test_added_tokens);
+    RUN(test_add_special_tokens);
     RUN(test_config_files);
     RUN(test_errors);
     RUN(test_vocab_ids);
