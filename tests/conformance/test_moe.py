@@ -19,12 +19,14 @@ yet (LoRA on experts / all-linear, training on several ranks), and QLoRA with th
 attention modules and every expert quantized on load. The GPU path: test_gpu_moe.py."""
 
 import json
+import random
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 import ftref
+import moe_padding
 
 B = 2
 
@@ -575,6 +577,7 @@ def dist_work(tmp_path_factory):
                         router_aux_loss_coef=0.1)
     MixtralForCausalLM(cfg).save_pretrained(d / "model", safe_serialization=True)
     (d / "train.jsonl").write_text(_uneven_rows(random.Random(3)))
+    moe_padding.write_rows(d / "eval.jsonl", _EVAL_ROWS)
     return d
 
 
@@ -592,7 +595,9 @@ def _uneven_rows(rnd, n=48):
 def _dist_run(d, name, np_, mode, **over):
     import rankrun
 
-    keys = {"train.max_steps": 4, "train.warmup_steps": 1, "train.learning_rate": 1e-2}
+    keys = {"train.max_steps": 4, "train.warmup_steps": 1, "train.learning_rate": 1e-2,
+            "data.eval_path": d / "eval.jsonl", "train.eval_strategy": "steps",
+            "train.eval_steps": 2}
     keys.update({k.replace("__", "."): v for k, v in over.items()})
     cfg = rankrun.write_config(d, name, keys, mode=mode)
     rankrun.run(cfg, np_)
@@ -604,6 +609,9 @@ def _same_run(a, b):
 
     assert_same_run(a, b)
 
+
+# held-out rows of uneven lengths, each counting as many tokens (moe_padding.eval_rows)
+_EVAL_ROWS = moe_padding.eval_rows(random.Random(5), 64)
 
 _STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "model_parallel")
 # lora: attention only; moe-lora: all-linear, which on a MoE reaches the router and the
@@ -629,6 +637,16 @@ def test_dist_strategy_equals_one_process(dist_work, mode, strategy):
     run = _dist_run(dist_work, f"np2_{mode}_{strategy}", 2, tmode, train__batch_size=batch,
                     dist__strategy=strategy, **lora)
     _same_run(single, run)
+    # the evaluations (steps 2 and 4, every rank over the whole eval set in batches of the
+    # rank's batch size) are the HF Trainer's, its MoE load-balancing term included
+    moe_padding.check_run_eval(run, dist_work / "model", tmode, _EVAL_ROWS, batch, 4,
+                               dist_work / "hf_eval")
+    if strategy == "model_parallel":  # (the one process's batches: its evaluations too)
+        for tag in ("eval/loss", "eval/aux_loss"):
+            a, b = (moe_padding.tb_scalars(r, tag) for r in (single, run))
+            assert a.keys() == b.keys() == {2, 4}, (a, b)
+            for s in a:
+                ftref.assert_close(f"{tag} {s}", b[s], a[s], ftref.TOL_LOGITS)
 
 
 def test_dist_refuses_gpipe_chunks_with_aux(dist_work):
