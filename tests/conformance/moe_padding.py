@@ -171,6 +171,21 @@ def write_rows(path, rows):
                             for i, lab in rows))
 
 
+def _collate(batch):
+    """Rows {input_ids, labels} right-padded into one batch (attention_mask 0, labels
+    -100 and id 0 on the padding), as ft-train pads them."""
+    T = max(len(r["input_ids"]) for r in batch)
+    out = {"input_ids": torch.zeros(len(batch), T, dtype=torch.long),
+           "labels": torch.full((len(batch), T), -100, dtype=torch.long),
+           "attention_mask": torch.zeros(len(batch), T, dtype=torch.long)}
+    for k, r in enumerate(batch):
+        n = len(r["input_ids"])
+        out["input_ids"][k, :n] = torch.tensor(r["input_ids"])
+        out["labels"][k, :n] = torch.tensor(r["labels"])
+        out["attention_mask"][k, :n] = 1
+    return out
+
+
 def trainer_eval(model, rows, batch_size, tmp):
     """transformers' Trainer.evaluate() over rows in order, per_device_eval_batch_size
     batch_size, each batch right-padded (attention_mask 0, labels -100 on the padding):
@@ -178,30 +193,42 @@ def trainer_eval(model, rows, batch_size, tmp):
     mean) of each batch's aux_loss."""
     from transformers import Trainer, TrainingArguments
 
-    def collate(batch):
-        T = max(len(r["input_ids"]) for r in batch)
-        out = {"input_ids": torch.zeros(len(batch), T, dtype=torch.long),
-               "labels": torch.full((len(batch), T), -100, dtype=torch.long),
-               "attention_mask": torch.zeros(len(batch), T, dtype=torch.long)}
-        for k, r in enumerate(batch):
-            n = len(r["input_ids"])
-            out["input_ids"][k, :n] = torch.tensor(r["input_ids"])
-            out["labels"][k, :n] = torch.tensor(r["labels"])
-            out["attention_mask"][k, :n] = 1
-        return out
-
     data = [{"input_ids": i, "labels": lab} for i, lab in rows]
     args = TrainingArguments(output_dir=str(tmp), per_device_eval_batch_size=batch_size,
                              report_to=[], use_cpu=True, remove_unused_columns=False)
-    got = Trainer(model=model, args=args, data_collator=collate,
+    got = Trainer(model=model, args=args, data_collator=_collate,
                   eval_dataset=data).evaluate()
     auxes = []
     model.eval()
     with torch.no_grad():
         for s in range(0, len(data), batch_size):
-            b = collate(data[s:s + batch_size])
+            b = _collate(data[s:s + batch_size])
             auxes += [float(model(**b).aux_loss)] * len(data[s:s + batch_size])
     return got["eval_loss"], sum(auxes) / len(auxes)
+
+
+def trainer_train_losses(model, rows, batch_size, accum, steps, tmp):
+    """The loss the HF Trainer logs at each of steps optimizer steps (logging_steps 1) at
+    learning rate 0 (the weights stay, as ft-train's at 0), the rows taken in order
+    (ft-train's data.shuffle false): per micro-batch the model's loss given
+    num_items_in_batch (the step's counted tokens) plus router_aux_loss_coef x that
+    micro-batch's aux_loss, summed over the step's micro-batches."""
+    from torch.utils.data import SequentialSampler
+    from transformers import Trainer, TrainingArguments
+
+    class InOrder(Trainer):
+        def _get_train_sampler(self, train_dataset=None):
+            return SequentialSampler(train_dataset or self.train_dataset)
+
+    data = [{"input_ids": i, "labels": lab} for i, lab in rows]
+    args = TrainingArguments(output_dir=str(tmp), per_device_train_batch_size=batch_size,
+                             gradient_accumulation_steps=accum, max_steps=steps,
+                             learning_rate=0.0, logging_steps=1, report_to=[], use_cpu=True,
+                             remove_unused_columns=False, save_strategy="no",
+                             dataloader_drop_last=False, seed=0)
+    t = InOrder(model=model, args=args, data_collator=_collate, train_dataset=data)
+    t.train()
+    return {h["step"]: h["loss"] for h in t.state.log_history if "loss" in h}
 
 
 def tb_scalars(run_dir, tag):

@@ -15,7 +15,8 @@ The same checks as test_moe.py's for mixtral: logits and loss (aux included), ev
 full-mode gradient, gradient checkpointing, LoRA on attention and on the router and
 experts (PEFT's target_parameters), QLoRA (experts quantized on
 load; a quantized checkpoint's experts dense), five AdamW steps, adapters both ways,
-ft-merge, and every dist.strategy on 2 ranks against one process. The GPU path:
+ft-merge, and every dist.strategy on 2 ranks against one process (their evaluations
+against the HF Trainer's eval_loss, the aux term included). The GPU path:
 test_gpu_moe.py."""
 
 import json
@@ -458,7 +459,8 @@ DIST_CASES = [("full", s) for s in _STRATEGIES] + \
 @pytest.mark.parametrize("mode,strategy", DIST_CASES, ids=[f"{m}-{s}" for m, s in DIST_CASES])
 def test_dist_strategy_equals_one_process(dist_work, mode, strategy):
     """Losses, gradient norms and final weights of 2 ranks = one process (the
-    load-balancing statistics summed over the ranks: test_moe.py's)."""
+    load-balancing statistics summed over the ranks: test_moe.py's); the evaluation is the
+    HF Trainer's, its aux term included (moe_padding.check_run_eval)."""
     lora = {"tuning__lora__target_modules": "q_proj,v_proj"} if mode == "lora" else {}
     if mode == "moe-lora":
         lora = {"tuning__lora__target_modules": "all-linear", "tuning__lora__dropout": 0}
