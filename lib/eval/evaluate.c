@@ -31,7 +31,7 @@ void ft_eval_loss_finish(const ft_model *m, ft_eval_loss *r)
     r->perplexity = exp(r->loss);
     r->has_aux = c->num_experts > 0 && c->output_router_logits;
     r->aux_coef = c->router_aux_loss_coef;
-    r->aux_loss = r->batches ? r->aux_sum / (double)r->batches : NAN;
+    r->aux_loss = r->samples ? r->aux_sum / (double)r->samples : NAN;
     r->loss_with_aux = r->loss + r->aux_coef * r->aux_loss;
 }
 
@@ -58,7 +58,7 @@ int ft_eval_loss_run(ft_model *m, const ft_dataset *ds, int batch_size, int32_t 
         }
         r->loss_sum += sum;
         r->tokens += n;
-        r->aux_sum += ft_model_aux_balance(m);
+        r->aux_sum += ft_model_aux_balance(m) * (double)b.B; /* (weighted as the Trainer) */
         r->batches++;
         r->samples += (size_t)b.B;
         report(progress, r->samples, ds->n);

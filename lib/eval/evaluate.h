@@ -29,9 +29,13 @@ typedef struct ft_eval_loss {
     /* A MoE model with output_router_logits (has_aux): transformers' loss adds
      * router_aux_loss_coef (aux_coef) times its aux_loss, the router's load-balancing
      * loss, which is a batch's (not a sum over tokens). aux_sum sums each batch's
-     * (ft_model_aux_balance) over the batches; aux_loss = aux_sum / batches, and
-     * loss_with_aux = loss + aux_coef aux_loss: transformers' model(...).loss when the set
-     * is one batch (its Trainer's eval_loss for a MoE: the per-batch means'). */
+     * (ft_model_aux_balance) times its samples; aux_loss = aux_sum / samples: the mean
+     * over the batches weighted by their samples, as the HF Trainer's evaluation averages
+     * its per-batch losses (each repeated batch-size times). loss_with_aux = loss +
+     * aux_coef aux_loss: transformers' model(...).loss when the set is one batch, and its
+     * Trainer's eval_loss whenever every sample counts as many tokens (the cross-entropy
+     * here is the token mean of the whole set, the Trainer's the samples' mean of each
+     * batch's token mean). batches counts the batches. */
     bool has_aux;
     double aux_coef, aux_sum, aux_loss, loss_with_aux;
     long batches;
@@ -52,7 +56,7 @@ typedef struct ft_eval_progress {
 int ft_eval_loss_run(ft_model *m, const ft_dataset *ds, int batch_size, int32_t pad_id,
                      const ft_eval_progress *progress, ft_eval_loss *r, ft_err *err);
 /* The means of r's sums (loss, perplexity, aux_loss, loss_with_aux; NaN without a token or
- * a batch) and m's has_aux and aux_coef: after ft_eval_loss_run, or after summing the
+ * a sample) and m's has_aux and aux_coef: after ft_eval_loss_run, or after summing the
  * sums of several (ranks). */
 void ft_eval_loss_finish(const ft_model *m, ft_eval_loss *r);
 

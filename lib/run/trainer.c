@@ -284,24 +284,28 @@ static void stamp_of(const trainer *t, ft_ckpt_stamp *s)
     s->world_size = t->world;
 }
 
-/* Mean loss over the eval set: ft-eval's loss run (forward only), without dropout. */
-static int evaluate(trainer *t, double *loss, long *tokens, ft_err *err)
+/* The eval set's loss: ft-eval's loss run (forward only), without dropout. r->loss is the
+ * cross-entropy (the token mean of the whole set); a MoE model with output_router_logits
+ * also has aux_loss and loss_with_aux (evaluate.h): the HF Trainer's eval_loss adds the
+ * load-balancing term of each eval batch, weighted by its samples. */
+static int evaluate(trainer *t, ft_eval_loss *r, ft_err *err)
 {
-    ft_eval_loss r = {0};
     ft_model_set_training(t->m, false);
-    int rc = ft_eval_loss_run(t->m, &t->data.eval, t->eval_batch_size, t->data.pad_id, NULL, &r,
+    int rc = ft_eval_loss_run(t->m, &t->data.eval, t->eval_batch_size, t->data.pad_id, NULL, r,
                               err);
     ft_model_set_training(t->m, true);
     if (rc)
         return ft_fail_prefix(err, "evaluation");
     /* every rank evaluated the whole set in step (zero3 and the pipeline need all of them
-     * in each forward); the pipeline's loss is on its last stage */
-    double v = r.loss;
+     * in each forward; the load-balancing statistics of each batch are summed over the
+     * ranks, which all ran that batch or, as pipeline stages, its layers); the
+     * pipeline's loss is on its last stage */
+    double v[3] = {r->loss, r->aux_loss, r->loss_with_aux};
     if (t->world > 1 &&
-        ft_comm_broadcast(t->comm, &v, 1, FT_COMM_F64, ft_engine_loss_rank(t->eng), err))
+        ft_comm_broadcast(t->comm, v, 3, FT_COMM_F64, ft_engine_loss_rank(t->eng), err))
         return -1;
-    *loss = v;
-    *tokens = r.tokens;
+    r->loss = v[0], r->aux_loss = v[1], r->loss_with_aux = v[2];
+    r->perplexity = exp(r->loss);
     return 0;
 }
 
@@ -377,22 +381,33 @@ static int run_eval(trainer *t, ft_err *err)
     if (!t->data.eval.n || t->last_eval_step == t->state.global_step)
         return 0;
     t->last_eval_step = t->state.global_step;
-    double loss = 0;
-    long tokens = 0;
-    if (evaluate(t, &loss, &tokens, err))
+    ft_eval_loss r;
+    if (evaluate(t, &r, err))
         return -1;
+    /* the logged loss is the HF Trainer's eval_loss: with a MoE router's load-balancing
+     * term when the model adds it to its loss; the perplexity is the cross-entropy's */
+    double loss = r.has_aux ? r.loss_with_aux : r.loss;
     begin_line(t);
-    fprintf(t->log, "eval step %ld | loss %.4f | perplexity %.3f | %ld tokens\n",
-            t->state.global_step, loss, exp(loss), tokens);
+    fprintf(t->log, "eval step %ld | loss %.4f | perplexity %.3f | %ld tokens",
+            t->state.global_step, loss, r.perplexity, r.tokens);
+    if (r.has_aux)
+        fprintf(t->log, " | aux_loss %.4f (cross-entropy %.4f)", r.aux_loss, r.loss);
+    fputc('\n', t->log);
     t->last_eval_loss = loss;
     t->have_eval = true;
     if (t->metrics) {
         fprintf(t->metrics, "{\"step\": %ld, \"eval_loss\": ", t->state.global_step);
         json_number(t->metrics, "%.6g", loss);
+        if (r.has_aux) {
+            fputs(", \"eval_aux_loss\": ", t->metrics);
+            json_number(t->metrics, "%.6g", r.aux_loss);
+        }
         fprintf(t->metrics, ", \"elapsed_s\": %.3f}\n", now() - t->t_start);
         fflush(t->metrics);
     }
-    if (log_scalar(t, "eval/loss", loss, err) || log_scalar(t, "eval/perplexity", exp(loss), err))
+    if (log_scalar(t, "eval/loss", loss, err) ||
+        log_scalar(t, "eval/perplexity", r.perplexity, err) ||
+        (r.has_aux && log_scalar(t, "eval/aux_loss", r.aux_loss, err)))
         return -1;
     if (t->gen_records.n) {
         ft_eval_gen g;

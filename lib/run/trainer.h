@@ -31,7 +31,10 @@
  * full model's weights, config and tokenizer files), metrics.jsonl (one JSON object per
  * logged step: step, epoch (fractional), loss (the mean over the steps since the last
  * logged one, as the HF Trainer logs it), learning_rate, grad_norm (the last step's),
- * tokens_per_second, skipped_steps, elapsed_s; and per evaluation: step, eval_loss,
+ * tokens_per_second, skipped_steps, elapsed_s; and per evaluation: step, eval_loss
+ * (the eval set's mean token cross-entropy; a MoE model with output_router_logits adds
+ * router_aux_loss_coef x eval_aux_loss, the load-balancing loss of each eval batch
+ * averaged weighted by its rows: the HF Trainer's eval_loss), eval_aux_loss (MoE),
  * elapsed_s) and run_summary.json (strategy, world_size, mode, device, batch_size,
  * grad_accum, global_batch_size (samples per optimizer step: batch_size x grad_accum x
  * data-parallel ranks), run_id, steps, skipped_steps, wall_time_s, steps_per_second,
@@ -41,7 +44,8 @@
  * that is not finite is null.
  *
  * TensorBoard: train/loss (as metrics.jsonl), train/epoch, train/learning_rate,
- * train/grad_norm, train/skipped_steps, memory and per-rank figures, the eval scalars, the resolved
+ * train/grad_norm, train/skipped_steps, memory and per-rank figures, the eval scalars
+ * (eval/loss as eval_loss, eval/perplexity of the cross-entropy, eval/aux_loss), the resolved
  * config as text, and the HParams plugin's records: every config key as a hyperparameter
  * with the metrics train/loss, eval/loss, final/train_loss, final/eval_loss and
  * final/skipped_steps (written at the end). train.eval_strategy no evaluates nothing;

@@ -4,7 +4,11 @@ their attention_mask 0 on the padding, against transformers called with that mas
 (MixtralForCausalLM / Qwen3MoeForCausalLM pass it to load_balancing_loss_func, which
 leaves the padded rows out of tokens_per_expert and router_prob_per_expert). The padding's
 logits differ (transformers masks the padding's own attention too; ours never reaches a
-real token: attention is causal), so the logits are compared on the real tokens only."""
+real token: attention is causal), so the logits are compared on the real tokens only.
+Also ft-eval's and ft-train's evaluation of a MoE model against transformers' (the
+Trainer's eval_loss: each batch's aux term with that batch's mask)."""
+
+import math
 
 import torch
 
@@ -92,8 +96,9 @@ def _hf_batch_loss(model, rows):
 
 def check_ft_eval_aux(model_dir, tmp_path, tag):
     """ft-eval on token rows of uneven lengths: loss_with_aux is transformers'
-    model(...).loss when the rows are one batch, aux_loss its aux_loss (the mean over the
-    batches of each batch's with --batch-size 2), loss the cross-entropy alone (the same
+    model(...).loss when the rows are one batch, aux_loss its aux_loss (with --batch-size 2
+    each batch's, averaged as the HF Trainer averages its eval losses: weighted by the
+    batch's rows; the last batch holds one), loss the cross-entropy alone (the same
     whatever the batching)."""
     import json
     import random
@@ -123,13 +128,138 @@ def check_ft_eval_aux(model_dir, tmp_path, tag):
     ftref.assert_close(f"[{tag}] ft-eval loss", one["loss"], loss - coef * aux,
                        ftref.TOL_LOGITS)
     assert coef * aux > 100 * ftref.TOL_LOGITS * loss  # the term shows at the tolerance
-    # three batches: each one's aux_loss, averaged; the cross-entropy unchanged
+    # three batches (2, 2, 1 rows): each one's aux_loss, weighted by its rows; the
+    # cross-entropy unchanged
     auxes = [_hf_batch_loss(model, rows[i:i + 2])[1] for i in range(0, len(rows), 2)]
     two = got[2]
     ftref.assert_close(f"[{tag}] ft-eval aux_loss, batches of 2", two["aux_loss"],
-                       sum(auxes) / len(auxes), ftref.TOL_LOGITS)
+                       (2 * auxes[0] + 2 * auxes[1] + auxes[2]) / 5, ftref.TOL_LOGITS)
+    plain = sum(auxes) / len(auxes)  # (the batches' plain mean: far off, so this can fail)
+    assert ftref.rel_err(torch.tensor(plain), torch.tensor(two["aux_loss"])) > \
+        100 * ftref.TOL_LOGITS
     ftref.assert_close(f"[{tag}] ft-eval loss, batches of 2", two["loss"], one["loss"],
                        ftref.TOL_LOGITS)
     ftref.assert_close(f"[{tag}] ft-eval loss_with_aux, batches of 2", two["loss_with_aux"],
                        two["loss"] + coef * two["aux_loss"], 1e-12)
     return got
+
+
+# --- ft-train's evaluation against the HF Trainer's ------------------------------------
+
+EVAL_COUNTED = 6  # counted tokens of each eval row (see eval_rows)
+
+
+def eval_rows(rnd, vocab, n=10):
+    """n token rows (ids, labels) of 8 to 13 ids in [1, vocab), of uneven lengths (so that
+    the eval batches hold padding the load-balancing loss must leave out) but each with
+    EVAL_COUNTED counted tokens: the first len - EVAL_COUNTED labels -100. With every
+    sample counting as many tokens, the HF Trainer's eval_loss (the samples' mean of each
+    batch's token mean) and ftkit's cross-entropy (the token mean of the set) are the same
+    number, so the two evaluations compare exactly whatever the batching."""
+    rows = []
+    for _ in range(n):
+        T = rnd.randint(EVAL_COUNTED + 2, EVAL_COUNTED + 7)
+        ids = [rnd.randrange(1, vocab) for _ in range(T)]
+        rows.append((ids, [-100] * (T - EVAL_COUNTED) + ids[T - EVAL_COUNTED:]))
+    return rows
+
+
+def write_rows(path, rows):
+    import json
+
+    path.write_text("".join(json.dumps({"input_ids": i, "labels": lab}) + "\n"
+                            for i, lab in rows))
+
+
+def _collate(batch):
+    """Rows {input_ids, labels} right-padded into one batch (attention_mask 0, labels
+    -100 and id 0 on the padding), as ft-train pads them."""
+    T = max(len(r["input_ids"]) for r in batch)
+    out = {"input_ids": torch.zeros(len(batch), T, dtype=torch.long),
+           "labels": torch.full((len(batch), T), -100, dtype=torch.long),
+           "attention_mask": torch.zeros(len(batch), T, dtype=torch.long)}
+    for k, r in enumerate(batch):
+        n = len(r["input_ids"])
+        out["input_ids"][k, :n] = torch.tensor(r["input_ids"])
+        out["labels"][k, :n] = torch.tensor(r["labels"])
+        out["attention_mask"][k, :n] = 1
+    return out
+
+
+def trainer_eval(model, rows, batch_size, tmp):
+    """transformers' Trainer.evaluate() over rows in order, per_device_eval_batch_size
+    batch_size, each batch right-padded (attention_mask 0, labels -100 on the padding):
+    its eval_loss, and the same aggregation (each batch's value repeated by its size, the
+    mean) of each batch's aux_loss."""
+    from transformers import Trainer, TrainingArguments
+
+    data = [{"input_ids": i, "labels": lab} for i, lab in rows]
+    args = TrainingArguments(output_dir=str(tmp), per_device_eval_batch_size=batch_size,
+                             report_to=[], use_cpu=True, remove_unused_columns=False)
+    got = Trainer(model=model, args=args, data_collator=_collate,
+                  eval_dataset=data).evaluate()
+    auxes = []
+    model.eval()
+    with torch.no_grad():
+        for s in range(0, len(data), batch_size):
+            b = _collate(data[s:s + batch_size])
+            auxes += [float(model(**b).aux_loss)] * len(data[s:s + batch_size])
+    return got["eval_loss"], sum(auxes) / len(auxes)
+
+
+def trainer_train_losses(model, rows, batch_size, accum, steps, tmp):
+    """The loss the HF Trainer logs at each of steps optimizer steps (logging_steps 1) at
+    learning rate 0 (the weights stay, as ft-train's at 0), the rows taken in order
+    (ft-train's data.shuffle false): per micro-batch the model's loss given
+    num_items_in_batch (the step's counted tokens) plus router_aux_loss_coef x that
+    micro-batch's aux_loss, summed over the step's micro-batches."""
+    from torch.utils.data import SequentialSampler
+    from transformers import Trainer, TrainingArguments
+
+    class InOrder(Trainer):
+        def _get_train_sampler(self, train_dataset=None):
+            return SequentialSampler(train_dataset or self.train_dataset)
+
+    data = [{"input_ids": i, "labels": lab} for i, lab in rows]
+    args = TrainingArguments(output_dir=str(tmp), per_device_train_batch_size=batch_size,
+                             gradient_accumulation_steps=accum, max_steps=steps,
+                             learning_rate=0.0, logging_steps=1, report_to=[], use_cpu=True,
+                             remove_unused_columns=False, save_strategy="no",
+                             dataloader_drop_last=False, seed=0)
+    t = InOrder(model=model, args=args, data_collator=_collate, train_dataset=data)
+    t.train()
+    return {h["step"]: h["loss"] for h in t.state.log_history if "loss" in h}
+
+
+def tb_scalars(run_dir, tag):
+    """{step: value} of a scalar in the run dir's TensorBoard events, by TensorBoard's own
+    reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return {e.step: e.value for e in acc.Scalars(tag)}
+
+
+def check_run_eval(run, model_dir, mode, rows, batch_size, step, tmp):
+    """ft-train's evaluation at step (the run's last, so the final weights are the
+    evaluated ones) = the HF Trainer's on those weights: eval/loss its eval_loss (the
+    load-balancing term of each eval batch of batch_size rows included), eval/aux_loss
+    the per-batch aux_loss averaged as it averages, eval/perplexity exp of the
+    cross-entropy; a guard that the term shows at the tolerance."""
+    from peft import PeftModel
+
+    model = ftref.load_hf(run / "final" if mode == "full" else model_dir)
+    if mode != "full":
+        model = PeftModel.from_pretrained(model, str(run / "final"))
+    want, aux = trainer_eval(model, rows, batch_size, tmp)
+    coef = model.config.router_aux_loss_coef
+    got = tb_scalars(run, "eval/loss")
+    assert step in got, got
+    ftref.assert_close(f"[{run.name}] eval/loss", got[step], want, ftref.TOL_LOGITS)
+    ftref.assert_close(f"[{run.name}] eval/aux_loss", tb_scalars(run, "eval/aux_loss")[step],
+                       aux, ftref.TOL_LOGITS)
+    ppl = tb_scalars(run, "eval/perplexity")[step]
+    ftref.assert_close(f"[{run.name}] eval/perplexity", ppl, math.exp(want - coef * aux),
+                       ftref.TOL_LOGITS)
+    assert coef * aux > 100 * ftref.TOL_LOGITS * want, (coef, aux, want)

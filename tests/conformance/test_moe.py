@@ -16,15 +16,20 @@ selected, renormalised weights and through the aux loss), LoRA on the attention 
 (router and experts frozen; the gradient still flows through the router to the
 residual stream), gradient checkpointing, and the refusals of what is not implemented
 yet (LoRA on experts / all-linear, training on several ranks), and QLoRA with the
-attention modules and every expert quantized on load. The GPU path: test_gpu_moe.py."""
+attention modules and every expert quantized on load. ft-train's logged training and
+evaluation losses against the HF Trainer's (the aux term in both: each micro-batch's, each
+eval batch's), on one process and under every dist.strategy on 2 ranks. The GPU path:
+test_gpu_moe.py."""
 
 import json
+import random
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 import ftref
+import moe_padding
 
 B = 2
 
@@ -575,6 +580,7 @@ def dist_work(tmp_path_factory):
                         router_aux_loss_coef=0.1)
     MixtralForCausalLM(cfg).save_pretrained(d / "model", safe_serialization=True)
     (d / "train.jsonl").write_text(_uneven_rows(random.Random(3)))
+    moe_padding.write_rows(d / "eval.jsonl", _EVAL_ROWS)
     return d
 
 
@@ -592,7 +598,9 @@ def _uneven_rows(rnd, n=48):
 def _dist_run(d, name, np_, mode, **over):
     import rankrun
 
-    keys = {"train.max_steps": 4, "train.warmup_steps": 1, "train.learning_rate": 1e-2}
+    keys = {"train.max_steps": 4, "train.warmup_steps": 1, "train.learning_rate": 1e-2,
+            "data.eval_path": d / "eval.jsonl", "train.eval_strategy": "steps",
+            "train.eval_steps": 2}
     keys.update({k.replace("__", "."): v for k, v in over.items()})
     cfg = rankrun.write_config(d, name, keys, mode=mode)
     rankrun.run(cfg, np_)
@@ -604,6 +612,9 @@ def _same_run(a, b):
 
     assert_same_run(a, b)
 
+
+# held-out rows of uneven lengths, each counting as many tokens (moe_padding.eval_rows)
+_EVAL_ROWS = moe_padding.eval_rows(random.Random(5), 64)
 
 _STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "model_parallel")
 # lora: attention only; moe-lora: all-linear, which on a MoE reaches the router and the
@@ -617,7 +628,9 @@ DIST_CASES = [("full", s) for s in _STRATEGIES] + \
 def test_dist_strategy_equals_one_process(dist_work, mode, strategy):
     """Losses, gradient norms and final weights of 2 ranks = one process. The load-balancing
     statistics are summed over the ranks (data parallel: the step's micro-batch; pipeline
-    stages: the layers), so the aux term and its gradient are the one process's."""
+    stages: the layers), so the aux term and its gradient are the one process's. The
+    evaluation (eval/loss with the aux term, eval/aux_loss) is the HF Trainer's over the
+    same eval batches (moe_padding.check_run_eval)."""
     lora = {"tuning__lora__target_modules": "q_proj,v_proj"} if mode == "lora" else {}
     if mode == "moe-lora":
         lora = {"tuning__lora__target_modules": "all-linear", "tuning__lora__dropout": 0}
@@ -629,6 +642,49 @@ def test_dist_strategy_equals_one_process(dist_work, mode, strategy):
     run = _dist_run(dist_work, f"np2_{mode}_{strategy}", 2, tmode, train__batch_size=batch,
                     dist__strategy=strategy, **lora)
     _same_run(single, run)
+    # the evaluations (steps 2 and 4, every rank over the whole eval set in batches of the
+    # rank's batch size) are the HF Trainer's, its MoE load-balancing term included
+    moe_padding.check_run_eval(run, dist_work / "model", tmode, _EVAL_ROWS, batch, 4,
+                               dist_work / "hf_eval")
+    if strategy == "model_parallel":  # (the one process's batches: its evaluations too)
+        for tag in ("eval/loss", "eval/aux_loss"):
+            a, b = (moe_padding.tb_scalars(r, tag) for r in (single, run))
+            assert a.keys() == b.keys() == {2, 4}, (a, b)
+            for s in a:
+                ftref.assert_close(f"{tag} {s}", b[s], a[s], ftref.TOL_LOGITS)
+
+
+def test_ft_train_logged_losses_are_trainers(dist_work):
+    """The training loss ft-train logs per step (TensorBoard's train/loss) is the HF
+    Trainer's: each micro-batch's load-balancing term (its own padding left out) added
+    whole to the step's loss, with gradient accumulation 2; and its evaluation logs the
+    Trainer's eval_loss. Learning rate 0 (the base weights throughout, on both sides),
+    the rows in file order on both sides."""
+    import rankrun
+    from transformers import MixtralForCausalLM
+
+    name = "single_trainer_losses"
+    cfg = rankrun.write_config(dist_work, name, {
+        "train.max_steps": 3, "train.learning_rate": 0.0, "train.warmup_steps": 0,
+        "train.batch_size": 4, "train.grad_accum": 2, "data.shuffle": "false",
+        "data.eval_path": dist_work / "eval.jsonl", "train.eval_strategy": "steps",
+        "train.eval_steps": 3}, mode="full")
+    rankrun.run(cfg, 1)
+    run = dist_work / "runs" / name
+    rows = [json.loads(line) for line in (dist_work / "train.jsonl").read_text().splitlines()]
+    model = MixtralForCausalLM.from_pretrained(dist_work / "model")
+    want = moe_padding.trainer_train_losses(model, [(r["input_ids"], r["labels"]) for r in rows],
+                                            4, 2, 3, dist_work / "hf_train")
+    got = moe_padding.tb_scalars(run, "train/loss")
+    assert got.keys() == want.keys() == {1, 2, 3}, (got, want)
+    for step in got:
+        ftref.assert_close(f"train/loss step {step}", got[step], want[step], ftref.TOL_LOGITS)
+    model.config.output_router_logits = False  # (the term shows far above the tolerance)
+    bare = moe_padding.trainer_train_losses(model, [(r["input_ids"], r["labels"]) for r in rows],
+                                            4, 2, 3, dist_work / "hf_train_bare")
+    assert all(want[s] - bare[s] > 100 * ftref.TOL_LOGITS * want[s] for s in want), (want, bare)
+    moe_padding.check_run_eval(run, dist_work / "model", "full", _EVAL_ROWS, 4, 3,
+                               dist_work / "hf_eval")
 
 
 def test_dist_refuses_gpipe_chunks_with_aux(dist_work):

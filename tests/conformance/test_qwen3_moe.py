@@ -15,10 +15,12 @@ The same checks as test_moe.py's for mixtral: logits and loss (aux included), ev
 full-mode gradient, gradient checkpointing, LoRA on attention and on the router and
 experts (PEFT's target_parameters), QLoRA (experts quantized on
 load; a quantized checkpoint's experts dense), five AdamW steps, adapters both ways,
-ft-merge, and every dist.strategy on 2 ranks against one process. The GPU path:
+ft-merge, and every dist.strategy on 2 ranks against one process (their evaluations
+against the HF Trainer's eval_loss, the aux term included). The GPU path:
 test_gpu_moe.py."""
 
 import json
+import random
 import re
 
 import pytest
@@ -26,6 +28,7 @@ import torch
 from safetensors.torch import load_file
 
 import ftref
+import moe_padding
 from test_moe import _same_run, _train, _uneven_rows
 
 B = 2
@@ -426,18 +429,24 @@ def dist_work(tmp_path_factory):
                          router_aux_loss_coef=0.1)
     Qwen3MoeForCausalLM(cfg).save_pretrained(d / "model", safe_serialization=True)
     (d / "train.jsonl").write_text(_uneven_rows(random.Random(3)))
+    moe_padding.write_rows(d / "eval.jsonl", _EVAL_ROWS)
     return d
 
 
 def _dist_run(d, name, np_, mode, **over):
     import rankrun
 
-    keys = {"train.max_steps": 4, "train.warmup_steps": 1, "train.learning_rate": 1e-2}
+    keys = {"train.max_steps": 4, "train.warmup_steps": 1, "train.learning_rate": 1e-2,
+            "data.eval_path": d / "eval.jsonl", "train.eval_strategy": "steps",
+            "train.eval_steps": 2}
     keys.update({k.replace("__", "."): v for k, v in over.items()})
     cfg = rankrun.write_config(d, name, keys, mode=mode)
     rankrun.run(cfg, np_)
     return d / "runs" / name
 
+
+# held-out rows of uneven lengths, each counting as many tokens (moe_padding.eval_rows)
+_EVAL_ROWS = moe_padding.eval_rows(random.Random(5), 64)
 
 _STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "model_parallel")
 # lora: attention only; moe-lora: all-linear, which on a MoE reaches the router and the
@@ -450,7 +459,8 @@ DIST_CASES = [("full", s) for s in _STRATEGIES] + \
 @pytest.mark.parametrize("mode,strategy", DIST_CASES, ids=[f"{m}-{s}" for m, s in DIST_CASES])
 def test_dist_strategy_equals_one_process(dist_work, mode, strategy):
     """Losses, gradient norms and final weights of 2 ranks = one process (the
-    load-balancing statistics summed over the ranks: test_moe.py's)."""
+    load-balancing statistics summed over the ranks: test_moe.py's); the evaluation is the
+    HF Trainer's, its aux term included (moe_padding.check_run_eval)."""
     lora = {"tuning__lora__target_modules": "q_proj,v_proj"} if mode == "lora" else {}
     if mode == "moe-lora":
         lora = {"tuning__lora__target_modules": "all-linear", "tuning__lora__dropout": 0}
@@ -462,3 +472,13 @@ def test_dist_strategy_equals_one_process(dist_work, mode, strategy):
     run = _dist_run(dist_work, f"np2_{mode}_{strategy}", 2, tmode, train__batch_size=batch,
                     dist__strategy=strategy, **lora)
     _same_run(single, run)
+    # the evaluations (steps 2 and 4, every rank over the whole eval set in batches of the
+    # rank's batch size) are the HF Trainer's, its MoE load-balancing term included
+    moe_padding.check_run_eval(run, dist_work / "model", tmode, _EVAL_ROWS, batch, 4,
+                               dist_work / "hf_eval")
+    if strategy == "model_parallel":  # (the one process's batches: its evaluations too)
+        for tag in ("eval/loss", "eval/aux_loss"):
+            a, b = (moe_padding.tb_scalars(r, tag) for r in (single, run))
+            assert a.keys() == b.keys() == {2, 4}, (a, b)
+            for s in a:
+                ftref.assert_close(f"{tag} {s}", b[s], a[s], ftref.TOL_LOGITS)
