@@ -63,6 +63,7 @@
 #include <string.h>
 
 #include "cpu_ops.h"
+#include "fast_exp.h"
 
 /* Query rows per block, and the most keys per chunk: one score tile is
  * ATT_BQ x ATT_KC floats (128 KiB). */
@@ -130,22 +131,35 @@ static inline float att_score(float x, float cap, float *dx)
     return cap * t;
 }
 
+/* The keys j0 + a .. j0 + e - 1 of a tile over keys j0 .. j0+nc-1 that the window and
+ * causality allow for query i (segments aside); e > a may not hold. */
+static inline void att_row_span(int i, int c0, int nc, int window, int *a, int *e)
+{
+    *a = att_max(att_first_key(i, window) - c0, 0);
+    *e = att_min(i + 1 - c0, nc);
+}
+
 /* Row i of a forward tile over keys c0 .. c0+nc-1: s holds scale * q_i . k_j; it gets
  * the score where j is allowed for i and -inf elsewhere. Returns the row maximum
  * (-inf when no key of the chunk is allowed). */
 static float att_row_scores(float *s, int i, int c0, int nc, const int32_t *sb, int window,
                             float cap)
 {
-    const int a = att_max(att_first_key(i, window) - c0, 0);
-    const int e = att_min(i + 1 - c0, nc);
-    float m = -INFINITY;
+    int a, e;
+    att_row_span(i, c0, nc, window, &a, &e);
+    for (int j = a; j < e && cap > 0.0f; j++) {
+        float unused;
+        s[j] = att_score(s[j], cap, &unused);
+    }
     for (int j = 0; j < nc; j++) {
-        float x = -INFINITY, unused;
-        if (j >= a && j < e && att_in_seg(sb, i, c0 + j)) {
-            x = att_score(s[j], cap, &unused);
+        if (j < a || j >= e || !att_in_seg(sb, i, c0 + j)) {
+            s[j] = -INFINITY;
         }
-        s[j] = x;
-        m = x > m ? x : m;
+    }
+    float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+    for (int j = a; j < e; j++) {
+        m = s[j] > m ? s[j] : m;
     }
     return m;
 }
@@ -179,13 +193,14 @@ static void att_forward_block(float *ob, float *lse_bh, const float *qb, const f
                 continue;
             }
             float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
             for (int j = 0; j < nc; j++) {
-                s[j] = expf(s[j] - mn); /* masked: exp(-inf) = 0 */
+                s[j] = ft_exp(s[j] - mn); /* masked: exp(-inf) = 0 */
                 sum += s[j];
             }
             if (mn > m[r] && m[r] != -INFINITY && c0 != lo) {
                 /* the running maximum grew: rescale what the earlier chunks summed */
-                const float rs = expf(m[r] - mn);
+                const float rs = ft_exp(m[r] - mn);
                 float *o = ob + (size_t)r * qs;
                 for (int d = 0; d < D; d++) {
                     o[d] *= rs;
@@ -246,18 +261,28 @@ void ft_cpu_attention_forward(float *out, float *lse, const float *q, const floa
 static void att_row_grads(float *s, float *dp, int i, int c0, int nc, const int32_t *sb,
                           int window, float cap, float scale, float lse_i, float dlt_i)
 {
-    const int a = att_max(att_first_key(i, window) - c0, 0);
-    const int e = att_min(i + 1 - c0, nc);
-    for (int j = 0; j < nc; j++) {
-        float p = 0.0f, ds = 0.0f;
-        if (j >= a && j < e && att_in_seg(sb, i, c0 + j)) {
+    int a, e;
+    att_row_span(i, c0, nc, window, &a, &e);
+    if (cap > 0.0f) {
+        for (int j = a; j < e; j++) {
             float dx;
             const float x = att_score(s[j], cap, &dx);
-            p = expf(x - lse_i);
-            ds = scale * p * (dp[j] - dlt_i) * dx;
+            s[j] = ft_exp(x - lse_i);
+            dp[j] = scale * s[j] * (dp[j] - dlt_i) * dx;
         }
-        s[j] = p;
-        dp[j] = ds;
+    } else {
+#pragma omp simd
+        for (int j = a; j < e; j++) {
+            const float p = ft_exp(s[j] - lse_i);
+            s[j] = p;
+            dp[j] = scale * p * (dp[j] - dlt_i);
+        }
+    }
+    for (int j = 0; j < nc; j++) {
+        if (j < a || j >= e || !att_in_seg(sb, i, c0 + j)) {
+            s[j] = 0.0f;
+            dp[j] = 0.0f;
+        }
     }
 }
 
