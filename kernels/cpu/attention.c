@@ -45,7 +45,9 @@
  *             the scores are computed once.
  * The GEMMs are OpenBLAS's, called inside the OpenMP loop: its OpenMP build runs a call
  * made inside a parallel region on the calling thread (tests/unit/test_threading.c),
- * so every tile is computed whole by one thread.
+ * so every tile is computed whole by one thread (each concurrent call takes one of
+ * OpenBLAS's buffers: 2 * MAX_THREADS of them, 128 in Debian's build, are plenty for
+ * one parallel region's threads).
  *
  * Parallelism and determinism: forward tasks are (b, h, query block), each writing its
  * own rows of out and lse. Backward tasks are (b, h): a task walks its query blocks in
@@ -97,15 +99,23 @@ static inline int att_first_key(int i, int window)
 }
 
 /* The first key any of the queries i0 .. i1-1 may see: the least over the rows of the
- * first key in the row's window that is in the row's segment (j = i always is). */
+ * first key in the row's window that is in the row's segment (j = i always is). A row
+ * in the same segment as the row before takes that row's key when it is still inside its
+ * own window (the least key of a superset range, and in this one), so the scan runs only
+ * where the segment changes. */
 static int att_block_first_key(const int32_t *sb, int i0, int i1, int window)
 {
-    int lo = i1 - 1;
+    int lo = i1 - 1, prev = -1;
     for (int i = i0; i < i1; i++) {
         int j = att_first_key(i, window);
-        while (sb && sb[j] != sb[i]) {
-            j++;
+        if (sb && i > i0 && sb[i] == sb[i - 1] && prev >= j) {
+            j = prev;
+        } else {
+            while (sb && sb[j] != sb[i]) {
+                j++;
+            }
         }
+        prev = j;
         lo = att_min(lo, j);
     }
     return lo;
