@@ -202,7 +202,7 @@ static void att_forward_block(float *ob, float *lse_bh, const float *qb, const f
                 }
                 continue;
             }
-            float sum = 0.0f;
+            double sum = 0.0; /* the row's share of l, in double like l */
 #pragma omp simd reduction(+ : sum)
             for (int j = 0; j < nc; j++) {
                 s[j] = ft_exp(s[j] - mn); /* masked: exp(-inf) = 0 */
