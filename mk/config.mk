@@ -84,7 +84,10 @@ DEP_LIBS += $(call q,-L$(OPENBLAS_DIR)) $(call q,-Wl$(FT_COMMA)-rpath$(FT_COMMA)
 
 OPT ?= -O2
 CFLAGS ?= $(OPT) -g
-FT_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -fno-math-errno -march=x86-64-v2 \
+# -fno-math-errno, -fno-trapping-math: no errno from libm, no FP exceptions watched, so
+# the compiler may vectorize loops with selects (kernels/cpu/fast_exp.h); neither changes
+# a computed value.
+FT_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -fno-math-errno -fno-trapping-math -march=x86-64-v2 \
              -Ilib -Ikernels $(DEP_CFLAGS)
 LDLIBS := $(DEP_LIBS) -lm -ldl -lpthread
 LDFLAGS ?=

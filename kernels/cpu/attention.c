@@ -18,11 +18,6 @@
  *   lse_i = log sum_j exp(S_ij)                   (saved for backward)
  *   P_ij = exp(S_ij - lse_i)
  *   o_i  = sum_j P_ij v_j
- * Computed with an online (running-max) softmax over blocks of ATT_JB keys: each block's
- * scores go to a small stack array, the running maximum m only grows, and when it does
- * the partial output and the denominator l are rescaled by exp(m_old - m_new). l is
- * summed in double. At the end o_i /= l and lse_i = m + log(l). Nothing of size T is
- * allocated.
  *
  * Backward (given dO; P recomputed from the saved lse, as flash attention does):
  *   Dlt_i = dO_i . o_i                            (= sum_j P_ij dP_ij)
@@ -34,122 +29,102 @@
  *   dk_j += scale sum_{h in group} sum_i dS_ij q_i
  *   dv_j +=       sum_{h in group} sum_i P_ij dO_i
  * Gradients ACCUMULATE (ops.h convention); any of dq, dk, dv may be NULL.
- * Two race-free passes, both fully parallel and deterministic (every output element is
- * written by one thread in a fixed order):
- *   rows:    (b, h, i) -> dq_i      (loop over allowed j <= i)
- *   columns: (b, g, j) -> dk_j, dv_j (loop over the G query heads of kv head g and the
- *                                      allowed i >= j)
- * This recomputes the scores once more than a single pass would, but needs no
- * per-thread dK/dV buffers and keeps all threads busy even when B * Hkv is small
- * (MQA). Dlt is computed once into a [B, Hq, T] buffer (recomputed inline if that
- * allocation fails).
  *
- * Hand-written loops instead of BLAS: the causal / segment / window mask makes the
- * score tiles ragged, and BLAS must not be called from inside the OpenMP regions. The
- * inner loops run over D, contiguous, and vectorize (omp simd for the dot products,
- * whose reduction order the compiler may not change on its own). Keys (forward, dq)
- * or queries (dk, dv) are taken four at a time: one pass over D computes four dot
- * products (four accumulators hide the add latency) or adds four scaled rows into
- * one output row. With seg ids, a group of four with no token of the row's segment
- * is skipped, so packed short sequences cost little outside their own segment. */
+ * Blocked GEMMs. Queries go in blocks of ATT_BQ rows [i0, i1); a block sees the keys
+ * [lo, i1), lo the first key any of its rows may see (window, segment), so the blocks
+ * above the causal diagonal are never computed; within the range, the diagonal block's
+ * upper triangle and the window / segment mask are applied to the score tile. Keys go
+ * in chunks of at most ATT_KC, so a tile is at most ATT_BQ x ATT_KC floats whatever T
+ * (nothing of size T x T is ever held). Per block and chunk:
+ *   forward   S = scale Q K^T (one GEMM), the mask and softcap, an online softmax over
+ *             the chunks (running row maximum m; the partial output and the row sum l,
+ *             kept in double, are rescaled by exp(m_old - m_new) when m grows), then
+ *             O (+)= P V (one GEMM). At the end o_i /= l and lse_i = m + log(l).
+ *   backward  S = scale Q K^T and dP = dO V^T (two GEMMs), P and dS elementwise from
+ *             lse and Dlt, then dQ += dS K, dK += dS^T Q, dV += P^T dO (three GEMMs):
+ *             the scores are computed once.
+ * The GEMMs are OpenBLAS's, called inside the OpenMP loop: its OpenMP build runs a call
+ * made inside a parallel region on the calling thread (tests/unit/test_threading.c),
+ * so every tile is computed whole by one thread (each concurrent call takes one of
+ * OpenBLAS's buffers: 2 * MAX_THREADS of them, 128 in Debian's build, are plenty for
+ * one parallel region's threads).
+ *
+ * Parallelism and determinism: forward tasks are (b, h, query block), each writing its
+ * own rows of out and lse. Backward tasks are (b, h): a task walks its query blocks in
+ * order, owns the rows of dq of head h, and sums dk / dv of head h over its blocks in
+ * that order, into dk / dv themselves when G = 1, else into a per-head [T, D] partial
+ * that a second loop adds over the group's heads in head order. Every output element is
+ * therefore summed in one fixed order whatever the thread count. Scratch (the tiles,
+ * one set a thread, and the partials) is malloc'ed per call; a failed allocation aborts
+ * with a message, like the ops' other misuse checks. */
+#include <cblas.h>
 #include <math.h>
+#include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cpu_ops.h"
+#include "fast_exp.h"
 
-/* Keys per forward block: the scores of one block live on the stack. */
-#define ATT_JB 64
+/* Query rows per block, and the most keys per chunk: one score tile is
+ * ATT_BQ x ATT_KC floats (128 KiB). */
+#define ATT_BQ 64
+#define ATT_KC 512
 
-static inline float att_dot(const float *a, const float *b, int D)
+static void *att_alloc(const char *op, size_t bytes)
 {
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int d = 0; d < D; d++) {
-        s += a[d] * b[d];
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "%s: out of memory (%zu bytes of scratch)\n", op, bytes);
+        abort();
     }
-    return s;
+    return p;
 }
 
-/* r[c] = a . b[c * stride], c < 4: one query against four keys. */
-static inline void att_dot4(const float *a, const float *b, size_t stride, int D,
-                            float *r)
+static inline int att_min(int a, int b)
 {
-    const float *b0 = b, *b1 = b + stride, *b2 = b + 2 * stride, *b3 = b + 3 * stride;
-    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-    for (int d = 0; d < D; d++) {
-        s0 += a[d] * b0[d];
-        s1 += a[d] * b1[d];
-        s2 += a[d] * b2[d];
-        s3 += a[d] * b3[d];
-    }
-    r[0] = s0;
-    r[1] = s1;
-    r[2] = s2;
-    r[3] = s3;
+    return a < b ? a : b;
 }
 
-/* y += a * x */
-static inline void att_axpy(float *y, float a, const float *x, int D)
+static inline int att_max(int a, int b)
 {
-#pragma omp simd
-    for (int d = 0; d < D; d++) {
-        y[d] += a * x[d];
-    }
+    return a > b ? a : b;
 }
 
-/* y += sum_c a[c] * x[c * stride], c < 4: one pass over y for four values rows. */
-static inline void att_axpy4(float *y, const float *a, const float *x, size_t stride,
-                             int D)
+/* First key token query i may see through the window (the causal upper bound is i). */
+static inline int att_first_key(int i, int window)
 {
-    const float *x0 = x, *x1 = x + stride, *x2 = x + 2 * stride, *x3 = x + 3 * stride;
-    const float a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
-#pragma omp simd
-    for (int d = 0; d < D; d++) {
-        y[d] += (a0 * x0[d] + a1 * x1[d]) + (a2 * x2[d] + a3 * x3[d]);
-    }
+    return (window > 0 && i - window + 1 > 0) ? i - window + 1 : 0;
 }
 
-/* r[c] = a . b[c * stride] for c < n <= 4. */
-static inline void att_dot_n(const float *a, const float *b, size_t stride, int D, int n,
-                             float *r)
+/* The first key any of the queries i0 .. i1-1 may see: the least over the rows of the
+ * first key in the row's window that is in the row's segment (j = i always is). A row
+ * in the same segment as the row before takes that row's key when it is still inside its
+ * own window (the least key of a superset range, and in this one), so the scan runs only
+ * where the segment changes. */
+static int att_block_first_key(const int32_t *sb, int i0, int i1, int window)
 {
-    if (n == 4) {
-        att_dot4(a, b, stride, D, r);
-        return;
-    }
-    for (int c = 0; c < n; c++) {
-        r[c] = att_dot(a, b + (size_t)c * stride, D);
-    }
-}
-
-/* y += sum_c a[c] * x[c * stride] for c < n <= 4. */
-static inline void att_axpy_n(float *y, const float *a, const float *x, size_t stride,
-                              int D, int n)
-{
-    if (n == 4) {
-        att_axpy4(y, a, x, stride, D);
-        return;
-    }
-    for (int c = 0; c < n; c++) {
-        att_axpy(y, a[c], x + (size_t)c * stride, D);
-    }
-}
-
-/* Whether any of tokens t0 .. t0+n-1 is in segment id (always, without seg ids):
- * blocks with none are skipped, so packed rows of short sequences cost little more
- * than integer compares outside their own segment. */
-static inline int att_any_in_seg(const int32_t *sb, int t0, int n, int32_t id)
-{
-    if (!sb) {
-        return 1;
-    }
-    for (int c = 0; c < n; c++) {
-        if (sb[t0 + c] == id) {
-            return 1;
+    int lo = i1 - 1, prev = -1;
+    for (int i = i0; i < i1; i++) {
+        int j = att_first_key(i, window);
+        if (sb && i > i0 && sb[i] == sb[i - 1] && prev >= j) {
+            j = prev;
+        } else {
+            while (sb && sb[j] != sb[i]) {
+                j++;
+            }
         }
+        prev = j;
+        lo = att_min(lo, j);
     }
-    return 0;
+    return lo;
+}
+
+/* Whether key j is allowed for query i, given j in [first_key(i), i]. */
+static inline int att_in_seg(const int32_t *sb, int i, int j)
+{
+    return !sb || sb[j] == sb[i];
 }
 
 /* The score of a scaled dot product x: x itself, or c tanh(x / c) with a softcap
@@ -166,91 +141,228 @@ static inline float att_score(float x, float cap, float *dx)
     return cap * t;
 }
 
-/* First key token query i may see (the causal upper bound is i itself). */
-static inline int att_first_key(int i, int window)
+/* The keys j0 + a .. j0 + e - 1 of a tile over keys j0 .. j0+nc-1 that the window and
+ * causality allow for query i (segments aside); e > a may not hold. */
+static inline void att_row_span(int i, int c0, int nc, int window, int *a, int *e)
 {
-    return (window > 0 && i - window + 1 > 0) ? i - window + 1 : 0;
+    *a = att_max(att_first_key(i, window) - c0, 0);
+    *e = att_min(i + 1 - c0, nc);
 }
 
-/* Last query token that may see key j. */
-static inline int att_last_query(int j, int T, int window)
+/* Row i of a forward tile over keys c0 .. c0+nc-1: s holds scale * q_i . k_j; it gets
+ * the score where j is allowed for i and -inf elsewhere. Returns the row maximum
+ * (-inf when no key of the chunk is allowed). */
+static float att_row_scores(float *s, int i, int c0, int nc, const int32_t *sb, int window,
+                            float cap)
 {
-    return (window > 0 && j + window - 1 < T - 1) ? j + window - 1 : T - 1;
+    int a, e;
+    att_row_span(i, c0, nc, window, &a, &e);
+    for (int j = a; j < e && cap > 0.0f; j++) {
+        float unused;
+        s[j] = att_score(s[j], cap, &unused);
+    }
+    for (int j = 0; j < nc; j++) {
+        if (j < a || j >= e || !att_in_seg(sb, i, c0 + j)) {
+            s[j] = -INFINITY;
+        }
+    }
+    float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+    for (int j = a; j < e; j++) {
+        m = s[j] > m ? s[j] : m;
+    }
+    return m;
+}
+
+/* One forward task: query rows i0 .. i1-1 of (b, h). qb, ob: row i0 of head h (token
+ * stride qs); kb, vb: token 0 of kv head g (stride ks); S: a tile; lse_bh: lse of (b, h). */
+static void att_forward_block(float *ob, float *lse_bh, const float *qb, const float *kb,
+                              const float *vb, const int32_t *sb, int i0, int i1, int D,
+                              size_t qs, size_t ks, float scale, int window, float cap,
+                              float *S)
+{
+    const int nq = i1 - i0, lo = att_block_first_key(sb, i0, i1, window);
+    float m[ATT_BQ];
+    double l[ATT_BQ];
+    for (int r = 0; r < nq; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0;
+    }
+    for (int c0 = lo; c0 < i1; c0 += ATT_KC) {
+        const int nc = att_min(i1 - c0, ATT_KC);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nc, D, scale, qb, (int)qs,
+                    kb + (size_t)c0 * ks, (int)ks, 0.0f, S, ATT_KC);
+        for (int r = 0; r < nq; r++) {
+            float *s = S + (size_t)r * ATT_KC;
+            const float bm = att_row_scores(s, i0 + r, c0, nc, sb, window, cap);
+            const float mn = bm > m[r] ? bm : m[r];
+            if (mn == -INFINITY) {
+                for (int j = 0; j < nc; j++) {
+                    s[j] = 0.0f; /* nothing allowed for this row yet */
+                }
+                continue;
+            }
+            double sum = 0.0; /* the row's share of l, in double like l */
+#pragma omp simd reduction(+ : sum)
+            for (int j = 0; j < nc; j++) {
+                s[j] = ft_exp(s[j] - mn); /* masked: exp(-inf) = 0 */
+                sum += s[j];
+            }
+            if (mn > m[r] && m[r] != -INFINITY && c0 != lo) {
+                /* the running maximum grew: rescale what the earlier chunks summed */
+                const float rs = ft_exp(m[r] - mn);
+                float *o = ob + (size_t)r * qs;
+                for (int d = 0; d < D; d++) {
+                    o[d] *= rs;
+                }
+                l[r] *= rs;
+            }
+            l[r] += sum;
+            m[r] = mn;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nc, 1.0f, S, ATT_KC,
+                    vb + (size_t)c0 * ks, (int)ks, c0 == lo ? 0.0f : 1.0f, ob, (int)qs);
+    }
+    for (int r = 0; r < nq; r++) {
+        /* l >= 1: the maximum's own term is exp(0). */
+        const float inv = (float)(1.0 / l[r]);
+        float *o = ob + (size_t)r * qs;
+        for (int d = 0; d < D; d++) {
+            o[d] *= inv;
+        }
+        lse_bh[i0 + r] = (float)((double)m[r] + log(l[r]));
+    }
 }
 
 void ft_cpu_attention_forward(float *out, float *lse, const float *q, const float *k,
                               const float *v, const int32_t *seg, int B, int T, int Hq,
                               int Hkv, int D, float scale, int window, float softcap)
 {
-    const int G = Hq / Hkv;
-    const size_t qstride = (size_t)Hq * D;  /* between tokens in q / out */
-    const size_t kstride = (size_t)Hkv * D; /* between tokens in k / v */
+    const int G = Hq / Hkv, nib = (T + ATT_BQ - 1) / ATT_BQ;
+    const size_t qs = (size_t)Hq * D;  /* between tokens in q / out */
+    const size_t ks = (size_t)Hkv * D; /* between tokens in k / v */
+    if (B <= 0 || T <= 0 || Hq <= 0) {
+        return;
+    }
+    const size_t tile = (size_t)ATT_BQ * ATT_KC;
+    float *scratch =
+        att_alloc("attention_forward", (size_t)omp_get_max_threads() * tile * sizeof(float));
 
-#pragma omp parallel for collapse(3) schedule(dynamic, 16)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < Hq; h++) {
-            for (int i = 0; i < T; i++) {
-                const float *qi = q + ((size_t)b * T + i) * qstride + (size_t)h * D;
-                float *oi = out + ((size_t)b * T + i) * qstride + (size_t)h * D;
-                const float *kb = k + (size_t)b * T * kstride + (size_t)(h / G) * D;
-                const float *vb = v + (size_t)b * T * kstride + (size_t)(h / G) * D;
-                const int32_t *sb = seg ? seg + (size_t)b * T : NULL;
-                const int32_t si = sb ? sb[i] : 0;
+            for (int ib = 0; ib < nib; ib++) {
+                const int i0 = ib * ATT_BQ, i1 = att_min(T, i0 + ATT_BQ);
+                const size_t qoff = ((size_t)b * T + i0) * qs + (size_t)h * D;
+                const size_t koff = (size_t)b * T * ks + (size_t)(h / G) * D;
+                att_forward_block(out + qoff, lse + ((size_t)b * Hq + h) * T, q + qoff,
+                                  k + koff, v + koff, seg ? seg + (size_t)b * T : NULL, i0,
+                                  i1, D, qs, ks, scale, window, softcap,
+                                  scratch + (size_t)omp_get_thread_num() * tile);
+            }
+        }
+    }
+    free(scratch);
+}
 
+/* Row i of a backward tile over keys c0 .. c0+nc-1: s holds scale * q_i . k_j and dp
+ * holds dO_i . v_j; they get P_ij and dS_ij scaled by `scale` (0 where j is not
+ * allowed for i). */
+static void att_row_grads(float *s, float *dp, int i, int c0, int nc, const int32_t *sb,
+                          int window, float cap, float scale, float lse_i, float dlt_i)
+{
+    int a, e;
+    att_row_span(i, c0, nc, window, &a, &e);
+    if (cap > 0.0f) {
+        for (int j = a; j < e; j++) {
+            float dx;
+            const float x = att_score(s[j], cap, &dx);
+            s[j] = ft_exp(x - lse_i);
+            dp[j] = scale * s[j] * (dp[j] - dlt_i) * dx;
+        }
+    } else {
+#pragma omp simd
+        for (int j = a; j < e; j++) {
+            const float p = ft_exp(s[j] - lse_i);
+            s[j] = p;
+            dp[j] = scale * p * (dp[j] - dlt_i);
+        }
+    }
+    for (int j = 0; j < nc; j++) {
+        if (j < a || j >= e || !att_in_seg(sb, i, c0 + j)) {
+            s[j] = 0.0f;
+            dp[j] = 0.0f;
+        }
+    }
+}
+
+/* The backward of query rows i0 .. i1-1 of (b, h), pointers as att_forward_block's plus
+ * dob, dqb (rows i0 of dout, dq; dq may be NULL) and dkh, dvh (token 0 of head h's dk,
+ * dv sums, stride lds; NULL: not wanted). S and dP are two tiles. */
+static void att_backward_block(float *dqb, float *dkh, float *dvh, size_t lds,
+                               const float *dob, const float *qb, const float *kb,
+                               const float *vb, const float *ob, const float *lse_bh,
+                               const int32_t *sb, int i0, int i1, int D, size_t qs,
+                               size_t ks, float scale, int window, float cap, float *S,
+                               float *dP)
+{
+    const int nq = i1 - i0, lo = att_block_first_key(sb, i0, i1, window);
+    float dlt[ATT_BQ];
+    for (int r = 0; r < nq; r++) {
+        const float *dor = dob + (size_t)r * qs, *orow = ob + (size_t)r * qs;
+        float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+        for (int d = 0; d < D; d++) {
+            acc += dor[d] * orow[d];
+        }
+        dlt[r] = acc;
+    }
+    for (int c0 = lo; c0 < i1; c0 += ATT_KC) {
+        const int nc = att_min(i1 - c0, ATT_KC);
+        const float *kc = kb + (size_t)c0 * ks, *vc = vb + (size_t)c0 * ks;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nc, D, scale, qb, (int)qs,
+                    kc, (int)ks, 0.0f, S, ATT_KC);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nc, D, 1.0f, dob, (int)qs,
+                    vc, (int)ks, 0.0f, dP, ATT_KC);
+        for (int r = 0; r < nq; r++) {
+            att_row_grads(S + (size_t)r * ATT_KC, dP + (size_t)r * ATT_KC, i0 + r, c0, nc,
+                          sb, window, cap, scale, lse_bh[i0 + r], dlt[r]);
+        }
+        if (dqb) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nc, 1.0f, dP,
+                        ATT_KC, kc, (int)ks, 1.0f, dqb, (int)qs);
+        }
+        if (dkh) {
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nc, D, nq, 1.0f, dP, ATT_KC,
+                        qb, (int)qs, 1.0f, dkh + (size_t)c0 * lds, (int)lds);
+        }
+        if (dvh) {
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nc, D, nq, 1.0f, S, ATT_KC,
+                        dob, (int)qs, 1.0f, dvh + (size_t)c0 * lds, (int)lds);
+        }
+    }
+}
+
+/* dst[b, t, g] += sum over the group's heads h, in order, of part[b, h, t] (D floats
+ * each): the per-head dk or dv sums of a GQA backward. */
+static void att_reduce_group(float *dst, const float *part, int B, int T, int Hq, int Hkv,
+                             int D)
+{
+    const int G = Hq / Hkv;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            for (int g = 0; g < Hkv; g++) {
+                float *y = dst + (((size_t)b * T + t) * Hkv + g) * D;
+                const float *p0 = part + (((size_t)b * Hq + (size_t)g * G) * T + t) * D;
+#pragma omp simd
                 for (int d = 0; d < D; d++) {
-                    oi[d] = 0.0f;
+                    float s = p0[d];
+                    for (int h = 1; h < G; h++) {
+                        s += p0[(size_t)h * T * D + d];
+                    }
+                    y[d] += s;
                 }
-                float m = -INFINITY;
-                double l = 0.0;
-                float s[ATT_JB];
-                for (int j0 = att_first_key(i, window); j0 <= i; j0 += ATT_JB) {
-                    const int jn = i + 1 - j0 < ATT_JB ? i + 1 - j0 : ATT_JB;
-                    for (int jj = 0; jj < jn; jj += 4) {
-                        const int n = jn - jj < 4 ? jn - jj : 4;
-                        const float *kj = kb + (size_t)(j0 + jj) * kstride;
-                        if (att_any_in_seg(sb, j0 + jj, n, si)) {
-                            att_dot_n(qi, kj, kstride, D, n, s + jj);
-                        }
-                    }
-                    float bm = -INFINITY;
-                    for (int jj = 0; jj < jn; jj++) {
-                        float unused;
-                        s[jj] = (sb && sb[j0 + jj] != si)
-                                    ? -INFINITY
-                                    : att_score(scale * s[jj], softcap, &unused);
-                        bm = s[jj] > bm ? s[jj] : bm;
-                    }
-                    if (bm == -INFINITY) {
-                        continue; /* the whole block is masked */
-                    }
-                    if (bm > m) {
-                        if (m != -INFINITY) {
-                            const float r = expf(m - bm);
-                            l *= r;
-                            for (int d = 0; d < D; d++) {
-                                oi[d] *= r;
-                            }
-                        }
-                        m = bm;
-                    }
-                    for (int jj = 0; jj < jn; jj++) {
-                        s[jj] = expf(s[jj] - m); /* masked: exp(-inf) = 0 */
-                        l += s[jj];
-                    }
-                    for (int jj = 0; jj < jn; jj += 4) {
-                        const int n = jn - jj < 4 ? jn - jj : 4;
-                        const float *vj = vb + (size_t)(j0 + jj) * kstride;
-                        if (att_any_in_seg(sb, j0 + jj, n, si)) {
-                            att_axpy_n(oi, s + jj, vj, kstride, D, n);
-                        }
-                    }
-                }
-                /* l >= 1: the maximum's own term is exp(0). */
-                const float inv = (float)(1.0 / l);
-                for (int d = 0; d < D; d++) {
-                    oi[d] *= inv;
-                }
-                lse[((size_t)b * Hq + h) * T + i] = (float)((double)m + log(l));
             }
         }
     }
@@ -262,122 +374,59 @@ void ft_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dou
                                int B, int T, int Hq, int Hkv, int D, float scale,
                                int window, float softcap)
 {
-    const int G = Hq / Hkv;
-    const size_t qstride = (size_t)Hq * D;
-    const size_t kstride = (size_t)Hkv * D;
-    if (!dq && !dk && !dv) {
+    const int G = Hq / Hkv, nib = (T + ATT_BQ - 1) / ATT_BQ;
+    const size_t qs = (size_t)Hq * D;
+    const size_t ks = (size_t)Hkv * D;
+    if ((!dq && !dk && !dv) || B <= 0 || T <= 0 || Hq <= 0) {
         return;
     }
+    const size_t tile = (size_t)ATT_BQ * ATT_KC;
+    float *scratch = att_alloc("attention_backward",
+                               (size_t)omp_get_max_threads() * 2 * tile * sizeof(float));
+    /* GQA: per-head [T, D] sums of dk and dv, [B, Hq, T, D], added over each group after */
+    const size_t npart = G > 1 ? (size_t)B * Hq * T * D : 0;
+    float *pk = dk && npart ? att_alloc("attention_backward", npart * sizeof(float)) : NULL;
+    float *pv = dv && npart ? att_alloc("attention_backward", npart * sizeof(float)) : NULL;
 
-    /* Dlt [B, Hq, T], laid out like lse. */
-    float *dlt = malloc((size_t)B * Hq * T * sizeof(float));
-    if (dlt) {
-#pragma omp parallel for collapse(3) schedule(static)
-        for (int b = 0; b < B; b++) {
-            for (int h = 0; h < Hq; h++) {
-                for (int i = 0; i < T; i++) {
-                    const size_t off = ((size_t)b * T + i) * qstride + (size_t)h * D;
-                    dlt[((size_t)b * Hq + h) * T + i] = att_dot(dout + off, out + off, D);
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < Hq; h++) {
+            const size_t koff = (size_t)b * T * ks + (size_t)(h / G) * D;
+            const size_t poff = ((size_t)b * Hq + h) * T * D;
+            float *dkh = NULL, *dvh = NULL;
+            size_t lds = ks;
+            if (G > 1) {
+                lds = (size_t)D;
+                if (pk) {
+                    dkh = pk + poff;
+                    memset(dkh, 0, (size_t)T * D * sizeof(float));
                 }
+                if (pv) {
+                    dvh = pv + poff;
+                    memset(dvh, 0, (size_t)T * D * sizeof(float));
+                }
+            } else {
+                dkh = dk ? dk + koff : NULL;
+                dvh = dv ? dv + koff : NULL;
+            }
+            float *S = scratch + (size_t)omp_get_thread_num() * 2 * tile;
+            for (int ib = 0; ib < nib; ib++) {
+                const int i0 = ib * ATT_BQ, i1 = att_min(T, i0 + ATT_BQ);
+                const size_t qoff = ((size_t)b * T + i0) * qs + (size_t)h * D;
+                att_backward_block(dq ? dq + qoff : NULL, dkh, dvh, lds, dout + qoff, q + qoff,
+                                   k + koff, v + koff, out + qoff, lse + ((size_t)b * Hq + h) * T,
+                                   seg ? seg + (size_t)b * T : NULL, i0, i1, D, qs, ks, scale,
+                                   window, softcap, S, S + tile);
             }
         }
     }
-
-    /* Rows: dq_i += scale sum_j dS_ij k_j, four keys j at a time. */
-    if (dq) {
-#pragma omp parallel for collapse(3) schedule(dynamic, 16)
-        for (int b = 0; b < B; b++) {
-            for (int h = 0; h < Hq; h++) {
-                for (int i = 0; i < T; i++) {
-                    const size_t off = ((size_t)b * T + i) * qstride + (size_t)h * D;
-                    const float *qi = q + off;
-                    const float *doi = dout + off;
-                    float *dqi = dq + off;
-                    const float *kb = k + (size_t)b * T * kstride + (size_t)(h / G) * D;
-                    const float *vb = v + (size_t)b * T * kstride + (size_t)(h / G) * D;
-                    const int32_t *sb = seg ? seg + (size_t)b * T : NULL;
-                    const int32_t si = sb ? sb[i] : 0;
-                    const size_t li = ((size_t)b * Hq + h) * T + i;
-                    const float lse_i = lse[li];
-                    const float dlt_i = dlt ? dlt[li] : att_dot(doi, out + off, D);
-
-                    for (int j0 = att_first_key(i, window); j0 <= i; j0 += 4) {
-                        const int n = i + 1 - j0 < 4 ? i + 1 - j0 : 4;
-                        if (!att_any_in_seg(sb, j0, n, si)) {
-                            continue;
-                        }
-                        float sc[4], dp[4], ds[4];
-                        att_dot_n(qi, kb + (size_t)j0 * kstride, kstride, D, n, sc);
-                        att_dot_n(doi, vb + (size_t)j0 * kstride, kstride, D, n, dp);
-                        for (int c = 0; c < n; c++) {
-                            if (sb && sb[j0 + c] != si) {
-                                ds[c] = 0.0f;
-                                continue;
-                            }
-                            float dx;
-                            const float x = att_score(scale * sc[c], softcap, &dx);
-                            const float p = expf(x - lse_i);
-                            ds[c] = scale * p * (dp[c] - dlt_i) * dx;
-                        }
-                        att_axpy_n(dqi, ds, kb + (size_t)j0 * kstride, kstride, D, n);
-                    }
-                }
-            }
-        }
+    if (pk) {
+        att_reduce_group(dk, pk, B, T, Hq, Hkv, D);
     }
-
-    /* Columns: dk_j, dv_j over the group's query heads and the rows i that see j,
-     * four rows i at a time. */
-    if (dk || dv) {
-#pragma omp parallel for collapse(3) schedule(dynamic, 16)
-        for (int b = 0; b < B; b++) {
-            for (int g = 0; g < Hkv; g++) {
-                for (int j = 0; j < T; j++) {
-                    const size_t koff = ((size_t)b * T + j) * kstride + (size_t)g * D;
-                    const float *kj = k + koff;
-                    const float *vj = v + koff;
-                    const int32_t *sb = seg ? seg + (size_t)b * T : NULL;
-                    const int32_t sj = sb ? sb[j] : 0;
-                    const int ilast = att_last_query(j, T, window);
-
-                    for (int h = g * G; h < (g + 1) * G; h++) {
-                        const float *lse_bh = lse + ((size_t)b * Hq + h) * T;
-                        const float *dlt_bh = dlt ? dlt + ((size_t)b * Hq + h) * T : NULL;
-                        for (int i0 = j; i0 <= ilast; i0 += 4) {
-                            const int n = ilast + 1 - i0 < 4 ? ilast + 1 - i0 : 4;
-                            if (!att_any_in_seg(sb, i0, n, sj)) {
-                                continue;
-                            }
-                            const size_t off =
-                                ((size_t)b * T + i0) * qstride + (size_t)h * D;
-                            float sc[4], dp[4], p[4], ds[4];
-                            att_dot_n(kj, q + off, qstride, D, n, sc);
-                            att_dot_n(vj, dout + off, qstride, D, n, dp);
-                            for (int c = 0; c < n; c++) {
-                                const int i = i0 + c;
-                                if (sb && sb[i] != sj) {
-                                    p[c] = ds[c] = 0.0f;
-                                    continue;
-                                }
-                                const size_t oc = off + (size_t)c * qstride;
-                                const float dlt_i =
-                                    dlt_bh ? dlt_bh[i] : att_dot(dout + oc, out + oc, D);
-                                float dx;
-                                const float x = att_score(scale * sc[c], softcap, &dx);
-                                p[c] = expf(x - lse_bh[i]);
-                                ds[c] = scale * p[c] * (dp[c] - dlt_i) * dx;
-                            }
-                            if (dv) {
-                                att_axpy_n(dv + koff, p, dout + off, qstride, D, n);
-                            }
-                            if (dk) {
-                                att_axpy_n(dk + koff, ds, q + off, qstride, D, n);
-                            }
-                        }
-                    }
-                }
-            }
-        }
+    if (pv) {
+        att_reduce_group(dv, pv, B, T, Hq, Hkv, D);
     }
-    free(dlt);
+    free(pk);
+    free(pv);
+    free(scratch);
 }

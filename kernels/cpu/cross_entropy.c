@@ -3,6 +3,7 @@
  * logits [N,V], targets [N] int32 (-100 = ignored row, else in [0, V)).
  * For a counted row n with target t, m = max_j logits[n,j]:
  *   S       = sum_j exp(logits[n,j] - m)                  (the terms in fp32, S in double)
+ * exp is fast_exp.h's (vectorized, within 2 ulp); S is summed in the lanes' order.
  *   lse     = m + log S
  *   loss_n  = lse - logits[n,t] = -log softmax(logits[n])[t]
  *   p_j     = exp(logits[n,j] - m) / S
@@ -27,6 +28,7 @@
 #include <math.h>
 
 #include "cpu_ops.h"
+#include "fast_exp.h"
 
 #define CE_BLOCKS 256
 #define CE_IGNORE (-100)
@@ -42,17 +44,22 @@ static double ce_row(float *d, const float *row, int t, int V, float scale, floa
         m = row[j] > m ? row[j] : m;
     double S = 0.0;
     if (d && cap > 0.0f) {
+#pragma omp simd reduction(+ : S)
         for (int j = 0; j < V; j++)
-            S += expf(row[j] - m);
+            S += ft_exp(row[j] - m);
         float k = (float)(scale / S);
+#pragma omp simd
         for (int j = 0; j < V; j++) {
             float z = row[j], u = z / cap;
-            float g = expf(z - m) * k - (j == t ? scale : 0.0f);
+            float g = ft_exp(z - m) * k;
             d[j] = g * (1.0f - u * u);
         }
+        float u = xt / cap;
+        d[t] -= scale * (1.0f - u * u);
     } else if (d) {
+#pragma omp simd reduction(+ : S)
         for (int j = 0; j < V; j++) {
-            float e = expf(row[j] - m);
+            float e = ft_exp(row[j] - m);
             d[j] = e;
             S += e;
         }
@@ -62,8 +69,9 @@ static double ce_row(float *d, const float *row, int t, int V, float scale, floa
             d[j] *= k;
         d[t] -= scale;
     } else {
+#pragma omp simd reduction(+ : S)
         for (int j = 0; j < V; j++)
-            S += expf(row[j] - m);
+            S += ft_exp(row[j] - m);
     }
     return ((double)m - (double)xt) + log(S);
 }

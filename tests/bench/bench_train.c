@@ -4,8 +4,9 @@
  *               [--ckpt] [--device cpu|cuda] [--fp32] [--loss-chunk N|auto]
  *
  * Runs N optimizer steps (AdamW, constant lr) on seeded random tokens after one warm-up
- * step and prints one JSON line: tokens/s, ms per step, and the tracked allocator's peak
- * bytes per category and the process's peak RSS (VmHWM). LoRA is r=16, alpha=32 on all linear layers; qlora puts it on a
+ * step and prints one JSON line: tokens/s, ms per step, CPU ms per step (user + system
+ * time of all threads: on a loaded machine steadier than the wall clock), the tracked
+ * allocator's peak bytes per category and the process's peak RSS (VmHWM). LoRA is r=16, alpha=32 on all linear layers; qlora puts it on a
  * base quantized on load to NF4 with double quantization (blocks of 64). On the GPU the
  * compute is bf16 (--fp32: fp32); the clock is read after a device synchronize at both
  * ends (ft_device_clock), so the timing covers the work the GPU did (a step's own
@@ -14,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "device/device_clock.h"
 #include "model/model.h"
@@ -35,6 +37,17 @@ static size_t peak_rss(void)
     if (f)
         fclose(f);
     return kb * 1024;
+}
+
+/* CPU seconds (user + system, all threads) this process has used so far: on a loaded
+ * machine a steadier measure of the work than the wall clock. */
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru))
+        return 0.0;
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
+           ru.ru_stime.tv_usec * 1e-6;
 }
 
 int main(int argc, char **argv)
@@ -105,25 +118,28 @@ int main(int argc, char **argv)
         return 1;
     }
     ft_step_stats st;
-    double t0 = 0;
+    double t0 = 0, c0 = 0;
     for (int s = 0; s <= steps; s++) {
-        if (s == 1)
+        if (s == 1) {
             t0 = ft_device_clock(opt.device);
+            c0 = cpu_seconds();
+        }
         if (ft_train_step(m, &o, &sched, &batch, 1, 1.0, &st, &err)) {
             fprintf(stderr, "bench-train: error: %s\n", err.msg);
             return 1;
         }
     }
     double dt = ft_device_clock(opt.device) - t0; /* both ends wait for the device */
+    double cpu = cpu_seconds() - c0;
     const ft_mem *mem = ft_model_mem(m);
     printf("{\"mode\": \"%s\", \"device\": \"%s\", \"dtype\": \"%s\", \"batch\": %d, "
            "\"seq\": %d, \"steps\": %d, \"ckpt\": %s, \"loss_chunk\": %zu, "
-           "\"tokens_per_s\": %.1f, \"ms_per_step\": %.1f, \"loss\": %.4f, \"trainable\": %zu, "
+           "\"tokens_per_s\": %.1f, \"ms_per_step\": %.1f, \"cpu_ms_per_step\": %.1f, \"loss\": %.4f, \"trainable\": %zu, "
            "\"peak_bytes\": {",
            mode, opt.device == FT_DEV_CUDA ? "cuda" : "cpu", opt.dtype == FT_BF16 ? "bf16" : "fp32",
            B, T, steps, opt.grad_ckpt ? "true" : "false",
            ft_loss_chunk_rows(opt.loss_chunk_rows, (size_t)V, (size_t)B * T),
-           (double)B * T * steps / dt, dt * 1e3 / steps, st.loss, n);
+           (double)B * T * steps / dt, dt * 1e3 / steps, cpu * 1e3 / steps, st.loss, n);
     for (int c = 0; c < FT_MEM_NCAT; c++)
         printf("%s\"%s\": %zu", c ? ", " : "", ft_mem_cat_name((ft_mem_cat)c), mem->peak[c]);
     printf(", \"total\": %zu}, \"peak_rss_bytes\": %zu}\n", mem->peak_total, peak_rss());

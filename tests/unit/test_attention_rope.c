@@ -11,15 +11,19 @@
  *   (bitwise).
  * - Attention forward: a naive double reference (explicit T x T scores, mask, softmax
  *   with max subtraction); out and lse to 1e-5. Cases: MHA, GQA, MQA, odd sizes, T = 1,
- *   contiguous and interleaved segment ids, sliding windows, large logits, and T > 64
- *   (more than one block of the op's online softmax).
+ *   contiguous and interleaved segment ids, sliding windows, large logits, T > 64
+ *   (several query blocks) and T > 512 (several key chunks of the op's online softmax).
  * - Attention backward: central finite differences of L = sum(out * r) computed on the
  *   double reference (step 1e-5, truncation error ~1e-10), so the tolerance only has to
  *   cover the fp32 op's own rounding: 1e-4. Every element of dq, dk, dv is checked.
  *   Accumulation into non-zero gradients to 1e-6; NULL for unwanted gradients leaves
- *   the others bitwise unchanged.
+ *   the others bitwise unchanged. Long sequences (several query blocks and key chunks):
+ *   the directional derivative along a random direction, per input, the same way, 1e-4.
+ * - Attention forward and backward give the same bits on 1 and 3 threads and inside a
+ *   parallel region.
  * - Packed sequences (seg ids, positions restarting per segment) equal running each
  *   segment alone, forward and backward, to 1e-6. */
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -439,6 +443,12 @@ static const att_case fwd_cases[] = {
     {"softcap_window", 2, 11, 4, 2, 8, 3, 1.0f, 2.5f, 0, 4.0f},
     {"softcap_segments", 2, 13, 6, 2, 6, 4, 1.0f, 2.5f, 1, 3.0f},
     {"long_softcap", 1, 160, 2, 1, 8, 50, 1.0f, 2.5f, 0, 5.0f},
+    /* T past one 512-key chunk: the online softmax across chunks (the late rows' maximum
+     * grows in the second chunk with the larger amplitude), with a window reaching
+     * across the chunk boundary, with packed segments and a softcap */
+    {"chunks", 1, 700, 4, 2, 8, 0, 0.0f, 2.0f, 0, 0.0f},
+    {"chunks_window", 1, 640, 2, 1, 6, 300, 0.0f, 2.5f, 0, 0.0f},
+    {"chunks_segments_softcap", 2, 600, 2, 1, 6, 0, 1.0f, 2.5f, 1, 4.0f},
 };
 
 static void test_attention_forward(void)
@@ -579,6 +589,139 @@ static void test_attention_backward(void)
     }
 }
 
+/* Long sequences (several query blocks and key chunks), where the element-wise finite
+ * differences above would take too long: the derivative of L = sum(out * r) along a
+ * random direction u, one of q, k, v at a time, by central differences on the double
+ * reference, against sum(grad * u) from the op. */
+static void run_directional_case(const att_case *c)
+{
+    const size_t nq = (size_t)c->B * c->T * c->Hq * c->D;
+    const size_t nk = (size_t)c->B * c->T * c->Hkv * c->D;
+    const size_t nl = (size_t)c->B * c->Hq * c->T;
+    const float scale = case_scale(c);
+    float *q = rand_buf(nq, c->amp), *k = rand_buf(nk, c->amp), *v = rand_buf(nk, 1.0f);
+    float *r = rand_buf(nq, 1.0f);
+    int32_t *seg = c->segmented ? make_seg(c->B, c->T, c->segmented) : NULL;
+    float *out = malloc(nq * sizeof(float)), *lse = malloc(nl * sizeof(float));
+    float *dq = calloc(nq, sizeof(float)), *dk = calloc(nk, sizeof(float));
+    float *dv = calloc(nk, sizeof(float));
+    double *qd = to_double(q, nq), *kd = to_double(k, nk), *vd = to_double(v, nk);
+    double *rd = to_double(r, nq), *outd = malloc(nq * sizeof(double));
+
+    ft_cpu_attention_forward(out, lse, q, k, v, seg, c->B, c->T, c->Hq, c->Hkv, c->D,
+                             scale, c->window, c->softcap);
+    ft_cpu_attention_backward(dq, dk, dv, r, q, k, v, out, lse, seg, c->B, c->T, c->Hq,
+                              c->Hkv, c->D, scale, c->window, c->softcap);
+    int before = check_current_failed;
+    check_current_failed = 0;
+    double *xs[3] = {qd, kd, vd};
+    const float *gs[3] = {dq, dk, dv};
+    const size_t ns[3] = {nq, nk, nk};
+    const double step = 1e-5;
+    for (int w = 0; w < 3; w++) {
+        float *u = rand_buf(ns[w], 1.0f);
+        double *x0 = malloc(ns[w] * sizeof(double));
+        memcpy(x0, xs[w], ns[w] * sizeof(double));
+        double want = 0.0;
+        for (size_t e = 0; e < ns[w]; e++) {
+            want += (double)gs[w][e] * u[e];
+            xs[w][e] = x0[e] + step * u[e];
+        }
+        const double lp = ref_loss(qd, kd, vd, seg, rd, outd, c);
+        for (size_t e = 0; e < ns[w]; e++) {
+            xs[w][e] = x0[e] - step * u[e];
+        }
+        const double lm = ref_loss(qd, kd, vd, seg, rd, outd, c);
+        memcpy(xs[w], x0, ns[w] * sizeof(double));
+        CHECK_CLOSE(want, (lp - lm) / (2.0 * step), 1e-4);
+        free(u);
+        free(x0);
+    }
+    if (check_current_failed) {
+        fprintf(stderr, "  (directional case %s)\n", c->name);
+    }
+    check_current_failed |= before;
+    free(q);
+    free(k);
+    free(v);
+    free(r);
+    free(seg);
+    free(out);
+    free(lse);
+    free(dq);
+    free(dk);
+    free(dv);
+    free(qd);
+    free(kd);
+    free(vd);
+    free(rd);
+    free(outd);
+}
+
+static const att_case dir_cases[] = {
+    {"blocks_gqa", 2, 150, 4, 2, 8, 0, 0.0f, 2.0f, 0, 0.0f},
+    {"chunks", 1, 700, 4, 2, 8, 0, 0.0f, 2.0f, 0, 0.0f},
+    {"chunks_mha_window", 1, 640, 2, 2, 6, 300, 0.0f, 2.5f, 0, 0.0f},
+    {"chunks_segments_softcap", 2, 600, 2, 1, 6, 0, 1.0f, 2.5f, 1, 4.0f},
+    {"chunks_interleaved_window", 1, 560, 3, 1, 4, 200, 0.0f, 1.5f, 2, 0.0f},
+};
+
+static void test_attention_backward_long(void)
+{
+    for (size_t i = 0; i < sizeof(dir_cases) / sizeof(dir_cases[0]); i++) {
+        run_directional_case(&dir_cases[i]);
+    }
+}
+
+/* The same bits on one thread, on three, and called from inside a parallel region (every
+ * score tile and every gradient sum is one thread's, in a fixed order; OpenBLAS runs a
+ * GEMM called inside a parallel region on the calling thread). */
+static void test_attention_same_bits_any_threads(void)
+{
+    const att_case c = {"threads", 2, 300, 6, 2, 8, 0, 0.0f, 2.0f, 1, 0.0f};
+    const size_t nq = (size_t)c.B * c.T * c.Hq * c.D;
+    const size_t nk = (size_t)c.B * c.T * c.Hkv * c.D;
+    const size_t nl = (size_t)c.B * c.Hq * c.T;
+    const size_t n = 3 * nq + nl + 2 * nk; /* out, lse, dq, dk, dv, and dq again */
+    float *q = rand_buf(nq, c.amp), *k = rand_buf(nk, c.amp), *v = rand_buf(nk, 1.0f);
+    float *r = rand_buf(nq, 1.0f);
+    int32_t *seg = make_seg(c.B, c.T, 1);
+    const int threads = omp_get_max_threads();
+    float *res[3];
+    for (int run = 0; run < 3; run++) {
+        float *o = calloc(n, sizeof(float));
+        float *out = o, *lse = o + nq, *dq = lse + nl, *dk = dq + nq, *dv = dk + nk;
+        omp_set_num_threads(run == 0 ? 1 : 3);
+#pragma omp parallel num_threads(2) if (run == 2)
+        {
+#pragma omp single
+            {
+                ft_cpu_attention_forward(out, lse, q, k, v, seg, c.B, c.T, c.Hq, c.Hkv, c.D,
+                                         case_scale(&c), c.window, c.softcap);
+                ft_cpu_attention_backward(dq, dk, dv, r, q, k, v, out, lse, seg, c.B, c.T,
+                                          c.Hq, c.Hkv, c.D, case_scale(&c), c.window,
+                                          c.softcap);
+                ft_cpu_attention_backward(dv + nk, NULL, NULL, r, q, k, v, out, lse, seg,
+                                          c.B, c.T, c.Hq, c.Hkv, c.D, case_scale(&c),
+                                          c.window, c.softcap);
+            }
+        }
+        res[run] = o;
+    }
+    omp_set_num_threads(threads);
+    CHECK(!memcmp(res[0], res[1], n * sizeof(float)));
+    CHECK(!memcmp(res[0], res[2], n * sizeof(float)));
+    CHECK(!memcmp(res[0] + nq + nl, res[0] + n - nq, nq * sizeof(float))); /* dq alone */
+    for (int run = 0; run < 3; run++) {
+        free(res[run]);
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(r);
+    free(seg);
+}
+
 /* ---- packed sequences == separate sequences ------------------------------------ */
 
 /* One row holding segments [0,0,0,1,1,1,1,2,2,2,...] with positions restarting at 0 in
@@ -670,6 +813,8 @@ int main(void)
     RUN(test_rope_norm_and_identity);
     RUN(test_attention_forward);
     RUN(test_attention_backward);
+    RUN(test_attention_backward_long);
+    RUN(test_attention_same_bits_any_threads);
     RUN(test_packed_equals_separate);
     return check_summary("attention_rope");
 }
