@@ -1395,6 +1395,7 @@ static int read_qwen_moe(const char *path, const json_t *root, const model_defau
     cfg->router_aux_loss_coef = (float)coef;
     cfg->intermediate_size = width;
     cfg->shared_expert_size = shared;
+    cfg->moe_lora_plain = qwen2;
     snprintf(cfg->moe_name, sizeof cfg->moe_name, "mlp");
     snprintf(cfg->expert_proj[0], sizeof cfg->expert_proj[0], "gate_proj");
     snprintf(cfg->expert_proj[1], sizeof cfg->expert_proj[1], "up_proj");
@@ -1761,7 +1762,24 @@ unsigned ft_layer_projections(const ft_model_config *cfg, int l)
     unsigned projs = ft_block_projections(cfg);
     if (cfg->num_experts > 0 && ft_layer_mlp_width(cfg, l) > 0)
         projs |= mlp;
+    if (cfg->shared_expert_size > 0 && ft_layer_sparse(cfg, l))
+        projs |= 1u << FT_PROJ_SHGATE;
     return projs;
+}
+
+unsigned ft_layer_lora_projections(const ft_model_config *cfg, int l)
+{
+    if (cfg->num_experts > 0 && !cfg->moe_lora_plain)
+        return ft_block_projections(cfg);
+    return ft_layer_projections(cfg, l);
+}
+
+unsigned ft_lora_projections(const ft_model_config *cfg)
+{
+    unsigned u = 0;
+    for (int l = 0; l < cfg->num_layers; l++)
+        u |= ft_layer_lora_projections(cfg, l);
+    return u;
 }
 
 const char *ft_layer_proj_path(const ft_model_config *cfg, int l, ft_proj p)
@@ -1816,6 +1834,7 @@ void ft_proj_dims(const ft_model_config *c, ft_proj p, int *in, int *out)
     case FT_PROJ_UP: *in = c->hidden_size; *out = c->intermediate_size; break;
     case FT_PROJ_QKV: *in = c->hidden_size; *out = q + 2 * kv; break;
     case FT_PROJ_GATE_UP: *in = c->hidden_size; *out = 2 * c->intermediate_size; break;
+    case FT_PROJ_SHGATE: *in = c->hidden_size; *out = 1; break;
     default: *in = c->intermediate_size; *out = c->hidden_size; break;
     }
 }

@@ -198,6 +198,12 @@ typedef struct ft_model_config {
     char moe_name[24];
     char expert_proj[3][16];
     int shared_expert_size;      /* 0: no shared expert */
+    /* LoRA: PEFT on transformers 5 converts a mixtral or qwen3_moe adapter's MLP module
+     * names (w1, w3, w2; gate_proj, up_proj, down_proj; gate) and all-linear to the router
+     * and the fused experts (target_parameters); qwen2_moe has no such conversion there,
+     * so those names, all-linear included, stay on its linear layers (the shared expert,
+     * its gate, the dense layers' MLPs): moe_lora_plain, ft_layer_lora_projections */
+    bool moe_lora_plain;
     int dense_intermediate_size; /* the dense layers' MLP width (0: every layer sparse) */
     uint64_t dense_layers[FT_MAX_LAYER_TYPES / 64];
     /* "quantization_config": the checkpoint holds bitsandbytes 4/8-bit weights
@@ -248,8 +254,15 @@ int ft_layer_mlp_width(const ft_model_config *cfg, int l);
 /* The most of ft_layer_mlp_width over layers [l0, l1) (0 when none has an MLP). */
 int ft_max_mlp_width(const ft_model_config *cfg, int l0, int l1);
 /* The projections layer l holds weights for: ft_block_projections, plus gate, up, down
- * where a MoE layer has a plain MLP (a dense layer, a shared expert). */
+ * where a MoE layer has a plain MLP (a dense layer, a shared expert), and the shared
+ * expert's gate (FT_PROJ_SHGATE, [1, hidden]) in a qwen2_moe sparse layer. */
 unsigned ft_layer_projections(const ft_model_config *cfg, int l);
+/* The modules of layer l a LoRA pair can sit on (bitmask of 1u << ft_proj): the
+ * attention's for mixtral and qwen3_moe (their MLP names reach the experts instead:
+ * moe_lora_plain), else ft_layer_projections. ft_lora_projections: their union over the
+ * layers. */
+unsigned ft_layer_lora_projections(const ft_model_config *cfg, int l);
+unsigned ft_lora_projections(const ft_model_config *cfg);
 /* The module path of p in layer l (below "model.layers.N."): ft_proj_path, or for a
  * sparse layer's shared expert "mlp.shared_expert.gate_proj", ... */
 const char *ft_layer_proj_path(const ft_model_config *cfg, int l, ft_proj p);

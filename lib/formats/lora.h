@@ -24,6 +24,7 @@ typedef enum ft_proj {
     FT_PROJ_DOWN,
     FT_PROJ_QKV,
     FT_PROJ_GATE_UP,
+    FT_PROJ_SHGATE, /* qwen2_moe's mlp.shared_expert_gate [1, hidden] (sparse layers) */
     FT_NPROJ
 } ft_proj;
 
@@ -32,7 +33,7 @@ const char *ft_proj_name(ft_proj p);
 /* The module path below "model.layers.N.": "self_attn.q_proj", "mlp.down_proj", ... */
 const char *ft_proj_path(ft_proj p);
 
-/* "all-linear": every module bit; a model keeps those of its block (the nine bits, 0x1ff). */
+/* "all-linear": every module bit; a model keeps those of its block (the ten bits, 0x3ff). */
 #define FT_LORA_ALL_LINEAR ((1u << FT_NPROJ) - 1)
 /* LoRA outside the block, bits of ft_lora_config.targets above the nine: on the token
  * embedding (PEFT's Embedding layer: lora_embedding_A [r, vocab], lora_embedding_B

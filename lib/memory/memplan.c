@@ -370,7 +370,7 @@ static void count_activations(const ft_model_config *c, size_t N, const act_spec
         ws->tensor += N * (size_t)sp->r_lora; /* d_lora_h */
         if (sp->lora_dropout) {
             size_t w = C > I ? (C > QD ? C : QD) : (I > QD ? I : QD);
-            ws->tensor += N * w; /* x_drop */
+            ws->tensor += N * (W > w ? W : w); /* x_drop */
         }
         if (sp->outer)
             ws->tensor += N * (size_t)sp->r_lora; /* lora_xh */

@@ -67,7 +67,9 @@ static bool quantized_weight(const ft_model *m, int l, ft_proj p)
 {
     char path[160];
     snprintf(path, sizeof path, "model.layers.%d.%s", l, ft_layer_proj_path(&m->cfg, l, p));
-    return m->quant.type != FT_QUANT_NONE && !ft_quant_skipped(m->quant_skip, path);
+    /* (qwen2_moe's shared_expert_gate, a [1, C] row, stays dense) */
+    return m->quant.type != FT_QUANT_NONE && p != FT_PROJ_SHGATE &&
+           !ft_quant_skipped(m->quant_skip, path);
 }
 
 /* Branch norm n of layer l (when the block has it), named as the family names it. */
@@ -145,10 +147,6 @@ static int add_moe(layout *lo, int l)
             if (rc == 0)
                 m->params[m->n_params - 1].quantized = quantized_expert(m, l, e, h);
         }
-    /* qwen2_moe: the shared expert's gate [1, C] (a linear layer; kept dense) */
-    if (c->shared_expert_size > 0)
-        rc |= add_param(lo, l + 1, full, false, &w->shgate, &w->g_shgate, 2, 1, C,
-                        "%smodel.layers.%d.mlp.shared_expert_gate.weight", c->ckpt_prefix, l);
     return rc;
 }
 
@@ -157,8 +155,8 @@ static int add_moe(layout *lo, int l)
  * gate, up, down, the MLP's post-norm (each norm where the block has it), then LoRA. The
  * modules come in ft_proj order: a fused block (phi3) has o, down, qkv, then the norms,
  * gate_up. A sparse MoE layer: q, k, v, o, the norms, its plain MLP's gate, up, down
- * when it has one (qwen2_moe's shared expert), the router, the experts and the shared
- * expert's gate (add_moe); a MoE model's dense layer is a dense family's. Base
+ * when it has one (qwen2_moe's shared expert) and its gate, the router, the experts
+ * (add_moe); a MoE model's dense layer is a dense family's. Base
  * weights are named as the checkpoint names them (ckpt_prefix), LoRA weights as PEFT's
  * adapter keys (module_prefix). */
 static int build_layout(layout *lo)
@@ -209,17 +207,16 @@ static int build_layout(layout *lo)
                 if (!(m->lora_mask[l] & (1u << p)))
                     continue;
                 int in, out;
-                proj_dims(c, (ft_proj)p, &in, &out);
+                ft_layer_proj_dims(c, l, (ft_proj)p, &in, &out);
+                const char *path = ft_layer_proj_path(c, l, (ft_proj)p);
                 rc |= add_param(lo, l + 1, true, true, &w->lora_a[p], &w->g_lora_a[p], 2, r, in,
-                                "base_model.model.%slayers.%d.%s.lora_A.weight", mp, l,
-                                ft_proj_path((ft_proj)p));
+                                "base_model.model.%slayers.%d.%s.lora_A.weight", mp, l, path);
                 rc |= add_param(lo, l + 1, true, true, &w->lora_b[p], &w->g_lora_b[p], 2, out, r,
-                                "base_model.model.%slayers.%d.%s.lora_B.weight", mp, l,
-                                ft_proj_path((ft_proj)p));
+                                "base_model.model.%slayers.%d.%s.lora_B.weight", mp, l, path);
                 if (m->opt.lora.dora)
                     rc |= add_param(lo, l + 1, true, true, &w->lora_m[p], &w->g_lora_m[p], 1,
                                     out, 0, "base_model.model.model.layers.%d.%s."
-                                    "lora_magnitude_vector", l, ft_proj_path((ft_proj)p));
+                                    "lora_magnitude_vector", l, path);
             }
             /* PEFT's ParamWrapper on the router's weight (transformers 5: mlp.gate) */
             if (ft_layer_sparse(c, l) && (m->opt.lora.target_params & FT_LORA_PARAM_ROUTER)) {
@@ -670,13 +667,25 @@ static int lora_layers(ft_model *m, ft_err *err)
     /* A module name the block lacks: an error in settings given here; in an adapter's
      * config, as for PEFT, fine while the targets select something (an adapter may list
      * the names of several families). */
-    unsigned projs = ft_block_projections(&m->cfg);
+    unsigned projs = ft_lora_projections(&m->cfg);
+    bool plain = m->cfg.moe_lora_plain;
+    if (plain && (lc->targets & FT_LORA_MOE))
+        return ft_fail(err, "LoRA target %s on model_type '%s': PEFT has no such target there "
+                       "(its router, mlp.gate, is not a linear layer, and PEFT does not map "
+                       "the MLP names to its experts; gate_proj, up_proj, down_proj name the "
+                       "shared expert's and the dense layers' projections)",
+                       lc->targets & FT_LORA_MOE_ROUTER ? "'gate'" : "w1/w2/w3",
+                       m->cfg.model_type);
+    if (plain && lc->target_params)
+        return ft_fail(err, "LoRA target_parameters (the router's or the experts' LoRA) on "
+                       "model_type '%s' are not supported (LoRA on its attention, shared "
+                       "expert, shared_expert_gate and dense layers is)", m->cfg.model_type);
     if (m->cfg.num_experts > 0 && lc->target_regex[0])
         return ft_fail(err, "LoRA target_modules as a regex on model_type '%s' is not "
                        "supported (PEFT resolves it against the experts' fused parameters; "
                        "list the modules: q_proj, k_proj, v_proj, o_proj, gate (the router), "
                        "w1, w2, w3, or all-linear)", m->cfg.model_type);
-    if (ft_lora_resolve_moe(&m->opt.lora, m->cfg.num_experts > 0, err))
+    if (ft_lora_resolve_moe(&m->opt.lora, m->cfg.num_experts > 0 && !plain, err))
         return -1;
     unsigned absent = lc->targets & ~projs & ~FT_LORA_OUTER;
     if ((lc->targets & ~FT_LORA_OUTER) != FT_LORA_ALL_LINEAR && absent && !lc->source[0])
@@ -688,7 +697,7 @@ static int lora_layers(ft_model *m, ft_err *err)
     for (int l = 0; l < m->cfg.num_layers; l++) {
         if (ft_lora_layer_mask(lc, l, &m->lora_mask[l], err))
             return -1;
-        m->lora_mask[l] &= projs;
+        m->lora_mask[l] &= ft_layer_lora_projections(&m->cfg, l);
         m->lora_union |= m->lora_mask[l];
     }
     unsigned outer = lc->targets & FT_LORA_OUTER;
@@ -1068,8 +1077,10 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
     bool moe = c->num_experts > 0;
     /* d_act, d_gate, d_up: the experts' N k rows, or the widest plain MLP (a MoE model's
      * dense layers, shared expert) */
-    size_t DI = K * I > (size_t)ft_max_mlp_width(c, 0, L) ? K * I
-                                                          : (size_t)ft_max_mlp_width(c, 0, L);
+    size_t WM = (size_t)ft_max_mlp_width(c, 0, L), DI = K * I > WM ? K * I : WM;
+    /* x_drop: dropout(x) of the widest LoRA input (hidden, q heads, an MLP's width) */
+    size_t XW = C > I ? (C > QD ? C : QD) : (I > QD ? I : QD);
+    XW = WM > XW ? WM : XW;
     size_t xbs = 0, xdh = 0; /* LoRA on the experts */
     moe_experts_lora_dims(m, &xbs, &xdh);
     struct {
@@ -1102,7 +1113,7 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
         {&m->d_rlogits, NS * (size_t)c->num_experts, train && moe, FT_MEM_WORKSPACE, false},
         {&m->d_lora_h, NS * (size_t)(m->opt.lora.r > 0 ? m->opt.lora.r : 1),
          m->opt.mode == FT_TRAIN_LORA, FT_MEM_WORKSPACE, false},
-        {&m->x_drop, NS * (C > I ? (C > QD ? C : QD) : (I > QD ? I : QD)),
+        {&m->x_drop, NS * XW,
          m->opt.mode == FT_TRAIN_LORA && m->opt.lora.dropout > 0, FT_MEM_WORKSPACE, false},
         {&m->dora_w, m->dora_w_n, dora, FT_MEM_WORKSPACE, false},
         {&m->dora_g, m->dora_out, dora, FT_MEM_WORKSPACE, true},

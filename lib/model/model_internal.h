@@ -30,8 +30,7 @@ typedef struct layer_weights {
      * down weights at expert[3 e + 0, 1, 2] ([I, C], [I, C], [C, I]); grads likewise */
     float *router, *g_router;
     float **expert, **g_expert; /* [3 E] */
-    /* qwen2_moe's shared expert gate [1, C] (the shared expert itself: w[gate, up, down]) */
-    float *shgate, *g_shgate;
+    /* (qwen2_moe's shared expert: w[gate, up, down]; its gate: w[FT_PROJ_SHGATE]) */
     /* LoRA on the router (lora.target_params FT_LORA_PARAM_ROUTER; moe_lora.c): A [r, C],
      * B [E, r]; NULL without */
     float *rlora_a, *rlora_b, *g_rlora_a, *g_rlora_b;

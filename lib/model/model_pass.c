@@ -130,11 +130,12 @@ static proj_view proj_view_of(ft_model *m, int l, ft_proj p)
  * forward's seed, the layer and the module, so backward regenerates it. The seven
  * Llama-family modules keep the numbering l * 7 + p + 1 of the versions before the fused
  * ones (a resumed run draws the masks it would have drawn); qkv_proj and gate_up_proj
- * number from 2^40. */
+ * number from 2^40, qwen2_moe's shared_expert_gate from 2^42. */
 static uint64_t lora_dropout_seed(const ft_model *m, int l, ft_proj p)
 {
-    uint64_t k = p < FT_PROJ_QKV ? (uint64_t)l * FT_PROJ_QKV + (uint64_t)p + 1
-                                 : (1ull << 40) + (uint64_t)l * 2 + (uint64_t)(p - FT_PROJ_QKV);
+    uint64_t k = p < FT_PROJ_QKV      ? (uint64_t)l * FT_PROJ_QKV + (uint64_t)p + 1
+                 : p == FT_PROJ_SHGATE ? (1ull << 42) + (uint64_t)l
+                                       : (1ull << 40) + (uint64_t)l * 2 + (uint64_t)(p - FT_PROJ_QKV);
     return ft_mix64(m->dropout_seed ^ k);
 }
 
@@ -269,16 +270,15 @@ static void qk_norm_backward(ft_model *m, int l, ft_proj p, const float *dy, flo
                         c->norm_w_offset);
 }
 
-/* qwen2_moe's shared expert gate: s = sigmoid(x G^T) ([N], G [1, C]), and y += s * sh (the
+/* qwen2_moe's shared expert gate: s = sigmoid(x G^T) ([N], G [1, C], with its LoRA pair),
+ * and y += s * sh (the
  * shared expert's output, a->sh) as a k = 1 combine with slot[n] = n (y NULL: a
  * recompute, s alone). */
 static void shared_gate_forward(ft_model *m, int l, const float *x, float *y)
 {
-    const layer_weights *w = &m->layers[l];
     layer_acts *a = &m->acts[l];
     int N = m->B * m->T, C = m->cfg.hidden_size;
-    ft_linear_forward(A_(a->sz, N), A_(x, (size_t)N * C), A_(w->shgate, C), ft_none(), N, C,
-                      1, 1.0f, 0);
+    proj_forward(m, l, FT_PROJ_SHGATE, x, a->sz);
     ft_sigmoid_forward(F_(a->ss, N), A_(a->sz, N), (size_t)N);
     if (y)
         ft_moe_combine_forward(A_(y, (size_t)N * C), A_(a->sh, (size_t)N * C), F_(a->ss, N),
@@ -287,11 +287,10 @@ static void shared_gate_forward(ft_model *m, int l, const float *x, float *y)
 
 /* Its backward from dy (the block output's gradient): d_sh = s dy (the shared expert's
  * output gradient, [N, C]); ds = dy . sh, dz = ds s (1 - s) (in the router's scratch,
- * free until moe_backward), dG += dz^T x, d_ln += dz G. */
+ * free until moe_backward), dG += dz^T x, d_ln += dz G (and the pair's). */
 static void shared_gate_backward(ft_model *m, int l, const float *x, const float *dy,
                                  float *d_sh)
 {
-    const layer_weights *w = &m->layers[l];
     const layer_acts *a = &m->acts[l];
     int N = m->B * m->T, C = m->cfg.hidden_size;
     size_t nC = (size_t)N * C;
@@ -301,8 +300,7 @@ static void shared_gate_backward(ft_model *m, int l, const float *x, const float
                             F_(a->ss, N), I_(m->iota, N), N, 1, C);
     ft_zero(A_(m->d_rlogits, N), (size_t)N);
     ft_sigmoid_backward(A_(m->d_rlogits, N), F_(m->d_rw, N), F_(a->ss, N), (size_t)N);
-    ft_linear_backward(A_(m->d_ln, nC), OPTF_(w->g_shgate, C), ft_none(), A_(m->d_rlogits, N),
-                       A_(x, nC), A_(w->shgate, C), N, C, 1, 1.0f);
+    proj_backward(m, l, FT_PROJ_SHGATE, x, m->d_rlogits, m->d_ln);
 }
 
 /* One decoder layer: in -> out. out NULL recomputes only what backward needs (a

@@ -148,3 +148,64 @@ def test_grad_ckpt_equal(case, ft):
     for k, v in case.full_out.items():
         if k.startswith("grad.") or k in ("loss", "logits"):
             assert torch.equal(out[k], v), k
+
+
+# --- LoRA: PEFT keeps every MLP name on qwen2_moe's linear layers ----------------------
+
+LORA_TARGETS = {
+    # q, k, v, o, the shared expert's and the dense layers' gate/up/down, shared_expert_gate
+    "all-linear": "all-linear",
+    "gate-down": ["v_proj", "shared_expert_gate", "down_proj"],
+}
+
+
+@pytest.fixture(scope="module", params=[(s, t) for s in ("qwen2_moe", "qwen2_moe_top3_norm")
+                                        for t in LORA_TARGETS],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def lora_case(request, store, ft):
+    name, variant = request.param
+    shape = SHAPES[name]
+    model_dir = store(name)
+    adapter = ftref.build_adapter(model_dir, store.root / f"adapter-{name}-{variant}",
+                                  target_modules=LORA_TARGETS[variant], seed=7)
+    model = ftref.lora_mode_model(model_dir, adapter)
+    ids, labels = ftref.make_batch(model.config.vocab_size, B, shape.T, shape.seed + 1)
+    logits, loss, grads = ftref.hf_grads(model, ids, labels, key=ftref.peft_key)
+    out = ft(dict(model_dir=model_dir, adapter_dir=adapter, mode="lora", input_ids=ids,
+                  labels=labels), f"{name}-lora-{variant}")
+    return dict(logits=logits, loss=loss, grads=grads, out=out, variant=variant,
+                adapter=adapter, cfg=model.config)
+
+
+def test_lora_targets_as_peft_puts_them(lora_case):
+    """The guard: PEFT's pairs sit on the shared expert (and the dense layers' MLP for
+    down_proj), on shared_expert_gate, never on the router or the experts."""
+    g = lora_case["grads"]
+    cfg = json.loads((lora_case["adapter"] / "adapter_config.json").read_text())
+    assert not cfg.get("target_parameters")
+    assert any(".mlp.shared_expert_gate.lora_B" in k for k in g)
+    assert any(".mlp.shared_expert.down_proj.lora_A" in k for k in g)
+    dense = dense_layers(lora_case["cfg"])
+    assert any(f"layers.{l}.mlp.down_proj.lora_A" in k for k in g for l in dense)
+    assert not any(".experts." in k or ".mlp.gate.lora" in k for k in g)
+
+
+def test_lora_logits_loss_grads(lora_case):
+    c = lora_case
+    assert {k for k in c["out"] if k.startswith("grad.")} == {f"grad.{k}" for k in c["grads"]}
+    ftref.assert_close("lora logits", c["out"]["logits"], c["logits"], ftref.TOL_LOGITS)
+    ftref.assert_close("lora loss", c["out"]["loss"], c["loss"], ftref.TOL_LOGITS)
+    ftref.assert_tensor_dict_close("grad.", c["out"], c["grads"], ftref.TOL_GRAD)
+
+
+def test_lora_router_and_experts_refused(store, ft_raw):
+    """'gate' (PEFT: the router is not a linear layer) and target_parameters (the experts)
+    are refused on qwen2_moe with the reason."""
+    import subprocess
+
+    model_dir = store("qwen2_moe_top1_noaux")
+    for targets, want in (("q_proj,gate", "'gate'"), ("w1,w3", "w1/w2/w3")):
+        r = subprocess.run([ftref.tool_exe("FT_LORA_INIT", "ft-lora-init"), "--model",
+                            str(model_dir), "--out", str(store.root / "refused"), "--target",
+                            targets], capture_output=True, text=True)
+        assert r.returncode != 0 and want in r.stderr and "qwen2_moe" in r.stderr, r.stderr
