@@ -67,9 +67,7 @@ static bool quantized_weight(const ft_model *m, int l, ft_proj p)
 {
     char path[160];
     snprintf(path, sizeof path, "model.layers.%d.%s", l, ft_layer_proj_path(&m->cfg, l, p));
-    /* (qwen2_moe's shared_expert_gate, a [1, C] row, stays dense) */
-    return m->quant.type != FT_QUANT_NONE && p != FT_PROJ_SHGATE &&
-           !ft_quant_skipped(m->quant_skip, path);
+    return m->quant.type != FT_QUANT_NONE && !ft_quant_skipped(m->quant_skip, path);
 }
 
 /* Branch norm n of layer l (when the block has it), named as the family names it. */

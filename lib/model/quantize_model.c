@@ -95,8 +95,8 @@ static float round_to(float x, ft_st_dtype dt)
 /* ---- which tensors ----------------------------------------------------------------- */
 
 /* Whether name is model.layers.N.<projection>.weight, a projection of the block or of
- * qwen2_moe's shared expert (mlp.shared_expert.gate_proj, ...; not its one-row
- * shared_expert_gate, which the model keeps dense); path receives the module path. */
+ * qwen2_moe's shared expert (mlp.shared_expert.gate_proj, ...) and its gate (one row, a
+ * linear layer bitsandbytes quantizes too); path receives the module path. */
 static bool block_linear_weight(const char *name, char *path, size_t size)
 {
     const char *prefix = "model.layers.", *suffix = ".weight";
@@ -123,8 +123,6 @@ static bool block_linear_weight(const char *name, char *path, size_t size)
     }
     for (int k = 0; k < FT_NPROJ; k++) {
         const char *proj = ft_proj_path((ft_proj)k);
-        if (k == FT_PROJ_SHGATE)
-            continue;
         if (strlen(proj) == rest && strncmp(p, proj, rest) == 0) {
             snprintf(path, size, "%.*s", (int)(n - ns), name);
             return true;
