@@ -411,3 +411,65 @@ def test_quantized_checkpoint_loads_in_transformers(store):
     ids, _ = ftref.make_batch(qm.config.vocab_size, 1, 8, 3)
     # (with grad enabled: bitsandbytes' CPU inference kernel refuses a one-row weight)
     assert torch.isfinite(qm(input_ids=ids).logits).all()
+
+
+# --- every dist.strategy on 2 ranks equals one process ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def dist_work(tmp_path_factory):
+    """A tiny Qwen2-MoE with a dense layer among three (model_parallel splits sparse and
+    dense layers by parameter count), the load-balancing loss on (coefficient 0.1) and
+    token data of equal lengths (test_moe.py's dist_work says why)."""
+    import random
+
+    import rankrun
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    assert rankrun.FT_TRAIN, "FT_TRAIN must be the path of bin/ft-train"
+    d = tmp_path_factory.mktemp("qwen2_moe_dist")
+    torch.manual_seed(1)
+    cfg = Qwen2MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=40,
+                         moe_intermediate_size=24, shared_expert_intermediate_size=20,
+                         num_hidden_layers=3, mlp_only_layers=[1], num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=64, num_experts=4,
+                         num_experts_per_tok=2, output_router_logits=True,
+                         router_aux_loss_coef=0.1)
+    Qwen2MoeForCausalLM(cfg).save_pretrained(d / "model", safe_serialization=True)
+    rnd = random.Random(3)
+    rows = []
+    for _ in range(48):
+        ids = [rnd.randint(1, 63) for _ in range(12)]
+        rows.append({"input_ids": ids, "labels": [-100] * 4 + ids[4:]})
+    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+def _dist_run(d, name, np_, mode, **over):
+    import rankrun
+
+    keys = {"train.max_steps": 4, "train.warmup_steps": 1, "train.learning_rate": 1e-2}
+    keys.update({k.replace("__", "."): v for k, v in over.items()})
+    cfg = rankrun.write_config(d, name, keys, mode=mode)
+    rankrun.run(cfg, np_)
+    return d / "runs" / name
+
+
+_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "model_parallel")
+# lora: all-linear (attention, the shared expert and its gate, the dense layer's MLP)
+DIST_CASES = [(m, s) for m in ("full", "lora") for s in _STRATEGIES]
+
+
+@pytest.mark.parametrize("mode,strategy", DIST_CASES, ids=[f"{m}-{s}" for m, s in DIST_CASES])
+def test_dist_strategy_equals_one_process(dist_work, mode, strategy):
+    """Losses, gradient norms and final weights of 2 ranks = one process."""
+    from test_moe import _same_run
+
+    lora = {"tuning__lora__target_modules": "all-linear"} if mode == "lora" else {}
+    single = dist_work / "runs" / f"single_{mode}"
+    if not single.exists():
+        _dist_run(dist_work, f"single_{mode}", 1, mode, train__batch_size=8, **lora)
+    batch = 8 if strategy == "model_parallel" else 4
+    run = _dist_run(dist_work, f"np2_{mode}_{strategy}", 2, mode, train__batch_size=batch,
+                    dist__strategy=strategy, **lora)
+    _same_run(single, run)
