@@ -190,7 +190,7 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora, unsi
             }
         }
         if (ft_layer_sparse(c, (int)l)) { /* add_moe: the router, each expert's gate, up,
-                                           * down, the shared expert's gate */
+                                           * down */
             size_t E = (size_t)c->num_experts, I = (size_t)c->intermediate_size;
             add_tensor(p, unit, E * C, full, false, 0, 0);
             for (size_t e = 0; e < E; e++)
@@ -204,8 +204,6 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora, unsi
                     int64_t rows = (int64_t)(h == 2 ? C : I), cols = (int64_t)(h == 2 ? I : C);
                     add_tensor(p, unit, I * C, full, quant, rows, cols);
                 }
-            if (c->shared_expert_size > 0)
-                add_tensor(p, unit, C, full, false, 0, 0);
             /* LoRA on the router [r, C] + [E, r], the experts' gate_up [E 2r, C] +
              * [2I, E 2r], down [E r, I] + [C, E r] (model.c, after the projections' pairs:
              * the same unit) */
@@ -449,6 +447,8 @@ static void plan_pipeline(ft_memplan_result *r, const planner *p, const act_spec
                 b[FT_MEM_WORKSPACE] = act_bytes(&ws, 4);
         }
         b[FT_MEM_WORKSPACE] += 4 * (qwin + qabs);
+        if (mc->num_experts > 0 && mc->output_router_logits) /* aux counts, psum, dp */
+            b[FT_MEM_WORKSPACE] += 3 * 4 * (size_t)mc->num_experts;
         if (r->pref_ref_stage) { /* DPO's starting values: the stage's part, kept */
             size_t kept = 4 * nt;
             if (mc->tie_word_embeddings && W > 1 && rank == W - 1 && span.first > 0)
@@ -632,7 +632,9 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
             free(mask);
             return ft_fail_prefix(err, "config: key 'tuning.lora.target_modules'");
         }
-        if (ft_lora_resolve_moe(&lc, mc->num_experts > 0, err)) {
+        /* (qwen2_moe: PEFT keeps its MLP names on its linear layers; model.c refuses the
+         * router's and the experts' names there) */
+        if (ft_lora_resolve_moe(&lc, mc->num_experts > 0 && !mc->moe_lora_plain, err)) {
             free(mask);
             return ft_fail_prefix(err, "config: key 'tuning.lora.target_modules'");
         }
@@ -641,7 +643,7 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
                 free(mask);
                 return ft_fail_prefix(err, "config: key 'tuning.lora.target_modules'");
             }
-            mask[l] &= ft_block_projections(mc);
+            mask[l] &= ft_layer_lora_projections(mc, l);
             lora_union |= mask[l];
         }
         if (!lora_union && !(lc.targets & FT_LORA_OUTER) && !lc.target_params) {

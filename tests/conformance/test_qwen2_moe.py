@@ -473,3 +473,39 @@ def test_dist_strategy_equals_one_process(dist_work, mode, strategy):
     run = _dist_run(dist_work, f"np2_{mode}_{strategy}", 2, mode, train__batch_size=batch,
                     dist__strategy=strategy, **lora)
     _same_run(single, run)
+
+
+# --- the memory plan on real ft-train processes, and the auto batch size ---------------
+
+
+@pytest.mark.parametrize("mode,strategy,np_", [("full", "none", 1), ("lora", "none", 1),
+                                               ("full", "zero3", 2), ("lora", "model_parallel", 2)])
+def test_memory_check_exact(dist_work, mode, strategy, np_):
+    """ft-train --measure: planned == measured on every rank and category (the shared
+    expert, its gate, the dense layer; sharded and split by parameter count)."""
+    import rankrun
+    from test_memcheck import assert_exact
+
+    over = {"tuning__lora__target_modules": "all-linear"} if mode == "lora" else {}
+    if strategy != "none":
+        over["dist__strategy"] = strategy
+    cfg = rankrun.write_config(dist_work, f"mem_{mode}_{strategy}", {"train.max_steps": 2},
+                               mode=mode, **over)
+    assert_exact(rankrun.run(cfg, np_, "--measure").stdout, np_)
+
+
+def test_auto_batch(dist_work):
+    """train.batch_size auto: the largest micro-batch whose planned peak fits the budget
+    (the plan of 3 picks 3, one byte less 2)."""
+    import rankrun
+    from test_memcheck import assert_exact
+
+    keys = {"train.max_steps": 1}
+    cfg = rankrun.write_config(dist_work, "ab_p3", keys, mode="full", train__batch_size=3)
+    ranks = assert_exact(rankrun.run(cfg, 1, "--measure").stdout, 1)
+    need3 = ranks[0]["planned"]["total"] + ranks[0]["planned"]["host"]
+    for budget, want in [(need3, 3), (need3 - 1, 2)]:
+        cfg = rankrun.write_config(dist_work, f"ab_{want}", keys, mode="full",
+                                   train__batch_size="auto", train__memory_budget=budget)
+        out = rankrun.run(cfg, 1)
+        assert f"batch_size auto = {want}" in out.stderr, out.stderr[-2000:]
