@@ -1,7 +1,8 @@
 /* Reads a Hugging Face config.json of the decoder families (model_type "llama",
  * "mistral", "qwen2", "qwen3", "granite", "gemma", "gemma2", "gemma3_text", "olmo2", "phi3",
  * "smollm3", "gemma3": the text_config of a multimodal Gemma 3, read as gemma3_text by
- * parse_gemma3_multimodal, and the mixture-of-experts "mixtral" and "qwen3_moe") into
+ * parse_gemma3_multimodal, and the mixture-of-experts "mixtral", "qwen3_moe" and
+ * "qwen2_moe") into
  * ft_model_config, and computes the RoPE inverse frequencies the way transformers does.
  *
  * Defaults are those of transformers' LlamaConfig, MistralConfig, Qwen2Config,
@@ -68,7 +69,10 @@
  *     (read_nope_layers), attention_bias and mlp_bias; mixtral: sliding_window (none
  *     when absent), rope_theta 1e6 when absent, the MoE keys num_local_experts (alias
  *     num_experts), num_experts_per_tok, output_router_logits, router_aux_loss_coef
- *     (read_moe; router_jitter_noise must be 0).
+ *     (read_moe; router_jitter_noise must be 0); qwen3_moe and qwen2_moe: the MoE keys
+     with moe_intermediate_size, norm_topk_prob, mlp_only_layers and decoder_sparse_step
+     (dense layers), qwen2_moe's shared_expert_intermediate_size and qkv_bias
+     (read_qwen_moe, read_sparse_layers).
  *   the activation: hidden_act silu/swish (all but gemma and gemma2); for gemma,
  *     transformers 4.46 applies hidden_activation (null: gelu_pytorch_tanh, hidden_act
  *     ignored) and transformers 5 hidden_act (default gelu_pytorch_tanh, legacy "gelu"

@@ -63,7 +63,8 @@ typedef enum ft_qk_norm {
 typedef struct ft_model_config {
     char model_type[32]; /* "llama", "mistral", "qwen2", "qwen3", "granite", "gemma",
                           * "gemma2", "gemma3_text", "gemma3" (multimodal: its text
-                          * model), "olmo2", "phi3", "smollm3" */
+                          * model), "olmo2", "phi3", "smollm3", "mixtral",
+                          * "qwen3_moe", "qwen2_moe" */
     int vocab_size;
     int hidden_size;
     int intermediate_size;
@@ -268,7 +269,7 @@ unsigned ft_lora_projections(const ft_model_config *cfg);
 const char *ft_layer_proj_path(const ft_model_config *cfg, int l, ft_proj p);
 /* ft_proj_dims with layer l's MLP width (ft_layer_mlp_width). */
 void ft_layer_proj_dims(const ft_model_config *cfg, int l, ft_proj p, int *in, int *out);
-/* In and out features of projection p (any of the nine: q, k, v, gate, up are also the
+/* In and out features of projection p (any of the ten: q, k, v, gate, up are also the
  * row blocks of a fused weight). */
 void ft_proj_dims(const ft_model_config *cfg, ft_proj p, int *in, int *out);
 /* The fused module holding p's rows, and their first row there (p itself and 0 when the
