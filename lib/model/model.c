@@ -678,6 +678,11 @@ static int lora_layers(ft_model *m, ft_err *err)
         return ft_fail(err, "LoRA target_parameters (the router's or the experts' LoRA) on "
                        "model_type '%s' are not supported (LoRA on its attention, shared "
                        "expert, shared_expert_gate and dense layers is)", m->cfg.model_type);
+    if (m->cfg.num_experts > 0 && lc->target_regex[0] && plain)
+        return ft_fail(err, "LoRA target_modules as a regex on model_type '%s' is not "
+                       "supported (list the modules: q_proj, k_proj, v_proj, o_proj, "
+                       "gate_proj, up_proj, down_proj, shared_expert_gate, or all-linear)",
+                       m->cfg.model_type);
     if (m->cfg.num_experts > 0 && lc->target_regex[0])
         return ft_fail(err, "LoRA target_modules as a regex on model_type '%s' is not "
                        "supported (PEFT resolves it against the experts' fused parameters; "

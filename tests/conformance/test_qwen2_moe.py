@@ -199,8 +199,8 @@ def test_lora_logits_loss_grads(lora_case):
 
 
 def test_lora_router_and_experts_refused(store, ft_raw):
-    """'gate' (PEFT: the router is not a linear layer) and target_parameters (the experts)
-    are refused on qwen2_moe with the reason."""
+    """'gate' (PEFT: the router is not a linear layer), w1/w2/w3 and target_parameters
+    (the experts) are refused on qwen2_moe with the reason."""
     import subprocess
 
     model_dir = store("qwen2_moe_top1_noaux")
@@ -209,6 +209,16 @@ def test_lora_router_and_experts_refused(store, ft_raw):
                             str(model_dir), "--out", str(store.root / "refused"), "--target",
                             targets], capture_output=True, text=True)
         assert r.returncode != 0 and want in r.stderr and "qwen2_moe" in r.stderr, r.stderr
+    # an adapter naming the experts' parameters (PEFT's target_parameters)
+    adapter = ftref.build_adapter(model_dir, store.root / "adapter-tp", target_modules=["q_proj"])
+    cfg = json.loads((adapter / "adapter_config.json").read_text())
+    cfg["target_parameters"] = ["mlp.experts.down_proj"]
+    (adapter / "adapter_config.json").write_text(json.dumps(cfg))
+    r = subprocess.run([ftref.tool_exe("FT_MERGE", "ft-merge"), "--model", str(model_dir),
+                        "--adapter", str(adapter), "--out", str(store.root / "merged-tp")],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "target_parameters" in r.stderr and "qwen2_moe" in r.stderr, \
+        r.stderr
 
 
 # --- QLoRA ---------------------------------------------------------------------------
