@@ -271,9 +271,8 @@ static void qk_norm_backward(ft_model *m, int l, ft_proj p, const float *dy, flo
 }
 
 /* qwen2_moe's shared expert gate: s = sigmoid(x G^T) ([N], G [1, C], with its LoRA pair),
- * and y += s * sh (the
- * shared expert's output, a->sh) as a k = 1 combine with slot[n] = n (y NULL: a
- * recompute, s alone). */
+ * and y += s * sh (sh: the shared expert's output, a->sh) as a k = 1 combine with slot[n]
+ * = n (y NULL: a recompute, s alone). */
 static void shared_gate_forward(ft_model *m, int l, const float *x, float *y)
 {
     layer_acts *a = &m->acts[l];
