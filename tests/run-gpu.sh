@@ -38,7 +38,8 @@ python_tests() {
     FT_QUANTIZE=${FT_QUANTIZE:-$bindir/ft-quantize} OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} \
     "${PYTHON:-python3}" -m pytest -q -s -rs -p no:cacheprovider \
     "$here/conformance/test_gpu_model.py" "$here/conformance/test_gpu_train.py" \
-    "$here/conformance/test_gpu_moe.py" "$here/conformance/test_gpu_qwen3_moe.py" 2>&1 \
+    "$here/conformance/test_gpu_moe.py" "$here/conformance/test_gpu_qwen3_moe.py" \
+    "$here/conformance/test_gpu_qwen2_moe.py" 2>&1 \
     | tee "$log"
   rc=${PIPESTATUS[0]}
   # pytest's last line: "1 failed, 40 passed, 2 skipped in 80.1s"

@@ -1,7 +1,8 @@
 /* Reads a Hugging Face config.json of the decoder families (model_type "llama",
  * "mistral", "qwen2", "qwen3", "granite", "gemma", "gemma2", "gemma3_text", "olmo2", "phi3",
  * "smollm3", "gemma3": the text_config of a multimodal Gemma 3, read as gemma3_text by
- * parse_gemma3_multimodal, and the mixture-of-experts "mixtral" and "qwen3_moe") into
+ * parse_gemma3_multimodal, and the mixture-of-experts "mixtral", "qwen3_moe" and
+ * "qwen2_moe") into
  * ft_model_config, and computes the RoPE inverse frequencies the way transformers does.
  *
  * Defaults are those of transformers' LlamaConfig, MistralConfig, Qwen2Config,
@@ -68,7 +69,10 @@
  *     (read_nope_layers), attention_bias and mlp_bias; mixtral: sliding_window (none
  *     when absent), rope_theta 1e6 when absent, the MoE keys num_local_experts (alias
  *     num_experts), num_experts_per_tok, output_router_logits, router_aux_loss_coef
- *     (read_moe; router_jitter_noise must be 0).
+ *     (read_moe; router_jitter_noise must be 0); qwen3_moe and qwen2_moe: the MoE keys
+     with moe_intermediate_size, norm_topk_prob, mlp_only_layers and decoder_sparse_step
+     (dense layers), qwen2_moe's shared_expert_intermediate_size and qkv_bias
+     (read_qwen_moe, read_sparse_layers).
  *   the activation: hidden_act silu/swish (all but gemma and gemma2); for gemma,
  *     transformers 4.46 applies hidden_activation (null: gelu_pytorch_tanh, hidden_act
  *     ignored) and transformers 5 hidden_act (default gelu_pytorch_tanh, legacy "gelu"
@@ -136,7 +140,8 @@ typedef enum family_kind {
     FAM_SMOLLM3,
     FAM_GEMMA3,
     FAM_MIXTRAL,
-    FAM_QWEN3_MOE
+    FAM_QWEN3_MOE,
+    FAM_QWEN2_MOE
 } family_kind;
 
 typedef struct model_defaults {
@@ -182,11 +187,12 @@ static const model_defaults MODEL_DEFAULTS[] = {
      FT_QK_NORM_HEAD},
     {"mixtral", FAM_MIXTRAL, 4096 * 32, 8, 0, 0, false, 1e-5, PRE_NORMS, FT_QK_NORM_NONE},
     {"qwen3_moe", FAM_QWEN3_MOE, 32768, 4, 0, 0, false, 1e-6, PRE_NORMS, FT_QK_NORM_HEAD},
+    {"qwen2_moe", FAM_QWEN2_MOE, 32768, 16, 0, 0, false, 1e-6, PRE_NORMS, FT_QK_NORM_NONE},
 };
 
 #define SUPPORTED_TYPES                                                                        \
     "llama, mistral, qwen2, qwen3, granite, gemma, gemma2, gemma3_text, gemma3 (its text "    \
-    "model), olmo2, phi3, smollm3, mixtral, qwen3_moe"
+    "model), olmo2, phi3, smollm3, mixtral, qwen3_moe, qwen2_moe"
 
 /* Keys of other families that must be absent, neutral, or null (quantization_config:
  * or bitsandbytes'). */
@@ -375,12 +381,15 @@ static bool family_owns(const model_defaults *md, const char *key)
                                          "query_pre_attn_scalar", NULL};
     static const char *const phi3[] = {"partial_rotary_factor", NULL};
     static const char *const mixtral[] = {"num_local_experts", "num_experts", NULL};
+    /* Qwen2MoeConfig has no attribute_map: num_local_experts is not its key */
+    static const char *const qwen2_moe[] = {"num_experts", NULL};
     const char *const *own = md->family == FAM_GRANITE   ? granite
                              : md->family == FAM_GEMMA2  ? gemma2
                              : md->family == FAM_GEMMA3  ? gemma2
                              : md->family == FAM_PHI3    ? phi3
                              : md->family == FAM_MIXTRAL ? mixtral
                              : md->family == FAM_QWEN3_MOE ? mixtral
+                             : md->family == FAM_QWEN2_MOE ? qwen2_moe
                                                          : NULL;
     for (size_t i = 0; own && own[i]; i++)
         if (strcmp(key, own[i]) == 0)
@@ -452,13 +461,8 @@ static const model_defaults *find_model_type(const char *path, const json_t *roo
     for (size_t i = 0; i < sizeof MODEL_DEFAULTS / sizeof MODEL_DEFAULTS[0]; i++)
         if (strcmp(type, MODEL_DEFAULTS[i].model_type) == 0)
             return &MODEL_DEFAULTS[i];
-    if (strcmp(type, "qwen2_moe") == 0) /* (Qwen1.5-MoE, Qwen2-MoE) */
-        ft_fail(err, "%s: 'model_type': 'qwen2_moe' is not supported yet: its shared expert "
-                "(shared_expert, gated by sigmoid(shared_expert_gate)) is not implemented "
-                "(supported: " SUPPORTED_TYPES ")", path);
-    else
-        ft_fail(err, "%s: 'model_type': '%.64s' is not supported (supported: " SUPPORTED_TYPES
-                ")", path, type);
+    ft_fail(err, "%s: 'model_type': '%.64s' is not supported (supported: " SUPPORTED_TYPES ")",
+            path, type);
     return NULL;
 }
 
@@ -1007,8 +1011,12 @@ static int read_attention_options(const char *path, const json_t *root,
             return -1;
         return 0;
     }
-    /* qwen2: bias on q, k, v (not o); sliding window only with use_sliding_window. */
+    /* qwen2: bias on q, k, v (not o); sliding window only with use_sliding_window.
+     * qwen2_moe: the same, the q, k, v bias switched by qkv_bias (default true). */
     cfg->qkv_bias = true;
+    if (md->family == FAM_QWEN2_MOE && (v = get_opt(root, "qkv_bias")) &&
+        read_bool(path, "qkv_bias", v, &cfg->qkv_bias, err))
+        return -1;
     return check_use_sliding_window(path, root, type, err);
 }
 
@@ -1290,23 +1298,77 @@ static int read_num_experts(const char *path, const json_t *root, int *experts, 
     return 0;
 }
 
-/* The sparse MoE block of qwen3_moe (Qwen3MoeConfig): num_experts (alias
- * num_local_experts) 128,
- * num_experts_per_tok 8, norm_topk_prob false (the top-k softmax weights as they are),
- * moe_intermediate_size 768 (the experts' width), output_router_logits false,
- * router_aux_loss_coef 0.001. Layer l is sparse when l is not in mlp_only_layers ([]) and
- * (l + 1) % decoder_sparse_step (1) == 0, else a dense MLP of intermediate_size: dense
- * layers are not implemented yet, so a config with one is refused. Every layer being
- * sparse, the dense width is unused and cfg->intermediate_size holds the experts' (the
- * width moe.c and the memory plan read). Module names: mlp.gate (router),
- * mlp.experts.E.gate_proj, up_proj, down_proj. */
-static int read_qwen3_moe(const char *path, const json_t *root, ft_model_config *cfg,
-                          ft_err *err)
+/* Which layers of a qwen2_moe / qwen3_moe model are sparse (their decoder layer's rule):
+ * layer l is a sparse MoE block when l is not in mlp_only_layers ([]) and (l + 1) %
+ * decoder_sparse_step (1) == 0, else a dense MLP of the config's intermediate_size
+ * (cfg->dense_intermediate_size; bit l of cfg->dense_layers). Entries past the last
+ * layer change nothing, as in transformers. */
+static int read_sparse_layers(const char *path, const json_t *root, ft_model_config *cfg,
+                              ft_err *err)
 {
     json_t *v;
-    int experts = 128, k = 8, width = 768, step = 1;
-    if (read_num_experts(path, root, &experts, err))
+    int step = 1, L = cfg->num_layers;
+    if ((v = get_opt(root, "decoder_sparse_step")) &&
+        read_int(path, "decoder_sparse_step", v, 1, INT_MAX, &step, err))
         return -1;
+    json_t *only = get_opt(root, "mlp_only_layers");
+    if (only && !json_is_array(only))
+        return ft_fail(err, "%s: 'mlp_only_layers' must be a list of layer indices, not %s",
+                       path, json_kind(only));
+    memset(cfg->dense_layers, 0, sizeof cfg->dense_layers);
+    bool any = false;
+    for (size_t i = 0; only && i < json_array_size(only); i++) {
+        int l;
+        if (read_int(path, "mlp_only_layers", json_array_get(only, i), 0, INT_MAX, &l, err))
+            return -1;
+        if (l >= L)
+            continue;
+        if (l >= FT_MAX_LAYER_TYPES)
+            return ft_fail(err, "%s: 'mlp_only_layers' lists layer %d: dense layers are "
+                           "supported in the first %d layers only", path, l, FT_MAX_LAYER_TYPES);
+        cfg->dense_layers[l / 64] |= 1ull << (l % 64);
+        any = true;
+    }
+    for (int l = 0; step > 1 && l < L; l++) {
+        if ((l + 1) % step == 0)
+            continue;
+        if (l >= FT_MAX_LAYER_TYPES)
+            return ft_fail(err, "%s: 'decoder_sparse_step' is %d: dense layers are supported "
+                           "in the first %d layers only (the model has %d)", path, step,
+                           FT_MAX_LAYER_TYPES, L);
+        cfg->dense_layers[l / 64] |= 1ull << (l % 64);
+        any = true;
+    }
+    cfg->dense_intermediate_size = any ? cfg->intermediate_size : 0;
+    return 0;
+}
+
+/* The sparse MoE blocks of qwen3_moe (Qwen3MoeConfig) and qwen2_moe (Qwen2MoeConfig).
+ *   qwen3_moe: num_experts (alias num_local_experts) 128, num_experts_per_tok 8,
+ *     moe_intermediate_size 768;
+ *   qwen2_moe: num_experts 60 (no alias), num_experts_per_tok 4, moe_intermediate_size
+ *     1408, and the shared expert: a SwiGLU MLP of shared_expert_intermediate_size (5632),
+ *     mlp.shared_expert.{gate,up,down}_proj, whose output is multiplied by
+ *     sigmoid(mlp.shared_expert_gate(x)) (a [1, hidden] linear layer) and added to the
+ *     routed experts' (cfg->shared_expert_size);
+ * both: norm_topk_prob false (the top-k softmax weights as they are), output_router_logits
+ * false, router_aux_loss_coef 0.001, dense layers as read_sparse_layers says.
+ * cfg->intermediate_size holds the experts' width (what moe.c and the memory plan read).
+ * Module names: mlp.gate (router), mlp.experts.E.gate_proj, up_proj, down_proj. */
+static int read_qwen_moe(const char *path, const json_t *root, const model_defaults *md,
+                         ft_model_config *cfg, ft_err *err)
+{
+    json_t *v;
+    bool qwen2 = md->family == FAM_QWEN2_MOE;
+    int experts = qwen2 ? 60 : 128, k = qwen2 ? 4 : 8, width = qwen2 ? 1408 : 768;
+    int shared = qwen2 ? 5632 : 0;
+    if (qwen2) {
+        if ((v = get_opt(root, "num_experts")) &&
+            read_int(path, "num_experts", v, 1, 1 << 16, &experts, err))
+            return -1;
+    } else if (read_num_experts(path, root, &experts, err)) {
+        return -1;
+    }
     int kmax = experts < FT_MAX_EXPERTS_PER_TOK ? experts : FT_MAX_EXPERTS_PER_TOK;
     if ((v = get_opt(root, "num_experts_per_tok")) &&
         read_int(path, "num_experts_per_tok", v, 1, kmax, &k, err))
@@ -1314,8 +1376,8 @@ static int read_qwen3_moe(const char *path, const json_t *root, ft_model_config 
     if ((v = get_opt(root, "moe_intermediate_size")) &&
         read_dim(path, "moe_intermediate_size", v, &width, err))
         return -1;
-    if ((v = get_opt(root, "decoder_sparse_step")) &&
-        read_int(path, "decoder_sparse_step", v, 1, INT_MAX, &step, err))
+    if (qwen2 && (v = get_opt(root, "shared_expert_intermediate_size")) &&
+        read_dim(path, "shared_expert_intermediate_size", v, &shared, err))
         return -1;
     bool norm_topk = false, out_logits = false;
     if ((v = get_opt(root, "norm_topk_prob")) &&
@@ -1328,29 +1390,16 @@ static int read_qwen3_moe(const char *path, const json_t *root, ft_model_config 
     if ((v = get_opt(root, "router_aux_loss_coef")) &&
         read_number(path, "router_aux_loss_coef", v, &coef, err))
         return -1;
-    json_t *only = get_opt(root, "mlp_only_layers");
-    if (only && !json_is_array(only))
-        return ft_fail(err, "%s: 'mlp_only_layers' must be a list of layer indices, not %s",
-                       path, json_kind(only));
-    for (size_t i = 0; only && i < json_array_size(only); i++) {
-        int l;
-        if (read_int(path, "mlp_only_layers", json_array_get(only, i), 0, INT_MAX, &l, err))
-            return -1;
-        if (l < cfg->num_layers)
-            return ft_fail(err, "%s: 'mlp_only_layers' lists layer %d: dense MLP layers in a "
-                           "mixture-of-experts model are not supported yet (every layer must "
-                           "be sparse)", path, l);
-    }
-    if (step > 1 && cfg->num_layers > 0)
-        return ft_fail(err, "%s: 'decoder_sparse_step' is %d: dense MLP layers in a "
-                       "mixture-of-experts model are not supported yet (must be 1: every "
-                       "layer sparse)", path, step);
+    if (read_sparse_layers(path, root, cfg, err))
+        return -1;
     cfg->num_experts = experts;
     cfg->experts_per_tok = k;
     cfg->norm_topk_prob = norm_topk;
     cfg->output_router_logits = out_logits;
     cfg->router_aux_loss_coef = (float)coef;
     cfg->intermediate_size = width;
+    cfg->shared_expert_size = shared;
+    cfg->moe_lora_plain = qwen2;
     snprintf(cfg->moe_name, sizeof cfg->moe_name, "mlp");
     snprintf(cfg->expert_proj[0], sizeof cfg->expert_proj[0], "gate_proj");
     snprintf(cfg->expert_proj[1], sizeof cfg->expert_proj[1], "up_proj");
@@ -1368,8 +1417,8 @@ static int read_moe(const char *path, const json_t *root, const model_defaults *
                     ft_model_config *cfg, ft_err *err)
 {
     json_t *v;
-    if (md->family == FAM_QWEN3_MOE)
-        return read_qwen3_moe(path, root, cfg, err);
+    if (md->family == FAM_QWEN3_MOE || md->family == FAM_QWEN2_MOE)
+        return read_qwen_moe(path, root, md, cfg, err);
     if (md->family != FAM_MIXTRAL)
         return 0;
     int experts = 8;
@@ -1697,6 +1746,75 @@ bool ft_rope_uses_long(const ft_model_config *cfg, long max_pos)
     return cfg->rope_kind == FT_ROPE_LONGROPE && max_pos + 1 > cfg->rope_original_max_position;
 }
 
+bool ft_layer_sparse(const ft_model_config *cfg, int l)
+{
+    if (cfg->num_experts == 0)
+        return false;
+    return l >= FT_MAX_LAYER_TYPES || !(cfg->dense_layers[l / 64] & (1ull << (l % 64)));
+}
+
+int ft_layer_mlp_width(const ft_model_config *cfg, int l)
+{
+    if (cfg->num_experts == 0)
+        return cfg->intermediate_size;
+    return ft_layer_sparse(cfg, l) ? cfg->shared_expert_size : cfg->dense_intermediate_size;
+}
+
+unsigned ft_layer_projections(const ft_model_config *cfg, int l)
+{
+    unsigned mlp = (1u << FT_PROJ_GATE) | (1u << FT_PROJ_UP) | (1u << FT_PROJ_DOWN);
+    unsigned projs = ft_block_projections(cfg);
+    if (cfg->num_experts > 0 && ft_layer_mlp_width(cfg, l) > 0)
+        projs |= mlp;
+    if (cfg->shared_expert_size > 0 && ft_layer_sparse(cfg, l))
+        projs |= 1u << FT_PROJ_SHGATE;
+    return projs;
+}
+
+unsigned ft_layer_lora_projections(const ft_model_config *cfg, int l)
+{
+    if (cfg->num_experts > 0 && !cfg->moe_lora_plain)
+        return ft_block_projections(cfg);
+    return ft_layer_projections(cfg, l);
+}
+
+unsigned ft_lora_projections(const ft_model_config *cfg)
+{
+    unsigned u = 0;
+    for (int l = 0; l < cfg->num_layers; l++)
+        u |= ft_layer_lora_projections(cfg, l);
+    return u;
+}
+
+const char *ft_layer_proj_path(const ft_model_config *cfg, int l, ft_proj p)
+{
+    static const char *const shared[] = {"mlp.shared_expert.gate_proj",
+                                         "mlp.shared_expert.up_proj",
+                                         "mlp.shared_expert.down_proj"};
+    if (ft_layer_sparse(cfg, l) && p >= FT_PROJ_GATE && p <= FT_PROJ_DOWN)
+        return shared[p - FT_PROJ_GATE];
+    return ft_proj_path(p);
+}
+
+void ft_layer_proj_dims(const ft_model_config *cfg, int l, ft_proj p, int *in, int *out)
+{
+    ft_proj_dims(cfg, p, in, out);
+    int w = ft_layer_mlp_width(cfg, l);
+    if (p == FT_PROJ_GATE || p == FT_PROJ_UP)
+        *out = w;
+    else if (p == FT_PROJ_DOWN)
+        *in = w;
+}
+
+int ft_max_mlp_width(const ft_model_config *cfg, int l0, int l1)
+{
+    int w = 0;
+    for (int l = l0; l < l1; l++)
+        if (ft_layer_mlp_width(cfg, l) > w)
+            w = ft_layer_mlp_width(cfg, l);
+    return w;
+}
+
 unsigned ft_block_projections(const ft_model_config *cfg)
 {
     unsigned o = 1u << FT_PROJ_O, down = 1u << FT_PROJ_DOWN;
@@ -1720,6 +1838,7 @@ void ft_proj_dims(const ft_model_config *c, ft_proj p, int *in, int *out)
     case FT_PROJ_UP: *in = c->hidden_size; *out = c->intermediate_size; break;
     case FT_PROJ_QKV: *in = c->hidden_size; *out = q + 2 * kv; break;
     case FT_PROJ_GATE_UP: *in = c->hidden_size; *out = 2 * c->intermediate_size; break;
+    case FT_PROJ_SHGATE: *in = c->hidden_size; *out = 1; break;
     default: *in = c->intermediate_size; *out = c->hidden_size; break;
     }
 }

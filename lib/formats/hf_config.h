@@ -63,7 +63,8 @@ typedef enum ft_qk_norm {
 typedef struct ft_model_config {
     char model_type[32]; /* "llama", "mistral", "qwen2", "qwen3", "granite", "gemma",
                           * "gemma2", "gemma3_text", "gemma3" (multimodal: its text
-                          * model), "olmo2", "phi3", "smollm3" */
+                          * model), "olmo2", "phi3", "smollm3", "mixtral",
+                          * "qwen3_moe", "qwen2_moe" */
     int vocab_size;
     int hidden_size;
     int intermediate_size;
@@ -171,18 +172,26 @@ typedef struct ft_model_config {
     char ckpt_prefix[32];
     char module_prefix[32];
     bool multimodal;
-    /* Mixture of experts (mixtral, qwen3_moe): num_experts > 0 replaces every layer's MLP by a
-     * sparse MoE block (ops.h's mixture-of-experts section): the router <moe_name>.gate
-     * [num_experts, hidden] scores each token, its top experts_per_tok of the softmax are
-     * kept (renormalised to sum 1 when norm_topk_prob) and weight the outputs of those
-     * experts' SwiGLU MLPs, expert e's modules <moe_name>.experts.e.<expert_proj[0..2]>
-     * (gate [I, C], up [I, C], down [C, I]; mixtral: w1, w3, w2; qwen3_moe: moe_name mlp,
-     * gate_proj, up_proj, down_proj, and I = intermediate_size holds its
-     * moe_intermediate_size, every layer being sparse). With
-     * output_router_logits the loss gains router_aux_loss_coef times transformers'
-     * load_balancing_loss_func over the layers, the batch's padding left out as
-     * transformers does given the attention_mask (its value: ft_model_aux_loss).
-     * num_experts 0: the dense MLP. ft_block_projections then lists attention only. */
+    /* Mixture of experts (mixtral, qwen3_moe, qwen2_moe): num_experts > 0 makes each sparse
+     * layer's MLP (ft_layer_sparse) a sparse MoE block (ops.h's mixture-of-experts
+     * section): the router <moe_name>.gate [num_experts, hidden] scores each token, its top
+     * experts_per_tok of the softmax are kept (renormalised to sum 1 when norm_topk_prob)
+     * and weight the outputs of those experts' SwiGLU MLPs, expert e's modules
+     * <moe_name>.experts.e.<expert_proj[0..2]> (gate [I, C], up [I, C], down [C, I];
+     * mixtral: w1, w3, w2; qwen3_moe and qwen2_moe: moe_name mlp, gate_proj, up_proj,
+     * down_proj, and I = intermediate_size holds their moe_intermediate_size). qwen2_moe
+     * adds a shared expert to each sparse block: a SwiGLU MLP of width shared_expert_size
+     * (mlp.shared_expert.{gate,up,down}_proj, the layer's gate, up, down projections),
+     * its output times sigmoid(x G^T), G = mlp.shared_expert_gate.weight [1, C]. The
+     * qwen models' dense layers (mlp_only_layers, decoder_sparse_step: bit l of
+     * dense_layers) have a plain MLP of dense_intermediate_size (mlp.{gate,up,down}_proj).
+     * ft_layer_mlp_width, ft_layer_projections and ft_layer_proj_path describe each
+     * layer's plain MLP. With output_router_logits the loss gains router_aux_loss_coef
+     * times transformers' load_balancing_loss_func over the sparse layers, the batch's
+     * padding left out as transformers does given the attention_mask (its value:
+     * ft_model_aux_loss). num_experts 0: the dense MLP of intermediate_size.
+     * ft_block_projections then lists attention only (the LoRA modules of a MoE block:
+     * PEFT on transformers 5 maps the MLP names to the experts). */
     int num_experts;
     int experts_per_tok;
     bool norm_topk_prob;
@@ -190,6 +199,15 @@ typedef struct ft_model_config {
     float router_aux_loss_coef;
     char moe_name[24];
     char expert_proj[3][16];
+    int shared_expert_size;      /* 0: no shared expert */
+    /* LoRA: PEFT on transformers 5 converts a mixtral or qwen3_moe adapter's MLP module
+     * names (w1, w3, w2; gate_proj, up_proj, down_proj; gate) and all-linear to the router
+     * and the fused experts (target_parameters); qwen2_moe has no such conversion there,
+     * so those names, all-linear included, stay on its linear layers (the shared expert,
+     * its gate, the dense layers' MLPs): moe_lora_plain, ft_layer_lora_projections */
+    bool moe_lora_plain;
+    int dense_intermediate_size; /* the dense layers' MLP width (0: every layer sparse) */
+    uint64_t dense_layers[FT_MAX_LAYER_TYPES / 64];
     /* "quantization_config": the checkpoint holds bitsandbytes 4/8-bit weights
      * (present = false for a dense checkpoint) */
     ft_quant_config quant;
@@ -228,7 +246,31 @@ bool ft_layer_uses_rope(const ft_model_config *cfg, int layer);
 /* The linear modules of the block (bitmask of 1u << ft_proj): q, k, v, o, gate, up,
  * down, or with fused_proj qkv, o, gate_up, down. */
 unsigned ft_block_projections(const ft_model_config *cfg);
-/* In and out features of projection p (any of the nine: q, k, v, gate, up are also the
+/* Layer l of a MoE model is a sparse MoE block (false for every layer of a dense
+ * family). */
+bool ft_layer_sparse(const ft_model_config *cfg, int l);
+/* The width of layer l's plain SwiGLU MLP (gate, up, down projections): intermediate_size
+ * for a dense family, a MoE model's dense layer's dense_intermediate_size, a sparse
+ * layer's shared expert (shared_expert_size; 0: none). */
+int ft_layer_mlp_width(const ft_model_config *cfg, int l);
+/* The most of ft_layer_mlp_width over layers [l0, l1) (0 when none has an MLP). */
+int ft_max_mlp_width(const ft_model_config *cfg, int l0, int l1);
+/* The projections layer l holds weights for: ft_block_projections, plus gate, up, down
+ * where a MoE layer has a plain MLP (a dense layer, a shared expert), and the shared
+ * expert's gate (FT_PROJ_SHGATE, [1, hidden]) in a qwen2_moe sparse layer. */
+unsigned ft_layer_projections(const ft_model_config *cfg, int l);
+/* The modules of layer l a LoRA pair can sit on (bitmask of 1u << ft_proj): the
+ * attention's for mixtral and qwen3_moe (their MLP names reach the experts instead:
+ * moe_lora_plain), else ft_layer_projections. ft_lora_projections: their union over the
+ * layers. */
+unsigned ft_layer_lora_projections(const ft_model_config *cfg, int l);
+unsigned ft_lora_projections(const ft_model_config *cfg);
+/* The module path of p in layer l (below "model.layers.N."): ft_proj_path, or for a
+ * sparse layer's shared expert "mlp.shared_expert.gate_proj", ... */
+const char *ft_layer_proj_path(const ft_model_config *cfg, int l, ft_proj p);
+/* ft_proj_dims with layer l's MLP width (ft_layer_mlp_width). */
+void ft_layer_proj_dims(const ft_model_config *cfg, int l, ft_proj p, int *in, int *out);
+/* In and out features of projection p (any of the ten: q, k, v, gate, up are also the
  * row blocks of a fused weight). */
 void ft_proj_dims(const ft_model_config *cfg, ft_proj p, int *in, int *out);
 /* The fused module holding p's rows, and their first row there (p itself and 0 when the

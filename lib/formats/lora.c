@@ -17,15 +17,16 @@
 
 static const char *const proj_names[FT_NPROJ] = {
     "q_proj",    "k_proj",  "v_proj",    "o_proj",      "gate_proj",
-    "up_proj",   "down_proj", "qkv_proj", "gate_up_proj"};
+    "up_proj",   "down_proj", "qkv_proj", "gate_up_proj", "shared_expert_gate"};
 static const char *const proj_paths[FT_NPROJ] = {
     "self_attn.q_proj", "self_attn.k_proj",   "self_attn.v_proj",
     "self_attn.o_proj", "mlp.gate_proj",      "mlp.up_proj",
-    "mlp.down_proj",    "self_attn.qkv_proj", "mlp.gate_up_proj"};
+    "mlp.down_proj",    "self_attn.qkv_proj", "mlp.gate_up_proj",
+    "mlp.shared_expert_gate"};
 
 #define KNOWN_MODULES "q_proj k_proj v_proj o_proj gate_proj up_proj down_proj qkv_proj " \
-                      "gate_up_proj embed_tokens lm_head; on a MoE gate (the router), w1, " \
-                      "w2, w3"
+                      "gate_up_proj shared_expert_gate embed_tokens lm_head; on a MoE gate " \
+                      "(the router), w1, w2, w3"
 
 const char *ft_proj_name(ft_proj p)
 {
@@ -101,9 +102,11 @@ static int match_target(const char *key, unsigned *targets)
         size_t lk = strlen(key), lp = strlen(path);
         int suffix = lk <= lp && strcmp(path + lp - lk, key) == 0 &&
                      (lk == lp || path[lp - lk - 1] == '.');
-        char shortname[16];
+        char shortname[24];
         snprintf(shortname, sizeof shortname, "%s", proj_names[p]);
-        shortname[strlen(shortname) - strlen("_proj")] = '\0';
+        size_t ns = strlen(shortname), np = strlen("_proj");
+        if (ns > np && strcmp(shortname + ns - np, "_proj") == 0)
+            shortname[ns - np] = '\0';
         if (suffix || strcmp(key, shortname) == 0) {
             *targets |= 1u << p;
             return 0;

@@ -13,7 +13,9 @@
 /* The linear layers of a decoder block, in PEFT's module names: the seven of a
  * Llama-family block, and the two fused modules of Phi-3 (qkv_proj holds q, k, v as row
  * blocks [q; k; v]; gate_up_proj holds [gate; up]), which replace q, k, v and gate, up
- * there. A model has either set (ft_block_projections in hf_config.h says which). */
+ * there. A model has either set (ft_block_projections in hf_config.h says which; a MoE
+ * model's layers: ft_layer_projections), and qwen2_moe's sparse layers also the shared
+ * expert's gate, shared_expert_gate. */
 typedef enum ft_proj {
     FT_PROJ_Q = 0,
     FT_PROJ_K,
@@ -24,6 +26,7 @@ typedef enum ft_proj {
     FT_PROJ_DOWN,
     FT_PROJ_QKV,
     FT_PROJ_GATE_UP,
+    FT_PROJ_SHGATE, /* qwen2_moe's mlp.shared_expert_gate [1, hidden] (sparse layers) */
     FT_NPROJ
 } ft_proj;
 
@@ -32,9 +35,9 @@ const char *ft_proj_name(ft_proj p);
 /* The module path below "model.layers.N.": "self_attn.q_proj", "mlp.down_proj", ... */
 const char *ft_proj_path(ft_proj p);
 
-/* "all-linear": every module bit; a model keeps those of its block (the nine bits, 0x1ff). */
+/* "all-linear": every module bit; a model keeps those of its block (the ten bits, 0x3ff). */
 #define FT_LORA_ALL_LINEAR ((1u << FT_NPROJ) - 1)
-/* LoRA outside the block, bits of ft_lora_config.targets above the nine: on the token
+/* LoRA outside the block, bits of ft_lora_config.targets above the ten: on the token
  * embedding (PEFT's Embedding layer: lora_embedding_A [r, vocab], lora_embedding_B
  * [hidden, r], h0 += s A^T[ids] B^T, no dropout) and on lm_head (a linear layer). */
 #define FT_LORA_EMBED (1u << FT_NPROJ)

@@ -144,7 +144,6 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora, unsi
     const ft_model_config *c = p->mc;
     bool full = p->mode == MODE_FULL;
     size_t L = (size_t)c->num_layers, C = (size_t)c->hidden_size, V = (size_t)c->vocab_size;
-    unsigned projs = ft_block_projections(c);
     size_t n_norms = 0; /* the block's branch norms */
     for (int n = 0; n < FT_NBRANCH_NORMS; n++)
         n_norms += ft_has_branch_norm(c, (ft_branch_norm)n);
@@ -167,16 +166,18 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora, unsi
             add_tensor(p, unit, qk_q, full, false, 0, 0);
             add_tensor(p, unit, qk_k, full, false, 0, 0);
         }
+        unsigned projs = ft_layer_projections(c, (int)l);
         for (int j = 0; j < FT_NPROJ; j++) {
             if (!(projs & (1u << j)))
                 continue; /* (phi3: fused qkv / gate_up modules instead of q, k, v, ...) */
             int in, out;
-            ft_proj_dims(c, (ft_proj)j, &in, &out);
+            ft_layer_proj_dims(c, (int)l, (ft_proj)j, &in, &out);
             bool bias = j == FT_PROJ_O ? c->o_bias
                         : j <= FT_PROJ_V || j == FT_PROJ_QKV ? c->qkv_bias
                                                              : c->mlp_bias;
             char path[160];
-            snprintf(path, sizeof path, "model.layers.%zu.%s", l, ft_proj_path((ft_proj)j));
+            snprintf(path, sizeof path, "model.layers.%zu.%s", l,
+                     ft_layer_proj_path(c, (int)l, (ft_proj)j));
             bool quant = p->quant.type != FT_QUANT_NONE && !ft_quant_skipped(p->quant_skip, path);
             add_tensor(p, unit, (size_t)out * (size_t)in, full, quant, out, in);
             if (bias)
@@ -188,7 +189,8 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora, unsi
                     add_tensor(p, unit, (size_t)out, true, false, 0, 0);
             }
         }
-        if (c->num_experts > 0) { /* add_moe: the router, each expert's gate, up, down */
+        if (ft_layer_sparse(c, (int)l)) { /* add_moe: the router, each expert's gate, up,
+                                           * down */
             size_t E = (size_t)c->num_experts, I = (size_t)c->intermediate_size;
             add_tensor(p, unit, E * C, full, false, 0, 0);
             for (size_t e = 0; e < E; e++)
@@ -244,6 +246,60 @@ typedef struct stage_span {
     int first, last;
 } stage_span;
 
+/* Adds one layer set (model.c alloc_layer_set) for N rows serving layers [l0, l1) to *set:
+ * q, k, v, att, mid, gate, up, act at the widest plain MLP (+ lora_h), lse; ln1 and rstd1,
+ * ln2 and rstd2 with the pre-norms; ao and rstd_ao, mo and rstd_mo with the post-norms;
+ * qr, kr, rstd_q, rstd_k with a q/k norm; with a sparse layer the MoE's rlogits, probs,
+ * idx, rw, rows, slot and over the M = N k grouped rows xe, ge, ue, acte, ye (+ the
+ * router's and experts' LoRA h), and the shared expert's sh, sz, ss. */
+static void layer_set_counts(const ft_model_config *c, size_t N, const act_spec *sp, int l0,
+                             int l1, act_counts *set)
+{
+    size_t C = (size_t)c->hidden_size, I = (size_t)c->intermediate_size;
+    size_t QD = (size_t)c->num_heads * (size_t)c->head_dim;
+    size_t KD = (size_t)c->num_kv_heads * (size_t)c->head_dim;
+    size_t W = (size_t)ft_max_mlp_width(c, l0, l1);
+    bool moe = false;
+    for (int l = l0; l < l1; l++)
+        moe |= ft_layer_sparse(c, l);
+    size_t E = (size_t)c->num_experts, M = N * (size_t)(E ? c->experts_per_tok : 1);
+    set->tensor += N * C + N * QD * 2 + N * KD * 2 + N * W * 3;
+    set->stat += N * (size_t)c->num_heads;
+    if (moe) {
+        set->tensor += N * E + 2 * M * C + 3 * M * I;
+        set->stat += N * E + M;
+        set->ints += 3 * M;
+        if (c->shared_expert_size > 0) {
+            set->tensor += N * C + N;
+            set->stat += N;
+        }
+    }
+    for (int n = 0; n < FT_NBRANCH_NORMS; n++)
+        if (ft_has_branch_norm(c, (ft_branch_norm)n)) {
+            set->tensor += N * C;
+            set->stat += N;
+        }
+    if (c->qk_norm != FT_QK_NORM_NONE) {
+        bool head = c->qk_norm == FT_QK_NORM_HEAD;
+        set->tensor += N * QD + N * KD;
+        set->stat += head ? N * (size_t)c->num_heads + N * (size_t)c->num_kv_heads : 2 * N;
+    }
+    if (sp->lora)
+        for (int j = 0; j < FT_NPROJ; j++)
+            if (sp->lora_union & (1u << j))
+                set->tensor += N * (size_t)sp->r_lora;
+    /* LoRA on a MoE: rlora_h [N, r], xlora_h [M, 2r], [M, r] */
+    size_t xr = (size_t)sp->r_lora;
+    if (sp->lora && moe) {
+        if (sp->lora_params & FT_LORA_PARAM_ROUTER)
+            set->tensor += N * xr;
+        if (sp->lora_params & FT_LORA_PARAM_GATE_UP)
+            set->tensor += M * 2 * xr;
+        if (sp->lora_params & FT_LORA_PARAM_DOWN)
+            set->tensor += M * xr;
+    }
+}
+
 /* Mirrors model_reserve_activations / alloc_layer_set for N rows while training, on the
  * stage span. *act: the activations category, *ws: the workspace category. */
 static void count_activations(const ft_model_config *c, size_t N, const act_spec *sp,
@@ -257,64 +313,36 @@ static void count_activations(const ft_model_config *c, size_t N, const act_spec
     memset(act, 0, sizeof *act);
     memset(ws, 0, sizeof *ws);
 
-    /* one layer set (alloc_layer_set): q, k, v, att, mid, gate, up, act (+ lora_h), lse;
-     * ln1 and rstd1, ln2 and rstd2 with the pre-norms; ao and rstd_ao, mo and rstd_mo with
-     * the post-norms; qr, kr, rstd_q, rstd_k with a q/k norm */
-    act_counts set = {0};
-    /* MoE (moe.c): instead of gate, up, act: rlogits, probs, idx, rw, rows, slot, and
-     * over the M = N k grouped rows xe, ge, ue, acte, ye */
     size_t E = (size_t)c->num_experts, M = N * (size_t)(E ? c->experts_per_tok : 1);
-    set.tensor = N * C + N * QD * 2 + N * KD * 2 + (E ? 0 : N * I * 3);
-    set.stat = N * (size_t)c->num_heads;
-    if (E) {
-        set.tensor += N * E + 2 * M * C + 3 * M * I;
-        set.stat += N * E + M;
-        set.ints += 3 * M;
-    }
-    for (int n = 0; n < FT_NBRANCH_NORMS; n++)
-        if (ft_has_branch_norm(c, (ft_branch_norm)n)) {
-            set.tensor += N * C;
-            set.stat += N;
-        }
-    if (c->qk_norm != FT_QK_NORM_NONE) {
-        bool head = c->qk_norm == FT_QK_NORM_HEAD;
-        set.tensor += N * QD + N * KD;
-        set.stat += head ? N * (size_t)c->num_heads + N * (size_t)c->num_kv_heads : 2 * N;
-    }
-    if (sp->lora)
-        for (int j = 0; j < FT_NPROJ; j++)
-            if (sp->lora_union & (1u << j))
-                set.tensor += N * (size_t)sp->r_lora;
-    /* LoRA on a MoE (model.c alloc_layer_set): rlora_h [N, r], xlora_h [M, 2r], [M, r] */
+    /* LoRA on the experts' scratch (moe_lora.c moe_experts_lora_dims) */
     size_t xr = (size_t)sp->r_lora, xbs = 0, xdh = 0;
     if (sp->lora && E) {
-        if (sp->lora_params & FT_LORA_PARAM_ROUTER)
-            set.tensor += N * xr;
         if (sp->lora_params & FT_LORA_PARAM_GATE_UP) {
-            set.tensor += M * 2 * xr;
             xbs = E * 2 * I * 2 * xr;
             xdh = 2 * xr;
         }
         if (sp->lora_params & FT_LORA_PARAM_DOWN) {
-            set.tensor += M * xr;
             xbs = E * C * xr > xbs ? E * C * xr : xbs;
             xdh = xr > xdh ? xr : xdh;
         }
     }
     /* the stage keeps the input of layers l0..l1 and a set for each but l1 (whose input
-     * it sends on); the whole model: every layer's input and set */
+     * it sends on); the whole model: every layer's input and set; with gradient
+     * checkpointing one set serves them all */
     int l0 = span.first > 0 ? span.first - 1 : 0;
     int l1 = span.last < L + 1 ? span.last : L;
     bool head = span.last == L + 1;
-    size_t n_in = 0, n_set_layers = 0;
-    for (int l = l0; l < L && l <= l1; l++) {
+    size_t n_in = 0;
+    for (int l = l0; l < L && l <= l1; l++)
         n_in++;
-        n_set_layers += l != l1;
+    int lend = l1 < L ? l1 : L; /* the layers with a set: [l0, lend) */
+    act->tensor = n_in * N * C;
+    if (sp->grad_ckpt && lend > l0) {
+        layer_set_counts(c, N, sp, l0, lend, act);
+    } else {
+        for (int l = l0; l < lend; l++)
+            layer_set_counts(c, N, sp, l, l + 1, act);
     }
-    size_t n_sets = sp->grad_ckpt && n_set_layers ? 1 : n_set_layers;
-    act->tensor = n_in * N * C + n_sets * set.tensor;
-    act->stat = n_sets * set.stat;
-    act->ints = n_sets * set.ints;
     if (l1 == L)
         act->tensor += N * C; /* final_in */
     if (head) {
@@ -323,10 +351,13 @@ static void count_activations(const ft_model_config *c, size_t N, const act_spec
         act->tensor += ft_loss_chunk_rows(sp->loss_chunk, V, N) * V; /* logits */
     }
     act->ints += 4 * N; /* ids, targets, pos, seg */
+    if (c->shared_expert_size > 0)
+        act->ints += N; /* iota */
 
     /* d_h d_ln d_att d_q d_k d_v d_act d_gate d_up (MoE: the last three over M rows, and
      * d_moe [M, C], d_rw [M], d_rlogits [N, E]) */
-    ws->tensor = 2 * N * C + 2 * N * QD + 2 * N * KD + 3 * M * I;
+    size_t DI = M / N * I, W = (size_t)ft_max_mlp_width(c, 0, L);
+    ws->tensor = 2 * N * C + 2 * N * QD + 2 * N * KD + 3 * N * (DI > W ? DI : W);
     if (E) {
         ws->tensor += M * C + N * E;
         ws->stat += M;
@@ -337,7 +368,7 @@ static void count_activations(const ft_model_config *c, size_t N, const act_spec
         ws->tensor += N * (size_t)sp->r_lora; /* d_lora_h */
         if (sp->lora_dropout) {
             size_t w = C > I ? (C > QD ? C : QD) : (I > QD ? I : QD);
-            ws->tensor += N * w; /* x_drop */
+            ws->tensor += N * (W > w ? W : w); /* x_drop */
         }
         if (sp->outer)
             ws->tensor += N * (size_t)sp->r_lora; /* lora_xh */
@@ -416,6 +447,8 @@ static void plan_pipeline(ft_memplan_result *r, const planner *p, const act_spec
                 b[FT_MEM_WORKSPACE] = act_bytes(&ws, 4);
         }
         b[FT_MEM_WORKSPACE] += 4 * (qwin + qabs);
+        if (mc->num_experts > 0 && mc->output_router_logits) /* aux counts, psum, dp */
+            b[FT_MEM_WORKSPACE] += 3 * 4 * (size_t)mc->num_experts;
         if (r->pref_ref_stage) { /* DPO's starting values: the stage's part, kept */
             size_t kept = 4 * nt;
             if (mc->tie_word_embeddings && W > 1 && rank == W - 1 && span.first > 0)
@@ -599,7 +632,9 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
             free(mask);
             return ft_fail_prefix(err, "config: key 'tuning.lora.target_modules'");
         }
-        if (ft_lora_resolve_moe(&lc, mc->num_experts > 0, err)) {
+        /* (qwen2_moe: PEFT keeps its MLP names on its linear layers; model.c refuses the
+         * router's and the experts' names there) */
+        if (ft_lora_resolve_moe(&lc, mc->num_experts > 0 && !mc->moe_lora_plain, err)) {
             free(mask);
             return ft_fail_prefix(err, "config: key 'tuning.lora.target_modules'");
         }
@@ -608,7 +643,7 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
                 free(mask);
                 return ft_fail_prefix(err, "config: key 'tuning.lora.target_modules'");
             }
-            mask[l] &= ft_block_projections(mc);
+            mask[l] &= ft_layer_lora_projections(mc, l);
             lora_union |= mask[l];
         }
         if (!lora_union && !(lc.targets & FT_LORA_OUTER) && !lc.target_params) {

@@ -183,7 +183,7 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
         unsigned mask;
         if (ft_lora_layer_mask(&cfg, l, &mask, err))
             return ft_fail_prefix(err, "%s/adapter_config.json", dir);
-        same_layers &= (mask & ft_block_projections(&m->cfg)) == m->lora_mask[l];
+        same_layers &= (mask & ft_layer_lora_projections(&m->cfg, l)) == m->lora_mask[l];
     }
     if (cfg.dora != want->dora)
         return ft_fail(err, "%s/adapter_config.json: use_dora=%s differs from the model's LoRA "
@@ -354,7 +354,7 @@ int ft_model_save_adapter(ft_model *m, const char *dir, const char *base_model, 
     ft_st_writer_free(w);
     /* target_modules names the model's own modules ("all-linear" holds every bit) */
     ft_lora_config lc = m->opt.lora;
-    lc.targets &= ft_block_projections(&m->cfg) | FT_LORA_OUTER;
+    lc.targets &= ft_lora_projections(&m->cfg) | FT_LORA_OUTER;
     if (rc == 0)
         rc = ft_lora_config_save(&lc, dir, base_model, err);
     return rc;

@@ -24,17 +24,20 @@ void ft_dora_scratch_dims(const ft_model_config *c, unsigned lora_union, size_t 
                           size_t *max_w)
 {
     *max_out = *max_w = 0;
-    for (int p = 0; p <= FT_PROJ_DOWN; p++) {
-        int row0, in, out;
-        ft_proj mod = ft_proj_module(c, (ft_proj)p, &row0);
-        if (!(lora_union & (1u << mod)))
-            continue;
-        ft_proj_dims(c, (ft_proj)p, &in, &out);
-        if ((size_t)out > *max_out)
-            *max_out = (size_t)out;
-        if ((size_t)out * (size_t)in > *max_w)
-            *max_w = (size_t)out * (size_t)in;
-    }
+    for (int l = 0; l < c->num_layers; l++) /* (a MoE's MLP widths differ by layer) */
+        for (int p = 0; p < FT_NPROJ; p++) {
+            int row0, in, out;
+            if (p == FT_PROJ_QKV || p == FT_PROJ_GATE_UP) /* (their blocks are the views) */
+                continue;
+            ft_proj mod = ft_proj_module(c, (ft_proj)p, &row0);
+            if (!(lora_union & (1u << mod)) || !(ft_layer_lora_projections(c, l) & (1u << mod)))
+                continue;
+            ft_layer_proj_dims(c, l, (ft_proj)p, &in, &out);
+            if ((size_t)out > *max_out)
+                *max_out = (size_t)out;
+            if ((size_t)out * (size_t)in > *max_w)
+                *max_w = (size_t)out * (size_t)in;
+        }
 }
 
 /* dora_g = m / ||W + s B A||_row, dora_inv = 1 / ||.|| of v's rows. */

@@ -66,7 +66,7 @@ static int add_param(layout *lo, int unit, bool trainable, bool is_lora, float *
 static bool quantized_weight(const ft_model *m, int l, ft_proj p)
 {
     char path[160];
-    snprintf(path, sizeof path, "model.layers.%d.%s", l, ft_proj_path(p));
+    snprintf(path, sizeof path, "model.layers.%d.%s", l, ft_layer_proj_path(&m->cfg, l, p));
     return m->quant.type != FT_QUANT_NONE && !ft_quant_skipped(m->quant_skip, path);
 }
 
@@ -152,7 +152,9 @@ static int add_moe(layout *lo, int l)
  * q, k, v, o (with biases), q_norm, k_norm, the attention's post-norm, the MLP's pre-norm,
  * gate, up, down, the MLP's post-norm (each norm where the block has it), then LoRA. The
  * modules come in ft_proj order: a fused block (phi3) has o, down, qkv, then the norms,
- * gate_up. A MoE layer: q, k, v, o, the norms, the router, the experts (add_moe). Base
+ * gate_up. A sparse MoE layer: q, k, v, o, the norms, its plain MLP's gate, up, down
+ * when it has one (qwen2_moe's shared expert) and its gate, the router, the experts
+ * (add_moe); a MoE model's dense layer is a dense family's. Base
  * weights are named as the checkpoint names them (ckpt_prefix), LoRA weights as PEFT's
  * adapter keys (module_prefix). */
 static int build_layout(layout *lo)
@@ -162,7 +164,6 @@ static int build_layout(layout *lo)
     bool full = m->opt.mode == FT_TRAIN_FULL;
     bool lora = m->opt.mode == FT_TRAIN_LORA;
     int L = c->num_layers, C = c->hidden_size, V = c->vocab_size;
-    unsigned projs = ft_block_projections(c);
     int rc = 0;
 
     const char *cp = c->ckpt_prefix, *mp = c->module_prefix;
@@ -178,44 +179,45 @@ static int build_layout(layout *lo)
     }
     for (int l = 0; l < L; l++) {
         layer_weights *w = &m->layers[l];
+        unsigned projs = ft_layer_projections(c, l);
         rc |= add_branch_norm(lo, l, FT_NORM_ATTN_PRE);
         for (int p = 0; p < FT_NPROJ; p++) {
             int in, out;
             if (!(projs & (1u << p)))
                 continue;
-            proj_dims(c, (ft_proj)p, &in, &out);
+            ft_layer_proj_dims(c, l, (ft_proj)p, &in, &out);
+            const char *path = ft_layer_proj_path(c, l, (ft_proj)p);
             if (p == FT_PROJ_GATE || p == FT_PROJ_GATE_UP)
                 rc |= add_mid_norms(lo, l);
             rc |= add_param(lo, l + 1, full, false, &w->w[p], &w->gw[p], 2, out, in,
-                            "%smodel.layers.%d.%s.weight", cp, l, ft_proj_path((ft_proj)p));
+                            "%smodel.layers.%d.%s.weight", cp, l, path);
             if (rc == 0)
                 m->params[m->n_params - 1].quantized = quantized_weight(m, l, (ft_proj)p);
             if (proj_has_bias(c, (ft_proj)p))
                 rc |= add_param(lo, l + 1, full, false, &w->b[p], &w->gb[p], 1, out, 0,
-                                "%smodel.layers.%d.%s.bias", cp, l, ft_proj_path((ft_proj)p));
+                                "%smodel.layers.%d.%s.bias", cp, l, path);
         }
-        if (c->num_experts > 0)
-            rc |= add_mid_norms(lo, l) | add_moe(lo, l);
+        if (ft_layer_sparse(c, l))
+            rc |= (projs & (1u << FT_PROJ_GATE) ? 0 : add_mid_norms(lo, l)) | add_moe(lo, l);
         rc |= add_branch_norm(lo, l, FT_NORM_MLP_POST);
         if (lora) {
             for (int p = 0; p < FT_NPROJ; p++) {
                 if (!(m->lora_mask[l] & (1u << p)))
                     continue;
                 int in, out;
-                proj_dims(c, (ft_proj)p, &in, &out);
+                ft_layer_proj_dims(c, l, (ft_proj)p, &in, &out);
+                const char *path = ft_layer_proj_path(c, l, (ft_proj)p);
                 rc |= add_param(lo, l + 1, true, true, &w->lora_a[p], &w->g_lora_a[p], 2, r, in,
-                                "base_model.model.%slayers.%d.%s.lora_A.weight", mp, l,
-                                ft_proj_path((ft_proj)p));
+                                "base_model.model.%slayers.%d.%s.lora_A.weight", mp, l, path);
                 rc |= add_param(lo, l + 1, true, true, &w->lora_b[p], &w->g_lora_b[p], 2, out, r,
-                                "base_model.model.%slayers.%d.%s.lora_B.weight", mp, l,
-                                ft_proj_path((ft_proj)p));
+                                "base_model.model.%slayers.%d.%s.lora_B.weight", mp, l, path);
                 if (m->opt.lora.dora)
                     rc |= add_param(lo, l + 1, true, true, &w->lora_m[p], &w->g_lora_m[p], 1,
                                     out, 0, "base_model.model.model.layers.%d.%s."
-                                    "lora_magnitude_vector", l, ft_proj_path((ft_proj)p));
+                                    "lora_magnitude_vector", l, path);
             }
             /* PEFT's ParamWrapper on the router's weight (transformers 5: mlp.gate) */
-            if (c->num_experts > 0 && (m->opt.lora.target_params & FT_LORA_PARAM_ROUTER)) {
+            if (ft_layer_sparse(c, l) && (m->opt.lora.target_params & FT_LORA_PARAM_ROUTER)) {
                 rc |= add_param(lo, l + 1, true, true, &w->rlora_a, &w->g_rlora_a, 2, r, C,
                                 "base_model.model.%slayers.%d.mlp.gate.lora_A.weight", mp, l);
                 rc |= add_param(lo, l + 1, true, true, &w->rlora_b, &w->g_rlora_b, 2,
@@ -223,7 +225,7 @@ static int build_layout(layout *lo)
                                 "base_model.model.%slayers.%d.mlp.gate.lora_B.weight", mp, l);
             }
             /* PEFT's ParamWrappers on the fused experts (lora.h's target_params) */
-            for (int h = 0; h < 2 && c->num_experts > 0; h++) {
+            for (int h = 0; h < 2 && ft_layer_sparse(c, l); h++) {
                 unsigned bit = h == 0 ? FT_LORA_PARAM_GATE_UP : FT_LORA_PARAM_DOWN;
                 if (!(m->opt.lora.target_params & bit))
                     continue;
@@ -665,13 +667,30 @@ static int lora_layers(ft_model *m, ft_err *err)
     /* A module name the block lacks: an error in settings given here; in an adapter's
      * config, as for PEFT, fine while the targets select something (an adapter may list
      * the names of several families). */
-    unsigned projs = ft_block_projections(&m->cfg);
+    unsigned projs = ft_lora_projections(&m->cfg);
+    bool plain = m->cfg.moe_lora_plain;
+    if (plain && (lc->targets & FT_LORA_MOE))
+        return ft_fail(err, "LoRA target %s on model_type '%s': PEFT has no such target there "
+                       "(its router, mlp.gate, is not a linear layer, and PEFT does not map "
+                       "the MLP names to its experts; gate_proj, up_proj, down_proj name the "
+                       "shared expert's and the dense layers' projections)",
+                       lc->targets & FT_LORA_MOE_ROUTER ? "'gate'" : "w1/w2/w3",
+                       m->cfg.model_type);
+    if (plain && lc->target_params)
+        return ft_fail(err, "LoRA target_parameters (the router's or the experts' LoRA) on "
+                       "model_type '%s' are not supported (LoRA on its attention, shared "
+                       "expert, shared_expert_gate and dense layers is)", m->cfg.model_type);
+    if (m->cfg.num_experts > 0 && lc->target_regex[0] && plain)
+        return ft_fail(err, "LoRA target_modules as a regex on model_type '%s' is not "
+                       "supported (list the modules: q_proj, k_proj, v_proj, o_proj, "
+                       "gate_proj, up_proj, down_proj, shared_expert_gate, or all-linear)",
+                       m->cfg.model_type);
     if (m->cfg.num_experts > 0 && lc->target_regex[0])
         return ft_fail(err, "LoRA target_modules as a regex on model_type '%s' is not "
                        "supported (PEFT resolves it against the experts' fused parameters; "
                        "list the modules: q_proj, k_proj, v_proj, o_proj, gate (the router), "
                        "w1, w2, w3, or all-linear)", m->cfg.model_type);
-    if (ft_lora_resolve_moe(&m->opt.lora, m->cfg.num_experts > 0, err))
+    if (ft_lora_resolve_moe(&m->opt.lora, m->cfg.num_experts > 0 && !plain, err))
         return -1;
     unsigned absent = lc->targets & ~projs & ~FT_LORA_OUTER;
     if ((lc->targets & ~FT_LORA_OUTER) != FT_LORA_ALL_LINEAR && absent && !lc->source[0])
@@ -683,7 +702,7 @@ static int lora_layers(ft_model *m, ft_err *err)
     for (int l = 0; l < m->cfg.num_layers; l++) {
         if (ft_lora_layer_mask(lc, l, &m->lora_mask[l], err))
             return -1;
-        m->lora_mask[l] &= projs;
+        m->lora_mask[l] &= ft_layer_lora_projections(&m->cfg, l);
         m->lora_union |= m->lora_mask[l];
     }
     unsigned outer = lc->targets & FT_LORA_OUTER;
@@ -920,7 +939,7 @@ static void free_activations(ft_model *m)
         ft_free_on(&m->mem, m->dev, *scratch[i]);
         *scratch[i] = NULL;
     }
-    int32_t **ints[] = {&m->ids, &m->targets, &m->pos, &m->seg};
+    int32_t **ints[] = {&m->ids, &m->targets, &m->pos, &m->seg, &m->iota};
     for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) {
         ft_free_on(&m->mem, m->dev, *ints[i]);
         *ints[i] = NULL;
@@ -948,7 +967,7 @@ static void free_activations(ft_model *m)
         ft_free_on(&m->mem, m->dev, a->xlora_h[0]);
         ft_free_on(&m->mem, m->dev, a->xlora_h[1]);
         void *moe[] = {a->rlogits, a->probs, a->idx, a->rw, a->rows, a->slot,
-                       a->xe,      a->ge,    a->ue,  a->acte, a->ye};
+                       a->xe,      a->ge,    a->ue,  a->acte, a->ye, a->sh, a->sz, a->ss};
         for (size_t i = 0; i < sizeof moe / sizeof *moe; i++)
             ft_free_on(&m->mem, m->dev, moe[i]);
         free(a->offsets);
@@ -961,18 +980,25 @@ static void free_activations(ft_model *m)
     m->moe_host = NULL;
 }
 
-/* One set of per-layer activation buffers for N rows. */
-static int alloc_layer_set(ft_model *m, layer_acts *a, size_t N)
+/* One set of per-layer activation buffers for N rows, for the layers [l0, l1) that
+ * share it: the MoE buffers when one of them is sparse, the plain MLP's at the widest
+ * of their MLPs (ft_layer_mlp_width), the shared expert's with a sparse layer that has
+ * one. */
+static int alloc_layer_set(ft_model *m, layer_acts *a, size_t N, int l0, int l1)
 {
     const ft_model_config *c = &m->cfg;
     size_t C = c->hidden_size, I = c->intermediate_size, e = model_esize(m), f = sizeof(float);
+    size_t W = (size_t)ft_max_mlp_width(c, l0, l1);
     size_t QD = (size_t)c->num_heads * c->head_dim, KD = (size_t)c->num_kv_heads * c->head_dim;
     bool attn_pre = ft_has_branch_norm(c, FT_NORM_ATTN_PRE);
     bool attn_post = ft_has_branch_norm(c, FT_NORM_ATTN_POST);
     bool mlp_pre = ft_has_branch_norm(c, FT_NORM_MLP_PRE);
     bool mlp_post = ft_has_branch_norm(c, FT_NORM_MLP_POST);
     bool qk = c->qk_norm != FT_QK_NORM_NONE;
-    bool moe = c->num_experts > 0, dense = !moe;
+    bool moe = false, dense = W > 0;
+    for (int l = l0; l < l1; l++)
+        moe |= ft_layer_sparse(c, l);
+    bool shared = moe && c->shared_expert_size > 0;
     size_t E = (size_t)c->num_experts, M = N * (size_t)c->experts_per_tok;
     size_t q_rows, k_rows;
     int width;
@@ -991,8 +1017,8 @@ static int alloc_layer_set(ft_model *m, layer_acts *a, size_t N)
                 {&a->lse, N * c->num_heads * f, true},
                 {&a->ao, N * C * e, attn_post},     {&a->rstd_ao, N * f, attn_post},
                 {&a->mid, N * C * e, true},         {&a->ln2, N * C * e, mlp_pre},
-                {&a->rstd2, N * f, mlp_pre},        {&a->gate, N * I * e, dense},
-                {&a->up, N * I * e, dense},         {&a->act, N * I * e, dense},
+                {&a->rstd2, N * f, mlp_pre},        {&a->gate, N * W * e, dense},
+                {&a->up, N * W * e, dense},         {&a->act, N * W * e, dense},
                 {&a->mo, N * C * e, mlp_post},      {&a->rstd_mo, N * f, mlp_post},
                 /* MoE (moe.c) */
                 {&a->rlogits, N * E * e, moe},      {&a->probs, N * E * f, moe},
@@ -1000,7 +1026,10 @@ static int alloc_layer_set(ft_model *m, layer_acts *a, size_t N)
                 {(float **)&a->rows, M * f, moe},   {(float **)&a->slot, M * f, moe},
                 {&a->xe, M * C * e, moe},           {&a->ge, M * I * e, moe},
                 {&a->ue, M * I * e, moe},           {&a->acte, M * I * e, moe},
-                {&a->ye, M * C * e, moe}};
+                {&a->ye, M * C * e, moe},
+                /* qwen2_moe's shared expert: its output, gate logit and sigmoid */
+                {&a->sh, N * C * e, shared},        {&a->sz, N * e, shared},
+                {&a->ss, N * f, shared}};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i].need &&
             !(*bufs[i].p = ft_alloc_on(&m->mem, m->dev, FT_MEM_ACTIVATIONS, bufs[i].bytes)))
@@ -1059,7 +1088,7 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
             float *in = a->in;
             *a = m->acts[set];
             a->in = in;
-        } else if (alloc_layer_set(m, a, N)) {
+        } else if (alloc_layer_set(m, a, N, shared ? l0 : l, shared ? (l1 < L ? l1 : L) : l + 1)) {
             goto oom;
         } else {
             set = l;
@@ -1072,6 +1101,12 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
     /* MoE: the MLP's scratch holds the k grouped rows of each token */
     size_t K = c->num_experts > 0 ? (size_t)c->experts_per_tok : 1;
     bool moe = c->num_experts > 0;
+    /* d_act, d_gate, d_up: the experts' N k rows, or the widest plain MLP (a MoE model's
+     * dense layers, shared expert) */
+    size_t WM = (size_t)ft_max_mlp_width(c, 0, L), DI = K * I > WM ? K * I : WM;
+    /* x_drop: dropout(x) of the widest LoRA input (hidden, q heads, an MLP's width) */
+    size_t XW = C > I ? (C > QD ? C : QD) : (I > QD ? I : QD);
+    XW = WM > XW ? WM : XW;
     size_t xbs = 0, xdh = 0; /* LoRA on the experts */
     moe_experts_lora_dims(m, &xbs, &xdh);
     struct {
@@ -1096,15 +1131,15 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
         {&m->d_q, NS * QD, train, FT_MEM_WORKSPACE, false},
         {&m->d_k, NS * KD, train, FT_MEM_WORKSPACE, false},
         {&m->d_v, NS * KD, train, FT_MEM_WORKSPACE, false},
-        {&m->d_act, NS * K * I, train, FT_MEM_WORKSPACE, false},
-        {&m->d_gate, NS * K * I, train, FT_MEM_WORKSPACE, false},
-        {&m->d_up, NS * K * I, train, FT_MEM_WORKSPACE, false},
+        {&m->d_act, NS * DI, train, FT_MEM_WORKSPACE, false},
+        {&m->d_gate, NS * DI, train, FT_MEM_WORKSPACE, false},
+        {&m->d_up, NS * DI, train, FT_MEM_WORKSPACE, false},
         {&m->d_moe, NS * K * C, train && moe, FT_MEM_WORKSPACE, false},
         {&m->d_rw, NS * K, train && moe, FT_MEM_WORKSPACE, true},
         {&m->d_rlogits, NS * (size_t)c->num_experts, train && moe, FT_MEM_WORKSPACE, false},
         {&m->d_lora_h, NS * (size_t)(m->opt.lora.r > 0 ? m->opt.lora.r : 1),
          m->opt.mode == FT_TRAIN_LORA, FT_MEM_WORKSPACE, false},
-        {&m->x_drop, NS * (C > I ? (C > QD ? C : QD) : (I > QD ? I : QD)),
+        {&m->x_drop, NS * XW,
          m->opt.mode == FT_TRAIN_LORA && m->opt.lora.dropout > 0, FT_MEM_WORKSPACE, false},
         {&m->dora_w, m->dora_w_n, dora, FT_MEM_WORKSPACE, false},
         {&m->dora_g, m->dora_out, dora, FT_MEM_WORKSPACE, true},
@@ -1127,6 +1162,22 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
     for (size_t i = 0; i < sizeof ints / sizeof *ints; i++)
         if (!(*ints[i] = ft_alloc_on(&m->mem, m->dev, FT_MEM_ACTIVATIONS, N * sizeof(int32_t))))
             goto oom;
+    /* qwen2_moe: slot[n] = n, the shared expert's gated sum as a k = 1 combine (moe.c) */
+    if (c->shared_expert_size > 0) {
+        int32_t *iota = malloc(N * sizeof *iota);
+        if (!iota || !(m->iota = ft_alloc_on(&m->mem, m->dev, FT_MEM_ACTIVATIONS,
+                                             N * sizeof(int32_t)))) {
+            free(iota);
+            goto oom;
+        }
+        for (size_t n = 0; n < N; n++)
+            iota[n] = (int32_t)n;
+        ft_err cerr = {0};
+        int crc = ft_copy_bytes(m->iota, m->dev, iota, FT_DEV_CPU, N * sizeof *iota, &cerr);
+        free(iota);
+        if (crc)
+            goto oom;
+    }
     /* the GPU's batch is assembled on the host first (model_device.c) */
     if (m->dev != FT_DEV_CPU && !(m->batch_h = malloc(4 * N * sizeof *m->batch_h)))
         goto oom;
@@ -1253,7 +1304,7 @@ static void save_slot(const ft_model *m, act_slot *s)
     *s = (act_slot){m->B,        m->T,      m->max_rows,  m->acts,         m->final_in,
                     m->lnf,      m->rstdf,  m->logits,    m->logits_first, m->ids,
                     m->targets,  m->pos,    m->seg,       m->has_seg,      m->logits_valid,
-                    m->can_backward, m->dropout_seed, m->rope_long};
+                    m->can_backward, m->dropout_seed, m->rope_long, m->iota};
 }
 
 static void load_slot(ft_model *m, const act_slot *s)
@@ -1276,6 +1327,7 @@ static void load_slot(ft_model *m, const act_slot *s)
     m->can_backward = s->can_backward;
     m->dropout_seed = s->dropout_seed;
     m->rope_long = s->rope_long;
+    m->iota = s->iota;
 }
 
 int ft_model_set_activation_slots(ft_model *m, int k, ft_err *err)

@@ -9,7 +9,7 @@
 
 /* A decoder-only causal LM (llama, mistral, qwen2, qwen3, granite, gemma, gemma2,
  * gemma3_text, olmo2, phi3, smollm3; the text model of a multimodal gemma3; the
- * mixture-of-experts mixtral and qwen3_moe) with explicit forward and backward. A family
+ * mixture-of-experts mixtral, qwen3_moe and qwen2_moe) with explicit forward and backward. A family
  * is data (ft_model_config's block description): one forward and backward read it.
  *
  * This is the library API the tools build on:
@@ -44,11 +44,16 @@
  * skipped in smollm3's NoPE layers. phi3's checkpoint fuses q, k, v into one qkv_proj
  * weight and gate, up into gate_up_proj: the ops read their row blocks, and a LoRA pair
  * sits on the fused module (one A; B's row blocks).
- * A MoE family (mixtral, qwen3_moe) replaces the MLP by a router and experts (moe.c: each
- * token's top-k experts' MLPs, weighted by the router softmax, renormalised over the top k
- * when cfg.norm_topk_prob); LoRA may sit on the router and on the experts as PEFT's
- * ParamWrapper puts it (lora.h's target_params; moe_lora.c), and QLoRA quantizes the
- * experts too.
+ * A MoE family (mixtral, qwen3_moe, qwen2_moe) replaces the MLP of its sparse layers
+ * (ft_layer_sparse) by a router and experts (moe.c: each token's top-k experts' MLPs,
+ * weighted by the router softmax, renormalised over the top k when cfg.norm_topk_prob);
+ * qwen2_moe adds a shared expert, a plain MLP (the layer's gate, up, down projections)
+ * whose output is weighted by sigmoid(x G^T) (G: the FT_PROJ_SHGATE projection [1, C]),
+ * and the qwen models' dense layers keep a plain MLP of their own width
+ * (ft_layer_mlp_width). LoRA may sit on the router and on the experts as PEFT's
+ * ParamWrapper puts it (lora.h's target_params; moe_lora.c; mixtral, qwen3_moe), on
+ * qwen2_moe's plain MLPs and shared expert gate as on any linear layer, and QLoRA
+ * quantizes the experts too.
  * A linear layer is y = x W^T + b, plus with LoRA: y += scaling * (dropout(x) A^T) B^T; with
  * DoRA (lora.dora) y = b + m / ||W + s B A||_row (x W^T + s dropout(x) A^T B^T) (dora.c
  * for dropout). LoRA may also sit on lm_head (a linear layer, before the logit scaling and

@@ -30,6 +30,7 @@ typedef struct layer_weights {
      * down weights at expert[3 e + 0, 1, 2] ([I, C], [I, C], [C, I]); grads likewise */
     float *router, *g_router;
     float **expert, **g_expert; /* [3 E] */
+    /* (qwen2_moe's shared expert: w[gate, up, down]; its gate: w[FT_PROJ_SHGATE]) */
     /* LoRA on the router (lora.target_params FT_LORA_PARAM_ROUTER; moe_lora.c): A [r, C],
      * B [E, r]; NULL without */
     float *rlora_a, *rlora_b, *g_rlora_a, *g_rlora_b;
@@ -55,8 +56,8 @@ typedef struct layer_acts {
     float *mid;           /* [N, C] residual after attention */
     float *ln2;           /* [N, C] MLP pre-norm output */
     float *rstd2;         /* [N] */
-    float *gate, *up;     /* [N, I] */
-    float *act;           /* [N, I] silu(gate) * up */
+    float *gate, *up;     /* [N, W] (W: the widest plain MLP the set serves) */
+    float *act;           /* [N, W] silu(gate) * up */
     float *mo;            /* [N, C] down_proj output before the MLP post-norm */
     float *rstd_mo;       /* [N] */
     float *lora_h[FT_NPROJ]; /* [N, r] dropout(x) A^T of each LoRA target module */
@@ -70,13 +71,18 @@ typedef struct layer_acts {
     float *xe;            /* [M, C] the gathered MLP input */
     float *ge, *ue, *acte; /* [M, I] gate, up, silu(gate) * up */
     float *ye;            /* [M, C] expert outputs before weighting */
+    /* qwen2_moe's shared expert (its MLP in gate, up, act above, width shared_expert_size) */
+    float *sh;            /* [N, C] its output */
+    float *sz;            /* [N] the gate's logit x G^T */
+    float *ss;            /* [N] fp32 sigmoid(sz) */
     float *rlora_h;       /* [N, r] x A^T of the router's LoRA (NULL without) */
     float *xlora_h[2];    /* [M, 2r], [M, r]: each grouped row's xe A_e^T, acte A_e^T of
                            * the experts' gate_up and down pairs (NULL without) */
 } layer_acts;
 
 /* The activations of one forward (a GPipe activation slot; see ft_model_use_activation_slot):
- * the fields of ft_model from B to rope_long, saved while another slot is current. */
+ * the fields of ft_model from B to rope_long, and iota, saved while another slot is
+ * current. */
 typedef struct act_slot {
     int B, T;
     size_t max_rows;
@@ -87,6 +93,7 @@ typedef struct act_slot {
     bool has_seg, logits_valid, can_backward;
     uint64_t dropout_seed;
     bool rope_long;
+    int32_t *iota;
 } act_slot;
 
 struct ft_model {
@@ -162,6 +169,7 @@ struct ft_model {
     float *logits;        /* [R, V]: R = ft_loss_chunk_rows(opt.loss_chunk_rows, V, N) */
     size_t logits_first;  /* the batch row logits' first row holds (0, or the last chunk's) */
     int32_t *ids, *targets, *pos, *seg; /* [N] */
+    int32_t *iota;        /* [N] n (qwen2_moe's shared expert; NULL without) */
     bool has_seg;
     bool logits_valid, can_backward;
     bool eval_mode;       /* ft_model_set_training(m, false): no dropout */

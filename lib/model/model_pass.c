@@ -130,7 +130,7 @@ static proj_view proj_view_of(ft_model *m, int l, ft_proj p)
     int row0, r = m->opt.lora.r;
     v.mod = ft_proj_module(&m->cfg, p, &row0);
     v.first_block = row0 == 0;
-    proj_dims(&m->cfg, p, &v.in, &v.out);
+    ft_layer_proj_dims(&m->cfg, l, p, &v.in, &v.out);
     size_t wo = (size_t)row0 * v.in, bo = (size_t)row0, lo = (size_t)row0 * r;
     v.w = model_at(m, w->w[v.mod], wo);
     v.gw = f32_at(w->gw[v.mod], wo);
@@ -150,11 +150,12 @@ static proj_view proj_view_of(ft_model *m, int l, ft_proj p)
  * forward's seed, the layer and the module, so backward regenerates it. The seven
  * Llama-family modules keep the numbering l * 7 + p + 1 of the versions before the fused
  * ones (a resumed run draws the masks it would have drawn); qkv_proj and gate_up_proj
- * number from 2^40. */
+ * number from 2^40, qwen2_moe's shared_expert_gate from 2^42. */
 static uint64_t lora_dropout_seed(const ft_model *m, int l, ft_proj p)
 {
-    uint64_t k = p < FT_PROJ_QKV ? (uint64_t)l * FT_PROJ_QKV + (uint64_t)p + 1
-                                 : (1ull << 40) + (uint64_t)l * 2 + (uint64_t)(p - FT_PROJ_QKV);
+    uint64_t k = p < FT_PROJ_QKV      ? (uint64_t)l * FT_PROJ_QKV + (uint64_t)p + 1
+                 : p == FT_PROJ_SHGATE ? (1ull << 42) + (uint64_t)l
+                                       : (1ull << 40) + (uint64_t)l * 2 + (uint64_t)(p - FT_PROJ_QKV);
     return ft_mix64(m->dropout_seed ^ k);
 }
 
@@ -289,6 +290,38 @@ static void qk_norm_backward(ft_model *m, int l, ft_proj p, const float *dy, flo
                         c->norm_w_offset);
 }
 
+/* qwen2_moe's shared expert gate: s = sigmoid(x G^T) ([N], G [1, C], with its LoRA pair),
+ * and y += s * sh (sh: the shared expert's output, a->sh) as a k = 1 combine with slot[n]
+ * = n (y NULL: a recompute, s alone). */
+static void shared_gate_forward(ft_model *m, int l, const float *x, float *y)
+{
+    layer_acts *a = &m->acts[l];
+    int N = m->B * m->T, C = m->cfg.hidden_size;
+    proj_forward(m, l, FT_PROJ_SHGATE, x, a->sz);
+    ft_sigmoid_forward(F_(a->ss, N), A_(a->sz, N), (size_t)N);
+    if (y)
+        ft_moe_combine_forward(A_(y, (size_t)N * C), A_(a->sh, (size_t)N * C), F_(a->ss, N),
+                               I_(m->iota, N), N, 1, C, 1);
+}
+
+/* Its backward from dy (the block output's gradient): d_sh = s dy (the shared expert's
+ * output gradient, [N, C]); ds = dy . sh, dz = ds s (1 - s) (in the router's scratch,
+ * free until moe_backward), dG += dz^T x, d_ln += dz G (and the pair's). */
+static void shared_gate_backward(ft_model *m, int l, const float *x, const float *dy,
+                                 float *d_sh)
+{
+    const layer_acts *a = &m->acts[l];
+    int N = m->B * m->T, C = m->cfg.hidden_size;
+    size_t nC = (size_t)N * C;
+    ft_zero(A_(d_sh, nC), nC);
+    ft_zero(F_(m->d_rw, N), (size_t)N);
+    ft_moe_combine_backward(A_(d_sh, nC), F_(m->d_rw, N), A_(dy, nC), A_(a->sh, nC),
+                            F_(a->ss, N), I_(m->iota, N), N, 1, C);
+    ft_zero(A_(m->d_rlogits, N), (size_t)N);
+    ft_sigmoid_backward(A_(m->d_rlogits, N), F_(m->d_rw, N), F_(a->ss, N), (size_t)N);
+    proj_backward(m, l, FT_PROJ_SHGATE, x, m->d_rlogits, m->d_ln);
+}
+
 /* One decoder layer: in -> out. out NULL recomputes only what backward needs (a
  * gradient-checkpoint recompute): everything but the down projection's base GEMM, which
  * only a post-norm after the MLP needs (its input).
@@ -300,7 +333,7 @@ static void layer_forward(ft_model *m, int l, const float *in, float *out)
     const ft_model_config *c = &m->cfg;
     const layer_weights *w = &m->layers[l];
     layer_acts *a = &m->acts[l];
-    int B = m->B, T = m->T, N = B * T, C = c->hidden_size, I = c->intermediate_size;
+    int B = m->B, T = m->T, N = B * T, C = c->hidden_size, I = ft_layer_mlp_width(c, l);
     int Hq = c->num_heads, Hkv = c->num_kv_heads, D = c->head_dim;
     size_t nC = (size_t)N * C, nQ = (size_t)N * Hq * D, nK = (size_t)N * Hkv * D,
            nI = (size_t)N * I;
@@ -345,8 +378,16 @@ static void layer_forward(ft_model *m, int l, const float *in, float *out)
         ft_add(A_(a->mid, nC), A_(in, nC), nC);
     }
     const float *post = w->norm[FT_NORM_MLP_POST];
-    if (c->num_experts > 0) { /* the sparse MoE block (moe.c) instead of the MLP */
-        moe_forward(m, l, xm, post ? a->mo : out, out != NULL);
+    if (ft_layer_sparse(c, l)) { /* the sparse MoE block (moe.c) instead of the MLP */
+        float *y = post ? a->mo : out;
+        moe_forward(m, l, xm, y, out != NULL);
+        if (I > 0) { /* qwen2_moe: y += sigmoid(xm G^T) * shared_expert(xm) */
+            proj_forward(m, l, FT_PROJ_GATE, xm, a->gate);
+            proj_forward(m, l, FT_PROJ_UP, xm, a->up);
+            ft_swiglu_forward(A_(a->act, nI), A_(a->gate, nI), A_(a->up, nI), nI);
+            proj_forward(m, l, FT_PROJ_DOWN, a->act, a->sh);
+            shared_gate_forward(m, l, xm, y);
+        }
     } else {
         proj_forward(m, l, FT_PROJ_GATE, xm, a->gate);
         proj_forward(m, l, FT_PROJ_UP, xm, a->up);
@@ -413,7 +454,7 @@ static void layer_backward(ft_model *m, int l)
     const ft_model_config *c = &m->cfg;
     const layer_weights *w = &m->layers[l];
     const layer_acts *a = &m->acts[l];
-    int B = m->B, T = m->T, N = B * T, C = c->hidden_size, I = c->intermediate_size;
+    int B = m->B, T = m->T, N = B * T, C = c->hidden_size, I = ft_layer_mlp_width(c, l);
     int Hq = c->num_heads, Hkv = c->num_kv_heads, D = c->head_dim;
     size_t nC = (size_t)N * C, nQ = (size_t)N * Hq * D, nK = (size_t)N * Hkv * D,
            nI = (size_t)N * I;
@@ -427,8 +468,19 @@ static void layer_backward(ft_model *m, int l)
     const float *dy = post_norm_backward(m, branch_grad(m, nC), nw[FT_NORM_MLP_POST],
                                          w->g_norm[FT_NORM_MLP_POST], a->mo, a->rstd_mo);
     const float *xm = nw[FT_NORM_MLP_PRE] ? a->ln2 : a->mid;
-    if (c->num_experts > 0) {
+    if (ft_layer_sparse(c, l)) {
         ft_zero(A_(m->d_ln, nC), nC);
+        if (I > 0) { /* the shared expert and its gate (d_moe: free until moe_backward) */
+            shared_gate_backward(m, l, xm, dy, m->d_moe);
+            ft_zero(A_(m->d_act, nI), nI);
+            proj_backward(m, l, FT_PROJ_DOWN, a->act, m->d_moe, m->d_act);
+            ft_zero(A_(m->d_gate, nI), nI);
+            ft_zero(A_(m->d_up, nI), nI);
+            ft_swiglu_backward(A_(m->d_gate, nI), A_(m->d_up, nI), A_(m->d_act, nI),
+                               A_(a->gate, nI), A_(a->up, nI), nI);
+            proj_backward(m, l, FT_PROJ_GATE, xm, m->d_gate, m->d_ln);
+            proj_backward(m, l, FT_PROJ_UP, xm, m->d_up, m->d_ln);
+        }
         moe_backward(m, l, xm, dy, m->d_ln);
         goto mlp_done;
     }

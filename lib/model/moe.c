@@ -1,5 +1,6 @@
-/* The sparse mixture-of-experts block (mixtral, qwen3_moe; hf_config.h's num_experts) as
- * transformers' MixtralSparseMoeBlock and Qwen3MoeSparseMoeBlock compute it, and its
+/* The sparse mixture-of-experts block (mixtral, qwen3_moe, qwen2_moe; hf_config.h's
+ * num_experts) as transformers' MixtralSparseMoeBlock, Qwen3MoeSparseMoeBlock and
+ * Qwen2MoeSparseMoeBlock compute it (qwen2_moe's shared expert: model_pass.c), and its
  * backward:
  *
  *   logits = x R^T                       router, [N, E]
@@ -15,8 +16,9 @@
  * LoRA pair: moe_lora.c).
  *
  * The load-balancing loss (cfg.output_router_logits) is transformers'
- * load_balancing_loss_func, given the batch's attention_mask, over the forward's MoE layers:
- *   aux = E sum_e (counts_e / R) (psum_e / R),  R = (real tokens) x (MoE layers),
+ * load_balancing_loss_func, given the batch's attention_mask, over the forward's sparse MoE
+ * layers (those whose router transformers records):
+ *   aux = E sum_e (counts_e / R) (psum_e / R),  R = (real tokens) x (sparse layers),
  * counts_e the pairs of real tokens routed to e and psum_e the summed probabilities of e
  * over the real tokens (the mask weighs every row by 0 or 1; without a mask every row is
  * real). The real tokens are row ranges (moe_aux_mask: right padding makes one range a
@@ -252,13 +254,15 @@ void moe_aux_begin(ft_model *m)
     ft_zero(F_(m->aux_psum, E), E);
 }
 
-/* MoE layers among the layers this model computes (a pipeline stage: its own). */
+/* Sparse MoE layers among the layers this model computes (a pipeline stage: its own). */
 static int stage_moe_layers(const ft_model *m)
 {
-    int L = m->cfg.num_layers;
+    int L = m->cfg.num_layers, n = 0;
     int l0 = m->stage_first > 0 ? m->stage_first - 1 : 0;
     int l1 = m->stage_last < L + 1 ? m->stage_last : L;
-    return m->cfg.num_experts > 0 && l1 > l0 ? l1 - l0 : 0;
+    for (int l = l0; l < l1; l++)
+        n += ft_layer_sparse(&m->cfg, l);
+    return n;
 }
 
 int moe_aux_end(ft_model *m, ft_err *err)

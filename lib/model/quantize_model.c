@@ -94,7 +94,9 @@ static float round_to(float x, ft_st_dtype dt)
 
 /* ---- which tensors ----------------------------------------------------------------- */
 
-/* Whether name is model.layers.N.<projection>.weight; path receives the module path. */
+/* Whether name is model.layers.N.<projection>.weight, a projection of the block or of
+ * qwen2_moe's shared expert (mlp.shared_expert.gate_proj, ...) and its gate (one row, a
+ * linear layer bitsandbytes quantizes too); path receives the module path. */
 static bool block_linear_weight(const char *name, char *path, size_t size)
 {
     const char *prefix = "model.layers.", *suffix = ".weight";
@@ -109,6 +111,16 @@ static bool block_linear_weight(const char *name, char *path, size_t size)
     if (*p++ != '.')
         return false;
     size_t rest = (size_t)(name + n - ns - p);
+    /* the shared expert's projections match as the MLP's (mlp.shared_expert.gate_proj as
+     * mlp.gate_proj) */
+    char mod[160];
+    const char *shared = "mlp.shared_expert.";
+    size_t nsh = strlen(shared);
+    if (rest > nsh && rest < sizeof mod && strncmp(p, shared, nsh) == 0) {
+        snprintf(mod, sizeof mod, "mlp.%.*s", (int)(rest - nsh), p + nsh);
+        p = mod;
+        rest = strlen(mod);
+    }
     for (int k = 0; k < FT_NPROJ; k++) {
         const char *proj = ft_proj_path((ft_proj)k);
         if (strlen(proj) == rest && strncmp(p, proj, rest) == 0) {

@@ -41,6 +41,8 @@ from transformers import (
     Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
     Qwen3Config,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
@@ -348,6 +350,7 @@ _ARCH = {
     "smollm3": (SmolLM3Config, SmolLM3ForCausalLM),
     "mixtral": (MixtralConfig, MixtralForCausalLM),  # (shapes in test_moe.py)
     "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),  # (shapes in test_qwen3_moe.py)
+    "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM),  # (shapes in test_qwen2_moe.py)
 }
 
 

@@ -2,8 +2,9 @@
 qwen3's attention (per-head q/k RMSNorm, head_dim from the config, attention_bias) with
 the sparse MoE block of modeling_qwen3_moe.py (router softmax, top-k, renormalised only
 with norm_topk_prob, the experts of width moe_intermediate_size) and the router
-load-balancing loss (output_router_logits, router_aux_loss_coef). Every layer is sparse
-(mlp_only_layers and decoder_sparse_step > 1 are refused: test_hf_config.c).
+load-balancing loss (output_router_logits, router_aux_loss_coef), and dense layers
+(mlp_only_layers, decoder_sparse_step: a plain MLP of intermediate_size, mlp.gate_proj,
+..., which PEFT's MLP names do not reach: they are mapped to the experts).
 
 transformers 5 holds the experts as fused 3-D parameters (mlp.experts.gate_up_proj
 [E, 2I, C] = each expert's [gate_proj; up_proj], mlp.experts.down_proj [E, C, I]) and the
@@ -56,6 +57,11 @@ SHAPES = {
                     dict(_BASE, num_experts=3, num_experts_per_tok=1,
                          output_router_logits=False), seed=420,
                     note="top-1 not renormalised (the router's gradient through p), no aux"),
+        ftref.Shape("qwen3_moe_dense", "qwen3_moe",
+                    dict(_BASE, num_hidden_layers=4, mlp_only_layers=[0],
+                         decoder_sparse_step=2), seed=430,
+                    note="layers 0 and 2 dense (mlp_only_layers, decoder_sparse_step 2), "
+                         "1 and 3 sparse; the dense MLP wider than the experts"),
     ]
 }
 
@@ -141,6 +147,12 @@ def test_config_as_written(case):
     assert cfg["norm_topk_prob"] == case.shape.cfg["norm_topk_prob"]
     assert cfg["moe_intermediate_size"] != cfg["intermediate_size"]
     assert ("head_dim" in cfg) == ("head_dim" in case.shape.cfg)
+    dense = [l for l in range(case.cfg.num_hidden_layers) if l in case.cfg.mlp_only_layers
+             or (l + 1) % case.cfg.decoder_sparse_step != 0]
+    assert bool(dense) == (case.shape.name == "qwen3_moe_dense")
+    for l in range(case.cfg.num_hidden_layers):
+        assert (f"model.layers.{l}.mlp.gate_proj.weight" in case.ref_grads) == (l in dense)
+        assert (f"model.layers.{l}.mlp.gate.weight" in case.ref_grads) == (l not in dense)
     if case.shape.cfg["output_router_logits"]:
         assert case.ref_aux is not None
         share = case.shape.cfg["router_aux_loss_coef"] * float(case.ref_aux) / float(case.ref_loss)
@@ -194,7 +206,7 @@ def test_padded_batch_aux_mask(store, ft, name):
     moe_padding.check_padded_aux(store(name), shape.T, shape.seed + 5, ft, ckpt_grads, name)
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "qwen3_moe_top3_norm"])
+@pytest.fixture(scope="module", params=["qwen3_moe", "qwen3_moe_top3_norm", "qwen3_moe_dense"])
 def lora_case(request, store, ft):
     """LoRA on the attention modules (router and experts frozen)."""
     shape = SHAPES[request.param]
@@ -224,7 +236,7 @@ EXPERT_TARGETS = {"all-linear": "all-linear",
 
 
 @pytest.mark.parametrize("variant", list(EXPERT_TARGETS))
-@pytest.mark.parametrize("name", ["qwen3_moe", "qwen3_moe_top3_norm"])
+@pytest.mark.parametrize("name", ["qwen3_moe", "qwen3_moe_top3_norm", "qwen3_moe_dense"])
 def test_lora_router_experts(store, ft, name, variant):
     """LoRA on the router and the experts as PEFT on transformers 5 puts it
     (target_parameters gate.weight, gate_up_proj, down_proj; test_moe.py's router_case
@@ -317,6 +329,7 @@ def test_qlora_logits_loss_grads(qlora_case):
 TRAIN_RUNS = [
     dict(id="full", shape="qwen3_moe", targets=None, train=_train(1e-3)),
     dict(id="full-top3-norm", shape="qwen3_moe_top3_norm", targets=None, train=_train(1e-3)),
+    dict(id="full-dense", shape="qwen3_moe_dense", targets=None, train=_train(1e-3)),
     dict(id="lora-qvo", shape="qwen3_moe", targets=["q_proj", "v_proj", "o_proj"],
          train=_train(1e-2)),
 ]
@@ -376,7 +389,7 @@ def test_lora_init_adapter_loads_in_peft(store, tmp_path):
                        ftref.hf_forward(ftref.load_hf(model_dir), ids)[0])
 
 
-@pytest.mark.parametrize("shape", ["qwen3_moe", "qwen3_moe_top3_norm"])
+@pytest.mark.parametrize("shape", ["qwen3_moe", "qwen3_moe_top3_norm", "qwen3_moe_dense"])
 def test_merge_loads_in_transformers(store, tmp_path, shape):
     """ft-merge of a PEFT attention adapter: the merged checkpoint loads in transformers 5
     with the PEFT model's logits, and its weights equal merge_and_unload's."""

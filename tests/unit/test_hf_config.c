@@ -985,8 +985,8 @@ static void test_mixtral(void)
     CHECK(c.num_experts == 0 && c.rope_theta == 10000.0);
 }
 
-/* Qwen/Qwen3-30B-A3B's config.json, Qwen3MoeConfig's defaults, and the refusals (dense
- * layers, sliding window). */
+/* Qwen/Qwen3-30B-A3B's config.json, Qwen3MoeConfig's defaults, dense layers, and the
+ * refusals. */
 static void test_qwen3_moe(void)
 {
     ft_model_config c;
@@ -1028,15 +1028,43 @@ static void test_qwen3_moe(void)
     CHECK(c.intermediate_size == 768 && c.head_dim == 32 && c.num_kv_heads == 4);
     CHECK(c.qkv_bias && c.o_bias && c.router_aux_loss_coef == 0.001f);
     CHECK(c.rope_theta == 10000.0 && c.max_position_embeddings == 32768);
+    CHECK(ft_layer_sparse(&c, 0) && ft_layer_sparse(&c, 1) && c.dense_intermediate_size == 0);
+    CHECK(ft_layer_mlp_width(&c, 0) == 0 && c.shared_expert_size == 0 && !c.moe_lora_plain);
     /* layers past the model in mlp_only_layers change nothing */
     CHECK(load("{\"model_type\": \"qwen3_moe\", " REQ ", \"mlp_only_layers\": [2, 5],"
                " \"num_experts\": 4, \"num_experts_per_tok\": 2}", &c, &e) == 0);
     CHECK(c.num_experts == 4 && c.experts_per_tok == 2);
-    EXPECT_ERROR("{\"model_type\": \"qwen3_moe\", " REQ ", \"mlp_only_layers\": [1]}",
-                 "mlp_only_layers");
+    CHECK(ft_layer_sparse(&c, 0) && ft_layer_sparse(&c, 1) && c.dense_intermediate_size == 0);
+    /* dense layers: mlp_only_layers, or (l + 1) % decoder_sparse_step != 0; their MLP has
+     * the config's intermediate_size, the experts moe_intermediate_size */
+    CHECK(load("{\"model_type\": \"qwen3_moe\", " REQ ", \"mlp_only_layers\": [1]}", &c,
+               &e) == 0);
+    CHECK(ft_layer_sparse(&c, 0) && !ft_layer_sparse(&c, 1));
+    CHECK(c.intermediate_size == 768 && c.dense_intermediate_size == 512);
+    CHECK(ft_layer_mlp_width(&c, 0) == 0 && ft_layer_mlp_width(&c, 1) == 512);
+    CHECK(ft_layer_projections(&c, 1) == ((1u << FT_PROJ_Q) | (1u << FT_PROJ_K) |
+                                          (1u << FT_PROJ_V) | (1u << FT_PROJ_O) |
+                                          (1u << FT_PROJ_GATE) | (1u << FT_PROJ_UP) |
+                                          (1u << FT_PROJ_DOWN)));
+    CHECK(strcmp(ft_layer_proj_path(&c, 1, FT_PROJ_DOWN), "mlp.down_proj") == 0);
+    /* (PEFT maps qwen3_moe's MLP names to the experts: no LoRA on a dense layer's MLP) */
+    CHECK(ft_layer_lora_projections(&c, 1) == ft_block_projections(&c));
+    CHECK(load("{\"model_type\": \"qwen3_moe\", \"vocab_size\": 1000, \"hidden_size\": 256,"
+               " \"intermediate_size\": 512, \"num_hidden_layers\": 4,"
+               " \"num_attention_heads\": 8, \"decoder_sparse_step\": 2,"
+               " \"mlp_only_layers\": [3]}", &c, &e) == 0);
+    CHECK(!ft_layer_sparse(&c, 0) && ft_layer_sparse(&c, 1) && !ft_layer_sparse(&c, 2) &&
+          !ft_layer_sparse(&c, 3));
+    CHECK(ft_max_mlp_width(&c, 0, 4) == 512 && ft_max_mlp_width(&c, 1, 2) == 0);
     EXPECT_ERROR("{\"model_type\": \"qwen3_moe\", " REQ ", \"mlp_only_layers\": 1}",
                  "mlp_only_layers");
-    EXPECT_ERROR("{\"model_type\": \"qwen3_moe\", " REQ ", \"decoder_sparse_step\": 2}",
+    EXPECT_ERROR("{\"model_type\": \"qwen3_moe\", " REQ ", \"mlp_only_layers\": [-1]}",
+                 "mlp_only_layers");
+    EXPECT_ERROR("{\"model_type\": \"qwen3_moe\", " REQ ", \"mlp_only_layers\": [\"1\"]}",
+                 "mlp_only_layers");
+    EXPECT_ERROR("{\"model_type\": \"qwen3_moe\", " REQ ", \"decoder_sparse_step\": 0}",
+                 "decoder_sparse_step");
+    EXPECT_ERROR("{\"model_type\": \"qwen3_moe\", " REQ ", \"decoder_sparse_step\": 1.5}",
                  "decoder_sparse_step");
     EXPECT_ERROR("{\"model_type\": \"qwen3_moe\", " REQ ", \"use_sliding_window\": true}",
                  "use_sliding_window");
@@ -1053,6 +1081,95 @@ static void test_qwen3_moe(void)
     EXPECT_ERROR("{\"model_type\": \"qwen3_moe\", " REQ ", \"num_local_experts\": 6,"
                  " \"num_experts\": 5}", "num_local_experts");
 }
+
+/* Qwen/Qwen1.5-MoE-A2.7B's config.json, Qwen2MoeConfig's defaults, the shared expert,
+ * dense layers and the refusals by key. */
+#define Q2REQ REQ ", \"num_key_value_heads\": 8"
+static void test_qwen2_moe(void)
+{
+    ft_model_config c;
+    ft_err e = {0};
+    CHECK(load("{\"architectures\": [\"Qwen2MoeForCausalLM\"], \"attention_dropout\": 0.0,"
+               " \"bos_token_id\": 151643, \"decoder_sparse_step\": 1,"
+               " \"eos_token_id\": 151643, \"hidden_act\": \"silu\", \"hidden_size\": 2048,"
+               " \"initializer_range\": 0.02, \"intermediate_size\": 5632,"
+               " \"max_position_embeddings\": 8192, \"max_window_layers\": 21,"
+               " \"model_type\": \"qwen2_moe\", \"moe_intermediate_size\": 1408,"
+               " \"norm_topk_prob\": false, \"num_attention_heads\": 16,"
+               " \"num_experts\": 60, \"num_experts_per_tok\": 4, \"num_hidden_layers\": 24,"
+               " \"num_key_value_heads\": 16, \"output_router_logits\": false,"
+               " \"rms_norm_eps\": 1e-06, \"rope_theta\": 1000000.0,"
+               " \"router_aux_loss_coef\": 0.001, \"shared_expert_intermediate_size\": 5632,"
+               " \"sliding_window\": 32768, \"tie_word_embeddings\": false,"
+               " \"torch_dtype\": \"bfloat16\", \"transformers_version\": \"4.40.0.dev0\","
+               " \"use_cache\": true, \"use_sliding_window\": false, \"vocab_size\": 151936}",
+               &c, &e) == 0);
+    CHECK(strcmp(c.model_type, "qwen2_moe") == 0);
+    CHECK(c.num_experts == 60 && c.experts_per_tok == 4 && !c.norm_topk_prob);
+    CHECK(c.intermediate_size == 1408 && c.shared_expert_size == 5632);
+    CHECK(c.dense_intermediate_size == 0 && c.moe_lora_plain);
+    CHECK(c.qkv_bias && !c.o_bias && !c.mlp_bias && c.qk_norm == FT_QK_NORM_NONE);
+    CHECK(c.sliding_window == 0 && c.rope_theta == 1e6);
+    CHECK(strcmp(c.moe_name, "mlp") == 0 && strcmp(c.expert_proj[2], "down_proj") == 0);
+    /* a sparse layer: the shared expert's gate, up, down (width 5632) and its gate */
+    CHECK(ft_layer_sparse(&c, 23) && ft_layer_mlp_width(&c, 5) == 5632);
+    unsigned attn = (1u << FT_PROJ_Q) | (1u << FT_PROJ_K) | (1u << FT_PROJ_V) | (1u << FT_PROJ_O);
+    unsigned mlp = (1u << FT_PROJ_GATE) | (1u << FT_PROJ_UP) | (1u << FT_PROJ_DOWN);
+    CHECK(ft_block_projections(&c) == attn);
+    CHECK(ft_layer_projections(&c, 0) == (attn | mlp | (1u << FT_PROJ_SHGATE)));
+    CHECK(ft_layer_lora_projections(&c, 0) == ft_layer_projections(&c, 0));
+    CHECK(strcmp(ft_layer_proj_path(&c, 0, FT_PROJ_UP), "mlp.shared_expert.up_proj") == 0);
+    CHECK(strcmp(ft_layer_proj_path(&c, 0, FT_PROJ_SHGATE), "mlp.shared_expert_gate") == 0);
+    int in, out;
+    ft_layer_proj_dims(&c, 0, FT_PROJ_DOWN, &in, &out);
+    CHECK(in == 5632 && out == 2048);
+    ft_layer_proj_dims(&c, 0, FT_PROJ_SHGATE, &in, &out);
+    CHECK(in == 2048 && out == 1);
+    /* Qwen2MoeConfig's defaults: 60 experts, top 4, widths 1408 and 5632, q/k/v bias, 16
+     * kv heads */
+    CHECK(load("{\"model_type\": \"qwen2_moe\", \"vocab_size\": 1000, \"hidden_size\": 256,"
+               " \"intermediate_size\": 512, \"num_hidden_layers\": 2,"
+               " \"num_attention_heads\": 16}", &c, &e) == 0);
+    CHECK(c.num_experts == 60 && c.experts_per_tok == 4 && c.intermediate_size == 1408);
+    CHECK(c.shared_expert_size == 5632 && c.qkv_bias && c.num_kv_heads == 16);
+    CHECK(c.router_aux_loss_coef == 0.001f && !c.output_router_logits);
+    /* dense layers: a plain MLP of intermediate_size (mlp.gate_proj), no shared expert */
+    CHECK(load("{\"model_type\": \"qwen2_moe\", " Q2REQ ", \"decoder_sparse_step\": 2,"
+               " \"qkv_bias\": false, \"shared_expert_intermediate_size\": 64,"
+               " \"num_experts\": 4, \"num_experts_per_tok\": 2, \"norm_topk_prob\": true}",
+               &c, &e) == 0);
+    CHECK(!ft_layer_sparse(&c, 0) && ft_layer_sparse(&c, 1) && !c.qkv_bias && c.norm_topk_prob);
+    CHECK(ft_layer_mlp_width(&c, 0) == 512 && ft_layer_mlp_width(&c, 1) == 64);
+    CHECK(ft_layer_projections(&c, 0) == (attn | mlp));
+    CHECK(strcmp(ft_layer_proj_path(&c, 0, FT_PROJ_UP), "mlp.up_proj") == 0);
+    CHECK(ft_max_mlp_width(&c, 0, 2) == 512);
+    /* refused by key */
+    EXPECT_ERROR("{\"model_type\": \"qwen2_moe\", " Q2REQ ", \"qkv_bias\": \"yes\"}", "qkv_bias");
+    EXPECT_ERROR("{\"model_type\": \"qwen2_moe\", " Q2REQ ", \"attention_bias\": true}",
+                 "attention_bias");
+    EXPECT_ERROR("{\"model_type\": \"qwen2_moe\", " Q2REQ ", \"num_experts\": 0}", "num_experts");
+    EXPECT_ERROR("{\"model_type\": \"qwen2_moe\", " Q2REQ ", \"num_local_experts\": 4}",
+                 "num_local_experts");
+    EXPECT_ERROR("{\"model_type\": \"qwen2_moe\", " Q2REQ ", \"num_experts\": 4,"
+                 " \"num_experts_per_tok\": 5}", "num_experts_per_tok");
+    EXPECT_ERROR("{\"model_type\": \"qwen2_moe\", " Q2REQ ","
+                 " \"shared_expert_intermediate_size\": 0}", "shared_expert_intermediate_size");
+    EXPECT_ERROR("{\"model_type\": \"qwen2_moe\", " Q2REQ ", \"moe_intermediate_size\": -3}",
+                 "moe_intermediate_size");
+    EXPECT_ERROR("{\"model_type\": \"qwen2_moe\", " Q2REQ ", \"router_aux_loss_coef\": \"x\"}",
+                 "router_aux_loss_coef");
+    EXPECT_ERROR("{\"model_type\": \"qwen2_moe\", " Q2REQ ", \"output_router_logits\": 1}",
+                 "output_router_logits");
+    EXPECT_ERROR("{\"model_type\": \"qwen2_moe\", " Q2REQ ", \"use_sliding_window\": true}",
+                 "use_sliding_window");
+    EXPECT_ERROR("{\"model_type\": \"qwen2_moe\", " Q2REQ ", \"hidden_act\": \"gelu\"}",
+                 "hidden_act");
+    EXPECT_ERROR("{\"model_type\": \"qwen2_moe\", " Q2REQ ", \"mlp_only_layers\": {}}",
+                 "mlp_only_layers");
+    EXPECT_ERROR("{\"model_type\": \"qwen2_moe\", " Q2REQ ", \"decoder_sparse_step\": -2}",
+                 "decoder_sparse_step");
+}
+#undef Q2REQ
 
 /* allenai/OLMo-2-1124-7B's config.json */
 static void test_olmo2(void)
@@ -1171,7 +1288,6 @@ static void test_key_errors(void)
     EXPECT_ERROR("{" REQ "}", "model_type");
     EXPECT_ERROR("{\"model_type\": \"deepseek_v3\", " REQ "}", "model_type");
     EXPECT_ERROR("{\"model_type\": \"deepseek_v3\", " REQ "}", "deepseek_v3");
-    EXPECT_ERROR("{\"model_type\": \"qwen2_moe\", " REQ "}", "shared_expert");
     EXPECT_ERROR("{\"model_type\": \"falcon\", " REQ "}", "falcon");
     EXPECT_ERROR("{\"model_type\": \"olmo\", " REQ "}", "olmo");
     EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"hidden_act\": \"gelu\"}", "hidden_act");
@@ -1327,6 +1443,7 @@ int main(void)
     RUN(test_olmo2);
     RUN(test_mixtral);
     RUN(test_qwen3_moe);
+    RUN(test_qwen2_moe);
     RUN(test_file_errors);
     RUN(test_key_errors);
     RUN(test_math_errors);

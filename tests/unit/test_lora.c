@@ -299,7 +299,14 @@ static void test_fused_module_names(void)
     CHECK(t == ((1u << FT_PROJ_GATE) | (1u << FT_PROJ_UP) | FT_LORA_MOE_ROUTER));
     CHECK(ft_lora_targets_parse("self_attn.qkv_proj,gate_up_proj", &t, &err) == 0);
     CHECK(t == ((1u << FT_PROJ_QKV) | (1u << FT_PROJ_GATE_UP)));
-    CHECK(ft_lora_targets_parse("all-linear", &t, &err) == 0 && t == 0x1ffu);
+    CHECK(ft_lora_targets_parse("all-linear", &t, &err) == 0 && t == 0x3ffu);
+    /* qwen2_moe's shared expert gate: by its name (no "_proj" short form) */
+    CHECK(ft_lora_targets_parse("shared_expert_gate", &t, &err) == 0);
+    CHECK(t == 1u << FT_PROJ_SHGATE);
+    CHECK(ft_lora_targets_parse("mlp.shared_expert_gate", &t, &err) == 0);
+    CHECK(t == 1u << FT_PROJ_SHGATE);
+    CHECK(ft_lora_targets_parse("shared_expe", &t, &err) == -1);
+    CHECK(strcmp(ft_proj_name(FT_PROJ_SHGATE), "shared_expert_gate") == 0);
     CHECK(ft_lora_targets_parse("qk_proj", &t, &err) == -1 && strstr(err.msg, "qkv_proj"));
     CHECK(strcmp(ft_proj_path(FT_PROJ_GATE_UP), "mlp.gate_up_proj") == 0);
 

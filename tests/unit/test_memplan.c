@@ -21,7 +21,8 @@
 
 static char root[256], llama_dir[300], qwen_dir[300], tied_dir[300], granite_dir[300],
     gemma_dir[300], phi3_dir[300], smollm3_dir[300], olmo2_dir[300], qwen3_dir[300],
-    gemma2_dir[300], gemma3_dir[300], mixtral_dir[300], qwen3_moe_dir[300];
+    gemma2_dir[300], gemma3_dir[300], mixtral_dir[300], qwen3_moe_dir[300],
+    qwen3_moe_dense_dir[300], qwen2_moe_dir[300], qwen2_moe_dense_dir[300];
 
 /* The run config with sets applied (free() it). */
 static ft_run_config *make_config(const char *const *sets)
@@ -531,6 +532,30 @@ static void test_cpu_qwen3_moe_equal_measured(void)
     sweep(qwen3_moe_dir, "qlora", "all-linear", "0");
 }
 
+/* A dense layer among the sparse ones (mlp_only_layers): its plain MLP, wider than the
+ * experts, sizes the MLP's scratch; its activation set has no MoE buffers (one set
+ * serving both kinds under gradient checkpointing: sweep's grad_ckpt rows). */
+static void test_cpu_qwen3_moe_dense_equal_measured(void)
+{
+    sweep(qwen3_moe_dense_dir, "lora", "q_proj,k_proj,v_proj,o_proj", "0.05");
+    sweep(qwen3_moe_dense_dir, "full", "q_proj", "0");
+    sweep(qwen3_moe_dense_dir, "qlora", "all-linear", "0");
+}
+
+/* qwen2_moe: the shared expert (a plain MLP beside the experts, quantized by QLoRA) and
+ * its gate, their activations (output, gate logit and sigmoid) and the identity slot
+ * array of the gated sum; all sparse, and with a dense layer. */
+static void test_cpu_qwen2_moe_equal_measured(void)
+{
+    sweep(qwen2_moe_dir, "lora", "q_proj,k_proj,v_proj,o_proj", "0.05");
+    sweep(qwen2_moe_dir, "full", "q_proj", "0");
+    sweep(qwen2_moe_dir, "qlora", "q_proj,v_proj", "0.1");
+    sweep(qwen2_moe_dir, "lora", "all-linear", "0");
+    sweep(qwen2_moe_dense_dir, "full", "q_proj", "0");
+    sweep(qwen2_moe_dense_dir, "lora", "all-linear", "0");
+    sweep(qwen2_moe_dense_dir, "qlora", "q_proj,v_proj", "0.1");
+}
+
 static void test_gpu_formulas(void)
 {
     const char *sets[] = {"tuning.mode=full", "train.batch_size=2", "model.max_seq_len=8",
@@ -861,6 +886,14 @@ int main(void)
     write_tiny_model(mixtral_dir, &(tiny_model_opts){.model_type = "mixtral"});
     snprintf(qwen3_moe_dir, sizeof qwen3_moe_dir, "%s/qwen3_moe", root);
     write_tiny_model(qwen3_moe_dir, &(tiny_model_opts){.model_type = "qwen3_moe"});
+    snprintf(qwen3_moe_dense_dir, sizeof qwen3_moe_dense_dir, "%s/qwen3_moe_dense", root);
+    write_tiny_model(qwen3_moe_dense_dir,
+                     &(tiny_model_opts){.model_type = "qwen3_moe", .dense_layer1 = 1});
+    snprintf(qwen2_moe_dir, sizeof qwen2_moe_dir, "%s/qwen2_moe", root);
+    write_tiny_model(qwen2_moe_dir, &(tiny_model_opts){.model_type = "qwen2_moe"});
+    snprintf(qwen2_moe_dense_dir, sizeof qwen2_moe_dense_dir, "%s/qwen2_moe_dense", root);
+    write_tiny_model(qwen2_moe_dense_dir,
+                     &(tiny_model_opts){.model_type = "qwen2_moe", .dense_layer1 = 1});
 
     snprintf(gemma3_dir, sizeof gemma3_dir, "%s/gemma3", root);
     write_tiny_model(gemma3_dir,
@@ -888,6 +921,8 @@ int main(void)
     RUN(test_cpu_smollm3_equal_measured);
     RUN(test_cpu_olmo2_qwen3_equal_measured);
     RUN(test_cpu_mixtral_equal_measured);
+    RUN(test_cpu_qwen3_moe_dense_equal_measured);
+    RUN(test_cpu_qwen2_moe_equal_measured);
     RUN(test_cpu_qwen3_moe_equal_measured);
     RUN(test_cpu_gemma2_equal_measured);
     RUN(test_cpu_gemma3_equal_measured);

@@ -619,7 +619,8 @@ static void test_adapter_round_trip(void)
     /* all-linear is written out as the block's module names, as PEFT does */
     CHECK(cfg.r == 2 && cfg.alpha == 4 &&
           cfg.targets == ft_block_projections(ft_model_cfg(a)) &&
-          cfg.targets == (FT_LORA_ALL_LINEAR & ~((1u << FT_PROJ_QKV) | (1u << FT_PROJ_GATE_UP))));
+          cfg.targets == (FT_LORA_ALL_LINEAR & ~((1u << FT_PROJ_QKV) | (1u << FT_PROJ_GATE_UP) |
+                                                 (1u << FT_PROJ_SHGATE))));
     ft_model_free(a);
     ft_model_free(b);
 }

@@ -27,7 +27,11 @@ typedef struct tiny_model_opts {
                              * per-head q/k norms (head_dim D), mixtral MOE_E experts
                              * (top 2, output_router_logits) in place of the MLP, qwen3_moe
                              * likewise (not renormalised, experts of moe_intermediate_size
-                             * I / 2) with qwen3's per-head q/k norms */
+                             * I / 2) with qwen3's per-head q/k norms, qwen2_moe likewise
+                             * with q/k/v biases and no q/k norms, plus a shared expert of
+                             * width I / 3 and its gate */
+    int dense_layer1;      /* qwen3_moe, qwen2_moe: layer 1 a dense MLP of width I
+                            * (mlp_only_layers [1]) */
     const char *hidden_act; /* NULL: silu */
     uint64_t seed;         /* weight stream (0: 7) */
     float scale;           /* weights uniform in [-scale/2, scale/2) (0: 0.6) */
@@ -43,8 +47,11 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
     int olmo2 = strcmp(type, "olmo2") == 0, qwen3 = strcmp(type, "qwen3") == 0;
     int gemma3 = strcmp(type, "gemma3_text") == 0, mixtral = strcmp(type, "mixtral") == 0;
     int gemma2 = strcmp(type, "gemma2") == 0 || gemma3;
-    int qwen3_moe = strcmp(type, "qwen3_moe") == 0;
-    char head_dim[256] = ""; /* qwen3's default (128) is not D */
+    int qwen2_moe = strcmp(type, "qwen2_moe") == 0;
+    int qwen3_moe = strcmp(type, "qwen3_moe") == 0 || qwen2_moe;
+    if (qwen2_moe)
+        qkv_bias = 1;
+    char head_dim[400] = ""; /* qwen3's default (128) is not D */
     if (qwen3 || gemma3)
         snprintf(head_dim, sizeof head_dim, ", \"head_dim\": %d", D);
     if (mixtral)
@@ -56,8 +63,9 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
         snprintf(head_dim, sizeof head_dim,
                  ", \"head_dim\": %d, \"num_experts\": %d, \"num_experts_per_tok\": 2, "
                  "\"moe_intermediate_size\": %d, \"norm_topk_prob\": false, "
-                 "\"output_router_logits\": true, \"router_aux_loss_coef\": 0.1",
-                 D, MOE_E, I / 2);
+                 "\"output_router_logits\": true, \"router_aux_loss_coef\": 0.1%s%s",
+                 D, MOE_E, I / 2, qwen2_moe ? ", \"shared_expert_intermediate_size\": 8" : "",
+                 o->dense_layer1 ? ", \"mlp_only_layers\": [1]" : "");
     uint64_t seed = o->seed ? o->seed : 7;
     float scale = o->scale > 0 ? o->scale : 0.6f;
     ft_err err;
@@ -111,7 +119,7 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
             ADD(1, HKV * D, 0, "model.layers.%d.self_attn.v_proj.bias", l);
         }
         ADD(2, C, HQ * D, "model.layers.%d.self_attn.o_proj.weight", l);
-        if (olmo2 || qwen3 || gemma3 || qwen3_moe) { /* olmo2: over the whole projection; qwen3,
+        if (olmo2 || qwen3 || gemma3 || (qwen3_moe && !qwen2_moe)) { /* olmo2: over the whole projection; qwen3,
                                           * gemma3: per head */
             ADD(1, olmo2 ? HQ * D : D, 0, "model.layers.%d.self_attn.q_norm.weight", l);
             ADD(1, olmo2 ? HKV * D : D, 0, "model.layers.%d.self_attn.k_norm.weight", l);
@@ -128,7 +136,13 @@ static void write_tiny_model(const char *dir, const tiny_model_opts *o)
             }
             continue;
         }
-        if (qwen3_moe) {
+        if (qwen3_moe && !(o->dense_layer1 && l == 1)) {
+            if (qwen2_moe) {
+                ADD(2, 8, C, "model.layers.%d.mlp.shared_expert.gate_proj.weight", l);
+                ADD(2, 8, C, "model.layers.%d.mlp.shared_expert.up_proj.weight", l);
+                ADD(2, C, 8, "model.layers.%d.mlp.shared_expert.down_proj.weight", l);
+                ADD(2, 1, C, "model.layers.%d.mlp.shared_expert_gate.weight", l);
+            }
             ADD(2, MOE_E, C, "model.layers.%d.mlp.gate.weight", l);
             for (int e = 0; e < MOE_E; e++) {
                 ADD(2, I / 2, C, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
