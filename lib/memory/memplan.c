@@ -616,16 +616,18 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
             return ft_fail(err, "config: tuning.lora.target_modules selects no linear layer of "
                                 "this model");
         }
-        if ((lc.targets & FT_LORA_OUTER) && mc->tie_word_embeddings) {
-            free(mask);
-            return ft_fail(err, "config: key 'tuning.lora.target_modules': LoRA on embed_tokens "
-                                "or lm_head of a model with tied word embeddings is not "
-                                "supported");
-        }
         if (ft_lora_modules_to_save_parse(cfg->tuning.lora.modules_to_save,
                                           &lc.modules_to_save, err)) {
             free(mask);
             return ft_fail_prefix(err, "config: key 'tuning.lora.modules_to_save'");
+        }
+        /* (tied: the pairs are each module's own, over the one embedding, as model.c has
+         * them; beside modules_to_save refused there) */
+        if ((lc.targets & FT_LORA_OUTER) && mc->tie_word_embeddings && lc.modules_to_save) {
+            free(mask);
+            return ft_fail(err, "config: key 'tuning.lora.target_modules': LoRA on embed_tokens "
+                                "or lm_head beside modules_to_save on a model with tied word "
+                                "embeddings is not supported");
         }
         /* tied: one copy, the embedding, shared by the head (lib/model/model.c) */
         lc.modules_to_save = ft_lora_saved_modules(&lc, mc->tie_word_embeddings);

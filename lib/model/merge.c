@@ -42,7 +42,7 @@
  * base_model.model.<module_prefix>layers.N.<proj>.lora_A.weight, its weight
  * <ckpt_prefix>model.layers.N.<proj>.weight (model.layers.N.<proj>.weight but in a
  * multimodal gemma3: hf_config.h); or base_model.model.lm_head.lora_A.weight, its weight
- * <ckpt_prefix>lm_head.weight. */
+ * <ckpt_prefix>lm_head.weight (tied: the embedding). */
 static int find_pair(ft_model *m, const ft_param *a, ft_param **w, ft_param **b, ft_err *err)
 {
     const ft_model_config *c = ft_model_cfg(m);
@@ -62,6 +62,12 @@ static int find_pair(ft_model *m, const ft_param *a, ft_param **w, ft_param **b,
     else
         return ft_fail(err, "LoRA parameter '%s' does not follow PEFT's naming", a->name);
     *w = ft_model_find_param(m, name);
+    /* tied: the head's weight is the embedding, which then gains both deltas (PEFT's
+     * merge_and_unload adds each module's into the one tensor; transformers saves it tied) */
+    if (!*w && c->tie_word_embeddings && strcmp(path, "lm_head") == 0) {
+        snprintf(name, sizeof name, "%smodel.embed_tokens.weight", c->ckpt_prefix);
+        *w = ft_model_find_param(m, name);
+    }
     snprintf(name, sizeof name, PEFT_PREFIX "%s.lora_B.weight", path);
     *b = ft_model_find_param(m, name);
     if (!*w || !*b)

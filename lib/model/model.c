@@ -642,6 +642,30 @@ int model_param_to_writer_as(ft_model *m, const ft_param *p, const char *name, f
     return ft_st_writer_add(w, name, FT_ST_F32, p->ndim, p->shape, data, err);
 }
 
+/* LoRA on the embedding or lm_head (outer) of a model with tied word embeddings. PEFT
+ * without ensure_weight_tying (its default) wraps the two modules apart: each pair is its
+ * own, over the one tied base weight (the embedding's Embedding pair, the head's Linear
+ * pair), which is what the model computes; it warns. With ensure_weight_tying PEFT gives
+ * the head the embedding's pair transposed as two more parameters on the same storage
+ * (trained as two AdamW states stepping one tensor in turn, merged twice): refused, as is
+ * LoRA there beside modules_to_save (PEFT then both wraps and ties the head). */
+static int tied_outer_refused(const ft_lora_config *lc, unsigned outer, ft_err *err)
+{
+    const char *mod = outer & FT_LORA_EMBED ? "embed_tokens" : "lm_head";
+    if (lc->modules_to_save)
+        return ft_fail(err, "LoRA on %s beside modules_to_save on a model with tied word "
+                            "embeddings is not supported",
+                       mod);
+    if (lc->ensure_weight_tying)
+        return ft_fail(err, "LoRA on %s of a model with tied word embeddings with "
+                            "ensure_weight_tying true is not supported (PEFT then shares the "
+                            "embedding's pair with lm_head as two parameters on one storage); "
+                            "with ensure_weight_tying false (PEFT's default) each module "
+                            "has its own pair",
+                       mod);
+    return 0;
+}
+
 /* Which projections of which layers carry LoRA; checks the options. */
 static int lora_layers(ft_model *m, ft_err *err)
 {
@@ -697,11 +721,8 @@ static int lora_layers(ft_model *m, ft_err *err)
         return ft_fail(err, "DoRA (use_dora) with target_parameters is not supported");
     if (!m->lora_union && !outer && !lc->target_params)
         return ft_fail(err, "the LoRA target modules select no linear layer of this model");
-    /* (PEFT wraps the tied head and embedding apart, which unties them, and warns) */
-    if (outer && m->cfg.tie_word_embeddings)
-        return ft_fail(err, "LoRA on %s of a model with tied word embeddings "
-                            "(tie_word_embeddings true) is not supported",
-                       outer & FT_LORA_EMBED ? "embed_tokens" : "lm_head");
+    if (outer && m->cfg.tie_word_embeddings && tied_outer_refused(lc, outer, err))
+        return -1;
     if ((outer & FT_LORA_EMBED) && (lc->modules_to_save & FT_SAVE_EMBED))
         return ft_fail(err, "embed_tokens is both a LoRA target and in modules_to_save");
     if ((outer & FT_LORA_HEAD) && (lc->modules_to_save & FT_SAVE_HEAD))

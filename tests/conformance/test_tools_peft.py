@@ -318,6 +318,47 @@ def test_merge_matches_peft(store, merge_exe, tmp_path, model_name, variant, dty
                        _LOGIT_TOL[want_dt])
 
 
+# LoRA on the embedding and / or lm_head of a tied model (PEFT's default, no
+# ensure_weight_tying: a pair on each module over the one tensor): merge_and_unload adds
+# both deltas to that tensor, which transformers then saves once, still tied; the merged
+# model is not the adapted one (the head sees the embedding's delta and the embedding the
+# head's), so the logits compared are the merged PEFT model's.
+TIED_OUTER_MERGES = [("tied", "outer", "f32"), ("gemma", "outer", "f32"),
+                     ("tied", "outer_head", "bf16"), ("tied", "outer_embed", "f32"),
+                     ("phi4_mini", "outer_phi", "f32")]
+
+
+@pytest.mark.parametrize("model_name,variant,dtype", TIED_OUTER_MERGES,
+                         ids=[f"{m}-{v}-{d}" for m, v, d in TIED_OUTER_MERGES])
+def test_merge_tied_outer_matches_peft(store, merge_exe, tmp_path, model_name, variant, dtype):
+    model_dir = store.model(model_name)
+    adapter = store.adapter(model_name, variant)
+    out = tmp_path / "merged"
+    run_tool([merge_exe, "--model", model_dir, "--adapter", adapter, "--out", out,
+              "--dtype", dtype])
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["tie_word_embeddings"] is True
+    ours = load_file(str(out / "model.safetensors"))
+    pm, _ = load_peft(model_dir, adapter)
+    vocab = ftref.SHAPES[model_name].cfg["vocab_size"]
+    adapted = logits_of(pm, vocab)
+    merged_pm = pm.merge_and_unload()
+    assert merged_pm.lm_head.weight is merged_pm.model.embed_tokens.weight
+    ref_logits = logits_of(merged_pm, vocab)
+    assert ftref.rel_err(ref_logits, adapted) > 1e-3  # (PEFT's merge is not the adapter's)
+    ref_state = {k: v.detach().clone() for k, v in merged_pm.state_dict().items()}
+    ref_state.pop("lm_head.weight")
+    assert set(ours) == set(ref_state), sorted(set(ours) ^ set(ref_state))
+    want_dt = _DT[dtype]
+    for k, ref in ref_state.items():
+        if want_dt == torch.float32:
+            ftref.assert_close(f"merged {k}", ours[k], ref.float(), ftref.TOL_WEIGHT)
+        else:
+            check_rounded(k, ours[k], ref.float(), want_dt)
+    ftref.assert_close("merged logits", logits_of(ftref.load_hf(out), vocab), ref_logits,
+                       _LOGIT_TOL[want_dt])
+
+
 def test_merge_sharded_output(store, merge_exe, tmp_path):
     model_dir = store.model("sharded")  # a sharded base, too
     adapter = store.adapter("sharded", "all7")

@@ -364,6 +364,9 @@ static void test_cpu_bias_and_tied_equal_measured(void)
 {
     sweep(tied_dir, "lora", "all-linear", "0.05");
     sweep(tied_dir, "full", "all-linear", "0");
+    /* LoRA on the tied embedding and head: each module's own pair (no head weight) */
+    sweep(tied_dir, "lora", "q_proj,embed_tokens,lm_head", "0.05");
+    sweep(tied_dir, "lora", "lm_head", "0");
     sweep(qwen_dir, "lora", "k_proj,o_proj,up_proj", "0.05");
     sweep(qwen_dir, "full", "all-linear", "0.05");
 }
