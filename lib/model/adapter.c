@@ -215,8 +215,9 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
     bool tied = m->cfg.tie_word_embeddings;
     if (tied && cfg.modules_to_save && !cfg.ensure_weight_tying)
         return ft_fail(err, "%s/adapter_config.json: key 'modules_to_save' on a model with tied "
-                            "word embeddings without ensure_weight_tying: PEFT then unties them, "
-                            "which is not supported",
+                            "word embeddings without ensure_weight_tying (PEFT then trains "
+                            "separate copies, untying them) differs from the model's LoRA "
+                            "settings (ensure_weight_tying: one copy shared by both)",
                        dir);
     if (ft_lora_saved_modules(&cfg, tied) != want->modules_to_save) {
         char have[64], need[64];

@@ -403,6 +403,10 @@ int ft_merge(const ft_merge_options *o, ft_err *err)
                                   ft_model_cfg(m)->vocab_size;
     if (resized)
         json_object_set_new(cfg_json, "vocab_size", json_integer(ft_model_cfg(m)->vocab_size));
+    /* modules_to_save without ensure_weight_tying untied a tied model: merge_and_unload
+     * sets tie_word_embeddings false and save_pretrained writes both tensors */
+    if (rc == 0 && ft_model_head_untied(m))
+        json_object_set_new(cfg_json, "tie_word_embeddings", json_false());
     if (rc == 0 && (merge_moe(m, &lc, err) ||
                     ft_merge_lora_weights(m, ft_lora_scaling(&lc), err)))
         rc = ft_fail_prefix(err, "%s", o->adapter_dir);

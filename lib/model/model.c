@@ -567,6 +567,12 @@ int model_read_weights(ft_model *m, const char *dir, int unit, ft_err *err)
         if (p->is_lora || (unit >= 0 && p->unit != unit))
             continue;
         const ft_st_tensor *t = ft_ckpt_find(ck, p->name);
+        if (m->head_untied && p->unit == m->cfg.num_layers + 1 && p->ndim == 2) {
+            /* the untied head (untie_head): a copy of the tied checkpoint's embedding */
+            char name[sizeof p->name + 32];
+            snprintf(name, sizeof name, "%smodel.embed_tokens.weight", m->cfg.ckpt_prefix);
+            t = ft_ckpt_find(ck, name);
+        }
         if (!t) {
             rc = ft_fail(err, "%s: tensor '%s' is missing from the checkpoint", dir, p->name);
             break;
@@ -730,19 +736,11 @@ static int lora_layers(ft_model *m, ft_err *err)
     if (outer && lc->dora)
         return ft_fail(err, "DoRA (use_dora) on %s is not supported",
                        outer & FT_LORA_EMBED ? "embed_tokens" : "lm_head");
-    /* PEFT (ensure_weight_tying false, its default) wraps separate trainable copies of a
-     * tied embedding and head, which unties them; with ensure_weight_tying it keeps them
-     * tied. Neither is implemented. */
+    /* PEFT with ensure_weight_tying keeps a tied embedding and head tied: one trained
+     * copy, the embedding's. Without it (an adapter's setting; PEFT's default) it trains
+     * separate copies, untying them: the model is untied then (untie_head). Settings from
+     * a run config take ensure_weight_tying, and the saved adapter says so. */
     if (lc->modules_to_save && m->cfg.tie_word_embeddings) {
-        /* an adapter's config must say ensure_weight_tying; settings from a run config
-         * take it (the only form implemented), and the saved adapter says so */
-        if (lc->source[0] && !lc->ensure_weight_tying)
-            return ft_fail(err, "modules_to_save (%s) on a model with tied word embeddings "
-                                "(tie_word_embeddings true) without ensure_weight_tying: PEFT "
-                                "then trains separate copies of embed_tokens and lm_head, "
-                                "untying them, which is not supported (with "
-                                "ensure_weight_tying true one copy trains, shared by both)",
-                           lc->modules_to_save & FT_SAVE_EMBED ? "embed_tokens" : "lm_head");
         m->opt.lora.modules_to_save = ft_lora_saved_modules(lc, true);
         m->opt.lora.ensure_weight_tying = true;
     }
@@ -800,6 +798,26 @@ static int resize_vocab(ft_model *m, ft_err *err)
     return 0;
 }
 
+/* PEFT's modules_to_save on a tied model without ensure_weight_tying (an adapter's
+ * settings; a run config's modules_to_save there is ensure_weight_tying's one copy): PEFT
+ * wraps a trainable copy of each listed module, and the one not listed keeps the base
+ * tensor, so the embedding and the head are apart from the start: the model unties them,
+ * the head a copy of the embedding (model_read_weights). */
+static void untie_head(ft_model *m)
+{
+    const ft_lora_config *lc = &m->opt.lora;
+    if (m->opt.mode == FT_TRAIN_LORA && m->cfg.tie_word_embeddings && lc->modules_to_save &&
+        !lc->ensure_weight_tying && lc->source[0]) {
+        m->cfg.tie_word_embeddings = false;
+        m->head_untied = true;
+    }
+}
+
+bool ft_model_head_untied(const ft_model *m)
+{
+    return m->head_untied;
+}
+
 int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, ft_err *err)
 {
     *out = NULL;
@@ -818,6 +836,7 @@ int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, 
         free(m);
         return -1;
     }
+    untie_head(m);
     const ft_quant_config qc = m->cfg.quant;
     if (qc.present) {
         m->quant = qc.opt;

@@ -368,6 +368,9 @@ int ft_model_init_unit(ft_model *m, int unit, const char *adapter_dir, ft_err *e
 
 /* The quantization of the base in force (type FT_QUANT_NONE when the base is dense). */
 ft_quant_options ft_model_quant(const ft_model *m);
+/* Whether an adapter's modules_to_save without ensure_weight_tying untied the head of a
+ * model config.json ties (PEFT's separate copies; ft_model_cfg then says untied). */
+bool ft_model_head_untied(const ft_model *m);
 /* Dequantizes the quantized weights of unit (a layer) into the model's window and points
  * their params at it (valid until another unit is materialized); a no-op for units
  * without quantized weights. The window (one layer's quantized weights in the compute

@@ -143,6 +143,11 @@ struct ft_model {
      * not resized. The checkpoint fills the first base_vocab rows of the embedding and
      * the head, the adapter all of them (model_read_adapter checks it does). */
     int64_t base_vocab;
+    /* config.json ties lm_head to the embedding, but an adapter's modules_to_save without
+     * ensure_weight_tying unties them (PEFT trains separate copies, and merges untied):
+     * cfg.tie_word_embeddings is then false and lm_head.weight is read from the
+     * checkpoint's embedding (untie_head in model.c) */
+    bool head_untied;
     layer_weights *layers;
     float *inv_freq; /* [model_rope_sets][rotary_dim/2] on the host: the RoPE frequencies,
                       * then (longrope) the long-context set or (gemma3) the sliding

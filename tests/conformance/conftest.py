@@ -120,6 +120,8 @@ LORA_VARIANTS = {
     "mts_both_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "gate_proj",
                                           "up_proj", "down_proj"],
                           modules_to_save=["embed_tokens", "lm_head"]),
+    "mts_head_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "gate_proj",
+                                          "up_proj", "down_proj"], modules_to_save=["lm_head"]),
     "mts_both_no_qkv": dict(target_modules=["o_proj", "gate_up_proj", "down_proj"],
                             modules_to_save=["embed_tokens", "lm_head"]),
     # Phi-3's fused modules (qkv_proj: one A, B over [q; k; v] rows; gate_up_proj likewise)

@@ -359,6 +359,44 @@ def test_merge_tied_outer_matches_peft(store, merge_exe, tmp_path, model_name, v
                        _LOGIT_TOL[want_dt])
 
 
+# modules_to_save on a tied model without ensure_weight_tying (PEFT's separate copies):
+# merge_and_unload unties the two (tie_word_embeddings false) and save_pretrained writes
+# both the embedding and lm_head.weight
+TIED_UNTIE_MERGES = [("tied", "mts_head_all", "f32"), ("gemma", "mts_both", "f32"),
+                     ("qwen3_tied", "mts_embed", "bf16")]
+
+
+@pytest.mark.parametrize("model_name,variant,dtype", TIED_UNTIE_MERGES,
+                         ids=[f"{m}-{v}-{d}" for m, v, d in TIED_UNTIE_MERGES])
+def test_merge_tied_untie_matches_peft(store, merge_exe, tmp_path, model_name, variant, dtype):
+    model_dir = store.model(model_name)
+    adapter = store.adapter(model_name, variant)
+    out = tmp_path / "merged"
+    run_tool([merge_exe, "--model", model_dir, "--adapter", adapter, "--out", out,
+              "--dtype", dtype])
+    pm, _ = load_peft(model_dir, adapter)
+    vocab = ftref.SHAPES[model_name].cfg["vocab_size"]
+    ref_logits = logits_of(pm, vocab)
+    merged_pm = pm.merge_and_unload()
+    merged_pm.save_pretrained(tmp_path / "peft-merged")
+    want_cfg = json.loads((tmp_path / "peft-merged" / "config.json").read_text())
+    assert want_cfg["tie_word_embeddings"] is False
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["tie_word_embeddings"] is False
+    ours = load_file(str(out / "model.safetensors"))
+    ref_state = load_file(str(tmp_path / "peft-merged" / "model.safetensors"))
+    assert "lm_head.weight" in ref_state
+    assert set(ours) == set(ref_state), sorted(set(ours) ^ set(ref_state))
+    want_dt = _DT[dtype]
+    for k, ref in ref_state.items():
+        if want_dt == torch.float32:
+            ftref.assert_close(f"merged {k}", ours[k], ref.float(), ftref.TOL_WEIGHT)
+        else:
+            check_rounded(k, ours[k], ref.float(), want_dt)
+    ftref.assert_close("merged logits", logits_of(ftref.load_hf(out), vocab), ref_logits,
+                       _LOGIT_TOL[want_dt])
+
+
 def test_merge_sharded_output(store, merge_exe, tmp_path):
     model_dir = store.model("sharded")  # a sharded base, too
     adapter = store.adapter("sharded", "all7")
