@@ -254,14 +254,17 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
     for (size_t i = 0; i < 2 && rc == 0; i++) {
         const ft_st_tensor *t = ft_ckpt_find(ck, base_layer_keys[i]);
         ft_param *p = t ? embedding_base_layer(m, t->name) : NULL;
-        if (!p || p->is_lora || (unit >= 0 && p->unit != unit))
+        if (!p || p->is_lora)
             continue;
         if (t->ndim != 2 || t->shape[0] != p->shape[0] || t->shape[1] != p->shape[1])
             rc = shape_error(m, t, t->name, p, err);
-        else if (p->data)
-            rc = ft_model_param_from_st(m, p, t, err);
+        /* (known to every rank of a strategy that reads a unit each, the one saving too) */
         if (rc == 0)
             m->outer_base_read |= i == 0 ? FT_LORA_EMBED : FT_LORA_HEAD;
+        if (unit >= 0 && p->unit != unit)
+            continue;
+        if (rc == 0 && p->data)
+            rc = ft_model_param_from_st(m, p, t, err);
         filled |= vocab_bit(p);
     }
     /* a resized vocabulary's embedding and head saved in full (not tied again) */
