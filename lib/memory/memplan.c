@@ -158,6 +158,8 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora, unsi
     if (outer & FT_LORA_EMBED) { /* lora_embedding_A [r, V], _B [C, r] */
         add_tensor(p, 0, (size_t)r_lora * V, true, false, 0, 0);
         add_tensor(p, 0, C * (size_t)r_lora, true, false, 0, 0);
+        if (dora) /* lora_magnitude_vector [C] */
+            add_tensor(p, 0, C, true, false, 0, 0);
     }
     for (size_t l = 0; l < L; l++) {
         int unit = (int)l + 1;
@@ -226,12 +228,15 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora, unsi
     if (outer & FT_LORA_HEAD) { /* lm_head's lora_A [r, C], lora_B [V, r] */
         add_tensor(p, (int)L + 1, (size_t)r_lora * C, true, false, 0, 0);
         add_tensor(p, (int)L + 1, V * (size_t)r_lora, true, false, 0, 0);
+        if (dora) /* lora_magnitude_vector [V] */
+            add_tensor(p, (int)L + 1, V, true, false, 0, 0);
     }
 }
 
 /* The activations of a tuning run: LoRA rank, targets and dropout. */
 typedef struct act_spec {
-    bool grad_ckpt, lora, lora_dropout, dora, outer;
+    bool grad_ckpt, lora, lora_dropout, dora;
+    unsigned outer; /* FT_LORA_EMBED, FT_LORA_HEAD */
     int r_lora;
     int loss_chunk; /* ft_model_options.loss_chunk_rows */
     unsigned lora_union;
@@ -345,9 +350,16 @@ static void count_activations(const ft_model_config *c, size_t N, const act_spec
         ws->tensor += xbs + M * xdh;
         ws->stat += xbs;
         if (sp->dora) { /* dora_w, dora_g, dora_inv, dora_t, dora_d (lib/model/dora.c) */
-            size_t out, wn;
+            size_t out, wn, o2, w2, t2;
             ft_dora_scratch_dims(c, sp->lora_union, &out, &wn);
-            ws->tensor += wn + 2 * N * out;
+            size_t tn = N * out;
+            /* and on the embedding / head (dora_outer.c; model.c's dora_t_elems) */
+            ft_dora_scratch_outer(c, sp->outer, N, ft_loss_chunk_rows(sp->loss_chunk, V, N),
+                                  &o2, &w2, &t2);
+            out = o2 > out ? o2 : out;
+            wn = w2 > wn ? w2 : wn;
+            tn = t2 > tn ? t2 : tn;
+            ws->tensor += wn + 2 * tn;
             ws->stat += 2 * out;
         }
     }
@@ -705,7 +717,7 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
     /* activations and backward scratch */
     act_counts act, ws;
     act_spec sp = {.grad_ckpt = r->grad_ckpt, .lora = lora, .lora_dropout = lora && lc.dropout > 0,
-                   .dora = lora && lc.dora, .outer = lora && (lc.targets & FT_LORA_OUTER),
+                   .dora = lora && lc.dora, .outer = lora ? lc.targets & FT_LORA_OUTER : 0,
                    .r_lora = lc.r, .lora_union = lora_union, .lora_params = lc.target_params,
                    .loss_chunk = ft_memplan_loss_chunk(&cfg->train)};
     r->pref = cfg->train.objective != FT_CFG_OBJECTIVE_SFT;

@@ -25,6 +25,7 @@
 
 #include <jansson.h>
 #include <limits.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,6 +103,32 @@ static int dora_rescale(ft_model *m, const ft_param *a, ft_param *w, ft_err *err
     return 0;
 }
 
+/* DoRA on the embedding (PEFT's DoraEmbeddingVariant merge): the columns of e (already
+ * E + s (B A)^T) times m / their norm, when the embedding's pair has a magnitude [C]. */
+static int embedding_dora_rescale(ft_model *m, ft_param *e, ft_err *err)
+{
+    ft_param *mag = ft_model_find_param(m, PEFT_PREFIX "model.embed_tokens.lora_magnitude_vector");
+    if (!mag)
+        return 0;
+    int64_t V = e->shape[0], C = e->shape[1];
+    if (mag->ndim != 1 || mag->shape[0] != C)
+        return ft_fail(err, "'%s' does not fit the embedding [%lld, %lld]", mag->name,
+                       (long long)V, (long long)C);
+    double *nrm = calloc((size_t)C, sizeof *nrm);
+    if (!nrm)
+        return ft_fail(err, "out of memory");
+    for (int64_t v = 0; v < V; v++)
+        for (int64_t c = 0; c < C; c++)
+            nrm[c] += (double)e->data[v * C + c] * e->data[v * C + c];
+    for (int64_t c = 0; c < C; c++) /* the factor in fp32, as PEFT's m / ||.|| */
+        nrm[c] = (float)(mag->data[c] / (float)sqrt(nrm[c]));
+    for (int64_t v = 0; v < V; v++)
+        for (int64_t c = 0; c < C; c++)
+            e->data[v * C + c] *= (float)nrm[c];
+    free(nrm);
+    return 0;
+}
+
 /* LoRA on the embedding (PEFT's Embedding: its delta is (B A)^T): E[v, c] += s sum_j A[j, v]
  * B[c, j], summed in double. 1 when merged, 0 when the model has none. */
 static int merge_embedding(ft_model *m, float scaling, ft_err *err)
@@ -123,7 +150,7 @@ static int merge_embedding(ft_model *m, float scaling, ft_err *err)
                 acc += (double)a->data[j * V + v] * b->data[c * r + j];
             e->data[v * C + c] += (float)(scaling * acc);
         }
-    return 1;
+    return embedding_dora_rescale(m, e, err) ? -1 : 1;
 }
 
 /* LoRA on a MoE (lora.h's target_params: PEFT's ParamWrapper layout). The router's pair

@@ -175,6 +175,9 @@ static int build_layout(layout *lo)
                         "base_model.model.%sembed_tokens.lora_embedding_A", mp);
         rc |= add_param(lo, 0, true, true, &m->elora_b, &m->g_elora_b, 2, C, r,
                         "base_model.model.%sembed_tokens.lora_embedding_B", mp);
+        if (m->opt.lora.dora) /* PEFT's DoraEmbeddingLayer: one magnitude per column */
+            rc |= add_param(lo, 0, true, true, &m->elora_m, &m->g_elora_m, 1, C, 0,
+                            "base_model.model.%sembed_tokens.lora_magnitude_vector", mp);
     }
     for (int l = 0; l < L; l++) {
         layer_weights *w = &m->layers[l];
@@ -251,6 +254,9 @@ static int build_layout(layout *lo)
                         "base_model.model.lm_head.lora_A.weight");
         rc |= add_param(lo, L + 1, true, true, &m->hlora_b, &m->g_hlora_b, 2, V, r,
                         "base_model.model.lm_head.lora_B.weight");
+        if (m->opt.lora.dora)
+            rc |= add_param(lo, L + 1, true, true, &m->hlora_m, &m->g_hlora_m, 1, V, 0,
+                            "base_model.model.lm_head.lora_magnitude_vector");
     }
     return rc;
 }
@@ -377,20 +383,26 @@ static int init_magnitude(ft_model *m, ft_param *p, ft_err *err)
     snprintf(name, sizeof name, "%.*s.weight",
              (int)(strlen(p->name) - strlen(pre) - strlen(suf)), p->name + strlen(pre));
     ft_param *w = ft_model_find_param(m, name);
-    if (!w || w->shape[0] != p->shape[0])
+    if (!w && m->cfg.tie_word_embeddings && strcmp(name, "lm_head.weight") == 0)
+        w = ft_model_find_param(m, "model.embed_tokens.weight"); /* the tied head's */
+    /* the embedding's (PEFT's DoraEmbeddingLayer): the norms of its columns, A = 0 */
+    bool cols = p == ft_model_find_param(m, "base_model.model.model.embed_tokens."
+                                            "lora_magnitude_vector");
+    if (!w || w->shape[cols ? 1 : 0] != p->shape[0])
         return ft_fail(err, "DoRA magnitude '%s' has no base weight '%s'", p->name, name);
     float *vals = malloc((w->numel + (size_t)p->numel) * sizeof *vals);
     if (!vals)
         return ft_fail(err, "out of memory");
     float *mag = vals + w->numel;
     int rc = ft_model_param_get(m, w, vals, err);
-    for (int64_t r = 0; r < w->shape[0] && rc == 0; r++) {
+    int64_t R = w->shape[0], C = w->shape[1];
+    for (int64_t i = 0; i < (cols ? C : R) && rc == 0; i++) {
         double acc = 0.0;
-        for (int64_t c = 0; c < w->shape[1]; c++) {
-            double x = vals[r * w->shape[1] + c];
+        for (int64_t j = 0; j < (cols ? R : C); j++) {
+            double x = vals[cols ? j * C + i : i * C + j];
             acc += x * x;
         }
-        mag[r] = (float)sqrt(acc);
+        mag[i] = (float)sqrt(acc);
     }
     if (rc == 0)
         rc = ft_model_param_set(m, p, mag, err);
@@ -733,9 +745,6 @@ static int lora_layers(ft_model *m, ft_err *err)
         return ft_fail(err, "embed_tokens is both a LoRA target and in modules_to_save");
     if ((outer & FT_LORA_HEAD) && (lc->modules_to_save & FT_SAVE_HEAD))
         return ft_fail(err, "lm_head is both a LoRA target and in modules_to_save");
-    if (outer && lc->dora)
-        return ft_fail(err, "DoRA (use_dora) on %s is not supported",
-                       outer & FT_LORA_EMBED ? "embed_tokens" : "lm_head");
     /* PEFT with ensure_weight_tying keeps a tied embedding and head tied: one trained
      * copy, the embedding's. Without it (an adapter's setting; PEFT's default) it trains
      * separate copies, untying them: the model is untied then (untie_head). Settings from
@@ -747,6 +756,14 @@ static int lora_layers(ft_model *m, ft_err *err)
     m->lora_scaling = ft_lora_scaling(lc);
     if (lc->dora)
         ft_dora_scratch_dims(&m->cfg, m->lora_union, &m->dora_out, &m->dora_w_n);
+    if (lc->dora && outer) {
+        size_t out, wn, tn;
+        ft_dora_scratch_outer(&m->cfg, outer, 1, 1, &out, &wn, &tn);
+        if (out > m->dora_out)
+            m->dora_out = out;
+        if (wn > m->dora_w_n)
+            m->dora_w_n = wn;
+    }
     return 0;
 }
 
@@ -1045,6 +1062,18 @@ static int alloc_layer_set(ft_model *m, layer_acts *a, size_t N)
     return 0;
 }
 
+/* dora_t / dora_d: [N, out] of the block's DoRA projections, and with DoRA on the
+ * embedding or the head their rows (dora_outer.c: [N, C], the loss chunk's [R, V]). */
+static size_t dora_t_elems(const ft_model *m, size_t N)
+{
+    size_t out, w, t;
+    ft_dora_scratch_dims(&m->cfg, m->lora_union, &out, &w);
+    size_t n = N * out, V = (size_t)m->cfg.vocab_size;
+    ft_dora_scratch_outer(&m->cfg, m->opt.lora.targets & FT_LORA_OUTER, N,
+                       ft_loss_chunk_rows(m->opt.loss_chunk_rows, V, N), &out, &w, &t);
+    return t > n ? t : n;
+}
+
 int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
 {
     size_t N = (size_t)B * (size_t)T;
@@ -1126,8 +1155,8 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
         {&m->dora_w, m->dora_w_n, dora, FT_MEM_WORKSPACE, false},
         {&m->dora_g, m->dora_out, dora, FT_MEM_WORKSPACE, true},
         {&m->dora_inv, m->dora_out, dora, FT_MEM_WORKSPACE, true},
-        {&m->dora_t, NS * m->dora_out, dora, FT_MEM_WORKSPACE, false},
-        {&m->dora_d, NS * m->dora_out, dora, FT_MEM_WORKSPACE, false},
+        {&m->dora_t, dora_t_elems(m, NS), dora, FT_MEM_WORKSPACE, false},
+        {&m->dora_d, dora_t_elems(m, NS), dora, FT_MEM_WORKSPACE, false},
         {&m->lora_xh, NS * (size_t)(m->opt.lora.r > 0 ? m->opt.lora.r : 1),
          m->opt.mode == FT_TRAIN_LORA && (m->opt.lora.targets & FT_LORA_OUTER),
          FT_MEM_WORKSPACE, false},

@@ -399,6 +399,11 @@ int ft_model_dequantize_base(ft_model *m, ft_err *err);
  * block) carrying a pair. The model's scratch and the memory plan both size it so. */
 void ft_dora_scratch_dims(const ft_model_config *c, unsigned lora_union, size_t *max_out,
                           size_t *max_w);
+/* The same for DoRA on the embedding and / or lm_head (outer: FT_LORA_EMBED, FT_LORA_HEAD;
+ * lib/model/dora_outer.c), over N rows with the loss chunk's R: the most outputs (its
+ * factors), weight elements, and elements of each of its two row temporaries. */
+void ft_dora_scratch_outer(const ft_model_config *c, unsigned outer, size_t N, size_t R,
+                           size_t *max_out, size_t *max_w, size_t *max_t);
 
 /* Saves the LoRA weights as a PEFT adapter (adapter_config.json +
  * adapter_model.safetensors) into dir, created if needed, with the modules_to_save

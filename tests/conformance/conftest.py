@@ -92,6 +92,17 @@ LORA_VARIANTS = {
     "dora_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                       "down_proj"], use_dora=True),
     "dora_no_qkv": dict(target_modules=["o_proj", "gate_up_proj", "down_proj"], use_dora=True),
+    # DoRA on the embedding (a magnitude per column) and on lm_head (per row)
+    "dora_outer": dict(target_modules=["q_proj", "v_proj", "embed_tokens", "lm_head"],
+                       use_dora=True),
+    "dora_outer_phi": dict(target_modules=["qkv_proj", "o_proj", "embed_tokens", "lm_head"],
+                           use_dora=True),
+    "dora_head": dict(target_modules=["o_proj", "lm_head"], use_dora=True),
+    "dora_embed": dict(target_modules=["embed_tokens", "up_proj"], use_dora=True),
+    "dora_outer_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "down_proj",
+                                            "embed_tokens", "lm_head"], use_dora=True),
+    "dora_outer_no_qkv": dict(target_modules=["o_proj", "gate_up_proj", "down_proj",
+                                              "embed_tokens", "lm_head"], use_dora=True),
     # LoRA on the embedding (lora_embedding_A/B) and on lm_head, as a list and a regex
     "outer": dict(target_modules=["q_proj", "v_proj", "embed_tokens", "lm_head"]),
     "outer_head": dict(target_modules=["o_proj", "down_proj", "lm_head"]),

@@ -19,7 +19,7 @@ base_layer keys (loading keeps the head's, the module it fills last): the same b
 directions. With ensure_weight_tying PEFT hands lm_head the embedding's pair transposed, as
 two more parameters on the same storage (two AdamW states stepping one tensor; merged
 twice): refused naming ensure_weight_tying; so is LoRA there beside modules_to_save. DoRA on
-them is refused. ft-merge: test_tools_peft.py."""
+them: test_dora.py. ft-merge: test_tools_peft.py."""
 
 import json
 
@@ -222,20 +222,34 @@ def test_outer_tied_with_modules_to_save_refused(store, ft_raw, tmp_path):
     assert "lm_head" in cp.stderr and "modules_to_save" in cp.stderr, cp.stderr
 
 
-def test_outer_with_dora_refused(store, ft_raw, tmp_path):
-    import shutil
-
-    d = tmp_path / "adapter"
-    shutil.copytree(store.adapter("llama_gqa", "dora_all"), d)
-    p = d / "adapter_config.json"
-    c = json.loads(p.read_text())
-    c["target_modules"] = list(c["target_modules"]) + ["embed_tokens"]
-    p.write_text(json.dumps(c))
-    ids, _ = ftref.make_batch(96, 1, 4, 0)
-    cp, _ = ft_raw(dict(model_dir=store.model("llama_gqa"), adapter_dir=d, mode="lora",
-                        input_ids=ids), "outer-dora")
-    assert cp.returncode != 0
-    assert "use_dora" in cp.stderr and "embed_tokens" in cp.stderr, cp.stderr
+@pytest.mark.parametrize("model_name", ["llama_gqa", "tied"])
+def test_outer_lora_init_dora(store, tmp_path, model_name):
+    """ft-lora-init --dora with the embedding and lm_head: PEFT's magnitudes there (the
+    embedding's column norms [C], the head's row norms [V]; tied: both of the one
+    tensor), loading in PEFT with every key used and the base's logits. (Not on a model
+    whose padding row is zero, as gemma's: the head's magnitude and norm of that row are
+    then 0, and PEFT's own init gives that logit 0 / 0.)"""
+    exe = ftref.tool_exe("FT_LORA_INIT", "ft-lora-init")
+    model_dir = store.model(model_name)
+    out = tmp_path / "adapter"
+    ftref.run_tool([exe, "--model", model_dir, "--out", out, "--r", 4, "--dora", "--target",
+                    "q_proj,embed_tokens,lm_head"])
+    t = load_file(str(out / "adapter_model.safetensors"))
+    base_sd = load_file(str(model_dir / "model.safetensors"))
+    e = base_sd["model.embed_tokens.weight"].float()
+    w = base_sd.get("lm_head.weight", base_sd["model.embed_tokens.weight"]).float()
+    ftref.assert_close("embedding magnitude",
+                       t["base_model.model.model.embed_tokens.lora_magnitude_vector"],
+                       torch.linalg.norm(e, dim=0), 1e-6)
+    ftref.assert_close("head magnitude", t["base_model.model.lm_head.lora_magnitude_vector"],
+                       torch.linalg.norm(w, dim=1), 1e-6)
+    pm = load_peft_checked(model_dir, out)
+    held = held_adapter(pm)
+    assert set(held) == set(t), sorted(set(held) ^ set(t))
+    vocab = ftref.SHAPES[model_name].cfg["vocab_size"]
+    ids, _ = ftref.make_batch(vocab, 2, 12, 0)
+    ftref.assert_close("lora-init logits", ftref.hf_forward(pm, ids)[0],
+                       ftref.hf_forward(ftref.load_hf(model_dir), ids)[0], ftref.TOL_LOGITS)
 
 
 def test_outer_lora_init_tied(store, tmp_path):

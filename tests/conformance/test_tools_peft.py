@@ -251,6 +251,8 @@ MERGE_CASES = [
     ("olmo2", "dora_all", "f32"),
     ("phi3", "dora_all", "f32"),
     ("smollm3", "dora_all", "f32"),
+    ("llama_gqa", "dora_outer", "f32"),  # the embedding's columns, the head's rows
+    ("phi3", "dora_outer_phi", "bf16"),
     # LoRA on the embedding (its delta transposed) and on lm_head
     ("llama_gqa", "outer", "f32"),
     ("llama_gqa", "outer_regex", "bf16"),
@@ -325,7 +327,10 @@ def test_merge_matches_peft(store, merge_exe, tmp_path, model_name, variant, dty
 # head's), so the logits compared are the merged PEFT model's.
 TIED_OUTER_MERGES = [("tied", "outer", "f32"), ("gemma", "outer", "f32"),
                      ("tied", "outer_head", "bf16"), ("tied", "outer_embed", "f32"),
-                     ("phi4_mini", "outer_phi", "f32")]
+                     ("phi4_mini", "outer_phi", "f32"),
+                     # DoRA: the embedding's merge, then the head's on the merged tensor
+                     ("tied", "dora_outer", "f32"), ("gemma2", "dora_outer", "f32"),
+                     ("tied", "dora_head", "f32")]
 
 
 @pytest.mark.parametrize("model_name,variant,dtype", TIED_OUTER_MERGES,

@@ -225,6 +225,20 @@ static void test_cpu_dora_equal_measured(void)
     sweep_with(llama_dir, "lora", "q_proj,v_proj", "0", "tuning.lora.use_dora=true");
     sweep_with(phi3_dir, "lora", "all-linear", "0.05", "tuning.lora.use_dora=true");
     sweep_with(qwen3_dir, "qlora", "all-linear", "0", "tuning.lora.use_dora=true");
+    /* on the embedding (factors [C], rows [N, C]) and lm_head ([V]; the loss chunk's
+     * [R, V] rows), the weight's copy [V, C] */
+    sweep_with(llama_dir, "lora", "q_proj,embed_tokens,lm_head", "0.05",
+               "tuning.lora.use_dora=true");
+    sweep_with(llama_dir, "lora", "lm_head", "0", "tuning.lora.use_dora=true");
+    sweep_with(llama_dir, "lora", "embed_tokens", "0", "tuning.lora.use_dora=true");
+    /* the head's rows in chunks of the loss */
+    static const char *chunks[] = {"train.loss_chunk_tokens=1", "train.loss_chunk_tokens=5"};
+    for (int k = 0; k < 2; k++) {
+        const char *sets[] = {"tuning.mode=lora", "tuning.lora.target_modules=o_proj,lm_head",
+                              "tuning.lora.use_dora=true", "train.batch_size=3",
+                              "model.max_seq_len=7", chunks[k], NULL};
+        compare(llama_dir, sets);
+    }
 }
 
 /* LoRA on the embedding and lm_head: their pairs, the [N, r] scratch */
@@ -367,6 +381,8 @@ static void test_cpu_bias_and_tied_equal_measured(void)
     /* LoRA on the tied embedding and head: each module's own pair (no head weight) */
     sweep(tied_dir, "lora", "q_proj,embed_tokens,lm_head", "0.05");
     sweep(tied_dir, "lora", "lm_head", "0");
+    sweep_with(tied_dir, "lora", "v_proj,embed_tokens,lm_head", "0.1",
+               "tuning.lora.use_dora=true");
     sweep(qwen_dir, "lora", "k_proj,o_proj,up_proj", "0.05");
     sweep(qwen_dir, "full", "all-linear", "0.05");
 }
