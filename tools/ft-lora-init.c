@@ -26,13 +26,15 @@ static const char usage[] =
     "  --dropout X        lora_dropout, in [0, 1) (default 0.05)\n"
     "  --target LIST      modules, comma-separated (q_proj,k_proj,v_proj,o_proj,gate_proj,\n"
     "                     up_proj,down_proj; phi3: qkv_proj,o_proj,gate_up_proj,down_proj)\n"
-    "                     or all-linear (default all-linear)\n"
+    "                     or all-linear (default all-linear); also embed_tokens and lm_head\n"
+    "                     (tied embeddings: each its own pair, ensure_weight_tying false)\n"
     "  --rslora           rank-stabilised scaling alpha/sqrt(r) instead of alpha/r\n"
     "  --dora             DoRA (PEFT's use_dora): a magnitude per output row, starting at\n"
     "                     the row norms of the base weight\n"
     "  --modules-to-save LIST  embed_tokens and/or lm_head, comma-separated: trained in\n"
     "                     full beside the pairs (PEFT's modules_to_save; the adapter holds\n"
-    "                     the base's weights for them; not with tied embeddings)\n"
+    "                     the base's weights for them; tied embeddings: the one\n"
+    "                     embedding, shared by the head, ensure_weight_tying true)\n"
     "  --seed N           seed of A's init (default 42)\n"
     "  --help             print this help\n";
 

@@ -62,7 +62,8 @@ static const ft_cfg_key schema[] = {
      "qkv_proj,o_proj,gate_up_proj,down_proj; mixtral: q_proj,k_proj,v_proj,o_proj, gate "
      "(the router), w1 with w3, w2 (the experts), as PEFT's target_parameters, with dropout "
      "0), or all-linear; also embed_tokens and lm_head "
-     "(LoRA on the embedding and the head, as PEFT's; not with tied embeddings)",
+     "(LoRA on the embedding and the head, as PEFT's; tied embeddings: each its own pair, "
+     "as PEFT without ensure_weight_tying)",
      NULL},
     {KEY(tuning.lora.rslora), FT_CFG_BOOL, "false", NULL, false, NONE, NONE,
      "rank-stabilised scaling", NULL},

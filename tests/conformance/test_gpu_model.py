@@ -38,7 +38,12 @@ CASES = [("llama_gqa", "all7"), ("qwen2", "qv"), ("llama_mqa_odd", "all7"), ("ti
          # DoRA: the row norms, the magnitude's column sums
          ("llama_gqa", "dora_all"), ("phi3", "dora_all"), ("gemma2", "dora_all"),
          # LoRA on the embedding and lm_head
-         ("llama_gqa", "outer"), ("granite", "outer"), ("phi3", "outer_phi")]
+         ("llama_gqa", "outer"), ("granite", "outer"), ("phi3", "outer_phi"),
+         # ... of a tied model (each module its own pair over the one tensor); DoRA there
+         # (the embedding's column norms through a transposing copy, the head's rows);
+         # modules_to_save untying a tied model (no ensure_weight_tying)
+         ("tied", "outer"), ("llama_gqa", "dora_outer"), ("gemma", "dora_outer"),
+         ("tied", "mts_head_all")]
 
 BF16_TOL_LOGITS = 2e-2
 BF16_TOL_LOSS = 1e-2
