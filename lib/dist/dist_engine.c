@@ -199,6 +199,20 @@ int ft_engine_new(ft_engine **out, ft_comm *comm, const char *model_dir,
         return -1;
     }
     const ft_model_config *mc = ft_model_cfg(e->m);
+    /* the two pairs of one tied storage step together (lib/model/tied_lora.c): on a
+     * whole replica's buffer */
+    if (ft_model_tied_lora(e->m) &&
+        ((o->strategy != FT_STRATEGY_NONE && o->strategy != FT_STRATEGY_DDP) ||
+         o->offload_optimizer)) {
+        ft_fail(err, "LoRA on embed_tokens / lm_head of a model with tied word embeddings "
+                     "under ensure_weight_tying (the head's pair the embedding's) is supported "
+                     "with dist.strategy ddp (or one process), without offload_optimizer, "
+                     "not with %s%s",
+                ft_strategy_name(o->strategy), o->offload_optimizer ? " and offloading" : "");
+        ft_model_free(e->m);
+        free(e);
+        return -1;
+    }
     if (mc->num_experts > 0 && mc->output_router_logits && world > 1) {
         /* the load-balancing loss of the step's whole micro-batch and of every layer */
         if (o->strategy == FT_STRATEGY_PIPELINE && o->pipeline_chunks > 1) {
@@ -367,7 +381,10 @@ static int update(ft_engine *e, float lr, float coef, ft_err *err)
         if (ft_copy_bytes(params, e->dev, e->host_master, FT_DEV_CPU, bytes, err))
             return -1;
     } else {
+        /* (a tied pair under ensure_weight_tying: whole replicas only, checked at setup) */
+        ft_model_tied_lora_before_step(e->m, params);
         ft_optimizer_step(&e->opt, params, grad, lr, coef);
+        ft_model_tied_lora_after_step(e->m, params, lr, e->opt.hp.weight_decay);
     }
     int rc = 0;
     switch (e->o.strategy) {

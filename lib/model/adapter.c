@@ -213,6 +213,13 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
                        dir, params_names(cfg.target_params, have_p, sizeof have_p),
                        params_names(want->target_params, want_p, sizeof want_p));
     bool tied = m->cfg.tie_word_embeddings;
+    if (tied && (want->targets & FT_LORA_OUTER) && !cfg.ensure_weight_tying != !want->ensure_weight_tying)
+        return ft_fail(err, "%s/adapter_config.json: key 'ensure_weight_tying' (%s) differs from "
+                            "the model's LoRA settings (%s): with LoRA on embed_tokens / lm_head "
+                            "of a tied model it says whether the head's pair is the "
+                            "embedding's",
+                       dir, cfg.ensure_weight_tying ? "true" : "false",
+                       want->ensure_weight_tying ? "true" : "false");
     if (tied && cfg.modules_to_save && !cfg.ensure_weight_tying)
         return ft_fail(err, "%s/adapter_config.json: key 'modules_to_save' on a model with tied "
                             "word embeddings without ensure_weight_tying (PEFT then trains "
@@ -297,6 +304,10 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
             rc = ft_fail(err, "%s: unexpected adapter tensor '%s'", t->file, t->name);
     }
     ft_ckpt_close(ck);
+    /* tied pairs (ensure_weight_tying): PEFT's loading fills the one storage from the
+     * head's keys last (a unit-by-unit read syncs once the head's unit is in) */
+    if (rc == 0 && unit < 0)
+        rc = ft_model_tied_lora_sync(m, err);
     return rc;
 }
 

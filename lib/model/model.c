@@ -674,12 +674,10 @@ static int tied_outer_refused(const ft_lora_config *lc, unsigned outer, ft_err *
         return ft_fail(err, "LoRA on %s beside modules_to_save on a model with tied word "
                             "embeddings is not supported",
                        mod);
-    if (lc->ensure_weight_tying)
-        return ft_fail(err, "LoRA on %s of a model with tied word embeddings with "
-                            "ensure_weight_tying true is not supported (PEFT then shares the "
-                            "embedding's pair with lm_head as two parameters on one storage); "
-                            "with ensure_weight_tying false (PEFT's default) each module "
-                            "has its own pair",
+    if (lc->ensure_weight_tying && lc->dora)
+        return ft_fail(err, "DoRA (use_dora) on %s of a model with tied word embeddings with "
+                            "ensure_weight_tying true is not supported (without it, PEFT's "
+                            "default, it is)",
                        mod);
     return 0;
 }
@@ -741,6 +739,10 @@ static int lora_layers(ft_model *m, ft_err *err)
         return ft_fail(err, "the LoRA target modules select no linear layer of this model");
     if (outer && m->cfg.tie_word_embeddings && tied_outer_refused(lc, outer, err))
         return -1;
+    /* ensure_weight_tying there: the embedding carries the pair, lm_head the same one
+     * transposed, whichever of the two was named (PEFT's _add_targets_to_tie) */
+    if (outer && m->cfg.tie_word_embeddings && lc->ensure_weight_tying)
+        m->opt.lora.targets |= FT_LORA_OUTER;
     if ((outer & FT_LORA_EMBED) && (lc->modules_to_save & FT_SAVE_EMBED))
         return ft_fail(err, "embed_tokens is both a LoRA target and in modules_to_save");
     if ((outer & FT_LORA_HEAD) && (lc->modules_to_save & FT_SAVE_HEAD))
@@ -922,7 +924,7 @@ int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, 
     if (!opt->unbound) {
         if (model_read_weights(m, dir, -1, err))
             goto done;
-        if (opt->mode == FT_TRAIN_LORA && init_lora(m, -1, err))
+        if (opt->mode == FT_TRAIN_LORA && (init_lora(m, -1, err) || ft_model_tied_lora_sync(m, err)))
             goto done;
     }
     rc = 0;
@@ -1507,6 +1509,9 @@ int ft_model_init_unit(ft_model *m, int unit, const char *adapter_dir, ft_err *e
         if (init_lora(m, unit, err))
             return -1;
         if (adapter_dir && model_read_adapter(m, adapter_dir, unit, err))
+            return -1;
+        /* (read unit by unit in order: the head's is the last) */
+        if (unit == m->cfg.num_layers + 1 && ft_model_tied_lora_sync(m, err))
             return -1;
     }
     return 0;

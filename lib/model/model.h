@@ -368,6 +368,18 @@ int ft_model_init_unit(ft_model *m, int unit, const char *adapter_dir, ft_err *e
 
 /* The quantization of the base in force (type FT_QUANT_NONE when the base is dense). */
 ft_quant_options ft_model_quant(const ft_model *m);
+/* LoRA on embed_tokens / lm_head of a tied model with PEFT's ensure_weight_tying
+ * (lib/model/tied_lora.c): lm_head's pair is the embedding's transposed, two more
+ * parameters on one storage that torch's AdamW steps in turn. The model keeps both pairs
+ * holding the same values; an optimizer step over the whole trainable fp32 buffer params
+ * is bracketed by before_step (after the gradients) and after_step (with the step's
+ * learning rate and weight decay). sync: the embedding's pair from the head's (an
+ * adapter's values, which PEFT's loading takes from the head's keys, read last; PEFT's
+ * init, the head's). All no-ops on another model. */
+bool ft_model_tied_lora(const ft_model *m);
+int ft_model_tied_lora_sync(ft_model *m, ft_err *err);
+void ft_model_tied_lora_before_step(ft_model *m, float *params);
+void ft_model_tied_lora_after_step(ft_model *m, float *params, float lr, float weight_decay);
 /* Whether an adapter's modules_to_save without ensure_weight_tying untied the head of a
  * model config.json ties (PEFT's separate copies; ft_model_cfg then says untied). */
 bool ft_model_head_untied(const ft_model *m);

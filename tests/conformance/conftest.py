@@ -114,6 +114,14 @@ LORA_VARIANTS = {
                                          "lm_head"]),
     "outer_phi": dict(target_modules=["qkv_proj", "o_proj", "gate_up_proj", "down_proj",
                                       "embed_tokens", "lm_head"]),
+    # tied models with ensure_weight_tying: the head's pair is the embedding's, transposed
+    "outer_tie": dict(target_modules=["q_proj", "v_proj", "embed_tokens", "lm_head"],
+                      ensure_weight_tying=True),
+    "outer_tie_head": dict(target_modules=["o_proj", "lm_head"], ensure_weight_tying=True),
+    "outer_tie_phi": dict(target_modules=["qkv_proj", "down_proj", "embed_tokens", "lm_head"],
+                          ensure_weight_tying=True),
+    "outer_tie_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "down_proj",
+                                           "embed_tokens", "lm_head"], ensure_weight_tying=True),
     # the embedding and/or the head trained in full beside the pairs (modules_to_save)
     "mts_head": dict(target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"]),
     "mts_embed": dict(target_modules=["q_proj", "v_proj"], modules_to_save=["embed_tokens"]),

@@ -40,7 +40,10 @@ CASES = ([(m, "outer") for m in UNTIED] + [("phi3", "outer_phi"), ("llama_gqa", 
 TIED = ["tied", "gemma", "gemma2", "smollm3", "qwen3_tied", "phi4_mini"]
 CASES += ([(m, "outer") for m in TIED if m != "phi4_mini"] +
           [("phi4_mini", "outer_phi"), ("tied", "outer_head"), ("tied", "outer_embed"),
-           ("gemma", "outer_regex")])
+           ("gemma", "outer_regex")] +
+          # ensure_weight_tying: the head's pair the embedding's
+          [(m, "outer_tie") for m in ["tied", "gemma", "gemma2", "smollm3", "qwen3_tied"]] +
+          [("phi4_mini", "outer_tie_phi"), ("tied", "outer_tie_head")])
 
 
 class Case:
@@ -73,7 +76,10 @@ def test_outer_grads(case):
     want = {"outer": ("lora_embedding_A", "lm_head.lora_B"), "outer_head": ("lm_head.lora_A",),
             "outer_embed": ("lora_embedding_B",), "outer_regex": ("lora_embedding_A",
                                                                   "lm_head.lora_A"),
-            "outer_phi": ("lora_embedding_B", "lm_head.lora_A")}[case.variant]
+            "outer_phi": ("lora_embedding_B", "lm_head.lora_A"),
+            "outer_tie": ("lora_embedding_B", "lm_head.lora_A"),
+            "outer_tie_phi": ("lora_embedding_A", "lm_head.lora_B"),
+            "outer_tie_head": ("lora_embedding_A", "lm_head.lora_B")}[case.variant]
     for w in want:
         assert any(w in k for k in case.ref_grads), (w, sorted(case.ref_grads))
     ftref.assert_tensor_dict_close("grad.", case.out, case.ref_grads, ftref.TOL_GRAD)
@@ -94,7 +100,8 @@ def _train(model_name, variant):
 # vs float64 torch 6e-5 apart after five steps; seed 1 agrees to 1e-7)
 TRAIN_RUNS = [("llama_gqa", "outer_no_k", 4), ("granite", "outer_no_k", 1),
               ("phi3", "outer_no_qkv", 1), ("tied", "outer_no_k", 1),
-              ("gemma", "outer_no_k", 1), ("phi4_mini", "outer_no_qkv", 1)]
+              ("gemma", "outer_no_k", 1), ("phi4_mini", "outer_no_qkv", 1),
+              ("tied", "outer_tie_no_k", 1), ("gemma", "outer_tie_no_k", 1)]
 
 
 @pytest.mark.parametrize("model_name,variant,seed", TRAIN_RUNS,
@@ -183,27 +190,20 @@ def test_outer_tied_head_base_layer_kept(store, ft, tmp_path):
     ftref.assert_tensor_dict_close("grad.", out, grads, ftref.TOL_GRAD)
 
 
-@pytest.mark.parametrize("model_name", TIED)
-def test_outer_tied_weight_tying_refused(store, ft_raw, tmp_path, model_name):
-    """ensure_weight_tying true: PEFT shares the embedding's pair with lm_head (two
-    parameters on one storage): refused naming it."""
-    shape = ftref.SHAPES[model_name]
-    src = store.adapter(model_name, "all-linear")
+def test_outer_tied_weight_tying_dora_refused(store, ft_raw, tmp_path):
     import shutil
 
     d = tmp_path / "adapter"
-    shutil.copytree(src, d)
+    shutil.copytree(store.adapter("tied", "dora_outer"), d)
     p = d / "adapter_config.json"
     c = json.loads(p.read_text())
-    c["target_modules"] = list(c["target_modules"]) + ["lm_head"]
     c["ensure_weight_tying"] = True
     p.write_text(json.dumps(c))
-    ids, _ = ftref.make_batch(shape.cfg["vocab_size"], 1, 4, 0)
-    cp, _ = ft_raw(dict(model_dir=store.model(model_name), adapter_dir=d, mode="lora",
-                        input_ids=ids), f"outer-tied-{model_name}")
+    ids, _ = ftref.make_batch(64, 1, 4, 0)
+    cp, _ = ft_raw(dict(model_dir=store.model("tied"), adapter_dir=d, mode="lora",
+                        input_ids=ids), "outer-tied-dora-ewt")
     assert cp.returncode != 0
-    assert ("lm_head" in cp.stderr and "tied" in cp.stderr
-            and "ensure_weight_tying" in cp.stderr), cp.stderr
+    assert "use_dora" in cp.stderr and "ensure_weight_tying" in cp.stderr, cp.stderr
 
 
 def test_outer_tied_with_modules_to_save_refused(store, ft_raw, tmp_path):

@@ -330,7 +330,11 @@ TIED_OUTER_MERGES = [("tied", "outer", "f32"), ("gemma", "outer", "f32"),
                      ("phi4_mini", "outer_phi", "f32"),
                      # DoRA: the embedding's merge, then the head's on the merged tensor
                      ("tied", "dora_outer", "f32"), ("gemma2", "dora_outer", "f32"),
-                     ("tied", "dora_head", "f32")]
+                     ("tied", "dora_head", "f32"),
+                     # ensure_weight_tying: the head's pair is the embedding's, and PEFT
+                     # merges it twice (E + 2 s (B A)^T)
+                     ("tied", "outer_tie", "f32"), ("gemma", "outer_tie_head", "bf16"),
+                     ("phi4_mini", "outer_tie_phi", "f32")]
 
 
 @pytest.mark.parametrize("model_name,variant,dtype", TIED_OUTER_MERGES,
