@@ -111,6 +111,9 @@ typedef struct ft_lora_config {
      * shared by the embedding and the head (saved under both keys). Without it PEFT
      * unties them (separate copies), which is not implemented. */
     bool ensure_weight_tying;
+    /* ensure_weight_tying was given (an adapter's config; a run config's true or false):
+     * else a run config's auto, which ties a tied model's modules_to_save */
+    bool weight_tying_set;
     /* DoRA (PEFT's use_dora): each pair's layer computes
      * y = b + (m / ||W + s B A||_row) (x W^T + s dropout(x) A^T B^T) with a trainable
      * magnitude m [out] (key <module>.lora_magnitude_vector), the norm taken as a constant

@@ -593,6 +593,7 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
 
     /* LoRA as the trainer sets it up (lib/run/trainer.c setup_model, lib/model/model.c setup_lora) */
     ft_lora_config lc = {0};
+    ft_model_config untied; /* the model an adapter's untied copies make (below) */
     unsigned *mask = calloc((size_t)mc->num_layers ? (size_t)mc->num_layers : 1, sizeof *mask);
     unsigned lora_union = 0;
     if (!mask)
@@ -640,6 +641,14 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
             return ft_fail(err, "config: key 'tuning.lora.target_modules': LoRA on embed_tokens "
                                 "or lm_head beside modules_to_save on a model with tied word "
                                 "embeddings is not supported");
+        }
+        /* tied, ensure_weight_tying false: a copy of each listed module, the model
+         * untied (lib/model/model.c untie_head) */
+        if (mc->tie_word_embeddings && lc.modules_to_save &&
+            cfg->tuning.lora.ensure_weight_tying == FT_CFG_TYING_FALSE) {
+            untied = *mc;
+            untied.tie_word_embeddings = false;
+            mc = &untied;
         }
         /* tied: one copy, the embedding, shared by the head (lib/model/model.c) */
         lc.modules_to_save = ft_lora_saved_modules(&lc, mc->tie_word_embeddings);

@@ -394,7 +394,23 @@ static int init_magnitude(ft_model *m, ft_param *p, ft_err *err)
     if (!vals)
         return ft_fail(err, "out of memory");
     float *mag = vals + w->numel;
-    int rc = ft_model_param_get(m, w, vals, err);
+    int rc;
+    if (w->unit == p->unit) {
+        rc = ft_model_param_get(m, w, vals, err);
+    } else { /* the tied head's: the embedding, of a unit a strategy may not hold bound
+              * here (read a unit at a time): the checkpoint's */
+        ft_checkpoint *ck = NULL;
+        const ft_st_tensor *t = NULL;
+        rc = ft_ckpt_open(&ck, m->dir, "model", err);
+        if (rc == 0 && !(t = ft_ckpt_find(ck, w->name)))
+            rc = ft_fail(err, "%s: tensor '%s' is missing from the checkpoint", m->dir, w->name);
+        if (rc == 0 && (t->ndim != 2 || t->shape[0] != w->shape[0] || t->shape[1] != w->shape[1]))
+            rc = ft_fail(err, "%s: tensor '%s' does not fit the DoRA magnitude '%s'", m->dir,
+                         w->name, p->name);
+        if (rc == 0)
+            rc = ft_st_to_f32_finite(t, vals, w->numel, err);
+        ft_ckpt_close(ck);
+    }
     int64_t R = w->shape[0], C = w->shape[1];
     for (int64_t i = 0; i < (cols ? C : R) && rc == 0; i++) {
         double acc = 0.0;
@@ -818,7 +834,7 @@ static int resize_vocab(ft_model *m, ft_err *err)
 }
 
 /* PEFT's modules_to_save on a tied model without ensure_weight_tying (an adapter's
- * settings; a run config's modules_to_save there is ensure_weight_tying's one copy): PEFT
+ * settings, or a run config's false; its auto is ensure_weight_tying's one copy): PEFT
  * wraps a trainable copy of each listed module, and the one not listed keeps the base
  * tensor, so the embedding and the head are apart from the start: the model unties them,
  * the head a copy of the embedding (model_read_weights). */
@@ -826,7 +842,7 @@ static void untie_head(ft_model *m)
 {
     const ft_lora_config *lc = &m->opt.lora;
     if (m->opt.mode == FT_TRAIN_LORA && m->cfg.tie_word_embeddings && lc->modules_to_save &&
-        !lc->ensure_weight_tying && lc->source[0]) {
+        !lc->ensure_weight_tying && lc->weight_tying_set) {
         m->cfg.tie_word_embeddings = false;
         m->head_untied = true;
     }

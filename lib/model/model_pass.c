@@ -493,8 +493,9 @@ static int release_head(ft_model *m, ft_unit_phase ph, ft_err *err)
 {
     int L = m->cfg.num_layers;
     bool bwd = ph == FT_UNIT_BACKWARD;
-    /* a tied embedding's gradient is final only after the embedding's own backward */
-    bool embed_trains = model_embed_trains(m);
+    /* a tied embedding's gradient is final only after the embedding's own backward (so
+     * are its LoRA pair's and DoRA magnitude's, in the same unit) */
+    bool embed_trains = model_embed_trains(m) || model_embed_lora(m);
     if (m->cfg.tie_word_embeddings && release(m, 0, ph, bwd && !embed_trains, err))
         return -1;
     return release(m, L + 1, ph, bwd, err);

@@ -261,6 +261,70 @@ def test_outer_lora_under_strategies(work, strategy):
             "base_model.model.lm_head.lora_B.weight"} <= set(w)
 
 
+def _same_as_one_process(work, tag, model, strategy, extra):
+    """A 2-rank run under strategy equals one process (data parallel: batch 8 on one rank;
+    model parallel: the same batch); returns the run's saved adapter."""
+    dp = strategy != "model_parallel"
+    ref = work / "runs" / f"{tag}_ref_{model}_{'dp' if dp else 'mp'}"
+    if not ref.exists():
+        run(write_config(work, ref.name, model=model,
+                         **(dict(train__batch_size=8) if dp else {}), **extra))
+    name = f"np2_{tag}_{model}_{strategy}"
+    run(write_config(work, name, model=model, dist__strategy=strategy, **extra), 2)
+    assert_same_run(ref, work / "runs" / name, w_atol=5e-4)
+    return weights(work / "runs" / name)
+
+
+UNTIE = dict(MTS, tuning__lora__ensure_weight_tying="false")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero2", "zero3", "fsdp", "model_parallel"])
+def test_modules_to_save_untied_under_strategies(work, strategy):
+    """modules_to_save on the tied model without ensure_weight_tying (PEFT's separate
+    copies, the model untied): every strategy equals one process, the two copies apart."""
+    w = _same_as_one_process(work, "mts_untie", "tied", strategy, UNTIE)
+    e, h = (w["base_model.model.model.embed_tokens.weight"],
+            w["base_model.model.lm_head.weight"])
+    assert not torch.equal(e, h)
+
+
+@pytest.mark.parametrize("model,strategy", [("tied", "zero3"), ("tied", "model_parallel"),
+                                            ("model", "zero3"), ("tied", "ddp")])
+def test_dora_outer_under_strategies(work, model, strategy):
+    """DoRA on the embedding and lm_head (their magnitudes in unit 0 and the head's unit;
+    tied: the head reads the embedding): every strategy equals one process."""
+    w = _same_as_one_process(work, "dora_outer", model, strategy, dict(OUTER, **DORA))
+    assert {"base_model.model.model.embed_tokens.lora_magnitude_vector",
+            "base_model.model.lm_head.lora_magnitude_vector"} <= set(w)
+
+
+@pytest.mark.parametrize("strategy", ["zero3", "model_parallel"])
+def test_outer_tied_under_strategies(work, strategy):
+    """LoRA on the tied model's embedding and lm_head (each its own pair: ensure_weight_tying
+    auto / false): every strategy equals one process."""
+    w = _same_as_one_process(work, "outer_tied", "tied", strategy, OUTER)
+    assert not torch.equal(w["base_model.model.lm_head.lora_A.weight"].T,
+                           w["base_model.model.model.embed_tokens.lora_embedding_B"])
+
+
+TIE = dict(OUTER, tuning__lora__ensure_weight_tying="true")
+
+
+def test_outer_tied_weight_tying_ddp(work):
+    """ensure_weight_tying true (the head's pair the embedding's, one storage stepped by two
+    AdamW states): ddp equals one process and keeps the pairs equal; the strategies that
+    split the two pairs' steps are refused."""
+    w = _same_as_one_process(work, "outer_tie", "tied", "ddp", TIE)
+    assert torch.equal(w["base_model.model.lm_head.lora_A.weight"].T,
+                       w["base_model.model.model.embed_tokens.lora_embedding_B"])
+    assert torch.equal(w["base_model.model.lm_head.lora_B.weight"].T,
+                       w["base_model.model.model.embed_tokens.lora_embedding_A"])
+    out = run(write_config(work, "np2_outer_tie_zero3", model="tied", dist__strategy="zero3",
+                           **TIE), 2, check=False)
+    assert out.returncode != 0
+    assert "ensure_weight_tying" in out.stderr and "zero3" in out.stderr, out.stderr[-2000:]
+
+
 def _base_layer_adapter(work, model):
     """A PEFT adapter for OUTER's targets whose embed_tokens / lm_head base_layer weights
     (which PEFT saves, and its loading puts in the base) are moved off the model's own:

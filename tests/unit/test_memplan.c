@@ -54,7 +54,11 @@ static int measure(const ft_run_config *cfg, const char *dir, ft_mem *out, size_
         mo.lora = (ft_lora_config){.r = (int)tu->lora.r,
                                    .alpha = (float)tu->lora.alpha,
                                    .dropout = (float)tu->lora.dropout,
-                                   .dora = tu->lora.use_dora};
+                                   .dora = tu->lora.use_dora,
+                                   .weight_tying_set =
+                                       tu->lora.ensure_weight_tying != FT_CFG_TYING_AUTO,
+                                   .ensure_weight_tying =
+                                       tu->lora.ensure_weight_tying == FT_CFG_TYING_TRUE};
         if (ft_lora_targets_parse(tu->lora.target_modules, &mo.lora.targets, &err) ||
             ft_lora_modules_to_save_parse(tu->lora.modules_to_save, &mo.lora.modules_to_save,
                                           &err))
@@ -215,6 +219,19 @@ static void test_cpu_modules_to_save_equal_measured(void)
                "tuning.lora.modules_to_save=embed_tokens,lm_head");
     /* tied: the one embedding, shared by the head, trains (ensure_weight_tying) */
     sweep_with(tied_dir, "lora", "all-linear", "0.05", "tuning.lora.modules_to_save=lm_head");
+    /* ... or without it the listed modules' copies, the model untied (a head of its own) */
+    static const char *untie[][2] = {{"tuning.lora.modules_to_save=lm_head", "lora"},
+                                     {"tuning.lora.modules_to_save=embed_tokens", "lora"},
+                                     {"tuning.lora.modules_to_save=embed_tokens,lm_head",
+                                      "qlora"}};
+    for (int i = 0; i < 3; i++) {
+        char mode[32];
+        snprintf(mode, sizeof mode, "tuning.mode=%s", untie[i][1]);
+        const char *sets[] = {mode, "tuning.lora.target_modules=q_proj,v_proj",
+                              untie[i][0], "tuning.lora.ensure_weight_tying=false",
+                              "train.batch_size=3", "model.max_seq_len=7", NULL};
+        compare(tied_dir, sets);
+    }
 }
 
 /* DoRA: a magnitude per output row of each pair's layer, W + s B A and two [N, out]
