@@ -213,7 +213,8 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
                        dir, params_names(cfg.target_params, have_p, sizeof have_p),
                        params_names(want->target_params, want_p, sizeof want_p));
     bool tied = m->cfg.tie_word_embeddings;
-    if (tied && (want->targets & FT_LORA_OUTER) && !cfg.ensure_weight_tying != !want->ensure_weight_tying)
+    if (tied && (want->targets & FT_LORA_OUTER) &&
+        cfg.ensure_weight_tying != want->ensure_weight_tying)
         return ft_fail(err, "%s/adapter_config.json: key 'ensure_weight_tying' (%s) differs from "
                             "the model's LoRA settings (%s): with LoRA on embed_tokens / lm_head "
                             "of a tied model it says whether the head's pair is the "
@@ -345,8 +346,8 @@ int ft_model_save_adapter(ft_model *m, const char *dir, const char *base_model, 
             continue;
         if (!p->data)
             rc = ft_fail(err, "%s: the adapter read replaced the base weight of %s "
-                              "(%s), which this distributed strategy does not hold whole to "
-                              "save it again (save with dist.strategy ddp or zero1/2)",
+                              "(%s), which is not bound here to save it again (a strategy "
+                              "gathers it for its save)",
                          dir, p->name, base_layer_keys[i]);
         else
             rc = model_param_to_writer_as(m, p, base_layer_keys[i], w, err);

@@ -404,7 +404,8 @@ static int init_magnitude(ft_model *m, ft_param *p, ft_err *err)
         rc = ft_ckpt_open(&ck, m->dir, "model", err);
         if (rc == 0 && !(t = ft_ckpt_find(ck, w->name)))
             rc = ft_fail(err, "%s: tensor '%s' is missing from the checkpoint", m->dir, w->name);
-        if (rc == 0 && (t->ndim != 2 || t->shape[0] != w->shape[0] || t->shape[1] != w->shape[1]))
+        if (rc == 0 &&
+            (t->ndim != 2 || t->shape[0] != w->shape[0] || t->shape[1] != w->shape[1]))
             rc = ft_fail(err, "%s: tensor '%s' does not fit the DoRA magnitude '%s'", m->dir,
                          w->name, p->name);
         if (rc == 0)
@@ -681,8 +682,8 @@ int model_param_to_writer_as(ft_model *m, const ft_param *p, const char *name, f
  * own, over the one tied base weight (the embedding's Embedding pair, the head's Linear
  * pair), which is what the model computes; it warns. With ensure_weight_tying PEFT gives
  * the head the embedding's pair transposed as two more parameters on the same storage
- * (trained as two AdamW states stepping one tensor in turn, merged twice): refused, as is
- * LoRA there beside modules_to_save (PEFT then both wraps and ties the head). */
+ * (lib/model/tied_lora.c). Refused: LoRA there beside modules_to_save (PEFT then both
+ * wraps and ties the head), and DoRA with ensure_weight_tying. */
 static int tied_outer_refused(const ft_lora_config *lc, unsigned outer, ft_err *err)
 {
     const char *mod = outer & FT_LORA_EMBED ? "embed_tokens" : "lm_head";
@@ -764,9 +765,9 @@ static int lora_layers(ft_model *m, ft_err *err)
     if ((outer & FT_LORA_HEAD) && (lc->modules_to_save & FT_SAVE_HEAD))
         return ft_fail(err, "lm_head is both a LoRA target and in modules_to_save");
     /* PEFT with ensure_weight_tying keeps a tied embedding and head tied: one trained
-     * copy, the embedding's. Without it (an adapter's setting; PEFT's default) it trains
-     * separate copies, untying them: the model is untied then (untie_head). Settings from
-     * a run config take ensure_weight_tying, and the saved adapter says so. */
+     * copy, the embedding's. Without it (PEFT's default; a run config's false) it trains
+     * separate copies, untying them: the model was untied then (untie_head). A run
+     * config's auto takes ensure_weight_tying, and the saved adapter says so. */
     if (lc->modules_to_save && m->cfg.tie_word_embeddings) {
         m->opt.lora.modules_to_save = ft_lora_saved_modules(lc, true);
         m->opt.lora.ensure_weight_tying = true;
@@ -940,7 +941,8 @@ int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, 
     if (!opt->unbound) {
         if (model_read_weights(m, dir, -1, err))
             goto done;
-        if (opt->mode == FT_TRAIN_LORA && (init_lora(m, -1, err) || ft_model_tied_lora_sync(m, err)))
+        if (opt->mode == FT_TRAIN_LORA &&
+            (init_lora(m, -1, err) || ft_model_tied_lora_sync(m, err)))
             goto done;
     }
     rc = 0;
@@ -1088,7 +1090,7 @@ static size_t dora_t_elems(const ft_model *m, size_t N)
     ft_dora_scratch_dims(&m->cfg, m->lora_union, &out, &w);
     size_t n = N * out, V = (size_t)m->cfg.vocab_size;
     ft_dora_scratch_outer(&m->cfg, m->opt.lora.targets & FT_LORA_OUTER, N,
-                       ft_loss_chunk_rows(m->opt.loss_chunk_rows, V, N), &out, &w, &t);
+                          ft_loss_chunk_rows(m->opt.loss_chunk_rows, V, N), &out, &w, &t);
     return t > n ? t : n;
 }
 
