@@ -10,6 +10,7 @@
 #include <float.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 static const char usage[] =
     "usage: ft-lora-init --model DIR --out DIR [options]\n"
@@ -35,6 +36,11 @@ static const char usage[] =
     "                     full beside the pairs (PEFT's modules_to_save; the adapter holds\n"
     "                     the base's weights for them; tied embeddings: the one\n"
     "                     embedding, shared by the head, ensure_weight_tying true)\n"
+    "  --ensure-weight-tying true|false  PEFT's ensure_weight_tying, on a model with tied\n"
+    "                     embeddings (default: true with --modules-to-save, false with\n"
+    "                     embed_tokens / lm_head targets): true keeps the embedding and\n"
+    "                     lm_head tied (one copy; the head's pair the embedding's), false\n"
+    "                     apart (a copy of each listed module; a pair each)\n"
     "  --seed N           seed of A's init (default 42)\n"
     "  --help             print this help\n";
 
@@ -45,7 +51,7 @@ static int usage_error(const char *fmt, const char *arg)
 
 enum {
     OPT_HELP, OPT_RSLORA, OPT_MODEL, OPT_OUT, OPT_R, OPT_ALPHA, OPT_DROPOUT, OPT_TARGET,
-    OPT_SEED, OPT_MTS, OPT_DORA
+    OPT_SEED, OPT_MTS, OPT_DORA, OPT_TYING
 };
 
 static const ft_cli_option options[] = {
@@ -60,6 +66,7 @@ static const ft_cli_option options[] = {
     {"--seed", 0, FT_CLI_VALUE, OPT_SEED},
     {"--modules-to-save", 0, FT_CLI_VALUE, OPT_MTS},
     {"--dora", 0, FT_CLI_FLAG, OPT_DORA},
+    {"--ensure-weight-tying", 0, FT_CLI_VALUE, OPT_TYING},
     {NULL, 0, 0, 0},
 };
 
@@ -112,6 +119,12 @@ int main(int argc, char **argv)
             break;
         case OPT_MTS:
             saved = val;
+            break;
+        case OPT_TYING:
+            if (strcmp(val, "true") != 0 && strcmp(val, "false") != 0)
+                return usage_error("--ensure-weight-tying: '%s' is not true or false", val);
+            c.weight_tying_set = true;
+            c.ensure_weight_tying = strcmp(val, "true") == 0;
             break;
         case OPT_SEED:
             if (ft_parse_u64(val, 0, UINT64_MAX, &seed))

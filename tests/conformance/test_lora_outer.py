@@ -22,6 +22,7 @@ twice): refused naming ensure_weight_tying; so is LoRA there beside modules_to_s
 them: test_dora.py. ft-merge: test_tools_peft.py."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -270,6 +271,34 @@ def test_outer_lora_init_tied(store, tmp_path):
     held = held_adapter(pm)
     assert set(held) == set(t), sorted(set(held) ^ set(t))
     ids, _ = ftref.make_batch(96, 2, 12, 0)
+    ftref.assert_close("lora-init logits", ftref.hf_forward(pm, ids)[0],
+                       ftref.hf_forward(ftref.load_hf(model_dir), ids)[0], ftref.TOL_LOGITS)
+
+
+@pytest.mark.parametrize("tying", ["true", "false"])
+def test_outer_lora_init_weight_tying(store, tmp_path, tying):
+    """ft-lora-init --ensure-weight-tying on a tied model: true gives PEFT's tied pair (the
+    head's the embedding's transposed: PEFT's init of the head, A kaiming-uniform, B = 0,
+    fills both), false a pair each; loading in PEFT with every key used, the base's
+    logits."""
+    exe = ftref.tool_exe("FT_LORA_INIT", "ft-lora-init")
+    model_dir = store.model("tied")
+    out = tmp_path / "adapter"
+    ftref.run_tool([exe, "--model", model_dir, "--out", out, "--r", 4, "--target",
+                    "q_proj,embed_tokens,lm_head", "--ensure-weight-tying", tying])
+    cfg = json.loads((out / "adapter_config.json").read_text())
+    assert cfg["ensure_weight_tying"] is (tying == "true")
+    t = load_file(str(out / "adapter_model.safetensors"))
+    eb = t["base_model.model.model.embed_tokens.lora_embedding_B"]
+    ha = t["base_model.model.lm_head.lora_A.weight"]
+    assert torch.equal(eb.T, ha) == (tying == "true")
+    assert float(ha.abs().max()) <= 1 / math.sqrt(32)
+    pm = load_peft_checked(model_dir, out)
+    held = held_adapter(pm)
+    assert set(held) == set(t), sorted(set(held) ^ set(t))
+    for k, v in t.items():
+        assert torch.equal(held[k], v), k
+    ids, _ = ftref.make_batch(64, 2, 12, 0)
     ftref.assert_close("lora-init logits", ftref.hf_forward(pm, ids)[0],
                        ftref.hf_forward(ftref.load_hf(model_dir), ids)[0], ftref.TOL_LOGITS)
 
