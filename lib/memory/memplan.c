@@ -642,6 +642,11 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
                                 "or lm_head beside modules_to_save on a model with tied word "
                                 "embeddings is not supported");
         }
+        /* tied, ensure_weight_tying true: the embedding's pair and the head's (its
+         * transpose), whichever was named (lib/model/model.c lora_layers) */
+        if (mc->tie_word_embeddings && (lc.targets & FT_LORA_OUTER) &&
+            cfg->tuning.lora.ensure_weight_tying == FT_CFG_TYING_TRUE)
+            lc.targets |= FT_LORA_OUTER;
         /* tied, ensure_weight_tying false: a copy of each listed module, the model
          * untied (lib/model/model.c untie_head) */
         if (mc->tie_word_embeddings && lc.modules_to_save &&

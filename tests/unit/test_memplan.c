@@ -400,6 +400,8 @@ static void test_cpu_bias_and_tied_equal_measured(void)
     sweep(tied_dir, "lora", "lm_head", "0");
     sweep_with(tied_dir, "lora", "v_proj,embed_tokens,lm_head", "0.1",
                "tuning.lora.use_dora=true");
+    /* ensure_weight_tying: the head's pair the embedding's, whichever is named */
+    sweep_with(tied_dir, "lora", "v_proj,lm_head", "0", "tuning.lora.ensure_weight_tying=true");
     sweep(qwen_dir, "lora", "k_proj,o_proj,up_proj", "0.05");
     sweep(qwen_dir, "full", "all-linear", "0.05");
 }
