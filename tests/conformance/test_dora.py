@@ -83,7 +83,7 @@ def _train(model_name, variant):
 TRAIN_RUNS = [("llama_gqa", "dora_no_k", 4), ("qwen2", "dora_no_k", 3),
               ("phi3", "dora_no_qkv", 1), ("gemma", "dora_no_k", 2),
               ("llama_gqa", "dora_outer_no_k", 4), ("tied", "dora_outer_no_k", 1),
-              ("gemma", "dora_outer_no_k", 2), ("phi4_mini", "dora_outer_no_qkv", 1)]
+              ("gemma", "dora_outer_no_k", 2), ("phi4_mini", "dora_outer_no_qkv", 2)]
 
 
 def held_adapter(pm, base_layers=False):

@@ -78,8 +78,8 @@ def test_mts_grads(case):
 # the random adapter values picks a well-conditioned draw (see test_train.py)
 TRAIN_RUNS = [("llama_gqa", "mts_both_no_k", 4), ("qwen2", "mts_both_no_k", 3),
               ("phi3", "mts_both_no_qkv", 1), ("tied", "mts_tie_no_k", 1),
-              ("gemma", "mts_tie_no_k", 1), ("tied", "mts_both_no_k", 1),
-              ("gemma", "mts_both_no_k", 1), ("smollm3", "mts_head_no_k", 1)]
+              ("gemma", "mts_tie_no_k", 1), ("tied", "mts_both_no_k", 3),
+              ("gemma", "mts_both_no_k", 2), ("smollm3", "mts_head_no_k", 2)]
 
 
 # max_grad_norm below each run's gradient norms, so that clipping acts (test_reference.py
