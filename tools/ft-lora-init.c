@@ -10,6 +10,7 @@
 #include <float.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 static const char usage[] =
     "usage: ft-lora-init --model DIR --out DIR [options]\n"
@@ -26,13 +27,20 @@ static const char usage[] =
     "  --dropout X        lora_dropout, in [0, 1) (default 0.05)\n"
     "  --target LIST      modules, comma-separated (q_proj,k_proj,v_proj,o_proj,gate_proj,\n"
     "                     up_proj,down_proj; phi3: qkv_proj,o_proj,gate_up_proj,down_proj)\n"
-    "                     or all-linear (default all-linear)\n"
+    "                     or all-linear (default all-linear); also embed_tokens and lm_head\n"
+    "                     (tied embeddings: each its own pair, ensure_weight_tying false)\n"
     "  --rslora           rank-stabilised scaling alpha/sqrt(r) instead of alpha/r\n"
     "  --dora             DoRA (PEFT's use_dora): a magnitude per output row, starting at\n"
     "                     the row norms of the base weight\n"
     "  --modules-to-save LIST  embed_tokens and/or lm_head, comma-separated: trained in\n"
     "                     full beside the pairs (PEFT's modules_to_save; the adapter holds\n"
-    "                     the base's weights for them; not with tied embeddings)\n"
+    "                     the base's weights for them; tied embeddings: the one\n"
+    "                     embedding, shared by the head, ensure_weight_tying true)\n"
+    "  --ensure-weight-tying true|false  PEFT's ensure_weight_tying, on a model with tied\n"
+    "                     embeddings (default: true with --modules-to-save, false with\n"
+    "                     embed_tokens / lm_head targets): true keeps the embedding and\n"
+    "                     lm_head tied (one copy; the head's pair the embedding's), false\n"
+    "                     apart (a copy of each listed module; a pair each)\n"
     "  --seed N           seed of A's init (default 42)\n"
     "  --help             print this help\n";
 
@@ -43,7 +51,7 @@ static int usage_error(const char *fmt, const char *arg)
 
 enum {
     OPT_HELP, OPT_RSLORA, OPT_MODEL, OPT_OUT, OPT_R, OPT_ALPHA, OPT_DROPOUT, OPT_TARGET,
-    OPT_SEED, OPT_MTS, OPT_DORA
+    OPT_SEED, OPT_MTS, OPT_DORA, OPT_TYING
 };
 
 static const ft_cli_option options[] = {
@@ -58,6 +66,7 @@ static const ft_cli_option options[] = {
     {"--seed", 0, FT_CLI_VALUE, OPT_SEED},
     {"--modules-to-save", 0, FT_CLI_VALUE, OPT_MTS},
     {"--dora", 0, FT_CLI_FLAG, OPT_DORA},
+    {"--ensure-weight-tying", 0, FT_CLI_VALUE, OPT_TYING},
     {NULL, 0, 0, 0},
 };
 
@@ -110,6 +119,12 @@ int main(int argc, char **argv)
             break;
         case OPT_MTS:
             saved = val;
+            break;
+        case OPT_TYING:
+            if (strcmp(val, "true") != 0 && strcmp(val, "false") != 0)
+                return usage_error("--ensure-weight-tying: '%s' is not true or false", val);
+            c.weight_tying_set = true;
+            c.ensure_weight_tying = strcmp(val, "true") == 0;
             break;
         case OPT_SEED:
             if (ft_parse_u64(val, 0, UINT64_MAX, &seed))

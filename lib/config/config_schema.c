@@ -76,7 +76,8 @@ static const ft_cfg_key schema[] = {
      "qkv_proj,o_proj,gate_up_proj,down_proj; mixtral: q_proj,k_proj,v_proj,o_proj, gate "
      "(the router), w1 with w3, w2 (the experts), as PEFT's target_parameters, with dropout "
      "0), or all-linear; also embed_tokens and lm_head "
-     "(LoRA on the embedding and the head, as PEFT's; not with tied embeddings)",
+     "(LoRA on the embedding and the head, as PEFT's; tied embeddings: each its own pair, "
+     "as PEFT without ensure_weight_tying)",
      NULL},
     {KEY(tuning.lora.rslora), FT_CFG_BOOL, "false", NULL, false, NONE, NONE,
      "rank-stabilised scaling", NULL},
@@ -88,6 +89,15 @@ static const ft_cfg_key schema[] = {
      "modules trained in full beside the LoRA pairs and saved in the adapter, as PEFT's "
      "modules_to_save: embed_tokens, lm_head or both, comma-separated (tied embeddings: the "
      "one embedding, shared by the head, as PEFT's ensure_weight_tying)",
+     NULL},
+    {KEY(tuning.lora.ensure_weight_tying), FT_CFG_ENUM, "auto", CHOICES("auto", "true", "false"),
+     false, NONE, NONE,
+     "PEFT's ensure_weight_tying, on a model with tied word embeddings: true keeps the "
+     "embedding and lm_head tied in the adapter (modules_to_save: one trained copy shared by "
+     "both; LoRA on embed_tokens / lm_head: the head's pair is the embedding's, transposed; "
+     "dist.strategy ddp or one process), false trains them apart (modules_to_save: a copy of "
+     "each listed module, which unties the model; LoRA: a pair of each module's own); auto: "
+     "true with modules_to_save, false with LoRA on them",
      NULL},
     {KEY(tuning.lora.init_adapter), FT_CFG_STRING, "", NULL, false, NONE, NONE,
      "PEFT adapter dir to start from (e.g. made by ft-lora-init); r, alpha and targets must match",

@@ -64,6 +64,13 @@ typedef enum ft_cfg_device {
     FT_CFG_DEVICE_CUDA
 } ft_cfg_device;
 
+/* tuning.lora.ensure_weight_tying */
+typedef enum ft_cfg_tying {
+    FT_CFG_TYING_AUTO = 0,
+    FT_CFG_TYING_TRUE,
+    FT_CFG_TYING_FALSE
+} ft_cfg_tying;
+
 /* train.eval_strategy */
 typedef enum ft_eval_strategy { FT_EVAL_NO = 0, FT_EVAL_STEPS, FT_EVAL_EPOCH } ft_eval_strategy;
 
@@ -142,6 +149,7 @@ typedef struct ft_tuning_section {
         bool rslora;
         bool use_dora;
         char modules_to_save[FT_CFG_LIST_MAX];
+        ft_cfg_tying ensure_weight_tying;
         char init_adapter[FT_CFG_PATH_MAX];
     } lora;
 } ft_tuning_section;

@@ -199,6 +199,20 @@ int ft_engine_new(ft_engine **out, ft_comm *comm, const char *model_dir,
         return -1;
     }
     const ft_model_config *mc = ft_model_cfg(e->m);
+    /* the two pairs of one tied storage step together (lib/model/tied_lora.c): on a
+     * whole replica's buffer */
+    if (ft_model_tied_lora(e->m) &&
+        ((o->strategy != FT_STRATEGY_NONE && o->strategy != FT_STRATEGY_DDP) ||
+         o->offload_optimizer)) {
+        ft_fail(err, "LoRA on embed_tokens / lm_head of a model with tied word embeddings "
+                     "under ensure_weight_tying (the head's pair the embedding's) is supported "
+                     "with dist.strategy ddp (or one process), without offload_optimizer, "
+                     "not with %s%s",
+                ft_strategy_name(o->strategy), o->offload_optimizer ? " and offloading" : "");
+        ft_model_free(e->m);
+        free(e);
+        return -1;
+    }
     if (mc->num_experts > 0 && mc->output_router_logits) {
         /* the load-balancing loss of the step's whole micro-batch and of every layer (the
          * model keeps one forward's statistics and real rows: one activation slot) */
@@ -369,7 +383,10 @@ static int update(ft_engine *e, float lr, float coef, ft_err *err)
         if (ft_copy_bytes(params, e->dev, e->host_master, FT_DEV_CPU, bytes, err))
             return -1;
     } else {
+        /* (a tied pair under ensure_weight_tying: whole replicas only, checked at setup) */
+        ft_model_tied_lora_before_step(e->m, params);
         ft_optimizer_step(&e->opt, params, grad, lr, coef);
+        ft_model_tied_lora_after_step(e->m, params, lr, e->opt.hp.weight_decay);
     }
     int rc = 0;
     switch (e->o.strategy) {
@@ -560,10 +577,15 @@ typedef struct gathered {
     float *params, *m, *v;
     bool own_params, own_moments;
     ft_device moments_dev; /* where m and v are */
+    /* the frozen weights of the embedding's and the head's units (the first and the last;
+     * compute dtype, on the host) where no rank holds them whole: gather_vocab_frozen */
+    void *vocab_frozen[2];
 } gathered;
 
 static void gathered_free(gathered *g)
 {
+    for (int i = 0; i < 2; i++)
+        ft_free(&g->scratch, g->vocab_frozen[i]);
     if (g->own_params)
         ft_free(&g->scratch, g->params);
     if (g->own_moments) {
@@ -615,6 +637,70 @@ static int gather_all(ft_engine *e, gathered *g, bool moments, ft_err *err)
                : 0;
 }
 
+/* Frozen elements [b, end) of the base (compute dtype) onto rank 0's host buffer dst,
+ * each from the rank whose frozen shard (fshard: zero3 / fsdp's balanced ranges in
+ * shard_frozen, model parallelism's stages in frozen) holds it. */
+static int gather_frozen_range(ft_engine *e, size_t b, size_t end, char *dst, ft_err *err)
+{
+    enum { TAG = 79 };
+    bool z3 = e->o.strategy == FT_STRATEGY_ZERO3 || e->o.strategy == FT_STRATEGY_FSDP;
+    const char *mine = z3 ? (const char *)e->shard_frozen : (const char *)e->frozen;
+    ft_device dev = z3 ? engine_param_dev(e) : e->dev;
+    size_t es = e->cesize;
+    for (int r = 0; r < e->world; r++) {
+        size_t lo = b > e->fshard[r] ? b : e->fshard[r];
+        size_t hi = end < e->fshard[r + 1] ? end : e->fshard[r + 1];
+        if (lo >= hi || (r != e->rank && e->rank != 0))
+            continue;
+        size_t bytes = (hi - lo) * es;
+        if (r != e->rank) { /* rank 0 receives */
+            if (ft_comm_recv(e->comm, dst + (lo - b) * es, bytes, FT_COMM_BYTE, r, TAG, err))
+                return -1;
+            continue;
+        }
+        const char *src = mine + (lo - e->fshard[r]) * es;
+        if (r == 0) {
+            if (ft_copy_bytes(dst + (lo - b) * es, FT_DEV_CPU, src, dev, bytes, err))
+                return -1;
+            continue;
+        }
+        char *staged = dev == FT_DEV_CPU ? NULL : malloc(bytes);
+        if (dev != FT_DEV_CPU && !staged)
+            return ft_fail(err, "out of host memory staging %zu bytes", bytes);
+        int rc = staged ? ft_copy_bytes(staged, FT_DEV_CPU, src, dev, bytes, err) : 0;
+        if (rc == 0)
+            rc = ft_comm_send(e->comm, staged ? staged : src, bytes, FT_COMM_BYTE, 0, TAG, err);
+        free(staged);
+        if (rc)
+            return -1;
+    }
+    return 0;
+}
+
+/* The frozen weights of the first and the last unit (the embedding, the head: what an
+ * adapter saves of the base, the base_layer weights of LoRA on them, a resized
+ * vocabulary's tensors) on rank 0, for a save: bound there by bind_gathered. zero2 holds
+ * them whole; zero3, fsdp and model parallelism are gathered (a collective). */
+static int gather_vocab_frozen(ft_engine *e, gathered *g, ft_err *err)
+{
+    bool sharded = e->o.strategy == FT_STRATEGY_ZERO3 || e->o.strategy == FT_STRATEGY_FSDP ||
+                   is_pipeline(e);
+    if (e->whole || !sharded)
+        return 0;
+    for (int i = 0; i < 2; i++) {
+        int u = i == 0 ? 0 : e->n_units - 1;
+        size_t b = e->fb[u], end = e->fb[u + 1];
+        if (end == b)
+            continue;
+        if (e->rank == 0 &&
+            !(g->vocab_frozen[i] = ft_alloc(&g->scratch, FT_MEM_WEIGHTS, (end - b) * e->cesize)))
+            return ft_fail(err, "out of memory gathering unit %d's frozen weights", u);
+        if (gather_frozen_range(e, b, end, g->vocab_frozen[i], err))
+            return -1;
+    }
+    return 0;
+}
+
 /* rank 0's rc to every rank */
 static int agree(ft_engine *e, int rc, const char *what, ft_err *err)
 {
@@ -632,8 +718,19 @@ static int agree(ft_engine *e, int rc, const char *what, ft_err *err)
 /* Points the model at the gathered weights for a save (a whole replica is there already). */
 static void bind_gathered(ft_engine *e, gathered *g)
 {
-    if (!e->whole)
-        ft_model_bind_all(e->m, (ft_unit_bufs){.master = g->params});
+    if (e->whole)
+        return;
+    ft_model_bind_all(e->m, (ft_unit_bufs){.master = g->params});
+    /* the embedding's and the head's frozen weights: gathered, or zero2's whole buffer */
+    for (int i = 0; i < 2; i++) {
+        int u = i == 0 ? 0 : e->n_units - 1;
+        void *frozen = g->vocab_frozen[i];
+        if (!frozen && e->frozen && !is_pipeline(e) && e->o.strategy == FT_STRATEGY_ZERO2)
+            frozen = engine_at(e, e->frozen, e->fb[u]);
+        if (frozen)
+            ft_model_bind_unit(e->m, u, (ft_unit_bufs){.master = g->params + e->ub[u],
+                                                       .frozen = (float *)frozen});
+    }
 }
 
 int ft_engine_save_checkpoint(ft_engine *e, const char *run_dir, const ft_train_state *st,
@@ -642,6 +739,8 @@ int ft_engine_save_checkpoint(ft_engine *e, const char *run_dir, const ft_train_
 {
     gathered g;
     int rc = gather_all(e, &g, true, err);
+    if (rc == 0)
+        rc = gather_vocab_frozen(e, &g, err);
     if (rc == 0 && e->rank == 0) {
         ft_optimizer whole = e->opt;
         whole.n = e->n_train;
@@ -661,6 +760,8 @@ int ft_engine_save_weights(ft_engine *e, const char *dir, const char *base_model
 {
     gathered g;
     int rc = gather_all(e, &g, false, err);
+    if (rc == 0)
+        rc = gather_vocab_frozen(e, &g, err);
     if (rc == 0 && e->rank == 0) {
         bind_gathered(e, &g);
         rc = ft_checkpoint_save_weights(dir, e->m, base_model, err);

@@ -450,6 +450,7 @@ int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
         goto out;
     }
     c->ensure_weight_tying = v && json_is_true(v);
+    c->weight_tying_set = true; /* (PEFT's default when absent: false) */
     v = json_object_get(root, "layers_to_transform");
     if (json_is_integer(v)) {
         if (layer_index(v, path, c, err))

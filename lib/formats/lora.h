@@ -110,10 +110,15 @@ typedef struct ft_lora_config {
      * pair under experts.base_layer.lora_A/B when down_proj is targeted too (PEFT nests
      * the down_proj wrapper around it). */
     unsigned target_params;
-    /* PEFT's ensure_weight_tying: on a model with tied embeddings, one trainable copy
-     * shared by the embedding and the head (saved under both keys). Without it PEFT
-     * unties them (separate copies), which is not implemented. */
+    /* PEFT's ensure_weight_tying, on a model with tied embeddings: modules_to_save trains
+     * one copy shared by the embedding and the head (saved under both keys), LoRA on them
+     * gives the head the embedding's pair (lib/model/tied_lora.c). Without it PEFT trains
+     * a copy of each listed module, which unties the model (lib/model/model.c
+     * untie_head), and puts a pair of its own on each. */
     bool ensure_weight_tying;
+    /* ensure_weight_tying was given (an adapter's config; a run config's true or false):
+     * else a run config's auto, which ties a tied model's modules_to_save */
+    bool weight_tying_set;
     /* DoRA (PEFT's use_dora): each pair's layer computes
      * y = b + (m / ||W + s B A||_row) (x W^T + s dropout(x) A^T B^T) with a trainable
      * magnitude m [out] (key <module>.lora_magnitude_vector), the norm taken as a constant

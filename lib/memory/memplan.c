@@ -157,6 +157,8 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora, unsi
     if (outer & FT_LORA_EMBED) { /* lora_embedding_A [r, V], _B [C, r] */
         add_tensor(p, 0, (size_t)r_lora * V, true, false, 0, 0);
         add_tensor(p, 0, C * (size_t)r_lora, true, false, 0, 0);
+        if (dora) /* lora_magnitude_vector [C] */
+            add_tensor(p, 0, C, true, false, 0, 0);
     }
     for (size_t l = 0; l < L; l++) {
         int unit = (int)l + 1;
@@ -228,12 +230,15 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora, unsi
     if (outer & FT_LORA_HEAD) { /* lm_head's lora_A [r, C], lora_B [V, r] */
         add_tensor(p, (int)L + 1, (size_t)r_lora * C, true, false, 0, 0);
         add_tensor(p, (int)L + 1, V * (size_t)r_lora, true, false, 0, 0);
+        if (dora) /* lora_magnitude_vector [V] */
+            add_tensor(p, (int)L + 1, V, true, false, 0, 0);
     }
 }
 
 /* The activations of a tuning run: LoRA rank, targets and dropout. */
 typedef struct act_spec {
-    bool grad_ckpt, lora, lora_dropout, dora, outer;
+    bool grad_ckpt, lora, lora_dropout, dora;
+    unsigned outer; /* FT_LORA_EMBED, FT_LORA_HEAD */
     int r_lora;
     int loss_chunk; /* ft_model_options.loss_chunk_rows */
     unsigned lora_union;
@@ -376,9 +381,16 @@ static void count_activations(const ft_model_config *c, size_t N, const act_spec
         ws->tensor += xbs + M * xdh;
         ws->stat += xbs;
         if (sp->dora) { /* dora_w, dora_g, dora_inv, dora_t, dora_d (lib/model/dora.c) */
-            size_t out, wn;
+            size_t out, wn, o2, w2, t2;
             ft_dora_scratch_dims(c, sp->lora_union, &out, &wn);
-            ws->tensor += wn + 2 * N * out;
+            size_t tn = N * out;
+            /* and on the embedding / head (dora_outer.c; model.c's dora_t_elems) */
+            ft_dora_scratch_outer(c, sp->outer, N, ft_loss_chunk_rows(sp->loss_chunk, V, N),
+                                  &o2, &w2, &t2);
+            out = o2 > out ? o2 : out;
+            wn = w2 > wn ? w2 : wn;
+            tn = t2 > tn ? t2 : tn;
+            ws->tensor += wn + 2 * tn;
             ws->stat += 2 * out;
         }
     }
@@ -614,6 +626,7 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
 
     /* LoRA as the trainer sets it up (lib/run/trainer.c setup_model, lib/model/model.c setup_lora) */
     ft_lora_config lc = {0};
+    ft_model_config untied; /* the model an adapter's untied copies make (below) */
     unsigned *mask = calloc((size_t)mc->num_layers ? (size_t)mc->num_layers : 1, sizeof *mask);
     unsigned lora_union = 0;
     if (!mask)
@@ -651,12 +664,6 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
             return ft_fail(err, "config: tuning.lora.target_modules selects no linear layer of "
                                 "this model");
         }
-        if ((lc.targets & FT_LORA_OUTER) && mc->tie_word_embeddings) {
-            free(mask);
-            return ft_fail(err, "config: key 'tuning.lora.target_modules': LoRA on embed_tokens "
-                                "or lm_head of a model with tied word embeddings is not "
-                                "supported");
-        }
         if (ft_lora_modules_to_save_parse(cfg->tuning.lora.modules_to_save,
                                           &lc.modules_to_save, err)) {
             free(mask);
@@ -667,6 +674,27 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
         if (cfg->model.add_special_tokens[0] && strcmp(cfg->model.add_special_tokens, "[]") &&
             !cfg->tuning.lora.init_adapter[0])
             lc.modules_to_save = ft_added_tokens_saved_modules(&lc, mc->tie_word_embeddings);
+        /* (tied: the pairs are each module's own, over the one embedding, as model.c has
+         * them; beside modules_to_save refused there) */
+        if ((lc.targets & FT_LORA_OUTER) && mc->tie_word_embeddings && lc.modules_to_save) {
+            free(mask);
+            return ft_fail(err, "config: key 'tuning.lora.target_modules': LoRA on embed_tokens "
+                                "or lm_head beside modules_to_save on a model with tied word "
+                                "embeddings is not supported");
+        }
+        /* tied, ensure_weight_tying true: the embedding's pair and the head's (its
+         * transpose), whichever was named (lib/model/model.c lora_layers) */
+        if (mc->tie_word_embeddings && (lc.targets & FT_LORA_OUTER) &&
+            cfg->tuning.lora.ensure_weight_tying == FT_CFG_TYING_TRUE)
+            lc.targets |= FT_LORA_OUTER;
+        /* tied, ensure_weight_tying false: a copy of each listed module, the model
+         * untied (lib/model/model.c untie_head) */
+        if (mc->tie_word_embeddings && lc.modules_to_save &&
+            cfg->tuning.lora.ensure_weight_tying == FT_CFG_TYING_FALSE) {
+            untied = *mc;
+            untied.tie_word_embeddings = false;
+            mc = &untied;
+        }
         /* tied: one copy, the embedding, shared by the head (lib/model/model.c) */
         lc.modules_to_save = ft_lora_saved_modules(&lc, mc->tie_word_embeddings);
     }
@@ -743,7 +771,7 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
     /* activations and backward scratch */
     act_counts act, ws;
     act_spec sp = {.grad_ckpt = r->grad_ckpt, .lora = lora, .lora_dropout = lora && lc.dropout > 0,
-                   .dora = lora && lc.dora, .outer = lora && (lc.targets & FT_LORA_OUTER),
+                   .dora = lora && lc.dora, .outer = lora ? lc.targets & FT_LORA_OUTER : 0,
                    .r_lora = lc.r, .lora_union = lora_union, .lora_params = lc.target_params,
                    .loss_chunk = ft_memplan_loss_chunk(&cfg->train)};
     r->pref = cfg->train.objective != FT_CFG_OBJECTIVE_SFT;

@@ -40,10 +40,20 @@ static ft_param *embedding_base_layer(ft_model *m, const char *key)
                  FT_LORA_EMBED},
                 {PEFT_PREFIX "lm_head.base_layer.weight", "lm_head.weight", FT_LORA_HEAD}};
     for (size_t i = 0; i < sizeof mods / sizeof mods[0]; i++)
-        if ((m->opt.lora.targets & mods[i].bit) && strcmp(key, mods[i].key) == 0)
-            return ft_model_find_param(m, mods[i].name);
+        if ((m->opt.lora.targets & mods[i].bit) && strcmp(key, mods[i].key) == 0) {
+            ft_param *p = ft_model_find_param(m, mods[i].name);
+            /* tied: the head's base layer is the embedding (PEFT wraps the one tensor) */
+            if (!p && m->cfg.tie_word_embeddings && mods[i].bit == FT_LORA_HEAD)
+                p = ft_model_find_param(m, "model.embed_tokens.weight");
+            return p;
+        }
     return NULL;
 }
+
+/* The adapter keys of the embedding's and the head's base layers, in the order PEFT's
+ * loading fills the model (module order: on a tied model the head's is the one kept). */
+static const char *const base_layer_keys[2] = {PEFT_PREFIX "model.embed_tokens.base_layer.weight",
+                                               PEFT_PREFIX "lm_head.base_layer.weight"};
 
 /* A tied model's trained embedding (ensure_weight_tying): PEFT saves the one copy under
  * the head's key too. */
@@ -203,10 +213,19 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
                        dir, params_names(cfg.target_params, have_p, sizeof have_p),
                        params_names(want->target_params, want_p, sizeof want_p));
     bool tied = m->cfg.tie_word_embeddings;
+    if (tied && (want->targets & FT_LORA_OUTER) &&
+        cfg.ensure_weight_tying != want->ensure_weight_tying)
+        return ft_fail(err, "%s/adapter_config.json: key 'ensure_weight_tying' (%s) differs from "
+                            "the model's LoRA settings (%s): with LoRA on embed_tokens / lm_head "
+                            "of a tied model it says whether the head's pair is the "
+                            "embedding's",
+                       dir, cfg.ensure_weight_tying ? "true" : "false",
+                       want->ensure_weight_tying ? "true" : "false");
     if (tied && cfg.modules_to_save && !cfg.ensure_weight_tying)
         return ft_fail(err, "%s/adapter_config.json: key 'modules_to_save' on a model with tied "
-                            "word embeddings without ensure_weight_tying: PEFT then unties them, "
-                            "which is not supported",
+                            "word embeddings without ensure_weight_tying (PEFT then trains "
+                            "separate copies, untying them) differs from the model's LoRA "
+                            "settings (ensure_weight_tying: one copy shared by both)",
                        dir);
     if (ft_lora_saved_modules(&cfg, tied) != want->modules_to_save) {
         char have[64], need[64];
@@ -240,17 +259,20 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
         }
     }
     /* the embedding's and the head's base weights, where the adapter holds them */
-    for (size_t i = 0; i < ft_ckpt_count(ck) && rc == 0; i++) {
-        const ft_st_tensor *t = ft_ckpt_at(ck, i);
-        ft_param *p = embedding_base_layer(m, t->name);
-        if (!p || p->is_lora || (unit >= 0 && p->unit != unit))
+    for (size_t i = 0; i < 2 && rc == 0; i++) {
+        const ft_st_tensor *t = ft_ckpt_find(ck, base_layer_keys[i]);
+        ft_param *p = t ? embedding_base_layer(m, t->name) : NULL;
+        if (!p || p->is_lora)
             continue;
         if (t->ndim != 2 || t->shape[0] != p->shape[0] || t->shape[1] != p->shape[1])
             rc = shape_error(m, t, t->name, p, err);
-        else if (p->data)
-            rc = ft_model_param_from_st(m, p, t, err);
+        /* (known to every rank of a strategy that reads a unit each, the one saving too) */
         if (rc == 0)
-            m->outer_base_read |= p->unit == 0 ? FT_LORA_EMBED : FT_LORA_HEAD;
+            m->outer_base_read |= i == 0 ? FT_LORA_EMBED : FT_LORA_HEAD;
+        if (unit >= 0 && p->unit != unit)
+            continue;
+        if (rc == 0 && p->data)
+            rc = ft_model_param_from_st(m, p, t, err);
         filled |= vocab_bit(p);
     }
     /* a resized vocabulary's embedding and head saved in full (not tied again) */
@@ -283,6 +305,10 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
             rc = ft_fail(err, "%s: unexpected adapter tensor '%s'", t->file, t->name);
     }
     ft_ckpt_close(ck);
+    /* tied pairs (ensure_weight_tying): PEFT's loading fills the one storage from the
+     * head's keys last (a unit-by-unit read syncs once the head's unit is in) */
+    if (rc == 0 && unit < 0)
+        rc = ft_model_tied_lora_sync(m, err);
     return rc;
 }
 
@@ -314,21 +340,17 @@ int ft_model_save_adapter(ft_model *m, const char *dir, const char *base_model, 
     /* The base weights of the embedding and the head that carry LoRA, when an adapter's
      * base_layer replaced them (PEFT writes them always; without them PEFT keeps the base
      * model's own, which are then the same). */
-    static const char *const bases[][2] = {
-        {"model.embed_tokens.weight", PEFT_PREFIX "model.embed_tokens.base_layer.weight"},
-        {"lm_head.weight", PEFT_PREFIX "lm_head.base_layer.weight"}};
     for (size_t i = 0; i < 2 && rc == 0; i++) {
-        ft_param *p = ft_model_find_param(m, bases[i][0]);
-        if (!p || embedding_base_layer(m, bases[i][1]) != p ||
-            !(m->outer_base_read & (i == 0 ? FT_LORA_EMBED : FT_LORA_HEAD)))
+        ft_param *p = embedding_base_layer(m, base_layer_keys[i]);
+        if (!p || !(m->outer_base_read & (i == 0 ? FT_LORA_EMBED : FT_LORA_HEAD)))
             continue;
         if (!p->data)
             rc = ft_fail(err, "%s: the adapter read replaced the base weight of %s "
-                              "(%s), which this distributed strategy does not hold whole to "
-                              "save it again (save with dist.strategy ddp or zero1/2)",
-                         dir, bases[i][0], bases[i][1]);
+                              "(%s), which is not bound here to save it again (a strategy "
+                              "gathers it for its save)",
+                         dir, p->name, base_layer_keys[i]);
         else
-            rc = model_param_to_writer_as(m, p, bases[i][1], w, err);
+            rc = model_param_to_writer_as(m, p, base_layer_keys[i], w, err);
     }
     /* A grown vocabulary: the embedding and the head neither trained nor targeted, in
      * full, as PEFT's save_embedding_layers writes them (a tied head: the embedding again

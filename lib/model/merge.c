@@ -25,6 +25,7 @@
 
 #include <jansson.h>
 #include <limits.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,7 +43,7 @@
  * base_model.model.<module_prefix>layers.N.<proj>.lora_A.weight, its weight
  * <ckpt_prefix>model.layers.N.<proj>.weight (model.layers.N.<proj>.weight but in a
  * multimodal gemma3: hf_config.h); or base_model.model.lm_head.lora_A.weight, its weight
- * <ckpt_prefix>lm_head.weight. */
+ * <ckpt_prefix>lm_head.weight (tied: the embedding). */
 static int find_pair(ft_model *m, const ft_param *a, ft_param **w, ft_param **b, ft_err *err)
 {
     const ft_model_config *c = ft_model_cfg(m);
@@ -62,6 +63,12 @@ static int find_pair(ft_model *m, const ft_param *a, ft_param **w, ft_param **b,
     else
         return ft_fail(err, "LoRA parameter '%s' does not follow PEFT's naming", a->name);
     *w = ft_model_find_param(m, name);
+    /* tied: the head's weight is the embedding, which then gains both deltas (PEFT's
+     * merge_and_unload adds each module's into the one tensor; transformers saves it tied) */
+    if (!*w && c->tie_word_embeddings && strcmp(path, "lm_head") == 0) {
+        snprintf(name, sizeof name, "%smodel.embed_tokens.weight", c->ckpt_prefix);
+        *w = ft_model_find_param(m, name);
+    }
     snprintf(name, sizeof name, PEFT_PREFIX "%s.lora_B.weight", path);
     *b = ft_model_find_param(m, name);
     if (!*w || !*b)
@@ -96,6 +103,32 @@ static int dora_rescale(ft_model *m, const ft_param *a, ft_param *w, ft_err *err
     return 0;
 }
 
+/* DoRA on the embedding (PEFT's DoraEmbeddingVariant merge): the columns of e (already
+ * E + s (B A)^T) times m / their norm, when the embedding's pair has a magnitude [C]. */
+static int embedding_dora_rescale(ft_model *m, ft_param *e, ft_err *err)
+{
+    ft_param *mag = ft_model_find_param(m, PEFT_PREFIX "model.embed_tokens.lora_magnitude_vector");
+    if (!mag)
+        return 0;
+    int64_t V = e->shape[0], C = e->shape[1];
+    if (mag->ndim != 1 || mag->shape[0] != C)
+        return ft_fail(err, "'%s' does not fit the embedding [%lld, %lld]", mag->name,
+                       (long long)V, (long long)C);
+    double *nrm = calloc((size_t)C, sizeof *nrm);
+    if (!nrm)
+        return ft_fail(err, "out of memory");
+    for (int64_t v = 0; v < V; v++)
+        for (int64_t c = 0; c < C; c++)
+            nrm[c] += (double)e->data[v * C + c] * e->data[v * C + c];
+    for (int64_t c = 0; c < C; c++) /* the factor in fp32, as PEFT's m / ||.|| */
+        nrm[c] = (float)(mag->data[c] / (float)sqrt(nrm[c]));
+    for (int64_t v = 0; v < V; v++)
+        for (int64_t c = 0; c < C; c++)
+            e->data[v * C + c] *= (float)nrm[c];
+    free(nrm);
+    return 0;
+}
+
 /* LoRA on the embedding (PEFT's Embedding: its delta is (B A)^T): E[v, c] += s sum_j A[j, v]
  * B[c, j], summed in double. 1 when merged, 0 when the model has none. */
 static int merge_embedding(ft_model *m, float scaling, ft_err *err)
@@ -117,7 +150,7 @@ static int merge_embedding(ft_model *m, float scaling, ft_err *err)
                 acc += (double)a->data[j * V + v] * b->data[c * r + j];
             e->data[v * C + c] += (float)(scaling * acc);
         }
-    return 1;
+    return embedding_dora_rescale(m, e, err) ? -1 : 1;
 }
 
 /* LoRA on a MoE (lora.h's target_params: PEFT's ParamWrapper layout). The router's pair
@@ -397,6 +430,10 @@ int ft_merge(const ft_merge_options *o, ft_err *err)
                                   ft_model_cfg(m)->vocab_size;
     if (resized)
         json_object_set_new(cfg_json, "vocab_size", json_integer(ft_model_cfg(m)->vocab_size));
+    /* modules_to_save without ensure_weight_tying untied a tied model: merge_and_unload
+     * sets tie_word_embeddings false and save_pretrained writes both tensors */
+    if (rc == 0 && ft_model_head_untied(m))
+        json_object_set_new(cfg_json, "tie_word_embeddings", json_false());
     if (rc == 0 && (merge_moe(m, &lc, err) ||
                     ft_merge_lora_weights(m, ft_lora_scaling(&lc), err)))
         rc = ft_fail_prefix(err, "%s", o->adapter_dir);

@@ -176,6 +176,9 @@ static int build_layout(layout *lo)
                         "base_model.model.%sembed_tokens.lora_embedding_A", mp);
         rc |= add_param(lo, 0, true, true, &m->elora_b, &m->g_elora_b, 2, C, r,
                         "base_model.model.%sembed_tokens.lora_embedding_B", mp);
+        if (m->opt.lora.dora) /* PEFT's DoraEmbeddingLayer: one magnitude per column */
+            rc |= add_param(lo, 0, true, true, &m->elora_m, &m->g_elora_m, 1, C, 0,
+                            "base_model.model.%sembed_tokens.lora_magnitude_vector", mp);
     }
     for (int l = 0; l < L; l++) {
         layer_weights *w = &m->layers[l];
@@ -253,6 +256,9 @@ static int build_layout(layout *lo)
                         "base_model.model.lm_head.lora_A.weight");
         rc |= add_param(lo, L + 1, true, true, &m->hlora_b, &m->g_hlora_b, 2, V, r,
                         "base_model.model.lm_head.lora_B.weight");
+        if (m->opt.lora.dora)
+            rc |= add_param(lo, L + 1, true, true, &m->hlora_m, &m->g_hlora_m, 1, V, 0,
+                            "base_model.model.lm_head.lora_magnitude_vector");
     }
     return rc;
 }
@@ -379,20 +385,43 @@ static int init_magnitude(ft_model *m, ft_param *p, ft_err *err)
     snprintf(name, sizeof name, "%.*s.weight",
              (int)(strlen(p->name) - strlen(pre) - strlen(suf)), p->name + strlen(pre));
     ft_param *w = ft_model_find_param(m, name);
-    if (!w || w->shape[0] != p->shape[0])
+    if (!w && m->cfg.tie_word_embeddings && strcmp(name, "lm_head.weight") == 0)
+        w = ft_model_find_param(m, "model.embed_tokens.weight"); /* the tied head's */
+    /* the embedding's (PEFT's DoraEmbeddingLayer): the norms of its columns, A = 0 */
+    bool cols = p == ft_model_find_param(m, "base_model.model.model.embed_tokens."
+                                            "lora_magnitude_vector");
+    if (!w || w->shape[cols ? 1 : 0] != p->shape[0])
         return ft_fail(err, "DoRA magnitude '%s' has no base weight '%s'", p->name, name);
     float *vals = malloc((w->numel + (size_t)p->numel) * sizeof *vals);
     if (!vals)
         return ft_fail(err, "out of memory");
     float *mag = vals + w->numel;
-    int rc = ft_model_param_get(m, w, vals, err);
-    for (int64_t r = 0; r < w->shape[0] && rc == 0; r++) {
+    int rc;
+    if (w->unit == p->unit) {
+        rc = ft_model_param_get(m, w, vals, err);
+    } else { /* the tied head's: the embedding, of a unit a strategy may not hold bound
+              * here (read a unit at a time): the checkpoint's */
+        ft_checkpoint *ck = NULL;
+        const ft_st_tensor *t = NULL;
+        rc = ft_ckpt_open(&ck, m->dir, "model", err);
+        if (rc == 0 && !(t = ft_ckpt_find(ck, w->name)))
+            rc = ft_fail(err, "%s: tensor '%s' is missing from the checkpoint", m->dir, w->name);
+        if (rc == 0 &&
+            (t->ndim != 2 || t->shape[0] != w->shape[0] || t->shape[1] != w->shape[1]))
+            rc = ft_fail(err, "%s: tensor '%s' does not fit the DoRA magnitude '%s'", m->dir,
+                         w->name, p->name);
+        if (rc == 0)
+            rc = ft_st_to_f32_finite(t, vals, w->numel, err);
+        ft_ckpt_close(ck);
+    }
+    int64_t R = w->shape[0], C = w->shape[1];
+    for (int64_t i = 0; i < (cols ? C : R) && rc == 0; i++) {
         double acc = 0.0;
-        for (int64_t c = 0; c < w->shape[1]; c++) {
-            double x = vals[r * w->shape[1] + c];
+        for (int64_t j = 0; j < (cols ? R : C); j++) {
+            double x = vals[cols ? j * C + i : i * C + j];
             acc += x * x;
         }
-        mag[r] = (float)sqrt(acc);
+        mag[i] = (float)sqrt(acc);
     }
     if (rc == 0)
         rc = ft_model_param_set(m, p, mag, err);
@@ -571,6 +600,12 @@ int model_read_weights(ft_model *m, const char *dir, int unit, ft_err *err)
         if (p->is_lora || (unit >= 0 && p->unit != unit))
             continue;
         const ft_st_tensor *t = ft_ckpt_find(ck, p->name);
+        if (m->head_untied && p->unit == m->cfg.num_layers + 1 && p->ndim == 2) {
+            /* the untied head (untie_head): a copy of the tied checkpoint's embedding */
+            char name[sizeof p->name + 32];
+            snprintf(name, sizeof name, "%smodel.embed_tokens.weight", m->cfg.ckpt_prefix);
+            t = ft_ckpt_find(ck, name);
+        }
         if (!t) {
             rc = ft_fail(err, "%s: tensor '%s' is missing from the checkpoint", dir, p->name);
             break;
@@ -646,6 +681,28 @@ int model_param_to_writer_as(ft_model *m, const ft_param *p, const char *name, f
     return ft_st_writer_add(w, name, FT_ST_F32, p->ndim, p->shape, data, err);
 }
 
+/* LoRA on the embedding or lm_head (outer) of a model with tied word embeddings. PEFT
+ * without ensure_weight_tying (its default) wraps the two modules apart: each pair is its
+ * own, over the one tied base weight (the embedding's Embedding pair, the head's Linear
+ * pair), which is what the model computes; it warns. With ensure_weight_tying PEFT gives
+ * the head the embedding's pair transposed as two more parameters on the same storage
+ * (lib/model/tied_lora.c). Refused: LoRA there beside modules_to_save (PEFT then both
+ * wraps and ties the head), and DoRA with ensure_weight_tying. */
+static int tied_outer_refused(const ft_lora_config *lc, unsigned outer, ft_err *err)
+{
+    const char *mod = outer & FT_LORA_EMBED ? "embed_tokens" : "lm_head";
+    if (lc->modules_to_save)
+        return ft_fail(err, "LoRA on %s beside modules_to_save on a model with tied word "
+                            "embeddings is not supported",
+                       mod);
+    if (lc->ensure_weight_tying && lc->dora)
+        return ft_fail(err, "DoRA (use_dora) on %s of a model with tied word embeddings with "
+                            "ensure_weight_tying true is not supported (without it, PEFT's "
+                            "default, it is)",
+                       mod);
+    return 0;
+}
+
 /* Which projections of which layers carry LoRA; checks the options. */
 static int lora_layers(ft_model *m, ft_err *err)
 {
@@ -718,37 +775,35 @@ static int lora_layers(ft_model *m, ft_err *err)
         return ft_fail(err, "DoRA (use_dora) with target_parameters is not supported");
     if (!m->lora_union && !outer && !lc->target_params)
         return ft_fail(err, "the LoRA target modules select no linear layer of this model");
-    /* (PEFT wraps the tied head and embedding apart, which unties them, and warns) */
-    if (outer && m->cfg.tie_word_embeddings)
-        return ft_fail(err, "LoRA on %s of a model with tied word embeddings "
-                            "(tie_word_embeddings true) is not supported",
-                       outer & FT_LORA_EMBED ? "embed_tokens" : "lm_head");
+    if (outer && m->cfg.tie_word_embeddings && tied_outer_refused(lc, outer, err))
+        return -1;
+    /* ensure_weight_tying there: the embedding carries the pair, lm_head the same one
+     * transposed, whichever of the two was named (PEFT's _add_targets_to_tie) */
+    if (outer && m->cfg.tie_word_embeddings && lc->ensure_weight_tying)
+        m->opt.lora.targets |= FT_LORA_OUTER;
     if ((outer & FT_LORA_EMBED) && (lc->modules_to_save & FT_SAVE_EMBED))
         return ft_fail(err, "embed_tokens is both a LoRA target and in modules_to_save");
     if ((outer & FT_LORA_HEAD) && (lc->modules_to_save & FT_SAVE_HEAD))
         return ft_fail(err, "lm_head is both a LoRA target and in modules_to_save");
-    if (outer && lc->dora)
-        return ft_fail(err, "DoRA (use_dora) on %s is not supported",
-                       outer & FT_LORA_EMBED ? "embed_tokens" : "lm_head");
-    /* PEFT (ensure_weight_tying false, its default) wraps separate trainable copies of a
-     * tied embedding and head, which unties them; with ensure_weight_tying it keeps them
-     * tied. Neither is implemented. */
+    /* PEFT with ensure_weight_tying keeps a tied embedding and head tied: one trained
+     * copy, the embedding's. Without it (PEFT's default; a run config's false) it trains
+     * separate copies, untying them: the model was untied then (untie_head). A run
+     * config's auto takes ensure_weight_tying, and the saved adapter says so. */
     if (lc->modules_to_save && m->cfg.tie_word_embeddings) {
-        /* an adapter's config must say ensure_weight_tying; settings from a run config
-         * take it (the only form implemented), and the saved adapter says so */
-        if (lc->source[0] && !lc->ensure_weight_tying)
-            return ft_fail(err, "modules_to_save (%s) on a model with tied word embeddings "
-                                "(tie_word_embeddings true) without ensure_weight_tying: PEFT "
-                                "then trains separate copies of embed_tokens and lm_head, "
-                                "untying them, which is not supported (with "
-                                "ensure_weight_tying true one copy trains, shared by both)",
-                           lc->modules_to_save & FT_SAVE_EMBED ? "embed_tokens" : "lm_head");
         m->opt.lora.modules_to_save = ft_lora_saved_modules(lc, true);
         m->opt.lora.ensure_weight_tying = true;
     }
     m->lora_scaling = ft_lora_scaling(lc);
     if (lc->dora)
         ft_dora_scratch_dims(&m->cfg, m->lora_union, &m->dora_out, &m->dora_w_n);
+    if (lc->dora && outer) {
+        size_t out, wn, tn;
+        ft_dora_scratch_outer(&m->cfg, outer, 1, 1, &out, &wn, &tn);
+        if (out > m->dora_out)
+            m->dora_out = out;
+        if (wn > m->dora_w_n)
+            m->dora_w_n = wn;
+    }
     return 0;
 }
 
@@ -821,6 +876,26 @@ static int resize_vocab(ft_model *m, ft_err *err)
     return 0;
 }
 
+/* PEFT's modules_to_save on a tied model without ensure_weight_tying (an adapter's
+ * settings, or a run config's false; its auto is ensure_weight_tying's one copy): PEFT
+ * wraps a trainable copy of each listed module, and the one not listed keeps the base
+ * tensor, so the embedding and the head are apart from the start: the model unties them,
+ * the head a copy of the embedding (model_read_weights). */
+static void untie_head(ft_model *m)
+{
+    const ft_lora_config *lc = &m->opt.lora;
+    if (m->opt.mode == FT_TRAIN_LORA && m->cfg.tie_word_embeddings && lc->modules_to_save &&
+        !lc->ensure_weight_tying && lc->weight_tying_set) {
+        m->cfg.tie_word_embeddings = false;
+        m->head_untied = true;
+    }
+}
+
+bool ft_model_head_untied(const ft_model *m)
+{
+    return m->head_untied;
+}
+
 int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, ft_err *err)
 {
     *out = NULL;
@@ -839,6 +914,7 @@ int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, 
         free(m);
         return -1;
     }
+    untie_head(m);
     const ft_quant_config qc = m->cfg.quant;
     if (qc.present) {
         m->quant = qc.opt;
@@ -907,7 +983,8 @@ int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, 
     if (!opt->unbound) {
         if (model_read_weights(m, dir, -1, err))
             goto done;
-        if (opt->mode == FT_TRAIN_LORA && init_lora(m, -1, err))
+        if (opt->mode == FT_TRAIN_LORA &&
+            (init_lora(m, -1, err) || ft_model_tied_lora_sync(m, err)))
             goto done;
     }
     rc = 0;
@@ -1057,6 +1134,18 @@ static int alloc_layer_set(ft_model *m, layer_acts *a, size_t N, int l0, int l1)
     return 0;
 }
 
+/* dora_t / dora_d: [N, out] of the block's DoRA projections, and with DoRA on the
+ * embedding or the head their rows (dora_outer.c: [N, C], the loss chunk's [R, V]). */
+static size_t dora_t_elems(const ft_model *m, size_t N)
+{
+    size_t out, w, t;
+    ft_dora_scratch_dims(&m->cfg, m->lora_union, &out, &w);
+    size_t n = N * out, V = (size_t)m->cfg.vocab_size;
+    ft_dora_scratch_outer(&m->cfg, m->opt.lora.targets & FT_LORA_OUTER, N,
+                          ft_loss_chunk_rows(m->opt.loss_chunk_rows, V, N), &out, &w, &t);
+    return t > n ? t : n;
+}
+
 int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
 {
     size_t N = (size_t)B * (size_t)T;
@@ -1144,8 +1233,8 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
         {&m->dora_w, m->dora_w_n, dora, FT_MEM_WORKSPACE, false},
         {&m->dora_g, m->dora_out, dora, FT_MEM_WORKSPACE, true},
         {&m->dora_inv, m->dora_out, dora, FT_MEM_WORKSPACE, true},
-        {&m->dora_t, NS * m->dora_out, dora, FT_MEM_WORKSPACE, false},
-        {&m->dora_d, NS * m->dora_out, dora, FT_MEM_WORKSPACE, false},
+        {&m->dora_t, dora_t_elems(m, NS), dora, FT_MEM_WORKSPACE, false},
+        {&m->dora_d, dora_t_elems(m, NS), dora, FT_MEM_WORKSPACE, false},
         {&m->lora_xh, NS * (size_t)(m->opt.lora.r > 0 ? m->opt.lora.r : 1),
          m->opt.mode == FT_TRAIN_LORA && (m->opt.lora.targets & FT_LORA_OUTER),
          FT_MEM_WORKSPACE, false},
@@ -1514,6 +1603,9 @@ int ft_model_init_unit(ft_model *m, int unit, const char *adapter_dir, ft_err *e
         if (init_lora(m, unit, err))
             return -1;
         if (adapter_dir && model_read_adapter(m, adapter_dir, unit, err))
+            return -1;
+        /* (read unit by unit in order: the head's is the last) */
+        if (unit == m->cfg.num_layers + 1 && ft_model_tied_lora_sync(m, err))
             return -1;
     }
     return 0;

@@ -411,6 +411,21 @@ int ft_model_init_unit(ft_model *m, int unit, const char *adapter_dir, ft_err *e
 
 /* The quantization of the base in force (type FT_QUANT_NONE when the base is dense). */
 ft_quant_options ft_model_quant(const ft_model *m);
+/* LoRA on embed_tokens / lm_head of a tied model with PEFT's ensure_weight_tying
+ * (lib/model/tied_lora.c): lm_head's pair is the embedding's transposed, two more
+ * parameters on one storage that torch's AdamW steps in turn. The model keeps both pairs
+ * holding the same values; an optimizer step over the whole trainable fp32 buffer params
+ * is bracketed by before_step (after the gradients) and after_step (with the step's
+ * learning rate and weight decay). sync: the embedding's pair from the head's (an
+ * adapter's values, which PEFT's loading takes from the head's keys, read last; PEFT's
+ * init, the head's). All no-ops on another model. */
+bool ft_model_tied_lora(const ft_model *m);
+int ft_model_tied_lora_sync(ft_model *m, ft_err *err);
+void ft_model_tied_lora_before_step(ft_model *m, float *params);
+void ft_model_tied_lora_after_step(ft_model *m, float *params, float lr, float weight_decay);
+/* Whether an adapter's modules_to_save without ensure_weight_tying untied the head of a
+ * model config.json ties (PEFT's separate copies; ft_model_cfg then says untied). */
+bool ft_model_head_untied(const ft_model *m);
 /* Dequantizes the quantized weights of unit (a layer) into the model's window and points
  * their params at it (valid until another unit is materialized); a no-op for units
  * without quantized weights. The window (one layer's quantized weights in the compute
@@ -439,6 +454,11 @@ int ft_model_dequantize_base(ft_model *m, ft_err *err);
  * block) carrying a pair. The model's scratch and the memory plan both size it so. */
 void ft_dora_scratch_dims(const ft_model_config *c, unsigned lora_union, size_t *max_out,
                           size_t *max_w);
+/* The same for DoRA on the embedding and / or lm_head (outer: FT_LORA_EMBED, FT_LORA_HEAD;
+ * lib/model/dora_outer.c), over N rows with the loss chunk's R: the most outputs (its
+ * factors), weight elements, and elements of each of its two row temporaries. */
+void ft_dora_scratch_outer(const ft_model_config *c, unsigned outer, size_t N, size_t R,
+                           size_t *max_out, size_t *max_w, size_t *max_t);
 
 /* Saves the LoRA weights as a PEFT adapter (adapter_config.json +
  * adapter_model.safetensors) into dir, created if needed, with the modules_to_save

@@ -143,6 +143,9 @@ struct ft_model {
      * B [V, r]); NULL when not targeted (FT_LORA_EMBED, FT_LORA_HEAD) */
     float *elora_a, *elora_b, *g_elora_a, *g_elora_b;
     float *hlora_a, *hlora_b, *g_hlora_a, *g_hlora_b;
+    /* DoRA's magnitudes there (lib/model/dora_outer.c): the embedding's [C] (its columns),
+     * the head's [V] (its rows); NULL without DoRA */
+    float *elora_m, *g_elora_m, *hlora_m, *g_hlora_m;
     unsigned outer_base_read; /* FT_LORA_EMBED / _HEAD: an adapter's base_layer weight
                                * replaced that base weight (saved again with the adapter) */
     /* An adapter made after resize_token_embeddings (opt.lora.vocab_size above
@@ -150,6 +153,11 @@ struct ft_model {
      * not resized. The checkpoint fills the first base_vocab rows of the embedding and
      * the head, the adapter all of them (model_read_adapter checks it does). */
     int64_t base_vocab;
+    /* config.json ties lm_head to the embedding, but an adapter's modules_to_save without
+     * ensure_weight_tying unties them (PEFT trains separate copies, and merges untied):
+     * cfg.tie_word_embeddings is then false and lm_head.weight is read from the
+     * checkpoint's embedding (untie_head in model.c) */
+    bool head_untied;
     layer_weights *layers;
     float *inv_freq; /* [model_rope_sets][rotary_dim/2] on the host: the RoPE frequencies,
                       * then (longrope) the long-context set or (gemma3) the sliding
@@ -329,6 +337,15 @@ typedef struct proj_view {
     float *w, *b, *lora_a, *lora_b, *lora_m, *lora_h; /* compute dtype */
     float *gw, *gb, *g_lora_a, *g_lora_b, *g_lora_m;  /* fp32, NULL when frozen */
 } proj_view;
+/* dora_outer.c: DoRA on the embedding and on lm_head (model_pass.c calls them where the
+ * pairs' LoRA is). The scratch: ft_dora_scratch_outer; the forward after embed_lora_forward
+ * rescales h0's columns; head_logits / the head's backward chunk by chunk; the embedding's
+ * backward instead of embed_lora_backward's pair gradients. */
+void dora_embed_forward(ft_model *m, int N);
+void dora_embed_backward(ft_model *m, int N);
+void dora_head_logits(ft_model *m, size_t r0, size_t rows, float alpha);
+void dora_head_backward(ft_model *m, size_t r0, size_t rows, float alpha, const float *xd,
+                        uint64_t seed);
 void dora_forward(ft_model *m, const proj_view *v, const float *x, const float *xd, float *y);
 /* xd: dropout(x) (x itself without dropout); pd, seed: the dropout applied. */
 void dora_backward(ft_model *m, const proj_view *v, const float *x, const float *xd,

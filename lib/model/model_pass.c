@@ -565,8 +565,9 @@ static int release_head(ft_model *m, ft_unit_phase ph, ft_err *err)
 {
     int L = m->cfg.num_layers;
     bool bwd = ph == FT_UNIT_BACKWARD;
-    /* a tied embedding's gradient is final only after the embedding's own backward */
-    bool embed_trains = model_embed_trains(m);
+    /* a tied embedding's gradient is final only after the embedding's own backward (so
+     * are its LoRA pair's and DoRA magnitude's, in the same unit) */
+    bool embed_trains = model_embed_trains(m) || model_embed_lora(m);
     if (m->cfg.tie_word_embeddings && release(m, 0, ph, bwd && !embed_trains, err))
         return -1;
     return release(m, L + 1, ph, bwd, err);
@@ -661,9 +662,12 @@ static void head_logits(ft_model *m, size_t r0, size_t rows)
 {
     size_t C = (size_t)m->cfg.hidden_size, V = (size_t)m->cfg.vocab_size;
     ft_tensor x = ft_slice(A_(m->lnf, (r0 + rows) * C), r0 * C, rows * C);
-    ft_linear_forward(A_(m->logits, rows * V), x, A_(m->lm_head, V * C), ft_none(), (int)rows,
-                      (int)C, (int)V, head_alpha(m), 0);
-    if (model_head_lora(m)) { /* + s (xd A^T) B^T, xd A^T in lora_xh (head_lora_h) */
+    if (model_head_lora(m) && m->opt.lora.dora)
+        dora_head_logits(m, r0, rows, head_alpha(m));
+    else
+        ft_linear_forward(A_(m->logits, rows * V), x, A_(m->lm_head, V * C), ft_none(),
+                          (int)rows, (int)C, (int)V, head_alpha(m), 0);
+    if (model_head_lora(m) && !m->opt.lora.dora) { /* + s (xd A^T) B^T, xd A^T in lora_xh */
         size_t r = (size_t)m->opt.lora.r;
         ft_linear_forward(A_(m->logits, rows * V),
                           ft_slice(A_(m->lora_xh, (r0 + rows) * r), r0 * r, rows * r),
@@ -742,6 +746,8 @@ int ft_model_forward(ft_model *m, const ft_batch *b, double *loss_sum, long *n_t
                              A_(m->embed, (size_t)V * C), N, V, C);
         if (model_embed_lora(m))
             embed_lora_forward(m, N);
+        if (model_embed_lora(m) && m->opt.lora.dora)
+            dora_embed_forward(m, N);
         if (embed_scale(m) != 1.0f) /* granite, gemma: h0 = embed * scale */
             ft_scale(A_(m->acts[0].in, nC), embed_scale(m), nC);
         if (release(m, 0, FT_UNIT_FORWARD, false, err))
@@ -826,6 +832,12 @@ int ft_model_backward(ft_model *m, float grad_scale, ft_err *err)
             /* dlogits overwrite the logits in place (w.r.t. the uncapped logits) */
             ft_tensor dlogits = A_(m->logits, rows * V);
             head_ce(m, true, r0, rows, grad_scale);
+            if (model_head_lora(m) && m->opt.lora.dora) {
+                bool drop = m->opt.lora.dropout > 0 && !m->eval_mode;
+                dora_head_backward(m, r0, rows, head_alpha(m), drop ? m->x_drop : m->lnf,
+                                   head_dropout_seed(m));
+                continue;
+            }
             ft_linear_backward(ft_slice(A_(m->d_ln, nC), r0 * C, rows * C),
                                OPTF_(m->g_lm_head, (size_t)V * C), ft_none(), dlogits,
                                ft_slice(A_(m->lnf, nC), r0 * C, rows * C),
@@ -868,7 +880,9 @@ int ft_model_backward(ft_model *m, float grad_scale, ft_err *err)
         if (model_embed_trains(m))
             ft_embedding_backward(F_(m->g_embed, (size_t)V * C), A_(m->d_h, nC), I_(m->ids, N),
                                   N, V, C, m->cfg.embed_padding_idx);
-        if (model_embed_lora(m))
+        if (model_embed_lora(m) && m->opt.lora.dora)
+            dora_embed_backward(m, N);
+        else if (model_embed_lora(m))
             embed_lora_backward(m, N);
         if (release(m, 0, FT_UNIT_BACKWARD, true, err))
             return -1;

@@ -207,6 +207,8 @@ static int setup_model(trainer *t, const ft_dist_options *dopt, ft_err *err)
         if (ft_lora_modules_to_save_parse(tu->lora.modules_to_save, &mo.lora.modules_to_save,
                                           err))
             return ft_fail_prefix(err, "config: key 'tuning.lora.modules_to_save'");
+        mo.lora.weight_tying_set = tu->lora.ensure_weight_tying != FT_CFG_TYING_AUTO;
+        mo.lora.ensure_weight_tying = tu->lora.ensure_weight_tying == FT_CFG_TYING_TRUE;
     }
     const char *adapter =
         mo.mode == FT_TRAIN_LORA && tu->lora.init_adapter[0] ? tu->lora.init_adapter : NULL;

@@ -38,7 +38,9 @@ int ft_train_step_objective(ft_model *m, ft_optimizer *o, const ft_lr_schedule *
     float lr = (float)ft_lr_at(sched, o->step);
     st->nonfinite = !isfinite(loss) || !isfinite(norm);
     if (!st->nonfinite) {
+        ft_model_tied_lora_before_step(m, params);
         ft_optimizer_step(o, params, grads, lr, coef);
+        ft_model_tied_lora_after_step(m, params, lr, o->hp.weight_decay);
         ft_model_sync_compute(m); /* the bf16 copy the next forward reads */
     }
     st->loss = loss / (double)total;

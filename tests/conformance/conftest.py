@@ -92,6 +92,17 @@ LORA_VARIANTS = {
     "dora_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                       "down_proj"], use_dora=True),
     "dora_no_qkv": dict(target_modules=["o_proj", "gate_up_proj", "down_proj"], use_dora=True),
+    # DoRA on the embedding (a magnitude per column) and on lm_head (per row)
+    "dora_outer": dict(target_modules=["q_proj", "v_proj", "embed_tokens", "lm_head"],
+                       use_dora=True),
+    "dora_outer_phi": dict(target_modules=["qkv_proj", "o_proj", "embed_tokens", "lm_head"],
+                           use_dora=True),
+    "dora_head": dict(target_modules=["o_proj", "lm_head"], use_dora=True),
+    "dora_embed": dict(target_modules=["embed_tokens", "up_proj"], use_dora=True),
+    "dora_outer_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "down_proj",
+                                            "embed_tokens", "lm_head"], use_dora=True),
+    "dora_outer_no_qkv": dict(target_modules=["o_proj", "gate_up_proj", "down_proj",
+                                              "embed_tokens", "lm_head"], use_dora=True),
     # LoRA on the embedding (lora_embedding_A/B) and on lm_head, as a list and a regex
     "outer": dict(target_modules=["q_proj", "v_proj", "embed_tokens", "lm_head"]),
     "outer_head": dict(target_modules=["o_proj", "down_proj", "lm_head"]),
@@ -103,6 +114,14 @@ LORA_VARIANTS = {
                                          "lm_head"]),
     "outer_phi": dict(target_modules=["qkv_proj", "o_proj", "gate_up_proj", "down_proj",
                                       "embed_tokens", "lm_head"]),
+    # tied models with ensure_weight_tying: the head's pair is the embedding's, transposed
+    "outer_tie": dict(target_modules=["q_proj", "v_proj", "embed_tokens", "lm_head"],
+                      ensure_weight_tying=True),
+    "outer_tie_head": dict(target_modules=["o_proj", "lm_head"], ensure_weight_tying=True),
+    "outer_tie_phi": dict(target_modules=["qkv_proj", "down_proj", "embed_tokens", "lm_head"],
+                          ensure_weight_tying=True),
+    "outer_tie_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "down_proj",
+                                           "embed_tokens", "lm_head"], ensure_weight_tying=True),
     # the embedding and/or the head trained in full beside the pairs (modules_to_save)
     "mts_head": dict(target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"]),
     "mts_embed": dict(target_modules=["q_proj", "v_proj"], modules_to_save=["embed_tokens"]),
@@ -120,6 +139,8 @@ LORA_VARIANTS = {
     "mts_both_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "gate_proj",
                                           "up_proj", "down_proj"],
                           modules_to_save=["embed_tokens", "lm_head"]),
+    "mts_head_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "gate_proj",
+                                          "up_proj", "down_proj"], modules_to_save=["lm_head"]),
     "mts_both_no_qkv": dict(target_modules=["o_proj", "gate_up_proj", "down_proj"],
                             modules_to_save=["embed_tokens", "lm_head"]),
     # Phi-3's fused modules (qkv_proj: one A, B over [q; k; v] rows; gate_up_proj likewise)

@@ -261,6 +261,117 @@ def test_outer_lora_under_strategies(work, strategy):
             "base_model.model.lm_head.lora_B.weight"} <= set(w)
 
 
+def _same_as_one_process(work, tag, model, strategy, extra):
+    """A 2-rank run under strategy equals one process (data parallel: batch 8 on one rank;
+    model parallel: the same batch); returns the run's saved adapter."""
+    dp = strategy != "model_parallel"
+    ref = work / "runs" / f"{tag}_ref_{model}_{'dp' if dp else 'mp'}"
+    if not ref.exists():
+        run(write_config(work, ref.name, model=model,
+                         **(dict(train__batch_size=8) if dp else {}), **extra))
+    name = f"np2_{tag}_{model}_{strategy}"
+    run(write_config(work, name, model=model, dist__strategy=strategy, **extra), 2)
+    assert_same_run(ref, work / "runs" / name, w_atol=5e-4)
+    return weights(work / "runs" / name)
+
+
+UNTIE = dict(MTS, tuning__lora__ensure_weight_tying="false")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero2", "zero3", "fsdp", "model_parallel"])
+def test_modules_to_save_untied_under_strategies(work, strategy):
+    """modules_to_save on the tied model without ensure_weight_tying (PEFT's separate
+    copies, the model untied): every strategy equals one process, the two copies apart."""
+    w = _same_as_one_process(work, "mts_untie", "tied", strategy, UNTIE)
+    e, h = (w["base_model.model.model.embed_tokens.weight"],
+            w["base_model.model.lm_head.weight"])
+    assert not torch.equal(e, h)
+
+
+@pytest.mark.parametrize("model,strategy", [("tied", "zero3"), ("tied", "model_parallel"),
+                                            ("model", "zero3"), ("tied", "ddp")])
+def test_dora_outer_under_strategies(work, model, strategy):
+    """DoRA on the embedding and lm_head (their magnitudes in unit 0 and the head's unit;
+    tied: the head reads the embedding): every strategy equals one process."""
+    w = _same_as_one_process(work, "dora_outer", model, strategy, dict(OUTER, **DORA))
+    assert {"base_model.model.model.embed_tokens.lora_magnitude_vector",
+            "base_model.model.lm_head.lora_magnitude_vector"} <= set(w)
+
+
+@pytest.mark.parametrize("strategy", ["zero3", "model_parallel"])
+def test_outer_tied_under_strategies(work, strategy):
+    """LoRA on the tied model's embedding and lm_head (each its own pair: ensure_weight_tying
+    auto / false): every strategy equals one process."""
+    w = _same_as_one_process(work, "outer_tied", "tied", strategy, OUTER)
+    assert not torch.equal(w["base_model.model.lm_head.lora_A.weight"].T,
+                           w["base_model.model.model.embed_tokens.lora_embedding_B"])
+
+
+TIE = dict(OUTER, tuning__lora__ensure_weight_tying="true")
+
+
+def test_outer_tied_weight_tying_ddp(work):
+    """ensure_weight_tying true (the head's pair the embedding's, one storage stepped by two
+    AdamW states): ddp equals one process and keeps the pairs equal; the strategies that
+    split the two pairs' steps are refused."""
+    w = _same_as_one_process(work, "outer_tie", "tied", "ddp", TIE)
+    assert torch.equal(w["base_model.model.lm_head.lora_A.weight"].T,
+                       w["base_model.model.model.embed_tokens.lora_embedding_B"])
+    assert torch.equal(w["base_model.model.lm_head.lora_B.weight"].T,
+                       w["base_model.model.model.embed_tokens.lora_embedding_A"])
+    out = run(write_config(work, "np2_outer_tie_zero3", model="tied", dist__strategy="zero3",
+                           **TIE), 2, check=False)
+    assert out.returncode != 0
+    assert "ensure_weight_tying" in out.stderr and "zero3" in out.stderr, out.stderr[-2000:]
+
+
+def _base_layer_adapter(work, model):
+    """A PEFT adapter for OUTER's targets whose embed_tokens / lm_head base_layer weights
+    (which PEFT saves, and its loading puts in the base) are moved off the model's own:
+    a run started from it carries them into its saved adapter."""
+    import ftref
+    from safetensors.torch import save_file
+
+    d = work / f"outer_init_{model}"
+    if d.exists():
+        return d
+    ftref.build_adapter(work / model, d, ["q_proj", "v_proj", "embed_tokens", "lm_head"], seed=7)
+    t = load_file(str(d / "adapter_model.safetensors"))
+    g = torch.Generator().manual_seed(8)
+    for k in list(t):
+        if k.endswith(".base_layer.weight"):
+            t[k] = t[k] + 0.05 * torch.randn(t[k].shape, generator=g)
+    if model == "tied":  # one tensor in the model: PEFT's loading keeps the head's
+        t["base_model.model.model.embed_tokens.base_layer.weight"] = \
+            t["base_model.model.lm_head.base_layer.weight"].clone()
+    save_file(t, str(d / "adapter_model.safetensors"), metadata={"format": "pt"})
+    return d
+
+
+@pytest.mark.parametrize("model,strategy", [("model", "zero2"), ("model", "zero3"),
+                                            ("model", "fsdp"), ("model", "model_parallel"),
+                                            ("tied", "zero3"), ("tied", "model_parallel")])
+def test_outer_base_layer_saved_under_strategies(work, model, strategy):
+    """A run started from an adapter that brought the embedding's and the head's base
+    weights (base_layer) saves them again under every strategy (gathered where no rank
+    holds them whole), equal to one process's."""
+    init = _base_layer_adapter(work, model)
+    dp = strategy != "model_parallel"
+    extra = dict(OUTER, tuning__lora__init_adapter=str(init))
+    ref = work / "runs" / f"outer_bl_ref_{model}_{'dp' if dp else 'mp'}"
+    if not ref.exists():
+        run(write_config(work, ref.name, model=model,
+                         **(dict(train__batch_size=8) if dp else {}), **extra))
+    name = f"np2_outer_bl_{model}_{strategy}"
+    run(write_config(work, name, model=model, dist__strategy=strategy, **extra), 2)
+    assert_same_run(ref, work / "runs" / name, w_atol=5e-4)
+    w, wr = weights(work / "runs" / name), weights(ref)
+    given = load_file(str(init / "adapter_model.safetensors"))
+    for k in ["base_model.model.model.embed_tokens.base_layer.weight",
+              "base_model.model.lm_head.base_layer.weight"]:
+        assert torch.equal(w[k], wr[k]) and torch.equal(w[k], given[k]), k
+
+
 @pytest.mark.parametrize("what", ["mts", "dora", "outer"])
 def test_adapter_extras_resume(work, what):
     """A checkpoint of a modules_to_save run (the embedding and head in the adapter, their

@@ -29,6 +29,15 @@ FAMILIES = ["llama_gqa", "llama_mqa_odd", "llama_bias", "mistral_sw", "qwen2", "
             "qwen3_tied", "tied", "granite", "gemma", "gemma2", "olmo2", "phi3",
             "phi4_mini", "smollm3"]
 CASES = [(m, "dora_all") for m in FAMILIES] + [("llama_gqa", "dora_rslora")]
+# on the embedding (magnitude per column, PEFT's DoraEmbeddingLayer) and on lm_head (per row;
+# before granite's logits scaling and gemma2's cap), untied and tied (each module its own
+# pair and magnitude over the one tensor: PEFT's default, no ensure_weight_tying)
+OUTER = ([(m, "dora_outer") for m in ["llama_gqa", "qwen2", "granite", "tied", "gemma",
+                                      "gemma2", "smollm3", "qwen3_tied"]] +
+         [(m, "dora_outer_phi") for m in ["phi3", "phi4_mini"]] +
+         [("llama_gqa", "dora_head"), ("llama_gqa", "dora_embed"), ("tied", "dora_head"),
+          ("gemma", "dora_embed")])
+CASES += OUTER
 
 
 class Case:
@@ -72,17 +81,22 @@ def _train(model_name, variant):
 
 
 TRAIN_RUNS = [("llama_gqa", "dora_no_k", 4), ("qwen2", "dora_no_k", 3),
-              ("phi3", "dora_no_qkv", 1), ("gemma", "dora_no_k", 2)]
+              ("phi3", "dora_no_qkv", 1), ("gemma", "dora_no_k", 2),
+              ("llama_gqa", "dora_outer_no_k", 4), ("tied", "dora_outer_no_k", 1),
+              ("gemma", "dora_outer_no_k", 2), ("phi4_mini", "dora_outer_no_qkv", 2)]
 
 
-def held_adapter(pm):
-    """{adapter file key: tensor} of what a PeftModel holds."""
+def held_adapter(pm, base_layers=False):
+    """{adapter file key: tensor} of what a PeftModel holds; base_layers: with the base
+    weights of its embedding / lm_head pairs (which PEFT saves beside them)."""
     out = {}
     for k, p in pm.state_dict().items():
         if ".modules_to_save.default." in k:
             out["base_model.model." + ftref.ours_key(k)] = p
         elif ".lora_" in k:
             out[ftref.peft_key(k)] = p
+        elif base_layers and ".base_layer." in k and ("embed_tokens" in k or "lm_head" in k):
+            out[k] = p
     return out
 
 
@@ -122,7 +136,7 @@ def test_dora_train_and_save_loads_in_peft(store, ft, tmp_path, model_name, vari
     assert cfg["use_dora"] is True
     tensors = load_file(str(saved / "adapter_model.safetensors"))
     pm = load_peft_checked(model_dir, saved)
-    held = held_adapter(pm)
+    held = held_adapter(pm, base_layers=True)
     assert set(held) == set(tensors), sorted(set(held) ^ set(tensors))
     for k, t in tensors.items():
         assert torch.equal(held[k], t), f"{k}: peft holds other values than the file"

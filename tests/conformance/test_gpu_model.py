@@ -38,7 +38,12 @@ CASES = [("llama_gqa", "all7"), ("qwen2", "qv"), ("llama_mqa_odd", "all7"), ("ti
          # DoRA: the row norms, the magnitude's column sums
          ("llama_gqa", "dora_all"), ("phi3", "dora_all"), ("gemma2", "dora_all"),
          # LoRA on the embedding and lm_head
-         ("llama_gqa", "outer"), ("granite", "outer"), ("phi3", "outer_phi")]
+         ("llama_gqa", "outer"), ("granite", "outer"), ("phi3", "outer_phi"),
+         # ... of a tied model (each module its own pair over the one tensor); DoRA there
+         # (the embedding's column norms through a transposing copy, the head's rows);
+         # modules_to_save untying a tied model (no ensure_weight_tying)
+         ("tied", "outer"), ("llama_gqa", "dora_outer"), ("gemma", "dora_outer"),
+         ("tied", "mts_head_all"), ("tied", "outer_tie")]
 
 BF16_TOL_LOGITS = 2e-2
 BF16_TOL_LOSS = 1e-2
@@ -350,3 +355,28 @@ def test_gpu_resized_vocab(store, ft, tmp_path, model_name, variant, dtype):
         ftref.assert_close("bf16 logits", out["logits"], logits.float().cpu(), BF16_TOL_LOGITS)
         ftref.assert_close("bf16 loss", out["loss"], loss.float().cpu(), BF16_TOL_LOSS)
         ftref.assert_close("bf16 logits vs CPU", out["logits"], cpu["logits"], BF16_TOL_LOGITS)
+
+
+# Five AdamW steps of the adapter kinds whose step or backward has device code of its own
+# (the tied pair's bracketed step under ensure_weight_tying, DoRA on the embedding and the
+# head, a tied model's untied copies) on the GPU in fp32 against our CPU model.
+# (the seeds: the well-conditioned draws test_reference.py checks)
+TRAIN_KINDS = [("tied", "outer_tie_no_k", 1), ("gemma", "dora_outer_no_k", 2),
+               ("tied", "mts_both_no_k", 3)]
+
+
+@pytest.mark.parametrize("model_name,variant,seed", TRAIN_KINDS,
+                         ids=[f"{m}-{v}" for m, v, _ in TRAIN_KINDS])
+def test_gpu_adapter_train_vs_cpu(store, ft, model_name, variant, seed):
+    shape = ftref.SHAPES[model_name]
+    adapter_dir = store.adapter(model_name, variant, seed=seed)
+    ids, labels = ftref.make_batch(shape.cfg["vocab_size"], B, shape.T, shape.seed + 2)
+    train = dict(steps=5, lr=1e-2, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01,
+                 warmup_steps=2, scheduler="cosine", max_grad_norm=1.0)
+    spec = dict(model_dir=store.model(model_name), adapter_dir=adapter_dir, mode="lora",
+                input_ids=ids, labels=labels, train=train)
+    cpu = ft(spec, f"gpu-train-cpu-{model_name}-{variant}")
+    gpu = ft(dict(spec, device="cuda", dtype="fp32"), f"gpu-train-{model_name}-{variant}")
+    ftref.assert_close("losses vs CPU", gpu["losses"], cpu["losses"], ftref.TOL_LOSSES)
+    want = {k[len("weight."):]: v for k, v in cpu.items() if k.startswith("weight.")}
+    ftref.assert_tensor_dict_close("weight.", gpu, want, ftref.TOL_WEIGHT)

@@ -12,10 +12,17 @@ olmo2, phi3):
   - PEFT's adapter -> ours: logits and loss (1e-5), every gradient (1e-4);
   - five AdamW steps (1e-5), then our saved adapter -> PeftModel.from_pretrained with no
     missing or unexpected keys, our values, our logits.
-Tied embeddings (gemma, gemma2, smollm3, the tied llama / qwen3 / phi4 shapes) are refused
-naming the module; so is DoRA on them. ft-merge: test_tools_peft.py."""
+Tied embeddings (gemma, gemma2, smollm3, the tied llama / qwen3 / phi4 shapes): PEFT
+without ensure_weight_tying (its default) wraps the embedding and lm_head apart, each with
+its own pair over the one tied base weight, and saves that weight under both modules'
+base_layer keys (loading keeps the head's, the module it fills last): the same both
+directions. With ensure_weight_tying PEFT hands lm_head the embedding's pair transposed, as
+two more parameters on the same storage (two AdamW states stepping one tensor; merged
+twice): refused naming ensure_weight_tying; so is LoRA there beside modules_to_save. DoRA on
+them: test_dora.py. ft-merge: test_tools_peft.py."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -32,6 +39,12 @@ CASES = ([(m, "outer") for m in UNTIED] + [("phi3", "outer_phi"), ("llama_gqa", 
                                             ("llama_gqa", "outer_embed"),
                                             ("qwen2", "outer_regex")])
 TIED = ["tied", "gemma", "gemma2", "smollm3", "qwen3_tied", "phi4_mini"]
+CASES += ([(m, "outer") for m in TIED if m != "phi4_mini"] +
+          [("phi4_mini", "outer_phi"), ("tied", "outer_head"), ("tied", "outer_embed"),
+           ("gemma", "outer_regex")] +
+          # ensure_weight_tying: the head's pair the embedding's
+          [(m, "outer_tie") for m in ["tied", "gemma", "gemma2", "smollm3", "qwen3_tied"]] +
+          [("phi4_mini", "outer_tie_phi"), ("tied", "outer_tie_head")])
 
 
 class Case:
@@ -64,7 +77,10 @@ def test_outer_grads(case):
     want = {"outer": ("lora_embedding_A", "lm_head.lora_B"), "outer_head": ("lm_head.lora_A",),
             "outer_embed": ("lora_embedding_B",), "outer_regex": ("lora_embedding_A",
                                                                   "lm_head.lora_A"),
-            "outer_phi": ("lora_embedding_B", "lm_head.lora_A")}[case.variant]
+            "outer_phi": ("lora_embedding_B", "lm_head.lora_A"),
+            "outer_tie": ("lora_embedding_B", "lm_head.lora_A"),
+            "outer_tie_phi": ("lora_embedding_A", "lm_head.lora_B"),
+            "outer_tie_head": ("lora_embedding_A", "lm_head.lora_B")}[case.variant]
     for w in want:
         assert any(w in k for k in case.ref_grads), (w, sorted(case.ref_grads))
     ftref.assert_tensor_dict_close("grad.", case.out, case.ref_grads, ftref.TOL_GRAD)
@@ -84,7 +100,9 @@ def _train(model_name, variant):
 # (adapter seeds as test_train.py picks them: granite's seed 2 is ill-conditioned, float32
 # vs float64 torch 6e-5 apart after five steps; seed 1 agrees to 1e-7)
 TRAIN_RUNS = [("llama_gqa", "outer_no_k", 4), ("granite", "outer_no_k", 1),
-              ("phi3", "outer_no_qkv", 1)]
+              ("phi3", "outer_no_qkv", 1), ("tied", "outer_no_k", 1),
+              ("gemma", "outer_no_k", 1), ("phi4_mini", "outer_no_qkv", 1),
+              ("tied", "outer_tie_no_k", 1), ("gemma", "outer_tie_no_k", 1)]
 
 
 @pytest.mark.parametrize("model_name,variant,seed", TRAIN_RUNS,
@@ -108,8 +126,9 @@ def test_outer_train_and_save_loads_in_peft(store, ft, tmp_path, model_name, var
     tensors = load_file(str(saved / "adapter_model.safetensors"))
     # as PEFT saves them: the targeted embedding's and head's base weights beside the pairs
     base_sd = load_file(str(model_dir / "model.safetensors"))
+    head = "model.embed_tokens.weight" if shape.cfg["tie_word_embeddings"] else "lm_head.weight"
     assert torch.equal(tensors["base_model.model.lm_head.base_layer.weight"],
-                       base_sd["lm_head.weight"].float())
+                       base_sd[head].float())
     pm = load_peft_checked(model_dir, saved)
     held = held_adapter(pm)
     held.update({k: v for k, v in pm.state_dict().items() if ".base_layer." in k
@@ -147,40 +166,141 @@ def test_outer_base_layer_is_loaded(store, ft, tmp_path):
     ftref.assert_tensor_dict_close("grad.", out, grads, ftref.TOL_GRAD)
 
 
-@pytest.mark.parametrize("model_name", TIED)
-def test_outer_tied_refused(store, ft_raw, tmp_path, model_name):
-    """Refused naming the module. (PEFT itself builds such adapters, untying the two.)"""
-    shape = ftref.SHAPES[model_name]
-    src = store.adapter(model_name, "all-linear")
+def test_outer_tied_head_base_layer_kept(store, ft, tmp_path):
+    """A tied model's adapter whose two base_layer copies differ: PEFT's loading fills the
+    one tensor from the embedding's key, then the head's, which stays (both modules then
+    compute with it); ours likewise."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    model_dir = store.model("tied")
+    d = tmp_path / "adapter"
+    shutil.copytree(store.adapter("tied", "outer"), d)
+    t = load_file(str(d / "adapter_model.safetensors"))
+    k = "base_model.model.lm_head.base_layer.weight"
+    t[k] = t[k] + 0.3 * torch.randn(t[k].shape, generator=torch.Generator().manual_seed(4))
+    save_file(t, str(d / "adapter_model.safetensors"), metadata={"format": "pt"})
+    m = ftref.lora_mode_model(model_dir, d)
+    assert torch.equal(m.base_model.model.model.embed_tokens.base_layer.weight, t[k])
+    ids, labels = ftref.make_batch(64, B, 12, 6)
+    logits, loss, grads = ftref.hf_grads(m, ids, labels, key=ftref.ours_key)
+    out = ft(dict(model_dir=model_dir, adapter_dir=d, mode="lora", input_ids=ids,
+                  labels=labels), "outer-tied-base-layer")
+    ftref.assert_close("logits", out["logits"], logits, ftref.TOL_LOGITS)
+    ftref.assert_tensor_dict_close("grad.", out, grads, ftref.TOL_GRAD)
+
+
+def test_outer_tied_weight_tying_dora_refused(store, ft_raw, tmp_path):
     import shutil
 
     d = tmp_path / "adapter"
-    shutil.copytree(src, d)
+    shutil.copytree(store.adapter("tied", "dora_outer"), d)
+    p = d / "adapter_config.json"
+    c = json.loads(p.read_text())
+    c["ensure_weight_tying"] = True
+    p.write_text(json.dumps(c))
+    ids, _ = ftref.make_batch(64, 1, 4, 0)
+    cp, _ = ft_raw(dict(model_dir=store.model("tied"), adapter_dir=d, mode="lora",
+                        input_ids=ids), "outer-tied-dora-ewt")
+    assert cp.returncode != 0
+    assert "use_dora" in cp.stderr and "ensure_weight_tying" in cp.stderr, cp.stderr
+
+
+def test_outer_tied_with_modules_to_save_refused(store, ft_raw, tmp_path):
+    import shutil
+
+    d = tmp_path / "adapter"
+    shutil.copytree(store.adapter("tied", "mts_tie"), d)
     p = d / "adapter_config.json"
     c = json.loads(p.read_text())
     c["target_modules"] = list(c["target_modules"]) + ["lm_head"]
     p.write_text(json.dumps(c))
-    ids, _ = ftref.make_batch(shape.cfg["vocab_size"], 1, 4, 0)
-    cp, _ = ft_raw(dict(model_dir=store.model(model_name), adapter_dir=d, mode="lora",
-                        input_ids=ids), f"outer-tied-{model_name}")
+    ids, _ = ftref.make_batch(64, 1, 4, 0)
+    cp, _ = ft_raw(dict(model_dir=store.model("tied"), adapter_dir=d, mode="lora",
+                        input_ids=ids), "outer-tied-mts")
     assert cp.returncode != 0
-    assert "lm_head" in cp.stderr and "tied" in cp.stderr, cp.stderr
+    assert "lm_head" in cp.stderr and "modules_to_save" in cp.stderr, cp.stderr
 
 
-def test_outer_with_dora_refused(store, ft_raw, tmp_path):
-    import shutil
+@pytest.mark.parametrize("model_name", ["llama_gqa", "tied"])
+def test_outer_lora_init_dora(store, tmp_path, model_name):
+    """ft-lora-init --dora with the embedding and lm_head: PEFT's magnitudes there (the
+    embedding's column norms [C], the head's row norms [V]; tied: both of the one
+    tensor), loading in PEFT with every key used and the base's logits. (Not on a model
+    whose padding row is zero, as gemma's: the head's magnitude and norm of that row are
+    then 0, and PEFT's own init gives that logit 0 / 0.)"""
+    exe = ftref.tool_exe("FT_LORA_INIT", "ft-lora-init")
+    model_dir = store.model(model_name)
+    out = tmp_path / "adapter"
+    ftref.run_tool([exe, "--model", model_dir, "--out", out, "--r", 4, "--dora", "--target",
+                    "q_proj,embed_tokens,lm_head"])
+    t = load_file(str(out / "adapter_model.safetensors"))
+    base_sd = load_file(str(model_dir / "model.safetensors"))
+    e = base_sd["model.embed_tokens.weight"].float()
+    w = base_sd.get("lm_head.weight", base_sd["model.embed_tokens.weight"]).float()
+    ftref.assert_close("embedding magnitude",
+                       t["base_model.model.model.embed_tokens.lora_magnitude_vector"],
+                       torch.linalg.norm(e, dim=0), 1e-6)
+    ftref.assert_close("head magnitude", t["base_model.model.lm_head.lora_magnitude_vector"],
+                       torch.linalg.norm(w, dim=1), 1e-6)
+    pm = load_peft_checked(model_dir, out)
+    held = held_adapter(pm)
+    assert set(held) == set(t), sorted(set(held) ^ set(t))
+    vocab = ftref.SHAPES[model_name].cfg["vocab_size"]
+    ids, _ = ftref.make_batch(vocab, 2, 12, 0)
+    ftref.assert_close("lora-init logits", ftref.hf_forward(pm, ids)[0],
+                       ftref.hf_forward(ftref.load_hf(model_dir), ids)[0], ftref.TOL_LOGITS)
 
-    d = tmp_path / "adapter"
-    shutil.copytree(store.adapter("llama_gqa", "dora_all"), d)
-    p = d / "adapter_config.json"
-    c = json.loads(p.read_text())
-    c["target_modules"] = list(c["target_modules"]) + ["embed_tokens"]
-    p.write_text(json.dumps(c))
-    ids, _ = ftref.make_batch(96, 1, 4, 0)
-    cp, _ = ft_raw(dict(model_dir=store.model("llama_gqa"), adapter_dir=d, mode="lora",
-                        input_ids=ids), "outer-dora")
-    assert cp.returncode != 0
-    assert "use_dora" in cp.stderr and "embed_tokens" in cp.stderr, cp.stderr
+
+def test_outer_lora_init_tied(store, tmp_path):
+    """ft-lora-init on a tied model: each module its own pair (ensure_weight_tying false,
+    PEFT's default), every key used by PEFT, the base's logits."""
+    exe = ftref.tool_exe("FT_LORA_INIT", "ft-lora-init")
+    model_dir = store.model("gemma")
+    out = tmp_path / "adapter"
+    ftref.run_tool([exe, "--model", model_dir, "--out", out, "--r", 4, "--target",
+                    "q_proj,embed_tokens,lm_head"])
+    cfg = json.loads((out / "adapter_config.json").read_text())
+    assert sorted(cfg["target_modules"]) == ["embed_tokens", "lm_head", "q_proj"]
+    assert cfg["ensure_weight_tying"] is False
+    t = load_file(str(out / "adapter_model.safetensors"))
+    assert "base_model.model.lm_head.lora_A.weight" in t
+    assert "base_model.model.model.embed_tokens.lora_embedding_B" in t
+    pm = load_peft_checked(model_dir, out)
+    held = held_adapter(pm)
+    assert set(held) == set(t), sorted(set(held) ^ set(t))
+    ids, _ = ftref.make_batch(96, 2, 12, 0)
+    ftref.assert_close("lora-init logits", ftref.hf_forward(pm, ids)[0],
+                       ftref.hf_forward(ftref.load_hf(model_dir), ids)[0], ftref.TOL_LOGITS)
+
+
+@pytest.mark.parametrize("tying", ["true", "false"])
+def test_outer_lora_init_weight_tying(store, tmp_path, tying):
+    """ft-lora-init --ensure-weight-tying on a tied model: true gives PEFT's tied pair (the
+    head's the embedding's transposed: PEFT's init of the head, A kaiming-uniform, B = 0,
+    fills both), false a pair each; loading in PEFT with every key used, the base's
+    logits."""
+    exe = ftref.tool_exe("FT_LORA_INIT", "ft-lora-init")
+    model_dir = store.model("tied")
+    out = tmp_path / "adapter"
+    ftref.run_tool([exe, "--model", model_dir, "--out", out, "--r", 4, "--target",
+                    "q_proj,embed_tokens,lm_head", "--ensure-weight-tying", tying])
+    cfg = json.loads((out / "adapter_config.json").read_text())
+    assert cfg["ensure_weight_tying"] is (tying == "true")
+    t = load_file(str(out / "adapter_model.safetensors"))
+    eb = t["base_model.model.model.embed_tokens.lora_embedding_B"]
+    ha = t["base_model.model.lm_head.lora_A.weight"]
+    assert torch.equal(eb.T, ha) == (tying == "true")
+    assert float(ha.abs().max()) <= 1 / math.sqrt(32)
+    pm = load_peft_checked(model_dir, out)
+    held = held_adapter(pm)
+    assert set(held) == set(t), sorted(set(held) ^ set(t))
+    for k, v in t.items():
+        assert torch.equal(held[k], v), k
+    ids, _ = ftref.make_batch(64, 2, 12, 0)
+    ftref.assert_close("lora-init logits", ftref.hf_forward(pm, ids)[0],
+                       ftref.hf_forward(ftref.load_hf(model_dir), ids)[0], ftref.TOL_LOGITS)
 
 
 def test_outer_lora_init(store, tmp_path):

@@ -10,9 +10,11 @@ granite, olmo2, phi3):
     with no missing or unexpected keys, holding our values, and the same logits as ours.
 Tied embeddings (gemma, gemma2, smollm3, the tied qwen3, llama and phi3 shapes): with
 ensure_weight_tying PEFT trains one copy shared by the embedding and the head (saved under
-both keys), as we do, both directions likewise; without it PEFT unties them (separate
-copies), which is refused naming modules_to_save and ensure_weight_tying.
-ft-merge of such an adapter is in test_tools_peft.py (MERGE_CASES)."""
+both keys), as we do, both directions likewise; without it (PEFT's default) PEFT wraps a
+trainable copy of each listed module and leaves the other on the base tensor, which unties
+them: the model unties its head (a copy of the embedding), both directions likewise, and
+the saved adapter holds only the listed modules' keys.
+ft-merge of such an adapter is in test_tools_peft.py (MERGE_CASES, TIED_UNTIE_MERGES)."""
 
 import json
 import warnings
@@ -30,7 +32,10 @@ TIED = ["tied", "gemma", "gemma2", "smollm3", "qwen3_tied", "phi4_mini"]
 
 CASES = ([("llama_gqa", "mts_head"), ("llama_gqa", "mts_embed")] +
          [(m, "mts_both") for m in UNTIED] + [(m, "mts_tie") for m in TIED] +
-         [("tied", "mts_tie_head")])
+         [("tied", "mts_tie_head")] +
+         # tied, no ensure_weight_tying: untied copies
+         [(m, "mts_head_all") for m in TIED] + [("tied", "mts_both"), ("gemma2", "mts_both"),
+                                               ("tied", "mts_embed"), ("qwen3_tied", "mts_embed")])
 
 
 class Case:
@@ -61,8 +66,9 @@ def test_mts_logits_loss(case):
 
 def test_mts_grads(case):
     cfg = json.loads((case.adapter_dir / "adapter_config.json").read_text())
+    tie = case.tied and cfg.get("ensure_weight_tying")
     for mod in cfg["modules_to_save"]:  # (tied: the one copy is the embedding)
-        want = ("model.embed_tokens.weight" if "embed" in mod or case.tied
+        want = ("model.embed_tokens.weight" if "embed" in mod or tie
                 else "lm_head.weight")
         assert want in case.ref_grads, sorted(case.ref_grads)
     ftref.assert_tensor_dict_close("grad.", case.out, case.ref_grads, ftref.TOL_GRAD)
@@ -72,7 +78,8 @@ def test_mts_grads(case):
 # the random adapter values picks a well-conditioned draw (see test_train.py)
 TRAIN_RUNS = [("llama_gqa", "mts_both_no_k", 4), ("qwen2", "mts_both_no_k", 3),
               ("phi3", "mts_both_no_qkv", 1), ("tied", "mts_tie_no_k", 1),
-              ("gemma", "mts_tie_no_k", 1)]
+              ("gemma", "mts_tie_no_k", 1), ("tied", "mts_both_no_k", 3),
+              ("gemma", "mts_both_no_k", 2), ("smollm3", "mts_head_no_k", 2)]
 
 
 # max_grad_norm below each run's gradient norms, so that clipping acts (test_reference.py
@@ -102,16 +109,18 @@ def test_mts_train_and_save_loads_in_peft(store, ft, tmp_path, model_name, varia
     out = ft(dict(model_dir=model_dir, adapter_dir=adapter_dir, mode="lora", input_ids=ids,
                   labels=labels, train=train, save_adapter=saved), f"mts-train-{model_name}")
     ftref.assert_close("losses", out["losses"], ref["losses"], ftref.TOL_LOSSES)
-    assert any(k.endswith("embed_tokens.weight") for k in ref["weights"])
-    assert ("lm_head.weight" in ref["weights"]) == (not shape.cfg["tie_word_embeddings"])
+    given = json.loads((adapter_dir / "adapter_config.json").read_text())
+    tie = shape.cfg["tie_word_embeddings"] and given["ensure_weight_tying"]
+    mods = sorted(given["modules_to_save"])
+    assert any(k.endswith("embed_tokens.weight") for k in ref["weights"]) == \
+        ("embed_tokens" in mods or tie)
+    assert ("lm_head.weight" in ref["weights"]) == ("lm_head" in mods and not tie)
     ftref.assert_tensor_dict_close("weight.", out, ref["weights"], ftref.TOL_WEIGHT)
 
     # ours -> PEFT: every key used, nothing missing, our values, our logits
     cfg = json.loads((saved / "adapter_config.json").read_text())
-    tied = shape.cfg["tie_word_embeddings"]
-    assert sorted(cfg["modules_to_save"]) == (["embed_tokens"] if tied
-                                              else ["embed_tokens", "lm_head"])
-    assert cfg["ensure_weight_tying"] == tied
+    assert sorted(cfg["modules_to_save"]) == (["embed_tokens"] if tie else mods)
+    assert cfg["ensure_weight_tying"] == bool(tie)
     tensors = load_file(str(saved / "adapter_model.safetensors"))
     base = ftref.load_hf(model_dir)
     with warnings.catch_warnings(record=True) as caught:
@@ -132,18 +141,6 @@ def test_mts_train_and_save_loads_in_peft(store, ft, tmp_path, model_name, varia
               f"mts-saved-{model_name}")
     ftref.assert_close("saved adapter logits (PEFT vs ours)", ours["logits"],
                        ftref.hf_forward(pm, ids)[0], ftref.TOL_LOGITS)
-
-
-@pytest.mark.parametrize("model_name", TIED)
-def test_mts_tied_refused(store, ft_raw, model_name):
-    shape = ftref.SHAPES[model_name]
-    adapter_dir = store.adapter(model_name, "mts_head_all")
-    ids, _ = ftref.make_batch(shape.cfg["vocab_size"], 1, 4, 0)
-    cp, _ = ft_raw(dict(model_dir=store.model(model_name), adapter_dir=adapter_dir,
-                        mode="lora", input_ids=ids), f"mts-tied-{model_name}")
-    assert cp.returncode != 0
-    assert ("modules_to_save" in cp.stderr and "tied" in cp.stderr
-            and "ensure_weight_tying" in cp.stderr), cp.stderr
 
 
 @pytest.mark.parametrize("entry", ["norm", "model.layers.0.mlp", "q_proj"])

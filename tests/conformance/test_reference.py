@@ -161,6 +161,15 @@ def test_packing_reference_is_not_trivial(store):
     assert ftref.rel_err(plain[:, :5], ref_logits[:, :5]) < 1e-5
 
 
+def _float64_peft(model_dir, adapter_dir):
+    from peft import PeftModel
+
+    m = PeftModel.from_pretrained(ftref.load_hf(model_dir).double(), str(adapter_dir),
+                                  is_trainable=True, autocast_adapter_dtype=False)
+    m.eval()
+    return m
+
+
 def test_adapter_kinds_training_references_are_well_conditioned(store):
     """The same for the training runs of DoRA, modules_to_save and LoRA on the embedding
     and the head (test_dora.py, test_modules_to_save.py, test_lora_outer.py): float32 vs
@@ -181,6 +190,12 @@ def test_adapter_kinds_training_references_are_well_conditioned(store):
             a, b = (ftref.reference_train(ftref.lora_mode_model(model_dir, adapter_dir), ids,
                                           labels, train, key=ftref.ours_key, dtype=dt)
                     for dt in (torch.float32, torch.float64))
+            if variant.startswith("outer_tie"):
+                # (ensure_weight_tying: lm_head's pair is views of the embedding's, which a
+                # model's .to(float64) turns into copies of their own; PEFT builds the
+                # tied pair in float64 from a float64 base instead)
+                b = ftref.reference_train(_float64_peft(model_dir, adapter_dir), ids, labels,
+                                          train, key=ftref.ours_key)
             worst = max((ftref.rel_err(a["weights"][n], b["weights"][n]), n)
                         for n in a["weights"])
             print(f"{model_name}-{variant}: float32 vs float64 worst weight {worst[0]:.2e} "

@@ -251,6 +251,8 @@ MERGE_CASES = [
     ("olmo2", "dora_all", "f32"),
     ("phi3", "dora_all", "f32"),
     ("smollm3", "dora_all", "f32"),
+    ("llama_gqa", "dora_outer", "f32"),  # the embedding's columns, the head's rows
+    ("phi3", "dora_outer_phi", "bf16"),
     # LoRA on the embedding (its delta transposed) and on lm_head
     ("llama_gqa", "outer", "f32"),
     ("llama_gqa", "outer_regex", "bf16"),
@@ -315,6 +317,92 @@ def test_merge_matches_peft(store, merge_exe, tmp_path, model_name, variant, dty
 
     merged = ftref.load_hf(out)
     ftref.assert_close("merged logits", logits_of(merged, vocab), ref_logits,
+                       _LOGIT_TOL[want_dt])
+
+
+# LoRA on the embedding and / or lm_head of a tied model (PEFT's default, no
+# ensure_weight_tying: a pair on each module over the one tensor): merge_and_unload adds
+# both deltas to that tensor, which transformers then saves once, still tied; the merged
+# model is not the adapted one (the head sees the embedding's delta and the embedding the
+# head's), so the logits compared are the merged PEFT model's.
+TIED_OUTER_MERGES = [("tied", "outer", "f32"), ("gemma", "outer", "f32"),
+                     ("tied", "outer_head", "bf16"), ("tied", "outer_embed", "f32"),
+                     ("phi4_mini", "outer_phi", "f32"),
+                     # DoRA: the embedding's merge, then the head's on the merged tensor
+                     ("tied", "dora_outer", "f32"), ("gemma2", "dora_outer", "f32"),
+                     ("tied", "dora_head", "f32"),
+                     # ensure_weight_tying: the head's pair is the embedding's, and PEFT
+                     # merges it twice (E + 2 s (B A)^T)
+                     ("tied", "outer_tie", "f32"), ("gemma", "outer_tie_head", "bf16"),
+                     ("phi4_mini", "outer_tie_phi", "f32")]
+
+
+@pytest.mark.parametrize("model_name,variant,dtype", TIED_OUTER_MERGES,
+                         ids=[f"{m}-{v}-{d}" for m, v, d in TIED_OUTER_MERGES])
+def test_merge_tied_outer_matches_peft(store, merge_exe, tmp_path, model_name, variant, dtype):
+    model_dir = store.model(model_name)
+    adapter = store.adapter(model_name, variant)
+    out = tmp_path / "merged"
+    run_tool([merge_exe, "--model", model_dir, "--adapter", adapter, "--out", out,
+              "--dtype", dtype])
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["tie_word_embeddings"] is True
+    ours = load_file(str(out / "model.safetensors"))
+    pm, _ = load_peft(model_dir, adapter)
+    vocab = ftref.SHAPES[model_name].cfg["vocab_size"]
+    adapted = logits_of(pm, vocab)
+    merged_pm = pm.merge_and_unload()
+    assert merged_pm.lm_head.weight is merged_pm.model.embed_tokens.weight
+    ref_logits = logits_of(merged_pm, vocab)
+    assert ftref.rel_err(ref_logits, adapted) > 1e-3  # (PEFT's merge is not the adapter's)
+    ref_state = {k: v.detach().clone() for k, v in merged_pm.state_dict().items()}
+    ref_state.pop("lm_head.weight")
+    assert set(ours) == set(ref_state), sorted(set(ours) ^ set(ref_state))
+    want_dt = _DT[dtype]
+    for k, ref in ref_state.items():
+        if want_dt == torch.float32:
+            ftref.assert_close(f"merged {k}", ours[k], ref.float(), ftref.TOL_WEIGHT)
+        else:
+            check_rounded(k, ours[k], ref.float(), want_dt)
+    ftref.assert_close("merged logits", logits_of(ftref.load_hf(out), vocab), ref_logits,
+                       _LOGIT_TOL[want_dt])
+
+
+# modules_to_save on a tied model without ensure_weight_tying (PEFT's separate copies):
+# merge_and_unload unties the two (tie_word_embeddings false) and save_pretrained writes
+# both the embedding and lm_head.weight
+TIED_UNTIE_MERGES = [("tied", "mts_head_all", "f32"), ("gemma", "mts_both", "f32"),
+                     ("qwen3_tied", "mts_embed", "bf16")]
+
+
+@pytest.mark.parametrize("model_name,variant,dtype", TIED_UNTIE_MERGES,
+                         ids=[f"{m}-{v}-{d}" for m, v, d in TIED_UNTIE_MERGES])
+def test_merge_tied_untie_matches_peft(store, merge_exe, tmp_path, model_name, variant, dtype):
+    model_dir = store.model(model_name)
+    adapter = store.adapter(model_name, variant)
+    out = tmp_path / "merged"
+    run_tool([merge_exe, "--model", model_dir, "--adapter", adapter, "--out", out,
+              "--dtype", dtype])
+    pm, _ = load_peft(model_dir, adapter)
+    vocab = ftref.SHAPES[model_name].cfg["vocab_size"]
+    ref_logits = logits_of(pm, vocab)
+    merged_pm = pm.merge_and_unload()
+    merged_pm.save_pretrained(tmp_path / "peft-merged")
+    want_cfg = json.loads((tmp_path / "peft-merged" / "config.json").read_text())
+    assert want_cfg["tie_word_embeddings"] is False
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["tie_word_embeddings"] is False
+    ours = load_file(str(out / "model.safetensors"))
+    ref_state = load_file(str(tmp_path / "peft-merged" / "model.safetensors"))
+    assert "lm_head.weight" in ref_state
+    assert set(ours) == set(ref_state), sorted(set(ours) ^ set(ref_state))
+    want_dt = _DT[dtype]
+    for k, ref in ref_state.items():
+        if want_dt == torch.float32:
+            ftref.assert_close(f"merged {k}", ours[k], ref.float(), ftref.TOL_WEIGHT)
+        else:
+            check_rounded(k, ours[k], ref.float(), want_dt)
+    ftref.assert_close("merged logits", logits_of(ftref.load_hf(out), vocab), ref_logits,
                        _LOGIT_TOL[want_dt])
 
 

@@ -347,3 +347,79 @@ def test_lora_dropout_equals_peft_with_the_same_masks(work, tmp_path, dora):
     assert dora == any(k.endswith(".lora_magnitude_vector") for k in got)
     for k, want in ref["weights"].items():
         assert ftref.rel_err(got[k], want) <= 1e-4, (k, ftref.describe(got[k], want))
+
+
+class SaltDropout(torch.nn.Module):
+    """CounterDropout with ft-train's mask of another salt: lm_head's LoRA input drops
+    with mix(forward seed ^ 2^41) (model_pass.c's head_dropout_seed) over [tokens, hidden]."""
+
+    def __init__(self, counter, p, salt):
+        super().__init__()
+        self.counter, self.p, self.salt = counter, p, salt
+
+    def forward(self, x):
+        s = mix64(SEED ^ mix64(self.counter[0]))
+        s = mix64(s ^ self.salt)
+        with np.errstate(over="ignore"):
+            key = _fin(np.array([s], dtype=np.uint64) + G)[0]
+            c = np.arange(1, x.numel() + 1, dtype=np.uint64)
+            bits = _fin(key + c * G) >> np.uint64(40)
+        thr = int(np.ceil(np.float32(self.p) * np.float32(1 << 24)))
+        k = np.float32(1.0) / np.float32(1.0 - float(np.float32(self.p)))
+        mask = np.where(bits >= thr, k, np.float32(0)).astype(np.float32)
+        return x * torch.from_numpy(mask.reshape(tuple(x.shape)))
+
+
+@pytest.mark.parametrize("dora", [False, True], ids=["lora", "dora"])
+def test_head_dropout_equals_peft_with_the_same_masks(work, tmp_path, dora):
+    """LoRA and DoRA on lm_head (and the embedding, which PEFT never drops) with LoRA
+    dropout: the head's pair takes dropout(lnf) with its own mask; DoRA there recomputes
+    the base result on the dropped input as on a layer's (dora_outer.c)."""
+    p = 0.25
+    recs = records(work)
+    ids, labels = padded_batch(recs)
+    targets = ["q_proj", "o_proj", "down_proj", "embed_tokens", "lm_head"]
+    adapter = ftref.build_adapter(work / "model", tmp_path / "adapter", target_modules=targets,
+                                  r=4, lora_alpha=8, seed=2, use_dora=dora)
+    c = json.loads((adapter / "adapter_config.json").read_text())
+    c["lora_dropout"] = p
+    (adapter / "adapter_config.json").write_text(json.dumps(c))
+    m = ftref.lora_mode_model(work / "model", adapter)
+    counter = [0]
+    swapped = 0
+    for name, mod in m.named_modules():
+        if not (hasattr(mod, "lora_dropout") and "default" in mod.lora_dropout):
+            continue
+        parts = name.split(".")
+        if parts[-1] == "lm_head":
+            mod.lora_dropout["default"] = SaltDropout(counter, p, 1 << 41)
+        elif "layers" in parts:
+            layer = int(parts[parts.index("layers") + 1])
+            mod.lora_dropout["default"] = CounterDropout(counter, p, layer, PROJ[parts[-1]])
+        else:
+            continue
+        swapped += 1
+    assert swapped == 2 * 3 + 1
+    m.register_forward_pre_hook(lambda *_: counter.__setitem__(0, counter[0] + 1))
+    m.train()  # (PEFT's DoRA drops its input only in training mode; the model's dropouts are 0)
+    train = dict(steps=2, lr=1e-3, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.0,
+                 warmup_steps=0, scheduler="constant", max_grad_norm=0.0)
+    ref = ftref.reference_train(m, ids, labels, train, key=ftref.peft_key)
+    assert counter[0] == 2
+    base = ftref.hf_forward(ftref.lora_mode_model(work / "model", adapter), ids, labels)[1]
+    assert abs(float(base) - float(ref["losses"][0])) > 1e-3 * float(base)
+
+    name = "head_dropout_dora" if dora else "head_dropout"
+    cfg = config(work, name, train__batch_size=len(recs), train__learning_rate=1e-3,
+                 train__max_steps=2, train__max_grad_norm=0.0, tuning__lora__dropout=p,
+                 tuning__lora__init_adapter=adapter,
+                 tuning__lora__target_modules=",".join(targets),
+                 tuning__lora__use_dora="true" if dora else "false")
+    rankrun.run(cfg)
+    loss, norms = logged(work, name, "loss"), logged(work, name, "grad_norm")
+    for s in (1, 2):
+        assert close(loss[s], float(ref["losses"][s - 1]), 2e-5), (s, loss[s], ref["losses"])
+        assert close(norms[s], ref["norms"][s - 1], 2e-5), (s, norms[s], ref["norms"])
+    got = load_file(work / "runs" / name / "final" / "adapter_model.safetensors")
+    for k, want in ref["weights"].items():
+        assert ftref.rel_err(got[k], want) <= 1e-4, (k, ftref.describe(got[k], want))

@@ -181,7 +181,22 @@ static void test_modules_to_save_checks(void)
     snprintf(untied, sizeof untied, "%s/untied", root);
     write_tiny_model(untied, &(tiny_model_opts){0});
     const char *dir = write_config("mts_head", "{" GOOD ", \"modules_to_save\": [\"lm_head\"]}");
-    expect_model_error(tied, dir, "ensure_weight_tying");
+    /* without ensure_weight_tying (PEFT's default): the listed module's own copy, which
+     * unties the model: a head of its own (the embedding's values) trains, the embedding
+     * stays the base's */
+    {
+        ft_model_options uopt = {.mode = FT_TRAIN_LORA};
+        ft_err uerr = {0};
+        CHECK(ft_lora_config_load(&uopt.lora, dir, &uerr) == 0);
+        ft_model *um = NULL;
+        CHECK(ft_model_load(&um, tied, &uopt, &uerr) == 0);
+        ft_param *h = um ? ft_model_find_param(um, "lm_head.weight") : NULL;
+        ft_param *e = um ? ft_model_find_param(um, "model.embed_tokens.weight") : NULL;
+        CHECK(um && ft_model_head_untied(um) && !ft_model_cfg(um)->tie_word_embeddings);
+        CHECK(h && h->trainable && e && !e->trainable &&
+              memcmp(h->data, e->data, h->numel * sizeof(float)) == 0);
+        ft_model_free(um);
+    }
     /* with ensure_weight_tying: the one embedding trains, saved under both keys */
     {
         const char *tdir = write_config("mts_tied", "{" GOOD ", \"modules_to_save\": "

@@ -55,7 +55,11 @@ static int measure(const ft_run_config *cfg, const char *dir, ft_mem *out, size_
         mo.lora = (ft_lora_config){.r = (int)tu->lora.r,
                                    .alpha = (float)tu->lora.alpha,
                                    .dropout = (float)tu->lora.dropout,
-                                   .dora = tu->lora.use_dora};
+                                   .dora = tu->lora.use_dora,
+                                   .weight_tying_set =
+                                       tu->lora.ensure_weight_tying != FT_CFG_TYING_AUTO,
+                                   .ensure_weight_tying =
+                                       tu->lora.ensure_weight_tying == FT_CFG_TYING_TRUE};
         if (ft_lora_targets_parse(tu->lora.target_modules, &mo.lora.targets, &err) ||
             ft_lora_modules_to_save_parse(tu->lora.modules_to_save, &mo.lora.modules_to_save,
                                           &err))
@@ -229,6 +233,19 @@ static void test_cpu_modules_to_save_equal_measured(void)
                "tuning.lora.modules_to_save=embed_tokens,lm_head");
     /* tied: the one embedding, shared by the head, trains (ensure_weight_tying) */
     sweep_with(tied_dir, "lora", "all-linear", "0.05", "tuning.lora.modules_to_save=lm_head");
+    /* ... or without it the listed modules' copies, the model untied (a head of its own) */
+    static const char *untie[][2] = {{"tuning.lora.modules_to_save=lm_head", "lora"},
+                                     {"tuning.lora.modules_to_save=embed_tokens", "lora"},
+                                     {"tuning.lora.modules_to_save=embed_tokens,lm_head",
+                                      "qlora"}};
+    for (int i = 0; i < 3; i++) {
+        char mode[32];
+        snprintf(mode, sizeof mode, "tuning.mode=%s", untie[i][1]);
+        const char *sets[] = {mode, "tuning.lora.target_modules=q_proj,v_proj",
+                              untie[i][0], "tuning.lora.ensure_weight_tying=false",
+                              "train.batch_size=3", "model.max_seq_len=7", NULL};
+        compare(tied_dir, sets);
+    }
 }
 
 /* DoRA: a magnitude per output row of each pair's layer, W + s B A and two [N, out]
@@ -239,6 +256,20 @@ static void test_cpu_dora_equal_measured(void)
     sweep_with(llama_dir, "lora", "q_proj,v_proj", "0", "tuning.lora.use_dora=true");
     sweep_with(phi3_dir, "lora", "all-linear", "0.05", "tuning.lora.use_dora=true");
     sweep_with(qwen3_dir, "qlora", "all-linear", "0", "tuning.lora.use_dora=true");
+    /* on the embedding (factors [C], rows [N, C]) and lm_head ([V]; the loss chunk's
+     * [R, V] rows), the weight's copy [V, C] */
+    sweep_with(llama_dir, "lora", "q_proj,embed_tokens,lm_head", "0.05",
+               "tuning.lora.use_dora=true");
+    sweep_with(llama_dir, "lora", "lm_head", "0", "tuning.lora.use_dora=true");
+    sweep_with(llama_dir, "lora", "embed_tokens", "0", "tuning.lora.use_dora=true");
+    /* the head's rows in chunks of the loss */
+    static const char *chunks[] = {"train.loss_chunk_tokens=1", "train.loss_chunk_tokens=5"};
+    for (int k = 0; k < 2; k++) {
+        const char *sets[] = {"tuning.mode=lora", "tuning.lora.target_modules=o_proj,lm_head",
+                              "tuning.lora.use_dora=true", "train.batch_size=3",
+                              "model.max_seq_len=7", chunks[k], NULL};
+        compare(llama_dir, sets);
+    }
 }
 
 /* A tokenizer.json of V single-character tokens in dir. */
@@ -439,6 +470,13 @@ static void test_cpu_bias_and_tied_equal_measured(void)
 {
     sweep(tied_dir, "lora", "all-linear", "0.05");
     sweep(tied_dir, "full", "all-linear", "0");
+    /* LoRA on the tied embedding and head: each module's own pair (no head weight) */
+    sweep(tied_dir, "lora", "q_proj,embed_tokens,lm_head", "0.05");
+    sweep(tied_dir, "lora", "lm_head", "0");
+    sweep_with(tied_dir, "lora", "v_proj,embed_tokens,lm_head", "0.1",
+               "tuning.lora.use_dora=true");
+    /* ensure_weight_tying: the head's pair the embedding's, whichever is named */
+    sweep_with(tied_dir, "lora", "v_proj,lm_head", "0", "tuning.lora.ensure_weight_tying=true");
     sweep(qwen_dir, "lora", "k_proj,o_proj,up_proj", "0.05");
     sweep(qwen_dir, "full", "all-linear", "0.05");
 }

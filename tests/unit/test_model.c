@@ -516,7 +516,8 @@ static void test_chunked_head(void)
 }
 
 /* The adapters of PEFT's other kinds (lora.h): DoRA; LoRA on the embedding and lm_head;
- * the embedding and lm_head trained in full (modules_to_save); each with LoRA dropout 0.3.
+ * the embedding and lm_head trained in full (modules_to_save); DoRA on the embedding and
+ * lm_head too; each with LoRA dropout 0.3.
  * Gradient checkpointing gives bitwise the plain gradients, a chunked head (5 rows) the
  * same to rounding, and (but DoRA, whose norm is a constant in the gradient, not in a
  * finite difference) the gradients match finite differences. */
@@ -544,13 +545,16 @@ static void test_adapter_kinds(void)
     char dir[300];
     snprintf(dir, sizeof dir, "%s/full", root);
     ft_lora_config base = {.r = 2, .alpha = 4, .dropout = 0.3f, .targets = FT_LORA_ALL_LINEAR};
-    ft_lora_config kinds[3] = {base, base, base};
+    ft_lora_config kinds[4] = {base, base, base, base};
     kinds[0].dora = true;
     kinds[1].targets |= FT_LORA_EMBED | FT_LORA_HEAD;
     kinds[2].targets = (1u << FT_PROJ_Q) | (1u << FT_PROJ_V);
     kinds[2].modules_to_save = FT_SAVE_EMBED | FT_SAVE_HEAD;
+    /* DoRA on the embedding and the head too (the head's dropout mask by chunk rows) */
+    kinds[3].dora = true;
+    kinds[3].targets |= FT_LORA_EMBED | FT_LORA_HEAD;
     ft_batch b = {B, T, ids, labels, NULL, NULL};
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 4; k++) {
         ft_model *plain = load_kind(dir, kinds[k], 0, 0), *ckpt = load_kind(dir, kinds[k], 1, 0);
         ft_model *chunked = load_kind(dir, kinds[k], 0, 5);
         CHECK(plain && ckpt && chunked);
@@ -566,7 +570,7 @@ static void test_adapter_kinds(void)
             nrm += (double)g1[i] * g1[i];
         }
         CHECK(nrm > 0 && sqrt(d / nrm) < 1e-5);
-        if (k > 0)
+        if (!kinds[k].dora)
             check_fd(plain);
         free(g1), free(g2), free(g3);
         ft_model_free(plain), ft_model_free(ckpt), ft_model_free(chunked);
