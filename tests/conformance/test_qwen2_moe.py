@@ -9,10 +9,12 @@ mlp.{gate,up,down}_proj); and the router load-balancing loss (output_router_logi
 router_aux_loss_coef) over the sparse layers.
 
 The checkpoint names and the fused 3-D experts of transformers 5 are as for qwen3_moe
-(test_qwen3_moe.py's ckpt_grads and v5_state). PEFT on transformers 5 maps gate_proj,
-up_proj, down_proj (and "gate") to the experts' target_parameters for this model type,
-so the shared expert's and the dense layers' MLPs carry no LoRA from a list of names;
-shared_expert_gate is a plain linear layer (all-linear reaches it)."""
+(test_qwen3_moe.py's ckpt_grads and v5_state). PEFT 0.21 converts MLP names to the
+experts' target_parameters only for the model types transformers maps onto the qwen2_moe
+pattern (qwen3_moe among them), not for qwen2_moe itself: here gate_proj, up_proj and
+down_proj are the shared expert's and the dense layers' linear layers, "gate" (the
+router) fails inside PEFT, and shared_expert_gate is a plain linear layer (all-linear
+reaches it). ftkit does the same and refuses router and expert targets with the reason."""
 
 import json
 
