@@ -1,8 +1,9 @@
 /* No allocation inside a training step (issue 25): after the first step of a run, a CPU
  * training step of the library calls no malloc / calloc / realloc / posix_memalign /
  * aligned_alloc. LoRA and full fine-tuning, gradient checkpointing off and on, on the
- * tiny GQA llama (so the attention backward's per-head partials are used) and on the
- * MoE family (mixtral).
+ * tiny GQA llama (so the attention backward's per-head partials are used), the MoE
+ * families (mixtral, qwen3_moe: the load-balancing loss) and families with other norms
+ * and fused projections (gemma3_text, olmo2, phi3).
  *
  * This binary defines the allocator's entry points itself (the executable's symbols
  * interpose libc's for the whole process) and forwards them to glibc's __libc_*; while
@@ -86,7 +87,11 @@ static long step_allocs(const char *dir, ft_train_mode mode, bool ckpt)
     opt.lora = (ft_lora_config){.r = 2, .alpha = 4, .targets = FT_LORA_ALL_LINEAR};
     ft_err err;
     ft_model *m;
-    CHECK(ft_model_load(&m, dir, &opt, &err) == 0);
+    if (ft_model_load(&m, dir, &opt, &err)) {
+        fprintf(stderr, "  %s: %s\n", dir, err.msg);
+        check_current_failed = 1;
+        return -1;
+    }
     size_t n;
     ft_model_trainable(m, &n);
     ft_adamw_hparams hp = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f};
@@ -132,6 +137,14 @@ static void test_mixtral_steps_allocate_nothing(void)
     check_family("mixtral");
 }
 
+static void test_other_families_allocate_nothing(void)
+{
+    check_family("qwen3_moe");
+    check_family("gemma3_text");
+    check_family("olmo2");
+    check_family("phi3");
+}
+
 /* The counter itself: an allocation from this file while armed is seen. */
 static void *volatile sink;
 
@@ -155,6 +168,7 @@ int main(void)
     RUN(test_counter_sees_our_calls);
     RUN(test_llama_steps_allocate_nothing);
     RUN(test_mixtral_steps_allocate_nothing);
+    RUN(test_other_families_allocate_nothing);
     ft_remove_tree(root);
     return check_summary("step_alloc");
 }
