@@ -55,8 +55,8 @@
  * that order, into dk / dv themselves when G = 1, else into a per-head [T, D] partial
  * that a second loop adds over the group's heads in head order. Every output element is
  * therefore summed in one fixed order whatever the thread count. Scratch (the tiles,
- * one set a thread, and the partials) is malloc'ed per call; a failed allocation aborts
- * with a message, like the ops' other misuse checks. */
+ * one set a thread, and the partials) is the calling thread's grow-only buffers
+ * (cpu_scratch.h): allocated by the first call of a shape, reused by every later one. */
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -65,22 +65,13 @@
 #include <string.h>
 
 #include "cpu_ops.h"
+#include "cpu_scratch.h"
 #include "fast_exp.h"
 
 /* Query rows per block, and the most keys per chunk: one score tile is
  * ATT_BQ x ATT_KC floats (128 KiB). */
 #define ATT_BQ 64
 #define ATT_KC 512
-
-static void *att_alloc(const char *op, size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    if (!p) {
-        fprintf(stderr, "%s: out of memory (%zu bytes of scratch)\n", op, bytes);
-        abort();
-    }
-    return p;
-}
 
 static inline int att_min(int a, int b)
 {
@@ -245,8 +236,9 @@ void ft_cpu_attention_forward(float *out, float *lse, const float *q, const floa
         return;
     }
     const size_t tile = (size_t)ATT_BQ * ATT_KC;
-    float *scratch =
-        att_alloc("attention_forward", (size_t)omp_get_max_threads() * tile * sizeof(float));
+    float *scratch = ft_cpu_scratch(FT_SCRATCH_ATT_TILES,
+                                    (size_t)omp_get_max_threads() * tile * sizeof(float),
+                                    "attention_forward");
 
 #pragma omp parallel for collapse(3) schedule(dynamic, 1)
     for (int b = 0; b < B; b++) {
@@ -262,7 +254,6 @@ void ft_cpu_attention_forward(float *out, float *lse, const float *q, const floa
             }
         }
     }
-    free(scratch);
 }
 
 /* Row i of a backward tile over keys c0 .. c0+nc-1: s holds scale * q_i . k_j and dp
@@ -381,12 +372,17 @@ void ft_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dou
         return;
     }
     const size_t tile = (size_t)ATT_BQ * ATT_KC;
-    float *scratch = att_alloc("attention_backward",
-                               (size_t)omp_get_max_threads() * 2 * tile * sizeof(float));
+    float *scratch = ft_cpu_scratch(FT_SCRATCH_ATT_TILES,
+                                    (size_t)omp_get_max_threads() * 2 * tile * sizeof(float),
+                                    "attention_backward");
     /* GQA: per-head [T, D] sums of dk and dv, [B, Hq, T, D], added over each group after */
     const size_t npart = G > 1 ? (size_t)B * Hq * T * D : 0;
-    float *pk = dk && npart ? att_alloc("attention_backward", npart * sizeof(float)) : NULL;
-    float *pv = dv && npart ? att_alloc("attention_backward", npart * sizeof(float)) : NULL;
+    float *pk = dk && npart ? ft_cpu_scratch(FT_SCRATCH_ATT_DK, npart * sizeof(float),
+                                             "attention_backward")
+                            : NULL;
+    float *pv = dv && npart ? ft_cpu_scratch(FT_SCRATCH_ATT_DV, npart * sizeof(float),
+                                             "attention_backward")
+                            : NULL;
 
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int b = 0; b < B; b++) {
@@ -426,7 +422,4 @@ void ft_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dou
     if (pv) {
         att_reduce_group(dv, pv, B, T, Hq, Hkv, D);
     }
-    free(pk);
-    free(pv);
-    free(scratch);
 }

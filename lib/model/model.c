@@ -1322,6 +1322,7 @@ void ft_model_free(ft_model *m)
         free(m->layers[l].g_expert);
     }
     ft_free_on(&m->mem, m->dev, m->aux_counts);
+    free(m->aux_sums);
     free(m->aux_runs);
     free(m->params);
     free(m->slot_data);

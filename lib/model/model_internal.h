@@ -229,6 +229,9 @@ struct ft_model {
      * over the forward's MoE layers (fp32 [E] each), its gradient w.r.t. every layer's
      * probs (aux_dp [E], set by the backward), and the term it added to the loss */
     float *aux_counts, *aux_psum, *aux_dp;
+    /* host [2 E + 1] doubles: the statistics as moe_aux_end sums them over the ranks
+     * (allocated by its first call, kept so that later steps allocate nothing) */
+    double *aux_sums;
     double aux_loss;
     double aux_balance; /* the load-balancing loss before the coefficient (aux_loss / coef) */
     /* the real tokens of the forward's batch (its attention_mask; moe_aux_mask), the only

@@ -823,11 +823,15 @@ int ft_model_backward(ft_model *m, float grad_scale, ft_err *err)
             head_lora_h(m, N);
             ft_zero(A_(m->d_lora_h, (size_t)N * r), (size_t)N * r);
         }
-        /* chunk by chunk as the forward went; a single chunk still holds its logits */
+        /* chunk by chunk: first the forward's last chunk, whose logits the buffer still
+         * holds (all of them when one chunk covers the batch), then the others from the
+         * first on, each recomputed */
         size_t R = ft_loss_chunk_rows(m->opt.loss_chunk_rows, (size_t)V, (size_t)N);
-        for (size_t r0 = 0; r0 < (size_t)N; r0 += R) {
+        size_t nch = ((size_t)N + R - 1) / R;
+        for (size_t k = 0; k < nch; k++) {
+            size_t r0 = (k ? k - 1 : nch - 1) * R;
             size_t rows = (size_t)N - r0 < R ? (size_t)N - r0 : R;
-            if (R < (size_t)N)
+            if (k)
                 head_logits(m, r0, rows);
             /* dlogits overwrite the logits in place (w.r.t. the uncapped logits) */
             ft_tensor dlogits = A_(m->logits, rows * V);

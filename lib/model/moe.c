@@ -277,14 +277,13 @@ int moe_aux_end(ft_model *m, ft_err *err)
         copy_or_die(m, h, FT_DEV_CPU, m->aux_counts, m->dev, 2 * (size_t)E * sizeof *h,
                     "the load-balancing statistics");
     /* [counts E, psum E, rows x layers]: summed over the ranks when they share the loss */
-    double *v = malloc((2 * (size_t)E + 1) * sizeof *v);
-    if (!v)
+    if (!m->aux_sums && !(m->aux_sums = malloc((2 * (size_t)E + 1) * sizeof *m->aux_sums)))
         return ft_fail(err, "out of memory");
+    double *v = m->aux_sums;
     for (int i = 0; i < 2 * E; i++)
         v[i] = h[i];
     v[2 * E] = (double)m->aux_real * stage_moe_layers(m);
     if (m->aux_reduce && m->aux_reduce(m->aux_reduce_ctx, v, 2 * (size_t)E + 1, err)) {
-        free(v);
         return ft_fail_prefix(err, "the MoE load-balancing statistics");
     }
     float *dp = h + 2 * E;
@@ -293,7 +292,6 @@ int moe_aux_end(ft_model *m, ft_err *err)
         sum += R > 0 ? (v[e] / R) * (v[E + e] / R) : 0.0;
         dp[e] = R > 0 ? (float)((double)c->router_aux_loss_coef * E * v[e] / (R * R)) : 0.0f;
     }
-    free(v);
     if (h != m->aux_counts)
         copy_or_die(m, m->aux_dp, m->dev, dp, FT_DEV_CPU, (size_t)E * sizeof *dp,
                     "the load-balancing gradient");

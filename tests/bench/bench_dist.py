@@ -172,6 +172,14 @@ def summarize(a, label, strategy, mode, np_, run_dir, prof):
     }
 
 
+def add_scaling(measured):
+    """Each run's measured scaling efficiency: its tokens/s over world x the 1-rank run's
+    (same mode, 1 thread a rank). On more ranks than cores it is at most cores / world."""
+    one = {m["mode"]: m["tokens_per_s"] for m in measured if m["world"] == 1}
+    for m in measured:
+        m["scaling_eff"] = m["tokens_per_s"] / (m["world"] * one[m["mode"]])
+
+
 def predicted_bytes(strategy, units, n, rows, seq):
     """The bytes per rank and step that the engine's schedule gives (scaling_model), the
     mean over ranks: a check of the 7B projection's byte counts against measurement."""
@@ -252,7 +260,7 @@ def print_measured(measured, a, params):
           "schedule, as the 7B projection uses them)")
     hdr = (f"{'strategy':<15} {'world':>5} {'mode':<4} {'step ms':>7}  {'compute ms':>10} "
            f"{'comm ms':>8} {'comm MB/step/rank':>17} {'calls':>5} {'tokens/s':>9} "
-           f"{'model MB':>9}")
+           f"{'model MB':>9} {'scaling':>7}")
     print(hdr)
     for m in measured:
         calls = sum(m["calls_per_step"].values()) if m["world"] > 1 else 0
@@ -261,7 +269,9 @@ def print_measured(measured, a, params):
         print(f"{m['strategy']:<15} {m['world']:>4}{star} {m['mode']:<4} {m['step_ms']:7.1f}{noisy} "
               f"{m['compute_ms']:10.1f} {m['comm_ms']:8.1f} "
               f"{fmt_mb(m['comm_bytes_per_rank']):>17} {calls:5d} {m['tokens_per_s']:9.0f} "
-              f"{fmt_mb(m['model_bytes_per_rank']):>9}")
+              f"{fmt_mb(m['model_bytes_per_rank']):>9} {100 * m['scaling_eff']:6.0f}%")
+    print("scaling = tokens/s / (world x the 1-rank tokens/s of the mode): the measured scaling "
+          "efficiency (1 thread a rank)")
     if any(m["oversubscribed"] for m in measured):
         print(f"* more ranks than the {os.cpu_count()} cores: times are not comparable; the "
               f"bytes check the (N-1)/N factor")
@@ -347,6 +357,7 @@ def main():
             for label in STRATEGIES:
                 measured.append(run_one(a, cfg, out / "runs", label, mode, np_))
     measured.sort(key=lambda m: (m["mode"] != "lora", m["world"]))  # stable: strategy order
+    add_scaling(measured)
     proj_measured = project_measured(measured)
     proj_7b = project_7b()
 
@@ -390,12 +401,12 @@ def main():
     write_tsv(out / "measured.tsv",
               ["strategy", "world", "mode", "step_ms", "compute_ms", "comm_ms",
                "comm_bytes_per_rank", "calls", "tokens_per_s", "model_bytes_per_rank",
-               "oversubscribed"],
+               "oversubscribed", "scaling_efficiency"],
               [[m["strategy"], m["world"], m["mode"], f"{m['step_ms']:.3f}",
                 f"{m['compute_ms']:.3f}", f"{m['comm_ms']:.3f}",
                 f"{m['comm_bytes_per_rank']:.0f}", sum(m["calls_per_step"].values()),
                 f"{m['tokens_per_s']:.1f}", f"{m['model_bytes_per_rank']:.0f}",
-                int(m["oversubscribed"])] for m in measured])
+                int(m["oversubscribed"]), f"{m['scaling_eff']:.4f}"] for m in measured])
     write_tsv(out / "projection.tsv",
               ["model", "source", "strategy", "mode", "fabric", "world", "step_ms", "comm_ms",
                "comm_bytes_per_gpu", "efficiency"],
