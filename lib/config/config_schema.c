@@ -79,6 +79,13 @@ static const ft_cfg_key schema[] = {
      "(LoRA on the embedding and the head, as PEFT's; tied embeddings: each its own pair, "
      "as PEFT without ensure_weight_tying)",
      NULL},
+    {KEY(tuning.lora.target_parameters), FT_CFG_STRING, "", NULL, false, NONE, NONE,
+     "a MoE's parameters given LoRA as PEFT's explicit LoraConfig(target_parameters=[...]): "
+     "comma-separated gate.weight (the router), gate_up_proj, down_proj (the fused experts; "
+     "gate_up_proj with rank r and alpha, as PEFT without a rank pattern), with dropout 0; "
+     "for qwen2_moe, whose MLP names PEFT does not convert (mixtral, qwen3_moe: the "
+     "target_modules names)",
+     NULL},
     {KEY(tuning.lora.rslora), FT_CFG_BOOL, "false", NULL, false, NONE, NONE,
      "rank-stabilised scaling", NULL},
     {KEY(tuning.lora.use_dora), FT_CFG_BOOL, "false", NULL, false, NONE, NONE,

@@ -146,6 +146,7 @@ typedef struct ft_tuning_section {
         double alpha;
         double dropout;
         char target_modules[FT_CFG_LIST_MAX];
+        char target_parameters[FT_CFG_LIST_MAX];
         bool rslora;
         bool use_dora;
         char modules_to_save[FT_CFG_LIST_MAX];

@@ -204,7 +204,8 @@ typedef struct ft_model_config {
      * names (w1, w3, w2; gate_proj, up_proj, down_proj; gate) and all-linear to the router
      * and the fused experts (target_parameters); qwen2_moe has no such conversion there,
      * so those names, all-linear included, stay on its linear layers (the shared expert,
-     * its gate, the dense layers' MLPs): moe_lora_plain, ft_layer_lora_projections */
+     * its gate, the dense layers' MLPs): moe_lora_plain, ft_layer_lora_projections. An
+     * adapter's explicit target_parameters still reach its router and experts. */
     bool moe_lora_plain;
     int dense_intermediate_size; /* the dense layers' MLP width (0: every layer sparse) */
     uint64_t dense_layers[FT_MAX_LAYER_TYPES / 64];

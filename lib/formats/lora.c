@@ -53,6 +53,10 @@ int ft_lora_resolve_moe(ft_lora_config *c, bool moe, ft_err *err)
         return ft_fail(err, "LoRA target %s without %s: they are fused into one parameter "
                        "(gate_up_proj), so PEFT targets both or neither",
                        t & FT_LORA_MOE_W1 ? "w1" : "w3", t & FT_LORA_MOE_W1 ? "w3" : "w1");
+    if ((t & FT_LORA_MOE_W1) && c->gate_up_plain)
+        return ft_fail(err, "LoRA on gate_up_proj both by the target modules w1 / w3 (or "
+                       "all-linear: rank 2r, as PEFT converts them) and by target_parameters "
+                       "(rank r) is not supported: give one of them");
     if (t & FT_LORA_MOE_ROUTER)
         c->target_params |= FT_LORA_PARAM_ROUTER;
     if (t & FT_LORA_MOE_W1)
@@ -306,13 +310,13 @@ static int adapter_vocab(const char *dir, ft_lora_config *c, ft_err *err)
 
 int ft_lora_param_rank(const ft_lora_config *c, unsigned bit)
 {
-    return bit == FT_LORA_PARAM_GATE_UP ? 2 * c->r : c->r;
+    return bit == FT_LORA_PARAM_GATE_UP && !c->gate_up_plain ? 2 * c->r : c->r;
 }
 
 float ft_lora_param_scaling(const ft_lora_config *c, unsigned bit)
 {
     ft_lora_config f = *c;
-    if (bit == FT_LORA_PARAM_GATE_UP) {
+    if (bit == FT_LORA_PARAM_GATE_UP && !c->gate_up_plain) {
         f.r *= 2;
         f.alpha *= 2;
     }
@@ -322,15 +326,22 @@ float ft_lora_param_scaling(const ft_lora_config *c, unsigned bit)
 /* The one pattern key PEFT writes for fused experts (re.escape'd "gate_up_proj"). */
 #define GATE_UP_PATTERN ".*\\.gate_up_proj"
 
+static bool pattern_empty(json_t *root, const char *key)
+{
+    json_t *v = json_object_get(root, key);
+    return !v || json_is_null(v) || (json_is_object(v) && json_object_size(v) == 0);
+}
+
 /* rank_pattern / alpha_pattern: empty, or with the gate_up pair exactly PEFT's form for
- * fused w1 + w3, {".*\.gate_up_proj": 2 r} and {".*\.gate_up_proj": 2 alpha}. */
+ * fused w1 + w3, {".*\.gate_up_proj": 2 r} and {".*\.gate_up_proj": 2 alpha}; both empty
+ * with gate_up_proj: gate_up_plain (rank r, alpha). */
 static int read_pattern(json_t *root, const char *path, const char *key, double want,
                         const ft_lora_config *c, ft_err *err)
 {
     json_t *v = json_object_get(root, key);
-    bool empty = !v || json_is_null(v) || (json_is_object(v) && json_object_size(v) == 0);
+    bool empty = pattern_empty(root, key);
     bool gate_up = c->target_params & FT_LORA_PARAM_GATE_UP;
-    if (empty && !gate_up)
+    if (empty && (!gate_up || c->gate_up_plain))
         return 0;
     json_t *n = json_is_object(v) && json_object_size(v) == 1
                     ? json_object_get(v, GATE_UP_PATTERN) : NULL;
@@ -347,6 +358,36 @@ static bool param_matches(const char *s, const char *name)
 {
     size_t n = strlen(s), k = strlen(name);
     return n >= k && strcmp(s + n - k, name) == 0 && (n == k || s[n - k - 1] == '.');
+}
+
+int ft_lora_target_parameters_parse(const char *list, ft_lora_config *c, ft_err *err)
+{
+    char buf[1024];
+    if (strlen(list) >= sizeof buf)
+        return ft_fail(err, "target_parameters list too long");
+    snprintf(buf, sizeof buf, "%s", list);
+    unsigned params = 0;
+    for (char *save = NULL, *s = strtok_r(buf, ",", &save); s; s = strtok_r(NULL, ",", &save)) {
+        while (*s == ' ')
+            s++;
+        size_t n = strlen(s);
+        while (n > 0 && s[n - 1] == ' ')
+            s[--n] = 0;
+        if (!n)
+            continue;
+        if (param_matches(s, "gate.weight"))
+            params |= FT_LORA_PARAM_ROUTER;
+        else if (param_matches(s, "gate_up_proj"))
+            params |= FT_LORA_PARAM_GATE_UP;
+        else if (param_matches(s, "down_proj"))
+            params |= FT_LORA_PARAM_DOWN;
+        else
+            return ft_fail(err, "target parameter '%s' is not supported (supported: a MoE's "
+                                "gate.weight, gate_up_proj, down_proj)", s);
+    }
+    c->target_params |= params;
+    c->gate_up_plain = params & FT_LORA_PARAM_GATE_UP;
+    return 0;
 }
 
 /* target_parameters of adapter_config.json (PEFT's LoRA on nn.Parameter tensors, which
@@ -379,6 +420,8 @@ static int read_target_parameters(json_t *root, const char *path, ft_lora_config
     if (c->target_params && c->dropout > 0)
         return ft_fail(err, "%s: key 'lora_dropout' must be 0 with target_parameters (PEFT "
                             "refuses dropout on a parameter's LoRA)", path);
+    c->gate_up_plain = (c->target_params & FT_LORA_PARAM_GATE_UP) &&
+                       pattern_empty(root, "rank_pattern") && pattern_empty(root, "alpha_pattern");
     if (read_pattern(root, path, "rank_pattern", 2.0 * c->r, c, err) ||
         read_pattern(root, path, "alpha_pattern", 2.0 * c->alpha, c, err))
         return -1;
@@ -627,7 +670,7 @@ int ft_lora_config_save(const ft_lora_config *c, const char *dir, const char *ba
         json_object_set_new(root, "target_parameters", params);
     }
     json_t *rp = json_object(), *ap = json_object();
-    if (c->target_params & FT_LORA_PARAM_GATE_UP) {
+    if ((c->target_params & FT_LORA_PARAM_GATE_UP) && !c->gate_up_plain) {
         json_object_set_new(rp, GATE_UP_PATTERN, json_integer(2 * (json_int_t)c->r));
         json_object_set_new(ap, GATE_UP_PATTERN, json_real(2.0 * c->alpha));
     }

@@ -102,7 +102,9 @@ typedef struct ft_lora_config {
      *                         lora_B [E, r]; logits += s x A^T B^T.
      *   FT_LORA_PARAM_GATE_UP "gate_up_proj" (PEFT's w1 + w3): rank 2r and alpha 2 alpha
      *                         (rank_pattern / alpha_pattern {".*\.gate_up_proj": ...}, the
-     *                         only patterns accepted), A [E 2r, C], B [2I, E 2r].
+     *                         only patterns accepted), A [E 2r, C], B [2I, E 2r]; rank r
+     *                         and alpha when gate_up_plain (below).
+     *                         (The rank R of ft_lora_param_rank.)
      *   FT_LORA_PARAM_DOWN    "down_proj" (w2): A [E r, I], B [C, E r].
      * An expert pair's A rows are expert-major (expert e's rows [e R, (e+1) R)); its B
      * columns are interleaved (expert e's column j is column j E + e; ops.h's
@@ -110,6 +112,10 @@ typedef struct ft_lora_config {
      * pair under experts.base_layer.lora_A/B when down_proj is targeted too (PEFT nests
      * the down_proj wrapper around it). */
     unsigned target_params;
+    /* gate_up_proj named in an adapter's target_parameters without PEFT's patterns (how
+     * PEFT saves an explicit LoraConfig(target_parameters=[...]), e.g. on qwen2_moe, where
+     * it converts no MLP names): the pair has rank r and alpha, like the others. */
+    bool gate_up_plain;
     /* PEFT's ensure_weight_tying, on a model with tied embeddings: modules_to_save trains
      * one copy shared by the embedding and the head (saved under both keys), LoRA on them
      * gives the head the embedding's pair (lib/model/tied_lora.c). Without it PEFT trains
@@ -162,6 +168,14 @@ float ft_lora_param_scaling(const ft_lora_config *c, unsigned bit);
  * linear layers, not lm_head; in a list beside embed_tokens / lm_head too). Error names
  * the unknown module. */
 int ft_lora_targets_parse(const char *list, unsigned *targets, ft_err *err);
+
+/* Parses a target_parameters list as PEFT's explicit LoraConfig(target_parameters=[...])
+ * (a run config's tuning.lora.target_parameters): names separated by commas, each
+ * gate.weight, gate_up_proj or down_proj or a dotted path ending so
+ * ("mlp.experts.gate_up_proj"), or "" for none. Sets c->target_params and, with
+ * gate_up_proj, c->gate_up_plain (rank r: PEFT writes no pattern for an explicit list).
+ * Error names the parameter it does not support. */
+int ft_lora_target_parameters_parse(const char *list, ft_lora_config *c, ft_err *err);
 
 /* The modules trained in full on a model (tied: its embeddings tied): modules_to_save, or
  * on a tied model with any of them, FT_SAVE_EMBED (the one copy the head shares). */

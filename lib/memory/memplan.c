@@ -56,6 +56,7 @@ typedef struct planner {
     size_t frozen_z3;  /* gpu-zero3's frozen bytes per rank (what offload_params moves) */
     bool qshape_overflow;
     unsigned lora_params; /* LoRA on a MoE's router / experts (lora.h's target_params) */
+    int r_gate_up;        /* the gate_up pair's rank (lora.h's ft_lora_param_rank) */
 } planner;
 
 /* A quantized weight [rows, cols] for the zero3 / fsdp shards: counted by shape. */
@@ -206,17 +207,18 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora, unsi
                     int64_t rows = (int64_t)(h == 2 ? C : I), cols = (int64_t)(h == 2 ? I : C);
                     add_tensor(p, unit, I * C, full, quant, rows, cols);
                 }
-            /* LoRA on the router [r, C] + [E, r], the experts' gate_up [E 2r, C] +
-             * [2I, E 2r], down [E r, I] + [C, E r] (model.c, after the projections' pairs:
-             * the same unit) */
+            /* LoRA on the router [r, C] + [E, r], the experts' gate_up [E R, C] +
+             * [2I, E R] (R = r_gate_up: 2r, or r from target_parameters), down [E r, I] +
+             * [C, E r] (model.c, after the projections' pairs: the same unit) */
             size_t r = (size_t)r_lora;
             if (!full && (p->lora_params & FT_LORA_PARAM_ROUTER)) {
                 add_tensor(p, unit, r * C, true, false, 0, 0);
                 add_tensor(p, unit, E * r, true, false, 0, 0);
             }
             if (!full && (p->lora_params & FT_LORA_PARAM_GATE_UP)) {
-                add_tensor(p, unit, E * 2 * r * C, true, false, 0, 0);
-                add_tensor(p, unit, 2 * I * E * 2 * r, true, false, 0, 0);
+                size_t rg = (size_t)p->r_gate_up;
+                add_tensor(p, unit, E * rg * C, true, false, 0, 0);
+                add_tensor(p, unit, 2 * I * E * rg, true, false, 0, 0);
             }
             if (!full && (p->lora_params & FT_LORA_PARAM_DOWN)) {
                 add_tensor(p, unit, E * r * I, true, false, 0, 0);
@@ -243,6 +245,7 @@ typedef struct act_spec {
     int loss_chunk; /* ft_model_options.loss_chunk_rows */
     unsigned lora_union;
     unsigned lora_params; /* lora.h's target_params */
+    int r_gate_up;        /* the gate_up pair's rank */
 } act_spec;
 
 /* A pipeline stage of units [first, last] (0 embeddings, 1..L layers, L+1 head); the
@@ -293,13 +296,13 @@ static void layer_set_counts(const ft_model_config *c, size_t N, const act_spec 
         for (int j = 0; j < FT_NPROJ; j++)
             if (sp->lora_union & (1u << j))
                 set->tensor += N * (size_t)sp->r_lora;
-    /* LoRA on a MoE: rlora_h [N, r], xlora_h [M, 2r], [M, r] */
+    /* LoRA on a MoE: rlora_h [N, r], xlora_h [M, r_gate_up (2r or r)], [M, r] */
     size_t xr = (size_t)sp->r_lora;
     if (sp->lora && moe) {
         if (sp->lora_params & FT_LORA_PARAM_ROUTER)
             set->tensor += N * xr;
         if (sp->lora_params & FT_LORA_PARAM_GATE_UP)
-            set->tensor += M * 2 * xr;
+            set->tensor += M * (size_t)sp->r_gate_up;
         if (sp->lora_params & FT_LORA_PARAM_DOWN)
             set->tensor += M * xr;
     }
@@ -323,8 +326,8 @@ static void count_activations(const ft_model_config *c, size_t N, const act_spec
     size_t xr = (size_t)sp->r_lora, xbs = 0, xdh = 0;
     if (sp->lora && E) {
         if (sp->lora_params & FT_LORA_PARAM_GATE_UP) {
-            xbs = E * 2 * I * 2 * xr;
-            xdh = 2 * xr;
+            xbs = E * 2 * I * (size_t)sp->r_gate_up;
+            xdh = (size_t)sp->r_gate_up;
         }
         if (sp->lora_params & FT_LORA_PARAM_DOWN) {
             xbs = E * C * xr > xbs ? E * C * xr : xbs;
@@ -645,6 +648,10 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
             free(mask);
             return ft_fail_prefix(err, "config: key 'tuning.lora.target_modules'");
         }
+        if (ft_lora_target_parameters_parse(cfg->tuning.lora.target_parameters, &lc, err)) {
+            free(mask);
+            return ft_fail_prefix(err, "config: key 'tuning.lora.target_parameters'");
+        }
         /* (qwen2_moe: PEFT keeps its MLP names on its linear layers; model.c refuses the
          * router's and the experts' names there) */
         if (ft_lora_resolve_moe(&lc, mc->num_experts > 0 && !mc->moe_lora_plain, err)) {
@@ -732,6 +739,7 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
         r->rows[i].world_size = i == FT_PLAN_CPU || i == FT_PLAN_GPU_1 ? 1 : world_size;
     }
     p.lora_params = lora ? lc.target_params : 0;
+    p.r_gate_up = ft_lora_param_rank(&lc, FT_LORA_PARAM_GATE_UP);
     count_params(&p, mask, lc.r, lc.modules_to_save, lc.dora, lc.targets & FT_LORA_OUTER);
     if (p.qshape_overflow) {
         free(unit_buf);
@@ -773,6 +781,7 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
     act_spec sp = {.grad_ckpt = r->grad_ckpt, .lora = lora, .lora_dropout = lora && lc.dropout > 0,
                    .dora = lora && lc.dora, .outer = lora ? lc.targets & FT_LORA_OUTER : 0,
                    .r_lora = lc.r, .lora_union = lora_union, .lora_params = lc.target_params,
+                   .r_gate_up = ft_lora_param_rank(&lc, FT_LORA_PARAM_GATE_UP),
                    .loss_chunk = ft_memplan_loss_chunk(&cfg->train)};
     r->pref = cfg->train.objective != FT_CFG_OBJECTIVE_SFT;
     size_t rows = (size_t)r->batch_size * (r->pref ? 2 : 1); /* DPO: chosen + rejected */

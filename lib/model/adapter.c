@@ -175,7 +175,7 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
     if (ft_lora_config_load(&cfg, dir, err))
         return -1;
     snprintf(cfg.module_prefix, sizeof cfg.module_prefix, "%s", m->cfg.module_prefix);
-    if (ft_lora_resolve_moe(&cfg, m->cfg.num_experts > 0, err))
+    if (ft_lora_resolve_moe(&cfg, m->cfg.num_experts > 0 && !m->cfg.moe_lora_plain, err))
         return ft_fail_prefix(err, "%s/adapter_config.json", dir);
     const ft_lora_config *want = &m->opt.lora;
     /* the model takes a grown vocabulary from the LoRA settings read from this adapter
@@ -212,6 +212,11 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
                             "the model's LoRA settings (%s)",
                        dir, params_names(cfg.target_params, have_p, sizeof have_p),
                        params_names(want->target_params, want_p, sizeof want_p));
+    if ((cfg.target_params & FT_LORA_PARAM_GATE_UP) && cfg.gate_up_plain != want->gate_up_plain)
+        return ft_fail(err, "%s/adapter_config.json: gate_up_proj's rank is %s, the model's "
+                            "LoRA settings give it %s (rank_pattern / alpha_pattern "
+                            "{\".*\\\\.gate_up_proj\": ...} make it 2 r, as PEFT's w1 + w3)",
+                       dir, cfg.gate_up_plain ? "r" : "2 r", want->gate_up_plain ? "r" : "2 r");
     bool tied = m->cfg.tie_word_embeddings;
     if (tied && (want->targets & FT_LORA_OUTER) &&
         cfg.ensure_weight_tying != want->ensure_weight_tying)

@@ -164,6 +164,8 @@ static int merge_moe(ft_model *m, const ft_lora_config *lc, ft_err *err)
     const ft_model_config *c = ft_model_cfg(m);
     int E = c->num_experts, C = c->hidden_size, I = c->intermediate_size;
     for (int l = 0; l < c->num_layers && E > 0; l++) {
+        if (!ft_layer_sparse(c, l)) /* a dense layer (mlp_only_layers ...): no pairs */
+            continue;
         if (lc->target_params & FT_LORA_PARAM_ROUTER) {
             char na[256], nb[256], nw[256];
             snprintf(na, sizeof na, PEFT_PREFIX "%slayers.%d.mlp.gate.lora_A.weight",

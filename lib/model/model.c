@@ -733,10 +733,7 @@ static int lora_layers(ft_model *m, ft_err *err)
                        "shared expert's and the dense layers' projections)",
                        lc->targets & FT_LORA_MOE_ROUTER ? "'gate'" : "w1/w2/w3",
                        m->cfg.model_type);
-    if (plain && lc->target_params)
-        return ft_fail(err, "LoRA target_parameters (the router's or the experts' LoRA) on "
-                       "model_type '%s' are not supported (LoRA on its attention, shared "
-                       "expert, shared_expert_gate and dense layers is)", m->cfg.model_type);
+    /* (an adapter's target_parameters, which PEFT takes there as given, are fine) */
     if (m->cfg.num_experts > 0 && lc->target_regex[0] && plain)
         return ft_fail(err, "LoRA target_modules as a regex on model_type '%s' is not "
                        "supported (list the modules: q_proj, k_proj, v_proj, o_proj, "

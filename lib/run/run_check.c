@@ -73,6 +73,9 @@ static int check_tuning(const ft_tuning_section *tu, ft_err *err)
         return ft_fail_prefix(err, "config: key 'tuning.lora.target_modules'");
     if (ft_lora_modules_to_save_parse(tu->lora.modules_to_save, &targets, err))
         return ft_fail_prefix(err, "config: key 'tuning.lora.modules_to_save'");
+    ft_lora_config params = {0};
+    if (ft_lora_target_parameters_parse(tu->lora.target_parameters, &params, err))
+        return ft_fail_prefix(err, "config: key 'tuning.lora.target_parameters'");
     if (tu->mode == FT_TUNING_QLORA && (tu->quant.blocksize & (tu->quant.blocksize - 1)))
         return ft_fail(err, "config: key 'tuning.quant.blocksize': %ld is not a power of two "
                             "(32, 64, ..., 4096)",

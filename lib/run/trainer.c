@@ -204,6 +204,8 @@ static int setup_model(trainer *t, const ft_dist_options *dopt, ft_err *err)
                                    .dora = tu->lora.use_dora};
         if (ft_lora_targets_parse(tu->lora.target_modules, &mo.lora.targets, err))
             return ft_fail_prefix(err, "config: key 'tuning.lora.target_modules'");
+        if (ft_lora_target_parameters_parse(tu->lora.target_parameters, &mo.lora, err))
+            return ft_fail_prefix(err, "config: key 'tuning.lora.target_parameters'");
         if (ft_lora_modules_to_save_parse(tu->lora.modules_to_save, &mo.lora.modules_to_save,
                                           err))
             return ft_fail_prefix(err, "config: key 'tuning.lora.modules_to_save'");

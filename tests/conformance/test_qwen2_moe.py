@@ -14,7 +14,13 @@ experts' target_parameters only for the model types transformers maps onto the q
 pattern (qwen3_moe among them), not for qwen2_moe itself: here gate_proj, up_proj and
 down_proj are the shared expert's and the dense layers' linear layers, "gate" (the
 router) fails inside PEFT, and shared_expert_gate is a plain linear layer (all-linear
-reaches it). ftkit does the same and refuses router and expert targets with the reason."""
+reaches it). ftkit does the same and refuses the router's and the experts' module names
+(gate, w1/w2/w3) with the reason. An explicit LoraConfig(target_parameters=[...]) is taken
+by PEFT here as on qwen3_moe (the router's weight, the fused gate_up_proj and down_proj),
+without the rank / alpha patterns its name conversion adds: the gate_up pair has rank r;
+those adapters are checked against PEFT (logits, loss, LoRA grads, ft-eval, five AdamW
+steps, the saved adapter loaded by PEFT, ft-merge), and ft-train asks for them with
+tuning.lora.target_parameters (from such an init_adapter; the memory plan exact)."""
 
 import json
 
@@ -200,10 +206,12 @@ def test_lora_logits_loss_grads(lora_case):
     ftref.assert_tensor_dict_close("grad.", c["out"], c["grads"], ftref.TOL_GRAD)
 
 
-def test_lora_router_and_experts_refused(store, ft_raw):
-    """'gate' (PEFT: the router is not a linear layer), w1/w2/w3 and target_parameters
-    (the experts) are refused on qwen2_moe with the reason."""
+def test_lora_router_and_experts_names_refused(store, ft_raw):
+    """'gate' (PEFT: the router is not a linear layer) and w1/w2/w3 (PEFT converts no MLP
+    names here) are refused on qwen2_moe with the reason; PEFT itself fails on both."""
     import subprocess
+
+    from peft import LoraConfig, get_peft_model
 
     model_dir = store("qwen2_moe_top1_noaux")
     for targets, want in (("q_proj,gate", "'gate'"), ("w1,w3", "w1/w2/w3")):
@@ -211,16 +219,157 @@ def test_lora_router_and_experts_refused(store, ft_raw):
                             str(model_dir), "--out", str(store.root / "refused"), "--target",
                             targets], capture_output=True, text=True)
         assert r.returncode != 0 and want in r.stderr and "qwen2_moe" in r.stderr, r.stderr
-    # an adapter naming the experts' parameters (PEFT's target_parameters)
-    adapter = ftref.build_adapter(model_dir, store.root / "adapter-tp", target_modules=["q_proj"])
-    cfg = json.loads((adapter / "adapter_config.json").read_text())
-    cfg["target_parameters"] = ["mlp.experts.down_proj"]
-    (adapter / "adapter_config.json").write_text(json.dumps(cfg))
-    r = subprocess.run([ftref.tool_exe("FT_MERGE", "ft-merge"), "--model", str(model_dir),
-                        "--adapter", str(adapter), "--out", str(store.root / "merged-tp")],
-                       capture_output=True, text=True)
-    assert r.returncode != 0 and "target_parameters" in r.stderr and "qwen2_moe" in r.stderr, \
-        r.stderr
+        with pytest.raises(Exception):
+            get_peft_model(ftref.load_hf(model_dir),
+                           LoraConfig(r=4, target_modules=targets.split(",")))
+
+
+# --- LoRA on the router and the experts by target_parameters, as PEFT takes them ------
+# PEFT converts no names on qwen2_moe, but an explicit LoraConfig(target_parameters=[...])
+# wraps the router's weight and the fused experts as on qwen3_moe, with no rank or alpha
+# pattern: the gate_up pair has rank r (not 2 r) and alpha's scaling.
+
+TP_VARIANTS = {
+    "experts": dict(target_modules=["q_proj", "v_proj", "shared_expert_gate"],
+                    target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]),
+    "router-experts-all-linear": dict(
+        target_modules="all-linear",
+        target_parameters=["mlp.gate.weight", "mlp.experts.gate_up_proj",
+                           "mlp.experts.down_proj"]),
+    "gate_up-rslora": dict(target_modules=["o_proj"],
+                           target_parameters=["mlp.experts.gate_up_proj"], use_rslora=True),
+}
+
+
+@pytest.fixture(scope="module", params=[(s, v) for s in ("qwen2_moe", "qwen2_moe_top3_norm")
+                                        for v in TP_VARIANTS],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def tp_case(request, store, ft):
+    """Logits, loss and LoRA grads against PEFT; the adapter saved after one AdamW step."""
+    name, variant = request.param
+    shape = SHAPES[name]
+    model_dir = store(name)
+    adapter = ftref.build_adapter(model_dir, store.root / f"adapter-tp-{name}-{variant}",
+                                  seed=21, **TP_VARIANTS[variant])
+    model = ftref.lora_mode_model(model_dir, adapter)
+    ids, labels = ftref.make_batch(model.config.vocab_size, B, shape.T, shape.seed + 8)
+    logits, loss, grads = ftref.hf_grads(model, ids, labels, key=ftref.peft_key)
+    spec = dict(model_dir=model_dir, adapter_dir=adapter, mode="lora", input_ids=ids,
+                labels=labels)
+    out = ft(spec, f"{name}-lora-tp-{variant}")
+    saved = store.root / f"saved-tp-{name}-{variant}"
+    trained = ft(dict(spec, train=dict(_train(1e-2), steps=1, warmup_steps=0),
+                      save_adapter=str(saved)), f"{name}-lora-tp-{variant}-save")
+    return dict(name=name, variant=variant, model_dir=model_dir, adapter=adapter,
+                logits=logits, loss=loss, grads=grads, out=out, saved=saved, trained=trained,
+                ids=ids)
+
+
+def test_lora_target_parameters(tp_case):
+    c = tp_case
+    cfg = json.loads((c["adapter"] / "adapter_config.json").read_text())
+    want = TP_VARIANTS[c["variant"]]["target_parameters"]
+    assert sorted(cfg["target_parameters"]) == sorted(want)
+    assert not cfg["rank_pattern"] and not cfg["alpha_pattern"]
+    g = c["grads"]
+    nest = ".base_layer" if "mlp.experts.down_proj" in want else ""
+    r = cfg["r"]
+    for k, v in g.items():  # the gate_up pair: rank r per expert, not 2 r
+        if f".mlp.experts{nest}.lora_A" in k:
+            assert v.shape[0] == SHAPES[c["name"]].cfg["num_experts"] * r, (k, v.shape)
+    assert any(f".mlp.experts{nest}.lora_B" in k for k in g)
+    assert any(".mlp.gate.lora_A" in k for k in g) == ("mlp.gate.weight" in want)
+    assert {k for k in c["out"] if k.startswith("grad.")} == {f"grad.{k}" for k in g}
+    ftref.assert_close("tp logits", c["out"]["logits"], c["logits"], ftref.TOL_LOGITS)
+    ftref.assert_close("tp loss", c["out"]["loss"], c["loss"], ftref.TOL_LOGITS)
+    ftref.assert_tensor_dict_close("grad.", c["out"], g, ftref.TOL_GRAD)
+
+
+def test_lora_target_parameters_saved_loads_in_peft(tp_case):
+    """Our adapter after one step: PEFT's config keys, and PEFT loads it with no missing or
+    unexpected keys, holding exactly our trained tensors."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    c = tp_case
+    ours = load_file(str(c["saved"] / "adapter_model.safetensors"))
+    theirs = load_file(str(c["adapter"] / "adapter_model.safetensors"))
+    assert set(ours) == set(theirs)
+    ours_cfg = json.loads((c["saved"] / "adapter_config.json").read_text())
+    theirs_cfg = json.loads((c["adapter"] / "adapter_config.json").read_text())
+    assert sorted(p.split(".")[-1] if p.endswith("_proj") else p.split("mlp.")[-1]
+                  for p in theirs_cfg["target_parameters"]) == \
+        sorted(ours_cfg["target_parameters"])
+    for k in ("rank_pattern", "alpha_pattern", "use_rslora", "r", "lora_alpha"):
+        assert ours_cfg[k] == theirs_cfg[k], k
+    pm = PeftModel.from_pretrained(ftref.load_hf(c["model_dir"]), str(c["saved"]))
+    mem = {ftref.peft_key(n): p for n, p in pm.named_parameters() if ".lora_" in n}
+    assert set(mem) == set(ours), sorted(set(mem) ^ set(ours))
+    for k, t in ours.items():
+        assert torch.equal(mem[k].detach(), t), k
+        assert torch.equal(t, c["trained"]["weight." + k]), k
+        assert not torch.equal(t, theirs[k]), k  # the step moved it
+
+
+def test_lora_target_parameters_merge(tp_case, tmp_path):
+    """ft-merge folds the router's and the experts' pairs as merge_and_unload does; the
+    output loads in transformers with the PEFT model's logits."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    c = tp_case
+    out = tmp_path / "merged"
+    ftref.run_tool([ftref.tool_exe("FT_MERGE", "ft-merge"), "--model", c["model_dir"],
+                    "--adapter", c["adapter"], "--out", out])
+    pm = PeftModel.from_pretrained(ftref.load_hf(c["model_dir"]), str(c["adapter"]))
+    pm.eval()
+    ids, _ = ftref.make_batch(96, 2, 12, 2)
+    ref_logits = ftref.hf_forward(pm, ids)[0]
+    merged = pm.merge_and_unload()
+    ref_state = ckpt_grads({k: v.detach() for k, v in merged.state_dict().items()},
+                           merged.config)
+    if merged.config.tie_word_embeddings:
+        ref_state.pop("lm_head.weight", None)
+    ours = load_file(str(out / "model.safetensors"))
+    assert set(ours) == set(ref_state), sorted(set(ours) ^ set(ref_state))
+    base = load_file(str(c["model_dir"] / "model.safetensors"))
+    l = min(set(range(merged.config.num_hidden_layers)) - set(dense_layers(merged.config)))
+    k = f"model.layers.{l}.mlp.experts.0.gate_proj.weight"
+    assert not torch.equal(ours[k], base[k]), k
+    for k, v in ref_state.items():
+        ftref.assert_close(f"merged {k}", ours[k], v, ftref.TOL_WEIGHT)
+    ftref.assert_close("merged logits", ftref.hf_forward(ftref.load_hf(out), ids)[0],
+                       ref_logits, ftref.TOL_LOGITS)
+
+
+
+def test_lora_target_parameters_ft_eval(tp_case, tmp_path):
+    """ft-eval --adapter on rows of uneven lengths in one batch: loss_with_aux is the PEFT
+    model's loss (the router's LoRA moves the load-balancing term too), aux_loss its
+    aux_loss."""
+    import random
+
+    from moe_padding import _hf_batch_loss
+
+    c = tp_case
+    pm = ftref.lora_mode_model(c["model_dir"], c["adapter"])
+    rnd = random.Random(5)
+    rows = []
+    for T in (9, 5, 12):
+        ids = [rnd.randrange(1, pm.config.vocab_size) for _ in range(T)]
+        rows.append((ids, [-100] * 2 + ids[2:]))
+    data = tmp_path / "eval.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": i, "labels": lab}) + "\n"
+                            for i, lab in rows))
+    cp = ftref.run_tool([ftref.tool_exe("FT_EVAL", "ft-eval"), "--model", c["model_dir"],
+                         "--adapter", c["adapter"], "--data", data, "--format", "tokens",
+                         "--batch-size", 8, "--device", "cpu", "--json"])
+    got = json.loads(cp.stdout)
+    loss, aux = _hf_batch_loss(pm, rows)
+    ftref.assert_close("ft-eval loss_with_aux", got["loss_with_aux"], loss, ftref.TOL_LOGITS)
+    ftref.assert_close("ft-eval aux_loss", got["aux_loss"], aux, ftref.TOL_LOGITS)
+    base, _ = _hf_batch_loss(ftref.load_hf(c["model_dir"]), rows)
+    assert abs(base - loss) > 1e-4  # the adapter moves the loss
 
 
 # --- QLoRA ---------------------------------------------------------------------------
@@ -313,6 +462,11 @@ TRAIN_RUNS = [
     dict(id="lora", shape="qwen2_moe", targets=["q_proj", "v_proj", "o_proj", "gate_proj",
                                                 "up_proj", "down_proj", "shared_expert_gate"],
          train=_train(1e-2)),
+    # the router and the experts by target_parameters (rank r on gate_up_proj)
+    dict(id="lora-tp", shape="qwen2_moe", targets=["q_proj", "v_proj", "shared_expert_gate"],
+         extra=dict(target_parameters=["mlp.gate.weight", "mlp.experts.gate_up_proj",
+                                       "mlp.experts.down_proj"]),
+         train=_train(1e-2)),
 ]
 
 
@@ -330,7 +484,8 @@ def train_case(request, store, ft):
         key = lambda n: n  # noqa: E731
     else:
         adapter = ftref.build_adapter(model_dir, store.root / f"adapter-train-{run['id']}",
-                                      target_modules=run["targets"], seed=11)
+                                      target_modules=run["targets"], seed=11,
+                                      **run.get("extra", {}))
         m = ftref.lora_mode_model(model_dir, adapter)
         spec = dict(model_dir=model_dir, adapter_dir=adapter, mode="lora")
         key = ftref.peft_key
@@ -487,22 +642,87 @@ def test_dist_strategy_equals_one_process(dist_work, mode, strategy):
     _same_run(single, run)
 
 
+
+_TP_RUN = {"tuning__lora__target_modules": "q_proj,shared_expert_gate",
+           "tuning__lora__target_parameters": "mlp.gate.weight,mlp.experts.gate_up_proj,"
+                                              "mlp.experts.down_proj"}
+
+
+def test_ft_train_target_parameters_from_init_adapter(dist_work):
+    """ft-train with tuning.lora.target_parameters, from a PEFT adapter made with the same
+    explicit target_parameters (init_adapter): the run takes it (the gate_up pair of rank
+    r), and its final adapter loads in PEFT with no missing or unexpected keys, holding
+    exactly the trained tensors, none of them the initial ones."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    import rankrun
+
+    init = ftref.build_adapter(dist_work / "model", dist_work / "tp-init",
+                               target_modules=["q_proj", "shared_expert_gate"], seed=23,
+                               target_parameters=["mlp.gate.weight", "mlp.experts.gate_up_proj",
+                                                  "mlp.experts.down_proj"])
+    cfg = rankrun.write_config(dist_work, "tp_train", {"train.max_steps": 2},
+                               tuning__lora__init_adapter=str(init), **_TP_RUN)
+    rankrun.run(cfg, 1)
+    final = dist_work / "runs" / "tp_train" / "final"
+    saved = json.loads((final / "adapter_config.json").read_text())
+    assert sorted(saved["target_parameters"]) == ["down_proj", "gate.weight", "gate_up_proj"]
+    assert not saved["rank_pattern"] and not saved["alpha_pattern"]
+    ours = load_file(str(final / "adapter_model.safetensors"))
+    given = load_file(str(init / "adapter_model.safetensors"))
+    assert set(ours) == set(given)
+    pm = PeftModel.from_pretrained(ftref.load_hf(dist_work / "model"), str(final))
+    mem = {ftref.peft_key(n): p for n, p in pm.named_parameters() if ".lora_" in n}
+    assert set(mem) == set(ours), sorted(set(mem) ^ set(ours))
+    for k, t in ours.items():
+        assert torch.equal(mem[k].detach(), t), k
+        assert not torch.equal(t, given[k]), k
+
+
+def test_ft_train_target_parameters_refusals(dist_work):
+    """tuning.lora.target_parameters: an unknown parameter, dropout beside it, and an
+    init_adapter whose gate_up pair has another rank are refused, naming the key."""
+    import rankrun
+
+    for name, over, needle in [
+            ("tp_bad", dict(_TP_RUN, tuning__lora__target_parameters="gate.bias"),
+             "tuning.lora.target_parameters"),
+            ("tp_dropout", dict(_TP_RUN, tuning__lora__dropout=0.1), "dropout"),
+            ("tp_no_params", dict(_TP_RUN, tuning__lora__target_parameters="",
+                                  tuning__lora__init_adapter=str(dist_work / "tp-init")),
+             "target_parameters")]:
+        if "init_adapter" in str(over) and not (dist_work / "tp-init").exists():
+            ftref.build_adapter(dist_work / "model", dist_work / "tp-init",
+                                target_modules=["q_proj", "shared_expert_gate"], seed=23,
+                                target_parameters=["mlp.gate.weight",
+                                                   "mlp.experts.gate_up_proj",
+                                                   "mlp.experts.down_proj"])
+        cfg = rankrun.write_config(dist_work, name, {"train.max_steps": 1}, **over)
+        out = rankrun.run(cfg, 1, check=False)
+        assert out.returncode != 0 and needle in out.stderr, out.stderr[-2000:]
+
+
 # --- the memory plan on real ft-train processes, and the auto batch size ---------------
 
 
 @pytest.mark.parametrize("mode,strategy,np_", [("full", "none", 1), ("lora", "none", 1),
-                                               ("full", "zero3", 2), ("lora", "model_parallel", 2)])
+                                               ("full", "zero3", 2), ("lora", "model_parallel", 2),
+                                               ("lora-tp", "none", 1)])
 def test_memory_check_exact(dist_work, mode, strategy, np_):
     """ft-train --measure: planned == measured on every rank and category (the shared
-    expert, its gate, the dense layer; sharded and split by parameter count)."""
+    expert, its gate, the dense layer; sharded and split by parameter count; lora-tp: the
+    router's and the experts' pairs of tuning.lora.target_parameters)."""
     import rankrun
     from test_memcheck import assert_exact
 
     over = {"tuning__lora__target_modules": "all-linear"} if mode == "lora" else {}
+    name = f"mem_{mode}_{strategy}"
+    if mode == "lora-tp":
+        over, mode = dict(_TP_RUN), "lora"
     if strategy != "none":
         over["dist__strategy"] = strategy
-    cfg = rankrun.write_config(dist_work, f"mem_{mode}_{strategy}", {"train.max_steps": 2},
-                               mode=mode, **over)
+    cfg = rankrun.write_config(dist_work, name, {"train.max_steps": 2}, mode=mode, **over)
     assert_exact(rankrun.run(cfg, np_, "--measure").stdout, np_)
 
 

@@ -303,6 +303,31 @@ static void test_resolve_moe(void)
     CHECK(ft_lora_resolve_moe(&f, true, &err) == -1 && strstr(err.msg, "w1 without w3"));
 }
 
+/* PEFT's explicit target_parameters (a run config's tuning.lora.target_parameters): the
+ * gate_up pair keeps rank r and alpha; beside w1 / w3 (rank 2 r) it is refused. */
+static void test_target_parameters_parse(void)
+{
+    ft_err err = {0};
+    ft_lora_config c = {.r = 4, .alpha = 8, .rslora = true};
+    CHECK(ft_lora_target_parameters_parse(" mlp.gate.weight, mlp.experts.gate_up_proj", &c,
+                                          &err) == 0);
+    CHECK(c.target_params == (FT_LORA_PARAM_ROUTER | FT_LORA_PARAM_GATE_UP) && c.gate_up_plain);
+    CHECK(ft_lora_param_rank(&c, FT_LORA_PARAM_GATE_UP) == 4);
+    CHECK(fabsf(ft_lora_param_scaling(&c, FT_LORA_PARAM_GATE_UP) - 8.0f / 2.0f) < 1e-6f);
+    ft_lora_config d = {.r = 4};
+    CHECK(ft_lora_target_parameters_parse("down_proj", &d, &err) == 0);
+    CHECK(d.target_params == FT_LORA_PARAM_DOWN && !d.gate_up_plain);
+    CHECK(ft_lora_target_parameters_parse("", &d, &err) == 0 &&
+          d.target_params == FT_LORA_PARAM_DOWN);
+    CHECK(ft_lora_target_parameters_parse("gate.bias", &d, &err) == -1 &&
+          strstr(err.msg, "gate.bias"));
+    CHECK(ft_lora_target_parameters_parse("xgate_up_proj", &d, &err) == -1);
+    ft_lora_config e = {.r = 4};
+    CHECK(ft_lora_targets_parse("w1,w3", &e.targets, &err) == 0);
+    CHECK(ft_lora_target_parameters_parse("gate_up_proj", &e, &err) == 0);
+    CHECK(ft_lora_resolve_moe(&e, true, &err) == -1 && strstr(err.msg, "target_parameters"));
+}
+
 static void test_fused_module_names(void)
 {
     unsigned t;
@@ -426,6 +451,7 @@ int main(void)
     RUN(test_model_checks_name_file);
     RUN(test_fused_module_names);
     RUN(test_resolve_moe);
+    RUN(test_target_parameters_parse);
     RUN(test_nested_decoder_regex);
     RUN(test_modules_to_save_checks);
     RUN(test_adapter_vocab);

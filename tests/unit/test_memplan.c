@@ -61,6 +61,7 @@ static int measure(const ft_run_config *cfg, const char *dir, ft_mem *out, size_
                                    .ensure_weight_tying =
                                        tu->lora.ensure_weight_tying == FT_CFG_TYING_TRUE};
         if (ft_lora_targets_parse(tu->lora.target_modules, &mo.lora.targets, &err) ||
+            ft_lora_target_parameters_parse(tu->lora.target_parameters, &mo.lora, &err) ||
             ft_lora_modules_to_save_parse(tu->lora.modules_to_save, &mo.lora.modules_to_save,
                                           &err))
             return -1;
@@ -592,6 +593,14 @@ static void test_cpu_qwen2_moe_equal_measured(void)
     sweep(qwen2_moe_dense_dir, "full", "q_proj", "0");
     sweep(qwen2_moe_dense_dir, "lora", "all-linear", "0");
     sweep(qwen2_moe_dense_dir, "qlora", "q_proj,v_proj", "0.1");
+    /* the router and the experts by tuning.lora.target_parameters (PEFT's explicit list:
+     * the gate_up pair of rank r, not 2 r) */
+    sweep_with(qwen2_moe_dir, "lora", "q_proj,shared_expert_gate", "0",
+               "tuning.lora.target_parameters=gate.weight,gate_up_proj,down_proj");
+    sweep_with(qwen2_moe_dense_dir, "lora", "all-linear", "0",
+               "tuning.lora.target_parameters=mlp.experts.gate_up_proj");
+    sweep_with(qwen2_moe_dense_dir, "qlora", "v_proj", "0",
+               "tuning.lora.target_parameters=mlp.gate.weight,mlp.experts.down_proj");
 }
 
 static void test_gpu_formulas(void)
