@@ -1604,9 +1604,7 @@ int ft_model_init_unit(ft_model *m, int unit, const char *adapter_dir, ft_err *e
             return -1;
         if (adapter_dir && model_read_adapter(m, adapter_dir, unit, err))
             return -1;
-        /* (read unit by unit in order: the head's is the last) */
-        if (unit == m->cfg.num_layers + 1 && ft_model_tied_lora_sync(m, err))
-            return -1;
+        /* (a tied pair read unit by unit: the strategy syncs it, lib/dist/dist_tied.c) */
     }
     return 0;
 }
