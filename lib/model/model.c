@@ -695,11 +695,6 @@ static int tied_outer_refused(const ft_lora_config *lc, unsigned outer, ft_err *
         return ft_fail(err, "LoRA on %s beside modules_to_save on a model with tied word "
                             "embeddings is not supported",
                        mod);
-    if (lc->ensure_weight_tying && lc->dora)
-        return ft_fail(err, "DoRA (use_dora) on %s of a model with tied word embeddings with "
-                            "ensure_weight_tying true is not supported (without it, PEFT's "
-                            "default, it is)",
-                       mod);
     return 0;
 }
 
@@ -779,8 +774,10 @@ static int lora_layers(ft_model *m, ft_err *err)
         return -1;
     /* ensure_weight_tying there: the embedding carries the pair, lm_head the same one
      * transposed, whichever of the two was named (PEFT's _add_targets_to_tie) */
-    if (outer && m->cfg.tie_word_embeddings && lc->ensure_weight_tying)
+    if (outer && m->cfg.tie_word_embeddings && lc->ensure_weight_tying) {
         m->opt.lora.targets |= FT_LORA_OUTER;
+        outer = FT_LORA_OUTER; /* (DoRA's magnitudes and scratch on both, below) */
+    }
     if ((outer & FT_LORA_EMBED) && (lc->modules_to_save & FT_SAVE_EMBED))
         return ft_fail(err, "embed_tokens is both a LoRA target and in modules_to_save");
     if ((outer & FT_LORA_HEAD) && (lc->modules_to_save & FT_SAVE_HEAD))

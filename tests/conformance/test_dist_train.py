@@ -337,6 +337,17 @@ def test_outer_tied_weight_tying_under_strategies(work, strategy, offload):
                        w["base_model.model.model.embed_tokens.lora_embedding_A"])
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "zero2", "zero3", "model_parallel"])
+def test_dora_outer_tied_weight_tying_under_strategies(work, strategy):
+    """DoRA with ensure_weight_tying (the one pair stepped twice, a magnitude on each
+    module, in unit 0 and the head's unit): every strategy equals one process."""
+    w = _same_as_one_process(work, "dora_outer_tie", "tied", strategy, dict(TIE, **DORA))
+    assert torch.equal(w["base_model.model.lm_head.lora_A.weight"].T,
+                       w["base_model.model.model.embed_tokens.lora_embedding_B"])
+    assert {"base_model.model.model.embed_tokens.lora_magnitude_vector",
+            "base_model.model.lm_head.lora_magnitude_vector"} <= set(w)
+
+
 def _base_layer_adapter(work, model):
     """A PEFT adapter for OUTER's targets whose embed_tokens / lm_head base_layer weights
     (which PEFT saves, and its loading puts in the base) are moved off the model's own:
