@@ -149,6 +149,17 @@ LORA_VARIANTS = {
     "mts_tie_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                          "down_proj"], modules_to_save=["embed_tokens"],
                          ensure_weight_tying=True),
+    # LoRA on one of the embedding and head, the other in modules_to_save (tied models:
+    # PEFT's default, no ensure_weight_tying, the two apart)
+    "mts_head_lora_embed": dict(target_modules=["q_proj", "v_proj", "embed_tokens"],
+                                modules_to_save=["lm_head"]),
+    "mts_embed_lora_head": dict(target_modules=["q_proj", "v_proj", "lm_head"],
+                                modules_to_save=["embed_tokens"]),
+    "mts_head_lora_embed_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj",
+                                                     "embed_tokens"],
+                                     modules_to_save=["lm_head"]),
+    "mts_embed_lora_head_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "lm_head"],
+                                     modules_to_save=["embed_tokens"]),
     # (for training runs: without k_proj / qkv_proj, as test_train.py explains)
     "mts_both_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "gate_proj",
                                           "up_proj", "down_proj"],

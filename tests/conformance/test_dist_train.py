@@ -288,6 +288,30 @@ def test_modules_to_save_untied_under_strategies(work, strategy):
     assert not torch.equal(e, h)
 
 
+MIXED = dict(tuning__lora__target_modules="q_proj,v_proj,embed_tokens",
+             tuning__lora__modules_to_save="lm_head")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero3", "model_parallel"])
+def test_lora_embed_beside_saved_head_tied_under_strategies(work, strategy):
+    """LoRA on the tied model's embedding, its head in modules_to_save, ensure_weight_tying
+    false (PEFT's default: the two apart, the head a copy of its own): every strategy equals
+    one process. Under ensure_weight_tying (true, or auto, which takes it with
+    modules_to_save) PEFT 0.21.2 raises, and so does ft-train, saying so."""
+    w = _same_as_one_process(work, "mixed_untie", "tied", strategy,
+                             dict(MIXED, tuning__lora__ensure_weight_tying="false"))
+    assert {"base_model.model.lm_head.weight",
+            "base_model.model.model.embed_tokens.lora_embedding_A"} <= set(w)
+    if strategy == "ddp":
+        for tying in ("auto", "true"):
+            out = run(write_config(work, f"mixed_{tying}", model="tied",
+                                   tuning__lora__ensure_weight_tying=tying, **MIXED),
+                      check=False)
+            assert out.returncode != 0
+            assert "ensure_weight_tying" in out.stderr and "PEFT" in out.stderr, \
+                out.stderr[-2000:]
+
+
 @pytest.mark.parametrize("model,strategy", [("tied", "zero3"), ("tied", "model_parallel"),
                                             ("model", "zero3"), ("tied", "ddp")])
 def test_dora_outer_under_strategies(work, model, strategy):

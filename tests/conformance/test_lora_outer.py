@@ -192,20 +192,35 @@ def test_outer_tied_head_base_layer_kept(store, ft, tmp_path):
     ftref.assert_tensor_dict_close("grad.", out, grads, ftref.TOL_GRAD)
 
 
-def test_outer_tied_with_modules_to_save_refused(store, ft_raw, tmp_path):
+@pytest.mark.parametrize("targets,saved", [(["q_proj", "embed_tokens", "lm_head"], ["lm_head"]),
+                                           (["q_proj", "lm_head"], ["embed_tokens"])])
+def test_outer_tied_with_modules_to_save_under_weight_tying_refused(store, ft_raw, tmp_path,
+                                                                    targets, saved):
+    """LoRA on a tied model's embedding / head beside modules_to_save with
+    ensure_weight_tying: PEFT 0.21.2 raises (it ties the listed module to the other's LoRA
+    layer), and so do we, saying so. Without ensure_weight_tying (PEFT's default) both
+    train apart: test_modules_to_save.py (mts_head_lora_embed, mts_embed_lora_head)."""
     import shutil
 
+    from peft import LoraConfig, get_peft_model
+
+    model_dir = store.model("tied")
+    with pytest.raises(TypeError, match="modules_to_save cannot be applied to modules of type"):
+        get_peft_model(ftref.load_hf(model_dir),
+                       LoraConfig(r=4, target_modules=targets, modules_to_save=saved,
+                                  ensure_weight_tying=True))
     d = tmp_path / "adapter"
     shutil.copytree(store.adapter("tied", "mts_tie"), d)
     p = d / "adapter_config.json"
     c = json.loads(p.read_text())
-    c["target_modules"] = list(c["target_modules"]) + ["lm_head"]
+    c["target_modules"], c["modules_to_save"] = targets, saved
     p.write_text(json.dumps(c))
     ids, _ = ftref.make_batch(64, 1, 4, 0)
-    cp, _ = ft_raw(dict(model_dir=store.model("tied"), adapter_dir=d, mode="lora",
-                        input_ids=ids), "outer-tied-mts")
+    cp, _ = ft_raw(dict(model_dir=model_dir, adapter_dir=d, mode="lora", input_ids=ids),
+                   "outer-tied-mts")
     assert cp.returncode != 0
-    assert "lm_head" in cp.stderr and "modules_to_save" in cp.stderr, cp.stderr
+    for want in ("modules_to_save", "ensure_weight_tying", "PEFT", "adapter_config.json"):
+        assert want in cp.stderr, cp.stderr
 
 
 @pytest.mark.parametrize("model_name", ["llama_gqa", "tied"])
