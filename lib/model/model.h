@@ -418,7 +418,8 @@ ft_quant_options ft_model_quant(const ft_model *m);
  * is bracketed by before_step (after the gradients) and after_step (with the step's
  * learning rate and weight decay). sync: the embedding's pair from the head's (an
  * adapter's values, which PEFT's loading takes from the head's keys, read last; PEFT's
- * init, the head's). All no-ops on another model. */
+ * init, the head's); a model read unit by unit (ft_model_init_unit) leaves it to the
+ * strategy, which steps it too (lib/dist/dist_tied.c). All no-ops on another model. */
 bool ft_model_tied_lora(const ft_model *m);
 int ft_model_tied_lora_sync(ft_model *m, ft_err *err);
 void ft_model_tied_lora_before_step(ft_model *m, float *params);
