@@ -336,7 +336,8 @@ TIE = dict(OUTER, tuning__lora__ensure_weight_tying="true")
 
 @pytest.mark.parametrize("strategy,offload", [
     ("ddp", False), ("zero1", False), ("zero2", False), ("zero3", False), ("fsdp", False),
-    ("model_parallel", False), ("ddp", True), ("zero2", True), ("zero3", True)])
+    ("model_parallel", False), ("ddp", True), ("zero1", True), ("zero2", True), ("zero3", True),
+    ("fsdp", True)])
 def test_outer_tied_weight_tying_under_strategies(work, strategy, offload):
     """ensure_weight_tying true (the head's pair the embedding's, one storage stepped by two
     AdamW states, the embedding's first): every strategy equals one process and keeps the
@@ -433,6 +434,29 @@ def test_adapter_extras_resume(work, what):
     cont = write_config(work, f"{name}_resumed", dist__strategy="zero3", **extra)
     run(cont, 2, "--resume", str(work / "runs" / name / "checkpoint-3"))
     got, want = losses(work / "runs" / f"{name}_resumed"), losses(ref)
+    assert sorted(got) == [4, 5]
+    for s in got:
+        assert abs(got[s] - want[s]) <= 2e-5 * abs(want[s]), (s, got[s], want[s])
+
+
+@pytest.mark.parametrize("saved,resumed", [("zero3", "zero2+offload"), ("ddp", "fsdp")])
+def test_tied_weight_tying_resume(work, saved, resumed):
+    """A checkpoint of LoRA's tied pair under ensure_weight_tying (both pairs' AdamW
+    states, laid out by flat position) resumes under another strategy with the losses of
+    the uninterrupted one-process run."""
+    ref = work / "runs" / "outer_tie_ref_tied_dp"
+    if not ref.exists():
+        run(write_config(work, ref.name, model="tied", train__batch_size=8, **TIE))
+    name = f"tie_ckpt_{saved}"
+    if not (work / "runs" / name).exists():
+        run(write_config(work, name, model="tied", dist__strategy=saved, train__save_steps=3,
+                         **TIE), 2)
+    strategy, _, off = resumed.partition("+")
+    extra = dict(TIE, dist__offload_optimizer="cpu") if off else TIE
+    cont = write_config(work, f"{name}_{strategy}_resumed", model="tied",
+                        dist__strategy=strategy, **extra)
+    run(cont, 2, "--resume", str(work / "runs" / name / "checkpoint-3"))
+    got, want = losses(work / "runs" / f"{name}_{strategy}_resumed"), losses(ref)
     assert sorted(got) == [4, 5]
     for s in got:
         assert abs(got[s] - want[s]) <= 2e-5 * abs(want[s]), (s, got[s], want[s])
