@@ -101,10 +101,11 @@ static const ft_cfg_key schema[] = {
      false, NONE, NONE,
      "PEFT's ensure_weight_tying, on a model with tied word embeddings: true keeps the "
      "embedding and lm_head tied in the adapter (modules_to_save: one trained copy shared by "
-     "both; LoRA on embed_tokens / lm_head: the head's pair is the embedding's, transposed; "
-     "dist.strategy ddp or one process), false trains them apart (modules_to_save: a copy of "
-     "each listed module, which unties the model; LoRA: a pair of each module's own); auto: "
-     "true with modules_to_save, false with LoRA on them",
+     "both; LoRA (and DoRA) on embed_tokens / lm_head: the head's pair is the embedding's, "
+     "transposed; LoRA on one beside modules_to_save naming the other is refused, as PEFT "
+     "refuses it), false trains them apart (modules_to_save: a copy of each listed module, "
+     "which unties the model; LoRA: a pair of each module's own); auto: true with "
+     "modules_to_save, false with LoRA on them",
      NULL},
     {KEY(tuning.lora.init_adapter), FT_CFG_STRING, "", NULL, false, NONE, NONE,
      "PEFT adapter dir to start from (e.g. made by ft-lora-init); r, alpha and targets must match",

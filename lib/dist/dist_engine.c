@@ -199,20 +199,6 @@ int ft_engine_new(ft_engine **out, ft_comm *comm, const char *model_dir,
         return -1;
     }
     const ft_model_config *mc = ft_model_cfg(e->m);
-    /* the two pairs of one tied storage step together (lib/model/tied_lora.c): on a
-     * whole replica's buffer */
-    if (ft_model_tied_lora(e->m) &&
-        ((o->strategy != FT_STRATEGY_NONE && o->strategy != FT_STRATEGY_DDP) ||
-         o->offload_optimizer)) {
-        ft_fail(err, "LoRA on embed_tokens / lm_head of a model with tied word embeddings "
-                     "under ensure_weight_tying (the head's pair the embedding's) is supported "
-                     "with dist.strategy ddp (or one process), without offload_optimizer, "
-                     "not with %s%s",
-                ft_strategy_name(o->strategy), o->offload_optimizer ? " and offloading" : "");
-        ft_model_free(e->m);
-        free(e);
-        return -1;
-    }
     if (mc->num_experts > 0 && mc->output_router_logits) {
         /* the load-balancing loss of the step's whole micro-batch and of every layer (the
          * model keeps one forward's statistics and real rows: one activation slot) */
@@ -255,7 +241,16 @@ int ft_engine_new(ft_engine **out, ft_comm *comm, const char *model_dir,
         ft_model_unit_range(e->m, u, &e->ub[u], &e->ub[u + 1]);
         ft_model_unit_frozen_range(e->m, u, &e->fb[u], &e->fb[u + 1]);
     }
-    int rc = is_pipeline(e) ? pipe_setup(e, adapter_dir, err) : dp_setup(e, adapter_dir, err);
+    int rc = tied_setup(e, err);
+    if (rc == 0)
+        rc = is_pipeline(e) ? pipe_setup(e, adapter_dir, err) : dp_setup(e, adapter_dir, err);
+    /* the tied pair read unit by unit: the embedding's from the head's (zero2 holds the
+     * whole buffer; a whole replica's model did it as it read) */
+    if (rc == 0 && !e->whole)
+        rc = e->o.strategy == FT_STRATEGY_ZERO2
+                 ? tied_setup_sync(e, owned_params(e), e->train, 0, e->n_train, err)
+                 : tied_setup_sync(e, owned_params(e), owned_params(e), e->opt_begin,
+                                   e->opt_end, err);
     if (rc == 0 && !e->whole) /* (a whole replica's model keeps its copy as it reads) */
         engine_refresh_compute(e); /* the masters were just read */
     if (rc == 0 && is_pipeline(e) && o->pipeline_chunks > 1)
@@ -379,14 +374,26 @@ static int update(ft_engine *e, float lr, float coef, ft_err *err)
         size_t bytes = n * sizeof(float);
         if (ft_copy_bytes(e->host_grad, FT_DEV_CPU, grad, e->dev, bytes, err))
             return -1;
+        tied_zero_heads(e, e->host_master, FT_DEV_CPU);
         ft_optimizer_step(&e->opt, e->host_master, e->host_grad, lr, coef);
         if (ft_copy_bytes(params, e->dev, e->host_master, FT_DEV_CPU, bytes, err))
             return -1;
+    } else if (e->tied_pairs) {
+        tied_zero_heads(e, params, e->dev);
+        ft_optimizer_step(&e->opt, params, grad, lr, coef);
     } else {
-        /* (a tied pair under ensure_weight_tying: whole replicas only, checked at setup) */
+        /* (a tied pair on a whole replica's step: the model brackets it) */
         ft_model_tied_lora_before_step(e->m, params);
         ft_optimizer_step(&e->opt, params, grad, lr, coef);
         ft_model_tied_lora_after_step(e->m, params, lr, e->opt.hp.weight_decay);
+    }
+    /* the tied pair's second update, across the owners (dist_tied.c): every rank */
+    if (e->tied_pairs) {
+        if (tied_after_step(e, params, lr, err))
+            return -1;
+        if (n > 0 && e->o.offload_optimizer &&
+            ft_copy_bytes(e->host_master, FT_DEV_CPU, params, e->dev, n * sizeof(float), err))
+            return -1;
     }
     int rc = 0;
     switch (e->o.strategy) {

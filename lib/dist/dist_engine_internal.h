@@ -142,6 +142,10 @@ struct ft_engine {
     FILE *profile;
     double rank_loss;
 
+    /* LoRA's tied pair under ensure_weight_tying on a split step (dist_tied.c) */
+    bool tied_pairs;
+    ft_tied_pair tied[2];
+
     struct engine_ref *ref; /* DPO's kept reference adapter (dist_ref.c), or NULL */
 };
 
@@ -193,6 +197,17 @@ ft_device engine_param_dev(const ft_engine *e);
 /* Page-locks / unlocks an offloaded parameter shard on a GPU engine (no-ops otherwise). */
 int engine_pin_params(ft_engine *e, void *p, size_t bytes, ft_err *err);
 void engine_unpin_params(ft_engine *e, void *p);
+
+/* dist_tied.c: the tied LoRA pair (lib/model/tied_lora.c) on a strategy whose optimizer
+ * steps part of it, or offloaded. tied_setup decides (tied_pairs); tied_setup_sync makes
+ * the embedding's pair the head's transposed (params: the owned fp32 masters, flat
+ * [opt_begin, opt_end); held: the elements this rank holds, flat [lo, hi)); around the
+ * optimizer step, tied_zero_heads (params on dev) and tied_after_step (collective). */
+int tied_setup(ft_engine *e, ft_err *err);
+int tied_setup_sync(ft_engine *e, float *params, float *held, size_t lo, size_t hi,
+                    ft_err *err);
+void tied_zero_heads(ft_engine *e, float *params, ft_device dev);
+int tied_after_step(ft_engine *e, float *params, float lr, ft_err *err);
 
 /* dist_pipeline.c */
 int pipe_setup(ft_engine *e, const char *adapter_dir, ft_err *err);

@@ -686,19 +686,23 @@ int model_param_to_writer_as(ft_model *m, const ft_param *p, const char *name, f
  * own, over the one tied base weight (the embedding's Embedding pair, the head's Linear
  * pair), which is what the model computes; it warns. With ensure_weight_tying PEFT gives
  * the head the embedding's pair transposed as two more parameters on the same storage
- * (lib/model/tied_lora.c). Refused: LoRA there beside modules_to_save (PEFT then both
- * wraps and ties the head), and DoRA with ensure_weight_tying. */
+ * (lib/model/tied_lora.c), DoRA's magnitudes each its module's. Refused: LoRA there beside
+ * modules_to_save with ensure_weight_tying (an adapter's true, a run config's true or its
+ * auto, which takes it with modules_to_save), which PEFT 0.21.2 refuses: it ties the
+ * listed module to the other one's LoRA layer, and raises "modules_to_save cannot be
+ * applied to modules of type lora.Linear". Without it (the model untied, untie_head) it
+ * is supported: one module's pair, the other's trained copy. */
 static int tied_outer_refused(const ft_lora_config *lc, unsigned outer, ft_err *err)
 {
     const char *mod = outer & FT_LORA_EMBED ? "embed_tokens" : "lm_head";
     if (lc->modules_to_save)
         return ft_fail(err, "LoRA on %s beside modules_to_save on a model with tied word "
-                            "embeddings is not supported",
-                       mod);
-    if (lc->ensure_weight_tying && lc->dora)
-        return ft_fail(err, "DoRA (use_dora) on %s of a model with tied word embeddings with "
-                            "ensure_weight_tying true is not supported (without it, PEFT's "
-                            "default, it is)",
+                            "embeddings under ensure_weight_tying (true, or a run config's "
+                            "auto with modules_to_save) is not supported: PEFT 0.21.2 refuses "
+                            "it too (\"modules_to_save cannot be applied to modules of type "
+                            "lora.Linear\"); with ensure_weight_tying false (PEFT's default) "
+                            "the embedding and head train apart, LoRA on one and the listed "
+                            "module's own copy",
                        mod);
     return 0;
 }
@@ -776,8 +780,10 @@ static int lora_layers(ft_model *m, ft_err *err)
         return -1;
     /* ensure_weight_tying there: the embedding carries the pair, lm_head the same one
      * transposed, whichever of the two was named (PEFT's _add_targets_to_tie) */
-    if (outer && m->cfg.tie_word_embeddings && lc->ensure_weight_tying)
+    if (outer && m->cfg.tie_word_embeddings && lc->ensure_weight_tying) {
         m->opt.lora.targets |= FT_LORA_OUTER;
+        outer = FT_LORA_OUTER; /* (DoRA's magnitudes and scratch on both, below) */
+    }
     if ((outer & FT_LORA_EMBED) && (lc->modules_to_save & FT_SAVE_EMBED))
         return ft_fail(err, "embed_tokens is both a LoRA target and in modules_to_save");
     if ((outer & FT_LORA_HEAD) && (lc->modules_to_save & FT_SAVE_HEAD))
@@ -1602,9 +1608,7 @@ int ft_model_init_unit(ft_model *m, int unit, const char *adapter_dir, ft_err *e
             return -1;
         if (adapter_dir && model_read_adapter(m, adapter_dir, unit, err))
             return -1;
-        /* (read unit by unit in order: the head's is the last) */
-        if (unit == m->cfg.num_layers + 1 && ft_model_tied_lora_sync(m, err))
-            return -1;
+        /* (a tied pair read unit by unit: the strategy syncs it, lib/dist/dist_tied.c) */
     }
     return 0;
 }

@@ -418,11 +418,23 @@ ft_quant_options ft_model_quant(const ft_model *m);
  * is bracketed by before_step (after the gradients) and after_step (with the step's
  * learning rate and weight decay). sync: the embedding's pair from the head's (an
  * adapter's values, which PEFT's loading takes from the head's keys, read last; PEFT's
- * init, the head's). All no-ops on another model. */
+ * init, the head's); a model read unit by unit (ft_model_init_unit) leaves it to the
+ * strategy, which steps it too (lib/dist/dist_tied.c). All no-ops on another model. */
 bool ft_model_tied_lora(const ft_model *m);
 int ft_model_tied_lora_sync(ft_model *m, ft_err *err);
 void ft_model_tied_lora_before_step(ft_model *m, float *params);
 void ft_model_tied_lora_after_step(ft_model *m, float *params, float lr, float weight_decay);
+/* Where the tied pair lies in the flat trainable buffer, for a strategy that splits it
+ * (lib/dist/dist_tied.c): pairs[0] the embedding's lora_embedding_B [rows, cols] and the
+ * head's lora_A [cols, rows], pairs[1] lora_embedding_A and the head's lora_B; false on
+ * another model. transpose_f32: dst [rows, cols] = src^T, fp32 on the model's device. */
+typedef struct ft_tied_pair {
+    size_t embed, head;  /* element offsets in the flat trainable buffer */
+    int64_t rows, cols;  /* the embedding's shape */
+} ft_tied_pair;
+bool ft_model_tied_lora_layout(ft_model *m, ft_tied_pair pairs[2]);
+void ft_model_transpose_f32(ft_model *m, float *dst, const float *src, int64_t rows,
+                            int64_t cols);
 /* Whether an adapter's modules_to_save without ensure_weight_tying untied the head of a
  * model config.json ties (PEFT's separate copies; ft_model_cfg then says untied). */
 bool ft_model_head_untied(const ft_model *m);

@@ -63,6 +63,22 @@ int ft_model_tied_lora_sync(ft_model *m, ft_err *err)
     return 0;
 }
 
+bool ft_model_tied_lora_layout(ft_model *m, ft_tied_pair out[2])
+{
+    ft_param *ea, *eb, *ha, *hb;
+    if (!pairs(m, &ea, &eb, &ha, &hb))
+        return false;
+    out[0] = (ft_tied_pair){eb->offset, ha->offset, eb->shape[0], eb->shape[1]};
+    out[1] = (ft_tied_pair){ea->offset, hb->offset, ea->shape[0], ea->shape[1]};
+    return true;
+}
+
+void ft_model_transpose_f32(ft_model *m, float *dst, const float *src, int64_t rows,
+                            int64_t cols)
+{
+    transpose_to(m, dst, src, rows, cols);
+}
+
 void ft_model_tied_lora_before_step(ft_model *m, float *params)
 {
     ft_param *ea, *eb, *ha, *hb;

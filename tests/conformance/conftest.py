@@ -122,6 +122,20 @@ LORA_VARIANTS = {
                           ensure_weight_tying=True),
     "outer_tie_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "down_proj",
                                            "embed_tokens", "lm_head"], ensure_weight_tying=True),
+    # DoRA there too: the one pair, each module its own magnitude (the embedding's per
+    # column, the head's per row)
+    "dora_outer_tie": dict(target_modules=["q_proj", "v_proj", "embed_tokens", "lm_head"],
+                           use_dora=True, ensure_weight_tying=True),
+    "dora_tie_head": dict(target_modules=["o_proj", "lm_head"], use_dora=True,
+                          ensure_weight_tying=True),
+    "dora_outer_tie_phi": dict(target_modules=["qkv_proj", "o_proj", "embed_tokens", "lm_head"],
+                               use_dora=True, ensure_weight_tying=True),
+    "dora_outer_tie_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "down_proj",
+                                                "embed_tokens", "lm_head"], use_dora=True,
+                                ensure_weight_tying=True),
+    "dora_outer_tie_no_qkv": dict(target_modules=["o_proj", "gate_up_proj", "down_proj",
+                                                  "embed_tokens", "lm_head"], use_dora=True,
+                                  ensure_weight_tying=True),
     # the embedding and/or the head trained in full beside the pairs (modules_to_save)
     "mts_head": dict(target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"]),
     "mts_embed": dict(target_modules=["q_proj", "v_proj"], modules_to_save=["embed_tokens"]),
@@ -135,6 +149,17 @@ LORA_VARIANTS = {
     "mts_tie_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                          "down_proj"], modules_to_save=["embed_tokens"],
                          ensure_weight_tying=True),
+    # LoRA on one of the embedding and head, the other in modules_to_save (tied models:
+    # PEFT's default, no ensure_weight_tying, the two apart)
+    "mts_head_lora_embed": dict(target_modules=["q_proj", "v_proj", "embed_tokens"],
+                                modules_to_save=["lm_head"]),
+    "mts_embed_lora_head": dict(target_modules=["q_proj", "v_proj", "lm_head"],
+                                modules_to_save=["embed_tokens"]),
+    "mts_head_lora_embed_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj",
+                                                     "embed_tokens"],
+                                     modules_to_save=["lm_head"]),
+    "mts_embed_lora_head_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "lm_head"],
+                                     modules_to_save=["embed_tokens"]),
     # (for training runs: without k_proj / qkv_proj, as test_train.py explains)
     "mts_both_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "gate_proj",
                                           "up_proj", "down_proj"],

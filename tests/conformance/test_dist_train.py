@@ -288,6 +288,30 @@ def test_modules_to_save_untied_under_strategies(work, strategy):
     assert not torch.equal(e, h)
 
 
+MIXED = dict(tuning__lora__target_modules="q_proj,v_proj,embed_tokens",
+             tuning__lora__modules_to_save="lm_head")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero3", "model_parallel"])
+def test_lora_embed_beside_saved_head_tied_under_strategies(work, strategy):
+    """LoRA on the tied model's embedding, its head in modules_to_save, ensure_weight_tying
+    false (PEFT's default: the two apart, the head a copy of its own): every strategy equals
+    one process. Under ensure_weight_tying (true, or auto, which takes it with
+    modules_to_save) PEFT 0.21.2 raises, and so does ft-train, saying so."""
+    w = _same_as_one_process(work, "mixed_untie", "tied", strategy,
+                             dict(MIXED, tuning__lora__ensure_weight_tying="false"))
+    assert {"base_model.model.lm_head.weight",
+            "base_model.model.model.embed_tokens.lora_embedding_A"} <= set(w)
+    if strategy == "ddp":
+        for tying in ("auto", "true"):
+            out = run(write_config(work, f"mixed_{tying}", model="tied",
+                                   tuning__lora__ensure_weight_tying=tying, **MIXED),
+                      check=False)
+            assert out.returncode != 0
+            assert "ensure_weight_tying" in out.stderr and "PEFT" in out.stderr, \
+                out.stderr[-2000:]
+
+
 @pytest.mark.parametrize("model,strategy", [("tied", "zero3"), ("tied", "model_parallel"),
                                             ("model", "zero3"), ("tied", "ddp")])
 def test_dora_outer_under_strategies(work, model, strategy):
@@ -310,19 +334,43 @@ def test_outer_tied_under_strategies(work, strategy):
 TIE = dict(OUTER, tuning__lora__ensure_weight_tying="true")
 
 
-def test_outer_tied_weight_tying_ddp(work):
+@pytest.mark.parametrize("strategy,offload", [
+    ("ddp", False), ("zero1", False), ("zero2", False), ("zero3", False), ("fsdp", False),
+    ("model_parallel", False), ("ddp", True), ("zero1", True), ("zero2", True), ("zero3", True),
+    ("fsdp", True)])
+def test_outer_tied_weight_tying_under_strategies(work, strategy, offload):
     """ensure_weight_tying true (the head's pair the embedding's, one storage stepped by two
-    AdamW states): ddp equals one process and keeps the pairs equal; the strategies that
-    split the two pairs' steps are refused."""
-    w = _same_as_one_process(work, "outer_tie", "tied", "ddp", TIE)
+    AdamW states, the embedding's first): every strategy equals one process and keeps the
+    pairs equal, the optimizer offloaded too. Under zero1-3 and fsdp the pairs' elements
+    (and their moment states) fall to different owners (rank 0 holds the embedding's unit,
+    the last rank the head's); under model_parallel the embedding and head are on two
+    stages (lib/dist/dist_tied.c)."""
+    if offload:  # against one process without offloading (whose step the model brackets)
+        ref = work / "runs" / "outer_tie_ref_tied_dp"
+        if not ref.exists():
+            run(write_config(work, ref.name, model="tied", train__batch_size=8, **TIE))
+        name = f"np2_outer_tie_off_{strategy}"
+        run(write_config(work, name, model="tied", dist__strategy=strategy,
+                         dist__offload_optimizer="cpu", **TIE), 2)
+        assert_same_run(ref, work / "runs" / name, w_atol=5e-4)
+        w = weights(work / "runs" / name)
+    else:
+        w = _same_as_one_process(work, "outer_tie", "tied", strategy, TIE)
     assert torch.equal(w["base_model.model.lm_head.lora_A.weight"].T,
                        w["base_model.model.model.embed_tokens.lora_embedding_B"])
     assert torch.equal(w["base_model.model.lm_head.lora_B.weight"].T,
                        w["base_model.model.model.embed_tokens.lora_embedding_A"])
-    out = run(write_config(work, "np2_outer_tie_zero3", model="tied", dist__strategy="zero3",
-                           **TIE), 2, check=False)
-    assert out.returncode != 0
-    assert "ensure_weight_tying" in out.stderr and "zero3" in out.stderr, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero2", "zero3", "model_parallel"])
+def test_dora_outer_tied_weight_tying_under_strategies(work, strategy):
+    """DoRA with ensure_weight_tying (the one pair stepped twice, a magnitude on each
+    module, in unit 0 and the head's unit): every strategy equals one process."""
+    w = _same_as_one_process(work, "dora_outer_tie", "tied", strategy, dict(TIE, **DORA))
+    assert torch.equal(w["base_model.model.lm_head.lora_A.weight"].T,
+                       w["base_model.model.model.embed_tokens.lora_embedding_B"])
+    assert {"base_model.model.model.embed_tokens.lora_magnitude_vector",
+            "base_model.model.lm_head.lora_magnitude_vector"} <= set(w)
 
 
 def _base_layer_adapter(work, model):
@@ -386,6 +434,29 @@ def test_adapter_extras_resume(work, what):
     cont = write_config(work, f"{name}_resumed", dist__strategy="zero3", **extra)
     run(cont, 2, "--resume", str(work / "runs" / name / "checkpoint-3"))
     got, want = losses(work / "runs" / f"{name}_resumed"), losses(ref)
+    assert sorted(got) == [4, 5]
+    for s in got:
+        assert abs(got[s] - want[s]) <= 2e-5 * abs(want[s]), (s, got[s], want[s])
+
+
+@pytest.mark.parametrize("saved,resumed", [("zero3", "zero2+offload"), ("ddp", "fsdp")])
+def test_tied_weight_tying_resume(work, saved, resumed):
+    """A checkpoint of LoRA's tied pair under ensure_weight_tying (both pairs' AdamW
+    states, laid out by flat position) resumes under another strategy with the losses of
+    the uninterrupted one-process run."""
+    ref = work / "runs" / "outer_tie_ref_tied_dp"
+    if not ref.exists():
+        run(write_config(work, ref.name, model="tied", train__batch_size=8, **TIE))
+    name = f"tie_ckpt_{saved}"
+    if not (work / "runs" / name).exists():
+        run(write_config(work, name, model="tied", dist__strategy=saved, train__save_steps=3,
+                         **TIE), 2)
+    strategy, _, off = resumed.partition("+")
+    extra = dict(TIE, dist__offload_optimizer="cpu") if off else TIE
+    cont = write_config(work, f"{name}_{strategy}_resumed", model="tied",
+                        dist__strategy=strategy, **extra)
+    run(cont, 2, "--resume", str(work / "runs" / name / "checkpoint-3"))
+    got, want = losses(work / "runs" / f"{name}_{strategy}_resumed"), losses(ref)
     assert sorted(got) == [4, 5]
     for s in got:
         assert abs(got[s] - want[s]) <= 2e-5 * abs(want[s]), (s, got[s], want[s])

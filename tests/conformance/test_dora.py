@@ -37,6 +37,10 @@ OUTER = ([(m, "dora_outer") for m in ["llama_gqa", "qwen2", "granite", "tied", "
          [(m, "dora_outer_phi") for m in ["phi3", "phi4_mini"]] +
          [("llama_gqa", "dora_head"), ("llama_gqa", "dora_embed"), ("tied", "dora_head"),
           ("gemma", "dora_embed")])
+# tied with ensure_weight_tying: the head's pair the embedding's transposed (one storage
+# stepped twice, lib/model/tied_lora.c), each module its own magnitude
+OUTER += ([(m, "dora_outer_tie") for m in ["tied", "gemma", "gemma2", "smollm3", "qwen3_tied"]] +
+          [("phi4_mini", "dora_outer_tie_phi"), ("tied", "dora_tie_head")])
 CASES += OUTER
 
 
@@ -83,7 +87,9 @@ def _train(model_name, variant):
 TRAIN_RUNS = [("llama_gqa", "dora_no_k", 4), ("qwen2", "dora_no_k", 3),
               ("phi3", "dora_no_qkv", 1), ("gemma", "dora_no_k", 2),
               ("llama_gqa", "dora_outer_no_k", 4), ("tied", "dora_outer_no_k", 1),
-              ("gemma", "dora_outer_no_k", 2), ("phi4_mini", "dora_outer_no_qkv", 2)]
+              ("gemma", "dora_outer_no_k", 2), ("phi4_mini", "dora_outer_no_qkv", 2),
+              ("tied", "dora_outer_tie_no_k", 1), ("gemma", "dora_outer_tie_no_k", 3),
+              ("phi4_mini", "dora_outer_tie_no_qkv", 2)]
 
 
 def held_adapter(pm, base_layers=False):

@@ -362,6 +362,7 @@ def test_gpu_resized_vocab(store, ft, tmp_path, model_name, variant, dtype):
 # head, a tied model's untied copies) on the GPU in fp32 against our CPU model.
 # (the seeds: the well-conditioned draws test_reference.py checks)
 TRAIN_KINDS = [("tied", "outer_tie_no_k", 1), ("gemma", "dora_outer_no_k", 2),
+               ("tied", "dora_outer_tie_no_k", 1),
                ("tied", "mts_both_no_k", 3)]
 
 

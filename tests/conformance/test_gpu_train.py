@@ -418,3 +418,53 @@ def test_gpu_two_ranks_equal_plain(workdir, strategy):
     want, got = logged(plain, "loss"), logged(workdir / (name + "_resumed"), "loss")
     assert sorted(got) == list(range(half + 1, SHORT + 1))
     assert max(abs(got[s] - want[s]) / abs(want[s]) for s in got) <= TWO_RANK_TOL
+
+
+@pytest.fixture(scope="module")
+def tied_model(workdir):
+    """The run's model with tied word embeddings (the embedding its head)."""
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    d = workdir / "model_tied"
+    if not d.exists():
+        cfg = AutoConfig.from_pretrained(workdir / "model")
+        cfg.tie_word_embeddings = True
+        torch.manual_seed(1)
+        LlamaForCausalLM(cfg).save_pretrained(d)
+        for f in (workdir / "model").iterdir():  # the tokenizer's files
+            if "token" in f.name and not (d / f.name).exists():
+                shutil.copy(f, d / f.name)
+    return d
+
+
+@pytest.mark.parametrize("strategy", ["zero2", "zero3", "model_parallel", "ddp+offload"])
+def test_gpu_two_ranks_tied_lora_pair(workdir, tied_model, strategy):
+    """LoRA on a tied model's embedding and head under ensure_weight_tying (the head's pair
+    the embedding's, one storage stepped twice: its owners' updates exchanged after each
+    step, lib/dist/dist_tied.c) on 2 GPUs in bf16: the loss and gradient norm of every
+    step equal the plain one-GPU run's."""
+    need_nccl()
+    if not EMU and torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs (one rank a GPU under NCCL); torch sees "
+                    f"{torch.cuda.device_count()}")
+    if not shutil.which("mpirun"):
+        pytest.skip("mpirun not found")
+    tie = ["--set", f"model.name={tied_model}",
+           "--set", "tuning.lora.target_modules=q_proj,v_proj,embed_tokens,lm_head",
+           "--set", "tuning.lora.ensure_weight_tying=true"]
+    batch = 4 if strategy == "model_parallel" else 8
+    plain = workdir / f"tie_plain_{batch}"
+    if not plain.exists():
+        curve(workdir, plain.name, "cuda", max_steps=SHORT, extra=two_rank_keys(batch) + tie)
+    over = two_rank_keys(4) + tie + ["--set", "dist.strategy=" + strategy.split("+")[0]]
+    if strategy.endswith("+offload"):
+        over += ["--set", "dist.offload_optimizer=cpu"]
+    name = "tie2_" + strategy.replace("+", "_")
+    assert "2 ranks (nccl)" in run_two_ranks(workdir, name, over)
+    worst = 0.0
+    for key in ("loss", "grad_norm"):
+        want, got = logged(plain, key), logged(workdir / name, key)
+        assert sorted(got) == sorted(want) == list(range(1, SHORT + 1)), key
+        worst = max([worst] + [abs(got[s] - want[s]) / abs(want[s]) for s in want])
+    print(f"\ntied pair, {strategy} on 2 ranks, bf16: worst relative difference {worst:.3g}")
+    assert worst <= TWO_RANK_TOL

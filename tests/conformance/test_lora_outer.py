@@ -18,8 +18,9 @@ its own pair over the one tied base weight, and saves that weight under both mod
 base_layer keys (loading keeps the head's, the module it fills last): the same both
 directions. With ensure_weight_tying PEFT hands lm_head the embedding's pair transposed, as
 two more parameters on the same storage (two AdamW states stepping one tensor; merged
-twice): refused naming ensure_weight_tying; so is LoRA there beside modules_to_save. DoRA on
-them: test_dora.py. ft-merge: test_tools_peft.py."""
+twice): the same both directions. LoRA there beside modules_to_save: see
+test_outer_tied_with_modules_to_save. DoRA on them (with ensure_weight_tying too):
+test_dora.py. ft-merge: test_tools_peft.py."""
 
 import json
 import math
@@ -191,36 +192,35 @@ def test_outer_tied_head_base_layer_kept(store, ft, tmp_path):
     ftref.assert_tensor_dict_close("grad.", out, grads, ftref.TOL_GRAD)
 
 
-def test_outer_tied_weight_tying_dora_refused(store, ft_raw, tmp_path):
+@pytest.mark.parametrize("targets,saved", [(["q_proj", "embed_tokens", "lm_head"], ["lm_head"]),
+                                           (["q_proj", "lm_head"], ["embed_tokens"])])
+def test_outer_tied_with_modules_to_save_under_weight_tying_refused(store, ft_raw, tmp_path,
+                                                                    targets, saved):
+    """LoRA on a tied model's embedding / head beside modules_to_save with
+    ensure_weight_tying: PEFT 0.21.2 raises (it ties the listed module to the other's LoRA
+    layer), and so do we, saying so. Without ensure_weight_tying (PEFT's default) both
+    train apart: test_modules_to_save.py (mts_head_lora_embed, mts_embed_lora_head)."""
     import shutil
 
-    d = tmp_path / "adapter"
-    shutil.copytree(store.adapter("tied", "dora_outer"), d)
-    p = d / "adapter_config.json"
-    c = json.loads(p.read_text())
-    c["ensure_weight_tying"] = True
-    p.write_text(json.dumps(c))
-    ids, _ = ftref.make_batch(64, 1, 4, 0)
-    cp, _ = ft_raw(dict(model_dir=store.model("tied"), adapter_dir=d, mode="lora",
-                        input_ids=ids), "outer-tied-dora-ewt")
-    assert cp.returncode != 0
-    assert "use_dora" in cp.stderr and "ensure_weight_tying" in cp.stderr, cp.stderr
+    from peft import LoraConfig, get_peft_model
 
-
-def test_outer_tied_with_modules_to_save_refused(store, ft_raw, tmp_path):
-    import shutil
-
+    model_dir = store.model("tied")
+    with pytest.raises(TypeError, match="modules_to_save cannot be applied to modules of type"):
+        get_peft_model(ftref.load_hf(model_dir),
+                       LoraConfig(r=4, target_modules=targets, modules_to_save=saved,
+                                  ensure_weight_tying=True))
     d = tmp_path / "adapter"
     shutil.copytree(store.adapter("tied", "mts_tie"), d)
     p = d / "adapter_config.json"
     c = json.loads(p.read_text())
-    c["target_modules"] = list(c["target_modules"]) + ["lm_head"]
+    c["target_modules"], c["modules_to_save"] = targets, saved
     p.write_text(json.dumps(c))
     ids, _ = ftref.make_batch(64, 1, 4, 0)
-    cp, _ = ft_raw(dict(model_dir=store.model("tied"), adapter_dir=d, mode="lora",
-                        input_ids=ids), "outer-tied-mts")
+    cp, _ = ft_raw(dict(model_dir=model_dir, adapter_dir=d, mode="lora", input_ids=ids),
+                   "outer-tied-mts")
     assert cp.returncode != 0
-    assert "lm_head" in cp.stderr and "modules_to_save" in cp.stderr, cp.stderr
+    for want in ("modules_to_save", "ensure_weight_tying", "PEFT", "adapter_config.json"):
+        assert want in cp.stderr, cp.stderr
 
 
 @pytest.mark.parametrize("model_name", ["llama_gqa", "tied"])
@@ -275,19 +275,21 @@ def test_outer_lora_init_tied(store, tmp_path):
                        ftref.hf_forward(ftref.load_hf(model_dir), ids)[0], ftref.TOL_LOGITS)
 
 
-@pytest.mark.parametrize("tying", ["true", "false"])
-def test_outer_lora_init_weight_tying(store, tmp_path, tying):
+@pytest.mark.parametrize("tying,dora", [("true", False), ("false", False), ("true", True)])
+def test_outer_lora_init_weight_tying(store, tmp_path, tying, dora):
     """ft-lora-init --ensure-weight-tying on a tied model: true gives PEFT's tied pair (the
     head's the embedding's transposed: PEFT's init of the head, A kaiming-uniform, B = 0,
-    fills both), false a pair each; loading in PEFT with every key used, the base's
-    logits."""
+    fills both), false a pair each; --dora beside it a magnitude on each module; loading in
+    PEFT with every key used, the base's logits."""
     exe = ftref.tool_exe("FT_LORA_INIT", "ft-lora-init")
     model_dir = store.model("tied")
     out = tmp_path / "adapter"
     ftref.run_tool([exe, "--model", model_dir, "--out", out, "--r", 4, "--target",
-                    "q_proj,embed_tokens,lm_head", "--ensure-weight-tying", tying])
+                    "q_proj,embed_tokens,lm_head", "--ensure-weight-tying", tying] +
+                   (["--dora"] if dora else []))
     cfg = json.loads((out / "adapter_config.json").read_text())
     assert cfg["ensure_weight_tying"] is (tying == "true")
+    assert cfg["use_dora"] is dora
     t = load_file(str(out / "adapter_model.safetensors"))
     eb = t["base_model.model.model.embed_tokens.lora_embedding_B"]
     ha = t["base_model.model.lm_head.lora_A.weight"]

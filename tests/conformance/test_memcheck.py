@@ -322,3 +322,20 @@ def test_auto_batch_nothing_fits(work):
     bad = write_config(work, "ab_bad", train__memory_budget="lots")
     out = run(bad, 1, check=False)
     assert out.returncode != 0 and "train.memory_budget" in out.stderr and "lots" in out.stderr
+
+
+@pytest.mark.parametrize("strategy,world,extra", [
+    ("zero1", 2, {}), ("zero2", 2, {}), ("zero3", 2, {}), ("fsdp", 2, {}),
+    ("model_parallel", 2, {}), ("zero2", 2, {"dist__offload_optimizer": "cpu"}),
+    ("ddp", 2, {"dist__offload_optimizer": "cpu"})])
+def test_measure_tied_lora_weight_tying(work, strategy, world, extra):
+    """LoRA on the tied model's embedding and head under ensure_weight_tying (the head's
+    pair the embedding's: both pairs held, their exchange after each step a moment's
+    buffer beside the counted ones, lib/dist/dist_tied.c): measured == planned on every
+    rank under every strategy."""
+    name = f"m_tie_{strategy}_{world}_{len(extra)}"
+    cfg = write_config(work, name, model="tied", dist__strategy=strategy,
+                       tuning__lora__target_modules="q_proj,v_proj,embed_tokens,lm_head",
+                       tuning__lora__ensure_weight_tying="true", **extra)
+    out = run(cfg, world, "--measure")
+    assert_exact(out.stdout, world)

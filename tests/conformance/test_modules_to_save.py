@@ -35,7 +35,11 @@ CASES = ([("llama_gqa", "mts_head"), ("llama_gqa", "mts_embed")] +
          [("tied", "mts_tie_head")] +
          # tied, no ensure_weight_tying: untied copies
          [(m, "mts_head_all") for m in TIED] + [("tied", "mts_both"), ("gemma2", "mts_both"),
-                                               ("tied", "mts_embed"), ("qwen3_tied", "mts_embed")])
+                                               ("tied", "mts_embed"), ("qwen3_tied", "mts_embed")] +
+         # ... with LoRA on the module not listed (over the base tensor)
+         [("tied", "mts_head_lora_embed"), ("gemma", "mts_head_lora_embed"),
+          ("tied", "mts_embed_lora_head"), ("gemma2", "mts_embed_lora_head"),
+          ("llama_gqa", "mts_head_lora_embed")])
 
 
 class Case:
@@ -79,7 +83,8 @@ def test_mts_grads(case):
 TRAIN_RUNS = [("llama_gqa", "mts_both_no_k", 4), ("qwen2", "mts_both_no_k", 3),
               ("phi3", "mts_both_no_qkv", 1), ("tied", "mts_tie_no_k", 1),
               ("gemma", "mts_tie_no_k", 1), ("tied", "mts_both_no_k", 3),
-              ("gemma", "mts_both_no_k", 2), ("smollm3", "mts_head_no_k", 2)]
+              ("gemma", "mts_both_no_k", 2), ("smollm3", "mts_head_no_k", 2),
+              ("tied", "mts_head_lora_embed_no_k", 1), ("tied", "mts_embed_lora_head_no_k", 1)]
 
 
 # max_grad_norm below each run's gradient norms, so that clipping acts (test_reference.py
@@ -134,6 +139,10 @@ def test_mts_train_and_save_loads_in_peft(store, ft, tmp_path, model_name, varia
             if ".lora_" in k or ".modules_to_save.default." in k}
     held = {("base_model.model." + ftref.ours_key(k) if ".modules_to_save." in k
              else ftref.peft_key(k)): p for k, p in held.items()}
+    # (LoRA on the embedding or head: PEFT saves its base weight beside the pair, and its
+    # loading puts it in the base)
+    held.update({k: p for k, p in pm.state_dict().items()
+                 if ".base_layer." in k and ("embed_tokens" in k or "lm_head" in k)})
     assert set(held) == set(tensors), sorted(set(held) ^ set(tensors))
     for k, t in tensors.items():
         assert torch.equal(held[k], t), f"{k}: peft holds other values than the file"

@@ -334,7 +334,11 @@ TIED_OUTER_MERGES = [("tied", "outer", "f32"), ("gemma", "outer", "f32"),
                      # ensure_weight_tying: the head's pair is the embedding's, and PEFT
                      # merges it twice (E + 2 s (B A)^T)
                      ("tied", "outer_tie", "f32"), ("gemma", "outer_tie_head", "bf16"),
-                     ("phi4_mini", "outer_tie_phi", "f32")]
+                     ("phi4_mini", "outer_tie_phi", "f32"),
+                     # and DoRA with it: the embedding's DoRA merge, then the head's with
+                     # its own magnitude on the merged tensor, the one pair both times
+                     ("tied", "dora_outer_tie", "f32"), ("gemma2", "dora_outer_tie", "f32"),
+                     ("tied", "dora_tie_head", "bf16")]
 
 
 @pytest.mark.parametrize("model_name,variant,dtype", TIED_OUTER_MERGES,

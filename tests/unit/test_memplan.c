@@ -478,6 +478,21 @@ static void test_cpu_bias_and_tied_equal_measured(void)
                "tuning.lora.use_dora=true");
     /* ensure_weight_tying: the head's pair the embedding's, whichever is named */
     sweep_with(tied_dir, "lora", "v_proj,lm_head", "0", "tuning.lora.ensure_weight_tying=true");
+    /* ... and DoRA with it: the one pair, each module its magnitude and DoRA scratch (the
+     * head named alone) */
+    for (int ci = 0; ci < 2; ci++)
+        for (int bi = 0; bi < 3; bi++) {
+            const char *ckpt[] = {"train.gradient_checkpointing=false",
+                                  "train.gradient_checkpointing=true"};
+            const char *batch[] = {"train.batch_size=1", "train.batch_size=2",
+                                   "train.batch_size=5"};
+            const char *sets[] = {"tuning.mode=lora", "tuning.lora.target_modules=v_proj,lm_head",
+                                  "tuning.lora.dropout=0.1", "tuning.lora.r=3", batch[bi],
+                                  "model.max_seq_len=7", ckpt[ci],
+                                  "tuning.lora.ensure_weight_tying=true",
+                                  "tuning.lora.use_dora=true", NULL};
+            compare(tied_dir, sets);
+        }
     sweep(qwen_dir, "lora", "k_proj,o_proj,up_proj", "0.05");
     sweep(qwen_dir, "full", "all-linear", "0.05");
 }
