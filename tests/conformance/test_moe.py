@@ -30,8 +30,11 @@ from safetensors.torch import load_file
 
 import ftref
 import moe_padding
+import moe_ref
+from moe_ref import B
 
-B = 2
+ckpt_grads = moe_ref.mixtral_ckpt_grads  # (the fused experts split; the GPU file's too)
+_train = moe_ref.train_hparams
 
 # Tiny Mixtral shapes. The aux coefficient is raised well above the default 0.001 so that
 # a wrong load-balancing term (value or gradient) is far outside the tolerances.
@@ -56,63 +59,13 @@ MOE_SHAPES = {
 }
 
 
-def ckpt_grads(grads, cfg):
-    """HF 5 gradient names -> the checkpoint's (per-expert w1/w3/w2, block_sparse_moe)."""
-    I = cfg.intermediate_size
-    out = {}
-    for n, g in grads.items():
-        if ".mlp.experts.gate_up_proj" in n:
-            pre = n.replace(".mlp.experts.gate_up_proj", ".block_sparse_moe.experts")
-            for e in range(g.shape[0]):
-                out[f"{pre}.{e}.w1.weight"] = g[e, :I]
-                out[f"{pre}.{e}.w3.weight"] = g[e, I:]
-        elif ".mlp.experts.down_proj" in n:
-            pre = n.replace(".mlp.experts.down_proj", ".block_sparse_moe.experts")
-            for e in range(g.shape[0]):
-                out[f"{pre}.{e}.w2.weight"] = g[e]
-        elif ".mlp.gate.weight" in n:
-            out[n.replace(".mlp.gate.", ".block_sparse_moe.gate.")] = g
-        else:
-            out[n] = g
-    return out
-
-
-class Case:
-    pass
-
-
-@pytest.fixture(scope="module")
-def moe_store(tmp_path_factory):
-    root = tmp_path_factory.mktemp("moe")
-    built = {}
-
-    def model(name):
-        if name not in built:
-            built[name] = ftref.build_model_dir(MOE_SHAPES[name], root / name)
-        return built[name]
-
-    model.root = root
-    return model
+moe_store = moe_ref.store_fixture(MOE_SHAPES, "moe", name="moe_store")
 
 
 @pytest.fixture(scope="module", params=list(MOE_SHAPES))
 def case(request, moe_store, ft):
-    shape = MOE_SHAPES[request.param]
-    c = Case()
-    c.shape = shape
-    c.model_dir = moe_store(shape.name)
-    model = ftref.full_mode_model(c.model_dir)
-    c.cfg = model.config
-    c.ids, c.labels = ftref.make_batch(model.config.vocab_size, B, shape.T, shape.seed)
-    c.ref_logits, c.ref_loss, grads = ftref.hf_grads(model, c.ids, c.labels)
-    c.ref_grads = ckpt_grads(grads, model.config)
-    with torch.no_grad():
-        c.ref_aux = model(input_ids=c.ids, labels=c.labels).aux_loss
-    spec = dict(model_dir=c.model_dir, input_ids=c.ids, labels=c.labels)
-    c.spec = spec
-    c.eval_out = ft(dict(spec, mode="eval"), f"{shape.name}-eval")
-    c.full_out = ft(dict(spec, mode="full"), f"{shape.name}-full")
-    return c
+    return moe_ref.full_case(MOE_SHAPES[request.param], moe_store(request.param), ft,
+                             ckpt_grads)
 
 
 def test_config_as_written(case):
@@ -120,27 +73,15 @@ def test_config_as_written(case):
     cfg = json.loads((case.model_dir / "config.json").read_text())
     assert cfg["model_type"] == "mixtral"
     assert cfg["num_local_experts"] == case.shape.cfg["num_local_experts"]
-    if case.shape.cfg["output_router_logits"]:
-        # the aux term is large enough to matter at the loss tolerance
-        assert case.ref_aux is not None
-        share = case.shape.cfg["router_aux_loss_coef"] * float(case.ref_aux) / float(case.ref_loss)
-        assert share > 100 * ftref.TOL_LOGITS
+    moe_ref.check_aux_share(case)
 
 
 def test_eval_logits_loss(case):
-    name = case.shape.name
-    ftref.assert_close(f"[{name}] eval logits", case.eval_out["logits"], case.ref_logits,
-                       ftref.TOL_LOGITS)
-    ftref.assert_close(f"[{name}] eval loss", case.eval_out["loss"], case.ref_loss,
-                       ftref.TOL_LOGITS)
+    moe_ref.check_logits_loss(case, "eval")
 
 
 def test_full_logits_loss(case):
-    name = case.shape.name
-    ftref.assert_close(f"[{name}] full logits", case.full_out["logits"], case.ref_logits,
-                       ftref.TOL_LOGITS)
-    ftref.assert_close(f"[{name}] full loss", case.full_out["loss"], case.ref_loss,
-                       ftref.TOL_LOGITS)
+    moe_ref.check_logits_loss(case, "full")
 
 
 def test_full_grads(case):
@@ -171,10 +112,7 @@ def test_full_grads(case):
 def test_grad_ckpt_equal(case, ft):
     """Gradient checkpointing recomputes the MoE block (routing and grouping) without
     counting it twice in the load-balancing statistics: the same gradients bit for bit."""
-    out = ft(dict(case.spec, mode="full", grad_ckpt=True), f"{case.shape.name}-full-ckpt")
-    for k, v in case.full_out.items():
-        if k.startswith("grad.") or k in ("loss", "logits"):
-            assert torch.equal(out[k], v), k
+    moe_ref.check_grad_ckpt_equal(case, ft)
 
 
 @pytest.mark.parametrize("name", ["mixtral", "mixtral_top3_sw"])
@@ -217,20 +155,11 @@ def lora_case(moe_store, ft):
     adapter = ftref.build_adapter(model_dir, moe_store.root / "adapter-qkvo",
                                   target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
                                   seed=7)
-    model = ftref.lora_mode_model(model_dir, adapter)
-    ids, labels = ftref.make_batch(model.config.vocab_size, B, shape.T, shape.seed + 1)
-    logits, loss, grads = ftref.hf_grads(model, ids, labels, key=ftref.peft_key)
-    out = ft(dict(model_dir=model_dir, adapter_dir=adapter, mode="lora", input_ids=ids,
-                  labels=labels), "mixtral-lora-qkvo")
-    return dict(logits=logits, loss=loss, grads=grads, out=out)
+    return moe_ref.lora_case(shape, model_dir, adapter, ft, shape.seed + 1, "mixtral-lora-qkvo")
 
 
 def test_lora_attention(lora_case):
-    c = lora_case
-    ftref.assert_close("[mixtral lora] logits", c["out"]["logits"], c["logits"],
-                       ftref.TOL_LOGITS)
-    ftref.assert_close("[mixtral lora] loss", c["out"]["loss"], c["loss"], ftref.TOL_LOGITS)
-    ftref.assert_tensor_dict_close("grad.", c["out"], c["grads"], ftref.TOL_GRAD)
+    moe_ref.check_lora(lora_case, "[mixtral lora]")
 
 
 def _refused(ft_raw, spec, tag, *needles):
@@ -279,61 +208,28 @@ def qlora_case(request, moe_store, ft):
     adapter = ftref.build_adapter(model_dir, moe_store.root / "adapter-qlora",
                                   target_modules=["q_proj", "v_proj", "o_proj", "gate", "w1",
                                                   "w2", "w3"], seed=9)
-    m = ftref.load_hf(model_dir)
-    ids, labels = ftref.make_batch(m.config.vocab_size, B, shape.T, shape.seed + 4)
-    spec = dict(adapter_dir=adapter, mode="lora", input_ids=ids, labels=labels)
-    tag = f"moe-qlora-{q['type']}{'-ckpt' if q.get('ckpt') else ''}"
-    if q.get("ckpt"):
-        qdir = moe_store.root / "quantized"
-        if not qdir.exists():
-            ftref.run_tool([ftref.tool_exe("FT_QUANTIZE", "ft-quantize"), "--model", model_dir,
-                            "--out", qdir, "--type", q["type"]])
-        out = ft(dict(spec, model_dir=qdir), tag)
-    else:
-        out = ft(dict(spec, model_dir=model_dir, quant=q), tag)
-    deq = {k[len("dequant."):]: v for k, v in out.items() if k.startswith("dequant.")}
-    sd = {k: v.clone() for k, v in m.state_dict().items()}
-    v5_state(sd, deq, m.config.intermediate_size)
-    m.load_state_dict(sd)
-    ref_dir = moe_store.root / f"dequant-{q['type']}"
-    m.save_pretrained(ref_dir, safe_serialization=True)
-    ref = ftref.lora_mode_model(ref_dir, adapter)
-    logits, loss, grads = ftref.hf_grads(ref, ids, labels, key=ftref.peft_key)
-    ckpt = load_file(str(model_dir / "model.safetensors"))
-    return dict(q=q, out=out, deq=deq, ckpt=ckpt, logits=logits, loss=loss, grads=grads,
-                L=m.config.num_hidden_layers, E=m.config.num_local_experts)
+    return moe_ref.qlora_case(q, shape, model_dir, adapter, moe_store, ft, v5_state,
+                              "intermediate_size",
+                              f"moe-qlora-{q['type']}{'-ckpt' if q.get('ckpt') else ''}",
+                              moe_store.root / f"dequant-{q['type']}")
 
 
 def test_qlora_quantizes_attention_and_experts(qlora_case):
-    from test_qlora import _bound
-
     c = qlora_case
-    want = {f"model.layers.{l}.self_attn.{p}.weight" for l in range(c["L"])
+    L, E = c["cfg"].num_hidden_layers, c["cfg"].num_local_experts
+    want = {f"model.layers.{l}.self_attn.{p}.weight" for l in range(L)
             for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
     if not c["q"].get("ckpt"):
         want |= {f"model.layers.{l}.block_sparse_moe.experts.{e}.{w}.weight"
-                 for l in range(c["L"]) for e in range(c["E"]) for w in ("w1", "w2", "w3")}
-    assert set(c["deq"]) == want  # the router is not quantized
-    for name, d in c["deq"].items():
-        w = c["ckpt"][name].float().numpy()
-        err = abs(d.numpy().reshape(-1) - w.reshape(-1))
-        assert (err <= _bound(w, c["q"])).all(), name
-        assert err.max() > 0, name
+                 for l in range(L) for e in range(E) for w in ("w1", "w2", "w3")}
+    moe_ref.check_qlora_dequant(c, want)
 
 
 def test_qlora_logits_loss_grads(qlora_case):
-    c = qlora_case
-    ftref.assert_close("qlora logits", c["out"]["logits"], c["logits"], ftref.TOL_LOGITS)
-    ftref.assert_close("qlora loss", c["out"]["loss"], c["loss"], ftref.TOL_LOGITS)
-    ftref.assert_tensor_dict_close("grad.", c["out"], c["grads"], ftref.TOL_GRAD)
+    moe_ref.check_lora(qlora_case, "qlora")
 
 
 # --- training, adapters both ways, merge -----------------------------------------------
-
-
-def _train(lr):
-    return dict(steps=5, lr=lr, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01,
-                warmup_steps=2, scheduler="cosine", max_grad_norm=2.0)
 
 
 TRAIN_RUNS = [
@@ -350,32 +246,12 @@ TRAIN_RUNS = [
 def train_case(request, moe_store, ft):
     """Five AdamW steps (warmup, cosine, clipping, weight decay) against torch's, the
     load-balancing loss in every step's loss and gradient."""
-    run = request.param
-    shape = MOE_SHAPES[run["shape"]]
-    model_dir = moe_store(shape.name)
-    ids, labels = ftref.make_batch(shape.cfg["vocab_size"], B, shape.T, shape.seed + 2)
-    if run["targets"] is None:
-        m = ftref.full_mode_model(model_dir)
-        spec = dict(model_dir=model_dir, mode="full")
-        key = lambda n: n  # noqa: E731
-    else:
-        adapter = ftref.build_adapter(model_dir, moe_store.root / f"adapter-train-{run['id']}",
-                                      target_modules=run["targets"], seed=11)
-        m = ftref.lora_mode_model(model_dir, adapter)
-        spec = dict(model_dir=model_dir, adapter_dir=adapter, mode="lora")
-        key = ftref.peft_key
-    ref = ftref.reference_train(m, ids, labels, run["train"], key=key)
-    ref["weights"] = ckpt_grads(ref["weights"], m.config)
-    spec.update(input_ids=ids, labels=labels, train=run["train"])
-    out = ft(spec, f"moe-train-{run['id']}")
-    return dict(ref=ref, out=out, run=run)
+    return moe_ref.train_case(request.param, MOE_SHAPES, moe_store, ft, ckpt_grads,
+                              "moe-train")
 
 
 def test_train_losses_and_weights(train_case):
-    ref, out = train_case["ref"], train_case["out"]
-    ftref.assert_close(f"losses (ref {[round(x, 6) for x in ref['losses'].tolist()]})",
-                       out["losses"], ref["losses"], ftref.TOL_LOSSES)
-    ftref.assert_tensor_dict_close("weight.", out, ref["weights"], ftref.TOL_WEIGHT)
+    moe_ref.check_train(train_case)
 
 
 def _tool(var, name):
@@ -406,53 +282,24 @@ def test_lora_init_all_linear_loads_in_peft(moe_store, tmp_path):
 
 def test_lora_init_adapter_loads_in_peft(moe_store, tmp_path):
     """ft-lora-init on a MoE model: an adapter of the attention modules PEFT loads, B = 0."""
-    from peft import PeftModel
-
     model_dir = moe_store("mixtral")
     out = tmp_path / "adapter"
     ftref.run_tool([_tool("FT_LORA_INIT", "ft-lora-init"), "--model", model_dir, "--out", out,
                     "--r", 4, "--target", "q_proj,v_proj,o_proj", "--seed", 3])
     cfg = json.loads((out / "adapter_config.json").read_text())
     assert sorted(cfg["target_modules"]) == ["o_proj", "q_proj", "v_proj"]
-    pm = PeftModel.from_pretrained(ftref.load_hf(model_dir), str(out))
-
-    tensors = load_file(str(out / "adapter_model.safetensors"))
-    mem = {ftref.peft_key(n): p for n, p in pm.named_parameters() if ".lora_" in n}
-    assert set(mem) == set(tensors)
-    for k, t in tensors.items():
-        assert torch.equal(mem[k].detach(), t), k
-    ids, _ = ftref.make_batch(96, 2, 12, 0)
-    assert torch.equal(ftref.hf_forward(pm, ids)[0],
-                       ftref.hf_forward(ftref.load_hf(model_dir), ids)[0])
+    moe_ref.check_lora_init_loads(model_dir, out)
 
 
 def test_merge_loads_in_transformers(moe_store, tmp_path):
     """ft-merge of an attention adapter made by PEFT: the merged checkpoint (experts and
     router under the checkpoint's names) loads in transformers 5 with the logits of the
     PEFT model, and its weights equal merge_and_unload's."""
-    from peft import PeftModel
-
-
     model_dir = moe_store("mixtral")
     adapter = ftref.build_adapter(model_dir, tmp_path / "adapter",
                                   target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
                                   seed=5)
-    out = tmp_path / "merged"
-    ftref.run_tool([_tool("FT_MERGE", "ft-merge"), "--model", model_dir, "--adapter", adapter,
-                    "--out", out])
-    pm = PeftModel.from_pretrained(ftref.load_hf(model_dir), str(adapter))
-    pm.eval()
-    ids, _ = ftref.make_batch(96, 2, 12, 1)
-    ref_logits = ftref.hf_forward(pm, ids)[0]
-    merged = pm.merge_and_unload()
-    ref_state = ckpt_grads({k: v.detach() for k, v in merged.state_dict().items()},
-                           merged.config)
-    ours = load_file(str(out / "model.safetensors"))
-    assert set(ours) == set(ref_state), sorted(set(ours) ^ set(ref_state))
-    for k, v in ref_state.items():
-        ftref.assert_close(f"merged {k}", ours[k], v, ftref.TOL_WEIGHT)
-    ftref.assert_close("merged logits", ftref.hf_forward(ftref.load_hf(out), ids)[0],
-                       ref_logits, ftref.TOL_LOGITS)
+    moe_ref.check_merged(moe_ref.merge(model_dir, adapter, tmp_path / "merged", 1, ckpt_grads))
 
 
 # --- ft-train end to end -----------------------------------------------------------------
@@ -562,7 +409,7 @@ def test_ft_train_refuses_moe_lora_with_dropout(train_dir):
 @pytest.fixture(scope="module")
 def dist_work(tmp_path_factory):
     """A tiny Mixtral with the load-balancing loss on (coefficient 0.1, so that it moves
-    the weights), and token data of uneven lengths (_uneven_rows): one process's batch of
+    the weights), and token data of uneven lengths (moe_ref.uneven_rows): one process's batch of
     8 rows is padded to its longest, each rank's 4 to theirs, so the batches hold different
     padding; the load-balancing statistics leave it out (the attention_mask), so the runs
     still agree."""
@@ -579,38 +426,9 @@ def dist_work(tmp_path_factory):
                         num_local_experts=4, num_experts_per_tok=2, output_router_logits=True,
                         router_aux_loss_coef=0.1)
     MixtralForCausalLM(cfg).save_pretrained(d / "model", safe_serialization=True)
-    (d / "train.jsonl").write_text(_uneven_rows(random.Random(3)))
+    (d / "train.jsonl").write_text(moe_ref.uneven_rows(random.Random(3)))
     moe_padding.write_rows(d / "eval.jsonl", _EVAL_ROWS)
     return d
-
-
-def _uneven_rows(rnd, n=48):
-    """n token rows of 6 to 12 ids in [1, 63] (lengths at random), the first 4 labels
-    -100, as JSON lines."""
-    rows = []
-    for _ in range(n):
-        T = rnd.randint(6, 12)
-        ids = [rnd.randint(1, 63) for _ in range(T)]
-        rows.append({"input_ids": ids, "labels": [-100] * 4 + ids[4:]})
-    return "".join(json.dumps(r) + "\n" for r in rows)
-
-
-def _dist_run(d, name, np_, mode, **over):
-    import rankrun
-
-    keys = {"train.max_steps": 4, "train.warmup_steps": 1, "train.learning_rate": 1e-2,
-            "data.eval_path": d / "eval.jsonl", "train.eval_strategy": "steps",
-            "train.eval_steps": 2}
-    keys.update({k.replace("__", "."): v for k, v in over.items()})
-    cfg = rankrun.write_config(d, name, keys, mode=mode)
-    rankrun.run(cfg, np_)
-    return d / "runs" / name
-
-
-def _same_run(a, b):
-    from test_dist_train import assert_same_run
-
-    assert_same_run(a, b)
 
 
 # held-out rows of uneven lengths, each counting as many tokens (moe_padding.eval_rows)
@@ -631,27 +449,7 @@ def test_dist_strategy_equals_one_process(dist_work, mode, strategy):
     stages: the layers), so the aux term and its gradient are the one process's. The
     evaluation (eval/loss with the aux term, eval/aux_loss) is the HF Trainer's over the
     same eval batches (moe_padding.check_run_eval)."""
-    lora = {"tuning__lora__target_modules": "q_proj,v_proj"} if mode == "lora" else {}
-    if mode == "moe-lora":
-        lora = {"tuning__lora__target_modules": "all-linear", "tuning__lora__dropout": 0}
-    tmode = "lora" if mode == "moe-lora" else mode
-    single = dist_work / "runs" / f"single_{mode}"
-    if not single.exists():
-        _dist_run(dist_work, f"single_{mode}", 1, tmode, train__batch_size=8, **lora)
-    batch = 8 if strategy == "model_parallel" else 4
-    run = _dist_run(dist_work, f"np2_{mode}_{strategy}", 2, tmode, train__batch_size=batch,
-                    dist__strategy=strategy, **lora)
-    _same_run(single, run)
-    # the evaluations (steps 2 and 4, every rank over the whole eval set in batches of the
-    # rank's batch size) are the HF Trainer's, its MoE load-balancing term included
-    moe_padding.check_run_eval(run, dist_work / "model", tmode, _EVAL_ROWS, batch, 4,
-                               dist_work / "hf_eval")
-    if strategy == "model_parallel":  # (the one process's batches: its evaluations too)
-        for tag in ("eval/loss", "eval/aux_loss"):
-            a, b = (moe_padding.tb_scalars(r, tag) for r in (single, run))
-            assert a.keys() == b.keys() == {2, 4}, (a, b)
-            for s in a:
-                ftref.assert_close(f"{tag} {s}", b[s], a[s], ftref.TOL_LOGITS)
+    moe_ref.check_dist_equals_one_process(dist_work, mode, strategy, _EVAL_ROWS)
 
 
 def test_ft_train_logged_losses_are_trainers(dist_work):
@@ -919,27 +717,11 @@ def test_router_lora_merge(router_case, moe_store, tmp_path):
     """ft-merge folds the router's pair into block_sparse_moe.gate.weight and the experts'
     into experts.E.w1/w3/w2 as PEFT's merge_and_unload does; the output loads in
     transformers with the PEFT model's logits."""
-    from peft import PeftModel
-
     model_dir = moe_store("mixtral")
     adapter = moe_store.root / "adapter-router-mixtral"
-    out = tmp_path / "merged"
-    ftref.run_tool([_tool("FT_MERGE", "ft-merge"), "--model", model_dir, "--adapter", adapter,
-                    "--out", out])
-    pm = PeftModel.from_pretrained(ftref.load_hf(model_dir), str(adapter))
-    pm.eval()
-    ids, _ = ftref.make_batch(96, 2, 12, 3)
-    ref_logits = ftref.hf_forward(pm, ids)[0]
-    merged = pm.merge_and_unload()
-    ref_state = ckpt_grads({k: v.detach() for k, v in merged.state_dict().items()},
-                           merged.config)
-    ours = load_file(str(out / "model.safetensors"))
-    assert set(ours) == set(ref_state), sorted(set(ours) ^ set(ref_state))
+    m = moe_ref.merge(model_dir, adapter, tmp_path / "merged", 3, ckpt_grads)
     base = load_file(str(model_dir / "model.safetensors"))
     for k in ("gate", "experts.0.w1", "experts.1.w3", "experts.3.w2"):
         k = f"model.layers.0.block_sparse_moe.{k}.weight"
-        assert not torch.equal(ours[k], base[k]), k
-    for k, v in ref_state.items():
-        ftref.assert_close(f"merged {k}", ours[k], v, ftref.TOL_WEIGHT)
-    ftref.assert_close("merged logits", ftref.hf_forward(ftref.load_hf(out), ids)[0],
-                       ref_logits, ftref.TOL_LOGITS)
+        assert not torch.equal(m.ours[k], base[k]), k
+    moe_ref.check_merged(m)

@@ -9,7 +9,7 @@ mlp.{gate,up,down}_proj); and the router load-balancing loss (output_router_logi
 router_aux_loss_coef) over the sparse layers.
 
 The checkpoint names and the fused 3-D experts of transformers 5 are as for qwen3_moe
-(test_qwen3_moe.py's ckpt_grads and v5_state). PEFT 0.21 converts MLP names to the
+(moe_ref.py's qwen_ckpt_grads and qwen_v5_state). PEFT 0.21 converts MLP names to the
 experts' target_parameters only for the model types transformers maps onto the qwen2_moe
 pattern (qwen3_moe among them), not for qwen2_moe itself: here gate_proj, up_proj and
 down_proj are the shared expert's and the dense layers' linear layers, "gate" (the
@@ -28,10 +28,10 @@ import pytest
 import torch
 
 import ftref
-from test_moe import _train
-from test_qwen3_moe import ckpt_grads
+import moe_ref
 
-B = 2
+ckpt_grads = moe_ref.qwen_ckpt_grads  # (the fused experts split, as for qwen3_moe)
+_train = moe_ref.train_hparams
 
 # The aux coefficient is far above the default 0.001 so that a wrong load-balancing term
 # is far outside the tolerances; the three MLP widths differ.
@@ -65,41 +65,12 @@ def dense_layers(cfg):
             if l in cfg.mlp_only_layers or (l + 1) % cfg.decoder_sparse_step != 0]
 
 
-class Case:
-    pass
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qwen2_moe")
-    built = {}
-
-    def model(name):
-        if name not in built:
-            built[name] = ftref.build_model_dir(SHAPES[name], root / name)
-        return built[name]
-
-    model.root = root
-    return model
+store = moe_ref.store_fixture(SHAPES, "qwen2_moe")
 
 
 @pytest.fixture(scope="module", params=list(SHAPES))
 def case(request, store, ft):
-    shape = SHAPES[request.param]
-    c = Case()
-    c.shape = shape
-    c.model_dir = store(shape.name)
-    model = ftref.full_mode_model(c.model_dir)
-    c.cfg = model.config
-    c.ids, c.labels = ftref.make_batch(model.config.vocab_size, B, shape.T, shape.seed)
-    c.ref_logits, c.ref_loss, grads = ftref.hf_grads(model, c.ids, c.labels)
-    c.ref_grads = ckpt_grads(grads, model.config)
-    with torch.no_grad():
-        c.ref_aux = model(input_ids=c.ids, labels=c.labels).aux_loss
-    c.spec = dict(model_dir=c.model_dir, input_ids=c.ids, labels=c.labels)
-    c.eval_out = ft(dict(c.spec, mode="eval"), f"{shape.name}-eval")
-    c.full_out = ft(dict(c.spec, mode="full"), f"{shape.name}-full")
-    return c
+    return moe_ref.full_case(SHAPES[request.param], store(request.param), ft, ckpt_grads)
 
 
 def test_config_as_written(case):
@@ -120,26 +91,15 @@ def test_config_as_written(case):
         assert (f"model.layers.{l}.mlp.gate_proj.weight" in case.ref_grads) == (l in dense)
         assert (f"model.layers.{l}.mlp.shared_expert_gate.weight" in case.ref_grads) == \
             (l not in dense)
-    if case.shape.cfg["output_router_logits"]:
-        assert case.ref_aux is not None
-        share = case.shape.cfg["router_aux_loss_coef"] * float(case.ref_aux) / float(case.ref_loss)
-        assert share > 100 * ftref.TOL_LOGITS
+    moe_ref.check_aux_share(case)
 
 
 def test_eval_logits_loss(case):
-    name = case.shape.name
-    ftref.assert_close(f"[{name}] eval logits", case.eval_out["logits"], case.ref_logits,
-                       ftref.TOL_LOGITS)
-    ftref.assert_close(f"[{name}] eval loss", case.eval_out["loss"], case.ref_loss,
-                       ftref.TOL_LOGITS)
+    moe_ref.check_logits_loss(case, "eval")
 
 
 def test_full_logits_loss(case):
-    name = case.shape.name
-    ftref.assert_close(f"[{name}] full logits", case.full_out["logits"], case.ref_logits,
-                       ftref.TOL_LOGITS)
-    ftref.assert_close(f"[{name}] full loss", case.full_out["loss"], case.ref_loss,
-                       ftref.TOL_LOGITS)
+    moe_ref.check_logits_loss(case, "full")
 
 
 def test_full_grads(case):
@@ -152,10 +112,7 @@ def test_full_grads(case):
 
 
 def test_grad_ckpt_equal(case, ft):
-    out = ft(dict(case.spec, mode="full", grad_ckpt=True), f"{case.shape.name}-full-ckpt")
-    for k, v in case.full_out.items():
-        if k.startswith("grad.") or k in ("loss", "logits"):
-            assert torch.equal(out[k], v), k
+    moe_ref.check_grad_ckpt_equal(case, ft)
 
 
 # --- LoRA: PEFT keeps every MLP name on qwen2_moe's linear layers ----------------------
@@ -176,13 +133,8 @@ def lora_case(request, store, ft):
     model_dir = store(name)
     adapter = ftref.build_adapter(model_dir, store.root / f"adapter-{name}-{variant}",
                                   target_modules=LORA_TARGETS[variant], seed=7)
-    model = ftref.lora_mode_model(model_dir, adapter)
-    ids, labels = ftref.make_batch(model.config.vocab_size, B, shape.T, shape.seed + 1)
-    logits, loss, grads = ftref.hf_grads(model, ids, labels, key=ftref.peft_key)
-    out = ft(dict(model_dir=model_dir, adapter_dir=adapter, mode="lora", input_ids=ids,
-                  labels=labels), f"{name}-lora-{variant}")
-    return dict(logits=logits, loss=loss, grads=grads, out=out, variant=variant,
-                adapter=adapter, cfg=model.config)
+    c = moe_ref.lora_case(shape, model_dir, adapter, ft, shape.seed + 1, f"{name}-lora-{variant}")
+    return dict(c, variant=variant, adapter=adapter)
 
 
 def test_lora_targets_as_peft_puts_them(lora_case):
@@ -199,11 +151,7 @@ def test_lora_targets_as_peft_puts_them(lora_case):
 
 
 def test_lora_logits_loss_grads(lora_case):
-    c = lora_case
-    assert {k for k in c["out"] if k.startswith("grad.")} == {f"grad.{k}" for k in c["grads"]}
-    ftref.assert_close("lora logits", c["out"]["logits"], c["logits"], ftref.TOL_LOGITS)
-    ftref.assert_close("lora loss", c["out"]["loss"], c["loss"], ftref.TOL_LOGITS)
-    ftref.assert_tensor_dict_close("grad.", c["out"], c["grads"], ftref.TOL_GRAD)
+    moe_ref.check_lora(lora_case, "lora", same_keys=True)
 
 
 def test_lora_router_and_experts_names_refused(store, ft_raw):
@@ -251,18 +199,13 @@ def tp_case(request, store, ft):
     model_dir = store(name)
     adapter = ftref.build_adapter(model_dir, store.root / f"adapter-tp-{name}-{variant}",
                                   seed=21, **TP_VARIANTS[variant])
-    model = ftref.lora_mode_model(model_dir, adapter)
-    ids, labels = ftref.make_batch(model.config.vocab_size, B, shape.T, shape.seed + 8)
-    logits, loss, grads = ftref.hf_grads(model, ids, labels, key=ftref.peft_key)
-    spec = dict(model_dir=model_dir, adapter_dir=adapter, mode="lora", input_ids=ids,
-                labels=labels)
-    out = ft(spec, f"{name}-lora-tp-{variant}")
+    c = moe_ref.lora_case(shape, model_dir, adapter, ft, shape.seed + 8,
+                          f"{name}-lora-tp-{variant}")
     saved = store.root / f"saved-tp-{name}-{variant}"
-    trained = ft(dict(spec, train=dict(_train(1e-2), steps=1, warmup_steps=0),
+    trained = ft(dict(c["spec"], train=dict(_train(1e-2), steps=1, warmup_steps=0),
                       save_adapter=str(saved)), f"{name}-lora-tp-{variant}-save")
-    return dict(name=name, variant=variant, model_dir=model_dir, adapter=adapter,
-                logits=logits, loss=loss, grads=grads, out=out, saved=saved, trained=trained,
-                ids=ids)
+    return dict(c, name=name, variant=variant, model_dir=model_dir, adapter=adapter,
+                saved=saved, trained=trained)
 
 
 def test_lora_target_parameters(tp_case):
@@ -279,10 +222,7 @@ def test_lora_target_parameters(tp_case):
             assert v.shape[0] == SHAPES[c["name"]].cfg["num_experts"] * r, (k, v.shape)
     assert any(f".mlp.experts{nest}.lora_B" in k for k in g)
     assert any(".mlp.gate.lora_A" in k for k in g) == ("mlp.gate.weight" in want)
-    assert {k for k in c["out"] if k.startswith("grad.")} == {f"grad.{k}" for k in g}
-    ftref.assert_close("tp logits", c["out"]["logits"], c["logits"], ftref.TOL_LOGITS)
-    ftref.assert_close("tp loss", c["out"]["loss"], c["loss"], ftref.TOL_LOGITS)
-    ftref.assert_tensor_dict_close("grad.", c["out"], g, ftref.TOL_GRAD)
+    moe_ref.check_lora(c, "tp", same_keys=True)
 
 
 def test_lora_target_parameters_saved_loads_in_peft(tp_case):
@@ -314,33 +254,15 @@ def test_lora_target_parameters_saved_loads_in_peft(tp_case):
 def test_lora_target_parameters_merge(tp_case, tmp_path):
     """ft-merge folds the router's and the experts' pairs as merge_and_unload does; the
     output loads in transformers with the PEFT model's logits."""
-    from peft import PeftModel
     from safetensors.torch import load_file
 
     c = tp_case
-    out = tmp_path / "merged"
-    ftref.run_tool([ftref.tool_exe("FT_MERGE", "ft-merge"), "--model", c["model_dir"],
-                    "--adapter", c["adapter"], "--out", out])
-    pm = PeftModel.from_pretrained(ftref.load_hf(c["model_dir"]), str(c["adapter"]))
-    pm.eval()
-    ids, _ = ftref.make_batch(96, 2, 12, 2)
-    ref_logits = ftref.hf_forward(pm, ids)[0]
-    merged = pm.merge_and_unload()
-    ref_state = ckpt_grads({k: v.detach() for k, v in merged.state_dict().items()},
-                           merged.config)
-    if merged.config.tie_word_embeddings:
-        ref_state.pop("lm_head.weight", None)
-    ours = load_file(str(out / "model.safetensors"))
-    assert set(ours) == set(ref_state), sorted(set(ours) ^ set(ref_state))
+    m = moe_ref.merge(c["model_dir"], c["adapter"], tmp_path / "merged", 2, ckpt_grads)
     base = load_file(str(c["model_dir"] / "model.safetensors"))
-    l = min(set(range(merged.config.num_hidden_layers)) - set(dense_layers(merged.config)))
+    l = min(set(range(m.cfg.num_hidden_layers)) - set(dense_layers(m.cfg)))
     k = f"model.layers.{l}.mlp.experts.0.gate_proj.weight"
-    assert not torch.equal(ours[k], base[k]), k
-    for k, v in ref_state.items():
-        ftref.assert_close(f"merged {k}", ours[k], v, ftref.TOL_WEIGHT)
-    ftref.assert_close("merged logits", ftref.hf_forward(ftref.load_hf(out), ids)[0],
-                       ref_logits, ftref.TOL_LOGITS)
-
+    assert not torch.equal(m.ours[k], base[k]), k
+    moe_ref.check_merged(m)
 
 
 def test_lora_target_parameters_ft_eval(tp_case, tmp_path):
@@ -386,43 +308,18 @@ def qlora_case(request, store, ft):
     router stays dense. LoRA on
     all-linear; the reference is transformers + PEFT on a model holding exactly our
     dequantized weights."""
-    from safetensors.torch import load_file
-
-    from test_qwen3_moe import v5_state
-
     q = request.param
     shape = SHAPES["qwen2_moe"]
     model_dir = store(shape.name)
     adapter = ftref.build_adapter(model_dir, store.root / "adapter-qlora",
                                   target_modules="all-linear", seed=9)
-    m = ftref.load_hf(model_dir)
-    ids, labels = ftref.make_batch(m.config.vocab_size, B, shape.T, shape.seed + 4)
-    spec = dict(adapter_dir=adapter, mode="lora", input_ids=ids, labels=labels)
-    tag = f"qwen2-moe-qlora-{q['type']}{'-ckpt' if q.get('ckpt') else ''}"
-    if q.get("ckpt"):
-        qdir = store.root / "quantized"
-        if not qdir.exists():
-            ftref.run_tool([ftref.tool_exe("FT_QUANTIZE", "ft-quantize"), "--model", model_dir,
-                            "--out", qdir, "--type", q["type"]])
-        out = ft(dict(spec, model_dir=qdir), tag)
-    else:
-        out = ft(dict(spec, model_dir=model_dir, quant=q), tag)
-    deq = {k[len("dequant."):]: v for k, v in out.items() if k.startswith("dequant.")}
-    sd = {k: v.clone() for k, v in m.state_dict().items()}
-    v5_state(sd, deq, m.config.moe_intermediate_size)
-    m.load_state_dict(sd)
-    ref_dir = store.root / f"dequant-{q['type']}{'-ckpt' if q.get('ckpt') else ''}"
-    m.save_pretrained(ref_dir, safe_serialization=True)
-    ref = ftref.lora_mode_model(ref_dir, adapter)
-    logits, loss, grads = ftref.hf_grads(ref, ids, labels, key=ftref.peft_key)
-    ckpt = load_file(str(model_dir / "model.safetensors"))
-    return dict(q=q, out=out, deq=deq, ckpt=ckpt, logits=logits, loss=loss, grads=grads,
-                cfg=m.config)
+    kind = f"{q['type']}{'-ckpt' if q.get('ckpt') else ''}"
+    return moe_ref.qlora_case(q, shape, model_dir, adapter, store, ft, moe_ref.qwen_v5_state,
+                              "moe_intermediate_size", f"qwen2-moe-qlora-{kind}",
+                              store.root / f"dequant-{kind}")
 
 
 def test_qlora_quantizes_the_linear_layers(qlora_case):
-    from test_qlora import _bound
-
     c = qlora_case
     cfg, dense = c["cfg"], dense_layers(c["cfg"])
     want = set()
@@ -438,19 +335,11 @@ def test_qlora_quantizes_the_linear_layers(qlora_case):
             want |= {f"model.layers.{l}.mlp.experts.{e}.{p}.weight"
                      for e in range(cfg.num_experts) for p in ("gate_proj", "up_proj",
                                                                 "down_proj")}
-    assert set(c["deq"]) == want  # the router is not quantized
-    for name, d in c["deq"].items():
-        w = c["ckpt"][name].float().numpy()
-        err = abs(d.numpy().reshape(-1) - w.reshape(-1))
-        assert (err <= _bound(w, c["q"])).all(), name
-        assert err.max() > 0, name
+    moe_ref.check_qlora_dequant(c, want)
 
 
 def test_qlora_logits_loss_grads(qlora_case):
-    c = qlora_case
-    ftref.assert_close("qlora logits", c["out"]["logits"], c["logits"], ftref.TOL_LOGITS)
-    ftref.assert_close("qlora loss", c["out"]["loss"], c["loss"], ftref.TOL_LOGITS)
-    ftref.assert_tensor_dict_close("grad.", c["out"], c["grads"], ftref.TOL_GRAD)
+    moe_ref.check_lora(qlora_case, "qlora")
 
 
 # --- training, adapters both ways, merge -----------------------------------------------
@@ -474,55 +363,25 @@ TRAIN_RUNS = [
 def train_case(request, store, ft):
     """Five AdamW steps (warmup, cosine, clipping, weight decay) against torch's, the
     load-balancing loss in every step's loss and gradient."""
-    run = request.param
-    shape = SHAPES[run["shape"]]
-    model_dir = store(shape.name)
-    ids, labels = ftref.make_batch(shape.cfg["vocab_size"], B, shape.T, shape.seed + 2)
-    if run["targets"] is None:
-        m = ftref.full_mode_model(model_dir)
-        spec = dict(model_dir=model_dir, mode="full")
-        key = lambda n: n  # noqa: E731
-    else:
-        adapter = ftref.build_adapter(model_dir, store.root / f"adapter-train-{run['id']}",
-                                      target_modules=run["targets"], seed=11,
-                                      **run.get("extra", {}))
-        m = ftref.lora_mode_model(model_dir, adapter)
-        spec = dict(model_dir=model_dir, adapter_dir=adapter, mode="lora")
-        key = ftref.peft_key
-    ref = ftref.reference_train(m, ids, labels, run["train"], key=key)
-    ref["weights"] = ckpt_grads(ref["weights"], m.config)
-    spec.update(input_ids=ids, labels=labels, train=run["train"])
-    out = ft(spec, f"qwen2-moe-train-{run['id']}")
-    return dict(ref=ref, out=out, run=run)
+    return moe_ref.train_case(request.param, SHAPES, store, ft, ckpt_grads, "qwen2-moe-train")
 
 
 def test_train_losses_and_weights(train_case):
-    ref, out = train_case["ref"], train_case["out"]
-    ftref.assert_close(f"losses (ref {[round(x, 6) for x in ref['losses'].tolist()]})",
-                       out["losses"], ref["losses"], ftref.TOL_LOSSES)
-    ftref.assert_tensor_dict_close("weight.", out, ref["weights"], ftref.TOL_WEIGHT)
+    moe_ref.check_train(train_case)
 
 
 def test_lora_init_adapter_loads_in_peft(store, tmp_path):
     """ft-lora-init all-linear: the adapter PEFT makes of all-linear on this model (the
     same pairs, on the shared expert, its gate and the dense layer too), B = 0."""
-    from peft import PeftModel
     from safetensors.torch import load_file
 
     model_dir = store("qwen2_moe")
     out = tmp_path / "adapter"
     ftref.run_tool([ftref.tool_exe("FT_LORA_INIT", "ft-lora-init"), "--model", model_dir,
                     "--out", out, "--r", 4, "--target", "all-linear", "--seed", 3])
-    pm = PeftModel.from_pretrained(ftref.load_hf(model_dir), str(out))
-    tensors = load_file(str(out / "adapter_model.safetensors"))
-    mem = {ftref.peft_key(n): p for n, p in pm.named_parameters() if ".lora_" in n}
+    names = moe_ref.check_lora_init_loads(model_dir, out)
     ref = ftref.build_adapter(model_dir, tmp_path / "peft", target_modules="all-linear")
-    assert set(mem) == set(tensors) == set(load_file(str(ref / "adapter_model.safetensors")))
-    for k, t in tensors.items():
-        assert torch.equal(mem[k].detach(), t), k
-    ids, _ = ftref.make_batch(96, 2, 12, 0)
-    assert torch.equal(ftref.hf_forward(pm, ids)[0],
-                       ftref.hf_forward(ftref.load_hf(model_dir), ids)[0])
+    assert names == set(load_file(str(ref / "adapter_model.safetensors")))
 
 
 @pytest.mark.parametrize("shape", ["qwen2_moe", "qwen2_moe_top3_norm"])
@@ -530,30 +389,10 @@ def test_merge_loads_in_transformers(store, tmp_path, shape):
     """ft-merge of a PEFT all-linear adapter (attention, shared expert, its gate, the dense
     layers' MLPs): the merged checkpoint loads in transformers 5 with the PEFT model's
     logits, and its weights equal merge_and_unload's."""
-    from peft import PeftModel
-    from safetensors.torch import load_file
-
     model_dir = store(shape)
     adapter = ftref.build_adapter(model_dir, tmp_path / "adapter", target_modules="all-linear",
                                   seed=5)
-    out = tmp_path / "merged"
-    ftref.run_tool([ftref.tool_exe("FT_MERGE", "ft-merge"), "--model", model_dir, "--adapter",
-                    adapter, "--out", out])
-    pm = PeftModel.from_pretrained(ftref.load_hf(model_dir), str(adapter))
-    pm.eval()
-    ids, _ = ftref.make_batch(96, 2, 12, 1)
-    ref_logits = ftref.hf_forward(pm, ids)[0]
-    merged = pm.merge_and_unload()
-    ref_state = ckpt_grads({k: v.detach() for k, v in merged.state_dict().items()},
-                           merged.config)
-    if merged.config.tie_word_embeddings:
-        ref_state.pop("lm_head.weight", None)
-    ours = load_file(str(out / "model.safetensors"))
-    assert set(ours) == set(ref_state), sorted(set(ours) ^ set(ref_state))
-    for k, v in ref_state.items():
-        ftref.assert_close(f"merged {k}", ours[k], v, ftref.TOL_WEIGHT)
-    ftref.assert_close("merged logits", ftref.hf_forward(ftref.load_hf(out), ids)[0],
-                       ref_logits, ftref.TOL_LOGITS)
+    moe_ref.check_merged(moe_ref.merge(model_dir, adapter, tmp_path / "merged", 1, ckpt_grads))
 
 
 def test_quantized_checkpoint_loads_in_transformers(store):
@@ -612,16 +451,6 @@ def dist_work(tmp_path_factory):
     return d
 
 
-def _dist_run(d, name, np_, mode, **over):
-    import rankrun
-
-    keys = {"train.max_steps": 4, "train.warmup_steps": 1, "train.learning_rate": 1e-2}
-    keys.update({k.replace("__", "."): v for k, v in over.items()})
-    cfg = rankrun.write_config(d, name, keys, mode=mode)
-    rankrun.run(cfg, np_)
-    return d / "runs" / name
-
-
 _STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "model_parallel")
 # lora: all-linear (attention, the shared expert and its gate, the dense layer's MLP)
 DIST_CASES = [(m, s) for m in ("full", "lora") for s in _STRATEGIES]
@@ -630,16 +459,15 @@ DIST_CASES = [(m, s) for m in ("full", "lora") for s in _STRATEGIES]
 @pytest.mark.parametrize("mode,strategy", DIST_CASES, ids=[f"{m}-{s}" for m, s in DIST_CASES])
 def test_dist_strategy_equals_one_process(dist_work, mode, strategy):
     """Losses, gradient norms and final weights of 2 ranks = one process."""
-    from test_moe import _same_run
-
     lora = {"tuning__lora__target_modules": "all-linear"} if mode == "lora" else {}
     single = dist_work / "runs" / f"single_{mode}"
     if not single.exists():
-        _dist_run(dist_work, f"single_{mode}", 1, mode, train__batch_size=8, **lora)
+        moe_ref.dist_run(dist_work, f"single_{mode}", 1, mode, evaluate=False,
+                         train__batch_size=8, **lora)
     batch = 8 if strategy == "model_parallel" else 4
-    run = _dist_run(dist_work, f"np2_{mode}_{strategy}", 2, mode, train__batch_size=batch,
-                    dist__strategy=strategy, **lora)
-    _same_run(single, run)
+    run = moe_ref.dist_run(dist_work, f"np2_{mode}_{strategy}", 2, mode, evaluate=False,
+                           train__batch_size=batch, dist__strategy=strategy, **lora)
+    moe_ref.same_run(single, run)
 
 
 
