@@ -296,19 +296,6 @@ static void balanced(size_t *bounds, int world, size_t n)
         bounds[r] = (size_t)((unsigned __int128)n * (unsigned)r / (unsigned)world);
 }
 
-/* Copies the part of unit-range [b, end) that falls in [lo, hi) from src (the unit's
- * buffer, element b at src) to dst (the shard, element lo at dst); esize bytes each. */
-static int copy_overlap(const ft_engine *e, void *dst, ft_device dst_dev, size_t lo, size_t hi,
-                        const void *src, size_t b, size_t end, size_t esize, ft_err *err)
-{
-    size_t n = overlap_len(b, end, lo, hi);
-    if (!n)
-        return 0;
-    size_t first = b > lo ? b : lo;
-    return ft_copy_bytes((char *)dst + (first - lo) * esize, dst_dev,
-                         (const char *)src + (first - b) * esize, e->dev, n * esize, err);
-}
-
 /* Reads every unit's weights into the engine's buffers (ft_model_init_unit): in place
  * (zero2), or for zero3 one unit at a time into window 0, whose owned slices go to the
  * shards. Window 0 holds compute copies, so with split_compute the fp32 masters are read
@@ -338,10 +325,10 @@ static int init_units(ft_engine *e, const char *adapter_dir, ft_err *err)
         ft_model_bind_unit(e->m, u, (ft_unit_bufs){stage, NULL, NULL, w->frozen});
         rc = ft_model_init_unit(e->m, u, adapter_dir, err);
         if (rc == 0)
-            rc = copy_overlap(e, e->shard_train, e->dev, e->own[me], e->own[me + 1], stage,
+            rc = engine_copy_overlap(e, e->shard_train, e->dev, e->own[me], e->own[me + 1], stage,
                               e->ub[u], e->ub[u + 1], sizeof(float), err);
         if (rc == 0)
-            rc = copy_overlap(e, e->shard_frozen, engine_param_dev(e), e->fshard[me],
+            rc = engine_copy_overlap(e, e->shard_frozen, engine_param_dev(e), e->fshard[me],
                               e->fshard[me + 1], w->frozen, e->fb[u], e->fb[u + 1], e->cesize,
                               err);
         if (rc == 0) /* a quantized base: this rank's blocks kept, the rest freed */

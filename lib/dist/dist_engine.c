@@ -106,6 +106,17 @@ float *engine_at(const ft_engine *e, float *p, size_t i)
     return p ? (float *)((char *)p + i * e->cesize) : NULL;
 }
 
+int engine_copy_overlap(const ft_engine *e, void *dst, ft_device dst_dev, size_t lo, size_t hi,
+                        const void *src, size_t b, size_t end, size_t esize, ft_err *err)
+{
+    size_t n = overlap_len(b, end, lo, hi);
+    if (!n)
+        return 0;
+    size_t first = b > lo ? b : lo;
+    return ft_copy_bytes((char *)dst + (first - lo) * esize, dst_dev,
+                         (const char *)src + (first - b) * esize, e->dev, n * esize, err);
+}
+
 float *engine_alloc(ft_engine *e, ft_mem_cat cat, size_t n, bool cdt, bool *oom)
 {
     if (n == 0)

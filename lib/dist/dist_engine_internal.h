@@ -158,6 +158,10 @@ struct ft_engine {
 void engine_zero(const ft_engine *e, float *p, size_t n);
 void engine_add(const ft_engine *e, float *dst, const float *src, size_t n);
 float *engine_at(const ft_engine *e, float *p, size_t i);
+/* Copies the part of the flat range [b, end) that falls in [lo, hi) from src (element b at
+ * src, on e->dev) to dst (element lo at dst, on dst_dev); esize bytes an element. */
+int engine_copy_overlap(const ft_engine *e, void *dst, ft_device dst_dev, size_t lo, size_t hi,
+                        const void *src, size_t b, size_t end, size_t esize, ft_err *err);
 float *engine_alloc(ft_engine *e, ft_mem_cat cat, size_t n, bool cdt, bool *oom);
 float *engine_compute_copy(ft_engine *e, float *master, size_t n, bool *oom);
 void engine_free_compute_copy(ft_engine *e, float *master, float *copy);

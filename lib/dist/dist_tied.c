@@ -30,44 +30,16 @@ int tied_setup(ft_engine *e, ft_err *err)
     return 0;
 }
 
-/* The part of the flat range [a, a + n) within [lo, hi): its first element, or n. */
-static size_t overlap(size_t a, size_t n, size_t lo, size_t hi, size_t *end)
-{
-    size_t b = a > lo ? a : lo;
-    *end = a + n < hi ? a + n : hi;
-    return b < *end ? b : a + n;
-}
-
-/* dst (flat elements [a, a + n)) <-> buf (flat elements [lo, hi), element lo at buf) */
-static int take(ft_engine *e, float *dst, const float *buf, size_t lo, size_t hi, size_t a,
-                size_t n, ft_err *err)
-{
-    size_t end, b = overlap(a, n, lo, hi, &end);
-    if (b == a + n)
-        return 0;
-    return ft_copy_bytes(dst + (b - a), e->dev, buf + (b - lo), e->dev,
-                         (end - b) * sizeof(float), err);
-}
-
-static int give(ft_engine *e, float *buf, const float *src, size_t lo, size_t hi, size_t a,
-                size_t n, ft_err *err)
-{
-    size_t end, b = overlap(a, n, lo, hi, &end);
-    if (b == a + n)
-        return 0;
-    return ft_copy_bytes(buf + (b - lo), e->dev, src + (b - a), e->dev,
-                         (end - b) * sizeof(float), err);
-}
-
 void tied_zero_heads(ft_engine *e, float *params, ft_device dev)
 {
     if (!e->tied_pairs)
         return;
     for (int i = 0; i < 2; i++) {
-        size_t n = (size_t)(e->tied[i].rows * e->tied[i].cols), end;
-        size_t b = overlap(e->tied[i].head, n, e->opt_begin, e->opt_end, &end);
-        if (b < e->tied[i].head + n)
-            ft_zero(ft_view(params + (b - e->opt_begin), end - b, FT_F32, dev), end - b);
+        size_t a = e->tied[i].head, n = (size_t)(e->tied[i].rows * e->tied[i].cols);
+        size_t len = overlap_len(a, a + n, e->opt_begin, e->opt_end);
+        size_t b = a > e->opt_begin ? a : e->opt_begin;
+        if (len)
+            ft_zero(ft_view(params + (b - e->opt_begin), len, FT_F32, dev), len);
     }
 }
 
@@ -93,9 +65,12 @@ static int exchange(ft_engine *e, bool fold, float *params, float *buf, size_t l
         size_t n = (size_t)(p->rows * p->cols);
         float *xe = x, *xh = x + n, *t = x + 2 * n; /* [rows, cols], [cols, rows], [rows, cols] */
         engine_zero(e, x, 2 * n);
-        rc = take(e, xe, params, e->opt_begin, e->opt_end, p->embed, n, err);
+        size_t es = sizeof(float);
+        rc = engine_copy_overlap(e, xe, e->dev, p->embed, p->embed + n, params, e->opt_begin,
+                                 e->opt_end, es, err);
         if (rc == 0)
-            rc = take(e, xh, params, e->opt_begin, e->opt_end, p->head, n, err);
+            rc = engine_copy_overlap(e, xh, e->dev, p->head, p->head + n, params, e->opt_begin,
+                                     e->opt_end, es, err);
         if (rc == 0 && split)
             rc = ft_comm_allreduce(e->comm, x, 2 * n, FT_COMM_F32, FT_COMM_SUM, err);
         if (rc)
@@ -109,9 +84,9 @@ static int exchange(ft_engine *e, bool fold, float *params, float *buf, size_t l
         } else {
             ft_model_transpose_f32(e->m, xe, xh, p->rows, p->cols);
         }
-        rc = give(e, buf, xe, lo, hi, p->embed, n, err);
+        rc = engine_copy_overlap(e, buf, e->dev, lo, hi, xe, p->embed, p->embed + n, es, err);
         if (rc == 0)
-            rc = give(e, buf, xh, lo, hi, p->head, n, err);
+            rc = engine_copy_overlap(e, buf, e->dev, lo, hi, xh, p->head, p->head + n, es, err);
     }
     ft_free_on(&scratch, e->dev, x);
     return rc;
