@@ -14,16 +14,15 @@ base in test_qlora.py, on the GPU in test_gpu_model.py, ft-merge in test_tools_p
 the strategies in test_dist_train.py."""
 
 import json
-import math
-import warnings
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 import ftref
+from adapter_ref import adapter_case, assert_saved_loads_in_peft, five_steps, \
+    held_adapter, load_peft_checked, train_and_save
 
-B = 2
 
 FAMILIES = ["llama_gqa", "llama_mqa_odd", "llama_bias", "mistral_sw", "qwen2", "qwen3",
             "qwen3_tied", "tied", "granite", "gemma", "gemma2", "olmo2", "phi3",
@@ -44,23 +43,10 @@ OUTER += ([(m, "dora_outer_tie") for m in ["tied", "gemma", "gemma2", "smollm3",
 CASES += OUTER
 
 
-class Case:
-    pass
-
-
 @pytest.fixture(scope="module", params=CASES, ids=[f"{m}-{v}" for m, v in CASES])
 def case(request, store, ft):
     model_name, variant = request.param
-    c = Case()
-    shape = ftref.SHAPES[model_name]
-    c.model_dir = store.model(model_name)
-    c.adapter_dir = store.adapter(model_name, variant)
-    m = ftref.lora_mode_model(c.model_dir, c.adapter_dir)
-    ids, labels = ftref.make_batch(m.config.vocab_size, B, shape.T, shape.seed + 1)
-    c.ref_logits, c.ref_loss, c.ref_grads = ftref.hf_grads(m, ids, labels, key=ftref.ours_key)
-    c.out = ft(dict(model_dir=c.model_dir, adapter_dir=c.adapter_dir, mode="lora",
-                    input_ids=ids, labels=labels), f"dora-{model_name}-{variant}")
-    return c
+    return adapter_case(store, ft, model_name, variant, f"dora-{model_name}-{variant}", pad=False)
 
 
 def test_dora_logits_loss(case):
@@ -79,9 +65,7 @@ CLIP = {("gemma", "dora_no_k"): 0.7}
 
 
 def _train(model_name, variant):
-    return dict(steps=5, lr=1e-2, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01,
-                warmup_steps=2, scheduler="cosine",
-                max_grad_norm=CLIP.get((model_name, variant), 1.0))
+    return five_steps(CLIP.get((model_name, variant), 1.0))
 
 
 TRAIN_RUNS = [("llama_gqa", "dora_no_k", 4), ("qwen2", "dora_no_k", 3),
@@ -92,64 +76,17 @@ TRAIN_RUNS = [("llama_gqa", "dora_no_k", 4), ("qwen2", "dora_no_k", 3),
               ("phi4_mini", "dora_outer_tie_no_qkv", 2)]
 
 
-def held_adapter(pm, base_layers=False):
-    """{adapter file key: tensor} of what a PeftModel holds; base_layers: with the base
-    weights of its embedding / lm_head pairs (which PEFT saves beside them)."""
-    out = {}
-    for k, p in pm.state_dict().items():
-        if ".modules_to_save.default." in k:
-            out["base_model.model." + ftref.ours_key(k)] = p
-        elif ".lora_" in k:
-            out[ftref.peft_key(k)] = p
-        elif base_layers and ".base_layer." in k and ("embed_tokens" in k or "lm_head" in k):
-            out[k] = p
-    return out
-
-
-def load_peft_checked(model_dir, adapter_dir):
-    """PeftModel.from_pretrained, failing on any missing / unexpected key warning."""
-    from peft import PeftModel
-
-    base = ftref.load_hf(model_dir)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        pm = PeftModel.from_pretrained(base, str(adapter_dir))
-    pm.eval()
-    bad = [str(w.message) for w in caught
-           if "missing" in str(w.message).lower() or "unexpected" in str(w.message).lower()]
-    assert not bad, bad
-    return pm
-
-
 @pytest.mark.parametrize("model_name,variant,seed", TRAIN_RUNS,
                          ids=[f"{m}-{v}" for m, v, _ in TRAIN_RUNS])
 def test_dora_train_and_save_loads_in_peft(store, ft, tmp_path, model_name, variant, seed):
-    shape = ftref.SHAPES[model_name]
-    model_dir = store.model(model_name)
-    adapter_dir = store.adapter(model_name, variant, seed=seed)
-    ids, labels = ftref.make_batch(shape.cfg["vocab_size"], B, shape.T, shape.seed + 2)
-    train = _train(model_name, variant)
-    ref = ftref.reference_train(ftref.lora_mode_model(model_dir, adapter_dir), ids, labels,
-                                train, key=ftref.ours_key)
-    saved = tmp_path / "saved"
-    out = ft(dict(model_dir=model_dir, adapter_dir=adapter_dir, mode="lora", input_ids=ids,
-                  labels=labels, train=train, save_adapter=saved), f"dora-train-{model_name}")
-    ftref.assert_close("losses", out["losses"], ref["losses"], ftref.TOL_LOSSES)
-    assert any(k.endswith(".lora_magnitude_vector") for k in ref["weights"])
-    ftref.assert_tensor_dict_close("weight.", out, ref["weights"], ftref.TOL_WEIGHT)
+    r = train_and_save(store, ft, tmp_path, model_name, variant, seed,
+                       _train(model_name, variant), f"dora-train-{model_name}")
+    assert any(k.endswith(".lora_magnitude_vector") for k in r.ref["weights"])
+    ftref.assert_tensor_dict_close("weight.", r.out, r.ref["weights"], ftref.TOL_WEIGHT)
 
-    cfg = json.loads((saved / "adapter_config.json").read_text())
+    cfg = json.loads((r.saved / "adapter_config.json").read_text())
     assert cfg["use_dora"] is True
-    tensors = load_file(str(saved / "adapter_model.safetensors"))
-    pm = load_peft_checked(model_dir, saved)
-    held = held_adapter(pm, base_layers=True)
-    assert set(held) == set(tensors), sorted(set(held) ^ set(tensors))
-    for k, t in tensors.items():
-        assert torch.equal(held[k], t), f"{k}: peft holds other values than the file"
-    ours = ft(dict(model_dir=model_dir, adapter_dir=saved, mode="lora", input_ids=ids),
-              f"dora-saved-{model_name}")
-    ftref.assert_close("saved adapter logits (PEFT vs ours)", ours["logits"],
-                       ftref.hf_forward(pm, ids)[0], ftref.TOL_LOGITS)
+    assert_saved_loads_in_peft(ft, r, f"dora-saved-{model_name}")
 
 
 @pytest.mark.parametrize("model_name", ["llama_gqa", "phi3"])

@@ -30,9 +30,9 @@ import torch
 from safetensors.torch import load_file
 
 import ftref
-from test_dora import held_adapter, load_peft_checked
+from adapter_ref import B, adapter_case, assert_saved_loads_in_peft, five_steps, \
+    held_adapter, load_peft_checked, train_and_save
 
-B = 2
 
 UNTIED = ["llama_gqa", "llama_mqa_odd", "llama_bias", "mistral_sw", "qwen2", "qwen3",
           "granite", "olmo2"]
@@ -48,24 +48,11 @@ CASES += ([(m, "outer") for m in TIED if m != "phi4_mini"] +
           [("phi4_mini", "outer_tie_phi"), ("tied", "outer_tie_head")])
 
 
-class Case:
-    pass
-
-
 @pytest.fixture(scope="module", params=CASES, ids=[f"{m}-{v}" for m, v in CASES])
 def case(request, store, ft):
     model_name, variant = request.param
-    c = Case()
-    shape = ftref.SHAPES[model_name]
+    c = adapter_case(store, ft, model_name, variant, f"outer-{model_name}-{variant}", pad=True)
     c.variant = variant
-    c.model_dir = store.model(model_name)
-    c.adapter_dir = store.adapter(model_name, variant)
-    m = ftref.lora_mode_model(c.model_dir, c.adapter_dir)
-    ids, labels = ftref.make_batch(m.config.vocab_size, B, shape.T, shape.seed + 1,
-                                   pad=m.config.pad_token_id)
-    c.ref_logits, c.ref_loss, c.ref_grads = ftref.hf_grads(m, ids, labels, key=ftref.ours_key)
-    c.out = ft(dict(model_dir=c.model_dir, adapter_dir=c.adapter_dir, mode="lora",
-                    input_ids=ids, labels=labels), f"outer-{model_name}-{variant}")
     return c
 
 
@@ -93,9 +80,7 @@ CLIP = {("granite", "outer_no_k"): 0.9}
 
 
 def _train(model_name, variant):
-    return dict(steps=5, lr=1e-2, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01,
-                warmup_steps=2, scheduler="cosine",
-                max_grad_norm=CLIP.get((model_name, variant), 1.0))
+    return five_steps(CLIP.get((model_name, variant), 1.0))
 
 
 # (adapter seeds as test_train.py picks them: granite's seed 2 is ill-conditioned, float32
@@ -109,38 +94,20 @@ TRAIN_RUNS = [("llama_gqa", "outer_no_k", 4), ("granite", "outer_no_k", 1),
 @pytest.mark.parametrize("model_name,variant,seed", TRAIN_RUNS,
                          ids=[f"{m}-{v}" for m, v, _ in TRAIN_RUNS])
 def test_outer_train_and_save_loads_in_peft(store, ft, tmp_path, model_name, variant, seed):
-    shape = ftref.SHAPES[model_name]
-    model_dir = store.model(model_name)
-    adapter_dir = store.adapter(model_name, variant, seed=seed)
-    ids, labels = ftref.make_batch(shape.cfg["vocab_size"], B, shape.T, shape.seed + 2)
-    train = _train(model_name, variant)
-    ref = ftref.reference_train(ftref.lora_mode_model(model_dir, adapter_dir), ids, labels,
-                                train, key=ftref.ours_key)
-    saved = tmp_path / "saved"
-    out = ft(dict(model_dir=model_dir, adapter_dir=adapter_dir, mode="lora", input_ids=ids,
-                  labels=labels, train=train, save_adapter=saved), f"outer-train-{model_name}")
-    ftref.assert_close("losses", out["losses"], ref["losses"], ftref.TOL_LOSSES)
-    ftref.assert_tensor_dict_close("weight.", out, ref["weights"], ftref.TOL_WEIGHT)
+    r = train_and_save(store, ft, tmp_path, model_name, variant, seed,
+                       _train(model_name, variant), f"outer-train-{model_name}")
+    ftref.assert_tensor_dict_close("weight.", r.out, r.ref["weights"], ftref.TOL_WEIGHT)
 
-    cfg = json.loads((saved / "adapter_config.json").read_text())
+    cfg = json.loads((r.saved / "adapter_config.json").read_text())
     assert {"embed_tokens", "lm_head"} <= set(cfg["target_modules"])
-    tensors = load_file(str(saved / "adapter_model.safetensors"))
+    tensors = load_file(str(r.saved / "adapter_model.safetensors"))
     # as PEFT saves them: the targeted embedding's and head's base weights beside the pairs
-    base_sd = load_file(str(model_dir / "model.safetensors"))
-    head = "model.embed_tokens.weight" if shape.cfg["tie_word_embeddings"] else "lm_head.weight"
+    base_sd = load_file(str(r.model_dir / "model.safetensors"))
+    head = ("model.embed_tokens.weight" if ftref.SHAPES[model_name].cfg["tie_word_embeddings"]
+            else "lm_head.weight")
     assert torch.equal(tensors["base_model.model.lm_head.base_layer.weight"],
                        base_sd[head].float())
-    pm = load_peft_checked(model_dir, saved)
-    held = held_adapter(pm)
-    held.update({k: v for k, v in pm.state_dict().items() if ".base_layer." in k
-                 and ("embed_tokens" in k or "lm_head" in k)})
-    assert set(held) == set(tensors), sorted(set(held) ^ set(tensors))
-    for k, t in tensors.items():
-        assert torch.equal(held[k], t), f"{k}: peft holds other values than the file"
-    ours = ft(dict(model_dir=model_dir, adapter_dir=saved, mode="lora", input_ids=ids),
-              f"outer-saved-{model_name}")
-    ftref.assert_close("saved adapter logits (PEFT vs ours)", ours["logits"],
-                       ftref.hf_forward(pm, ids)[0], ftref.TOL_LOGITS)
+    assert_saved_loads_in_peft(ft, r, f"outer-saved-{model_name}")
 
 
 def test_outer_base_layer_is_loaded(store, ft, tmp_path):

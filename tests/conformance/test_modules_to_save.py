@@ -17,15 +17,13 @@ the saved adapter holds only the listed modules' keys.
 ft-merge of such an adapter is in test_tools_peft.py (MERGE_CASES, TIED_UNTIE_MERGES)."""
 
 import json
-import warnings
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 import ftref
+from adapter_ref import adapter_case, assert_saved_loads_in_peft, five_steps, \
+    train_and_save
 
-B = 2
 
 UNTIED = ["llama_gqa", "mistral_sw", "qwen2", "qwen3", "granite", "olmo2", "phi3"]
 TIED = ["tied", "gemma", "gemma2", "smollm3", "qwen3_tied", "phi4_mini"]
@@ -42,24 +40,11 @@ CASES = ([("llama_gqa", "mts_head"), ("llama_gqa", "mts_embed")] +
           ("llama_gqa", "mts_head_lora_embed")])
 
 
-class Case:
-    pass
-
-
 @pytest.fixture(scope="module", params=CASES, ids=[f"{m}-{v}" for m, v in CASES])
 def case(request, store, ft):
     model_name, variant = request.param
-    c = Case()
-    shape = ftref.SHAPES[model_name]
-    c.tied = shape.cfg["tie_word_embeddings"]
-    c.model_dir = store.model(model_name)
-    c.adapter_dir = store.adapter(model_name, variant)
-    m = ftref.lora_mode_model(c.model_dir, c.adapter_dir)
-    ids, labels = ftref.make_batch(m.config.vocab_size, B, shape.T, shape.seed + 1,
-                                   pad=m.config.pad_token_id)
-    c.ref_logits, c.ref_loss, c.ref_grads = ftref.hf_grads(m, ids, labels, key=ftref.ours_key)
-    c.out = ft(dict(model_dir=c.model_dir, adapter_dir=c.adapter_dir, mode="lora",
-                    input_ids=ids, labels=labels), f"mts-{model_name}-{variant}")
+    c = adapter_case(store, ft, model_name, variant, f"mts-{model_name}-{variant}", pad=True)
+    c.tied = ftref.SHAPES[model_name].cfg["tie_word_embeddings"]
     return c
 
 
@@ -93,63 +78,27 @@ CLIP = {}
 
 
 def _train(model_name, variant):
-    return dict(steps=5, lr=1e-2, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01,
-                warmup_steps=2, scheduler="cosine",
-                max_grad_norm=CLIP.get((model_name, variant), 1.0))
+    return five_steps(CLIP.get((model_name, variant), 1.0))
 
 
 @pytest.mark.parametrize("model_name,variant,seed", TRAIN_RUNS,
                          ids=[f"{m}-{v}" for m, v, _ in TRAIN_RUNS])
 def test_mts_train_and_save_loads_in_peft(store, ft, tmp_path, model_name, variant, seed):
-    from peft import PeftModel
-
-    shape = ftref.SHAPES[model_name]
-    model_dir = store.model(model_name)
-    adapter_dir = store.adapter(model_name, variant, seed=seed)
-    ids, labels = ftref.make_batch(shape.cfg["vocab_size"], B, shape.T, shape.seed + 2)
-    train = _train(model_name, variant)
-    ref = ftref.reference_train(ftref.lora_mode_model(model_dir, adapter_dir), ids, labels,
-                                train, key=ftref.ours_key)
-    saved = tmp_path / "saved"
-    out = ft(dict(model_dir=model_dir, adapter_dir=adapter_dir, mode="lora", input_ids=ids,
-                  labels=labels, train=train, save_adapter=saved), f"mts-train-{model_name}")
-    ftref.assert_close("losses", out["losses"], ref["losses"], ftref.TOL_LOSSES)
-    given = json.loads((adapter_dir / "adapter_config.json").read_text())
-    tie = shape.cfg["tie_word_embeddings"] and given["ensure_weight_tying"]
+    r = train_and_save(store, ft, tmp_path, model_name, variant, seed,
+                       _train(model_name, variant), f"mts-train-{model_name}")
+    given = json.loads((r.adapter_dir / "adapter_config.json").read_text())
+    tie = ftref.SHAPES[model_name].cfg["tie_word_embeddings"] and given["ensure_weight_tying"]
     mods = sorted(given["modules_to_save"])
-    assert any(k.endswith("embed_tokens.weight") for k in ref["weights"]) == \
+    assert any(k.endswith("embed_tokens.weight") for k in r.ref["weights"]) == \
         ("embed_tokens" in mods or tie)
-    assert ("lm_head.weight" in ref["weights"]) == ("lm_head" in mods and not tie)
-    ftref.assert_tensor_dict_close("weight.", out, ref["weights"], ftref.TOL_WEIGHT)
+    assert ("lm_head.weight" in r.ref["weights"]) == ("lm_head" in mods and not tie)
+    ftref.assert_tensor_dict_close("weight.", r.out, r.ref["weights"], ftref.TOL_WEIGHT)
 
     # ours -> PEFT: every key used, nothing missing, our values, our logits
-    cfg = json.loads((saved / "adapter_config.json").read_text())
+    cfg = json.loads((r.saved / "adapter_config.json").read_text())
     assert sorted(cfg["modules_to_save"]) == (["embed_tokens"] if tie else mods)
     assert cfg["ensure_weight_tying"] == bool(tie)
-    tensors = load_file(str(saved / "adapter_model.safetensors"))
-    base = ftref.load_hf(model_dir)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        pm = PeftModel.from_pretrained(base, str(saved))
-    pm.eval()
-    bad = [str(w.message) for w in caught
-           if "missing" in str(w.message).lower() or "unexpected" in str(w.message).lower()]
-    assert not bad, bad
-    held = {k: p for k, p in pm.state_dict().items()
-            if ".lora_" in k or ".modules_to_save.default." in k}
-    held = {("base_model.model." + ftref.ours_key(k) if ".modules_to_save." in k
-             else ftref.peft_key(k)): p for k, p in held.items()}
-    # (LoRA on the embedding or head: PEFT saves its base weight beside the pair, and its
-    # loading puts it in the base)
-    held.update({k: p for k, p in pm.state_dict().items()
-                 if ".base_layer." in k and ("embed_tokens" in k or "lm_head" in k)})
-    assert set(held) == set(tensors), sorted(set(held) ^ set(tensors))
-    for k, t in tensors.items():
-        assert torch.equal(held[k], t), f"{k}: peft holds other values than the file"
-    ours = ft(dict(model_dir=model_dir, adapter_dir=saved, mode="lora", input_ids=ids),
-              f"mts-saved-{model_name}")
-    ftref.assert_close("saved adapter logits (PEFT vs ours)", ours["logits"],
-                       ftref.hf_forward(pm, ids)[0], ftref.TOL_LOGITS)
+    assert_saved_loads_in_peft(ft, r, f"mts-saved-{model_name}")
 
 
 @pytest.mark.parametrize("entry", ["norm", "model.layers.0.mlp", "q_proj"])

@@ -174,6 +174,7 @@ def test_adapter_kinds_training_references_are_well_conditioned(store):
     """The same for the training runs of DoRA, modules_to_save and LoRA on the embedding
     and the head (test_dora.py, test_modules_to_save.py, test_lora_outer.py): float32 vs
     float64 agree to 5e-7, and their clipping threshold clips."""
+    import adapter_ref
     import test_dora
     import test_lora_outer
     import test_modules_to_save
@@ -184,7 +185,7 @@ def test_adapter_kinds_training_references_are_well_conditioned(store):
             shape = ftref.SHAPES[model_name]
             model_dir = store.model(model_name)
             adapter_dir = store.adapter(model_name, variant, seed=seed)
-            ids, labels = ftref.make_batch(shape.cfg["vocab_size"], mod.B, shape.T,
+            ids, labels = ftref.make_batch(shape.cfg["vocab_size"], adapter_ref.B, shape.T,
                                            shape.seed + 2)
             train = mod._train(model_name, variant)
             a, b = (ftref.reference_train(ftref.lora_mode_model(model_dir, adapter_dir), ids,
