@@ -86,8 +86,10 @@ OPT ?= -O2
 CFLAGS ?= $(OPT) -g
 # -fno-math-errno, -fno-trapping-math: no errno from libm, no FP exceptions watched, so
 # the compiler may vectorize loops with selects (kernels/cpu/fast_exp.h); neither changes
-# a computed value.
-FT_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -fno-math-errno -fno-trapping-math -march=x86-64-v2 \
+# a computed value. x86-64-v2 (SSE4.2, any x86-64 of the last decade) on x86-64 hosts;
+# other architectures (aarch64: Grace Hopper nodes) build with the compiler's default.
+FT_ARCH_FLAGS := $(if $(filter x86_64 amd64,$(shell uname -m)),-march=x86-64-v2)
+FT_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -fno-math-errno -fno-trapping-math $(FT_ARCH_FLAGS) \
              -Ilib -Ikernels $(DEP_CFLAGS)
 LDLIBS := $(DEP_LIBS) -lm -ldl -lpthread
 LDFLAGS ?=
@@ -169,7 +171,7 @@ endif
 # in the emulation's messages.
 CXX_EMU ?= g++
 FT_HOST_FMA := $(if $(shell grep -qw fma /proc/cpuinfo 2>/dev/null && echo y),-mfma)
-EMU_CXXFLAGS := -std=c++20 $(OPT) -g -Wall -Wextra -Werror -Wno-unknown-pragmas -march=x86-64-v2 \
+EMU_CXXFLAGS := -std=c++20 $(OPT) -g -Wall -Wextra -Werror -Wno-unknown-pragmas $(FT_ARCH_FLAGS) \
                 -fno-math-errno -fstack-clash-protection -Itests/emu/include -Ilib -Ikernels \
                 $(DEP_CFLAGS)
 ifeq ($(CUDA),emu)
