@@ -204,7 +204,7 @@ test-gpu-emu: $(GPU_BINS) $(EMU_CHECK_BINS) $(TOOLS) $(CONFORM_HARNESS)
 	  FT_EVAL=$(call q,$(abspath $(FT_BIN)/ft-eval)) FT_QUANTIZE=$(call q,$(abspath $(FT_BIN)/ft-quantize)) \
 	  PYTHON=$(call q,$(abspath $(VENV))/bin/python) \
 	  tests/run-gpu.sh $(EMU_CHECK_TESTS) tests/emu/checks/test_checks.sh $(GPU_BINS) \
-	  tests/emu/checks/test_train.sh tests/emu/checks/test_run_gpu.sh \
+	  tests/emu/checks/test_train.sh tests/emu/checks/test_run_gpu.sh tests/emu/checks/test_gpu_session.sh \
 	  tests/emu/checks/test_dist.sh tests/emu/run-nccl-emu.sh
 else
 test-gpu-emu:
@@ -212,11 +212,19 @@ test-gpu-emu:
 endif
 
 # The GPU tier's binaries and the tools, with the shared libraries they need, packed for a
-# GPU machine that has the CUDA driver and toolkit but not the build's Debian libraries.
+# GPU machine that has the CUDA driver and toolkit but not the build's Debian libraries;
+# beside it the bitsandbytes wheel of the suite's lock, from the wheel cache (the QLoRA
+# baseline of the bench), where setup-python.sh has fetched it. scripts/gpu-session.sh
+# runs them there.
+FT_WHEEL_CACHE ?= $(VENV)/wheels
+BNB_VERSION := $(shell sed -n 's/^bitsandbytes==//p' scripts/python-requirements.txt)
 gpu-bundle: $(GPU_BINS) $(TOOLS) $(HARNESSES) $(BENCH_TRAIN)
 	@mkdir -p .gpu
 	scripts/gpu-bundle.sh .gpu/ftkit.tar.xz $(GPU_BINS) $(TOOLS) $(HARNESSES) $(BENCH_TRAIN) \
 	  tests/run-gpu.sh tests/run-unit.sh
+	@rm -f .gpu/bitsandbytes-*.whl; whl=$$(ls $(call q,$(FT_WHEEL_CACHE))/bitsandbytes-$(BNB_VERSION)-*.whl 2>/dev/null | head -n 1); \
+	if [ -n "$$whl" ]; then cp "$$whl" .gpu/ && echo "gpu-bundle: .gpu/$$(basename "$$whl")"; \
+	else echo "gpu-bundle: no bitsandbytes $(BNB_VERSION) wheel in $(FT_WHEEL_CACHE) (scripts/setup-python.sh fetches it): the bench's QLoRA baseline will be skipped" >&2; fi
 
 config-reference: $(FT_BIN)/ft-train
 	$(FT_BIN)/ft-train --config-reference > configs/README.md
