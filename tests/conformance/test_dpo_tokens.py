@@ -18,9 +18,11 @@ pairs off, the embedding and the head PEFT's original modules, the resized base'
 - every dist.strategy (and an offloaded optimizer) on 2 ranks = one process, and the
   memory plan (the embedding's and head's starting values kept, each rank its part)
   equals every rank's measured bytes;
-- ORPO (no reference) with the tokens added trains too."""
+- ORPO (no reference) with the tokens added trains too;
+- on the GPU (or the emulated device) five steps equal the CPU's, fp32 and bf16."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -219,18 +221,22 @@ def dist(tmp_path_factory):
 
 
 STRATEGIES = ["ddp", "zero1", "zero2", "zero3", "fsdp", "model_parallel", "zero2+offload",
-              "zero3+offload"]
+              "zero3+offload", "zero2+split", "zero3+split", "model_parallel+split"]
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_strategies_equal_one_process(dist, strategy):
+def test_strategies_equal_one_process(dist, strategy, monkeypatch):
     """2 ranks of 4 pairs = one process of 8 (model_parallel: 2 stages of the same 8, in
     GPipe chunks); the losses, gradient norms and DPO's metrics of every step, the
-    adapter after them."""
+    adapter after them. split: FT_DIST_SPLIT_COMPUTE=1 gives the compute copies (what
+    the kept originals are swapped into) buffers of their own, as bf16 does on a GPU."""
     import test_dpo_dist as dd
 
     d, model, data = dist
     name, _, off = strategy.partition("+")
+    if off == "split":
+        monkeypatch.setenv("FT_DIST_SPLIT_COMPUTE", "1")
+        off = ""
     dp = name != "model_parallel"
     common = dict(train__learning_rate=1e-2, data__shuffle="false")
     ref = d / "runs" / "one"
@@ -270,3 +276,48 @@ def test_orpo_with_tokens_trains(case):
     emb = w["base_model.model.model.embed_tokens.weight"]
     assert emb.shape[0] == case.V + 2
     assert not torch.equal(emb[case.V:], case.rows["embed"][case.V:])
+
+
+# ---- the GPU (the emulated device: FT_EMU=1 with the emulated build's FT_TRAIN) -----------
+
+
+@pytest.mark.skipif(not (os.environ.get("FT_EMU") == "1" or torch.cuda.is_available()),
+                    reason="no CUDA GPU (and not the emulated device: FT_EMU unset)")
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("family", ["llama", "tied"])
+def test_gpu_equals_cpu(tmp_path, family, bf16):
+    """DPO with tokens added on the GPU (the originals kept on the device, in the compute
+    dtype) trains as on the CPU: the losses, DPO's metrics and the saved adapter of five
+    steps (fp32: 1e-5 per tensor; bf16: 1e-2 for the losses and logps, the rewards to 1e-2
+    of beta max|logps|, and test_added_tokens.py's 8e-2 for the adapter taken whole:
+    AdamW's normalised steps turn bf16's rounding of a gradient entry near 0 into a step
+    of either sign, which leaves one small LoRA B here 12% off while the losses agree to
+    1e-4)."""
+    model, V = family_dir(None, tmp_path, family)
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in pairs(4)))
+    env = {"FT_EMU_DEVICES": "1"} if os.environ.get("FT_EMU") == "1" else None
+    common = dict(train__learning_rate=1e-2)
+    rankrun.run(config(tmp_path, "cpu", model, data, train__device="cpu", **common))
+    rankrun.run(config(tmp_path, "gpu", model, data, train__device="cuda",
+                       train__bf16="true" if bf16 else "false", **common), env=env)
+    tol_w, tol_l = (8e-2, 1e-2) if bf16 else (1e-5, 1e-5)
+    a, b = adapter(tmp_path / "runs" / "cpu"), adapter(tmp_path / "runs" / "gpu")
+    assert a.keys() == b.keys()
+    if bf16:
+        ftref.assert_close("gpu adapter", torch.cat([b[k].flatten() for k in sorted(b)]),
+                           torch.cat([a[k].flatten() for k in sorted(a)]), tol_w)
+    else:
+        for k in a:
+            ftref.assert_close(f"gpu {k}", b[k], a[k], tol_w)
+    la, lb = logged(tmp_path / "runs" / "cpu"), logged(tmp_path / "runs" / "gpu")
+    scale = BETA * max(abs(m[k]) for m in la for k in ("logps/chosen", "logps/rejected"))
+    for k in ["loss"] + METRICS:
+        x = torch.tensor([m[k] for m in lb], dtype=torch.float64)
+        y = torch.tensor([m[k] for m in la], dtype=torch.float64)
+        if k.startswith("rewards/") and k != "rewards/accuracies":
+            assert float((x - y).abs().max()) <= tol_l * scale, (k, x, y)
+        elif k != "rewards/accuracies" or not bf16:
+            ftref.assert_close(f"gpu {k}", x, y, tol_l)
+    assert abs(la[-1]["rewards/margins"]) > 1e-4
+    assert b["base_model.model.model.embed_tokens.weight"].shape[0] == V + 2
