@@ -1,9 +1,10 @@
 /* DPO's reference adapter under every dist.strategy (dist_engine.h
  * ft_engine_keep_reference): the compute copies of the trainables this rank stores (or
  * only those of the embedding's and the head's units), kept as they are at the start, put
- * in place of the policy's for the reference forward and back. What the forward reads: the model's own replica (none, ddp, zero1), train_c
- * (zero2: whole on every rank; model_parallel: the stage's, and a tied embedding's copy
- * on the last stage), shard_train_c (zero3, fsdp: this rank's shard, gathered unit by
+ * in place of the policy's for the reference forward and back. What the forward reads:
+ * the model's own replica (none, ddp, zero1), train_c (zero2: whole on every rank;
+ * model_parallel: the stage's, and a tied embedding's copy on the last stage),
+ * shard_train_c (zero3, fsdp: this rank's shard, gathered unit by
  * unit into the parameter windows, which are emptied on each swap so the next forward
  * gathers the swapped values). */
 #include <stdlib.h>
