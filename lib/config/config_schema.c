@@ -185,7 +185,9 @@ static const ft_cfg_key schema[] = {
     {KEY(train.objective), FT_CFG_ENUM, "sft", CHOICES("sft", "dpo", "orpo"), false, NONE, NONE,
      "what the loss is: sft (next-token loss on the data's labels), dpo (Direct Preference "
      "Optimization on prompt/chosen/rejected pairs, TRL's DPOTrainer; the reference model is "
-     "the base with the adapter off under lora/qlora, a frozen copy of the base under full) "
+     "the base with the adapter off under lora/qlora (an embedding / head trained in full: "
+     "their original values; from tuning.lora.init_adapter: that adapter as it starts), a "
+     "frozen copy of the base under full) "
      "or orpo (Odds Ratio Preference Optimization, TRL's ORPOTrainer: no reference model)",
      NULL},
     {KEY(train.pref.beta), FT_CFG_FLOAT, "0.1", NULL, false, 0, NONE,

@@ -137,8 +137,11 @@ int ft_engine_step(ft_engine *e, const ft_lr_schedule *sched, const ft_batch *mi
  * zero2 copy, the zero3 / fsdp shard, the pipeline stage's; adapter-sized, or its shard,
  * in the weights category, and as much workspace for the policy's while swapped);
  * use_reference(true) puts them in place of the policy's for a forward, (false) puts the
- * policy's back. Collective under zero3 / fsdp only through the forward between them. */
-int ft_engine_keep_reference(ft_engine *e, ft_err *err);
+ * policy's back. Collective under zero3 / fsdp only through the forward between them.
+ * outer: only the trainables of the first and the last unit (the embedding's and the
+ * head's: a fresh adapter's modules trained in full, whose starting values are the
+ * original modules, for a reference with the LoRA pairs off). */
+int ft_engine_keep_reference(ft_engine *e, bool outer, ft_err *err);
 int ft_engine_use_reference(ft_engine *e, bool on, ft_err *err);
 
 /* The same step with another objective (train_step.h; NULL: the token loss): its loss is

@@ -466,6 +466,9 @@ static void plan_pipeline(ft_memplan_result *r, const planner *p, const act_spec
             b[FT_MEM_WORKSPACE] += 3 * 4 * (size_t)mc->num_experts;
         if (r->pref_ref_stage) { /* DPO's starting values: the stage's part, kept */
             size_t kept = 4 * nt;
+            if (r->pref_ref_outer) /* (only the embedding's and the head's units) */
+                kept = 4 * ((span.first == 0 ? p->unit_train[0] : 0) +
+                            (span.last == U - 1 ? p->unit_train[U - 1] : 0));
             if (mc->tie_word_embeddings && W > 1 && rank == W - 1 && span.first > 0)
                 kept += 4 * p->unit_train[0];
             b[FT_MEM_WEIGHTS] += kept;
@@ -505,12 +508,27 @@ int ft_memplan_cpu_row_of(const char *strategy)
 }
 
 /* Rank r's part of n elements split over W ranks as lib/dist/dist_dp.c balances them:
- * [n*r/W, n*(r+1)/W). */
-static size_t shard_of(size_t n, int W, int r)
+ * [n*r/W, n*(r+1)/W); shard_at: its first element. */
+static size_t shard_at(size_t n, int W, int r)
 {
-    unsigned __int128 a = (unsigned __int128)n * (unsigned)r / (unsigned)W;
-    unsigned __int128 b = (unsigned __int128)n * (unsigned)(r + 1) / (unsigned)W;
-    return (size_t)(b - a);
+    return (size_t)((unsigned __int128)n * (unsigned)r / (unsigned)W);
+}
+
+static size_t shard_of(size_t n, int W, int r) { return shard_at(n, W, r + 1) - shard_at(n, W, r); }
+
+/* Elements of [a, b) in [c, d). */
+static size_t overlap(size_t a, size_t b, size_t c, size_t d)
+{
+    size_t lo = a > c ? a : c, hi = b < d ? b : d;
+    return hi > lo ? hi - lo : 0;
+}
+
+/* DPO's kept embedding / head of a fresh adapter (pref_ref_outer) in rank r's zero3 shard
+ * of the n_trainable: its part of the first unit's trainables and of the last one's. */
+static size_t outer_in_shard(const ft_memplan_result *r, int W, int rank)
+{
+    size_t n = r->n_trainable, a = shard_at(n, W, rank), b = shard_at(n, W, rank + 1);
+    return overlap(a, b, 0, r->pref_outer[0]) + overlap(a, b, n - r->pref_outer[1], n);
 }
 
 size_t ft_memplan_cpu_rank(const ft_memplan_result *r, ft_plan_row_id row, int rank,
@@ -554,8 +572,10 @@ size_t ft_memplan_cpu_rank(const ft_memplan_result *r, ft_plan_row_id row, int r
      * base's shard */
     if (host)
         *host = (r->offload ? 16 * own : 0) + (off_p ? 4 * sf + qs : 0);
-    for (int c = 0; c < FT_MEM_NCAT; c++) /* DPO's reference: the same on every rank */
-        bytes[c] += r->pref_ref_adapter && z3 && r->pref_ref[c] ? 4 * st : r->pref_ref[c];
+    /* DPO's reference: the same on every rank, but a kept adapter's shard under zero3 */
+    size_t kept_z3 = r->pref_ref_outer ? outer_in_shard(r, W, rank) : st;
+    for (int c = 0; c < FT_MEM_NCAT; c++)
+        bytes[c] += r->pref_ref_adapter && z3 && r->pref_ref[c] ? 4 * kept_z3 : r->pref_ref[c];
     size_t total = 0;
     for (int c = 0; c < FT_MEM_NCAT; c++)
         total += bytes[c];
@@ -809,7 +829,13 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
     r->cpu_workspace = act_bytes(&ws, 4);
     if (cfg->train.objective == FT_CFG_OBJECTIVE_DPO) { /* DPO's reference (memplan.h) */
         size_t gpu_ref[FT_MEM_NCAT] = {0};
-        r->pref_ref_stage = pmode == MODE_FULL || cfg->tuning.lora.init_adapter[0];
+        /* (a fresh adapter with modules trained in full: their units' starting values) */
+        r->pref_ref_outer = lora && !cfg->tuning.lora.init_adapter[0] && lc.modules_to_save;
+        r->pref_outer[0] = p.unit_train[0];
+        r->pref_outer[1] = p.unit_train[n_units - 1];
+        size_t kept = r->pref_ref_outer ? r->pref_outer[0] + r->pref_outer[1] : r->n_trainable;
+        r->pref_ref_stage = pmode == MODE_FULL || cfg->tuning.lora.init_adapter[0] ||
+                            r->pref_ref_outer;
         if (pmode == MODE_FULL) {
             act_counts ract, rws;
             act_spec rsp = {.grad_ckpt = true, .loss_chunk = sp.loss_chunk};
@@ -819,17 +845,26 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
             r->pref_ref[FT_MEM_ACTIVATIONS] = act_bytes(&ract, 4);
             gpu_ref[FT_MEM_WEIGHTS] = h * (r->n_trainable + r->n_frozen);
             gpu_ref[FT_MEM_ACTIVATIONS] = act_bytes(&ract, h);
-        } else if (cfg->tuning.lora.init_adapter[0]) {
-            r->pref_ref[FT_MEM_WEIGHTS] = r->pref_ref[FT_MEM_WORKSPACE] = 4 * r->n_trainable;
-            gpu_ref[FT_MEM_WEIGHTS] = gpu_ref[FT_MEM_WORKSPACE] = h * r->n_trainable;
+        } else if (cfg->tuning.lora.init_adapter[0] || r->pref_ref_outer) {
+            r->pref_ref[FT_MEM_WEIGHTS] = r->pref_ref[FT_MEM_WORKSPACE] = 4 * kept;
+            gpu_ref[FT_MEM_WEIGHTS] = gpu_ref[FT_MEM_WORKSPACE] = h * kept;
             r->pref_ref_adapter = true;
+        }
+        /* zero3 / fsdp: the kept part of the largest shard (of the embedding's and the
+         * head's units: the rank whose shard holds most of them) */
+        size_t kept_shard = ceil_div(r->n_trainable, N);
+        if (r->pref_ref_outer) {
+            kept_shard = 0;
+            for (int rank = 0; rank < (int)N; rank++) {
+                size_t k = outer_in_shard(r, (int)N, rank);
+                kept_shard = k > kept_shard ? k : kept_shard;
+            }
         }
         for (int i = FT_PLAN_GPU_1; i < FT_PLAN_NROWS; i++) {
             bool shard = r->pref_ref_adapter &&
                          (i == FT_PLAN_GPU_ZERO3 || i == FT_PLAN_GPU_FSDP);
             for (int c = 0; c < FT_MEM_NCAT; c++) /* (zero3 / fsdp: the adapter's shard) */
-                r->rows[i].bytes[c] += shard && gpu_ref[c] ? h * ceil_div(r->n_trainable, N)
-                                                           : gpu_ref[c];
+                r->rows[i].bytes[c] += shard && gpu_ref[c] ? h * kept_shard : gpu_ref[c];
         }
     }
     if (mc->num_experts > 0 && mc->output_router_logits) { /* model.c: aux counts, psum, dp */

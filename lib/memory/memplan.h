@@ -116,8 +116,12 @@
  * tuning.lora.init_adapter, the starting adapter and a scratch for the policy's (4 Pt
  * weights + 4 Pt workspace; h Pt each on the GPU rows; under zero3 / fsdp the rank's
  * shard of Pt, on a model_parallel stage its own trainables and a tied embedding's copy:
- * what each rank's forward reads); under model_parallel full fine-tuning's reference is,
- * the same way, each stage's own trainables kept (4 + 4 bytes each), not a frozen copy. */
+ * what each rank's forward reads); with a fresh adapter that trains the embedding or the
+ * head in full (modules_to_save, tokens added) the same for the trainables of the
+ * embedding's and the head's units only, Po (the modules' starting values, the originals:
+ * 4 Po weights + 4 Po workspace; under zero3 / fsdp the part of Po in the rank's shard);
+ * under model_parallel full fine-tuning's reference is, the same way, each stage's own
+ * trainables kept (4 + 4 bytes each), not a frozen copy. */
 #ifndef FT_MEMPLAN_H
 #define FT_MEMPLAN_H
 
@@ -208,6 +212,10 @@ typedef struct ft_memplan_result {
     bool pref_ref_stage;     /* cpu-mp: each stage keeps its trainables' starting values
                               * (the starting adapter's part; in full fine-tuning its part
                               * of the base, in place of the frozen whole copy) */
+    bool pref_ref_outer;     /* a fresh adapter's modules trained in full: only the first
+                              * unit's and the last unit's trainables are kept (pref_outer
+                              * elements each), per rank what its forward reads of them */
+    size_t pref_outer[2];
     int pipe_stages;         /* cpu-mp: world_size when the engine can split the model into
                               * that many stages (at most FT_PLAN_MAX_STAGES), else 0 */
     size_t pipe_bytes[FT_PLAN_MAX_STAGES][FT_MEM_NCAT]; /* each stage's bytes */

@@ -326,6 +326,11 @@ int ft_model_backward_split(ft_model *m, const int32_t *split, const float *scal
  * backward. Switching off an adapter with modules_to_save fails (PEFT then uses the
  * original embedding / head, which the model does not keep). */
 int ft_model_set_adapter(ft_model *m, bool enabled, ft_err *err);
+/* The same without that check: the LoRA pairs (those on the embedding and the head
+ * included) on or off, the modules trained in full computing with whatever values they
+ * hold (DPO's reference of a fresh adapter puts their starting values, the original
+ * modules, in place first: train/pref.h ref_lora_off). */
+void ft_model_set_lora(ft_model *m, bool enabled);
 
 /* Training mode (the default for a trainable model) applies LoRA dropout; evaluation
  * mode (false) does not, as torch's model.eval(). */

@@ -655,6 +655,12 @@ static void embed_lora_backward(ft_model *m, int N)
                             I_(m->ids, N), N, V, r, m->cfg.embed_padding_idx);
 }
 
+/* LoRA on the embedding / the head in this forward: targeted, and the adapter not
+ * switched off (ft_model_set_adapter: the base's own embedding and head, as PEFT's
+ * disable_adapter computes them) */
+static bool embed_lora_on(const ft_model *m) { return model_embed_lora(m) && !m->adapter_off; }
+static bool head_lora_on(const ft_model *m) { return model_head_lora(m) && !m->adapter_off; }
+
 /* logits[0, rows) = lm_head(lnf rows [r0, r0 + rows)): one chunk of the head, soft-capped
  * where the family caps its logits (gemma2: c tanh(logits / c); the cross-entropy's
  * softcap argument then takes the gradient through the tanh). */
@@ -662,12 +668,12 @@ static void head_logits(ft_model *m, size_t r0, size_t rows)
 {
     size_t C = (size_t)m->cfg.hidden_size, V = (size_t)m->cfg.vocab_size;
     ft_tensor x = ft_slice(A_(m->lnf, (r0 + rows) * C), r0 * C, rows * C);
-    if (model_head_lora(m) && m->opt.lora.dora)
+    if (head_lora_on(m) && m->opt.lora.dora)
         dora_head_logits(m, r0, rows, head_alpha(m));
     else
         ft_linear_forward(A_(m->logits, rows * V), x, A_(m->lm_head, V * C), ft_none(),
                           (int)rows, (int)C, (int)V, head_alpha(m), 0);
-    if (model_head_lora(m) && !m->opt.lora.dora) { /* + s (xd A^T) B^T, xd A^T in lora_xh */
+    if (head_lora_on(m) && !m->opt.lora.dora) { /* + s (xd A^T) B^T, xd A^T in lora_xh */
         size_t r = (size_t)m->opt.lora.r;
         ft_linear_forward(A_(m->logits, rows * V),
                           ft_slice(A_(m->lora_xh, (r0 + rows) * r), r0 * r, rows * r),
@@ -744,9 +750,9 @@ int ft_model_forward(ft_model *m, const ft_batch *b, double *loss_sum, long *n_t
             return -1;
         ft_embedding_forward(A_(m->acts[0].in, nC), I_(m->ids, N),
                              A_(m->embed, (size_t)V * C), N, V, C);
-        if (model_embed_lora(m))
+        if (embed_lora_on(m))
             embed_lora_forward(m, N);
-        if (model_embed_lora(m) && m->opt.lora.dora)
+        if (embed_lora_on(m) && m->opt.lora.dora)
             dora_embed_forward(m, N);
         if (embed_scale(m) != 1.0f) /* granite, gemma: h0 = embed * scale */
             ft_scale(A_(m->acts[0].in, nC), embed_scale(m), nC);
@@ -773,7 +779,7 @@ int ft_model_forward(ft_model *m, const ft_batch *b, double *loss_sum, long *n_t
             return -1;
         ft_rmsnorm_forward(A_(m->lnf, nC), F_(m->rstdf, N), A_(m->final_in, nC),
                            A_(m->norm_f, C), N, C, c->rms_norm_eps, c->norm_w_offset);
-        if (model_head_lora(m))
+        if (head_lora_on(m))
             head_lora_h(m, N);
         size_t R = ft_loss_chunk_rows(m->opt.loss_chunk_rows, (size_t)V, (size_t)N);
         for (size_t r0 = 0; r0 < (size_t)N; r0 += R) {

@@ -57,6 +57,8 @@ int ft_model_set_adapter(ft_model *m, bool enabled, ft_err *err)
                        m->opt.lora.modules_to_save == FT_SAVE_EMBED  ? "embed_tokens"
                        : m->opt.lora.modules_to_save == FT_SAVE_HEAD ? "lm_head"
                                                                      : "embed_tokens and lm_head");
-    m->adapter_off = !enabled;
+    ft_model_set_lora(m, enabled);
     return 0;
 }
+
+void ft_model_set_lora(ft_model *m, bool enabled) { m->adapter_off = !enabled; }

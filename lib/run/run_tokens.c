@@ -56,13 +56,6 @@ int run_tokens_setup(const ft_run_config *c, const ft_run_data *d, const char *m
                     names);
         }
         mo->lora.modules_to_save = mods;
-        if (mods && c->train.objective == FT_CFG_OBJECTIVE_DPO)
-            return ft_fail(err, "config: model.add_special_tokens with train.objective dpo in "
-                                "LoRA modes trains the embedding / head as modules_to_save, "
-                                "which DPO does not support yet (its reference, the adapter "
-                                "switched off, needs the original modules): target them with "
-                                "LoRA (tuning.lora.target_modules ...,embed_tokens,lm_head) "
-                                "or use tuning.mode full");
     }
     return 0;
 }

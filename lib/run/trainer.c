@@ -100,6 +100,9 @@ typedef struct trainer {
      * (its reference: the frozen copy ref in full fine-tuning, else the policy with its
      * adapter off) and the metric sums of the logging window */
     bool pref, orpo; /* orpo: the preference objective is ORPO (no reference model) */
+    /* LoRA from a fresh adapter that trains the embedding or the head in full
+     * (modules_to_save, or tokens added): DPO's reference keeps their starting values */
+    bool fresh_saved;
     ft_pref_loader *pref_loader, *pref_eval_loader; /* (eval: the whole set, in order) */
     ft_pref_objective pref_obj;
     ft_model *ref;
@@ -216,6 +219,7 @@ static int setup_model(trainer *t, const ft_dist_options *dopt, ft_err *err)
         mo.mode == FT_TRAIN_LORA && tu->lora.init_adapter[0] ? tu->lora.init_adapter : NULL;
     if (run_tokens_setup(t->cfg, &t->data, t->model_dir, adapter, &mo, t->log, err))
         return -1;
+    t->fresh_saved = mo.mode == FT_TRAIN_LORA && !adapter && mo.lora.modules_to_save;
     ft_adamw_hparams hp = {.lr = (float)tr->learning_rate,
                            .beta1 = (float)tr->adam_beta1,
                            .beta2 = (float)tr->adam_beta2,
@@ -1155,10 +1159,6 @@ static int check_objective(trainer *t, const ft_dist_options *dopt, ft_err *err)
         return ft_fail(err, "config: train.predict_with_generate does not work with "
                             "train.objective = %s (its evaluation reports preference accuracy)",
                        name);
-    if (!orpo && t->cfg->tuning.mode != FT_TUNING_FULL && t->cfg->tuning.lora.modules_to_save[0])
-        return ft_fail(err, "config: tuning.lora.modules_to_save does not work with "
-                            "train.objective = dpo yet (its reference, the adapter switched "
-                            "off, needs the original modules, which are not kept)");
     if (t->cfg->data.packing)
         return ft_fail(err, "config: data.packing does not work with train.objective = %s "
                             "(each sequence is its own row, as in TRL's trainers)", name);
@@ -1233,17 +1233,22 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
     if (setup_model(t, &dopt, err) || setup_schedule(t, err))
         return -1;
     t->pref_obj.ref = t->ref;
-    /* DPO from an adapter: the reference is that adapter as it starts (TRL's "ref" copy) */
-    /* DPO from a starting adapter, and DPO in full fine-tuning under model_parallel (each
-     * stage keeps its own part of the base: no whole second model on a stage) */
+    /* DPO from a starting adapter: the reference is that adapter as it starts (TRL's "ref"
+     * copy); in full fine-tuning under model_parallel each stage keeps its own part of the
+     * base (no whole second model on a stage); a fresh adapter with modules trained in
+     * full: the pairs off and those modules as they start, the original modules (PEFT's
+     * disable_adapter) */
     bool keep = c->tuning.mode == FT_TUNING_FULL ? dopt.strategy == FT_STRATEGY_PIPELINE
-                                                 : c->tuning.lora.init_adapter[0] != '\0';
+                                                 : c->tuning.lora.init_adapter[0] != '\0' ||
+                                                       t->fresh_saved;
     if (t->pref && !t->orpo && keep) {
-        /* (kept by the engine: the values each rank's forward reads, whole or its shard) */
-        if (ft_engine_keep_reference(t->eng, err))
+        /* (kept by the engine: the values each rank's forward reads, whole or its shard;
+         * of modules trained in full only their units) */
+        if (ft_engine_keep_reference(t->eng, t->fresh_saved, err))
             return ft_fail_prefix(err, "the DPO reference");
         t->pref_obj.use_ref = use_engine_reference;
         t->pref_obj.use_ref_ctx = t->eng;
+        t->pref_obj.ref_lora_off = t->fresh_saved;
     }
     if (t->gen_records.n)
         ft_gen_eos_ids(ft_model_cfg(t->m), t->data.tok, &t->gen);

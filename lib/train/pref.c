@@ -244,18 +244,17 @@ static int forwards(ft_pref_objective *p, ft_model *m, const ft_batch *b, double
         memset(ref, 0, R * sizeof *ref);
     } else if (p->ref) {
         rc = ft_model_forward_rows(p->ref, b, ref, err);
-    } else if (p->use_ref) {
-        rc = p->use_ref(p->use_ref_ctx, true, err);
+    } else if (p->use_ref || p->ref_lora) {
+        /* the kept values in place (and with ref_lora_off the pairs off), then back */
+        rc = p->use_ref ? p->use_ref(p->use_ref_ctx, true, err) : swap_adapter(p, m, true, err);
         if (rc == 0) {
+            if (p->ref_lora_off)
+                ft_model_set_lora(m, false);
             rc = pass_forward(p, m, b, NULL, NULL, ref, err);
-            if (p->use_ref(p->use_ref_ctx, false, rc ? NULL : err))
-                rc = -1;
-        }
-    } else if (p->ref_lora) {
-        rc = swap_adapter(p, m, true, err);
-        if (rc == 0) {
-            rc = pass_forward(p, m, b, NULL, NULL, ref, err);
-            if (swap_adapter(p, m, false, rc ? NULL : err))
+            if (p->ref_lora_off)
+                ft_model_set_lora(m, true);
+            if (p->use_ref ? p->use_ref(p->use_ref_ctx, false, rc ? NULL : err)
+                           : swap_adapter(p, m, false, rc ? NULL : err))
                 rc = -1;
         }
     } else {

@@ -21,7 +21,12 @@
  * was at the start (TRL's frozen "ref" copy of a PeftModel's adapter): the LoRA weights
  * are kept (ft_pref_objective_keep_adapter, adapter-sized; in the trainer by its engine,
  * each rank what its forward reads: the whole adapter, or its zero3 / fsdp shard, or its
- * pipeline stage's part) and put in place of the policy's for the reference forward; in
+ * pipeline stage's part) and put in place of the policy's for the reference forward;
+ * with a fresh adapter that trains the embedding or the head in full (modules_to_save,
+ * tokens added) the adapter is switched off as above, and those modules compute with
+ * their starting values, kept the same way (a fresh adapter's copies are the original
+ * modules, which PEFT's ModulesToSaveWrapper uses with the adapter disabled;
+ * ref_lora_off; the trainer's engine keeps only the embedding's and the head's units); in
  * full fine-tuning a frozen copy of the base model loaded beside the policy (ref; TRL
  * loads the same; under model_parallel each stage keeps its own part of the base through
  * the engine instead, use_ref). Either way the reference forward keeps no activation past
@@ -111,6 +116,9 @@ typedef struct ft_pref_objective {
     size_t lora_bytes;
     ft_model *lora_model;
     bool ref_free; /* no reference: its log-probabilities are 0 (ft-eval without one) */
+    /* the kept values (keep_adapter or use_ref) are a fresh adapter's modules trained in
+     * full: the reference forward also switches the LoRA pairs off (ft_model_set_lora) */
+    bool ref_lora_off;
     /* or the reference adapter kept elsewhere (the trainer's engine under every
      * dist.strategy, dist_engine.h ft_engine_keep_reference): use_ref(ctx, true) puts
      * it in place of the policy's LoRA weights, (false) puts theirs back */

@@ -24,7 +24,8 @@
  * model dequantizes it. With "pref" the rows are P preference pairs (the P chosen
  * sequences, then the P rejected ones) and the loss is DPO's (train/pref.h; the reference
  * in LoRA mode is the adapter as loaded, or with "ref": "base" the base with the adapter
- * off; in full mode a frozen copy of the base): "pref.loss"
+ * off (an adapter with modules_to_save: those modules as loaded, as a fresh adapter's
+ * copies of the originals); in full mode a frozen copy of the base): "pref.loss"
  * [] and "pref.metrics" [9] (rewards/chosen, rewards/rejected, rewards/accuracies,
  * rewards/margins, logps/chosen, logps/rejected means; ORPO's nll_loss, log_odds_ratio,
  * log_odds_chosen) of the first step, the gradients
@@ -269,7 +270,11 @@ static int run(const spec *s, const char *out_path, ft_err *err)
         goto done;
     if (s->pref && s->mode == FT_TRAIN_LORA && po_obj.o.loss != FT_PREF_ORPO) {
         const char *r = json_string_value(json_object_get(s->pref, "ref"));
-        if ((!r || strcmp(r, "base") != 0) && ft_pref_objective_keep_adapter(&po_obj, m, err))
+        bool base = r && !strcmp(r, "base");
+        /* the base of an adapter with modules_to_save: its pairs off and those modules as
+         * loaded, the original modules of a fresh adapter (train/pref.h ref_lora_off) */
+        po_obj.ref_lora_off = base && opt.lora.modules_to_save;
+        if ((!base || po_obj.ref_lora_off) && ft_pref_objective_keep_adapter(&po_obj, m, err))
             goto done;
     }
 

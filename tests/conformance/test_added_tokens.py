@@ -516,8 +516,9 @@ def test_strategies_equal_one_process(tmp_path_factory, strategy, tied):
 
 def test_dpo(llama, tmp_path):
     """DPO with tokens added: in full fine-tuning the reference (the frozen start) has the
-    grown vocabulary too and the run trains; in LoRA modes the new rows would train as
-    modules_to_save, which DPO refuses naming the key and the ways out."""
+    grown vocabulary too and the run trains; in LoRA modes (the new rows trained as
+    modules_to_save, the reference their originals) it trains too, against TRL in
+    test_dpo_tokens.py."""
     c = llama
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in [
@@ -529,9 +530,10 @@ def test_dpo(llama, tmp_path):
     assert f"vocabulary {c.V} -> {c.V + 2}" in out.stderr, out.stderr[-2000:]
     final = tmp_path / "runs" / "dpo_full" / "final"
     assert json.loads((final / "config.json").read_text())["vocab_size"] == c.V + 2
-    out = rankrun.run(config(tmp_path, "dpo_lora", c.model, data, **over), check=False)
-    assert out.returncode != 0
-    assert "model.add_special_tokens" in out.stderr and "dpo" in out.stderr, out.stderr[-2000:]
+    out = rankrun.run(config(tmp_path, "dpo_lora", c.model, data, **over))
+    assert "modules_to_save: embed_tokens, lm_head" in out.stderr, out.stderr[-2000:]
+    w = adapter_tensors(tmp_path / "runs" / "dpo_lora")
+    assert w["base_model.model.model.embed_tokens.weight"].shape[0] == c.V + 2
 
 
 # ---- the GPU (the emulated device: FT_EMU=1 with the emulated build's FT_TRAIN) -----------

@@ -362,6 +362,36 @@ def test_outer_tied_weight_tying_under_strategies(work, strategy, offload):
                        w["base_model.model.model.embed_tokens.lora_embedding_A"])
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "zero3", "fsdp", "model_parallel",
+                                      "zero2+offload", "zero3+offload", "fsdp+offload_params"])
+def test_outer_tied_weight_tying_qlora_under_strategies(work, strategy):
+    """The tied pair under ensure_weight_tying beside a quantized base (QLoRA: NF4 + double
+    quantization on load, the embedding and the head dense): every strategy on 2 ranks,
+    the optimizer or the base offloaded too, equals one process of QLoRA and keeps the
+    pairs equal (zero3 / fsdp shard the quantized base by blocks while the pair's
+    exchange, lib/dist/dist_tied.c, moves the embedding's and the head's updates)."""
+    name, _, off = strategy.partition("+")
+    extra = dict(TIE, mode="qlora")
+    if off:
+        dp = name != "model_parallel"
+        ref = work / "runs" / "qlora_tie_ref_tied_dp"
+        if not ref.exists():
+            run(write_config(work, ref.name, model="tied", train__batch_size=8, **extra))
+        key = "dist__offload_params" if off == "offload_params" else "dist__offload_optimizer"
+        run_name = f"np2_qlora_tie_{name}_{off}"
+        run(write_config(work, run_name, model="tied", dist__strategy=name,
+                         **{key: "cpu"}, **extra), 2)
+        assert dp
+        assert_same_run(ref, work / "runs" / run_name, w_atol=5e-4)
+        w = weights(work / "runs" / run_name)
+    else:
+        w = _same_as_one_process(work, "qlora_tie", "tied", name, extra)
+    assert torch.equal(w["base_model.model.lm_head.lora_A.weight"].T,
+                       w["base_model.model.model.embed_tokens.lora_embedding_B"])
+    assert torch.equal(w["base_model.model.lm_head.lora_B.weight"].T,
+                       w["base_model.model.model.embed_tokens.lora_embedding_A"])
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "zero2", "zero3", "model_parallel"])
 def test_dora_outer_tied_weight_tying_under_strategies(work, strategy):
     """DoRA with ensure_weight_tying (the one pair stepped twice, a magnitude on each

@@ -236,6 +236,42 @@ def tied(work):
     return work / "tied"
 
 
+TIE = dict(tuning__lora__target_modules="q_proj,v_proj,embed_tokens,lm_head",
+           tuning__lora__ensure_weight_tying="true")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "zero3", "fsdp", "model_parallel",
+                                      "zero2+offload", "zero3+offload", "qlora+zero3",
+                                      "qlora+fsdp"])
+def test_dpo_tied_weight_tying_equals_one_process(work, tied, strategy):
+    """DPO with LoRA's tied pair under ensure_weight_tying (the head's pair the embedding's,
+    one storage stepped twice; its exchange under the sharded strategies,
+    lib/dist/dist_tied.c), the reference the tied base with the pair off: every strategy
+    on 2 ranks (the optimizer offloaded, a QLoRA base sharded) equals one process, the
+    pairs kept equal."""
+    first, _, second = strategy.partition("+")
+    qlora = first == "qlora"
+    name = second if qlora else first
+    off = second == "offload"
+    common = dict(mode="qlora" if qlora else "lora", model__name=str(tied), **TIE)
+    one = f"single_tie_{'qlora' if qlora else 'lora'}"
+    if not (work / "runs" / one).exists():
+        run(write_config(work, one, train__batch_size=8, **common))
+    over = dict(dist__strategy=name, **common)
+    if name == "model_parallel":
+        over.update(train__batch_size=8, dist__pipeline_micro_batches=3)
+    if off:
+        over["dist__offload_optimizer"] = "cpu"
+    run_name = f"np2_tie_{strategy.replace('+', '_')}"
+    run(write_config(work, run_name, **over), 2)
+    assert_same_run(work / "runs" / one, work / "runs" / run_name)
+    w = weights(work / "runs" / run_name)
+    assert torch_equal(w["base_model.model.lm_head.lora_A.weight"].T,
+                       w["base_model.model.model.embed_tokens.lora_embedding_B"])
+    # the reference is not the policy after the first step
+    assert logged(work / "runs" / run_name)[5]["rewards/margins"] != 0
+
+
 def test_dpo_full_model_parallel_tied_equals_one_process(work, tied):
     common = dict(mode="full", model__name=str(tied), train__batch_size=8,
                   train__learning_rate=1e-3)

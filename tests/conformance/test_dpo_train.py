@@ -253,7 +253,6 @@ def test_dpo_resume_is_bitwise(workdir):
     (["train.pref.beta=0"], "train.pref.beta"),
     (["data.format=prompt_completion"], "data.format"),
     (["train.objective=sft", "train.pref.beta=0.3"], "train.pref"),
-    (["tuning.lora.modules_to_save=lm_head"], "modules_to_save"),
 ])
 def test_dpo_refusals(workdir, sets, needle):
     cfg = write_config(workdir, "run-refused", "strings")
