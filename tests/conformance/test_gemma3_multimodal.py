@@ -63,10 +63,10 @@ def make_mm_dir(root, name="model", **top):
     m = _mm_model(**top).float()
     g = torch.Generator().manual_seed(SEED + 1)
     with torch.no_grad():  # Gemma's norms are offsets from 1; the vision tower's are not
-        for name, p in m.named_parameters():
-            if "language_model" in name and "norm" in name:
+        for n, p in m.named_parameters():
+            if "language_model" in n and "norm" in n:
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
-            elif "language_model" not in name:
+            elif "language_model" not in n:
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
     d = Path(root) / name
     m.save_pretrained(d)
