@@ -285,3 +285,24 @@ def test_strategies_equal_one_process(tmp_path_factory, strategy):
     w = dt.weights(d / "runs" / name)
     assert w["base_model.model.model.language_model.embed_tokens.weight"].shape[0] == V + 2
     assert (d / "runs" / name / "final" / "tokenizer.json").exists()
+
+
+@pytest.mark.parametrize("world,strategy,over", [
+    (1, "none", {}),
+    (1, "none", dict(tuning__lora__target_modules="o_proj,embed_tokens,lm_head",
+                     tuning__lora__ensure_weight_tying="true")),
+    (2, "zero3", {})], ids=["mts", "lora_tie", "mts_zero3"])
+def test_measure_equals_plan(tmp_path, world, strategy, over):
+    """ft-train --measure with the tokens added (the grown embedding trained in full, or
+    LoRA on it and the head under ensure_weight_tying): the memory plan's bytes equal the
+    allocator's in every category on every rank (test_memcheck.py's check)."""
+    from test_memcheck import assert_exact
+
+    model = mm_tok_dir(tmp_path)
+    ids, labels = batch(V, 5)
+    data = write_data(tmp_path / "train.jsonl", ids, labels)
+    cfg = config(tmp_path, "measure", model, data, train__max_steps=2, dist__strategy=strategy,
+                 **over)
+    out = rankrun.run(cfg, world, "--measure")
+    assert f"vocabulary {V} -> {V + 2}" in out.stderr, out.stderr[-2000:]
+    assert_exact(out.stdout, world)
