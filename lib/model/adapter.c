@@ -63,7 +63,8 @@ static ft_param *embedding_base_layer(ft_model *m, const char *key)
 static bool tied_head_alias(const ft_model *m, const char *key)
 {
     return m->cfg.tie_word_embeddings && m->opt.mode == FT_TRAIN_LORA &&
-           (m->opt.lora.modules_to_save & FT_SAVE_EMBED) && is_outer_key(m, FT_LORA_HEAD, ".weight", key);
+           (m->opt.lora.modules_to_save & FT_SAVE_EMBED) &&
+           is_outer_key(m, FT_LORA_HEAD, ".weight", key);
 }
 
 /* A resized vocabulary (m->base_vocab): PEFT's save_embedding_layers saves the embedding
@@ -259,7 +260,9 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
             rc = ft_model_param_from_st(m, p, t, err);
         }
     }
-    /* the embedding's and the head's base weights, where the adapter holds them */
+    /* the embedding's and the head's base weights, where the adapter holds them, in the
+     * order PEFT's loading fills the model (module order: on a tied model the head's is
+     * the one kept) */
     for (size_t i = 0; i < 2 && rc == 0; i++) {
         char key[256];
         outer_key(m, i == 0 ? FT_LORA_EMBED : FT_LORA_HEAD, ".base_layer.weight", key,
@@ -332,14 +335,14 @@ int ft_model_save_adapter(ft_model *m, const char *dir, const char *base_model, 
     if (!w)
         return ft_fail(err, "out of memory");
     int rc = ft_st_writer_metadata(w, "format", "pt", err);
+    char head[256];
+    outer_key(m, FT_LORA_HEAD, ".weight", head, sizeof head);
     for (size_t i = 0; i < m->n_params && rc == 0; i++) {
         const ft_param *p = &m->params[i];
         char key[sizeof p->name + 32];
         adapter_key(m, p, key, sizeof key);
         if (p->is_lora || saved_module(m, p))
             rc = model_param_to_writer_as(m, p, key, w, err);
-        char head[256];
-        outer_key(m, FT_LORA_HEAD, ".weight", head, sizeof head);
         if (rc == 0 && saved_module(m, p) && p->unit == 0 && tied_head_alias(m, head))
             rc = model_param_to_writer_as(m, p, head, w, err);
     }
