@@ -71,6 +71,20 @@ float ft_lora_scaling(const ft_lora_config *c)
     return c->rslora ? c->alpha / sqrtf((float)c->r) : c->alpha / (float)c->r;
 }
 
+/* A name of the embedding's module as PEFT's lists give it: its last component or its
+ * path, a causal LM's model.embed_tokens or a multimodal gemma3's
+ * model.language_model.embed_tokens (PEFT's ensure_weight_tying adds the path). */
+static bool embed_name(const char *key)
+{
+    static const char *const names[] = {"embed_tokens", "model.embed_tokens",
+                                        "language_model.embed_tokens",
+                                        "model.language_model.embed_tokens"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (strcmp(key, names[i]) == 0)
+            return true;
+    return false;
+}
+
 /* PEFT matches a target key against a module name when the name equals it or ends with
  * "." + key; for our modules that means the key is the module's last component or a
  * suffix path of it ("q_proj", "self_attn.q_proj"). The short forms (the name without
@@ -92,8 +106,9 @@ static int match_target(const char *key, unsigned *targets)
             *targets |= moe[i].bits;
             return 0;
         }
-    /* the embedding and the head: PEFT's module names model.embed_tokens and lm_head */
-    if (strcmp(key, "embed_tokens") == 0 || strcmp(key, "model.embed_tokens") == 0) {
+    /* the embedding and the head: PEFT's module names model.embed_tokens (a multimodal
+     * gemma3's model.language_model.embed_tokens) and lm_head */
+    if (embed_name(key)) {
         *targets |= FT_LORA_EMBED;
         return 0;
     }
@@ -177,7 +192,7 @@ int ft_lora_targets_parse(const char *list, unsigned *targets, ft_err *err)
  * model's modules, only the embedding and the head are supported. */
 static int match_saved_module(const char *key, unsigned *mods)
 {
-    if (strcmp(key, "embed_tokens") == 0 || strcmp(key, "model.embed_tokens") == 0)
+    if (embed_name(key))
         *mods |= FT_SAVE_EMBED;
     else if (strcmp(key, "lm_head") == 0)
         *mods |= FT_SAVE_HEAD;
@@ -186,7 +201,8 @@ static int match_saved_module(const char *key, unsigned *mods)
     return 0;
 }
 
-#define SAVED_MODULES "embed_tokens (or model.embed_tokens) and lm_head"
+#define SAVED_MODULES "embed_tokens (or model.embed_tokens, model.language_model.embed_tokens) " \
+                      "and lm_head"
 
 unsigned ft_lora_saved_modules(const ft_lora_config *c, bool tied)
 {
@@ -231,8 +247,6 @@ static int read_modules_to_save(json_t *root, const char *path, ft_lora_config *
     }
     return 0;
 }
-
-static int regex_outer(ft_lora_config *c, ft_err *err);
 
 static int reject_if_set(json_t *root, const char *path, const char *key, ft_err *err)
 {
@@ -534,7 +548,7 @@ int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
         } else {
             strcpy(c->target_regex, t);
             unsigned mask;
-            if (ft_lora_layer_mask(c, 0, &mask, err) || regex_outer(c, err)) {
+            if (ft_lora_layer_mask(c, 0, &mask, err) || ft_lora_regex_outer(c, err)) {
                 ft_fail_prefix(err, "%s: key 'target_modules'", path);
                 goto out;
             }
@@ -568,37 +582,51 @@ out:
 
 /* The targets of c (no regex, no per-layer paths) as a regex over the module paths below
  * module_prefix, for PEFT's re.fullmatch: module_prefix layers.(any, or the listed
- * layers).(the target modules' paths), e.g. model\.language_model\.layers\.\d+\.
- * (?:self_attn\.q_proj|mlp\.down_proj). */
+ * layers).(the target modules' paths), then the embedding's and the head's paths where
+ * they are targets, e.g. model\.language_model\.layers\.\d+\.(?:self_attn\.q_proj|
+ * mlp\.down_proj)|model\.language_model\.embed_tokens|lm_head. */
 static int targets_regex(const ft_lora_config *c, char *out, size_t n, const char *dir,
                          ft_err *err)
 {
     size_t len = 0;
+    out[0] = '\0';
 #define PUT(...) (len += (size_t)snprintf(out + (len < n ? len : n), len < n ? n - len : 0, \
                                           __VA_ARGS__))
-    for (const char *q = c->module_prefix; *q; q++) {
-        if (*q == '.')
-            PUT("\\.");
-        else
-            PUT("%c", *q);
+#define PUT_PREFIX()                                                                       \
+    for (const char *q = c->module_prefix; *q; q++) {                                       \
+        if (*q == '.')                                                                      \
+            PUT("\\.");                                                                    \
+        else                                                                                \
+            PUT("%c", *q);                                                                  \
     }
-    PUT("layers\\.");
-    if (c->n_layers == 0) {
-        PUT("\\d+");
-    } else {
-        PUT("(?:");
-        for (int i = 0; i < c->n_layers; i++)
-            PUT("%s%d", i ? "|" : "", c->layers[i]);
+    if (c->targets & ~FT_LORA_OUTER) {
+        PUT_PREFIX();
+        PUT("layers\\.");
+        if (c->n_layers == 0) {
+            PUT("\\d+");
+        } else {
+            PUT("(?:");
+            for (int i = 0; i < c->n_layers; i++)
+                PUT("%s%d", i ? "|" : "", c->layers[i]);
+            PUT(")");
+        }
+        PUT("\\.(?:");
+        for (int p = 0, k = 0; p < FT_NPROJ; p++) {
+            if (!(c->targets & (1u << p)))
+                continue;
+            const char *path = proj_paths[p], *dot = strchr(path, '.');
+            PUT("%s%.*s\\.%s", k++ ? "|" : "", (int)(dot - path), path, dot + 1);
+        }
         PUT(")");
     }
-    PUT("\\.(?:");
-    for (int p = 0, k = 0; p < FT_NPROJ; p++) {
-        if (!(c->targets & (1u << p)))
-            continue;
-        const char *path = proj_paths[p], *dot = strchr(path, '.');
-        PUT("%s%.*s\\.%s", k++ ? "|" : "", (int)(dot - path), path, dot + 1);
+    if (c->targets & FT_LORA_EMBED) {
+        PUT("%s", len ? "|" : "");
+        PUT_PREFIX();
+        PUT("embed_tokens");
     }
-    PUT(")");
+    if (c->targets & FT_LORA_HEAD)
+        PUT("%slm_head", len ? "|" : "");
+#undef PUT_PREFIX
 #undef PUT
     if (len >= n || len >= sizeof c->target_regex)
         return ft_fail(err, "%s: the target modules' regular expression is too long", dir);
@@ -742,16 +770,21 @@ int ft_lora_layer_mask(const ft_lora_config *c, int layer, unsigned *mask, ft_er
     return rc;
 }
 
-/* A target regex's embedding and head bits: whether it fullmatches their module paths. */
-static int regex_outer(ft_lora_config *c, ft_err *err)
+int ft_lora_regex_outer(ft_lora_config *c, ft_err *err)
 {
+    if (!c->target_regex[0])
+        return 0;
     int code;
     PCRE2_SIZE where;
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)c->target_regex, PCRE2_ZERO_TERMINATED,
                                    PCRE2_ANCHORED | PCRE2_ENDANCHORED, &code, &where, NULL);
     if (!re)
         return ft_fail(err, "regular expression '%s' does not compile", c->target_regex);
-    if (regex_fullmatch(re, "model.embed_tokens"))
+    char embed[64];
+    snprintf(embed, sizeof embed, "%sembed_tokens",
+             c->module_prefix[0] ? c->module_prefix : "model.");
+    c->targets &= ~FT_LORA_OUTER;
+    if (regex_fullmatch(re, embed))
         c->targets |= FT_LORA_EMBED;
     if (regex_fullmatch(re, "lm_head"))
         c->targets |= FT_LORA_HEAD;

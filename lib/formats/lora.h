@@ -151,8 +151,14 @@ int ft_lora_resolve_moe(ft_lora_config *c, bool moe, ft_err *err);
 
 /* The projections of decoder layer `layer` that carry a LoRA pair (bitmask). Error: a
  * regex that does not compile. (A regex's FT_LORA_EMBED / FT_LORA_HEAD: in targets, set
- * by ft_lora_config_load.) */
+ * by ft_lora_regex_outer.) */
 int ft_lora_layer_mask(const ft_lora_config *c, int layer, unsigned *mask, ft_err *err);
+
+/* A target regex's FT_LORA_EMBED / FT_LORA_HEAD bits in c->targets: whether it
+ * fullmatches the embedding's module path (module_prefix embed_tokens; "" as "model.")
+ * and lm_head. ft_lora_config_load sets them for a causal LM's paths; a model of
+ * another layout sets module_prefix and calls this again. No regex: nothing changes. */
+int ft_lora_regex_outer(ft_lora_config *c, ft_err *err);
 
 /* alpha / r, or alpha / sqrt(r) with rsLoRA. */
 float ft_lora_scaling(const ft_lora_config *c);

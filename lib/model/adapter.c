@@ -1,10 +1,12 @@
 /* PEFT LoRA adapters: adapter_config.json + adapter_model.safetensors, keys
  * base_model.model.<module path>.lora_{A,B}.weight (no adapter name on disk), DoRA's
  * <module path>.lora_magnitude_vector, the embedding's <...>.embed_tokens.lora_embedding_A
- * and _B; for a module trained in full (modules_to_save) base_model.model.<HF weight
- * name>: PEFT keeps its trainable copy as <module>.modules_to_save.default.weight and
- * saves it under the module's own name; and with LoRA on the embedding or lm_head, PEFT's
- * copy of that module's base weight, <module>.base_layer.weight. */
+ * and _B; for a module trained in full (modules_to_save) base_model.model.<module
+ * path>.weight: PEFT keeps its trainable copy as <module>.modules_to_save.default.weight
+ * and saves it under the module's own name; and with LoRA on the embedding or lm_head,
+ * PEFT's copy of that module's base weight, <module>.base_layer.weight. The module paths
+ * are the model's layout's (outer_names.c: a multimodal gemma3's embedding is
+ * model.language_model.embed_tokens, its head lm_head). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -13,8 +15,6 @@
 #include "model/model_internal.h"
 #include "formats/safetensors.h"
 
-#define PEFT_PREFIX "base_model.model."
-
 /* A module saved in full beside the LoRA pairs (embedding, head): trainable in LoRA mode
  * without being a LoRA weight. */
 static bool saved_module(const ft_model *m, const ft_param *p)
@@ -22,10 +22,28 @@ static bool saved_module(const ft_model *m, const ft_param *p)
     return m->opt.mode == FT_TRAIN_LORA && p->trainable && !p->is_lora;
 }
 
-/* The adapter file's key of a LoRA weight or a saved module. */
+/* PEFT's key of the embedding's (FT_LORA_EMBED) or the head's (FT_LORA_HEAD) module with
+ * suffix: base_model.model.<module path><suffix> (outer_names.c). */
+static void outer_key(const ft_model *m, unsigned bit, const char *suffix, char *key, size_t n)
+{
+    ft_model_outer_key(&m->cfg, bit, suffix, key, n);
+}
+
+static bool is_outer_key(const ft_model *m, unsigned bit, const char *suffix, const char *key)
+{
+    char k[256];
+    outer_key(m, bit, suffix, k, sizeof k);
+    return strcmp(key, k) == 0;
+}
+
+/* The adapter file's key of a LoRA weight or a saved module (the module's own key:
+ * base_model.model.<module path>.weight). */
 static void adapter_key(const ft_model *m, const ft_param *p, char *key, size_t n)
 {
-    snprintf(key, n, "%s%s", saved_module(m, p) ? PEFT_PREFIX : "", p->name);
+    if (saved_module(m, p))
+        outer_key(m, model_vocab_bit(m, p), ".weight", key, n);
+    else
+        snprintf(key, n, "%s", p->name);
 }
 
 /* With LoRA on the embedding or lm_head, PEFT also saves their base weights
@@ -33,27 +51,12 @@ static void adapter_key(const ft_model *m, const ft_param *p, char *key, size_t 
  * loading puts them in the base: the base weight of an adapter key, or NULL. */
 static ft_param *embedding_base_layer(ft_model *m, const char *key)
 {
-    static const struct {
-        const char *key, *name;
-        unsigned bit;
-    } mods[] = {{PEFT_PREFIX "model.embed_tokens.base_layer.weight", "model.embed_tokens.weight",
-                 FT_LORA_EMBED},
-                {PEFT_PREFIX "lm_head.base_layer.weight", "lm_head.weight", FT_LORA_HEAD}};
-    for (size_t i = 0; i < sizeof mods / sizeof mods[0]; i++)
-        if ((m->opt.lora.targets & mods[i].bit) && strcmp(key, mods[i].key) == 0) {
-            ft_param *p = ft_model_find_param(m, mods[i].name);
+    for (unsigned bit = FT_LORA_EMBED; bit <= FT_LORA_HEAD; bit <<= 1)
+        if ((m->opt.lora.targets & bit) && is_outer_key(m, bit, ".base_layer.weight", key))
             /* tied: the head's base layer is the embedding (PEFT wraps the one tensor) */
-            if (!p && m->cfg.tie_word_embeddings && mods[i].bit == FT_LORA_HEAD)
-                p = ft_model_find_param(m, "model.embed_tokens.weight");
-            return p;
-        }
+            return model_outer_param(m, bit, true);
     return NULL;
 }
-
-/* The adapter keys of the embedding's and the head's base layers, in the order PEFT's
- * loading fills the model (module order: on a tied model the head's is the one kept). */
-static const char *const base_layer_keys[2] = {PEFT_PREFIX "model.embed_tokens.base_layer.weight",
-                                               PEFT_PREFIX "lm_head.base_layer.weight"};
 
 /* A tied model's trained embedding (ensure_weight_tying): PEFT saves the one copy under
  * the head's key too. */
@@ -61,32 +64,26 @@ static bool tied_head_alias(const ft_model *m, const char *key)
 {
     return m->cfg.tie_word_embeddings && m->opt.mode == FT_TRAIN_LORA &&
            (m->opt.lora.modules_to_save & FT_SAVE_EMBED) &&
-           strcmp(key, PEFT_PREFIX "lm_head.weight") == 0;
-}
-
-/* FT_LORA_EMBED or FT_LORA_HEAD for the embedding's or the head's weight, else 0. */
-static unsigned vocab_bit(const ft_param *p)
-{
-    return strcmp(p->name, "model.embed_tokens.weight") == 0 ? FT_LORA_EMBED
-           : strcmp(p->name, "lm_head.weight") == 0          ? FT_LORA_HEAD
-                                                              : 0;
+           is_outer_key(m, FT_LORA_HEAD, ".weight", key);
 }
 
 /* A resized vocabulary (m->base_vocab): PEFT's save_embedding_layers saves the embedding
  * and the head that are neither trained (modules_to_save) nor carry LoRA (their
- * base_layer) in full, under base_model.model.<HF weight name>, and its loading puts them
+ * base_layer) in full, under base_model.model.<module>.weight, and its loading puts them
  * in the base: the base weight of such a key, or NULL. A tied head's key names the
  * embedding (PEFT saves the one tensor under both). */
 static ft_param *resized_base(ft_model *m, const char *key)
 {
-    size_t np = strlen(PEFT_PREFIX);
-    if (!m->base_vocab || strncmp(key, PEFT_PREFIX, np) != 0)
+    if (!m->base_vocab)
         return NULL;
-    ft_param *p = ft_model_find_param(m, key + np);
-    if (!p && m->cfg.tie_word_embeddings && strcmp(key + np, "lm_head.weight") == 0)
-        p = ft_model_find_param(m, "model.embed_tokens.weight");
-    unsigned bit = p ? vocab_bit(p) : 0;
-    return bit && !p->trainable && !(m->opt.lora.targets & bit) ? p : NULL;
+    for (unsigned k = FT_LORA_EMBED; k <= FT_LORA_HEAD; k <<= 1) {
+        if (!is_outer_key(m, k, ".weight", key))
+            continue;
+        ft_param *p = model_outer_param(m, k, true);
+        unsigned bit = p ? model_vocab_bit(m, p) : 0;
+        return bit && !p->trainable && !(m->opt.lora.targets & bit) ? p : NULL;
+    }
+    return NULL;
 }
 
 /* A resized vocabulary's module trained in full: PEFT's save_embedding_layers also
@@ -97,22 +94,19 @@ static ft_param *resized_base(ft_model *m, const char *key)
 static ft_param *resized_wrapper_copy(ft_model *m, const char *key)
 {
     static const char *const copies[] = {".modules_to_save.weight", ".original_module.weight"};
-    size_t np = strlen(PEFT_PREFIX), n = strlen(key);
-    if (!m->base_vocab || strncmp(key, PEFT_PREFIX, np) != 0)
+    if (!m->base_vocab)
         return NULL;
-    for (size_t i = 0; i < 2; i++) {
-        size_t k = strlen(copies[i]);
-        char name[192];
-        if (n < np + k || strcmp(key + n - k, copies[i]) != 0 || n - np - k > 160)
-            continue;
-        snprintf(name, sizeof name, "%.*s.weight", (int)(n - np - k), key + np);
-        ft_param *p = ft_model_find_param(m, name);
-        char alias[sizeof name + 32];
-        snprintf(alias, sizeof alias, "%s%s", PEFT_PREFIX, name);
-        if (!p && tied_head_alias(m, alias))
-            p = ft_model_find_param(m, "model.embed_tokens.weight");
-        return p && saved_module(m, p) ? p : NULL;
-    }
+    for (unsigned bit = FT_LORA_EMBED; bit <= FT_LORA_HEAD; bit <<= 1)
+        for (size_t i = 0; i < 2; i++) {
+            if (!is_outer_key(m, bit, copies[i], key))
+                continue;
+            ft_param *p = model_outer_param(m, bit, false);
+            char alias[256];
+            outer_key(m, bit, ".weight", alias, sizeof alias);
+            if (!p && tied_head_alias(m, alias))
+                p = model_outer_param(m, FT_LORA_EMBED, false);
+            return p && saved_module(m, p) ? p : NULL;
+        }
     return NULL;
 }
 
@@ -126,10 +120,13 @@ static ft_param *adapter_param(ft_model *m, const char *key)
         (p = resized_wrapper_copy(m, key)))
         return p;
     if (tied_head_alias(m, key)) /* the same tensor as the embedding's: not read again */
-        return ft_model_find_param(m, "model.embed_tokens.weight");
-    size_t np = strlen(PEFT_PREFIX);
-    p = strncmp(key, PEFT_PREFIX, np) == 0 ? ft_model_find_param(m, key + np) : NULL;
-    return p && saved_module(m, p) ? p : NULL;
+        return model_outer_param(m, FT_LORA_EMBED, false);
+    for (unsigned bit = FT_LORA_EMBED; bit <= FT_LORA_HEAD; bit <<= 1)
+        if (is_outer_key(m, bit, ".weight", key)) {
+            p = model_outer_param(m, bit, false);
+            return p && saved_module(m, p) ? p : NULL;
+        }
+    return NULL;
 }
 
 /* The error for adapter tensor t (key) that does not have p's shape: a vocabulary that
@@ -250,7 +247,7 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
         if (!(p->is_lora || saved_module(m, p)) || (unit >= 0 && p->unit != unit))
             continue;
         if (saved_module(m, p))
-            filled |= vocab_bit(p);
+            filled |= model_vocab_bit(m, p);
         char key[sizeof p->name + 32];
         adapter_key(m, p, key, sizeof key);
         const ft_st_tensor *t = ft_ckpt_find(ck, key);
@@ -263,9 +260,14 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
             rc = ft_model_param_from_st(m, p, t, err);
         }
     }
-    /* the embedding's and the head's base weights, where the adapter holds them */
+    /* the embedding's and the head's base weights, where the adapter holds them, in the
+     * order PEFT's loading fills the model (module order: on a tied model the head's is
+     * the one kept) */
     for (size_t i = 0; i < 2 && rc == 0; i++) {
-        const ft_st_tensor *t = ft_ckpt_find(ck, base_layer_keys[i]);
+        char key[256];
+        outer_key(m, i == 0 ? FT_LORA_EMBED : FT_LORA_HEAD, ".base_layer.weight", key,
+                  sizeof key);
+        const ft_st_tensor *t = ft_ckpt_find(ck, key);
         ft_param *p = t ? embedding_base_layer(m, t->name) : NULL;
         if (!p || p->is_lora)
             continue;
@@ -278,26 +280,27 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
             continue;
         if (rc == 0 && p->data)
             rc = ft_model_param_from_st(m, p, t, err);
-        filled |= vocab_bit(p);
+        filled |= model_vocab_bit(m, p);
     }
     /* a resized vocabulary's embedding and head saved in full (not tied again) */
     for (size_t i = 0; i < ft_ckpt_count(ck) && rc == 0; i++) {
         const ft_st_tensor *t = ft_ckpt_at(ck, i);
         ft_param *p = resized_base(m, t->name);
-        if (!p || (unit >= 0 && p->unit != unit) || !strstr(t->name, p->name))
+        if (!p || (unit >= 0 && p->unit != unit) ||
+            !is_outer_key(m, model_vocab_bit(m, p), ".weight", t->name))
             continue;
         if (t->ndim != 2 || t->shape[0] != p->shape[0] || t->shape[1] != p->shape[1])
             rc = shape_error(m, t, t->name, p, err);
         else if (p->data)
             rc = ft_model_param_from_st(m, p, t, err);
-        filled |= vocab_bit(p);
+        filled |= model_vocab_bit(m, p);
     }
     /* a resized model's new rows exist only in the adapter: every vocabulary-sized base
      * weight must come from it (PEFT's save_embedding_layers leaves the head out when
      * only the embedding carries LoRA, and PEFT's own loading then keeps random rows) */
     for (size_t i = 0; i < m->n_params && rc == 0 && m->base_vocab; i++) {
         const ft_param *p = &m->params[i];
-        unsigned bit = vocab_bit(p);
+        unsigned bit = model_vocab_bit(m, p);
         if (bit && !(filled & bit) && (unit < 0 || p->unit == unit))
             rc = ft_fail(err, "%s: the adapter is for a vocabulary of %lld tokens (config.json "
                               "has %lld) but holds no '%s' of that size to fill the added "
@@ -332,38 +335,42 @@ int ft_model_save_adapter(ft_model *m, const char *dir, const char *base_model, 
     if (!w)
         return ft_fail(err, "out of memory");
     int rc = ft_st_writer_metadata(w, "format", "pt", err);
+    char head[256];
+    outer_key(m, FT_LORA_HEAD, ".weight", head, sizeof head);
     for (size_t i = 0; i < m->n_params && rc == 0; i++) {
         const ft_param *p = &m->params[i];
         char key[sizeof p->name + 32];
         adapter_key(m, p, key, sizeof key);
         if (p->is_lora || saved_module(m, p))
             rc = model_param_to_writer_as(m, p, key, w, err);
-        if (rc == 0 && saved_module(m, p) && p->unit == 0 &&
-            tied_head_alias(m, PEFT_PREFIX "lm_head.weight"))
-            rc = model_param_to_writer_as(m, p, PEFT_PREFIX "lm_head.weight", w, err);
+        if (rc == 0 && saved_module(m, p) && p->unit == 0 && tied_head_alias(m, head))
+            rc = model_param_to_writer_as(m, p, head, w, err);
     }
     /* The base weights of the embedding and the head that carry LoRA, when an adapter's
      * base_layer replaced them (PEFT writes them always; without them PEFT keeps the base
      * model's own, which are then the same). */
     for (size_t i = 0; i < 2 && rc == 0; i++) {
-        ft_param *p = embedding_base_layer(m, base_layer_keys[i]);
+        char key[256];
+        outer_key(m, i == 0 ? FT_LORA_EMBED : FT_LORA_HEAD, ".base_layer.weight", key,
+                  sizeof key);
+        ft_param *p = embedding_base_layer(m, key);
         if (!p || !(m->outer_base_read & (i == 0 ? FT_LORA_EMBED : FT_LORA_HEAD)))
             continue;
         if (!p->data)
             rc = ft_fail(err, "%s: the adapter read replaced the base weight of %s "
                               "(%s), which is not bound here to save it again (a strategy "
                               "gathers it for its save)",
-                         dir, p->name, base_layer_keys[i]);
+                         dir, p->name, key);
         else
-            rc = model_param_to_writer_as(m, p, base_layer_keys[i], w, err);
+            rc = model_param_to_writer_as(m, p, key, w, err);
     }
     /* A grown vocabulary: the embedding and the head neither trained nor targeted, in
      * full, as PEFT's save_embedding_layers writes them (a tied head: the embedding again
      * under the head's key) */
-    static const char *const vocab_keys[] = {PEFT_PREFIX "model.embed_tokens.weight",
-                                             PEFT_PREFIX "lm_head.weight"};
     for (size_t i = 0; i < 2 && rc == 0; i++) {
-        ft_param *p = resized_base(m, vocab_keys[i]);
+        char key[256];
+        outer_key(m, i == 0 ? FT_LORA_EMBED : FT_LORA_HEAD, ".weight", key, sizeof key);
+        ft_param *p = resized_base(m, key);
         if (!p)
             continue;
         if (!p->data)
@@ -372,7 +379,7 @@ int ft_model_save_adapter(ft_model *m, const char *dir, const char *base_model, 
                               "or zero1/2)",
                          dir, p->name);
         else
-            rc = model_param_to_writer_as(m, p, vocab_keys[i], w, err);
+            rc = model_param_to_writer_as(m, p, key, w, err);
     }
     char path[4096];
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);

@@ -43,30 +43,25 @@
  * base_model.model.<module_prefix>layers.N.<proj>.lora_A.weight, its weight
  * <ckpt_prefix>model.layers.N.<proj>.weight (model.layers.N.<proj>.weight but in a
  * multimodal gemma3: hf_config.h); or base_model.model.lm_head.lora_A.weight, its weight
- * <ckpt_prefix>lm_head.weight (tied: the embedding). */
+ * <ckpt_prefix>lm_head.weight (tied: the embedding; model.h's ft_model_module_weight). */
 static int find_pair(ft_model *m, const ft_param *a, ft_param **w, ft_param **b, ft_err *err)
 {
     const ft_model_config *c = ft_model_cfg(m);
     const char *suffix = ".lora_A.weight";
     size_t n = strlen(a->name), np = strlen(PEFT_PREFIX), ns = strlen(suffix);
-    size_t nm = strlen(c->module_prefix);
     if (n <= np + ns || strncmp(a->name, PEFT_PREFIX, np) != 0 ||
         strcmp(a->name + n - ns, suffix) != 0)
         return ft_fail(err, "LoRA parameter '%s' does not follow PEFT's naming", a->name);
     /* path: the module's path in the transformers model, past base_model.model. */
     char path[sizeof a->name], name[sizeof a->name + 64];
     snprintf(path, sizeof path, "%.*s", (int)(n - np - ns), a->name + np);
-    if (strncmp(path, c->module_prefix, nm) == 0) /* a decoder layer's module */
-        snprintf(name, sizeof name, "%smodel.%s.weight", c->ckpt_prefix, path + nm);
-    else if (strcmp(path, "lm_head") == 0)
-        snprintf(name, sizeof name, "%slm_head.weight", c->ckpt_prefix);
-    else
+    if (ft_model_module_weight(c, path, strlen(path), name, sizeof name))
         return ft_fail(err, "LoRA parameter '%s' does not follow PEFT's naming", a->name);
     *w = ft_model_find_param(m, name);
     /* tied: the head's weight is the embedding, which then gains both deltas (PEFT's
      * merge_and_unload adds each module's into the one tensor; transformers saves it tied) */
     if (!*w && c->tie_word_embeddings && strcmp(path, "lm_head") == 0) {
-        snprintf(name, sizeof name, "%smodel.embed_tokens.weight", c->ckpt_prefix);
+        ft_model_outer_weight(c, FT_LORA_EMBED, name, sizeof name);
         *w = ft_model_find_param(m, name);
     }
     snprintf(name, sizeof name, PEFT_PREFIX "%s.lora_B.weight", path);
@@ -107,7 +102,10 @@ static int dora_rescale(ft_model *m, const ft_param *a, ft_param *w, ft_err *err
  * E + s (B A)^T) times m / their norm, when the embedding's pair has a magnitude [C]. */
 static int embedding_dora_rescale(ft_model *m, ft_param *e, ft_err *err)
 {
-    ft_param *mag = ft_model_find_param(m, PEFT_PREFIX "model.embed_tokens.lora_magnitude_vector");
+    char name[256];
+    ft_model_outer_key(ft_model_cfg(m), FT_LORA_EMBED, ".lora_magnitude_vector", name,
+                       sizeof name);
+    ft_param *mag = ft_model_find_param(m, name);
     if (!mag)
         return 0;
     int64_t V = e->shape[0], C = e->shape[1];
@@ -133,9 +131,13 @@ static int embedding_dora_rescale(ft_model *m, ft_param *e, ft_err *err)
  * B[c, j], summed in double. 1 when merged, 0 when the model has none. */
 static int merge_embedding(ft_model *m, float scaling, ft_err *err)
 {
-    ft_param *a = ft_model_find_param(m, PEFT_PREFIX "model.embed_tokens.lora_embedding_A");
-    ft_param *b = ft_model_find_param(m, PEFT_PREFIX "model.embed_tokens.lora_embedding_B");
-    ft_param *e = ft_model_find_param(m, "model.embed_tokens.weight");
+    const ft_model_config *c = ft_model_cfg(m);
+    char na[256], nb[256], ne[256];
+    ft_model_outer_key(c, FT_LORA_EMBED, ".lora_embedding_A", na, sizeof na);
+    ft_model_outer_key(c, FT_LORA_EMBED, ".lora_embedding_B", nb, sizeof nb);
+    ft_model_outer_weight(c, FT_LORA_EMBED, ne, sizeof ne);
+    ft_param *a = ft_model_find_param(m, na), *b = ft_model_find_param(m, nb);
+    ft_param *e = ft_model_find_param(m, ne);
     if (!a || !b)
         return 0;
     int64_t r = a->shape[0], V = a->shape[1], C = b->shape[0];
@@ -366,6 +368,20 @@ static int write_weights(ft_model *m, const char *model_dir, const char *dir, ft
     return rc;
 }
 
+/* config.json's vocabulary, where transformers' resize_token_embeddings puts it:
+ * vocab_size, or a multimodal gemma3's text_config.vocab_size. */
+static int set_vocab_size(json_t *cfg_json, const ft_model_config *c)
+{
+    json_t *obj = cfg_json;
+    if (c->multimodal) {
+        obj = json_object_get(cfg_json, "text_config");
+        if (!json_is_object(obj) && (json_object_set_new(cfg_json, "text_config", json_object()) ||
+                                     !(obj = json_object_get(cfg_json, "text_config"))))
+            return -1;
+    }
+    return json_object_set_new(obj, "vocab_size", json_integer(c->vocab_size));
+}
+
 int ft_merge(const ft_merge_options *o, ft_err *err)
 {
     if (!o->model_dir || !o->adapter_dir || !o->out_dir || !o->out_dir[0])
@@ -427,11 +443,11 @@ int ft_merge(const ft_merge_options *o, ft_err *err)
         rc = -1;
     json_object_del(cfg_json, "quantization_config"); /* the output is dense */
     /* an adapter for a grown vocabulary (added tokens): the merged model has its
-     * vocabulary, as resize_token_embeddings sets config.vocab_size */
-    bool resized = rc == 0 && json_integer_value(json_object_get(cfg_json, "vocab_size")) !=
-                                  ft_model_cfg(m)->vocab_size;
-    if (resized)
-        json_object_set_new(cfg_json, "vocab_size", json_integer(ft_model_cfg(m)->vocab_size));
+     * vocabulary, as resize_token_embeddings sets config.vocab_size (a multimodal
+     * gemma3's text_config.vocab_size: its top level has none) */
+    bool resized = rc == 0 && ft_model_checkpoint_vocab(m) != ft_model_cfg(m)->vocab_size;
+    if (resized && set_vocab_size(cfg_json, ft_model_cfg(m)))
+        rc = ft_fail(err, "%s/config.json: out of memory", o->model_dir);
     /* modules_to_save without ensure_weight_tying untied a tied model: merge_and_unload
      * sets tie_word_embeddings false and save_pretrained writes both tensors */
     if (rc == 0 && ft_model_head_untied(m))

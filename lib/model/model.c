@@ -216,8 +216,8 @@ static int build_layout(layout *lo)
                                 "base_model.model.%slayers.%d.%s.lora_B.weight", mp, l, path);
                 if (m->opt.lora.dora)
                     rc |= add_param(lo, l + 1, true, true, &w->lora_m[p], &w->g_lora_m[p], 1,
-                                    out, 0, "base_model.model.model.layers.%d.%s."
-                                    "lora_magnitude_vector", l, path);
+                                    out, 0, "base_model.model.%slayers.%d.%s."
+                                    "lora_magnitude_vector", mp, l, path);
             }
             /* PEFT's ParamWrapper on the router's weight (transformers 5: mlp.gate) */
             if (ft_layer_sparse(c, l) && (m->opt.lora.target_params & FT_LORA_PARAM_ROUTER)) {
@@ -381,15 +381,16 @@ void ft_model_bind_all(ft_model *m, ft_unit_bufs whole)
 static int init_magnitude(ft_model *m, ft_param *p, ft_err *err)
 {
     const char *pre = "base_model.model.", *suf = ".lora_magnitude_vector";
-    char name[sizeof p->name];
-    snprintf(name, sizeof name, "%.*s.weight",
-             (int)(strlen(p->name) - strlen(pre) - strlen(suf)), p->name + strlen(pre));
-    ft_param *w = ft_model_find_param(m, name);
-    if (!w && m->cfg.tie_word_embeddings && strcmp(name, "lm_head.weight") == 0)
-        w = ft_model_find_param(m, "model.embed_tokens.weight"); /* the tied head's */
+    char name[sizeof p->name + 32] = "?", emb[sizeof p->name];
+    size_t len = strlen(p->name) - strlen(pre) - strlen(suf); /* the module's path */
+    ft_param *w = NULL;
+    if (ft_model_module_weight(&m->cfg, p->name + strlen(pre), len, name, sizeof name) == 0)
+        w = ft_model_find_param(m, name);
+    if (!w && strncmp(p->name + strlen(pre), "lm_head.", 8) == 0)
+        w = model_outer_param(m, FT_LORA_HEAD, true); /* the tied head's: the embedding */
     /* the embedding's (PEFT's DoraEmbeddingLayer): the norms of its columns, A = 0 */
-    bool cols = p == ft_model_find_param(m, "base_model.model.model.embed_tokens."
-                                            "lora_magnitude_vector");
+    ft_model_outer_key(&m->cfg, FT_LORA_EMBED, suf, emb, sizeof emb);
+    bool cols = strcmp(p->name, emb) == 0;
     if (!w || w->shape[cols ? 1 : 0] != p->shape[0])
         return ft_fail(err, "DoRA magnitude '%s' has no base weight '%s'", p->name, name);
     float *vals = malloc((w->numel + (size_t)p->numel) * sizeof *vals);
@@ -543,10 +544,19 @@ static int read_quantized(ft_model *m, ft_checkpoint *ck, size_t i, const ft_st_
     return 0;
 }
 
+/* A multimodal gemma3's head under the top-level module's name, lm_head.weight, as
+ * transformers 5 saves the untied head that merge_and_unload of PEFT's modules_to_save
+ * leaves (it reads it and language_model.lm_head.weight alike). */
+static bool multimodal_head_alias(const ft_model_config *cfg, const char *name)
+{
+    return cfg->multimodal && strcmp(name, "lm_head.weight") == 0;
+}
+
 bool ft_model_carried_tensor(const ft_model_config *cfg, const char *name)
 {
     size_t n = strlen(cfg->ckpt_prefix);
-    return cfg->multimodal && strncmp(name, cfg->ckpt_prefix, n) != 0;
+    return cfg->multimodal && strncmp(name, cfg->ckpt_prefix, n) != 0 &&
+           !multimodal_head_alias(cfg, name);
 }
 
 static bool ignorable_tensor(ft_model *m, const char *name)
@@ -557,8 +567,8 @@ static bool ignorable_tensor(ft_model *m, const char *name)
     const char *suffix = "rotary_emb.inv_freq";
     if (n >= strlen(suffix) && strcmp(name + n - strlen(suffix), suffix) == 0)
         return true;
-    if (ft_model_carried_tensor(&m->cfg, name))
-        return true;
+    if (ft_model_carried_tensor(&m->cfg, name) || multimodal_head_alias(&m->cfg, name))
+        return true; /* (an untied head's alias is read as the head) */
     const char *cp = m->cfg.ckpt_prefix;
     return m->cfg.tie_word_embeddings && strncmp(name, cp, strlen(cp)) == 0 &&
            strcmp(name + strlen(cp), "lm_head.weight") == 0;
@@ -606,6 +616,8 @@ int model_read_weights(ft_model *m, const char *dir, int unit, ft_err *err)
             snprintf(name, sizeof name, "%smodel.embed_tokens.weight", m->cfg.ckpt_prefix);
             t = ft_ckpt_find(ck, name);
         }
+        if (!t && m->cfg.multimodal && model_vocab_bit(m, p) == FT_LORA_HEAD)
+            t = ft_ckpt_find(ck, "lm_head.weight"); /* (multimodal_head_alias) */
         if (!t) {
             rc = ft_fail(err, "%s: tensor '%s' is missing from the checkpoint", dir, p->name);
             break;
@@ -715,10 +727,9 @@ static int lora_layers(ft_model *m, ft_err *err)
     const ft_lora_config *lc = &m->opt.lora;
     if (lc->r <= 0)
         return ft_fail(err, "LoRA needs r > 0 (got %d)", lc->r);
-    if (m->cfg.multimodal && ((lc->targets & FT_LORA_OUTER) || lc->modules_to_save))
-        return ft_fail(err, "LoRA on embed_tokens or lm_head and modules_to_save are not "
-                       "supported on a multimodal gemma3 checkpoint (LoRA on the text "
-                       "model's linear layers is)");
+    /* a target regex names the embedding by the model's module path */
+    if (ft_lora_regex_outer(&m->opt.lora, err))
+        return -1;
     if (lc->dropout < 0 || lc->dropout >= 1)
         return ft_fail(err, "LoRA dropout must be in [0, 1) (got %g)", lc->dropout);
     for (int i = 0; i < lc->n_layers; i++)
@@ -848,12 +859,6 @@ static int resize_vocab(ft_model *m, ft_err *err)
                        m->opt.lora.source[0] ? m->opt.lora.source : "the LoRA settings",
                        (long long)V, (long long)G);
     if (G) {
-        if (m->cfg.multimodal)
-            return ft_fail(err, "%s: tokens added to the tokenizer (a vocabulary of %lld; "
-                                "config.json has %lld) on a multimodal %s model are not "
-                                "supported",
-                           m->dir, (long long)G, (long long)m->cfg.vocab_size,
-                           m->cfg.model_type);
         m->base_vocab = m->cfg.vocab_size;
         m->cfg.vocab_size = G;
         /* LoRA on the grown embedding / head: their base (the new rows) is saved with the
@@ -870,10 +875,6 @@ static int resize_vocab(ft_model *m, ft_err *err)
                             "model's vocabulary (%lld in %s/config.json): a shrunk vocabulary "
                             "is not supported",
                        src, (long long)V, (long long)m->cfg.vocab_size, m->dir);
-    if (m->cfg.multimodal)
-        return ft_fail(err, "%s: an adapter for a resized vocabulary (%lld tokens; config.json "
-                            "has %lld) on a multimodal %s model is not supported",
-                       src, (long long)V, (long long)m->cfg.vocab_size, m->cfg.model_type);
     m->base_vocab = m->cfg.vocab_size;
     m->cfg.vocab_size = V;
     return 0;
@@ -897,6 +898,11 @@ static void untie_head(ft_model *m)
 bool ft_model_head_untied(const ft_model *m)
 {
     return m->head_untied;
+}
+
+int64_t ft_model_checkpoint_vocab(const ft_model *m)
+{
+    return m->base_vocab ? m->base_vocab : m->cfg.vocab_size;
 }
 
 int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, ft_err *err)

@@ -188,6 +188,18 @@ long ft_batch_counted_tokens(const ft_batch *b);
  * the model does not read and ft-merge copies unchanged into its output. */
 bool ft_model_carried_tensor(const ft_model_config *cfg, const char *name);
 
+/* The embedding's (bit FT_LORA_EMBED) and the head's (FT_LORA_HEAD) names in the model's
+ * layout (lib/model/outer_names.c): PEFT's adapter key base_model.model.<module path>
+ * <suffix> (<module_prefix>embed_tokens, lm_head), and the checkpoint's weight
+ * (<ckpt_prefix>model.embed_tokens.weight, <ckpt_prefix>lm_head.weight). */
+void ft_model_outer_key(const ft_model_config *c, unsigned bit, const char *suffix, char *out,
+                        size_t n);
+void ft_model_outer_weight(const ft_model_config *c, unsigned bit, char *out, size_t n);
+/* The checkpoint's weight of the module at path[0, len) of the transformers model (a
+ * decoder module <module_prefix>X: <ckpt_prefix>model.X.weight; lm_head); -1: neither. */
+int ft_model_module_weight(const ft_model_config *c, const char *path, size_t len, char *out,
+                           size_t n);
+
 /* Loads config.json and the weights (model.safetensors or a sharded index; F32, F16 or
  * BF16, converted to fp32) from dir. In LoRA mode, creates A with PEFT's default init
  * (kaiming-uniform, bound 1/sqrt(in), seeded) and B = 0. With opt->lora.vocab_size above
@@ -443,6 +455,9 @@ void ft_model_transpose_f32(ft_model *m, float *dst, const float *src, int64_t r
 /* Whether an adapter's modules_to_save without ensure_weight_tying untied the head of a
  * model config.json ties (PEFT's separate copies; ft_model_cfg then says untied). */
 bool ft_model_head_untied(const ft_model *m);
+/* The vocabulary of the checkpoint's config.json: below ft_model_cfg's vocab_size when the
+ * model grew it (an adapter's resized vocabulary, tokens added by a run). */
+int64_t ft_model_checkpoint_vocab(const ft_model *m);
 /* Dequantizes the quantized weights of unit (a layer) into the model's window and points
  * their params at it (valid until another unit is materialized); a no-op for units
  * without quantized weights. The window (one layer's quantized weights in the compute

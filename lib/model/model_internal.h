@@ -310,6 +310,12 @@ static inline bool model_head_lora(const ft_model *m)
     return m->opt.mode == FT_TRAIN_LORA && (m->opt.lora.targets & FT_LORA_HEAD);
 }
 
+/* The embedding's (FT_LORA_EMBED) or the untied head's (FT_LORA_HEAD) parameter, by its
+ * checkpoint name (outer_names.c); a tied head: NULL, or the embedding with tied_head. */
+ft_param *model_outer_param(ft_model *m, unsigned bit, bool tied_head);
+/* FT_LORA_EMBED or FT_LORA_HEAD for the embedding's or the untied head's weight, else 0. */
+unsigned model_vocab_bit(const ft_model *m, const ft_param *p);
+
 /* The RoPE frequency sets inv_freq holds: 2 for longrope (short, long) and for a local
  * RoPE (gemma3: the full-attention layers' set, then the sliding layers'), else 1. */
 static inline size_t model_rope_sets(const ft_model *m)

@@ -34,10 +34,17 @@ bool ft_model_tied_lora(const ft_model *m)
  * B [V, r]; NULL when the model has no such pair. */
 static bool pairs(ft_model *m, ft_param **ea, ft_param **eb, ft_param **ha, ft_param **hb)
 {
-    *ea = ft_model_find_param(m, "base_model.model.model.embed_tokens.lora_embedding_A");
-    *eb = ft_model_find_param(m, "base_model.model.model.embed_tokens.lora_embedding_B");
-    *ha = ft_model_find_param(m, "base_model.model.lm_head.lora_A.weight");
-    *hb = ft_model_find_param(m, "base_model.model.lm_head.lora_B.weight");
+    static const struct {
+        unsigned bit;
+        const char *suffix;
+    } keys[4] = {{FT_LORA_EMBED, ".lora_embedding_A"}, {FT_LORA_EMBED, ".lora_embedding_B"},
+                 {FT_LORA_HEAD, ".lora_A.weight"}, {FT_LORA_HEAD, ".lora_B.weight"}};
+    ft_param **out[4] = {ea, eb, ha, hb};
+    for (int i = 0; i < 4; i++) {
+        char key[256];
+        ft_model_outer_key(&m->cfg, keys[i].bit, keys[i].suffix, key, sizeof key);
+        *out[i] = ft_model_find_param(m, key);
+    }
     return ft_model_tied_lora(m) && *ea && *eb && *ha && *hb;
 }
 

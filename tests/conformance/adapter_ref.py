@@ -17,18 +17,20 @@ class Case:
     pass
 
 
-def adapter_case(store, ft, model_name, variant, tag, pad):
-    """PEFT's logits, loss and gradients (our key names) of the store's adapter variant on
-    a batch, and the harness's output on it. pad: plant the model's pad token in the rows
-    (its embedding row has no gradient)."""
+def adapter_case(store, ft, model_name, variant, tag, pad, shape=None, key=ftref.ours_key):
+    """PEFT's logits, loss and gradients (our key names: key) of the store's adapter
+    variant on a batch, and the harness's output on it. pad: plant the model's pad token
+    in the rows (its embedding row has no gradient). shape: T and seed (default:
+    ftref.SHAPES[model_name])."""
     c = Case()
-    shape = ftref.SHAPES[model_name]
+    shape = shape or ftref.SHAPES[model_name]
     c.model_dir = store.model(model_name)
     c.adapter_dir = store.adapter(model_name, variant)
     m = ftref.lora_mode_model(c.model_dir, c.adapter_dir)
-    ids, labels = ftref.make_batch(m.config.vocab_size, B, shape.T, shape.seed + 1,
-                                   pad=m.config.pad_token_id if pad else None)
-    c.ref_logits, c.ref_loss, c.ref_grads = ftref.hf_grads(m, ids, labels, key=ftref.ours_key)
+    text = m.config.get_text_config()  # (a multimodal model's text model's)
+    ids, labels = ftref.make_batch(text.vocab_size, B, shape.T, shape.seed + 1,
+                                   pad=text.pad_token_id if pad else None)
+    c.ref_logits, c.ref_loss, c.ref_grads = ftref.hf_grads(m, ids, labels, key=key)
     c.out = ft(dict(model_dir=c.model_dir, adapter_dir=c.adapter_dir, mode="lora",
                     input_ids=ids, labels=labels), tag)
     return c
@@ -45,17 +47,19 @@ class TrainRun:
     pass
 
 
-def train_and_save(store, ft, tmp_path, model_name, variant, seed, train, tag):
+def train_and_save(store, ft, tmp_path, model_name, variant, seed, train, tag, shape=None,
+                   key=ftref.ours_key):
     """Five AdamW steps of the store's adapter variant (adapter seed `seed`) in torch and in
     the harness, which saves its adapter to tmp_path/saved; the losses are checked here,
-    the weights (r.out against r.ref["weights"]) by the caller."""
+    the weights (r.out against r.ref["weights"], our names: key) by the caller. shape: as
+    adapter_case's."""
     r = TrainRun()
-    shape = ftref.SHAPES[model_name]
+    shape = shape or ftref.SHAPES[model_name]
     r.model_dir = store.model(model_name)
     r.adapter_dir = store.adapter(model_name, variant, seed=seed)
     r.ids, labels = ftref.make_batch(shape.cfg["vocab_size"], B, shape.T, shape.seed + 2)
     r.ref = ftref.reference_train(ftref.lora_mode_model(r.model_dir, r.adapter_dir), r.ids,
-                                  labels, train, key=ftref.ours_key)
+                                  labels, train, key=key)
     r.saved = tmp_path / "saved"
     r.out = ft(dict(model_dir=r.model_dir, adapter_dir=r.adapter_dir, mode="lora",
                     input_ids=r.ids, labels=labels, train=train, save_adapter=r.saved), tag)

@@ -46,28 +46,29 @@ SEVEN_RE = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|
 B, T, SEED = 2, 12, 300
 
 
-def _mm_model(config=None):
+def _mm_model(**top):
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration
 
-    if config is None:
-        config = Gemma3Config(text_config=dict(TEXT), vision_config=dict(VISION),
-                              mm_tokens_per_image=4, image_token_index=TEXT["vocab_size"],
-                              boi_token_index=93, eoi_token_index=94)
-    return Gemma3ForConditionalGeneration(config)
+    kw = dict(mm_tokens_per_image=4, image_token_index=TEXT["vocab_size"], boi_token_index=93,
+              eoi_token_index=94)
+    kw.update(top)
+    return Gemma3ForConditionalGeneration(Gemma3Config(text_config=dict(TEXT),
+                                                       vision_config=dict(VISION), **kw))
 
 
-def make_mm_dir(root):
-    """The tiny multimodal checkpoint, written by save_pretrained into root/model."""
+def make_mm_dir(root, name="model", **top):
+    """The tiny multimodal checkpoint, written by save_pretrained into root/name; top:
+    Gemma3Config keys (tie_word_embeddings, image_token_index ...)."""
     torch.manual_seed(SEED)
-    m = _mm_model().float()
+    m = _mm_model(**top).float()
     g = torch.Generator().manual_seed(SEED + 1)
     with torch.no_grad():  # Gemma's norms are offsets from 1; the vision tower's are not
-        for name, p in m.named_parameters():
-            if "language_model" in name and "norm" in name:
+        for n, p in m.named_parameters():
+            if "language_model" in n and "norm" in n:
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
-            elif "language_model" not in name:
+            elif "language_model" not in n:
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
-    d = Path(root) / "model"
+    d = Path(root) / name
     m.save_pretrained(d)
     return d
 

@@ -314,6 +314,30 @@ def test_gpu_gemma3_multimodal_lora(ft, tmp_path_factory, dtype):
                                    ftref.TOL_GRAD if fp32 else BF16_TOL_GRAD_VS_PEFT)
 
 
+MM_OUTER = ["outer_tie", "dora_outer", "mts_both"]
+
+
+@pytest.mark.parametrize("variant", MM_OUTER)
+def test_gpu_gemma3_multimodal_outer(ft, tmp_path_factory, variant):
+    """The multimodal gemma3's embedding and head (model.language_model.embed_tokens, the
+    top-level lm_head) on the GPU, fp32: LoRA on both under ensure_weight_tying, DoRA
+    there, modules_to_save untying the head; logits, loss and gradients against PEFT on
+    Gemma3ForConditionalGeneration (test_gemma3_multimodal_outer.py holds the CPU side)."""
+    import test_gemma3_multimodal_outer as mo
+
+    store = mo.MMStore(tmp_path_factory.mktemp(f"g3mm-gpu-{variant}"))
+    model_dir, adapter = store.model("tied"), store.adapter("tied", variant)
+    pm = ftref.lora_mode_model(model_dir, adapter)
+    ids, labels = ftref.make_batch(mo.TEXT["vocab_size"], B, mo.SHAPE.T, mo.SHAPE.seed + 1,
+                                   pad=0)
+    logits, loss, grads = ftref.hf_grads(pm, ids, labels, key=mo.ours_key)
+    out = ft(dict(model_dir=model_dir, adapter_dir=adapter, mode="lora", input_ids=ids,
+                  labels=labels, device="cuda", dtype="fp32"), f"gpu-g3mm-{variant}")
+    ftref.assert_close("multimodal logits", out["logits"], logits, ftref.TOL_LOGITS)
+    ftref.assert_close("multimodal loss", out["loss"], loss, ftref.TOL_LOGITS)
+    ftref.assert_tensor_dict_close("grad.", out, grads, ftref.TOL_GRAD)
+
+
 # Adapters for a grown vocabulary (test_resized_vocab.py): the checkpoint's rows and the
 # adapter's written to the GPU model; against PEFT on the resized base and our CPU model
 RESIZED = [("llama_gqa", "mts"), ("llama_gqa", "saved"), ("phi3", "lora_outer"),

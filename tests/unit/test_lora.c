@@ -267,7 +267,30 @@ static void test_nested_decoder_regex(void)
     back.module_prefix[0] = '\0';
     unsigned mask = 1;
     CHECK(ft_lora_layer_mask(&back, 0, &mask, &err) == 0 && mask == 0);
+    /* the embedding and the head as targets: their paths in the regex too, found again
+     * by ft_lora_regex_outer under the prefix (not as a causal LM's model.embed_tokens) */
+    c.targets |= FT_LORA_OUTER;
+    CHECK(ft_lora_config_save(&c, dir, "base", &err) == 0);
+    CHECK(ft_lora_config_load(&back, dir, &err) == 0);
+    CHECK(strcmp(back.target_regex, "model\\.language_model\\.layers\\.(?:0|2)\\.(?:"
+                 "self_attn\\.q_proj|mlp\\.down_proj)|model\\.language_model\\.embed_tokens|"
+                 "lm_head") == 0);
+    CHECK((back.targets & FT_LORA_OUTER) == FT_LORA_HEAD);
+    snprintf(back.module_prefix, sizeof back.module_prefix, "model.language_model.");
+    CHECK(ft_lora_regex_outer(&back, &err) == 0 && (back.targets & FT_LORA_OUTER) == FT_LORA_OUTER);
+    /* ... alone: the regex names them only */
+    c.targets = FT_LORA_EMBED;
+    CHECK(ft_lora_config_save(&c, dir, "base", &err) == 0);
+    CHECK(ft_lora_config_load(&back, dir, &err) == 0);
+    CHECK(strcmp(back.target_regex, "model\\.language_model\\.embed_tokens") == 0);
+    /* PEFT's ensure_weight_tying lists the embedding by its path */
+    unsigned t = 0, mods = 0;
+    CHECK(ft_lora_targets_parse("q_proj,model.language_model.embed_tokens", &t, &err) == 0);
+    CHECK(t == ((1u << FT_PROJ_Q) | FT_LORA_EMBED));
+    CHECK(ft_lora_modules_to_save_parse("model.language_model.embed_tokens", &mods, &err) == 0);
+    CHECK(mods == FT_SAVE_EMBED);
     /* a causal LM's settings keep the list form */
+    c.targets = (1u << FT_PROJ_Q) | (1u << FT_PROJ_DOWN);
     c.module_prefix[0] = '\0';
     c.n_layers = 0;
     CHECK(ft_lora_config_save(&c, dir, "base", &err) == 0);
