@@ -38,11 +38,10 @@ int run_tokens_setup(const ft_run_config *c, const ft_run_data *d, const char *m
     if (G > V && log)
         fprintf(log, "tokens: vocabulary %lld -> %lld (%s; new rows: the mean of the old "
                      "rows, as resize_token_embeddings(len(tokenizer)%s))\n",
-                (long long)V, (long long)G, c->model.resize_to_multiple_of > 1
-                                                ? ", pad_to_multiple_of"
-                                                : "",
+                (long long)V, (long long)G,
                 ft_run_adds_tokens(c) ? "model.add_special_tokens"
-                                      : "tuning.lora.init_adapter's, as the tokenizer's");
+                                      : "tuning.lora.init_adapter's, as the tokenizer's",
+                c->model.resize_to_multiple_of > 1 ? ", pad_to_multiple_of" : "");
     mo->grow_vocab = G > V ? G : 0;
     /* LoRA: the new rows are trained (the embedding and the head in full, as PEFT's
      * modules_to_save) unless the user chose the modules; from an adapter, its settings */

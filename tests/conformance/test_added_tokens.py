@@ -205,7 +205,9 @@ def case(request, store, tmp_path_factory):
     c.init = c.d / "runs" / "init"
     out = rankrun.run(config(c.d, "init", c.model, c.data, train__learning_rate=0,
                              train__max_steps=1))
-    assert f"vocabulary {c.V} -> {c.V + 2}" in out.stderr, out.stderr[-3000:]
+    assert f"vocabulary {c.V} -> {c.V + 2} (model.add_special_tokens; new rows: the mean of " \
+        "the old rows, as resize_token_embeddings(len(tokenizer)))" in out.stderr, \
+        out.stderr[-3000:]
     mts = "embed_tokens" if c.tied else "embed_tokens, lm_head"
     assert f"modules_to_save: {mts}" in out.stderr, out.stderr[-3000:]
     c.run = c.d / "runs" / "five"
@@ -578,7 +580,9 @@ def test_resize_to_multiple_of(llama, ft, tmp_path):
 
     c = llama
     out = rankrun.run(config(tmp_path, "pad", c.model, c.data, model__resize_to_multiple_of=8))
-    assert f"vocabulary {c.V} -> 72" in out.stderr, out.stderr[-2000:]
+    assert f"vocabulary {c.V} -> 72 (model.add_special_tokens; new rows: the mean of the old " \
+        "rows, as resize_token_embeddings(len(tokenizer), pad_to_multiple_of))" in out.stderr, \
+        out.stderr[-2000:]
     final = tmp_path / "runs" / "pad" / "final"
     w = adapter_tensors(tmp_path / "runs" / "pad")
     assert w["base_model.model.model.embed_tokens.weight"].shape[0] == 72
