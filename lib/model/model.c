@@ -700,9 +700,10 @@ int model_param_to_writer_as(ft_model *m, const ft_param *p, const char *name, f
  * the head the embedding's pair transposed as two more parameters on the same storage
  * (lib/model/tied_lora.c), DoRA's magnitudes each its module's. Refused: LoRA there beside
  * modules_to_save with ensure_weight_tying (an adapter's true, a run config's true or its
- * auto, which takes it with modules_to_save), which PEFT 0.21.2 refuses: it ties the
- * listed module to the other one's LoRA layer, and raises "modules_to_save cannot be
- * applied to modules of type lora.Linear". Without it (the model untied, untie_head) it
+ * auto, which takes it with modules_to_save), which PEFT 0.21.2 has no consistent form
+ * of: it ties the listed module to the other one's LoRA layer and, with LoRA on lm_head,
+ * raises "modules_to_save cannot be applied to modules of type lora.Linear"; with LoRA
+ * on embed_tokens alone (or a regex) it silently drops that LoRA. Without it (the model untied, untie_head) it
  * is supported: one module's pair, the other's trained copy. */
 static int tied_outer_refused(const ft_lora_config *lc, unsigned outer, ft_err *err)
 {
@@ -710,9 +711,11 @@ static int tied_outer_refused(const ft_lora_config *lc, unsigned outer, ft_err *
     if (lc->modules_to_save)
         return ft_fail(err, "LoRA on %s beside modules_to_save on a model with tied word "
                             "embeddings under ensure_weight_tying (true, or a run config's "
-                            "auto with modules_to_save) is not supported: PEFT 0.21.2 refuses "
-                            "it too (\"modules_to_save cannot be applied to modules of type "
-                            "lora.Linear\"); with ensure_weight_tying false (PEFT's default) "
+                            "auto with modules_to_save) is not supported: PEFT 0.21.2 has no "
+                            "consistent form of it (with LoRA on lm_head it raises "
+                            "\"modules_to_save cannot be applied to modules of type "
+                            "lora.Linear\"; with LoRA on embed_tokens alone it drops that "
+                            "LoRA); with ensure_weight_tying false (PEFT's default) "
                             "the embedding and head train apart, LoRA on one and the listed "
                             "module's own copy",
                        mod);
