@@ -438,6 +438,9 @@ void ft_model_transpose_f32(ft_model *m, float *dst, const float *src, int64_t r
 /* Whether an adapter's modules_to_save without ensure_weight_tying untied the head of a
  * model config.json ties (PEFT's separate copies; ft_model_cfg then says untied). */
 bool ft_model_head_untied(const ft_model *m);
+/* The LoRA settings of a model loaded in LoRA mode as in force: a MoE's target names
+ * resolved (ft_lora_resolve_moe, its patterns added), the decoder's module_prefix set. */
+const ft_lora_config *ft_model_lora_config(const ft_model *m);
 /* Dequantizes the quantized weights of unit (a layer) into the model's window and points
  * their params at it (valid until another unit is materialized); a no-op for units
  * without quantized weights. The window (one layer's quantized weights in the compute
