@@ -808,9 +808,12 @@ int ft_lora_config_save(const ft_lora_config *c, const char *dir, const char *ba
     for (int i = 0; i < c->rank_pattern.n; i++)
         json_object_set_new(rp, c->rank_pattern.p[i].key,
                             json_integer((json_int_t)c->rank_pattern.p[i].value));
-    for (int i = 0; i < c->alpha_pattern.n; i++)
+    for (int i = 0; i < c->alpha_pattern.n; i++) { /* (an integral alpha as PEFT's int) */
+        double x = c->alpha_pattern.p[i].value;
         json_object_set_new(ap, c->alpha_pattern.p[i].key,
-                            json_real(c->alpha_pattern.p[i].value));
+                            x == floor(x) && fabs(x) < 1e15 ? json_integer((json_int_t)x)
+                                                            : json_real(x));
+    }
     json_object_set_new(root, "rank_pattern", rp);
     json_object_set_new(root, "alpha_pattern", ap);
     if (c->modules_to_save) {

@@ -213,18 +213,18 @@ static void count_params(planner *p, const unsigned *lora_mask, unsigned saved, 
             /* LoRA on the router [r, C] + [E, r], the experts' gate_up [E R, C] +
              * [2I, E R], down [E R, I] + [C, E R], each of the layer's rank (model.c,
              * after the projections' pairs: the same unit) */
-            size_t r = (size_t)rk->router[l].r;
             if (!full && (p->lora_params & FT_LORA_PARAM_ROUTER)) {
+                size_t r = (size_t)rk->router[l].r;
                 add_tensor(p, unit, r * C, true, false, 0, 0);
                 add_tensor(p, unit, E * r, true, false, 0, 0);
             }
             if (!full && (p->lora_params & FT_LORA_PARAM_GATE_UP)) {
-                size_t rg = (size_t)rk->experts[2 * l].r;
-                add_tensor(p, unit, E * rg * C, true, false, 0, 0);
-                add_tensor(p, unit, 2 * I * E * rg, true, false, 0, 0);
+                size_t r = (size_t)rk->experts[2 * l].r;
+                add_tensor(p, unit, E * r * C, true, false, 0, 0);
+                add_tensor(p, unit, 2 * I * E * r, true, false, 0, 0);
             }
-            r = (size_t)rk->experts[2 * l + 1].r;
             if (!full && (p->lora_params & FT_LORA_PARAM_DOWN)) {
+                size_t r = (size_t)rk->experts[2 * l + 1].r;
                 add_tensor(p, unit, E * r * I, true, false, 0, 0);
                 add_tensor(p, unit, C * E * r, true, false, 0, 0);
             }

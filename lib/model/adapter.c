@@ -144,9 +144,13 @@ static int shape_error(const ft_model *m, const ft_st_tensor *t, const char *key
             return ft_fail(err, "%s: tensor '%s' is for a vocabulary of %lld tokens, the model "
                                 "(with the adapter it was loaded for) has %lld",
                            t->file, key, (long long)t->shape[d], (long long)V);
+    /* a pair's rank: r, or its rank_pattern key */
+    const char *why = p->is_lora && p->ndim > 1 ? ": its pair's rank is r or the rank_pattern "
+                                                  "key of adapter_config.json that matches it"
+                                                : "";
     if (p->ndim > 1)
-        return ft_fail(err, "%s: tensor '%s' has the wrong shape (expected [%lld, %lld])",
-                       t->file, key, (long long)p->shape[0], (long long)p->shape[1]);
+        return ft_fail(err, "%s: tensor '%s' has the wrong shape (expected [%lld, %lld]%s)",
+                       t->file, key, (long long)p->shape[0], (long long)p->shape[1], why);
     return ft_fail(err, "%s: tensor '%s' has the wrong shape (expected [%lld])", t->file, key,
                    (long long)p->shape[0]);
 }
@@ -172,8 +176,12 @@ static const char *params_names(unsigned t, char *out, size_t n)
 static int same_pairs(const ft_model *m, const ft_lora_config *cfg, const char *dir,
                       ft_err *err)
 {
+    /* over the model's pairs (a tied head's pair, which PEFT's target_modules leave out:
+     * the embedding's) */
+    ft_lora_config c = *cfg;
+    c.targets = m->opt.lora.targets;
     ft_lora_ranks k;
-    if (ft_lora_ranks_init(&k, &m->cfg, cfg, m->lora_mask, ft_model_tied_lora(m), err))
+    if (ft_lora_ranks_init(&k, &m->cfg, &c, m->lora_mask, ft_model_tied_lora(m), err))
         return ft_fail_prefix(err, "%s/adapter_config.json", dir);
     const ft_lora_ranks *w = &m->lora_rk;
     char name[160] = "";

@@ -85,15 +85,11 @@ int ft_lora_ranks_init(ft_lora_ranks *k, const ft_model_config *c, const ft_lora
                 ft_lora_ranks_free(k);
                 return -1;
             }
-    if (tied_pair && k->embed.r != k->head.r) {
-        ft_fail(err, "%s gives embed_tokens rank %d and lm_head rank %d: with "
-                     "ensure_weight_tying on a model with tied embeddings the head's pair is "
-                     "the embedding's, of one rank",
-                lc->rank_pattern.origin[0] ? lc->rank_pattern.origin : "rank_pattern",
-                k->embed.r, k->head.r);
-        ft_lora_ranks_free(k);
-        return -1;
-    }
+    /* the head's pair is the embedding's (transposed), so of its rank; PEFT keeps the
+     * scaling of the head's own rank and alpha (its LoraLayer.update_layer with the
+     * lm_head's pattern values, the tied tensors put in afterwards) */
+    if (tied_pair)
+        k->head.r = k->embed.r;
     return 0;
 }
 

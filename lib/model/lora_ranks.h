@@ -27,18 +27,20 @@ typedef struct ft_lora_ranks {
 
 /* Fills k for model c with LoRA settings lc: pairs on the projections of layer l in
  * lora_mask[l], on the router and experts of the sparse layers in lc->target_params, on
- * the embedding and the head in lc->targets (FT_LORA_EMBED, FT_LORA_HEAD). Error: a key
- * of rank_pattern or alpha_pattern that matches none of those modules (PEFT warns and
- * ignores it), and with a tied pair (tied_pair: the head's pair is the embedding's,
- * ensure_weight_tying) ranks that differ; the message names the pattern's origin. k is
- * zeroed first; free it with ft_lora_ranks_free. */
+ * the embedding and the head in lc->targets (FT_LORA_EMBED, FT_LORA_HEAD); tied_pair (the
+ * head's pair is the embedding's transposed, ensure_weight_tying): the head's rank is the
+ * embedding's, its scaling its own keys' alpha / r, as PEFT has them. Error: a key of
+ * rank_pattern or alpha_pattern that matches none of those modules (PEFT warns and
+ * ignores it), naming the pattern's origin. k is zeroed first; free it with
+ * ft_lora_ranks_free. */
 int ft_lora_ranks_init(ft_lora_ranks *k, const ft_model_config *c, const ft_lora_config *lc,
                        const unsigned *lora_mask, bool tied_pair, ft_err *err);
 void ft_lora_ranks_free(ft_lora_ranks *k);
 
+/* Layer l's module p ({0, 0} in a table never filled: a model without LoRA). */
 static inline ft_lora_pair ft_lora_proj_pair(const ft_lora_ranks *k, int l, int p)
 {
-    return k->proj[(size_t)l * FT_NPROJ + (size_t)p];
+    return k->proj ? k->proj[(size_t)l * FT_NPROJ + (size_t)p] : (ft_lora_pair){0, 0.0f};
 }
 
 /* The largest rank over layers [l0, l1) of module p's pairs (p < FT_NPROJ), of the

@@ -3,6 +3,8 @@
  *
  *   logits = x (R + s B A)^T = x R^T + s (x A^T) B^T,   A [r, C], B [E, r], s = alpha / r
  *
+ * (r and alpha the layer's router's: lib/model/lora_ranks.h)
+ *
  * with no dropout (PEFT refuses it on a parameter). h = x A^T [N, r] is kept for the
  * backward:  dB += s dlogits^T h;  dh = s dlogits B;  dA += dh^T x;  dx += dh A.
  *
@@ -10,7 +12,8 @@
  * to expert e's weight W_e + s B_e A_e, with PEFT's ParamWrapper layout (lora.h's
  * target_params): A [E R, in] whose rows [e R, (e+1) R) are A_e, B [out, R E] whose
  * column j E + e is B_e's column j (R the pair's rank: 2r for gate_up from PEFT's w1 + w3,
- * whose alpha is 2 alpha too; r for down; or as rank_pattern / alpha_pattern give them). Per expert, on its contiguous block of grouped rows X_e [n, in]:
+ * whose alpha is 2 alpha too; r for down; or as rank_pattern / alpha_pattern give them,
+ * per layer). Per expert, on its contiguous block of grouped rows X_e [n, in]:
  *   Y_e += s (X_e A_e^T) B_e^T,  h_e = X_e A_e^T kept per row ([M, R]);
  *   dB_e += s dY_e^T h_e;  dh = s dY_e B_e;  dA_e += dh^T X_e;  dX_e += dh A_e.
  * B is split expert-major first (ft_moe_lora_b_split) so each B_e is one contiguous
@@ -33,12 +36,14 @@ void moe_router_lora_forward(ft_model *m, int l, const float *x, float *rlogits)
     const layer_acts *a = &m->acts[l];
     if (!w->rlora_a || m->adapter_off)
         return;
-    int N = m->B * m->T, C = m->cfg.hidden_size, E = m->cfg.num_experts, r = m->lora_rk.router[l].r;
+    int N = m->B * m->T, C = m->cfg.hidden_size, E = m->cfg.num_experts;
+    int r = m->lora_rk.router[l].r;
     size_t nh = (size_t)N * r;
     ft_linear_forward(A_(a->rlora_h, nh), A_(x, (size_t)N * C), A_(w->rlora_a, (size_t)r * C),
                       ft_none(), N, C, r, 1.0f, 0);
     ft_linear_forward(A_(rlogits, (size_t)N * E), A_(a->rlora_h, nh),
-                      A_(w->rlora_b, (size_t)E * r), ft_none(), N, r, E, m->lora_rk.router[l].s, 1);
+                      A_(w->rlora_b, (size_t)E * r), ft_none(), N, r, E,
+                      m->lora_rk.router[l].s, 1);
 }
 
 void moe_router_lora_backward(ft_model *m, int l, const float *x, const float *d_rlogits,
@@ -48,7 +53,8 @@ void moe_router_lora_backward(ft_model *m, int l, const float *x, const float *d
     const layer_acts *a = &m->acts[l];
     if (!w->rlora_a)
         return;
-    int N = m->B * m->T, C = m->cfg.hidden_size, E = m->cfg.num_experts, r = m->lora_rk.router[l].r;
+    int N = m->B * m->T, C = m->cfg.hidden_size, E = m->cfg.num_experts;
+    int r = m->lora_rk.router[l].r;
     size_t nh = (size_t)N * r, nx = (size_t)N * C, nd = (size_t)N * E;
     float s = m->lora_rk.router[l].s;
     ft_linear_backward(ft_none(), F_(w->g_rlora_b, (size_t)E * r), ft_none(), A_(d_rlogits, nd),

@@ -43,7 +43,9 @@ CASES = [("llama_gqa", "all7"), ("qwen2", "qv"), ("llama_mqa_odd", "all7"), ("ti
          # (the embedding's column norms through a transposing copy, the head's rows);
          # modules_to_save untying a tied model (no ensure_weight_tying)
          ("tied", "outer"), ("llama_gqa", "dora_outer"), ("gemma", "dora_outer"),
-         ("tied", "mts_head_all"), ("tied", "outer_tie")]
+         ("tied", "mts_head_all"), ("tied", "outer_tie"),
+         # rank_pattern / alpha_pattern: each pair its own rank and scaling
+         ("llama_gqa", "pat_outer"), ("phi3", "pat_phi"), ("llama_gqa", "pat_dora")]
 
 BF16_TOL_LOGITS = 2e-2
 BF16_TOL_LOSS = 1e-2
