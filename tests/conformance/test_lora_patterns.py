@@ -337,19 +337,21 @@ def test_ft_lora_init_patterns(work, tmp_path):
 # --- refusals ---------------------------------------------------------------------------
 
 def test_ft_train_refuses_bad_patterns(work):
-    for name, rank, alpha, needle in [
-            ("rank_float", {"q_proj": 2.5}, {}, "tuning.lora.rank_pattern"),
-            ("rank_zero", {"q_proj": 0}, {}, "tuning.lora.rank_pattern"),
-            ("alpha_neg", {}, {"q_proj": -1}, "tuning.lora.alpha_pattern"),
-            ("regex", {"q_(proj": 2}, {}, "tuning.lora.rank_pattern"),
-            ("none", {"k_proj": 2}, {}, "tuning.lora.rank_pattern"),
-            ("none_alpha", {}, {"layers.5.self_attn.q_proj": 2}, "tuning.lora.alpha_pattern")]:
+    """Each refusal names the config key, the pattern key and what is wrong."""
+    for name, rank, alpha, needles in [
+            ("rank_float", {"q_proj": 2.5}, {}, ("tuning.lora.rank_pattern", "positive integer")),
+            ("rank_zero", {"q_proj": 0}, {}, ("tuning.lora.rank_pattern", "positive integer")),
+            ("alpha_neg", {}, {"q_proj": -1}, ("tuning.lora.alpha_pattern", "positive number")),
+            ("regex", {"q_(proj": 2}, {}, ("tuning.lora.rank_pattern", "regular expression")),
+            ("none", {"k_proj": 2}, {}, ("tuning.lora.rank_pattern", "matches none")),
+            ("none_alpha", {}, {"layers.5.self_attn.q_proj": 2},
+             ("tuning.lora.alpha_pattern", "matches none"))]:
         cfg = _config(work, f"pat_bad_{name}", tuning__lora__target_modules="q_proj,v_proj",
                       **_patterns(rank, alpha))
         out = rankrun.run(cfg, check=False)
-        assert out.returncode != 0 and needle in out.stderr, (name, out.stderr[-2000:])
         key = next(iter(rank or alpha))
-        assert key in out.stderr, (name, out.stderr[-2000:])
+        for needle in needles + (f"'{key}'",):
+            assert out.returncode != 0 and needle in out.stderr, (name, out.stderr[-2000:])
 
 
 def _edited(src, dst, **edit):
