@@ -180,13 +180,17 @@ static int read_patterns(const json_t *v, bool rank, const char *where, ft_lora_
                            msg);
         pcre2_code_free(re);
         double x = json_number_value(val);
-        if (rank && (!json_is_integer(val) || json_integer_value(val) <= 0 ||
-                     json_integer_value(val) > INT_MAX))
-            return ft_fail(err, "%s: key '%s': the rank must be a positive integer (got %s)",
-                           where, key, json_is_number(val) ? "a number that is not" : "no number");
-        if (!rank && (!json_is_number(val) || !(x > 0) || !isfinite((float)x)))
-            return ft_fail(err, "%s: key '%s': lora_alpha must be a positive number (that fits "
-                                "a float)", where, key);
+        bool bad = rank ? !json_is_integer(val) || json_integer_value(val) <= 0 ||
+                              json_integer_value(val) > INT_MAX
+                        : !json_is_number(val) || !(x > 0) || !isfinite((float)x);
+        if (bad) {
+            char *text = json_dumps(val, JSON_ENCODE_ANY);
+            ft_fail(err, "%s: key '%s': %s must be a positive %s, got %.40s", where, key,
+                    rank ? "the rank" : "lora_alpha",
+                    rank ? "integer" : "number (that fits a float)", text ? text : "?");
+            free(text);
+            return -1;
+        }
         snprintf(out->p[out->n].key, sizeof out->p[out->n].key, "%s", key);
         out->p[out->n++].value = x;
     }
