@@ -327,9 +327,12 @@ lora-init: $(TOOLS)
 	rs=; [ "$(call ft_get,tuning.lora.rslora)" = false ] || rs=--rslora; \
 	mts="$(call ft_get,tuning.lora.modules_to_save)"; [ -z "$$mts" ] || rs="$$rs --modules-to-save $$mts"; \
 	[ "$(call ft_get,tuning.lora.use_dora)" = false ] || rs="$$rs --dora"; \
+	set --; rp="$(call ft_get,tuning.lora.rank_pattern)"; ap="$(call ft_get,tuning.lora.alpha_pattern)"; \
+	[ "$$rp" = "{}" ] || set -- "$$@" --rank-pattern "$$rp"; \
+	[ "$$ap" = "{}" ] || set -- "$$@" --alpha-pattern "$$ap"; \
 	show bin/ft-lora-init --model "$$model" --out "$$out" --r $(call ft_get,tuning.lora.r) \
 	  --alpha $(call ft_get,tuning.lora.alpha) --dropout $(call ft_get,tuning.lora.dropout) \
-	  --target $(call ft_get,tuning.lora.target_modules) --seed $(call ft_get,train.seed) $$rs
+	  --target $(call ft_get,tuning.lora.target_modules) --seed $(call ft_get,train.seed) $$rs "$$@"
 
 gpu-info: bin/gpu-info
 	bin/gpu-info

@@ -29,6 +29,11 @@ static const char usage[] =
     "                     up_proj,down_proj; phi3: qkv_proj,o_proj,gate_up_proj,down_proj)\n"
     "                     or all-linear (default all-linear); also embed_tokens and lm_head\n"
     "                     (tied embeddings: each its own pair, ensure_weight_tying false)\n"
+    "  --rank-pattern JSON  per-module ranks, as PEFT's rank_pattern: a JSON object of\n"
+    "                     module patterns to ranks, e.g. '{\"q_proj\": 8,\n"
+    "                     \"model.layers.0.mlp.down_proj\": 2}'; a module takes the first key\n"
+    "                     whose regex matches its name or a dotted suffix of it, others r\n"
+    "  --alpha-pattern JSON  per-module alphas, as PEFT's alpha_pattern (the same form)\n"
     "  --rslora           rank-stabilised scaling alpha/sqrt(r) instead of alpha/r\n"
     "  --dora             DoRA (PEFT's use_dora): a magnitude per output row, starting at\n"
     "                     the row norms of the base weight\n"
@@ -51,7 +56,7 @@ static int usage_error(const char *fmt, const char *arg)
 
 enum {
     OPT_HELP, OPT_RSLORA, OPT_MODEL, OPT_OUT, OPT_R, OPT_ALPHA, OPT_DROPOUT, OPT_TARGET,
-    OPT_SEED, OPT_MTS, OPT_DORA, OPT_TYING
+    OPT_SEED, OPT_MTS, OPT_DORA, OPT_TYING, OPT_RANK_PATTERN, OPT_ALPHA_PATTERN
 };
 
 static const ft_cli_option options[] = {
@@ -67,12 +72,15 @@ static const ft_cli_option options[] = {
     {"--modules-to-save", 0, FT_CLI_VALUE, OPT_MTS},
     {"--dora", 0, FT_CLI_FLAG, OPT_DORA},
     {"--ensure-weight-tying", 0, FT_CLI_VALUE, OPT_TYING},
+    {"--rank-pattern", 0, FT_CLI_VALUE, OPT_RANK_PATTERN},
+    {"--alpha-pattern", 0, FT_CLI_VALUE, OPT_ALPHA_PATTERN},
     {NULL, 0, 0, 0},
 };
 
 int main(int argc, char **argv)
 {
     const char *model = NULL, *out = NULL, *targets = "all-linear", *saved = "";
+    const char *rank_pattern = "", *alpha_pattern = "";
     ft_lora_config c = {.r = 16, .alpha = 32.0f, .dropout = 0.05f};
     uint64_t seed = 42;
     ft_cli_parser cli;
@@ -126,6 +134,12 @@ int main(int argc, char **argv)
             c.weight_tying_set = true;
             c.ensure_weight_tying = strcmp(val, "true") == 0;
             break;
+        case OPT_RANK_PATTERN:
+            rank_pattern = val;
+            break;
+        case OPT_ALPHA_PATTERN:
+            alpha_pattern = val;
+            break;
         case OPT_SEED:
             if (ft_parse_u64(val, 0, UINT64_MAX, &seed))
                 return usage_error("--seed: '%s' is not a non-negative integer", val);
@@ -145,6 +159,12 @@ int main(int argc, char **argv)
     }
     if (ft_lora_modules_to_save_parse(saved, &c.modules_to_save, &err)) {
         fprintf(stderr, "ft-lora-init: error: --modules-to-save: %s\n", err.msg);
+        return 2;
+    }
+    if (ft_lora_patterns_parse(rank_pattern, true, "--rank-pattern", &c.rank_pattern, &err) ||
+        ft_lora_patterns_parse(alpha_pattern, false, "--alpha-pattern", &c.alpha_pattern,
+                               &err)) {
+        fprintf(stderr, "ft-lora-init: error: %s\n", err.msg);
         return 2;
     }
     char model_dir[4096];

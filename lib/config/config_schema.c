@@ -86,6 +86,19 @@ static const ft_cfg_key schema[] = {
      "for qwen2_moe, whose MLP names PEFT does not convert (mixtral, qwen3_moe: the "
      "target_modules names)",
      NULL},
+    {KEY(tuning.lora.rank_pattern), FT_CFG_JSON, "{}", NULL, false, NONE, NONE,
+     "per-module ranks, as PEFT's rank_pattern: a mapping of module patterns to ranks, e.g. "
+     "{q_proj: 8, model.layers.0.mlp.down_proj: 2}; a module takes the first key (in the "
+     "order given) whose regex matches its name or a dotted suffix of it (PEFT's names: "
+     "model.layers.N.self_attn.q_proj, model.embed_tokens, lm_head; a MoE's "
+     "model.layers.N.mlp.gate.weight, model.layers.N.mlp.experts.gate_up_proj and down_proj), "
+     "others keep r; a key matching no targeted module is an error; saved in the adapter "
+     "in this order",
+     NULL},
+    {KEY(tuning.lora.alpha_pattern), FT_CFG_JSON, "{}", NULL, false, NONE, NONE,
+     "per-module alphas, as PEFT's alpha_pattern: the same mapping to alphas (scaling "
+     "alpha / r with the module's own rank)",
+     NULL},
     {KEY(tuning.lora.rslora), FT_CFG_BOOL, "false", NULL, false, NONE, NONE,
      "rank-stabilised scaling", NULL},
     {KEY(tuning.lora.use_dora), FT_CFG_BOOL, "false", NULL, false, NONE, NONE,
@@ -108,7 +121,8 @@ static const ft_cfg_key schema[] = {
      "modules_to_save, false with LoRA on them",
      NULL},
     {KEY(tuning.lora.init_adapter), FT_CFG_STRING, "", NULL, false, NONE, NONE,
-     "PEFT adapter dir to start from (e.g. made by ft-lora-init); r, alpha and targets must match",
+     "PEFT adapter dir to start from (e.g. made by ft-lora-init); r, alpha, targets and "
+     "each module's rank and alpha (rank_pattern, alpha_pattern) must match",
      NULL},
 
     /* train */

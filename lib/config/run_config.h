@@ -147,6 +147,8 @@ typedef struct ft_tuning_section {
         double dropout;
         char target_modules[FT_CFG_LIST_MAX];
         char target_parameters[FT_CFG_LIST_MAX];
+        char rank_pattern[FT_CFG_JSON_MAX];  /* a JSON object's text: pattern -> rank */
+        char alpha_pattern[FT_CFG_JSON_MAX]; /* pattern -> alpha */
         bool rslora;
         bool use_dora;
         char modules_to_save[FT_CFG_LIST_MAX];

@@ -28,6 +28,12 @@ static const char *const proj_paths[FT_NPROJ] = {
                       "gate_up_proj shared_expert_gate embed_tokens lm_head; on a MoE gate " \
                       "(the router), w1, w2, w3"
 
+/* The pattern keys PEFT sets for fused experts, w1 + w3 (re.escape'd "gate_up_proj"). */
+#define GATE_UP_PATTERN ".*\\.gate_up_proj"
+
+static int set_pattern(ft_lora_patterns *ps, const char *key, double value, ft_err *err);
+static int regex_fullmatch(pcre2_code *re, const char *name);
+
 const char *ft_proj_name(ft_proj p)
 {
     return (unsigned)p < FT_NPROJ ? proj_names[p] : "?";
@@ -53,22 +59,158 @@ int ft_lora_resolve_moe(ft_lora_config *c, bool moe, ft_err *err)
         return ft_fail(err, "LoRA target %s without %s: they are fused into one parameter "
                        "(gate_up_proj), so PEFT targets both or neither",
                        t & FT_LORA_MOE_W1 ? "w1" : "w3", t & FT_LORA_MOE_W1 ? "w3" : "w1");
-    if ((t & FT_LORA_MOE_W1) && c->gate_up_plain)
+    if ((t & FT_LORA_MOE_W1) && (c->target_params & FT_LORA_PARAM_GATE_UP))
         return ft_fail(err, "LoRA on gate_up_proj both by the target modules w1 / w3 (or "
                        "all-linear: rank 2r, as PEFT converts them) and by target_parameters "
                        "(rank r) is not supported: give one of them");
     if (t & FT_LORA_MOE_ROUTER)
         c->target_params |= FT_LORA_PARAM_ROUTER;
-    if (t & FT_LORA_MOE_W1)
+    if (t & FT_LORA_MOE_W1) {
         c->target_params |= FT_LORA_PARAM_GATE_UP;
+        /* PEFT's conversion keeps w1's and w3's rank and scaling on the fused pair:
+         * rank_pattern[GATE_UP_PATTERN] = 2 r, alpha_pattern[...] = 2 alpha (a key given
+         * already keeps its place, as in a Python dict) */
+        if (set_pattern(&c->rank_pattern, GATE_UP_PATTERN, 2.0 * c->r, err) ||
+            set_pattern(&c->alpha_pattern, GATE_UP_PATTERN, 2.0 * (double)c->alpha, err))
+            return -1;
+    }
     if (t & FT_LORA_MOE_W2)
         c->target_params |= FT_LORA_PARAM_DOWN;
     return 0;
 }
 
-float ft_lora_scaling(const ft_lora_config *c)
+float ft_lora_scaling_of(const ft_lora_config *c, int r, float alpha)
 {
-    return c->rslora ? c->alpha / sqrtf((float)c->r) : c->alpha / (float)c->r;
+    return c->rslora ? alpha / sqrtf((float)r) : alpha / (float)r;
+}
+
+/* A pattern key as PEFT's get_pattern_key matches it, re.match(rf"(.*\.)?({key})$", name):
+ * compiled anchored at the start (re.match) with PCRE2, whose syntax and `$` (the end,
+ * or before a final newline) are Python's for what patterns use. NULL: it does not
+ * compile (msg says why, when given). */
+static pcre2_code *pattern_compile(const char *key, char *msg, size_t n)
+{
+    char re[FT_LORA_PATTERN_KEY + 16];
+    snprintf(re, sizeof re, "(.*\\.)?(%s)$", key);
+    int code;
+    PCRE2_SIZE where;
+    pcre2_code *c = pcre2_compile((PCRE2_SPTR)re, PCRE2_ZERO_TERMINATED, PCRE2_ANCHORED, &code,
+                                  &where, NULL);
+    if (!c && msg) {
+        PCRE2_UCHAR text[256];
+        pcre2_get_error_message(code, text, sizeof text);
+        snprintf(msg, n, "%s", (char *)text);
+    }
+    return c;
+}
+
+bool ft_lora_pattern_matches(const char *key, const char *name)
+{
+    pcre2_code *re = pattern_compile(key, NULL, 0);
+    bool hit = re && regex_fullmatch(re, name);
+    pcre2_code_free(re);
+    return hit;
+}
+
+int ft_lora_pattern_find(const ft_lora_patterns *ps, const char *name)
+{
+    for (int i = 0; i < ps->n; i++)
+        if (ft_lora_pattern_matches(ps->p[i].key, name))
+            return i;
+    return -1;
+}
+
+int ft_lora_module_rank(const ft_lora_config *c, const char *name)
+{
+    int i = ft_lora_pattern_find(&c->rank_pattern, name);
+    return i < 0 ? c->r : (int)c->rank_pattern.p[i].value;
+}
+
+float ft_lora_module_alpha(const ft_lora_config *c, const char *name)
+{
+    int i = ft_lora_pattern_find(&c->alpha_pattern, name);
+    return i < 0 ? c->alpha : (float)c->alpha_pattern.p[i].value;
+}
+
+float ft_lora_module_scaling(const ft_lora_config *c, const char *name)
+{
+    return ft_lora_scaling_of(c, ft_lora_module_rank(c, name), ft_lora_module_alpha(c, name));
+}
+
+/* ps[key] = value: in place when the key is there, else appended. */
+static int set_pattern(ft_lora_patterns *ps, const char *key, double value, ft_err *err)
+{
+    for (int i = 0; i < ps->n; i++)
+        if (strcmp(ps->p[i].key, key) == 0) {
+            ps->p[i].value = value;
+            return 0;
+        }
+    if (ps->n == FT_LORA_MAX_PATTERNS)
+        return ft_fail(err, "%s: more than %d keys", ps->origin[0] ? ps->origin : "pattern",
+                       FT_LORA_MAX_PATTERNS);
+    snprintf(ps->p[ps->n].key, sizeof ps->p[ps->n].key, "%s", key);
+    ps->p[ps->n++].value = value;
+    return 0;
+}
+
+/* Reads a rank_pattern / alpha_pattern object v (NULL or null: none) into out; where
+ * prefixes the errors ("<path>: key 'rank_pattern'"). */
+static int read_patterns(const json_t *v, bool rank, const char *where, ft_lora_patterns *out,
+                         ft_err *err)
+{
+    out->n = 0;
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_object(v))
+        return ft_fail(err, "%s must be a mapping of module patterns to %s", where,
+                       rank ? "ranks" : "alphas");
+    const char *key;
+    json_t *val;
+    json_object_foreach((json_t *)v, key, val)
+    {
+        if (out->n == FT_LORA_MAX_PATTERNS)
+            return ft_fail(err, "%s: more than %d keys", where, FT_LORA_MAX_PATTERNS);
+        if (!key[0] || strlen(key) >= FT_LORA_PATTERN_KEY)
+            return ft_fail(err, "%s: key '%.80s' must be a module pattern of 1 to %d "
+                                "characters", where, key, FT_LORA_PATTERN_KEY - 1);
+        char msg[256];
+        pcre2_code *re = pattern_compile(key, msg, sizeof msg);
+        if (!re)
+            return ft_fail(err, "%s: key '%s' is not a regular expression (%s)", where, key,
+                           msg);
+        pcre2_code_free(re);
+        double x = json_number_value(val);
+        bool bad = rank ? !json_is_integer(val) || json_integer_value(val) <= 0 ||
+                              json_integer_value(val) > INT_MAX
+                        : !json_is_number(val) || !(x > 0) || !isfinite((float)x);
+        if (bad) {
+            char *text = json_dumps(val, JSON_ENCODE_ANY);
+            ft_fail(err, "%s: key '%s': %s must be a positive %s, got %.40s", where, key,
+                    rank ? "the rank" : "lora_alpha",
+                    rank ? "integer" : "number (that fits a float)", text ? text : "?");
+            free(text);
+            return -1;
+        }
+        snprintf(out->p[out->n].key, sizeof out->p[out->n].key, "%s", key);
+        out->p[out->n++].value = x;
+    }
+    return 0;
+}
+
+int ft_lora_patterns_parse(const char *json, bool rank, const char *origin,
+                           ft_lora_patterns *out, ft_err *err)
+{
+    memset(out, 0, sizeof *out);
+    snprintf(out->origin, sizeof out->origin, "%s", origin);
+    if (!json[0])
+        return 0;
+    json_error_t je;
+    json_t *v = json_loads(json, JSON_REJECT_DUPLICATES, &je);
+    if (!v)
+        return ft_fail(err, "%s: not JSON: %s (column %d)", origin, je.text, je.column);
+    int rc = read_patterns(v, rank, origin, out, err);
+    json_decref(v);
+    return rc;
 }
 
 /* A name of the embedding's module as PEFT's lists give it: its last component or its
@@ -322,50 +464,6 @@ static int adapter_vocab(const char *dir, ft_lora_config *c, ft_err *err)
     return rc;
 }
 
-int ft_lora_param_rank(const ft_lora_config *c, unsigned bit)
-{
-    return bit == FT_LORA_PARAM_GATE_UP && !c->gate_up_plain ? 2 * c->r : c->r;
-}
-
-float ft_lora_param_scaling(const ft_lora_config *c, unsigned bit)
-{
-    ft_lora_config f = *c;
-    if (bit == FT_LORA_PARAM_GATE_UP && !c->gate_up_plain) {
-        f.r *= 2;
-        f.alpha *= 2;
-    }
-    return ft_lora_scaling(&f);
-}
-
-/* The one pattern key PEFT writes for fused experts (re.escape'd "gate_up_proj"). */
-#define GATE_UP_PATTERN ".*\\.gate_up_proj"
-
-static bool pattern_empty(json_t *root, const char *key)
-{
-    json_t *v = json_object_get(root, key);
-    return !v || json_is_null(v) || (json_is_object(v) && json_object_size(v) == 0);
-}
-
-/* rank_pattern / alpha_pattern: empty, or with the gate_up pair exactly PEFT's form for
- * fused w1 + w3, {".*\.gate_up_proj": 2 r} and {".*\.gate_up_proj": 2 alpha}; both empty
- * with gate_up_proj: gate_up_plain (rank r, alpha). */
-static int read_pattern(json_t *root, const char *path, const char *key, double want,
-                        const ft_lora_config *c, ft_err *err)
-{
-    json_t *v = json_object_get(root, key);
-    bool empty = pattern_empty(root, key);
-    bool gate_up = c->target_params & FT_LORA_PARAM_GATE_UP;
-    if (empty && (!gate_up || c->gate_up_plain))
-        return 0;
-    json_t *n = json_is_object(v) && json_object_size(v) == 1
-                    ? json_object_get(v, GATE_UP_PATTERN) : NULL;
-    if (gate_up && n && json_is_number(n) && json_number_value(n) == want)
-        return 0;
-    return ft_fail(err, "%s: key '%s': only PEFT's pattern for fused MoE experts is supported "
-                        "({\"%s\": %g} with gate_up_proj in target_parameters)",
-                   path, key, GATE_UP_PATTERN, want);
-}
-
 /* One target_parameters entry: PEFT matches it as the parameter's name or a dotted
  * suffix of it. */
 static bool param_matches(const char *s, const char *name)
@@ -400,7 +498,6 @@ int ft_lora_target_parameters_parse(const char *list, ft_lora_config *c, ft_err 
                                 "gate.weight, gate_up_proj, down_proj)", s);
     }
     c->target_params |= params;
-    c->gate_up_plain = params & FT_LORA_PARAM_GATE_UP;
     return 0;
 }
 
@@ -434,11 +531,21 @@ static int read_target_parameters(json_t *root, const char *path, ft_lora_config
     if (c->target_params && c->dropout > 0)
         return ft_fail(err, "%s: key 'lora_dropout' must be 0 with target_parameters (PEFT "
                             "refuses dropout on a parameter's LoRA)", path);
-    c->gate_up_plain = (c->target_params & FT_LORA_PARAM_GATE_UP) &&
-                       pattern_empty(root, "rank_pattern") && pattern_empty(root, "alpha_pattern");
-    if (read_pattern(root, path, "rank_pattern", 2.0 * c->r, c, err) ||
-        read_pattern(root, path, "alpha_pattern", 2.0 * c->alpha, c, err))
-        return -1;
+    return 0;
+}
+
+/* rank_pattern and alpha_pattern of adapter_config.json (see ft_lora_patterns). */
+static int read_config_patterns(json_t *root, const char *path, ft_lora_config *c, ft_err *err)
+{
+    static const char *const keys[2] = {"rank_pattern", "alpha_pattern"};
+    for (int i = 0; i < 2; i++) {
+        ft_lora_patterns *ps = i == 0 ? &c->rank_pattern : &c->alpha_pattern;
+        char where[4200];
+        snprintf(where, sizeof where, "%s: key '%s'", path, keys[i]);
+        if (read_patterns(json_object_get(root, keys[i]), i == 0, where, ps, err))
+            return -1;
+        snprintf(ps->origin, sizeof ps->origin, "key '%s'", keys[i]);
+    }
     return 0;
 }
 
@@ -492,12 +599,14 @@ int ft_lora_config_load(ft_lora_config *c, const char *dir, ft_err *err)
         goto out;
     }
     c->dora = v && json_is_true(v);
+    /* lora_bias: PEFT's bias on lora_B (a trainable [out] beside each pair, added to
+     * the base bias on merge) */
     static const char *const unsupported[] = {"fan_in_fan_out", "layer_replication",
-                                              "trainable_token_indices"};
+                                              "trainable_token_indices", "lora_bias"};
     for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++)
         if (reject_if_set(root, path, unsupported[i], err))
             goto out;
-    if (read_target_parameters(root, path, c, err))
+    if (read_target_parameters(root, path, c, err) || read_config_patterns(root, path, c, err))
         goto out;
     if (read_modules_to_save(root, path, c, err))
         goto out;
@@ -633,6 +742,34 @@ static int targets_regex(const ft_lora_config *c, char *out, size_t n, const cha
     return 0;
 }
 
+static int key_cmp(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* root's text, its keys sorted as PEFT writes them, the pattern maps' kept in order
+ * (JSON_SORT_KEYS would sort them too); NULL when out of memory. */
+static char *dump_sorted_top(json_t *root)
+{
+    size_t n = json_object_size(root), i = 0;
+    const char **keys = malloc((n ? n : 1) * sizeof *keys);
+    json_t *sorted = json_object();
+    char *text = NULL;
+    if (keys && sorted) {
+        const char *k;
+        json_t *v;
+        json_object_foreach(root, k, v)
+            keys[i++] = k;
+        qsort(keys, n, sizeof *keys, key_cmp);
+        for (i = 0; i < n; i++)
+            json_object_set(sorted, keys[i], json_object_get(root, keys[i]));
+        text = json_dumps(sorted, JSON_INDENT(2));
+    }
+    json_decref(sorted);
+    free(keys);
+    return text;
+}
+
 int ft_lora_config_save(const ft_lora_config *c, const char *dir, const char *base_model,
                         ft_err *err)
 {
@@ -697,10 +834,17 @@ int ft_lora_config_save(const ft_lora_config *c, const char *dir, const char *ba
             json_array_append_new(params, json_string("down_proj"));
         json_object_set_new(root, "target_parameters", params);
     }
+    /* in the order given, which decides between keys matching one module (PEFT's own
+     * save sorts them) */
     json_t *rp = json_object(), *ap = json_object();
-    if ((c->target_params & FT_LORA_PARAM_GATE_UP) && !c->gate_up_plain) {
-        json_object_set_new(rp, GATE_UP_PATTERN, json_integer(2 * (json_int_t)c->r));
-        json_object_set_new(ap, GATE_UP_PATTERN, json_real(2.0 * c->alpha));
+    for (int i = 0; i < c->rank_pattern.n; i++)
+        json_object_set_new(rp, c->rank_pattern.p[i].key,
+                            json_integer((json_int_t)c->rank_pattern.p[i].value));
+    for (int i = 0; i < c->alpha_pattern.n; i++) { /* (an integral alpha as PEFT's int) */
+        double x = c->alpha_pattern.p[i].value;
+        json_object_set_new(ap, c->alpha_pattern.p[i].key,
+                            x == floor(x) && fabs(x) < 1e15 ? json_integer((json_int_t)x)
+                                                            : json_real(x));
     }
     json_object_set_new(root, "rank_pattern", rp);
     json_object_set_new(root, "alpha_pattern", ap);
@@ -714,7 +858,7 @@ int ft_lora_config_save(const ft_lora_config *c, const char *dir, const char *ba
     } else {
         json_object_set_new(root, "modules_to_save", json_null());
     }
-    char *text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
+    char *text = dump_sorted_top(root);
     json_decref(root);
     if (!text)
         return ft_fail(err, "%s: out of memory writing adapter_config.json", dir);

@@ -55,6 +55,28 @@ const char *ft_proj_path(ft_proj p);
 
 #define FT_LORA_MAX_LAYER_LIST 256
 
+/* PEFT's rank_pattern / alpha_pattern: per-module overrides of r and lora_alpha, a map
+ * from a key to a value, in the order given (the first key that matches wins). A key
+ * matches a module whose name (PEFT's module path, "model.layers.0.self_attn.q_proj",
+ * "model.embed_tokens", "lm_head"; for a target_parameters pair the parameter's path,
+ * "model.layers.0.mlp.gate.weight", "model.layers.0.mlp.experts.gate_up_proj") matches
+ * the regular expression (.*\.)?(key)$ from its start (PEFT's get_pattern_key): the key
+ * as a regex over the whole name or over a dotted suffix of it ("q_proj",
+ * "layers.0.self_attn.q_proj", "model\.layers\.[01]\..*"). */
+#define FT_LORA_MAX_PATTERNS 64
+#define FT_LORA_PATTERN_KEY 256
+
+typedef struct ft_lora_patterns {
+    int n;
+    struct {
+        char key[FT_LORA_PATTERN_KEY];
+        double value; /* rank_pattern: a positive int; alpha_pattern: a positive number */
+    } p[FT_LORA_MAX_PATTERNS];
+    /* where the map came from, for messages: "key 'rank_pattern'" (an adapter's config,
+     * whose path the model's checks prefix), "tuning.lora.rank_pattern", "--rank-pattern" */
+    char origin[40];
+} ft_lora_patterns;
+
 /* Bits of ft_lora_config.target_params. */
 #define FT_LORA_PARAM_ROUTER 1u
 #define FT_LORA_PARAM_GATE_UP 2u
@@ -100,22 +122,21 @@ typedef struct ft_lora_config {
      * hidden C, expert width I):
      *   FT_LORA_PARAM_ROUTER  "gate.weight": <prefix>layers.N.mlp.gate.lora_A [r, C],
      *                         lora_B [E, r]; logits += s x A^T B^T.
-     *   FT_LORA_PARAM_GATE_UP "gate_up_proj" (PEFT's w1 + w3): rank 2r and alpha 2 alpha
-     *                         (rank_pattern / alpha_pattern {".*\.gate_up_proj": ...}, the
-     *                         only patterns accepted), A [E 2r, C], B [2I, E 2r]; rank r
-     *                         and alpha when gate_up_plain (below).
-     *                         (The rank R of ft_lora_param_rank.)
-     *   FT_LORA_PARAM_DOWN    "down_proj" (w2): A [E r, I], B [C, E r].
+     *   FT_LORA_PARAM_GATE_UP "gate_up_proj": A [E R, C], B [2I, E R], R its rank (PEFT's
+     *                         w1 + w3 converted: rank 2r and alpha 2 alpha, by the patterns
+     *                         {".*\.gate_up_proj": ...} that ft_lora_resolve_moe adds;
+     *                         named in target_parameters: r and alpha).
+     *   FT_LORA_PARAM_DOWN    "down_proj" (w2): A [E R, I], B [C, E R].
+     * (Each pair's rank and alpha: its module's under the patterns, ft_lora_module_rank.)
      * An expert pair's A rows are expert-major (expert e's rows [e R, (e+1) R)); its B
      * columns are interleaved (expert e's column j is column j E + e; ops.h's
      * ft_moe_lora_b_split). Keys: <prefix>layers.N.mlp.experts.lora_A/B.weight, the gate_up
      * pair under experts.base_layer.lora_A/B when down_proj is targeted too (PEFT nests
      * the down_proj wrapper around it). */
     unsigned target_params;
-    /* gate_up_proj named in an adapter's target_parameters without PEFT's patterns (how
-     * PEFT saves an explicit LoraConfig(target_parameters=[...]), e.g. on qwen2_moe, where
-     * it converts no MLP names): the pair has rank r and alpha, like the others. */
-    bool gate_up_plain;
+    /* Per-module ranks and alphas (see ft_lora_patterns; empty: every pair has r and
+     * alpha). ft_lora_resolve_moe adds PEFT's pair for fused w1 + w3. */
+    ft_lora_patterns rank_pattern, alpha_pattern;
     /* PEFT's ensure_weight_tying, on a model with tied embeddings: modules_to_save trains
      * one copy shared by the embedding and the head (saved under both keys), LoRA on them
      * gives the head the embedding's pair (lib/model/tied_lora.c). Without it PEFT trains
@@ -145,8 +166,10 @@ typedef struct ft_lora_config {
 /* On a MoE model (moe true), as PEFT converts a config for transformers 5's fused
  * experts: targets' FT_LORA_MOE names and "all-linear" (the block's linear layers: also
  * the router and the experts) become target_params (w1 and w3: gate_up_proj, with the
- * doubled rank and alpha that ft_lora_param_rank / _scaling give it). Clears the
- * FT_LORA_MOE bits either way. Error: w1 without w3 or the reverse (PEFT's too). */
+ * doubled rank and alpha of the pattern key ".*\.gate_up_proj" it sets in rank_pattern
+ * and alpha_pattern, after the keys given). Clears the FT_LORA_MOE bits either way.
+ * Error: w1 without w3 or the reverse (PEFT's too); w1 / w3 beside gate_up_proj in
+ * target_parameters; no room for the pattern keys. */
 int ft_lora_resolve_moe(ft_lora_config *c, bool moe, ft_err *err);
 
 /* The projections of decoder layer `layer` that carry a LoRA pair (bitmask). Error: a
@@ -160,14 +183,28 @@ int ft_lora_layer_mask(const ft_lora_config *c, int layer, unsigned *mask, ft_er
  * another layout sets module_prefix and calls this again. No regex: nothing changes. */
 int ft_lora_regex_outer(ft_lora_config *c, ft_err *err);
 
-/* alpha / r, or alpha / sqrt(r) with rsLoRA. */
-float ft_lora_scaling(const ft_lora_config *c);
+/* alpha / r, or alpha / sqrt(r) with rsLoRA: the scaling of a pair of rank r. */
+float ft_lora_scaling_of(const ft_lora_config *c, int r, float alpha);
 
-/* The rank and the scaling of one expert's part of a target_params pair (bit): the
- * gate_up pair has rank 2 r and alpha 2 alpha (PEFT's fused w1 + w3), the others r and
- * alpha. */
-int ft_lora_param_rank(const ft_lora_config *c, unsigned bit);
-float ft_lora_param_scaling(const ft_lora_config *c, unsigned bit);
+/* Whether pattern key `key` matches module `name` (see ft_lora_patterns; false for a key
+ * that does not compile); the first key of ps that does, -1 when none. */
+bool ft_lora_pattern_matches(const char *key, const char *name);
+int ft_lora_pattern_find(const ft_lora_patterns *ps, const char *name);
+
+/* The rank, alpha and scaling of the pair on module `name` (see ft_lora_patterns): the
+ * value of the first key of rank_pattern (alpha_pattern) that matches it, else r
+ * (alpha). */
+int ft_lora_module_rank(const ft_lora_config *c, const char *name);
+float ft_lora_module_alpha(const ft_lora_config *c, const char *name);
+float ft_lora_module_scaling(const ft_lora_config *c, const char *name);
+
+/* Parses a pattern map from JSON text (a run config's tuning.lora.rank_pattern, an
+ * option's value): an object of keys to values, each key a regular expression that
+ * compiles, each value a positive integer (rank) or a positive number (alpha, rank
+ * false), at most FT_LORA_MAX_PATTERNS keys; "" or "{}" for none. origin names the map
+ * in this function's errors and in later ones (ft_lora_patterns.origin). */
+int ft_lora_patterns_parse(const char *json, bool rank, const char *origin,
+                           ft_lora_patterns *out, ft_err *err);
 
 /* Parses a target list: names separated by commas ("q_proj,v_proj", also "q,v",
  * "qkv", "gate_up", and "embed_tokens", "lm_head"), or "all-linear" (PEFT's: the block's
@@ -178,9 +215,9 @@ int ft_lora_targets_parse(const char *list, unsigned *targets, ft_err *err);
 /* Parses a target_parameters list as PEFT's explicit LoraConfig(target_parameters=[...])
  * (a run config's tuning.lora.target_parameters): names separated by commas, each
  * gate.weight, gate_up_proj or down_proj or a dotted path ending so
- * ("mlp.experts.gate_up_proj"), or "" for none. Sets c->target_params and, with
- * gate_up_proj, c->gate_up_plain (rank r: PEFT writes no pattern for an explicit list).
- * Error names the parameter it does not support. */
+ * ("mlp.experts.gate_up_proj"), or "" for none. Sets c->target_params (gate_up_proj:
+ * rank r, as PEFT writes no pattern for an explicit list). Error names the parameter it
+ * does not support. */
 int ft_lora_target_parameters_parse(const char *list, ft_lora_config *c, ft_err *err);
 
 /* The modules trained in full on a model (tied: its embeddings tied): modules_to_save, or
@@ -194,10 +231,10 @@ int ft_lora_modules_to_save_parse(const char *list, unsigned *mods, ft_err *err)
 /* Reads <dir>/adapter_config.json (a regular file; a key given twice is an error). Every
  * error names the file and the key. Rejects what this LoRA does not implement:
  * peft_type other than LORA, bias other than "none", fan_in_fan_out,
- * modules_to_save naming other modules than embed_tokens and lm_head, rank_pattern /
- * alpha_pattern other than PEFT's for fused experts (see target_params),
+ * modules_to_save naming other modules than embed_tokens and lm_head, lora_bias,
  * layer_replication, target_parameters other than gate.weight, gate_up_proj, down_proj
- * (and lora_dropout beside them), a
+ * (and lora_dropout beside them), rank_pattern / alpha_pattern keys that are no regular
+ * expression or values that are not positive (integers for ranks), a
  * layers_pattern other than "layers", and target_modules naming modules other than the
  * nine projections; and values out of range (r not a positive int, a lora_alpha that
  * does not fit a float, a layer index that is negative or not an int). target_modules

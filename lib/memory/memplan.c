@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "formats/lora.h"
+#include "model/lora_ranks.h"
 #include "model/model.h"
 #include "quant/quant_shard.h"
 #include "formats/model_path.h"
@@ -56,7 +57,7 @@ typedef struct planner {
     size_t frozen_z3;  /* gpu-zero3's frozen bytes per rank (what offload_params moves) */
     bool qshape_overflow;
     unsigned lora_params; /* LoRA on a MoE's router / experts (lora.h's target_params) */
-    int r_gate_up;        /* the gate_up pair's rank (lora.h's ft_lora_param_rank) */
+    const ft_lora_ranks *rk; /* each LoRA pair's rank (model/lora_ranks.h) */
 } planner;
 
 /* A quantized weight [rows, cols] for the zero3 / fsdp shards: counted by shape. */
@@ -139,9 +140,10 @@ static void add_tensor(planner *p, int unit, size_t numel, bool trainable, bool 
 
 /* Mirrors build_layout in lib/model/model.c; saved: LoRA's modules_to_save
  * (FT_SAVE_EMBED, FT_SAVE_HEAD), trained in full. */
-static void count_params(planner *p, const unsigned *lora_mask, int r_lora, unsigned saved,
-                         bool dora, unsigned outer)
+static void count_params(planner *p, const unsigned *lora_mask, unsigned saved, bool dora,
+                         unsigned outer)
 {
+    const ft_lora_ranks *rk = p->rk;
     const ft_model_config *c = p->mc;
     bool full = p->mode == MODE_FULL;
     size_t L = (size_t)c->num_layers, C = (size_t)c->hidden_size, V = (size_t)c->vocab_size;
@@ -156,8 +158,8 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora, unsi
     }
     add_tensor(p, 0, V * C, full || (saved & FT_SAVE_EMBED), false, 0, 0);
     if (outer & FT_LORA_EMBED) { /* lora_embedding_A [r, V], _B [C, r] */
-        add_tensor(p, 0, (size_t)r_lora * V, true, false, 0, 0);
-        add_tensor(p, 0, C * (size_t)r_lora, true, false, 0, 0);
+        add_tensor(p, 0, (size_t)rk->embed.r * V, true, false, 0, 0);
+        add_tensor(p, 0, C * (size_t)rk->embed.r, true, false, 0, 0);
         if (dora) /* lora_magnitude_vector [C] */
             add_tensor(p, 0, C, true, false, 0, 0);
     }
@@ -186,8 +188,9 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora, unsi
             if (bias)
                 add_tensor(p, unit, (size_t)out, full, false, 0, 0);
             if (!full && (lora_mask[l] & (1u << j))) {
-                add_tensor(p, unit, (size_t)r_lora * (size_t)in, true, false, 0, 0);  /* A */
-                add_tensor(p, unit, (size_t)out * (size_t)r_lora, true, false, 0, 0); /* B */
+                size_t r = (size_t)ft_lora_proj_pair(rk, (int)l, j).r;
+                add_tensor(p, unit, r * (size_t)in, true, false, 0, 0);  /* A */
+                add_tensor(p, unit, (size_t)out * r, true, false, 0, 0); /* B */
                 if (dora) /* lora_magnitude_vector */
                     add_tensor(p, unit, (size_t)out, true, false, 0, 0);
             }
@@ -208,19 +211,20 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora, unsi
                     add_tensor(p, unit, I * C, full, quant, rows, cols);
                 }
             /* LoRA on the router [r, C] + [E, r], the experts' gate_up [E R, C] +
-             * [2I, E R] (R = r_gate_up: 2r, or r from target_parameters), down [E r, I] +
-             * [C, E r] (model.c, after the projections' pairs: the same unit) */
-            size_t r = (size_t)r_lora;
+             * [2I, E R], down [E R, I] + [C, E R], each of the layer's rank (model.c,
+             * after the projections' pairs: the same unit) */
             if (!full && (p->lora_params & FT_LORA_PARAM_ROUTER)) {
+                size_t r = (size_t)rk->router[l].r;
                 add_tensor(p, unit, r * C, true, false, 0, 0);
                 add_tensor(p, unit, E * r, true, false, 0, 0);
             }
             if (!full && (p->lora_params & FT_LORA_PARAM_GATE_UP)) {
-                size_t rg = (size_t)p->r_gate_up;
-                add_tensor(p, unit, E * rg * C, true, false, 0, 0);
-                add_tensor(p, unit, 2 * I * E * rg, true, false, 0, 0);
+                size_t r = (size_t)rk->experts[2 * l].r;
+                add_tensor(p, unit, E * r * C, true, false, 0, 0);
+                add_tensor(p, unit, 2 * I * E * r, true, false, 0, 0);
             }
             if (!full && (p->lora_params & FT_LORA_PARAM_DOWN)) {
+                size_t r = (size_t)rk->experts[2 * l + 1].r;
                 add_tensor(p, unit, E * r * I, true, false, 0, 0);
                 add_tensor(p, unit, C * E * r, true, false, 0, 0);
             }
@@ -230,8 +234,8 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora, unsi
     if (!c->tie_word_embeddings)
         add_tensor(p, (int)L + 1, V * C, full || (saved & FT_SAVE_HEAD), false, 0, 0);
     if (outer & FT_LORA_HEAD) { /* lm_head's lora_A [r, C], lora_B [V, r] */
-        add_tensor(p, (int)L + 1, (size_t)r_lora * C, true, false, 0, 0);
-        add_tensor(p, (int)L + 1, V * (size_t)r_lora, true, false, 0, 0);
+        add_tensor(p, (int)L + 1, (size_t)rk->head.r * C, true, false, 0, 0);
+        add_tensor(p, (int)L + 1, V * (size_t)rk->head.r, true, false, 0, 0);
         if (dora) /* lora_magnitude_vector [V] */
             add_tensor(p, (int)L + 1, V, true, false, 0, 0);
     }
@@ -241,11 +245,9 @@ static void count_params(planner *p, const unsigned *lora_mask, int r_lora, unsi
 typedef struct act_spec {
     bool grad_ckpt, lora, lora_dropout, dora;
     unsigned outer; /* FT_LORA_EMBED, FT_LORA_HEAD */
-    int r_lora;
     int loss_chunk; /* ft_model_options.loss_chunk_rows */
     unsigned lora_union;
-    unsigned lora_params; /* lora.h's target_params */
-    int r_gate_up;        /* the gate_up pair's rank */
+    const ft_lora_ranks *rk; /* each LoRA pair's rank (model/lora_ranks.h) */
 } act_spec;
 
 /* A pipeline stage of units [first, last] (0 embeddings, 1..L layers, L+1 head); the
@@ -292,20 +294,12 @@ static void layer_set_counts(const ft_model_config *c, size_t N, const act_spec 
         set->tensor += N * QD + N * KD;
         set->stat += head ? N * (size_t)c->num_heads + N * (size_t)c->num_kv_heads : 2 * N;
     }
-    if (sp->lora)
-        for (int j = 0; j < FT_NPROJ; j++)
-            if (sp->lora_union & (1u << j))
-                set->tensor += N * (size_t)sp->r_lora;
-    /* LoRA on a MoE: rlora_h [N, r], xlora_h [M, r_gate_up (2r or r)], [M, r] */
-    size_t xr = (size_t)sp->r_lora;
-    if (sp->lora && moe) {
-        if (sp->lora_params & FT_LORA_PARAM_ROUTER)
-            set->tensor += N * xr;
-        if (sp->lora_params & FT_LORA_PARAM_GATE_UP)
-            set->tensor += M * (size_t)sp->r_gate_up;
-        if (sp->lora_params & FT_LORA_PARAM_DOWN)
-            set->tensor += M * xr;
-    }
+    /* LoRA's h: each module's [N, r], on a MoE the router's rlora_h [N, r] and the
+     * experts' xlora_h [M, r] of gate_up and down, r the largest rank of the pairs on
+     * the layers the set serves */
+    for (int j = 0; sp->lora && j <= FT_LORA_RANK_DOWN; j++)
+        set->tensor += (j >= FT_LORA_RANK_GATE_UP ? M : N) *
+                       (size_t)ft_lora_ranks_max(sp->rk, j, l0, l1);
 }
 
 /* Mirrors model_reserve_activations / alloc_layer_set for N rows while training, on the
@@ -323,16 +317,12 @@ static void count_activations(const ft_model_config *c, size_t N, const act_spec
 
     size_t E = (size_t)c->num_experts, M = N * (size_t)(E ? c->experts_per_tok : 1);
     /* LoRA on the experts' scratch (moe_lora.c moe_experts_lora_dims) */
-    size_t xr = (size_t)sp->r_lora, xbs = 0, xdh = 0;
+    size_t xbs = 0, xdh = 0;
     if (sp->lora && E) {
-        if (sp->lora_params & FT_LORA_PARAM_GATE_UP) {
-            xbs = E * 2 * I * (size_t)sp->r_gate_up;
-            xdh = (size_t)sp->r_gate_up;
-        }
-        if (sp->lora_params & FT_LORA_PARAM_DOWN) {
-            xbs = E * C * xr > xbs ? E * C * xr : xbs;
-            xdh = xr > xdh ? xr : xdh;
-        }
+        size_t Rg = (size_t)ft_lora_ranks_max(sp->rk, FT_LORA_RANK_GATE_UP, 0, L);
+        size_t Rd = (size_t)ft_lora_ranks_max(sp->rk, FT_LORA_RANK_DOWN, 0, L);
+        xbs = E * 2 * I * Rg > E * C * Rd ? E * 2 * I * Rg : E * C * Rd;
+        xdh = Rg > Rd ? Rg : Rd;
     }
     /* the stage keeps the input of layers l0..l1 and a set for each but l1 (whose input
      * it sends on); the whole model: every layer's input and set; with gradient
@@ -373,13 +363,15 @@ static void count_activations(const ft_model_config *c, size_t N, const act_spec
     if (ft_has_branch_norm(c, FT_NORM_ATTN_POST) || ft_has_branch_norm(c, FT_NORM_MLP_POST))
         ws->tensor += N * C; /* d_br */
     if (sp->lora) {
-        ws->tensor += N * (size_t)sp->r_lora; /* d_lora_h */
+        ws->tensor += N * (size_t)ft_lora_ranks_max_dense(sp->rk); /* d_lora_h */
         if (sp->lora_dropout) {
             size_t w = C > I ? (C > QD ? C : QD) : (I > QD ? I : QD);
             ws->tensor += N * (W > w ? W : w); /* x_drop */
         }
-        if (sp->outer)
-            ws->tensor += N * (size_t)sp->r_lora; /* lora_xh */
+        if (sp->outer) { /* lora_xh: the embedding's or the head's h */
+            int r = sp->rk->embed.r > sp->rk->head.r ? sp->rk->embed.r : sp->rk->head.r;
+            ws->tensor += N * (size_t)r;
+        }
         /* the experts' pairs (moe_lora.c): split B, its fp32 gradient, dh [M, R] */
         ws->tensor += xbs + M * xdh;
         ws->stat += xbs;
@@ -656,6 +648,8 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
         return ft_fail(err, "out of memory");
     if (lora) {
         lc.r = (int)cfg->tuning.lora.r;
+        lc.alpha = (float)cfg->tuning.lora.alpha;
+        lc.rslora = cfg->tuning.lora.rslora;
         lc.dropout = (float)cfg->tuning.lora.dropout;
         lc.dora = cfg->tuning.lora.use_dora;
         if (lc.r <= 0 || lc.dropout < 0 || lc.dropout >= 1) {
@@ -671,6 +665,13 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
         if (ft_lora_target_parameters_parse(cfg->tuning.lora.target_parameters, &lc, err)) {
             free(mask);
             return ft_fail_prefix(err, "config: key 'tuning.lora.target_parameters'");
+        }
+        if (ft_lora_patterns_parse(cfg->tuning.lora.rank_pattern, true,
+                                   "tuning.lora.rank_pattern", &lc.rank_pattern, err) ||
+            ft_lora_patterns_parse(cfg->tuning.lora.alpha_pattern, false,
+                                   "tuning.lora.alpha_pattern", &lc.alpha_pattern, err)) {
+            free(mask);
+            return ft_fail_prefix(err, "config");
         }
         /* (qwen2_moe: PEFT keeps its MLP names on its linear layers; model.c refuses the
          * router's and the experts' names there) */
@@ -725,11 +726,20 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
         /* tied: one copy, the embedding, shared by the head (lib/model/model.c) */
         lc.modules_to_save = ft_lora_saved_modules(&lc, mc->tie_word_embeddings);
     }
+    /* each pair's rank (rank_pattern; the model's table: lib/model/lora_ranks.c) */
+    ft_lora_ranks rk = {0};
+    bool tied_pair = mc->tie_word_embeddings && (lc.targets & FT_LORA_OUTER) &&
+                     cfg->tuning.lora.ensure_weight_tying == FT_CFG_TYING_TRUE;
+    if (lora && ft_lora_ranks_init(&rk, mc, &lc, mask, tied_pair, err)) {
+        free(mask);
+        return ft_fail_prefix(err, "config");
+    }
 
     size_t n_units = (size_t)mc->num_layers + 2;
     size_t *unit_buf = calloc(7 * n_units, sizeof *unit_buf);
     if (!unit_buf) {
         free(mask);
+        ft_lora_ranks_free(&rk);
         return ft_fail(err, "out of memory");
     }
     planner p = {.mc = mc,
@@ -746,7 +756,8 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
                  .unit_quantized = unit_buf + 3 * n_units,
                  .unit_quant_bytes = unit_buf + 4 * n_units,
                  .unit_absmax = unit_buf + 5 * n_units,
-                 .unit_qwin = unit_buf + 6 * n_units};
+                 .unit_qwin = unit_buf + 6 * n_units,
+                 .rk = &rk};
     r->quant_opt = quant;
 
     static const char *names[FT_PLAN_NROWS] = {
@@ -759,11 +770,11 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
         r->rows[i].world_size = i == FT_PLAN_CPU || i == FT_PLAN_GPU_1 ? 1 : world_size;
     }
     p.lora_params = lora ? lc.target_params : 0;
-    p.r_gate_up = ft_lora_param_rank(&lc, FT_LORA_PARAM_GATE_UP);
-    count_params(&p, mask, lc.r, lc.modules_to_save, lc.dora, lc.targets & FT_LORA_OUTER);
+    count_params(&p, mask, lc.modules_to_save, lc.dora, lc.targets & FT_LORA_OUTER);
     if (p.qshape_overflow) {
         free(unit_buf);
         free(mask);
+        ft_lora_ranks_free(&rk);
         return ft_fail(err, "memory plan: the quantized base has more than %d distinct weight "
                             "shapes, which the planner does not lay out",
                        FT_PLAN_MAX_QSHAPES);
@@ -800,8 +811,7 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
     act_counts act, ws;
     act_spec sp = {.grad_ckpt = r->grad_ckpt, .lora = lora, .lora_dropout = lora && lc.dropout > 0,
                    .dora = lora && lc.dora, .outer = lora ? lc.targets & FT_LORA_OUTER : 0,
-                   .r_lora = lc.r, .lora_union = lora_union, .lora_params = lc.target_params,
-                   .r_gate_up = ft_lora_param_rank(&lc, FT_LORA_PARAM_GATE_UP),
+                   .lora_union = lora_union, .rk = &rk,
                    .loss_chunk = ft_memplan_loss_chunk(&cfg->train)};
     r->pref = cfg->train.objective != FT_CFG_OBJECTIVE_SFT;
     size_t rows = (size_t)r->batch_size * (r->pref ? 2 : 1); /* DPO: chosen + rejected */
@@ -918,6 +928,7 @@ int ft_memplan_batch(const ft_run_config *cfg, const ft_model_config *mc, int wo
     r->selected_cpu = selected_cpu_row(&cfg->dist, world_size, r->pipe_stages > 0);
     free(unit_buf);
     free(mask);
+    ft_lora_ranks_free(&rk);
     return 0;
 }
 

@@ -141,9 +141,13 @@ static int shape_error(const ft_model *m, const ft_st_tensor *t, const char *key
             return ft_fail(err, "%s: tensor '%s' is for a vocabulary of %lld tokens, the model "
                                 "(with the adapter it was loaded for) has %lld",
                            t->file, key, (long long)t->shape[d], (long long)V);
+    /* a pair's rank: r, or its rank_pattern key */
+    const char *why = p->is_lora && p->ndim > 1 ? ": its pair's rank is r or the rank_pattern "
+                                                  "key of adapter_config.json that matches it"
+                                                : "";
     if (p->ndim > 1)
-        return ft_fail(err, "%s: tensor '%s' has the wrong shape (expected [%lld, %lld])",
-                       t->file, key, (long long)p->shape[0], (long long)p->shape[1]);
+        return ft_fail(err, "%s: tensor '%s' has the wrong shape (expected [%lld, %lld]%s)",
+                       t->file, key, (long long)p->shape[0], (long long)p->shape[1], why);
     return ft_fail(err, "%s: tensor '%s' has the wrong shape (expected [%lld])", t->file, key,
                    (long long)p->shape[0]);
 }
@@ -162,6 +166,59 @@ static const char *params_names(unsigned t, char *out, size_t n)
              t & FT_LORA_PARAM_GATE_UP ? "gate_up_proj " : "",
              t & FT_LORA_PARAM_DOWN ? "down_proj " : "", t ? "" : "none");
     return out;
+}
+
+/* Every pair of the adapter's settings cfg (rank_pattern / alpha_pattern) has the rank
+ * and the scaling of the model's: else the error names the first module that differs. */
+static int same_pairs(const ft_model *m, const ft_lora_config *cfg, const char *dir,
+                      ft_err *err)
+{
+    /* over the model's pairs (a tied head's pair, which PEFT's target_modules leave out:
+     * the embedding's) */
+    ft_lora_config c = *cfg;
+    c.targets = m->opt.lora.targets;
+    ft_lora_ranks k;
+    if (ft_lora_ranks_init(&k, &m->cfg, &c, m->lora_mask, ft_model_tied_lora(m), err))
+        return ft_fail_prefix(err, "%s/adapter_config.json", dir);
+    const ft_lora_ranks *w = &m->lora_rk;
+    char name[160] = "";
+    ft_lora_pair have = {0, 0}, want = {0, 0};
+    for (int l = 0; l < k.L && !name[0]; l++) {
+        for (int p = 0; p < FT_NPROJ && !name[0]; p++)
+            if (ft_lora_proj_pair(&k, l, p).r != ft_lora_proj_pair(w, l, p).r ||
+                ft_lora_proj_pair(&k, l, p).s != ft_lora_proj_pair(w, l, p).s) {
+                have = ft_lora_proj_pair(&k, l, p);
+                want = ft_lora_proj_pair(w, l, p);
+                snprintf(name, sizeof name, "layers.%d.%s", l,
+                         ft_layer_proj_path(&m->cfg, l, (ft_proj)p));
+            }
+        for (int j = 0; j < 3 && !name[0]; j++) {
+            ft_lora_pair a = j == 0 ? k.router[l] : k.experts[2 * l + j - 1];
+            ft_lora_pair b = j == 0 ? w->router[l] : w->experts[2 * l + j - 1];
+            if (a.r != b.r || a.s != b.s) {
+                have = a;
+                want = b;
+                snprintf(name, sizeof name, "layers.%d.mlp.%s", l,
+                         j == 0 ? "gate.weight" : j == 1 ? "experts.gate_up_proj"
+                                                         : "experts.down_proj");
+            }
+        }
+    }
+    for (int j = 0; j < 2 && !name[0]; j++) {
+        ft_lora_pair a = j == 0 ? k.embed : k.head, b = j == 0 ? w->embed : w->head;
+        if (a.r != b.r || a.s != b.s) {
+            have = a;
+            want = b;
+            snprintf(name, sizeof name, "%s", j == 0 ? "embed_tokens" : "lm_head");
+        }
+    }
+    ft_lora_ranks_free(&k);
+    if (name[0])
+        return ft_fail(err, "%s/adapter_config.json: the pair on %s has rank %d and scaling %g "
+                            "(r, lora_alpha, rank_pattern, alpha_pattern), the model's LoRA "
+                            "settings give it rank %d and scaling %g",
+                       dir, name, have.r, have.s, want.r, want.s);
+    return 0;
 }
 
 int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
@@ -209,11 +266,8 @@ int model_read_adapter(ft_model *m, const char *dir, int unit, ft_err *err)
                             "the model's LoRA settings (%s)",
                        dir, params_names(cfg.target_params, have_p, sizeof have_p),
                        params_names(want->target_params, want_p, sizeof want_p));
-    if ((cfg.target_params & FT_LORA_PARAM_GATE_UP) && cfg.gate_up_plain != want->gate_up_plain)
-        return ft_fail(err, "%s/adapter_config.json: gate_up_proj's rank is %s, the model's "
-                            "LoRA settings give it %s (rank_pattern / alpha_pattern "
-                            "{\".*\\\\.gate_up_proj\": ...} make it 2 r, as PEFT's w1 + w3)",
-                       dir, cfg.gate_up_plain ? "r" : "2 r", want->gate_up_plain ? "r" : "2 r");
+    if (same_pairs(m, &cfg, dir, err))
+        return -1;
     bool tied = m->cfg.tie_word_embeddings;
     if (tied && (want->targets & FT_LORA_OUTER) &&
         cfg.ensure_weight_tying != want->ensure_weight_tying)

@@ -43,12 +43,12 @@ void ft_dora_scratch_dims(const ft_model_config *c, unsigned lora_union, size_t 
 /* dora_g = m / ||W + s B A||_row, dora_inv = 1 / ||.|| of v's rows. */
 static void dora_factors(ft_model *m, const proj_view *v)
 {
-    int in = v->in, out = v->out, r = m->opt.lora.r;
+    int in = v->in, out = v->out, r = v->r;
     size_t nw = (size_t)out * in;
     ft_copy(A_(m->dora_w, nw), A_(v->w, nw), nw);
     /* dx[out, in] += s dy[out, r] @ w[r, in]  ==  W + s B A */
     ft_linear_backward(A_(m->dora_w, nw), ft_none(), ft_none(), A_(v->lora_b, (size_t)out * r),
-                       ft_none(), A_(v->lora_a, (size_t)r * in), out, in, r, m->lora_scaling);
+                       ft_none(), A_(v->lora_a, (size_t)r * in), out, in, r, v->s);
     ft_dora_norm(F_(m->dora_g, out), F_(m->dora_inv, out), A_(v->lora_m, out),
                  A_(m->dora_w, nw), out, in);
 }
@@ -56,7 +56,7 @@ static void dora_factors(ft_model *m, const proj_view *v)
 void dora_forward(ft_model *m, const proj_view *v, const float *x, const float *xd, float *y)
 {
     (void)x;
-    int N = m->B * m->T, in = v->in, out = v->out, r = m->opt.lora.r;
+    int N = m->B * m->T, in = v->in, out = v->out, r = v->r;
     size_t nx = (size_t)N * in, ny = (size_t)N * out;
     dora_factors(m, v);
     ft_tensor t = A_(m->dora_t, ny), g = F_(m->dora_g, out);
@@ -64,14 +64,14 @@ void dora_forward(ft_model *m, const proj_view *v, const float *x, const float *
     ft_col_scale(A_(y, ny), t, g, 1.0f, -1.0f, N, out, 1);
     ft_linear_forward(t, A_(v->lora_h, (size_t)N * r), A_(v->lora_b, (size_t)out * r), ft_none(),
                       N, r, out, 1.0f, 0);
-    ft_col_scale(A_(y, ny), t, g, m->lora_scaling, 0.0f, N, out, 1);
+    ft_col_scale(A_(y, ny), t, g, v->s, 0.0f, N, out, 1);
 }
 
 void dora_backward(ft_model *m, const proj_view *v, const float *x, const float *xd,
                    const float *dy, float *dx, float pd, uint64_t seed)
 {
-    int N = m->B * m->T, in = v->in, out = v->out, r = m->opt.lora.r;
-    float s = m->lora_scaling;
+    int N = m->B * m->T, in = v->in, out = v->out, r = v->r;
+    float s = v->s;
     size_t nx = (size_t)N * in, ny = (size_t)N * out, nh = (size_t)N * r;
     size_t nw = (size_t)out * in, nb = (size_t)out * r, na = (size_t)r * in;
     dora_factors(m, v);

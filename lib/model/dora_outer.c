@@ -58,12 +58,12 @@ void ft_dora_scratch_outer(const ft_model_config *c, unsigned outer, size_t N, s
  * transposing copy of PEFT's expert layout (ft_moe_lora_b_split with r = 1). */
 static void embed_factors(ft_model *m)
 {
-    int C = m->cfg.hidden_size, V = m->cfg.vocab_size, r = m->opt.lora.r;
+    int C = m->cfg.hidden_size, V = m->cfg.vocab_size, r = m->lora_rk.embed.r;
     size_t nw = (size_t)V * C;
     ft_moe_lora_b_split(A_(m->dora_w, nw), A_(m->embed, nw), V, 1, C);
     /* dx[C, V] += s dy[C, r] @ w[r, V]  ==  E^T + s B A */
     ft_linear_backward(A_(m->dora_w, nw), ft_none(), ft_none(), A_(m->elora_b, (size_t)C * r),
-                       ft_none(), A_(m->elora_a, (size_t)r * V), C, V, r, m->lora_scaling);
+                       ft_none(), A_(m->elora_a, (size_t)r * V), C, V, r, m->lora_rk.embed.s);
     ft_dora_norm(F_(m->dora_g, C), F_(m->dora_inv, C), A_(m->elora_m, C), A_(m->dora_w, nw), C,
                  V);
 }
@@ -79,9 +79,9 @@ void dora_embed_forward(ft_model *m, int N)
 
 void dora_embed_backward(ft_model *m, int N)
 {
-    int C = m->cfg.hidden_size, V = m->cfg.vocab_size, r = m->opt.lora.r;
+    int C = m->cfg.hidden_size, V = m->cfg.vocab_size, r = m->lora_rk.embed.r;
     size_t nh = (size_t)N * r, nC = (size_t)N * C, nb = (size_t)C * r;
-    float s = m->lora_scaling;
+    float s = m->lora_rk.embed.s;
     embed_factors(m);
     ft_tensor t = A_(m->dora_t, nC), d = A_(m->dora_d, nC), h = A_(m->lora_xh, nh);
     /* t = E[ids] + s A^T[ids] B^T: what g multiplies */
@@ -107,11 +107,11 @@ void dora_embed_backward(ft_model *m, int N)
 /* dora_g = m / ||W + s B A||_row, dora_inv = 1 / ||.|| ([V]). */
 static void head_factors(ft_model *m)
 {
-    int C = m->cfg.hidden_size, V = m->cfg.vocab_size, r = m->opt.lora.r;
+    int C = m->cfg.hidden_size, V = m->cfg.vocab_size, r = m->lora_rk.head.r;
     size_t nw = (size_t)V * C;
     ft_copy(A_(m->dora_w, nw), A_(m->lm_head, nw), nw);
     ft_linear_backward(A_(m->dora_w, nw), ft_none(), ft_none(), A_(m->hlora_b, (size_t)V * r),
-                       ft_none(), A_(m->hlora_a, (size_t)r * C), V, C, r, m->lora_scaling);
+                       ft_none(), A_(m->hlora_a, (size_t)r * C), V, C, r, m->lora_rk.head.s);
     ft_dora_norm(F_(m->dora_g, V), F_(m->dora_inv, V), A_(m->hlora_m, V), A_(m->dora_w, nw), V,
                  C);
 }
@@ -121,7 +121,7 @@ static void head_factors(ft_model *m)
 void dora_head_logits(ft_model *m, size_t r0, size_t rows, float alpha)
 {
     size_t C = (size_t)m->cfg.hidden_size, V = (size_t)m->cfg.vocab_size;
-    size_t r = (size_t)m->opt.lora.r, nl = rows * V;
+    size_t r = (size_t)m->lora_rk.head.r, nl = rows * V;
     const float *xd = m->opt.lora.dropout > 0 && !m->eval_mode ? m->x_drop : m->lnf;
     if (r0 == 0)
         head_factors(m);
@@ -131,7 +131,7 @@ void dora_head_logits(ft_model *m, size_t r0, size_t rows, float alpha)
     ft_tensor h = ft_slice(A_(m->lora_xh, (r0 + rows) * r), r0 * r, rows * r);
     ft_linear_forward(lg, xds, w, ft_none(), (int)rows, (int)C, (int)V, alpha, 0);
     ft_linear_forward(lg, h, A_(m->hlora_b, V * r), ft_none(), (int)rows, (int)r, (int)V,
-                      alpha * m->lora_scaling, 1);
+                      alpha * m->lora_rk.head.s, 1);
     ft_col_scale(lg, lg, F_(m->dora_g, V), 1.0f, 0.0f, (int)rows, (int)V, 0);
     if (xd == m->lnf)
         return;
@@ -146,8 +146,8 @@ void dora_head_backward(ft_model *m, size_t r0, size_t rows, float alpha, const 
                         uint64_t seed)
 {
     size_t C = (size_t)m->cfg.hidden_size, V = (size_t)m->cfg.vocab_size;
-    size_t r = (size_t)m->opt.lora.r, N = (size_t)m->B * m->T, nl = rows * V;
-    float s = m->lora_scaling;
+    size_t r = (size_t)m->lora_rk.head.r, N = (size_t)m->B * m->T, nl = rows * V;
+    float s = m->lora_rk.head.s;
     if (r0 == 0)
         head_factors(m);
     ft_tensor dl = A_(m->logits, nl), w = A_(m->lm_head, V * C), g = F_(m->dora_g, V);

@@ -129,15 +129,18 @@ static int embedding_dora_rescale(ft_model *m, ft_param *e, ft_err *err)
 
 /* LoRA on the embedding (PEFT's Embedding: its delta is (B A)^T): E[v, c] += s sum_j A[j, v]
  * B[c, j], summed in double. 1 when merged, 0 when the model has none. */
-static int merge_embedding(ft_model *m, float scaling, ft_err *err)
+static int merge_embedding(ft_model *m, const ft_lora_config *lc, ft_err *err)
 {
     const ft_model_config *c = ft_model_cfg(m);
-    char na[256], nb[256], ne[256];
+    char na[256], nb[256], ne[256], module[160];
     ft_model_outer_key(c, FT_LORA_EMBED, ".lora_embedding_A", na, sizeof na);
     ft_model_outer_key(c, FT_LORA_EMBED, ".lora_embedding_B", nb, sizeof nb);
     ft_model_outer_weight(c, FT_LORA_EMBED, ne, sizeof ne);
     ft_param *a = ft_model_find_param(m, na), *b = ft_model_find_param(m, nb);
     ft_param *e = ft_model_find_param(m, ne);
+    snprintf(module, sizeof module, "%sembed_tokens",
+             lc->module_prefix[0] ? lc->module_prefix : "model.");
+    float scaling = ft_lora_module_scaling(lc, module);
     if (!a || !b)
         return 0;
     int64_t r = a->shape[0], V = a->shape[1], C = b->shape[0];
@@ -160,7 +163,8 @@ static int merge_embedding(ft_model *m, float scaling, ft_err *err)
  * weight: R += s B A, as a linear layer's. The fused experts': expert e's checkpoint
  * weights (w1, w3 the rows [0, I), [I, 2I) of gate_up; w2 for down) gain s B_e A_e, with
  * A_e = A's rows [e R, (e+1) R) and B_e[o, j] = B[o, j E + e]. Summed in double; the
- * scalings: lora.h's ft_lora_param_scaling. */
+ * ranks and scalings: their parameters' under lc's patterns (ft_lora_module_scaling of
+ * <module_prefix>layers.N.mlp.gate.weight, ...mlp.experts.gate_up_proj, ...down_proj). */
 static int merge_moe(ft_model *m, const ft_lora_config *lc, ft_err *err)
 {
     const ft_model_config *c = ft_model_cfg(m);
@@ -178,11 +182,13 @@ static int merge_moe(ft_model *m, const ft_lora_config *lc, ft_err *err)
                      c->moe_name);
             ft_param *a = ft_model_find_param(m, na), *b = ft_model_find_param(m, nb);
             ft_param *w = ft_model_find_param(m, nw);
-            int r = lc->r;
+            char module[256];
+            snprintf(module, sizeof module, "%slayers.%d.mlp.gate.weight", c->module_prefix, l);
+            int r = ft_lora_module_rank(lc, module);
             if (!a || !b || !w || a->shape[0] != r || a->shape[1] != C || b->shape[0] != E ||
                 b->shape[1] != r || w->shape[0] != E || w->shape[1] != C)
                 return ft_fail(err, "the router's LoRA pair %s does not fit %s", na, nw);
-            double s = ft_lora_param_scaling(lc, FT_LORA_PARAM_ROUTER);
+            double s = ft_lora_module_scaling(lc, module);
             for (int o = 0; o < E; o++)
                 for (int i = 0; i < C; i++) {
                     double acc = 0.0;
@@ -203,11 +209,14 @@ static int merge_moe(ft_model *m, const ft_lora_config *lc, ft_err *err)
             snprintf(nb, sizeof nb, PEFT_PREFIX "%slayers.%d.mlp.experts%s.lora_B.weight",
                      c->module_prefix, l, nest);
             ft_param *a = ft_model_find_param(m, na), *b = ft_model_find_param(m, nb);
-            int R = ft_lora_param_rank(lc, bit), in = h == 0 ? C : I, out = h == 0 ? 2 * I : C;
+            char module[256];
+            snprintf(module, sizeof module, "%slayers.%d.mlp.experts.%s", c->module_prefix, l,
+                     h == 0 ? "gate_up_proj" : "down_proj");
+            int R = ft_lora_module_rank(lc, module), in = h == 0 ? C : I, out = h == 0 ? 2 * I : C;
             if (!a || !b || a->shape[0] != (int64_t)E * R || a->shape[1] != in ||
                 b->shape[0] != out || b->shape[1] != (int64_t)E * R)
                 return ft_fail(err, "the experts' LoRA pair %s does not fit layer %d", na, l);
-            double s = ft_lora_param_scaling(lc, bit);
+            double s = ft_lora_module_scaling(lc, module);
             for (int e = 0; e < E; e++)
                 for (int part = 0; part < (h == 0 ? 2 : 1); part++) {
                     char nw[256];
@@ -233,9 +242,9 @@ static int merge_moe(ft_model *m, const ft_lora_config *lc, ft_err *err)
     return 0;
 }
 
-int ft_merge_lora_weights(ft_model *m, float scaling, ft_err *err)
+int ft_merge_lora_weights(ft_model *m, const ft_lora_config *lc, ft_err *err)
 {
-    int pairs = merge_embedding(m, scaling, err);
+    int pairs = merge_embedding(m, lc, err);
     if (pairs < 0)
         return -1;
     for (size_t i = 0; i < ft_model_param_count(m); i++) {
@@ -251,6 +260,12 @@ int ft_merge_lora_weights(ft_model *m, float scaling, ft_err *err)
         if (find_pair(m, a, &w, &b, err))
             return -1;
         int64_t r = a->shape[0], in = a->shape[1], out = b->shape[0];
+        /* the module's path: the name between base_model.model. and .lora_A.weight */
+        char module[sizeof a->name];
+        size_t np = strlen(PEFT_PREFIX), ns = strlen(".lora_A.weight");
+        snprintf(module, sizeof module, "%.*s", (int)(strlen(a->name) - np - ns),
+                 a->name + np);
+        float scaling = ft_lora_module_scaling(lc, module);
         if (a->ndim != 2 || b->ndim != 2 || w->ndim != 2 || b->shape[1] != r ||
             w->shape[0] != out || w->shape[1] != in)
             return ft_fail(err, "LoRA pair of '%s': shapes A [%lld, %lld], B [%lld, %lld] do "
@@ -452,8 +467,8 @@ int ft_merge(const ft_merge_options *o, ft_err *err)
      * sets tie_word_embeddings false and save_pretrained writes both tensors */
     if (rc == 0 && ft_model_head_untied(m))
         json_object_set_new(cfg_json, "tie_word_embeddings", json_false());
-    if (rc == 0 && (merge_moe(m, &lc, err) ||
-                    ft_merge_lora_weights(m, ft_lora_scaling(&lc), err)))
+    if (rc == 0 && (merge_moe(m, ft_model_lora_config(m), err) ||
+                    ft_merge_lora_weights(m, ft_model_lora_config(m), err)))
         rc = ft_fail_prefix(err, "%s", o->adapter_dir);
     if (rc) {
         ft_model_free(m);

@@ -27,12 +27,13 @@ typedef struct ft_merge_options {
 } ft_merge_options;
 
 /* Folds the LoRA weights of m (loaded in LoRA mode) into its base weights:
- * W += scaling * B @ A for every pair, in place, using the parameter names (the pair of
- * base_model.model.<path>.lora_{A,B}.weight belongs to <path>.weight); with DoRA's
- * <path>.lora_magnitude_vector m beside them, each row is then scaled by m / its norm.
- * The pairs on a MoE's router and fused experts (mlp.gate, mlp.experts) are not folded
- * here: ft_merge folds them (with their own scaling, lora.h's target_params). */
-int ft_merge_lora_weights(ft_model *m, float scaling, ft_err *err);
+ * W += s * B @ A for every pair, in place, using the parameter names (the pair of
+ * base_model.model.<path>.lora_{A,B}.weight belongs to <path>.weight), s the scaling lc
+ * gives module <path> (lora.h's ft_lora_module_scaling: rank_pattern / alpha_pattern);
+ * with DoRA's <path>.lora_magnitude_vector m beside them, each row is then scaled by m /
+ * its norm. The pairs on a MoE's router and fused experts (mlp.gate, mlp.experts) are not
+ * folded here: ft_merge folds them (lora.h's target_params). */
+int ft_merge_lora_weights(ft_model *m, const ft_lora_config *lc, ft_err *err);
 
 /* base + adapter -> merged checkpoint in out_dir: model.safetensors (or shards plus
  * model.safetensors.index.json when larger than max_shard_bytes), every tensor in the

@@ -170,7 +170,8 @@ static int build_layout(layout *lo)
     unsigned saved = lora ? m->opt.lora.modules_to_save : 0;
     rc |= add_param(lo, 0, full || (saved & FT_SAVE_EMBED), false, &m->embed, &m->g_embed, 2,
                     V, C, "%smodel.embed_tokens.weight", cp);
-    int r = m->opt.lora.r;
+    const ft_lora_ranks *rk = &m->lora_rk;
+    int r = rk->embed.r;
     if (lora && (m->opt.lora.targets & FT_LORA_EMBED)) {
         rc |= add_param(lo, 0, true, true, &m->elora_a, &m->g_elora_a, 2, r, V,
                         "base_model.model.%sembed_tokens.lora_embedding_A", mp);
@@ -210,6 +211,7 @@ static int build_layout(layout *lo)
                 int in, out;
                 ft_layer_proj_dims(c, l, (ft_proj)p, &in, &out);
                 const char *path = ft_layer_proj_path(c, l, (ft_proj)p);
+                r = ft_lora_proj_pair(rk, l, p).r;
                 rc |= add_param(lo, l + 1, true, true, &w->lora_a[p], &w->g_lora_a[p], 2, r, in,
                                 "base_model.model.%slayers.%d.%s.lora_A.weight", mp, l, path);
                 rc |= add_param(lo, l + 1, true, true, &w->lora_b[p], &w->g_lora_b[p], 2, out, r,
@@ -221,6 +223,7 @@ static int build_layout(layout *lo)
             }
             /* PEFT's ParamWrapper on the router's weight (transformers 5: mlp.gate) */
             if (ft_layer_sparse(c, l) && (m->opt.lora.target_params & FT_LORA_PARAM_ROUTER)) {
+                r = rk->router[l].r;
                 rc |= add_param(lo, l + 1, true, true, &w->rlora_a, &w->g_rlora_a, 2, r, C,
                                 "base_model.model.%slayers.%d.mlp.gate.lora_A.weight", mp, l);
                 rc |= add_param(lo, l + 1, true, true, &w->rlora_b, &w->g_rlora_b, 2,
@@ -232,7 +235,7 @@ static int build_layout(layout *lo)
                 unsigned bit = h == 0 ? FT_LORA_PARAM_GATE_UP : FT_LORA_PARAM_DOWN;
                 if (!(m->opt.lora.target_params & bit))
                     continue;
-                int64_t R = ft_lora_param_rank(&m->opt.lora, bit), E = c->num_experts;
+                int64_t R = rk->experts[2 * l + h].r, E = c->num_experts;
                 int64_t in = h == 0 ? C : c->intermediate_size;
                 int64_t out = h == 0 ? 2 * (int64_t)c->intermediate_size : C;
                 const char *nest = h == 0 && (m->opt.lora.target_params & FT_LORA_PARAM_DOWN)
@@ -252,6 +255,7 @@ static int build_layout(layout *lo)
         rc |= add_param(lo, L + 1, full || (saved & FT_SAVE_HEAD), false, &m->lm_head,
                         &m->g_lm_head, 2, V, C, "%slm_head.weight", cp);
     if (lora && (m->opt.lora.targets & FT_LORA_HEAD)) {
+        r = rk->head.r;
         rc |= add_param(lo, L + 1, true, true, &m->hlora_a, &m->g_hlora_a, 2, r, C,
                         "base_model.model.lm_head.lora_A.weight");
         rc |= add_param(lo, L + 1, true, true, &m->hlora_b, &m->g_hlora_b, 2, V, r,
@@ -810,7 +814,9 @@ static int lora_layers(ft_model *m, ft_err *err)
         m->opt.lora.modules_to_save = ft_lora_saved_modules(lc, true);
         m->opt.lora.ensure_weight_tying = true;
     }
-    m->lora_scaling = ft_lora_scaling(lc);
+    if (ft_lora_ranks_init(&m->lora_rk, &m->cfg, lc, m->lora_mask,
+                           ft_model_tied_lora(m), err))
+        return -1;
     if (lc->dora)
         ft_dora_scratch_dims(&m->cfg, m->lora_union, &m->dora_out, &m->dora_w_n);
     if (lc->dora && outer) {
@@ -906,6 +912,11 @@ bool ft_model_head_untied(const ft_model *m)
 int64_t ft_model_checkpoint_vocab(const ft_model *m)
 {
     return m->base_vocab ? m->base_vocab : m->cfg.vocab_size;
+}
+
+const ft_lora_config *ft_model_lora_config(const ft_model *m)
+{
+    return &m->opt.lora;
 }
 
 int ft_model_load(ft_model **out, const char *dir, const ft_model_options *opt, ft_err *err)
@@ -1125,22 +1136,19 @@ static int alloc_layer_set(ft_model *m, layer_acts *a, size_t N, int l0, int l1)
             return -1;
     if (moe && !(a->offsets = malloc((E + 1) * sizeof *a->offsets)))
         return -1;
-    if (m->opt.mode == FT_TRAIN_LORA)
-        for (int p = 0; p < FT_NPROJ; p++)
-            if (m->lora_union & (1u << p))
-                if (!(a->lora_h[p] = ft_alloc_on(&m->mem, m->dev, FT_MEM_ACTIVATIONS,
-                                                 N * (size_t)m->opt.lora.r * e)))
-                    return -1;
-    if (m->opt.mode == FT_TRAIN_LORA && moe &&
-        (m->opt.lora.target_params & FT_LORA_PARAM_ROUTER) &&
-        !(a->rlora_h = ft_alloc_on(&m->mem, m->dev, FT_MEM_ACTIVATIONS,
-                                   N * (size_t)m->opt.lora.r * e)))
-        return -1;
-    for (int h = 0; h < 2 && m->opt.mode == FT_TRAIN_LORA && moe; h++) {
-        unsigned bit = h == 0 ? FT_LORA_PARAM_GATE_UP : FT_LORA_PARAM_DOWN;
-        if ((m->opt.lora.target_params & bit) &&
-            !(a->xlora_h[h] = ft_alloc_on(&m->mem, m->dev, FT_MEM_ACTIVATIONS,
-                                          M * (size_t)ft_lora_param_rank(&m->opt.lora, bit) * e)))
+    /* LoRA's h of each module, the router and the experts: [N, r] ([M, r]), r the largest
+     * rank of its pairs on the layers the set serves (none: no buffer) */
+    if (m->opt.mode != FT_TRAIN_LORA)
+        return 0;
+    const ft_lora_ranks *rk = &m->lora_rk;
+    for (int p = 0; p <= FT_LORA_RANK_DOWN; p++) {
+        size_t r = (size_t)ft_lora_ranks_max(rk, p, l0, l1);
+        float **h = p < FT_NPROJ                ? &a->lora_h[p]
+                    : p == FT_LORA_RANK_ROUTER  ? &a->rlora_h
+                    : p == FT_LORA_RANK_GATE_UP ? &a->xlora_h[0]
+                                                : &a->xlora_h[1];
+        size_t rows = p >= FT_LORA_RANK_GATE_UP ? M : N;
+        if (r && !(*h = ft_alloc_on(&m->mem, m->dev, FT_MEM_ACTIVATIONS, rows * r * e)))
             return -1;
     }
     return 0;
@@ -1210,6 +1218,8 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
     XW = WM > XW ? WM : XW;
     size_t xbs = 0, xdh = 0; /* LoRA on the experts */
     moe_experts_lora_dims(m, &xbs, &xdh);
+    /* lora_xh: the embedding's or the head's h */
+    int outer_r = m->lora_rk.embed.r > m->lora_rk.head.r ? m->lora_rk.embed.r : m->lora_rk.head.r;
     struct {
         float **p;
         size_t n;
@@ -1238,8 +1248,9 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
         {&m->d_moe, NS * K * C, train && moe, FT_MEM_WORKSPACE, false},
         {&m->d_rw, NS * K, train && moe, FT_MEM_WORKSPACE, true},
         {&m->d_rlogits, NS * (size_t)c->num_experts, train && moe, FT_MEM_WORKSPACE, false},
-        {&m->d_lora_h, NS * (size_t)(m->opt.lora.r > 0 ? m->opt.lora.r : 1),
-         m->opt.mode == FT_TRAIN_LORA, FT_MEM_WORKSPACE, false},
+        {&m->d_lora_h, NS * (size_t)ft_lora_ranks_max_dense(&m->lora_rk),
+         m->opt.mode == FT_TRAIN_LORA && ft_lora_ranks_max_dense(&m->lora_rk) > 0,
+         FT_MEM_WORKSPACE, false},
         {&m->x_drop, NS * XW,
          m->opt.mode == FT_TRAIN_LORA && m->opt.lora.dropout > 0, FT_MEM_WORKSPACE, false},
         {&m->dora_w, m->dora_w_n, dora, FT_MEM_WORKSPACE, false},
@@ -1247,7 +1258,7 @@ int model_reserve_activations(ft_model *m, int B, int T, ft_err *err)
         {&m->dora_inv, m->dora_out, dora, FT_MEM_WORKSPACE, true},
         {&m->dora_t, dora_t_elems(m, NS), dora, FT_MEM_WORKSPACE, false},
         {&m->dora_d, dora_t_elems(m, NS), dora, FT_MEM_WORKSPACE, false},
-        {&m->lora_xh, NS * (size_t)(m->opt.lora.r > 0 ? m->opt.lora.r : 1),
+        {&m->lora_xh, NS * (size_t)outer_r,
          m->opt.mode == FT_TRAIN_LORA && (m->opt.lora.targets & FT_LORA_OUTER),
          FT_MEM_WORKSPACE, false},
         {&m->xlora_bs, xbs, xbs > 0, FT_MEM_WORKSPACE, false},
@@ -1345,6 +1356,7 @@ void ft_model_free(ft_model *m)
     free(m->acts);
     free(m->inv_freq);
     free(m->lora_mask);
+    ft_lora_ranks_free(&m->lora_rk);
     free(m);
 }
 

@@ -458,6 +458,9 @@ bool ft_model_head_untied(const ft_model *m);
 /* The vocabulary of the checkpoint's config.json: below ft_model_cfg's vocab_size when the
  * model grew it (an adapter's resized vocabulary, tokens added by a run). */
 int64_t ft_model_checkpoint_vocab(const ft_model *m);
+/* The LoRA settings of a model loaded in LoRA mode as in force: a MoE's target names
+ * resolved (ft_lora_resolve_moe, its patterns added), the decoder's module_prefix set. */
+const ft_lora_config *ft_model_lora_config(const ft_model *m);
 /* Dequantizes the quantized weights of unit (a layer) into the model's window and points
  * their params at it (valid until another unit is materialized); a no-op for units
  * without quantized weights. The window (one layer's quantized weights in the compute

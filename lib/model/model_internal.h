@@ -3,6 +3,7 @@
 #ifndef FT_MODEL_INTERNAL_H
 #define FT_MODEL_INTERNAL_H
 
+#include "model/lora_ranks.h"
 #include "model/model.h"
 #include "ops.h"
 
@@ -60,7 +61,8 @@ typedef struct layer_acts {
     float *act;           /* [N, W] silu(gate) * up */
     float *mo;            /* [N, C] down_proj output before the MLP post-norm */
     float *rstd_mo;       /* [N] */
-    float *lora_h[FT_NPROJ]; /* [N, r] dropout(x) A^T of each LoRA target module */
+    float *lora_h[FT_NPROJ]; /* [N, r] dropout(x) A^T of each LoRA target module (r: the
+                              * largest rank of the module over the layers the set serves) */
     /* MoE (moe.c; instead of gate, up, act), M = N k grouped (row, expert) pairs: */
     float *rlogits;       /* [N, E] router logits */
     float *probs;         /* [N, E] fp32 softmax */
@@ -101,8 +103,8 @@ struct ft_model {
     ft_model_options opt;
     ft_device dev;        /* opt.device */
     ft_dtype cdt;         /* opt.dtype: the compute dtype of weights and activations */
-    float lora_scaling;
     unsigned *lora_mask;  /* [L]: projections of each layer with a LoRA pair */
+    ft_lora_ranks lora_rk; /* each pair's rank and scaling (rank_pattern / alpha_pattern) */
     unsigned lora_union;  /* OR of lora_mask */
     ft_mem mem;
 
@@ -207,7 +209,8 @@ struct ft_model {
                                   * (allocated only when the block has one) */
     float *d_att, *d_q, *d_k, *d_v; /* [N, Hq*D], [N, Hkv*D] */
     float *d_act, *d_gate, *d_up;   /* [N, I] */
-    float *d_lora_h;             /* [N, r] */
+    float *d_lora_h;             /* [N, r]: r the largest rank but the experts'
+                                  * (ft_lora_ranks_max_dense) */
     float *x_drop;               /* [N, max(C, I, Hq*D)]: dropout(x) for LoRA */
     /* DoRA (lib/model/dora.c): W + s B A of one projection, its row factors, and two
      * [N, out] temporaries; sized by ft_dora_scratch_dims */
@@ -216,7 +219,7 @@ struct ft_model {
     float *dora_g, *dora_inv;    /* [dora_out] fp32: m / ||.||, 1 / ||.|| */
     float *dora_t, *dora_d;      /* [N, dora_out], compute dtype */
     /* [N, r]: the embedding's A^T[ids], or the head's dropout(lnf) A^T (recomputed in the
-     * backward, not kept); with LoRA on the embedding or the head */
+     * backward, not kept); with LoRA on the embedding or the head (r: the larger rank) */
     float *lora_xh;
     /* LoRA on the experts (moe_lora.c): one pair's B split expert-major [E, out, R]
      * (compute dtype), its gradient so (fp32), and dh [M, 2r] */
@@ -343,6 +346,8 @@ typedef struct proj_view {
     ft_proj mod;      /* the module carrying the weights (p when not fused) */
     bool first_block; /* the module's first block: the forward computes h here */
     int in, out;      /* p's features */
+    int r;            /* the module's LoRA rank (0: no pair) */
+    float s;          /* and scaling */
     float *w, *b, *lora_a, *lora_b, *lora_m, *lora_h; /* compute dtype */
     float *gw, *gb, *g_lora_a, *g_lora_b, *g_lora_m;  /* fp32, NULL when frozen */
 } proj_view;

@@ -127,8 +127,12 @@ static proj_view proj_view_of(ft_model *m, int l, ft_proj p)
 {
     const layer_weights *w = &m->layers[l];
     proj_view v;
-    int row0, r = m->opt.lora.r;
+    int row0;
     v.mod = ft_proj_module(&m->cfg, p, &row0);
+    ft_lora_pair pair = ft_lora_proj_pair(&m->lora_rk, l, v.mod);
+    int r = pair.r;
+    v.r = r;
+    v.s = pair.s;
     v.first_block = row0 == 0;
     ft_layer_proj_dims(&m->cfg, l, p, &v.in, &v.out);
     size_t wo = (size_t)row0 * v.in, bo = (size_t)row0, lo = (size_t)row0 * r;
@@ -172,7 +176,7 @@ static const float *lora_input(ft_model *m, int l, ft_proj p, const float *x, si
  * needs. */
 static void lora_h_forward(ft_model *m, int l, const proj_view *v, const float *x)
 {
-    int N = m->B * m->T, in = v->in, r = m->opt.lora.r;
+    int N = m->B * m->T, in = v->in, r = v->r;
     const float *xd = lora_input(m, l, v->mod, x, (size_t)N * in);
     ft_linear_forward(A_(v->lora_h, (size_t)N * r), A_(xd, (size_t)N * in),
                       A_(v->lora_a, (size_t)r * in), ft_none(), N, in, r, 1.0f, 0);
@@ -187,7 +191,7 @@ static void proj_forward(ft_model *m, int l, ft_proj p, const float *x, float *y
                       A_(v.w, (size_t)out * in), OPTA_(v.b, out), N, in, out, 1.0f, 0);
     if (!v.lora_a || m->adapter_off)
         return;
-    int r = m->opt.lora.r;
+    int r = v.r;
     if (v.first_block) /* a fused module's later blocks reuse its h */
         lora_h_forward(m, l, &v, x);
     if (v.lora_m) {
@@ -195,7 +199,7 @@ static void proj_forward(ft_model *m, int l, ft_proj p, const float *x, float *y
         return;
     }
     ft_linear_forward(A_(y, (size_t)N * out), A_(v.lora_h, (size_t)N * r),
-                      A_(v.lora_b, (size_t)out * r), ft_none(), N, r, out, m->lora_scaling, 1);
+                      A_(v.lora_b, (size_t)out * r), ft_none(), N, r, out, v.s, 1);
 }
 
 /* dx += dy W (+ the LoRA path); dW, db, dA, dB accumulate where trainable. */
@@ -215,8 +219,8 @@ static void proj_backward(ft_model *m, int l, ft_proj p, const float *x, const f
                       lora_dropout_seed(m, l, v.mod));
         return;
     }
-    int r = m->opt.lora.r;
-    float s = m->lora_scaling;
+    int r = v.r;
+    float s = v.s;
     size_t nh = (size_t)N * r;
     /* y_lora = s * h B^T with h = xd A^T: dB += s dy^T h; dh = s dy B; dA += dh^T xd;
      * dxd = dh A, and dx += dropout'(dxd). */
@@ -598,7 +602,7 @@ static const float *head_lora_input(ft_model *m, size_t n)
 /* lora_xh = dropout(lnf) A^T for the head's pair (forward, and again in backward). */
 static void head_lora_h(ft_model *m, int N)
 {
-    int C = m->cfg.hidden_size, r = m->opt.lora.r;
+    int C = m->cfg.hidden_size, r = m->lora_rk.head.r;
     size_t nC = (size_t)N * C;
     ft_linear_forward(A_(m->lora_xh, (size_t)N * r), A_(head_lora_input(m, nC), nC),
                       A_(m->hlora_a, (size_t)r * C), ft_none(), N, C, r, 1.0f, 0);
@@ -608,7 +612,7 @@ static void head_lora_h(ft_model *m, int N)
  * d_ln += dropout'(d_lora_h A). */
 static void head_lora_backward(ft_model *m, int N)
 {
-    int C = m->cfg.hidden_size, r = m->opt.lora.r;
+    int C = m->cfg.hidden_size, r = m->lora_rk.head.r;
     size_t nC = (size_t)N * C, nh = (size_t)N * r, na = (size_t)r * C;
     float pd = m->eval_mode ? 0.0f : m->opt.lora.dropout;
     const float *xd = head_lora_input(m, nC);
@@ -628,29 +632,29 @@ static void head_lora_backward(ft_model *m, int N)
 /* LoRA on the embedding (PEFT's Embedding layer, no dropout): h0 += s A^T[ids] B^T. */
 static void embed_lora_forward(ft_model *m, int N)
 {
-    int C = m->cfg.hidden_size, V = m->cfg.vocab_size, r = m->opt.lora.r;
+    int C = m->cfg.hidden_size, V = m->cfg.vocab_size, r = m->lora_rk.embed.r;
     size_t nh = (size_t)N * r;
     ft_embedding_t_forward(A_(m->lora_xh, nh), I_(m->ids, N), A_(m->elora_a, (size_t)r * V), N,
                            V, r);
     ft_linear_forward(A_(m->acts[0].in, (size_t)N * C), A_(m->lora_xh, nh),
-                      A_(m->elora_b, (size_t)C * r), ft_none(), N, r, C, m->lora_scaling, 1);
+                      A_(m->elora_b, (size_t)C * r), ft_none(), N, r, C, m->lora_rk.embed.s, 1);
 }
 
 /* d_h holds d h0 (the embedding scale applied): dB += s dh0^T H, dH = s dh0 B,
  * dA[:, ids[n]] += dH[n]. */
 static void embed_lora_backward(ft_model *m, int N)
 {
-    int C = m->cfg.hidden_size, V = m->cfg.vocab_size, r = m->opt.lora.r;
+    int C = m->cfg.hidden_size, V = m->cfg.vocab_size, r = m->lora_rk.embed.r;
     size_t nh = (size_t)N * r, nC = (size_t)N * C, nb = (size_t)C * r;
     ft_embedding_t_forward(A_(m->lora_xh, nh), I_(m->ids, N), A_(m->elora_a, (size_t)r * V), N,
                            V, r);
     ft_linear_backward(ft_none(), OPTF_(m->g_elora_b, nb), ft_none(), A_(m->d_h, nC),
-                       A_(m->lora_xh, nh), A_(m->elora_b, nb), N, r, C, m->lora_scaling);
+                       A_(m->lora_xh, nh), A_(m->elora_b, nb), N, r, C, m->lora_rk.embed.s);
     if (!m->g_elora_a)
         return;
     ft_zero(A_(m->d_lora_h, nh), nh);
     ft_linear_backward(A_(m->d_lora_h, nh), ft_none(), ft_none(), A_(m->d_h, nC),
-                       A_(m->lora_xh, nh), A_(m->elora_b, nb), N, r, C, m->lora_scaling);
+                       A_(m->lora_xh, nh), A_(m->elora_b, nb), N, r, C, m->lora_rk.embed.s);
     ft_embedding_t_backward(F_(m->g_elora_a, (size_t)r * V), A_(m->d_lora_h, nh),
                             I_(m->ids, N), N, V, r, m->cfg.embed_padding_idx);
 }
@@ -674,11 +678,11 @@ static void head_logits(ft_model *m, size_t r0, size_t rows)
         ft_linear_forward(A_(m->logits, rows * V), x, A_(m->lm_head, V * C), ft_none(),
                           (int)rows, (int)C, (int)V, head_alpha(m), 0);
     if (head_lora_on(m) && !m->opt.lora.dora) { /* + s (xd A^T) B^T, xd A^T in lora_xh */
-        size_t r = (size_t)m->opt.lora.r;
+        size_t r = (size_t)m->lora_rk.head.r;
         ft_linear_forward(A_(m->logits, rows * V),
                           ft_slice(A_(m->lora_xh, (r0 + rows) * r), r0 * r, rows * r),
                           A_(m->hlora_b, V * r), ft_none(), (int)rows, (int)r, (int)V,
-                          m->lora_scaling * head_alpha(m), 1);
+                          m->lora_rk.head.s * head_alpha(m), 1);
     }
     if (m->cfg.final_softcap > 0.0f)
         ft_softcap(A_(m->logits, rows * V), m->cfg.final_softcap, rows * V);
@@ -824,7 +828,7 @@ int ft_model_backward(ft_model *m, float grad_scale, ft_err *err)
         if (acquire_head(m, FT_UNIT_BACKWARD, err))
             return -1;
         ft_zero(A_(m->d_ln, nC), nC);
-        size_t r = (size_t)m->opt.lora.r;
+        size_t r = (size_t)m->lora_rk.head.r;
         if (model_head_lora(m)) {
             head_lora_h(m, N);
             ft_zero(A_(m->d_lora_h, (size_t)N * r), (size_t)N * r);
@@ -854,7 +858,7 @@ int ft_model_backward(ft_model *m, float grad_scale, ft_err *err)
                                A_(m->lm_head, (size_t)V * C), (int)rows, C, V, head_alpha(m));
             if (model_head_lora(m)) { /* dB += s a dlogits^T h; d_lora_h += s a dlogits B */
                 ft_tensor h = ft_slice(A_(m->lora_xh, (size_t)N * r), r0 * r, rows * r);
-                float sa = m->lora_scaling * head_alpha(m);
+                float sa = m->lora_rk.head.s * head_alpha(m);
                 ft_linear_backward(ft_slice(A_(m->d_lora_h, (size_t)N * r), r0 * r, rows * r),
                                    OPTF_(m->g_hlora_b, (size_t)V * r), ft_none(), dlogits, h,
                                    A_(m->hlora_b, (size_t)V * r), (int)rows, (int)r, V, sa);

@@ -3,14 +3,17 @@
  *
  *   logits = x (R + s B A)^T = x R^T + s (x A^T) B^T,   A [r, C], B [E, r], s = alpha / r
  *
+ * (r and alpha the layer's router's: lib/model/lora_ranks.h)
+ *
  * with no dropout (PEFT refuses it on a parameter). h = x A^T [N, r] is kept for the
  * backward:  dB += s dlogits^T h;  dh = s dlogits B;  dA += dh^T x;  dx += dh A.
  *
  * LoRA on the fused experts (gate_up_proj [E, 2I, C], down_proj [E, C, I]) likewise adds
  * to expert e's weight W_e + s B_e A_e, with PEFT's ParamWrapper layout (lora.h's
  * target_params): A [E R, in] whose rows [e R, (e+1) R) are A_e, B [out, R E] whose
- * column j E + e is B_e's column j (R = 2r for gate_up, whose alpha is 2 alpha too; r for
- * down). Per expert, on its contiguous block of grouped rows X_e [n, in]:
+ * column j E + e is B_e's column j (R the pair's rank: 2r for gate_up from PEFT's w1 + w3,
+ * whose alpha is 2 alpha too; r for down; or as rank_pattern / alpha_pattern give them,
+ * per layer). Per expert, on its contiguous block of grouped rows X_e [n, in]:
  *   Y_e += s (X_e A_e^T) B_e^T,  h_e = X_e A_e^T kept per row ([M, R]);
  *   dB_e += s dY_e^T h_e;  dh = s dY_e B_e;  dA_e += dh^T X_e;  dX_e += dh A_e.
  * B is split expert-major first (ft_moe_lora_b_split) so each B_e is one contiguous
@@ -33,12 +36,14 @@ void moe_router_lora_forward(ft_model *m, int l, const float *x, float *rlogits)
     const layer_acts *a = &m->acts[l];
     if (!w->rlora_a || m->adapter_off)
         return;
-    int N = m->B * m->T, C = m->cfg.hidden_size, E = m->cfg.num_experts, r = m->opt.lora.r;
+    int N = m->B * m->T, C = m->cfg.hidden_size, E = m->cfg.num_experts;
+    int r = m->lora_rk.router[l].r;
     size_t nh = (size_t)N * r;
     ft_linear_forward(A_(a->rlora_h, nh), A_(x, (size_t)N * C), A_(w->rlora_a, (size_t)r * C),
                       ft_none(), N, C, r, 1.0f, 0);
     ft_linear_forward(A_(rlogits, (size_t)N * E), A_(a->rlora_h, nh),
-                      A_(w->rlora_b, (size_t)E * r), ft_none(), N, r, E, m->lora_scaling, 1);
+                      A_(w->rlora_b, (size_t)E * r), ft_none(), N, r, E,
+                      m->lora_rk.router[l].s, 1);
 }
 
 void moe_router_lora_backward(ft_model *m, int l, const float *x, const float *d_rlogits,
@@ -48,9 +53,10 @@ void moe_router_lora_backward(ft_model *m, int l, const float *x, const float *d
     const layer_acts *a = &m->acts[l];
     if (!w->rlora_a)
         return;
-    int N = m->B * m->T, C = m->cfg.hidden_size, E = m->cfg.num_experts, r = m->opt.lora.r;
+    int N = m->B * m->T, C = m->cfg.hidden_size, E = m->cfg.num_experts;
+    int r = m->lora_rk.router[l].r;
     size_t nh = (size_t)N * r, nx = (size_t)N * C, nd = (size_t)N * E;
-    float s = m->lora_scaling;
+    float s = m->lora_rk.router[l].s;
     ft_linear_backward(ft_none(), F_(w->g_rlora_b, (size_t)E * r), ft_none(), A_(d_rlogits, nd),
                        A_(a->rlora_h, nh), A_(w->rlora_b, (size_t)E * r), N, r, E, s);
     ft_zero(A_(m->d_lora_h, nh), nh);
@@ -64,23 +70,15 @@ void moe_router_lora_backward(ft_model *m, int l, const float *x, const float *d
 void moe_experts_lora_dims(const ft_model *m, size_t *bs, size_t *dh_per_row)
 {
     const ft_model_config *c = &m->cfg;
-    const ft_lora_config *lc = &m->opt.lora;
     *bs = *dh_per_row = 0;
     if (m->opt.mode != FT_TRAIN_LORA || c->num_experts == 0)
         return;
     size_t E = (size_t)c->num_experts, C = c->hidden_size, I = c->intermediate_size;
-    if (lc->target_params & FT_LORA_PARAM_GATE_UP) {
-        size_t R = (size_t)ft_lora_param_rank(lc, FT_LORA_PARAM_GATE_UP);
-        *bs = E * 2 * I * R;
-        *dh_per_row = R;
-    }
-    if (lc->target_params & FT_LORA_PARAM_DOWN) {
-        size_t R = (size_t)ft_lora_param_rank(lc, FT_LORA_PARAM_DOWN);
-        if (E * C * R > *bs)
-            *bs = E * C * R;
-        if (R > *dh_per_row)
-            *dh_per_row = R;
-    }
+    /* the largest ranks over the layers (rank_pattern may give each its own) */
+    size_t Rg = (size_t)ft_lora_ranks_max(&m->lora_rk, FT_LORA_RANK_GATE_UP, 0, c->num_layers);
+    size_t Rd = (size_t)ft_lora_ranks_max(&m->lora_rk, FT_LORA_RANK_DOWN, 0, c->num_layers);
+    *bs = E * 2 * I * Rg > E * C * Rd ? E * 2 * I * Rg : E * C * Rd;
+    *dh_per_row = Rg > Rd ? Rg : Rd;
 }
 
 /* One expert pair's shapes: h 0 gate_up (in C, out 2I), 1 down (in I, out C). */
@@ -99,9 +97,9 @@ static bool xpair_of(ft_model *m, int l, unsigned bit, xpair *p)
         return false;
     p->in = p->h == 0 ? c->hidden_size : c->intermediate_size;
     p->out = p->h == 0 ? 2 * c->intermediate_size : c->hidden_size;
-    p->R = ft_lora_param_rank(&m->opt.lora, bit);
+    p->R = m->lora_rk.experts[2 * l + p->h].r;
     p->E = c->num_experts;
-    p->s = ft_lora_param_scaling(&m->opt.lora, bit);
+    p->s = m->lora_rk.experts[2 * l + p->h].s;
     p->a = w->xlora_a[p->h];
     p->b = w->xlora_b[p->h];
     p->ga = w->g_xlora_a[p->h];

@@ -76,6 +76,11 @@ static int check_tuning(const ft_tuning_section *tu, ft_err *err)
     ft_lora_config params = {0};
     if (ft_lora_target_parameters_parse(tu->lora.target_parameters, &params, err))
         return ft_fail_prefix(err, "config: key 'tuning.lora.target_parameters'");
+    if (ft_lora_patterns_parse(tu->lora.rank_pattern, true, "tuning.lora.rank_pattern",
+                               &params.rank_pattern, err) ||
+        ft_lora_patterns_parse(tu->lora.alpha_pattern, false, "tuning.lora.alpha_pattern",
+                               &params.alpha_pattern, err))
+        return ft_fail_prefix(err, "config");
     if (tu->mode == FT_TUNING_QLORA && (tu->quant.blocksize & (tu->quant.blocksize - 1)))
         return ft_fail(err, "config: key 'tuning.quant.blocksize': %ld is not a power of two "
                             "(32, 64, ..., 4096)",

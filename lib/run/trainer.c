@@ -209,6 +209,11 @@ static int setup_model(trainer *t, const ft_dist_options *dopt, ft_err *err)
             return ft_fail_prefix(err, "config: key 'tuning.lora.target_modules'");
         if (ft_lora_target_parameters_parse(tu->lora.target_parameters, &mo.lora, err))
             return ft_fail_prefix(err, "config: key 'tuning.lora.target_parameters'");
+        if (ft_lora_patterns_parse(tu->lora.rank_pattern, true, "tuning.lora.rank_pattern",
+                                   &mo.lora.rank_pattern, err) ||
+            ft_lora_patterns_parse(tu->lora.alpha_pattern, false, "tuning.lora.alpha_pattern",
+                                   &mo.lora.alpha_pattern, err))
+            return ft_fail_prefix(err, "config");
         if (ft_lora_modules_to_save_parse(tu->lora.modules_to_save, &mo.lora.modules_to_save,
                                           err))
             return ft_fail_prefix(err, "config: key 'tuning.lora.modules_to_save'");

@@ -83,6 +83,46 @@ LORA_VARIANTS = {
     # per-module overrides: honour or reject
     "patterns": dict(target_modules=["q_proj", "v_proj", "down_proj"],
                      rank_pattern={"v_proj": 2}, alpha_pattern={"q_proj": 16}),
+    # rank_pattern / alpha_pattern (test_lora_patterns.py): per layer and per module, the
+    # first matching key (in the file's order, which PEFT writes sorted) winning over a
+    # later one, a regex key; rsLoRA; DoRA; the embedding and the head (tied: one pair, of
+    # the embedding's rank, the head's scaling its own keys' alpha / r, as PEFT has it);
+    # Phi-3's fused modules. (*_no_k / *_no_qkv: for
+    # the training runs, as test_train.py explains.)
+    "pat_layers": dict(target_modules=list(ftref.SEVEN),
+                       rank_pattern={"model.layers.0.self_attn.q_proj": 2, "q_proj": 6,
+                                     "layers.1.mlp.down_proj": 3,
+                                     r"model\.layers\.0\.mlp\.(gate|up)_proj": 5},
+                       alpha_pattern={"v_proj": 3, "model.layers.1.self_attn.q_proj": 12,
+                                      "k_proj": 20}),
+    "pat_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                     "down_proj"],
+                     rank_pattern={"model.layers.0.self_attn.q_proj": 2, "q_proj": 6,
+                                   "layers.1.mlp.down_proj": 3, r"model\.layers\.0\.mlp\..*": 5},
+                     alpha_pattern={"v_proj": 3, "model.layers.1.self_attn.q_proj": 12}),
+    "pat_rslora": dict(target_modules=["q_proj", "v_proj", "o_proj", "up_proj"],
+                       use_rslora=True, rank_pattern={"layers.1.self_attn.v_proj": 7, "o_proj": 1},
+                       alpha_pattern={"up_proj": 3}),
+    "pat_dora": dict(target_modules=["q_proj", "v_proj", "o_proj"], use_dora=True,
+                     rank_pattern={"layers.0.self_attn.v_proj": 6}, alpha_pattern={"o_proj": 3}),
+    "pat_outer": dict(target_modules=["q_proj", "v_proj", "embed_tokens", "lm_head"],
+                      rank_pattern={"embed_tokens": 6, "lm_head": 2,
+                                    "layers.1.self_attn.q_proj": 3},
+                      alpha_pattern={"lm_head": 5, "embed_tokens": 3}),
+    "pat_outer_no_k": dict(target_modules=["q_proj", "v_proj", "o_proj", "down_proj",
+                                           "embed_tokens", "lm_head"],
+                           rank_pattern={"embed_tokens": 6, "lm_head": 2, "o_proj": 3},
+                           alpha_pattern={"lm_head": 5, "embed_tokens": 3}),
+    "pat_outer_tie": dict(target_modules=["q_proj", "v_proj", "embed_tokens", "lm_head"],
+                          ensure_weight_tying=True,
+                          rank_pattern={"embed_tokens": 6, "lm_head": 2, "v_proj": 2},
+                          alpha_pattern={"lm_head": 3}),
+    "pat_phi": dict(target_modules=list(ftref.PHI3_FOUR),
+                    rank_pattern={"qkv_proj": 6, "layers.1.mlp.gate_up_proj": 2},
+                    alpha_pattern={"model.layers.0.self_attn.o_proj": 2}),
+    "pat_phi_no_qkv": dict(target_modules=["o_proj", "gate_up_proj", "down_proj"],
+                           rank_pattern={"layers.1.mlp.gate_up_proj": 2, "o_proj": 7},
+                           alpha_pattern={"model.layers.0.mlp.down_proj": 2}),
     "dora": dict(target_modules=["q_proj", "v_proj"], use_dora=True),
     # DoRA on every linear layer of the block; with rsLoRA; without k_proj / qkv_proj for
     # training runs (see test_train.py)

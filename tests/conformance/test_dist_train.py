@@ -261,6 +261,34 @@ def test_outer_lora_under_strategies(work, strategy):
             "base_model.model.lm_head.lora_B.weight"} <= set(w)
 
 
+# rank_pattern / alpha_pattern: pairs of other shapes per layer and module (the units'
+# sizes differ: layer 0's q_proj rank 2, layer 1's down_proj 7, the head's 5)
+PATTERNS = dict(tuning__lora__target_modules="q_proj,v_proj,down_proj,embed_tokens,lm_head",
+                tuning__lora__rank_pattern=json.dumps({"model.layers.0.self_attn.q_proj": 2,
+                                                       "layers.1.mlp.down_proj": 7,
+                                                       "lm_head": 5, "embed_tokens": 3}),
+                tuning__lora__alpha_pattern=json.dumps({"v_proj": 3, "lm_head": 12}))
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "zero3", "fsdp",
+                                      "model_parallel"])
+def test_rank_patterns_under_strategies(work, strategy):
+    """Each pair its own rank and scaling (rank_pattern / alpha_pattern): every strategy
+    equals one process, and the saved pairs have their ranks."""
+    dp = strategy != "model_parallel"
+    ref = work / "runs" / f"pat_ref_{'dp' if dp else 'mp'}"
+    if not ref.exists():
+        run(write_config(work, ref.name, **(dict(train__batch_size=8) if dp else {}),
+                         **PATTERNS))
+    name = f"np2_pat_{strategy}"
+    run(write_config(work, name, dist__strategy=strategy, **PATTERNS), 2)
+    assert_same_run(ref, work / "runs" / name, w_atol=5e-4)
+    w = weights(work / "runs" / name)
+    assert w["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"].shape[0] == 2
+    assert w["base_model.model.model.layers.1.mlp.down_proj.lora_A.weight"].shape[0] == 7
+    assert w["base_model.model.lm_head.lora_B.weight"].shape[1] == 5
+
+
 def _same_as_one_process(work, tag, model, strategy, extra):
     """A 2-rank run under strategy equals one process (data parallel: batch 8 on one rank;
     model parallel: the same batch); returns the run's saved adapter."""

@@ -167,11 +167,17 @@ def test_loss_text_format(ft_eval, env, tmp_path):
 ADAPTERS = [(["q_proj", "v_proj"], {}), (list(ftref.SEVEN), {}),
             (list(ftref.SEVEN), dict(use_dora=True)),
             (["q_proj"], dict(modules_to_save=["embed_tokens", "lm_head"])),
-            (["q_proj", "embed_tokens", "lm_head"], {})]
+            (["q_proj", "embed_tokens", "lm_head"], {}),
+            # rank_pattern / alpha_pattern: each pair its rank and scaling
+            (list(ftref.SEVEN) + ["lm_head"],
+             dict(rank_pattern={"model.layers.0.self_attn.q_proj": 2, "q_proj": 6,
+                                "lm_head": 3, "layers.1.mlp.down_proj": 5},
+                  alpha_pattern={"v_proj": 3, "lm_head": 20}))]
 
 
 @pytest.mark.parametrize("targets,extra", ADAPTERS,
-                         ids=["qv", "seven", "dora", "modules_to_save", "embed_head"])
+                         ids=["qv", "seven", "dora", "modules_to_save", "embed_head",
+                              "patterns"])
 def test_loss_with_adapter(ft_eval, env, tmp_path, targets, extra):
     d, tok, _ = env
     adapter = ftref.build_adapter(d, tmp_path / "adapter", target_modules=targets, seed=3,

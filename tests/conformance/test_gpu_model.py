@@ -43,7 +43,9 @@ CASES = [("llama_gqa", "all7"), ("qwen2", "qv"), ("llama_mqa_odd", "all7"), ("ti
          # (the embedding's column norms through a transposing copy, the head's rows);
          # modules_to_save untying a tied model (no ensure_weight_tying)
          ("tied", "outer"), ("llama_gqa", "dora_outer"), ("gemma", "dora_outer"),
-         ("tied", "mts_head_all"), ("tied", "outer_tie")]
+         ("tied", "mts_head_all"), ("tied", "outer_tie"),
+         # rank_pattern / alpha_pattern: each pair its own rank and scaling
+         ("llama_gqa", "pat_outer"), ("llama_gqa", "pat_dora")]
 
 BF16_TOL_LOGITS = 2e-2
 BF16_TOL_LOSS = 1e-2
@@ -387,7 +389,9 @@ def test_gpu_resized_vocab(store, ft, tmp_path, model_name, variant, dtype):
 # (the seeds: the well-conditioned draws test_reference.py checks)
 TRAIN_KINDS = [("tied", "outer_tie_no_k", 1), ("gemma", "dora_outer_no_k", 2),
                ("tied", "dora_outer_tie_no_k", 1),
-               ("tied", "mts_both_no_k", 3)]
+               ("tied", "mts_both_no_k", 3),
+               # pairs of their own ranks (rank_pattern), the tied pair's head scaling its own
+               ("tied", "pat_outer_tie", 1)]
 
 
 @pytest.mark.parametrize("model_name,variant,seed", TRAIN_KINDS,

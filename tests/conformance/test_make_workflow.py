@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parents[2]
 FT_TRAIN = os.environ.get("FT_TRAIN") or str(REPO / "bin" / "ft-train")
@@ -126,6 +127,21 @@ def test_make_lora_init(tmp_path):
     c = json.loads((out / "adapter_config.json").read_text())
     assert c["r"] == 4 and sorted(c["target_modules"]) == ["q_proj", "v_proj"]
     assert (out / "adapter_model.safetensors").is_file()
+
+
+def test_make_lora_init_patterns(tmp_path):
+    """The config's rank_pattern / alpha_pattern reach ft-lora-init (a JSON map, quoted)."""
+    out = tmp_path / "init"
+    r = make("lora-init", f"OUT={out}", "TUNING_LORA_R=4", "TUNING_LORA_TARGET_MODULES=q_proj,v_proj",
+             'TUNING_LORA_RANK_PATTERN={"layers.0.self_attn.q_proj": 2, "v_proj": 6}',
+             'TUNING_LORA_ALPHA_PATTERN={"q_proj": 3}')
+    assert r.returncode == 0, r.stderr
+    c = json.loads((out / "adapter_config.json").read_text())
+    assert list(c["rank_pattern"].items()) == [("layers.0.self_attn.q_proj", 2), ("v_proj", 6)]
+    assert c["alpha_pattern"] == {"q_proj": 3}
+    shapes = load_file(str(out / "adapter_model.safetensors"))
+    assert shapes["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"].shape[0] == 2
+    assert shapes["base_model.model.model.layers.0.self_attn.v_proj.lora_A.weight"].shape[0] == 6
 
 
 @pytest.mark.skipif(not DEFAULT.is_file(), reason="no configs/default.yaml")

@@ -324,6 +324,23 @@ def test_auto_batch_nothing_fits(work):
     assert out.returncode != 0 and "train.memory_budget" in out.stderr and "lots" in out.stderr
 
 
+@pytest.mark.parametrize("strategy,world", [("none", 1), ("zero3", 2), ("fsdp", 2),
+                                            ("model_parallel", 2), ("zero2", 2)])
+def test_measure_rank_patterns(work, strategy, world):
+    """rank_pattern: pairs of their own ranks per layer and module (units of other sizes;
+    the shared activation set of gradient checkpointing sized by its layers' largest
+    ranks): measured == planned on every rank."""
+    name = f"m_pat_{strategy}_{world}"
+    cfg = write_config(work, name, dist__strategy=strategy,
+                       train__gradient_checkpointing="true" if world == 1 else "false",
+                       tuning__lora__target_modules="q_proj,v_proj,down_proj,lm_head",
+                       tuning__lora__rank_pattern=json.dumps(
+                           {"model.layers.0.self_attn.q_proj": 9, "layers.1.mlp.down_proj": 2,
+                            "lm_head": 6}))
+    out = run(cfg, world, "--measure")
+    assert_exact(out.stdout, world)
+
+
 @pytest.mark.parametrize("strategy,world,extra", [
     ("zero1", 2, {}), ("zero2", 2, {}), ("zero3", 2, {}), ("fsdp", 2, {}),
     ("model_parallel", 2, {}), ("zero2", 2, {"dist__offload_optimizer": "cpu"}),

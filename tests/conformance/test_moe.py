@@ -639,9 +639,10 @@ def test_expert_lora_grad_ckpt_equal(router_case, ft, name):
 
 def test_moe_lora_refusals(router_case, moe_store, ft_raw, tmp_path):
     """What stays refused in an adapter_config.json: target_parameters other than the
-    router's and the experts', rank_pattern / alpha_pattern other than PEFT's fused-expert
-    form (or missing beside gate_up_proj), dropout beside target_parameters (PEFT refuses
-    it), and a target_modules regex (PEFT resolves it against the fused experts' names)."""
+    router's and the experts', a rank_pattern key that matches no module LoRA targets
+    (PEFT ignores it), patterns giving a pair another rank than its tensors have, dropout
+    beside target_parameters (PEFT refuses it), and a target_modules regex (PEFT resolves
+    it against the fused experts' names). (Patterns PEFT honours: test_lora_patterns.py.)"""
     model_dir = moe_store("mixtral")
     ids, labels = ftref.make_batch(96, 1, 6, 0)
     adapter = moe_store.root / "adapter-router-mixtral"
@@ -650,10 +651,10 @@ def test_moe_lora_refusals(router_case, moe_store, ft_raw, tmp_path):
             ("other", dict(target_parameters=["gate.weight", "lm_head.weight"]),
              "lm_head.weight"),
             ("dropout", dict(lora_dropout=0.1), "lora_dropout"),
-            ("no-pattern", dict(rank_pattern={}), "rank_pattern"),
-            ("rank", dict(rank_pattern={pat: 4}), "rank_pattern"),
-            ("alpha", dict(alpha_pattern={pat: 8}), "alpha_pattern"),
-            ("other-pattern", dict(rank_pattern={pat: 8, "q_proj": 2}), "rank_pattern"),
+            ("no-pattern", dict(rank_pattern={}), "wrong shape"),
+            ("rank", dict(rank_pattern={pat: 4}), "wrong shape"),
+            ("unmatched-pattern", dict(rank_pattern={pat: 8, "o_proj": 2}), "rank_pattern"),
+            ("router-name", dict(alpha_pattern={pat: 16, "mlp.gate": 2}), "alpha_pattern"),
             ("regex", dict(target_modules=r".*\.q_proj"), "regex")]:
         d = tmp_path / variant
         d.mkdir()

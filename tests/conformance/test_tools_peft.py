@@ -259,6 +259,12 @@ MERGE_CASES = [
     ("granite", "outer", "f32"),
     ("qwen3", "outer", "f32"),
     ("phi3", "outer_phi", "f32"),
+    # rank_pattern / alpha_pattern: each pair its own rank and scaling (test_lora_patterns.py)
+    ("llama_gqa", "pat_layers", "f32"),
+    ("llama_gqa", "pat_rslora", "bf16"),
+    ("llama_gqa", "pat_outer", "f32"),
+    ("llama_gqa", "pat_dora", "f32"),
+    ("phi3", "pat_phi", "f32"),
 ]
 
 _DT = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
@@ -338,7 +344,10 @@ TIED_OUTER_MERGES = [("tied", "outer", "f32"), ("gemma", "outer", "f32"),
                      # and DoRA with it: the embedding's DoRA merge, then the head's with
                      # its own magnitude on the merged tensor, the one pair both times
                      ("tied", "dora_outer_tie", "f32"), ("gemma2", "dora_outer_tie", "f32"),
-                     ("tied", "dora_tie_head", "bf16")]
+                     ("tied", "dora_tie_head", "bf16"),
+                     # rank_pattern there: the head's pair the embedding's (its rank), the
+                     # head's scaling its own keys' alpha / r
+                     ("tied", "pat_outer_tie", "f32")]
 
 
 @pytest.mark.parametrize("model_name,variant,dtype", TIED_OUTER_MERGES,
@@ -524,11 +533,17 @@ def test_merge_errors(store, merge_exe, tmp_path):
                    tmp_path / "o", "--dtype", "fp8"], expect_rc=2)
     assert "fp8" in cp.stderr
 
-    # missing adapter; adapter of another model (shapes differ); a DoRA adapter
+    # missing adapter; adapter of another model (shapes differ); a rank_pattern key that
+    # matches no module the adapter targets (k_proj)
+    unmatched = tmp_path.parent / f"{tmp_path.name}-unmatched"
+    shutil.copytree(store.adapter("llama_gqa", "patterns"), unmatched)
+    cfg = json.loads((unmatched / "adapter_config.json").read_text())
+    cfg["rank_pattern"]["k_proj"] = 2
+    (unmatched / "adapter_config.json").write_text(json.dumps(cfg))
     out = tmp_path / "o"
     for bad, needle in [(tmp_path / "none", "none"),
                         (store.adapter("llama_mqa_odd", "qv"), "shape"),
-                        (store.adapter("llama_gqa", "patterns"), "rank_pattern")]:
+                        (unmatched, "'rank_pattern'")]:
         cp = run_tool([merge_exe, "--model", model_dir, "--adapter", bad, "--out", out],
                       expect_rc=1)
         assert cp.stderr.startswith("ft-merge: error:") and needle in cp.stderr, cp.stderr

@@ -309,11 +309,22 @@ static void test_resolve_moe(void)
     CHECK(ft_lora_resolve_moe(&c, true, &err) == 0);
     CHECK(c.targets == (1u << FT_PROJ_Q));
     CHECK(c.target_params == (FT_LORA_PARAM_ROUTER | FT_LORA_PARAM_GATE_UP));
-    CHECK(ft_lora_param_rank(&c, FT_LORA_PARAM_GATE_UP) == 8);
-    CHECK(ft_lora_param_rank(&c, FT_LORA_PARAM_DOWN) == 4);
-    CHECK(ft_lora_param_scaling(&c, FT_LORA_PARAM_GATE_UP) == 2.0f);
+    /* PEFT's patterns for the fused pair: rank 2 r, alpha 2 alpha */
+    const char *gu = "model.layers.1.mlp.experts.gate_up_proj";
+    CHECK(c.rank_pattern.n == 1 && strcmp(c.rank_pattern.p[0].key, ".*\\.gate_up_proj") == 0);
+    CHECK(ft_lora_module_rank(&c, gu) == 8);
+    CHECK(ft_lora_module_rank(&c, "model.layers.1.mlp.experts.down_proj") == 4);
+    CHECK(ft_lora_module_scaling(&c, gu) == 2.0f);
     c.rslora = true; /* 2 alpha / sqrt(2 r) */
-    CHECK(fabsf(ft_lora_param_scaling(&c, FT_LORA_PARAM_GATE_UP) - 16.0f / sqrtf(8.0f)) < 1e-6f);
+    CHECK(fabsf(ft_lora_module_scaling(&c, gu) - 16.0f / sqrtf(8.0f)) < 1e-6f);
+    /* a key given for gate_up_proj already keeps its place, first, with PEFT's value */
+    ft_lora_config g = {.r = 4, .alpha = 8};
+    CHECK(ft_lora_targets_parse("w1,w3", &g.targets, &err) == 0);
+    CHECK(ft_lora_patterns_parse("{\"q_proj\": 2, \".*\\\\.gate_up_proj\": 3}", true, "rp",
+                                 &g.rank_pattern, &err) == 0);
+    CHECK(ft_lora_resolve_moe(&g, true, &err) == 0);
+    CHECK(g.rank_pattern.n == 2 && g.rank_pattern.p[1].value == 8);
+    CHECK(g.alpha_pattern.n == 1 && g.alpha_pattern.p[0].value == 16);
     CHECK(ft_lora_resolve_moe(&d, false, &err) == 0); /* dense: gate is gate_proj */
     CHECK(d.targets == ((1u << FT_PROJ_Q) | (1u << FT_PROJ_GATE)) && d.target_params == 0);
     ft_lora_config e = {.r = 4};
@@ -334,12 +345,13 @@ static void test_target_parameters_parse(void)
     ft_lora_config c = {.r = 4, .alpha = 8, .rslora = true};
     CHECK(ft_lora_target_parameters_parse(" mlp.gate.weight, mlp.experts.gate_up_proj", &c,
                                           &err) == 0);
-    CHECK(c.target_params == (FT_LORA_PARAM_ROUTER | FT_LORA_PARAM_GATE_UP) && c.gate_up_plain);
-    CHECK(ft_lora_param_rank(&c, FT_LORA_PARAM_GATE_UP) == 4);
-    CHECK(fabsf(ft_lora_param_scaling(&c, FT_LORA_PARAM_GATE_UP) - 8.0f / 2.0f) < 1e-6f);
+    CHECK(c.target_params == (FT_LORA_PARAM_ROUTER | FT_LORA_PARAM_GATE_UP));
+    const char *gu = "model.layers.0.mlp.experts.gate_up_proj";
+    CHECK(c.rank_pattern.n == 0 && ft_lora_module_rank(&c, gu) == 4);
+    CHECK(fabsf(ft_lora_module_scaling(&c, gu) - 8.0f / 2.0f) < 1e-6f);
     ft_lora_config d = {.r = 4};
     CHECK(ft_lora_target_parameters_parse("down_proj", &d, &err) == 0);
-    CHECK(d.target_params == FT_LORA_PARAM_DOWN && !d.gate_up_plain);
+    CHECK(d.target_params == FT_LORA_PARAM_DOWN);
     CHECK(ft_lora_target_parameters_parse("", &d, &err) == 0 &&
           d.target_params == FT_LORA_PARAM_DOWN);
     CHECK(ft_lora_target_parameters_parse("gate.bias", &d, &err) == -1 &&
@@ -349,6 +361,159 @@ static void test_target_parameters_parse(void)
     CHECK(ft_lora_targets_parse("w1,w3", &e.targets, &err) == 0);
     CHECK(ft_lora_target_parameters_parse("gate_up_proj", &e, &err) == 0);
     CHECK(ft_lora_resolve_moe(&e, true, &err) == -1 && strstr(err.msg, "target_parameters"));
+}
+
+/* rank_pattern / alpha_pattern as PEFT's get_pattern_key matches them: a key is a regex
+ * over the whole module name or a dotted suffix of it, from the name's start (re.match of
+ * (.*\.)?(key)$), the first key in order wins; each key and value checked. */
+static void test_patterns(void)
+{
+    ft_err err = {0};
+    ft_lora_config c = {.r = 4, .alpha = 8};
+    CHECK(ft_lora_patterns_parse("{\"model.layers.0.self_attn.q_proj\": 2, \"q_proj\": 6, "
+                                 "\"layers\\\\.[12]\\\\..*down_proj\": 3, \"lm_head\": 5}",
+                                 true, "rp", &c.rank_pattern, &err) == 0);
+    CHECK(ft_lora_patterns_parse("{\"v_proj\": 3, \"embed_tokens\": 2.5}", false, "ap",
+                                 &c.alpha_pattern, &err) == 0);
+    CHECK(c.rank_pattern.n == 4 && strcmp(c.rank_pattern.origin, "rp") == 0);
+    static const struct {
+        const char *name;
+        int r;
+        float alpha;
+    } want[] = {{"model.layers.0.self_attn.q_proj", 2, 8}, /* the first key */
+                {"model.layers.1.self_attn.q_proj", 6, 8},
+                {"model.layers.10.self_attn.q_proj", 6, 8},
+                {"model.layers.1.mlp.down_proj", 3, 8},
+                {"model.layers.0.mlp.down_proj", 4, 8},
+                {"model.layers.1.self_attn.v_proj", 4, 3},
+                {"model.layers.1.self_attn.xv_proj", 4, 8}, /* not a dotted suffix */
+                {"model.layers.1.self_attn.q_proj.x", 4, 8}, /* matched to the end */
+                {"lm_head", 5, 8},
+                {"model.embed_tokens", 4, 2.5f}};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        if (ft_lora_module_rank(&c, want[i].name) != want[i].r ||
+            ft_lora_module_alpha(&c, want[i].name) != want[i].alpha) {
+            fprintf(stderr, "  %s: rank %d alpha %g\n", want[i].name,
+                    ft_lora_module_rank(&c, want[i].name), ft_lora_module_alpha(&c, want[i].name));
+            CHECK(0);
+        }
+    }
+    CHECK(ft_lora_module_scaling(&c, "model.layers.1.self_attn.v_proj") == 0.75f);
+    c.rslora = true;
+    CHECK(fabsf(ft_lora_module_scaling(&c, "lm_head") - 8.0f / sqrtf(5.0f)) < 1e-6f);
+    CHECK(ft_lora_patterns_parse("", true, "rp", &c.rank_pattern, &err) == 0 &&
+          c.rank_pattern.n == 0);
+    CHECK(ft_lora_patterns_parse("{}", true, "rp", &c.rank_pattern, &err) == 0 &&
+          c.rank_pattern.n == 0);
+    /* bad maps: each error names the origin and the key */
+    static const struct {
+        const char *json, *needle;
+        bool rank;
+    } bad[] = {{"{\"q_proj\": 2.5}", "q_proj", true},
+               {"{\"q_proj\": 0}", "positive integer", true},
+               {"{\"q_proj\": -3}", "positive integer", true},
+               {"{\"q_proj\": \"8\"}", "q_proj", true},
+               {"{\"q_proj\": 0}", "positive number", false},
+               {"{\"q_proj\": 1e300}", "positive number", false},
+               {"{\"q_(proj\": 2}", "not a regular expression", true},
+               {"{\"\": 2}", "module pattern", true},
+               {"[\"q_proj\"]", "mapping", true},
+               {"{\"q_proj\": 2, \"q_proj\": 3}", "duplicate", true},
+               {"{\"q_proj\": 2", "not JSON", true}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        int rc = ft_lora_patterns_parse(bad[i].json, bad[i].rank, "tuning.lora.x_pattern",
+                                        &c.rank_pattern, &err);
+        if (rc != -1 || !strstr(err.msg, "tuning.lora.x_pattern") ||
+            !strstr(err.msg, bad[i].needle)) {
+            fprintf(stderr, "  %s: rc %d '%s'\n", bad[i].json, rc, err.msg);
+            CHECK(0);
+        }
+    }
+    char many[8192] = "{";
+    for (int i = 0; i <= FT_LORA_MAX_PATTERNS; i++)
+        snprintf(many + strlen(many), sizeof many - strlen(many), "%s\"k%d\": 1",
+                 i ? ", " : "", i);
+    strcat(many, "}");
+    CHECK(ft_lora_patterns_parse(many, true, "rp", &c.rank_pattern, &err) == -1 &&
+          strstr(err.msg, "more than"));
+
+    /* adapter_config.json: read in the file's order; refused with the file and key named;
+     * saved in the order given (PEFT reads the first match) */
+    const char *dir = write_config("patterns", "{" GOOD ", \"rank_pattern\": {\"q_proj\": 3, "
+                                               "\"model.layers.0.self_attn.q_proj\": 1}, "
+                                               "\"alpha_pattern\": {\"q_proj\": 5}}");
+    ft_lora_config a;
+    CHECK(ft_lora_config_load(&a, dir, &err) == 0);
+    CHECK(a.rank_pattern.n == 2 && strcmp(a.rank_pattern.p[0].key, "q_proj") == 0);
+    CHECK(strstr(a.rank_pattern.origin, "rank_pattern") != NULL);
+    CHECK(ft_lora_module_rank(&a, "model.layers.0.self_attn.q_proj") == 3);
+    CHECK(ft_lora_module_alpha(&a, "model.layers.0.self_attn.q_proj") == 5);
+    CHECK(ft_lora_config_save(&a, dir, "base", &err) == 0);
+    ft_lora_config back;
+    CHECK(ft_lora_config_load(&back, dir, &err) == 0);
+    CHECK(back.rank_pattern.n == 2 && strcmp(back.rank_pattern.p[0].key, "q_proj") == 0 &&
+          back.rank_pattern.p[1].value == 1 && back.alpha_pattern.p[0].value == 5);
+    expect_error(write_config("rp_float", "{" GOOD ", \"rank_pattern\": {\"q_proj\": 2.0}}"),
+                 "'rank_pattern'");
+    expect_error(write_config("rp_zero", "{" GOOD ", \"rank_pattern\": {\"q_proj\": 0}}"),
+                 "'rank_pattern'");
+    expect_error(write_config("ap_neg", "{" GOOD ", \"alpha_pattern\": {\"q_proj\": -1}}"),
+                 "'alpha_pattern'");
+    expect_error(write_config("ap_list", "{" GOOD ", \"alpha_pattern\": [1]}"),
+                 "'alpha_pattern'");
+    expect_error(write_config("rp_regex", "{" GOOD ", \"rank_pattern\": {\"[q\": 2}}"), "[q");
+    /* PEFT's bias on lora_B: refused by name */
+    expect_error(write_config("lora_bias", "{" GOOD ", \"lora_bias\": true}"), "'lora_bias'");
+    CHECK(ft_lora_config_load(&a, write_config("no_bias", "{" GOOD ", \"lora_bias\": false}"),
+                              &err) == 0);
+}
+
+/* A pattern key that matches no module LoRA targets on the model (PEFT warns and ignores
+ * it) is refused by the model naming its origin; a model's pairs take their ranks (the
+ * trainable count), and an adapter whose patterns give another rank or scaling is
+ * refused naming the module. */
+static void test_pattern_model_checks(void)
+{
+    char llama[300];
+    snprintf(llama, sizeof llama, "%s/llama_pat", root);
+    write_tiny_model(llama, &(tiny_model_opts){0});
+    ft_err err = {0};
+    ft_model_options opt = {.mode = FT_TRAIN_LORA, .lora = {.r = 2, .alpha = 4}};
+    CHECK(ft_lora_targets_parse("q_proj,o_proj", &opt.lora.targets, &err) == 0);
+    CHECK(ft_lora_patterns_parse("{\"layers.1.self_attn.q_proj\": 3, \"o_proj\": 1}", true,
+                                 "tuning.lora.rank_pattern", &opt.lora.rank_pattern, &err) == 0);
+    ft_model *m = NULL;
+    CHECK(ft_model_load(&m, llama, &opt, &err) == 0);
+    size_t n = 0;
+    ft_model_trainable(m, &n);
+    /* q: ranks 2, 3 (A [r, C], B [HQ D, r]); o: rank 1 on both layers */
+    CHECK(n == (size_t)(2 + 3) * (C + HQ * D) + 2 * (size_t)1 * (HQ * D + C));
+    char saved[300];
+    snprintf(saved, sizeof saved, "%s/pat_saved", root);
+    CHECK(ft_model_save_adapter(m, saved, llama, &err) == 0);
+    CHECK(ft_model_load_adapter(m, saved, &err) == 0);
+    ft_model_free(m);
+    /* the adapter into a model whose settings give q_proj another alpha */
+    ft_model_options other = opt;
+    CHECK(ft_lora_patterns_parse("{\"q_proj\": 6}", false, "tuning.lora.alpha_pattern",
+                                 &other.lora.alpha_pattern, &err) == 0);
+    CHECK(ft_model_load(&m, llama, &other, &err) == 0);
+    CHECK(ft_model_load_adapter(m, saved, &err) == -1);
+    if (!strstr(err.msg, "layers.0.self_attn.q_proj") || !strstr(err.msg, "adapter_config.json")) {
+        fprintf(stderr, "  got '%s'\n", err.msg);
+        CHECK(0);
+    }
+    ft_model_free(m);
+    /* a key matching no targeted module (v_proj is not a target) */
+    CHECK(ft_lora_patterns_parse("{\"v_proj\": 3}", true, "tuning.lora.rank_pattern",
+                                 &opt.lora.rank_pattern, &err) == 0);
+    CHECK(ft_model_load(&m, llama, &opt, &err) == -1);
+    CHECK(strstr(err.msg, "tuning.lora.rank_pattern") && strstr(err.msg, "'v_proj'") &&
+          strstr(err.msg, "matches none"));
+    /* the same from an adapter's config: named by its file and key */
+    expect_model_error(llama, write_config("pat_none", "{" GOOD ", \"alpha_pattern\": "
+                                                       "{\"layers.7.self_attn.q_proj\": 3}}"),
+                       "'alpha_pattern'");
 }
 
 static void test_fused_module_names(void)
@@ -474,6 +639,8 @@ int main(void)
     RUN(test_model_checks_name_file);
     RUN(test_fused_module_names);
     RUN(test_resolve_moe);
+    RUN(test_patterns);
+    RUN(test_pattern_model_checks);
     RUN(test_target_parameters_parse);
     RUN(test_nested_decoder_regex);
     RUN(test_modules_to_save_checks);

@@ -63,7 +63,11 @@ static int measure(const ft_run_config *cfg, const char *dir, ft_mem *out, size_
         if (ft_lora_targets_parse(tu->lora.target_modules, &mo.lora.targets, &err) ||
             ft_lora_target_parameters_parse(tu->lora.target_parameters, &mo.lora, &err) ||
             ft_lora_modules_to_save_parse(tu->lora.modules_to_save, &mo.lora.modules_to_save,
-                                          &err))
+                                          &err) ||
+            ft_lora_patterns_parse(tu->lora.rank_pattern, true, "rank_pattern",
+                                   &mo.lora.rank_pattern, &err) ||
+            ft_lora_patterns_parse(tu->lora.alpha_pattern, false, "alpha_pattern",
+                                   &mo.lora.alpha_pattern, &err))
             return -1;
     }
     if (tu->mode == FT_TUNING_QLORA) {
@@ -271,6 +275,35 @@ static void test_cpu_dora_equal_measured(void)
                               "model.max_seq_len=7", chunks[k], NULL};
         compare(llama_dir, sets);
     }
+}
+
+/* rank_pattern: each pair its own rank (per layer, per module; the embedding's and the
+ * head's; a MoE's router and experts per layer), the shared activation set (gradient
+ * checkpointing) sized by the largest rank of the layers it serves */
+static void test_cpu_rank_patterns_equal_measured(void)
+{
+    int before = n_compared;
+    sweep_with(llama_dir, "lora", "q_proj,v_proj,o_proj,down_proj,embed_tokens,lm_head", "0.05",
+               "tuning.lora.rank_pattern={\"model.layers.0.self_attn.q_proj\": 5, "
+               "\"layers.1.self_attn.v_proj\": 1, \"o_proj\": 2, \"lm_head\": 6, "
+               "\"embed_tokens\": 1}");
+    sweep_with(phi3_dir, "lora", "all-linear", "0",
+               "tuning.lora.rank_pattern={\"layers.1.self_attn.qkv_proj\": 7, "
+               "\"model\\\\.layers\\\\.0\\\\.mlp\\\\..*\": 1}");
+    sweep_with(mixtral_dir, "lora", "q_proj,gate,w1,w3,w2", "0",
+               "tuning.lora.rank_pattern={\"layers.1.mlp.experts.gate_up_proj\": 3, "
+               "\"layers.0.mlp.experts.down_proj\": 5, \"layers.1.mlp.gate.weight\": 6}");
+    sweep_with(qwen2_moe_dense_dir, "lora", "all-linear", "0",
+               "tuning.lora.rank_pattern={\"layers.1.mlp.down_proj\": 5, "
+               "\"shared_expert.up_proj\": 1}");
+    /* with DoRA */
+    const char *sets[] = {"tuning.mode=lora", "tuning.lora.target_modules=q_proj,o_proj,lm_head",
+                          "tuning.lora.use_dora=true",
+                          "tuning.lora.rank_pattern={\"layers.1.self_attn.q_proj\": 6, "
+                          "\"lm_head\": 2}",
+                          "train.batch_size=3", "model.max_seq_len=7", NULL};
+    compare(llama_dir, sets);
+    CHECK(n_compared > before);
 }
 
 /* A tokenizer.json of V single-character tokens in dir. */
@@ -971,6 +1004,7 @@ int main(void)
     RUN(test_cpu_modules_to_save_equal_measured);
     RUN(test_cpu_added_tokens_equal_measured);
     RUN(test_cpu_dora_equal_measured);
+    RUN(test_cpu_rank_patterns_equal_measured);
     RUN(test_cpu_outer_lora_equal_measured);
     RUN(test_cpu_full_equals_measured);
     RUN(test_cpu_chunked_logits_equal_measured);
