@@ -100,8 +100,13 @@ static const char usage[] =
     "                         DPO's sigmoid loss and TRL's other metrics (rewards/chosen,\n"
     "                         rewards/rejected, rewards/margins, logps/chosen,\n"
     "                         logps/rejected). The reference p_ref: --reference DIR; else\n"
-    "                         with --adapter the base model (the adapter off); else none\n"
-    "                         (log p_ref = 0: the accuracy is log p(chosen) > log p(rejected))\n"
+    "                         with --adapter the base model with the adapter off, as PEFT's\n"
+    "                         disable_adapter(): the LoRA pairs off, an embedding / head the\n"
+    "                         adapter trains in full (modules_to_save, tokens added) at its\n"
+    "                         original values (the adapter's original_module.weight where it\n"
+    "                         holds one, else the checkpoint's, a grown vocabulary's new rows\n"
+    "                         their mean); else none (log p_ref = 0: the accuracy is\n"
+    "                         log p(chosen) > log p(rejected))\n"
     "  --reference DIR        with --preference: the reference model dir (e.g. the base of a\n"
     "                         fully fine-tuned --model)\n"
     "  --beta B               with --preference: DPO's beta (train.pref.beta, default 0.1;\n"
@@ -462,9 +467,12 @@ static int eval_model_options(const args *a, ft_model_options *mo)
 /* Places this rank (--device, --fp32; on a GPU the line "...; rank r takes GPU g"), sets
  * mo's device, dtype and the head's chunks (auto, as train.loss_chunk_tokens: the logits
  * never for the whole batch at once), and loads --model with --adapter into *m. A
- * reference model loads with mo's device, dtype and chunks. */
+ * reference model loads with mo's device, dtype and chunks. originals (NULL: none): DPO's
+ * reference with the adapter off keeps there the original values of the modules the
+ * adapter trains in full, taken between the model's load and the adapter's
+ * (train/pref.h ft_pref_objective_keep_originals). */
 static int eval_model_load(const args *a, ft_comm *comm, ft_eval_meter *meter,
-                           ft_model_options *mo, ft_model **m)
+                           ft_model_options *mo, ft_pref_objective *originals, ft_model **m)
 {
     ft_err err;
     ft_run_device_choice place;
@@ -479,6 +487,7 @@ static int eval_model_load(const args *a, ft_comm *comm, ft_eval_meter *meter,
         ft_eval_meter_line(meter, "%s; rank %d takes GPU %d", place.why, ft_comm_rank(comm),
                            gpu);
     if (ft_model_load(m, a->model, mo, &err) ||
+        (originals && ft_pref_objective_keep_originals(originals, *m, a->adapter, &err)) ||
         (a->adapter && ft_model_load_adapter(*m, a->adapter, &err)))
         return fail(err.msg);
     return 0;
@@ -546,7 +555,7 @@ static int run(const args *a, const char *data_path, ft_comm *comm)
                 a->data, ds.n, recs.n);
         goto out;
     }
-    if (eval_model_load(a, comm, &meter, &mo, &m))
+    if (eval_model_load(a, comm, &meter, &mo, NULL, &m))
         goto out;
     int32_t pad = tok ? ft_tokenizer_pad_id(tok) : -1;
     if (pad < 0)
@@ -656,8 +665,21 @@ static int run_pref(const args *a, ft_comm *comm)
         fail("the data have no preference pair");
         goto out;
     }
-    if (eval_model_load(a, comm, &meter, &mo, &m))
+    ft_pref_options o = {.loss = a->orpo ? FT_PREF_ORPO : FT_PREF_SIGMOID, .beta = a->beta};
+    ft_pref_objective_init(&po, &o, NULL);
+    /* the adapter off as DPO's reference, the adapter training the embedding or the head
+     * in full: PEFT's disable_adapter() computes those with their original modules */
+    bool originals = a->adapter && !a->reference && !a->orpo && mo.lora.modules_to_save;
+    if (eval_model_load(a, comm, &meter, &mo, originals ? &po : NULL, &m))
         goto out;
+    if (originals)
+        ft_eval_meter_line(&meter, "reference: the base, the adapter off (%s at %s original "
+                                   "values, as PEFT's disable_adapter computes them)",
+                           mo.lora.modules_to_save == FT_SAVE_EMBED  ? "embed_tokens"
+                           : mo.lora.modules_to_save == FT_SAVE_HEAD ? "lm_head"
+                                                                     : "embed_tokens and lm_head",
+                           mo.lora.modules_to_save == (FT_SAVE_EMBED | FT_SAVE_HEAD) ? "their"
+                                                                                     : "its");
     ft_model_options ro = {.mode = FT_TRAIN_NONE, .device = mo.device, .dtype = mo.dtype,
                            .loss_chunk_rows = mo.loss_chunk_rows};
     if (a->reference && ft_model_load(&ref, a->reference, &ro, &err)) {
@@ -685,8 +707,7 @@ static int run_pref(const args *a, ft_comm *comm)
     }
     for (size_t i = (size_t)rank; i < ds.n; i += (size_t)world)
         shard.pairs[shard.n++] = ds.pairs[i];
-    ft_pref_options o = {.loss = a->orpo ? FT_PREF_ORPO : FT_PREF_SIGMOID, .beta = a->beta};
-    ft_pref_objective_init(&po, &o, ref);
+    po.ref = ref;
     po.ref_free = !ref && !a->adapter;
     /* the metric sums reported: DPO's stop at the pairs, ORPO's go on (pref.h) */
     int end = a->orpo ? FT_PREF_NSUM : FT_PREF_PAIRS;

@@ -26,8 +26,10 @@
  * tokens added) the adapter is switched off as above, and those modules compute with
  * their starting values, kept the same way (a fresh adapter's copies are the original
  * modules, which PEFT's ModulesToSaveWrapper uses with the adapter disabled;
- * ref_lora_off; the trainer's engine keeps only the embedding's and the head's units); in
- * full fine-tuning a frozen copy of the base model loaded beside the policy (ref; TRL
+ * ref_lora_off; the trainer's engine keeps only the embedding's and the head's units;
+ * ft-eval, whose adapter is read from disk, keeps the base's or the adapter's saved
+ * originals, ft_pref_objective_keep_originals); in full fine-tuning a frozen copy of
+ * the base model loaded beside the policy (ref; TRL
  * loads the same; under model_parallel each stage keeps its own part of the base through
  * the engine instead, use_ref). Either way the reference forward keeps no activation past
  * itself: the policy's forward reuses the same buffers. */
@@ -142,6 +144,20 @@ void ft_pref_objective_free(ft_pref_objective *p);
  * through its engine under every dist.strategy, use_ref above). */
 int ft_pref_objective_keep_adapter(ft_pref_objective *p, ft_model *m, ft_err *err);
 ft_objective ft_pref_objective_of(ft_pref_objective *p);
+
+/* The reference of an adapter read from disk with the adapter off, as PEFT's
+ * disable_adapter() computes it, when the adapter trains the embedding or the head in
+ * full (modules_to_save; tokens added): the pairs off (ref_lora_off) and those modules at
+ * their original values (PEFT's original_module), kept as keep_adapter keeps them. Called
+ * on m loaded in LoRA mode with the adapter's settings but before the adapter is read
+ * (ft_model_load, not yet ft_model_load_adapter): the modules then hold the base's values,
+ * the checkpoint's rows and, for a grown vocabulary, their mean in the new rows (the
+ * resized base as ftkit makes it, and as PEFT reloads an adapter that does not hold the
+ * originals onto a base resized that way); where the adapter holds a module's
+ * <module>.original_module.weight (PEFT's save_embedding_layers after a resize writes it,
+ * and its loading puts it back in the wrapper) that is read into it first. */
+int ft_pref_objective_keep_originals(ft_pref_objective *p, ft_model *m, const char *adapter_dir,
+                                     ft_err *err);
 
 /* One evaluation pass's figures for pairs in batch b (no backward): the metric sums of
  * b's pairs added to sums. m is put in evaluation mode by the caller. */
