@@ -67,7 +67,7 @@ endif
 # BLAS: OpenBLAS's OpenMP build, by its directory (Debian: libopenblas-openmp-dev), so a
 # GEMM runs on the same libgomp threads as the CPU engine's own parallel loops; the
 # pthreads build (the default libopenblas.so.0 on Debian) keeps a second pool whose
-# threads spin against ours (kernels/cpu/omp_policy.c, issue 25). The run path is
+# threads spin against ours (lib/core/cpu_env.c, issue 25). The run path is
 # linked in (-rpath): the loader must not pick the pthreads library of the same name.
 # OPENBLAS_DIR: another directory holding an OpenMP libopenblas.so and its cblas.h.
 FT_MULTIARCH := $(shell $(CC) -print-multiarch 2>/dev/null)

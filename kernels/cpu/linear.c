@@ -16,7 +16,7 @@
  * over y for the bias and one GEMM. db is summed per column in double, over column
  * blocks that each thread owns whole, so the result does not depend on the thread
  * count. BLAS is never called inside an OpenMP region: OpenBLAS's OpenMP build runs
- * each GEMM on libgomp's threads, the same pool as our regions (lib/core/omp_policy.c). */
+ * each GEMM on libgomp's threads, the same pool as our regions (lib/core/cpu_env.c). */
 #include <cblas.h>
 
 #include "cpu_ops.h"
