@@ -86,8 +86,10 @@ OPT ?= -O2
 CFLAGS ?= $(OPT) -g
 # -fno-math-errno, -fno-trapping-math: no errno from libm, no FP exceptions watched, so
 # the compiler may vectorize loops with selects (kernels/cpu/fast_exp.h); neither changes
-# a computed value.
-FT_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -fno-math-errno -fno-trapping-math -march=x86-64-v2 \
+# a computed value. -ffp-contract=off (ISO C's default, said outright): no multiply and
+# add fused into an FMA, which the AVX2 / AVX-512 clones of the hot kernels
+# (kernels/cpu/simd_clones.h) could otherwise do, and x86-64-v2 has none of.
+FT_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -fno-math-errno -fno-trapping-math -ffp-contract=off -march=x86-64-v2 \
              -Ilib -Ikernels $(DEP_CFLAGS)
 LDLIBS := $(DEP_LIBS) -lm -ldl -lpthread
 LDFLAGS ?=

@@ -56,7 +56,9 @@
  * that a second loop adds over the group's heads in head order. Every output element is
  * therefore summed in one fixed order whatever the thread count. Scratch (the tiles,
  * one set a thread, and the partials) is the calling thread's grow-only buffers
- * (cpu_scratch.h): allocated by the first call of a shape, reused by every later one. */
+ * (cpu_scratch.h): allocated by the first call of a shape, reused by every later one.
+ * A task's block is one call of a function cloned per vector width (simd_clones.h), so
+ * its element-wise passes run as wide as the CPU allows. */
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -67,6 +69,7 @@
 #include "cpu_ops.h"
 #include "cpu_scratch.h"
 #include "fast_exp.h"
+#include "simd_clones.h"
 
 /* Query rows per block, and the most keys per chunk: one score tile is
  * ATT_BQ x ATT_KC floats (128 KiB). */
@@ -167,6 +170,7 @@ static float att_row_scores(float *s, int i, int c0, int nc, const int32_t *sb, 
 
 /* One forward task: query rows i0 .. i1-1 of (b, h). qb, ob: row i0 of head h (token
  * stride qs); kb, vb: token 0 of kv head g (stride ks); S: a tile; lse_bh: lse of (b, h). */
+FT_SIMD_CLONES
 static void att_forward_block(float *ob, float *lse_bh, const float *qb, const float *kb,
                               const float *vb, const int32_t *sb, int i0, int i1, int D,
                               size_t qs, size_t ks, float scale, int window, float cap,
@@ -290,6 +294,7 @@ static void att_row_grads(float *s, float *dp, int i, int c0, int nc, const int3
 /* The backward of query rows i0 .. i1-1 of (b, h), pointers as att_forward_block's plus
  * dob, dqb (rows i0 of dout, dq; dq may be NULL) and dkh, dvh (token 0 of head h's dk,
  * dv sums, stride lds; NULL: not wanted). S and dP are two tiles. */
+FT_SIMD_CLONES
 static void att_backward_block(float *dqb, float *dkh, float *dvh, size_t lds,
                                const float *dob, const float *qb, const float *kb,
                                const float *vb, const float *ob, const float *lse_bh,

@@ -29,12 +29,14 @@
 
 #include "cpu_ops.h"
 #include "fast_exp.h"
+#include "simd_clones.h"
 
 #define CE_BLOCKS 256
 #define CE_IGNORE (-100)
 
 /* -log softmax(row)[t]; with d != NULL also writes scale * (softmax - onehot(t)) to d
  * (d may equal row). */
+FT_SIMD_CLONES
 static double ce_row(float *d, const float *row, int t, int V, float scale, float cap)
 {
     float xt = row[t];
