@@ -7,7 +7,8 @@
  *    (its own detection takes an unknown newer Xeon for a Prescott), unless the
  *    environment named a core; ft_cpu_blas_core_for's choices on a table;
  *  - a GEMM gives the same bits on 1 thread and on all of them, and inside a parallel
- *    region (where OpenBLAS's OpenMP build runs it on the calling thread). */
+ *    region (where OpenBLAS's OpenMP build runs it on the calling thread); so do the
+ *    linear layer's GEMMs, which ft_cpu_sgemm cuts into a block a thread. */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -165,6 +166,62 @@ static void test_gemm_same_bits_any_threads(void)
         free(y[k]);
 }
 
+/* y = x w^T, dx = dy w and dw = dy^T x (ft_cpu_linear_*, cut into one block a thread by
+ * ft_cpu_sgemm) with the same bits on 1, 2 and 3 threads: the model's shapes (SmolLM's
+ * projections and its LoRA products at rank 16, 512 token rows) and odd ones. */
+static void linear_all(float *y, float *dx, float *dw, const float *x, const float *w,
+                       const float *dy, int N, int in, int out, int threads)
+{
+    int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    memset(y, 0, sizeof(float) * (size_t)N * out);
+    memset(dx, 0, sizeof(float) * (size_t)N * in);
+    memset(dw, 0, sizeof(float) * (size_t)out * in);
+    ft_cpu_linear_forward(y, x, w, NULL, N, in, out, 1.0f, 0);
+    ft_cpu_linear_backward(dx, dw, NULL, dy, x, w, N, in, out, 0.5f);
+    omp_set_num_threads(saved);
+}
+
+static void test_linear_same_bits_any_threads(void)
+{
+    static const int shapes[][3] = {{512, 576, 1536}, {512, 1536, 576}, {512, 576, 192},
+                                    {512, 576, 16},   {512, 1536, 16},  {512, 16, 1536},
+                                    {512, 16, 576},   {333, 517, 1029}, {2048, 16, 40}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int N = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
+        size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
+        float *x = malloc(sizeof(float) * nx), *w = malloc(sizeof(float) * nw);
+        float *dy = malloc(sizeof(float) * ny), *r[3][3];
+        for (size_t i = 0; i < nx; i++)
+            x[i] = (float)((int)((unsigned)i * 7919u % 1000u) - 500) / 317.0f;
+        for (size_t i = 0; i < nw; i++)
+            w[i] = (float)((int)((unsigned)i * 104729u % 997u) - 498) / 411.0f;
+        for (size_t i = 0; i < ny; i++)
+            dy[i] = (float)((int)((unsigned)i * 2654435761u % 1009u) - 504) / 523.0f;
+        for (int t = 0; t < 3; t++) {
+            r[t][0] = malloc(sizeof(float) * ny);
+            r[t][1] = malloc(sizeof(float) * nx);
+            r[t][2] = malloc(sizeof(float) * nw);
+            linear_all(r[t][0], r[t][1], r[t][2], x, w, dy, N, in, out, t + 1);
+        }
+        for (int t = 1; t < 3; t++) {
+            int same = !memcmp(r[0][0], r[t][0], sizeof(float) * ny) &&
+                       !memcmp(r[0][1], r[t][1], sizeof(float) * nx) &&
+                       !memcmp(r[0][2], r[t][2], sizeof(float) * nw);
+            if (!same)
+                fprintf(stderr, "  N=%d in=%d out=%d: %d threads differ from 1\n", N, in, out,
+                        t + 1);
+            CHECK(same);
+        }
+        for (int t = 0; t < 3; t++)
+            for (int k = 0; k < 3; k++)
+                free(r[t][k]);
+        free(x);
+        free(w);
+        free(dy);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 5 && !strcmp(argv[1], "--child"))
@@ -180,5 +237,6 @@ int main(int argc, char **argv)
     RUN(test_environment_kept);
     RUN(test_blas_core_choice);
     RUN(test_gemm_same_bits_any_threads);
+    RUN(test_linear_same_bits_any_threads);
     return check_summary("threading");
 }
