@@ -143,6 +143,43 @@ static inline void att_row_span(int i, int c0, int nc, int window, int *a, int *
     *e = att_min(i + 1 - c0, nc);
 }
 
+/* s[j] (and t[j] where t is not NULL) = v for the keys j of a tile over keys c0 ..
+ * c0+nc-1 that query i may not see: outside the span [a, e) of att_row_span, and inside
+ * it those of another segment. (The span's two ends as plain fills, which vectorize.) */
+static void att_mask(float *s, float *t, float v, int i, int c0, int nc, const int32_t *sb,
+                     int a, int e)
+{
+    a = att_min(a, nc);
+    e = att_max(att_min(e, nc), a);
+#pragma omp simd
+    for (int j = 0; j < a; j++) {
+        s[j] = v;
+    }
+#pragma omp simd
+    for (int j = e; j < nc; j++) {
+        s[j] = v;
+    }
+    if (t) {
+        for (int j = 0; j < a; j++) {
+            t[j] = v;
+        }
+        for (int j = e; j < nc; j++) {
+            t[j] = v;
+        }
+    }
+    if (!sb) {
+        return;
+    }
+    for (int j = a; j < e; j++) {
+        if (!att_in_seg(sb, i, c0 + j)) {
+            s[j] = v;
+            if (t) {
+                t[j] = v;
+            }
+        }
+    }
+}
+
 /* Row i of a forward tile over keys c0 .. c0+nc-1: s holds scale * q_i . k_j; it gets
  * the score where j is allowed for i and -inf elsewhere. Returns the row maximum
  * (-inf when no key of the chunk is allowed). */
@@ -155,11 +192,7 @@ static float att_row_scores(float *s, int i, int c0, int nc, const int32_t *sb, 
         float unused;
         s[j] = att_score(s[j], cap, &unused);
     }
-    for (int j = 0; j < nc; j++) {
-        if (j < a || j >= e || !att_in_seg(sb, i, c0 + j)) {
-            s[j] = -INFINITY;
-        }
-    }
+    att_mask(s, NULL, -INFINITY, i, c0, nc, sb, a, e);
     float m = -INFINITY;
 #pragma omp simd reduction(max : m)
     for (int j = a; j < e; j++) {
@@ -283,12 +316,7 @@ static void att_row_grads(float *s, float *dp, int i, int c0, int nc, const int3
             dp[j] = scale * p * (dp[j] - dlt_i);
         }
     }
-    for (int j = 0; j < nc; j++) {
-        if (j < a || j >= e || !att_in_seg(sb, i, c0 + j)) {
-            s[j] = 0.0f;
-            dp[j] = 0.0f;
-        }
-    }
+    att_mask(s, dp, 0.0f, i, c0, nc, sb, a, e);
 }
 
 /* The backward of query rows i0 .. i1-1 of (b, h), pointers as att_forward_block's plus
