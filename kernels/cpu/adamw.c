@@ -32,6 +32,7 @@
 #include <math.h>
 
 #include "cpu_ops.h"
+#include "cpu_parallel.h"
 #include "simd_clones.h"
 
 /* Elements per span: the unit of the OpenMP loop and of one call of update_span. */
@@ -73,7 +74,7 @@ void ft_cpu_adamw_step(float *param, const float *grad, float *m, float *v, size
     const float neg_step_size = (float)-step_size;
 
     long len = (long)n, nspan = (len + SPAN - 1) / SPAN;
-#pragma omp parallel for schedule(static) if (len >= 32768)
+#pragma omp parallel for schedule(static) if (len >= FT_PAR_MIN_MATH)
     for (long k = 0; k < nspan; k++) {
         long i0 = k * SPAN;
         update_span(param + i0, grad + i0, m + i0, v + i0, len - i0 < SPAN ? len - i0 : SPAN,

@@ -67,6 +67,7 @@
 #include <string.h>
 
 #include "cpu_ops.h"
+#include "cpu_parallel.h"
 #include "cpu_scratch.h"
 #include "fast_exp.h"
 #include "simd_clones.h"
@@ -373,7 +374,8 @@ static void att_reduce_group(float *dst, const float *part, int B, int T, int Hq
                              int D)
 {
     const int G = Hq / Hkv;
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) \
+    if ((long)B * T * Hq * D >= FT_PAR_MIN_PASS)
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++) {
             for (int g = 0; g < Hkv; g++) {

@@ -19,7 +19,14 @@
  * alpha 1, beta 0, up to 28 * 512^2, with a threshold that depends on the threads
  * available). So a block has at least PART_MIN multiply-adds, and a product that could
  * take the direct path is never cut. (tests/unit/test_threading.c compares 1, 2 and 3
- * threads bit for bit on the model's shapes.) */
+ * threads bit for bit on the model's shapes.)
+ *
+ * Small products (under SPLIT_MIN multiply-adds, a few hundred microseconds on one
+ * thread: LoRA's rank-16 products) run whole on the calling thread: a parallel region
+ * costs more to start than it saves there (cpu_parallel.h), and so does OpenBLAS's own
+ * threading, which would open one. OpenBLAS's OpenMP build threads a call by
+ * omp_get_max_threads() (its num_cpu_avail), so the calling thread's limit is set to 1
+ * for the call. */
 #include <cblas.h>
 #include <omp.h>
 
@@ -27,6 +34,8 @@
 
 /* The fewest multiply-adds of one block: twice the largest small-matrix product. */
 #define PART_MIN (1L << 21)
+/* The fewest multiply-adds of a product that is cut into blocks. */
+#define SPLIT_MIN (1L << 24)
 /* Block boundaries are multiples of ALIGN rows or columns (OpenBLAS's SkylakeX sgemm
  * works on 16 x 4 tiles of C). */
 #define ALIGN 16
@@ -38,13 +47,26 @@ static void sgemm1(bool ta, bool tb, int M, int N, int K, float alpha, const flo
                 M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-/* How many blocks to cut a product into: 1 where it is one GEMM. */
+/* One GEMM on the calling thread alone. */
+static void sgemm1_serial(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                          int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    omp_set_num_threads(threads);
+}
+
+/* How many blocks to cut a product into: 1 where it is one GEMM (threaded by OpenBLAS
+ * as it chooses), 0 where it runs on the calling thread alone. */
 static int gemm_parts(bool ta, bool tb, int M, int N, int K, float alpha, float beta)
 {
     if (omp_in_parallel())
         return 1;
     if (!ta && !tb && alpha == 1.0f && beta == 0.0f)
         return 1; /* OpenBLAS's direct path may take it, or not, by the threads it has */
+    if ((long)M * N * K < SPLIT_MIN)
+        return 0;
     long parts = (long)M * N * K / PART_MIN, side = (M > N ? M : N) / ALIGN;
     int threads = omp_get_max_threads();
     parts = parts < threads ? parts : threads;
@@ -59,6 +81,10 @@ void ft_cpu_sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
     if (M <= 0 || N <= 0)
         return;
     int parts = gemm_parts(trans_a, trans_b, M, N, K, alpha, beta);
+    if (parts == 0) {
+        sgemm1_serial(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
     if (parts == 1) {
         sgemm1(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;

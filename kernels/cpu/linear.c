@@ -20,6 +20,7 @@
  * single-threaded OpenBLAS call. */
 #include "cpu_gemm.h"
 #include "cpu_ops.h"
+#include "cpu_parallel.h"
 
 /* Columns per block of the db reduction: 64 floats = 4 cache lines, so two threads
  * never write the same line of db. */
@@ -32,7 +33,7 @@ void ft_cpu_linear_forward(float *y, const float *x, const float *w, const float
         return;
     float beta = accumulate ? 1.0f : 0.0f;
     if (b) {
-#pragma omp parallel for schedule(static) if ((long)N * out >= 65536)
+#pragma omp parallel for schedule(static) if ((long)N * out >= FT_PAR_MIN_PASS)
         for (int n = 0; n < N; n++) {
             float *yn = y + (size_t)n * out;
             if (accumulate) {
@@ -69,7 +70,7 @@ void ft_cpu_linear_backward(float *dx, float *dw, float *db, const float *dy,
         ft_cpu_sgemm(true, false, out, in, N, alpha, dy, out, x, in, 1.0f, dw, in);
     if (db) {
         int nblocks = (out + DB_BLOCK - 1) / DB_BLOCK;
-#pragma omp parallel for schedule(static) if ((long)N * out >= 65536)
+#pragma omp parallel for schedule(static) if ((long)N * out >= FT_PAR_MIN_PASS)
         for (int blk = 0; blk < nblocks; blk++) {
             int o0 = blk * DB_BLOCK;
             int len = out - o0 < DB_BLOCK ? out - o0 : DB_BLOCK;

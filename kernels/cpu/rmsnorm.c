@@ -30,6 +30,7 @@
 #include <math.h>
 
 #include "cpu_ops.h"
+#include "cpu_parallel.h"
 #include "simd_clones.h"
 
 #define DW_BLOCK 64
@@ -57,7 +58,7 @@ void ft_cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float
 {
     if (N <= 0 || C <= 0)
         return;
-#pragma omp parallel for schedule(static) if ((long)N * C >= 16384)
+#pragma omp parallel for schedule(static) if ((long)N * C >= FT_PAR_MIN_PASS)
     for (int n = 0; n < N; n++)
         norm_row(out + (size_t)n * C, rstd + n, x + (size_t)n * C, w, C, eps, w_offset);
 }
@@ -68,7 +69,7 @@ void ft_cpu_add_rmsnorm_forward(float *sum, float *out, float *rstd, const float
 {
     if (N <= 0 || C <= 0)
         return;
-#pragma omp parallel for schedule(static) if ((long)N * C >= 16384)
+#pragma omp parallel for schedule(static) if ((long)N * C >= FT_PAR_MIN_PASS)
     for (int n = 0; n < N; n++) {
         size_t row = (size_t)n * C;
 #pragma omp simd
@@ -117,14 +118,14 @@ void ft_cpu_rmsnorm_backward(float *dx, float *dw, const float *dout, const floa
     if (N <= 0 || C <= 0)
         return;
     if (dx) {
-#pragma omp parallel for schedule(static) if ((long)N * C >= 16384)
+#pragma omp parallel for schedule(static) if ((long)N * C >= FT_PAR_MIN_PASS)
         for (int n = 0; n < N; n++)
             backward_row(dx + (size_t)n * C, dout + (size_t)n * C, x + (size_t)n * C, w,
                          rstd[n], C, w_offset);
     }
     if (dw) {
         int nblocks = (C + DW_BLOCK - 1) / DW_BLOCK;
-#pragma omp parallel for schedule(static) if ((long)N * C >= 16384)
+#pragma omp parallel for schedule(static) if ((long)N * C >= FT_PAR_MIN_PASS)
         for (int blk = 0; blk < nblocks; blk++) {
             int c0 = blk * DW_BLOCK;
             dw_block(dw, dout, x, rstd, N, C, c0, C - c0 < DW_BLOCK ? C - c0 : DW_BLOCK);

@@ -41,6 +41,7 @@
 #include <string.h>
 
 #include "cpu_ops.h"
+#include "cpu_parallel.h"
 #include "cpu_scratch.h"
 #include "simd_clones.h"
 
@@ -126,14 +127,14 @@ static void rope_apply(float *x, const int32_t *pos, const float *inv_freq, int 
     if (max_pos < N && h <= ROPE_TABLE_MAX_H &&
         ((size_t)max_pos + 1) * 2 * h * sizeof(float) <= ROPE_TABLE_MAX_BYTES) {
         const float *cs = position_table(max_pos + 1, inv_freq, h, scale);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((long)N * heads * D >= FT_PAR_MIN_PASS)
         for (int n = 0; n < N; n++) {
             const float *c = cs + (size_t)pos[n] * 2 * h;
             rotate_row(x + (size_t)n * heads * D, c, c + h, sign, heads, D, h, 0, h);
         }
         return;
     }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((long)N * heads * D >= FT_PAR_MIN_PASS)
     for (int n = 0; n < N; n++) {
         float cosv[ROPE_CHUNK], sinv[ROPE_CHUNK];
         for (int i0 = 0; i0 < h; i0 += ROPE_CHUNK) {

@@ -16,6 +16,7 @@
 #include <math.h>
 
 #include "cpu_ops.h"
+#include "cpu_parallel.h"
 #include "fast_exp.h"
 #include "simd_clones.h"
 
@@ -72,7 +73,7 @@ static float *at(float *p, long i)
 void ft_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n)
 {
     long len = (long)n, nspan = (len + SPAN - 1) / SPAN;
-#pragma omp parallel for schedule(static) if (len >= 32768)
+#pragma omp parallel for schedule(static) if (len >= FT_PAR_MIN_MATH)
     for (long k = 0; k < nspan; k++) {
         long i0 = k * SPAN;
         forward_span(out + i0, gate + i0, up + i0, len - i0 < SPAN ? len - i0 : SPAN);
@@ -85,7 +86,7 @@ void ft_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const f
     long len = (long)n, nspan = (len + SPAN - 1) / SPAN;
     if (!dgate && !dup)
         return;
-#pragma omp parallel for schedule(static) if (len >= 32768)
+#pragma omp parallel for schedule(static) if (len >= FT_PAR_MIN_MATH)
     for (long k = 0; k < nspan; k++) {
         long i0 = k * SPAN;
         backward_span(at(dgate, i0), at(dup, i0), dout + i0, gate + i0, up + i0,
