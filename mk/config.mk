@@ -67,7 +67,7 @@ endif
 # BLAS: OpenBLAS's OpenMP build, by its directory (Debian: libopenblas-openmp-dev), so a
 # GEMM runs on the same libgomp threads as the CPU engine's own parallel loops; the
 # pthreads build (the default libopenblas.so.0 on Debian) keeps a second pool whose
-# threads spin against ours (kernels/cpu/omp_policy.c, issue 25). The run path is
+# threads spin against ours (lib/core/cpu_env.c, issue 25). The run path is
 # linked in (-rpath): the loader must not pick the pthreads library of the same name.
 # OPENBLAS_DIR: another directory holding an OpenMP libopenblas.so and its cblas.h.
 FT_MULTIARCH := $(shell $(CC) -print-multiarch 2>/dev/null)
@@ -86,10 +86,13 @@ OPT ?= -O2
 CFLAGS ?= $(OPT) -g
 # -fno-math-errno, -fno-trapping-math: no errno from libm, no FP exceptions watched, so
 # the compiler may vectorize loops with selects (kernels/cpu/fast_exp.h); neither changes
-# a computed value. x86-64-v2 (SSE4.2, any x86-64 of the last decade) on x86-64 hosts;
-# other architectures (aarch64: Grace Hopper nodes) build with the compiler's default.
+# a computed value. -ffp-contract=off (ISO C's default, said outright): no multiply and
+# add fused into an FMA, which the AVX2 / AVX-512 clones of the hot kernels
+# (kernels/cpu/simd_clones.h) could otherwise do, and x86-64-v2 has none of.
+# x86-64-v2 (SSE4.2, any x86-64 of the last decade) on x86-64 hosts; other architectures
+# (aarch64: Grace Hopper nodes) build with the compiler's default.
 FT_ARCH_FLAGS := $(if $(filter x86_64 amd64,$(shell uname -m)),-march=x86-64-v2)
-FT_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -fno-math-errno -fno-trapping-math $(FT_ARCH_FLAGS) \
+FT_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -fno-math-errno -fno-trapping-math -ffp-contract=off $(FT_ARCH_FLAGS) \
              -Ilib -Ikernels $(DEP_CFLAGS)
 LDLIBS := $(DEP_LIBS) -lm -ldl -lpthread
 LDFLAGS ?=

@@ -21,7 +21,7 @@
 
 #include "core/cli.h"
 #include "core/numparse.h"
-#include "core/omp_policy.h"
+#include "core/cpu_env.h"
 #include "data/data.h"
 #include "data/pref_data.h"
 #include "dist/dist.h"
@@ -775,7 +775,7 @@ out:
 
 int main(int argc, char **argv)
 {
-    ft_cpu_omp_policy_reexec(argv); /* one pool that sleeps while it waits */
+    ft_cpu_env_reexec(argv); /* a pool that sleeps while it waits; BLAS kernels for this CPU */
     args a;
     int rc = parse_args(argc, argv, &a);
     if (rc >= 0)

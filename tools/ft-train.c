@@ -12,7 +12,7 @@
 
 #include "core/cli.h"
 #include "core/numparse.h"
-#include "core/omp_policy.h"
+#include "core/cpu_env.h"
 #include "memory/auto_batch.h"
 #include "config/run_config.h"
 #include "dist/dist.h"
@@ -335,7 +335,7 @@ static const ft_cli_option options[] = {
 
 int main(int argc, char **argv)
 {
-    ft_cpu_omp_policy_reexec(argv); /* one pool that sleeps while it waits */
+    ft_cpu_env_reexec(argv); /* a pool that sleeps while it waits; BLAS kernels for this CPU */
     const char *config_path = NULL, *dump = NULL, *resume = NULL;
     bool print_config = false, measure = false;
     int plan_world = 0;  /* --plan: > 0 */

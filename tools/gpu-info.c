@@ -4,6 +4,7 @@
  * Works in every build and on machines without a GPU or driver: "no GPUs" is a valid
  * answer and exits 0. The probing lives in lib/device/gpu_probe.c. */
 #include "core/cli.h"
+#include "core/cpu_env.h"
 #include "device/gpu_probe.h"
 
 #include <stdio.h>
@@ -33,6 +34,7 @@ static const ft_cli_option options[] = {
 
 int main(int argc, char **argv)
 {
+    ft_cpu_env_reexec(argv); /* report the BLAS kernels the training tools run */
     int json = 0, count = 0;
     ft_cli_parser cli;
     ft_cli_init(&cli, argc, argv, options, 0);

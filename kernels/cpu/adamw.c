@@ -32,6 +32,32 @@
 #include <math.h>
 
 #include "cpu_ops.h"
+#include "cpu_parallel.h"
+#include "simd_clones.h"
+
+/* Elements per span: the unit of the OpenMP loop and of one call of update_span. */
+#define SPAN 4096
+
+/* The update of one span, cloned per vector width (simd_clones.h): an element-wise map,
+ * the same bits at any width. */
+FT_SIMD_CLONES
+static void update_span(float *param, const float *grad, float *m, float *v, long len,
+                        float grad_scale, float decay, float beta1, float beta2,
+                        float one_minus_b1, float one_minus_b2, float bc2_sqrt, float eps,
+                        float neg_step_size)
+{
+#pragma omp simd
+    for (long i = 0; i < len; i++) {
+        float g = grad[i] * grad_scale;
+        float p = param[i] * decay;
+        float mi = (float)((double)(m[i] * beta1) + (double)one_minus_b1 * g);
+        float vi = (float)((double)(v[i] * beta2) + (double)(one_minus_b2 * g) * g);
+        float denom = sqrtf(vi) / bc2_sqrt + eps;
+        m[i] = mi;
+        v[i] = vi;
+        param[i] = p + (neg_step_size * mi) / denom;
+    }
+}
 
 void ft_cpu_adamw_step(float *param, const float *grad, float *m, float *v, size_t n,
                        ft_adamw_hparams hp, int step, float grad_scale)
@@ -43,22 +69,16 @@ void ft_cpu_adamw_step(float *param, const float *grad, float *m, float *v, size
     double bias_correction2_sqrt = sqrt(bias_correction2);
 
     const float decay = (float)(1.0 - lr * (double)hp.weight_decay);
-    const float beta1 = hp.beta1, beta2 = hp.beta2;
     const float one_minus_b1 = (float)(1.0 - b1), one_minus_b2 = (float)(1.0 - b2);
     const float bc2_sqrt = (float)bias_correction2_sqrt;
-    const float eps = hp.eps;
     const float neg_step_size = (float)-step_size;
 
-    long len = (long)n;
-#pragma omp parallel for simd schedule(static) if (len >= 32768)
-    for (long i = 0; i < len; i++) {
-        float g = grad[i] * grad_scale;
-        float p = param[i] * decay;
-        float mi = (float)((double)(m[i] * beta1) + (double)one_minus_b1 * g);
-        float vi = (float)((double)(v[i] * beta2) + (double)(one_minus_b2 * g) * g);
-        float denom = sqrtf(vi) / bc2_sqrt + eps;
-        m[i] = mi;
-        v[i] = vi;
-        param[i] = p + (neg_step_size * mi) / denom;
+    long len = (long)n, nspan = (len + SPAN - 1) / SPAN;
+#pragma omp parallel for schedule(static) if (len >= FT_PAR_MIN_MATH)
+    for (long k = 0; k < nspan; k++) {
+        long i0 = k * SPAN;
+        update_span(param + i0, grad + i0, m + i0, v + i0, len - i0 < SPAN ? len - i0 : SPAN,
+                    grad_scale, decay, hp.beta1, hp.beta2, one_minus_b1, one_minus_b2,
+                    bc2_sqrt, hp.eps, neg_step_size);
     }
 }

@@ -56,7 +56,9 @@
  * that a second loop adds over the group's heads in head order. Every output element is
  * therefore summed in one fixed order whatever the thread count. Scratch (the tiles,
  * one set a thread, and the partials) is the calling thread's grow-only buffers
- * (cpu_scratch.h): allocated by the first call of a shape, reused by every later one. */
+ * (cpu_scratch.h): allocated by the first call of a shape, reused by every later one.
+ * A task's block is one call of a function cloned per vector width (simd_clones.h), so
+ * its element-wise passes run as wide as the CPU allows. */
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -65,8 +67,10 @@
 #include <string.h>
 
 #include "cpu_ops.h"
+#include "cpu_parallel.h"
 #include "cpu_scratch.h"
 #include "fast_exp.h"
+#include "simd_clones.h"
 
 /* Query rows per block, and the most keys per chunk: one score tile is
  * ATT_BQ x ATT_KC floats (128 KiB). */
@@ -140,6 +144,43 @@ static inline void att_row_span(int i, int c0, int nc, int window, int *a, int *
     *e = att_min(i + 1 - c0, nc);
 }
 
+/* s[j] (and t[j] where t is not NULL) = v for the keys j of a tile over keys c0 ..
+ * c0+nc-1 that query i may not see: outside the span [a, e) of att_row_span, and inside
+ * it those of another segment. (The span's two ends as plain fills, which vectorize.) */
+static void att_mask(float *s, float *t, float v, int i, int c0, int nc, const int32_t *sb,
+                     int a, int e)
+{
+    a = att_min(a, nc);
+    e = att_max(att_min(e, nc), a);
+#pragma omp simd
+    for (int j = 0; j < a; j++) {
+        s[j] = v;
+    }
+#pragma omp simd
+    for (int j = e; j < nc; j++) {
+        s[j] = v;
+    }
+    if (t) {
+        for (int j = 0; j < a; j++) {
+            t[j] = v;
+        }
+        for (int j = e; j < nc; j++) {
+            t[j] = v;
+        }
+    }
+    if (!sb) {
+        return;
+    }
+    for (int j = a; j < e; j++) {
+        if (!att_in_seg(sb, i, c0 + j)) {
+            s[j] = v;
+            if (t) {
+                t[j] = v;
+            }
+        }
+    }
+}
+
 /* Row i of a forward tile over keys c0 .. c0+nc-1: s holds scale * q_i . k_j; it gets
  * the score where j is allowed for i and -inf elsewhere. Returns the row maximum
  * (-inf when no key of the chunk is allowed). */
@@ -152,11 +193,7 @@ static float att_row_scores(float *s, int i, int c0, int nc, const int32_t *sb, 
         float unused;
         s[j] = att_score(s[j], cap, &unused);
     }
-    for (int j = 0; j < nc; j++) {
-        if (j < a || j >= e || !att_in_seg(sb, i, c0 + j)) {
-            s[j] = -INFINITY;
-        }
-    }
+    att_mask(s, NULL, -INFINITY, i, c0, nc, sb, a, e);
     float m = -INFINITY;
 #pragma omp simd reduction(max : m)
     for (int j = a; j < e; j++) {
@@ -167,6 +204,7 @@ static float att_row_scores(float *s, int i, int c0, int nc, const int32_t *sb, 
 
 /* One forward task: query rows i0 .. i1-1 of (b, h). qb, ob: row i0 of head h (token
  * stride qs); kb, vb: token 0 of kv head g (stride ks); S: a tile; lse_bh: lse of (b, h). */
+FT_SIMD_CLONES
 static void att_forward_block(float *ob, float *lse_bh, const float *qb, const float *kb,
                               const float *vb, const int32_t *sb, int i0, int i1, int D,
                               size_t qs, size_t ks, float scale, int window, float cap,
@@ -279,17 +317,13 @@ static void att_row_grads(float *s, float *dp, int i, int c0, int nc, const int3
             dp[j] = scale * p * (dp[j] - dlt_i);
         }
     }
-    for (int j = 0; j < nc; j++) {
-        if (j < a || j >= e || !att_in_seg(sb, i, c0 + j)) {
-            s[j] = 0.0f;
-            dp[j] = 0.0f;
-        }
-    }
+    att_mask(s, dp, 0.0f, i, c0, nc, sb, a, e);
 }
 
 /* The backward of query rows i0 .. i1-1 of (b, h), pointers as att_forward_block's plus
  * dob, dqb (rows i0 of dout, dq; dq may be NULL) and dkh, dvh (token 0 of head h's dk,
  * dv sums, stride lds; NULL: not wanted). S and dP are two tiles. */
+FT_SIMD_CLONES
 static void att_backward_block(float *dqb, float *dkh, float *dvh, size_t lds,
                                const float *dob, const float *qb, const float *kb,
                                const float *vb, const float *ob, const float *lse_bh,
@@ -340,7 +374,8 @@ static void att_reduce_group(float *dst, const float *part, int B, int T, int Hq
                              int D)
 {
     const int G = Hq / Hkv;
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) \
+    if ((long)B * T * Hq * D >= FT_PAR_MIN_PASS)
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++) {
             for (int g = 0; g < Hkv; g++) {

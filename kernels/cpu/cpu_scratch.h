@@ -18,6 +18,7 @@ typedef enum ft_cpu_scratch_slot {
     FT_SCRATCH_ATT_TILES, /* attention: the score tiles, one set per OpenMP thread */
     FT_SCRATCH_ATT_DK,    /* attention backward (GQA): per-head dk sums */
     FT_SCRATCH_ATT_DV,    /* attention backward (GQA): per-head dv sums */
+    FT_SCRATCH_ROPE,      /* RoPE: the cos / sin table of the positions (rope.c) */
     FT_SCRATCH_NSLOTS
 } ft_cpu_scratch_slot;
 

@@ -28,13 +28,16 @@
 #include <math.h>
 
 #include "cpu_ops.h"
+#include "cpu_parallel.h"
 #include "fast_exp.h"
+#include "simd_clones.h"
 
 #define CE_BLOCKS 256
 #define CE_IGNORE (-100)
 
 /* -log softmax(row)[t]; with d != NULL also writes scale * (softmax - onehot(t)) to d
  * (d may equal row). */
+FT_SIMD_CLONES
 static double ce_row(float *d, const float *row, int t, int V, float scale, float cap)
 {
     float xt = row[t];
@@ -83,7 +86,7 @@ double ft_cpu_cross_entropy(float *dlogits, const float *logits, const int32_t *
         return 0.0;
     int nblocks = N < CE_BLOCKS ? N : CE_BLOCKS;
     double partial[CE_BLOCKS];
-#pragma omp parallel for schedule(static) if ((long)N * V >= 16384)
+#pragma omp parallel for schedule(static) if ((long)N * V >= FT_PAR_MIN_MATH)
     for (int b = 0; b < nblocks; b++) {
         int n0 = (int)((long)N * b / nblocks), n1 = (int)((long)N * (b + 1) / nblocks);
         double acc = 0.0;

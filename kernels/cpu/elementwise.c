@@ -13,8 +13,9 @@
 #include <string.h>
 
 #include "cpu_ops.h"
+#include "cpu_parallel.h"
 
-#define PAR_MIN 65536
+#define PAR_MIN FT_PAR_MIN_PASS
 #define SUMSQ_BLOCKS 64
 
 void ft_cpu_add(float *y, const float *x, size_t n)

@@ -15,11 +15,12 @@
  * The bias is written into y before the GEMM, which then runs with beta = 1: one pass
  * over y for the bias and one GEMM. db is summed per column in double, over column
  * blocks that each thread owns whole, so the result does not depend on the thread
- * count. BLAS is never called inside an OpenMP region: OpenBLAS's OpenMP build runs
- * each GEMM on libgomp's threads, the same pool as our regions (lib/core/omp_policy.c). */
-#include <cblas.h>
-
+ * count. The GEMMs are ft_cpu_sgemm's (cpu_gemm.c): a block of the output per thread of
+ * libgomp's pool, the same threads as our loops (lib/core/cpu_env.c), each block one
+ * single-threaded OpenBLAS call. */
+#include "cpu_gemm.h"
 #include "cpu_ops.h"
+#include "cpu_parallel.h"
 
 /* Columns per block of the db reduction: 64 floats = 4 cache lines, so two threads
  * never write the same line of db. */
@@ -32,7 +33,7 @@ void ft_cpu_linear_forward(float *y, const float *x, const float *w, const float
         return;
     float beta = accumulate ? 1.0f : 0.0f;
     if (b) {
-#pragma omp parallel for schedule(static) if ((long)N * out >= 65536)
+#pragma omp parallel for schedule(static) if ((long)N * out >= FT_PAR_MIN_PASS)
         for (int n = 0; n < N; n++) {
             float *yn = y + (size_t)n * out;
             if (accumulate) {
@@ -54,8 +55,7 @@ void ft_cpu_linear_forward(float *y, const float *x, const float *w, const float
                 y[i] = 0.0f;
         return;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, out, in, alpha, x, in, w, in,
-                beta, y, out);
+    ft_cpu_sgemm(false, true, N, out, in, alpha, x, in, w, in, beta, y, out);
 }
 
 void ft_cpu_linear_backward(float *dx, float *dw, float *db, const float *dy,
@@ -65,14 +65,12 @@ void ft_cpu_linear_backward(float *dx, float *dw, float *db, const float *dy,
     if (N <= 0 || out <= 0)
         return;
     if (in > 0 && dx)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in, out, alpha, dy, out,
-                    w, in, 1.0f, dx, in);
+        ft_cpu_sgemm(false, false, N, in, out, alpha, dy, out, w, in, 1.0f, dx, in);
     if (in > 0 && dw)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, N, alpha, dy, out, x,
-                    in, 1.0f, dw, in);
+        ft_cpu_sgemm(true, false, out, in, N, alpha, dy, out, x, in, 1.0f, dw, in);
     if (db) {
         int nblocks = (out + DB_BLOCK - 1) / DB_BLOCK;
-#pragma omp parallel for schedule(static) if ((long)N * out >= 65536)
+#pragma omp parallel for schedule(static) if ((long)N * out >= FT_PAR_MIN_PASS)
         for (int blk = 0; blk < nblocks; blk++) {
             int o0 = blk * DB_BLOCK;
             int len = out - o0 < DB_BLOCK ? out - o0 : DB_BLOCK;

@@ -30,9 +30,14 @@
 #include <math.h>
 
 #include "cpu_ops.h"
+#include "cpu_parallel.h"
+#include "simd_clones.h"
 
 #define DW_BLOCK 64
 
+/* One row each (dw: one column block over all rows), as functions cloned per vector
+ * width (simd_clones.h); the sums in double are the only values a width changes. */
+FT_SIMD_CLONES
 static void norm_row(float *on, float *rstd_n, const float *xn, const float *w, int C,
                      float eps, float w_offset)
 {
@@ -53,7 +58,7 @@ void ft_cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float
 {
     if (N <= 0 || C <= 0)
         return;
-#pragma omp parallel for schedule(static) if ((long)N * C >= 16384)
+#pragma omp parallel for schedule(static) if ((long)N * C >= FT_PAR_MIN_PASS)
     for (int n = 0; n < N; n++)
         norm_row(out + (size_t)n * C, rstd + n, x + (size_t)n * C, w, C, eps, w_offset);
 }
@@ -64,7 +69,7 @@ void ft_cpu_add_rmsnorm_forward(float *sum, float *out, float *rstd, const float
 {
     if (N <= 0 || C <= 0)
         return;
-#pragma omp parallel for schedule(static) if ((long)N * C >= 16384)
+#pragma omp parallel for schedule(static) if ((long)N * C >= FT_PAR_MIN_PASS)
     for (int n = 0; n < N; n++) {
         size_t row = (size_t)n * C;
 #pragma omp simd
@@ -74,46 +79,56 @@ void ft_cpu_add_rmsnorm_forward(float *sum, float *out, float *rstd, const float
     }
 }
 
+FT_SIMD_CLONES
+static void backward_row(float *dxn, const float *gn, const float *xn, const float *w, float r,
+                         int C, float w_offset)
+{
+    double dot = 0.0;
+#pragma omp simd reduction(+ : dot)
+    for (int c = 0; c < C; c++)
+        dot += (double)((w_offset + w[c]) * gn[c]) * xn[c];
+    /* k = r^2 * mean(w dout x): the coefficient of x in the bracket. */
+    float k = (float)((double)r * r * (dot / C));
+#pragma omp simd
+    for (int c = 0; c < C; c++)
+        dxn[c] += r * ((w_offset + w[c]) * gn[c] - xn[c] * k);
+}
+
+/* dw[c0 .. c0+len) += sum_n dout[n,c] x[n,c] rstd[n], the rows in order */
+FT_SIMD_CLONES
+static void dw_block(float *dw, const float *dout, const float *x, const float *rstd, int N,
+                     int C, int c0, int len)
+{
+    double acc[DW_BLOCK] = {0};
+    for (int n = 0; n < N; n++) {
+        const float *xn = x + (size_t)n * C + c0;
+        const float *gn = dout + (size_t)n * C + c0;
+        float r = rstd[n];
+#pragma omp simd
+        for (int j = 0; j < len; j++)
+            acc[j] += (double)(gn[j] * (xn[j] * r));
+    }
+    for (int j = 0; j < len; j++)
+        dw[c0 + j] = (float)((double)dw[c0 + j] + acc[j]);
+}
+
 void ft_cpu_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x,
                              const float *w, const float *rstd, int N, int C, float w_offset)
 {
     if (N <= 0 || C <= 0)
         return;
     if (dx) {
-#pragma omp parallel for schedule(static) if ((long)N * C >= 16384)
-        for (int n = 0; n < N; n++) {
-            const float *xn = x + (size_t)n * C;
-            const float *gn = dout + (size_t)n * C;
-            float *dxn = dx + (size_t)n * C;
-            float r = rstd[n];
-            double dot = 0.0;
-#pragma omp simd reduction(+ : dot)
-            for (int c = 0; c < C; c++)
-                dot += (double)((w_offset + w[c]) * gn[c]) * xn[c];
-            /* k = r^2 * mean(w dout x): the coefficient of x in the bracket. */
-            float k = (float)((double)r * r * (dot / C));
-#pragma omp simd
-            for (int c = 0; c < C; c++)
-                dxn[c] += r * ((w_offset + w[c]) * gn[c] - xn[c] * k);
-        }
+#pragma omp parallel for schedule(static) if ((long)N * C >= FT_PAR_MIN_PASS)
+        for (int n = 0; n < N; n++)
+            backward_row(dx + (size_t)n * C, dout + (size_t)n * C, x + (size_t)n * C, w,
+                         rstd[n], C, w_offset);
     }
     if (dw) {
         int nblocks = (C + DW_BLOCK - 1) / DW_BLOCK;
-#pragma omp parallel for schedule(static) if ((long)N * C >= 16384)
+#pragma omp parallel for schedule(static) if ((long)N * C >= FT_PAR_MIN_PASS)
         for (int blk = 0; blk < nblocks; blk++) {
             int c0 = blk * DW_BLOCK;
-            int len = C - c0 < DW_BLOCK ? C - c0 : DW_BLOCK;
-            double acc[DW_BLOCK] = {0};
-            for (int n = 0; n < N; n++) {
-                const float *xn = x + (size_t)n * C + c0;
-                const float *gn = dout + (size_t)n * C + c0;
-                float r = rstd[n];
-#pragma omp simd
-                for (int j = 0; j < len; j++)
-                    acc[j] += (double)(gn[j] * (xn[j] * r));
-            }
-            for (int j = 0; j < len; j++)
-                dw[c0 + j] = (float)((double)dw[c0 + j] + acc[j]);
+            dw_block(dw, dout, x, rstd, N, C, c0, C - c0 < DW_BLOCK ? C - c0 : DW_BLOCK);
         }
     }
 }

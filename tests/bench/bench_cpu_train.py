@@ -17,7 +17,8 @@ ahead) and RSS ours / HF (want <= 0.5).
 
 Both stacks use every CPU (torch.set_num_threads(os.cpu_count()), OpenMP's default for
 ours) and run with the environment given; ours sets OMP_WAIT_POLICY=passive for itself
-unless the environment sets a policy (lib/core/omp_policy.c). --hf-env K=V adds a
+unless the environment sets a policy, and OPENBLAS_CORETYPE where OpenBLAS mistakes the
+CPU for one without AVX2 (lib/core/cpu_env.c). --hf-env K=V adds a
 variable to HF's children only (e.g. OMP_WAIT_POLICY=passive, to see torch with the
 same wait policy).
 

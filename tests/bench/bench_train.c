@@ -20,7 +20,7 @@
 #include "device/device_clock.h"
 #include "model/model.h"
 #include "train/optim.h"
-#include "core/omp_policy.h"
+#include "core/cpu_env.h"
 #include "core/rng.h"
 #include "train/schedule.h"
 #include "train/train_step.h"
@@ -52,7 +52,7 @@ static double cpu_seconds(void)
 
 int main(int argc, char **argv)
 {
-    ft_cpu_omp_policy_reexec(argv); /* one pool that sleeps while it waits */
+    ft_cpu_env_reexec(argv); /* a pool that sleeps while it waits; BLAS kernels for this CPU */
     if (argc < 2) {
         fprintf(stderr, "usage: bench-train MODEL_DIR [--mode lora|qlora|full] [--batch B] "
                         "[--seq T] [--steps N] [--ckpt] [--device cpu|cuda] [--fp32] "

@@ -8,7 +8,8 @@
  * - RoPE backward: central finite differences of L = sum(rope(x) * r) on the double
  *   reference (L is linear in x, so the difference quotient is exact up to rounding);
  *   1e-6. Plus backward(forward(x)) == x, pair norms preserved, pos 0 the identity
- *   (bitwise).
+ *   (bitwise). Rows sharing positions (the op's position table) give the bits of the
+ *   same rows one at a time, through changes of frequencies, scale, width and length.
  * - Attention forward: a naive double reference (explicit T x T scores, mask, softmax
  *   with max subtraction); out and lse to 1e-5. Cases: MHA, GQA, MQA, odd sizes, T = 1,
  *   contiguous and interleaved segment ids, sliding windows, large logits, T > 64
@@ -184,6 +185,57 @@ static void test_rope_backward_fd(void)
         free(g);
         free(y);
     }
+}
+
+/* Rows that share positions (max pos < rows: the op's kept table of every position)
+ * give the bits of the same rows one at a time (pos >= 1 alone: the per-row path) and
+ * match the double reference; calls that change the frequencies, the scale, the
+ * partial rotary width or the longest position each get their own values (the table is
+ * kept only while they are the same), and so does the backward. */
+static void rope_table_case(const float *inv_freq, int D, int rd, float scale, int T,
+                            int rows, int backward)
+{
+    const int heads = 3, N = T * rows;
+    const size_t width = (size_t)heads * D, n = (size_t)N * width;
+    int32_t *pos = malloc((size_t)N * sizeof(int32_t));
+    for (int i = 0; i < N; i++)
+        pos[i] = i % T;
+    float *x = rand_buf(n, 2.0f), *y = copy_buf(x, n), *y1 = copy_buf(x, n);
+    if (backward)
+        ft_cpu_rope_backward(y, pos, inv_freq, N, heads, D, rd, scale);
+    else
+        ft_cpu_rope_forward(y, pos, inv_freq, N, heads, D, rd, scale);
+    for (int i = 0; i < N; i++) {
+        if (backward)
+            ft_cpu_rope_backward(y1 + i * width, pos + i, inv_freq, 1, heads, D, rd, scale);
+        else
+            ft_cpu_rope_forward(y1 + i * width, pos + i, inv_freq, 1, heads, D, rd, scale);
+    }
+    CHECK(!memcmp(y, y1, n * sizeof(float)));
+    double *xd = to_double(x, n), *yd = malloc(n * sizeof(double));
+    rope_ref_rd(yd, xd, pos, inv_freq, N, heads, D, rd, scale);
+    for (size_t i = 0; i < n && !backward; i++)
+        CHECK_CLOSE(y[i], yd[i], 1e-6);
+    free(pos);
+    free(x);
+    free(y);
+    free(y1);
+    free(xd);
+    free(yd);
+}
+
+static void test_rope_position_table(void)
+{
+    float fa[32], fb[32];
+    make_inv_freq(fa, 64, 10000.0);
+    make_inv_freq(fb, 64, 500000.0);
+    rope_table_case(fa, 64, 64, 1.0f, 40, 3, 0);
+    rope_table_case(fb, 64, 64, 1.0f, 40, 3, 0);  /* other frequencies */
+    rope_table_case(fb, 64, 64, 0.75f, 40, 3, 0); /* another scale */
+    rope_table_case(fb, 64, 48, 0.75f, 40, 3, 0); /* fewer frequencies (partial rotary) */
+    rope_table_case(fb, 64, 64, 1.0f, 90, 2, 0);  /* longer positions than kept */
+    rope_table_case(fb, 64, 64, 1.0f, 90, 2, 1);
+    rope_table_case(fa, 64, 64, 1.0f, 7, 4, 1);
 }
 
 static void test_rope_norm_and_identity(void)
@@ -811,6 +863,7 @@ int main(void)
     RUN(test_rope_partial_scaled);
     RUN(test_rope_backward_fd);
     RUN(test_rope_norm_and_identity);
+    RUN(test_rope_position_table);
     RUN(test_attention_forward);
     RUN(test_attention_backward);
     RUN(test_attention_backward_long);

@@ -1,10 +1,14 @@
-/* The CPU engine's threading model (kernels/cpu/omp_policy.c, mk/config.mk):
+/* The CPU engine's threading model and BLAS kernels (lib/core/cpu_env.c, mk/config.mk):
  *  - the OpenBLAS linked is its OpenMP build, so GEMMs share libgomp's threads;
- *  - ft_cpu_omp_policy_reexec gives libgomp the wait policy passive unless the
- *    environment chose one: checked in children of this test, in their environment and
- *    in libgomp itself (omp_display_env);
+ *  - ft_cpu_env_reexec gives libgomp the wait policy passive unless the environment
+ *    chose one: checked in children of this test, in their environment and in libgomp
+ *    itself (omp_display_env);
+ *  - after it, OpenBLAS runs kernels that use the CPU's AVX2 / AVX-512 where it has them
+ *    (its own detection takes an unknown newer Xeon for a Prescott), unless the
+ *    environment named a core; ft_cpu_blas_core_for's choices on a table;
  *  - a GEMM gives the same bits on 1 thread and on all of them, and inside a parallel
- *    region (where OpenBLAS's OpenMP build runs it on the calling thread). */
+ *    region (where OpenBLAS's OpenMP build runs it on the calling thread); so do the
+ *    linear layer's GEMMs, which ft_cpu_sgemm cuts into a block a thread. */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,10 +18,11 @@
 #include <sys/wait.h>
 
 #include "check.h"
-#include "core/omp_policy.h"
+#include "core/cpu_env.h"
 #include "cpu/cpu_ops.h"
 
 int openblas_get_parallel(void);
+char *openblas_get_corename(void);
 
 static char self_path[4096];
 
@@ -52,10 +57,12 @@ static void test_openblas_is_openmp(void)
     CHECK(openblas_get_parallel() == 2); /* 0 sequential, 1 pthreads, 2 OpenMP */
 }
 
-/* Runs this binary as "--child EXPECTED" with OMP_WAIT_POLICY set to value (NULL:
- * unset); the child calls ft_cpu_omp_policy_reexec and exits 0 when its environment and
- * libgomp both hold EXPECTED and its pid did not change. */
-static int run_child(const char *value, const char *expected)
+/* Runs this binary as "--child EXPECTED PID CORE" with OMP_WAIT_POLICY set to value and
+ * OPENBLAS_CORETYPE to core (NULL: unset); the child calls ft_cpu_env_reexec and exits 0
+ * when its environment and libgomp both hold the policy EXPECTED, its pid did not
+ * change, and OpenBLAS runs the core CORE given, or without one a core that
+ * ft_cpu_blas_core_for leaves as it is. */
+static int run_child(const char *value, const char *expected, const char *core)
 {
     pid_t pid = fork();
     if (pid == 0) {
@@ -64,9 +71,14 @@ static int run_child(const char *value, const char *expected)
             setenv("OMP_WAIT_POLICY", value, 1);
         else
             unsetenv("OMP_WAIT_POLICY");
+        if (core)
+            setenv("OPENBLAS_CORETYPE", core, 1);
+        else
+            unsetenv("OPENBLAS_CORETYPE");
         char pidbuf[32];
         snprintf(pidbuf, sizeof pidbuf, "%d", (int)getpid());
-        execl(self_path, self_path, "--child", expected, pidbuf, (char *)NULL);
+        execl(self_path, self_path, "--child", expected, pidbuf, core ? core : "-",
+              (char *)NULL);
         _exit(127);
     }
     int st = 0;
@@ -77,28 +89,52 @@ static int run_child(const char *value, const char *expected)
 
 static int child(char **argv)
 {
-    ft_cpu_omp_policy_reexec(argv);
+    ft_cpu_env_reexec(argv);
     char pol[32];
     libgomp_wait_policy(pol, sizeof pol);
-    const char *env = getenv("OMP_WAIT_POLICY");
+    const char *env = getenv("OMP_WAIT_POLICY"), *core = openblas_get_corename();
+    int core_ok = strcmp(argv[4], "-") ? !strcasecmp(core, argv[4])
+                                       : !ft_cpu_blas_core_for(core, ft_cpu_simd_level());
     int ok = env && !strcmp(env, argv[2]) && !strcasecmp(pol, argv[2]) &&
-             atoi(argv[3]) == (int)getpid();
+             atoi(argv[3]) == (int)getpid() && core_ok;
     if (!ok)
-        fprintf(stderr, "  child: OMP_WAIT_POLICY=%s, libgomp %s, pid %d (from %s)\n",
-                env ? env : "(unset)", pol, (int)getpid(), argv[3]);
+        fprintf(stderr, "  child: OMP_WAIT_POLICY=%s, libgomp %s, pid %d (from %s), "
+                        "OpenBLAS core %s (wanted %s)\n",
+                env ? env : "(unset)", pol, (int)getpid(), argv[3], core, argv[4]);
     return !ok;
 }
 
-/* no policy in the environment: passive, read by libgomp (the program ran again) */
+/* no policy in the environment: passive, read by libgomp (the program ran again); the
+ * BLAS core is one with the CPU's widest kernels */
 static void test_passive_by_default(void)
 {
-    CHECK(run_child(NULL, "passive") == 0);
+    CHECK(run_child(NULL, "passive", NULL) == 0);
 }
 
-/* a policy the environment gives is kept */
+/* a policy the environment gives is kept; so is a BLAS core it names (the only ones
+ * this test may name: one every x86-64 runs, and one that needs AVX2 where the CPU has
+ * it), and the program still runs again for the policy */
 static void test_environment_kept(void)
 {
-    CHECK(run_child("active", "active") == 0);
+    CHECK(run_child("active", "active", NULL) == 0);
+    CHECK(run_child("passive", "passive", "Prescott") == 0);
+    CHECK(run_child(NULL, "passive", "Prescott") == 0);
+    if (ft_cpu_simd_level() != FT_CPU_SIMD_OLDER)
+        CHECK(run_child(NULL, "passive", "Haswell") == 0);
+}
+
+/* The core asked for: only where OpenBLAS chose one without AVX2 kernels on a CPU that
+ * has AVX2 (and FMA), the AVX-512 one where the CPU has that too. */
+static void test_blas_core_choice(void)
+{
+    CHECK(!strcmp(ft_cpu_blas_core_for("Prescott", FT_CPU_SIMD_AVX512), "SkylakeX"));
+    CHECK(!strcmp(ft_cpu_blas_core_for("Nehalem", FT_CPU_SIMD_AVX2), "Haswell"));
+    CHECK(!strcmp(ft_cpu_blas_core_for("Sandybridge", FT_CPU_SIMD_AVX512), "SkylakeX"));
+    CHECK(ft_cpu_blas_core_for("Prescott", FT_CPU_SIMD_OLDER) == NULL);
+    CHECK(ft_cpu_blas_core_for("Haswell", FT_CPU_SIMD_AVX512) == NULL);
+    CHECK(ft_cpu_blas_core_for("SkylakeX", FT_CPU_SIMD_AVX512) == NULL);
+    CHECK(ft_cpu_blas_core_for("Zen", FT_CPU_SIMD_AVX2) == NULL);
+    CHECK(ft_cpu_blas_core_for("Cooperlake", FT_CPU_SIMD_AVX512) == NULL);
 }
 
 static void test_gemm_same_bits_any_threads(void)
@@ -130,15 +166,77 @@ static void test_gemm_same_bits_any_threads(void)
         free(y[k]);
 }
 
+/* y = x w^T, dx = dy w and dw = dy^T x (ft_cpu_linear_*, cut into one block a thread by
+ * ft_cpu_sgemm) with the same bits on 1, 2 and 3 threads: the model's shapes (SmolLM's
+ * projections and its LoRA products at rank 16, 512 token rows) and odd ones. */
+static void linear_all(float *y, float *dx, float *dw, const float *x, const float *w,
+                       const float *dy, int N, int in, int out, int threads)
+{
+    int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    memset(y, 0, sizeof(float) * (size_t)N * out);
+    memset(dx, 0, sizeof(float) * (size_t)N * in);
+    memset(dw, 0, sizeof(float) * (size_t)out * in);
+    ft_cpu_linear_forward(y, x, w, NULL, N, in, out, 1.0f, 0);
+    ft_cpu_linear_backward(dx, dw, NULL, dy, x, w, N, in, out, 0.5f);
+    omp_set_num_threads(saved);
+}
+
+static void test_linear_same_bits_any_threads(void)
+{
+    static const int shapes[][3] = {{512, 576, 1536}, {512, 1536, 576}, {512, 576, 192},
+                                    {512, 576, 16},   {512, 1536, 16},  {512, 16, 1536},
+                                    {512, 16, 576},   {333, 517, 1029}, {2048, 16, 40}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int N = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
+        size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
+        float *x = malloc(sizeof(float) * nx), *w = malloc(sizeof(float) * nw);
+        float *dy = malloc(sizeof(float) * ny), *r[3][3];
+        for (size_t i = 0; i < nx; i++)
+            x[i] = (float)((int)((unsigned)i * 7919u % 1000u) - 500) / 317.0f;
+        for (size_t i = 0; i < nw; i++)
+            w[i] = (float)((int)((unsigned)i * 104729u % 997u) - 498) / 411.0f;
+        for (size_t i = 0; i < ny; i++)
+            dy[i] = (float)((int)((unsigned)i * 2654435761u % 1009u) - 504) / 523.0f;
+        for (int t = 0; t < 3; t++) {
+            r[t][0] = malloc(sizeof(float) * ny);
+            r[t][1] = malloc(sizeof(float) * nx);
+            r[t][2] = malloc(sizeof(float) * nw);
+            linear_all(r[t][0], r[t][1], r[t][2], x, w, dy, N, in, out, t + 1);
+        }
+        for (int t = 1; t < 3; t++) {
+            int same = !memcmp(r[0][0], r[t][0], sizeof(float) * ny) &&
+                       !memcmp(r[0][1], r[t][1], sizeof(float) * nx) &&
+                       !memcmp(r[0][2], r[t][2], sizeof(float) * nw);
+            if (!same)
+                fprintf(stderr, "  N=%d in=%d out=%d: %d threads differ from 1\n", N, in, out,
+                        t + 1);
+            CHECK(same);
+        }
+        for (int t = 0; t < 3; t++)
+            for (int k = 0; k < 3; k++)
+                free(r[t][k]);
+        free(x);
+        free(w);
+        free(dy);
+    }
+}
+
 int main(int argc, char **argv)
 {
-    if (argc == 4 && !strcmp(argv[1], "--child"))
+    if (argc == 5 && !strcmp(argv[1], "--child"))
         return child(argv);
+    /* as the tools run: on a CPU OpenBLAS misdetects, its fallback kernels give other
+     * bits on 1 and 2 threads (Prescott's and Haswell's did on a 2-core Xeon, for the
+     * shape below) */
+    ft_cpu_env_reexec(argv);
     ssize_t n = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
     self_path[n > 0 ? n : 0] = '\0';
     RUN(test_openblas_is_openmp);
     RUN(test_passive_by_default);
     RUN(test_environment_kept);
+    RUN(test_blas_core_choice);
     RUN(test_gemm_same_bits_any_threads);
+    RUN(test_linear_same_bits_any_threads);
     return check_summary("threading");
 }

@@ -1,0 +1,106 @@
+/* The CPU kernels' GEMM outside their own parallel loops: one block of C per thread.
+ *
+ * OpenBLAS's OpenMP build threads a GEMM itself: its threads share the packed panels of
+ * one operand, so each waits for the others' packing in a sched_yield loop
+ * (driver/level3/level3_thread.c). Where the threads do not all hold a core (a machine
+ * shared with other work, or more runnable threads than cores) that waiting costs CPU
+ * time, and on the LoRA products, whose one side is the rank (16), its split ran at
+ * 22-36 GFLOP/s a core. Cut here instead, C's larger side into one block per thread,
+ * each block a single-threaded GEMM (OpenBLAS runs a call made inside a parallel region
+ * on the calling thread), the threads never wait for each other before the region's end:
+ * measured on a 2-core AVX-512 Xeon, a SmolLM-shaped LoRA step took 4 to 5 % less CPU
+ * time, its LoRA products 38-90 GFLOP/s. Each thread packs its part of the larger
+ * operand and all of the smaller one.
+ *
+ * Same bits on any thread count: every element of C is computed by the same kernel with
+ * the same blocking of K (OpenBLAS cuts K by K alone) whichever block holds it, as long as
+ * no block takes one of OpenBLAS's paths for small products, which sum in another order:
+ * the small-matrix kernels (SkylakeX: M N K <= 100^3) and the direct one (row-major NN,
+ * alpha 1, beta 0, up to 28 * 512^2, with a threshold that depends on the threads
+ * available). So a block has at least PART_MIN multiply-adds, and a product that could
+ * take the direct path is never cut. (tests/unit/test_threading.c compares 1, 2 and 3
+ * threads bit for bit on the model's shapes.)
+ *
+ * Small products (under SPLIT_MIN multiply-adds, a few hundred microseconds on one
+ * thread: LoRA's rank-16 products) run whole on the calling thread: a parallel region
+ * costs more to start than it saves there (cpu_parallel.h), and so does OpenBLAS's own
+ * threading, which would open one. OpenBLAS's OpenMP build threads a call by
+ * omp_get_max_threads() (its num_cpu_avail), so the calling thread's limit is set to 1
+ * for the call. */
+#include <cblas.h>
+#include <omp.h>
+
+#include "cpu_gemm.h"
+
+/* The fewest multiply-adds of one block: twice the largest small-matrix product. */
+#define PART_MIN (1L << 21)
+/* The fewest multiply-adds of a product that is cut into blocks. */
+#define SPLIT_MIN (1L << 24)
+/* Block boundaries are multiples of ALIGN rows or columns (OpenBLAS's SkylakeX sgemm
+ * works on 16 x 4 tiles of C). */
+#define ALIGN 16
+
+static void sgemm1(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                   int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* One GEMM on the calling thread alone. */
+static void sgemm1_serial(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                          int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    omp_set_num_threads(threads);
+}
+
+/* How many blocks to cut a product into: 1 where it is one GEMM (threaded by OpenBLAS
+ * as it chooses), 0 where it runs on the calling thread alone. */
+static int gemm_parts(bool ta, bool tb, int M, int N, int K, float alpha, float beta)
+{
+    if (omp_in_parallel())
+        return 1;
+    if (!ta && !tb && alpha == 1.0f && beta == 0.0f)
+        return 1; /* OpenBLAS's direct path may take it, or not, by the threads it has */
+    if ((long)M * N * K < SPLIT_MIN)
+        return 0;
+    long parts = (long)M * N * K / PART_MIN, side = (M > N ? M : N) / ALIGN;
+    int threads = omp_get_max_threads();
+    parts = parts < threads ? parts : threads;
+    parts = parts < side ? parts : side;
+    return parts > 1 ? (int)parts : 1;
+}
+
+void ft_cpu_sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                  const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                  int ldc)
+{
+    if (M <= 0 || N <= 0)
+        return;
+    int parts = gemm_parts(trans_a, trans_b, M, N, K, alpha, beta);
+    if (parts == 0) {
+        sgemm1_serial(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    if (parts == 1) {
+        sgemm1(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    bool rows = M >= N; /* cut C's rows (A's) or its columns (B's) */
+    int len = rows ? M : N;
+#pragma omp parallel for schedule(static) num_threads(parts)
+    for (int p = 0; p < parts; p++) {
+        int i0 = (int)((long)len * p / parts) / ALIGN * ALIGN;
+        int i1 = p == parts - 1 ? len : (int)((long)len * (p + 1) / parts) / ALIGN * ALIGN;
+        if (rows) /* rows i0..i1 of op(A): A's rows, or with trans_a its columns */
+            sgemm1(trans_a, trans_b, i1 - i0, N, K, alpha,
+                   A + (trans_a ? (size_t)i0 : (size_t)i0 * lda), lda, B, ldb, beta,
+                   C + (size_t)i0 * ldc, ldc);
+        else /* columns i0..i1 of op(B): B's columns, or with trans_b its rows */
+            sgemm1(trans_a, trans_b, M, i1 - i0, K, alpha, A, lda,
+                   B + (trans_b ? (size_t)i0 * ldb : (size_t)i0), ldb, beta, C + i0, ldc);
+    }
+}
