@@ -3,6 +3,7 @@
  * Thin main: parses the options, calls ft_merge (lib/model/merge.c) and prints the output dir
  * on stdout. */
 #include "core/cli.h"
+#include "core/cpu_env.h"
 #include "core/numparse.h"
 #include "model/merge.h"
 #include "formats/model_path.h"
@@ -55,6 +56,7 @@ static const ft_cli_option options[] = {
 
 int main(int argc, char **argv)
 {
+    ft_cpu_env_reexec(argv); /* a pool that sleeps while it waits; BLAS kernels for this CPU */
     ft_merge_options o = {0};
     ft_cli_parser cli;
     ft_cli_init(&cli, argc, argv, options, 0);

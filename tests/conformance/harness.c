@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/cpu_env.h"
 #include "model/model.h"
 #include "formats/quant_io.h"
 #include "train/optim.h"
@@ -500,6 +501,7 @@ static int run_dequantize(json_t *d, const char *out_path, ft_err *err)
 
 int main(int argc, char **argv)
 {
+    ft_cpu_env_reexec(argv); /* the BLAS kernels and wait policy the tools run with */
     if (argc != 3) {
         fprintf(stderr, "usage: ft-conform SPEC.json OUT.safetensors\n");
         return 2;
