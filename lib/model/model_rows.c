@@ -51,9 +51,9 @@ int ft_model_set_adapter(ft_model *m, bool enabled, ft_err *err)
 {
     if (!enabled && m->opt.mode == FT_TRAIN_LORA && m->opt.lora.modules_to_save)
         return ft_fail(err, "the adapter trains %s in full (modules_to_save): with the adapter "
-                       "switched off PEFT computes with the original module, which is not "
-                       "kept here; give the reference as a model (ft-eval --reference) or "
-                       "leave modules_to_save out",
+                       "switched off PEFT computes with the original module, which this "
+                       "objective did not keep (ft_pref_objective_keep_originals, or the "
+                       "engine's ft_engine_keep_reference, keeps it)",
                        m->opt.lora.modules_to_save == FT_SAVE_EMBED  ? "embed_tokens"
                        : m->opt.lora.modules_to_save == FT_SAVE_HEAD ? "lm_head"
                                                                      : "embed_tokens and lm_head");
