@@ -217,7 +217,7 @@ endif
 # baseline of the bench), where setup-python.sh has fetched it. scripts/gpu-session.sh
 # runs them there.
 FT_WHEEL_CACHE ?= $(VENV)/wheels
-BNB_VERSION := $(shell sed -n 's/^bitsandbytes==//p' scripts/python-requirements.txt)
+BNB_VERSION = $(shell sed -n 's/^bitsandbytes==//p' scripts/python-requirements.txt 2>/dev/null)
 gpu-bundle: $(GPU_BINS) $(TOOLS) $(HARNESSES) $(BENCH_TRAIN)
 	@mkdir -p .gpu
 	scripts/gpu-bundle.sh .gpu/ftkit.tar.xz $(GPU_BINS) $(TOOLS) $(HARNESSES) $(BENCH_TRAIN) \
