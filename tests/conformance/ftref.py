@@ -361,6 +361,18 @@ def make_config(shape, **override):
     return cls(**kw)
 
 
+def perturb_adapter_(pm, g):
+    """Moves a fresh PEFT model's adapter off its start, in parameter order from generator
+    g: every lora_ tensor drawn anew (0.2 N(0, 1)), every modules_to_save copy shifted by
+    0.05 N(0, 1) away from the base's values."""
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if ".lora_" in n:
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+            elif ".modules_to_save." in n:
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+
+
 def randomize_(model, seed):
     """Random values everywhere, so that no parameter is trivially 0 or 1: norm weights
     1 + 0.2 N(0,1) as the norm applies them (Gemma stores w and applies 1 + w: there the

@@ -222,13 +222,7 @@ def test_loss_with_added_tokens(ft_eval, env, tmp_path, extra):
     base.resize_token_embeddings(len(tok))
     pm = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
                                          task_type="CAUSAL_LM", **extra))
-    g = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for n, p in pm.named_parameters():
-            if ".lora_" in n:
-                p.copy_(0.2 * torch.randn(p.shape, generator=g))
-            elif ".modules_to_save." in n:
-                p.add_(0.05 * torch.randn(p.shape, generator=g))
+    ftref.perturb_adapter_(pm, torch.Generator().manual_seed(11))
     adapter = tmp_path / "adapter"
     adapter.mkdir()
     (adapter / "README.md").write_text("---\nlibrary_name: peft\n---\n")

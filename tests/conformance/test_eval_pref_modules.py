@@ -98,13 +98,7 @@ def peft_adapter(model_dir, out, kw, seed, tok=None):
         base.resize_token_embeddings(len(tok), mean_resizing=False)
     pm = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, bias="none",
                                          task_type="CAUSAL_LM", **kw))
-    g = torch.Generator().manual_seed(800 + seed)
-    with torch.no_grad():
-        for n, p in pm.named_parameters():
-            if ".lora_" in n:
-                p.copy_(0.2 * torch.randn(p.shape, generator=g))
-            elif ".modules_to_save." in n:
-                p.add_(0.05 * torch.randn(p.shape, generator=g))
+    ftref.perturb_adapter_(pm, torch.Generator().manual_seed(800 + seed))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pm.save_pretrained(str(out), safe_serialization=True)

@@ -227,13 +227,7 @@ def test_peft_adapter_for_resized_vocabulary(ft, tmp_path, variant):
     base.resize_token_embeddings(len(tok))
     pm = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
                                          **PEFT_VARIANTS[variant]))
-    g = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for n, p in pm.named_parameters():
-            if ".lora_" in n:
-                p.copy_(0.2 * torch.randn(p.shape, generator=g))
-            elif ".modules_to_save." in n:
-                p.add_(0.05 * torch.randn(p.shape, generator=g))
+    ftref.perturb_adapter_(pm, torch.Generator().manual_seed(11))
     adapter = tmp_path / "adapter"
     pm.save_pretrained(str(adapter))
     tok.save_pretrained(str(adapter))

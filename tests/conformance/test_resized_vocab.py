@@ -60,13 +60,7 @@ def make_adapter(model_dir, out_dir, kw, seed):
     base = resized_base(model_dir, V + ADDED)
     pm = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, bias="none",
                                          task_type="CAUSAL_LM", **kw))
-    g = torch.Generator().manual_seed(600 + seed)
-    with torch.no_grad():
-        for n, p in pm.named_parameters():
-            if ".lora_" in n:
-                p.copy_(0.2 * torch.randn(p.shape, generator=g))
-            elif ".modules_to_save." in n:
-                p.add_(0.05 * torch.randn(p.shape, generator=g))
+    ftref.perturb_adapter_(pm, torch.Generator().manual_seed(600 + seed))
     out_dir.mkdir(parents=True)
     (out_dir / "README.md").write_text("---\nlibrary_name: peft\n---\n")
     with warnings.catch_warnings():
