@@ -500,6 +500,18 @@ def test_strategies_equal_one_process(tmp_path_factory, strategy, tied):
             rows.append({"input_ids": ids, "labels": [-100] * 3 + ids[3:]})
         (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     model = d / ("tied" if tied else "llama")
+    run = strategy_equals_one_process(d, model, strategy)
+    w = dt.weights(run)
+    assert w["base_model.model.model.embed_tokens.weight"].shape[0] == 66
+    assert (run / "final" / "tokenizer.json").exists()
+
+
+def strategy_equals_one_process(d, model, strategy):
+    """Four steps of ft-train adding the tokens, on d/train.jsonl, under strategy on 2 ranks
+    against one process (batch 8 = 2 x 4; model_parallel: 4, its ranks share the batch;
+    the reference run kept in d for the next strategy); returns the 2-rank run's dir."""
+    import test_dist_train as dt
+
     dp = strategy != "model_parallel"
     common = dict(train__max_steps=4, train__warmup_steps=1, train__max_grad_norm=0,
                   train__weight_decay=0, train__lr_scheduler="cosine")
@@ -511,9 +523,7 @@ def test_strategies_equal_one_process(tmp_path_factory, strategy, tied):
     rankrun.run(config(d, name, model, d / "train.jsonl", model__max_seq_len=16,
                        train__batch_size=4, dist__strategy=strategy, **common), 2)
     dt.assert_same_run(ref, d / "runs" / name, w_atol=5e-4)
-    w = dt.weights(d / "runs" / name)
-    assert w["base_model.model.model.embed_tokens.weight"].shape[0] == 66
-    assert (d / "runs" / name / "final" / "tokenizer.json").exists()
+    return d / "runs" / name
 
 
 def test_dpo(llama, tmp_path):
