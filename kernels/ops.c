@@ -119,19 +119,31 @@ static void output_dtype(opcheck c, const char *name, ft_tensor t, ft_tensor in)
 
 #define ON_GPU(c) ((c).dev == FT_DEV_CUDA)
 #ifdef FT_HAVE_CUDA
-#define GPU_CALL(c, call)                                                               \
+/* Each call under FT_CUDA_PROFILE's timer (kernels/cuda/op_profile.cu), keyed by the op's
+ * name, or by `key` (GPU_CALL_KEY: a GEMM's shape) */
+#define GPU_CALL_KEY(c, key, call)                                                      \
     do {                                                                                \
         if (ON_GPU(c)) {                                                                \
+            int timed_ = ft_cuda_profile_begin(key);                                    \
             call;                                                                       \
+            if (timed_)                                                                 \
+                ft_cuda_profile_end();                                                  \
             return;                                                                     \
         }                                                                               \
     } while (0)
+#define GPU_CALL(c, call) GPU_CALL_KEY(c, (c).op, call)
 #define GPU_RETURN(c, call)                                                             \
     do {                                                                                \
-        if (ON_GPU(c))                                                                  \
-            return call;                                                                \
+        if (ON_GPU(c)) {                                                                \
+            int timed_ = ft_cuda_profile_begin((c).op);                                 \
+            double r_ = call;                                                           \
+            if (timed_)                                                                 \
+                ft_cuda_profile_end();                                                  \
+            return r_;                                                                  \
+        }                                                                               \
     } while (0)
 #else
+#define GPU_CALL_KEY(c, key, call) ((void)0)
 #define GPU_CALL(c, call) ((void)0)
 #define GPU_RETURN(c, call) ((void)0)
 #endif
@@ -139,6 +151,19 @@ static void output_dtype(opcheck c, const char *name, ft_tensor t, ft_tensor in)
 #define F(t) ((float *)(t).data)
 #define I(t) ((int32_t *)(t).data)
 #define SZ(a, b) ((size_t)(a) * (size_t)(b))
+
+#ifdef FT_HAVE_CUDA
+/* FT_CUDA_PROFILE's key of a GEMM: its op, dtype, shape and which outputs it makes */
+static const char *gemm_key(char *buf, size_t len, const char *op, ft_tensor x, int N, int in,
+                            int out, const char *parts)
+{
+    if (!ft_cuda_profile_enabled())
+        return op;
+    snprintf(buf, len, "%s %s N=%d in=%d out=%d%s", op, x.dtype == FT_BF16 ? "bf16" : "fp32",
+             N, in, out, parts);
+    return buf;
+}
+#endif
 
 void ft_linear_forward(ft_tensor y, ft_tensor x, ft_tensor w, ft_tensor b, int N, int in,
                        int out, float alpha, int accumulate)
@@ -152,7 +177,11 @@ void ft_linear_forward(ft_tensor y, ft_tensor x, ft_tensor w, ft_tensor b, int N
         same_dtype(c, "w", w, x, "x");
         output_dtype(c, "y", y, x);
     }
-    GPU_CALL(c, ft_cuda_linear_forward(y, x, w, b, N, in, out, alpha, accumulate));
+#ifdef FT_HAVE_CUDA
+    char key[96];
+    GPU_CALL_KEY(c, gemm_key(key, sizeof key, c.op, x, N, in, out, accumulate ? " +=" : ""),
+                 ft_cuda_linear_forward(y, x, w, b, N, in, out, alpha, accumulate));
+#endif
     ft_cpu_linear_forward(F(y), F(x), F(w), F(b), N, in, out, alpha, accumulate);
 }
 
@@ -176,7 +205,12 @@ void ft_linear_backward(ft_tensor dx, ft_tensor dw, ft_tensor db, ft_tensor dy,
         output_dtype(c, "dx", dx, dy);
         output_dtype(c, "dw", dw, dy);
     }
-    GPU_CALL(c, ft_cuda_linear_backward(dx, dw, db, dy, x, w, N, in, out, alpha));
+#ifdef FT_HAVE_CUDA
+    char key[96];
+    const char *parts = dx.data && dw.data ? " dx dw" : dx.data ? " dx" : " dw";
+    GPU_CALL_KEY(c, gemm_key(key, sizeof key, c.op, dy, N, in, out, parts),
+                 ft_cuda_linear_backward(dx, dw, db, dy, x, w, N, in, out, alpha));
+#endif
     ft_cpu_linear_backward(F(dx), F(dw), F(db), F(dy), F(x), F(w), N, in, out, alpha);
 }
 

@@ -127,6 +127,13 @@ void ft_cuda_col_dot(ft_tensor d, ft_tensor a, ft_tensor b, ft_tensor s, int N, 
  * CUDA error if one failed (a kernel fault is a bug, not an input error). */
 void ft_cuda_synchronize(void);
 
+/* op_profile.cu: with FT_CUDA_PROFILE=1 in the environment kernels/ops.c brackets each op
+ * it runs here with ft_cuda_profile_begin (1 when profiling, 0 otherwise) and, where that
+ * returned 1, ft_cuda_profile_end; the GPU time per key is printed at exit. */
+int ft_cuda_profile_enabled(void);
+int ft_cuda_profile_begin(const char *key);
+void ft_cuda_profile_end(void);
+
 /* moe.cu: routing and token grouping (ops.h's mixture-of-experts section). */
 void ft_cuda_moe_router_forward(ft_tensor probs, ft_tensor idx, ft_tensor w,
                                 ft_tensor logits, int N, int E, int k, int renorm);

@@ -216,6 +216,40 @@ def fmt(x, spec):
     return "-" if x is None else format(x, spec)
 
 
+def write_table(a, dev, torch_version, rate, rows, final):
+    """The table (printed when final) and OUT/<device>.md and .json, rewritten after each
+    config so that a run cut off by its time limit still leaves the configs it finished."""
+    gib = 2 ** 30
+    lines = [f"Device: {dev}. torch {torch_version}. Measured "
+             f"{'bf16' if a.device == 'cuda' else 'fp32'} GEMM rate: {rate / 1e12:.1f} TFLOP/s. "
+             f"Sequence {a.seq}, gradient checkpointing, {a.steps} timed steps after one warm-up.",
+             "",
+             "| config | batch | ours tokens/s | HF tokens/s | ratio | ours peak GiB | "
+             "HF peak GiB | mem ratio | ours MFU | HF MFU |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        op = r["ours"].get("peak_bytes", {}).get("total")
+        hp = r["hf"].get("peak_bytes", {}).get("total")
+        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+            r["config"], r["batch"], fmt(r["ours"].get("tokens_per_s"), ".0f"),
+            fmt(r["hf"].get("tokens_per_s"), ".0f"), fmt(r["ratio"], ".2f"),
+            fmt(op / gib if op else None, ".2f"), fmt(hp / gib if hp else None, ".2f"),
+            fmt(r["mem_ratio"], ".2f"), fmt(r["mfu"] and 100 * r["mfu"], ".1f"),
+            fmt(r["hf_mfu"] and 100 * r["hf_mfu"], ".1f")))
+    table = "\n".join(lines)
+    if final:
+        print(table)
+    os.makedirs(a.out, exist_ok=True)
+    slug = "".join(ch if ch.isalnum() else "-" for ch in dev).strip("-").lower()
+    slug += "-tiny" if a.tiny else ""
+    with open(os.path.join(a.out, slug + ".md"), "w") as f:
+        f.write(table + "\n")
+    with open(os.path.join(a.out, slug + ".json"), "w") as f:
+        json.dump({"device": dev, "gemm_flops": rate, "rows": rows}, f, indent=1)
+    if final:
+        print(f"wrote {os.path.join(a.out, slug)}.md and .json")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hf-worker", help=argparse.SUPPRESS)
@@ -274,33 +308,8 @@ def main():
                 print(f"{name} {who}: error: {r['error']}", flush=True)
         print(f"{name}: ours {fmt(ot, '.0f')} tokens/s, HF {fmt(ht, '.0f')} tokens/s", flush=True)
 
-    gib = 2 ** 30
-    lines = [f"Device: {dev}. torch {torch.__version__}. Measured "
-             f"{'bf16' if a.device == 'cuda' else 'fp32'} GEMM rate: {rate / 1e12:.1f} TFLOP/s. "
-             f"Sequence {a.seq}, gradient checkpointing, {a.steps} timed steps after one warm-up.",
-             "",
-             "| config | batch | ours tokens/s | HF tokens/s | ratio | ours peak GiB | "
-             "HF peak GiB | mem ratio | ours MFU | HF MFU |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        op = r["ours"].get("peak_bytes", {}).get("total")
-        hp = r["hf"].get("peak_bytes", {}).get("total")
-        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
-            r["config"], r["batch"], fmt(r["ours"].get("tokens_per_s"), ".0f"),
-            fmt(r["hf"].get("tokens_per_s"), ".0f"), fmt(r["ratio"], ".2f"),
-            fmt(op / gib if op else None, ".2f"), fmt(hp / gib if hp else None, ".2f"),
-            fmt(r["mem_ratio"], ".2f"), fmt(r["mfu"] and 100 * r["mfu"], ".1f"),
-            fmt(r["hf_mfu"] and 100 * r["hf_mfu"], ".1f")))
-    table = "\n".join(lines)
-    print(table)
-    os.makedirs(a.out, exist_ok=True)
-    slug = "".join(ch if ch.isalnum() else "-" for ch in dev).strip("-").lower()
-    slug += "-tiny" if a.tiny else ""
-    with open(os.path.join(a.out, slug + ".md"), "w") as f:
-        f.write(table + "\n")
-    with open(os.path.join(a.out, slug + ".json"), "w") as f:
-        json.dump({"device": dev, "gemm_flops": rate, "rows": rows}, f, indent=1)
-    print(f"wrote {os.path.join(a.out, slug)}.md and .json")
+        write_table(a, dev, torch.__version__, rate, rows, final=False)
+    write_table(a, dev, torch.__version__, rate, rows, final=True)
 
 
 if __name__ == "__main__":

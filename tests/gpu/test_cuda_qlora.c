@@ -187,7 +187,10 @@ static void test_qlora_model(void)
         CHECK(qelems > 0);
         CHECK(weights_live(m) == weights_live(md) - esize * qelems + qbytes);
 
-        double tol = d == FT_F32 ? 1e-5 : 2e-2, gtol = d == FT_F32 ? 1e-4 : 5e-2;
+        /* bf16 gradients against the fp32 CPU: the rounding of every stored activation
+         * adds up along the backward; layer 1's o_proj lora_A, the most sensitive, was
+         * 0.043 off on the emulated device and 0.055 on an H200 (cuBLAS's own order) */
+        double tol = d == FT_F32 ? 1e-5 : 2e-2, gtol = d == FT_F32 ? 1e-4 : 8e-2;
         result r;
         run(m, &r);
         char what[96];
