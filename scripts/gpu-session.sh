@@ -13,23 +13,30 @@
 # all within the budget (default 480 s; a phase that would start with under 20 s left is
 # skipped and said so):
 #
-#   env       nvidia-smi, gpu-info, ldd of ft-train, python's torch and CUDA       (30 s)
+#   env       nvidia-smi, gpu-info, ldd of ft-train, python's torch and CUDA       (45 s)
 #   ops       the GPU tier's binaries: every op against the CPU in fp32 and bf16,
-#             attention, MoE, QLoRA, NCCL in one process                           (90 s)
-#   memcheck  compute-sanitizer memcheck on each op test (test_cuda_*)             (90 s)
-#   model     test_gpu_model.py: the model on the GPU against transformers + PEFT   (90 s)
+#             attention, MoE, QLoRA, NCCL in one process                           (30 s)
+#   memcheck  compute-sanitizer memcheck on each op test (test_cuda_*)             (60 s)
+#   model     test_gpu_model.py: the model on the GPU against transformers + PEFT  (150 s)
 #   train     test_gpu_train.py: the 200-step curve against the CPU, resume bit for
-#             bit, every strategy under NCCL, QLoRA, out-of-memory advice          (180 s)
-#   moe       test_gpu_moe.py, test_gpu_qwen3_moe.py, test_gpu_qwen2_moe.py        (90 s)
+#             bit, every strategy under NCCL, QLoRA, out-of-memory advice           (90 s)
+#   moe       test_gpu_moe.py, test_gpu_qwen3_moe.py, test_gpu_qwen2_moe.py       (120 s)
+#   profile   FT_CUDA_PROFILE=1 bench-train, LoRA and full fine-tuning of a
+#             Llama-3.2-1B shape (batch 4 x 2048), one step each: the GPU time of
+#             every op, largest first, in profile.txt                               (90 s)
 #   bench     tests/bench/bench_gpu.py: lora-1b, full-1b, lora-8b, qlora-8b against
 #             transformers + PEFT (+ bitsandbytes) in the same call                (240 s)
+#
+# (The limits are what the phases took on an H200 on 2026-11-27, with some room: ops 9 s,
+# memcheck 9 s, train 53 s; model ran 230 of its tests in 90 s, moe 100 in 60 s.)
 #
 # e.g. `scripts/gpu-session.sh --budget 300 env ops model:120` or `... bench:400`.
 #
 # Output, under OUT (the device tool's folder; ./gpu-out elsewhere), at most 8 files as
 # the device tool brings back: summary.txt (one line per phase: passed, FAILED, TIMED OUT
 # after N s or skipped, with its seconds and the log's last summary line), logs.tar.gz (a
-# log per phase), and bench.md / bench.json (the bench table, when it ran). stdout gets
+# log per phase), bench.md / bench.json (the bench table, when it ran) and profile.txt
+# (when the profile phase ran). stdout gets
 # each phase's log as it runs and the summary at the end. Exits 0 when every phase run
 # passed.
 #
@@ -57,8 +64,8 @@ if [ "${1:-}" = --budget ]; then
 fi
 case "$budget" in '' | *[!0-9]*) echo "gpu-session: --budget: not a number of seconds: $budget" >&2; exit 2 ;; esac
 
-declare -A limit=([env]=30 [ops]=90 [memcheck]=90 [model]=90 [train]=180 [moe]=90 [bench]=240)
-order=(env ops memcheck model train moe bench)
+declare -A limit=([env]=45 [ops]=30 [memcheck]=60 [model]=150 [train]=90 [moe]=120 [profile]=90 [bench]=240)
+order=(env ops memcheck model train moe profile bench)
 phases=()
 for arg in "${@:-${order[@]}}"; do
   name=${arg%%:*}
@@ -116,7 +123,7 @@ phase_env() {
   if [ "$emu" = 1 ]; then echo "emulated device (FT_EMU=1): no nvidia-smi"; else nvidia-smi; fi
   "$bindir/gpu-info" && ldd "$bindir/ft-train" &&
     "$py" -c 'import torch, transformers, peft; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), "transformers", transformers.__version__, "peft", peft.__version__)' &&
-    { "$py" -c 'import bitsandbytes as b; print("bitsandbytes", b.__version__)' || echo "bitsandbytes: none (the qlora-8b baseline is skipped)"; }
+    { timeout 20 "$py" -c 'import bitsandbytes as b; print("bitsandbytes", b.__version__)' || echo "bitsandbytes: none, or its import took over 20 s (the qlora-8b baseline needs it)"; }
 }
 
 phase_ops() {
@@ -146,6 +153,25 @@ phase_memcheck() {
 phase_model() { run_pytest test_gpu_model.py; }
 phase_train() { run_pytest test_gpu_train.py; }
 phase_moe() { run_pytest test_gpu_moe.py test_gpu_qwen3_moe.py test_gpu_qwen2_moe.py; }
+
+# bench-train under FT_CUDA_PROFILE on a random-weight Llama-3.2-1B shape (tiny, batch 1 x
+# 64, on the emulated device), LoRA then full fine-tuning; the tables into profile.txt
+phase_profile() {
+  local dir=/tmp/ftkit-profile-model shape=1b batch=4 seq=2048 where=cuda mode rc=0
+  [ "$emu" = 1 ] && shape=tiny batch=1 seq=64 where=cpu
+  "$py" -c "import sys; sys.path.insert(0, 'tests/bench'); import bench_gpu; bench_gpu.write_model('$shape', '$dir', '$where')" ||
+    { echo "profile: writing the $shape model failed"; return 1; }
+  : >"$out/profile.txt"
+  for mode in lora full; do
+    echo "=== profile: $mode, $shape shape, batch $batch x $seq ===" | tee -a "$out/profile.txt"
+    FT_CUDA_PROFILE=1 "$testdir/bench-train" "$dir" --mode "$mode" --batch "$batch" --seq "$seq" \
+      --steps 1 --ckpt --device cuda 2>&1 | tee -a "$out/profile.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  done
+  rm -rf "$dir"
+  grep -q "^FT_CUDA_PROFILE: ops" "$out/profile.txt" || { echo "profile: no FT_CUDA_PROFILE table"; rc=1; }
+  return "$rc"
+}
 
 # FT_BENCH_ARGS adds bench_gpu.py options (e.g. "--configs lora-1b,qlora-8b --steps 3")
 phase_bench() {

@@ -16,6 +16,8 @@
 #ifndef FT_CUDA_OPS_H
 #define FT_CUDA_OPS_H
 
+#include <stdio.h>
+
 #include "../ops.h"
 
 #ifdef __cplusplus
@@ -133,6 +135,9 @@ void ft_cuda_synchronize(void);
 int ft_cuda_profile_enabled(void);
 int ft_cuda_profile_begin(const char *key);
 void ft_cuda_profile_end(void);
+/* The table so far into f (what the process prints to stderr at exit); nothing when no
+ * op was timed. */
+void ft_cuda_profile_write(FILE *f);
 
 /* moe.cu: routing and token grouping (ops.h's mixture-of-experts section). */
 void ft_cuda_moe_router_forward(ft_tensor probs, ft_tensor idx, ft_tensor w,

@@ -70,7 +70,8 @@ int by_time(const void *a, const void *b)
     return (x < y) - (x > y);
 }
 
-void report(void)
+/* the table, largest first (keeps the totals: a later report adds the ops since) */
+void write_report(FILE *f)
 {
     drain();
     if (prof.n_keys == 0)
@@ -81,19 +82,26 @@ void report(void)
     float span_ms = 0;
     if (cudaEventElapsedTime(&span_ms, prof.first, prof.last) == cudaSuccess)
         span = span_ms;
-    qsort(prof.keys, (size_t)prof.n_keys, sizeof prof.keys[0], by_time);
-    fprintf(stderr, "FT_CUDA_PROFILE: GPU time per op (ms, all calls of the process)\n");
-    fprintf(stderr, "%-72s %8s %11s %9s %6s\n", "op", "calls", "total ms", "mean us", "%");
+    /* sorted in a copy: the open pairs' key indices point into prof.keys */
+    static key_total sorted[MAX_KEYS];
+    memcpy(sorted, prof.keys, (size_t)prof.n_keys * sizeof sorted[0]);
+    qsort(sorted, (size_t)prof.n_keys, sizeof sorted[0], by_time);
+    fprintf(f, "FT_CUDA_PROFILE: GPU time per op (ms, all calls of the process)\n");
+    fprintf(f, "%-72s %8s %11s %9s %6s\n", "op", "calls", "total ms", "mean us", "%");
     for (int i = 0; i < prof.n_keys; i++) {
-        const key_total *k = &prof.keys[i];
-        fprintf(stderr, "%-72s %8ld %11.2f %9.1f %6.2f\n", k->key, k->calls, k->ms,
+        const key_total *k = &sorted[i];
+        fprintf(f, "%-72s %8ld %11.2f %9.1f %6.2f\n", k->key, k->calls, k->ms,
                 k->calls ? 1e3 * k->ms / (double)k->calls : 0.0, sum > 0 ? 100 * k->ms / sum : 0);
     }
-    fprintf(stderr, "FT_CUDA_PROFILE: ops %.2f ms of a %.2f ms span from the first op to the "
+    fprintf(f, "FT_CUDA_PROFILE: ops %.2f ms of a %.2f ms span from the first op to the "
                     "last (%.1f%% of the span waited on the host)\n",
             sum, span, span > 0 ? 100 * (span - sum) / span : 0.0);
 }
+
+void report_at_exit(void) { write_report(stderr); }
 } // namespace
+
+extern "C" void ft_cuda_profile_write(FILE *f) { write_report(f); }
 
 extern "C" int ft_cuda_profile_enabled(void)
 {
@@ -116,7 +124,7 @@ extern "C" int ft_cuda_profile_begin(const char *key)
         CUDA_CHECK(cudaEventCreate(&prof.last));
         CUDA_CHECK(cudaEventRecord(prof.first, s));
         prof.have_first = true;
-        atexit(report);
+        atexit(report_at_exit);
     }
     if (prof.pending == POOL)
         drain();

@@ -4,7 +4,8 @@
 # compute-sanitizer and a fake python (pytest, pip, bench_gpu.py), checks that:
 #   - every phase runs in order and passes, summary.txt says so line by line, the bundle
 #     is unpacked, the carried bitsandbytes wheel installed where python finds it, and
-#     OUT holds summary.txt, logs.tar.gz (a log per phase) and the bench table;
+#     OUT holds summary.txt, logs.tar.gz (a log per phase), the bench table and the
+#     profile phase's two FT_CUDA_PROFILE tables;
 #   - a failing op test fails its phase and the session, and the phases after it run;
 #   - a phase past its limit is stopped (its processes too), reported as timed out, and
 #     the session goes on to the next phase;
@@ -27,6 +28,8 @@ mkdir -p "$fake/scripts" "$fake/tests/bench" "$fake/build/tests/gpu" "$fake/bin"
 cp "$repo/scripts/gpu-session.sh" "$fake/scripts/"
 cp "$repo/tests/run-unit.sh" "$fake/tests/"
 cp /bin/true "$fake/bin/ft-train"
+printf '#!/bin/sh\n[ "$FT_CUDA_PROFILE" = 1 ] && echo "FT_CUDA_PROFILE: ops 1.00 ms of a 1.00 ms span" >&2\necho "{}"\n' \
+  >"$fake/build/tests/bench-train"
 printf '#!/bin/sh\necho "GPU 0: Fake GPU"\n' >"$fake/bin/gpu-info"
 for t in test_cuda_ops test_cuda_attention; do
   printf '#!/bin/sh\n[ "$FAIL_OP" = %s ] && { echo "%s: 1 passed, 1 failed"; exit 1; }\necho "%s: 2 passed, 0 failed"\n' \
@@ -54,7 +57,7 @@ EOF
 printf '#!/bin/sh\necho "GPU 0: Fake GPU (UUID: GPU-0)"\n' >"$work/path/nvidia-smi"
 printf '#!/bin/sh\nwhile [ "${1#-}" != "$1" ] || [ "$1" = memcheck ] || [ "$1" = 99 ]; do shift; done\nexec "$@"\n' \
   >"$work/path/compute-sanitizer"
-chmod +x "$fake/build/tests/gpu/"* "$fake/bin/"* "$work/path/"*
+chmod +x "$fake/build/tests/gpu/"* "$fake/build/tests/bench-train" "$fake/bin/"* "$work/path/"*
 
 # session NAME [VAR=value ...] -- ARGS: the script in a clean environment, OUT=$work/NAME;
 # its exit status, its output in $work/NAME.out
@@ -73,11 +76,12 @@ rc=$?
 lines=$(grep -c ' passed ' "$work/all/summary.txt")
 order=$(awk '{print $1}' "$work/all/summary.txt" | tr '\n' ' ')
 logs=$(tar -tzf "$work/all/logs.tar.gz" 2>/dev/null | grep -c '\.log$')
-if [ "$rc" -eq 0 ] && [ "$lines" -eq 7 ] && [ "$order" = "env ops memcheck model train moe bench " ] &&
-   [ "$logs" -eq 7 ] && [ -f "$work/all/bench.md" ] && [ -f "$work/all/bench.json" ] &&
+if [ "$rc" -eq 0 ] && [ "$lines" -eq 8 ] && [ "$order" = "env ops memcheck model train moe profile bench " ] &&
+   [ "$logs" -eq 8 ] && [ -f "$work/all/bench.md" ] && [ -f "$work/all/bench.json" ] &&
+   [ "$(grep -c '^FT_CUDA_PROFILE: ops' "$work/all/profile.txt" 2>/dev/null)" = 2 ] &&
    [ "$(cat "$fake/marker" 2>/dev/null)" = unpacked ] &&
    grep -q "ops .*passed .*4 passed, 0 failed" "$work/all/summary.txt"; then
-  ok "every phase in order, summary, logs, bench table, bundle unpacked"
+  ok "every phase in order, summary, logs, bench table, profiles, bundle unpacked"
 else
   bad "every phase" "rc $rc, $lines passed lines, order '$order', $logs logs: $(tail -n 9 "$work/all.out" | tr '\n' ' ')"
 fi
