@@ -45,6 +45,9 @@ HARNESSES := $(CONFORM_HARNESS) $(DATA_HARNESS) $(TOKENIZE_HARNESS) $(TB_HARNESS
 VENV ?= .venv
 
 BENCH_TRAIN := $(FT_BUILD)/tests/bench-train
+# cuBLAS / cublasLt GEMM timings of linear.cu's calls (tests/bench/bench_gemm.c): real CUDA
+# builds only (the emulated device has no cublasLt)
+BENCH_GEMM := $(if $(filter 1,$(CUDA)),$(FT_BUILD)/tests/bench-gemm)
 
 .PHONY: test test-unit test-dist test-conformance test-gpu test-gpu-emu gpu-bundle unit-bins gpu-bins \
         bench-cpu bench-tokenizer bench-dist bench config-reference test-nccl-emu
@@ -85,6 +88,9 @@ $(BENCH_TRAIN): tests/bench/bench_train.c $(LIBFT) $(EMU_LIB)
 $(HARNESSES) $(BENCH_TRAIN):
 	@mkdir -p $(dir $@)
 	$(call ft_step,CC,$<)$(FT_CC) $< $(LIBFT) $(FT_LD) $(LDLIBS) -o $@
+$(FT_BUILD)/tests/bench-gemm: tests/bench/bench_gemm.c $(BUILD_FLAGS)
+	@mkdir -p $(dir $@)
+	$(call ft_step,CC,$<)$(FT_CC) $< $(FT_LD) $(LDLIBS) -lcublasLt -o $@
 
 # CPU training tokens/s and peak RSS, ours vs transformers + PEFT (sdpa) in the same run:
 # SmolLM-135M's shape and a tiny one, LoRA and full, checkpointing off and on
@@ -127,7 +133,7 @@ bench-tokenizer: $(TOKENIZE_HARNESS)
 	FT_TOKENIZE=$(call q,$(abspath $(TOKENIZE_HARNESS))) $(call q,$(VENV))/bin/python tests/bench/bench_tokenizer.py
 
 unit-bins: $(UNIT_BINS) $(EMU_BINS)
-gpu-bins: $(GPU_BINS) $(EMU_CHECK_BINS)
+gpu-bins: $(GPU_BINS) $(EMU_CHECK_BINS) $(BENCH_GEMM)
 
 # The CPU tiers (unit, dist, conformance) hide the GPUs (CUDA_VISIBLE_DEVICES empty): their
 # references are the fp32 CPU engine, which train.device auto would leave for a GPU on a
@@ -218,9 +224,9 @@ endif
 # runs them there.
 FT_WHEEL_CACHE ?= $(VENV)/wheels
 BNB_VERSION = $(shell sed -n 's/^bitsandbytes==//p' scripts/python-requirements.txt 2>/dev/null)
-gpu-bundle: $(GPU_BINS) $(TOOLS) $(HARNESSES) $(BENCH_TRAIN)
+gpu-bundle: $(GPU_BINS) $(TOOLS) $(HARNESSES) $(BENCH_TRAIN) $(BENCH_GEMM)
 	@mkdir -p .gpu
-	scripts/gpu-bundle.sh .gpu/ftkit.tar.xz $(GPU_BINS) $(TOOLS) $(HARNESSES) $(BENCH_TRAIN) \
+	scripts/gpu-bundle.sh .gpu/ftkit.tar.xz $(GPU_BINS) $(TOOLS) $(HARNESSES) $(BENCH_TRAIN) $(BENCH_GEMM) \
 	  tests/run-gpu.sh tests/run-unit.sh
 	@rm -f .gpu/bitsandbytes-*.whl; whl=$$(ls $(call q,$(FT_WHEEL_CACHE))/bitsandbytes-$(BNB_VERSION)-*.whl 2>/dev/null | head -n 1); \
 	if [ -n "$$whl" ]; then cp "$$whl" .gpu/ && echo "gpu-bundle: .gpu/$$(basename "$$whl")"; \

@@ -24,6 +24,8 @@
 #   profile   FT_CUDA_PROFILE=1 bench-train, LoRA and full fine-tuning of a
 #             Llama-3.2-1B shape (batch 4 x 2048), one step each: the GPU time of
 #             every op, largest first, in profile.txt                               (90 s)
+#   gemm      bench-gemm: linear.cu's GEMMs of those steps, cublasGemmEx with a bf16
+#             and an fp32 output against each algorithm cublasLt's heuristic offers    (40 s)
 #   bench     tests/bench/bench_gpu.py: lora-1b, full-1b, lora-8b, qlora-8b against
 #             transformers + PEFT (+ bitsandbytes) in the same call                (240 s)
 #
@@ -64,8 +66,8 @@ if [ "${1:-}" = --budget ]; then
 fi
 case "$budget" in '' | *[!0-9]*) echo "gpu-session: --budget: not a number of seconds: $budget" >&2; exit 2 ;; esac
 
-declare -A limit=([env]=45 [ops]=30 [memcheck]=60 [model]=150 [train]=90 [moe]=120 [profile]=90 [bench]=240)
-order=(env ops memcheck model train moe profile bench)
+declare -A limit=([env]=45 [ops]=30 [memcheck]=60 [model]=150 [train]=90 [moe]=120 [profile]=90 [gemm]=40 [bench]=240)
+order=(env ops memcheck model train moe profile gemm bench)
 phases=()
 for arg in "${@:-${order[@]}}"; do
   name=${arg%%:*}
@@ -171,6 +173,13 @@ phase_profile() {
   rm -rf "$dir"
   grep -q "^FT_CUDA_PROFILE: ops" "$out/profile.txt" || { echo "profile: no FT_CUDA_PROFILE table"; rc=1; }
   return "$rc"
+}
+
+phase_gemm() {
+  if [ "$emu" = 1 ]; then
+    echo "gemm: skipped on the emulated device (it has no cublasLt)"; return 0
+  fi
+  "$testdir/bench-gemm" --iters 10
 }
 
 # FT_BENCH_ARGS adds bench_gpu.py options (e.g. "--configs lora-1b,qlora-8b --steps 3")

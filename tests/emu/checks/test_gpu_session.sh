@@ -57,7 +57,8 @@ EOF
 printf '#!/bin/sh\necho "GPU 0: Fake GPU (UUID: GPU-0)"\n' >"$work/path/nvidia-smi"
 printf '#!/bin/sh\nwhile [ "${1#-}" != "$1" ] || [ "$1" = memcheck ] || [ "$1" = 99 ]; do shift; done\nexec "$@"\n' \
   >"$work/path/compute-sanitizer"
-chmod +x "$fake/build/tests/gpu/"* "$fake/build/tests/bench-train" "$fake/bin/"* "$work/path/"*
+printf '#!/bin/sh\necho "fwd  N=8 in=8 out=8 cublasGemmEx ->bf16 1.0 us 0.0 TFLOP/s"\n' >"$fake/build/tests/bench-gemm"
+chmod +x "$fake/build/tests/gpu/"* "$fake/build/tests/bench-train" "$fake/build/tests/bench-gemm" "$fake/bin/"* "$work/path/"*
 
 # session NAME [VAR=value ...] -- ARGS: the script in a clean environment, OUT=$work/NAME;
 # its exit status, its output in $work/NAME.out
@@ -76,8 +77,8 @@ rc=$?
 lines=$(grep -c ' passed ' "$work/all/summary.txt")
 order=$(awk '{print $1}' "$work/all/summary.txt" | tr '\n' ' ')
 logs=$(tar -tzf "$work/all/logs.tar.gz" 2>/dev/null | grep -c '\.log$')
-if [ "$rc" -eq 0 ] && [ "$lines" -eq 8 ] && [ "$order" = "env ops memcheck model train moe profile bench " ] &&
-   [ "$logs" -eq 8 ] && [ -f "$work/all/bench.md" ] && [ -f "$work/all/bench.json" ] &&
+if [ "$rc" -eq 0 ] && [ "$lines" -eq 9 ] && [ "$order" = "env ops memcheck model train moe profile gemm bench " ] &&
+   [ "$logs" -eq 9 ] && [ -f "$work/all/bench.md" ] && [ -f "$work/all/bench.json" ] &&
    [ "$(grep -c '^FT_CUDA_PROFILE: ops' "$work/all/profile.txt" 2>/dev/null)" = 2 ] &&
    [ "$(cat "$fake/marker" 2>/dev/null)" = unpacked ] &&
    grep -q "ops .*passed .*4 passed, 0 failed" "$work/all/summary.txt"; then
