@@ -201,6 +201,10 @@ static uint8_t dynamic_index(const float *code, float x)
 
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
+/* elements from which a weight is quantized on every core (below, a parallel region
+ * costs more than it saves; see kernels/cpu/cpu_parallel.h) */
+#define FT_QUANT_MIN_PARALLEL (1L << 18)
+
 /* Double quantization of the block absmax (see quant.h): q->absmax gives way to its
  * 8-bit codes, the nested absmax, the map and the offset. */
 static int quantize_absmax(ft_qtensor *q)
@@ -246,7 +250,13 @@ static int quantize_4bit(const float *w, size_t n, const ft_quant_options *o, ft
     if (!q->packed || !q->absmax)
         return -1;
     uint8_t (*index)(float) = q->type == FT_QUANT_NF4 ? nf4_index : fp4_index;
-    for (size_t b = 0; b < q->n_blocks; b++) {
+    /* The blocks are independent, so a large weight is quantized on every core (quantizing
+     * on load is on the way to an 8B model's first step); an even block size keeps each
+     * packed byte in one block, and no value depends on the split. */
+    long nblocks = (long)q->n_blocks;
+#pragma omp parallel for schedule(static) if (bs % 2 == 0 && n >= FT_QUANT_MIN_PARALLEL)
+    for (long bl = 0; bl < nblocks; bl++) {
+        size_t b = (size_t)bl;
         size_t i0 = b * bs, i1 = i0 + bs < n ? i0 + bs : n;
         float amax = 0.0f;
         for (size_t i = i0; i < i1; i++)

@@ -4,6 +4,7 @@
  * the blocksize, odd counts, inf/NaN), and the checkpoint layout read back, with every
  * corruption a clear error; block-wise shards (quant_shard.h) tile each array. */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,6 +138,38 @@ static void test_roundtrip_bounds(void)
             roundtrip(FT_QUANT_INT8, 0, false, sizes[s][0], sizes[s][1], real);
     /* enough blocks that double quantization has several nested blocks of 256 */
     roundtrip(FT_QUANT_NF4, 32, true, 300, 200, true);
+}
+
+/* A weight large enough to be quantized on every core gives the same bytes on 1 and 4
+ * threads (the split is by whole blocks; FT_QUANT_MIN_PARALLEL in quant.c). */
+static void test_threads_same_bytes(void)
+{
+    const int64_t rows = 512, cols = 1024;
+    size_t n = (size_t)(rows * cols);
+    float *w = malloc(n * sizeof *w);
+    for (size_t i = 0; i < n; i++)
+        w[i] = 0.02f * normal();
+    ft_quant_type types[] = {FT_QUANT_NF4, FT_QUANT_FP4};
+    int blocks[] = {64, 4096};
+    int saved = omp_get_max_threads();
+    for (int t = 0; t < 2; t++)
+        for (int b = 0; b < 2; b++) {
+            ft_quant_options o = {types[t], blocks[b], true};
+            ft_qtensor one = {0}, four = {0};
+            ft_err err = {0};
+            omp_set_num_threads(1);
+            CHECK(ft_quantize(w, rows, cols, &o, &one, &err) == 0);
+            omp_set_num_threads(4);
+            CHECK(ft_quantize(w, rows, cols, &o, &four, &err) == 0);
+            CHECK(one.n_blocks == four.n_blocks);
+            CHECK(memcmp(one.packed, four.packed, (n + 1) / 2) == 0);
+            CHECK(memcmp(one.absmax_q, four.absmax_q, one.n_blocks) == 0);
+            CHECK(one.nested_offset == four.nested_offset);
+            ft_qtensor_free(&one);
+            ft_qtensor_free(&four);
+        }
+    omp_set_num_threads(saved);
+    free(w);
 }
 
 /* The decision trees against a plain nearest-code search: equal, except where x lies
@@ -675,6 +708,7 @@ int main(void)
     RUN(test_code_tables);
     RUN(test_roundtrip_bounds);
     RUN(test_codes_are_nearest);
+    RUN(test_threads_same_bytes);
     RUN(test_packing_order);
     RUN(test_zero_blocks_and_partial);
     RUN(test_dequant_ops);
