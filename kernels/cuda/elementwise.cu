@@ -2,11 +2,13 @@
  *   add: y += x   copy: y = x (also fp32 <-> bf16)   zero: y = 0   scale: x *= s
  *   softcap: x = cap * tanh(x / cap)
  *   sumsq: sum_i x_i^2 in double
+ * add, copy and scale move 8 elements a thread where their operands allow (vec_io.cuh).
  * sumsq feeds gradient clipping, so it must not change from run to run: a fixed grid of
  * SUMSQ_BLOCKS blocks (so each thread's grid-stride share is fixed) sums in double into
  * the scratch, and ft_cuda_sum_partials adds the partials in index order and reads the
  * result back (the gradient-norm read of a step). */
 #include "cuda_common.cuh"
+#include "vec_io.cuh"
 
 #define EW_THREADS 256
 #define SUMSQ_BLOCKS 1024
@@ -28,6 +30,44 @@ __global__ void scale_kernel(fview x, float s, size_t n)
 {
     GRID_STRIDE(i, n)
     st(x, i, ld(x, i) * s);
+}
+
+/* add, copy (across dtypes) and scale 8 elements a thread (vec_io.cuh), n a multiple of 8 */
+__global__ void add_vec8_kernel(fview y, fview x, size_t n)
+{
+    GRID_STRIDE(j, n / VEC8)
+    {
+        float a[VEC8], b[VEC8];
+        ld8(y, j * VEC8, a);
+        ld8(x, j * VEC8, b);
+#pragma unroll
+        for (int k = 0; k < VEC8; k++)
+            a[k] = a[k] + b[k];
+        st8(y, j * VEC8, a);
+    }
+}
+
+__global__ void copy_vec8_kernel(fview y, fview x, size_t n)
+{
+    GRID_STRIDE(j, n / VEC8)
+    {
+        float a[VEC8];
+        ld8(x, j * VEC8, a);
+        st8(y, j * VEC8, a);
+    }
+}
+
+__global__ void scale_vec8_kernel(fview x, float s, size_t n)
+{
+    GRID_STRIDE(j, n / VEC8)
+    {
+        float a[VEC8];
+        ld8(x, j * VEC8, a);
+#pragma unroll
+        for (int k = 0; k < VEC8; k++)
+            a[k] = a[k] * s;
+        st8(x, j * VEC8, a);
+    }
 }
 
 __global__ void softcap_kernel(fview x, float cap, size_t n)
@@ -54,8 +94,12 @@ extern "C" void ft_cuda_add(ft_tensor y, ft_tensor x, size_t n)
 {
     if (n == 0)
         return;
-    FT_LAUNCH(add_kernel, grid_for(n, EW_THREADS), EW_THREADS, 0, ft_cuda_stream())(fv(y), fv(x),
-                                                                                  n);
+    if (vec8_ok(n, y.data, x.data))
+        FT_LAUNCH(add_vec8_kernel, grid_for(n / VEC8, EW_THREADS), EW_THREADS, 0,
+                  ft_cuda_stream())(fv(y), fv(x), n);
+    else
+        FT_LAUNCH(add_kernel, grid_for(n, EW_THREADS), EW_THREADS, 0, ft_cuda_stream())(
+            fv(y), fv(x), n);
     LAUNCH_CHECK();
 }
 
@@ -69,8 +113,12 @@ extern "C" void ft_cuda_copy(ft_tensor y, ft_tensor x, size_t n)
                                    ft_cuda_stream()));
         return;
     }
-    FT_LAUNCH(copy_kernel, grid_for(n, EW_THREADS), EW_THREADS, 0, ft_cuda_stream())(fv(y), fv(x),
-                                                                                   n);
+    if (vec8_ok(n, y.data, x.data))
+        FT_LAUNCH(copy_vec8_kernel, grid_for(n / VEC8, EW_THREADS), EW_THREADS, 0,
+                  ft_cuda_stream())(fv(y), fv(x), n);
+    else
+        FT_LAUNCH(copy_kernel, grid_for(n, EW_THREADS), EW_THREADS, 0, ft_cuda_stream())(
+            fv(y), fv(x), n);
     LAUNCH_CHECK();
 }
 
@@ -86,8 +134,12 @@ extern "C" void ft_cuda_scale(ft_tensor x, float s, size_t n)
 {
     if (n == 0)
         return;
-    FT_LAUNCH(scale_kernel, grid_for(n, EW_THREADS), EW_THREADS, 0, ft_cuda_stream())(fv(x), s,
-                                                                                    n);
+    if (vec8_ok(n, x.data))
+        FT_LAUNCH(scale_vec8_kernel, grid_for(n / VEC8, EW_THREADS), EW_THREADS, 0,
+                  ft_cuda_stream())(fv(x), s, n);
+    else
+        FT_LAUNCH(scale_kernel, grid_for(n, EW_THREADS), EW_THREADS, 0, ft_cuda_stream())(
+            fv(x), s, n);
     LAUNCH_CHECK();
 }
 

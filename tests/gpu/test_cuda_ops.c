@@ -403,7 +403,8 @@ typedef void (*glu_bwd)(ft_tensor, ft_tensor, ft_tensor, ft_tensor, ft_tensor, s
 /* SwiGLU and GeGLU (gelu tanh) share the shape and the checks. */
 static void glu_case(const char *name, glu_fwd fwd, glu_bwd bwd)
 {
-    static const size_t sizes[] = {1, 1001, 65536 + 7};
+    /* 4096: the 8-wide kernels (vec_io.cuh); the others the scalar ones */
+    static const size_t sizes[] = {1, 1001, 4096, 65536 + 7};
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
         for (int di = 0; di < 2; di++) {
             ft_dtype d = DTYPES[di];
@@ -503,7 +504,8 @@ static void test_cross_entropy(void)
 
 static void test_elementwise(void)
 {
-    static const size_t sizes[] = {1, 333, 1000003};
+    /* 4096 and 8 * 125003: the 8-wide kernels (vec_io.cuh); the others the scalar ones */
+    static const size_t sizes[] = {1, 333, 4096, 8 * 125003, 1000003};
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
         for (int di = 0; di < 2; di++) {
             ft_dtype d = DTYPES[di];
@@ -552,6 +554,37 @@ static void test_elementwise(void)
             free(x), free(y), free(zeros);
             dev_free(gx), dev_free(gy), dev_free(g32), dev_free(gd);
         }
+}
+
+/* The 8-wide kernels need 16-byte aligned operands: views one element into their
+ * buffers (a multiple of 8 elements, misaligned) take the scalar kernels and agree with
+ * the CPU, in both dtypes. */
+static void test_vec8_misaligned(void)
+{
+    const size_t n = 4096;
+    for (int di = 0; di < 2; di++) {
+        ft_dtype d = DTYPES[di];
+        size_t es = d == FT_BF16 ? 2 : 4;
+        float *gate = rounded(host_random(n + 1, 4.0f), n + 1, d);
+        float *up = rounded(host_random(n + 1, 1.0f), n + 1, d), *out = host_alloc(n + 1);
+        ft_tensor gg = dev_upload(gate, n + 1, d), gu = dev_upload(up, n + 1, d);
+        ft_tensor go = dev_upload(out, n + 1, d);
+        ft_tensor vg = gg, vu = gu, vo = go; /* element 1 on: 2 or 4 bytes off alignment */
+        vg.data = (char *)gg.data + es, vu.data = (char *)gu.data + es;
+        vo.data = (char *)go.data + es;
+        ft_swiglu_forward(ft_f32(out + 1, n), ft_f32(gate + 1, n), ft_f32(up + 1, n), n);
+        ft_swiglu_forward(vo, vg, vu, n);
+        ft_add(ft_f32(up + 1, n), ft_f32(gate + 1, n), n);
+        ft_add(vu, vg, n);
+        float *got_o = dev_download(go), *got_u = dev_download(gu);
+        char what[96];
+        snprintf(what, sizeof what, "swiglu fwd misaligned n=%zu %s", n, dtype_name(d));
+        CHECK_REL(what, got_o + 1, out + 1, n, tol_for(d));
+        snprintf(what, sizeof what, "add misaligned n=%zu %s", n, dtype_name(d));
+        CHECK_REL(what, got_u + 1, up + 1, n, tol_for(d));
+        free(gate), free(up), free(out), free(got_o), free(got_u);
+        dev_free(gg), dev_free(gu), dev_free(go);
+    }
 }
 
 /* ---- DoRA: row norms, column scaling, column dot products -------------------------- */
@@ -743,6 +776,7 @@ int main(void)
     RUN(test_rope);
     RUN(test_swiglu);
     RUN(test_geglu);
+    RUN(test_vec8_misaligned);
     RUN(test_cross_entropy);
     RUN(test_elementwise);
     RUN(test_dora);
