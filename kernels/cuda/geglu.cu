@@ -2,8 +2,8 @@
  * elementwise over [n], fp32 arithmetic:
  *   forward:  out = gelu_tanh(g) * u,  gelu_tanh(g) = 0.5 g (1 + tanh(beta (g + kappa g^3)))
  *   backward: dgate += dout * u * gelu_tanh'(g);  dup += dout * gelu_tanh(g)
- * The same fp32 expressions as the CPU op (and torch's kernels), saturation included. * Both directions move 8 elements a thread where the operands allow (vec_io.cuh).
- */
+ * The same fp32 expressions as the CPU op (and torch's kernels), saturation included.
+ * Both directions move 8 elements a thread where the operands allow (vec_io.cuh). */
 #include "cuda_common.cuh"
 #include "vec_io.cuh"
 

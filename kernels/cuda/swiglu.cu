@@ -3,8 +3,8 @@
  *   backward: s = 1 / (1 + exp(-g));  dgate += dout * u * s (1 + g (1 - s));
  *             dup += dout * (g s)
  * The same expressions as torch's silu and silu_backward; exp(-g) overflowing to inf
- * for very negative g gives 0, not NaN. * Both directions move 8 elements a thread where the operands allow (vec_io.cuh).
- */
+ * for very negative g gives 0, not NaN.
+ * Both directions move 8 elements a thread where the operands allow (vec_io.cuh). */
 #include "cuda_common.cuh"
 #include "vec_io.cuh"
 
