@@ -123,7 +123,8 @@ typedef struct ft_model_options {
      * hold at once: an allocation beyond it fails as out-of-memory (ft_mem.limit). */
     size_t mem_limit;
     /* Rows (tokens) whose logits the head computes at once: 0 all of the micro-batch;
-     * -1 auto (FT_LOSS_CHUNK_AUTO_ELEMS logits); else that many. Chunked, the [N, V]
+     * -1 auto (at most FT_LOSS_CHUNK_AUTO_ELEMS logits, a multiple of 64 rows:
+     * ft_loss_chunk_rows); else that many. Chunked, the [N, V]
      * logits are never held: the forward keeps only the loss (and the last chunk's
      * logits), the backward recomputes each chunk's logits, turns them into dlogits in
      * place and accumulates dx and dW (the fused lm_head + cross-entropy of Liger and
