@@ -153,14 +153,25 @@ static void output_dtype(opcheck c, const char *name, ft_tensor t, ft_tensor in)
 #define SZ(a, b) ((size_t)(a) * (size_t)(b))
 
 #ifdef FT_HAVE_CUDA
-/* FT_CUDA_PROFILE's key of a GEMM: its op, dtype, shape and which outputs it makes */
+/* FT_CUDA_PROFILE's key of a GEMM: its op, input dtype, shape and the outputs it makes
+ * with their dtypes, e.g. "linear_forward bf16 N=8192 in=2048 out=2048 y->fp32 +=" or
+ * "linear_backward bf16 N=512 in=2048 out=128256 dx->bf16 dw->fp32" (an fp32 output of
+ * bf16 inputs is another cuBLAS kernel, and twice the bytes written). An output without
+ * data is left out. */
 static const char *gemm_key(char *buf, size_t len, const char *op, ft_tensor x, int N, int in,
-                            int out, const char *parts)
+                            int out, const char *tail, int nout, const char *const *names,
+                            const ft_tensor *outs)
 {
     if (!ft_cuda_profile_enabled())
         return op;
-    snprintf(buf, len, "%s %s N=%d in=%d out=%d%s", op, x.dtype == FT_BF16 ? "bf16" : "fp32",
-             N, in, out, parts);
+    int k = snprintf(buf, len, "%s %s N=%d in=%d out=%d", op,
+                     x.dtype == FT_BF16 ? "bf16" : "fp32", N, in, out);
+    for (int i = 0; i < nout && k >= 0 && (size_t)k < len; i++)
+        if (outs[i].data)
+            k += snprintf(buf + k, len - (size_t)k, " %s->%s", names[i],
+                          outs[i].dtype == FT_BF16 ? "bf16" : "fp32");
+    if (k >= 0 && (size_t)k < len)
+        snprintf(buf + k, len - (size_t)k, "%s", tail);
     return buf;
 }
 #endif
@@ -178,8 +189,10 @@ void ft_linear_forward(ft_tensor y, ft_tensor x, ft_tensor w, ft_tensor b, int N
         output_dtype(c, "y", y, x);
     }
 #ifdef FT_HAVE_CUDA
-    char key[96];
-    GPU_CALL_KEY(c, gemm_key(key, sizeof key, c.op, x, N, in, out, accumulate ? " +=" : ""),
+    char key[128];
+    static const char *const names[] = {"y"};
+    GPU_CALL_KEY(c, gemm_key(key, sizeof key, c.op, x, N, in, out, accumulate ? " +=" : "", 1,
+                             names, &y),
                  ft_cuda_linear_forward(y, x, w, b, N, in, out, alpha, accumulate));
 #endif
     ft_cpu_linear_forward(F(y), F(x), F(w), F(b), N, in, out, alpha, accumulate);
@@ -206,9 +219,10 @@ void ft_linear_backward(ft_tensor dx, ft_tensor dw, ft_tensor db, ft_tensor dy,
         output_dtype(c, "dw", dw, dy);
     }
 #ifdef FT_HAVE_CUDA
-    char key[96];
-    const char *parts = dx.data && dw.data ? " dx dw" : dx.data ? " dx" : " dw";
-    GPU_CALL_KEY(c, gemm_key(key, sizeof key, c.op, dy, N, in, out, parts),
+    char key[128];
+    static const char *const names[] = {"dx", "dw"};
+    const ft_tensor outs[] = {dx, dw};
+    GPU_CALL_KEY(c, gemm_key(key, sizeof key, c.op, dy, N, in, out, "", 2, names, outs),
                  ft_cuda_linear_backward(dx, dw, db, dy, x, w, N, in, out, alpha));
 #endif
     ft_cpu_linear_backward(F(dx), F(dw), F(db), F(dy), F(x), F(w), N, in, out, alpha);

@@ -128,19 +128,34 @@ void ft_cuda_read(void *host, const void *device, size_t bytes)
     CUDA_CHECK(cudaStreamSynchronize(ft_cuda_stream()));
 }
 
-/* partial[n] = partial[0] + ... + partial[n-1], in order: one thread (n is a few
- * hundred partial sums at most, so the order costs nothing and matches the CPU ops'). */
+/* partial[n] = partial[0] + ... + partial[n-1], in order (the CPU ops add their partials
+ * the same way). One thread adds, since the order is fixed; the block first stages the
+ * partials in shared memory, SUM_STAGE at a time with coalesced loads, so the adds wait
+ * on one round trip to memory per stage rather than one per partial (the cross-entropy
+ * sums up to 2048). */
+#define SUM_THREADS 256
+#define SUM_STAGE 2048
 __global__ static void sum_partials_kernel(double *partial, int n)
 {
+    __shared__ double stage[SUM_STAGE];
     double s = 0.0;
-    for (int i = 0; i < n; i++)
-        s += partial[i];
-    partial[n] = s;
+    for (int base = 0; base < n; base += SUM_STAGE) {
+        int len = n - base < SUM_STAGE ? n - base : SUM_STAGE;
+        for (int i = threadIdx.x; i < len; i += blockDim.x)
+            stage[i] = partial[base + i];
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (int i = 0; i < len; i++)
+                s += stage[i];
+        __syncthreads(); /* the next stage overwrites */
+    }
+    if (threadIdx.x == 0)
+        partial[n] = s;
 }
 
 double ft_cuda_sum_partials(double *partial, int n)
 {
-    FT_LAUNCH(sum_partials_kernel, 1, 1, 0, ft_cuda_stream())(partial, n);
+    FT_LAUNCH(sum_partials_kernel, 1, SUM_THREADS, 0, ft_cuda_stream())(partial, n);
     LAUNCH_CHECK();
     double total;
     ft_cuda_read(&total, partial + n, sizeof total);

@@ -182,7 +182,8 @@ static const ft_cfg_key schema[] = {
     {KEY(train.loss_chunk_tokens), FT_CFG_INT, "auto", NULL, true, 0, NONE,
      "tokens whose logits lm_head + cross-entropy compute at once, so the [tokens, vocab] "
      "logits are never held whole (backward recomputes them a chunk at a time); 0: the whole "
-     "micro-batch at once; auto: 64M logits a chunk (511 tokens of a 128k vocabulary)",
+     "micro-batch at once; auto: at most 64M logits a chunk, rounded down to a multiple of 64 "
+     "tokens for fast GEMMs (512 tokens of a 128256 vocabulary); a number is taken as given",
      NULL},
     {KEY(train.seed), FT_CFG_INT, "42", NULL, false, NONE, NONE,
      "seed of init, dropout and shuffling", NULL},

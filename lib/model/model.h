@@ -123,7 +123,8 @@ typedef struct ft_model_options {
      * hold at once: an allocation beyond it fails as out-of-memory (ft_mem.limit). */
     size_t mem_limit;
     /* Rows (tokens) whose logits the head computes at once: 0 all of the micro-batch;
-     * -1 auto (FT_LOSS_CHUNK_AUTO_ELEMS logits); else that many. Chunked, the [N, V]
+     * -1 auto (at most FT_LOSS_CHUNK_AUTO_ELEMS logits, a multiple of 64 rows:
+     * ft_loss_chunk_rows); else that many. Chunked, the [N, V]
      * logits are never held: the forward keeps only the loss (and the last chunk's
      * logits), the backward recomputes each chunk's logits, turns them into dlogits in
      * place and accumulates dx and dW (the fused lm_head + cross-entropy of Liger and
@@ -136,12 +137,15 @@ typedef struct ft_model_options {
     int64_t grow_vocab;
 } ft_model_options;
 
-/* auto: 64M logits a chunk (256 MiB fp32, 128 MiB bf16): 511 rows of a 128k vocabulary */
+/* auto: at most 64M logits a chunk (256 MiB fp32, 128 MiB bf16) */
 #define FT_LOSS_CHUNK_AUTO_ELEMS ((size_t)64 << 20)
 
 /* The rows of one head chunk for a micro-batch of N rows, vocabulary V and
- * ft_model_options.loss_chunk_rows opt: between 1 and N. The model and the memory plan
- * both size the logits buffer with it. */
+ * ft_model_options.loss_chunk_rows opt: between 1 and N. opt > 0: opt rows; 0: N; auto
+ * (< 0): FT_LOSS_CHUNK_AUTO_ELEMS / V rows rounded down to a multiple of 64 (of 8 when
+ * fewer than 64; 512 rows of a 128256 vocabulary), so that every chunk but the last, and
+ * the last too when N is a multiple of 64, gives the head's GEMMs an aligned dimension.
+ * The model and the memory plan both size the logits buffer with it. */
 size_t ft_loss_chunk_rows(int opt, size_t V, size_t N);
 
 /* One named parameter: a view into the flat buffers (on the model's device: read and

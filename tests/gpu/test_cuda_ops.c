@@ -452,52 +452,79 @@ static void test_geglu(void)
 
 /* ---- cross-entropy -------------------------------------------------------------- */
 
+/* One case against the CPU op. Every 4th row is ignored (-100); all_ignored: every row.
+ * misalign: the device logits (and dlogits) start one element past a 16-byte boundary,
+ * which takes the kernel's element-at-a-time path even when V is a multiple of 8. */
+static void cross_entropy_case(int N, int V, ft_dtype d, int inplace, float cap, int misalign,
+                               int all_ignored)
+{
+    size_t n = (size_t)N * V, off = misalign ? 1 : 0;
+    float *raw = host_random(n, 6.0f);
+    if (cap > 0.0f)
+        ft_softcap(ft_f32(raw, n), cap, n);
+    float *logits = rounded(raw, n, d);
+    free(raw);
+    int32_t *tg = malloc(sizeof(int32_t) * N);
+    int counted = 0;
+    for (int i = 0; i < N; i++) {
+        tg[i] = (all_ignored || i % 4 == 3) ? -100 : (int32_t)((i * 7919) % V);
+        counted += tg[i] != -100;
+    }
+    float gs = counted ? 1.0f / counted : 1.0f;
+    float *dl = host_alloc(n);
+    /* the device buffers hold off leading elements before the [N,V] view */
+    float *padded = host_alloc(n + off);
+    padded[0] = 0.0f;
+    memcpy(padded + off, logits, n * sizeof(float));
+    ft_tensor gl_buf = dev_upload(padded, n + off, d), gt = dev_upload_raw(tg, N, 4, FT_I32);
+    ft_tensor gdl_buf = inplace ? gl_buf : dev_upload(padded, n + off, d);
+    ft_tensor gl = ft_slice(gl_buf, off, n), gdl = ft_slice(gdl_buf, off, n);
+    double ref = ft_cross_entropy(ft_f32(dl, n), ft_f32(logits, n), ft_i32(tg, N), N, V, gs,
+                                  cap);
+    double got = ft_cross_entropy(gdl, gl, gt, N, V, gs, cap);
+    char what[128];
+    snprintf(what, sizeof what, "cross_entropy loss %dx%d %s%s%s%s softcap %g", N, V,
+             dtype_name(d), inplace ? " in place" : "", misalign ? " misaligned" : "",
+             all_ignored ? " all ignored" : "", cap);
+    float fg = (float)got, fr = (float)ref;
+    CHECK_REL(what, &fg, &fr, 1, TOL_F32);
+    if (all_ignored)
+        CHECK(got == 0.0);
+    snprintf(what, sizeof what, "cross_entropy dlogits %dx%d %s%s%s%s softcap %g", N, V,
+             dtype_name(d), inplace ? " in place" : "", misalign ? " misaligned" : "",
+             all_ignored ? " all ignored" : "", cap);
+    check_dev(what, gdl, dl, tol_for(d));
+    /* a rerun gives the same loss to the bit (not in place: logits intact) */
+    if (!inplace)
+        CHECK(ft_cross_entropy(ft_none(), gl, gt, N, V, gs, cap) == got);
+    free(logits), free(tg), free(dl), free(padded);
+    dev_free(gl_buf), dev_free(gt);
+    if (!inplace)
+        dev_free(gdl_buf);
+}
+
+/* Shapes: V a multiple of 8 takes the kernel's 8-element loads and stores (1000, 24, 8),
+ * others one element at a time (5, 257, 32001, 1004: a multiple of 4, not 8); 3x8: one
+ * group a row, most threads of the block without an element; 4100 rows: more rows than
+ * the kernel's blocks (2048), so a block walks a range of rows. */
 static void test_cross_entropy(void)
 {
-    static const int shapes[][2] = {{1, 5}, {37, 1000}, {300, 257}, {9, 32001}};
+    static const int shapes[][2] = {{1, 5},    {37, 1000}, {300, 257}, {9, 32001},
+                                    {5, 1004}, {3, 8},     {4100, 24}};
     /* softcap 4: the logits are capped ones (Gemma 2), dlogits w.r.t. the uncapped */
     static const float caps[] = {0.0f, 4.0f};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int di = 0; di < 2; di++)
-            for (int inplace = 0; inplace < 4; inplace++) {
-                ft_dtype d = DTYPES[di];
-                float cap = caps[inplace / 2];
-                int N = shapes[s][0], V = shapes[s][1];
-                size_t n = (size_t)N * V;
-                float *raw = host_random(n, 6.0f);
-                if (cap > 0.0f)
-                    ft_softcap(ft_f32(raw, n), cap, n);
-                float *logits = rounded(raw, n, d);
-                free(raw);
-                int32_t *tg = malloc(sizeof(int32_t) * N);
-                int counted = 0;
-                for (int i = 0; i < N; i++) {
-                    tg[i] = (i % 4 == 3) ? -100 : (int32_t)((i * 7919) % V);
-                    counted += tg[i] != -100;
-                }
-                float gs = counted ? 1.0f / counted : 1.0f;
-                float *dl = host_alloc(n);
-                ft_tensor gl = dev_upload(logits, n, d), gt = dev_upload_raw(tg, N, 4, FT_I32);
-                ft_tensor gdl = inplace % 2 ? gl : dev_upload(dl, n, d);
-                double ref = ft_cross_entropy(ft_f32(dl, n), ft_f32(logits, n), ft_i32(tg, N),
-                                              N, V, gs, cap);
-                double got = ft_cross_entropy(gdl, gl, gt, N, V, gs, cap);
-                char what[96];
-                snprintf(what, sizeof what, "cross_entropy loss %dx%d %s%s softcap %g", N, V,
-                         dtype_name(d), inplace % 2 ? " in place" : "", cap);
-                float fg = (float)got, fr = (float)ref;
-                CHECK_REL(what, &fg, &fr, 1, TOL_F32);
-                snprintf(what, sizeof what, "cross_entropy dlogits %dx%d %s%s softcap %g", N,
-                         V, dtype_name(d), inplace % 2 ? " in place" : "", cap);
-                check_dev(what, gdl, dl, tol_for(d));
-                /* a rerun gives the same loss to the bit (not in place: logits intact) */
-                if (!(inplace % 2))
-                    CHECK(ft_cross_entropy(ft_none(), gl, gt, N, V, gs, cap) == got);
-                free(logits), free(tg), free(dl);
-                dev_free(gl), dev_free(gt);
-                if (!(inplace % 2))
-                    dev_free(gdl);
-            }
+            for (int v = 0; v < 4; v++)
+                cross_entropy_case(shapes[s][0], shapes[s][1], DTYPES[di], v % 2, caps[v / 2],
+                                   0, 0);
+    for (int di = 0; di < 2; di++)
+        for (int inplace = 0; inplace < 2; inplace++) {
+            cross_entropy_case(37, 1000, DTYPES[di], inplace, 0.0f, 1, 0);
+            cross_entropy_case(6, 1000, DTYPES[di], inplace, 4.0f, 1, 0);
+            cross_entropy_case(6, 1000, DTYPES[di], inplace, 0.0f, 0, 1);
+            cross_entropy_case(6, 257, DTYPES[di], inplace, 0.0f, 0, 1);
+        }
 }
 
 /* ---- elementwise ---------------------------------------------------------------- */

@@ -515,6 +515,29 @@ static void test_chunked_head(void)
     check_chunked_head(dir, FT_TRAIN_FULL);
 }
 
+/* ft_loss_chunk_rows: auto gives a multiple of 64 rows (of 8 below 64) within the
+ * FT_LOSS_CHUNK_AUTO_ELEMS budget, for the vocabularies of the bench models (Llama 3,
+ * Qwen 2/3, Llama 2 / Mistral, Gemma 2/3) and an 8192-token micro-batch; a given chunk
+ * and 0 (the whole batch) are kept; N caps every value. */
+static void test_loss_chunk_rows(void)
+{
+    static const size_t vocabs[] = {128256, 151936, 32000, 32768, 256000, 262144, 49152};
+    for (size_t i = 0; i < sizeof vocabs / sizeof *vocabs; i++) {
+        size_t V = vocabs[i], R = ft_loss_chunk_rows(-1, V, 8192);
+        CHECK(R % 64 == 0 && R * V <= FT_LOSS_CHUNK_AUTO_ELEMS);
+        CHECK((R + 64) * V > FT_LOSS_CHUNK_AUTO_ELEMS); /* the largest such multiple */
+    }
+    CHECK(ft_loss_chunk_rows(-1, 128256, 8192) == 512);
+    /* fewer than 64 rows fit: a multiple of 8; fewer than 8: as many as fit, at least 1 */
+    CHECK(ft_loss_chunk_rows(-1, (size_t)1 << 21, 8192) == 32);
+    CHECK(ft_loss_chunk_rows(-1, ((size_t)1 << 23) + 1, 8192) == 7);
+    CHECK(ft_loss_chunk_rows(-1, (size_t)1 << 30, 8192) == 1);
+    CHECK(ft_loss_chunk_rows(-1, 1500, 24) == 24); /* the whole batch fits */
+    CHECK(ft_loss_chunk_rows(347, 128256, 8192) == 347);
+    CHECK(ft_loss_chunk_rows(347, 128256, 100) == 100);
+    CHECK(ft_loss_chunk_rows(0, 128256, 8192) == 8192);
+}
+
 /* The adapters of PEFT's other kinds (lora.h): DoRA; LoRA on the embedding and lm_head;
  * the embedding and lm_head trained in full (modules_to_save); DoRA on the embedding and
  * lm_head too; each with LoRA dropout 0.3.
@@ -872,6 +895,7 @@ int main(void)
     RUN(test_grad_accumulation);
     RUN(test_packed_rows);
     RUN(test_chunked_head);
+    RUN(test_loss_chunk_rows);
     RUN(test_gemma2);
     RUN(test_gemma3);
     RUN(test_adapter_round_trip);
