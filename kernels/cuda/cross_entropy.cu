@@ -32,49 +32,19 @@
 #include <string.h>
 
 #include "cuda_common.cuh"
+#include "vec_io.cuh"
 
 #define CE_THREADS 256
 /* One row per block up to this many rows (enough blocks to fill a GPU); more rows, and a
  * block takes a contiguous range of them. */
 #define CE_MAX_BLOCKS 2048
 #define CE_IGNORE (-100)
-#define CE_VEC 8 /* elements per vector access */
+#define CE_VEC VEC8 /* elements per vector access (vec_io.cuh) */
 
 static_assert(CE_MAX_BLOCKS < FT_CUDA_SCRATCH_DOUBLES, "the partials fit the scratch");
 
-/* 16 bytes, as one load or store (uint4 under nvcc) */
-#ifdef FT_CUDA_EMU
-struct __align__(16) ce_u4 {
-    uint32_t x, y, z, w;
-};
-#else
-typedef uint4 ce_u4;
-#endif
-
-__device__ __forceinline__ float f32_of_bits(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-__device__ __forceinline__ uint32_t bits_of_f32(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-__device__ __forceinline__ uint32_t bits_of_bf16(float f)
-{
-    __nv_bfloat16 h = __float2bfloat16_rn(f);
-    uint16_t u;
-    memcpy(&u, &h, 2);
-    return u;
-}
-
 /* x[0..W) = elements i .. i+W-1 of v. W = CE_VEC: i a multiple of 8 and v.p 16-byte
- * aligned; a bf16 pair is one 32-bit word, the lower element in the low half. */
+ * aligned (ld8). */
 template <int W> __device__ __forceinline__ void load_group(fview v, size_t i, float *x);
 
 template <> __device__ __forceinline__ void load_group<1>(fview v, size_t i, float *x)
@@ -84,24 +54,7 @@ template <> __device__ __forceinline__ void load_group<1>(fview v, size_t i, flo
 
 template <> __device__ __forceinline__ void load_group<CE_VEC>(fview v, size_t i, float *x)
 {
-#ifdef FT_CUDA_EMU
-    for (int k = 0; k < CE_VEC; k++) /* ld()'s check of never-written memory */
-        FT_CHECK_LOAD((const char *)v.p + (i + k) * (v.bf16 ? 2 : 4), v.bf16 ? 2 : 4);
-#endif
-    if (v.bf16) {
-        ce_u4 q = *((const ce_u4 *)v.p + i / 8);
-        uint32_t w[4] = {q.x, q.y, q.z, q.w};
-        for (int k = 0; k < 4; k++) {
-            x[2 * k] = f32_of_bits(w[k] << 16);
-            x[2 * k + 1] = f32_of_bits(w[k] & 0xffff0000u);
-        }
-    } else {
-        const ce_u4 *p = (const ce_u4 *)((const float *)v.p + i);
-        ce_u4 a = p[0], b = p[1];
-        uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-        for (int k = 0; k < 8; k++)
-            x[k] = f32_of_bits(w[k]);
-    }
+    ld8(v, i, x);
 }
 
 /* elements i .. i+W-1 of v = d[0..W) (bf16: rounded to nearest even) */
@@ -115,22 +68,7 @@ template <> __device__ __forceinline__ void store_group<1>(fview v, size_t i, co
 template <>
 __device__ __forceinline__ void store_group<CE_VEC>(fview v, size_t i, const float *d)
 {
-    if (v.bf16) {
-        ce_u4 q;
-        q.x = bits_of_bf16(d[0]) | bits_of_bf16(d[1]) << 16;
-        q.y = bits_of_bf16(d[2]) | bits_of_bf16(d[3]) << 16;
-        q.z = bits_of_bf16(d[4]) | bits_of_bf16(d[5]) << 16;
-        q.w = bits_of_bf16(d[6]) | bits_of_bf16(d[7]) << 16;
-        *((ce_u4 *)v.p + i / 8) = q;
-    } else {
-        ce_u4 *p = (ce_u4 *)((float *)v.p + i);
-        ce_u4 a, b;
-        a.x = bits_of_f32(d[0]), a.y = bits_of_f32(d[1]);
-        a.z = bits_of_f32(d[2]), a.w = bits_of_f32(d[3]);
-        b.x = bits_of_f32(d[4]), b.y = bits_of_f32(d[5]);
-        b.z = bits_of_f32(d[6]), b.w = bits_of_f32(d[7]);
-        p[0] = a, p[1] = b;
-    }
+    st8(v, i, d);
 }
 
 /* Adds the W terms exp(x_k - m) to the running pair (m, s), first raising m to the
@@ -242,8 +180,6 @@ __global__ void __launch_bounds__(CE_THREADS)
         partial[b] = acc;
 }
 
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
-
 extern "C" double ft_cuda_cross_entropy(ft_tensor dlogits, ft_tensor logits, ft_tensor targets,
                                         int N, int V, float grad_scale, float softcap)
 {
@@ -254,7 +190,7 @@ extern "C" double ft_cuda_cross_entropy(ft_tensor dlogits, ft_tensor logits, ft_
     int nblocks = N < CE_MAX_BLOCKS ? N : CE_MAX_BLOCKS;
     fview dl = fv(dlogits), lg = fv(logits);
     const int32_t *tg = (const int32_t *)targets.data;
-    bool vec = V % CE_VEC == 0 && aligned16(lg.p) && (!dl.p || aligned16(dl.p));
+    bool vec = vec8_ok((size_t)V, lg.p, dl.p);
     if (vec)
         FT_LAUNCH(cross_entropy_kernel<CE_VEC>, nblocks, CE_THREADS, 0, s)(
             partial, dl, lg, tg, N, V, grad_scale, softcap, nblocks);
