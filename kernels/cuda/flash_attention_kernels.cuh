@@ -72,6 +72,11 @@ __device__ __forceinline__ bool fa_allowed(int i, int j, int T, int window, int 
     return i < T && j <= i && (window <= 0 || i - j < window) && si == sj;
 }
 
+/* The query tile of a forward or dq block: the last tiles, which see the most keys, first
+ * (blocks start roughly in blockIdx order), so the short ones fill the tail of the grid.
+ * A dk/dv block's key tile is blockIdx.x: there the first tiles are the long ones. */
+__device__ __forceinline__ int fa_heavy_first() { return (int)(gridDim.x - 1 - blockIdx.x); }
+
 /* Is every pair of query rows i0 .. i0 + 63 and keys j0 .. j0 + 63 allowed? */
 __device__ __forceinline__ bool fa_tile_full(const att_args &a, int i0, int j0)
 {
@@ -252,7 +257,7 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS) fa_forward_kernel
     bf16 *Qs = (bf16 *)smem, *Ks = Qs + TILE, *Vs = Ks + 2 * TILE; /* K, V: two buffers */
     int *segq = (int *)(Vs + 2 * TILE), *segk = segq + FA_ROWS;     /* segk: two buffers */
 
-    const int i0 = blockIdx.x * FA_ROWS, b = blockIdx.y / a.Hq, h = blockIdx.y % a.Hq;
+    const int i0 = fa_heavy_first() * FA_ROWS, b = blockIdx.y / a.Hq, h = blockIdx.y % a.Hq;
     const int g = h / a.G, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wr = warp * 16;
     const bf16 *q = (const bf16 *)a.q.p, *k = (const bf16 *)a.k.p, *v = (const bf16 *)a.v.p;
     const int first = att_first_key(i0, a.window) / FA_ROWS * FA_ROWS;
@@ -394,7 +399,8 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS) fa_dq_kernel(fa_b
     int *segq = (int *)(Vs + 2 * TILE), *segk = segq + FA_ROWS; /* segk: two buffers */
     float *lse_s = (float *)(segk + 2 * FA_ROWS), *dlt_s = lse_s + FA_ROWS;
 
-    const int i0 = blockIdx.x * FA_ROWS, b = p.b0 + blockIdx.y / a.Hq, h = blockIdx.y % a.Hq;
+    const int i0 = fa_heavy_first() * FA_ROWS, b = p.b0 + blockIdx.y / a.Hq;
+    const int h = blockIdx.y % a.Hq;
     const int g = h / a.G, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wr = warp * 16;
     const bf16 *k = (const bf16 *)a.k.p, *v = (const bf16 *)a.v.p;
     const int first = att_first_key(i0, a.window) / FA_ROWS * FA_ROWS;
