@@ -7,7 +7,8 @@ using namespace fa;
 
 namespace {
 
-/* The kernel instances and their shared memory, by D / 16 - 1 (D = 16 .. 128). */
+/* The kernel instances (delta: the backward's Dlt pre-kernel) and their shared memory, by
+ * D / 16 - 1 (D = 16 .. 128). */
 typedef void (*fa_kernel)(att_args);
 typedef void (*fa_bwd_kernel)(fa_bwd_args);
 struct fa_variant {
@@ -16,8 +17,8 @@ struct fa_variant {
     size_t forward_smem, dq_smem, dkdv_smem;
 };
 #define FA_VARIANT(D)                                                                        \
-    {fa_forward_kernel<D>, fa_dq_kernel<D>, fa_dkdv_kernel<D>, fa_delta_kernel<D>, fa_forward_smem<D>(),         \
-     fa_dq_smem<D>(), fa_dkdv_smem<D>()}
+    {fa_forward_kernel<D>, fa_dq_kernel<D>, fa_dkdv_kernel<D>, fa_delta_kernel<D>,           \
+     fa_forward_smem<D>(), fa_dq_smem<D>(), fa_dkdv_smem<D>()}
 const fa_variant fa_variants[8] = {FA_VARIANT(16), FA_VARIANT(32), FA_VARIANT(48),
                                    FA_VARIANT(64), FA_VARIANT(80), FA_VARIANT(96),
                                    FA_VARIANT(112), FA_VARIANT(128)};
@@ -92,9 +93,19 @@ bool ft_cuda_flash_attention_fits(int D, const ft_tensor *bf16_operands, int n)
 {
     if (D < 16 || D > 128 || D % 16)
         return false;
-    for (int i = 0; i < n; i++) /* the kernels copy rows 16 bytes at a time */
-        if (bf16_operands[i].dtype != FT_BF16 || (uintptr_t)bf16_operands[i].data % 16)
+    for (int i = 0; i < n; i++)
+        if (bf16_operands[i].dtype != FT_BF16)
             return false;
+    for (int i = 0; i < n; i++) /* the kernels copy rows 16 bytes at a time */
+        if ((uintptr_t)bf16_operands[i].data % 16) {
+            static bool said_align;
+            if (!said_align) {
+                said_align = true;
+                fprintf(stderr, "ftkit: note: an attention operand is not 16-byte aligned: "
+                                "the reference attention kernel runs instead of flash\n");
+            }
+            return false;
+        }
     /* All three kernels of D within the device's opt-in limit, or the reference kernels
      * for the whole op (forward and backward alike), said once a head dim: asking for
      * more would fail in cudaFuncSetAttribute, or the launch. */
@@ -121,7 +132,7 @@ void ft_cuda_flash_attention_forward(const att_args &a)
 }
 
 /* Dlt for the dk/dv kernel goes to the backend's scratch, as many batches at a time as fit
- * there (the launches repeat per slice of batches); where not even one batch's B * Hq * T
+ * there (the launches repeat per slice of batches); where not even one batch's Hq * T
  * floats fit, the dk/dv kernel computes it for each query tile it visits. */
 void ft_cuda_flash_attention_backward(const att_args &a)
 {

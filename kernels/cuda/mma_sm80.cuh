@@ -86,7 +86,8 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
         float acc = c[e];
         for (int k = 0; k < 16; k++) {
             /* A[row][k]: lane (row % 8) * 4 + (k % 8) / 2, reg (row >= 8) + 2 (k >= 8) */
-            float av = emu::half(w[(row % 8) * 4 + (k % 8) / 2].r[(row >= 8) + 2 * (k >= 8)], k % 2);
+            const int ra = (row >= 8) + 2 * (k >= 8);
+            float av = emu::half(w[(row % 8) * 4 + (k % 8) / 2].r[ra], k % 2);
             /* B[k][col]: lane col * 4 + (k % 8) / 2, reg 4 + (k >= 8) */
             float bv = emu::half(w[col * 4 + (k % 8) / 2].r[4 + (k >= 8)], k % 2);
             acc += av * bv;

@@ -108,7 +108,8 @@ static void run_case(const att_case &c)
     a.window = c.window;
     a.softcap = c.softcap;
     unsigned tiles = (unsigned)((c.T + FA_ROWS - 1) / FA_ROWS);
-    void (*fwd)(att_args), (*dq_k)(fa::fa_bwd_args), (*dkdv_k)(fa::fa_bwd_args), (*delta_k)(fa::fa_bwd_args);
+    void (*fwd)(att_args);
+    void (*dq_k)(fa::fa_bwd_args), (*dkdv_k)(fa::fa_bwd_args), (*delta_k)(fa::fa_bwd_args);
     size_t fwd_smem, dq_smem, dkdv_smem;
     switch (c.D) {
 #define FA_CASE(D)                                                                           \
