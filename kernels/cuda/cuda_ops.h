@@ -63,7 +63,7 @@ const char *ft_cuda_attention_kernel(ft_dtype dtype, int D);
 /* The most dynamic shared memory (bytes) a block of the flash kernels of head dim D takes
  * (forward, dq or dk/dv); 0 for a D they do not take. Where it is over the device's
  * opt-in limit (cudaDevAttrMaxSharedMemoryPerBlockOptin: 99 KiB on sm_86 and sm_89, for
- * D >= 96) the reference kernels run instead, with a note on stderr once. */
+ * D = 128) the reference kernels run instead, with a note on stderr once. */
 size_t ft_cuda_flash_attention_smem(int D);
 void ft_cuda_attention_forward(ft_tensor out, ft_tensor lse, ft_tensor q, ft_tensor k,
                                ft_tensor v, ft_tensor seg, int B, int T, int Hq, int Hkv,

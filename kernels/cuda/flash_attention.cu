@@ -7,15 +7,18 @@ using namespace fa;
 
 namespace {
 
-/* The kernel instances and their shared memory, by D / 16 - 1 (D = 16 .. 128). */
+/* The kernel instances (delta: the backward's Dlt pre-kernel) and their shared memory, by
+ * D / 16 - 1 (D = 16 .. 128). */
 typedef void (*fa_kernel)(att_args);
+typedef void (*fa_bwd_kernel)(fa_bwd_args);
 struct fa_variant {
-    fa_kernel forward, dq, dkdv;
+    fa_kernel forward;
+    fa_bwd_kernel dq, dkdv, delta;
     size_t forward_smem, dq_smem, dkdv_smem;
 };
 #define FA_VARIANT(D)                                                                        \
-    {fa_forward_kernel<D>, fa_dq_kernel<D>, fa_dkdv_kernel<D>, fa_forward_smem<D>(),         \
-     fa_dq_smem<D>(), fa_dkdv_smem<D>()}
+    {fa_forward_kernel<D>, fa_dq_kernel<D>, fa_dkdv_kernel<D>, fa_delta_kernel<D>,           \
+     fa_forward_smem<D>(), fa_dq_smem<D>(), fa_dkdv_smem<D>()}
 const fa_variant fa_variants[8] = {FA_VARIANT(16), FA_VARIANT(32), FA_VARIANT(48),
                                    FA_VARIANT(64), FA_VARIANT(80), FA_VARIANT(96),
                                    FA_VARIANT(112), FA_VARIANT(128)};
@@ -53,9 +56,9 @@ size_t fa_smem_need(const fa_variant &f)
 /* Beyond 48 KiB of shared memory a kernel must opt in, once per kernel and device (the
  * attribute is the device's). ft_cuda_flash_attention_fits has made sure the device
  * allows smem. */
-void fa_opt_in(fa_kernel k, size_t smem)
+void fa_opt_in(const void *k, size_t smem)
 {
-    static fa_kernel done[FA_MAX_DEVICES][3 * 8];
+    static const void *done[FA_MAX_DEVICES][3 * 8];
     static int n_done[FA_MAX_DEVICES];
     int dev;
     CUDA_CHECK(cudaGetDevice(&dev));
@@ -68,11 +71,12 @@ void fa_opt_in(fa_kernel k, size_t smem)
         done[dev][n_done[dev]++] = k;
 }
 
-void fa_launch(fa_kernel k, size_t smem, const att_args &a, int heads)
+/* grid (ceil(T / 64), batches * heads) */
+template <class A> void fa_launch(void (*k)(A), size_t smem, const A &args, int T, int bh)
 {
-    fa_opt_in(k, smem);
-    dim3 grid((unsigned)((a.T + FA_ROWS - 1) / FA_ROWS), (unsigned)(a.B * heads));
-    FT_LAUNCH(k, grid, FA_THREADS, smem, ft_cuda_stream())(a);
+    fa_opt_in((const void *)k, smem);
+    dim3 grid((unsigned)((T + FA_ROWS - 1) / FA_ROWS), (unsigned)bh);
+    FT_LAUNCH(k, grid, FA_THREADS, smem, ft_cuda_stream())(args);
     LAUNCH_CHECK();
 }
 
@@ -92,6 +96,16 @@ bool ft_cuda_flash_attention_fits(int D, const ft_tensor *bf16_operands, int n)
     for (int i = 0; i < n; i++)
         if (bf16_operands[i].dtype != FT_BF16)
             return false;
+    for (int i = 0; i < n; i++) /* the kernels copy rows 16 bytes at a time */
+        if ((uintptr_t)bf16_operands[i].data % 16) {
+            static bool said_align;
+            if (!said_align) {
+                said_align = true;
+                fprintf(stderr, "ftkit: note: an attention operand is not 16-byte aligned: "
+                                "the reference attention kernel runs instead of flash\n");
+            }
+            return false;
+        }
     /* All three kernels of D within the device's opt-in limit, or the reference kernels
      * for the whole op (forward and backward alike), said once a head dim: asking for
      * more would fail in cudaFuncSetAttribute, or the launch. */
@@ -114,14 +128,32 @@ bool ft_cuda_flash_attention_fits(int D, const ft_tensor *bf16_operands, int n)
 void ft_cuda_flash_attention_forward(const att_args &a)
 {
     const fa_variant &f = fa_variants[a.D / 16 - 1];
-    fa_launch(f.forward, f.forward_smem, a, a.Hq);
+    fa_launch(f.forward, f.forward_smem, a, a.T, a.B * a.Hq);
 }
 
+/* Dlt for the dk/dv kernel goes to the backend's scratch, as many batches at a time as fit
+ * there (the launches repeat per slice of batches); where not even one batch's Hq * T
+ * floats fit, the dk/dv kernel computes it for each query tile it visits. */
 void ft_cuda_flash_attention_backward(const att_args &a)
 {
     const fa_variant &f = fa_variants[a.D / 16 - 1];
-    if (a.dq.p)
-        fa_launch(f.dq, f.dq_smem, a, a.Hq);
-    if (a.dk.p || a.dv.p)
-        fa_launch(f.dkdv, f.dkdv_smem, a, a.Hkv);
+    const bool dkdv = a.dk.p || a.dv.p;
+    const size_t cap = FT_CUDA_SCRATCH_DOUBLES * sizeof(double) / sizeof(float);
+    const size_t per_batch = (size_t)a.Hq * a.T;
+    const int nb = per_batch <= cap ? (int)(cap / per_batch < (size_t)a.B ? cap / per_batch : a.B)
+                                    : a.B;
+    for (int b0 = 0; b0 < a.B; b0 += nb) {
+        fa_bwd_args p = {a, NULL, b0, nb < a.B - b0 ? nb : a.B - b0};
+        if (dkdv && per_batch <= cap) {
+            p.delta = (float *)ft_cuda_scratch();
+            const size_t rows = (size_t)p.nb * per_batch;
+            FT_LAUNCH(f.delta, (unsigned)((rows + FA_WARPS - 1) / FA_WARPS), FA_THREADS, 0,
+                      ft_cuda_stream())(p);
+            LAUNCH_CHECK();
+        }
+        if (a.dq.p)
+            fa_launch(f.dq, f.dq_smem, p, a.T, p.nb * a.Hq);
+        if (dkdv)
+            fa_launch(f.dkdv, f.dkdv_smem, p, a.T, p.nb * a.Hkv);
+    }
 }

@@ -9,8 +9,9 @@
 #include "attention_args.cuh"
 
 /* Whether the flash kernels take head dim D with these operands: D a multiple of 16 up
- * to 128, every operand given bf16, and the kernels' shared memory within what a block of
- * the current device may opt in to (not so for D >= 96 on sm_86 / sm_89: 99 KiB). */
+ * to 128, every operand given bf16 with its data 16-byte aligned (the kernels copy rows 16
+ * bytes at a time), and the kernels' shared memory within what a block of the current
+ * device may opt in to (not so for D = 128 on sm_86 / sm_89: 99 KiB). */
 bool ft_cuda_flash_attention_fits(int D, const ft_tensor *bf16_operands, int n);
 
 /* The launches, with the arguments attention.cu's entry points prepared. */

@@ -8,10 +8,13 @@
  * As in tests/gpu/test_cuda_attention.c: inputs are rounded to bf16 first, so both sides
  * see the same values; the backward takes the CPU forward's out (rounded to bf16) and
  * lse; gradients start from random values (the op accumulates). out, dq, dk, dv must be
- * within bf16's tolerance (1e-2 normwise relative), lse within fp32's (1e-5).
+ * within bf16's tolerance (1e-2 normwise relative), lse within fp32's (1e-5). The backward
+ * runs twice: all batches at once with Dlt from fa_delta_kernel's buffer, then a batch a
+ * launch (b0 > 0) with Dlt computed in the dk/dv kernel; the two must agree bit for bit.
  *
  * This checks the kernels' logic (tiles, masks, online softmax, barriers) without a GPU;
- * the GPU tier checks them again on the hardware, with the real WMMA. */
+ * the GPU tier checks them again on the hardware, with the real mma.sync and ldmatrix
+ * (mma_sm80.cuh emulates them in their documented register layouts; test_mma_emu.cc). */
 #include "cuda_emu.h"
 #include "emu_check.h"
 
@@ -105,7 +108,8 @@ static void run_case(const att_case &c)
     a.window = c.window;
     a.softcap = c.softcap;
     unsigned tiles = (unsigned)((c.T + FA_ROWS - 1) / FA_ROWS);
-    void (*fwd)(att_args), (*dq_k)(att_args), (*dkdv_k)(att_args);
+    void (*fwd)(att_args);
+    void (*dq_k)(fa::fa_bwd_args), (*dkdv_k)(fa::fa_bwd_args), (*delta_k)(fa::fa_bwd_args);
     size_t fwd_smem, dq_smem, dkdv_smem;
     switch (c.D) {
 #define FA_CASE(D)                                                                           \
@@ -113,6 +117,7 @@ static void run_case(const att_case &c)
         fwd = fa::fa_forward_kernel<D>;                                                      \
         dq_k = fa::fa_dq_kernel<D>;                                                          \
         dkdv_k = fa::fa_dkdv_kernel<D>;                                                      \
+        delta_k = fa::fa_delta_kernel<D>;                                                    \
         fwd_smem = fa::fa_forward_smem<D>();                                                 \
         dq_smem = fa::fa_dq_smem<D>();                                                       \
         dkdv_smem = fa::fa_dkdv_smem<D>();                                                   \
@@ -133,18 +138,46 @@ static void run_case(const att_case &c)
     expect_close(c.name, "out", from_bf16(outb), out_ref, 1e-2);
     expect_close(c.name, "lse", lse, lse_ref, 1e-5);
 
-    auto outin_b = to_bf16(out_in), dqb = to_bf16(dq0), dkb = to_bf16(dk0), dvb = to_bf16(dv0);
+    auto outin_b = to_bf16(out_in);
     a.out = fv(bf(outin_b));
     a.dout = fv(bf(doutb));
-    a.dq = fv(bf(dqb));
-    a.dk = fv(bf(dkb));
-    a.dv = fv(bf(dvb));
     a.lse_in = lse_ref.data();
-    emu_launch(dq_k, tiles, (unsigned)(c.B * c.Hq), FA_THREADS, a, dq_smem);
-    emu_launch(dkdv_k, tiles, (unsigned)(c.B * c.Hkv), FA_THREADS, a, dkdv_smem);
-    expect_close(c.name, "dq", from_bf16(dqb), dq_ref, 1e-2);
-    expect_close(c.name, "dk", from_bf16(dkb), dk_ref, 1e-2);
-    expect_close(c.name, "dv", from_bf16(dvb), dv_ref, 1e-2);
+    /* Dlt from the pre-kernel's buffer, and computed by the dk/dv kernel (no buffer): the
+     * same gradients bit for bit, twice over (a backward repeats) */
+    std::vector<float> delta(nl);
+    std::vector<__nv_bfloat16> first[3];
+    for (int run = 0; run < 2; run++) {
+        auto dqb = to_bf16(dq0), dkb = to_bf16(dk0), dvb = to_bf16(dv0);
+        a.dq = fv(bf(dqb));
+        a.dk = fv(bf(dkb));
+        a.dv = fv(bf(dvb));
+        if (!run) { /* every batch at once */
+            fa::fa_bwd_args p = {a, delta.data(), 0, c.B};
+            emu_launch(delta_k, (unsigned)((nl + FA_WARPS - 1) / FA_WARPS), 1, FA_THREADS, p);
+            emu_launch(dq_k, tiles, (unsigned)(c.B * c.Hq), FA_THREADS, p, dq_smem);
+            emu_launch(dkdv_k, tiles, (unsigned)(c.B * c.Hkv), FA_THREADS, p, dkdv_smem);
+        } else /* one batch a launch, as flash_attention.cu slices them */
+            for (int b0 = 0; b0 < c.B; b0++) {
+                fa::fa_bwd_args p = {a, NULL, b0, 1};
+                emu_launch(dq_k, tiles, (unsigned)c.Hq, FA_THREADS, p, dq_smem);
+                emu_launch(dkdv_k, tiles, (unsigned)c.Hkv, FA_THREADS, p, dkdv_smem);
+            }
+        if (!run) {
+            expect_close(c.name, "dq", from_bf16(dqb), dq_ref, 1e-2);
+            expect_close(c.name, "dk", from_bf16(dkb), dk_ref, 1e-2);
+            expect_close(c.name, "dv", from_bf16(dvb), dv_ref, 1e-2);
+            first[0] = dqb;
+            first[1] = dkb;
+            first[2] = dvb;
+        } else {
+            bool same = !memcmp(first[0].data(), dqb.data(), nq * 2) &&
+                        !memcmp(first[1].data(), dkb.data(), nkv * 2) &&
+                        !memcmp(first[2].data(), dvb.data(), nkv * 2);
+            char label[128];
+            snprintf(label, sizeof label, "%s backward without Dlt buffer: same bits", c.name);
+            check(same, label, same ? 0.0 : 1.0, 0.0);
+        }
+    }
 }
 
 int main(void)

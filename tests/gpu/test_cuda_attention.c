@@ -257,7 +257,7 @@ static size_t device_smem_optin(void)
 /* Picks the kernel bf16 calls run (FT_CUDA_ATTENTION): "reference" or "flash". With
  * flash, a head dim the flash kernels take must get them where their shared memory fits
  * the device (else the case would test the reference twice), and the reference where it
- * does not (sm_86, sm_89: 99 KiB a block, under the 105-121 KiB of D = 96 .. 128). */
+ * does not (sm_86, sm_89: 99 KiB a block, under the 104 KiB of D = 128). */
 static void use_kernel(const char *kernel, int D)
 {
     setenv("FT_CUDA_ATTENTION", kernel, 1);
@@ -419,7 +419,7 @@ static void test_attention_llama_shapes(void)
 }
 
 /* The head dims around the shared memory limit of sm_86 / sm_89 GPUs (99 KiB a block):
- * D = 80 fits there, D = 96 (dk/dv), 112 and 128 do not and run the reference kernels
+ * D = 80, 96 and 112 fit there, D = 128 does not and runs the reference kernels
  * (a note on stderr, once a head dim), within every limit of sm_80 and sm_90. Run alone
  * (`test_cuda_attention head_dims`) under FT_EMU_ARCH=sm_89 and sm_86 by
  * tests/emu/checks/test_checks.sh. */

@@ -305,7 +305,7 @@ static void check_written_api(void)
     ft_emu_check_written(d, 16 * sizeof(float), 4, "ncclAllReduce", "sendbuff");
 }
 
-/* flash attention through the library ops, bf16 D = 128: its shared memory (up to 121 KiB
+/* flash attention through the library ops, bf16 D = 128: its shared memory (up to 104 KiB
  * a block) is over the opt-in limit of sm_86 / sm_89 (99 KiB), where the reference kernels
  * run instead (with one note on stderr), within sm_80's and sm_90's. Either way forward
  * and backward, called twice, must match the CPU op (bf16 tolerance); exit 4 if not. */
