@@ -105,6 +105,26 @@ __device__ __forceinline__ void fa_load_seg(int *s, const int32_t *seg, int b, i
         s[r] = seg && t0 + r < T ? seg[(size_t)b * T + t0 + r] : 0;
 }
 
+/* The K/V double buffer of the forward and dq kernels: with a tile after j0 (j0 + 64 <=
+ * last) its copy into buffer nb (K, V and the keys' segment ids) starts under the current
+ * tile's math; then waits until the current tile's copy has landed. */
+template <int D>
+__device__ __forceinline__ void fa_next_kv(bf16 *Ks, bf16 *Vs, int *segk, int nb, const bf16 *k,
+                                           const bf16 *v, const att_args &a, int b, int g,
+                                           int j0, int last)
+{
+    constexpr int TILE = FA_ROWS * fa_ld<D>();
+    if (j0 + FA_ROWS <= last) {
+        fa_async_rows<D>(Ks + nb * TILE, k, b, j0 + FA_ROWS, a.T, a.Hkv, g);
+        fa_async_rows<D>(Vs + nb * TILE, v, b, j0 + FA_ROWS, a.T, a.Hkv, g);
+        fa_load_seg(segk + nb * FA_ROWS, a.seg, b, j0 + FA_ROWS, a.T);
+        cp_async_commit();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+}
+
 /* Dlt of query row i of head h: dout . out over D, in fp32; lanes over d, the warp's
  * butterfly sum (every lane gets it). One warp, uniform arguments. */
 template <int D>
@@ -279,16 +299,7 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS) fa_forward_kernel
     uint32_t qf[D / 16][4];
     int sq[2] = {0, 0};
     for (int j0 = first, buf = 0; j0 <= last; j0 += FA_ROWS, buf ^= 1) {
-        if (j0 + FA_ROWS <= last) { /* the next tile's copy, under this one's math */
-            const int nb = buf ^ 1;
-            fa_async_rows<D>(Ks + nb * TILE, k, b, j0 + FA_ROWS, a.T, a.Hkv, g);
-            fa_async_rows<D>(Vs + nb * TILE, v, b, j0 + FA_ROWS, a.T, a.Hkv, g);
-            fa_load_seg(segk + nb * FA_ROWS, a.seg, b, j0 + FA_ROWS, a.T);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        fa_next_kv<D>(Ks, Vs, segk, buf ^ 1, k, v, a, b, g, j0, last);
         __syncthreads();
         if (j0 == first) {
 #pragma unroll
@@ -429,16 +440,7 @@ template <int D> __global__ void __launch_bounds__(FA_THREADS) fa_dq_kernel(fa_b
     int sq[2] = {0, 0};
     float lse_r[2] = {0.0f, 0.0f}, dlt_r[2] = {0.0f, 0.0f};
     for (int j0 = first, buf = 0; j0 <= last; j0 += FA_ROWS, buf ^= 1) {
-        if (j0 + FA_ROWS <= last) {
-            const int nb = buf ^ 1;
-            fa_async_rows<D>(Ks + nb * TILE, k, b, j0 + FA_ROWS, a.T, a.Hkv, g);
-            fa_async_rows<D>(Vs + nb * TILE, v, b, j0 + FA_ROWS, a.T, a.Hkv, g);
-            fa_load_seg(segk + nb * FA_ROWS, a.seg, b, j0 + FA_ROWS, a.T);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        fa_next_kv<D>(Ks, Vs, segk, buf ^ 1, k, v, a, b, g, j0, last);
         __syncthreads();
         if (j0 == first)
             for (int hr = 0; hr < 2; hr++) {
