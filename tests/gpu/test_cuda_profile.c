@@ -1,5 +1,5 @@
 /* FT_CUDA_PROFILE (kernels/cuda/op_profile.cu): each op that kernels/ops.c runs on the GPU
- * is timed under its key, a GEMM's key holding its dtype and shape; the table counts
+ * is timed under its key, a GEMM's key holding its dtypes and shape; the table counts
  * every call, its times are positive and add up to no more than the span from the first
  * op to the last. The binary turns the profile on for itself before its first op. */
 #include <stdlib.h>
@@ -71,8 +71,9 @@ static void test_profile_table(void)
     CHECK(fread(table, 1, (size_t)size, f) == (size_t)size);
     fclose(f);
 
-    row fwd = find_row(table, "linear_forward fp32 N=4 in=8 out=16");
-    row acc = find_row(table, "linear_forward bf16 N=4 in=8 out=12 +=");
+    /* a GEMM's key: op, input dtype, shape, each output's dtype, "+=" when accumulating */
+    row fwd = find_row(table, "linear_forward fp32 N=4 in=8 out=16 y->fp32");
+    row acc = find_row(table, "linear_forward bf16 N=4 in=8 out=12 y->bf16 +=");
     row add = find_row(table, "add"), sumsq = find_row(table, "sumsq");
     CHECK(fwd.calls == 3 && acc.calls == 1 && add.calls == 2 && sumsq.calls == 1);
     CHECK(fwd.total_ms > 0 && add.total_ms > 0 && sumsq.total_ms > 0);
