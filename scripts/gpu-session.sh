@@ -159,10 +159,11 @@ phase_moe() { run_pytest test_gpu_moe.py test_gpu_qwen3_moe.py test_gpu_qwen2_mo
 # bench-train under FT_CUDA_PROFILE on a random-weight Llama-3.2-1B shape (tiny, batch 1 x
 # 64, on the emulated device), LoRA then full fine-tuning; the tables into profile.txt
 phase_profile() {
-  local dir=/tmp/ftkit-profile-model shape=1b batch=4 seq=2048 where=cuda mode rc=0
+  local tmp dir shape=1b batch=4 seq=2048 where=cuda mode rc=0
+  tmp=$(mktemp -d) && dir=$tmp/model || return 1
   [ "$emu" = 1 ] && shape=tiny batch=1 seq=64 where=cpu
   "$py" -c "import sys; sys.path.insert(0, 'tests/bench'); import bench_gpu; bench_gpu.write_model('$shape', '$dir', '$where')" ||
-    { echo "profile: writing the $shape model failed"; return 1; }
+    { echo "profile: writing the $shape model failed"; rm -rf "$tmp"; return 1; }
   : >"$out/profile.txt"
   for mode in lora full; do
     echo "=== profile: $mode, $shape shape, batch $batch x $seq ===" | tee -a "$out/profile.txt"
@@ -170,7 +171,7 @@ phase_profile() {
       --steps 1 --ckpt --device cuda 2>&1 | tee -a "$out/profile.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
   done
-  rm -rf "$dir"
+  rm -rf "$tmp"
   grep -q "^FT_CUDA_PROFILE: ops" "$out/profile.txt" || { echo "profile: no FT_CUDA_PROFILE table"; rc=1; }
   return "$rc"
 }
