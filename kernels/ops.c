@@ -228,6 +228,74 @@ void ft_linear_backward(ft_tensor dx, ft_tensor dw, ft_tensor db, ft_tensor dy,
     ft_cpu_linear_backward(F(dx), F(dw), F(db), F(dy), F(x), F(w), N, in, out, alpha);
 }
 
+/* On the GPU the LoRA linear is the linear ops in sequence (each under its own profile
+ * key); on the CPU one kernel runs their GEMMs in one parallel region. */
+void ft_lora_linear_forward(ft_tensor y, ft_tensor h, ft_tensor x, ft_tensor xd, ft_tensor w,
+                            ft_tensor b, ft_tensor a, ft_tensor bl, int N, int in, int out,
+                            int r, float s, int compute_h)
+{
+    opcheck c = begin("lora_linear_forward", y);
+    if (ON_GPU(c)) {
+        ft_linear_forward(y, x, w, b, N, in, out, 1.0f, 0);
+        if (compute_h)
+            ft_linear_forward(h, xd, a, ft_none(), N, in, r, 1.0f, 0);
+        ft_linear_forward(y, h, bl, ft_none(), N, r, out, s, 1);
+        return;
+    }
+    needf(c, "y", y, SZ(N, out));
+    needf(c, "h", h, SZ(N, r));
+    needf(c, "x", x, SZ(N, in));
+    needf(c, "w", w, SZ(out, in));
+    maybef(c, "b", b, out);
+    needf(c, "b_lora", bl, SZ(out, r));
+    if (compute_h) {
+        needf(c, "xd", xd, SZ(N, in));
+        needf(c, "a", a, SZ(r, in));
+    }
+    ft_cpu_lora_linear_forward(F(y), F(h), F(x), F(xd), F(w), F(b), F(a), F(bl), N, in, out,
+                               r, s, compute_h);
+}
+
+void ft_lora_linear_backward(ft_tensor dx, ft_tensor dx_lora, ft_tensor da, ft_tensor dbl,
+                             ft_tensor dh, ft_tensor dy, ft_tensor xd, ft_tensor h,
+                             ft_tensor w, ft_tensor a, ft_tensor bl, int N, int in, int out,
+                             int r, float s)
+{
+    opcheck c = begin("lora_linear_backward", dy);
+    if (dx_lora.data && dx_lora.data == xd.data) {
+        fprintf(stderr, "%s: dx_lora is xd, which dA still reads\n", c.op);
+        abort();
+    }
+    if (ON_GPU(c)) {
+        if (dx.data)
+            ft_linear_backward(dx, ft_none(), ft_none(), dy, ft_none(), w, N, in, out, 1.0f);
+        ft_linear_backward(ft_none(), dbl, ft_none(), dy, h, bl, N, r, out, s);
+        ft_zero(dh, SZ(N, r));
+        ft_linear_backward(dh, ft_none(), ft_none(), dy, h, bl, N, r, out, s);
+        ft_linear_backward(ft_none(), da, ft_none(), dh, xd, a, N, in, r, 1.0f);
+        if (dx_lora.data)
+            ft_linear_backward(dx_lora, ft_none(), ft_none(), dh, ft_none(), a, N, in, r, 1.0f);
+        return;
+    }
+    maybef(c, "dx", dx, SZ(N, in));
+    maybef(c, "dx_lora", dx_lora, SZ(N, in));
+    maybef(c, "da", da, SZ(r, in));
+    maybef(c, "db_lora", dbl, SZ(out, r));
+    needf(c, "dh", dh, SZ(N, r));
+    needf(c, "dy", dy, SZ(N, out));
+    needf(c, "b_lora", bl, SZ(out, r));
+    if (dx.data)
+        needf(c, "w", w, SZ(out, in));
+    if (dbl.data)
+        needf(c, "h", h, SZ(N, r));
+    if (da.data)
+        needf(c, "xd", xd, SZ(N, in));
+    if (dx_lora.data)
+        needf(c, "a", a, SZ(r, in));
+    ft_cpu_lora_linear_backward(F(dx), F(dx_lora), F(da), F(dbl), F(dh), F(dy), F(xd), F(h),
+                                F(w), F(a), F(bl), N, in, out, r, s);
+}
+
 void ft_embedding_forward(ft_tensor out, ft_tensor ids, ft_tensor table, int N, int V,
                           int C)
 {

@@ -73,6 +73,25 @@ void ft_linear_forward(ft_tensor y, ft_tensor x, ft_tensor w, ft_tensor b, int N
 void ft_linear_backward(ft_tensor dx, ft_tensor dw, ft_tensor db, ft_tensor dy,
                         ft_tensor x, ft_tensor w, int N, int in, int out, float alpha);
 
+/* ---- a linear layer with its LoRA pair: the frozen base plus s * (xd A^T) B^T ------
+ * forward:  y[N,out] = x[N,in] w[out,in]^T + b + s h B^T with h[N,r] = xd A^T (xd: x or
+ *           its dropout, [N,in]; A [r,in], B [out,r]), h written; compute_h = 0 takes h
+ *           as it is (a fused module's later row blocks share the first block's h).
+ *           b may be ft_none().
+ * backward: dx[N,in] += dy w; dB += s dy^T h; dh[N,r] = s dy B (written); dA += dh^T
+ *           xd; dx_lora += dh A. dx, dA, dB and dx_lora may be ft_none(); dx_lora is dx
+ *           itself, or a buffer the caller takes through dropout's backward (never xd).
+ *           The base's own weight and bias gradients are ft_linear_backward's.
+ * The same GEMMs as ft_linear_forward / backward's, one after another; the CPU runs a
+ * pass's GEMMs in one parallel region (kernels/cpu/lora_linear.c). */
+void ft_lora_linear_forward(ft_tensor y, ft_tensor h, ft_tensor x, ft_tensor xd, ft_tensor w,
+                            ft_tensor b, ft_tensor a, ft_tensor bl, int N, int in, int out,
+                            int r, float s, int compute_h);
+void ft_lora_linear_backward(ft_tensor dx, ft_tensor dx_lora, ft_tensor da, ft_tensor dbl,
+                             ft_tensor dh, ft_tensor dy, ft_tensor xd, ft_tensor h,
+                             ft_tensor w, ft_tensor a, ft_tensor bl, int N, int in, int out,
+                             int r, float s);
+
 /* ---- embedding: out[n,:] = table[ids[n],:], table [V,C] -----------------------------
  * ids must be in [0, V) (validated by the data layer). backward: dtable[ids[n]] += dout[n]
  * for every n with ids[n] != pad: the padding row gets no gradient, as torch's

@@ -26,7 +26,15 @@
  * costs more to start than it saves there (cpu_parallel.h), and so does OpenBLAS's own
  * threading, which would open one. OpenBLAS's OpenMP build threads a call by
  * omp_get_max_threads() (its num_cpu_avail), so the calling thread's limit is set to 1
- * for the call. */
+ * for the call.
+ *
+ * Groups (ft_cpu_sgemm_phases): independent GEMMs, and the GEMMs that depend on them in a
+ * later phase, share one region, their blocks handed to the threads as each comes free
+ * (a LoRA layer's base product and its rank-16 products: kernels/cpu/lora_linear.c). A
+ * product cut by the threads is cut as above; a `fixed` one, into blocks by its shape
+ * alone, so the small products that run whole above are shared out too with the same
+ * bits on any thread count (a block may take a small-product path: it does on every
+ * thread count alike). */
 #include <cblas.h>
 #include <omp.h>
 
@@ -74,6 +82,25 @@ static int gemm_parts(bool ta, bool tb, int M, int N, int K, float alpha, float 
     return parts > 1 ? (int)parts : 1;
 }
 
+/* Block p of parts of g: rows i0..i1 of C (A's rows, or with ta its columns) or columns
+ * i0..i1 (B's columns, or with tb its rows), on the calling thread. */
+static void gemm_block(const ft_gemm *g, int p, int parts)
+{
+    int len = g->rows ? g->M : g->N;
+    int i0 = (int)((long)len * p / parts) / ALIGN * ALIGN;
+    int i1 = p == parts - 1 ? len : (int)((long)len * (p + 1) / parts) / ALIGN * ALIGN;
+    if (i1 <= i0)
+        return;
+    if (g->rows)
+        sgemm1(g->ta, g->tb, i1 - i0, g->N, g->K, g->alpha,
+               g->A + (g->ta ? (size_t)i0 : (size_t)i0 * g->lda), g->lda, g->B, g->ldb,
+               g->beta, g->C + (size_t)i0 * g->ldc, g->ldc);
+    else
+        sgemm1(g->ta, g->tb, g->M, i1 - i0, g->K, g->alpha, g->A, g->lda,
+               g->B + (g->tb ? (size_t)i0 * g->ldb : (size_t)i0), g->ldb, g->beta, g->C + i0,
+               g->ldc);
+}
+
 void ft_cpu_sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                   const float *A, int lda, const float *B, int ldb, float beta, float *C,
                   int ldc)
@@ -89,18 +116,70 @@ void ft_cpu_sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
         sgemm1(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-    bool rows = M >= N; /* cut C's rows (A's) or its columns (B's) */
-    int len = rows ? M : N;
+    ft_gemm g = {trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, false,
+                 M >= N /* cut C's rows (A's) or its columns (B's) */, 0};
 #pragma omp parallel for schedule(static) num_threads(parts)
-    for (int p = 0; p < parts; p++) {
-        int i0 = (int)((long)len * p / parts) / ALIGN * ALIGN;
-        int i1 = p == parts - 1 ? len : (int)((long)len * (p + 1) / parts) / ALIGN * ALIGN;
-        if (rows) /* rows i0..i1 of op(A): A's rows, or with trans_a its columns */
-            sgemm1(trans_a, trans_b, i1 - i0, N, K, alpha,
-                   A + (trans_a ? (size_t)i0 : (size_t)i0 * lda), lda, B, ldb, beta,
-                   C + (size_t)i0 * ldc, ldc);
-        else /* columns i0..i1 of op(B): B's columns, or with trans_b its rows */
-            sgemm1(trans_a, trans_b, M, i1 - i0, K, alpha, A, lda,
-                   B + (trans_b ? (size_t)i0 * ldb : (size_t)i0), ldb, beta, C + i0, ldc);
+    for (int p = 0; p < parts; p++)
+        gemm_block(&g, p, parts);
+}
+
+/* The blocks of a GEMM of a group: a product cut by the threads as ft_cpu_sgemm cuts it
+ * (one block where it would run whole); a `fixed` one into blocks of at least PART_MIN
+ * multiply-adds, at most FIXED_MAX, by its shape alone. */
+#define FIXED_MAX 8
+
+static int group_parts(const ft_gemm *g)
+{
+    long macs = (long)g->M * g->N * g->K, side = (g->rows ? g->M : g->N) / ALIGN;
+    long parts;
+    if (g->fixed) {
+        parts = macs / PART_MIN;
+        parts = parts < FIXED_MAX ? parts : FIXED_MAX;
+    } else if (!g->ta && !g->tb && g->alpha == 1.0f && g->beta == 0.0f) {
+        return 1; /* OpenBLAS's direct path takes a block or not by its shape (above) */
+    } else {
+        int threads = omp_get_max_threads();
+        parts = macs < SPLIT_MIN ? 1 : macs / PART_MIN;
+        parts = parts < threads ? parts : threads;
     }
+    parts = parts < side ? parts : side;
+    return parts > 1 ? (int)parts : 1;
+}
+
+void ft_cpu_sgemm_phases(ft_gemm *g, const int *phase_len, int phases)
+{
+    int total = 0, blocks[FT_GEMM_GROUP_MAX + 1] = {0}, n = 0;
+    for (int ph = 0; ph < phases; ph++)
+        n += phase_len[ph];
+    if (n > FT_GEMM_GROUP_MAX)
+        n = FT_GEMM_GROUP_MAX; /* the callers' groups are smaller; never read past them */
+    for (int j = 0; j < n; j++) {
+        g[j].rows = g[j].M >= g[j].N;
+        g[j].parts = g[j].M > 0 && g[j].N > 0 ? group_parts(&g[j]) : 0;
+        blocks[j + 1] = blocks[j] + g[j].parts;
+        total += g[j].parts;
+    }
+    bool par = total > 1 && omp_get_max_threads() > 1 && !omp_in_parallel();
+    int threads = omp_get_max_threads();
+    if (!par)
+        omp_set_num_threads(1); /* OpenBLAS runs each block on this thread alone */
+#pragma omp parallel if (par)
+    {
+        int first = 0;
+        for (int ph = 0; ph < phases; ph++) {
+            int last = first + phase_len[ph] < n ? first + phase_len[ph] : n;
+            /* the blocks of this phase's GEMMs, in order; the implicit barrier at the
+             * loop's end keeps the next phase from reading C before it is written */
+#pragma omp for schedule(dynamic, 1)
+            for (int b = blocks[first]; b < blocks[last]; b++) {
+                int j = first;
+                while (blocks[j + 1] <= b)
+                    j++;
+                gemm_block(&g[j], b - blocks[j], g[j].parts);
+            }
+            first = last;
+        }
+    }
+    if (!par)
+        omp_set_num_threads(threads);
 }

@@ -16,6 +16,16 @@ void ft_cpu_linear_forward(float *y, const float *x, const float *w, const float
 void ft_cpu_linear_backward(float *dx, float *dw, float *db, const float *dy,
                             const float *x, const float *w, int N, int in, int out,
                             float alpha);
+/* y[n, :] = b (accumulate 0) or y[n, :] += b (1), for n < N */
+void ft_cpu_linear_bias(float *y, const float *b, int N, int out, int accumulate);
+void ft_cpu_lora_linear_forward(float *y, float *h, const float *x, const float *xd,
+                                const float *w, const float *b, const float *a,
+                                const float *bl, int N, int in, int out, int r, float s,
+                                int compute_h);
+void ft_cpu_lora_linear_backward(float *dx, float *dx_lora, float *ga, float *gb, float *dh,
+                                 const float *dy, const float *xd, const float *h,
+                                 const float *w, const float *a, const float *bl, int N,
+                                 int in, int out, int r, float s);
 
 void ft_cpu_embedding_forward(float *out, const int32_t *ids, const float *table, int N,
                               int V, int C);

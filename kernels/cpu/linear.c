@@ -26,6 +26,23 @@
  * never write the same line of db. */
 #define DB_BLOCK 64
 
+void ft_cpu_linear_bias(float *y, const float *b, int N, int out, int accumulate)
+{
+#pragma omp parallel for schedule(static) if ((long)N * out >= FT_PAR_MIN_PASS)
+    for (int n = 0; n < N; n++) {
+        float *yn = y + (size_t)n * out;
+        if (accumulate) {
+#pragma omp simd
+            for (int o = 0; o < out; o++)
+                yn[o] += b[o];
+        } else {
+#pragma omp simd
+            for (int o = 0; o < out; o++)
+                yn[o] = b[o];
+        }
+    }
+}
+
 void ft_cpu_linear_forward(float *y, const float *x, const float *w, const float *b, int N,
                            int in, int out, float alpha, int accumulate)
 {
@@ -33,19 +50,7 @@ void ft_cpu_linear_forward(float *y, const float *x, const float *w, const float
         return;
     float beta = accumulate ? 1.0f : 0.0f;
     if (b) {
-#pragma omp parallel for schedule(static) if ((long)N * out >= FT_PAR_MIN_PASS)
-        for (int n = 0; n < N; n++) {
-            float *yn = y + (size_t)n * out;
-            if (accumulate) {
-#pragma omp simd
-                for (int o = 0; o < out; o++)
-                    yn[o] += b[o];
-            } else {
-#pragma omp simd
-                for (int o = 0; o < out; o++)
-                    yn[o] = b[o];
-            }
-        }
+        ft_cpu_linear_bias(y, b, N, out, accumulate);
         beta = 1.0f;
     }
     if (in <= 0) {

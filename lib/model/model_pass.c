@@ -186,20 +186,27 @@ static void lora_h_forward(ft_model *m, int l, const proj_view *v, const float *
 static void proj_forward(ft_model *m, int l, ft_proj p, const float *x, float *y)
 {
     const proj_view v = proj_view_of(m, l, p);
-    int N = m->B * m->T, in = v.in, out = v.out;
-    ft_linear_forward(A_(y, (size_t)N * out), A_(x, (size_t)N * in),
-                      A_(v.w, (size_t)out * in), OPTA_(v.b, out), N, in, out, 1.0f, 0);
-    if (!v.lora_a || m->adapter_off)
-        return;
-    int r = v.r;
-    if (v.first_block) /* a fused module's later blocks reuse its h */
-        lora_h_forward(m, l, &v, x);
-    if (v.lora_m) {
-        dora_forward(m, &v, x, lora_input(m, l, v.mod, x, (size_t)N * in), y);
+    int N = m->B * m->T, in = v.in, out = v.out, r = v.r;
+    size_t nx = (size_t)N * in, ny = (size_t)N * out;
+    if (!v.lora_a || m->adapter_off) {
+        ft_linear_forward(A_(y, ny), A_(x, nx), A_(v.w, (size_t)out * in), OPTA_(v.b, out), N,
+                          in, out, 1.0f, 0);
         return;
     }
-    ft_linear_forward(A_(y, (size_t)N * out), A_(v.lora_h, (size_t)N * r),
-                      A_(v.lora_b, (size_t)out * r), ft_none(), N, r, out, v.s, 1);
+    if (v.lora_m) {
+        ft_linear_forward(A_(y, ny), A_(x, nx), A_(v.w, (size_t)out * in), OPTA_(v.b, out), N,
+                          in, out, 1.0f, 0);
+        if (v.first_block) /* a fused module's later blocks reuse its h */
+            lora_h_forward(m, l, &v, x);
+        dora_forward(m, &v, x, lora_input(m, l, v.mod, x, nx), y);
+        return;
+    }
+    /* a fused module's later blocks reuse the h of its first */
+    const float *xd = v.first_block ? lora_input(m, l, v.mod, x, nx) : x;
+    ft_lora_linear_forward(A_(y, ny), A_(v.lora_h, (size_t)N * r), A_(x, nx), A_(xd, nx),
+                           A_(v.w, (size_t)out * in), OPTA_(v.b, out),
+                           A_(v.lora_a, (size_t)r * in), A_(v.lora_b, (size_t)out * r), N, in,
+                           out, r, v.s, v.first_block);
 }
 
 /* dx += dy W (+ the LoRA path); dW, db, dA, dB accumulate where trainable. */
@@ -209,36 +216,32 @@ static void proj_backward(ft_model *m, int l, ft_proj p, const float *x, const f
     const proj_view v = proj_view_of(m, l, p);
     int N = m->B * m->T, in = v.in, out = v.out;
     size_t nx = (size_t)N * in, ny = (size_t)N * out;
-    ft_linear_backward(A_(dx, nx), OPTF_(v.gw, (size_t)out * in), OPTF_(v.gb, out),
-                       A_(dy, ny), A_(x, nx), A_(v.w, (size_t)out * in), N, in, out, 1.0f);
-    if (!v.lora_a)
-        return;
-    if (v.lora_m) {
-        float pd = m->eval_mode ? 0.0f : m->opt.lora.dropout;
-        dora_backward(m, &v, x, lora_input(m, l, v.mod, x, nx), dy, dx, pd,
-                      lora_dropout_seed(m, l, v.mod));
+    if (!v.lora_a || v.lora_m) {
+        ft_linear_backward(A_(dx, nx), OPTF_(v.gw, (size_t)out * in), OPTF_(v.gb, out),
+                           A_(dy, ny), A_(x, nx), A_(v.w, (size_t)out * in), N, in, out, 1.0f);
+        if (v.lora_m) {
+            float pd = m->eval_mode ? 0.0f : m->opt.lora.dropout;
+            dora_backward(m, &v, x, lora_input(m, l, v.mod, x, nx), dy, dx, pd,
+                          lora_dropout_seed(m, l, v.mod));
+        }
         return;
     }
+    if (v.gw || v.gb) /* a trainable base bias (lora bias "all"), or weight */
+        ft_linear_backward(ft_none(), OPTF_(v.gw, (size_t)out * in), OPTF_(v.gb, out),
+                           A_(dy, ny), A_(x, nx), ft_none(), N, in, out, 1.0f);
     int r = v.r;
-    float s = v.s;
     size_t nh = (size_t)N * r;
     /* y_lora = s * h B^T with h = xd A^T: dB += s dy^T h; dh = s dy B; dA += dh^T xd;
-     * dxd = dh A, and dx += dropout'(dxd). */
-    ft_linear_backward(ft_none(), F_(v.g_lora_b, (size_t)out * r), ft_none(), A_(dy, ny),
-                       A_(v.lora_h, nh), A_(v.lora_b, (size_t)out * r), N, r, out, s);
-    ft_zero(A_(m->d_lora_h, nh), nh);
-    ft_linear_backward(A_(m->d_lora_h, nh), ft_none(), ft_none(), A_(dy, ny),
-                       A_(v.lora_h, nh), A_(v.lora_b, (size_t)out * r), N, r, out, s);
+     * dxd = dh A, and dx += dropout'(dxd). Without dropout dxd adds straight onto dx. */
     float pd = m->eval_mode ? 0.0f : m->opt.lora.dropout;
     const float *xd = lora_input(m, l, v.mod, x, nx);
-    ft_linear_backward(ft_none(), F_(v.g_lora_a, (size_t)r * in), ft_none(),
-                       A_(m->d_lora_h, nh), A_(xd, nx), A_(v.lora_a, (size_t)r * in), N, in,
-                       r, 1.0f);
-    if (pd <= 0) {
-        ft_linear_backward(A_(dx, nx), ft_none(), ft_none(), A_(m->d_lora_h, nh), A_(x, nx),
-                           A_(v.lora_a, (size_t)r * in), N, in, r, 1.0f);
+    ft_lora_linear_backward(A_(dx, nx), pd <= 0 ? A_(dx, nx) : ft_none(),
+                            F_(v.g_lora_a, (size_t)r * in), F_(v.g_lora_b, (size_t)out * r),
+                            A_(m->d_lora_h, nh), A_(dy, ny), A_(xd, nx), A_(v.lora_h, nh),
+                            A_(v.w, (size_t)out * in), A_(v.lora_a, (size_t)r * in),
+                            A_(v.lora_b, (size_t)out * r), N, in, out, r, v.s);
+    if (pd <= 0)
         return;
-    }
     ft_zero(A_(m->x_drop, nx), nx);
     ft_linear_backward(A_(m->x_drop, nx), ft_none(), ft_none(), A_(m->d_lora_h, nh),
                        A_(x, nx), A_(v.lora_a, (size_t)r * in), N, in, r, 1.0f);

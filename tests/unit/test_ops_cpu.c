@@ -1154,6 +1154,124 @@ static void test_dora_ops(void)
     CHECK(bitwise_eq(d, dw, 3));
 }
 
+/* ---- LoRA linear ---------------------------------------------------------------------- */
+
+/* out[n, o] = sum_k a[n, k] b[o, k]: a [rows, K], b [cols, K] */
+static void dot_rows(double *out, const float *a, const float *b, int rows, int cols, int K)
+{
+    for (int n = 0; n < rows; n++)
+        for (int o = 0; o < cols; o++) {
+            double acc = 0;
+            for (int k = 0; k < K; k++)
+                acc += (double)a[(size_t)n * K + k] * b[(size_t)o * K + k];
+            out[(size_t)n * cols + o] = acc;
+        }
+}
+
+/* ft_cpu_lora_linear_forward / backward against their definitions in double: y = x W^T
+ * + b + s h B^T with h = xd A^T; dx += dy W + dh A, dB += s dy^T h, dh = s dy B, dA +=
+ * dh^T xd, gradients accumulating onto what the buffers held. Shapes small enough to run
+ * whole, and large ones whose GEMMs are cut into blocks (cpu_gemm.c). */
+static void lora_linear_case(int N, int in, int out, int r, int bias, int compute_h,
+                             int with_dx_lora)
+{
+    float s = 2.0f / (float)r;
+    size_t nx = (size_t)N * in, ny = (size_t)N * out, nh = (size_t)N * r;
+    float *x = fnew(nx), *xd = fnew(nx), *w = fnew((size_t)out * in), *b = fnew(out);
+    float *a = fnew((size_t)r * in), *bl = fnew((size_t)out * r), *dy = fnew(ny);
+    float *y = fnew(ny), *h = fnew(nh), *dh = fnew(nh), *dx = fnew(nx);
+    float *ga = fnew((size_t)r * in), *gb = fnew((size_t)out * r);
+    fill(x, nx, -1, 1);
+    fill(xd, nx, -1, 1);
+    fill(w, (size_t)out * in, -0.5, 0.5);
+    fill(b, out, -1, 1);
+    fill(a, (size_t)r * in, -0.5, 0.5);
+    fill(bl, (size_t)out * r, -0.5, 0.5);
+    fill(dy, ny, -1, 1);
+    fill(y, ny, -9, 9); /* overwritten */
+    fill(dh, nh, -9, 9); /* overwritten */
+    fill(dx, nx, -1, 1);
+    fill(ga, (size_t)r * in, -1, 1);
+    fill(gb, (size_t)out * r, -1, 1);
+    if (compute_h)
+        fill(h, nh, -9, 9); /* overwritten */
+    else
+        fill(h, nh, -1, 1); /* a fused module's first block's */
+    double *href = dnew(nh), *yref = dnew(ny), *t = dnew(ny > nx ? ny : nx);
+    if (compute_h)
+        dot_rows(href, xd, a, N, r, in);
+    else
+        for (size_t i = 0; i < nh; i++)
+            href[i] = h[i];
+    dot_rows(yref, x, w, N, out, in);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < out; o++) {
+            double acc = 0;
+            for (int k = 0; k < r; k++)
+                acc += href[(size_t)n * r + k] * bl[(size_t)o * r + k];
+            yref[(size_t)n * out + o] += (bias ? b[o] : 0.0) + (double)s * acc;
+        }
+    ft_cpu_lora_linear_forward(y, h, x, xd, w, bias ? b : NULL, a, bl, N, in, out, r, s,
+                               compute_h);
+    CHECK(close_norm("lora y", y, yref, ny, 1e-5));
+    CHECK(close_norm("lora h", h, href, nh, 1e-5));
+
+    /* backward, from the forward's h (as float, as the op reads it) */
+    double *dhref = dnew(nh), *dxref = to_d(dx, nx), *garef = to_d(ga, (size_t)r * in);
+    double *gbref = to_d(gb, (size_t)out * r);
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < r; k++) {
+            double acc = 0;
+            for (int o = 0; o < out; o++)
+                acc += (double)dy[(size_t)n * out + o] * bl[(size_t)o * r + k];
+            dhref[(size_t)n * r + k] = s * acc;
+        }
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < in; i++) {
+            double acc = 0;
+            for (int o = 0; o < out; o++)
+                acc += (double)dy[(size_t)n * out + o] * w[(size_t)o * in + i];
+            for (int k = 0; k < r && with_dx_lora; k++)
+                acc += dhref[(size_t)n * r + k] * a[(size_t)k * in + i];
+            dxref[(size_t)n * in + i] += acc;
+        }
+    for (int o = 0; o < out; o++)
+        for (int k = 0; k < r; k++) {
+            double acc = 0;
+            for (int n = 0; n < N; n++)
+                acc += (double)dy[(size_t)n * out + o] * h[(size_t)n * r + k];
+            gbref[(size_t)o * r + k] += s * acc;
+        }
+    for (int k = 0; k < r; k++)
+        for (int i = 0; i < in; i++) {
+            double acc = 0;
+            for (int n = 0; n < N; n++)
+                acc += dhref[(size_t)n * r + k] * xd[(size_t)n * in + i];
+            garef[(size_t)k * in + i] += acc;
+        }
+    ft_cpu_lora_linear_backward(dx, with_dx_lora ? dx : NULL, ga, gb, dh, dy, xd, h, w, a, bl,
+                                N, in, out, r, s);
+    CHECK(close_norm("lora dh", dh, dhref, nh, 1e-5));
+    CHECK(close_norm("lora dx", dx, dxref, nx, 1e-5));
+    CHECK(close_norm("lora dA", ga, garef, (size_t)r * in, 1e-5));
+    CHECK(close_norm("lora dB", gb, gbref, (size_t)out * r, 1e-5));
+    void *all[] = {x, xd, w, b, a, bl, dy, y, h, dh, dx, ga, gb, href, yref, t, dhref, dxref,
+                   garef, gbref};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        free(all[i]);
+}
+
+static void test_lora_linear(void)
+{
+    rng_seed(31);
+    lora_linear_case(7, 5, 6, 2, 0, 1, 1);
+    lora_linear_case(37, 29, 41, 3, 1, 1, 1);
+    lora_linear_case(37, 29, 41, 3, 0, 0, 1);  /* a fused module's later block */
+    lora_linear_case(45, 33, 18, 4, 1, 1, 0);  /* dropout: dx_lora is the caller's */
+    lora_linear_case(512, 576, 192, 16, 0, 1, 1); /* SmolLM's k / v: cut into blocks */
+    lora_linear_case(300, 1536, 576, 8, 1, 1, 1);
+}
+
 /* ---- dropout ------------------------------------------------------------------------ */
 
 static void test_dropout(void)
@@ -1329,6 +1447,7 @@ int main(void)
     RUN(test_elementwise);
     RUN(test_embedding_t);
     RUN(test_dora_ops);
+    RUN(test_lora_linear);
     RUN(test_dropout);
     RUN(test_adamw);
     RUN(test_fast_exp);

@@ -222,6 +222,71 @@ static void test_linear_same_bits_any_threads(void)
     }
 }
 
+/* The LoRA linear's passes (ft_cpu_lora_linear_*: the base GEMM cut by the threads, the
+ * rank-16 products by their shape, all in one region) with the same bits on 1, 2 and 3
+ * threads, on SmolLM's projection shapes and an odd one. */
+static void lora_all(float *const *o, const float *x, const float *w, const float *a,
+                     const float *bl, const float *dy, int N, int in, int out, int r,
+                     int threads)
+{
+    int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    memset(o[2], 0, sizeof(float) * (size_t)N * in);
+    memset(o[3], 0, sizeof(float) * (size_t)r * in);
+    memset(o[4], 0, sizeof(float) * (size_t)out * r);
+    ft_cpu_lora_linear_forward(o[0], o[1], x, x, w, NULL, a, bl, N, in, out, r, 2.0f, 1);
+    ft_cpu_lora_linear_backward(o[2], o[2], o[3], o[4], o[5], dy, x, o[1], w, a, bl, N, in,
+                                out, r, 2.0f);
+    omp_set_num_threads(saved);
+}
+
+static void test_lora_linear_same_bits_any_threads(void)
+{
+    static const int shapes[][4] = {
+        {512, 576, 576, 16}, {512, 576, 1536, 16}, {512, 1536, 576, 16}, {512, 576, 192, 16},
+        {333, 517, 1029, 8}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int N = shapes[s][0], in = shapes[s][1], out = shapes[s][2], r = shapes[s][3];
+        size_t n[6] = {(size_t)N * out, (size_t)N * r, (size_t)N * in, (size_t)r * in,
+                       (size_t)out * r, (size_t)N * r};
+        float *x = malloc(sizeof(float) * N * in), *w = malloc(sizeof(float) * out * in);
+        float *a = malloc(sizeof(float) * r * in), *bl = malloc(sizeof(float) * out * r);
+        float *dy = malloc(sizeof(float) * N * out), *o[3][6];
+        for (size_t i = 0; i < (size_t)N * in; i++)
+            x[i] = (float)((int)((unsigned)i * 7919u % 1000u) - 500) / 317.0f;
+        for (size_t i = 0; i < (size_t)out * in; i++)
+            w[i] = (float)((int)((unsigned)i * 104729u % 997u) - 498) / 411.0f;
+        for (size_t i = 0; i < (size_t)r * in; i++)
+            a[i] = (float)((int)((unsigned)i * 31337u % 991u) - 495) / 877.0f;
+        for (size_t i = 0; i < (size_t)out * r; i++)
+            bl[i] = (float)((int)((unsigned)i * 6151u % 983u) - 491) / 733.0f;
+        for (size_t i = 0; i < (size_t)N * out; i++)
+            dy[i] = (float)((int)((unsigned)i * 2654435761u % 1009u) - 504) / 523.0f;
+        for (int t = 0; t < 3; t++) {
+            for (int k = 0; k < 6; k++)
+                o[t][k] = malloc(sizeof(float) * n[k]);
+            lora_all(o[t], x, w, a, bl, dy, N, in, out, r, t + 1);
+        }
+        for (int t = 1; t < 3; t++) {
+            int same = 1;
+            for (int k = 0; k < 6; k++)
+                same &= !memcmp(o[0][k], o[t][k], sizeof(float) * n[k]);
+            if (!same)
+                fprintf(stderr, "  N=%d in=%d out=%d r=%d: %d threads differ from 1\n", N, in,
+                        out, r, t + 1);
+            CHECK(same);
+        }
+        for (int t = 0; t < 3; t++)
+            for (int k = 0; k < 6; k++)
+                free(o[t][k]);
+        free(x);
+        free(w);
+        free(a);
+        free(bl);
+        free(dy);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 5 && !strcmp(argv[1], "--child"))
@@ -238,5 +303,6 @@ int main(int argc, char **argv)
     RUN(test_blas_core_choice);
     RUN(test_gemm_same_bits_any_threads);
     RUN(test_linear_same_bits_any_threads);
+    RUN(test_lora_linear_same_bits_any_threads);
     return check_summary("threading");
 }
