@@ -37,6 +37,8 @@
  * thread count alike). */
 #include <cblas.h>
 #include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #include "cpu_gemm.h"
 
@@ -151,8 +153,10 @@ void ft_cpu_sgemm_phases(ft_gemm *g, const int *phase_len, int phases)
     int total = 0, blocks[FT_GEMM_GROUP_MAX + 1] = {0}, n = 0;
     for (int ph = 0; ph < phases; ph++)
         n += phase_len[ph];
-    if (n > FT_GEMM_GROUP_MAX)
-        n = FT_GEMM_GROUP_MAX; /* the callers' groups are smaller; never read past them */
+    if (n > FT_GEMM_GROUP_MAX) { /* a caller's bug: its groups are fixed and smaller */
+        fprintf(stderr, "ft_cpu_sgemm_phases: %d GEMMs, over %d\n", n, FT_GEMM_GROUP_MAX);
+        abort();
+    }
     for (int j = 0; j < n; j++) {
         g[j].rows = g[j].M >= g[j].N;
         g[j].parts = g[j].M > 0 && g[j].N > 0 ? group_parts(&g[j]) : 0;

@@ -30,7 +30,11 @@ void ft_cpu_lora_linear_forward(float *y, float *h, const float *x, const float 
                                 const float *bl, int N, int in, int out, int r, float s,
                                 int compute_h)
 {
-    if (N <= 0 || out <= 0 || r <= 0)
+    if (r <= 0) { /* no pair: the base alone */
+        ft_cpu_linear_forward(y, x, w, b, N, in, out, 1.0f, 0);
+        return;
+    }
+    if (N <= 0 || out <= 0)
         return;
     ft_gemm g[3];
     int n = 0;
@@ -55,7 +59,11 @@ void ft_cpu_lora_linear_backward(float *dx, float *dx_lora, float *ga, float *gb
                                  const float *w, const float *a, const float *bl, int N,
                                  int in, int out, int r, float s)
 {
-    if (N <= 0 || out <= 0 || r <= 0)
+    if (r <= 0) {
+        ft_cpu_linear_backward(dx, NULL, NULL, dy, NULL, w, N, in, out, 1.0f);
+        return;
+    }
+    if (N <= 0 || out <= 0)
         return;
     /* dh is written whole: zeroed, then accumulated like every other output (a NN product
      * with beta = 0 could take OpenBLAS's direct path, cpu_gemm.c) */
