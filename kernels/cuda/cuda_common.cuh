@@ -50,6 +50,12 @@ cublasHandle_t ft_cuda_cublas(void);
  * run in stream order). */
 #define FT_CUDA_SCRATCH_DOUBLES 131072
 double *ft_cuda_scratch(void);
+/* Device scratch of FT_CUDA_SPLITK_FLOATS floats (16 MiB) for the partial products of a
+ * GEMM cut along its reduction (linear.cu), and the device's multiprocessor count (0 where
+ * unknown). */
+#define FT_CUDA_SPLITK_FLOATS ((size_t)1 << 22)
+float *ft_cuda_splitk_scratch(void);
+int ft_cuda_sm_count(void);
 /* Copies `bytes` from the device to the host after the work enqueued so far. */
 void ft_cuda_read(void *host, const void *device, size_t bytes);
 /* The sum of partial[0..n) (n < FT_CUDA_SCRATCH_DOUBLES), added in index order on the

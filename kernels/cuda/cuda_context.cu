@@ -21,6 +21,8 @@ struct cuda_context {
     void *workspace; /* cuBLAS's, given to it (cublasSetWorkspace) */
     size_t workspace_bytes;
     double *scratch;
+    float *splitk; /* FT_CUDA_SPLITK_FLOATS: linear.cu's split-K partial products */
+    int sms;       /* the device's multiprocessors */
 };
 cuda_context ctx;
 
@@ -75,11 +77,24 @@ int context_open(ft_err *err)
         return ft_fail_oom(err, "out of GPU memory on GPU %d for the CUDA backend's "
                                 "scratch (%zu KiB)", dev, FT_CUDA_SCRATCH_DOUBLES * sizeof(double) >> 10);
     }
+    if (cudaMalloc(&c.splitk, FT_CUDA_SPLITK_FLOATS * sizeof(float)) != cudaSuccess) {
+        (void)cudaGetLastError();
+        cudaFree(c.scratch);
+        cudaFree(c.workspace);
+        cublasDestroy(c.cublas);
+        return ft_fail_oom(err, "out of GPU memory on GPU %d for the CUDA backend's split-K "
+                                "scratch (%zu MiB)", dev, FT_CUDA_SPLITK_FLOATS * sizeof(float) >> 20);
+    }
+    if (cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        c.sms = 0; /* no split-K */
+    }
     /* fp32 GEMMs stay fp32 (no TF32): the fp32 path is checked at 1e-5 against the CPU. */
     if ((st = cublasSetStream(c.cublas, c.stream)) != CUBLAS_STATUS_SUCCESS ||
         (st = cublasSetMathMode(c.cublas, CUBLAS_DEFAULT_MATH)) != CUBLAS_STATUS_SUCCESS ||
         (st = cublasSetWorkspace(c.cublas, c.workspace, c.workspace_bytes)) !=
             CUBLAS_STATUS_SUCCESS) {
+        cudaFree(c.splitk);
         cudaFree(c.scratch);
         cudaFree(c.workspace);
         cublasDestroy(c.cublas);
@@ -120,6 +135,18 @@ double *ft_cuda_scratch(void)
 {
     context_init();
     return ctx.scratch;
+}
+
+float *ft_cuda_splitk_scratch(void)
+{
+    context_init();
+    return ctx.splitk;
+}
+
+int ft_cuda_sm_count(void)
+{
+    context_init();
+    return ctx.sms;
 }
 
 void ft_cuda_read(void *host, const void *device, size_t bytes)

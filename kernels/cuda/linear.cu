@@ -25,13 +25,91 @@ static cudaDataType_t cuda_type(ft_tensor t)
     return t.dtype == FT_BF16 ? CUDA_R_16BF : CUDA_R_32F;
 }
 
+/* Split-K. A product whose output is a few tiles and whose reduction is long (a LoRA
+ * pair's weight gradients: dB [2048, 16] and dA [16, 2048] over 8192 token rows) keeps as
+ * many of the GPU's multiprocessors busy as it has tiles, each streaming the whole
+ * reduction: on an H200, dB of N=8192 in=16 out=2048 took 472 us, 1 TFLOP/s, where its 33
+ * MB of dy take 10 us to read (bench/results/nvidia-h200.md). Such a product is cut along
+ * k into `parts` spans of the same length (a multiple of 8), one product each of a strided
+ * batch, written to the split-K scratch (cuda_context.cu) with beta 0, and the remainder
+ * of k as one more; splitk_reduce_kernel then adds them onto C in a fixed order, so a run
+ * gives the same bits every time. */
+#define SPLITK_TILE 128     /* the side of a tile of C, for counting them */
+#define SPLITK_MIN_SPAN 1024 /* the shortest span of k a part gets */
+
+static int splitk_parts(int m, int n, int k)
+{
+    int sms = ft_cuda_sm_count();
+    long tiles = (long)((m + SPLITK_TILE - 1) / SPLITK_TILE) * ((n + SPLITK_TILE - 1) / SPLITK_TILE);
+    if (sms <= 0 || tiles * 2 > sms || k < 2 * SPLITK_MIN_SPAN)
+        return 1;
+    long parts = (2L * sms + tiles - 1) / tiles; /* about two CTAs a multiprocessor */
+    long most = (long)(FT_CUDA_SPLITK_FLOATS / ((size_t)m * (size_t)n)) - 1; /* + remainder */
+    parts = parts < k / SPLITK_MIN_SPAN ? parts : k / SPLITK_MIN_SPAN;
+    parts = parts < most ? parts : most;
+    return parts > 1 ? (int)parts : 1;
+}
+
+/* C[i + j ldc] = beta C[...] + sum_p partial[p][i + j m], p in order */
+__global__ void splitk_reduce_kernel(fview C, const float *partial, int m, int n, int ldc,
+                                     int parts, float beta)
+{
+    size_t mn = (size_t)m * n;
+    GRID_STRIDE(e, mn)
+    {
+        float s = partial[e];
+        for (int p = 1; p < parts; p++)
+            s += partial[(size_t)p * mn + e];
+        size_t i = e % (size_t)m, j = e / (size_t)m, c = i + j * (size_t)ldc;
+        st(C, c, beta == 0.0f ? s : beta * ld(C, c) + s);
+    }
+}
+
+/* The element offset of k-span position `at` in an operand stored with leading dimension
+ * ld: along the columns of a non-transposed A (m x k), the rows of a transposed one (k x
+ * m); the rows of a non-transposed B (k x n), the columns of a transposed one (n x k). */
+static size_t k_offset(bool k_is_column, int at, int ld)
+{
+    return k_is_column ? (size_t)at * (size_t)ld : (size_t)at;
+}
+
+static void *elem(ft_tensor t, size_t i)
+{
+    return (char *)t.data + i * (t.dtype == FT_BF16 ? 2 : 4);
+}
+
 /* C[m,n] (col-major, ldc) = alpha op(A) op(B) + beta C */
 static void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
                  ft_tensor A, int lda, ft_tensor B, int ldb, float beta, ft_tensor C, int ldc)
 {
-    CUBLAS_CHECK(cublasGemmEx(ft_cuda_cublas(), ta, tb, m, n, k, &alpha, A.data, cuda_type(A),
-                              lda, B.data, cuda_type(B), ldb, &beta, C.data, cuda_type(C), ldc,
-                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    int parts = splitk_parts(m, n, k);
+    if (parts == 1) {
+        CUBLAS_CHECK(cublasGemmEx(ft_cuda_cublas(), ta, tb, m, n, k, &alpha, A.data,
+                                  cuda_type(A), lda, B.data, cuda_type(B), ldb, &beta, C.data,
+                                  cuda_type(C), ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        return;
+    }
+    bool a_col = ta == CUBLAS_OP_N, b_col = tb != CUBLAS_OP_N;
+    int span = k / parts / 8 * 8, rest = k - parts * span;
+    float *partial = ft_cuda_splitk_scratch(), zero = 0.0f;
+    long long mn = (long long)m * n;
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        ft_cuda_cublas(), ta, tb, m, n, span, &alpha, A.data, cuda_type(A), lda,
+        (long long)k_offset(a_col, span, lda), B.data, cuda_type(B), ldb,
+        (long long)k_offset(b_col, span, ldb), &zero, partial, CUDA_R_32F, m, mn, parts,
+        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (rest > 0) {
+        size_t at = (size_t)parts * (size_t)span;
+        CUBLAS_CHECK(cublasGemmEx(ft_cuda_cublas(), ta, tb, m, n, rest, &alpha,
+                                  elem(A, k_offset(a_col, (int)at, lda)), cuda_type(A), lda,
+                                  elem(B, k_offset(b_col, (int)at, ldb)), cuda_type(B), ldb,
+                                  &zero, partial + (size_t)parts * (size_t)mn, CUDA_R_32F, m,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        parts++;
+    }
+    FT_LAUNCH(splitk_reduce_kernel, grid_for((size_t)mn, 256), 256, 0, ft_cuda_stream())(
+        fv(C), partial, m, n, ldc, parts, beta);
+    LAUNCH_CHECK();
 }
 
 /* y[n, o] = b[o] (accumulate 0) or y[n, o] += b[o] (accumulate 1) */

@@ -235,7 +235,9 @@ typedef struct ft_memplan_result {
  *                             300-600 MiB on Ampere, Ada and Hopper): 768 MiB;
  *   FT_PLAN_CUBLAS_WORKSPACE  cuBLAS's workspace (CUBLAS_WORKSPACE_CONFIG's default on
  *                             Hopper: 8 x 4 MiB) and a cuBLASLt one of the same size, per
- *                             stream, two streams: 128 MiB;
+ *                             stream, two streams: 128 MiB (the CUDA backend itself holds
+ *                             one of 32 MiB, its split-K scratch of 16 MiB and a 1 MiB
+ *                             scratch: kernels/cuda/cuda_context.cu);
  *   FT_PLAN_NCCL_BUFFERS      NCCL's channel buffers (NCCL_BUFFSIZE 4 MiB per channel
  *                             and peer, both directions, up to 32 channels): 256 MiB,
  *                             with more than one rank;

@@ -68,11 +68,15 @@ static void linear_case(int N, int in, int out, int with_bias, int accumulate, f
 }
 
 /* db is a column sum over row chunks of at least 64 rows (colsum.cuh): 130 and 512 rows
- * give several chunks (130 a ragged last one), 1 to 96 columns one ragged tile or three. */
+ * give several chunks (130 a ragged last one), 1 to 96 columns one ragged tile or three.
+ * Split-K (linear.cu: a reduction of 2048 or more onto a few tiles): the forward of
+ * {3, 4096, 5} (k = in), the weight gradients of {4100, 16, 40} (k = N, a remainder of 4
+ * after the equal spans) and {2048, 24, 3} (no remainder). */
 static void test_linear(void)
 {
-    static const int shapes[][3] = {{1, 1, 1}, {7, 33, 65}, {64, 128, 96}, {130, 257, 31},
-                                    {3, 4096, 5}, {512, 64, 2}};
+    static const int shapes[][3] = {{1, 1, 1},     {7, 33, 65},    {64, 128, 96},
+                                    {130, 257, 31}, {3, 4096, 5},   {512, 64, 2},
+                                    {4100, 16, 40}, {2048, 24, 3}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int N = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
         linear_case(N, in, out, 1, 0, 1.0f, FT_F32, FT_F32);

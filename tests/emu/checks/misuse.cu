@@ -268,9 +268,15 @@ static void gemm(const char *bad)
         alpha = dev_floats(1, 1.0f);
     if (!strcmp(bad, "past-end"))
         lda = 5; /* column 3 of A ends at 5 * 3 + 4 = 19 > 16 floats */
-    cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 4, 4, alpha, A, CUDA_R_32F, lda,
-                                    B, CUDA_R_32F, 4, &zero, C, CUDA_R_32F, 4, CUBLAS_COMPUTE_32F,
-                                    CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t s;
+    if (!strcmp(bad, "batch-past-end")) /* the second of two batches of A starts at float 16 */
+        s = cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 4, 4, alpha, A, CUDA_R_32F,
+                                       lda, 16, B, CUDA_R_32F, 4, 0, &zero, C, CUDA_R_32F, 4, 0, 2,
+                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    else
+        s = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 4, 4, alpha, A, CUDA_R_32F, lda, B,
+                         CUDA_R_32F, 4, &zero, C, CUDA_R_32F, 4, CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS)
         exit(3);
     float out[16];
@@ -477,6 +483,7 @@ static const struct {
     {"gemm-uninitialised", [] { gemm("uninitialised"); }},
     {"gemm-device-alpha", [] { gemm("device-alpha"); }},
     {"gemm-past-end", [] { gemm("past-end"); }},
+    {"gemm-batch-past-end", [] { gemm("batch-past-end"); }},
     {"divergent-barrier", [] { launch(divergent_kernel, 64); }},
     {"warp-lane-exited", [] { launch(warp_exit_kernel, 32); }},
     {"shuffle-outside-mask", [] { launch(mask_kernel, 32); }},

@@ -767,6 +767,56 @@ static void test_cublas(void)
     cudaFree(dA), cudaFree(dC), cudaFree(ones), cudaFree(cb), cudaFree(dx), cudaFree(dy);
 }
 
+/* cublasGemmStridedBatchedEx: each of its products is the cublasGemmEx of that batch's
+ * operands (exact integer data, so the results are equal), in a k-split such as
+ * kernels/cuda/linear.cu makes (the batches' A and B spans adjacent, C's apart); a batch
+ * count of 0 does nothing, a negative one is refused. */
+static void test_cublas_strided_batched(void)
+{
+    cublasHandle_t h;
+    CHECK(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+    const int m = 3, n = 5, span = 4, batch = 3, k = span * batch;
+    std::vector<float> A((size_t)m * k), B((size_t)n * k), C((size_t)m * n * batch, 7.0f);
+    for (size_t i = 0; i < A.size(); i++)
+        A[i] = (float)((int)(i * 7 % 9) - 4);
+    for (size_t i = 0; i < B.size(); i++)
+        B[i] = (float)((int)(i * 5 % 7) - 3);
+    void *dA = upload(A, CUDA_R_16BF), *dB = upload(B, CUDA_R_16BF);
+    void *dC = upload(C, CUDA_R_32F), *dR = upload(C, CUDA_R_32F);
+    float alpha = 0.5f, zero = 0.0f;
+    /* A m x k (column-major, lda m), B^T: B stored n x k (ldb n); batch i takes columns
+     * [i span, (i + 1) span) of both */
+    CHECK(cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_T, m, n, span, &alpha, dA,
+                                     CUDA_R_16BF, m, (long long)span * m, dB, CUDA_R_16BF, n,
+                                     (long long)span * n, &zero, dC, CUDA_R_32F, m,
+                                     (long long)m * n, batch, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+    for (int i = 0; i < batch; i++)
+        CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, m, n, span, &alpha,
+                           (char *)dA + (size_t)i * span * m * 2, CUDA_R_16BF, m,
+                           (char *)dB + (size_t)i * span * n * 2, CUDA_R_16BF, n, &zero,
+                           (float *)dR + (size_t)i * m * n, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+                           CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+    std::vector<float> got = download(dC, C.size(), CUDA_R_32F);
+    std::vector<float> want = download(dR, C.size(), CUDA_R_32F);
+    CHECK(got == want);
+    double s = 0; /* and one element against its definition: batch 1, (2, 4) */
+    for (int p = span; p < 2 * span; p++)
+        s += (double)A[(size_t)p * m + 2] * B[(size_t)p * n + 4];
+    CHECK(got[(size_t)m * n + 4 * m + 2] == (float)(alpha * s));
+    CHECK(cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_T, m, n, span, &alpha, dA,
+                                     CUDA_R_16BF, m, 0, dB, CUDA_R_16BF, n, 0, &zero, dR,
+                                     CUDA_R_32F, m, 0, 0, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+    CHECK(download(dR, C.size(), CUDA_R_32F) == want);
+    CHECK(cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_T, m, n, span, &alpha, dA,
+                                     CUDA_R_16BF, m, 0, dB, CUDA_R_16BF, n, 0, &zero, dR,
+                                     CUDA_R_32F, m, 0, -1, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE);
+    cudaFree(dA), cudaFree(dB), cudaFree(dC), cudaFree(dR);
+    cublasDestroy(h);
+}
+
 int main(int argc, char **argv)
 {
     self = argv[0];
@@ -784,5 +834,6 @@ int main(int argc, char **argv)
     RUN(test_engine);
     RUN(test_concurrent_launches);
     RUN(test_cublas);
+    RUN(test_cublas_strided_batched);
     return check_summary("emu_runtime");
 }

@@ -87,6 +87,15 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
                             cudaDataType_t Ctype, int ldc, cublasComputeType_t computeType,
                             cublasGemmAlgo_t algo);
 
+/* batchCount products C_i = alpha op(A_i) op(B_i) + beta C_i, X_i = X + i strideX
+ * (elements), as that many cublasGemmEx calls. */
+cublasStatus_t cublasGemmStridedBatchedEx(
+    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+    const void *alpha, const void *A, cudaDataType_t Atype, int lda, long long strideA,
+    const void *B, cudaDataType_t Btype, int ldb, long long strideB, const void *beta, void *C,
+    cudaDataType_t Ctype, int ldc, long long strideC, int batchCount,
+    cublasComputeType_t computeType, cublasGemmAlgo_t algo);
+
 #ifdef __cplusplus
 }
 #endif

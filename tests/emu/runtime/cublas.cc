@@ -413,14 +413,18 @@ const char *cublasGetStatusString(cublasStatus_t status)
     return "unknown error";
 }
 
-cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
-                            cublasOperation_t transb, int m, int n, int k, const void *alpha,
-                            const void *A, cudaDataType_t Atype, int lda, const void *B,
-                            cudaDataType_t Btype, int ldb, const void *beta, void *C,
-                            cudaDataType_t Ctype, int ldc, cublasComputeType_t computeType,
-                            cublasGemmAlgo_t algo)
+/* cublasGemmEx and cublasGemmStridedBatchedEx: batch products, the i-th on A + i strideA,
+ * B + i strideB and C + i strideC (elements), each checked and run as one cublasGemmEx. */
+static cublasStatus_t gemm_batched(const char *name, cublasHandle_t handle,
+                                   cublasOperation_t transa, cublasOperation_t transb, int m,
+                                   int n, int k, const void *alpha, const void *A,
+                                   cudaDataType_t Atype, int lda, long long strideA,
+                                   const void *B, cudaDataType_t Btype, int ldb,
+                                   long long strideB, const void *beta, void *C,
+                                   cudaDataType_t Ctype, int ldc, long long strideC, int batch,
+                                   cublasComputeType_t computeType, cublasGemmAlgo_t algo)
 {
-    call_scope cs("cublasGemmEx");
+    call_scope cs(name);
     if (!live(handle))
         return CUBLAS_STATUS_NOT_INITIALIZED;
     if (sticky())
@@ -437,7 +441,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
     case CUBLAS_COMPUTE_64F_PEDANTIC:
     case CUBLAS_COMPUTE_32I:
     case CUBLAS_COMPUTE_32I_PEDANTIC:
-        ft_emu_abort("cublasGemmEx", "compute type %d is not emulated (only the CUBLAS_COMPUTE_32F "
+        ft_emu_abort(name, "compute type %d is not emulated (only the CUBLAS_COMPUTE_32F "
                                      "family is)",
                      (int)computeType);
     default: return CUBLAS_STATUS_INVALID_VALUE;
@@ -446,7 +450,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
         return CUBLAS_STATUS_INVALID_VALUE;
     bool ok_op = (transa == CUBLAS_OP_N || transa == CUBLAS_OP_T || transa == CUBLAS_OP_C) &&
                  (transb == CUBLAS_OP_N || transb == CUBLAS_OP_T || transb == CUBLAS_OP_C);
-    if (!ok_op || m < 0 || n < 0 || k < 0)
+    if (!ok_op || m < 0 || n < 0 || k < 0 || batch < 0)
         return CUBLAS_STATUS_INVALID_VALUE;
     const bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
     /* the library's default workspace, on the first GEMM of a handle without one */
@@ -474,24 +478,56 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
          (plain && Atype == CUDA_R_8I && Ctype == CUDA_R_32F));
     if (!types_ok)
         return CUBLAS_STATUS_NOT_SUPPORTED;
-    if (m == 0 || n == 0)
+    if (m == 0 || n == 0 || batch == 0)
         return CUBLAS_STATUS_SUCCESS;
 
     float al = scalar(handle, alpha, "alpha"), be = scalar(handle, beta, "beta");
     const size_t ea = type_size(Atype), ec = type_size(Ctype);
-    if (k > 0 && al != 0.0f) {
-        ft_emu_check_device(A, ((size_t)lda * (size_t)(ac - 1) + (size_t)ar) * ea, "cublasGemmEx", "A");
-        ft_emu_check_device(B, ((size_t)ldb * (size_t)(bc - 1) + (size_t)br) * ea, "cublasGemmEx", "B");
-    }
-    ft_emu_check_device(C, ((size_t)ldc * (size_t)(n - 1) + (size_t)m) * ec, "cublasGemmEx", "C");
-    /* the product runs on the handle's stream (queued with FT_EMU_ASYNC): host scalars are
-     * taken now, as cuBLAS takes them at the call; device ones when it runs */
     const bool dev_scalars = handle->pointer_mode == CUBLAS_POINTER_MODE_DEVICE;
-    gemm g = {ta, tb, m, n, k, al, be, dev_scalars ? (const float *)alpha : nullptr,
-              dev_scalars ? (const float *)beta : nullptr, A, Atype, lda, B, Btype, ldb, C,
-              Ctype, ldc, computeType, handle->math};
-    issue(lane_of(handle->stream), "cublasGemmEx", [g] { gemm_run(g); });
+    std::vector<gemm> gs;
+    for (int i = 0; i < batch; i++) {
+        const char *Ai = (const char *)A + (size_t)(strideA * i) * ea;
+        const char *Bi = (const char *)B + (size_t)(strideB * i) * ea;
+        char *Ci = (char *)C + (size_t)(strideC * i) * ec;
+        if (k > 0 && al != 0.0f) {
+            ft_emu_check_device(Ai, ((size_t)lda * (size_t)(ac - 1) + (size_t)ar) * ea, name, "A");
+            ft_emu_check_device(Bi, ((size_t)ldb * (size_t)(bc - 1) + (size_t)br) * ea, name, "B");
+        }
+        ft_emu_check_device(Ci, ((size_t)ldc * (size_t)(n - 1) + (size_t)m) * ec, name, "C");
+        /* the product runs on the handle's stream (queued with FT_EMU_ASYNC): host scalars
+         * are taken now, as cuBLAS takes them at the call; device ones when it runs */
+        gs.push_back(gemm{ta, tb, m, n, k, al, be, dev_scalars ? (const float *)alpha : nullptr,
+                          dev_scalars ? (const float *)beta : nullptr, Ai, Atype, lda, Bi, Btype,
+                          ldb, Ci, Ctype, ldc, computeType, handle->math});
+    }
+    issue(lane_of(handle->stream), name, [gs] {
+        for (const gemm &g : gs)
+            gemm_run(g);
+    });
     return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
+                            cublasOperation_t transb, int m, int n, int k, const void *alpha,
+                            const void *A, cudaDataType_t Atype, int lda, const void *B,
+                            cudaDataType_t Btype, int ldb, const void *beta, void *C,
+                            cudaDataType_t Ctype, int ldc, cublasComputeType_t computeType,
+                            cublasGemmAlgo_t algo)
+{
+    return gemm_batched("cublasGemmEx", handle, transa, transb, m, n, k, alpha, A, Atype, lda, 0,
+                        B, Btype, ldb, 0, beta, C, Ctype, ldc, 0, 1, computeType, algo);
+}
+
+cublasStatus_t cublasGemmStridedBatchedEx(
+    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+    const void *alpha, const void *A, cudaDataType_t Atype, int lda, long long strideA,
+    const void *B, cudaDataType_t Btype, int ldb, long long strideB, const void *beta, void *C,
+    cudaDataType_t Ctype, int ldc, long long strideC, int batchCount,
+    cublasComputeType_t computeType, cublasGemmAlgo_t algo)
+{
+    return gemm_batched("cublasGemmStridedBatchedEx", handle, transa, transb, m, n, k, alpha, A,
+                        Atype, lda, strideA, B, Btype, ldb, strideB, beta, C, Ctype, ldc,
+                        strideC, batchCount, computeType, algo);
 }
 
 } /* extern "C" */
