@@ -23,7 +23,8 @@
 #   moe       test_gpu_moe.py, test_gpu_qwen3_moe.py, test_gpu_qwen2_moe.py       (120 s)
 #   profile   FT_CUDA_PROFILE=1 bench-train, LoRA and full fine-tuning of a
 #             Llama-3.2-1B shape (batch 4 x 2048), one step each: the GPU time of
-#             every op, largest first, in profile.txt                               (90 s)
+#             every op, largest first, in profile.txt; then LoRA again with
+#             FT_CUDA_SPLITK=0 (every GEMM whole), for what split-K gains           (90 s)
 #   gemm      bench-gemm: linear.cu's GEMMs of those steps, cublasGemmEx with a bf16
 #             and an fp32 output against each algorithm cublasLt's heuristic offers    (40 s)
 #   bench     tests/bench/bench_gpu.py: lora-1b, full-1b, lora-8b, qlora-8b against
@@ -165,10 +166,13 @@ phase_profile() {
   "$py" -c "import sys; sys.path.insert(0, 'tests/bench'); import bench_gpu; bench_gpu.write_model('$shape', '$dir', '$where')" ||
     { echo "profile: writing the $shape model failed"; rm -rf "$tmp"; return 1; }
   : >"$out/profile.txt"
-  for mode in lora full; do
-    echo "=== profile: $mode, $shape shape, batch $batch x $seq ===" | tee -a "$out/profile.txt"
-    FT_CUDA_PROFILE=1 "$testdir/bench-train" "$dir" --mode "$mode" --batch "$batch" --seq "$seq" \
-      --steps 1 --ckpt --device cuda 2>&1 | tee -a "$out/profile.txt"
+  for run in lora full lora:FT_CUDA_SPLITK=0; do
+    mode=${run%%:*} extra=
+    [ "$run" != "$mode" ] && extra=${run#*:}
+    echo "=== profile: $mode, $shape shape, batch $batch x $seq${extra:+, $extra} ===" |
+      tee -a "$out/profile.txt"
+    env FT_CUDA_PROFILE=1 ${extra:+"$extra"} "$testdir/bench-train" "$dir" --mode "$mode" --batch "$batch" \
+      --seq "$seq" --steps 1 --ckpt --device cuda 2>&1 | tee -a "$out/profile.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
   done
   rm -rf "$tmp"

@@ -17,6 +17,9 @@
  * The bias is written into y before the GEMM (which then runs with beta = 1), as on the
  * CPU. db is a column sum in two passes over row chunks (colsum.cuh: a fixed order, no
  * atomics, so it is the same on every run). */
+#include <stdlib.h>
+#include <string.h>
+
 #include "cuda_common.cuh"
 #include "colsum.cuh"
 
@@ -37,9 +40,17 @@ static cudaDataType_t cuda_type(ft_tensor t)
 #define SPLITK_TILE 128     /* the side of a tile of C, for counting them */
 #define SPLITK_MIN_SPAN 1024 /* the shortest span of k a part gets */
 
+/* Split-K where it applies, unless FT_CUDA_SPLITK=0 (one GEMM whole, as before it). */
+static bool splitk_enabled(void)
+{
+    const char *e = getenv("FT_CUDA_SPLITK");
+    return !e || strcmp(e, "0") != 0;
+}
+
 static int splitk_parts(int m, int n, int k)
 {
-    int sms = ft_cuda_sm_count();
+    static const bool enabled = splitk_enabled();
+    int sms = enabled ? ft_cuda_sm_count() : 0;
     long tiles = (long)((m + SPLITK_TILE - 1) / SPLITK_TILE) * ((n + SPLITK_TILE - 1) / SPLITK_TILE);
     if (sms <= 0 || tiles * 2 > sms || k < 2 * SPLITK_MIN_SPAN)
         return 1;

@@ -5,7 +5,7 @@
 #   - every phase runs in order and passes, summary.txt says so line by line, the bundle
 #     is unpacked, the carried bitsandbytes wheel installed where python finds it, and
 #     OUT holds summary.txt, logs.tar.gz (a log per phase), the bench table and the
-#     profile phase's two FT_CUDA_PROFILE tables;
+#     profile phase's three FT_CUDA_PROFILE tables (LoRA, full, LoRA with split-K off);
 #   - a failing op test fails its phase and the session, and the phases after it run;
 #   - a phase past its limit is stopped (its processes too), reported as timed out, and
 #     the session goes on to the next phase;
@@ -28,7 +28,7 @@ mkdir -p "$fake/scripts" "$fake/tests/bench" "$fake/build/tests/gpu" "$fake/bin"
 cp "$repo/scripts/gpu-session.sh" "$fake/scripts/"
 cp "$repo/tests/run-unit.sh" "$fake/tests/"
 cp /bin/true "$fake/bin/ft-train"
-printf '#!/bin/sh\n[ "$FT_CUDA_PROFILE" = 1 ] && echo "FT_CUDA_PROFILE: ops 1.00 ms of a 1.00 ms span" >&2\necho "{}"\n' \
+printf '#!/bin/sh\n[ "$FT_CUDA_PROFILE" = 1 ] && echo "FT_CUDA_PROFILE: ops 1.00 ms of a 1.00 ms span (split-K ${FT_CUDA_SPLITK:-on})" >&2\necho "{}"\n' \
   >"$fake/build/tests/bench-train"
 printf '#!/bin/sh\necho "GPU 0: Fake GPU"\n' >"$fake/bin/gpu-info"
 for t in test_cuda_ops test_cuda_attention; do
@@ -79,7 +79,8 @@ order=$(awk '{print $1}' "$work/all/summary.txt" | tr '\n' ' ')
 logs=$(tar -tzf "$work/all/logs.tar.gz" 2>/dev/null | grep -c '\.log$')
 if [ "$rc" -eq 0 ] && [ "$lines" -eq 9 ] && [ "$order" = "env ops memcheck model train moe profile gemm bench " ] &&
    [ "$logs" -eq 9 ] && [ -f "$work/all/bench.md" ] && [ -f "$work/all/bench.json" ] &&
-   [ "$(grep -c '^FT_CUDA_PROFILE: ops' "$work/all/profile.txt" 2>/dev/null)" = 2 ] &&
+   [ "$(grep -c '^FT_CUDA_PROFILE: ops' "$work/all/profile.txt" 2>/dev/null)" = 3 ] &&
+   [ "$(grep -c '^FT_CUDA_PROFILE: ops.*(split-K 0)' "$work/all/profile.txt")" = 1 ] &&
    [ "$(cat "$fake/marker" 2>/dev/null)" = unpacked ] &&
    grep -q "ops .*passed .*4 passed, 0 failed" "$work/all/summary.txt"; then
   ok "every phase in order, summary, logs, bench table, profiles, bundle unpacked"
