@@ -67,21 +67,34 @@ static void sgemm1_serial(bool ta, bool tb, int M, int N, int K, float alpha, co
     omp_set_num_threads(threads);
 }
 
-/* How many blocks to cut a product into: 1 where it is one GEMM (threaded by OpenBLAS
- * as it chooses), 0 where it runs on the calling thread alone. */
-static int gemm_parts(bool ta, bool tb, int M, int N, int K, float alpha, float beta)
+/* OpenBLAS's direct path (row-major NN, alpha 1, beta 0) may take a product, or not, by
+ * its shape and the threads it has: such a product is never cut. */
+static bool direct_candidate(bool ta, bool tb, float alpha, float beta)
 {
-    if (omp_in_parallel())
-        return 1;
-    if (!ta && !tb && alpha == 1.0f && beta == 0.0f)
-        return 1; /* OpenBLAS's direct path may take it, or not, by the threads it has */
-    if ((long)M * N * K < SPLIT_MIN)
-        return 0;
-    long parts = (long)M * N * K / PART_MIN, side = (M > N ? M : N) / ALIGN;
+    return !ta && !tb && alpha == 1.0f && beta == 0.0f;
+}
+
+/* The blocks of a product of `macs` multiply-adds cut by the threads: as many as there are
+ * threads, each of at least PART_MIN multiply-adds and ALIGN rows or columns of its
+ * larger side; 1 where it is not cut. */
+static int thread_parts(long macs, int M, int N)
+{
+    long parts = macs / PART_MIN, side = (M >= N ? M : N) / ALIGN;
     int threads = omp_get_max_threads();
     parts = parts < threads ? parts : threads;
     parts = parts < side ? parts : side;
     return parts > 1 ? (int)parts : 1;
+}
+
+/* How many blocks to cut a product into: 1 where it is one GEMM (threaded by OpenBLAS
+ * as it chooses), 0 where it runs on the calling thread alone. */
+static int gemm_parts(bool ta, bool tb, int M, int N, int K, float alpha, float beta)
+{
+    if (omp_in_parallel() || direct_candidate(ta, tb, alpha, beta))
+        return 1;
+    if ((long)M * N * K < SPLIT_MIN)
+        return 0;
+    return thread_parts((long)M * N * K, M, N);
 }
 
 /* Block p of parts of g: rows i0..i1 of C (A's rows, or with ta its columns) or columns
@@ -132,18 +145,13 @@ void ft_cpu_sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
 
 static int group_parts(const ft_gemm *g)
 {
-    long macs = (long)g->M * g->N * g->K, side = (g->rows ? g->M : g->N) / ALIGN;
-    long parts;
-    if (g->fixed) {
-        parts = macs / PART_MIN;
-        parts = parts < FIXED_MAX ? parts : FIXED_MAX;
-    } else if (!g->ta && !g->tb && g->alpha == 1.0f && g->beta == 0.0f) {
-        return 1; /* OpenBLAS's direct path takes a block or not by its shape (above) */
-    } else {
-        int threads = omp_get_max_threads();
-        parts = macs < SPLIT_MIN ? 1 : macs / PART_MIN;
-        parts = parts < threads ? parts : threads;
-    }
+    long macs = (long)g->M * g->N * g->K;
+    if (!g->fixed)
+        return direct_candidate(g->ta, g->tb, g->alpha, g->beta) || macs < SPLIT_MIN
+                   ? 1
+                   : thread_parts(macs, g->M, g->N);
+    long parts = macs / PART_MIN, side = (g->rows ? g->M : g->N) / ALIGN;
+    parts = parts < FIXED_MAX ? parts : FIXED_MAX;
     parts = parts < side ? parts : side;
     return parts > 1 ? (int)parts : 1;
 }
@@ -163,8 +171,8 @@ void ft_cpu_sgemm_phases(ft_gemm *g, const int *phase_len, int phases)
         blocks[j + 1] = blocks[j] + g[j].parts;
         total += g[j].parts;
     }
-    bool par = total > 1 && omp_get_max_threads() > 1 && !omp_in_parallel();
     int threads = omp_get_max_threads();
+    bool par = total > 1 && threads > 1 && !omp_in_parallel();
     if (!par)
         omp_set_num_threads(1); /* OpenBLAS runs each block on this thread alone */
 #pragma omp parallel if (par)

@@ -188,25 +188,23 @@ static void proj_forward(ft_model *m, int l, ft_proj p, const float *x, float *y
     const proj_view v = proj_view_of(m, l, p);
     int N = m->B * m->T, in = v.in, out = v.out, r = v.r;
     size_t nx = (size_t)N * in, ny = (size_t)N * out;
-    if (!v.lora_a || m->adapter_off) {
-        ft_linear_forward(A_(y, ny), A_(x, nx), A_(v.w, (size_t)out * in), OPTA_(v.b, out), N,
-                          in, out, 1.0f, 0);
+    bool lora = v.lora_a && !m->adapter_off;
+    if (lora && !v.lora_m) {
+        /* a fused module's later blocks reuse the h of its first */
+        const float *xd = v.first_block ? lora_input(m, l, v.mod, x, nx) : x;
+        ft_lora_linear_forward(A_(y, ny), A_(v.lora_h, (size_t)N * r), A_(x, nx), A_(xd, nx),
+                               A_(v.w, (size_t)out * in), OPTA_(v.b, out),
+                               A_(v.lora_a, (size_t)r * in), A_(v.lora_b, (size_t)out * r), N,
+                               in, out, r, v.s, v.first_block);
         return;
     }
-    if (v.lora_m) {
-        ft_linear_forward(A_(y, ny), A_(x, nx), A_(v.w, (size_t)out * in), OPTA_(v.b, out), N,
-                          in, out, 1.0f, 0);
-        if (v.first_block) /* a fused module's later blocks reuse its h */
-            lora_h_forward(m, l, &v, x);
-        dora_forward(m, &v, x, lora_input(m, l, v.mod, x, nx), y);
+    ft_linear_forward(A_(y, ny), A_(x, nx), A_(v.w, (size_t)out * in), OPTA_(v.b, out), N, in,
+                      out, 1.0f, 0);
+    if (!lora)
         return;
-    }
-    /* a fused module's later blocks reuse the h of its first */
-    const float *xd = v.first_block ? lora_input(m, l, v.mod, x, nx) : x;
-    ft_lora_linear_forward(A_(y, ny), A_(v.lora_h, (size_t)N * r), A_(x, nx), A_(xd, nx),
-                           A_(v.w, (size_t)out * in), OPTA_(v.b, out),
-                           A_(v.lora_a, (size_t)r * in), A_(v.lora_b, (size_t)out * r), N, in,
-                           out, r, v.s, v.first_block);
+    if (v.first_block) /* a fused module's later blocks reuse its h */
+        lora_h_forward(m, l, &v, x);
+    dora_forward(m, &v, x, lora_input(m, l, v.mod, x, nx), y);
 }
 
 /* dx += dy W (+ the LoRA path); dW, db, dA, dB accumulate where trainable. */

@@ -137,15 +137,20 @@ static void test_blas_core_choice(void)
     CHECK(ft_cpu_blas_core_for("Cooperlake", FT_CPU_SIMD_AVX512) == NULL);
 }
 
+/* p[i] = ((i mul mod m) - m / 2) / div: fixed values of both signs, no two runs alike */
+static void pattern(float *p, size_t n, unsigned mul, unsigned m, float div)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (float)((int)((unsigned)i * mul % m) - (int)(m / 2)) / div;
+}
+
 static void test_gemm_same_bits_any_threads(void)
 {
     enum { N = 96, IN = 200, OUT = 130 };
     float *x = malloc(sizeof(float) * N * IN), *w = malloc(sizeof(float) * OUT * IN);
     float *y[3];
-    for (int i = 0; i < N * IN; i++)
-        x[i] = (float)((int)((unsigned)i * 7919u % 1000u) - 500) / 317.0f;
-    for (int i = 0; i < OUT * IN; i++)
-        w[i] = (float)((int)((unsigned)i * 104729u % 997u) - 498) / 411.0f;
+    pattern(x, (size_t)N * IN, 7919u, 1000u, 317.0f);
+    pattern(w, (size_t)OUT * IN, 104729u, 997u, 411.0f);
     for (int k = 0; k < 3; k++)
         y[k] = calloc((size_t)N * OUT, sizeof(float));
     int threads = omp_get_max_threads();
@@ -192,12 +197,9 @@ static void test_linear_same_bits_any_threads(void)
         size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
         float *x = malloc(sizeof(float) * nx), *w = malloc(sizeof(float) * nw);
         float *dy = malloc(sizeof(float) * ny), *r[3][3];
-        for (size_t i = 0; i < nx; i++)
-            x[i] = (float)((int)((unsigned)i * 7919u % 1000u) - 500) / 317.0f;
-        for (size_t i = 0; i < nw; i++)
-            w[i] = (float)((int)((unsigned)i * 104729u % 997u) - 498) / 411.0f;
-        for (size_t i = 0; i < ny; i++)
-            dy[i] = (float)((int)((unsigned)i * 2654435761u % 1009u) - 504) / 523.0f;
+        pattern(x, nx, 7919u, 1000u, 317.0f);
+        pattern(w, nw, 104729u, 997u, 411.0f);
+        pattern(dy, ny, 2654435761u, 1009u, 523.0f);
         for (int t = 0; t < 3; t++) {
             r[t][0] = malloc(sizeof(float) * ny);
             r[t][1] = malloc(sizeof(float) * nx);
@@ -252,16 +254,11 @@ static void test_lora_linear_same_bits_any_threads(void)
         float *x = malloc(sizeof(float) * N * in), *w = malloc(sizeof(float) * out * in);
         float *a = malloc(sizeof(float) * r * in), *bl = malloc(sizeof(float) * out * r);
         float *dy = malloc(sizeof(float) * N * out), *o[3][6];
-        for (size_t i = 0; i < (size_t)N * in; i++)
-            x[i] = (float)((int)((unsigned)i * 7919u % 1000u) - 500) / 317.0f;
-        for (size_t i = 0; i < (size_t)out * in; i++)
-            w[i] = (float)((int)((unsigned)i * 104729u % 997u) - 498) / 411.0f;
-        for (size_t i = 0; i < (size_t)r * in; i++)
-            a[i] = (float)((int)((unsigned)i * 31337u % 991u) - 495) / 877.0f;
-        for (size_t i = 0; i < (size_t)out * r; i++)
-            bl[i] = (float)((int)((unsigned)i * 6151u % 983u) - 491) / 733.0f;
-        for (size_t i = 0; i < (size_t)N * out; i++)
-            dy[i] = (float)((int)((unsigned)i * 2654435761u % 1009u) - 504) / 523.0f;
+        pattern(x, (size_t)N * in, 7919u, 1000u, 317.0f);
+        pattern(w, (size_t)out * in, 104729u, 997u, 411.0f);
+        pattern(a, (size_t)r * in, 31337u, 991u, 877.0f);
+        pattern(bl, (size_t)out * r, 6151u, 983u, 733.0f);
+        pattern(dy, (size_t)N * out, 2654435761u, 1009u, 523.0f);
         for (int t = 0; t < 3; t++) {
             for (int k = 0; k < 6; k++)
                 o[t][k] = malloc(sizeof(float) * n[k]);
