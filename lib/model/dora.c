@@ -90,6 +90,8 @@ void dora_backward(ft_model *m, const proj_view *v, const float *x, const float 
     ft_linear_backward(dh, ft_none(), ft_none(), d, h, A_(v->lora_b, nb), N, r, out, s);
     ft_linear_backward(ft_none(), F_(v->g_lora_a, na), ft_none(), dh, A_(xd, nx),
                        A_(v->lora_a, na), N, in, r, 1.0f);
+    if (!dx) /* an input without a gradient */
+        return;
     /* dxd = ((g - 1) dy) W + dh A, into dx directly without dropout */
     ft_col_scale(d, A_(dy, ny), g, 1.0f, -1.0f, N, out, 0);
     float *acc = pd > 0 ? m->x_drop : dx; /* x_drop held xd, used for the last time above */

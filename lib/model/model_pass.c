@@ -207,7 +207,8 @@ static void proj_forward(ft_model *m, int l, ft_proj p, const float *x, float *y
     dora_forward(m, &v, x, lora_input(m, l, v.mod, x, nx), y);
 }
 
-/* dx += dy W (+ the LoRA path); dW, db, dA, dB accumulate where trainable. */
+/* dx += dy W (+ the LoRA path), unless dx is NULL (an input without a gradient); dW, db,
+ * dA, dB accumulate where trainable. */
 static void proj_backward(ft_model *m, int l, ft_proj p, const float *x, const float *dy,
                           float *dx)
 {
@@ -215,8 +216,9 @@ static void proj_backward(ft_model *m, int l, ft_proj p, const float *x, const f
     int N = m->B * m->T, in = v.in, out = v.out;
     size_t nx = (size_t)N * in, ny = (size_t)N * out;
     if (!v.lora_a || v.lora_m) {
-        ft_linear_backward(A_(dx, nx), OPTF_(v.gw, (size_t)out * in), OPTF_(v.gb, out),
-                           A_(dy, ny), A_(x, nx), A_(v.w, (size_t)out * in), N, in, out, 1.0f);
+        ft_linear_backward(dx ? A_(dx, nx) : ft_none(), OPTF_(v.gw, (size_t)out * in),
+                           OPTF_(v.gb, out), A_(dy, ny), A_(x, nx), A_(v.w, (size_t)out * in),
+                           N, in, out, 1.0f);
         if (v.lora_m) {
             float pd = m->eval_mode ? 0.0f : m->opt.lora.dropout;
             dora_backward(m, &v, x, lora_input(m, l, v.mod, x, nx), dy, dx, pd,
@@ -233,12 +235,13 @@ static void proj_backward(ft_model *m, int l, ft_proj p, const float *x, const f
      * dxd = dh A, and dx += dropout'(dxd). Without dropout dxd adds straight onto dx. */
     float pd = m->eval_mode ? 0.0f : m->opt.lora.dropout;
     const float *xd = lora_input(m, l, v.mod, x, nx);
-    ft_lora_linear_backward(A_(dx, nx), pd <= 0 ? A_(dx, nx) : ft_none(),
+    ft_tensor dxt = dx ? A_(dx, nx) : ft_none();
+    ft_lora_linear_backward(dxt, pd <= 0 ? dxt : ft_none(),
                             F_(v.g_lora_a, (size_t)r * in), F_(v.g_lora_b, (size_t)out * r),
                             A_(m->d_lora_h, nh), A_(dy, ny), A_(xd, nx), A_(v.lora_h, nh),
                             A_(v.w, (size_t)out * in), A_(v.lora_a, (size_t)r * in),
                             A_(v.lora_b, (size_t)out * r), N, in, out, r, v.s);
-    if (pd <= 0)
+    if (pd <= 0 || !dx)
         return;
     ft_zero(A_(m->x_drop, nx), nx);
     ft_linear_backward(A_(m->x_drop, nx), ft_none(), ft_none(), A_(m->d_lora_h, nh),
@@ -454,6 +457,17 @@ static void pre_norm_backward(ft_model *m, const float *pre, float *g, const flo
 }
 
 /* On entry m->d_h is the gradient of the layer's output; on exit that of its input. */
+/* Whether anything reads the gradient of layer l's input: the layers below, an earlier
+ * pipeline stage, a trained embedding (or its LoRA pair), or the attention's pre-norm
+ * weight where it trains. Layer 0 of a LoRA run on a frozen embedding has no reader, so
+ * its q, k and v skip their dx products (as autograd skips them for an input that needs
+ * no gradient): a step's dx GEMMs less one layer's q/k/v. */
+static bool input_grad_needed(const ft_model *m, int l)
+{
+    return l > 0 || m->stage_first > 0 || model_embed_trains(m) || model_embed_lora(m) ||
+           m->layers[l].g_norm[FT_NORM_ATTN_PRE];
+}
+
 static void layer_backward(ft_model *m, int l)
 {
     const ft_model_config *c = &m->cfg;
@@ -525,23 +539,28 @@ mlp_done:
         ft_rope_backward(A_(m->d_k, nK), pos, inv, N, Hkv, D, rd, rs);
     }
     const float *xa = nw[FT_NORM_ATTN_PRE] ? a->ln1 : a->in;
-    ft_zero(A_(m->d_ln, nC), nC);
+    bool d_in = input_grad_needed(m, l);
+    float *dxa = d_in ? m->d_ln : NULL;
+    if (d_in)
+        ft_zero(A_(m->d_ln, nC), nC);
     if (c->qk_norm == FT_QK_NORM_NONE) {
-        proj_backward(m, l, FT_PROJ_Q, xa, m->d_q, m->d_ln);
-        proj_backward(m, l, FT_PROJ_K, xa, m->d_k, m->d_ln);
-        proj_backward(m, l, FT_PROJ_V, xa, m->d_v, m->d_ln);
+        proj_backward(m, l, FT_PROJ_Q, xa, m->d_q, dxa);
+        proj_backward(m, l, FT_PROJ_K, xa, m->d_k, dxa);
+        proj_backward(m, l, FT_PROJ_V, xa, m->d_v, dxa);
     } else {
         /* through the q/k norms: d_att (free after the attention's backward) takes q's
          * pre-norm gradient, d_v (free after v's backward) k's */
         ft_zero(A_(m->d_att, nQ), nQ);
         qk_norm_backward(m, l, FT_PROJ_Q, m->d_q, m->d_att);
-        proj_backward(m, l, FT_PROJ_Q, xa, m->d_att, m->d_ln);
-        proj_backward(m, l, FT_PROJ_V, xa, m->d_v, m->d_ln);
+        proj_backward(m, l, FT_PROJ_Q, xa, m->d_att, dxa);
+        proj_backward(m, l, FT_PROJ_V, xa, m->d_v, dxa);
         ft_zero(A_(m->d_v, nK), nK);
         qk_norm_backward(m, l, FT_PROJ_K, m->d_k, m->d_v);
-        proj_backward(m, l, FT_PROJ_K, xa, m->d_v, m->d_ln);
+        proj_backward(m, l, FT_PROJ_K, xa, m->d_v, dxa);
     }
-    pre_norm_backward(m, nw[FT_NORM_ATTN_PRE], w->g_norm[FT_NORM_ATTN_PRE], a->in, a->rstd1);
+    if (d_in)
+        pre_norm_backward(m, nw[FT_NORM_ATTN_PRE], w->g_norm[FT_NORM_ATTN_PRE], a->in,
+                          a->rstd1);
 }
 
 static int acquire(ft_model *m, int unit, ft_unit_phase ph, ft_err *err)
