@@ -157,7 +157,8 @@ void ft_attention_backward(ft_tensor dq, ft_tensor dk, ft_tensor dv, ft_tensor d
                            int D, float scale, int window, float softcap);
 
 /* ---- SwiGLU: out = silu(gate) * up, silu(g) = g / (1 + exp(-g)); all [n] -------------
- * backward: dgate += dout * up * silu'(gate); dup += dout * silu(gate). */
+ * backward (overwriting dgate and dup; either may be ft_none()):
+ *   dgate = dout * up * silu'(gate); dup = dout * silu(gate). */
 void ft_swiglu_forward(ft_tensor out, ft_tensor gate, ft_tensor up, size_t n);
 void ft_swiglu_backward(ft_tensor dgate, ft_tensor dup, ft_tensor dout, ft_tensor gate,
                         ft_tensor up, size_t n);
@@ -165,7 +166,8 @@ void ft_swiglu_backward(ft_tensor dgate, ft_tensor dup, ft_tensor dout, ft_tenso
 /* ---- GeGLU (Gemma's MLP): out = gelu_tanh(gate) * up; all [n] ------------------------
  * gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) (torch's
  * gelu(approximate="tanh"), transformers' gelu_pytorch_tanh).
- * backward: dgate += dout * up * gelu_tanh'(gate); dup += dout * gelu_tanh(gate). */
+ * backward (overwriting, as SwiGLU's): dgate = dout * up * gelu_tanh'(gate);
+ *   dup = dout * gelu_tanh(gate). */
 void ft_geglu_forward(ft_tensor out, ft_tensor gate, ft_tensor up, size_t n);
 void ft_geglu_backward(ft_tensor dgate, ft_tensor dup, ft_tensor dout, ft_tensor gate,
                        ft_tensor up, size_t n);

@@ -7,7 +7,7 @@
  *   gelu(g) = 0.5 g (1 + t)                                      out = gelu(g) * u
  * Backward, with d t / d g = (1 - t^2) beta (1 + 3 kappa g^2):
  *   gelu'(g) = 0.5 (1 + t) + 0.5 g (1 - t^2) beta (1 + 3 kappa g^2)
- *   dgate += dout * u * gelu'(g);   dup += dout * gelu(g)
+ *   dgate = dout * u * gelu'(g);   dup = dout * gelu(g)   (overwritten)
  * dgate or dup may be NULL.
  *
  * The expressions are torch's (GeluKernel / GeluBackwardKernel, approximate="tanh"),
@@ -59,8 +59,8 @@ void ft_cpu_geglu_backward(float *dgate, float *dup, const float *dout, const fl
     for (long i = 0; i < len; i++) {
         float g = gate[i], d = dout[i];
         if (dgate)
-            dgate[i] += d * up[i] * gelu_tanh_grad(g);
+            dgate[i] = d * up[i] * gelu_tanh_grad(g);
         if (dup)
-            dup[i] += d * gelu_tanh(g);
+            dup[i] = d * gelu_tanh(g);
     }
 }

@@ -3,9 +3,10 @@
  * All operands are flat [n] (the caller passes N * intermediate elements).
  * Forward:   s = sigmoid(g) = 1 / (1 + exp(-g));  silu(g) = g * s;  out = silu(g) * u
  * Backward:  silu'(g) = s + g s (1 - s) = s (1 + g (1 - s))
- *            dgate += dout * u * silu'(g)
- *            dup   += dout * silu(g)
- * dgate or dup may be NULL.
+ *            dgate = dout * u * silu'(g)
+ *            dup   = dout * silu(g)
+ * dgate or dup may be NULL. The backward overwrites them (the model's caller used to zero
+ * both, N x intermediate floats each a layer, only to add onto the zeros).
  *
  * silu is computed as torch's CPU kernel does, g / (1 + exp(-g)), and silu' as torch's
  * silu_backward, s * (1 + g * (1 - s)). For g -> -inf, exp(-g) overflows to inf and
@@ -46,21 +47,21 @@ static void backward_span(float *dgate, float *dup, const float *dout, const flo
             float g = gate[i];
             float s = 1.0f / (1.0f + ft_exp(-g));
             float d = dout[i];
-            dgate[i] += d * up[i] * (s * (1.0f + g * (1.0f - s)));
-            dup[i] += d * (g * s);
+            dgate[i] = d * up[i] * (s * (1.0f + g * (1.0f - s)));
+            dup[i] = d * (g * s);
         }
     } else if (dgate) {
 #pragma omp simd
         for (long i = 0; i < len; i++) {
             float g = gate[i];
             float s = 1.0f / (1.0f + ft_exp(-g));
-            dgate[i] += dout[i] * up[i] * (s * (1.0f + g * (1.0f - s)));
+            dgate[i] = dout[i] * up[i] * (s * (1.0f + g * (1.0f - s)));
         }
     } else {
 #pragma omp simd
         for (long i = 0; i < len; i++) {
             float g = gate[i];
-            dup[i] += dout[i] * (g / (1.0f + ft_exp(-g)));
+            dup[i] = dout[i] * (g / (1.0f + ft_exp(-g)));
         }
     }
 }

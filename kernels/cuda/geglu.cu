@@ -1,7 +1,7 @@
 /* GeGLU gating on the GPU (kernels/cpu/geglu.c's twin, where the math is derived),
  * elementwise over [n], fp32 arithmetic:
  *   forward:  out = gelu_tanh(g) * u,  gelu_tanh(g) = 0.5 g (1 + tanh(beta (g + kappa g^3)))
- *   backward: dgate += dout * u * gelu_tanh'(g);  dup += dout * gelu_tanh(g)
+ *   backward: dgate = dout * u * gelu_tanh'(g);  dup = dout * gelu_tanh(g)   (overwritten)
  * The same fp32 expressions as the CPU op (and torch's kernels), saturation included.
  * The kernels are glu_kernels.cuh's (8 elements a thread where the operands allow). */
 #include "glu_kernels.cuh"
@@ -32,8 +32,8 @@ struct geglu_op {
 
     static __device__ __forceinline__ void grads(float g, float u, float d, float &dg, float &du)
     {
-        dg = dg + d * u * gelu_tanh_grad(g);
-        du = du + d * gelu_tanh(g);
+        dg = d * u * gelu_tanh_grad(g);
+        du = d * gelu_tanh(g);
     }
 };
 

@@ -1,9 +1,9 @@
 /* The gated-linear-unit kernels SwiGLU (swiglu.cu) and GeGLU (geglu.cu) share: elementwise
- * over [n], out = act(gate) * up forward, and backward adding each element's gradients to
- * dgate and dup (either may be absent). Op gives the math:
+ * over [n], out = act(gate) * up forward, and backward writing each element's gradients
+ * to dgate and dup (either may be absent; overwritten). Op gives the math:
  *   static __device__ float value(float g, float u);                       the output
  *   static __device__ void grads(float g, float u, float d, float &dg, float &du);
- *                                             dg, du: the gradients so far, then after
+ *                                             dg, du: the element's two gradients
  * Each direction has a scalar kernel and an 8-wide one (vec_io.cuh), taken when n and the
  * operands allow; the same arithmetic element by element. */
 #ifndef FT_GLU_KERNELS_CUH
@@ -25,7 +25,7 @@ __global__ void glu_backward_kernel(fview dgate, fview dup, fview dout, fview ga
     GRID_STRIDE(i, n)
     {
         float g = ld(gate, i), u = ld(up, i), d = ld(dout, i);
-        float dg = dgate.p ? ld(dgate, i) : 0.0f, du = dup.p ? ld(dup, i) : 0.0f;
+        float dg, du;
         Op::grads(g, u, d, dg, du);
         if (dgate.p)
             st(dgate, i, dg);
@@ -57,14 +57,10 @@ __global__ void glu_backward_vec8_kernel(fview dgate, fview dup, fview dout, fvi
     GRID_STRIDE(j, n / VEC8)
     {
         size_t i = j * VEC8;
-        float g[VEC8], u[VEC8], d[VEC8], dg[VEC8] = {0}, du[VEC8] = {0};
+        float g[VEC8], u[VEC8], d[VEC8], dg[VEC8], du[VEC8];
         ld8(gate, i, g);
         ld8(up, i, u);
         ld8(dout, i, d);
-        if (dgate.p)
-            ld8(dgate, i, dg);
-        if (dup.p)
-            ld8(dup, i, du);
 #pragma unroll
         for (int k = 0; k < VEC8; k++)
             Op::grads(g[k], u[k], d[k], dg[k], du[k]);

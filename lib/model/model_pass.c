@@ -493,8 +493,6 @@ static void layer_backward(ft_model *m, int l)
             shared_gate_backward(m, l, xm, dy, m->d_moe);
             ft_zero(A_(m->d_act, nI), nI);
             proj_backward(m, l, FT_PROJ_DOWN, a->act, m->d_moe, m->d_act);
-            ft_zero(A_(m->d_gate, nI), nI);
-            ft_zero(A_(m->d_up, nI), nI);
             ft_swiglu_backward(A_(m->d_gate, nI), A_(m->d_up, nI), A_(m->d_act, nI),
                                A_(a->gate, nI), A_(a->up, nI), nI);
             proj_backward(m, l, FT_PROJ_GATE, xm, m->d_gate, m->d_ln);
@@ -505,9 +503,7 @@ static void layer_backward(ft_model *m, int l)
     }
     ft_zero(A_(m->d_act, nI), nI);
     proj_backward(m, l, FT_PROJ_DOWN, a->act, dy, m->d_act);
-    ft_zero(A_(m->d_gate, nI), nI);
-    ft_zero(A_(m->d_up, nI), nI);
-    if (c->mlp_act == FT_ACT_GELU_TANH)
+    if (c->mlp_act == FT_ACT_GELU_TANH) /* (overwriting d_gate and d_up) */
         ft_geglu_backward(A_(m->d_gate, nI), A_(m->d_up, nI), A_(m->d_act, nI),
                           A_(a->gate, nI), A_(a->up, nI), nI);
     else

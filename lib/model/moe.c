@@ -155,8 +155,6 @@ void moe_backward(ft_model *m, int l, const float *x, const float *dy, float *dx
                            A_(w->expert[3 * e + 2], (size_t)C * I), n, I, C, 1.0f);
     }
     moe_experts_lora_backward(m, l, FT_LORA_PARAM_DOWN);
-    ft_zero(A_(m->d_gate, NK * I), NK * I);
-    ft_zero(A_(m->d_up, NK * I), NK * I);
     ft_swiglu_backward(A_(m->d_gate, NK * I), A_(m->d_up, NK * I), A_(m->d_act, NK * I),
                        A_(a->ge, NK * I), A_(a->ue, NK * I), NK * I);
     /* gate and up: d xe (into d_moe, free again), d G_e, d U_e */
