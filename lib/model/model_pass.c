@@ -456,7 +456,6 @@ static void pre_norm_backward(ft_model *m, const float *pre, float *g, const flo
                         F_(rstd, N), N, C, c->norm_w_offset);
 }
 
-/* On entry m->d_h is the gradient of the layer's output; on exit that of its input. */
 /* Whether anything reads the gradient of layer l's input: the layers below, an earlier
  * pipeline stage, a trained embedding (or its LoRA pair), or the attention's pre-norm
  * weight where it trains. Layer 0 of a LoRA run on a frozen embedding has no reader, so
@@ -468,6 +467,7 @@ static bool input_grad_needed(const ft_model *m, int l)
            m->layers[l].g_norm[FT_NORM_ATTN_PRE];
 }
 
+/* On entry m->d_h is the gradient of the layer's output; on exit that of its input. */
 static void layer_backward(ft_model *m, int l)
 {
     const ft_model_config *c = &m->cfg;

@@ -187,6 +187,23 @@ static void linear_all(float *y, float *dx, float *dw, const float *x, const flo
     omp_set_num_threads(saved);
 }
 
+/* out[t][k] (k < count, n[k] floats) from 1, 2 and 3 threads (t = 0, 1, 2): 2 and 3
+ * threads must give 1 thread's bits in every output; the outputs are freed. */
+static void check_same_outputs(const char *what, float *out[][6], const size_t *n, int count)
+{
+    for (int t = 1; t < 3; t++) {
+        int same = 1;
+        for (int k = 0; k < count; k++)
+            same &= !memcmp(out[0][k], out[t][k], sizeof(float) * n[k]);
+        if (!same)
+            fprintf(stderr, "  %s: %d threads differ from 1\n", what, t + 1);
+        CHECK(same);
+    }
+    for (int t = 0; t < 3; t++)
+        for (int k = 0; k < count; k++)
+            free(out[t][k]);
+}
+
 static void test_linear_same_bits_any_threads(void)
 {
     static const int shapes[][3] = {{512, 576, 1536}, {512, 1536, 576}, {512, 576, 192},
@@ -196,7 +213,7 @@ static void test_linear_same_bits_any_threads(void)
         int N = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
         size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
         float *x = malloc(sizeof(float) * nx), *w = malloc(sizeof(float) * nw);
-        float *dy = malloc(sizeof(float) * ny), *r[3][3];
+        float *dy = malloc(sizeof(float) * ny), *r[3][6];
         pattern(x, nx, 7919u, 1000u, 317.0f);
         pattern(w, nw, 104729u, 997u, 411.0f);
         pattern(dy, ny, 2654435761u, 1009u, 523.0f);
@@ -206,18 +223,10 @@ static void test_linear_same_bits_any_threads(void)
             r[t][2] = malloc(sizeof(float) * nw);
             linear_all(r[t][0], r[t][1], r[t][2], x, w, dy, N, in, out, t + 1);
         }
-        for (int t = 1; t < 3; t++) {
-            int same = !memcmp(r[0][0], r[t][0], sizeof(float) * ny) &&
-                       !memcmp(r[0][1], r[t][1], sizeof(float) * nx) &&
-                       !memcmp(r[0][2], r[t][2], sizeof(float) * nw);
-            if (!same)
-                fprintf(stderr, "  N=%d in=%d out=%d: %d threads differ from 1\n", N, in, out,
-                        t + 1);
-            CHECK(same);
-        }
-        for (int t = 0; t < 3; t++)
-            for (int k = 0; k < 3; k++)
-                free(r[t][k]);
+        size_t n[3] = {ny, nx, nw};
+        char what[64];
+        snprintf(what, sizeof what, "N=%d in=%d out=%d", N, in, out);
+        check_same_outputs(what, r, n, 3);
         free(x);
         free(w);
         free(dy);
@@ -264,18 +273,9 @@ static void test_lora_linear_same_bits_any_threads(void)
                 o[t][k] = malloc(sizeof(float) * n[k]);
             lora_all(o[t], x, w, a, bl, dy, N, in, out, r, t + 1);
         }
-        for (int t = 1; t < 3; t++) {
-            int same = 1;
-            for (int k = 0; k < 6; k++)
-                same &= !memcmp(o[0][k], o[t][k], sizeof(float) * n[k]);
-            if (!same)
-                fprintf(stderr, "  N=%d in=%d out=%d r=%d: %d threads differ from 1\n", N, in,
-                        out, r, t + 1);
-            CHECK(same);
-        }
-        for (int t = 0; t < 3; t++)
-            for (int k = 0; k < 6; k++)
-                free(o[t][k]);
+        char what[64];
+        snprintf(what, sizeof what, "N=%d in=%d out=%d r=%d", N, in, out, r);
+        check_same_outputs(what, o, n, 6);
         free(x);
         free(w);
         free(a);
