@@ -101,16 +101,25 @@ int run_dir_claim(const char *out_dir, const char *resume_path, bool overwrite, 
         char list[512];
         if (find_outputs(out_dir, &count, list, sizeof list, err))
             return -1;
-        if (count && !overwrite)
+        if (count && !overwrite) {
+            /* resuming is advice only where --resume auto would find a checkpoint-N (a
+             * run killed before its first save, or one saving none, has none) */
+            char latest[4200];
+            int found = ft_checkpoint_latest(out_dir, latest, sizeof latest, err);
+            if (found < 0)
+                return -1;
             return ft_fail(err,
                            "train.output_dir '%s' holds the outputs of an earlier run (%s)%s: "
-                           "refusing to mix a new run into it. Resume that run (ft-train "
-                           "--resume auto; make RESUME=auto), give this one another dir "
+                           "refusing to mix a new run into it. %s give this one another dir "
                            "(train.output_dir; make TRAIN_OUTPUT_DIR=...), or remove the earlier "
                            "outputs first (train.overwrite_output_dir=true; make "
                            "TRAIN_OVERWRITE_OUTPUT_DIR=true)",
                            out_dir, list,
-                           resume_path ? " and this run resumes a checkpoint of another dir" : "");
+                           resume_path ? " and this run resumes a checkpoint of another dir" : "",
+                           found ? "Resume that run (ft-train --resume auto; make RESUME=auto),"
+                                 : "That run left no checkpoint-N to resume from (it saved "
+                                   "none, or was killed before its first save):");
+        }
         if (count) {
             if (remove_outputs(out_dir, err))
                 return -1;

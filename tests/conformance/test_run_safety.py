@@ -189,6 +189,9 @@ def test_resume_auto_without_a_checkpoint_in_a_used_dir_is_refused(work):
     run(cfg)
     out = run(cfg, 1, "--resume", "auto", check=False)
     assert out.returncode == 1 and "earlier run" in out.stderr, out.stderr
+    # the advice fits the dir: no checkpoint to resume, so resuming is not offered again
+    assert "no checkpoint-N to resume from" in out.stderr, out.stderr
+    assert "--resume auto" not in out.stderr and "TRAIN_OUTPUT_DIR" in out.stderr, out.stderr
 
 
 def test_rotation_removes_only_its_own_runs_checkpoints(work):
