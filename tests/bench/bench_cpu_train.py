@@ -117,17 +117,19 @@ def main():
         d, mode, b, t, steps = a.hf_worker
         return hf_worker(d, mode, int(b), int(t), int(steps), a.hf_ckpt)
 
+    from importlib.metadata import version
+
     import torch
-    import transformers
-    import peft
     from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()  # (save_pretrained's shard bar: one line a table row)
     hf_env = dict(os.environ)
     for kv in a.hf_env:
         k, _, v = kv.partition("=")
         hf_env[k] = v
     print(f"{os.cpu_count()} CPU threads, load {os.getloadavg()[0]:.1f}; torch "
-          f"{torch.__version__}, transformers {transformers.__version__}, peft "
-          f"{peft.__version__} (sdpa); batch {a.batch} x seq {a.seq}, {a.steps} timed steps, "
+          f"{torch.__version__}, transformers {version('transformers')}, peft "
+          f"{version('peft')} (sdpa); batch {a.batch} x seq {a.seq}, {a.steps} timed steps, "
           f"best of {a.reps} interleaved; HF env extra: {' '.join(a.hf_env) or 'none'}")
     hdr = (f"{'shape':7} {'mode':4} {'ckpt':4} | {'ours tok/s':>10} {'HF tok/s':>9} "
            f"{'ratio':>6} | {'ours CPU':>9} {'HF CPU':>8} {'ratio':>6} | {'ours RSS':>9} "
