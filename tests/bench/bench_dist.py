@@ -54,6 +54,8 @@ def log(msg):
 def make_model(d, shape):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()  # (save_pretrained's shard bar among the log lines)
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=shape.vocab, hidden_size=shape.hidden,
                       intermediate_size=shape.intermediate, num_hidden_layers=shape.layers,

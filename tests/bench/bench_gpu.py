@@ -102,6 +102,8 @@ def write_model(shape, path, device):
     """A random-weight bf16 checkpoint of the shape (weights N(0, 0.02), norms 1)."""
     import torch
     from transformers import LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()  # (save_pretrained's shard bar: no use in a log)
     torch.manual_seed(0)
     cfg = llama_config(shape)
     torch.set_default_dtype(torch.bfloat16)
