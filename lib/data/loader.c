@@ -54,8 +54,11 @@ int ft_loader_new(ft_loader **out, const ft_dataset *ds, const ft_loader_options
         return ft_fail(err, "loader: rank %d of world %d", o->rank, o->world);
     if (o->packing && o->seq_len < 1)
         return ft_fail(err, "loader: packing needs seq_len >= 1 (got %d)", o->seq_len);
+    if (ds->n == 0)
+        return ft_fail(err, "no samples (the file is empty, or every line was skipped or "
+                            "dropped: see the data line above)");
     if (ds->n < (size_t)o->world)
-        return ft_fail(err, "loader: %zu samples for %d ranks: every rank needs one", ds->n,
+        return ft_fail(err, "%zu samples for %d ranks: every rank needs one", ds->n,
                        o->world);
     size_t max_len = 1;
     for (size_t i = 0; i < ds->n; i++) {

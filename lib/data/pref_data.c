@@ -473,9 +473,12 @@ int ft_pref_loader_new(ft_pref_loader **out, const ft_pref_dataset *ds,
     if (o->packing)
         return ft_fail(err, "config: data.packing does not work with preference data (each "
                             "sequence is its own row, as TRL's DPOTrainer has them)");
+    if (ds->n == 0)
+        return ft_fail(err, "no preference pairs (the file is empty, or every line was skipped "
+                            "or dropped: see the data line above)");
     if (ds->n < (size_t)o->world)
-        return ft_fail(err, "loader: %zu preference pairs for %d ranks: every rank needs one",
-                       ds->n, o->world);
+        return ft_fail(err, "%zu preference pairs for %d ranks: every rank needs one", ds->n,
+                       o->world);
     size_t max_len = 1;
     for (size_t i = 0; i < ds->n; i++) {
         size_t a = (size_t)ds->pairs[i].chosen.n, b = (size_t)ds->pairs[i].rejected.n;
