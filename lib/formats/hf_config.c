@@ -51,7 +51,7 @@
  * Keys that change the math, and what happens to them:
  *   honoured: vocab_size, hidden_size, intermediate_size, num_hidden_layers,
  *     num_attention_heads, num_key_value_heads, head_dim, rms_norm_eps, rope_theta,
- *     rope_scaling / rope_parameters (default, linear, llama3), tie_word_embeddings,
+ *     rope_scaling / rope_parameters (default, linear, llama3, yarn), tie_word_embeddings,
  *     attention_bias and mlp_bias (llama, granite; attention_bias for gemma, gemma2,
  *     qwen3, olmo2), sliding_window (mistral, gemma2), the fixed q/k/v bias of qwen2;
  *     granite's embedding_multiplier, residual_multiplier, attention_multiplier (the
@@ -80,7 +80,7 @@
  *     hidden_activation when set, else hidden_act, default gelu_pytorch_tanh).
  *   rejected unless neutral: other activations; attention_dropout != 0
  *     (training would drop attention weights), phi3's resid_pdrop and embd_pdrop != 0;
- *     other rope types (dynamic, ntk, yarn, longrope outside phi3, ...), for gemma(2) any
+ *     other rope types (dynamic, ntk, longrope outside phi3, ...), for gemma(2) any
  *     but the default (4.46's Gemma reads rope_theta only), for phi3 any but default and
  *     longrope (Phi3Config's rule); partial_rotary_factor != 1 outside phi3; qwen2, qwen3
  *     and smollm3 use_sliding_window = true;
@@ -627,6 +627,105 @@ static int read_longrope(const char *path, const json_t *root, const json_t *rop
     return 0;
 }
 
+/* transformers' find_correction_dim: the dimension (of rotary_dim, as a real number) whose
+ * wavelength makes `rotations` turns over `orig` positions; python floats throughout. */
+static double yarn_correction_dim(double rotations, int dim, double base, double orig)
+{
+    return (dim * log(orig / (rotations * 2 * M_PI))) / (2 * log(base));
+}
+
+/* A YaRN number of the dict: absent, null or 0 give the default (transformers reads them
+ * as `value or default`); otherwise it must be positive. */
+static int yarn_number(const char *path, const char *name, const json_t *rope, const char *k,
+                       double dflt, double *out, ft_err *err)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", name, k);
+    json_t *v = get_opt(rope, k);
+    *out = dflt;
+    if (!v || (json_is_number(v) && json_number_value(v) == 0))
+        return 0;
+    return read_positive(path, key, v, out, err);
+}
+
+/* get_mscale of _compute_yarn_parameters: 0.1 mscale ln(factor) + 1, or 1 for factor <= 1 */
+static double yarn_mscale(double factor, double mscale)
+{
+    return factor <= 1 ? 1.0 : 0.1 * mscale * log(factor) + 1.0;
+}
+
+/* yarn, as transformers' _compute_yarn_parameters reads it: factor (required; null:
+ * max_position_embeddings / original), original_max_position_embeddings from the top
+ * level where config.json has it (standardize_rope_params gives it priority), else the
+ * dict's, else max_position_embeddings; attention_factor from the dict, else
+ * get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) where both are set and
+ * non-zero, else get_mscale(factor); beta_fast (32) and beta_slow (1) place the ramp,
+ * truncate (true) floors its start and ceils its end. */
+static int read_yarn(const char *path, const json_t *root, const json_t *rope,
+                     const char *name, ft_model_config *cfg, ft_err *err)
+{
+    char key[128];
+    json_t *v;
+    snprintf(key, sizeof key, "%s.factor", name);
+    if (!json_object_get(rope, "factor"))
+        return ft_fail(err, "%s: '%s' is required for rope type 'yarn'", path, key);
+    int orig = cfg->max_position_embeddings;
+    if ((v = get_opt(root, "original_max_position_embeddings"))) {
+        if (read_int(path, "original_max_position_embeddings", v, 1, INT_MAX, &orig, err))
+            return -1;
+    } else if ((v = get_opt(rope, "original_max_position_embeddings"))) {
+        snprintf(key, sizeof key, "%s.original_max_position_embeddings", name);
+        if (read_int(path, key, v, 1, INT_MAX, &orig, err))
+            return -1;
+    }
+    double factor;
+    snprintf(key, sizeof key, "%s.factor", name);
+    if ((v = get_opt(rope, "factor"))) {
+        if (read_positive(path, key, v, &factor, err))
+            return -1;
+    } else {
+        factor = (double)cfg->max_position_embeddings / orig;
+    }
+    double att, mscale, mscale_all_dim, beta_fast, beta_slow;
+    if (yarn_number(path, name, rope, "mscale", 0, &mscale, err) ||
+        yarn_number(path, name, rope, "mscale_all_dim", 0, &mscale_all_dim, err) ||
+        yarn_number(path, name, rope, "beta_fast", 32, &beta_fast, err) ||
+        yarn_number(path, name, rope, "beta_slow", 1, &beta_slow, err))
+        return -1;
+    snprintf(key, sizeof key, "%s.attention_factor", name);
+    if ((v = get_opt(rope, "attention_factor"))) {
+        if (read_positive(path, key, v, &att, err))
+            return -1;
+    } else if (mscale > 0 && mscale_all_dim > 0) {
+        att = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim);
+    } else {
+        att = yarn_mscale(factor, 1.0);
+    }
+    bool truncate = true;
+    snprintf(key, sizeof key, "%s.truncate", name);
+    if ((v = get_opt(rope, "truncate")) && read_bool(path, key, v, &truncate, err))
+        return -1;
+    const int dim = cfg->rotary_dim;
+    const double base = cfg->rope_theta;
+    double low = yarn_correction_dim(beta_fast, dim, base, orig);
+    double high = yarn_correction_dim(beta_slow, dim, base, orig);
+    if (truncate) {
+        low = floor(low);
+        high = ceil(high);
+    }
+    low = low > 0 ? low : 0;
+    high = high < dim - 1 ? high : dim - 1;
+    if (low == high)
+        high += 0.001; /* linear_ramp_factor: "prevent singularity" */
+    cfg->rope_kind = FT_ROPE_YARN;
+    cfg->rope_factor = (float)factor;
+    cfg->rope_original_max_position = orig;
+    cfg->rope_attention_factor = (float)att; /* cos * python float: an fp32 product */
+    cfg->rope_yarn_low = low;
+    cfg->rope_yarn_high = high;
+    return 0;
+}
+
 /* One layer type's RoPE of gemma3 (Gemma3RotaryEmbedding): the dict `name` (NULL: none)
  * over the defaults in *theta / *kind / *factor; rope_type default, or linear where
  * linear_ok (the full-attention layers: transformers' rope scaling of the 4B..27B
@@ -825,8 +924,10 @@ static int read_rope(const char *path, const json_t *root, const model_defaults 
         cfg->rope_high_freq_factor = (float)hi;
         return 0;
     }
+    if (strcmp(type, "yarn") == 0)
+        return read_yarn(path, root, rope, name, cfg, err);
     return ft_fail(err, "%s: '%s': %s type '%.64s' is not supported (supported: default, "
-                   "linear, llama3)", path, key, name, type);
+                   "linear, llama3, yarn)", path, key, name, type);
 }
 
 /* layer_types (written by newer transformers): every layer must be one the model runs. */
@@ -1692,6 +1793,21 @@ static float llama3_inv_freq(const ft_model_config *cfg, float inv)
     return (1.0f - smooth) * scaled / factor + smooth * scaled;
 }
 
+/* _compute_yarn_parameters: each line one float32 tensor op of the reference (the ramp's
+ * python bounds meet a float32 arange). */
+static float yarn_inv_freq(const ft_model_config *cfg, int i)
+{
+    const int d = cfg->rotary_dim;
+    const float pos = powf((float)cfg->rope_theta, (float)(2 * i) / (float)d);
+    const float extrapolation = 1.0f / pos;
+    const float interpolation = 1.0f / (cfg->rope_factor * pos);
+    float ramp = ((float)i - (float)cfg->rope_yarn_low) /
+                 (float)(cfg->rope_yarn_high - cfg->rope_yarn_low);
+    ramp = ramp < 0.0f ? 0.0f : ramp > 1.0f ? 1.0f : ramp;
+    const float extrapolation_factor = 1.0f - ramp;
+    return interpolation * (1.0f - extrapolation_factor) + extrapolation * extrapolation_factor;
+}
+
 /* _compute_longrope_parameters: 1.0 / (ext_factors * base ** (arange(0, d, 2).float() / d)),
  * each an fp32 tensor op. */
 static void longrope_inv_freq(const ft_model_config *cfg, const float *ext, float *inv_freq)
@@ -1717,6 +1833,7 @@ void ft_rope_inv_freq(const ft_model_config *cfg, float *inv_freq)
         case FT_ROPE_LONGROPE: break;
         case FT_ROPE_LINEAR: inv /= cfg->rope_factor; break;
         case FT_ROPE_LLAMA3: inv = llama3_inv_freq(cfg, inv); break;
+        case FT_ROPE_YARN: inv = yarn_inv_freq(cfg, i); break;
         }
         inv_freq[i] = inv;
     }

@@ -20,7 +20,9 @@ typedef enum ft_rope_kind {
     FT_ROPE_DEFAULT = 0,
     FT_ROPE_LINEAR, /* positions / factor (inv_freq / factor) */
     FT_ROPE_LLAMA3,
-    FT_ROPE_LONGROPE /* phi3: per-frequency short/long factors, cos/sin scaled */
+    FT_ROPE_LONGROPE, /* phi3: per-frequency short/long factors, cos/sin scaled */
+    FT_ROPE_YARN      /* YaRN: interpolated and extrapolated frequencies blended by a
+                       * ramp over [rope_yarn_low, rope_yarn_high], cos/sin scaled */
 } ft_rope_kind;
 
 #define FT_MAX_EOS 8
@@ -88,6 +90,12 @@ typedef struct ft_model_config {
      * rope_attention_factor (1 for the other kinds). */
     float rope_short_factor[FT_MAX_ROPE_FREQS], rope_long_factor[FT_MAX_ROPE_FREQS];
     float rope_attention_factor;
+    /* yarn: frequency i is the default one up to the ramp (i <= low: the short
+     * wavelengths, extrapolated) and the default one / rope_factor after it (i >= high:
+     * the long wavelengths, interpolated), a linear blend in between; transformers' correction range, truncated and clamped
+     * (rope_yarn_high already moved off rope_yarn_low where they met). cos and sin are
+     * multiplied by rope_attention_factor (YaRN's mscale). */
+    double rope_yarn_low, rope_yarn_high;
     /* 0, or the sliding layers (ft_layer_window > 0) rotate with default RoPE at this base
      * while the full-attention layers take rope_theta and the scaling above (gemma3's
      * local and global RoPE: rope_local_base_freq or rope_parameters.sliding_attention).

@@ -314,6 +314,27 @@ SHAPES = {
                  "GQA, no biases",
         ),
         Shape(
+            "llama_yarn",
+            "llama",
+            _cfg(head_dim=16, max_position_embeddings=128,
+                 rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                  "original_max_position_embeddings": 32}),
+            note="YaRN with its defaults (beta_fast 32, beta_slow 1, truncated ramp over "
+                 "dims 1..3 of 8, attention factor 0.1 ln 4 + 1), head_dim 16",
+        ),
+        Shape(
+            "qwen3_yarn_mscale",
+            "qwen3",
+            _cfg(head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=256,
+                 rope_parameters={"rope_type": "yarn", "rope_theta": 50000.0, "factor": 8.0,
+                                  "original_max_position_embeddings": 64, "beta_fast": 12,
+                                  "beta_slow": 0.5, "truncate": False, "mscale": 0.9,
+                                  "mscale_all_dim": 0.6}),
+            note="YaRN untruncated (a ramp between fractional dims), beta_fast 12, "
+                 "beta_slow 0.5, attention factor from mscale / mscale_all_dim (DeepSeek's "
+                 "form), on qwen3's per-head q/k norms",
+        ),
+        Shape(
             "qwen3_tied",
             "qwen3",
             _cfg(vocab_size=64, head_dim=16, num_key_value_heads=1, tie_word_embeddings=True,
@@ -332,6 +353,7 @@ _SEEDS = {"llama_gqa": 0, "llama_mqa_odd": 10, "tied": 20, "qwen2": 30, "llama3_
           # (the families of i21-qk/i21-gemma2 numbered theirs independently; a seed only
           # needs to be fixed per shape, and each shape keeps the one its tests were tuned on)
           "olmo2": 140, "qwen3": 150, "qwen3_tied": 160, "gemma2": 170,
+          "llama_yarn": 220, "qwen3_yarn_mscale": 230,
           "gemma3": 200, "gemma3_legacy": 210}
 for _name, _s in SHAPES.items():
     _s.seed = _SEEDS[_name]

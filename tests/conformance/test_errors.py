@@ -48,13 +48,12 @@ def test_header_length_past_end(store, ft_raw, tmp_path):
 
 
 def test_unsupported_rope_scaling(store, ft_raw, tmp_path):
-    d = ftref.copy_model_dir(store.model("llama_gqa"), tmp_path / "yarn")
+    d = ftref.copy_model_dir(store.model("llama_gqa"), tmp_path / "dynamic")
     p = d / "config.json"
     c = json.loads(p.read_text())
-    c["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0,
-                         "original_max_position_embeddings": 16}
+    c["rope_scaling"] = {"rope_type": "dynamic", "factor": 4.0}
     p.write_text(json.dumps(c, indent=2))
-    _expect_failure(ft_raw, _spec(d), "yarn", ["rope_scaling"])
+    _expect_failure(ft_raw, _spec(d), "dynamic", ["rope_scaling", "dynamic"])
 
 
 def test_missing_shard(store, ft_raw, tmp_path):

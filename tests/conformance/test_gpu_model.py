@@ -32,7 +32,7 @@ CASES = [("llama_gqa", "all7"), ("qwen2", "qv"), ("llama_mqa_odd", "all7"), ("ti
          ("granite", "all7"), ("gemma", "all7"), ("phi3", "all4"), ("phi3_longrope", "all4"),
          ("phi4_mini", "qkv_down"), ("smollm3", "all7"), ("smollm3_interval", "qv"),
          ("gemma2", "all7"), ("olmo2", "all7"), ("qwen3", "all7"), ("qwen3_tied", "qv"),
-         ("gemma3", "all7"), ("gemma3_legacy", "qv"),
+         ("gemma3", "all7"), ("gemma3_legacy", "qv"), ("qwen3_yarn_mscale", "all7"),
          # modules_to_save: the embedding and the head trained in full beside the pairs
          ("llama_gqa", "mts_both"), ("phi3", "mts_both"), ("qwen3", "mts_embed"),
          # DoRA: the row norms, the magnitude's column sums

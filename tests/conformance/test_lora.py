@@ -32,6 +32,7 @@ CASES = [
     ("phi3", "all-linear-literal"),
     ("phi3", "phi_paths"),
     ("phi3_longrope", "all4"),
+    ("llama_yarn", "all7"),
     ("phi4_mini", "qkv_down"),
     ("phi3_sw_partial", "all-linear"),
     ("smollm3", "all7"),

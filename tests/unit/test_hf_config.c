@@ -197,6 +197,104 @@ static void test_llama31(void)
     check_llama31_inv_freq(&c);
 }
 
+/* transformers 5.24's _compute_yarn_parameters (torch 2.15) on Llama 3.1's shape (theta
+ * 500000, d 128) with YaRN factor 4 over 32768 original positions. Defaults (beta 32 / 1,
+ * truncated): dims up to 16 keep their frequency, from 26 on divided by 4, a ramp
+ * between; attention factor 0.1 ln 4 + 1. */
+static const struct {
+    int i;
+    double v;
+} YARN_INV[] = {
+    {0, 1.0},
+    {1, 0.8146172165870667},
+    {10, 0.12868738174438477},
+    {15, 0.046164050698280334},
+    {16, 0.03760603070259094},
+    {17, 0.030634520575404167},
+    {20, 0.016560440883040428},
+    {24, 0.00729266507551074},
+    {25, 0.005693200044333935},
+    {26, 0.004436136223375797},
+    {40, 9.141606278717518e-05},
+    {63, 6.137851755738666e-07},
+};
+
+/* The same, untruncated, beta_fast 16, beta_slow 2, mscale 1 / mscale_all_dim 0.707: the
+ * ramp runs between fractional dims (24.4 .. 38.4). */
+static const struct {
+    int i;
+    double v;
+} YARN_INV_MSCALE[] = {
+    {0, 1.0},
+    {24, 0.00729266507551074},
+    {25, 0.005940730683505535},
+    {29, 0.002465762896463275},
+    {33, 0.0007450587581843138},
+    {38, 0.00011446460121078417},
+    {39, 8.416473428951576e-05},
+    {63, 6.137851755738666e-07},
+};
+
+#define YARN(extra)                                                                       \
+    LLAMA31("\"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 500000.0," extra \
+            " \"original_max_position_embeddings\": 32768}")
+
+static void test_yarn(void)
+{
+    ft_model_config c;
+    ft_err e = {0};
+    float inv[64];
+    CHECK(load(YARN(" \"factor\": 4.0,"), &c, &e) == 0);
+    CHECK(c.rope_kind == FT_ROPE_YARN && c.rope_factor == 4.0f);
+    CHECK(c.rope_original_max_position == 32768);
+    CHECK(c.rope_attention_factor == (float)1.138629436111989);
+    ft_rope_inv_freq(&c, inv);
+    for (size_t k = 0; k < sizeof YARN_INV / sizeof YARN_INV[0]; k++)
+        CHECK_REL(inv[YARN_INV[k].i], YARN_INV[k].v, 1e-6);
+
+    CHECK(load(YARN(" \"factor\": 4, \"truncate\": false, \"beta_fast\": 16, \"beta_slow\": 2,"
+                    " \"mscale\": 1.0, \"mscale_all_dim\": 0.707,"),
+               &c, &e) == 0);
+    CHECK(c.rope_attention_factor == (float)1.036992729910394);
+    ft_rope_inv_freq(&c, inv);
+    for (size_t k = 0; k < sizeof YARN_INV_MSCALE / sizeof YARN_INV_MSCALE[0]; k++)
+        CHECK_REL(inv[YARN_INV_MSCALE[k].i], YARN_INV_MSCALE[k].v, 1e-6);
+
+    /* factor null: max_position_embeddings / original (131072 / 32768); an explicit
+     * attention_factor; beta 0 reads as the default (`or 32`); the legacy rope_scaling
+     * spelling with "type" */
+    CHECK(load(YARN(" \"factor\": null, \"attention_factor\": 1.25, \"beta_fast\": 0,"), &c,
+               &e) == 0);
+    CHECK(c.rope_factor == 4.0f && c.rope_attention_factor == 1.25f);
+    ft_rope_inv_freq(&c, inv);
+    CHECK_REL(inv[25], 0.005693200044333935, 1e-6);
+    CHECK(load(LLAMA31("\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0,"
+                       " \"original_max_position_embeddings\": 32768}, \"rope_theta\": 500000.0"),
+               &c, &e) == 0);
+    CHECK(c.rope_kind == FT_ROPE_YARN);
+    ft_rope_inv_freq(&c, inv);
+    CHECK_REL(inv[25], 0.005693200044333935, 1e-6);
+
+    /* a top-level original_max_position_embeddings wins over the dict's
+     * (standardize_rope_params); without either, max_position_embeddings (factor 1: no
+     * scaling, attention factor 1) */
+    CHECK(load(LLAMA31("\"original_max_position_embeddings\": 8192, \"rope_parameters\":"
+                       " {\"rope_type\": \"yarn\", \"rope_theta\": 500000.0, \"factor\": 4.0,"
+                       " \"original_max_position_embeddings\": 32768}"),
+               &c, &e) == 0);
+    CHECK(c.rope_original_max_position == 8192);
+    CHECK(load(LLAMA31("\"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 500000.0,"
+                       " \"factor\": null}"),
+               &c, &e) == 0);
+    CHECK(c.rope_original_max_position == 131072 && c.rope_factor == 1.0f);
+    CHECK(c.rope_attention_factor == 1.0f);
+
+    EXPECT_ERROR(YARN(""), "rope_parameters.factor' is required for rope type 'yarn'");
+    EXPECT_ERROR(YARN(" \"factor\": 4.0, \"beta_fast\": -3,"), "rope_parameters.beta_fast");
+    EXPECT_ERROR(YARN(" \"factor\": 4.0, \"truncate\": 1,"), "rope_parameters.truncate");
+    EXPECT_ERROR(YARN(" \"factor\": \"4\","), "rope_parameters.factor");
+}
+
 static void test_linear_rope(void)
 {
     ft_model_config c;
@@ -918,9 +1016,12 @@ static void test_qwen3(void)
     EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ ", \"num_key_value_heads\": 4,"
                  " \"layer_types\": [\"full_attention\", \"sliding_attention\"]}",
                  "layer_types");
-    EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ ", \"num_key_value_heads\": 4,"
-                 " \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0,"
-                 " \"original_max_position_embeddings\": 32768}}", "yarn");
+    /* YaRN as Qwen3's model cards enable it for 131072 tokens */
+    CHECK(load("{\"model_type\": \"qwen3\", " REQ ", \"num_key_value_heads\": 4,"
+               " \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0,"
+               " \"original_max_position_embeddings\": 32768}}", &c, &e) == 0);
+    CHECK(c.rope_kind == FT_ROPE_YARN && c.rope_factor == 4.0f &&
+          c.rope_original_max_position == 32768);
     EXPECT_ERROR("{\"model_type\": \"qwen3\", " REQ ", \"num_key_value_heads\": 4,"
                  " \"head_dim\": 127}", "head_dim");
 }
@@ -1322,9 +1423,6 @@ static void test_key_errors(void)
 
 static void test_math_errors(void)
 {
-    EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"rope_scaling\": {\"rope_type\": \"yarn\","
-                 " \"factor\": 4.0, \"original_max_position_embeddings\": 4096}}",
-                 "rope_scaling type 'yarn' is not supported");
     EXPECT_ERROR("{\"model_type\": \"llama\", " REQ ", \"rope_scaling\": {\"type\": \"dynamic\","
                  " \"factor\": 2.0}}",
                  "rope_scaling type 'dynamic' is not supported");
@@ -1425,6 +1523,7 @@ int main(void)
     }
     RUN(test_tinyllama);
     RUN(test_llama31);
+    RUN(test_yarn);
     RUN(test_linear_rope);
     RUN(test_qwen2);
     RUN(test_smollm);
