@@ -585,6 +585,20 @@ static int read_factor_list(const char *path, const json_t *rope, const char *na
     return 0;
 }
 
+/* The dict's factor (positive), or where it is absent or null max_position_embeddings /
+ * orig, as longrope and yarn default it. */
+static int rope_factor(const char *path, const char *name, const json_t *rope,
+                       const ft_model_config *cfg, double orig, double *factor, ft_err *err)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.factor", name);
+    json_t *v = get_opt(rope, "factor");
+    if (v)
+        return read_positive(path, key, v, factor, err);
+    *factor = (double)cfg->max_position_embeddings / orig;
+    return 0;
+}
+
 /* longrope (phi3), as transformers' _compute_longrope_parameters reads it: the factor
  * lists; original_max_position_embeddings from the top level (Phi3Config has it, 4096 by
  * default, and standardize_rope_params gives it priority over the dict's); factor from
@@ -607,13 +621,8 @@ static int read_longrope(const char *path, const json_t *root, const json_t *rop
         return -1;
     char key[128];
     double orig = cfg->rope_original_max_position, factor, att;
-    snprintf(key, sizeof key, "%s.factor", name);
-    if ((v = get_opt(rope, "factor"))) {
-        if (read_positive(path, key, v, &factor, err))
-            return -1;
-    } else {
-        factor = (double)cfg->max_position_embeddings / orig;
-    }
+    if (rope_factor(path, name, rope, cfg, orig, &factor, err))
+        return -1;
     snprintf(key, sizeof key, "%s.attention_factor", name);
     if ((v = get_opt(rope, "attention_factor"))) {
         if (read_positive(path, key, v, &att, err))
@@ -679,13 +688,8 @@ static int read_yarn(const char *path, const json_t *root, const json_t *rope,
             return -1;
     }
     double factor;
-    snprintf(key, sizeof key, "%s.factor", name);
-    if ((v = get_opt(rope, "factor"))) {
-        if (read_positive(path, key, v, &factor, err))
-            return -1;
-    } else {
-        factor = (double)cfg->max_position_embeddings / orig;
-    }
+    if (rope_factor(path, name, rope, cfg, orig, &factor, err))
+        return -1;
     double att, mscale, mscale_all_dim, beta_fast, beta_slow;
     if (yarn_number(path, name, rope, "mscale", 0, &mscale, err) ||
         yarn_number(path, name, rope, "mscale_all_dim", 0, &mscale_all_dim, err) ||
