@@ -711,6 +711,8 @@ static int read_yarn(const char *path, const json_t *root, const json_t *rope,
         return -1;
     const int dim = cfg->rotary_dim;
     const double base = cfg->rope_theta;
+    if (!(base > 1.0)) /* the ramp's bounds divide by ln(base) */
+        return ft_fail(err, "%s: rope type 'yarn' needs rope_theta > 1, got %g", path, base);
     double low = yarn_correction_dim(beta_fast, dim, base, orig);
     double high = yarn_correction_dim(beta_slow, dim, base, orig);
     if (truncate) {

@@ -293,6 +293,9 @@ static void test_yarn(void)
     EXPECT_ERROR(YARN(" \"factor\": 4.0, \"beta_fast\": -3,"), "rope_parameters.beta_fast");
     EXPECT_ERROR(YARN(" \"factor\": 4.0, \"truncate\": 1,"), "rope_parameters.truncate");
     EXPECT_ERROR(YARN(" \"factor\": \"4\","), "rope_parameters.factor");
+    EXPECT_ERROR(LLAMA31("\"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 1,"
+                         " \"factor\": 4.0}"),
+                 "rope_theta > 1");
 }
 
 static void test_linear_rope(void)
