@@ -1207,9 +1207,7 @@ static int setup(trainer *t, const ft_trainer_options *o, ft_err *err)
                                                  pipeline ? 1 : t->world);
     if (t->pref ? ft_pref_loader_new(&t->pref_loader, &t->data.pref_train, &lo, err)
                 : ft_loader_new(&t->train_loader, &t->data.train, &lo, err))
-        return !strncmp(err->msg, "config:", 7) /* (names its key already) */
-                   ? -1
-                   : ft_fail_prefix(err, "data.train_path %s", c->data.train_path);
+        return ft_fail_prefix(err, "data.train_path %s", c->data.train_path);
     if (t->pref && t->data.pref_eval.n) {
         ft_loader_options eo = lo;
         eo.rank = 0, eo.world = 1, eo.shuffle = false;
