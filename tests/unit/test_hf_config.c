@@ -135,10 +135,23 @@ static void test_tinyllama(void)
 /* torch 1.13 run of transformers' _compute_llama3_parameters (the function transcribed
  * op for op): theta 500000, d 128, factor 8, low 1, high 4, original 8192. Indices 29..34
  * are the blended band (wavelength between 2048 and 8192); from 35 on, divided by 8. */
-static const struct {
+/* A reference RoPE frequency: inv_freq[i] == v (to 1e-6) */
+typedef struct inv_ref {
     int i;
     double v;
-} LLAMA31_INV[] = {
+} inv_ref;
+
+/* c's frequencies against the n references of ref */
+static void check_inv_freq(const ft_model_config *c, const inv_ref *ref, size_t n)
+{
+    float inv[FT_MAX_ROPE_FREQS];
+    CHECK(c->rotary_dim / 2 <= FT_MAX_ROPE_FREQS);
+    ft_rope_inv_freq(c, inv);
+    for (size_t k = 0; k < n; k++)
+        CHECK_REL(inv[ref[k].i], ref[k].v, 1e-6);
+}
+
+static const inv_ref LLAMA31_INV[] = {
     {0, 1.0},
     {1, 0.8146172165870667},
     {20, 0.016560440883040428},
@@ -156,10 +169,7 @@ static const struct {
 
 static void check_llama31_inv_freq(const ft_model_config *c)
 {
-    float inv[64];
-    ft_rope_inv_freq(c, inv);
-    for (size_t k = 0; k < sizeof LLAMA31_INV / sizeof LLAMA31_INV[0]; k++)
-        CHECK_REL(inv[LLAMA31_INV[k].i], LLAMA31_INV[k].v, 1e-6);
+    check_inv_freq(c, LLAMA31_INV, sizeof LLAMA31_INV / sizeof LLAMA31_INV[0]);
 }
 
 static void test_llama31(void)
@@ -201,10 +211,7 @@ static void test_llama31(void)
  * 500000, d 128) with YaRN factor 4 over 32768 original positions. Defaults (beta 32 / 1,
  * truncated): dims up to 16 keep their frequency, from 26 on divided by 4, a ramp
  * between; attention factor 0.1 ln 4 + 1. */
-static const struct {
-    int i;
-    double v;
-} YARN_INV[] = {
+static const inv_ref YARN_INV[] = {
     {0, 1.0},
     {1, 0.8146172165870667},
     {10, 0.12868738174438477},
@@ -221,10 +228,7 @@ static const struct {
 
 /* The same, untruncated, beta_fast 16, beta_slow 2, mscale 1 / mscale_all_dim 0.707: the
  * ramp runs between fractional dims (24.4 .. 38.4). */
-static const struct {
-    int i;
-    double v;
-} YARN_INV_MSCALE[] = {
+static const inv_ref YARN_INV_MSCALE[] = {
     {0, 1.0},
     {24, 0.00729266507551074},
     {25, 0.005940730683505535},
@@ -243,22 +247,17 @@ static void test_yarn(void)
 {
     ft_model_config c;
     ft_err e = {0};
-    float inv[64];
     CHECK(load(YARN(" \"factor\": 4.0,"), &c, &e) == 0);
     CHECK(c.rope_kind == FT_ROPE_YARN && c.rope_factor == 4.0f);
     CHECK(c.rope_original_max_position == 32768);
     CHECK(c.rope_attention_factor == (float)1.138629436111989);
-    ft_rope_inv_freq(&c, inv);
-    for (size_t k = 0; k < sizeof YARN_INV / sizeof YARN_INV[0]; k++)
-        CHECK_REL(inv[YARN_INV[k].i], YARN_INV[k].v, 1e-6);
+    check_inv_freq(&c, YARN_INV, sizeof YARN_INV / sizeof YARN_INV[0]);
 
     CHECK(load(YARN(" \"factor\": 4, \"truncate\": false, \"beta_fast\": 16, \"beta_slow\": 2,"
                     " \"mscale\": 1.0, \"mscale_all_dim\": 0.707,"),
                &c, &e) == 0);
     CHECK(c.rope_attention_factor == (float)1.036992729910394);
-    ft_rope_inv_freq(&c, inv);
-    for (size_t k = 0; k < sizeof YARN_INV_MSCALE / sizeof YARN_INV_MSCALE[0]; k++)
-        CHECK_REL(inv[YARN_INV_MSCALE[k].i], YARN_INV_MSCALE[k].v, 1e-6);
+    check_inv_freq(&c, YARN_INV_MSCALE, sizeof YARN_INV_MSCALE / sizeof YARN_INV_MSCALE[0]);
 
     /* factor null: max_position_embeddings / original (131072 / 32768); an explicit
      * attention_factor; beta 0 reads as the default (`or 32`); the legacy rope_scaling
@@ -266,14 +265,12 @@ static void test_yarn(void)
     CHECK(load(YARN(" \"factor\": null, \"attention_factor\": 1.25, \"beta_fast\": 0,"), &c,
                &e) == 0);
     CHECK(c.rope_factor == 4.0f && c.rope_attention_factor == 1.25f);
-    ft_rope_inv_freq(&c, inv);
-    CHECK_REL(inv[25], 0.005693200044333935, 1e-6);
+    check_inv_freq(&c, YARN_INV, sizeof YARN_INV / sizeof YARN_INV[0]); /* the same YaRN */
     CHECK(load(LLAMA31("\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0,"
                        " \"original_max_position_embeddings\": 32768}, \"rope_theta\": 500000.0"),
                &c, &e) == 0);
     CHECK(c.rope_kind == FT_ROPE_YARN);
-    ft_rope_inv_freq(&c, inv);
-    CHECK_REL(inv[25], 0.005693200044333935, 1e-6);
+    check_inv_freq(&c, YARN_INV, sizeof YARN_INV / sizeof YARN_INV[0]); /* the same YaRN */
 
     /* a top-level original_max_position_embeddings wins over the dict's
      * (standardize_rope_params); without either, max_position_embeddings (factor 1: no
