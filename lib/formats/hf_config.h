@@ -92,9 +92,10 @@ typedef struct ft_model_config {
     float rope_attention_factor;
     /* yarn: frequency i is the default one up to the ramp (i <= low: the short
      * wavelengths, extrapolated) and the default one / rope_factor after it (i >= high:
-     * the long wavelengths, interpolated), a linear blend in between; transformers' correction range, truncated and clamped
-     * (rope_yarn_high already moved off rope_yarn_low where they met). cos and sin are
-     * multiplied by rope_attention_factor (YaRN's mscale). */
+     * the long wavelengths, interpolated), a linear blend in between. [low, high] is
+     * transformers' correction range, truncated and clamped (rope_yarn_high already moved
+     * off rope_yarn_low where they met). cos and sin are multiplied by
+     * rope_attention_factor (YaRN's mscale). */
     double rope_yarn_low, rope_yarn_high;
     /* 0, or the sliding layers (ft_layer_window > 0) rotate with default RoPE at this base
      * while the full-attention layers take rope_theta and the scaling above (gemma3's
